@@ -1,0 +1,28 @@
+# Quick start: `make check` (proofs + CPU fuzz campaign, ends in a verdict) and `make test` (the test suite).
+# Both create .venv when it is missing and are idempotent: the second run skips the install.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: check test setup clean bench
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
+	@$(PY) -m pip install -q -e .
+	@touch $(STAMP)
+
+check: $(STAMP)
+	$(VENV)/bin/fa3verify check
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/fa3verify bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,454 @@
+"""FA3's host-side scheduling formulas for sm90, as plain functions.
+
+Everything here follows FlashAttention-3's `hopper/` sources (commit 0251105a): the tile sizes of
+`tile_size.h`, the split and pack heuristics of `heuristics.h`, and the parameter resolution of
+`flash_api.cpp` (`mha_fwd`, `mha_fwd_get_scheduler_metadata`, `get_num_splits`, `get_pack_gqa`,
+`get_pagedkv_tma`). Arithmetic that FA3 does in float32 is done here in numpy float32; comparisons
+against double literals (`0.85 * max_eff`, `0.9 * pack_eff`) are done in float64 as C++ promotes them.
+
+Simplifications (stated once, here): only arch >= 90 is modelled (sm8x tile sizes are not); FA3 is built
+with fast math, so its float32 divisions may differ from IEEE by an ulp; this model uses IEEE float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+F32 = np.float32
+
+#: FA3 assumes 50 MiB of L2 when deciding to split a long, non-causal KV head (heuristics.h).
+L2_SPLIT_BYTES = 50 * 1024 * 1024
+#: The prepare step budgets 8 MiB of L2 for heads-in-L2 swizzling (flash_prepare_scheduler.cu).
+L2_SWIZZLE_BYTES = 8 * 1024 * 1024
+#: `get_num_splits` caps the heuristic at 128 splits (flash_api.cpp).
+HEURISTIC_MAX_SPLITS = 128
+#: `mha_fwd` rejects more than 256 splits (flash_api.cpp: "num_splits > 256 not supported").
+CALL_MAX_SPLITS = 256
+#: One prepare CTA handles 32 warps of 31 batches; beyond that every split count is 1.
+PREPARE_MAX_BATCH_ONE_CTA = 992
+
+
+def ceil_div(a: int, b: int) -> int:
+    """Integer ceil(a / b) for b > 0, as `cutlass::ceil_div`."""
+    return -(-a // b)
+
+
+def to_int32(x: int) -> int:
+    """Wrap a Python int to C++ `int` (two's complement 32-bit), as FA3's int arithmetic does."""
+    return ((int(x) + 2**31) % 2**32) - 2**31
+
+
+def element_size(dtype) -> int:
+    """Bytes per element of q/k/v: 1 for float8_e4m3, 2 for bf16/fp16 (flash_api.cpp `is_e4m3 ? 1 : 2`)."""
+    name = str(dtype).replace("torch.", "")
+    if name in ("float8_e4m3fn", "float8_e4m3", "e4m3"):
+        return 1
+    if name in ("bfloat16", "float16", "half", "bf16", "fp16"):
+        return 2
+    raise ValueError(f"qkv_dtype: FA3 supports bfloat16, float16 and float8_e4m3fn, got {dtype!r}")
+
+
+def round_up_headdim(head_size: int) -> int:
+    """Head dim rounded to FA3's compiled sizes 64/96/128/192/256 (flash_api.cpp `round_up_headdim`)."""
+    for size in (64, 96, 128, 192, 256):
+        if head_size <= size:
+            return size
+    return 256
+
+
+def round_up_headdimv(head_size_v: int) -> int:
+    """V head dim rounded to 64/96/128/192/256/512 (flash_api.cpp `round_up_headdimv`)."""
+    for size in (64, 96, 128, 192, 256):
+        if head_size_v <= size:
+            return size
+    return 512
+
+
+def rounded_headdims(headdim: int, headdim_v: int) -> tuple[int, int]:
+    """(d_rounded, dv_rounded) as both `mha_fwd` and the precompute set them (flash_api.cpp)."""
+    d_rounded = round_up_headdim(headdim)
+    dv_rounded = d_rounded if headdim_v == headdim else round_up_headdimv(headdim_v)
+    return d_rounded, dv_rounded
+
+
+def tile_size_fwd_sm90(headdim: int, headdim_v: int, is_causal: bool, is_local: bool, element_size: int = 2,
+                       paged_kv_non_tma: bool = False, softcap: bool = False, v_colmajor: bool = False) -> tuple[int, int]:
+    """(kBlockM, kBlockN) of FA3's sm90 forward kernel for the given head dims (hopper/tile_size.h)."""
+    if element_size == 2:
+        if headdim <= 64:
+            if headdim_v == 512:
+                return 64, 64
+            if headdim_v == 256:
+                return 128, 96
+            return 192, (128 if (is_causal or is_local or paged_kv_non_tma) else 192)
+        if headdim <= 96:
+            return 192, (128 if (is_local or paged_kv_non_tma) else 144)
+        if headdim <= 128:
+            return 128, (128 if (is_causal or is_local or paged_kv_non_tma) else 176)
+        if headdim <= 192:
+            return 128, (96 if (paged_kv_non_tma or is_local) else (128 if headdim_v <= 128 else 112))
+        return 128, (64 if is_local else 80)
+    # float8_e4m3
+    if headdim <= 64:
+        return 192, 160
+    if headdim <= 96:
+        return 192, 128
+    if headdim <= 128:
+        return 128, (160 if paged_kv_non_tma else (192 if (v_colmajor or (softcap and is_local)) else 224))
+    if headdim <= 192:
+        return 128, (128 if ((paged_kv_non_tma or softcap) and is_local) else 160)
+    return 128, (64 if is_local else 128)
+
+
+def kernel_headdims(headdim: int, headdim_v: int, element_size: int = 2) -> tuple[int, int]:
+    """(kHeadDim, kHeadDimV) of the kernel template `run_mha_fwd` dispatches to on sm90 (flash_api.cpp).
+
+    The host computes tiles from (d_rounded, dv_rounded); the kernel's tiles come from these template
+    dims. They differ for d <= 64 with 64 < dv <= 192, where the kernel runs the (64, 256) instance.
+    """
+    if element_size == 2:
+        if headdim <= 64:
+            if headdim_v > 256:
+                return 64, 512
+            if headdim_v > 64:
+                return 64, 256
+            return 64, 64
+        if headdim <= 96:
+            return 96, 96
+        if headdim <= 128:
+            return 128, 128
+        if headdim <= 192:
+            return (192, 128) if headdim_v <= 128 else (192, 192)
+        return 256, 256
+    if headdim <= 64:
+        return 64, 64
+    if headdim <= 96:
+        return 96, 96
+    if headdim <= 128:
+        return 128, 128
+    if headdim <= 192:
+        return (192, 128) if headdim_v <= 128 else (192, 192)
+    return 256, 256
+
+
+@dataclass(frozen=True)
+class Masking:
+    """Resolved causal/local flags and windows (flash_api.cpp, after the window/causal rewriting)."""
+
+    is_causal: bool
+    is_local: bool
+    window_left: int
+    window_right: int
+
+
+def resolve_masking(seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int] = (-1, -1),
+                    attention_chunk: int = 0, headdim: int = 128, paged: bool = False) -> Masking:
+    """FA3's causal/local resolution, identical in `mha_fwd` and the precompute (flash_api.cpp).
+
+    Windows that cover everything become -1; a decode (seqlen_q == 1) call without window or chunk
+    drops causal unless it is paged with 64 < d <= 128; causal sets window_right = 0.
+    """
+    wl, wr = int(window_size[0]), int(window_size[1])
+    if wl >= seqlen_k - 1:
+        wl = -1
+    if wr >= seqlen_q - 1:
+        wr = -1
+    if seqlen_q == 1 and wl == -1 and wr == -1 and attention_chunk == 0:
+        if headdim <= 64 or headdim > 128 or not paged:
+            causal = False
+    if causal:
+        wr = 0
+    is_causal = wl < 0 and wr == 0 and attention_chunk == 0
+    is_local = (wl >= 0 or wr >= 0 or attention_chunk >= 1) and not is_causal
+    if wl < 0:
+        wl = seqlen_k - 1
+    if wr < 0:
+        wr = seqlen_q - 1
+    if attention_chunk > 0:
+        wl = min(wl, attention_chunk - 1)
+        wr = min(wr, attention_chunk - 1)
+    return Masking(is_causal, is_local, wl, wr)
+
+
+def should_pack_gqa(varlen_q: bool, seqlen_q: int, qhead_per_khead: int, block_m: int) -> bool:
+    """FA3's PackGQA heuristic: pack when it raises m-tile efficiency by over 10% (heuristics.h)."""
+    if varlen_q:
+        return True
+    nopack = F32(seqlen_q) / F32(ceil_div(seqlen_q, block_m) * block_m)
+    packed_rows = seqlen_q * qhead_per_khead
+    pack = F32(packed_rows) / F32(ceil_div(packed_rows, block_m) * block_m)
+    return float(nopack) < 0.9 * float(pack)
+
+
+def num_splits_heuristic(total_mblocks: int, num_sms: int, num_n_blocks: int, num_m_blocks: int,
+                         size_one_kv_head: int, is_causal_or_local: bool, max_splits: int = HEURISTIC_MAX_SPLITS) -> int:
+    """FA3's split count: the smallest split reaching 85% of the best wave efficiency (heuristics.h).
+
+    Example from FA3's own comment: 48 m-blocks on 108 SMs gives 2 splits (efficiency 0.89).
+    """
+    if F32(total_mblocks) >= F32(0.8) * F32(num_sms):
+        if size_one_kv_head > L2_SPLIT_BYTES and num_m_blocks >= num_sms * 2 and not is_causal_or_local:
+            return min(ceil_div(size_one_kv_head, L2_SPLIT_BYTES), max_splits)
+        return 1
+    if num_n_blocks <= 4:
+        return 1
+    cap = min(max_splits, num_sms, num_n_blocks)
+    efficiency = split_efficiencies(total_mblocks, num_sms, cap)
+    best = F32(0.0)
+    for eff in efficiency:
+        if eff > best:
+            best = eff
+    for s, eff in enumerate(efficiency, start=1):
+        if float(eff) >= 0.85 * float(best):
+            return s
+    return 1
+
+
+def split_efficiencies(total_mblocks: int, num_sms: int, cap: int) -> list:
+    """float32 wave efficiency w/ceil(w), w = total_mblocks*s/num_sms, for s = 1..cap (heuristics.h)."""
+    out = []
+    for s in range(1, cap + 1):
+        n_waves = F32(to_int32(total_mblocks * s)) / F32(num_sms)
+        out.append(F32(n_waves / F32(np.ceil(n_waves))))
+    return out
+
+
+@dataclass(frozen=True)
+class ScheduleInputs:
+    """The inputs FA3's host code schedules from, on either side of the metadata hand-off.
+
+    `batch_size`, `seqlen_q`, `seqlen_k` are the static sizes (max_seqlen_q / max_seqlen_k at precompute;
+    q's and the cache's shapes at call time). `uses_prepare` is True when FA3 runs (or would run) the
+    prepare step: always at precompute, and at call time when the call is varlen (cache_seqlens given).
+    """
+
+    batch_size: int
+    seqlen_q: int
+    seqlen_k: int
+    num_heads: int
+    num_heads_k: int
+    headdim: int
+    headdim_v: int
+    element_size: int = 2
+    causal: bool = False
+    window_size: tuple[int, int] = (-1, -1)
+    attention_chunk: int = 0
+    has_softcap: bool = False
+    page_size: Optional[int] = None
+    varlen_q: bool = False
+    has_leftpad: bool = False
+    seqlen_knew: int = 0
+    num_splits: int = 0
+    pack_gqa: Optional[bool] = None
+    num_sm: int = 132
+    arch: int = 90
+    uses_prepare: bool = True
+    precompute: bool = True
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size is not None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """FA3's resolved scheduling decisions for one side (flash_api.cpp), derived by `resolve_schedule`."""
+
+    inputs: ScheduleInputs
+    masking: Masking
+    d_rounded: int
+    dv_rounded: int
+    pagedkv_tma: bool
+    block_m: int
+    block_n: int
+    num_splits: int
+    pack_gqa: bool
+    sort: bool
+    swizzle: bool
+    needs_semaphore: bool
+    kernel_block_m: int
+    kernel_block_n: int
+    kernel_pack_gqa: bool
+
+    @property
+    def b4(self) -> int:
+        return ceil_div(self.inputs.batch_size, 4) * 4
+
+    @property
+    def num_vectors(self) -> int:
+        """Per-batch vectors in the metadata: 2 (+1 Sort, +1 Swizzle) with the prepare step."""
+        base = 2 if self.inputs.uses_prepare else 0
+        return base + int(self.sort) + int(self.swizzle)
+
+    @property
+    def metadata_size(self) -> int:
+        """Length of the int32 metadata tensor this side produces or expects (flash_api.cpp)."""
+        if not (self.needs_semaphore or self.inputs.uses_prepare):
+            return 0
+        return int(self.needs_semaphore) + self.b4 * self.num_vectors
+
+    @property
+    def qhead_per_khead(self) -> int:
+        return ceil_div(self.inputs.num_heads, self.inputs.num_heads_k)
+
+    @property
+    def prepare_num_heads(self) -> int:
+        """Head count the prepare step multiplies by: h_k when PackGQA, else h."""
+        return self.inputs.num_heads_k if self.pack_gqa else self.inputs.num_heads
+
+
+def pagedkv_tma(inp: ScheduleInputs, masking: Masking, d_rounded: int, dv_rounded: int) -> bool:
+    """Whether paged KV uses TMA: page_size % kBlockN == 0 and seqlen_q*qhpk > kBlockM (flash_api.cpp)."""
+    if inp.arch < 90 or not inp.paged or inp.has_leftpad or inp.seqlen_knew > 0:
+        return False
+    bm, bn = tile_size_fwd_sm90(d_rounded, dv_rounded, masking.is_causal, masking.is_local, inp.element_size,
+                                paged_kv_non_tma=False, softcap=inp.has_softcap)
+    return inp.page_size % bn == 0 and inp.seqlen_q * (inp.num_heads // inp.num_heads_k) > bm
+
+
+def get_num_splits(inp: ScheduleInputs, masking: Optional[Masking] = None) -> int:
+    """Split count FA3 chooses: the argument when positive, else the heuristic (flash_api.cpp `get_num_splits`).
+
+    With the prepare step (varlen) total_mblocks pretends batch = 1, an upper bound for dynamic splits.
+    """
+    if inp.num_splits > 0:
+        return inp.num_splits
+    masking = masking or resolve_masking(inp.seqlen_q, inp.seqlen_k, inp.causal, inp.window_size,
+                                         inp.attention_chunk, inp.headdim, inp.paged)
+    d_r, dv_r = rounded_headdims(inp.headdim, inp.headdim_v)
+    tma = pagedkv_tma(inp, masking, d_r, dv_r)
+    bm, bn = tile_size_fwd_sm90(d_r, dv_r, masking.is_causal, masking.is_local, inp.element_size,
+                                paged_kv_non_tma=inp.paged and not tma, softcap=inp.has_softcap)
+    qhpk = inp.num_heads // inp.num_heads_k
+    if masking.is_local:
+        seqlen_k_loaded = max(0, min(inp.seqlen_k, masking.window_right + masking.window_left + 1 + bm))
+    else:
+        seqlen_k_loaded = inp.seqlen_k
+    n_blocks = ceil_div(seqlen_k_loaded, bn)
+    m_blocks = ceil_div(inp.seqlen_q * qhpk, bm)
+    size_one_kv_head = to_int32(inp.seqlen_k * (inp.headdim + inp.headdim_v) * inp.element_size)
+    total_mblocks = (1 if inp.uses_prepare else inp.batch_size) * inp.num_heads_k * m_blocks
+    return num_splits_heuristic(total_mblocks, inp.num_sm, n_blocks, m_blocks, size_one_kv_head,
+                                masking.is_causal or masking.is_local, HEURISTIC_MAX_SPLITS)
+
+
+def get_pack_gqa(inp: ScheduleInputs, num_splits: int, masking: Masking, tma: bool) -> bool:
+    """FA3's PackGQA decision: forced for sm8x, paged-non-TMA or Split; else the heuristic (flash_api.cpp)."""
+    if inp.pack_gqa is not None:
+        return bool(inp.pack_gqa)
+    if inp.arch < 90 or (inp.paged and not tma) or num_splits > 1:
+        return True
+    if inp.num_heads == inp.num_heads_k:
+        return False
+    d_r, dv_r = rounded_headdims(inp.headdim, inp.headdim_v)
+    bm, _ = tile_size_fwd_sm90(d_r, dv_r, masking.is_causal, masking.is_local, inp.element_size,
+                               paged_kv_non_tma=inp.paged and not tma, softcap=inp.has_softcap)
+    return should_pack_gqa(inp.varlen_q, inp.seqlen_q, inp.num_heads // inp.num_heads_k, bm)
+
+
+def resolve_schedule(inp: ScheduleInputs) -> Schedule:
+    """All of FA3's host-side decisions for one side of the hand-off, in FA3's order (flash_api.cpp)."""
+    validate_schedule_inputs(inp)
+    masking = resolve_masking(inp.seqlen_q, inp.seqlen_k, inp.causal, inp.window_size, inp.attention_chunk,
+                              inp.headdim, inp.paged)
+    d_r, dv_r = rounded_headdims(inp.headdim, inp.headdim_v)
+    tma = pagedkv_tma(inp, masking, d_r, dv_r)
+    non_tma = inp.paged and not tma
+    num_splits = get_num_splits(inp, masking)
+    pack = get_pack_gqa(inp, num_splits, masking, tma)
+    bm, bn = tile_size_fwd_sm90(d_r, dv_r, masking.is_causal, masking.is_local, inp.element_size,
+                                paged_kv_non_tma=non_tma, softcap=inp.has_softcap)
+    kd, kdv = kernel_headdims(inp.headdim, inp.headdim_v, inp.element_size)
+    kbm, kbn = tile_size_fwd_sm90(kd, kdv, masking.is_causal, masking.is_local, inp.element_size,
+                                  paged_kv_non_tma=non_tma, softcap=inp.has_softcap)
+    if inp.precompute:
+        needs_sem = inp.arch >= 90 or num_splits > 1
+    else:
+        needs_sem = (((masking.is_causal or masking.is_local) and num_splits == 1) or inp.uses_prepare) \
+            if inp.arch >= 90 else False
+    kernel_pack = pack or inp.arch < 90 or non_tma or num_splits > 1
+    return Schedule(inputs=inp, masking=masking, d_rounded=d_r, dv_rounded=dv_r, pagedkv_tma=tma,
+                    block_m=bm, block_n=bn, num_splits=num_splits, pack_gqa=pack,
+                    sort=not masking.is_local, swizzle=masking.is_causal or masking.is_local,
+                    needs_semaphore=needs_sem, kernel_block_m=kbm, kernel_block_n=kbn, kernel_pack_gqa=kernel_pack)
+
+
+def validate_schedule_inputs(inp: ScheduleInputs) -> None:
+    """Reject inputs FA3 itself rejects, naming the field and the allowed range (flash_api.cpp TORCH_CHECKs)."""
+    checks = [
+        ("batch_size", inp.batch_size >= 0, ">= 0"),
+        ("max_seqlen_q", inp.seqlen_q >= 0, ">= 0"),
+        ("max_seqlen_k", inp.seqlen_k >= 0, ">= 0"),
+        ("num_heads", inp.num_heads >= 1, ">= 1"),
+        ("num_heads_k", inp.num_heads_k >= 1, ">= 1"),
+        ("headdim", 1 <= inp.headdim <= 256, "1..256"),
+        ("headdim_v", 1 <= inp.headdim_v <= 512, "1..512"),
+        ("num_splits", inp.num_splits <= CALL_MAX_SPLITS, f"<= {CALL_MAX_SPLITS} (<= 0 means heuristic)"),
+        ("num_sm", inp.num_sm >= 1, ">= 1"),
+        ("page_size", inp.page_size is None or inp.page_size >= 1, ">= 1 or None"),
+    ]
+    for name, ok, allowed in checks:
+        if not ok:
+            raise ValueError(f"{name}: must be {allowed}, got {getattr(inp, _FIELD_ALIASES.get(name, name))!r}")
+    if inp.num_heads % inp.num_heads_k != 0:
+        raise ValueError(f"num_heads: must be a multiple of num_heads_k={inp.num_heads_k}, got {inp.num_heads}")
+
+
+_FIELD_ALIASES = {"max_seqlen_q": "seqlen_q", "max_seqlen_k": "seqlen_k"}
+
+
+def precompute_inputs(batch_size: int, max_seqlen_q: int, max_seqlen_k: int, num_heads_q: int, num_heads_kv: int,
+                      headdim: int, qkv_dtype="bfloat16", headdim_v: Optional[int] = None, varlen_q: bool = False,
+                      has_leftpad: bool = False, page_size: Optional[int] = None, max_seqlen_k_new: int = 0,
+                      causal: bool = False, window_size=(-1, -1), attention_chunk: int = 0, has_softcap: bool = False,
+                      num_splits: int = 0, pack_gqa: Optional[bool] = None, sm_margin: int = 0,
+                      num_sm: int = 132, arch: int = 90) -> ScheduleInputs:
+    """ScheduleInputs for `get_scheduler_metadata`'s arguments (flash_attn_interface.py, flash_api.cpp)."""
+    return ScheduleInputs(
+        batch_size=int(batch_size), seqlen_q=int(max_seqlen_q), seqlen_k=int(max_seqlen_k),
+        num_heads=int(num_heads_q), num_heads_k=int(num_heads_kv), headdim=int(headdim),
+        headdim_v=int(headdim if headdim_v is None else headdim_v), element_size=element_size(qkv_dtype),
+        causal=bool(causal), window_size=(int(window_size[0]), int(window_size[1])),
+        attention_chunk=int(attention_chunk), has_softcap=bool(has_softcap),
+        page_size=None if page_size is None else int(page_size), varlen_q=bool(varlen_q),
+        has_leftpad=bool(has_leftpad), seqlen_knew=int(max_seqlen_k_new), num_splits=int(num_splits),
+        pack_gqa=pack_gqa, num_sm=int(num_sm) - int(sm_margin), arch=int(arch), uses_prepare=True, precompute=True)
+
+
+def call_inputs(batch_size: int, seqlen_q: int, seqlen_k: int, num_heads: int, num_heads_k: int, headdim: int,
+                headdim_v: Optional[int] = None, qkv_dtype="bfloat16", varlen_q: bool = False,
+                has_cache_seqlens: bool = True, has_leftpad: bool = False, page_size: Optional[int] = None,
+                seqlen_knew: int = 0, causal: bool = False, window_size=(-1, -1), attention_chunk: int = 0,
+                has_softcap: bool = False, num_splits: int = 0, pack_gqa: Optional[bool] = None,
+                sm_margin: int = 0, num_sm: int = 132, arch: int = 90) -> ScheduleInputs:
+    """ScheduleInputs for a `flash_attn_with_kvcache` call, from its shapes (flash_api.cpp `mha_fwd`).
+
+    `seqlen_k` is the cache's size(1), or page_table.size(1) * page_size when paged; the call is varlen
+    (runs the prepare step) when cache_seqlens, cu_seqlens_q or leftpad is given.
+    """
+    uses_prepare = bool(varlen_q or has_cache_seqlens or has_leftpad)
+    return ScheduleInputs(
+        batch_size=int(batch_size), seqlen_q=int(seqlen_q), seqlen_k=int(seqlen_k), num_heads=int(num_heads),
+        num_heads_k=int(num_heads_k), headdim=int(headdim), headdim_v=int(headdim if headdim_v is None else headdim_v),
+        element_size=element_size(qkv_dtype), causal=bool(causal),
+        window_size=(int(window_size[0]), int(window_size[1])), attention_chunk=int(attention_chunk),
+        has_softcap=bool(has_softcap), page_size=None if page_size is None else int(page_size),
+        varlen_q=bool(varlen_q), has_leftpad=bool(has_leftpad), seqlen_knew=int(seqlen_knew),
+        num_splits=int(num_splits), pack_gqa=pack_gqa, num_sm=int(num_sm) - int(sm_margin), arch=int(arch),
+        uses_prepare=uses_prepare, precompute=False)
+
+
+def combine_capacity(num_splits_call: int, headdim_v: int) -> int:
+    """Most splits FA3's combine reads, kMax (flash_fwd_combine_launch_template.h `run_mha_fwd_combine_`).
+
+    The combine is launched with kBlockK 64 when dv <= 64, else 128; only kBlockK 64 has a 16-split instance.
+    """
+    if headdim_v <= 64 and num_splits_call <= 16:
+        return 16
+    for cap in (32, 64, 128):
+        if num_splits_call <= cap:
+            return cap
+    return 256

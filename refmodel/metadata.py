@@ -1,0 +1,188 @@
+"""FA3's scheduler-metadata tensor: layout, size, encoder, decoder and `get_scheduler_metadata`.
+
+Layout (sm90, FA3 `hopper/flash_api.cpp` `mha_fwd_get_scheduler_metadata`): one int32 vector of length
+`nvec * b4 + 1`, b4 = batch rounded up to a multiple of 4, with per-batch vectors at
+`0: num_splits_dynamic`, `b4: num_m_blocks`, `2*b4: varlen_batch_idx` (Sort only), then
+`num_nheads_in_l2` (Swizzle only), then the tile-count semaphore (set to 0 by the prepare step).
+
+FA3 allocates the tensor with `torch.empty`, so slots [b, b4) of each vector hold whatever memory held.
+This model fills them with the documented sentinel `UNWRITTEN` so a reader of such a slot is detectable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from .fa3_scheduler import Schedule, ScheduleInputs, precompute_inputs, resolve_schedule
+from .prepare import PrepareResult, prepare_scheduler
+
+#: Value of metadata slots FA3 never writes (INT32_MIN): FA3 leaves uninitialised memory there.
+UNWRITTEN = -(2**31)
+
+
+@dataclass(frozen=True)
+class MetadataLayout:
+    """Offsets of the per-batch vectors inside the metadata tensor (flash_api.cpp)."""
+
+    batch_size: int
+    b4: int
+    sort: bool
+    swizzle: bool
+    has_semaphore: bool = True
+
+    @property
+    def num_vectors(self) -> int:
+        return 2 + int(self.sort) + int(self.swizzle)
+
+    @property
+    def size(self) -> int:
+        return self.num_vectors * self.b4 + int(self.has_semaphore)
+
+    @property
+    def splits_offset(self) -> int:
+        return 0
+
+    @property
+    def m_blocks_offset(self) -> int:
+        return self.b4
+
+    @property
+    def batch_idx_offset(self) -> Optional[int]:
+        return 2 * self.b4 if self.sort else None
+
+    @property
+    def nheads_in_l2_offset(self) -> Optional[int]:
+        return self.b4 * (3 if self.sort else 2) if self.swizzle else None
+
+    @property
+    def semaphore_offset(self) -> int:
+        return self.num_vectors * self.b4
+
+    @classmethod
+    def for_schedule(cls, schedule: Schedule) -> "MetadataLayout":
+        return cls(batch_size=schedule.inputs.batch_size, b4=schedule.b4, sort=schedule.sort,
+                   swizzle=schedule.swizzle, has_semaphore=schedule.needs_semaphore)
+
+
+@dataclass(frozen=True)
+class DecodedMetadata:
+    """A metadata tensor read back into named vectors, each of length b4 (unwritten slots included)."""
+
+    layout: MetadataLayout
+    num_splits: list[int]
+    num_m_blocks: list[int]
+    batch_idx: Optional[list[int]]
+    nheads_in_l2: Optional[list[int]]
+    semaphore: Optional[int]
+
+    def to_dict(self) -> dict:
+        return {"num_splits": self.num_splits, "num_m_blocks": self.num_m_blocks, "batch_idx": self.batch_idx,
+                "nheads_in_l2": self.nheads_in_l2, "semaphore": self.semaphore}
+
+
+def metadata_size(schedule_or_inputs) -> int:
+    """Length of the metadata tensor for a precompute or a call: `nvec*b4 + semaphore` (flash_api.cpp)."""
+    schedule = schedule_or_inputs if isinstance(schedule_or_inputs, Schedule) else resolve_schedule(schedule_or_inputs)
+    return schedule.metadata_size
+
+
+def encode_metadata(schedule: Schedule, result: PrepareResult) -> torch.Tensor:
+    """Write a prepare result into FA3's int32 layout; unwritten slots get `UNWRITTEN` (flash_api.cpp)."""
+    layout = MetadataLayout.for_schedule(schedule)
+    out = torch.full((layout.size,), UNWRITTEN, dtype=torch.int32)
+    b = layout.batch_size
+    out[layout.splits_offset:layout.splits_offset + b] = torch.tensor(result.num_splits, dtype=torch.int32)
+    out[layout.m_blocks_offset:layout.m_blocks_offset + b] = torch.tensor(result.num_m_blocks, dtype=torch.int32)
+    if layout.batch_idx_offset is not None:
+        out[layout.batch_idx_offset:layout.batch_idx_offset + b] = torch.tensor(result.batch_idx, dtype=torch.int32)
+    if layout.nheads_in_l2_offset is not None:
+        out[layout.nheads_in_l2_offset:layout.nheads_in_l2_offset + b] = torch.tensor(result.nheads_in_l2, dtype=torch.int32)
+    if layout.has_semaphore:
+        out[layout.semaphore_offset] = 0
+    return out
+
+
+def decode_metadata(metadata: torch.Tensor, batch_size: int, sort: bool, swizzle: bool) -> DecodedMetadata:
+    """Read an int32 metadata tensor back into named vectors using FA3's layout for (b, Sort, Swizzle)."""
+    b4 = -(-batch_size // 4) * 4
+    layout = MetadataLayout(batch_size=batch_size, b4=b4, sort=sort, swizzle=swizzle, has_semaphore=True)
+    values = [int(v) for v in metadata.detach().to("cpu").reshape(-1).tolist()]
+    if len(values) < layout.num_vectors * b4:
+        raise ValueError(f"metadata: expected at least {layout.num_vectors * b4} int32 values for batch_size="
+                         f"{batch_size}, sort={sort}, swizzle={swizzle}; got {len(values)}")
+
+    def vector(offset: Optional[int]) -> Optional[list[int]]:
+        return None if offset is None else values[offset:offset + b4]
+
+    sem = values[layout.semaphore_offset] if len(values) > layout.semaphore_offset else None
+    return DecodedMetadata(layout, vector(layout.splits_offset), vector(layout.m_blocks_offset),
+                           vector(layout.batch_idx_offset), vector(layout.nheads_in_l2_offset), sem)
+
+
+def _as_int_list(x, name: str, n: Optional[int] = None) -> Optional[list[int]]:
+    if x is None:
+        return None
+    values = [int(v) for v in (x.tolist() if isinstance(x, torch.Tensor) else list(x))]
+    if n is not None and len(values) != n:
+        raise ValueError(f"{name}: expected {n} entries, got {len(values)}")
+    return values
+
+
+def lengths_from_cu(cu: Optional[Sequence[int]], name: str, batch_size: int) -> Optional[list[int]]:
+    """Per-batch lengths from a cumulative (b+1,) vector such as cu_seqlens_q."""
+    values = _as_int_list(cu, name, batch_size + 1)
+    if values is None:
+        return None
+    lens = [values[i + 1] - values[i] for i in range(batch_size)]
+    if any(v < 0 for v in lens):
+        raise ValueError(f"{name}: must be non-decreasing, got {values}")
+    return lens
+
+
+def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
+                           cache_seqlens, qkv_dtype=torch.bfloat16, headdim_v=None, cu_seqlens_q=None,
+                           cu_seqlens_k_new=None, cache_leftpad=None, page_size=None, max_seqlen_k_new=0,
+                           causal=False, window_size=(-1, -1), attention_chunk=0, has_softcap=False,
+                           num_splits=0, pack_gqa=None, sm_margin=0, num_sm: int = 132, arch: int = 90) -> torch.Tensor:
+    """FA3's `get_scheduler_metadata` with its Python signature plus `num_sm`/`arch` (flash_attn_interface.py).
+
+    Returns the int32 tensor of `mha_fwd_get_scheduler_metadata` with FA3's exact layout; slots FA3 never
+    writes hold `UNWRITTEN`.
+    """
+    schedule, result = schedule_and_prepare(
+        batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, cache_seqlens,
+        qkv_dtype=qkv_dtype, headdim_v=headdim_v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new,
+        cache_leftpad=cache_leftpad, page_size=page_size, max_seqlen_k_new=max_seqlen_k_new, causal=causal,
+        window_size=window_size, attention_chunk=attention_chunk, has_softcap=has_softcap, num_splits=num_splits,
+        pack_gqa=pack_gqa, sm_margin=sm_margin, num_sm=num_sm, arch=arch)
+    out = encode_metadata(schedule, result)
+    if isinstance(cache_seqlens, torch.Tensor):
+        out = out.to(cache_seqlens.device)
+    return out
+
+
+def schedule_and_prepare(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, cache_seqlens,
+                         qkv_dtype=torch.bfloat16, headdim_v=None, cu_seqlens_q=None, cu_seqlens_k_new=None,
+                         cache_leftpad=None, page_size=None, max_seqlen_k_new=0, causal=False, window_size=(-1, -1),
+                         attention_chunk=0, has_softcap=False, num_splits=0, pack_gqa=None, sm_margin=0,
+                         num_sm: int = 132, arch: int = 90) -> tuple[Schedule, PrepareResult]:
+    """The precompute's resolved schedule and prepare result, before encoding (flash_api.cpp)."""
+    inputs: ScheduleInputs = precompute_inputs(
+        batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, qkv_dtype=qkv_dtype,
+        headdim_v=headdim_v, varlen_q=cu_seqlens_q is not None, has_leftpad=cache_leftpad is not None,
+        page_size=page_size, max_seqlen_k_new=max_seqlen_k_new, causal=causal, window_size=window_size,
+        attention_chunk=attention_chunk, has_softcap=has_softcap, num_splits=num_splits, pack_gqa=pack_gqa,
+        sm_margin=sm_margin, num_sm=num_sm, arch=arch)
+    schedule = resolve_schedule(inputs)
+    b = int(batch_size)
+    seqused = _as_int_list(cache_seqlens, "cache_seqlens", b)
+    if any(v < 0 for v in seqused):
+        raise ValueError(f"cache_seqlens: entries must be >= 0, got {seqused}")
+    lq = lengths_from_cu(cu_seqlens_q, "cu_seqlens_q", b)
+    lnew = lengths_from_cu(cu_seqlens_k_new, "cu_seqlens_k_new", b)
+    leftpad = _as_int_list(cache_leftpad, "cache_leftpad", b)
+    result = prepare_scheduler(schedule, seqused, seqlens_q=lq, leftpad_k=leftpad, seqlens_new=lnew)
+    return schedule, result

@@ -1,0 +1,130 @@
+"""FA3's prepare step: per-batch split counts, m-blocks, the batch sort and heads-in-L2.
+
+Models `prepare_varlen_num_blocks_kernel` in FA3's `hopper/flash_prepare_scheduler.cu` (commit 0251105a).
+The kernel runs one CTA per 992 batches (32 warps of 31 lanes); batches are sorted only within their CTA.
+
+Simplification: FA3 sorts with `cub::BlockMergeSort::Sort`, which does not promise an order for equal keys;
+this model breaks ties by ascending batch index (a stable sort). Fidelity checks compare tied entries as sets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .fa3_scheduler import F32, L2_SWIZZLE_BYTES, PREPARE_MAX_BATCH_ONE_CTA, Schedule, ceil_div
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """The prepare step's per-virtual-batch outputs, each of length b (slots >= b are not written)."""
+
+    num_splits: list[int]
+    num_m_blocks: list[int]
+    batch_idx: Optional[list[int]]      # varlen_batch_idx, only when Sort
+    nheads_in_l2: Optional[list[int]]   # only when Swizzle
+    blocks_per_sm: Optional[int]        # None when the split computation was skipped
+
+
+def m_blocks_for(seqlen_q: int, qhead_per_khead: int, pack_gqa: bool, block_m: int) -> int:
+    """m-tiles of one batch: ceil(Lq * (qhpk if PackGQA else 1) / kBlockM) (flash_prepare_scheduler.cu)."""
+    rows = seqlen_q * (qhead_per_khead if pack_gqa else 1)
+    return ceil_div(rows, block_m)
+
+
+def n_blocks_for(seqused_k: int, leftpad_k: int, seqlen_new: int, block_n: int) -> int:
+    """n-tiles of one batch: ceil((seqused_k - leftpad + new KV) / kBlockN) (flash_prepare_scheduler.cu)."""
+    return ceil_div(seqused_k - leftpad_k + seqlen_new, block_n)
+
+
+def blocks_per_sm(total_blocks: int, num_heads: int, num_sm: int) -> int:
+    """ceilf(float(total) * 1.1f * float(heads) / float(num_sm)) in float32 (flash_prepare_scheduler.cu)."""
+    value = F32(total_blocks) * F32(1.1) * F32(num_heads) / F32(num_sm)
+    return int(np.ceil(F32(value)))
+
+
+def dynamic_split(n_blocks: int, bps: int, num_splits_static: int) -> int:
+    """Per-batch split count: max(min(ceil(n_blocks / blocks_per_sm), S_static), 1) (flash_prepare_scheduler.cu)."""
+    if bps <= 0:
+        # ceil(0 / 0): FA3 divides by zero here (an all-empty batch). The GPU's integer division by zero
+        # yields an unspecified value; we return 1, the clamp's lower bound, and document it.
+        return 1
+    return max(min(ceil_div(n_blocks, bps), num_splits_static), 1)
+
+
+def nheads_in_l2(n_blocks: int, max_kvblocks_in_l2: int, qhead_per_khead: int, pack_gqa: bool, num_heads: int) -> int:
+    """Largest k in {16,8,4,2,1} with n*k <= L2 budget, times qhpk without PackGQA, capped at heads."""
+    for k in (16, 8, 4, 2):
+        if n_blocks * k <= max_kvblocks_in_l2:
+            chosen = k
+            break
+    else:
+        chosen = 1
+    if not pack_gqa:
+        chosen *= qhead_per_khead
+    return min(chosen, num_heads)
+
+
+def max_kvblocks_in_l2(block_n: int, headdim: int, headdim_v: int, element_size: int) -> int:
+    """8 MiB divided by the bytes of one KV block, kBlockN * (d + dv) * elem (flash_prepare_scheduler.cu)."""
+    return L2_SWIZZLE_BYTES // (block_n * (headdim + headdim_v) * element_size)
+
+
+def prepare_scheduler(schedule: Schedule, seqused_k: Sequence[int], seqlens_q: Optional[Sequence[int]] = None,
+                      leftpad_k: Optional[Sequence[int]] = None, seqlens_new: Optional[Sequence[int]] = None) -> PrepareResult:
+    """Run FA3's prepare step for one schedule over concrete per-batch lengths (flash_prepare_scheduler.cu).
+
+    `seqlens_q` defaults to the static seqlen_q for every batch; `seqlens_new` to the static new-KV length.
+    """
+    inp = schedule.inputs
+    b = inp.batch_size
+    if len(seqused_k) != b:
+        raise ValueError(f"cache_seqlens: expected {b} entries (batch_size), got {len(seqused_k)}")
+    lq = list(seqlens_q) if seqlens_q is not None else [inp.seqlen_q] * b
+    lp = list(leftpad_k) if leftpad_k is not None else [0] * b
+    ln = list(seqlens_new) if seqlens_new is not None else [inp.seqlen_knew] * b
+    qhpk = schedule.qhead_per_khead
+    heads = schedule.prepare_num_heads
+    m_blocks = [m_blocks_for(lq[i], qhpk, schedule.pack_gqa, schedule.block_m) for i in range(b)]
+    n_blocks = [n_blocks_for(int(seqused_k[i]), lp[i], ln[i], schedule.block_n) for i in range(b)]
+
+    multi_cta = b > PREPARE_MAX_BATCH_ONE_CTA
+    if multi_cta or schedule.num_splits == 1:
+        splits = [1] * b
+        n_per_split = list(n_blocks)
+        bps = None
+    else:
+        total = sum(m * n for m, n in zip(m_blocks, n_blocks))
+        bps = blocks_per_sm(total, heads, inp.num_sm)
+        splits = [dynamic_split(n, bps, schedule.num_splits) for n in n_blocks]
+        n_per_split = [ceil_div(n, s) for n, s in zip(n_blocks, splits)]
+
+    l2_budget = max_kvblocks_in_l2(schedule.block_n, inp.headdim, inp.headdim_v, inp.element_size)
+
+    def l2_heads(n: int) -> int:
+        return nheads_in_l2(max(n, 1), l2_budget, qhpk, schedule.pack_gqa, heads)
+
+    if not schedule.sort:
+        return PrepareResult(
+            num_splits=splits, num_m_blocks=m_blocks, batch_idx=None,
+            nheads_in_l2=[l2_heads(n) for n in n_per_split] if schedule.swizzle else None, blocks_per_sm=bps)
+
+    order: list[int] = []
+    for start in range(0, b, PREPARE_MAX_BATCH_ONE_CTA):
+        chunk = range(start, min(b, start + PREPARE_MAX_BATCH_ONE_CTA))
+        order.extend(sorted(chunk, key=lambda i: -sort_key(schedule, n_per_split[i], m_blocks[i])))
+    return PrepareResult(
+        num_splits=[splits[i] for i in order],
+        num_m_blocks=[m_blocks[i] for i in order],
+        batch_idx=order,
+        nheads_in_l2=[l2_heads(n_per_split[i]) for i in order] if schedule.swizzle else None,
+        blocks_per_sm=bps)
+
+
+def sort_key(schedule: Schedule, n_per_split: int, m_blocks: int) -> int:
+    """Descending sort key: n-blocks per split, or for causal n*kBlockN - m*kBlockM (flash_prepare_scheduler.cu)."""
+    if schedule.masking.is_causal:
+        return n_per_split * schedule.block_n - m_blocks * schedule.block_m
+    return n_per_split
