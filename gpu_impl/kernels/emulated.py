@@ -1,0 +1,222 @@
+"""The emulated FA3 kernel: FA3's algorithm (schedule, tiles, split kernel, combine) on any torch device.
+
+A call goes through the steps ``mha_fwd`` takes (``hopper/flash_api.cpp``), using refmodel for every formula:
+
+1. the call's own schedule from its shapes (:func:`~gpu_impl.kernels.base.call_schedule`): S_c, pack-GQA,
+   tiles, Sort/Swizzle, the metadata size it expects;
+2. a given ``scheduler_metadata`` is checked as FA3 checks it (``CHECK_SHAPE`` and friends ->
+   :class:`~gpu_impl.errors.MetadataShapeError`), then trusted: split counts, m-blocks and batch order come
+   from it; without one, from the call's own prepare step;
+3. the tile walk is checked against the call **before any numerics** (:func:`~gpu_impl.kernels.base.check_plan`):
+   split indices past the S_c-row partial buffers (SPLIT_BOUND), batch slots unwritten or out of range
+   (BATCH_PERMUTATION), rows no m-block covers (QUERY_COVER), splits past the combine's kMax (COMBINE_CAPACITY);
+4. numerics: S_c == 1 -> one pass (``refmodel.attention``; metadata split counts ignored, as FA3 does);
+   S_c > 1 -> per-split partials (``refmodel.split_kv`` with the metadata's per-batch split counts, the kernel's
+   tiles and the call's own KV lengths) combined by ``refmodel.flash_attn_combine`` with kMax.
+
+Modes: ``strict`` raises :class:`~gpu_impl.errors.OutOfBoundsAccess` at step 3 (no numerics run); ``gpu-like``
+returns normally with the damage a GPU would show: batches whose combine reads past the buffers, or that no
+tile visits, are NaN; rows no tile covers are NaN (``torch.empty`` garbage modelled as NaN). Batches whose
+result is certainly garbage are not computed at all (their KV length is set to 0 for the numerics pass), so a
+32768-token faulty batch costs nothing.
+
+Emulator-only extension: float32/float64 inputs are accepted (scheduled as bfloat16) so tests can compare
+at tight tolerances; FA3 itself takes bf16/fp16/fp8 only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from refmodel.attention import attention
+from refmodel.combine import flash_attn_combine
+from refmodel.fa3_scheduler import Schedule, precompute_inputs, resolve_schedule
+from refmodel.metadata import get_scheduler_metadata as ref_get_scheduler_metadata
+from refmodel.splitkv import split_kv
+
+from .base import (CallArgs, KernelAdapter, Poison, TilePlan, build_tile_plan, call_schedule, call_shape,
+                   check_plan, poison_of, raise_first, schedule_summary)
+
+__all__ = ["EmulatedKernel", "split_kv_working_set"]
+
+_COMBINE_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _available_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 16 * 2**30
+
+
+def split_kv_working_set(counts, num_heads: int, kv_lengths, headdim_v: int) -> int:
+    """Bytes of the largest float64 intermediate ``refmodel.split_kv`` builds for one batch.
+
+    ``refmodel.attention.attention_rows`` multiplies probabilities ``(S, h, Lq, Lk)`` by values ``(h, Lk, dv)``;
+    ``torch.matmul`` broadcasts the values to ``(S, h, Lk, dv)`` float64, so one batch costs
+    ``S * h * Lk * dv * 8`` bytes (31 GB for the worked example's 29 splits over 32768 keys).
+    """
+    return max((int(c) * num_heads * int(lk) * headdim_v * 8 for c, lk in zip(counts, kv_lengths) if c > 1),
+               default=0)
+
+
+class EmulatedKernel(KernelAdapter):
+    """FA3 emulated with refmodel; ``num_sm`` (default 132, an H200) and ``arch`` (90) drive the heuristics.
+
+    ``max_numerics_bytes`` (default: half of the memory available when the call runs) bounds the numerics'
+    working set: a call whose split partials would need more raises ``MemoryError`` up front, naming the
+    estimate, instead of exhausting the machine.
+    """
+
+    name = "emulated"
+
+    def __init__(self, mode: str = "strict", device=None, num_sm: int = 132, arch: int = 90,
+                 max_numerics_bytes: Optional[int] = None):
+        super().__init__(mode=mode, device=device, num_sm=num_sm, arch=arch)
+        self.max_numerics_bytes = max_numerics_bytes
+
+    def describe(self) -> str:
+        return (f"emulated FA3 (gpu_impl.kernels.emulated over refmodel; sm{self.arch}, num_sm={self.num_sm}, "
+                f"mode={self.mode}, device={self.device or 'of the inputs'})")
+
+    # ------------------------------------------------------------------------------------------------------
+    def get_scheduler_metadata(self, batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
+                               cache_seqlens, qkv_dtype=torch.bfloat16, headdim_v=None, cu_seqlens_q=None,
+                               cu_seqlens_k_new=None, cache_leftpad=None, page_size=None, max_seqlen_k_new=0,
+                               causal=False, window_size=(-1, -1), attention_chunk=0, has_softcap=False,
+                               num_splits=0, pack_gqa=None, sm_margin=0):
+        """refmodel's ``get_scheduler_metadata`` (FA3's layout; unwritten slots hold ``UNWRITTEN``)."""
+        md = ref_get_scheduler_metadata(
+            batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, cache_seqlens,
+            qkv_dtype=qkv_dtype, headdim_v=headdim_v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new,
+            cache_leftpad=cache_leftpad, page_size=page_size, max_seqlen_k_new=max_seqlen_k_new, causal=causal,
+            window_size=window_size, attention_chunk=attention_chunk, has_softcap=has_softcap,
+            num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin, num_sm=self.num_sm, arch=self.arch)
+        schedule: Schedule = resolve_schedule(precompute_inputs(
+            batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, qkv_dtype=qkv_dtype,
+            headdim_v=headdim_v, varlen_q=cu_seqlens_q is not None, has_leftpad=cache_leftpad is not None,
+            page_size=page_size, max_seqlen_k_new=max_seqlen_k_new, causal=causal, window_size=window_size,
+            attention_chunk=attention_chunk, has_softcap=has_softcap, num_splits=num_splits, pack_gqa=pack_gqa,
+            sm_margin=sm_margin, num_sm=self.num_sm, arch=self.arch))
+        device = cache_seqlens.device if isinstance(cache_seqlens, torch.Tensor) else self.device
+        if device is not None:
+            md = md.to(device)
+        self.last_metadata_trace = {"adapter": self.name, "schedule": schedule_summary(schedule),
+                                    "metadata": [int(x) for x in md.cpu().tolist()]}
+        return md
+
+    # ------------------------------------------------------------------------------------------------------
+    def _run(self, args: CallArgs):
+        shape = call_shape(args.q, args.k_cache, args.v_cache, args.cache_seqlens, args.cache_leftpad,
+                           args.page_table, args.cu_seqlens_q, args.max_seqlen_q)
+        schedule = call_schedule(shape, args, self.num_sm, self.arch)
+        trace = self._trace(shape, None, [], numerics="not started")
+        trace["schedule"] = schedule_summary(schedule)
+        plan = build_tile_plan(shape, schedule, args.scheduler_metadata, device=args.q.device)
+        violations = check_plan(plan)
+        trace = self._trace(shape, plan, violations, numerics="skipped")
+        if violations and self.mode == "strict":
+            raise_first(violations)
+        poison = poison_of(plan, violations) if violations else Poison()
+        out, lse = self._numerics(args, plan, poison)
+        trace["numerics"] = "computed" if not poison.any else "computed (poisoned batches skipped)"
+        trace["poisoned_batches"] = sorted(poison.batches)
+        trace["uncovered_rows"] = dict(poison.uncovered)
+        return out, lse
+
+    # ------------------------------------------------------------------------------------------------------
+    def _numerics(self, args: CallArgs, plan: TilePlan, poison: Poison):
+        shape = plan.shape
+        b = shape.batch_size
+        cache_seqlens, cache_leftpad = args.cache_seqlens, args.cache_leftpad
+        if poison.batches:
+            # Garbage is certain for these batches: give them no keys, so the numerics pass costs nothing.
+            lens = list(shape.seqused_k)
+            pads = list(shape.cache_leftpad) if shape.cache_leftpad is not None else None
+            for bb in poison.batches:
+                lens[bb] = 0
+                if pads is not None:
+                    pads[bb] = 0
+            cache_seqlens = torch.tensor(lens, dtype=torch.int32, device=args.q.device)
+            if pads is not None:
+                cache_leftpad = torch.tensor(pads, dtype=torch.int32, device=args.q.device)
+        common = dict(cache_seqlens=cache_seqlens, cu_seqlens_q=args.cu_seqlens_q, max_seqlen_q=args.max_seqlen_q,
+                      page_table=args.page_table, causal=args.causal, window_size=args.window_size,
+                      softcap=args.softcap, softmax_scale=args.softmax_scale, cache_leftpad=cache_leftpad)
+        schedule = plan.schedule
+        if not plan.split or not shape.kernel_runs:
+            out, lse = attention(args.q, args.k_cache, args.v_cache, **common)
+            lse = lse.float()
+        else:
+            counts = [1] * b
+            for vb in range(b):
+                bb = plan.valid_batch(vb)
+                if bb is not None and bb not in poison.batches:
+                    counts[bb] = max(1, int(plan.num_splits[vb]))
+            kv_lengths = [k - (shape.cache_leftpad[i] if shape.cache_leftpad else 0)
+                          for i, k in enumerate(shape.seqused_k)]
+            need = split_kv_working_set(counts, shape.num_heads, kv_lengths, shape.headdim_v)
+            limit = self.max_numerics_bytes if self.max_numerics_bytes is not None else _available_memory_bytes() // 2
+            if need > limit:
+                raise MemoryError(
+                    f"emulated numerics: refmodel.split_kv would build a {need / 2**30:.1f} GiB float64 intermediate "
+                    f"(splits x heads x keys x dv x 8 bytes for the largest batch), above the {limit / 2**30:.1f} GiB "
+                    f"limit; the metadata was checked and is consistent (no fault), only the numerics are too large")
+            out_partial, lse_partial = split_kv(
+                args.q, args.k_cache, args.v_cache, counts, schedule.kernel_block_n, **common,
+                block_m=schedule.kernel_block_m, pack_gqa=schedule.kernel_pack_gqa)
+            batch_of_row = None
+            if shape.varlen_q:
+                batch_of_row = torch.repeat_interleave(torch.arange(b), torch.tensor(shape.seqlens_q, dtype=torch.int64))
+            out_dtype = args.q.dtype if args.q.dtype in _COMBINE_OUT_DTYPES else torch.float32
+            out, lse = flash_attn_combine(out_partial, lse_partial, out_dtype=out_dtype, num_splits_per_batch=counts,
+                                          capacity=plan.capacity, batch_of_row=batch_of_row)
+            # combine returns lse as (b, sq, h) / (total_q, h); FA3 returns (b, h, sq) / (h, total_q)
+            lse = lse.transpose(1, 2) if not shape.varlen_q else lse.transpose(0, 1)
+            out, lse = out.to(args.q.dtype).contiguous(), lse.float().contiguous()
+        if poison.any:
+            out, lse = out.clone(), lse.clone()
+            self._apply_poison(out, lse, plan, poison)
+        return out.to(args.q.device), lse.to(args.q.device)
+
+    @staticmethod
+    def _apply_poison(out: torch.Tensor, lse: torch.Tensor, plan: TilePlan, poison: Poison) -> None:
+        """Write NaN where a GPU would leave garbage: whole poisoned batches, and rows no m-block covers."""
+        shape = plan.shape
+        starts = [0]
+        for n in shape.seqlens_q:
+            starts.append(starts[-1] + n)
+
+        def rows(bb: int):
+            return slice(starts[bb], starts[bb + 1])
+
+        for bb in poison.batches:
+            if shape.varlen_q:
+                out[rows(bb)] = math.nan
+                lse[:, rows(bb)] = math.nan
+            else:
+                out[bb] = math.nan
+                lse[bb] = math.nan
+        qhpk = shape.qhead_per_khead
+        for bb, first in poison.uncovered.items():
+            lq = shape.seqlens_q[bb]
+            row = torch.arange(lq).unsqueeze(0)                         # (1, Lq)
+            head = torch.arange(shape.num_heads).unsqueeze(1)           # (h, 1)
+            index = row * qhpk + head % qhpk if plan.schedule.kernel_pack_gqa else row.expand(shape.num_heads, lq)
+            lost = (index >= first)                                     # (h, Lq)
+            if not bool(lost.any()):
+                continue
+            lost_rows_first = lost.t().to(out.device)                   # (Lq, h)
+            if shape.varlen_q:
+                out[rows(bb)] = out[rows(bb)].masked_fill(lost_rows_first.unsqueeze(-1), math.nan)
+                lse[:, rows(bb)] = lse[:, rows(bb)].masked_fill(lost.to(lse.device), math.nan)
+            else:
+                out[bb] = out[bb].masked_fill(lost_rows_first.unsqueeze(-1), math.nan)
+                lse[bb] = lse[bb].masked_fill(lost.to(lse.device), math.nan)
