@@ -14,7 +14,6 @@ Head dims are always real (64 or 128): FA3's tiles depend on them.
 
 from __future__ import annotations
 
-import time
 
 import pytest
 import torch
@@ -292,11 +291,9 @@ def test_worked_example_strict_raises_split_bound(worked_paged):
     q, k, v, table, cs = worked_paged
     kern = load("emulated", mode="strict")
     md = worked_metadata(kern, cs, H // 4, max(1, HK // 4))  # sglang's tp=4 head counts: 8 / 1
-    start = time.perf_counter()
     with pytest.raises(OutOfBoundsAccess) as info:
         kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
                                      scheduler_metadata=md, num_splits=0)
-    elapsed = time.perf_counter() - start
     exc = info.value
     assert exc.invariant == "SPLIT_BOUND" and exc.batch == 0
     assert exc.indices["splits"] == list(range(29, 86))
@@ -305,7 +302,7 @@ def test_worked_example_strict_raises_split_bound(worked_paged):
     trace = kern.last_trace
     assert trace["schedule"]["num_splits"] == 29 and trace["metadata"]["num_splits"][0] == 86
     assert trace["schedule"]["metadata_size"] == 33 and trace["numerics"] == "skipped"
-    assert elapsed < 1.0, f"strict check took {elapsed:.2f}s: it must not touch numerics"
+    # runtime is measured in the benchmarks (fa3verify bench), not asserted here
 
 
 def test_worked_example_strict_contiguous_cache():
@@ -325,15 +322,13 @@ def test_worked_example_gpu_like_poisons_batch_zero(worked_paged):
     q, k, v, table, cs = worked_paged
     kern = load("emulated", mode="gpu-like")
     md = worked_metadata(kern, cs, 8, 1)
-    start = time.perf_counter()
     out, lse = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
                                             scheduler_metadata=md, return_softmax_lse=True)
-    elapsed = time.perf_counter() - start
     assert torch.isnan(out[0]).all() and torch.isnan(lse[0]).all()
     assert not torch.isnan(out[1:]).any() and not torch.isnan(lse[1:]).any()
     assert kern.last_trace["poisoned_batches"] == [0]
     assert [v["invariant"] for v in kern.last_trace["verdicts"]][0] == "SPLIT_BOUND"
-    assert elapsed < 3.0, f"gpu-like worked example took {elapsed:.2f}s"
+    assert kern.last_trace["numerics"] == "computed (poisoned batches skipped)"  # no work on batch 0
     # the other seven sequences are still right: compare them with the oracle on their own
     sub = dict(cache_seqlens=cs[1:], page_table=table[1:], causal=True)
     assert_matches_oracle(out[1:], lse[1:], q[1:], k, v, **sub)
@@ -343,18 +338,15 @@ def test_worked_example_fresh_metadata_matches_oracle(worked_paged):
     q, k, v, table, cs = worked_paged
     kern = load("emulated")
     md = worked_metadata(kern, cs, H, HK)  # the call's own head counts (the fix)
-    start = time.perf_counter()
     try:
         out, lse = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
                                                 scheduler_metadata=md, return_softmax_lse=True)
     except MemoryError as exc:
         # the metadata check passed before the numerics were refused
         assert kern.last_trace["ok"] and kern.last_trace["metadata"]["num_splits"][0] == 29
-        pytest.xfail(f"numerics too large for this machine with the current refmodel.split_kv: {exc}")
-    elapsed = time.perf_counter() - start
+        pytest.fail(f"numerics refused as too large for this machine: {exc}")
     assert kern.last_trace["ok"] and kern.last_trace["metadata"]["num_splits"][0] == 29
     assert_matches_oracle(out, lse, q, k, v, cache_seqlens=cs, page_table=table, causal=True)
-    assert elapsed < 5.0, f"fresh worked example took {elapsed:.2f}s"
 
 
 # ----------------------------------------------------------------------------------------------------------

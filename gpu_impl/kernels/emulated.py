@@ -57,13 +57,13 @@ def _available_memory_bytes() -> int:
 
 
 def split_kv_working_set(counts, num_heads: int, kv_lengths, headdim_v: int) -> int:
-    """Bytes of the largest float64 intermediate ``refmodel.split_kv`` builds for one batch.
+    """Bytes of the float64 working set ``refmodel.split_kv`` builds for one batch (an upper estimate).
 
-    ``refmodel.attention.attention_rows`` multiplies probabilities ``(S, h, Lq, Lk)`` by values ``(h, Lk, dv)``;
-    ``torch.matmul`` broadcasts the values to ``(S, h, Lk, dv)`` float64, so one batch costs
-    ``S * h * Lk * dv * 8`` bytes (31 GB for the worked example's 29 splits over 32768 keys).
+    ``refmodel.attention.resolve_attention_call`` holds the batch's keys and values as float64 ``(h, Lk, d)``
+    and ``(h, Lk, dv)`` (KV heads repeated for GQA); ``split_kv`` then computes one split's key span at a time,
+    so scores add at most ``h * Lq * Lk`` more. Three ``h * Lk * dv`` float64 tensors bound it.
     """
-    return max((int(c) * num_heads * int(lk) * headdim_v * 8 for c, lk in zip(counts, kv_lengths) if c > 1),
+    return max((3 * num_heads * int(lk) * headdim_v * 8 for c, lk in zip(counts, kv_lengths) if c > 1),
                default=0)
 
 
