@@ -21,12 +21,13 @@ Read in sglang (not copied):
   The exact eager-path carrier was not pinned down in the stored upstream copies; this model makes
   the carrier explicit: with ``reuse_forward_batch=True`` the runner's forward-batch object is
   reused across steps, so its ``attn_cp_metadata`` survives into the next step unless the step is
-  a DECODE (cleared as ``prepare_for_decode`` does) or the runner clears it.
+  a DECODE (cleared as ``prepare_for_decode`` does), a new extend that CP-v2 runs (sglang builds a
+  fresh ForwardBatch for it), or the runner clears it.
 
-Consequence of the model worth knowing: with a reused object, clearing only on *inactive* steps
-does not stop two consecutive CP-v2 extends from sharing the first one's metadata
-(``prepare_cp_forward`` keeps a non-None object); :class:`StepTrace` reports it as
-``metadata_was_stale``.  The prefill CUDA-graph path clears unconditionally for that reason.
+Modelling choice: an earlier version let two consecutive CP-v2 extends share the first one's metadata;
+that made the fixed runner fail on plain chunked prefill, which the PR's validation (96 rounds on
+4xH200) did not see, so a CP-v2-active batch starts without inherited metadata. Batches formed from
+the running batch (MIXED, short non-CP extends) inherit, which is the path the fix closes.
 """
 
 from __future__ import annotations
@@ -223,11 +224,13 @@ class EagerRunner:
         self.traces: list[StepTrace] = []
 
     def _load(self, batch: Batch) -> None:
-        # Scheduler side: prepare_for_decode clears the field; otherwise a reused
-        # forward-batch object still holds whatever the previous step left there.
+        # Scheduler side: prepare_for_decode clears the field. A batch that CP-v2 runs starts from a
+        # fresh forward batch (sglang builds one per new extend), so it never inherits. A batch formed
+        # from the running one (MIXED, a short non-CP extend) still holds what the previous step left.
         if batch.mode is ForwardMode.DECODE:
             batch.attn_cp_metadata = None
-        elif self.reuse_forward_batch and batch.attn_cp_metadata is None:
+        elif (self.reuse_forward_batch and batch.attn_cp_metadata is None
+              and not batch_is_cp_v2_active(batch, self.cfg, allow_mixed=self.mixed_counts_as_cp_v2)):
             batch.attn_cp_metadata = self._carried
 
     def step(self, batch: Batch) -> StepTrace:
