@@ -1,0 +1,35 @@
+"""fa3verify check: the project's own gate (fixed guard, short fuzz budget), ending in one verdict line."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "gate the project's fixed guard with a short budget (what `make check` runs)"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("check", help=HELP, description=HELP + ". Example: fa3verify check --budget-s 10",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--budget-s", type=float, default=10.0, help="fuzz budget in seconds (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="fuzz seed (default 0)")
+    p.add_argument("--json", metavar="PATH", help="write the run summary as JSON")
+    p.add_argument("--junit", metavar="PATH", help="write JUnit XML")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..errors import UsageError
+    from ..gating import gate
+    from ..policy import load_policy
+    from ..summary import print_table, verdict_line, write_json, write_junit
+
+    if args.budget_s <= 0:
+        raise UsageError(f"--budget-s: must be > 0, got {args.budget_s}")
+    summary = gate(load_policy("fixed"), budget_s=args.budget_s, seed=args.seed)
+    print_table(summary)
+    if args.json:
+        write_json(summary, args.json)
+    if args.junit:
+        write_junit(summary, args.junit)
+    print(f"fa3verify check: {verdict_line(summary)}")
+    return summary.exit_code

@@ -1,0 +1,57 @@
+"""fa3verify gate: prove + fuzz for a backend policy; the job a backend change runs in CI."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..policy import add_policy_arguments
+
+HELP = "prove and fuzz a backend policy; exit 0 only if both pass"
+EPILOG = """\
+The gate runs every theorem (z3) and a fuzz campaign for the policy, prints one table (theorem or
+property, verdict, seconds, case file), writes JUnit XML and JSON if asked, and exits 0 pass,
+1 violation, 2 bad input, 3 inconclusive.
+
+examples:
+  fa3verify gate --guard mypkg.attention.backend:_should_disable_scheduler_metadata_precompute \\
+                 --junit report.xml --json gate.json
+  fa3verify gate --guard examples/guards/prefix_guard.py:should_disable      # exits 1
+  fa3verify gate --guard pre-fix --metadata-heads attn_tp                    # exits 0
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("gate", help=HELP, description=HELP, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_policy_arguments(p)
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--budget-s", type=float, metavar="N", help="fuzz budget in seconds (default 20)")
+    group.add_argument("--cases", type=int, metavar="N", help="fuzz case count instead of a time budget")
+    p.add_argument("--seed", type=int, default=0, help="fuzz seed (default 0)")
+    p.add_argument("--timeout-s", type=float, default=10.0, help="z3 timeout per query (default 10)")
+    p.add_argument("--kernel", default="emulated", choices=("emulated", "fa3"), help="kernel adapter for fuzz")
+    p.add_argument("--device", default="cpu", help="torch device for fuzz numerics")
+    p.add_argument("--cases-dir", default="fa3verify-out/cases", metavar="DIR", help="where case files go")
+    p.add_argument("--json", metavar="PATH", help="write the run summary as JSON (schema fa3verify.run/1)")
+    p.add_argument("--junit", metavar="PATH", help="write JUnit XML for CI systems")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..gating import gate
+    from ..policy import load_policy
+    from ..summary import print_table, write_json, write_junit
+    from .fuzz import budget_from_args
+
+    budget, cases = budget_from_args(args)
+    policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata)
+    summary = gate(policy, budget_s=budget, seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
+                   kernel_name=args.kernel, device=args.device, max_cases=cases)
+    print_table(summary)
+    for f in summary.findings:
+        print(f"  [{f.engine}] {f.invariant}: {f.message}" + (f"\n    replay: {f.replay}" if f.replay else ""))
+    if args.json:
+        write_json(summary, args.json)
+    if args.junit:
+        write_junit(summary, args.junit)
+    return summary.exit_code

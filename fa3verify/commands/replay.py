@@ -1,0 +1,51 @@
+"""fa3verify replay: reproduce a case file; exit 1 if it still fails as recorded, 0 if it now passes."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "replay a case file and report whether it still fails"
+EPILOG = """\
+A case file (JSON, schema fa3verify.case/1, see docs/case-format.md) is written by every refuted theorem
+and every distinct fuzz failure. Replay runs its scenario again through the backend model and prints the
+violated invariant, the batch and the offending indices.
+
+examples:
+  fa3verify replay tests/corpus/worked_example_prefix_guard.json
+  fa3verify replay CASE.json --guard fixed          # does the fixed guard make it pass?
+  fa3verify replay CASE.json --kernel fa3 --device cuda
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("replay", help=HELP, description=HELP, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("case", metavar="CASE.json", help="the case file to replay")
+    p.add_argument("--kernel", choices=("emulated", "fa3"), help="kernel adapter (default: the case's)")
+    p.add_argument("--device", default="cpu", help="torch device for tensors (default cpu; cuda for fa3)")
+    p.add_argument("--guard", metavar="SPEC", help="override the case's guard (fixed, pre-fix, none, module:fn)")
+    p.add_argument("--metadata-heads", choices=("tp", "attn_tp"), help="override the case's metadata heads")
+    p.add_argument("--numerics", action="store_true", help="run the kernel on tensors even for the emulator")
+    p.add_argument("--json", metavar="PATH", help="write the run summary as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..replaying import replay
+    from ..summary import write_json
+
+    summary, observed = replay(args.case, kernel_name=args.kernel, device=args.device, guard=args.guard,
+                               metadata_heads=args.metadata_heads, numerics=True if args.numerics else None)
+    print(f"case: {args.case}")
+    print(f"expected: {observed.expected_outcome}"
+          + (f" ({observed.expected_invariant})" if observed.expected_invariant else ""))
+    print(f"observed: {observed.outcome}" + (f" ({', '.join(observed.invariants)})" if observed.invariants else ""))
+    for f in observed.findings[:5]:
+        detail = f.get("detail", {})
+        where = f"step {f['step']}, dp rank {f['dp_rank']}"
+        extra = {k: detail[k] for k in ("batch", "indices", "s_p", "s_c") if k in detail}
+        print(f"  {f['invariant']} at {where}: {f['message']}" + (f" {extra}" if extra else ""))
+    print("verdict: " + ("STILL FAILS" if observed.still_fails else "PASSES NOW"))
+    if args.json:
+        write_json(summary, args.json)
+    return summary.exit_code

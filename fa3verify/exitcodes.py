@@ -1,0 +1,25 @@
+"""Exit codes shared by every fa3verify subcommand."""
+
+PASS = 0          #: every check had its expected result
+VIOLATION = 1     #: a violation was found (a refuted safety theorem, a failing fuzz case, a replayed failure)
+USAGE = 2         #: bad input or usage; the message names the field and what is allowed
+INCONCLUSIVE = 3  #: a solver timeout or an exhausted budget before any result
+
+NAMES = {PASS: "pass", VIOLATION: "fail", USAGE: "usage-error", INCONCLUSIVE: "inconclusive"}
+
+
+def combine(codes) -> int:
+    """Overall code of several checks: any violation fails, else any inconclusive, else pass."""
+    codes = list(codes)
+    if VIOLATION in codes:
+        return VIOLATION
+    if USAGE in codes:
+        return USAGE
+    if INCONCLUSIVE in codes:
+        return INCONCLUSIVE
+    return PASS
+
+
+def verdict_name(code: int) -> str:
+    """The verdict word of an exit code: pass, fail, usage-error or inconclusive."""
+    return NAMES.get(code, "fail")

@@ -1,0 +1,217 @@
+"""`fuzz`: a differential fuzz campaign of the backend under a policy, against the oracle.
+
+Generation is Hypothesis (`fa3verify.strategies`), seeded, so the same seed gives the same cases. Each
+scenario runs through `gpu_impl.scenario.run_scenario`: metadata-level checks (spec's invariants) for every
+decode call, and, for numerics cases, the kernel adapter against the float64 oracle under FA3's tolerance
+rule. The first failure of each distinct violation signature is shrunk (fa3verify.shrinking) and saved as a
+case file; later failures with a known signature are counted, not saved again.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
+
+from .policy import Policy
+from .strategies import FuzzCase, fuzz_cases
+from .summary import Check, Finding, RunSummary
+
+#: Seconds spent shrinking each distinct failure at most.
+SHRINK_BUDGET_S = 4.0
+
+
+class _CampaignDone(BaseException):
+    """Raised inside the Hypothesis loop to end the campaign (budget or case count reached)."""
+
+
+@dataclass
+class Failure:
+    """The first scenario that showed a violation signature, and how often it recurred."""
+
+    signature: str
+    invariant: str
+    case: FuzzCase
+    message: str
+    found_at_s: float
+    count: int = 1
+    case_file: Optional[str] = None
+    shrunk: bool = False
+
+
+@dataclass
+class Campaign:
+    """State of one fuzz run: counters, distinct failures, the policy and kernel it exercises."""
+
+    policy: Policy
+    kernel: object
+    numerics_always: bool
+    budget_s: Optional[float]
+    max_cases: Optional[int]
+    started: float = field(default_factory=time.perf_counter)
+    cases: int = 0
+    failing_cases: int = 0
+    failures: dict = field(default_factory=dict)
+    progress: Optional[Callable[["Campaign"], None]] = None
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def exhausted(self) -> bool:
+        if self.max_cases is not None and self.cases >= self.max_cases:
+            return True
+        return self.budget_s is not None and self.elapsed >= self.budget_s
+
+
+def scenario_for(case: FuzzCase, policy: Policy):
+    """The gpu_impl Scenario a generated case describes, under the policy being tested."""
+    from gpu_impl.scenario import Scenario, Step
+
+    return Scenario(server=case.server, model=case.model, guard=policy.guard, guard_spec=policy.guard_spec,
+                    steps=[Step(**s) for s in case.steps], metadata_heads=policy.metadata_heads,
+                    clear_stale_cp_metadata=policy.clear_stale_cp_metadata, seed=case.seed)
+
+
+def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = False) -> list:
+    """Run one case; return its findings as (signature, invariant, message) triples."""
+    from gpu_impl.guards import GuardRaised
+    from gpu_impl.scenario import run_scenario
+
+    try:
+        result = run_scenario(scenario_for(case, policy), kernel=kernel, numerics=numerics_always or case.numerics)
+    except GuardRaised as exc:
+        return [("GUARD_RAISED", "GUARD_RAISED", str(exc))]
+    return [(f.signature, f.invariant, f.message) for f in result.findings]
+
+
+def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float] = 20.0,
+                 max_cases: Optional[int] = None, numerics_always: bool = False,
+                 progress: Optional[Callable[[Campaign], None]] = None,
+                 stop_at_first_failure: bool = False) -> Campaign:
+    """Generate and run cases until the budget or the case count is reached; record distinct failures."""
+    camp = Campaign(policy=policy, kernel=kernel, numerics_always=numerics_always, budget_s=budget_s,
+                    max_cases=max_cases, progress=progress)
+
+    @hyp_seed(seed)
+    @settings(max_examples=10**9, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(fuzz_cases())
+    def one_case(case: FuzzCase) -> None:
+        if camp.exhausted():
+            raise _CampaignDone()
+        findings = evaluate(case, policy, kernel, numerics_always)
+        camp.cases += 1
+        if findings:
+            camp.failing_cases += 1
+        for signature, invariant, message in findings:
+            if signature in camp.failures:
+                camp.failures[signature].count += 1
+            else:
+                camp.failures[signature] = Failure(signature, invariant, case, message, camp.elapsed)
+        if stop_at_first_failure and camp.failures:
+            raise _CampaignDone()
+        if camp.progress and camp.cases % 25 == 0:
+            camp.progress(camp)
+
+    try:
+        one_case()
+    except _CampaignDone:
+        pass
+    return camp
+
+
+def shrink(failure: Failure, policy: Policy, kernel, numerics_always: bool,
+           budget_s: float = SHRINK_BUDGET_S) -> FuzzCase:
+    """A smaller case with the same violation signature (greedy structural shrinking, fa3verify.shrinking)."""
+    from .shrinking import shrink_case
+
+    def same_violation(case: FuzzCase) -> bool:
+        return any(sig == failure.signature for sig, _, _ in evaluate(case, policy, kernel, numerics_always))
+
+    smaller = shrink_case(failure.case, same_violation, budget_s=budget_s)
+    failure.shrunk = _size(smaller) < _size(failure.case)
+    return smaller
+
+
+def _size(case: FuzzCase) -> tuple:
+    lens = [x for s in case.steps for x in s["seq_lens"]]
+    return (len(case.steps), len(lens), sum(lens))
+
+
+def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str, out_dir: str) -> str:
+    """Write a replayable case file for a failure (spec.cases schema); returns its path."""
+    from spec.cases import Case
+
+    c = Case.from_parts(
+        source="fuzz", server=case.server.to_dict(), model=case.model.to_dict(), policy=policy.to_dict(),
+        batches=[dict(s) for s in case.steps], kernel={"name": kernel_name, "mode": "strict"}, seed=case.seed,
+        expected={"outcome": "violation", "invariant": failure.invariant, "detail": {"message": failure.message}},
+        notes=f"fuzz signature {failure.signature}; numerics={case.numerics}")
+    return str(c.save(out_dir))
+
+
+def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", seed: int = 0,
+         budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None, out_dir: str = "fa3verify-out/cases",
+         show_progress: Optional[bool] = None) -> RunSummary:
+    """The fuzz subcommand's work: campaign, shrink each distinct failure, save cases, summarise."""
+    from gpu_impl.kernels import load
+
+    kernel = load(kernel_name, mode="strict", device=device)
+    numerics_always = kernel_name != "emulated"
+    show = sys.stdout.isatty() if show_progress is None else show_progress
+    summary = RunSummary(command="fuzz", seed=seed, policy=policy.to_dict())
+    with _progress_line(show) as progress:
+        camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s, max_cases=max_cases,
+                            numerics_always=numerics_always, progress=progress)
+    for failure in camp.failures.values():
+        case = shrink(failure, policy, kernel, numerics_always)
+        failure.case_file = save_case(failure, case, policy, kernel_name, out_dir)
+        summary.findings.append(Finding(invariant=failure.invariant, case_file=failure.case_file, engine="fuzz",
+                                        message=f"{failure.message} (seen {failure.count}x, first at "
+                                                f"{failure.found_at_s:.2f}s{', shrunk' if failure.shrunk else ''})",
+                                        replay=f"fa3verify replay {failure.case_file}"))
+    summary.cases = camp.cases
+    summary.failures = camp.failing_cases
+    summary.elapsed_s = camp.elapsed
+    if camp.failures:
+        summary.first_failure_s = min(f.found_at_s for f in camp.failures.values())
+    verdict_failed = bool(camp.failures)
+    summary.checks.append(Check(
+        name=f"fuzz ({kernel_name}): no OOB, no NaN, matches oracle", kind="property",
+        verdict="fail" if verdict_failed else ("pass" if camp.cases else "inconclusive"), seconds=camp.elapsed,
+        failed=verdict_failed, inconclusive=camp.cases == 0,
+        case_file=next(iter(camp.failures.values())).case_file if camp.failures else None,
+        message=f"{camp.cases} cases, {camp.failing_cases} failing, {len(camp.failures)} distinct signatures: "
+                + ", ".join(sorted(camp.failures)) if camp.failures else f"{camp.cases} cases, no violation"))
+    return summary
+
+
+class _progress_line:
+    """A live one-line progress display (cases, cases/s, failures) on a terminal; silent otherwise."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.status = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from rich.console import Console
+
+        self.status = Console().status("fuzzing ...")
+        self.status.__enter__()
+        return self.update
+
+    def update(self, camp: Campaign) -> None:
+        rate = camp.cases / camp.elapsed if camp.elapsed > 0 else 0.0
+        self.status.update(f"fuzzing: {camp.cases} cases, {rate:.0f} cases/s, {camp.failing_cases} failing, "
+                           f"{len(camp.failures)} distinct")
+
+    def __exit__(self, *exc):
+        if self.status is not None:
+            self.status.__exit__(*exc)
+        return False

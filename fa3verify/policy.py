@@ -1,0 +1,57 @@
+"""The backend policy under test: which guard, which precompute head counts, whether stale CP metadata is cleared."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import UsageError
+
+METADATA_HEADS = ("tp", "attn_tp")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A backend policy: guard spec and callable, metadata head counts, runner hygiene (sglang PR #30439)."""
+
+    guard_spec: str
+    guard: Callable[[Any], Any]
+    metadata_heads: str = "tp"
+    clear_stale_cp_metadata: bool = True
+
+    def to_dict(self) -> dict:
+        return {"guard": self.guard_spec, "metadata_heads": self.metadata_heads,
+                "clear_stale_cp_metadata": self.clear_stale_cp_metadata}
+
+    @property
+    def label(self) -> str:
+        stale = "" if self.clear_stale_cp_metadata else ", stale CP metadata kept"
+        return f"guard={self.guard_spec}, metadata_heads={self.metadata_heads}{stale}"
+
+
+def load_policy(guard: str = "fixed", metadata_heads: str = "tp", keep_stale_cp_metadata: bool = False) -> Policy:
+    """Resolve a guard spec ("fixed", "pre-fix", "none", module:function, file.py:function) into a Policy."""
+    from gpu_impl.guards import GuardSpecError, load_guard
+
+    if metadata_heads not in METADATA_HEADS:
+        raise UsageError(f"--metadata-heads: must be one of {', '.join(METADATA_HEADS)}, got {metadata_heads!r}")
+    try:
+        fn = load_guard(guard)
+    except GuardSpecError as exc:
+        raise UsageError(f"--guard: {exc}") from None
+    return Policy(guard_spec=guard, guard=fn, metadata_heads=metadata_heads,
+                  clear_stale_cp_metadata=not keep_stale_cp_metadata)
+
+
+def add_policy_arguments(parser) -> None:
+    """The policy options shared by prove, fuzz and gate."""
+    parser.add_argument("--guard", default="fixed", metavar="SPEC",
+                        help="guard deciding whether the backend skips the metadata precompute: 'fixed' "
+                             "(sglang PR #30439, default), 'pre-fix' (DP attention only), 'none', or your own "
+                             "as package.module:function or path/to/file.py:function. "
+                             "Example: --guard examples/guards/prefix_guard.py:should_disable")
+    parser.add_argument("--metadata-heads", default="tp", choices=METADATA_HEADS,
+                        help="head counts the precompute uses: 'tp' = H//tp_size as sglang does (default), "
+                             "'attn_tp' = H//attn_tp_size, the root-cause fix")
+    parser.add_argument("--keep-stale-cp-metadata", action="store_true",
+                        help="model the runner before the fix: a batch keeps CP metadata left by an earlier step")

@@ -1,0 +1,51 @@
+"""`prove`: run spec's z3 theorems for a policy and collect them into a RunSummary."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable, Optional
+
+from .policy import Policy
+from .summary import Check, Finding, RunSummary
+
+#: Theorem groups and the spec function that runs each.
+GROUPS = ("metadata", "algebra", "cp")
+
+
+def theorem_results(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = None,
+                    only: Optional[Iterable[str]] = None, dropped_assumptions: Iterable[str] = ()) -> list:
+    """All TheoremResults of spec for this policy: metadata (1-4), combine algebra (5), CP (6-7)."""
+    from spec.theorems_algebra import run_algebra_theorems
+    from spec.theorems_cp import run_cp_theorems
+    from spec.theorems_metadata import run_metadata_theorems
+
+    only = list(only) if only else None
+    results = []
+    results += run_metadata_theorems(guard=policy.guard, metadata_heads=policy.metadata_heads, timeout_s=timeout_s,
+                                     dropped_assumptions=frozenset(dropped_assumptions), cases_dir=cases_dir,
+                                     only=only, guard_spec=policy.guard_spec)
+    results += run_algebra_theorems(timeout_s=timeout_s, only=only)
+    results += run_cp_theorems(timeout_s=timeout_s, clear_stale=policy.clear_stale_cp_metadata, only=only,
+                               cases_dir=cases_dir)
+    return results
+
+
+def prove(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = None,
+          only: Optional[Iterable[str]] = None, dropped_assumptions: Iterable[str] = ()) -> RunSummary:
+    """Run the theorems and summarise: a refuted safety theorem fails, an unknown is inconclusive."""
+    start = time.perf_counter()
+    summary = RunSummary(command="prove", policy=policy.to_dict())
+    for r in theorem_results(policy, timeout_s, cases_dir, only, dropped_assumptions):
+        failed = bool(r.failed or (not r.expected and not r.inconclusive))
+        summary.checks.append(Check(name=r.name, kind="theorem", verdict=r.verdict, seconds=r.seconds,
+                                    failed=failed, inconclusive=r.inconclusive, case_file=r.case_file,
+                                    message=r.message or r.summary()))
+        if r.verdict == "refuted" and (failed or r.case_file):
+            invariant = (r.witness or {}).get("invariant", r.name)
+            summary.findings.append(Finding(invariant=str(invariant), case_file=r.case_file, engine="prove",
+                                            message=r.summary(),
+                                            replay=f"fa3verify replay {r.case_file}" if r.case_file else None))
+            if failed and summary.first_failure_s is None:
+                summary.first_failure_s = time.perf_counter() - start
+    summary.elapsed_s = time.perf_counter() - start
+    return summary

@@ -1,0 +1,155 @@
+"""Run summaries: the JSON report (`--json`), JUnit XML (`--junit`) and the terminal table.
+
+JSON schema "fa3verify.run/1" (documented in docs/reports.md):
+{"schema", "command", "verdict": "pass|fail|inconclusive", "exit_code", "cases", "failures", "elapsed_s",
+ "cases_per_s", "first_failure_s", "seed", "policy", "checks": [Check...], "findings": [Finding...]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from . import exitcodes
+
+SCHEMA = "fa3verify.run/1"
+
+
+@dataclass
+class Check:
+    """One row of the summary table: a theorem or a fuzz property and its verdict."""
+
+    name: str
+    kind: str                 # "theorem" | "property" | "catalogue" | "replay"
+    verdict: str              # "proved" | "refuted" | "expected-refutation" | "pass" | "fail" | "inconclusive"
+    seconds: float
+    failed: bool = False
+    inconclusive: bool = False
+    case_file: Optional[str] = None
+    message: str = ""
+
+
+@dataclass
+class Finding:
+    """A violation worth a case file: which invariant, where it was saved, and how to replay it."""
+
+    invariant: str
+    case_file: Optional[str]
+    engine: str               # "prove" | "fuzz" | "replay" | "catalogue"
+    message: str = ""
+    replay: Optional[str] = None
+
+
+@dataclass
+class RunSummary:
+    """Everything a run reports; `exit_code` follows fa3verify's exit codes."""
+
+    command: str
+    checks: list = field(default_factory=list)
+    findings: list = field(default_factory=list)
+    cases: int = 0
+    failures: int = 0
+    elapsed_s: float = 0.0
+    first_failure_s: Optional[float] = None
+    seed: Optional[int] = None
+    policy: dict = field(default_factory=dict)
+    usage_error: Optional[str] = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.usage_error:
+            return exitcodes.USAGE
+        if any(c.failed for c in self.checks) or self.failures:
+            return exitcodes.VIOLATION
+        if any(c.inconclusive for c in self.checks):
+            return exitcodes.INCONCLUSIVE
+        return exitcodes.PASS
+
+    @property
+    def verdict(self) -> str:
+        return exitcodes.verdict_name(self.exit_code)
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA, "command": self.command, "verdict": self.verdict, "exit_code": self.exit_code,
+            "cases": self.cases, "failures": self.failures, "elapsed_s": round(self.elapsed_s, 4),
+            "cases_per_s": round(self.cases / self.elapsed_s, 2) if self.elapsed_s > 0 else 0.0,
+            "first_failure_s": None if self.first_failure_s is None else round(self.first_failure_s, 4),
+            "seed": self.seed, "policy": self.policy,
+            "checks": [asdict(c) for c in self.checks], "findings": [asdict(f) for f in self.findings],
+        }
+
+    def merge(self, other: "RunSummary") -> None:
+        """Fold another run (e.g. fuzz into a gate) into this one."""
+        self.checks.extend(other.checks)
+        self.findings.extend(other.findings)
+        self.cases += other.cases
+        self.failures += other.failures
+        self.elapsed_s += other.elapsed_s
+        if other.first_failure_s is not None and self.first_failure_s is None:
+            self.first_failure_s = other.first_failure_s
+
+
+def write_json(summary: RunSummary, path: str) -> None:
+    """Write the run summary as JSON (schema fa3verify.run/1)."""
+    _ensure_parent(path)
+    with open(path, "w") as fh:
+        json.dump(summary.to_dict(), fh, indent=2)
+        fh.write("\n")
+
+
+def write_junit(summary: RunSummary, path: str) -> None:
+    """Write JUnit XML: one testcase per check, failures with the finding's message and case file."""
+    _ensure_parent(path)
+    suite = ET.Element("testsuite", name=f"fa3verify.{summary.command}", tests=str(len(summary.checks)),
+                       failures=str(sum(c.failed for c in summary.checks)),
+                       skipped=str(sum(c.inconclusive and not c.failed for c in summary.checks)),
+                       time=f"{summary.elapsed_s:.3f}")
+    for check in summary.checks:
+        case = ET.SubElement(suite, "testcase", classname=f"fa3verify.{check.kind}", name=check.name,
+                             time=f"{check.seconds:.3f}")
+        text = check.message + (f"\ncase file: {check.case_file}" if check.case_file else "")
+        if check.failed:
+            ET.SubElement(case, "failure", message=f"{check.verdict}: {check.message}"[:500]).text = text
+        elif check.inconclusive:
+            ET.SubElement(case, "skipped", message=f"inconclusive: {check.message}"[:500]).text = text
+        elif check.case_file:
+            ET.SubElement(case, "system-out").text = text
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def print_table(summary: RunSummary, console=None) -> None:
+    """Print the verdict table (check, verdict, seconds, case file) and the one-line verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=f"fa3verify {summary.command}")
+    for col in ("check", "kind", "verdict", "seconds", "case file / note"):
+        table.add_column(col)
+    for c in summary.checks:
+        style = "red" if c.failed else ("yellow" if c.inconclusive else "green")
+        note = c.case_file or c.message
+        table.add_row(c.name, c.kind, f"[{style}]{c.verdict}[/{style}]", f"{c.seconds:.2f}", note[:90])
+    console.print(table)
+    console.print(verdict_line(summary))
+
+
+def verdict_line(summary: RunSummary) -> str:
+    """One line a human or a log grep can read: VERDICT, counts, time."""
+    parts = [f"verdict: {summary.verdict.upper()}", f"checks {len(summary.checks)}",
+             f"failed {sum(c.failed for c in summary.checks)}"]
+    if summary.cases:
+        parts.append(f"fuzz cases {summary.cases}, failures {summary.failures}")
+    parts.append(f"{summary.elapsed_s:.1f}s")
+    return " | ".join(parts)
+
+
+def _ensure_parent(path: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
