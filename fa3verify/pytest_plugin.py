@@ -1,0 +1,138 @@
+"""pytest plugin: `pytest --fa3verify-guard module:function` adds the fa3-verify gate as a test.
+
+With the option, one test item, ``fa3verify_gate[<guard>]``, is appended to the collected suite. It runs
+:func:`fa3verify.api.gate` (prove + fuzz) on the guard and fails with the verdict, the failed checks and
+every finding with its replay command when the gate does not pass. ``-k``/``-m`` select it like any other
+test (it carries the ``fa3verify`` marker). Without the option the plugin adds nothing, so installing
+fa3-verify never changes another suite.
+
+The plugin is registered through the ``pytest11`` entry point of the fa3-verify distribution; in a checkout
+that is not installed, load it with ``-p fa3verify.pytest_plugin``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+
+ITEM_NAME = "fa3verify_gate"
+MARKER = "fa3verify"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("fa3verify", "fa3-verify gate")
+    group.addoption("--fa3verify-guard", action="store", default=None, metavar="SPEC",
+                    help="run the fa3-verify gate on this guard (module:function or file.py:function, or "
+                         "fixed / pre-fix / none) as one extra test item")
+    group.addoption("--fa3verify-budget-s", action="store", type=float, default=20.0,
+                    help="fuzz budget in seconds for the gate (default 20)")
+    group.addoption("--fa3verify-cases", action="store", type=int, default=None, metavar="N",
+                    help="fuzz N cases instead of a time budget")
+    group.addoption("--fa3verify-seed", action="store", type=int, default=0, help="fuzz seed (default 0)")
+    group.addoption("--fa3verify-timeout-s", action="store", type=float, default=10.0,
+                    help="z3 timeout per query in seconds (default 10)")
+    group.addoption("--fa3verify-metadata-heads", action="store", default="tp", choices=("tp", "attn_tp"),
+                    help="head counts the backend under test precomputes metadata with (default tp)")
+    group.addoption("--fa3verify-keep-stale-cp-metadata", action="store_true", default=False,
+                    help="model a runner that keeps CP metadata from an earlier batch (pre-fix runner)")
+    group.addoption("--fa3verify-cases-dir", action="store", default="fa3verify-out/cases", metavar="DIR",
+                    help="where the gate saves case files (default fa3verify-out/cases)")
+    group.addoption("--fa3verify-json", action="store", default=None, metavar="PATH",
+                    help="also write the gate's run summary as JSON (schema fa3verify.run/1)")
+
+
+def _options(config) -> dict:
+    get = config.getoption
+    return {"guard": get("fa3verify_guard"), "metadata_heads": get("fa3verify_metadata_heads"),
+            "keep_stale_cp_metadata": bool(get("fa3verify_keep_stale_cp_metadata")),
+            "budget_s": get("fa3verify_budget_s"), "cases": get("fa3verify_cases"), "seed": get("fa3verify_seed"),
+            "timeout_s": get("fa3verify_timeout_s"), "cases_dir": get("fa3verify_cases_dir")}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{MARKER}: the fa3-verify gate added by --fa3verify-guard")
+    guard = config.getoption("fa3verify_guard", None)
+    if guard is None:
+        return
+    if not guard.strip():
+        raise pytest.UsageError("--fa3verify-guard: must be a guard spec (module:function, file.py:function, "
+                                "fixed, pre-fix or none), got an empty string")
+    opts = _options(config)
+    if opts["cases"] is None and not opts["budget_s"] > 0:
+        raise pytest.UsageError(f"--fa3verify-budget-s: must be > 0, got {opts['budget_s']}")
+    if opts["cases"] is not None and opts["cases"] < 1:
+        raise pytest.UsageError(f"--fa3verify-cases: must be >= 1, got {opts['cases']}")
+    if not opts["timeout_s"] > 0:
+        raise pytest.UsageError(f"--fa3verify-timeout-s: must be > 0, got {opts['timeout_s']}")
+    if opts["seed"] < 0:
+        raise pytest.UsageError(f"--fa3verify-seed: must be >= 0, got {opts['seed']}")
+
+
+def pytest_report_header(config):
+    guard = config.getoption("fa3verify_guard", None)
+    if guard is None:
+        return None
+    opts = _options(config)
+    budget = f"{opts['cases']} cases" if opts["cases"] is not None else f"{opts['budget_s']:g} s"
+    return (f"fa3verify: gate on guard {guard!r} (metadata heads {opts['metadata_heads']}, "
+            f"fuzz {budget}, seed {opts['seed']})")
+
+
+class GateFailed(Exception):
+    """The gate did not pass; carries the :class:`fa3verify.api.GateResult`."""
+
+    def __init__(self, result):
+        super().__init__(result.verdict)
+        self.result = result
+
+
+class Fa3VerifyGateItem(pytest.Item):
+    """The gate as one test: runs `fa3verify.api.gate` and fails with its findings unless it passes."""
+
+    def __init__(self, *, gate_options: dict, json_path: Optional[str] = None, **kwargs):
+        super().__init__(**kwargs)
+        self.gate_options = dict(gate_options)
+        self.json_path = json_path
+        self.add_marker(MARKER)
+        self.result = None
+
+    def runtest(self) -> None:
+        from fa3verify import api
+
+        result = api.gate(**self.gate_options)
+        self.result = result
+        self.user_properties.append(("fa3verify_verdict", result.verdict))
+        self.user_properties.append(("fa3verify_findings", len(result.findings)))
+        if self.json_path:
+            result.write_json(self.json_path)
+        if not result.passed:
+            raise GateFailed(result)
+
+    def repr_failure(self, excinfo, style=None):
+        from fa3verify.errors import UsageError
+
+        err = excinfo.value
+        if isinstance(err, GateFailed):
+            return f"fa3verify gate on guard {self.gate_options['guard']!r}: {err.result.verdict.upper()}\n" \
+                   + err.result.report()
+        if isinstance(err, UsageError):
+            return f"fa3verify gate: bad input: {err}"
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):
+        return self.path, None, f"fa3verify gate [{self.gate_options['guard']}]"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session, config, items):
+    """Append the gate item when --fa3verify-guard is given (tryfirst, so -k/-m can still deselect it)."""
+    guard = config.getoption("fa3verify_guard", None)
+    if guard is None:
+        return
+    name = f"{ITEM_NAME}[{guard}]"
+    item = Fa3VerifyGateItem.from_parent(session, name=name, nodeid=name, gate_options=_options(config),
+                                         json_path=config.getoption("fa3verify_json"))
+    items.append(item)
+    # Report it as collected, as a collector would, so "collected N items" and --collect-only count it.
+    config.hook.pytest_collectreport(report=pytest.CollectReport(name, "passed", None, [item]))
