@@ -12,6 +12,7 @@ with fast math, so its float32 divisions may differ from IEEE by an ulp; this mo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -209,11 +210,17 @@ def num_splits_heuristic(total_mblocks: int, num_sms: int, num_n_blocks: int, nu
 
 def split_efficiencies(total_mblocks: int, num_sms: int, cap: int) -> list:
     """float32 wave efficiency w/ceil(w), w = total_mblocks*s/num_sms, for s = 1..cap (heuristics.h)."""
+    return list(_efficiency_table(total_mblocks, num_sms, max(cap, HEURISTIC_MAX_SPLITS))[:cap])
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _efficiency_table(total_mblocks: int, num_sms: int, length: int) -> tuple:
+    # Each entry depends on its own s only, so one table per (total, SMs) serves every cap (a memo, same values).
     out = []
-    for s in range(1, cap + 1):
+    for s in range(1, length + 1):
         n_waves = F32(to_int32(total_mblocks * s)) / F32(num_sms)
         out.append(F32(n_waves / F32(np.ceil(n_waves))))
-    return out
+    return tuple(out)
 
 
 @dataclass(frozen=True)

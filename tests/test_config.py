@@ -1,11 +1,11 @@
-"""Tests of gpu_impl.config: model shapes, derived head counts, domain assumptions, JSON round trips."""
+"""Tests of spec.config (re-exported as gpu_impl.config): model shapes, derived head counts, domain assumptions, JSON round trips."""
 
 import json
 
 import pytest
 
-from gpu_impl import config as C
-from gpu_impl.config import MODELS, ModelConfig, ServerConfig
+from spec import config as C
+from spec.config import MODELS, ModelConfig, ServerConfig
 
 
 def test_registry_shapes_are_the_documented_ones():
@@ -18,11 +18,13 @@ def test_registry_shapes_are_the_documented_ones():
         "falcon-7b": (71, 1, 64),
         "gemma-2-9b": (16, 8, 256),
         "llama-3.2-1b": (32, 8, 64),
+        "deepseek-v2-lite": (16, 16, 192),
     }
     assert {k: (m.num_heads, m.num_kv_heads, m.head_dim) for k, m in MODELS.items()} == expected
+    assert MODELS["deepseek-v2-lite"].is_mla and MODELS["deepseek-v2-lite"].head_dim_v == 128
     for name, model in MODELS.items():
         assert model.name == name
-        assert model.head_dim_v == model.head_dim
+        assert model.head_dim_v == (128 if model.is_mla else model.head_dim)
         assert model.violations() == []
         C.validate_config(model, ServerConfig())
     assert MODELS["gemma-2-9b"].has_sliding_window_layers

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpu_impl.config import ServerConfig
-from gpu_impl.guards import (
+from spec.config import ServerConfig
+from spec.guards import (
     BUILTIN_GUARDS,
     GUARD_FLAGS,
     GuardRaised,

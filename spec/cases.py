@@ -1,0 +1,307 @@
+"""Replayable case files, schema "fa3verify.case/1" (documented in docs/case-format.md).
+
+A case is one concrete scenario: a server configuration and model, the backend policy (guard, metadata head
+counts, whether stale CP metadata is cleared), a sequence of batches, the kernel to run it on, a tensor seed,
+and the expected outcome with the violated invariant. Refuted theorems, the fuzzer and the catalogue write
+cases; `fa3verify replay` runs them.
+
+`Case.from_json` validates every field and raises `CaseFormatError` (a ValueError) naming the field path, the
+allowed values or range, and what was found; bad input never surfaces as a traceback from deeper code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = ["SCHEMA", "Case", "CaseFormatError", "SERVER_FIELDS", "MODEL_FIELDS", "OUTCOMES", "BATCH_MODES"]
+
+SCHEMA = "fa3verify.case/1"
+OUTCOMES = ("violation", "pass", "shape_error", "nan")
+BATCH_MODES = ("decode", "extend", "mixed", "idle")
+KERNEL_NAMES = ("emulated", "fa3")
+KERNEL_MODES = ("strict", "gpu-like")
+BUILTIN_GUARDS = ("fixed", "pre-fix", "none")
+METADATA_HEADS = ("tp", "attn_tp")
+_SOURCE_RE = re.compile(r"^(prove:[A-Za-z0-9_.:\-]+|fuzz|catalogue:[A-Za-z0-9_.\-]+|manual)$")
+_GUARD_RE = re.compile(r"^(fixed|pre-fix|none|[A-Za-z_][\w.]*:[A-Za-z_]\w*|.+\.py:[A-Za-z_]\w*)$")
+
+# field -> (kind, constraint description); kinds: int>=1, int>=0, bool, str, optstr, optint>=1
+SERVER_FIELDS: dict[str, tuple[str, Any]] = {
+    "tp_size": ("int", 1), "dp_size": ("int", 1), "attn_cp_size": ("int", 1),
+    "enable_dp_attention": ("bool", None), "enable_prefill_cp": ("bool", None),
+    "cp_strategy": ("choice", (None, "zigzag")), "page_size": ("int", 1), "num_splits": ("int_range", (0, 256)),
+    "enable_deterministic_inference": ("bool", None), "cuda_graph": ("bool", None), "num_sm": ("int", 1),
+    "context_length": ("int", 1), "cp_decode_sharded_kv": ("bool", None),
+}
+MODEL_FIELDS: dict[str, tuple[str, Any]] = {
+    "name": ("str", None), "num_heads": ("int", 1), "num_kv_heads": ("int", 1), "head_dim": ("int_range", (8, 256)),
+    "head_dim_v": ("optint_range", (8, 512)), "dtype": ("choice", ("bfloat16", "float16", "float8_e4m3")),
+    "is_mla": ("bool", None), "has_sliding_window_layers": ("bool", None),
+}
+#: Server/model fields that may be omitted (defaults as spec.config's ServerConfig/ModelConfig).
+_OPTIONAL = {"server": {"cuda_graph", "context_length", "enable_deterministic_inference", "num_splits", "cp_strategy",
+                        "page_size", "num_sm", "enable_prefill_cp", "enable_dp_attention", "dp_size", "attn_cp_size",
+                        "cp_decode_sharded_kv"},
+             "model": {"head_dim_v", "dtype", "is_mla", "has_sliding_window_layers"}}
+_TOP = ("schema", "id", "source", "server", "model", "policy", "batches", "kernel", "seed", "expected", "notes")
+
+
+class CaseFormatError(ValueError):
+    """A malformed case file; the message names the field, the allowed values or range, and what was found."""
+
+    def __init__(self, field_path: str, allowed: str, got: Any):
+        self.field = field_path
+        self.allowed = allowed
+        self.got = got
+        super().__init__(f"{field_path}: expected {allowed}, got {got!r}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_field(path: str, value: Any, kind: str, arg: Any) -> None:
+    if kind == "int":
+        if not _is_int(value) or value < arg:
+            raise CaseFormatError(path, f"an integer >= {arg}", value)
+    elif kind == "int_range":
+        lo, hi = arg
+        if not _is_int(value) or not lo <= value <= hi:
+            raise CaseFormatError(path, f"an integer in [{lo}, {hi}]", value)
+    elif kind == "optint_range":
+        lo, hi = arg
+        if value is not None and (not _is_int(value) or not lo <= value <= hi):
+            raise CaseFormatError(path, f"null or an integer in [{lo}, {hi}]", value)
+    elif kind == "bool":
+        if not isinstance(value, bool):
+            raise CaseFormatError(path, "true or false", value)
+    elif kind == "str":
+        if not isinstance(value, str) or not value:
+            raise CaseFormatError(path, "a non-empty string", value)
+    elif kind == "choice":
+        if value not in arg:
+            raise CaseFormatError(path, "one of " + ", ".join("null" if a is None else repr(a) for a in arg), value)
+
+
+def _check_object(path: str, obj: Any, spec: dict, optional: set) -> dict:
+    if not isinstance(obj, dict):
+        raise CaseFormatError(path, "a JSON object", obj)
+    unknown = sorted(set(obj) - set(spec))
+    if unknown:
+        raise CaseFormatError(f"{path}.{unknown[0]}", f"one of the fields {sorted(spec)}", unknown[0])
+    for name, (kind, arg) in spec.items():
+        if name not in obj:
+            if name in optional:
+                continue
+            raise CaseFormatError(f"{path}.{name}", f"a value ({kind})", "<missing>")
+        _check_field(f"{path}.{name}", obj[name], kind, arg)
+    return dict(obj)
+
+
+def _check_batches(batches: Any) -> list:
+    if not isinstance(batches, list) or not batches:
+        raise CaseFormatError("batches", "a non-empty list of batch objects", batches)
+    out = []
+    for i, b in enumerate(batches):
+        p = f"batches[{i}]"
+        if not isinstance(b, dict):
+            raise CaseFormatError(p, "a JSON object with mode, seq_lens, extend_lens", b)
+        unknown = sorted(set(b) - {"mode", "seq_lens", "extend_lens", "dp_rank", "cp_metadata"})
+        if unknown:
+            raise CaseFormatError(f"{p}.{unknown[0]}", "one of mode, seq_lens, extend_lens, dp_rank, cp_metadata",
+                                  unknown[0])
+        if b.get("mode") not in BATCH_MODES:
+            raise CaseFormatError(f"{p}.mode", "one of " + ", ".join(BATCH_MODES), b.get("mode", "<missing>"))
+        lens = b.get("seq_lens", "<missing>")
+        if not isinstance(lens, list) or not all(_is_int(x) and 0 <= x <= 2 ** 31 - 1 for x in lens):
+            raise CaseFormatError(f"{p}.seq_lens", "a list of integers in [0, 2^31)", lens)
+        if b["mode"] != "idle" and not lens:
+            raise CaseFormatError(f"{p}.seq_lens", f"a non-empty list for mode {b['mode']!r}", lens)
+        ext = b.get("extend_lens")
+        if ext is not None:
+            if not isinstance(ext, list) or len(ext) != len(lens):
+                raise CaseFormatError(f"{p}.extend_lens", f"null or a list of {len(lens)} integers (one per seq_len)",
+                                      ext)
+            for j, (e, s) in enumerate(zip(ext, lens)):
+                if not _is_int(e) or not 0 <= e <= s:
+                    raise CaseFormatError(f"{p}.extend_lens[{j}]", f"an integer in [0, seq_lens[{j}]={s}]", e)
+        elif b["mode"] in ("extend", "mixed"):
+            raise CaseFormatError(f"{p}.extend_lens", f"a list of {len(lens)} integers for mode {b['mode']!r}", ext)
+        out.append({"mode": b["mode"], "seq_lens": list(lens), "extend_lens": None if ext is None else list(ext),
+                    **{k: b[k] for k in ("dp_rank", "cp_metadata") if k in b}})
+    return out
+
+
+def _check_policy(policy: Any) -> dict:
+    if not isinstance(policy, dict):
+        raise CaseFormatError("policy", "a JSON object with guard, metadata_heads, clear_stale_cp_metadata", policy)
+    g = policy.get("guard", "<missing>")
+    if not isinstance(g, str) or not _GUARD_RE.match(g):
+        raise CaseFormatError("policy.guard", "'fixed', 'pre-fix', 'none', 'package.module:function' or "
+                                              "'path/to/file.py:function'", g)
+    mh = policy.get("metadata_heads", "tp")
+    if mh not in METADATA_HEADS:
+        raise CaseFormatError("policy.metadata_heads", "'tp' or 'attn_tp'", mh)
+    cs = policy.get("clear_stale_cp_metadata", True)
+    if not isinstance(cs, bool):
+        raise CaseFormatError("policy.clear_stale_cp_metadata", "true or false", cs)
+    kv = policy.get("cp_decode_kv", "replicated")
+    if kv not in ("replicated", "sharded"):
+        raise CaseFormatError("policy.cp_decode_kv", "'replicated' or 'sharded'", kv)
+    out = {"guard": g, "metadata_heads": mh, "clear_stale_cp_metadata": cs}
+    if "cp_decode_kv" in policy:
+        out["cp_decode_kv"] = kv
+    unknown = sorted(set(policy) - {"guard", "metadata_heads", "clear_stale_cp_metadata", "cp_decode_kv"})
+    if unknown:
+        raise CaseFormatError(f"policy.{unknown[0]}", "one of guard, metadata_heads, clear_stale_cp_metadata, "
+                                                      "cp_decode_kv", unknown[0])
+    return out
+
+
+def _check_kernel(kernel: Any) -> dict:
+    if not isinstance(kernel, dict):
+        raise CaseFormatError("kernel", "a JSON object with name and mode", kernel)
+    if kernel.get("name") not in KERNEL_NAMES:
+        raise CaseFormatError("kernel.name", "'emulated' or 'fa3'", kernel.get("name", "<missing>"))
+    if kernel.get("mode", "strict") not in KERNEL_MODES:
+        raise CaseFormatError("kernel.mode", "'strict' or 'gpu-like'", kernel.get("mode"))
+    return {"name": kernel["name"], "mode": kernel.get("mode", "strict")}
+
+
+def _check_expected(expected: Any) -> dict:
+    if not isinstance(expected, dict):
+        raise CaseFormatError("expected", "a JSON object with outcome, invariant, detail", expected)
+    if expected.get("outcome") not in OUTCOMES:
+        raise CaseFormatError("expected.outcome", "one of " + ", ".join(OUTCOMES), expected.get("outcome", "<missing>"))
+    inv = expected.get("invariant")
+    if inv is not None and (not isinstance(inv, str) or not inv):
+        raise CaseFormatError("expected.invariant", "null or an invariant name such as 'SPLIT_BOUND'", inv)
+    if expected["outcome"] == "violation" and inv is None:
+        raise CaseFormatError("expected.invariant", "an invariant name when outcome is 'violation'", inv)
+    detail = expected.get("detail", {})
+    if not isinstance(detail, dict):
+        raise CaseFormatError("expected.detail", "a JSON object", detail)
+    return {"outcome": expected["outcome"], "invariant": inv, "detail": dict(detail)}
+
+
+@dataclass
+class Case:
+    """One replayable scenario (schema fa3verify.case/1); see docs/case-format.md."""
+
+    id: str
+    source: str
+    server: dict
+    model: dict
+    policy: dict
+    batches: list
+    kernel: dict = field(default_factory=lambda: {"name": "emulated", "mode": "strict"})
+    seed: int = 0
+    expected: dict = field(default_factory=lambda: {"outcome": "pass", "invariant": None, "detail": {}})
+    notes: str = ""
+    schema: str = SCHEMA
+
+    # -- construction ----------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_parts(cls, *, source: str, server: dict, model: dict, policy: dict, batches: list,
+                   kernel: Optional[dict] = None, seed: int = 0, expected: Optional[dict] = None, notes: str = "",
+                   id: Optional[str] = None) -> "Case":
+        """Build and validate a case; `id` defaults to the signature hash."""
+        data = {"schema": SCHEMA, "id": id or "pending", "source": source, "server": server, "model": model,
+                "policy": policy, "batches": batches, "kernel": kernel or {"name": "emulated", "mode": "strict"},
+                "seed": seed, "expected": expected or {"outcome": "pass", "invariant": None, "detail": {}},
+                "notes": notes}
+        case = cls.from_dict(data)
+        if id is None:
+            case.id = case.signature()
+        return case
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Case":
+        """Validate a decoded JSON object; CaseFormatError names the first bad field."""
+        if not isinstance(data, dict):
+            raise CaseFormatError("case", "a JSON object", type(data).__name__)
+        unknown = sorted(set(data) - set(_TOP))
+        if unknown:
+            raise CaseFormatError(unknown[0], "one of the top-level fields " + ", ".join(_TOP), unknown[0])
+        if data.get("schema") != SCHEMA:
+            raise CaseFormatError("schema", repr(SCHEMA), data.get("schema", "<missing>"))
+        cid = data.get("id", "<missing>")
+        if not isinstance(cid, str) or not cid:
+            raise CaseFormatError("id", "a non-empty string", cid)
+        src = data.get("source", "<missing>")
+        if not isinstance(src, str) or not _SOURCE_RE.match(src):
+            raise CaseFormatError("source", "'prove:<theorem>', 'fuzz', 'catalogue:<id>' or 'manual'", src)
+        server = _check_object("server", data.get("server", "<missing>"), SERVER_FIELDS, _OPTIONAL["server"])
+        model = _check_object("model", data.get("model", "<missing>"), MODEL_FIELDS, _OPTIONAL["model"])
+        if model["num_heads"] % model["num_kv_heads"] != 0:
+            raise CaseFormatError("model.num_kv_heads", f"a divisor of num_heads={model['num_heads']}",
+                                  model["num_kv_heads"])
+        seed = data.get("seed", 0)
+        if not _is_int(seed) or seed < 0:
+            raise CaseFormatError("seed", "an integer >= 0", seed)
+        notes = data.get("notes", "")
+        if not isinstance(notes, str):
+            raise CaseFormatError("notes", "a string", notes)
+        return cls(id=cid, source=src, server=server, model=model, policy=_check_policy(data.get("policy", "<missing>")),
+                   batches=_check_batches(data.get("batches", "<missing>")),
+                   kernel=_check_kernel(data.get("kernel", {"name": "emulated"})), seed=seed,
+                   expected=_check_expected(data.get("expected", "<missing>")), notes=notes)
+
+    # -- serialisation ---------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict in the schema's field order."""
+        return {"schema": self.schema, "id": self.id, "source": self.source, "server": self.server,
+                "model": self.model, "policy": self.policy, "batches": self.batches, "kernel": self.kernel,
+                "seed": self.seed, "expected": self.expected, "notes": self.notes}
+
+    def to_json(self) -> str:
+        """The case as indented JSON text."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Case":
+        """Parse and validate JSON text; malformed JSON or fields raise CaseFormatError."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CaseFormatError("case", f"valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
+                                  text[:40]) from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path) -> "Case":
+        """Read a case file (FileNotFoundError if absent; CaseFormatError if malformed)."""
+        raw = Path(path).read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CaseFormatError("case", "UTF-8 JSON text", f"{len(raw)} undecodable bytes") from None
+        return cls.from_json(text)
+
+    def signature(self) -> str:
+        """Stable hash of what makes the violation distinct: source kind, config, policy, batches, expected outcome."""
+        key = {"source": self.source.split(":")[0], "server": self.server, "model": self.model, "policy": self.policy,
+               "batches": self.batches, "outcome": self.expected.get("outcome"),
+               "invariant": self.expected.get("invariant")}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    def save(self, directory) -> Path:
+        """Write `<source kind>-<invariant>-<signature>.json` into `directory` (one file per distinct signature).
+
+        A file with the same signature that already exists is kept as it is (the first finder's notes win).
+        """
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        slug = self.source.split(":")[0] or "case"  # one file per signature, whichever theorem found it
+        inv = (self.expected.get("invariant") or self.expected.get("outcome") or "case").lower()
+        path = d / f"{slug}-{re.sub(r'[^a-z0-9]+', '-', inv)}-{self.signature()}.json"
+        if not path.exists():
+            path.write_text(self.to_json())
+        return path

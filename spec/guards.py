@@ -1,0 +1,211 @@
+"""Guards deciding whether the FA3 backend skips its scheduler-metadata precompute.
+
+A guard is a callable ``guard(server_args) -> bool`` over an sglang ``ServerArgs``-like object;
+True means "do not precompute ``scheduler_metadata``" (FA3 then schedules every call itself).
+The three built-in guards model the history of ``FlashAttentionBackend.__init__`` in
+``python/sglang/srt/layers/attention/flashattention_backend.py``:
+
+* ``none``    -- no guard: the precompute added by sglang PR #21104 ran everywhere.
+* ``pre-fix`` -- ``_disable_scheduler_metadata_precompute = bool(getattr(server_args,
+  "enable_dp_attention", False))``: DP attention only.
+* ``fixed``   -- PR #30439's ``_should_disable_scheduler_metadata_precompute``: prefill CP or DP
+  attention.
+
+Users may point ``--guard`` at their own function (``package.module:function`` or
+``path/to/file.py:function``); :func:`load_guard` resolves it and :func:`evaluate_guard` runs it,
+turning an exception into :class:`GuardRaised` that names the missing attribute.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Iterator, NamedTuple
+
+from spec.config import ServerConfig
+
+Guard = Callable[[Any], Any]
+
+#: The ServerArgs flags the built-in guards read; older sglang versions lack some of them.
+GUARD_FLAGS = ("enable_prefill_cp", "enable_dp_attention")
+
+
+class GuardSpecError(ValueError):
+    """A ``--guard`` spec that cannot be resolved to a callable."""
+
+
+class GuardRaised(RuntimeError):
+    """A guard raised while being evaluated; ``missing_attribute`` names the absent flag, if any."""
+
+    def __init__(self, message: str, missing_attribute: str | None = None):
+        super().__init__(message)
+        self.missing_attribute = missing_attribute
+
+
+def should_disable_scheduler_metadata_precompute(server_args: Any) -> bool:
+    """The fixed guard of sglang PR #30439 (flashattention_backend.py): prefill CP or DP attention."""
+    return bool(
+        getattr(server_args, "enable_prefill_cp", False)
+        or getattr(server_args, "enable_dp_attention", False)
+    )
+
+
+def prefix_guard_dp_only(server_args: Any) -> bool:
+    """The guard before PR #30439 (flashattention_backend.py): only DP attention disables it."""
+    return bool(getattr(server_args, "enable_dp_attention", False))
+
+
+def no_guard(server_args: Any) -> bool:
+    """No guard, as right after sglang PR #21104 added the precompute: never disabled."""
+    return False
+
+
+BUILTIN_GUARDS: dict[str, Guard] = {
+    "fixed": should_disable_scheduler_metadata_precompute,
+    "pre-fix": prefix_guard_dp_only,
+    "none": no_guard,
+}
+
+
+def _looks_like_path(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def _load_module_from_file(path_text: str, spec: str):
+    path = Path(path_text)
+    if not path.is_file():
+        raise GuardSpecError(f"guard spec {spec!r}: file not found: {path_text}")
+    module_name = f"_fa3verify_guard_{abs(hash(str(path.resolve())))}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise GuardSpecError(f"guard spec {spec!r}: cannot load {path_text} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file failed while importing
+        sys.modules.pop(module_name, None)
+        raise GuardSpecError(
+            f"guard spec {spec!r}: importing {path_text} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    return module
+
+
+def _import_module(module_name: str, spec: str):
+    if not module_name or any(not part.isidentifier() for part in module_name.split(".")):
+        raise GuardSpecError(
+            f"guard spec {spec!r}: {module_name!r} is neither a dotted module name nor a .py path"
+        )
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise GuardSpecError(
+            f"guard spec {spec!r}: module {module_name!r} is not importable ({exc})"
+        ) from exc
+    except Exception as exc:
+        raise GuardSpecError(
+            f"guard spec {spec!r}: importing module {module_name!r} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def load_guard(spec: str) -> Guard:
+    """Resolve a ``--guard`` spec (alias, ``package.module:function`` or ``file.py:function``) to a callable."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise GuardSpecError(f"guard spec must be a non-empty string, got {spec!r}")
+    spec = spec.strip()
+    if spec in BUILTIN_GUARDS:
+        return BUILTIN_GUARDS[spec]
+    if ":" not in spec:
+        raise GuardSpecError(
+            f"guard spec {spec!r}: missing ':' -- use 'package.module:function', "
+            f"'path/to/file.py:function' or one of the aliases {sorted(BUILTIN_GUARDS)}"
+        )
+    target, _, func_name = spec.rpartition(":")
+    if not func_name or not func_name.isidentifier():
+        raise GuardSpecError(
+            f"guard spec {spec!r}: {func_name!r} after ':' is not a function name"
+        )
+    if not target:
+        raise GuardSpecError(f"guard spec {spec!r}: nothing before ':' (module or file path)")
+    module = _load_module_from_file(target, spec) if _looks_like_path(target) else _import_module(
+        target, spec
+    )
+    if not hasattr(module, func_name):
+        available = sorted(
+            n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+        )
+        raise GuardSpecError(
+            f"guard spec {spec!r}: {target} has no attribute {func_name!r}; "
+            f"callables there: {available}"
+        )
+    guard = getattr(module, func_name)
+    if not callable(guard):
+        raise GuardSpecError(
+            f"guard spec {spec!r}: {target}:{func_name} is a {type(guard).__name__}, not callable"
+        )
+    return guard
+
+
+def evaluate_guard(guard: Guard, server_args_like: Any) -> bool:
+    """Run a guard the way the backend's ``__init__`` does, turning any exception into GuardRaised."""
+    name = getattr(guard, "__qualname__", repr(guard))
+    try:
+        result = guard(server_args_like)
+    except AttributeError as exc:
+        missing = getattr(exc, "name", None)
+        what = f"attribute {missing!r}" if missing else "an attribute"
+        raise GuardRaised(
+            f"guard {name} raised AttributeError reading {what} from "
+            f"{type(server_args_like).__name__} ({exc}); older sglang ServerArgs may lack it -- "
+            f"read flags with getattr(server_args, NAME, False)",
+            missing_attribute=missing,
+        ) from exc
+    except Exception as exc:
+        raise GuardRaised(f"guard {name} raised {type(exc).__name__}: {exc}") from exc
+    return bool(result)
+
+
+def server_args_namespace(cfg: ServerConfig) -> SimpleNamespace:
+    """A ``ServerArgs``-like namespace with sglang's attribute names for ``cfg`` (server_args.py)."""
+    return SimpleNamespace(
+        tp_size=cfg.tp_size,
+        dp_size=cfg.dp_size,
+        attn_cp_size=cfg.attn_cp_size,
+        enable_dp_attention=cfg.enable_dp_attention,
+        enable_prefill_cp=cfg.enable_prefill_cp,
+        cp_strategy=cfg.cp_strategy,
+        page_size=cfg.page_size,
+        enable_deterministic_inference=cfg.enable_deterministic_inference,
+        disable_cuda_graph=not cfg.cuda_graph,
+        context_length=cfg.context_length,
+    )
+
+
+class LegacyServerArgs(NamedTuple):
+    """A ServerArgs-like object missing ``missing`` flags, as older sglang versions were."""
+
+    missing: frozenset[str]
+    args: SimpleNamespace
+
+
+def legacy_server_args_variants(cfg: ServerConfig) -> Iterator[LegacyServerArgs]:
+    """Yield ServerArgs-like namespaces lacking each non-empty subset of :data:`GUARD_FLAGS`.
+
+    Models older sglang releases (``enable_prefill_cp`` arrived with prefill CP, long after
+    ``enable_dp_attention``), so callers can check a guard does not raise on them.
+    """
+    subsets = [frozenset([flag]) for flag in GUARD_FLAGS] + [frozenset(GUARD_FLAGS)]
+    for missing in subsets:
+        ns = server_args_namespace(cfg)
+        for flag in missing:
+            delattr(ns, flag)
+        yield LegacyServerArgs(missing, ns)
+
+
+def guard_disables_precompute(guard: Guard, cfg: ServerConfig) -> bool:
+    """Evaluate ``guard`` on the ServerArgs-like form of ``cfg``."""
+    return evaluate_guard(guard, server_args_namespace(cfg))

@@ -1,0 +1,353 @@
+"""z3 encodings of refmodel's FA3 scheduler formulas, over 32-bit bit-vectors and z3's float32 theory.
+
+One rule: no formula is invented here. Each function restates one refmodel function (named in its
+docstring) over z3 terms, and `tests/test_symbolic_agreement.py` checks the two agree on >= 10,000 random
+points and exhaustively on a small domain. Where FA3's choice depends on a few discrete inputs only, the
+encoding is a lookup table *computed by calling refmodel* (the split heuristic, the combine capacity).
+
+Encoding choices (issue 3, "Encoding advice", measured):
+- integers are 32-bit bit-vectors (FA3's `int`); all values stay in [0, 2^31) under the stated bounds
+  (lengths <= 2^20, b <= 8, heads <= 64), so signed and unsigned readings agree and nothing wraps;
+- `blocks_per_sm = ceilf(float(total) * 1.1f * float(H) / float(num_sm))` is float32 with round-to-nearest-even
+  per operation (fpToFP/fpMul/fpDiv), ceil by fpRoundToIntegral(RTP), then fpToSBV (exact after the ceil);
+- the split heuristic, for fixed discrete inputs, depends only on the static n-block count below its cap
+  `min(128, num_sm)`: a table built from `refmodel.fa3_scheduler.get_num_splits`, encoded as an If-chain over
+  runs of equal values (`SideParams.table`);
+- integer division by zero (ceil(n / blocks_per_sm) with blocks_per_sm = 0, only for an all-empty batch)
+  follows refmodel's documented convention (split 1), not z3's bvudiv-by-zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import z3
+
+from refmodel.fa3_scheduler import (
+    CALL_MAX_SPLITS,
+    HEURISTIC_MAX_SPLITS,
+    ScheduleInputs,
+    combine_capacity,
+    get_num_splits,
+    resolve_schedule,
+)
+
+__all__ = [
+    "BV", "bv", "smin", "smax", "ceil_div_const", "ceil_div_sym", "f32_val", "sym_blocks_per_sm",
+    "sym_dynamic_split", "sym_m_blocks", "sym_n_blocks", "run_table", "table_lookup", "sym_combine_capacity",
+    "sym_split_block_range", "SideParams", "side_params", "Heuristic", "sym_split_count", "sym_pack",
+    "sym_prepare_splits", "evaluate_term", "solver",
+]
+
+#: Bit width of every integer term (FA3 computes in C++ int).
+BV = 32
+RNE = z3.RNE()
+RTP = z3.RTP()
+RTZ = z3.RTZ()
+F32 = z3.Float32()
+
+#: A split-count function over one side's inputs, `get_num_splits`-shaped (tests inject defective ones).
+Heuristic = Callable[[ScheduleInputs], int]
+
+
+def bv(x: int) -> z3.BitVecRef:
+    """A 32-bit bit-vector constant."""
+    return z3.BitVecVal(int(x), BV)
+
+
+def _t(x):
+    return bv(x) if isinstance(x, (int, np.integer)) else x
+
+
+def smin(a, b):
+    """min over signed 32-bit terms (std::min on int)."""
+    a, b = _t(a), _t(b)
+    return z3.If(a < b, a, b)
+
+
+def smax(a, b):
+    """max over signed 32-bit terms (std::max on int)."""
+    a, b = _t(a), _t(b)
+    return z3.If(a > b, a, b)
+
+
+def ceil_div_const(x, c: int):
+    """`cutlass::ceil_div(x, c)` = (x + c - 1) / c for x >= 0 and a constant c >= 1 (refmodel `ceil_div`)."""
+    if c == 1:
+        return _t(x)
+    return z3.UDiv(_t(x) + bv(c - 1), bv(c))
+
+
+def ceil_div_sym(x, y, if_zero=1):
+    """(x + y - 1) / y for symbolic y >= 0, with refmodel's convention `if_zero` when y == 0 (prepare.py `dynamic_split`)."""
+    x, y = _t(x), _t(y)
+    return z3.If(y == bv(0), _t(if_zero), z3.UDiv(x + y - bv(1), y))
+
+
+def f32_val(x) -> z3.FPRef:
+    """The float32 constant `np.float32(x)` as a z3 FP term, bit for bit (no second rounding)."""
+    bits = int(np.float32(x).view(np.uint32))
+    return z3.fpBVToFP(z3.BitVecVal(bits, 32), F32)
+
+
+def _to_f32(x):
+    if isinstance(x, (int, np.integer)):
+        return f32_val(np.float32(int(x)))
+    return z3.fpSignedToFP(RNE, x, F32)
+
+
+def sym_blocks_per_sm(total, num_heads, num_sm):
+    """`ceilf(float(total) * 1.1f * float(heads) / float(num_sm))` in float32 (refmodel prepare.py `blocks_per_sm`)."""
+    value = z3.fpDiv(RNE, z3.fpMul(RNE, z3.fpMul(RNE, _to_f32(total), f32_val(1.1)), _to_f32(num_heads)),
+                     _to_f32(num_sm))
+    return z3.fpToSBV(RTZ, z3.fpRoundToIntegral(RTP, value), z3.BitVecSort(BV))
+
+
+def sym_dynamic_split(n_blocks, bps, num_splits_static):
+    """max(min(ceil(n / blocks_per_sm), S_static), 1), split 1 when bps == 0 (refmodel prepare.py `dynamic_split`)."""
+    return smax(smin(ceil_div_sym(n_blocks, bps, if_zero=1), num_splits_static), 1)
+
+
+def sym_m_blocks(seqlen_q, qhead_per_khead: int, pack, block_m: int):
+    """ceil(Lq * (qhpk if PackGQA else 1) / kBlockM) (refmodel prepare.py `m_blocks_for`); `pack` bool or z3 Bool."""
+    lq = _t(seqlen_q)
+    if isinstance(pack, bool):
+        return ceil_div_const(lq * bv(qhead_per_khead) if pack else lq, block_m)
+    return z3.If(pack, ceil_div_const(lq * bv(qhead_per_khead), block_m), ceil_div_const(lq, block_m))
+
+
+def sym_n_blocks(seqused_k, block_n: int, leftpad=0, seqlen_new=0):
+    """ceil((seqused_k - leftpad + new) / kBlockN) (refmodel prepare.py `n_blocks_for`)."""
+    return ceil_div_const(_t(seqused_k) - _t(leftpad) + _t(seqlen_new), block_n)
+
+
+def run_table(values: Sequence[int]) -> list[tuple[int, int]]:
+    """Compress a table into runs [(last_index, value), ...] of equal consecutive values."""
+    runs: list[tuple[int, int]] = []
+    for i, v in enumerate(values):
+        if runs and runs[-1][1] == v:
+            runs[-1] = (i, v)
+        else:
+            runs.append((i, int(v)))
+    return runs
+
+
+def table_lookup(x, values: Sequence[int], tail: Optional[int] = None):
+    """values[x] for 0 <= x < len(values), `tail` (default values[-1]) beyond, as an If-chain over runs."""
+    tail = values[-1] if tail is None else tail
+    runs = run_table(values)
+    expr = bv(tail)
+    if runs and runs[-1][1] == tail:
+        runs = runs[:-1]
+        # the last run merges with the tail: everything beyond the previous run's end is `tail`
+    for last, value in reversed(runs):
+        expr = z3.If(z3.ULE(_t(x), bv(last)), bv(value), expr)
+    return expr
+
+
+@lru_cache(maxsize=None)
+def _capacity_table(dv: int) -> tuple[int, ...]:
+    return tuple(combine_capacity(s, dv) for s in range(0, CALL_MAX_SPLITS + 1))
+
+
+def sym_combine_capacity(num_splits_call, dv: int):
+    """kMax(S_c, dv), a table over S_c in 0..256 built from refmodel `combine_capacity` (combine launch template)."""
+    return table_lookup(num_splits_call, _capacity_table(int(dv)))
+
+
+def sym_split_block_range(n_min, n_max, num_splits, split_idx):
+    """[lo, hi) of split s: P = ceil((n_max - n_min) / S) (0 if empty), lo = n_min + s*P, hi = min(lo + P, n_max) (refmodel splitkv `split_block_range`).
+
+    Works over bit-vectors (UDiv; the width of the first bit-vector argument) or over z3 Ints (`/` is floor
+    division, equal to C's for the non-negative operands FA3 has here).
+    """
+    terms = (n_min, n_max, num_splits, split_idx)
+    if any(z3.is_int(x) for x in terms if isinstance(x, z3.ExprRef)):
+        def c(x):
+            return z3.IntVal(int(x)) if isinstance(x, (int, np.integer)) else x
+
+        def div(a, b):
+            return a / b
+    else:
+        width = next((x.size() for x in terms if z3.is_bv(x)), BV)
+
+        def c(x):
+            return z3.BitVecVal(int(x), width) if isinstance(x, (int, np.integer)) else x
+
+        div = z3.UDiv
+    n_min, n_max, s_, idx = c(n_min), c(n_max), c(num_splits), c(split_idx)
+    per = z3.If(n_max <= n_min, c(0), div(n_max - n_min + s_ - c(1), s_))
+    lo = n_min + idx * per
+    return lo, z3.If(lo + per < n_max, lo + per, n_max)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# One side of the hand-off, with everything FA3 decides from discrete inputs made concrete by refmodel
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SideParams:
+    """FA3's resolved decisions for one side (precompute or call) whose only symbolic input is the static seqlen_k.
+
+    Built by `side_params` from refmodel `resolve_schedule`; `table[n]` is the split count FA3 chooses when the
+    static n-block count is n (`tail` beyond), `fixed_splits` the num_splits argument when positive.
+    """
+
+    num_heads: int
+    num_heads_k: int
+    qhpk: int
+    headdim_v: int
+    block_m: int
+    block_n: int
+    kernel_block_m: int
+    kernel_block_n: int
+    pack_s1: bool
+    pack_split: bool
+    kernel_pack_s1: bool
+    kernel_pack_split: bool
+    sort: bool
+    swizzle: bool
+    num_vectors: int
+    has_semaphore: bool
+    num_sm: int
+    fixed_splits: Optional[int]
+    table: tuple
+    tail: int
+
+    @property
+    def key(self) -> tuple:
+        """Hashable identity (everything the encodings read)."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def metadata_size(self, batch_size: int) -> int:
+        """nvec * b4 + semaphore (refmodel `Schedule.metadata_size`)."""
+        return self.num_vectors * (-(-batch_size // 4) * 4) + int(self.has_semaphore)
+
+
+_SKIP = {"num_splits", "pack_gqa", "kernel_pack_gqa", "inputs", "masking"}
+
+
+def _schedule_fields(s) -> dict:
+    """Decisions that must not depend on seqlen_k or S (window values, resolved from seqlen_k, are excluded)."""
+    return {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name not in _SKIP} | {
+        "metadata_size": s.metadata_size, "is_causal": s.masking.is_causal, "is_local": s.masking.is_local}
+
+
+@lru_cache(maxsize=4096)
+def _split_table(inputs: ScheduleInputs, heuristic: Heuristic, block_n: int) -> tuple[tuple, int]:
+    """(table, tail): the split count for static n-blocks 0..cap, and the value beyond (checked at far points)."""
+    cap = min(HEURISTIC_MAX_SPLITS, inputs.num_sm)
+
+    def at(n_blocks: int) -> int:
+        return int(heuristic(dataclasses.replace(inputs, seqlen_k=n_blocks * block_n, num_splits=0)))
+
+    table = tuple(at(n) for n in range(cap + 1))
+    tail = table[-1]
+    for far in (cap + 1, cap + 7, (2 ** 20) // block_n):
+        # beyond the cap the heuristic must not depend on seqlen_k (it would through the 50 MiB L2 branch)
+        if at(far) != tail:
+            raise NotImplementedError(
+                f"split heuristic depends on seqlen_k beyond its cap (L2 branch active) for {inputs}")
+    return table, tail
+
+
+@lru_cache(maxsize=4096)
+def _side_params_cached(inputs: ScheduleInputs, heuristic: Heuristic) -> SideParams:
+    s1 = resolve_schedule(dataclasses.replace(inputs, num_splits=1))
+    s2 = resolve_schedule(dataclasses.replace(inputs, num_splits=2))
+    if _schedule_fields(s1) != _schedule_fields(s2):
+        raise NotImplementedError(f"FA3 decisions other than pack depend on the split count here: {inputs}")
+    cap = min(HEURISTIC_MAX_SPLITS, inputs.num_sm)
+    if inputs.num_splits > 0:
+        table, tail = (inputs.num_splits,), inputs.num_splits
+    else:
+        # get_num_splits does not read the precompute flag: both sides share one table
+        table, tail = _split_table(dataclasses.replace(inputs, precompute=True), heuristic, s1.block_n)
+        for n in (1, cap + 1, (2 ** 20) // s1.block_n):
+            far_sched = resolve_schedule(dataclasses.replace(inputs, seqlen_k=n * s1.block_n, num_splits=1))
+            if _schedule_fields(far_sched) != _schedule_fields(s1):
+                raise NotImplementedError(f"FA3 decisions depend on seqlen_k for {inputs}")
+    return SideParams(
+        num_heads=inputs.num_heads, num_heads_k=inputs.num_heads_k, qhpk=s1.qhead_per_khead,
+        headdim_v=inputs.headdim_v, block_m=s1.block_m, block_n=s1.block_n, kernel_block_m=s1.kernel_block_m,
+        kernel_block_n=s1.kernel_block_n, pack_s1=s1.pack_gqa, pack_split=s2.pack_gqa,
+        kernel_pack_s1=s1.kernel_pack_gqa, kernel_pack_split=s2.kernel_pack_gqa, sort=s1.sort, swizzle=s1.swizzle,
+        num_vectors=s1.num_vectors, has_semaphore=s1.needs_semaphore, num_sm=inputs.num_sm,
+        fixed_splits=inputs.num_splits if inputs.num_splits > 0 else None, table=table, tail=tail)
+
+
+def side_params(inputs: ScheduleInputs, heuristic: Heuristic = get_num_splits) -> SideParams:
+    """SideParams of one side, from refmodel: tiles, pack for S == 1 / S > 1, layout, and the split table.
+
+    `inputs.seqlen_k` is ignored (it is the symbolic part); `heuristic` defaults to refmodel `get_num_splits`
+    (flash_api.cpp) and is only replaced by tests seeding a defect.
+    """
+    return _side_params_cached(dataclasses.replace(inputs, seqlen_k=0), heuristic)
+
+
+def sym_split_count(side: SideParams, n_blocks_static, fixed=None):
+    """The side's split count S: the num_splits argument, else the heuristic table at the static n-blocks (flash_api.cpp `get_num_splits`).
+
+    `fixed` (a z3 term) replaces a positive num_splits argument by a symbolic value in 1..256.
+    """
+    if side.fixed_splits is not None:
+        return _t(fixed) if fixed is not None else bv(side.fixed_splits)
+    return table_lookup(n_blocks_static, side.table, side.tail)
+
+
+def sym_pack(side: SideParams, split_count, kernel: bool = False):
+    """PackGQA for split count S: the S > 1 decision or the S == 1 one (flash_api.cpp `get_pack_gqa`, `run_mha_fwd`)."""
+    a, b = (side.kernel_pack_split, side.kernel_pack_s1) if kernel else (side.pack_split, side.pack_s1)
+    if a == b:
+        return z3.BoolVal(a)
+    return z3.If(_t(split_count) > bv(1), z3.BoolVal(a), z3.BoolVal(b))
+
+
+def sym_prepare_splits(side: SideParams, split_count, seqused_k: Sequence, seqlens_q: Sequence, active: Sequence,
+                       multi_cta=False):
+    """Per-batch split counts and m-blocks of the prepare step, in batch order (refmodel prepare.py `prepare_scheduler`).
+
+    `active[i]` says batch i exists (i < b); inactive batches contribute nothing to the total. The sort only
+    permutes (split, m_blocks, batch) tuples together, so per-batch properties are checked in batch order.
+    Returns (splits, m_blocks, blocks_per_sm).
+    """
+    pack = sym_pack(side, split_count)
+    prep_heads = z3.If(pack, bv(side.num_heads_k), bv(side.num_heads))
+    n = [z3.If(a, sym_n_blocks(k, side.block_n), bv(0)) for k, a in zip(seqused_k, active)]
+    m = [z3.If(a, sym_m_blocks(q, side.qhpk, pack, side.block_m), bv(0)) for q, a in zip(seqlens_q, active)]
+    total = bv(0)
+    for mi, ni in zip(m, n):
+        total = total + (ni if _is_one(mi) else mi * ni)
+    bps = sym_blocks_per_sm(total, prep_heads, side.num_sm)
+    one_split = z3.Or(_t(split_count) == bv(1), z3.BoolVal(bool(multi_cta)) if isinstance(multi_cta, bool) else multi_cta)
+    splits = [z3.If(one_split, bv(1), sym_dynamic_split(ni, bps, split_count)) for ni in n]
+    return splits, m, bps
+
+
+def _is_one(term) -> bool:
+    return z3.is_bv_value(term) and term.as_long() == 1
+
+
+def evaluate_term(term, assignment: dict):
+    """Evaluate a z3 term with concrete values substituted (`assignment` maps z3 constants to ints/bools)."""
+    subs = [(k, bv(v) if z3.is_bv(k) else z3.BoolVal(bool(v))) for k, v in assignment.items()]
+    out = z3.simplify(z3.substitute(term, *subs) if subs else term)
+    if z3.is_bv_value(out):
+        v = out.as_long()
+        return v - (1 << BV) if v >= 1 << (BV - 1) else v
+    if z3.is_true(out) or z3.is_false(out):
+        return z3.is_true(out)
+    raise ValueError(f"term did not simplify to a value: {out}")
+
+
+def solver(timeout_s: float, seed: int = 0) -> z3.Solver:
+    """A z3 solver with a fixed seed and a per-query timeout (deterministic, bounded)."""
+    s = z3.Solver()
+    s.set("timeout", max(1, int(timeout_s * 1000)))
+    s.set("random_seed", seed)
+    return s
