@@ -23,11 +23,7 @@ The shared call model (read in ``hopper/flash_api.cpp`` ``mha_fwd``, ``hopper/ti
    numerics.
 
 The verdicts come from ``spec.invariants.check_all`` (the project's one statement of the invariants),
-bridged from a metadata *tensor* to spec's (precompute, call) vocabulary by :func:`spec_verdicts`. The local
-checks below (``check_batch_permutation``, ``check_split_bound``, ``check_query_cover``,
-``check_combine_capacity``) are the fallback used only when ``spec.invariants`` cannot be imported.
-TODO(spec.invariants): drop the local fallback once spec.invariants is a hard dependency; a public
-spec entry point taking (call schedule, decoded metadata, call lengths) would remove the stub bridge.
+bridged from a metadata *tensor* to spec's (precompute, call) vocabulary by :func:`spec_verdicts`.
 """
 
 from __future__ import annotations
@@ -50,8 +46,7 @@ from ..errors import MetadataShapeError, OutOfBoundsAccess
 __all__ = [
     "INVARIANTS", "KernelAdapter", "CallArgs", "CallShape", "TilePlan", "Violation", "Poison",
     "UNSUPPORTED_ARGUMENTS", "call_shape", "call_schedule", "build_tile_plan", "check_plan",
-    "check_batch_permutation", "check_split_bound", "check_query_cover", "check_combine_capacity",
-    "local_verdicts", "spec_verdicts",
+    "spec_verdicts",
     "poison_of", "raise_first", "schedule_summary", "reject_unsupported",
 ]
 
@@ -386,7 +381,7 @@ def build_tile_plan(shape: CallShape, schedule: Schedule, scheduler_metadata=Non
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The checks (TODO(spec.invariants): reconcile with spec.invariants.check_all)
+# The checks: spec.invariants' verdicts on what the call reads
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -403,61 +398,6 @@ class Violation:
         return {"invariant": self.invariant, "batch": self.batch, "indices": dict(self.indices), "detail": self.detail}
 
 
-def _batch_of(plan: TilePlan, vb: int) -> int:
-    bb = plan.valid_batch(vb)
-    return vb if bb is None else bb
-
-
-def check_batch_permutation(plan: TilePlan) -> list[Violation]:
-    """Every metadata slot the kernels read is written, and the batch order is a permutation of 0..b_c-1."""
-    if plan.source != "metadata":
-        return []
-    out: list[Violation] = []
-    b, layout = plan.shape.batch_size, plan.decoded.layout
-    read = [("num_m_blocks", plan.num_m_blocks, layout.m_blocks_offset)]
-    if plan.split:
-        read.insert(0, ("num_splits", plan.num_splits, layout.splits_offset))
-    if plan.schedule.sort:
-        read.append(("batch_idx", plan.batch_idx, layout.batch_idx_offset))
-    if plan.schedule.swizzle and plan.nheads_in_l2 is not None:
-        read.append(("nheads_in_l2", plan.nheads_in_l2, layout.nheads_in_l2_offset))
-    for vb in range(b):
-        for name, vec, offset in read:
-            if vec[vb] == UNWRITTEN:
-                out.append(Violation("BATCH_PERMUTATION", vb, {"virtual_batch": vb, "vector": name, "slot": offset + vb},
-                                     f"the kernels read {name}[{vb}], a metadata slot the precompute never wrote "
-                                     f"(uninitialised memory: the metadata was computed for fewer batches)"))
-        bb = plan.batch_idx[vb]
-        if bb != UNWRITTEN and not 0 <= bb < b:
-            out.append(Violation("BATCH_PERMUTATION", vb, {"virtual_batch": vb, "batch_idx": bb, "allowed": [0, b]},
-                                 f"varlen_batch_idx[{vb}] = {bb} lies outside the call's batches [0, {b})"))
-    if plan.schedule.sort:
-        seen = [plan.batch_idx[vb] for vb in range(b) if plan.valid_batch(vb) is not None]
-        missing = sorted(set(range(b)) - set(seen))
-        duplicated = sorted({x for x in seen if seen.count(x) > 1})
-        if missing or duplicated:
-            out.append(Violation("BATCH_PERMUTATION", missing[0] if missing else duplicated[0],
-                                 {"missing": missing, "duplicated": duplicated},
-                                 "varlen_batch_idx is not a permutation of the call's batches: missing batches are "
-                                 "never computed (their rows stay uninitialised)"))
-    return out
-
-
-def check_split_bound(plan: TilePlan) -> list[Violation]:
-    """With S_c > 1, no virtual batch has more splits than the call's partial buffers hold."""
-    if not plan.split:
-        return []
-    s_c, out = plan.buffer_splits, []
-    for vb, count in enumerate(plan.num_splits):
-        if count != UNWRITTEN and count > s_c:
-            out.append(Violation(
-                "SPLIT_BOUND", _batch_of(plan, vb),
-                {"virtual_batch": vb, "splits": list(range(s_c, count)), "buffer_splits": s_c, "metadata_splits": count},
-                f"the metadata gives {count} splits but the call's out_accum/lse_accum hold S_c={s_c}: split indices "
-                f"{s_c}..{count - 1} are written by the split kernel and read by the combine out of bounds"))
-    return out
-
-
 def uncovered_rows(plan: TilePlan, vb: int) -> Optional[tuple[int, int, int]]:
     """(m-blocks the kernel runs, m-blocks needed, first uncovered m-block row) for virtual batch vb, or None."""
     bb = plan.valid_batch(vb)
@@ -472,54 +412,7 @@ def uncovered_rows(plan: TilePlan, vb: int) -> Optional[tuple[int, int, int]]:
     return max(have, 0), need, max(have, 0) * plan.schedule.kernel_block_m
 
 
-def check_query_cover(plan: TilePlan) -> list[Violation]:
-    """The m-blocks the kernel runs for each batch cover all its query rows (packed rows with PackGQA)."""
-    out = []
-    for vb in range(plan.shape.batch_size):
-        gap = uncovered_rows(plan, vb)
-        if gap is None:
-            continue
-        have, need, first_row = gap
-        bb = plan.valid_batch(vb)
-        out.append(Violation(
-            "QUERY_COVER", bb,
-            {"virtual_batch": vb, "m_blocks": have, "m_blocks_needed": need, "rows": [first_row, plan.rows_needed(bb)],
-             "packed": plan.schedule.kernel_pack_gqa},
-            f"the kernel runs {have} m-block(s) of {plan.schedule.kernel_block_m} rows but the batch needs {need}: "
-            f"{'packed ' if plan.schedule.kernel_pack_gqa else ''}rows {first_row}..{plan.rows_needed(bb) - 1} "
-            f"are never written"))
-    return out
-
-
-def check_combine_capacity(plan: TilePlan) -> list[Violation]:
-    """With S_c > 1, no virtual batch has more splits than the combine reads (kMax); the rest are dropped."""
-    if not plan.split:
-        return []
-    cap, out = plan.capacity, []
-    for vb, count in enumerate(plan.num_splits):
-        if count != UNWRITTEN and count > cap:
-            out.append(Violation(
-                "COMBINE_CAPACITY", _batch_of(plan, vb),
-                {"virtual_batch": vb, "splits": list(range(cap, count)), "capacity": cap, "metadata_splits": count},
-                f"the combine reads at most kMax={cap} splits; splits {cap}..{count - 1} are silently ignored"))
-    return out
-
-
-def local_verdicts(plan: TilePlan) -> list[Violation]:
-    """The local checks (fallback when spec.invariants is unavailable), in :data:`INVARIANTS` order."""
-    return (check_batch_permutation(plan) + check_split_bound(plan) + check_query_cover(plan)
-            + check_combine_capacity(plan))
-
-
-def _spec_module():
-    try:
-        from spec import invariants
-    except Exception:  # not written yet, or broken mid-edit: fall back to the local checks
-        return None
-    return invariants if hasattr(invariants, "check_all") else None
-
-
-def spec_verdicts(plan: TilePlan, invariants) -> list[Violation]:
+def spec_verdicts(plan: TilePlan) -> list[Violation]:
     """``spec.invariants.check_all`` on the vectors this plan reads.
 
     spec states the invariants over a (precompute schedule, prepare result, call schedule, call lengths)
@@ -528,6 +421,7 @@ def spec_verdicts(plan: TilePlan, invariants) -> list[Violation]:
     spec's encode/decode reproduces exactly the values the call reads.
     """
     from refmodel.prepare import PrepareResult
+    from spec import invariants
 
     decoded, schedule, shape = plan.decoded, plan.schedule, plan.shape
     b4 = decoded.layout.b4
@@ -554,13 +448,11 @@ def check_plan(plan: TilePlan) -> list[Violation]:
     """All violations of a plan, ordered by :data:`INVARIANTS` then by virtual batch.
 
     Empty when the kernels do not run (``mha_fwd`` returns without launching when the call has no queries or
-    no key slots) or the call is not varlen (the kernels read no per-batch vectors). Uses
-    ``spec.invariants.check_all`` when importable, the local checks otherwise.
+    no key slots) or the call is not varlen (the kernels read no per-batch vectors).
     """
     if not plan.shape.kernel_runs or plan.source == "static":
         return []
-    invariants = _spec_module()
-    found = spec_verdicts(plan, invariants) if invariants is not None else local_verdicts(plan)
+    found = spec_verdicts(plan)
     rank = {name: i for i, name in enumerate(INVARIANTS)}
     order = sorted(range(len(found)), key=lambda i: (rank.get(found[i].invariant, len(rank)),
                                                      found[i].indices.get("virtual_batch", plan.shape.batch_size), i))
