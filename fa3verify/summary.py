@@ -129,13 +129,19 @@ def print_table(summary: RunSummary, console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
+    from rich.markup import escape
+
     table = Table(title=f"fa3verify {summary.command}")
-    for col in ("check", "kind", "verdict", "seconds", "case file / note"):
-        table.add_column(col)
+    table.add_column("check", no_wrap=True)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("seconds", justify="right", no_wrap=True)
+    table.add_column("case file / note", no_wrap=True, overflow="ellipsis", max_width=80)
     for c in summary.checks:
         style = "red" if c.failed else ("yellow" if c.inconclusive else "green")
-        note = c.case_file or c.message
-        table.add_row(c.name, c.kind, f"[{style}]{c.verdict}[/{style}]", f"{c.seconds:.2f}", note[:90])
+        note = c.case_file or c.message.splitlines()[0] if (c.case_file or c.message) else ""
+        table.add_row(escape(c.name), c.kind, f"[{style}]{escape(c.verdict)}[/{style}]", f"{c.seconds:.2f}",
+                      escape(note))
     console.print(table)
     console.print(verdict_line(summary))
 
