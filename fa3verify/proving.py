@@ -24,8 +24,9 @@ def theorem_results(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional
     results += run_metadata_theorems(guard=policy.guard, metadata_heads=policy.metadata_heads, timeout_s=timeout_s,
                                      dropped_assumptions=frozenset(dropped_assumptions), cases_dir=cases_dir,
                                      only=only, guard_spec=policy.guard_spec)
-    results += run_algebra_theorems(timeout_s=timeout_s, only=only)
-    results += run_cp_theorems(timeout_s=timeout_s, clear_stale=policy.clear_stale_cp_metadata, only=only)
+    results += run_algebra_theorems(timeout_s=timeout_s, only=only, cases_dir=cases_dir)
+    results += run_cp_theorems(timeout_s=timeout_s, clear_stale=policy.clear_stale_cp_metadata, only=only,
+                               cases_dir=cases_dir)
     return results
 
 
