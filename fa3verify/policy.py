@@ -18,10 +18,14 @@ class Policy:
     guard: Callable[[Any], Any]
     metadata_heads: str = "tp"
     clear_stale_cp_metadata: bool = True
+    cp_decode_sharded_kv: bool = False
 
     def to_dict(self) -> dict:
-        return {"guard": self.guard_spec, "metadata_heads": self.metadata_heads,
-                "clear_stale_cp_metadata": self.clear_stale_cp_metadata}
+        d = {"guard": self.guard_spec, "metadata_heads": self.metadata_heads,
+             "clear_stale_cp_metadata": self.clear_stale_cp_metadata}
+        if self.cp_decode_sharded_kv:
+            d["cp_decode_kv"] = "sharded"
+        return d
 
     @property
     def label(self) -> str:
@@ -29,7 +33,8 @@ class Policy:
         return f"guard={self.guard_spec}, metadata_heads={self.metadata_heads}{stale}"
 
 
-def load_policy(guard: str = "fixed", metadata_heads: str = "tp", keep_stale_cp_metadata: bool = False) -> Policy:
+def load_policy(guard: str = "fixed", metadata_heads: str = "tp", keep_stale_cp_metadata: bool = False,
+                cp_decode_sharded_kv: bool = False) -> Policy:
     """Resolve a guard spec ("fixed", "pre-fix", "none", module:function, file.py:function) into a Policy."""
     from gpu_impl.guards import GuardSpecError, load_guard
 
@@ -40,7 +45,7 @@ def load_policy(guard: str = "fixed", metadata_heads: str = "tp", keep_stale_cp_
     except GuardSpecError as exc:
         raise UsageError(f"--guard: {exc}") from None
     return Policy(guard_spec=guard, guard=fn, metadata_heads=metadata_heads,
-                  clear_stale_cp_metadata=not keep_stale_cp_metadata)
+                  clear_stale_cp_metadata=not keep_stale_cp_metadata, cp_decode_sharded_kv=cp_decode_sharded_kv)
 
 
 def add_policy_arguments(parser) -> None:
@@ -55,3 +60,6 @@ def add_policy_arguments(parser) -> None:
                              "'attn_tp' = H//attn_tp_size, the root-cause fix")
     parser.add_argument("--keep-stale-cp-metadata", action="store_true",
                         help="model the runner before the fix: a batch keeps CP metadata left by an earlier step")
+    parser.add_argument("--cp-decode-sharded-kv", action="store_true",
+                        help="the backend decodes over CP-sharded KV (a fork's path: metadata from global lengths, "
+                             "the call over each rank's local KV); its theorem then counts as a safety theorem")

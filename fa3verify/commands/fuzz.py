@@ -57,7 +57,7 @@ def run(args) -> int:
     from ..summary import print_table, write_json, write_junit
 
     budget, cases = budget_from_args(args)
-    policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata)
+    policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     summary = fuzz(policy, kernel_name=args.kernel, device=args.device, seed=args.seed, budget_s=budget,
                    max_cases=cases, out_dir=args.out)
     print_table(summary)

@@ -44,7 +44,7 @@ def run(args) -> int:
     from .fuzz import budget_from_args
 
     budget, cases = budget_from_args(args)
-    policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata)
+    policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     summary = gate(policy, budget_s=budget, seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
                    kernel_name=args.kernel, device=args.device, max_cases=cases)
     print_table(summary)

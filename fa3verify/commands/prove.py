@@ -45,7 +45,7 @@ def run(args) -> int:
 
     if args.timeout_s <= 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
-    policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata)
+    policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     _check_assumptions(args.drop_assumption)
     summary = prove(policy, timeout_s=args.timeout_s, cases_dir=args.cases_dir, only=args.only,
                     dropped_assumptions=args.drop_assumption)
