@@ -1,0 +1,48 @@
+"""The theorem catalogue: every theorem `fa3verify prove` runs, with its number in issue 3 and its statement.
+
+The statements are the one-sentence claims each theorem's z3 query decides; the queries live in
+`theorems_metadata` (0-4), `theorems_algebra` (5) and `theorems_cp` (6-7). A test checks that this table and
+the theorems a prove run reports are the same set, so docs/invariants.md (generated from it) cannot drift.
+"""
+
+from __future__ import annotations
+
+#: name -> (theorem number in issue 3, statement)
+THEOREMS: dict[str, tuple[str, str]] = {
+    "0-kv-cover": ("lemma", "The call's split ranges start at n_min, are contiguous and end at n_max, for every "
+                            "n_max <= 2^23 KV blocks and 1..256 splits (KV_COVER by design; hopper/block.h)."),
+    "0-batch-over-992": ("lemma", "Every per-batch split lies in 1..S_static, and with b > 992 every split is 1 "
+                                  "(flash_prepare_scheduler.cu), so the b <= 8 results carry over."),
+    "1-freshness": ("1", "Metadata computed from the call's own inputs (P == C) is SAFE, except FA3's own corners "
+                         "(d <= 64 with 64 < dv <= 192; explicit pack_gqa=False with splits), kept as documented "
+                         "expected refutations."),
+    "2-benign-drift": ("2", "Changing only cache_seqlens (same b, same static shapes) preserves SAFE."),
+    "2-drift-breaks-h_k": ("2", "Changing only the KV head count can break SAFE (witness: SPLIT_BOUND)."),
+    "2-drift-breaks-seqlen_k": ("2", "Changing only seqlen_k (the page-table width) can break SAFE."),
+    "2-drift-breaks-seqlen_q": ("2", "Changing only seqlen_q can break SAFE (QUERY_COVER)."),
+    "2-drift-breaks-pack": ("2", "Changing only pack_gqa can break SAFE (QUERY_COVER)."),
+    "2-drift-breaks-b": ("2", "Changing only the batch size can break SAFE (BATCH_PERMUTATION: unwritten slots)."),
+    "3-hazard": ("3", "Under the policy, no prefill-CP configuration precomputes metadata that violates "
+                      "SPLIT_BOUND (refuted, with a replayable case, for the pre-fix guard with 'tp' heads)."),
+    "4-guard-soundness": ("4", "Under the policy, every configuration of the domain either computes no metadata "
+                               "or satisfies SAFE."),
+    "4-root-cause-alternative": ("4", "The pre-fix guard with 'attn_tp' precompute heads is sound on sglang's "
+                                      "replicated-KV decode."),
+    "4-sharded-kv-decode": ("4", "Under the policy, a CP decode over sharded KV (metadata from global lengths, "
+                                 "call over the rank's local KV) is SAFE (a fork's path; a safety theorem only "
+                                 "with --cp-decode-sharded-kv)."),
+    "4-guard-robustness": ("4", "The guard returns (never raises) on every configuration and on ServerArgs "
+                                "lacking any of its flags (older sglang versions)."),
+    "combine_exact_merge": ("5", "FA3's combine equals the exact merge of partial softmax states for 1..8 and 16 "
+                                 "splits, any of them empty with garbage output."),
+    "combine_all_empty": ("5", "Rows whose splits are all empty combine to (O = 0, LSE = -inf)."),
+    "merge_commutative": ("5", "Two-way merge of softmax states is commutative."),
+    "merge_associative": ("5", "Two-way merge of softmax states is associative."),
+    "zigzag_partition": ("6", "For cp 2..8 and L >= 2cp the 2cp zigzag blocks partition [0, L), rank r owns "
+                              "blocks r and 2cp-1-r, and kv_len_prev/next are their causal extents."),
+    "zigzag_balance": ("6", "Per-rank token counts of one sequence differ by at most 1 (tight)."),
+    "runner_hygiene": ("7", "The backend takes the CP path iff the batch is CP-v2 active, for every sequence of "
+                            "batches (refuted for the runner that keeps stale CP metadata)."),
+    "runner_freshness": ("7", "Whenever the backend takes the CP path, its CP metadata was built for the current "
+                              "batch."),
+}
