@@ -40,7 +40,7 @@ def _ev(term, **values):
 def test_blocks_per_sm_float32_random():
     rnd = random.Random(1)
     term = sym_blocks_per_sm(V["a"], V["b"], V["c"])
-    for _ in range(4000):
+    for _ in range(5000):
         total = rnd.choice([rnd.randrange(0, 300), rnd.randrange(0, 2 ** 17), rnd.randrange(0, 2 ** 23)])
         heads = rnd.choice([1, 2, 4, 8, 16, 32, 48, 64])
         sm = rnd.choice(list(NUM_SMS) + [rnd.randrange(1, 200)])
