@@ -54,6 +54,14 @@ class Scenario:
     metadata_heads: str = "tp"
     clear_stale_cp_metadata: bool = True
     seed: int = 0
+    #: seeded-defect switches (names in gpu_impl.defects.DEFECTS); a SeededPolicy guard adds its own
+    defects: frozenset = frozenset()
+
+    def all_defects(self) -> frozenset:
+        """The switches in force: ``defects`` plus those the guard carries (a ``gpu_impl.defects.SeededPolicy``)."""
+        from .defects import check_defects, defects_of
+
+        return check_defects(self.defects) | defects_of(self.guard)
 
 
 @dataclass
@@ -128,7 +136,18 @@ class ScenarioRun:
 
 def run_scenario(scn: Scenario, kernel=None, numerics: bool = False, device: str = "cpu") -> ScenarioResult:
     """Run every step of a scenario; findings name the invariant, the step and the DP rank."""
-    backend = FlashAttentionBackend(scn.server, scn.model, scn.guard, scn.metadata_heads)
+    from .defects import apply_policy_defects, defects_in_layer
+
+    defects = scn.all_defects()
+    scn = apply_policy_defects(scn, defects)
+    backend = FlashAttentionBackend(scn.server, scn.model, scn.guard, scn.metadata_heads,
+                                    defects=defects_in_layer(defects, "backend") | defects_in_layer(defects, "kernel"))
+    kernel_defects = defects_in_layer(defects, "kernel")
+    if kernel_defects and kernel is not None:
+        if not hasattr(kernel, "with_defects"):
+            name = getattr(kernel, "name", kernel)
+            raise ValueError(f"defects: kernel {name!r} cannot seed {sorted(kernel_defects)}")
+        kernel = kernel.with_defects(kernel_defects)
     run = ScenarioRun(scn)
     result = ScenarioResult()
     for index, step in enumerate(scn.steps):
@@ -298,7 +317,9 @@ def _run_decode_step(backend: FlashAttentionBackend, scn: Scenario, index: int, 
         if verdict.shape_error:
             result.shape_errors.append(Finding("SHAPE", index, call.dp_rank, verdict.shape_error, detail))
             continue
-        if not numerics:
+        if numerics and "call-not-varlen" in backend.defects:
+            entry["numerics"] = "not modelled: the seeded non-varlen call (metadata level only)"
+        if not numerics or "call-not-varlen" in backend.defects:
             for v in verdict.violations:
                 d = v.to_dict() if hasattr(v, "to_dict") else dict(v)
                 result.findings.append(Finding(d.get("invariant", "UNKNOWN"), index, call.dp_rank,
