@@ -334,6 +334,8 @@ def _run_decode_numerics(backend: FlashAttentionBackend, scn: Scenario, index: i
 
     from .errors import MetadataShapeError, OutOfBoundsAccess
 
+    if hasattr(kernel, "with_num_sm"):  # the emulator plays the scenario's GPU (real FA3 runs on its own)
+        kernel = kernel.with_num_sm(scn.server.num_sm)
     tensors = decode_tensors(backend, call, seed=_seed(scn.seed, index, call.dp_rank), device=device)
     layers = [False] + ([True] if scn.model.has_sliding_window_layers else [])
     for sliding in layers:

@@ -96,6 +96,12 @@ class EmulatedKernel(KernelAdapter):
         twin.defects = self.defects | check_defects(defects, layer="kernel")
         return twin
 
+    def with_num_sm(self, num_sm: int) -> "EmulatedKernel":
+        """A copy of this adapter emulating a GPU with `num_sm` SMs (the scenario's server decides the device)."""
+        twin = copy.copy(self)
+        twin.num_sm = int(num_sm)
+        return twin
+
     def describe(self) -> str:
         seeded = f", seeded defects: {', '.join(sorted(self.defects))}" if self.defects else ""
         return (f"emulated FA3 (gpu_impl.kernels.emulated over refmodel; sm{self.arch}, num_sm={self.num_sm}, "
