@@ -748,19 +748,6 @@ def _kernel_tensors(kc: dict):
     return q.bfloat16(), k.bfloat16(), v.bfloat16(), cu, cs
 
 
-@contextlib.contextmanager
-def _single_thread():
-    """Kernel-level cases are small: one torch thread is faster (and steadier) than a contended pool."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def evaluate_kernel_case(kc: dict, defects: Optional[Iterable[str]] = None) -> tuple:
     """Run one kernel-level case: (outcome, invariants, messages).
 
@@ -768,7 +755,9 @@ def evaluate_kernel_case(kc: dict, defects: Optional[Iterable[str]] = None) -> t
     numerics property: NO_NAN, MASKED_ROW_LSE, MATCHES_ORACLE), "clear_error" (a ValueError naming the argument:
     allowed), "pass". ``defects`` default to the case's own.
     """
-    with _single_thread():
+    from .fuzzing import single_threaded_torch
+
+    with single_threaded_torch():
         return _evaluate_kernel_case(kc, defects)
 
 

@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -76,48 +75,13 @@ import z3
 from spec.results import TheoremResult
 
 
-# One z3 context per theorem run (run_*_theorems), so that witnesses do not depend on what else ran before in
-# the process; outside a run the helpers use z3's main context.
-_CTX: list = []
-
-
-def _ctx() -> z3.Context:
-    return _CTX[-1] if _CTX else z3.main_ctx()
-
-
-@contextmanager
-def _fresh_context():
-    _CTX.append(z3.Context())
-    try:
-        yield
-    finally:
-        _CTX.pop()
-
-
-def _isolated(fn: Callable[[], TheoremResult]) -> TheoremResult:
-    """Run one theorem in its own z3 context (deterministic whatever ran before it)."""
-    with _fresh_context():
-        return fn()
-
-
-def _Int(name: str):
-    return z3.Int(name, _ctx())
-
-
-def _Real(name: str):
-    return z3.Real(name, _ctx())
-
-
-def _Bool(name: str):
-    return z3.Bool(name, _ctx())
-
-
-def _IntVal(v):
-    return z3.IntVal(v, _ctx())
-
-
-def _RealVal(v):
-    return z3.RealVal(v, _ctx())
+from spec.z3ctx import ctx as _ctx
+from spec.z3ctx import isolated as _isolated
+from spec.z3ctx import Int as _Int
+from spec.z3ctx import Real as _Real
+from spec.z3ctx import Bool as _Bool
+from spec.z3ctx import IntVal as _IntVal
+from spec.z3ctx import RealVal as _RealVal
 
 
 __all__ = [

@@ -51,7 +51,6 @@ Layering: this module imports nothing from ``gpu_impl`` or ``fa3verify``; tests 
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -60,48 +59,13 @@ import z3
 from spec.results import TheoremResult
 
 
-# One z3 context per theorem run (run_*_theorems), so that witnesses do not depend on what else ran before in
-# the process; outside a run the helpers use z3's main context.
-_CTX: list = []
-
-
-def _ctx() -> z3.Context:
-    return _CTX[-1] if _CTX else z3.main_ctx()
-
-
-@contextmanager
-def _fresh_context():
-    _CTX.append(z3.Context())
-    try:
-        yield
-    finally:
-        _CTX.pop()
-
-
-def _isolated(fn: Callable[[], TheoremResult]) -> TheoremResult:
-    """Run one theorem in its own z3 context (deterministic whatever ran before it)."""
-    with _fresh_context():
-        return fn()
-
-
-def _Int(name: str):
-    return z3.Int(name, _ctx())
-
-
-def _Ints(names: str):
-    return z3.Ints(names, _ctx())
-
-
-def _Bool(name: str):
-    return z3.Bool(name, _ctx())
-
-
-def _IntVal(v):
-    return z3.IntVal(v, _ctx())
-
-
-def _BoolVal(v):
-    return z3.BoolVal(v, _ctx())
+from spec.z3ctx import ctx as _ctx
+from spec.z3ctx import isolated as _isolated
+from spec.z3ctx import Int as _Int
+from spec.z3ctx import Ints as _Ints
+from spec.z3ctx import Bool as _Bool
+from spec.z3ctx import IntVal as _IntVal
+from spec.z3ctx import BoolVal as _BoolVal
 
 
 __all__ = [

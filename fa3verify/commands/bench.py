@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 HELP = "measure the suite: time to first failure, fuzz throughput, proof time, oracle cost"
 EPILOG = """\
@@ -43,6 +44,9 @@ def run(args) -> int:
     for f in figs:
         if f.detail:
             print(f"{f.name}: {json.dumps(f.detail)}")
+    for path in (args.json, args.markdown):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(to_json(figs), fh, indent=2)
