@@ -128,14 +128,17 @@ def print_table(summary: RunSummary, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # logs and CI: print whole rows rather than crop at 80 columns
+            console = Console(width=max(console.width, 160))
     from rich.markup import escape
 
     table = Table(title=f"fa3verify {summary.command}")
-    table.add_column("check", no_wrap=True)
-    table.add_column("kind", no_wrap=True)
-    table.add_column("verdict", no_wrap=True)
-    table.add_column("seconds", justify="right", no_wrap=True)
+    table.add_column("check", no_wrap=True, overflow="ellipsis", max_width=44)
+    table.add_column("kind", no_wrap=True, min_width=8)
+    table.add_column("verdict", no_wrap=True, min_width=19)
+    table.add_column("seconds", justify="right", no_wrap=True, min_width=7)
     table.add_column("case file / note", no_wrap=True, overflow="ellipsis", max_width=80)
     for c in summary.checks:
         style = "red" if c.failed else ("yellow" if c.inconclusive else "green")
