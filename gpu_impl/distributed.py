@@ -262,9 +262,8 @@ def run_rank(case: Any, placement: RankPlacement, comm: RankComm, numerics: bool
              kernel=None) -> RankRecord:
     """Run every step of a case as one attention rank (the per-rank work of sglang's scheduler + model runner +
     flashattention_backend.py); returns the record rank 0 assembles."""
-    from .backend import FlashAttentionBackend
     from .guards import GuardRaised
-    from .scenario import ScenarioRun, step_decode_runners
+    from .scenario import ScenarioRun, prepare_run, step_decode_runners
 
     start = time.perf_counter()
     scn = scenario_from_case(case)
@@ -275,7 +274,7 @@ def run_rank(case: Any, placement: RankPlacement, comm: RankComm, numerics: bool
         name, mode = kernel_spec(case)
         kernel = load(name, mode=mode, device=device)
     try:
-        backend = FlashAttentionBackend(scn.server, scn.model, scn.guard, scn.metadata_heads)
+        scn, backend, kernel = prepare_run(scn, kernel)
     except GuardRaised as exc:
         record.guard_raised = str(exc)
         return record

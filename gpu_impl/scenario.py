@@ -134,8 +134,12 @@ class ScenarioRun:
         return self.runner(dp_rank).step(batch)
 
 
-def run_scenario(scn: Scenario, kernel=None, numerics: bool = False, device: str = "cpu") -> ScenarioResult:
-    """Run every step of a scenario; findings name the invariant, the step and the DP rank."""
+def prepare_run(scn: Scenario, kernel=None):
+    """(scenario with its seeded defects applied, its backend, the kernel playing the scenario's GPU).
+
+    The in-process run and every rank of a multi-process run start here, so both see the same switches.
+    The emulator takes the server's SM count; real FA3 runs on its own device.
+    """
     from .defects import apply_policy_defects, defects_in_layer
 
     defects = scn.all_defects()
@@ -148,6 +152,14 @@ def run_scenario(scn: Scenario, kernel=None, numerics: bool = False, device: str
             name = getattr(kernel, "name", kernel)
             raise ValueError(f"defects: kernel {name!r} cannot seed {sorted(kernel_defects)}")
         kernel = kernel.with_defects(kernel_defects)
+    if kernel is not None and hasattr(kernel, "with_num_sm"):
+        kernel = kernel.with_num_sm(scn.server.num_sm)
+    return scn, backend, kernel
+
+
+def run_scenario(scn: Scenario, kernel=None, numerics: bool = False, device: str = "cpu") -> ScenarioResult:
+    """Run every step of a scenario; findings name the invariant, the step and the DP rank."""
+    scn, backend, kernel = prepare_run(scn, kernel)
     run = ScenarioRun(scn)
     result = ScenarioResult()
     for index, step in enumerate(scn.steps):
@@ -334,8 +346,6 @@ def _run_decode_numerics(backend: FlashAttentionBackend, scn: Scenario, index: i
 
     from .errors import MetadataShapeError, OutOfBoundsAccess
 
-    if hasattr(kernel, "with_num_sm"):  # the emulator plays the scenario's GPU (real FA3 runs on its own)
-        kernel = kernel.with_num_sm(scn.server.num_sm)
     tensors = decode_tensors(backend, call, seed=_seed(scn.seed, index, call.dp_rank), device=device)
     layers = [False] + ([True] if scn.model.has_sliding_window_layers else [])
     for sliding in layers:

@@ -5,8 +5,10 @@ cases, and the tests read the shared results.  Every launch has its own timeout 
 fails the test instead of blocking the suite.
 """
 
+import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -329,3 +331,35 @@ def test_bitwise_equal_sees_nan_payloads_and_dtypes():
     assert bitwise_equal(a, a.clone())
     assert not bitwise_equal(a, a.float())
     assert not bitwise_equal(a, torch.tensor([1.0, 2.0], dtype=torch.bfloat16))
+
+
+# ---------------------------------------------------------------------------------------------
+# The regression corpus: one process per rank agrees with the in-process simulation on every case
+# ---------------------------------------------------------------------------------------------
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+
+
+def _corpus_scenario_cases() -> dict:
+    cases = {}
+    for path in sorted(CORPUS.glob("*.json")):
+        data = json.loads(path.read_text())
+        if data.get("schema") == "fa3verify.case/1":
+            cases[path.name] = data
+    return cases
+
+
+def test_every_corpus_case_agrees_with_the_in_process_simulation():
+    cases = _corpus_scenario_cases()
+    assert len(cases) >= 8
+    by_world: dict = {}
+    for name, case in cases.items():
+        by_world.setdefault(resolve_world([case], None), {})[name] = case
+    disagreements = []
+    for world, group in sorted(by_world.items()):
+        results = run_ranks(list(group.values()), timeout_s=LAUNCH_TIMEOUT_S)
+        for (name, case), result in zip(group.items(), results):
+            diffs = compare_with_simulation(case, result)
+            if diffs:
+                disagreements.append(f"{name} (world {world}): {diffs}")
+    assert not disagreements, "\n".join(disagreements)
