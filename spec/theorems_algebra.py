@@ -77,6 +77,7 @@ from spec.results import TheoremResult
 
 from spec.z3ctx import ctx as _ctx
 from spec.z3ctx import isolated as _isolated
+from spec.z3ctx import solve as _solve
 from spec.z3ctx import Int as _Int
 from spec.z3ctx import Real as _Real
 from spec.z3ctx import Bool as _Bool
@@ -519,27 +520,6 @@ def _exp_facts(atoms: Sequence[_Atom], pairwise: Sequence[_Atom] = ()) -> list[A
 # --------------------------------------------------------------------------------------------
 # Solving and witnesses.
 # --------------------------------------------------------------------------------------------
-
-
-def _configure_z3() -> None:
-    z3.set_param("smt.random_seed", 0)
-    z3.set_param("sat.random_seed", 0)
-    z3.set_param("nlsat.seed", 0)
-
-
-def _solve(constraints: Sequence[Any], timeout_s: float) -> tuple[str, Optional[z3.ModelRef]]:
-    """Check ``constraints``: ("unsat"|"sat"|"unknown", model or None), deterministic, bounded by ``timeout_s``."""
-    _configure_z3()
-    solver = z3.Solver(ctx=_ctx())
-    solver.set("timeout", max(1, int(timeout_s * 1000)))
-    solver.set("random_seed", 0)
-    solver.add(*constraints)
-    res = solver.check()
-    if res == z3.unsat:
-        return "unsat", None
-    if res == z3.sat:
-        return "sat", solver.model()
-    return "unknown", None
 
 
 def _num(model: z3.ModelRef, term: Any) -> float:

@@ -61,6 +61,7 @@ from spec.results import TheoremResult
 
 from spec.z3ctx import ctx as _ctx
 from spec.z3ctx import isolated as _isolated
+from spec.z3ctx import solve as _solve
 from spec.z3ctx import Int as _Int
 from spec.z3ctx import Ints as _Ints
 from spec.z3ctx import Bool as _Bool
@@ -110,26 +111,6 @@ _NONE = -1
 # --------------------------------------------------------------------------------------------
 # Common plumbing.
 # --------------------------------------------------------------------------------------------
-
-
-def _configure_z3() -> None:
-    z3.set_param("smt.random_seed", 0)
-    z3.set_param("sat.random_seed", 0)
-
-
-def _solve(constraints: Sequence[Any], timeout_s: float) -> tuple[str, Optional[z3.ModelRef]]:
-    """Check ``constraints``: ("unsat"|"sat"|"unknown", model or None), deterministic, bounded by ``timeout_s``."""
-    _configure_z3()
-    solver = z3.Solver(ctx=_ctx())
-    solver.set("timeout", max(1, int(timeout_s * 1000)))
-    solver.set("random_seed", 0)
-    solver.add(*constraints)
-    res = solver.check()
-    if res == z3.unsat:
-        return "unsat", None
-    if res == z3.sat:
-        return "sat", solver.model()
-    return "unknown", None
 
 
 def _int(model: z3.ModelRef, term: Any) -> int:

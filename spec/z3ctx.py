@@ -63,3 +63,23 @@ def RealVal(v):
 
 def BoolVal(v):
     return z3.BoolVal(v, ctx())
+
+
+def solve(constraints, timeout_s: float):
+    """Check `constraints` in the current theorem's context: ("unsat"|"sat"|"unknown", model or None).
+
+    Deterministic (fixed seeds) and bounded by `timeout_s`; an "unknown" is never read as a proof by callers.
+    """
+    z3.set_param("smt.random_seed", 0)
+    z3.set_param("sat.random_seed", 0)
+    z3.set_param("nlsat.seed", 0)
+    solver = z3.Solver(ctx=ctx())
+    solver.set("timeout", max(1, int(timeout_s * 1000)))
+    solver.set("random_seed", 0)
+    solver.add(*constraints)
+    res = solver.check()
+    if res == z3.unsat:
+        return "unsat", None
+    if res == z3.sat:
+        return "sat", solver.model()
+    return "unknown", None
