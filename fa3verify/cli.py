@@ -10,6 +10,8 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
+from gpu_impl.errors import KernelUnavailable
+
 from . import exitcodes
 from .errors import UsageError
 
@@ -71,6 +73,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return int(args.func(args))
     except UsageError as exc:
         print(f"fa3verify {args.command}: error: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    except KernelUnavailable as exc:
+        print(f"fa3verify {args.command}: error: --kernel: {exc}", file=sys.stderr)
         return exitcodes.USAGE
     except KeyboardInterrupt:
         print(f"fa3verify {args.command}: interrupted", file=sys.stderr)

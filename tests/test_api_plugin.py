@@ -298,3 +298,4 @@ def test_pre_merge_script_without_guard_is_a_usage_error(tmp_path):
     proc = subprocess.run(["bash", str(REPO / "examples" / "ci" / "pre-merge.sh")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "GUARD" in proc.stderr
+
