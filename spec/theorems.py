@@ -46,3 +46,30 @@ THEOREMS: dict[str, tuple[str, str]] = {
     "runner_freshness": ("7", "Whenever the backend takes the CP path, its CP metadata was built for the current "
                               "batch."),
 }
+
+
+def known_defects() -> set:
+    """Every seeded-defect name the theorem modules accept (theorem 5's and theorems 6-7's)."""
+    from . import theorems_algebra, theorems_cp
+
+    return set(theorems_algebra.DEFECTS) | set(theorems_cp.DEFECTS)
+
+
+def own_defects(defects, own) -> frozenset:
+    """The defects in `defects` that belong to a module (`own`); an unknown name is a ValueError listing all."""
+    defects = frozenset(defects)
+    unknown = defects - known_defects()
+    if unknown:
+        raise ValueError(f"defects: unknown names {sorted(unknown)}; known: {sorted(known_defects())}")
+    return defects & frozenset(own)
+
+
+def select(only, names, number_of) -> list:
+    """Theorems among `names` matching `only`: exact names, the issue's number or substrings; None selects all.
+
+    Names that match nothing are not an error: the command line passes one `only` list to every group.
+    """
+    if only is None:
+        return list(names)
+    wanted = [str(o) for o in only]
+    return [t for t in names if any(o == t or o == number_of(t) or o in t for o in wanted)]

@@ -76,6 +76,7 @@ from spec.results import TheoremResult
 
 
 from spec.z3ctx import ctx as _ctx
+from spec.theorems import own_defects, select
 from spec.z3ctx import isolated as _isolated
 from spec.z3ctx import solve as _solve
 from spec.z3ctx import Int as _Int
@@ -906,25 +907,11 @@ def _result(name: str, verdict: str, t0: float, witness: dict, message: str, det
 
 
 def _check_defects(defects: Iterable[str]) -> frozenset:
-    defects = frozenset(defects)
-    from spec import theorems_cp  # the other half of the defect catalogue (same layer)
-
-    unknown = defects - set(DEFECTS) - set(theorems_cp.DEFECTS)
-    if unknown:
-        raise ValueError(f"defects: unknown names {sorted(unknown)}; "
-                         f"known: {sorted(set(DEFECTS) | set(theorems_cp.DEFECTS))}")
-    return defects & frozenset(DEFECTS)
+    return own_defects(defects, DEFECTS)
 
 
 def _select(only: Optional[Iterable[str]]) -> list[str]:
-    """Theorems matching ``only``: exact names, the issue's number ("5") or substrings; None selects all.
-
-    Names that match nothing here are not an error: the command line passes one ``only`` list to every group.
-    """
-    if only is None:
-        return list(THEOREMS)
-    wanted = [str(o) for o in only]
-    return [t for t in THEOREMS if any(o == t or o == THEOREM_NUMBER or o in t for o in wanted)]
+    return select(only, THEOREMS, lambda _t: THEOREM_NUMBER)
 
 
 def run_algebra_theorems(timeout_s: float = 10, only: Optional[Iterable[str]] = None,

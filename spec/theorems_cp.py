@@ -60,6 +60,7 @@ from spec.results import TheoremResult
 
 
 from spec.z3ctx import ctx as _ctx
+from spec.theorems import own_defects, select
 from spec.z3ctx import isolated as _isolated
 from spec.z3ctx import solve as _solve
 from spec.z3ctx import Int as _Int
@@ -574,25 +575,11 @@ def _theorem_runner(which: str, timeout_s: float, clear_stale: bool, max_k: int,
 
 
 def _check_defects(defects: Iterable[str]) -> frozenset:
-    defects = frozenset(defects)
-    from spec import theorems_algebra  # the other half of the defect catalogue (same layer)
-
-    unknown = defects - set(DEFECTS) - set(theorems_algebra.DEFECTS)
-    if unknown:
-        raise ValueError(f"defects: unknown names {sorted(unknown)}; "
-                         f"known: {sorted(set(DEFECTS) | set(theorems_algebra.DEFECTS))}")
-    return defects & frozenset(DEFECTS)
+    return own_defects(defects, DEFECTS)
 
 
 def _select(only: Optional[Iterable[str]]) -> list[str]:
-    """Theorems matching ``only``: exact names, the issue's number ("6", "7") or substrings; None selects all.
-
-    Names that match nothing here are not an error: the command line passes one ``only`` list to every group.
-    """
-    if only is None:
-        return list(THEOREMS)
-    wanted = [str(o) for o in only]
-    return [t for t in THEOREMS if any(o == t or o == THEOREM_NUMBERS[t] or o in t for o in wanted)]
+    return select(only, THEOREMS, THEOREM_NUMBERS.get)
 
 
 #: A replayable scenario per batch kind (attn_cp_size 4, so 2*cp = 8): what a runner case file holds.
