@@ -7,6 +7,10 @@ the theorems a prove run reports are the same set, so docs/invariants.md (genera
 
 from __future__ import annotations
 
+import time
+
+from .results import TheoremResult
+
 #: name -> (theorem number in issue 3, statement)
 THEOREMS: dict[str, tuple[str, str]] = {
     "0-kv-cover": ("lemma", "The call's split ranges start at n_min, are contiguous and end at n_max, for every "
@@ -73,3 +77,12 @@ def select(only, names, number_of) -> list:
         return list(names)
     wanted = [str(o) for o in only]
     return [t for t in names if any(o == t or o == number_of(t) or o in t for o in wanted)]
+
+
+def theorem_result(name: str, verdict: str, t0: float, witness: dict, message: str, details: dict,
+                   failed=None):
+    """A TheoremResult timed from `t0`: failed when refuted (unless told), expected when neither failed nor unknown."""
+    failed = (verdict == "refuted") if failed is None else failed
+    return TheoremResult(name=name, verdict=verdict, seconds=round(time.perf_counter() - t0, 3), witness=witness,
+                         case_file=None, message=message, failed=failed,
+                         expected=not failed and verdict != "inconclusive", details=details)

@@ -76,7 +76,7 @@ from spec.results import TheoremResult
 
 
 from spec.z3ctx import ctx as _ctx
-from spec.theorems import own_defects, select
+from spec.theorems import own_defects, select, theorem_result
 from spec.z3ctx import isolated as _isolated
 from spec.z3ctx import solve as _solve
 from spec.z3ctx import Int as _Int
@@ -891,19 +891,7 @@ def _atom_of(A: Z3Arith, y: Any) -> _Atom:
 # --------------------------------------------------------------------------------------------
 
 
-def _result(name: str, verdict: str, t0: float, witness: dict, message: str, details: dict) -> TheoremResult:
-    failed = verdict == "refuted"
-    return TheoremResult(
-        name=name,
-        verdict=verdict,
-        seconds=round(time.perf_counter() - t0, 3),
-        witness=witness,
-        case_file=None,
-        message=message,
-        failed=failed,
-        expected=verdict == "proved",
-        details=details,
-    )
+_result = theorem_result
 
 
 def _check_defects(defects: Iterable[str]) -> frozenset:

@@ -60,7 +60,7 @@ from spec.results import TheoremResult
 
 
 from spec.z3ctx import ctx as _ctx
-from spec.theorems import own_defects, select
+from spec.theorems import own_defects, select, theorem_result
 from spec.z3ctx import isolated as _isolated
 from spec.z3ctx import solve as _solve
 from spec.z3ctx import Int as _Int
@@ -118,20 +118,7 @@ def _int(model: z3.ModelRef, term: Any) -> int:
     return model.eval(term, model_completion=True).as_long()
 
 
-def _result(name: str, verdict: str, t0: float, witness: dict, message: str, details: dict,
-            failed: Optional[bool] = None) -> TheoremResult:
-    failed = (verdict == "refuted") if failed is None else failed
-    return TheoremResult(
-        name=name,
-        verdict=verdict,
-        seconds=round(time.perf_counter() - t0, 3),
-        witness=witness,
-        case_file=None,
-        message=message,
-        failed=failed,
-        expected=not failed and verdict != "inconclusive",
-        details=details,
-    )
+_result = theorem_result
 
 
 # --------------------------------------------------------------------------------------------
