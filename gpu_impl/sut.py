@@ -1,0 +1,129 @@
+"""The system-under-test interface: run a configuration and its batches, return what FA3 was asked to do.
+
+Every harness command (fuzz, gate, replay, conform, run-ranks, prove's witness replay) drives a system under
+test through this one interface, so the same case runs on our model of sglang's backend and on real engine
+code. A system under test returns a :class:`gpu_impl.scenario.ScenarioResult`: findings (invariant, step, DP
+rank, message, detail) and a trace with one entry per FA3 event (every metadata precompute and every kernel
+call that consumed it, per attention rank).
+
+Engines are named by a spec string (:func:`parse_engine`):
+
+- ``model``: :class:`ModelSUT`, our model (``gpu_impl.backend`` through ``gpu_impl.scenario.run_scenario``);
+  the default, fast, and the only engine that honours a scenario's policy fields (guard, metadata heads,
+  runner hygiene, seeded defects).
+- ``sglang==V``: sglang release V's own ``FlashAttentionBackend``, run in that release's cached engine
+  environment (``gpu_impl.engines``). The guard is whatever that release's code does.
+- ``sglang-src=PATH``: an sglang source checkout (its ``python/`` directory, or a wheel file), run in the
+  environment of the nearest release.
+
+Real engines are imported lazily: nothing here imports sglang or creates an environment.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["EngineSpec", "EngineSpecError", "ModelSUT", "SystemUnderTest", "open_sut", "parse_engine"]
+
+_RELEASE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
+
+
+class EngineSpecError(ValueError):
+    """An engine spec that names no engine this suite can drive (the message names the allowed forms)."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Which system under test: ``kind`` is "model", "sglang" (a release) or "sglang-src" (a checkout)."""
+
+    kind: str
+    release: Optional[str] = None
+    path: Optional[str] = None
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __str__(self) -> str:
+        if self.kind == "model":
+            return "model"
+        if self.kind == "sglang-src":
+            return f"sglang-src={self.path}"
+        return f"{self.kind}=={self.release}"
+
+    @property
+    def is_model(self) -> bool:
+        return self.kind == "model"
+
+
+ENGINE_FORMS = "'model', 'sglang==V' (a release, e.g. sglang==0.5.23) or 'sglang-src=PATH' (a checkout or wheel)"
+
+
+def parse_engine(text: str) -> EngineSpec:
+    """Parse an ``--engine`` value; raises :class:`EngineSpecError` naming the allowed forms."""
+    text = (text or "").strip()
+    if text == "model":
+        return EngineSpec("model")
+    if text.startswith("sglang=="):
+        release = text[len("sglang=="):]
+        if not _RELEASE.match(release):
+            raise EngineSpecError(f"--engine: {text!r} is not a release number (want e.g. sglang==0.5.23)")
+        return EngineSpec("sglang", release=release)
+    if text.startswith("sglang-src="):
+        path = text[len("sglang-src="):]
+        if not path:
+            raise EngineSpecError("--engine: sglang-src= needs a path (an sglang checkout's python/ or a wheel)")
+        return EngineSpec("sglang-src", path=str(Path(path).expanduser().resolve()))
+    raise EngineSpecError(f"--engine: unknown engine {text!r}; allowed: {ENGINE_FORMS}")
+
+
+class SystemUnderTest(abc.ABC):
+    """One system under test: runs scenarios and reports every FA3 precompute and call it made."""
+
+    spec: EngineSpec
+
+    @abc.abstractmethod
+    def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
+        """Run every step of ``scenario`` (a :class:`gpu_impl.scenario.Scenario`); return a ScenarioResult."""
+
+    def identity(self) -> dict:
+        """What a case file records about the engine so it replays on the same code (name, release, path, rev)."""
+        return {"name": str(self.spec)}
+
+    def describe(self) -> str:
+        return str(self.spec)
+
+    def close(self) -> None:
+        """Release what the engine holds (a worker process); the model holds nothing."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ModelSUT(SystemUnderTest):
+    """Our model of sglang's backend (``gpu_impl.backend``), driven by ``gpu_impl.scenario.run_scenario``."""
+
+    spec = EngineSpec("model")
+
+    def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
+        from .scenario import run_scenario
+
+        return run_scenario(scenario, kernel=kernel, numerics=numerics, device=device)
+
+    def identity(self) -> dict:
+        return {"name": "model"}
+
+
+def open_sut(spec) -> SystemUnderTest:
+    """The system under test an engine spec (or its text) names; real engines load from ``gpu_impl.engines``."""
+    if isinstance(spec, str):
+        spec = parse_engine(spec)
+    if spec.is_model:
+        return ModelSUT()
+    from .engines import open_engine  # lazy: real engines need their environments
+
+    return open_engine(spec)
