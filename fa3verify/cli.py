@@ -29,6 +29,7 @@ COMMANDS = [
     ("report", "report"),
     ("run-ranks", "run_ranks"),
     ("gpu-check", "gpu_check"),
+    ("sanitize", "sanitize"),
 ]
 
 DESCRIPTION = """\

@@ -1,10 +1,16 @@
-"""pytest plugin: `pytest --fa3verify-guard module:function` adds the fa3-verify gate as a test.
+"""pytest plugin: `pytest --fa3verify-guard module:function` adds the fa3-verify gate as a test;
+`pytest --fa3verify-sanitize=raise|warn|record` runs the suite under the runtime metadata sanitizer.
 
 With the option, one test item, ``fa3verify_gate[<guard>]``, is appended to the collected suite. It runs
 :func:`fa3verify.api.gate` (prove + fuzz) on the guard and fails with the verdict, the failed checks and
 every finding with its replay command when the gate does not pass. ``-k``/``-m`` select it like any other
 test (it carries the ``fa3verify`` marker). Without the option the plugin adds nothing, so installing
 fa3-verify never changes another suite.
+
+With ``--fa3verify-sanitize=MODE`` the sanitizer (:mod:`fa3verify.sanitize`) is installed before collection and
+uninstalled at the end: in mode "raise" a test whose FA3 call consumes mismatched scheduler metadata fails with
+:class:`~gpu_impl.fa3_calls.MetadataMismatch`; the terminal summary gives the calls checked, the violations and
+the files written (``--fa3verify-sanitize-dir``, default ``fa3verify-sanitize``).
 
 The plugin is registered through the ``pytest11`` entry point of the fa3-verify distribution; in a checkout
 that is not installed, load it with ``-p fa3verify.pytest_plugin``.
@@ -40,6 +46,12 @@ def pytest_addoption(parser):
                     help="where the gate saves case files (default fa3verify-out/cases)")
     group.addoption("--fa3verify-json", action="store", default=None, metavar="PATH",
                     help="also write the gate's run summary as JSON (schema fa3verify.run/1)")
+    group.addoption("--fa3verify-sanitize", action="store", default=None, metavar="MODE",
+                    help="run the suite under the FA3 metadata sanitizer: raise, warn or record")
+    group.addoption("--fa3verify-sanitize-dir", action="store", default=None, metavar="DIR",
+                    help="where the sanitizer writes its log, pair and case files (default fa3verify-sanitize)")
+    group.addoption("--fa3verify-sanitize-deep", action="store_true", default=False,
+                    help="deep sanitizer checks (every spec invariant; a device sync per checked call)")
 
 
 def _options(config) -> dict:
@@ -50,8 +62,48 @@ def _options(config) -> dict:
             "timeout_s": get("fa3verify_timeout_s"), "cases_dir": get("fa3verify_cases_dir")}
 
 
+SANITIZE_MODES = ("raise", "warn", "record")
+
+
+def _configure_sanitizer(config) -> None:
+    mode = config.getoption("fa3verify_sanitize", None)
+    if mode is None:
+        return
+    if mode not in SANITIZE_MODES:
+        raise pytest.UsageError(f"--fa3verify-sanitize: must be one of {', '.join(SANITIZE_MODES)}, got {mode!r}")
+    import fa3verify.sanitize as sanitize
+
+    config._fa3verify_sanitizer = sanitize.install(mode=mode, deep=config.getoption("fa3verify_sanitize_deep"),
+                                                   out_dir=config.getoption("fa3verify_sanitize_dir"))
+
+
+def pytest_unconfigure(config):
+    sanitizer = getattr(config, "_fa3verify_sanitizer", None)
+    if sanitizer is not None:
+        import fa3verify.sanitize as sanitize
+
+        if sanitize.current() is sanitizer:
+            sanitize.uninstall()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    sanitizer = getattr(config, "_fa3verify_sanitizer", None)
+    if sanitizer is None:
+        return
+    st = sanitizer.status()
+    terminalreporter.write_sep("-", "fa3verify sanitize")
+    terminalreporter.write_line(f"mode {st['mode']}: {st['checked_calls']} FA3 calls with scheduler metadata checked, "
+                                f"{st['graph_checks']} CUDA-graph recomputes checked, {st['violation_events']} "
+                                f"violations; wrapped: {', '.join(st['wrapped']) or 'no FA3 entry point was imported'}")
+    for text in st["unreachable"]:
+        terminalreporter.write_line(f"NOT CHECKED (bound before install): {text}")
+    for path in st["files"]:
+        terminalreporter.write_line(f"wrote {path}")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{MARKER}: the fa3-verify gate added by --fa3verify-guard")
+    _configure_sanitizer(config)
     guard = config.getoption("fa3verify_guard", None)
     if guard is None:
         return

@@ -251,13 +251,14 @@ class MetadataRegistry:
     """Metadata tensor (by device address) -> the PrecomputeRecord that last wrote it, held weakly.
 
     Keyed by the address of the first element, so a view ``buf[:n]`` of a persistent buffer finds the buffer's
-    entry; each entry keeps a weak reference to the tensor registered, and is dropped when that tensor dies
-    (its memory may be reused by a tensor nobody recorded). :meth:`note_copy` records ``dst.copy_(src)``:
-    the buffer's last writer becomes ``src``'s precompute (or unknown, when ``src`` is unknown).
+    entry; each entry keeps a weak reference to the storage's owner (the base tensor of a view), and is dropped
+    when that owner dies (its memory may be reused by a tensor nobody recorded). :meth:`note_copy` records
+    ``dst.copy_(src)``: the buffer's last writer becomes ``src``'s precompute (or unknown, when ``src`` is unknown).
     """
 
     def __init__(self):
         self._entries: dict = {}
+        self._ids: dict = {}      # id(tensor remembered) -> weakref, for a cheap "is this a recorded tensor?"
 
     def __len__(self) -> int:
         self._purge()
@@ -267,6 +268,16 @@ class MetadataRegistry:
         for key in [k for k, (ref, _) in self._entries.items() if ref() is None]:
             del self._entries[key]
 
+    def knows(self, tensor) -> bool:
+        """Whether ``tensor`` itself was remembered (one dict lookup; used on every copy)."""
+        ref = self._ids.get(id(tensor))
+        return ref is not None and ref() is tensor
+
+    def tracks(self, tensor) -> bool:
+        """Whether ``tensor``'s first element is the start of a remembered metadata tensor or buffer."""
+        key = _address(tensor)
+        return key is not None and key in self._entries
+
     def remember(self, tensor, record: Optional[PrecomputeRecord]) -> None:
         key = _address(tensor)
         if key is None:
@@ -274,10 +285,13 @@ class MetadataRegistry:
         if record is None:
             self._entries.pop(key, None)
             return
+        owner = tensor._base if tensor._base is not None else tensor
         try:
-            ref = weakref.ref(tensor)
+            ref = weakref.ref(owner)
+            ids, tid = self._ids, id(tensor)
+            ids[tid] = weakref.ref(tensor, lambda _r, ids=ids, tid=tid: ids.pop(tid, None))
         except TypeError:  # not weak-referenceable: hold it (rare tensor subclasses)
-            ref = (lambda t: (lambda: t))(tensor)
+            ref = (lambda t: (lambda: t))(owner)
         self._entries[key] = (ref, record)
 
     def lookup(self, tensor) -> Optional[PrecomputeRecord]:
@@ -340,25 +354,39 @@ def _device_num_sm_arch(impl) -> tuple:
     return int(num_sm or DEFAULT_NUM_SM), int(arch or DEFAULT_ARCH)
 
 
+def _cuda_capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except Exception:  # a CPU build's dummy CUDA bindings raise
+        return False
+
+
 class CheckingFA3:
     """FA3's entry points that record, check and delegate to ``impl`` (any object with FA3's two methods).
 
     Every metadata tensor ``get_scheduler_metadata`` returns is remembered (weakly) with its PrecomputeRecord;
     :meth:`note_copy` follows it into persistent buffers. Every call passing ``scheduler_metadata`` is checked
-    (:func:`quick_check`; ``deep=True`` also runs :func:`deep_check` on a host copy, a device sync). A tensor of
-    unknown origin is a METADATA_ORIGIN violation. On violations: ``on_violation(event)`` is called, then
-    mode "raise" raises :class:`MetadataMismatch` without running the call, "warn" warns once per
-    :func:`violation_signature` and runs it, "record" only records. ``events`` holds
+    (:func:`quick_check`; ``deep=True`` also runs :func:`deep_check` on a host copy, a device sync, skipped
+    while a CUDA graph is being captured). A tensor of unknown origin is a METADATA_ORIGIN violation.
+    On violations: ``on_violation(event)`` is called (a str it returns is taken as the path of a case file
+    written for it), then mode "raise" raises :class:`MetadataMismatch` without running the call, "warn" warns
+    once per :func:`violation_signature` and runs it, "record" only records. ``events`` holds
     ``(PrecomputeRecord | None, CallRecord, violations)`` for every checked call (all calls with
     ``record_all=True``), at most ``max_events`` (oldest dropped). ``impl_signature`` ("fa3" for a
     gpu_impl kernel adapter, found automatically): the precompute naming ``impl`` takes, so a caller using
     sgl_kernel's names can be served by an FA3-named implementation.
+
+    CUDA graphs: under capture (``capturing()``, by default ``torch.cuda.is_current_stream_capturing``) the
+    Python wrapper runs once; the captured call is remembered by its metadata buffer's address. A later
+    recompute written into that buffer (:meth:`note_copy`, outside capture) is checked against every captured
+    call on that buffer with the recompute's batch size -- the replay will run that call with this metadata.
     """
 
-    def __init__(self, impl, mode: str = "raise", deep: bool = False, on_violation: Optional[Callable] = None,
+    def __init__(self, impl=None, mode: str = "raise", deep: bool = False, on_violation: Optional[Callable] = None,
                  num_sm: Optional[int] = None, arch: Optional[int] = None, record_all: bool = False,
                  max_events: Optional[int] = None, signature: Optional[str] = None,
-                 impl_signature: Optional[str] = None):
+                 impl_signature: Optional[str] = None, capturing: Optional[Callable[[], bool]] = None):
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
         self.impl = impl
@@ -378,15 +406,38 @@ class CheckingFA3:
                              f"got {impl_signature!r}")
         #: the naming impl.get_scheduler_metadata takes (None: call it exactly as the caller called us)
         self.impl_signature = impl_signature
+        self.capturing = capturing if capturing is not None else (
+            _cuda_capturing if torch.cuda.is_available() else (lambda: False))
         self.registry = MetadataRegistry()
         self.events: list = []
         self.checked_calls = 0
+        self.graph_checks = 0
+        #: metadata buffer address -> calls captured into a CUDA graph reading it
+        self.captured: dict = {}
         self._warned: set = set()
 
     # -- bookkeeping --------------------------------------------------------------------------------------
     def note_copy(self, dst, src) -> None:
-        """Tell the checker ``dst.copy_(src)`` happened (a persistent CUDA-graph metadata buffer)."""
-        self.registry.note_copy(dst, src)
+        """Tell the checker ``dst.copy_(src)`` happened (a persistent CUDA-graph metadata buffer).
+
+        Outside capture, a recompute written into a buffer a captured call reads is checked against that call.
+        """
+        pre = self.registry.lookup(src)
+        self.registry.remember(dst, pre)
+        if pre is None or not self.captured:
+            return
+        key = _address(dst)
+        calls = self.captured.get(key)
+        if not calls or self.capturing():
+            return
+        for call in calls:
+            if call.batch_size != pre.batch_size:
+                continue
+            self.graph_checks += 1
+            violations = quick_check(pre, call)
+            self._event(pre, call, violations)
+            if violations:
+                self._handle(pre, call, violations, where="CUDA-graph replay")
 
     def origin_of(self, metadata) -> Optional[PrecomputeRecord]:
         return self.registry.lookup(metadata)
@@ -400,43 +451,65 @@ class CheckingFA3:
         """Every (precompute, call, violations) event with at least one violation."""
         return [e for e in self.events if e[2]]
 
-    # -- the entry points ---------------------------------------------------------------------------------
-    def get_scheduler_metadata(self, *args, **kwargs):
+    # -- checked delegation (the sanitizer wraps module functions with these) ------------------------------
+    def checked_precompute(self, fn: Callable, args: tuple, kwargs: dict, impl_signature: Optional[str] = None):
+        """Record ``get_scheduler_metadata(*args, **kwargs)``, run ``fn``, remember the tensor it returns."""
         sig, bound = bind_precompute(*args, signature=self.signature, **kwargs)
         pre = record_bound_precompute(sig, bound, num_sm=self.num_sm, arch=self.arch,
-                                      read_tensors=True if self.deep else None)
-        if self.impl_signature is None or self.impl_signature == sig:
-            md = self.impl.get_scheduler_metadata(*args, **kwargs)
+                                      read_tensors=True if (self.deep and not self.capturing()) else None)
+        if impl_signature is None or impl_signature == sig:
+            md = fn(*args, **kwargs)
         else:
-            md = self.impl.get_scheduler_metadata(**translate_precompute(bound, sig, self.impl_signature))
+            md = fn(**translate_precompute(bound, sig, impl_signature))
         self.registry.remember(md, pre)
         return md
 
+    def checked_call(self, fn: Callable, args: tuple, kwargs: dict, varlen: bool = False):
+        """Record and check one ``flash_attn_with_kvcache`` (``varlen``: ``flash_attn_varlen_func``), then run ``fn``."""
+        capturing = self.capturing()
+        deep = self.deep and not capturing
+        if varlen:
+            md = kwargs.get("scheduler_metadata")
+
+            def record(read):
+                return record_varlen_call(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=read, **kwargs)
+        else:
+            bound = bind_call(*args, **kwargs)
+            md = bound["scheduler_metadata"]
+
+            def record(read):
+                return record_bound_call(bound, num_sm=self.num_sm, arch=self.arch, read_tensors=read)
+        call = record(deep and md is not None)
+        if md is not None and capturing:
+            key = _address(md)
+            if key is not None:
+                self.captured.setdefault(key, []).append(call)
+        # a failing call is re-recorded with its host lengths (one sync, only then) so the report can replay it
+        self._check(call, md, deep, reread=None if capturing else (lambda: record(True)))
+        return fn(*args, **kwargs)
+
+    # -- the entry points ---------------------------------------------------------------------------------
+    def get_scheduler_metadata(self, *args, **kwargs):
+        return self.checked_precompute(self.impl.get_scheduler_metadata, args, kwargs, self.impl_signature)
+
     def flash_attn_with_kvcache(self, *args, **kwargs):
-        bound = bind_call(*args, **kwargs)
-        md = bound["scheduler_metadata"]
-        call = record_bound_call(bound, num_sm=self.num_sm, arch=self.arch, read_tensors=self.deep and md is not None)
-        self._check(call, md)
-        return self.impl.flash_attn_with_kvcache(*args, **kwargs)
+        return self.checked_call(self.impl.flash_attn_with_kvcache, args, kwargs)
 
     def flash_attn_varlen_func(self, *args, **kwargs):
-        md = kwargs.get("scheduler_metadata")
-        call = record_varlen_call(*args, num_sm=self.num_sm, arch=self.arch,
-                                  read_tensors=self.deep and md is not None, **kwargs)
-        self._check(call, md)
-        return self.impl.flash_attn_varlen_func(*args, **kwargs)
+        return self.checked_call(self.impl.flash_attn_varlen_func, args, kwargs, varlen=True)
 
     def __getattr__(self, name):
         # Other FA3 functions (flash_attn_combine, ...) pass through unchecked.
-        if name == "impl":
+        if name == "impl" or self.__dict__.get("impl") is None:
             raise AttributeError(name)
         return getattr(self.impl, name)
 
-    def check(self, call: CallRecord, metadata) -> tuple:
+    def check(self, call: CallRecord, metadata, deep: Optional[bool] = None) -> tuple:
         """Check one recorded call against the recorded origin of ``metadata``: ``(precompute, violations)``."""
+        deep = self.deep if deep is None else deep
         pre = self.registry.lookup(metadata) if metadata is not None else None
         violations = quick_check(pre, call)
-        if not self.deep or metadata is None or any(v.invariant == "SHAPE" for v in violations):
+        if not deep or metadata is None or any(v.invariant == "SHAPE" for v in violations):
             return pre, violations
         # deep: the exact verdict replaces the sufficient-condition one; the batch-size finding stays
         # (on a real tensor, unwritten slots hold garbage the exact check may not recognise)
@@ -445,22 +518,29 @@ class CheckingFA3:
         exact += [v for v in violations if v.invariant == "BATCH_PERMUTATION" and v.invariant not in names]
         return pre, exact
 
-    def _check(self, call: CallRecord, md) -> None:
+    def _check(self, call: CallRecord, md, deep: Optional[bool] = None, reread: Optional[Callable] = None) -> None:
         if md is None:
             if self.record_all:
                 self._event(None, call, [])
             return
         self.checked_calls += 1
-        pre, violations = self.check(call, md)
+        pre, violations = self.check(call, md, deep)
+        if violations and reread is not None and not call.lengths_known():
+            call = reread()
         self._event(pre, call, violations)
-        if not violations:
-            return
+        if violations:
+            self._handle(pre, call, violations)
+
+    def _handle(self, pre, call, violations, where: str = "call") -> None:
+        case_path = None
         if self.on_violation is not None:
-            self.on_violation((pre, call, violations))
+            returned = self.on_violation((pre, call, violations))
+            case_path = returned if isinstance(returned, str) else None
         if self.mode == "raise":
-            raise MetadataMismatch(violations, pre, call)
+            raise MetadataMismatch(violations, pre, call, case_path=case_path)
         if self.mode == "warn":
             key = violation_signature(pre, call, violations)
             if key not in self._warned:
                 self._warned.add(key)
-                warnings.warn(str(MetadataMismatch(violations, pre, call)), RuntimeWarning, stacklevel=3)
+                warnings.warn(str(MetadataMismatch(violations, pre, call, case_path=case_path)), RuntimeWarning,
+                              stacklevel=4)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "render a run summary JSON (schema fa3verify.run/1) as a one-page HTML report"
+HELP = "render a run summary JSON (schema fa3verify.run/1) or a sanitizer log (.jsonl) as a one-page HTML report"
 EPILOG = """\
 The page is self-contained (inline CSS, no scripts): a verdict banner, counts and timings, the checks
 table and every finding with its case file and replay command. A file that is not a run summary exits 2
@@ -13,13 +13,14 @@ naming the problem.
 examples:
   fa3verify gate --guard pre-fix --json gate.json; fa3verify report gate.json --html gate.html
   fa3verify report fuzz.json --html reports/fuzz.html
+  fa3verify report fa3verify-sanitize/sanitize-12345.jsonl --html sanitize.html   # a sanitizer log
 """
 
 
 def register(sub) -> None:
     p = sub.add_parser("report", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_json", metavar="RUN.json", help="a run summary written with --json")
+    p.add_argument("run_json", metavar="RUN.json", help="a run summary written with --json, or a sanitizer log")
     p.add_argument("--html", required=True, metavar="PATH", help="where to write the HTML page")
     p.set_defaults(func=run)
 
@@ -28,9 +29,16 @@ def run(args) -> int:
     import os
 
     from ..errors import UsageError
-    from ..html_report import load_summary, write_html
+    from ..html_report import load_summary, validate_summary, write_html
+    from ..sanitize.records import is_log, log_to_run_summary
 
-    data = load_summary(args.run_json)
+    if is_log(args.run_json):
+        try:
+            data = validate_summary(log_to_run_summary(args.run_json), args.run_json)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    else:
+        data = load_summary(args.run_json)
     parent = os.path.dirname(os.path.abspath(args.html))
     if not os.path.isdir(parent):
         raise UsageError(f"--html: directory does not exist: {parent}")
