@@ -28,6 +28,7 @@ BARS = {
     "ttf_fuzz_median_s": ("<", 20.0),
     "fuzz_cases_per_s": (">=", 200.0),
     "combine_ratio": ("<=", 1.5),
+    "sanitize_overhead_us": ("<", 20.0),
 }
 
 #: FA3's own combine sweep (hopper/test_flash_attn.py test_flash_attn_combine).
@@ -191,6 +192,19 @@ def run_all(quick: bool = False) -> list[Figure]:
         return _run_all(quick)
 
 
+def bench_sanitize_overhead(calls: int = 2000) -> list[Figure]:
+    """Host overhead of the runtime sanitizer per checked FA3 call (fa3verify.sanitize.overhead)."""
+    from .sanitize.overhead import measure_overhead
+
+    m = measure_overhead(calls=calls)
+    cmd = "fa3verify bench (sanitizer overhead)"
+    detail = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in m.items()}
+    return [figure("sanitize_overhead_us", m["overhead_quick_us"], "us", cmd, **detail),
+            figure("sanitize_overhead_first_call_us", m["overhead_quick_first_us"], "us", cmd),
+            figure("sanitize_overhead_deep_us", m["overhead_deep_us"], "us", cmd),
+            figure("sanitize_overhead_precompute_us", m["overhead_precompute_us"], "us", cmd)]
+
+
 def _run_all(quick: bool) -> list[Figure]:
     figs = []
     figs += bench_prove()
@@ -198,6 +212,7 @@ def _run_all(quick: bool) -> list[Figure]:
                                         fuzz_budget_s=10.0 if quick else 30.0)
     figs += bench_fuzz_throughput(budget_s=2.0 if quick else 10.0)
     figs += bench_oracle_cost()
+    figs += bench_sanitize_overhead(calls=500 if quick else 2000)
     return figs
 
 

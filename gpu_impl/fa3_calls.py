@@ -45,7 +45,7 @@ from spec.invariants import Violation
 
 from .errors import MetadataShapeError
 from .fa3_records import (CALL_SIGNATURE, DEFAULT_ARCH, DEFAULT_NUM_SM, PRECOMPUTE_SIGNATURES, VARLEN_POSITIONAL,
-                          CallRecord, PrecomputeRecord, bind_call, bind_precompute, call_schedule_of,
+                          CallRecord, PrecomputeRecord, bind_call, bind_precompute, call_key, call_schedule_of,
                           precompute_schedule, record_bound_call, record_bound_precompute, record_call,
                           record_precompute, record_varlen_call, translate_precompute)
 from .kernels.base import KernelAdapter, build_tile_plan, check_plan
@@ -242,9 +242,10 @@ def violation_signature(pre: Optional[PrecomputeRecord], call: CallRecord, viola
 
 
 def _address(t: torch.Tensor) -> Optional[tuple]:
-    if not isinstance(t, torch.Tensor) or t.device.type == "meta" or t.numel() == 0:
+    """(device ordinal (-1 on the host), address of the first element) of a tensor with storage, else None."""
+    if not isinstance(t, torch.Tensor) or t.is_meta or t.numel() == 0:
         return None
-    return (t.device.type, t.device.index, t.data_ptr())
+    return (t.get_device(), t.data_ptr())
 
 
 class MetadataRegistry:
@@ -415,6 +416,8 @@ class CheckingFA3:
         #: metadata buffer address -> calls captured into a CUDA graph reading it
         self.captured: dict = {}
         self._warned: set = set()
+        self._calls: dict = {}          # call_key -> CallRecord
+        self._memo: dict = {}           # (id(pre), id(call)) -> (pre, call, quick violations)
 
     # -- bookkeeping --------------------------------------------------------------------------------------
     def note_copy(self, dst, src) -> None:
@@ -474,12 +477,25 @@ class CheckingFA3:
             def record(read):
                 return record_varlen_call(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=read, **kwargs)
         else:
-            bound = bind_call(*args, **kwargs)
-            md = bound["scheduler_metadata"]
+            bound = bind_call(*args, **kwargs) if args else None    # keyword-only calls skip the binding
+            named = bound if bound is not None else kwargs
+            md = named.get("scheduler_metadata")
 
             def record(read):
-                return record_bound_call(bound, num_sm=self.num_sm, arch=self.arch, read_tensors=read)
-        call = record(deep and md is not None)
+                full = bound if bound is not None else bind_call(**kwargs)
+                return record_bound_call(full, num_sm=self.num_sm, arch=self.arch, read_tensors=read)
+        if not varlen and not (deep and md is not None):
+            # the same layer call, again: one record per distinct shape key (no tensor values are read)
+            key = call_key(named)
+            call = self._calls.get(key) if key is not None else None
+            if call is None:
+                call = record(False)
+                if key is not None:
+                    if len(self._calls) > 4096:
+                        self._calls.clear()
+                    self._calls[key] = call
+        else:
+            call = record(deep and md is not None)
         if md is not None and capturing:
             key = _address(md)
             if key is not None:
@@ -508,7 +524,14 @@ class CheckingFA3:
         """Check one recorded call against the recorded origin of ``metadata``: ``(precompute, violations)``."""
         deep = self.deep if deep is None else deep
         pre = self.registry.lookup(metadata) if metadata is not None else None
-        violations = quick_check(pre, call)
+        memo = self._memo.get((id(pre), id(call)))
+        if memo is not None and memo[0] is pre and memo[1] is call:
+            violations = memo[2]            # every layer of a step: same precompute, same call record
+        else:
+            violations = quick_check(pre, call)
+            if len(self._memo) > 4096:
+                self._memo.clear()
+            self._memo[(id(pre), id(call))] = (pre, call, violations)
         if not deep or metadata is None or any(v.invariant == "SHAPE" for v in violations):
             return pre, violations
         # deep: the exact verdict replaces the sufficient-condition one; the batch-size finding stays

@@ -32,7 +32,7 @@ __all__ = [
     "PrecomputeRecord", "CallRecord", "record_precompute", "record_call", "record_varlen_call", "bind_call",
     "record_bound_call", "bind_precompute", "record_bound_precompute", "translate_precompute",
     "precompute_schedule", "call_schedule_of", "DEFAULT_NUM_SM", "DEFAULT_ARCH", "PRECOMPUTE_SIGNATURES",
-    "CALL_SIGNATURE", "VARLEN_POSITIONAL",
+    "CALL_SIGNATURE", "VARLEN_POSITIONAL", "call_key",
 ]
 
 #: H200 / H100 SXM: 132 SMs, sm90 (used when neither the implementation nor a GPU says otherwise).
@@ -523,6 +523,26 @@ def record_bound_call(a: dict, num_sm: int = DEFAULT_NUM_SM, arch: int = DEFAULT
                    softcap=a["softcap"], scheduler_metadata=a["scheduler_metadata"], num_splits=a["num_splits"],
                    pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"], num_sm=num_sm, arch=arch,
                    read_tensors=read_tensors)
+
+
+def call_key(a: dict) -> Optional[tuple]:
+    """Everything :func:`record_bound_call` reads without tensor values, as a hashable key (None when a
+    tensor argument is not a tensor): two calls with equal keys give equal records (read_tensors=False)."""
+    q, kc, vc = a.get("q"), a.get("k_cache"), a.get("v_cache")
+    if not (isinstance(q, torch.Tensor) and isinstance(kc, torch.Tensor) and isinstance(vc, torch.Tensor)):
+        return None
+    pt, cs, cu, lp, kn, md = (a.get("page_table"), a.get("cache_seqlens"), a.get("cu_seqlens_q"),
+                              a.get("cache_leftpad"), a.get("k"), a.get("scheduler_metadata"))
+    w = a.get("window_size", (-1, -1))
+    try:
+        return (q.shape, q.dtype, kc.shape, vc.shape, None if pt is None else pt.shape,
+                cs if (isinstance(cs, int) or cs is None) else True, lp is None,
+                None if cu is None else cu.shape, None if kn is None else kn.shape, a.get("max_seqlen_q"),
+                a.get("causal", False), (-1, -1) if w is None else tuple(w), a.get("attention_chunk", 0),
+                a.get("softcap", 0.0), a.get("num_splits", 0), a.get("pack_gqa"), a.get("sm_margin", 0),
+                None if md is None else (md.numel() if isinstance(md, torch.Tensor) else -1))
+    except (AttributeError, TypeError):
+        return None
 
 
 def record_call(*args, num_sm: int = DEFAULT_NUM_SM, arch: int = DEFAULT_ARCH, read_tensors: bool = False,

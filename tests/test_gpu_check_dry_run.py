@@ -140,3 +140,13 @@ def test_fuzz_cases_are_seeded_valid_configurations():
     assert any(ServerConfig.from_dict(c["server"]).attn_cp_size > 1 for c in cases)
     assert any(c["server"]["enable_dp_attention"] for c in cases)
     assert any(max(c["seq_lens"]) > 8192 for c in cases)
+
+
+def test_dry_run_sanitizer_stage_refuses_the_stale_metadata(dry_run):
+    _, summary, out_dir, _ = dry_run
+    st = summary["stages"]["fa3_sanitize"]
+    assert st["status"] == "pass"
+    assert st["stale"]["caught"] and st["stale"]["invariant"] == "SPLIT_BOUND"
+    assert st["fresh"]["finite"] and st["fresh"]["violations"] == 0 and st["restored"]
+    assert st["kernel_call_us"] > 0 and "overhead_us" in st
+    assert st["stale"]["case_file"] and os.path.exists(st["stale"]["case_file"])

@@ -165,7 +165,7 @@ def run(args) -> int:
 # The run
 # ----------------------------------------------------------------------------------------------------------
 
-STAGE_NAMES = ("crash_isolation", "worked_example", "fidelity", "fuzz", "gpu_tests", "sanitizer")
+STAGE_NAMES = ("crash_isolation", "worked_example", "fidelity", "fuzz", "gpu_tests", "sanitizer", "fa3_sanitize")
 STATUS_CODE = {"pass": 0, "skipped": 0, "fail": 1, "inconclusive": 3}
 
 
@@ -283,7 +283,7 @@ class GpuCheck:
         steps: list[tuple[str, Callable[[Stage], None]]] = [
             ("crash_isolation", self.stage_crash_isolation), ("worked_example", self.stage_worked_example),
             ("fidelity", self.stage_fidelity), ("fuzz", self.stage_fuzz), ("gpu_tests", self.stage_gpu_tests),
-            ("sanitizer", self.stage_sanitizer)]
+            ("sanitizer", self.stage_sanitizer), ("fa3_sanitize", self.stage_fa3_sanitize)]
         # one torch thread per worker on a small (CI) machine: oversubscribed thread pools crawl
         threads = 1 if self.plan.dry_run else max(1, (os.cpu_count() or 2) // (self.plan.workers + 1))
         try:
@@ -567,6 +567,38 @@ class GpuCheck:
             stage.status = "pass" if counts["passed"] >= 1 else "inconclusive"
         stage.message = (f"{counts['passed']} passed, {counts['failures']} failed, {counts['errors']} errors, "
                          f"{counts['skipped']} skipped")
+
+    def stage_fa3_sanitize(self, stage: Stage) -> None:
+        """The worked example with fa3verify.sanitize over the real FA3 module (fa3verify.sanitize.gpu_stage)."""
+        import functools
+
+        from ..sanitize.gpu_stage import sanitize_worked_example_task
+
+        p = self.plan
+        stage.expectation = ("the pre-fix precompute (8, 1) is refused before launch with SPLIT_BOUND; the fresh "
+                             "precompute (32, 4) runs finite; overhead per call measured against the kernel")
+        limit = self.budget(p.worked_timeout_s, reserve=5)
+        if limit < 10:
+            stage.status, stage.message = "inconclusive", f"only {limit:.0f}s left"
+            return
+        task = functools.partial(sanitize_worked_example_task, p.adapter, p.worked_long, p.worked_num_sm,
+                                 os.path.join(self.out_dir, "sanitize"), 1 if p.dry_run else 20, p.seed)
+        res = self.pool.run(task, timeout_s=limit)
+        if not res.ok:
+            stage.status, stage.message = "inconclusive" if not res.crashed else "fail", res.summary()[:500]
+            stage.numbers["error"] = res.error_text[-3000:]
+            return
+        v = dict(res.value)
+        stage.numbers.update(v)
+        caught = v.get("stale", {}).get("caught") and v["stale"].get("invariant") == "SPLIT_BOUND"
+        clean = v.get("fresh", {}).get("finite") and v["fresh"].get("violations") == 0 and v.get("restored")
+        stage.status = "pass" if caught and clean else "fail"
+        stage.message = (f"stale caught: {v.get('stale', {}).get('invariant')}; fresh clean: {bool(clean)}; "
+                         f"overhead {v.get('overhead_us', float('nan')):.1f} us per call against "
+                         f"{v.get('kernel_call_us', float('nan')):.1f} us")
+        if not caught:
+            self.finding("fa3_sanitize", "not-caught", "the sanitizer let the pre-fix metadata reach the kernel",
+                         case_file=self.save_case("fa3_sanitize", "not-caught", v))
 
     def stage_sanitizer(self, stage: Stage) -> None:
         p = self.plan

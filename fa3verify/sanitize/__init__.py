@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Optional
 
 # The heavy parts (torch, refmodel) load on first use, so the interpreter-start hook (fa3verify.sanitize.hook)
 # costs nothing until an FA3 module is imported.
