@@ -264,7 +264,7 @@ def test_the_host_check_catches_a_registry_address(tmp_path):
 def test_docs_index_links_every_page():
     index = (REPO / "docs" / "index.md").read_text()
     for page in ("concepts.md", "invariants.md", "commands.md", "case-format.md", "ci.md", "gpu-guide.md",
-                 "performance.md", "catalogue.md", "multirank.md"):
+                 "performance.md", "catalogue.md", "multirank.md", "sanitize.md"):
         assert f"]({page})" in index, page
 
 

@@ -19,6 +19,9 @@ it did):
 ``gpu_tests``       ``pytest -m gpu tests/gpu`` in a subprocess; counts from its JUnit XML.
 ``sanitizer``       the pre-fix worked example under ``compute-sanitizer --tool memcheck`` (only when it is on
                     PATH), expecting memcheck errors.
+``fa3_sanitize``    the worked example with ``fa3verify.sanitize`` over the FA3 module: the pre-fix metadata is
+                    refused before launch (SPLIT_BOUND), the fresh one runs; sanitizer time per call against the
+                    kernel's (``fa3verify.sanitize.gpu_stage``).
 
 Every crash, failing fuzz case and mismatch is written as a JSON case file under ``OUT/cases`` (with the error
 text). ``--dry-run`` runs the same stages on CPU with the emulated kernel: fewer configurations, a short fuzz,
