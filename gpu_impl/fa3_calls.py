@@ -322,7 +322,8 @@ class MetadataMismatch(RuntimeError):
     """A call was given scheduler metadata that does not match its own inputs.
 
     Attributes: ``violations`` (spec ``Violation`` list, the first one named in the message), ``precompute``
-    (PrecomputeRecord or None), ``call`` (CallRecord), ``case_path`` (set by a sanitizer that wrote a case).
+    (PrecomputeRecord or None), ``call`` (CallRecord; None for UNCHECKED_CALL, a call that could not be recorded),
+    ``case_path`` (set by a sanitizer that wrote a case).
     """
 
     def __init__(self, violations: Sequence[Violation], precompute: Optional[PrecomputeRecord], call: CallRecord,
@@ -332,10 +333,12 @@ class MetadataMismatch(RuntimeError):
         self.call = call
         self.case_path = case_path
         first = self.violations[0]
-        summary = pair_summary(precompute, call)
         batch = "" if first.batch is None else f" (batch {first.batch})"
-        msg = (f"{first.invariant}{batch}: {first.message}\n  precompute: {summary['precompute']}"
-               f"\n  call: {summary['call']}\n  S_p={summary['s_p']} S_c={summary['s_c']}")
+        msg = f"{first.invariant}{batch}: {first.message}"
+        if call is not None:
+            summary = pair_summary(precompute, call)
+            msg += (f"\n  precompute: {summary['precompute']}\n  call: {summary['call']}"
+                    f"\n  S_p={summary['s_p']} S_c={summary['s_c']}")
         if len(self.violations) > 1:
             msg += "\n  also: " + ", ".join(sorted({v.invariant for v in self.violations[1:]}))
         if case_path:
@@ -417,6 +420,7 @@ class CheckingFA3:
         self.captured: dict = {}
         self._warned: set = set()
         self._calls: dict = {}          # call_key -> CallRecord
+        self.unrecordable: list = []    # (function, error type, message) of calls the recorder could not bind
         self._memo: dict = {}           # (id(pre), id(call)) -> (pre, call, quick violations)
 
     # -- bookkeeping --------------------------------------------------------------------------------------
@@ -455,11 +459,24 @@ class CheckingFA3:
         return [e for e in self.events if e[2]]
 
     # -- checked delegation (the sanitizer wraps module functions with these) ------------------------------
-    def checked_precompute(self, fn: Callable, args: tuple, kwargs: dict, impl_signature: Optional[str] = None):
-        """Record ``get_scheduler_metadata(*args, **kwargs)``, run ``fn``, remember the tensor it returns."""
-        sig, bound = bind_precompute(*args, signature=self.signature, **kwargs)
-        pre = record_bound_precompute(sig, bound, num_sm=self.num_sm, arch=self.arch,
-                                      read_tensors=True if (self.deep and not self.capturing()) else None)
+    def checked_precompute(self, fn: Callable, args: tuple, kwargs: dict, impl_signature: Optional[str] = None,
+                           names: Optional[Sequence[str]] = None):
+        """Record ``get_scheduler_metadata(*args, **kwargs)``, run ``fn``, remember the tensor it returns.
+
+        ``names``: ``fn``'s own positional parameter names (a wrapper reads them from its signature), so
+        positional arguments bind by the implementation's order. A call the recorder cannot bind is run
+        unrecorded with one warning; the metadata it returns is then of unknown origin, which the consuming
+        call reports (METADATA_ORIGIN).
+        """
+        if names is not None and args:
+            kwargs, args = {**dict(zip(names, args)), **kwargs}, ()
+        try:
+            sig, bound = bind_precompute(*args, signature=self.signature, **kwargs)
+            pre = record_bound_precompute(sig, bound, num_sm=self.num_sm, arch=self.arch,
+                                          read_tensors=True if (self.deep and not self.capturing()) else None)
+        except (TypeError, ValueError) as exc:
+            self._unrecordable("get_scheduler_metadata", exc)
+            return fn(*args, **kwargs)
         if impl_signature is None or impl_signature == sig:
             md = fn(*args, **kwargs)
         else:
@@ -467,42 +484,75 @@ class CheckingFA3:
         self.registry.remember(md, pre)
         return md
 
-    def checked_call(self, fn: Callable, args: tuple, kwargs: dict, varlen: bool = False):
-        """Record and check one ``flash_attn_with_kvcache`` (``varlen``: ``flash_attn_varlen_func``), then run ``fn``."""
+    def _unrecordable(self, what: str, exc: Exception) -> None:
+        key = (what, type(exc).__name__, str(exc))
+        self.unrecordable.append(key)
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"fa3verify: could not record this {what} call ({exc}); it runs unchecked", RuntimeWarning,
+                          stacklevel=4)
+
+    def checked_call(self, fn: Callable, args: tuple, kwargs: dict, varlen: bool = False,
+                     names: Optional[Sequence[str]] = None):
+        """Record and check one ``flash_attn_with_kvcache`` (``varlen``: ``flash_attn_varlen_func``), then run ``fn``.
+
+        ``names`` as for :meth:`checked_precompute`. A call passing metadata that the recorder cannot bind is a
+        violation (UNCHECKED_CALL: nothing says its metadata matches); without metadata it just runs.
+        """
         capturing = self.capturing()
         deep = self.deep and not capturing
-        if varlen:
+        call_args, call_kwargs = args, kwargs
+        if names is not None and args:
+            kwargs, args = {**dict(zip(names, args)), **kwargs}, ()
+        try:
+            call, md, record = self._record_call(args, kwargs, varlen, deep)
+        except (TypeError, ValueError) as exc:
             md = kwargs.get("scheduler_metadata")
-
-            def record(read):
-                return record_varlen_call(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=read, **kwargs)
-        else:
-            bound = bind_call(*args, **kwargs) if args else None    # keyword-only calls skip the binding
-            named = bound if bound is not None else kwargs
-            md = named.get("scheduler_metadata")
-
-            def record(read):
-                full = bound if bound is not None else bind_call(**kwargs)
-                return record_bound_call(full, num_sm=self.num_sm, arch=self.arch, read_tensors=read)
-        if not varlen and not (deep and md is not None):
-            # the same layer call, again: one record per distinct shape key (no tensor values are read)
-            key = call_key(named)
-            call = self._calls.get(key) if key is not None else None
-            if call is None:
-                call = record(False)
-                if key is not None:
-                    if len(self._calls) > 4096:
-                        self._calls.clear()
-                    self._calls[key] = call
-        else:
-            call = record(deep and md is not None)
+            if md is not None:
+                self._unchecked(varlen, exc)
+            return fn(*call_args, **call_kwargs)
         if md is not None and capturing:
             key = _address(md)
             if key is not None:
                 self.captured.setdefault(key, []).append(call)
         # a failing call is re-recorded with its host lengths (one sync, only then) so the report can replay it
         self._check(call, md, deep, reread=None if capturing else (lambda: record(True)))
-        return fn(*args, **kwargs)
+        return fn(*call_args, **call_kwargs)
+
+    def _record_call(self, args, kwargs, varlen: bool, deep: bool) -> tuple:
+        if varlen:
+            md = kwargs.get("scheduler_metadata")
+
+            def record(read):
+                return record_varlen_call(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=read, **kwargs)
+            return record(deep and md is not None), md, record
+        bound = bind_call(*args, **kwargs) if args else None    # keyword-only calls skip the binding
+        named = bound if bound is not None else kwargs
+        md = named.get("scheduler_metadata")
+
+        def record(read):
+            full = bound if bound is not None else bind_call(**kwargs)
+            return record_bound_call(full, num_sm=self.num_sm, arch=self.arch, read_tensors=read)
+        if deep and md is not None:
+            return record(True), md, record
+        # the same layer call, again: one record per distinct shape key (no tensor values are read)
+        key = call_key(named)
+        call = self._calls.get(key) if key is not None else None
+        if call is None:
+            call = record(False)
+            if key is not None:
+                if len(self._calls) > 4096:
+                    self._calls.clear()
+                self._calls[key] = call
+        return call, md, record
+
+    def _unchecked(self, varlen: bool, exc: Exception) -> None:
+        """A call passing metadata that cannot be recorded: reported through the mode like any violation."""
+        self._unrecordable("flash_attn_varlen_func" if varlen else "flash_attn_with_kvcache", exc)
+        v = Violation("UNCHECKED_CALL", None, {"error": f"{type(exc).__name__}: {exc}"},
+                      f"a call passing scheduler_metadata could not be recorded ({exc}); it was not checked")
+        if self.mode == "raise":
+            raise MetadataMismatch([v], None, None)
 
     # -- the entry points ---------------------------------------------------------------------------------
     def get_scheduler_metadata(self, *args, **kwargs):

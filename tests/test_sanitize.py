@@ -429,3 +429,66 @@ def test_pytest_option_fails_the_test_that_reuses_stale_metadata(fakes, tmp_path
     bad = subprocess.run(base + ["--fa3verify-sanitize=loud"], env=env, capture_output=True, text=True,
                          timeout=300, cwd=tmp_path)
     assert bad.returncode == 4 and "--fa3verify-sanitize: must be one of raise, warn, record" in bad.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Binding by the implementation's own signature; calls the recorder cannot bind
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_positional_arguments_bind_by_the_wrapped_functions_own_order(fakes, tmp_path):
+    from fa3verify.sanitize.targets import make_wrapper
+
+    s = install(tmp_path)
+    import sgl_kernel.flash_attn as fa
+
+    seen = {}
+
+    def reordered(q, k_cache, v_cache, scheduler_metadata=None, cache_seqlens=None, page_table=None,
+                  cu_seqlens_q=None, max_seqlen_q=None, causal=False, only_qv=False, num_splits=0):
+        seen["md"] = scheduler_metadata
+        return q
+
+    wrapped = make_wrapper(reordered, "call", s.checker)
+    q, k, v, pt, cs, cu = tensors()
+    stale = fake_md(fa, STALE)
+    with pytest.raises(MetadataMismatch, match="SPLIT_BOUND"):
+        wrapped(q, k, v, stale, cs, pt, cu, 1, True, False, 0)
+    fresh = fake_md(fa, HEADS)
+    assert wrapped(q, k, v, fresh, cs, pt, cu, 1, True, False, 0) is q and seen["md"] is fresh
+
+
+def fake_md(fa, heads, lens=LENS):
+    cs = torch.tensor(lens, dtype=torch.int32)
+    return fa.get_scheduler_metadata(len(lens), 1, max(lens), heads[0], heads[1], 128, cs,
+                                     cu_seqlens_q=torch.arange(len(lens) + 1, dtype=torch.int32), page_size=16,
+                                     causal=True)
+
+
+def test_a_call_the_recorder_cannot_bind_is_reported_not_passed(fakes, tmp_path):
+    install(tmp_path)
+    import sgl_kernel.flash_attn as fa
+
+    q, k, v, pt, cs, cu = tensors()
+    md = fake_md(fa, HEADS)
+    with pytest.warns(RuntimeWarning, match="could not record"):
+        with pytest.raises(MetadataMismatch, match="UNCHECKED_CALL"):
+            fa.flash_attn_with_kvcache("not a tensor", k, v, cache_seqlens=cs, page_table=pt, cu_seqlens_q=cu,
+                                       max_seqlen_q=1, causal=True, scheduler_metadata=md)
+
+
+def test_copy_following_ignores_gathers_and_other_dtypes(fakes, tmp_path):
+    s = install(tmp_path)
+    import sgl_kernel.flash_attn as fa
+
+    md = fake_md(fa, HEADS)
+    table = torch.zeros(8, 8, dtype=torch.int32)
+    table[torch.tensor([1, 2])] = torch.ones(2, 8, dtype=torch.int32)      # advanced indexing: not followed
+    floats = torch.zeros(4)
+    floats[:2] = torch.ones(2)
+    buf = torch.zeros(64, dtype=torch.int32)
+    buf.copy_(torch.zeros(64, dtype=torch.int32))                            # unknown source, untracked dest
+    assert s.checker.registry.lookup(buf) is None
+    buf[:md.numel()].copy_(md)                                               # followed through copy_
+    assert s.checker.registry.lookup(buf[:md.numel()]) is not None
+    assert table[1].sum() == 8 and floats.sum() == 2

@@ -129,7 +129,9 @@ class Sanitizer:
 
         def __setitem__(self_, index, value):
             orig_setitem(self_, index, value)
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and _basic_index(index):
+                # only basic indexing writes into a view whose start is an address (advanced indexing would
+                # make self_[index] a copy, possibly a large one)
                 if registry.knows(value) or (self_.dtype is int32 and registry.tracks(self_[index])):
                     checker.note_copy(self_[index], value)
 
@@ -169,6 +171,7 @@ class Sanitizer:
     # -- reporting ----------------------------------------------------------------------------------------
     def stats(self) -> dict:
         return {"mode": self.mode, "deep": self.deep, "checked_calls": self.checker.checked_calls,
+                "unrecordable_calls": len(self.checker.unrecordable),
                 "graph_checks": self.checker.graph_checks,
                 "violation_events": sum(1 for e in self.checker.events if e[2]),
                 "wrapped": sorted(self.wrapped), "unreachable": list(self.unreachable)}
@@ -185,3 +188,10 @@ class Sanitizer:
 
 
 _MISSING = object()
+
+
+def _basic_index(index) -> bool:
+    """An index made of slices and ints only (a view, not a gather)."""
+    if isinstance(index, (slice, int)) and not isinstance(index, bool):
+        return True
+    return isinstance(index, tuple) and all(isinstance(i, (slice, int)) and not isinstance(i, bool) for i in index)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import gc
 import importlib.abc
+import inspect
 import sys
 import threading
 import types
@@ -48,20 +49,37 @@ KNOWN_REBINDERS = (
 _depth = threading.local()
 
 
+def positional_names(fn: Callable) -> Optional[tuple]:
+    """The names positional arguments of ``fn`` bind to (its own order: sglang's flash_attention_v3 inserts
+    ``only_qv`` before ``sm_margin``, vLLM's fork has its own), or None when ``fn`` has no Python signature."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    names = []
+    for p in params:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+        elif p.kind is p.VAR_POSITIONAL:
+            return None
+    return tuple(names)
+
+
 def make_wrapper(original: Callable, kind: str, checker) -> Callable:
     """A function that checks through ``checker`` (a :class:`gpu_impl.fa3_calls.CheckingFA3`) and runs ``original``.
 
     A wrapped FA3 front calling a wrapped kernel (sglang's flash_attention_v3 -> sgl_kernel) is checked once,
     by the outermost wrapper.
     """
+    names = positional_names(original)
     if kind == "precompute":
         def run(args, kwargs):
-            return checker.checked_precompute(original, args, kwargs)
+            return checker.checked_precompute(original, args, kwargs, names=names)
     elif kind in ("call", "varlen"):
         varlen = kind == "varlen"
 
         def run(args, kwargs):
-            return checker.checked_call(original, args, kwargs, varlen=varlen)
+            return checker.checked_call(original, args, kwargs, varlen=varlen, names=names)
     else:
         raise ValueError(f"kind: must be precompute, call or varlen, got {kind!r}")
 
