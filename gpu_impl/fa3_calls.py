@@ -274,6 +274,15 @@ class MetadataRegistry:
         ref = self._ids.get(id(tensor))
         return ref is not None and ref() is tensor
 
+    def may_hold(self, tensor) -> bool:
+        """Whether a remembered metadata tensor or buffer starts inside ``tensor``'s memory (a cheap pre-check
+        before making a view of it)."""
+        if not self._entries or tensor.is_meta:
+            return False
+        dev, start = tensor.get_device(), tensor.data_ptr()
+        end = start + tensor.numel() * tensor.element_size()
+        return any(d == dev and start <= a < end for d, a in self._entries)
+
     def tracks(self, tensor) -> bool:
         """Whether ``tensor``'s first element is the start of a remembered metadata tensor or buffer."""
         key = _address(tensor)
@@ -288,7 +297,8 @@ class MetadataRegistry:
             return
         owner = tensor._base if tensor._base is not None else tensor
         try:
-            ref = weakref.ref(owner)
+            ref = weakref.ref(owner, lambda r, key=key, entries=self._entries: (
+                entries.pop(key, None) if entries.get(key, (None,))[0] is r else None))
             ids, tid = self._ids, id(tensor)
             ids[tid] = weakref.ref(tensor, lambda _r, ids=ids, tid=tid: ids.pop(tid, None))
         except TypeError:  # not weak-referenceable: hold it (rare tensor subclasses)

@@ -378,6 +378,7 @@ def test_registry_drops_entries_of_dead_tensors():
     md = small_precompute(fa3, SMALL, (8, 2))
     assert len(fa3.registry) == 1
     del md
+    assert fa3.registry._entries == {}      # dropped by the weak reference's callback, without a lookup
     assert len(fa3.registry) == 0
 
 

@@ -12,6 +12,7 @@ persistent buffer); only int32 destinations and recorded sources cost more than 
 
 from __future__ import annotations
 
+import atexit
 import sys
 import warnings
 from pathlib import Path
@@ -55,6 +56,7 @@ class Sanitizer:
         self.installed = False
         self.files_written: list = []
         self._seen_paths: dict = {}      # violation signature -> (pair file, case file)
+        self._atexit = False
 
     # -- install / uninstall ------------------------------------------------------------------------------
     def install(self) -> "Sanitizer":
@@ -73,6 +75,9 @@ class Sanitizer:
             self._patch_tensor_methods()
         if self.mode == "record":
             self.log.summary(self.stats(), force=True)
+        if not self._atexit:
+            self._atexit = True
+            atexit.register(self._at_exit)
         if self.unreachable:
             warnings.warn("fa3verify.sanitize: installed after these bindings of FA3 functions were made; calls "
                           "through them are NOT checked: " + "; ".join(self.unreachable), RuntimeWarning,
@@ -91,6 +96,11 @@ class Sanitizer:
         self.installed = False
         self.log.summary(self.stats(), force=self.mode == "record")
         return self
+
+    def _at_exit(self) -> None:
+        """The log's summary line when the process ends with the sanitizer still installed."""
+        if self.installed:
+            self.log.summary(self.stats(), force=self.mode == "record")
 
     def _on_import(self, module) -> None:
         if self.installed:
@@ -132,7 +142,8 @@ class Sanitizer:
             if isinstance(value, torch.Tensor) and _basic_index(index):
                 # only basic indexing writes into a view whose start is an address (advanced indexing would
                 # make self_[index] a copy, possibly a large one)
-                if registry.knows(value) or (self_.dtype is int32 and registry.tracks(self_[index])):
+                if registry.knows(value) or (self_.dtype is int32 and registry.may_hold(self_)
+                                             and registry.tracks(self_[index])):
                     checker.note_copy(self_[index], value)
 
         for name, fn in (("copy_", copy_), ("__setitem__", __setitem__)):

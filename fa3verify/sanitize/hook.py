@@ -17,7 +17,6 @@ Variables: ``FA3VERIFY_SANITIZE`` (mode), ``FA3VERIFY_SANITIZE_DIR`` (output fol
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
 from pathlib import Path
@@ -62,22 +61,13 @@ def start() -> None:
         import fa3verify.sanitize as sanitize
 
         remove_finder(finder)
-        sanitize.install(mode=mode, deep=deep, out_dir=out_dir)
-        atexit.register(_write_summary)
+        sanitize.install(mode=mode, deep=deep, out_dir=out_dir)   # writes its log summary at exit
 
     finder = EntryPointFinder(ENTRY_POINTS, full_install)
     if any(name in sys.modules for name in ENTRY_POINTS):
         full_install()
     else:
         install_finder(finder)
-
-
-def _write_summary() -> None:
-    import fa3verify.sanitize as sanitize
-
-    s = sanitize.current()
-    if s is not None:
-        s.log.summary(s.stats(), force=s.mode == "record")
 
 
 def pth_text(add_paths: Sequence[str] = ()) -> str:
