@@ -186,6 +186,7 @@ def test_late_install_rebinds_every_binding_reports_the_rest_and_uninstall_resto
     assert "instance of fake_backend.Backend: _get_scheduler_metadata" in patched
     assert "module fake_backend: flash_attn_with_kvcache" in patched
     assert any("closure" in u for u in s.status()["unreachable"])
+    assert any("staticmethod" in u for u in s.status()["unreachable"])
     with pytest.raises(MetadataMismatch, match="SPLIT_BOUND"):
         run_decode(stale, via_cache=True)
     assert closure is not None

@@ -183,7 +183,7 @@ class Sanitizer:
     def stats(self) -> dict:
         return {"mode": self.mode, "deep": self.deep, "checked_calls": self.checker.checked_calls,
                 "unrecordable_calls": len(self.checker.unrecordable),
-                "graph_checks": self.checker.graph_checks,
+                "graph_checks": self.checker.graph_checks, "graph_unmatched": self.checker.graph_unmatched,
                 "violation_events": sum(1 for e in self.checker.events if e[2]),
                 "wrapped": sorted(self.wrapped), "unreachable": list(self.unreachable)}
 

@@ -182,6 +182,9 @@ def rebind_everywhere(original: Callable, wrapper: Callable, skip_ids: set) -> t
             unreachable.append(f"a {type(ref).__name__} holding {original.__module__}.{original.__qualname__}")
         elif isinstance(ref, types.MethodType):
             unreachable.append(f"a bound method over {original.__module__}.{original.__qualname__}")
+        elif isinstance(ref, (staticmethod, classmethod)):
+            unreachable.append(f"a {type(ref).__name__} over {original.__module__}.{original.__qualname__} "
+                               f"(a class attribute)")
         elif isinstance(ref, types.FunctionType):
             if ref.__module__ != __name__:
                 unreachable.append(f"default argument of function {ref.__module__}.{ref.__qualname__}")
@@ -191,7 +194,7 @@ def rebind_everywhere(original: Callable, wrapper: Callable, skip_ids: set) -> t
                 attrs = vars(ref)
             except TypeError:
                 continue
-            keys = [k for k, v in list(attrs.items()) if v is original]
+            keys = [k for k, v in list(attrs.items()) if v is original and not k.startswith("__")]
             cls = type(ref)
             for key in keys:
                 setattr(ref, key, wrapper)
