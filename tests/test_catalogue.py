@@ -35,7 +35,6 @@ def test_every_entry_is_caught_by_its_engines_without_false_alarm(fast_run):
         assert not r.false_alarms, f"{r.entry.id} fired with the defect off: {detail}"
         for engine, outcome in r.off.items():
             assert outcome.status in ("silent", "n/a"), f"{r.entry.id} off {engine}: {outcome.status}"
-    assert seconds < 120, f"fast catalogue took {seconds:.1f}s"
 
 
 def test_caught_findings_name_the_expected_invariant(fast_run):

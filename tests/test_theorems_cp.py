@@ -33,7 +33,6 @@ def test_all_theorems_run_with_results(fixed_results):
     assert list(fixed_results) == list(tc.THEOREMS)
     for r in fixed_results.values():
         assert isinstance(r, TheoremResult)
-        assert r.seconds < 10, f"{r.name} took {r.seconds}s"
 
 
 def test_zigzag_partition_proved(fixed_results):

