@@ -24,8 +24,30 @@ def get_scheduler_metadata(*args, **kwargs):
     return _impl().get_scheduler_metadata(*args, **kwargs)
 
 
+#: Positional order of sgl_kernel's ``flash_attn_with_kvcache`` (sgl-kernel 0.4.x; sglang <= 0.5.17 passes every
+#: argument positionally): FA3's parameters, then ``sinks``. Positional arguments are handed on by name.
+CALL_POSITIONAL = (
+    "q", "k_cache", "v_cache", "k", "v", "qv", "rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch_idx",
+    "cache_leftpad", "page_table", "cu_seqlens_q", "cu_seqlens_k_new", "max_seqlen_q", "rotary_seqlens",
+    "q_descale", "k_descale", "v_descale", "softmax_scale", "causal", "window_size", "attention_chunk", "softcap",
+    "rotary_interleaved", "scheduler_metadata", "num_splits", "pack_gqa", "sm_margin", "return_softmax_lse",
+    "sinks")
+
+
 def flash_attn_with_kvcache(*args, **kwargs):
-    return _impl().flash_attn_with_kvcache(*args, **kwargs)
+    if len(args) > len(CALL_POSITIONAL):
+        raise TypeError(f"flash_attn_with_kvcache: at most {len(CALL_POSITIONAL)} positional arguments, "
+                        f"got {len(args)}")
+    named = dict(zip(CALL_POSITIONAL, args))
+    overlap = set(named) & set(kwargs)
+    if overlap:
+        raise TypeError(f"flash_attn_with_kvcache: {sorted(overlap)} given by position and by name")
+    named.update(kwargs)
+    if named.get("sinks") is not None:
+        raise NotImplementedError("flash_attn_with_kvcache(sinks=...): attention sinks are not modelled")
+    named.pop("sinks", None)
+    q, k_cache, v_cache = named.pop("q"), named.pop("k_cache"), named.pop("v_cache")
+    return _impl().flash_attn_with_kvcache(q, k_cache, v_cache, **named)
 
 
 def flash_attn_varlen_func(*args, **kwargs):
