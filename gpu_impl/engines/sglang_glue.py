@@ -142,43 +142,67 @@ def patch_for_cpu(fb_module) -> list:
             mod.get_device_capability = lambda *a, **k: (9, 0)
             patched.append(f"{name}.get_device_capability")
     if hasattr(fb_module, "normal_decode_set_metadata"):
-        fb_module.normal_decode_set_metadata = torch_decode_set_metadata
+        fb_module.normal_decode_set_metadata = torch_decode_set_metadata_for(fb_module.normal_decode_set_metadata)
         patched.append(f"{fb_module.__name__}.normal_decode_set_metadata")
     return patched
 
 
-def torch_decode_set_metadata(cache_seqlens_int32, cu_seqlens_k, page_table, req_to_token, req_pool_indices,
-                              max_seq_pages, seq_lens, seq_len_delta=0, page_size=1, swa_page_table=None, *rest,
-                              **kwargs):
-    """A torch stand-in for sglang's Triton ``normal_decode_set_metadata`` (a Triton launch fails on CPU).
+def torch_decode_set_metadata_for(original):
+    """A torch stand-in for sglang's Triton ``normal_decode_set_metadata`` (a Triton launch fails on CPU), taking
+    the arguments of ``original`` (its signature changed between releases) by name."""
+    import functools
+    import inspect
 
-    What it writes, from the kernel's docstring (``kernels/ops/attention/metadata.py``, 0.5.23): for every row of
-    ``cache_seqlens_int32``, ``cache_seqlens = seq_lens + delta`` (int32), ``cu_seqlens_k[1:] = cumsum``, and the
-    live prefix of the page table, ``ceil(len / page_size)`` pages, as ``req_to_token[req, page*page_size] //
-    page_size`` (with ``zero_tail`` the columns after it, up to ``max_seq_pages``, become 0; ``skip_page_table``
-    leaves the table alone). Simplified: the sliding-window page table and the unified-memory virtual-to-physical
+    sig = inspect.signature(original)
+
+    @functools.wraps(original)
+    def stand_in(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return torch_decode_set_metadata(**bound.arguments)
+
+    return stand_in
+
+
+def torch_decode_set_metadata(cache_seqlens_int32, cu_seqlens_k, page_table, req_to_token, req_pool_indices,
+                              max_seq_pages, seq_lens, seq_len_delta=0, page_size=1, swa_page_table=None,
+                              token_to_kv_pool=None, strided_indices=None, full_to_swa_index_mapping=None,
+                              skip_page_table=False, full_v2p=None, swa_v2p=None, zero_tail=False, **_unused):
+    """What sglang's Triton ``normal_decode_set_metadata`` writes, from its docstrings (``triton_ops/metadata.py``
+    0.5.13, ``kernels/ops/attention/metadata.py`` 0.5.23): for every row of ``cache_seqlens_int32``,
+    ``cache_seqlens = seq_lens + delta`` (int32) and ``cu_seqlens_k[1:] = cumsum``; page table columns
+    ``< max_seq_pages`` become ``req_to_token[req, col * page_size] // page_size`` (with ``strided_indices``
+    (0.5.13) the gather columns are ``strided_indices[col]``; 0.5.23 rewrites only each row's live prefix,
+    ``ceil(len / page_size)`` columns, and with ``zero_tail`` zeroes the rest up to ``max_seq_pages``;
+    ``skip_page_table`` leaves the table alone). Simplified: the sliding-window page table and the unified-memory
     page maps are not modelled (the driver runs no SWA layer and no unified memory); such a call raises.
     """
     import torch
 
-    extra = {k: v for k, v in kwargs.items() if k in ("full_to_swa_index_mapping", "full_v2p", "swa_v2p")}
-    if swa_page_table is not None or any(v is not None for v in extra.values()) or any(
-            isinstance(r, torch.Tensor) for r in rest):
+    if (swa_page_table is not None and (token_to_kv_pool is not None or full_to_swa_index_mapping is not None
+                                        or swa_v2p is not None)) or full_v2p is not None:
         raise NotImplementedError("torch_decode_set_metadata: SWA page tables / v2p translation are not modelled")
     bs = int(cache_seqlens_int32.shape[0])
     lens = seq_lens[:bs].to(torch.int64) + int(seq_len_delta or 0)
     cache_seqlens_int32.copy_(lens.to(cache_seqlens_int32.dtype))
     cu_seqlens_k[1:bs + 1].copy_(torch.cumsum(lens, 0).to(cu_seqlens_k.dtype))
-    if kwargs.get("skip_page_table") or int(max_seq_pages) == 0:
+    width = min(int(max_seq_pages), page_table.shape[1])
+    if skip_page_table or width == 0:
         return
     page = int(page_size)
-    width = min(int(max_seq_pages), page_table.shape[1])
-    cols = (torch.arange(width, device=req_to_token.device) * page).clamp(max=req_to_token.shape[1] - 1)
-    rows = req_to_token[req_pool_indices[:bs].to(torch.int64)][:, cols] // page
+    if strided_indices is not None:
+        cols = strided_indices[:width].to(torch.int64)
+    else:
+        cols = torch.arange(width, device=req_to_token.device) * page
+    cols = cols.clamp(max=req_to_token.shape[1] - 1)
+    rows = (req_to_token[req_pool_indices[:bs].to(torch.int64)][:, cols] // page).to(page_table.dtype)
+    if strided_indices is not None:  # 0.5.13: every column below max_seq_pages
+        page_table[:bs, :width].copy_(rows)
+        return
     live = torch.arange(width)[None, :] < ((lens + page - 1) // page)[:, None]
     old = page_table[:bs, :width]
-    fill = torch.zeros_like(old) if kwargs.get("zero_tail") else old
-    page_table[:bs, :width].copy_(torch.where(live, rows.to(page_table.dtype), fill))
+    fill = torch.zeros_like(old) if zero_tail else old
+    page_table[:bs, :width].copy_(torch.where(live, rows, fill))
 
 
 def kit_modules(release: str) -> Optional[dict]:
