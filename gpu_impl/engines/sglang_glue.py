@@ -30,6 +30,8 @@ SERVER_ARGS_FIELDS = {"tp_size": "tp_size", "dp_size": "dp_size", "attn_cp_size"
                       "enable_dp_attention": "enable_dp_attention", "enable_prefill_cp": "enable_prefill_cp",
                       "cp_strategy": "cp_strategy", "enable_deterministic_inference": "enable_deterministic_inference",
                       "disable_cuda_graph": "disable_cuda_graph"}
+#: Older names of a server-args switch (0.5.13 calls prefill CP ``enable_prefill_context_parallel``).
+SERVER_ARGS_ALIASES = {"enable_prefill_cp": ("enable_prefill_context_parallel",)}
 PS_ATTRS = {"tp_size": "tp_size", "attn_tp_size": "attn_tp_size", "attn_cp_size": "attn_cp_size",
             "attn_dp_size": "attn_dp_size", "dp_size": "dp_size", "enable_dp_attention": "enable_dp_attention",
             "enable_prefill_cp": "enable_prefill_cp"}
@@ -79,8 +81,14 @@ def apply_runner_layout(release: str, runner, values: dict) -> None:
         for attr, q in RUNNER_ATTRS.items():
             setattr(runner, attr, values[q])
     if "server_args" in places and getattr(runner, "server_args", None) is not None:
+        from .validation import declared_fields
+
+        declared = declared_fields(type(runner.server_args))
         for attr, q in SERVER_ARGS_FIELDS.items():
             _set_field(runner.server_args, attr, values[q])
+            for alias in SERVER_ARGS_ALIASES.get(attr, ()):
+                if alias in declared:  # the release's own name for the same switch
+                    _set_field(runner.server_args, alias, values[q])
     if "ps" in places:
         ps = getattr(runner, "ps", None)
         if ps is None:
