@@ -35,7 +35,7 @@ class ScenarioUnsupported(EngineUnavailable):
     """The scenario uses a feature the engine driver does not run (MLA, fp8 KV cache, a release without the kit)."""
 
 
-_VERSION = re.compile(r"""__version__\s*=\s*["']([^"']+)["']""")
+_VERSION = re.compile(r"""__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""")
 
 
 def resolve_source(path: str) -> tuple:
@@ -62,12 +62,36 @@ def resolve_source(path: str) -> tuple:
         revision = _git_revision(root)
     else:
         raise CheckoutImportError(f"sglang-src={path}: not a directory or a .whl file")
-    version = None
-    vfile = root / "sglang" / "version.py"
-    if vfile.exists():
-        m = _VERSION.search(vfile.read_text(errors="replace"))
-        version = m.group(1) if m else None
-    return root, version, revision
+    return root, source_version(root), revision
+
+
+def source_version(root: Path) -> Optional[str]:
+    """The sglang version of a checkout or unpacked wheel: ``sglang/_version.py`` (generated at build time), a
+    literal in ``sglang/version.py``, ``git describe --tags``, or ``pyproject.toml``; None when none says
+    (fallback versions such as ``0.0.0.dev0`` say nothing)."""
+    def real(v):
+        return v if v and not v.startswith("0.0.0") else None
+
+    for name in ("_version.py", "version.py"):
+        f = root / "sglang" / name
+        if f.exists():
+            for m in _VERSION.finditer(f.read_text(errors="replace")):
+                if real(m.group(1)):
+                    return m.group(1)
+    try:
+        out = subprocess.run(["git", "-C", str(root), "describe", "--tags", "--abbrev=0"], capture_output=True,
+                             text=True, timeout=30, stdin=subprocess.DEVNULL)
+        tag = out.stdout.strip().lstrip("v") if out.returncode == 0 else ""
+        if real(tag):
+            return tag
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    pyproject = root / "pyproject.toml"
+    if pyproject.exists():
+        m = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(errors="replace"), re.M)
+        if m and real(m.group(1)):
+            return m.group(1)
+    return None
 
 
 def _git_revision(path: Path) -> str:

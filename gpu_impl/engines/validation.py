@@ -1,6 +1,7 @@
 """Whether an sglang release accepts a server configuration, asked of that release's own ``ServerArgs``
 (``python/sglang/srt/server_args.py``: ``__post_init__``, ``resolve_once`` and ``check_server_args`` where the
-release has them), constructed on CPU with a placeholder model path. Runs inside an engine environment.
+release has them), constructed on CPU with a placeholder model directory holding only an HF config with the
+model's attention shapes (:func:`placeholder_model`). Runs inside an engine environment.
 
 Invariant: the verdict is the release's: an ``AssertionError`` or ``ValueError`` from its validation is a
 rejection (its message returned); a configuration it constructs and checks is accepted; anything else (its
@@ -12,13 +13,14 @@ declares that name instead (0.5.13), CUDA graph is ``disable_cuda_graph`` where 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 #: our ServerConfig field -> candidate ServerArgs names, first declared one wins.
 FIELD_NAMES = {
     "tp_size": ("tp_size",), "dp_size": ("dp_size",), "attn_cp_size": ("attn_cp_size",),
     "enable_dp_attention": ("enable_dp_attention",),
     "enable_prefill_cp": ("enable_prefill_cp", "enable_prefill_context_parallel"),
-    "page_size": ("page_size",), "enable_deterministic_inference": ("enable_deterministic_inference",),
+    "cp_strategy": ("cp_strategy",), "page_size": ("page_size",), "enable_deterministic_inference": ("enable_deterministic_inference",),
 }
 
 
@@ -29,6 +31,36 @@ PLACEHOLDERS = {"served_model_name": "dummy"}
 #: the page size (it must divide by it) that decides nothing else.
 LAUNCHER_ATTRS = {"enable_grpc": False}
 CHUNKED_PREFILL_PAGES = 4096
+
+
+#: Our fields a release may lack and still run the configuration its own way (0.5.13 names its prefill-CP split
+#: ``prefill_cp_mode``, with its own values and default).
+UNDECLARED_OK = frozenset({"cp_strategy"})
+
+
+def placeholder_model(model) -> "Path":
+    """A directory holding only an HF ``config.json`` with the model's attention shapes (a Qwen3 dense
+    architecture), so ServerArgs validates against a real model config without weights or the network
+    (``model_path="dummy"`` would skip the validation: ``__post_init__`` returns early for it)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    m = dict(model or {"num_heads": 32, "num_kv_heads": 4, "head_dim": 128})
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 1,
+           "num_attention_heads": int(m["num_heads"]), "num_key_value_heads": int(m["num_kv_heads"]),
+           "head_dim": int(m["head_dim"]), "hidden_size": int(m["num_heads"]) * int(m["head_dim"]),
+           "intermediate_size": 128, "vocab_size": 1024, "max_position_embeddings": 131072,
+           "torch_dtype": m.get("dtype", "bfloat16") if m.get("dtype") in ("bfloat16", "float16") else "bfloat16",
+           "rms_norm_eps": 1e-6, "rope_theta": 1000000}
+    key = "-".join(str(cfg[k]) for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "torch_dtype"))
+    d = Path(tempfile.gettempdir()) / f"fa3verify-placeholder-model-{os.getuid()}" / key
+    if not (d / "config.json").exists():
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f"config.json.{os.getpid()}"
+        tmp.write_text(json.dumps(cfg))
+        os.replace(tmp, d / "config.json")
+    return d
 
 
 def declared_fields(server_args_cls) -> set:
@@ -46,7 +78,7 @@ def server_args_kwargs(server: dict, declared: set) -> tuple:
             continue
         name = next((c for c in candidates if c in declared), None)
         if name is None:
-            if server[ours] not in (False, 1, None):
+            if server[ours] not in (False, 1, None) and ours not in UNDECLARED_OK:
                 missing.append(ours)
             continue
         kwargs[name] = server[ours]
@@ -63,7 +95,7 @@ def validate_server_args(engine, server: dict, model=None) -> dict:
     if missing:
         return {"accepted": False, "message": f"this release's ServerArgs has no field for {missing}",
                 "kwargs": kwargs}
-    base = {"model_path": "dummy", "device": "cpu"}
+    base = {"model_path": str(placeholder_model(model)), "device": "cpu"}
     base.update({k: v for k, v in PLACEHOLDERS.items() if k in declared})
     try:
         sa = ServerArgs(**base, **kwargs)
