@@ -205,3 +205,29 @@ def _build(release: str, d: Path, progress: Callable[[str], None]) -> None:
     (d / STAMP).write_text(json.dumps({"recipe": recipes.recipe_hash(release), "release": release,
                                        "pins": pins, "seconds": seconds}, indent=1))
     progress(f"sglang=={release}: environment ready in {seconds['total']}s ({d})")
+
+
+def main(argv=None) -> int:
+    """``python -m gpu_impl.engines.envs RELEASE...``: build (or reuse) the environments, print seconds per step."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m gpu_impl.engines.envs",
+                                     description="Build or reuse cached sglang engine environments.")
+    parser.add_argument("releases", nargs="+", metavar="RELEASE", help="sglang release, e.g. 0.5.23")
+    args = parser.parse_args(argv)
+    from .errors import EngineUnavailable
+
+    for release in args.releases:
+        start = time.monotonic()
+        try:
+            d = ensure_env(release)
+        except EngineUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"sglang=={release}: {d} ({time.monotonic() - start:.1f}s now; built in "
+              f"{(setup_times(release) or {}).get('total', '?')}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

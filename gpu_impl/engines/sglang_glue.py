@@ -32,9 +32,9 @@ SERVER_ARGS_FIELDS = {"tp_size": "tp_size", "dp_size": "dp_size", "attn_cp_size"
                       "disable_cuda_graph": "disable_cuda_graph"}
 #: Older names of a server-args switch (0.5.13 calls prefill CP ``enable_prefill_context_parallel``).
 SERVER_ARGS_ALIASES = {"enable_prefill_cp": ("enable_prefill_context_parallel",)}
-PS_ATTRS = {"tp_size": "tp_size", "attn_tp_size": "attn_tp_size", "attn_cp_size": "attn_cp_size",
-            "attn_dp_size": "attn_dp_size", "dp_size": "dp_size", "enable_dp_attention": "enable_dp_attention",
-            "enable_prefill_cp": "enable_prefill_cp"}
+PS_ATTRS = {"tp_size": "tp_size", "tp_rank": "tp_rank", "attn_tp_size": "attn_tp_size",
+            "attn_cp_size": "attn_cp_size", "attn_dp_size": "attn_dp_size", "attn_dp_rank": "attn_dp_rank",
+            "dp_size": "dp_size", "moe_dp_size": "one", "moe_ep_size": "one"}
 PARALLEL_FIELDS = {"tp_size": "tp_size", "dp_size": "dp_size", "attn_tp_size": "attn_tp_size",
                    "attn_cp_size": "attn_cp_size", "attn_dp_size": "attn_dp_size", "attn_dp_rank": "attn_dp_rank",
                    "attn_tp_rank": "zero", "attn_cp_rank": "zero", "attn_dcp_rank": "zero",
@@ -90,14 +90,26 @@ def apply_runner_layout(release: str, runner, values: dict) -> None:
                 if alias in declared:  # the release's own name for the same switch
                     _set_field(runner.server_args, alias, values[q])
     if "ps" in places:
-        ps = getattr(runner, "ps", None)
-        if ps is None:
-            from types import SimpleNamespace
+        _apply_ps(runner, values)
 
-            ps = SimpleNamespace()
-            runner.ps = ps
-        for attr, q in PS_ATTRS.items():
-            _set_field(ps, attr, values[q])
+
+def _apply_ps(runner, values: dict) -> None:
+    """``model_runner.ps``: rebuilt with the release's own ``ParallelState.trivial(**overrides)`` (0.5.16+) for
+    the fields that class declares; a plain namespace where the runner has none."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    ps = getattr(runner, "ps", None)
+    wanted = {attr: values[q] for attr, q in PS_ATTRS.items()}
+    if ps is not None and hasattr(type(ps), "trivial"):
+        declared = ({f.name for f in dataclasses.fields(ps)} if dataclasses.is_dataclass(ps)
+                    else set(getattr(type(ps), "__annotations__", {})))
+        runner.ps = type(ps).trivial(**{k: v for k, v in wanted.items() if k in declared})
+        return
+    ps = ps if ps is not None else SimpleNamespace()
+    for attr, value in wanted.items():
+        _set_field(ps, attr, value)
+    runner.ps = ps
 
 
 def _set_field(obj, name, value) -> None:

@@ -126,10 +126,33 @@ class RankBackend:
         span = RECORD_POOL_PAGES * page
         return lambda req, pos: page + (req * ctx + pos) % span
 
+    def _fill_req_to_token(self, seq_lens) -> None:
+        """``req_to_token[row, :len] = loc(row, pos)`` for every row, vectorised (the same map as ``_loc_fn``)."""
+        import torch
+
+        table = self.runner.req_to_token_pool.req_to_token
+        page, ctx, span = self.page, self.ctx, RECORD_POOL_PAGES * self.page
+        for row, n in enumerate(seq_lens):
+            pos = torch.arange(int(n), dtype=torch.int64)
+            locs = page + row * ctx + pos if self.numerics else page + (row * ctx + pos) % span
+            table[row, :int(n)] = locs.to(table.dtype)
+
     def batch(self, seq_lens):
-        """A decode forward batch for these rows, built by the kit (``_make_forward_batch``)."""
-        return self.dense._make_forward_batch(self._case(seq_lens), self.runner, max_context_len=self.ctx,
-                                              device="cpu", loc_fn=self._loc_fn())
+        """A decode forward batch for these rows, built by the kit (``_make_forward_batch``).
+
+        The kit writes ``req_to_token`` one token at a time (a second per 32k tokens); it writes into a sink here
+        and the same entries are then written vectorised (:meth:`_fill_req_to_token`), so the batch and the
+        table are the kit's.
+        """
+        pool = self.runner.req_to_token_pool
+        self.runner.req_to_token_pool = _SinkPool(pool)
+        try:
+            fb = self.dense._make_forward_batch(self._case(seq_lens), self.runner, max_context_len=self.ctx,
+                                                device="cpu", loc_fn=self._loc_fn())
+        finally:
+            self.runner.req_to_token_pool = pool
+        self._fill_req_to_token(seq_lens)
+        return fb
 
     def _qkv(self, bs: int):
         """q as (bs, h*d) and k/v as (bs, hk, d) / (bs, hk, dv), as RadixAttention hands them to the backend."""
@@ -205,6 +228,22 @@ class RankBackend:
         bad = torch.isnan(out.float().reshape(out.shape[0], -1)[:rows]).any(dim=1).nonzero()[:, 0].tolist()
         if bad:
             self.engine.front.nan_rows.append(bad)
+
+
+class _Sink:
+    def __setitem__(self, key, value):
+        pass
+
+
+class _SinkPool:
+    """A ReqToTokenPool whose token table swallows writes (everything else is the real pool's)."""
+
+    def __init__(self, pool):
+        self._pool = pool
+        self.req_to_token = _Sink()
+
+    def __getattr__(self, name):
+        return getattr(self._pool, name)
 
 
 def _accepted(fn, kwargs: dict) -> dict:
