@@ -194,3 +194,15 @@ def test_the_release_validates_configurations_with_its_own_server_args(sut_old, 
         bad = ServerConfig(tp_size=4, attn_cp_size=3, enable_prefill_cp=True, cp_strategy="zigzag")
         ok, message = sut.validate(bad, QWEN)
         assert ok is False and "divisible by attn_cp_size" in message, message
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("which", ["old", "new"])
+def test_deterministic_inference_reaches_the_backend_as_one_split(which, sut_old, sut_new):
+    sut = sut_old if which == "old" else sut_new
+    server = ServerConfig(tp_size=4, attn_cp_size=4, enable_prefill_cp=True, cp_strategy="zigzag",
+                          enable_deterministic_inference=True, context_length=40960)
+    result = sut.run(scenario(server, SKEWED))
+    (entry,) = result.trace
+    assert entry["call"]["num_splits"] == 1 and entry["s_c"] == 1
+    assert result.ok  # one split on both sides: no overflow is possible

@@ -93,6 +93,44 @@ def apply_runner_layout(release: str, runner, values: dict) -> None:
         _apply_ps(runner, values)
 
 
+#: Server-args fields merged into the kit's ``get_context().override_server_args(...)`` (0.5.16+ kits publish a
+#: ServerArgs that way; the backend then reads e.g. ``get_exec().deterministic``): only fields the release declares.
+OVERRIDE_SERVER_ARGS = ("tp_size", "dp_size", "attn_cp_size", "enable_dp_attention", "enable_prefill_cp",
+                        "cp_strategy", "enable_deterministic_inference")
+
+
+@contextlib.contextmanager
+def kit_server_args(dense, values: dict):
+    """While the kit's MockModelRunner is built: its ``override_server_args(...)`` call also carries this rank's
+    layout and determinism (where the kit publishes server args that way), else nothing changes."""
+    get_context = getattr(dense, "get_context", None)
+    if get_context is None:
+        yield
+        return
+    from sglang.srt.server_args import ServerArgs
+
+    from .validation import declared_fields
+
+    declared = declared_fields(ServerArgs)
+    extra = {k: values[k] for k in OVERRIDE_SERVER_ARGS if k in declared and values.get(k) is not None}
+
+    class _Context:
+        def __init__(self, ctx):
+            self._ctx = ctx
+
+        def override_server_args(self, **fields):
+            return self._ctx.override_server_args(**{**fields, **extra})
+
+        def __getattr__(self, name):
+            return getattr(self._ctx, name)
+
+    dense.get_context = lambda: _Context(get_context())
+    try:
+        yield
+    finally:
+        dense.get_context = get_context
+
+
 def _apply_ps(runner, values: dict) -> None:
     """``model_runner.ps``: rebuilt with the release's own ``ParallelState.trivial(**overrides)`` (0.5.16+) for
     the fields that class declares; a plain namespace where the runner has none."""

@@ -93,7 +93,7 @@ class RankBackend:
                       max_context_len=self.ctx, head_dim=self.model.head_dim,
                       disable_cuda_graph=not self.server.cuda_graph, disable_piecewise_cuda_graph=True,
                       runner_batch_size=self.pool_bs)
-        with self._small_pool():
+        with self._small_pool(), self.glue.kit_server_args(d, self.values):
             self.runner = d.MockModelRunner(**_accepted(d.MockModelRunner.__init__, kwargs))
         self.glue.apply_runner_layout(self.engine.release, self.runner, self.values)
         self.backend = d.ATTENTION_BACKENDS["fa3"](self.runner)
