@@ -5,7 +5,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: check test setup clean bench
+#: sglang releases whose engine environments the test suite drives (cached under ~/.cache/fa3verify/engines).
+ENGINE_RELEASES ?= 0.5.13 0.5.23
+
+.PHONY: check test setup clean bench engines
 
 setup: $(STAMP)
 
@@ -19,7 +22,11 @@ $(STAMP): pyproject.toml
 check: $(STAMP)
 	$(VENV)/bin/fa3verify check
 
-test: $(STAMP)
+# Builds (first time, ~5-10 min per release on 2 cores) or reuses the engine environments the engine tests use.
+engines: $(STAMP)
+	$(PY) -m gpu_impl.engines.envs $(ENGINE_RELEASES)
+
+test: $(STAMP) engines
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
