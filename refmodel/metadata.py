@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import torch
 
 from .fa3_scheduler import Schedule, ScheduleInputs, precompute_inputs, resolve_schedule
-from .prepare import PrepareResult, prepare_scheduler
+from .prepare import PrepareResult, launch_check, prepare_scheduler
 
 #: Value of metadata slots FA3 never writes (INT32_MIN): FA3 leaves uninitialised memory there.
 UNWRITTEN = -(2**31)
@@ -178,6 +178,7 @@ def schedule_and_prepare(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, nu
         sm_margin=sm_margin, num_sm=num_sm, arch=arch)
     schedule = resolve_schedule(inputs)
     b = int(batch_size)
+    launch_check(b)  # batch_size == 0: FA3 ends the process (ProcessAbort), it does not return metadata
     seqused = _as_int_list(cache_seqlens, "cache_seqlens", b)
     if any(v < 0 for v in seqused):
         raise ValueError(f"cache_seqlens: entries must be >= 0, got {seqused}")
