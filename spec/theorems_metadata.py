@@ -56,7 +56,7 @@ from .symbolic import (
     smax,
     smin,
     solver,
-    sym_blocks_per_sm,
+    sym_blocks_per_sm_range,
     sym_dynamic_split,
     sym_m_blocks,
     sym_pack,
@@ -336,13 +336,28 @@ def _stage2(g: Group, budget: _Budget, b: int, eager: bool, fresh: bool = False,
     if m1 != [1, 1]:
         total = total * z3.If(pack, bv(m1[0]), bv(m1[1]))
     heads = z3.If(pack, bv(g.P.num_heads_k), bv(g.P.num_heads))
-    bps = sym_blocks_per_sm(total, heads, g.P.num_sm)
+    # fast math (refmodel fastmath): blocks_per_sm is any value the <= 2-ulp division allows, IEEE's included
+    bps = z3.BitVec("blocks_per_sm", BV)
+    bps_lo, bps_hi = sym_blocks_per_sm_range(total, heads, g.P.num_sm)
+    s.add(bps >= bps_lo, bps <= bps_hi)
     splits = [z3.If(Sp == 1, bv(1), smax(smin(_ceil_small(x, bps), Sp), 1)) for x in n]
     s.add(Sc > 1, z3.Or([x > Sc for x in splits]))
     r = budget.check(s, f"stage2 b={b}")
     if r != z3.sat:
         return ("unsat" if r == z3.unsat else "unknown"), None
     m = s.model()
+    if _val(m, bps_lo) != _val(m, bps_hi):
+        # the witness sits where fast math decides: ask for one the division's rounding cannot change
+        s.add(bps_lo == bps_hi)
+        r = budget.check(s, f"stage2 b={b} fast-math-robust")
+        if r != z3.sat:
+            if r == z3.unsat:
+                budget.unknowns.append(
+                    f"stage2 b={b}: a violation exists only where FA3's fast-math division (<= 2 ulp) decides "
+                    f"blocks_per_sm (e.g. lengths {[_val(m, x) for x in L]}, blocks_per_sm {_val(m, bps_lo)} or "
+                    f"{_val(m, bps_hi)}): inconclusive")
+            return "unknown", None
+        m = s.model()
     return "sat", {"b": b, "seq_lens": [_val(m, x) for x in L], "call_seq_lens": [_val(m, x) for x in local],
                    "call_seqlen_k": _val(m, kc), "precompute_seqlen_k": _val(m, p_static),
                    "num_splits": _val(m, k) if g.fixed else None, "S_p": _val(m, Sp), "S_c": _val(m, Sc),

@@ -38,7 +38,7 @@ import torch
 
 from refmodel.combine import combine_capacity
 from refmodel.fa3_scheduler import Schedule, ScheduleInputs, call_inputs, resolve_schedule
-from refmodel.metadata import UNWRITTEN, DecodedMetadata, decode_metadata, encode_metadata
+from refmodel.metadata import UNWRITTEN, DecodedMetadata, call_own_metadata, decode_metadata, encode_metadata
 from refmodel.prepare import m_blocks_for, prepare_scheduler
 
 from ..errors import MetadataShapeError, OutOfBoundsAccess
@@ -335,17 +335,6 @@ def _check_metadata_tensor(md, size: int, device: Optional[torch.device]) -> Non
                                  expected=torch.int32, got=md.dtype)
 
 
-def _call_prepare_schedule(schedule: Schedule) -> Schedule:
-    """The schedule the call's own prepare step runs with: the kernel's tiles and forced PackGQA.
-
-    ``flash_fwd_launch_template.h`` runs ``prepare_varlen_num_blocks(params, stream, PackGQA, kBlockM, kBlockN)``
-    with the kernel template's values, where the precompute (``flash_api.cpp``) passes the host tiles and the
-    unforced pack decision.
-    """
-    return dataclasses.replace(schedule, block_m=schedule.kernel_block_m, block_n=schedule.kernel_block_n,
-                               pack_gqa=schedule.kernel_pack_gqa)
-
-
 def build_tile_plan(shape: CallShape, schedule: Schedule, scheduler_metadata=None,
                     device: Optional[torch.device] = None) -> TilePlan:
     """Check a given metadata tensor as FA3 does, then lay out what the kernels will read for this call."""
@@ -367,8 +356,8 @@ def build_tile_plan(shape: CallShape, schedule: Schedule, scheduler_metadata=Non
         decoded = decode_metadata(scheduler_metadata, b, schedule.sort, schedule.swizzle)
         source = "metadata"
     else:
-        result = prepare_scheduler(_call_prepare_schedule(schedule), shape.seqused_k, seqlens_q=list(shape.seqlens_q),
-                                   leftpad_k=None if shape.cache_leftpad is None else list(shape.cache_leftpad))
+        _, result = call_own_metadata(schedule, shape.seqused_k, seqlens_q=list(shape.seqlens_q),
+                                      leftpad_k=None if shape.cache_leftpad is None else list(shape.cache_leftpad))
         decoded = decode_metadata(encode_metadata(schedule, result), b, schedule.sort, schedule.swizzle)
         source = "prepare"
     return TilePlan(
