@@ -41,7 +41,7 @@ from refmodel.fa3_scheduler import (
 
 __all__ = [
     "BV", "bv", "smin", "smax", "ceil_div_const", "ceil_div_sym", "f32_val", "sym_blocks_per_sm",
-    "sym_blocks_per_sm_range", "sym_dynamic_split", "sym_m_blocks", "sym_n_blocks", "run_table", "table_lookup", "sym_combine_capacity",
+    "sym_blocks_per_sm_range", "sym_l2_split_count", "sym_dynamic_split", "sym_m_blocks", "sym_n_blocks", "run_table", "table_lookup", "sym_combine_capacity",
     "sym_split_block_range", "SideParams", "side_params", "Heuristic", "sym_split_count", "sym_pack",
     "sym_prepare_splits", "evaluate_term", "solver",
 ]
@@ -126,6 +126,26 @@ def sym_blocks_per_sm_range(total, num_heads, num_sm, ulps: int = 2):
         return z3.fpToSBV(RTZ, z3.fpRoundToIntegral(RTP, x), z3.BitVecSort(BV))
 
     return ceil_int(down), ceil_int(up)
+
+
+def sym_l2_split_count(seqlen_k, bytes_per_token: int, max_splits: int = HEURISTIC_MAX_SPLITS, width: int = BV):
+    """(taken, count) of the L2 branch of `num_splits_heuristic` in `width`-bit C++ int (refmodel fa3_scheduler).
+
+    size = seqlen_k * bytes_per_token (wraps), taken iff size > 50 MiB (signed), count = min((size + 50 MiB - 1)
+    / 50 MiB, max_splits) with z3's signed division (truncation toward zero, as C++). The caller states the other
+    conditions of the branch (total_mblocks >= 0.8 SMs, m_blocks >= 2 SMs, not causal/local). `width` 64 is the
+    counterfactual FA3 with 64-bit sizes.
+    """
+    from refmodel.fa3_scheduler import L2_SPLIT_BYTES
+
+    def c(x):
+        return z3.BitVecVal(int(x), width)
+
+    size = (z3.ZeroExt(width - BV, seqlen_k) if z3.is_bv(seqlen_k) and seqlen_k.size() < width else seqlen_k) \
+        * c(bytes_per_token)
+    taken = size > c(L2_SPLIT_BYTES)
+    count = (size + c(L2_SPLIT_BYTES - 1)) / c(L2_SPLIT_BYTES)
+    return taken, z3.If(count < c(max_splits), count, c(max_splits))
 
 
 def sym_dynamic_split(n_blocks, bps, num_splits_static):

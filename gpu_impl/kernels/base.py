@@ -46,7 +46,7 @@ from ..errors import MetadataShapeError, OutOfBoundsAccess
 __all__ = [
     "INVARIANTS", "KernelAdapter", "CallArgs", "CallShape", "TilePlan", "Violation", "Poison",
     "UNSUPPORTED_ARGUMENTS", "call_shape", "call_schedule", "build_tile_plan", "check_plan",
-    "spec_verdicts",
+    "spec_verdicts", "own_metadata_comparison",
     "poison_of", "raise_first", "schedule_summary", "reject_unsupported",
 ]
 
@@ -367,6 +367,34 @@ def build_tile_plan(shape: CallShape, schedule: Schedule, scheduler_metadata=Non
         batch_idx=decoded.batch_idx[:b] if schedule.sort else list(range(b)),
         nheads_in_l2=None if decoded.nheads_in_l2 is None else decoded.nheads_in_l2[:b],
         decoded=decoded)
+
+
+def own_metadata_comparison(plan: TilePlan) -> Optional[dict]:
+    """Given metadata against what the call would have computed for itself (refmodel ``call_own_metadata``).
+
+    Per real batch (through each side's batch order), the split count the kernels read and the m-blocks; None
+    when no metadata was given or the call is not varlen. ``differs`` names the batches where the two disagree:
+    not a fault by itself (stale lengths are harmless), but where the precompute was not what the call expects.
+    """
+    if plan.source != "metadata" or not plan.schedule.inputs.uses_prepare:
+        return None
+    shape, schedule = plan.shape, plan.schedule
+    _, own = call_own_metadata(schedule, shape.seqused_k, seqlens_q=list(shape.seqlens_q),
+                               leftpad_k=None if shape.cache_leftpad is None else list(shape.cache_leftpad))
+    b = shape.batch_size
+    own_order = own.batch_idx if own.batch_idx is not None else list(range(b))
+    own_by_batch = {bb: (own.num_splits[vb] if plan.split else 1, own.num_m_blocks[vb]) for vb, bb in enumerate(own_order)}
+    given_by_batch = {}
+    for vb in range(b):
+        bb = plan.valid_batch(vb)
+        if bb is not None:
+            given_by_batch.setdefault(bb, (plan.num_splits[vb], plan.num_m_blocks[vb]))
+    differs = [bb for bb in range(b) if given_by_batch.get(bb) != own_by_batch.get(bb)]
+    return {"own_num_splits": [own_by_batch[bb][0] for bb in range(b)],
+            "own_num_m_blocks": [own_by_batch[bb][1] for bb in range(b)],
+            "given_num_splits": [given_by_batch.get(bb, (None, None))[0] for bb in range(b)],
+            "given_num_m_blocks": [given_by_batch.get(bb, (None, None))[1] for bb in range(b)],
+            "differs": differs}
 
 
 # ----------------------------------------------------------------------------------------------------------
