@@ -39,6 +39,7 @@ from refmodel.fa3_scheduler import (
     precompute_inputs,
     resolve_schedule,
 )
+from refmodel.metadata import call_own_metadata
 from refmodel.prepare import prepare_scheduler
 from refmodel.splitkv import split_block_range
 
@@ -800,11 +801,13 @@ def _freshness(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
             continue
         kind = _corner_kind(inp, sp)
         ev = _concrete_multirow(inp, w)
+        own = _concrete_multirow(inp, w, own=True)
         wit = {"kind": kind, "headdim": inp.headdim, "headdim_v": inp.headdim_v, "qhead_per_khead": sp[0],
                "page_size": inp.page_size, "causal": inp.causal, "pack_gqa": inp.pack_gqa,
                "precompute_block_m": sp[1], "kernel_block_m": sp[2], **w,
-               "replayed": ev.outcome, "invariant": "QUERY_COVER"}
-        if kind is None or ev.outcome != "violation":
+               "replayed": ev.outcome, "call_own_metadata": own.outcome, "invariant": "QUERY_COVER"}
+        # the corner is the precompute's: what the call computes for itself (refmodel call_own_metadata) is SAFE
+        if kind is None or ev.outcome != "violation" or own.outcome != "pass":
             unexpected = wit
             break
         corners.setdefault(kind, wit)
@@ -833,14 +836,21 @@ def _freshness(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
                          details=details)
 
 
-def _concrete_multirow(inp: ScheduleInputs, w: dict):
-    """Replay a multi-row freshness witness: one batch with Lq rows and 1 KV token, num_splits = S fixed."""
+def _concrete_multirow(inp: ScheduleInputs, w: dict, own: bool = False):
+    """Replay a multi-row freshness witness: one batch with Lq rows and 1 KV token, num_splits = S fixed.
+
+    `own`: compare the call with the metadata it computes for itself (refmodel `call_own_metadata`,
+    flash_fwd_launch_template.h 163-165) instead of a precompute from the same inputs.
+    """
     lq = int(w["seqlen_q"])
     pin = dataclasses.replace(inp, batch_size=1, seqlen_q=max(lq, inp.seqlen_q), seqlen_k=lq + 1,
                               num_splits=int(w["num_splits"]))
-    P = resolve_schedule(pin)
-    R = prepare_scheduler(P, [lq + 1], seqlens_q=[lq])
     C = resolve_schedule(dataclasses.replace(pin, precompute=False, uses_prepare=True))
+    if own:
+        P, R = call_own_metadata(C, [lq + 1], seqlens_q=[lq])
+    else:
+        P = resolve_schedule(pin)
+        R = prepare_scheduler(P, [lq + 1], seqlens_q=[lq])
     return evaluate(P, R, C, {"seqused_k": [lq + 1], "seqlens_q": [lq]})
 
 
