@@ -20,7 +20,7 @@ import numpy as np
 
 from .cint import f32_to_int_sat
 from .fa3_scheduler import F32, PREPARE_MAX_BATCH_ONE_CTA, Schedule
-from .prepare import dynamic_split, m_blocks_for, n_blocks_for, total_blocks
+from .prepare import blocks_per_sm, dynamic_split, m_blocks_for, n_blocks_for, total_blocks
 
 __all__ = ["DIV_ULPS", "quotient", "blocks_per_sm_candidates", "fast_math_split_change"]
 
@@ -65,4 +65,5 @@ def fast_math_split_change(schedule: Schedule, seqused_k: Sequence[int], seqlens
     if len({tuple(v) for v in splits.values()}) <= 1:
         return None
     return {"total_blocks": total, "quotient": float(quotient(total, schedule.prepare_num_heads, inp.num_sm)),
+            "ieee": blocks_per_sm(total, schedule.prepare_num_heads, inp.num_sm),
             "candidates": list(cands), "splits": {int(k): v for k, v in splits.items()}}

@@ -102,10 +102,13 @@ def max_kvblocks_in_l2(block_n: int, headdim: int, headdim_v: int, element_size:
 
 
 def prepare_scheduler(schedule: Schedule, seqused_k: Sequence[int], seqlens_q: Optional[Sequence[int]] = None,
-                      leftpad_k: Optional[Sequence[int]] = None, seqlens_new: Optional[Sequence[int]] = None) -> PrepareResult:
+                      leftpad_k: Optional[Sequence[int]] = None, seqlens_new: Optional[Sequence[int]] = None,
+                      blocks_per_sm_value: Optional[int] = None) -> PrepareResult:
     """Run FA3's prepare step for one schedule over concrete per-batch lengths (flash_prepare_scheduler.cu).
 
     `seqlens_q` defaults to the static seqlen_q for every batch; `seqlens_new` to the static new-KV length.
+    `blocks_per_sm_value` replaces the IEEE blocks_per_sm by another value a fast-math division can give
+    (refmodel.fastmath `blocks_per_sm_candidates`); None computes it.
     """
     inp = schedule.inputs
     b = inp.batch_size
@@ -125,7 +128,8 @@ def prepare_scheduler(schedule: Schedule, seqused_k: Sequence[int], seqlens_q: O
         n_per_split = list(n_blocks)
         bps = None
     else:
-        bps = blocks_per_sm(total_blocks(m_blocks, n_blocks), heads, inp.num_sm)
+        bps = blocks_per_sm(total_blocks(m_blocks, n_blocks), heads, inp.num_sm) if blocks_per_sm_value is None \
+            else int(blocks_per_sm_value)
         splits = [dynamic_split(n, bps, schedule.num_splits) for n in n_blocks]
         n_per_split = [c_ceil_div(n, s) for n, s in zip(n_blocks, splits)]
 
