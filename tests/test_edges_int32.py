@@ -106,3 +106,16 @@ def test_theorem_8_finds_the_wrap_for_every_instance_and_not_with_64_bit_sizes()
         assert w["split_count"] < 1 and w["call"].startswith("rejected")
     # negative control: the counterfactual FA3 with 64-bit sizes has no such length
     assert run_edge_theorems(int_bits=64)[0].verdict == "proved"
+
+
+def test_hazard_map_shows_where_real_models_hit_the_band():
+    from fa3verify.hazard_map import int32_split_hazard
+    from gpu_impl.config import MODELS
+
+    # gemma-2-9b (d 256) at two million tokens, Qwen3-30B-A3B (d 128) at four million; heuristics.h:29-34
+    g = int32_split_hazard(MODELS["gemma-2-9b"], 132, (16, 8))
+    assert g["kv_tokens"] == [2045953, 2097151] and g["split_count"] < 1 and g["checked_by_refmodel"]
+    q = int32_split_hazard(MODELS["qwen3-30b-a3b"], 132, (32, 4))
+    assert q["kv_tokens"] == [4091905, 4194303] and q["min_query_tokens"] == 4209 and q["checked_by_refmodel"]
+    # negative control: one query token fewer, or causal, and the branch is not taken (checked inside)
+    assert _splits(4150000, causal=True) == 1
