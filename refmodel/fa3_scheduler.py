@@ -183,9 +183,9 @@ def should_pack_gqa(varlen_q: bool, seqlen_q: int, qhead_per_khead: int, block_m
     """FA3's PackGQA heuristic: pack when it raises m-tile efficiency by over 10% (heuristics.h)."""
     if varlen_q:
         return True
-    nopack = F32(seqlen_q) / F32(ceil_div(seqlen_q, block_m) * block_m)
-    packed_rows = seqlen_q * qhead_per_khead
-    pack = F32(packed_rows) / F32(ceil_div(packed_rows, block_m) * block_m)
+    nopack = F32(seqlen_q) / F32(to_int32(c_ceil_div(seqlen_q, block_m) * block_m))
+    packed_rows = to_int32(seqlen_q * qhead_per_khead)  # int, as heuristics.h:15 computes it
+    pack = F32(packed_rows) / F32(to_int32(c_ceil_div(packed_rows, block_m) * block_m))
     return float(nopack) < 0.9 * float(pack)
 
 

@@ -85,6 +85,9 @@ def test_symbolic_l2_branch_agrees_with_refmodel_on_random_and_edge_lengths():
         cases += [lo - 2, lo - 1, lo, lo + 1, hi - 1, hi, hi + 1, hi + 2]
         cases += [(bpt, rng.randrange(1, 2**31 - 1)) for _ in range(1450)]
         cases = [c if isinstance(c, tuple) else (bpt, c) for c in cases]
+    for bpt in (512, 1024):  # exhaustive windows around both edges of the first band
+        lo, hi = int32_split_band(bpt)
+        cases += [(bpt, x) for x in range(lo - 150, lo + 150)] + [(bpt, x) for x in range(hi - 150, hi + 150)]
     assert len(cases) >= 10000
     for bpt, length in cases:
         taken, count = sym_l2_split_count(L, bpt)
