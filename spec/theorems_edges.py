@@ -77,6 +77,10 @@ def _int32_split_heuristic(timeout_s: float, int_bits: int, num_sm: int = 132) -
             unknown.append(f"d={d} dv={dv} elem={elem}: {s.reason_unknown()}")
         elif r == z3.sat:
             L = s.model()[length].as_long()
+            # report a canonical witness: the first band's lowest length, when z3 confirms it (deterministic)
+            lo = int32_split_band(bpt)[0]
+            if s.check(length == bv(lo)) == z3.sat:
+                L = lo
             found[f"d{d}-dv{dv}-e{elem}"] = {"headdim": d, "headdim_v": dv, "element_size": elem, "seqlen_k": L,
                                              "band": list(int32_split_band(bpt)), **_replay(d, dv, elem, L, num_sm)}
     secs = time.perf_counter() - start
