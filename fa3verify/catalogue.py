@@ -286,6 +286,24 @@ ENTRIES: tuple = (
         "configurations with CUDA graph, decode batches whose size is not a captured graph size, metadata level",
         "metadata for the padded graph batch (sglang)",
         related="2-drift-breaks-b (FA3-level: more call batches than metadata batches, same b4)"),
+    Entry(
+        "13", "fa3-int32-l2-split", "FA3's int L2 split branch wraps to a negative split count",
+        "FA3 hopper/heuristics.h (read from source, issue 16)",
+        "https://github.com/Dao-AILab/flash-attention/blob/0251105a/hopper/heuristics.h",
+        "the L2 branch of num_splits_heuristic yields a negative split count near 4M non-causal KV tokens (d 128)",
+        "get_num_splits computes size_one_kv_head = seqlen_k * (d + dv) * elem in int (flash_api.cpp:463) and the "
+        "L2 branch returns (size + 50 MiB - 1) / 50 MiB (heuristics.h:34): for sizes above 2^31 - 50 MiB the sum "
+        "wraps, the count is about -40, and the call is rejected by run_mha_fwd's TORCH_CHECK(num_splits >= 1).",
+        "No upstream thread found; from the source at 0251105a. The branch needs >= 2 x num_SMs m-blocks of queries "
+        "and a non-causal, non-local call, so decode never reaches it; the precompute accepts the count (its prepare "
+        "step clamps every split to 1). Loud and safe, but the band (4091905..4194303 tokens at d 128 bf16, "
+        "2045953..2097151 at d 256) cannot run.",
+        "none needed: FA3 as modelled (refmodel.cint, theorem 8-int32-split-heuristic)",
+        (), "SPLIT_COUNT_POSITIVE (FA3 rejects the call: FA3_REJECTS_NUM_SPLITS)", ("prove",),
+        "theorem 8-int32-split-heuristic over 15 head-dim/dtype instances, witness replayed through refmodel; the "
+        "case is the call on the emulated kernel (KV broadcast from one row), rejected with FA3's message",
+        "no fuzz family: the inputs need millions of KV tokens; the theorem covers every length",
+        "counterfactual FA3 with 64-bit sizes (int_bits=64): proved, no such length", kernel_level=True),
 )
 
 _BY_ID = {e.id: e for e in ENTRIES}
@@ -734,8 +752,13 @@ def _kernel_tensors(kc: dict):
         q = torch.randn(b, max(lq + [0]), h, d, generator=gen)
     else:
         q = torch.randn(total, h, d, generator=gen)
-    k = torch.randn(b, cap, hk, d, generator=gen)
-    v = torch.randn(b, cap, hk, dv, generator=gen)
+    if call.get("broadcast_kv"):
+        # one random KV row per batch, broadcast over the cache without allocating it (millions of slots)
+        k = torch.randn(b, 1, hk, d, generator=gen).bfloat16().expand(b, cap, hk, d)
+        v = torch.randn(b, 1, hk, dv, generator=gen).bfloat16().expand(b, cap, hk, dv)
+    else:
+        k = torch.randn(b, cap, hk, d, generator=gen)
+        v = torch.randn(b, cap, hk, dv, generator=gen)
     if call.get("logits") == "below-sentinel":
         # every raw logit q.k ~ -(a^2 d) = -6e4, below FlashInfer's -5e4 sentinel; values stay random
         u = torch.randn(d, generator=gen)
@@ -745,7 +768,8 @@ def _kernel_tensors(kc: dict):
         k = -a * u + 0.01 * k
     cu = torch.tensor([0] + [sum(lq[:i + 1]) for i in range(b)], dtype=torch.int32)
     cs = torch.tensor(lk, dtype=torch.int32)
-    return q.bfloat16(), k.bfloat16(), v.bfloat16(), cu, cs
+    return q.bfloat16(), k if k.dtype == torch.bfloat16 else k.bfloat16(), \
+        v if v.dtype == torch.bfloat16 else v.bfloat16(), cu, cs
 
 
 def evaluate_kernel_case(kc: dict, defects: Optional[Iterable[str]] = None) -> tuple:
@@ -766,7 +790,7 @@ def _evaluate_kernel_case(kc: dict, defects: Optional[Iterable[str]] = None) -> 
     import torch
 
     from gpu_impl.defects import check_defects, defects_in_layer
-    from gpu_impl.errors import MetadataShapeError, OutOfBoundsAccess
+    from gpu_impl.errors import FA3Rejected, MetadataShapeError, OutOfBoundsAccess
     from gpu_impl.kernels import load
     from refmodel.attention import attention
     from refmodel.tolerance import fa3_output_close, reference_outputs
@@ -797,6 +821,8 @@ def _evaluate_kernel_case(kc: dict, defects: Optional[Iterable[str]] = None) -> 
                                                       **kwargs)
     except MetadataShapeError as exc:
         return "shape_error", [], [str(exc)]
+    except FA3Rejected as exc:  # FA3's own TORCH_CHECK: loud and safe, named by the field it refuses
+        return "clear_error", [f"FA3_REJECTS_{exc.field.upper()}"], [f"{type(exc).__name__}: {exc}"]
     except OutOfBoundsAccess as exc:
         return "violation", [exc.invariant], [str(exc)]
     except (ValueError, NotImplementedError) as exc:
@@ -1135,7 +1161,35 @@ _FUZZ: dict = {
                            _Policy("fixed"), ("BATCH_PERMUTATION",)),
 }
 
-_PROVE: dict = {"01": _prove_01, "02": _prove_02, "03": _prove_03, "08": _prove_08, "11": _prove_11}
+def _prove_13(on: bool, b: dict) -> EngineOutcome:
+    from spec.theorems_edges import replay_rows, run_edge_theorems
+
+    start = time.perf_counter()
+    r = run_edge_theorems(timeout_s=b["timeout_s"], int_bits=32 if on else 64)[0]
+    secs = time.perf_counter() - start
+    text = f"{r.name}: {r.verdict}; {r.message[:200]}"
+    if r.verdict == "inconclusive":
+        return EngineOutcome("prove", "inconclusive", secs, detail=text)
+    if not on:
+        fired = r.verdict != "proved"
+        return EngineOutcome("prove", "fired" if fired else "silent", secs,
+                             ["SPLIT_COUNT_POSITIVE"] if fired else [], detail=text)
+    if r.verdict != "expected-refutation":
+        return EngineOutcome("prove", "missed", secs, detail=text)
+    w = r.witness
+    rows = replay_rows(132)
+    call = {"seqlens_q": [rows // 32], "seqlens_k": [w["seqlen_k"]], "capacity_k": w["seqlen_k"], "broadcast_kv": True,
+            "max_seqlen_q": rows // 32, "heads": [32, 1], "head_dim": w["headdim"], "head_dim_v": w["headdim_v"],
+            "causal": False, "num_splits": 0, "seed": 13}
+    case = _kernel_case("13", call, (), "clear_error", ["FA3_REJECTS_NUM_SPLITS"], [w["call"]],
+                        notes=f"FA3's L2 split branch wraps in int: {w['split_count']} splits for {w['seqlen_k']} KV "
+                              f"tokens with {rows} query rows (32 query heads on 1 KV head), non-causal; "
+                              "run_mha_fwd rejects it (hopper/heuristics.h:34, flash_api.cpp:371 at 0251105a)")
+    return EngineOutcome("prove", "caught", secs, ["SPLIT_COUNT_POSITIVE"], detail=text, case=case)
+
+
+_PROVE: dict = {"01": _prove_01, "02": _prove_02, "03": _prove_03, "08": _prove_08, "11": _prove_11,
+                "13": _prove_13}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -1421,10 +1475,12 @@ def catalogue_markdown() -> str:
         "`cache_seqlens`); `call.capacity_k` the cache's slots; `call.dense` a call without either (batch may be 0) |",
         "| `call.heads`, `call.head_dim`, `call.head_dim_v` | `[h, h_k]` and head dims |",
         "| `call.causal`, `call.num_splits`, `call.max_seqlen_q` | the call's arguments (`num_splits` 0: heuristic) |",
+        "| `call.broadcast_kv` | optional: one random KV row per batch broadcast over `capacity_k` slots (no allocation) |",
         "| `call.seed`, `call.logits` | tensor seed; `\"below-sentinel\"` builds q/k whose raw logits are about -6e4 |",
         "| `call.metadata` | optional `get_scheduler_metadata` arguments (`batch_size`, `max_seqlen_q`, `max_seqlen_k`, "
         "`cache_seqlens`, `cu_seqlens_q`, `causal`, `num_splits`) |",
-        "| `expected.outcome` | `violation`, `pass`, `shape_error` or `clear_error` (a ValueError naming the argument) |",
+        "| `expected.outcome` | `violation`, `pass`, `shape_error` or `clear_error` (a ValueError naming the argument; "
+        "FA3's own rejection reports `FA3_REJECTS_<FIELD>`) |",
         "| `expected.invariant` | `NO_CRASH`, `NO_NAN`, `MASKED_ROW_LSE`, `MATCHES_ORACLE` or an out-of-bounds invariant |",
         "",
         "`fa3verify replay` reads scenario cases only; replay a kernel-level case with",

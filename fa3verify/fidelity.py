@@ -371,8 +371,23 @@ def check_config(adapter, cfg: FidelityConfig, probe_split: bool = True, max_q_e
         qkv_dtype="bfloat16", headdim_v=cfg.headdim_v, cu_seqlens_q=cu, page_size=page_size, causal=cfg.causal,
         num_splits=cfg.num_splits, sm_margin=cfg.sm_margin, num_sm=int(getattr(adapter, "num_sm", 132)),
         arch=int(getattr(adapter, "arch", 90)))
-    out = {"index": cfg.index, "metadata": compare_metadata(md_values, schedule, result, list(cfg.cache_seqlens)),
-           "split": None}
+    mismatches = compare_metadata(md_values, schedule, result, list(cfg.cache_seqlens))
+    fast_math = None
+    if mismatches:
+        # FA3's prepare kernel divides with fast math (refmodel.fastmath): where the <= 2-ulp error can move
+        # blocks_per_sm, the GPU's value is one of the candidates, not necessarily IEEE's
+        from refmodel.fastmath import fast_math_split_change
+        from refmodel.prepare import prepare_scheduler
+
+        seqlens_q = list(cfg.seqlens_q) if cfg.varlen_q else None
+        change = fast_math_split_change(schedule, list(cfg.cache_seqlens), seqlens_q)
+        for bps in (change or {}).get("candidates", []):
+            alt = prepare_scheduler(schedule, list(cfg.cache_seqlens), seqlens_q=seqlens_q, blocks_per_sm_value=bps)
+            if not compare_metadata(md_values, schedule, alt, list(cfg.cache_seqlens)):
+                mismatches, fast_math = [], {"blocks_per_sm": bps, "ieee": change["ieee"],
+                                             "candidates": change["candidates"]}
+                break
+    out = {"index": cfg.index, "metadata": mismatches, "split": None, "fast_math": fast_math}
     if probe_split:
         q, k, v, call, b = _probe_tensors(adapter, cfg, max_q_elems, max_kv_elems)
         effective = adapter.effective_call_inputs(q, k, v, **call)

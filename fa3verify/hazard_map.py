@@ -322,7 +322,14 @@ class HazardMap:
                 "policy": {"guard": self.guard, "metadata_heads": self.metadata_heads},
                 "short_len": self.short_len, "x_longest_len": self.lengths, "y_companions": self.companions,
                 "value": "max per-batch split count in the metadata minus S_c (overflow when > 0 and S_c > 1)",
-                "panels": [p.to_dict() for p in self.panels], "worked_example": self.worked_example()}
+                "panels": [p.to_dict() for p in self.panels], "worked_example": self.worked_example(),
+                "int32_split_band": self.int32_split_band()}
+
+    def int32_split_band(self) -> Optional[dict]:
+        """FA3's own int-overflow band for this model's call heads (None for an MLA model: no FA3 call here)."""
+        if self.model.is_mla or not self.panels:
+            return None
+        return int32_split_hazard(self.model, self.num_sm, tuple(self.panels[0].call_heads))
 
 
 def validate(model: str, num_sm: int, page_size: int = 1, tp: int = 4, guard: str = "pre-fix",
@@ -383,6 +390,40 @@ def compute_hazard_map(model: str, num_sm: int, page_size: int = 1, tp: int = 4,
         panels.append(panel)
     return HazardMap(model=cfg, num_sm=num_sm, page_size=page_size, tp=tp, guard=guard,
                      metadata_heads=metadata_heads, short_len=short_len, lengths=xs, companions=ys, panels=panels)
+
+
+def int32_split_hazard(model: ModelConfig, num_sm: int, call_heads: tuple) -> dict:
+    """Where FA3's int L2 split branch rejects a call of this model (issue 16, theorem 8-int32-split-heuristic).
+
+    A non-causal, non-local call whose KV head holds between 2^31 - 50 MiB and 2^31 - 1 bytes gets a negative
+    split count (hopper/heuristics.h:34 wraps) once it has at least 2 x num_SMs m-blocks of queries; mha_fwd then
+    raises (run_mha_fwd: num_splits >= 1). Decode and causal prefill never take the branch. Every number is
+    checked through refmodel's get_num_splits (the band edges and the query threshold, each side of it).
+    """
+    from refmodel.fa3_scheduler import element_size, get_num_splits
+    from spec.theorems_edges import int32_split_band
+
+    h, hk = call_heads
+    d, dv, dtype = model.head_dim, model.head_dim_v, model.dtype
+    bpt = (d + dv) * element_size(dtype)
+    lo, hi = int32_split_band(bpt)
+
+    def splits(seqlen_q: int, seqlen_k: int, causal: bool = False) -> int:
+        return get_num_splits(call_inputs(1, seqlen_q, seqlen_k, h, hk, d, headdim_v=dv, qkv_dtype=dtype,
+                                          causal=causal, num_sm=num_sm))
+
+    bm = resolve_schedule(call_inputs(1, 1, lo, h, hk, d, headdim_v=dv, qkv_dtype=dtype, num_splits=1,
+                                      num_sm=num_sm)).block_m
+    qhpk = h // hk
+    min_q = ceil_div((2 * num_sm - 1) * bm + 1, qhpk)
+    checked = splits(min_q, lo) < 1 and splits(min_q, hi) < 1 and splits(min_q, lo - 1) >= 1 \
+        and splits(min_q, hi + 1) >= 1 and (min_q == 1 or splits(min_q - 1, lo) >= 1) and splits(min_q, lo, True) >= 1
+    return {"kv_tokens": [lo, hi], "repeats_every_tokens": 2**32 // bpt, "min_query_tokens": min_q,
+            "split_count": splits(min_q, lo), "call_heads": [h, hk], "bytes_per_kv_token": bpt,
+            "reached_by": "non-causal, non-local calls only (decode and causal prefill skip the branch)",
+            "outcome": "mha_fwd raises (run_mha_fwd: num_splits >= 1): loud and safe, but the band cannot run",
+            "checked_by_refmodel": bool(checked),
+            "fa3_source": "hopper/heuristics.h@0251105a:29-34; hopper/flash_api.cpp@0251105a:463, 371"}
 
 
 # ------------------------------------------------------------------------------------------------

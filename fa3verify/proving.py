@@ -15,9 +15,10 @@ SHARDED_KV_THEOREM = "4-sharded-kv-decode"
 
 def theorem_results(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = None,
                     only: Optional[Iterable[str]] = None, dropped_assumptions: Iterable[str] = ()) -> list:
-    """All TheoremResults of spec for this policy: metadata (1-4), combine algebra (5), CP (6-7)."""
+    """All TheoremResults of spec for this policy: metadata (1-4), combine algebra (5), CP (6-7), FA3's int edges (8)."""
     from spec.theorems_algebra import run_algebra_theorems
     from spec.theorems_cp import run_cp_theorems
+    from spec.theorems_edges import run_edge_theorems
     from spec.theorems_metadata import run_metadata_theorems
 
     only = list(only) if only else None
@@ -28,6 +29,7 @@ def theorem_results(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional
     results += run_algebra_theorems(timeout_s=timeout_s, only=only, cases_dir=cases_dir)
     results += run_cp_theorems(timeout_s=timeout_s, clear_stale=policy.clear_stale_cp_metadata, only=only,
                                cases_dir=cases_dir)
+    results += run_edge_theorems(timeout_s=timeout_s, only=only)
     return results
 
 

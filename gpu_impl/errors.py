@@ -7,13 +7,19 @@
   dtype/contiguity/device checks next to it in ``hopper/flash_api.cpp``): the metadata tensor has the wrong
   length for the call.
 * :class:`KernelUnavailable` -- the requested kernel cannot run here (no CUDA, no FA3 module).
+* :class:`FA3Rejected`, :class:`ProcessAbort`, :class:`OutsideModel` -- refmodel's (``refmodel/errors.py``), re-exported:
+  FA3's own ``TORCH_CHECK`` refusal (loud, safe), FA3 ending the process (``exit(1)`` after a failed launch, a host
+  SIGFPE: loud, not safe for a server), and inputs outside the model (an architecture other than sm90).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["OutOfBoundsAccess", "MetadataShapeError", "KernelUnavailable", "format_indices"]
+from refmodel.errors import FA3Rejected, OutsideModel, ProcessAbort
+
+__all__ = ["OutOfBoundsAccess", "MetadataShapeError", "KernelUnavailable", "FA3Rejected", "ProcessAbort",
+           "OutsideModel", "format_indices"]
 
 
 def _fmt_value(value: Any) -> str:

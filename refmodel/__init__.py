@@ -20,10 +20,13 @@ from .fa3_scheduler import (
     resolve_schedule,
     tile_size_fwd_sm90,
 )
+from .errors import FA3Rejected, OutsideModel, ProcessAbort
 from .metadata import (
     UNWRITTEN,
     DecodedMetadata,
     MetadataLayout,
+    call_own_metadata,
+    call_own_schedule,
     decode_metadata,
     encode_metadata,
     get_scheduler_metadata,
@@ -39,4 +42,5 @@ __all__ = [
     "encode_metadata", "schedule_and_prepare", "prepare_scheduler", "PrepareResult", "resolve_schedule",
     "resolve_masking", "Masking", "Schedule", "ScheduleInputs", "call_inputs", "precompute_inputs",
     "tile_size_fwd_sm90", "kernel_headdims", "MetadataLayout", "DecodedMetadata", "UNWRITTEN",
+    "call_own_metadata", "call_own_schedule", "FA3Rejected", "ProcessAbort", "OutsideModel",
 ]

@@ -6,8 +6,13 @@ Everything here follows FlashAttention-3's `hopper/` sources (commit 0251105a): 
 `get_pagedkv_tma`). Arithmetic that FA3 does in float32 is done here in numpy float32; comparisons
 against double literals (`0.85 * max_eff`, `0.9 * pack_eff`) are done in float64 as C++ promotes them.
 
-Simplifications (stated once, here): only arch >= 90 is modelled (sm8x tile sizes are not); FA3 is built
-with fast math, so its float32 divisions may differ from IEEE by an ulp; this model uses IEEE float32.
+Integer arithmetic is C++ ``int`` (refmodel.cint): products and sums wrap, divisions truncate, as FA3's host
+code does; the one place this matters on real inputs is the L2 branch of ``num_splits_heuristic`` (about four
+million non-causal KV tokens at head dim 128 give a negative split count, which the call then rejects).
+
+Simplifications (stated once, here): only arch 90 is modelled; other architectures are refused
+(refmodel.validation). The float32 here is IEEE round-to-nearest; FA3's prepare kernel is built with fast math,
+and refmodel.fastmath says where its <= 2-ulp division can change a split count.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+
+from .cint import c_ceil_div, c_div, to_int32
+from .validation import check_call, check_call_split_count, check_precompute, effective_num_splits_argument
 
 F32 = np.float32
 
@@ -37,11 +45,6 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def to_int32(x: int) -> int:
-    """Wrap a Python int to C++ `int` (two's complement 32-bit), as FA3's int arithmetic does."""
-    return ((int(x) + 2**31) % 2**32) - 2**31
-
-
 def element_size(dtype) -> int:
     """Bytes per element of q/k/v: 1 for float8_e4m3, 2 for bf16/fp16 (flash_api.cpp `is_e4m3 ? 1 : 2`)."""
     name = str(dtype).replace("torch.", "")
@@ -49,7 +52,9 @@ def element_size(dtype) -> int:
         return 1
     if name in ("bfloat16", "float16", "half", "bf16", "fp16"):
         return 2
-    raise ValueError(f"qkv_dtype: FA3 supports bfloat16, float16 and float8_e4m3fn, got {dtype!r}")
+    from .errors import FA3Rejected
+    raise FA3Rejected("qkv_dtype", "FlashAttention only supports fp16, bf16, and fp8_e4m3 data type",
+                      "hopper/flash_api.cpp@0251105a:548-549", str(dtype))
 
 
 def round_up_headdim(head_size: int) -> int:
@@ -178,9 +183,9 @@ def should_pack_gqa(varlen_q: bool, seqlen_q: int, qhead_per_khead: int, block_m
     """FA3's PackGQA heuristic: pack when it raises m-tile efficiency by over 10% (heuristics.h)."""
     if varlen_q:
         return True
-    nopack = F32(seqlen_q) / F32(ceil_div(seqlen_q, block_m) * block_m)
-    packed_rows = seqlen_q * qhead_per_khead
-    pack = F32(packed_rows) / F32(ceil_div(packed_rows, block_m) * block_m)
+    nopack = F32(seqlen_q) / F32(to_int32(c_ceil_div(seqlen_q, block_m) * block_m))
+    packed_rows = to_int32(seqlen_q * qhead_per_khead)  # int, as heuristics.h:15 computes it
+    pack = F32(packed_rows) / F32(to_int32(c_ceil_div(packed_rows, block_m) * block_m))
     return float(nopack) < 0.9 * float(pack)
 
 
@@ -189,10 +194,12 @@ def num_splits_heuristic(total_mblocks: int, num_sms: int, num_n_blocks: int, nu
     """FA3's split count: the smallest split reaching 85% of the best wave efficiency (heuristics.h).
 
     Example from FA3's own comment: 48 m-blocks on 108 SMs gives 2 splits (efficiency 0.89).
+    The L2 branch computes ``(size_one_kv_head + 50 MiB - 1) / 50 MiB`` in int: for a head of more than
+    2^31 - 50 MiB bytes the sum wraps and the split count is negative (heuristics.h line 34).
     """
     if F32(total_mblocks) >= F32(0.8) * F32(num_sms):
-        if size_one_kv_head > L2_SPLIT_BYTES and num_m_blocks >= num_sms * 2 and not is_causal_or_local:
-            return min(ceil_div(size_one_kv_head, L2_SPLIT_BYTES), max_splits)
+        if size_one_kv_head > L2_SPLIT_BYTES and num_m_blocks >= to_int32(num_sms * 2) and not is_causal_or_local:
+            return min(c_ceil_div(size_one_kv_head, L2_SPLIT_BYTES), max_splits)
         return 1
     if num_n_blocks <= 4:
         return 1
@@ -254,6 +261,7 @@ class ScheduleInputs:
     arch: int = 90
     uses_prepare: bool = True
     precompute: bool = True
+    has_seqused_k: bool = True
 
     @property
     def paged(self) -> bool:
@@ -320,24 +328,27 @@ def get_num_splits(inp: ScheduleInputs, masking: Optional[Masking] = None) -> in
     """Split count FA3 chooses: the argument when positive, else the heuristic (flash_api.cpp `get_num_splits`).
 
     With the prepare step (varlen) total_mblocks pretends batch = 1, an upper bound for dynamic splits.
+    Every intermediate is a C++ int (flash_api.cpp lines 456-468): seqlen_q * qhpk, the block counts, the KV
+    head's byte size and total_mblocks wrap past 2^31 - 1. The argument is FA3's int64 narrowed to int.
     """
     if inp.num_splits > 0:
-        return inp.num_splits
+        return effective_num_splits_argument(inp.num_splits)
     masking = masking or resolve_masking(inp.seqlen_q, inp.seqlen_k, inp.causal, inp.window_size,
                                          inp.attention_chunk, inp.headdim, inp.paged)
     d_r, dv_r = rounded_headdims(inp.headdim, inp.headdim_v)
     tma = pagedkv_tma(inp, masking, d_r, dv_r)
     bm, bn = tile_size_fwd_sm90(d_r, dv_r, masking.is_causal, masking.is_local, inp.element_size,
                                 paged_kv_non_tma=inp.paged and not tma, softcap=inp.has_softcap)
-    qhpk = inp.num_heads // inp.num_heads_k
+    qhpk = c_div(inp.num_heads, inp.num_heads_k)
     if masking.is_local:
-        seqlen_k_loaded = max(0, min(inp.seqlen_k, masking.window_right + masking.window_left + 1 + bm))
+        window = to_int32(to_int32(to_int32(masking.window_right + masking.window_left) + 1) + bm)
+        seqlen_k_loaded = max(0, min(inp.seqlen_k, window))
     else:
         seqlen_k_loaded = inp.seqlen_k
-    n_blocks = ceil_div(seqlen_k_loaded, bn)
-    m_blocks = ceil_div(inp.seqlen_q * qhpk, bm)
+    n_blocks = c_ceil_div(seqlen_k_loaded, bn)
+    m_blocks = c_ceil_div(to_int32(inp.seqlen_q * qhpk), bm)
     size_one_kv_head = to_int32(inp.seqlen_k * (inp.headdim + inp.headdim_v) * inp.element_size)
-    total_mblocks = (1 if inp.uses_prepare else inp.batch_size) * inp.num_heads_k * m_blocks
+    total_mblocks = to_int32((1 if inp.uses_prepare else inp.batch_size) * inp.num_heads_k * m_blocks)
     return num_splits_heuristic(total_mblocks, inp.num_sm, n_blocks, m_blocks, size_one_kv_head,
                                 masking.is_causal or masking.is_local, HEURISTIC_MAX_SPLITS)
 
@@ -377,6 +388,8 @@ def resolve_schedule(inp: ScheduleInputs) -> Schedule:
         needs_sem = (((masking.is_causal or masking.is_local) and num_splits == 1) or inp.uses_prepare) \
             if inp.arch >= 90 else False
     kernel_pack = pack or inp.arch < 90 or non_tma or num_splits > 1
+    if not inp.precompute:
+        check_call_split_count(num_splits, kernel_runs=inp.batch_size > 0 and inp.seqlen_q > 0)
     return Schedule(inputs=inp, masking=masking, d_rounded=d_r, dv_rounded=dv_r, pagedkv_tma=tma,
                     block_m=bm, block_n=bn, num_splits=num_splits, pack_gqa=pack,
                     sort=not masking.is_local, swizzle=masking.is_causal or masking.is_local,
@@ -384,27 +397,11 @@ def resolve_schedule(inp: ScheduleInputs) -> Schedule:
 
 
 def validate_schedule_inputs(inp: ScheduleInputs) -> None:
-    """Reject inputs FA3 itself rejects, naming the field and the allowed range (flash_api.cpp TORCH_CHECKs)."""
-    checks = [
-        ("batch_size", inp.batch_size >= 0, ">= 0"),
-        ("max_seqlen_q", inp.seqlen_q >= 0, ">= 0"),
-        ("max_seqlen_k", inp.seqlen_k >= 0, ">= 0"),
-        ("num_heads", inp.num_heads >= 1, ">= 1"),
-        ("num_heads_k", inp.num_heads_k >= 1, ">= 1"),
-        ("headdim", 1 <= inp.headdim <= 256, "1..256"),
-        ("headdim_v", 1 <= inp.headdim_v <= 512, "1..512"),
-        ("num_splits", inp.num_splits <= CALL_MAX_SPLITS, f"<= {CALL_MAX_SPLITS} (<= 0 means heuristic)"),
-        ("num_sm", inp.num_sm >= 1, ">= 1"),
-        ("page_size", inp.page_size is None or inp.page_size >= 1, ">= 1 or None"),
-    ]
-    for name, ok, allowed in checks:
-        if not ok:
-            raise ValueError(f"{name}: must be {allowed}, got {getattr(inp, _FIELD_ALIASES.get(name, name))!r}")
-    if inp.num_heads % inp.num_heads_k != 0:
-        raise ValueError(f"num_heads: must be a multiple of num_heads_k={inp.num_heads_k}, got {inp.num_heads}")
+    """Accept and reject exactly what FA3 does for this side (refmodel.validation; flash_api.cpp TORCH_CHECKs).
 
-
-_FIELD_ALIASES = {"max_seqlen_q": "seqlen_q", "max_seqlen_k": "seqlen_k"}
+    The precompute checks only h % h_k (and the dtype); the call checks head dims, alignment and appended KV.
+    """
+    (check_precompute if inp.precompute else check_call)(inp)
 
 
 def precompute_inputs(batch_size: int, max_seqlen_q: int, max_seqlen_k: int, num_heads_q: int, num_heads_kv: int,
@@ -445,7 +442,7 @@ def call_inputs(batch_size: int, seqlen_q: int, seqlen_k: int, num_heads: int, n
         has_softcap=bool(has_softcap), page_size=None if page_size is None else int(page_size),
         varlen_q=bool(varlen_q), has_leftpad=bool(has_leftpad), seqlen_knew=int(seqlen_knew),
         num_splits=int(num_splits), pack_gqa=pack_gqa, num_sm=int(num_sm) - int(sm_margin), arch=int(arch),
-        uses_prepare=uses_prepare, precompute=False)
+        uses_prepare=uses_prepare, precompute=False, has_seqused_k=bool(has_cache_seqlens))
 
 
 def combine_capacity(num_splits_call: int, headdim_v: int) -> int:

@@ -11,13 +11,14 @@ This model fills them with the documented sentinel `UNWRITTEN` so a reader of su
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
 from .fa3_scheduler import Schedule, ScheduleInputs, precompute_inputs, resolve_schedule
-from .prepare import PrepareResult, prepare_scheduler
+from .prepare import PrepareResult, launch_check, prepare_scheduler
 
 #: Value of metadata slots FA3 never writes (INT32_MIN): FA3 leaves uninitialised memory there.
 UNWRITTEN = -(2**31)
@@ -178,6 +179,7 @@ def schedule_and_prepare(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, nu
         sm_margin=sm_margin, num_sm=num_sm, arch=arch)
     schedule = resolve_schedule(inputs)
     b = int(batch_size)
+    launch_check(b)  # batch_size == 0: FA3 ends the process (ProcessAbort), it does not return metadata
     seqused = _as_int_list(cache_seqlens, "cache_seqlens", b)
     if any(v < 0 for v in seqused):
         raise ValueError(f"cache_seqlens: entries must be >= 0, got {seqused}")
@@ -186,3 +188,34 @@ def schedule_and_prepare(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, nu
     leftpad = _as_int_list(cache_leftpad, "cache_leftpad", b)
     result = prepare_scheduler(schedule, seqused, seqlens_q=lq, leftpad_k=leftpad, seqlens_new=lnew)
     return schedule, result
+
+
+def call_own_schedule(call_schedule: Schedule) -> Schedule:
+    """The schedule ``mha_fwd``'s own prepare step runs with when no metadata is passed: the kernel's tiles and PackGQA.
+
+    ``flash_fwd_launch_template.h`` (0251105a) lines 40-43 take kBlockM/kBlockN from the kernel template's head dims,
+    line 377 of ``flash_api.cpp`` forces PackGQA for Split or paged-non-TMA, and lines 163-165 run
+    ``prepare_varlen_num_blocks(params, stream, PackGQA, kBlockM, kBlockN, ...)`` with those values, where the
+    precompute (``flash_api.cpp`` 652-658) passes the host tiles and the unforced pack decision.
+    """
+    if call_schedule.inputs.precompute:
+        raise ValueError("call_schedule: must be a call's schedule (inputs.precompute False), got a precompute's")
+    return dataclasses.replace(call_schedule, block_m=call_schedule.kernel_block_m,
+                               block_n=call_schedule.kernel_block_n, pack_gqa=call_schedule.kernel_pack_gqa)
+
+
+def call_own_metadata(call_schedule: Schedule, seqused_k: Sequence[int], seqlens_q: Optional[Sequence[int]] = None,
+                      leftpad_k: Optional[Sequence[int]] = None,
+                      seqlens_new: Optional[Sequence[int]] = None) -> tuple[Schedule, PrepareResult]:
+    """What a varlen call computes for itself without ``scheduler_metadata`` (flash_fwd_launch_template.h 163-165).
+
+    Returns the prepare schedule (:func:`call_own_schedule`) and its result; ``encode_metadata`` of the pair gives
+    the tensor in the call's own layout. The kernel runs only when the call has queries and keys (flash_api.cpp
+    line 1167), so a call of zero batches never launches it (unlike a precompute: ``prepare.launch_check``).
+    """
+    if not call_schedule.inputs.uses_prepare:
+        raise ValueError("call_schedule: the call is not varlen (no cache_seqlens/cu_seqlens_q/leftpad), so FA3 "
+                         "runs no prepare step and reads no per-batch metadata")
+    own = call_own_schedule(call_schedule)
+    return own, prepare_scheduler(own, list(seqused_k), seqlens_q=seqlens_q, leftpad_k=leftpad_k,
+                                  seqlens_new=seqlens_new)

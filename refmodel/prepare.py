@@ -3,6 +3,11 @@
 Models `prepare_varlen_num_blocks_kernel` in FA3's `hopper/flash_prepare_scheduler.cu` (commit 0251105a).
 The kernel runs one CTA per 992 batches (32 warps of 31 lanes); batches are sorted only within their CTA.
 
+Integer arithmetic is C++ int (refmodel.cint), as in the kernel: `Lq * qhpk`, `seqlen - leftpad + new`, each
+batch's `m_blocks * n_blocks` and their warp/atomic sum wrap past 2^31 - 1 (the sum of wrapped terms is the same
+in any order); the float blocks_per_sm converts back to int saturating, as the GPU's cvt does.
+A precompute of zero batches launches this kernel on an empty grid: `launch_check` (the process ends).
+
 Simplification: FA3 sorts with `cub::BlockMergeSort::Sort`, which does not promise an order for equal keys;
 this model breaks ties by ascending batch index (a stable sort). Fidelity checks compare tied entries as sets.
 """
@@ -14,6 +19,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .cint import c_ceil_div, f32_to_int_sat, to_int32
+from .errors import ProcessAbort
 from .fa3_scheduler import F32, L2_SWIZZLE_BYTES, PREPARE_MAX_BATCH_ONE_CTA, Schedule, ceil_div
 
 
@@ -30,34 +37,56 @@ class PrepareResult:
 
 def m_blocks_for(seqlen_q: int, qhead_per_khead: int, pack_gqa: bool, block_m: int) -> int:
     """m-tiles of one batch: ceil(Lq * (qhpk if PackGQA else 1) / kBlockM) (flash_prepare_scheduler.cu)."""
-    rows = seqlen_q * (qhead_per_khead if pack_gqa else 1)
-    return ceil_div(rows, block_m)
+    rows = to_int32(seqlen_q * (qhead_per_khead if pack_gqa else 1))
+    return c_ceil_div(rows, block_m)
 
 
 def n_blocks_for(seqused_k: int, leftpad_k: int, seqlen_new: int, block_n: int) -> int:
     """n-tiles of one batch: ceil((seqused_k - leftpad + new KV) / kBlockN) (flash_prepare_scheduler.cu)."""
-    return ceil_div(seqused_k - leftpad_k + seqlen_new, block_n)
+    return c_ceil_div(to_int32(to_int32(seqused_k - leftpad_k) + seqlen_new), block_n)
 
 
 def blocks_per_sm(total_blocks: int, num_heads: int, num_sm: int) -> int:
     """ceilf(float(total) * 1.1f * float(heads) / float(num_sm)) in float32 (flash_prepare_scheduler.cu)."""
     value = F32(total_blocks) * F32(1.1) * F32(num_heads) / F32(num_sm)
-    return int(np.ceil(F32(value)))
+    return f32_to_int_sat(np.ceil(F32(value)))
+
+
+def total_blocks(m_blocks: Sequence[int], n_blocks: Sequence[int]) -> int:
+    """The prepare kernel's int sum of m_blocks * n_blocks over the batch; wraps past 2^31 - 1 (flash_prepare_scheduler.cu 146-154)."""
+    total = 0
+    for m, n in zip(m_blocks, n_blocks):
+        total = to_int32(total + to_int32(m * n))
+    return total
+
+
+def launch_check(batch_size: int) -> None:
+    """The precompute's prepare launch: `ceil_div(b, 992)` CTAs; none is an invalid launch and FA3 calls exit(1).
+
+    flash_prepare_scheduler.cu lines 222-232 size the grid from b; flash_api.cpp line 659 runs
+    CHECK_CUDA_KERNEL_LAUNCH(), which cuda_check.h lines 12-21 turn into `exit(1)`.
+    """
+    if c_ceil_div(batch_size, 31 * 32) <= 0:
+        raise ProcessAbort("batch_size", "the prepare kernel is launched with a grid of 0 blocks (invalid configuration "
+                           "argument) and CHECK_CUDA_KERNEL_LAUNCH calls exit(1)",
+                           "hopper/flash_prepare_scheduler.cu@0251105a:223,232; hopper/flash_api.cpp:659; "
+                           "hopper/cuda_check.h:12-21", batch_size)
 
 
 def dynamic_split(n_blocks: int, bps: int, num_splits_static: int) -> int:
     """Per-batch split count: max(min(ceil(n_blocks / blocks_per_sm), S_static), 1) (flash_prepare_scheduler.cu)."""
-    if bps <= 0:
+    if bps == 0:
         # ceil(0 / 0): FA3 divides by zero here (an all-empty batch). The GPU's integer division by zero
-        # yields an unspecified value; we return 1, the clamp's lower bound, and document it.
+        # yields an unspecified value; the clamp puts any value in [1, max(S_static, 1)]; we return 1 and document it.
         return 1
-    return max(min(ceil_div(n_blocks, bps), num_splits_static), 1)
+    # int arithmetic: for bps < 0 (a wrapped total) and a saturated bps the quotient is <= 1, so the split is 1
+    return max(min(c_ceil_div(n_blocks, bps), num_splits_static), 1)
 
 
 def nheads_in_l2(n_blocks: int, max_kvblocks_in_l2: int, qhead_per_khead: int, pack_gqa: bool, num_heads: int) -> int:
     """Largest k in {16,8,4,2,1} with n*k <= L2 budget, times qhpk without PackGQA, capped at heads."""
     for k in (16, 8, 4, 2):
-        if n_blocks * k <= max_kvblocks_in_l2:
+        if to_int32(n_blocks * k) <= max_kvblocks_in_l2:
             chosen = k
             break
     else:
@@ -73,10 +102,13 @@ def max_kvblocks_in_l2(block_n: int, headdim: int, headdim_v: int, element_size:
 
 
 def prepare_scheduler(schedule: Schedule, seqused_k: Sequence[int], seqlens_q: Optional[Sequence[int]] = None,
-                      leftpad_k: Optional[Sequence[int]] = None, seqlens_new: Optional[Sequence[int]] = None) -> PrepareResult:
+                      leftpad_k: Optional[Sequence[int]] = None, seqlens_new: Optional[Sequence[int]] = None,
+                      blocks_per_sm_value: Optional[int] = None) -> PrepareResult:
     """Run FA3's prepare step for one schedule over concrete per-batch lengths (flash_prepare_scheduler.cu).
 
     `seqlens_q` defaults to the static seqlen_q for every batch; `seqlens_new` to the static new-KV length.
+    `blocks_per_sm_value` replaces the IEEE blocks_per_sm by another value a fast-math division can give
+    (refmodel.fastmath `blocks_per_sm_candidates`); None computes it.
     """
     inp = schedule.inputs
     b = inp.batch_size
@@ -96,10 +128,10 @@ def prepare_scheduler(schedule: Schedule, seqused_k: Sequence[int], seqlens_q: O
         n_per_split = list(n_blocks)
         bps = None
     else:
-        total = sum(m * n for m, n in zip(m_blocks, n_blocks))
-        bps = blocks_per_sm(total, heads, inp.num_sm)
+        bps = blocks_per_sm(total_blocks(m_blocks, n_blocks), heads, inp.num_sm) if blocks_per_sm_value is None \
+            else int(blocks_per_sm_value)
         splits = [dynamic_split(n, bps, schedule.num_splits) for n in n_blocks]
-        n_per_split = [ceil_div(n, s) for n, s in zip(n_blocks, splits)]
+        n_per_split = [c_ceil_div(n, s) for n, s in zip(n_blocks, splits)]
 
     l2_budget = max_kvblocks_in_l2(schedule.block_n, inp.headdim, inp.headdim_v, inp.element_size)
 
@@ -126,5 +158,5 @@ def prepare_scheduler(schedule: Schedule, seqused_k: Sequence[int], seqlens_q: O
 def sort_key(schedule: Schedule, n_per_split: int, m_blocks: int) -> int:
     """Descending sort key: n-blocks per split, or for causal n*kBlockN - m*kBlockM (flash_prepare_scheduler.cu)."""
     if schedule.masking.is_causal:
-        return n_per_split * schedule.block_n - m_blocks * schedule.block_m
+        return to_int32(to_int32(n_per_split * schedule.block_n) - to_int32(m_blocks * schedule.block_m))
     return n_per_split

@@ -33,7 +33,7 @@ __all__ = [
     "Violation", "CallLengths", "Evaluation", "InvariantInfo", "INVARIANTS", "SILENT_INVARIANTS",
     "check_shape", "check_split_bound", "check_combine_capacity", "check_batch_permutation",
     "check_query_cover", "check_kv_cover", "check_all", "evaluate", "SAFE", "metadata_for",
-    "read_metadata", "invariant_table_markdown",
+    "read_metadata", "invariant_table_markdown", "evaluate_inputs",
 ]
 
 RangeFn = Callable[[int, int, int, int], tuple[int, int]]
@@ -373,16 +373,21 @@ SILENT_INVARIANTS = tuple(name for name, info in INVARIANTS.items() if info.sile
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Outcome of one (P, C) pair: "shape_error" (loud, safe), "violation" (silent, unsafe) or "pass"."""
+    """Outcome of one (P, C) pair: "shape_error" (loud, safe), "violation" (silent, unsafe) or "pass".
+
+    From `evaluate_inputs` also: "rejected" (a TORCH_CHECK refuses the precompute or the call: loud, safe) and
+    "process_abort" (FA3 ends the process, e.g. a precompute of zero batches: loud, but not safe for a server).
+    """
 
     outcome: str
     violations: list
     shape: list
+    message: str = ""
 
     @property
     def safe(self) -> bool:
-        """SAFE(P, C): no silent violation (a shape error is loud, hence safe)."""
-        return self.outcome != "violation"
+        """SAFE(P, C): no silent violation and the process survives (a shape error or a rejection is loud and safe)."""
+        return self.outcome not in ("violation", "process_abort")
 
 
 def evaluate(P_sched: Schedule, P_result: PrepareResult, C_sched: Schedule, call_lengths,
@@ -397,6 +402,30 @@ def evaluate(P_sched: Schedule, P_result: PrepareResult, C_sched: Schedule, call
     out: list[Violation] = (_check_split_bound(c) + _check_combine_capacity(c) + _check_batch_permutation(c)
                             + _check_query_cover(c) + _check_kv_cover(c, range_fn))
     return Evaluation("violation" if out else "pass", out, [])
+
+
+def evaluate_inputs(P_inputs: ScheduleInputs, C_inputs: ScheduleInputs, cache_seqlens: Sequence[int],
+                    call_lengths, seqlens_q: Optional[Sequence[int]] = None,
+                    range_fn: RangeFn = split_block_range) -> Evaluation:
+    """Evaluate a precompute and a call from their inputs, FA3's rejections and process aborts included.
+
+    The precompute runs first (refmodel `schedule_and_prepare`'s checks, flash_api.cpp 548-550, 659), then the
+    call's checks (mha_fwd); a rejection on either side is "rejected" (safe), an abort "process_abort" (unsafe).
+    """
+    from refmodel.errors import FA3Rejected, ProcessAbort
+    from refmodel.prepare import launch_check
+
+    try:
+        P_sched = resolve_schedule(P_inputs)
+        launch_check(P_inputs.batch_size)
+        P_result = prepare_scheduler(P_sched, [int(x) for x in cache_seqlens],
+                                     seqlens_q=None if seqlens_q is None else [int(x) for x in seqlens_q])
+        C_sched = resolve_schedule(C_inputs)
+    except FA3Rejected as exc:
+        return Evaluation("rejected", [], [], str(exc))
+    except ProcessAbort as exc:
+        return Evaluation("process_abort", [], [], str(exc))
+    return evaluate(P_sched, P_result, C_sched, call_lengths, range_fn)
 
 
 def check_all(P_sched: Schedule, P_result: PrepareResult, C_sched: Schedule, call_lengths,

@@ -13,6 +13,9 @@ Encoding choices (issue 3, "Encoding advice", measured):
 - the split heuristic, for fixed discrete inputs, depends only on the static n-block count below its cap
   `min(128, num_sm)`: a table built from `refmodel.fa3_scheduler.get_num_splits`, encoded as an If-chain over
   runs of equal values (`SideParams.table`);
+- FA3's prepare kernel is built with fast math: its division may be 2 ulp off IEEE's. `sym_blocks_per_sm_range`
+  gives the band of blocks_per_sm values that allows; the theorems let blocks_per_sm range over it and call a
+  violation that needs a value other than IEEE's inconclusive (refmodel fastmath);
 - integer division by zero (ceil(n / blocks_per_sm) with blocks_per_sm = 0, only for an all-empty batch)
   follows refmodel's documented convention (split 1), not z3's bvudiv-by-zero.
 """
@@ -38,7 +41,7 @@ from refmodel.fa3_scheduler import (
 
 __all__ = [
     "BV", "bv", "smin", "smax", "ceil_div_const", "ceil_div_sym", "f32_val", "sym_blocks_per_sm",
-    "sym_dynamic_split", "sym_m_blocks", "sym_n_blocks", "run_table", "table_lookup", "sym_combine_capacity",
+    "sym_blocks_per_sm_range", "sym_l2_split_count", "sym_dynamic_split", "sym_m_blocks", "sym_n_blocks", "run_table", "table_lookup", "sym_combine_capacity",
     "sym_split_block_range", "SideParams", "side_params", "Heuristic", "sym_split_count", "sym_pack",
     "sym_prepare_splits", "evaluate_term", "solver",
 ]
@@ -105,6 +108,44 @@ def sym_blocks_per_sm(total, num_heads, num_sm):
     value = z3.fpDiv(RNE, z3.fpMul(RNE, z3.fpMul(RNE, _to_f32(total), f32_val(1.1)), _to_f32(num_heads)),
                      _to_f32(num_sm))
     return z3.fpToSBV(RTZ, z3.fpRoundToIntegral(RTP, value), z3.BitVecSort(BV))
+
+
+def sym_blocks_per_sm_range(total, num_heads, num_sm, ulps: int = 2):
+    """(lo, hi): the ceilf of the quotient `ulps` float32 steps below and above IEEE's (refmodel fastmath `blocks_per_sm_candidates`).
+
+    FA3's fast-math division may land anywhere in that band; lo == hi says the margin cannot matter. The quotient
+    is >= 0 here, so a step is +-1 on its IEEE bits; a zero quotient is exact.
+    """
+    q = z3.fpDiv(RNE, z3.fpMul(RNE, z3.fpMul(RNE, _to_f32(total), f32_val(1.1)), _to_f32(num_heads)), _to_f32(num_sm))
+    bits = z3.fpToIEEEBV(q)
+    zero = z3.fpIsZero(q)
+    down = z3.If(zero, q, z3.fpBVToFP(bits - bv(ulps), F32))
+    up = z3.If(zero, q, z3.fpBVToFP(bits + bv(ulps), F32))
+
+    def ceil_int(x):
+        return z3.fpToSBV(RTZ, z3.fpRoundToIntegral(RTP, x), z3.BitVecSort(BV))
+
+    return ceil_int(down), ceil_int(up)
+
+
+def sym_l2_split_count(seqlen_k, bytes_per_token: int, max_splits: int = HEURISTIC_MAX_SPLITS, width: int = BV):
+    """(taken, count) of the L2 branch of `num_splits_heuristic` in `width`-bit C++ int (refmodel fa3_scheduler).
+
+    size = seqlen_k * bytes_per_token (wraps), taken iff size > 50 MiB (signed), count = min((size + 50 MiB - 1)
+    / 50 MiB, max_splits) with z3's signed division (truncation toward zero, as C++). The caller states the other
+    conditions of the branch (total_mblocks >= 0.8 SMs, m_blocks >= 2 SMs, not causal/local). `width` 64 is the
+    counterfactual FA3 with 64-bit sizes.
+    """
+    from refmodel.fa3_scheduler import L2_SPLIT_BYTES
+
+    def c(x):
+        return z3.BitVecVal(int(x), width)
+
+    size = (z3.ZeroExt(width - BV, seqlen_k) if z3.is_bv(seqlen_k) and seqlen_k.size() < width else seqlen_k) \
+        * c(bytes_per_token)
+    taken = size > c(L2_SPLIT_BYTES)
+    count = (size + c(L2_SPLIT_BYTES - 1)) / c(L2_SPLIT_BYTES)
+    return taken, z3.If(count < c(max_splits), count, c(max_splits))
 
 
 def sym_dynamic_split(n_blocks, bps, num_splits_static):

@@ -1,7 +1,7 @@
 """The theorem catalogue: every theorem `fa3verify prove` runs, with its number in issue 3 and its statement.
 
 The statements are the one-sentence claims each theorem's z3 query decides; the queries live in
-`theorems_metadata` (0-4), `theorems_algebra` (5) and `theorems_cp` (6-7). A test checks that this table and
+`theorems_metadata` (0-4), `theorems_algebra` (5), `theorems_cp` (6-7) and `theorems_edges` (8). A test checks that this table and
 the theorems a prove run reports are the same set, so docs/invariants.md (generated from it) cannot drift.
 """
 
@@ -49,6 +49,9 @@ THEOREMS: dict[str, tuple[str, str]] = {
                             "batches (refuted for the runner that keeps stale CP metadata)."),
     "runner_freshness": ("7", "Whenever the backend takes the CP path, its CP metadata was built for the current "
                               "batch."),
+    "8-int32-split-heuristic": ("8", "FA3's L2 split branch never yields fewer than 1 split (refuted for FA3 "
+                                     "itself, every head-dim instance: its int size + 50 MiB - 1 wraps; the call "
+                                     "then rejects loudly; an expected refutation, proved with 64-bit sizes)."),
 }
 
 

@@ -39,6 +39,7 @@ from refmodel.fa3_scheduler import (
     precompute_inputs,
     resolve_schedule,
 )
+from refmodel.metadata import call_own_metadata
 from refmodel.prepare import prepare_scheduler
 from refmodel.splitkv import split_block_range
 
@@ -56,7 +57,7 @@ from .symbolic import (
     smax,
     smin,
     solver,
-    sym_blocks_per_sm,
+    sym_blocks_per_sm_range,
     sym_dynamic_split,
     sym_m_blocks,
     sym_pack,
@@ -336,13 +337,28 @@ def _stage2(g: Group, budget: _Budget, b: int, eager: bool, fresh: bool = False,
     if m1 != [1, 1]:
         total = total * z3.If(pack, bv(m1[0]), bv(m1[1]))
     heads = z3.If(pack, bv(g.P.num_heads_k), bv(g.P.num_heads))
-    bps = sym_blocks_per_sm(total, heads, g.P.num_sm)
+    # fast math (refmodel fastmath): blocks_per_sm is any value the <= 2-ulp division allows, IEEE's included
+    bps = z3.BitVec("blocks_per_sm", BV)
+    bps_lo, bps_hi = sym_blocks_per_sm_range(total, heads, g.P.num_sm)
+    s.add(bps >= bps_lo, bps <= bps_hi)
     splits = [z3.If(Sp == 1, bv(1), smax(smin(_ceil_small(x, bps), Sp), 1)) for x in n]
     s.add(Sc > 1, z3.Or([x > Sc for x in splits]))
     r = budget.check(s, f"stage2 b={b}")
     if r != z3.sat:
         return ("unsat" if r == z3.unsat else "unknown"), None
     m = s.model()
+    if _val(m, bps_lo) != _val(m, bps_hi):
+        # the witness sits where fast math decides: ask for one the division's rounding cannot change
+        s.add(bps_lo == bps_hi)
+        r = budget.check(s, f"stage2 b={b} fast-math-robust")
+        if r != z3.sat:
+            if r == z3.unsat:
+                budget.unknowns.append(
+                    f"stage2 b={b}: a violation exists only where FA3's fast-math division (<= 2 ulp) decides "
+                    f"blocks_per_sm (e.g. lengths {[_val(m, x) for x in L]}, blocks_per_sm {_val(m, bps_lo)} or "
+                    f"{_val(m, bps_hi)}): inconclusive")
+            return "unknown", None
+        m = s.model()
     return "sat", {"b": b, "seq_lens": [_val(m, x) for x in L], "call_seq_lens": [_val(m, x) for x in local],
                    "call_seqlen_k": _val(m, kc), "precompute_seqlen_k": _val(m, p_static),
                    "num_splits": _val(m, k) if g.fixed else None, "S_p": _val(m, Sp), "S_c": _val(m, Sc),
@@ -785,11 +801,13 @@ def _freshness(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
             continue
         kind = _corner_kind(inp, sp)
         ev = _concrete_multirow(inp, w)
+        own = _concrete_multirow(inp, w, own=True)
         wit = {"kind": kind, "headdim": inp.headdim, "headdim_v": inp.headdim_v, "qhead_per_khead": sp[0],
                "page_size": inp.page_size, "causal": inp.causal, "pack_gqa": inp.pack_gqa,
                "precompute_block_m": sp[1], "kernel_block_m": sp[2], **w,
-               "replayed": ev.outcome, "invariant": "QUERY_COVER"}
-        if kind is None or ev.outcome != "violation":
+               "replayed": ev.outcome, "call_own_metadata": own.outcome, "invariant": "QUERY_COVER"}
+        # the corner is the precompute's: what the call computes for itself (refmodel call_own_metadata) is SAFE
+        if kind is None or ev.outcome != "violation" or own.outcome != "pass":
             unexpected = wit
             break
         corners.setdefault(kind, wit)
@@ -818,14 +836,21 @@ def _freshness(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
                          details=details)
 
 
-def _concrete_multirow(inp: ScheduleInputs, w: dict):
-    """Replay a multi-row freshness witness: one batch with Lq rows and 1 KV token, num_splits = S fixed."""
+def _concrete_multirow(inp: ScheduleInputs, w: dict, own: bool = False):
+    """Replay a multi-row freshness witness: one batch with Lq rows and 1 KV token, num_splits = S fixed.
+
+    `own`: compare the call with the metadata it computes for itself (refmodel `call_own_metadata`,
+    flash_fwd_launch_template.h 163-165) instead of a precompute from the same inputs.
+    """
     lq = int(w["seqlen_q"])
     pin = dataclasses.replace(inp, batch_size=1, seqlen_q=max(lq, inp.seqlen_q), seqlen_k=lq + 1,
                               num_splits=int(w["num_splits"]))
-    P = resolve_schedule(pin)
-    R = prepare_scheduler(P, [lq + 1], seqlens_q=[lq])
     C = resolve_schedule(dataclasses.replace(pin, precompute=False, uses_prepare=True))
+    if own:
+        P, R = call_own_metadata(C, [lq + 1], seqlens_q=[lq])
+    else:
+        P = resolve_schedule(pin)
+        R = prepare_scheduler(P, [lq + 1], seqlens_q=[lq])
     return evaluate(P, R, C, {"seqused_k": [lq + 1], "seqlens_q": [lq]})
 
 

@@ -25,7 +25,7 @@ def fast_run(tmp_path_factory):
 
 def test_every_entry_is_caught_by_its_engines_without_false_alarm(fast_run):
     results, seconds, _ = fast_run
-    assert [r.entry.id for r in results] == [f"{i:02d}" for i in range(1, 13)]
+    assert [r.entry.id for r in results] == [f"{i:02d}" for i in range(1, 14)]
     for r in results:
         detail = {side: {k: (v.status, v.detail[:160]) for k, v in runs.items()}
                   for side, runs in (("on", r.on), ("off", r.off))}
@@ -49,6 +49,9 @@ def test_caught_findings_name_the_expected_invariant(fast_run):
     # prove's witness for entry 2 is a DP-attention configuration, for entry 11 FA3's tile corner
     assert "dpa" in by_id["02"].on["prove"].detail
     assert "host-kernel-tile" in by_id["11"].on["prove"].detail
+    # entry 13 (issue 16): FA3's int L2 split branch, found by theorem 8 and replayed as FA3's own rejection
+    assert by_id["13"].on["prove"].invariants == ["SPLIT_COUNT_POSITIVE"]
+    assert by_id["13"].on["prove"].case["expected"]["invariant"] == "FA3_REJECTS_NUM_SPLITS"
 
 
 def test_each_catching_run_writes_a_replayable_case(fast_run):
@@ -79,7 +82,7 @@ def test_docs_catalogue_md_is_generated_and_fresh():
 
 
 def test_entries_are_complete_and_use_registered_switches():
-    assert len(cat.ENTRIES) == 12 and len({e.id for e in cat.ENTRIES}) == 12
+    assert len(cat.ENTRIES) == 13 and len({e.id for e in cat.ENTRIES}) == 13
     used = set()
     for e in cat.ENTRIES:
         assert e.reference and e.url.startswith("https://") and e.what_went_wrong and e.defect and e.invariant
@@ -104,7 +107,7 @@ def test_seeded_policies_load_as_guard_specs_and_carry_their_switches():
 def test_resolve_ids_accepts_numbers_and_slugs():
     assert [e.id for e in cat.resolve_ids(["4", "07", "finite-mask-sentinel"])] == ["04", "07", "09"]
     with pytest.raises(ValueError, match="unknown entry"):
-        cat.resolve_ids(["13"])
+        cat.resolve_ids(["14"])
 
 
 def test_cli_only_json_and_exit_codes(tmp_path, capsys):

@@ -77,6 +77,11 @@ def run(args) -> int:
         print(f"  worked example {we['long_len']} + {we['companions']} x {we['short_len']} ({we['panel']}): "
               f"S_p {we['s_p']}, split {we['max_split']} vs S_c {we['s_c']} -> "
               + ("OVERFLOW" if we["overflow"] else "safe"))
+    band = hmap.int32_split_band()
+    if band:
+        lo, hi = band["kv_tokens"]
+        print(f"  FA3 int overflow (theorem 8): a non-causal call over {lo}..{hi} KV tokens with >= "
+              f"{band['min_query_tokens']} query tokens gets {band['split_count']} splits and is rejected")
     print(f"wrote {args.out}" + (f" and {args.json}" if args.json else "")
           + f" in {time.perf_counter() - start:.1f}s")
     return 0

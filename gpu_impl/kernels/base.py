@@ -38,7 +38,7 @@ import torch
 
 from refmodel.combine import combine_capacity
 from refmodel.fa3_scheduler import Schedule, ScheduleInputs, call_inputs, resolve_schedule
-from refmodel.metadata import UNWRITTEN, DecodedMetadata, decode_metadata, encode_metadata
+from refmodel.metadata import UNWRITTEN, DecodedMetadata, call_own_metadata, decode_metadata, encode_metadata
 from refmodel.prepare import m_blocks_for, prepare_scheduler
 
 from ..errors import MetadataShapeError, OutOfBoundsAccess
@@ -46,7 +46,7 @@ from ..errors import MetadataShapeError, OutOfBoundsAccess
 __all__ = [
     "INVARIANTS", "KernelAdapter", "CallArgs", "CallShape", "TilePlan", "Violation", "Poison",
     "UNSUPPORTED_ARGUMENTS", "call_shape", "call_schedule", "build_tile_plan", "check_plan",
-    "spec_verdicts",
+    "spec_verdicts", "own_metadata_comparison",
     "poison_of", "raise_first", "schedule_summary", "reject_unsupported",
 ]
 
@@ -335,17 +335,6 @@ def _check_metadata_tensor(md, size: int, device: Optional[torch.device]) -> Non
                                  expected=torch.int32, got=md.dtype)
 
 
-def _call_prepare_schedule(schedule: Schedule) -> Schedule:
-    """The schedule the call's own prepare step runs with: the kernel's tiles and forced PackGQA.
-
-    ``flash_fwd_launch_template.h`` runs ``prepare_varlen_num_blocks(params, stream, PackGQA, kBlockM, kBlockN)``
-    with the kernel template's values, where the precompute (``flash_api.cpp``) passes the host tiles and the
-    unforced pack decision.
-    """
-    return dataclasses.replace(schedule, block_m=schedule.kernel_block_m, block_n=schedule.kernel_block_n,
-                               pack_gqa=schedule.kernel_pack_gqa)
-
-
 def build_tile_plan(shape: CallShape, schedule: Schedule, scheduler_metadata=None,
                     device: Optional[torch.device] = None) -> TilePlan:
     """Check a given metadata tensor as FA3 does, then lay out what the kernels will read for this call."""
@@ -367,8 +356,8 @@ def build_tile_plan(shape: CallShape, schedule: Schedule, scheduler_metadata=Non
         decoded = decode_metadata(scheduler_metadata, b, schedule.sort, schedule.swizzle)
         source = "metadata"
     else:
-        result = prepare_scheduler(_call_prepare_schedule(schedule), shape.seqused_k, seqlens_q=list(shape.seqlens_q),
-                                   leftpad_k=None if shape.cache_leftpad is None else list(shape.cache_leftpad))
+        _, result = call_own_metadata(schedule, shape.seqused_k, seqlens_q=list(shape.seqlens_q),
+                                      leftpad_k=None if shape.cache_leftpad is None else list(shape.cache_leftpad))
         decoded = decode_metadata(encode_metadata(schedule, result), b, schedule.sort, schedule.swizzle)
         source = "prepare"
     return TilePlan(
@@ -378,6 +367,34 @@ def build_tile_plan(shape: CallShape, schedule: Schedule, scheduler_metadata=Non
         batch_idx=decoded.batch_idx[:b] if schedule.sort else list(range(b)),
         nheads_in_l2=None if decoded.nheads_in_l2 is None else decoded.nheads_in_l2[:b],
         decoded=decoded)
+
+
+def own_metadata_comparison(plan: TilePlan) -> Optional[dict]:
+    """Given metadata against what the call would have computed for itself (refmodel ``call_own_metadata``).
+
+    Per real batch (through each side's batch order), the split count the kernels read and the m-blocks; None
+    when no metadata was given or the call is not varlen. ``differs`` names the batches where the two disagree:
+    not a fault by itself (stale lengths are harmless), but where the precompute was not what the call expects.
+    """
+    if plan.source != "metadata" or not plan.schedule.inputs.uses_prepare:
+        return None
+    shape, schedule = plan.shape, plan.schedule
+    _, own = call_own_metadata(schedule, shape.seqused_k, seqlens_q=list(shape.seqlens_q),
+                               leftpad_k=None if shape.cache_leftpad is None else list(shape.cache_leftpad))
+    b = shape.batch_size
+    own_order = own.batch_idx if own.batch_idx is not None else list(range(b))
+    own_by_batch = {bb: (own.num_splits[vb] if plan.split else 1, own.num_m_blocks[vb]) for vb, bb in enumerate(own_order)}
+    given_by_batch = {}
+    for vb in range(b):
+        bb = plan.valid_batch(vb)
+        if bb is not None:
+            given_by_batch.setdefault(bb, (plan.num_splits[vb], plan.num_m_blocks[vb]))
+    differs = [bb for bb in range(b) if given_by_batch.get(bb) != own_by_batch.get(bb)]
+    return {"own_num_splits": [own_by_batch[bb][0] for bb in range(b)],
+            "own_num_m_blocks": [own_by_batch[bb][1] for bb in range(b)],
+            "given_num_splits": [given_by_batch.get(bb, (None, None))[0] for bb in range(b)],
+            "given_num_m_blocks": [given_by_batch.get(bb, (None, None))[1] for bb in range(b)],
+            "differs": differs}
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from refmodel.metadata import get_scheduler_metadata as ref_get_scheduler_metada
 from refmodel.splitkv import split_kv
 
 from .base import (CallArgs, KernelAdapter, Poison, TilePlan, build_tile_plan, call_schedule, call_shape,
-                   check_plan, poison_of, raise_first, schedule_summary)
+                   check_plan, own_metadata_comparison, poison_of, raise_first, schedule_summary)
 
 __all__ = ["EmulatedKernel", "split_kv_working_set"]
 
@@ -147,7 +147,8 @@ class EmulatedKernel(KernelAdapter):
         trace["schedule"] = schedule_summary(schedule)
         plan = build_tile_plan(shape, schedule, args.scheduler_metadata, device=args.q.device)
         violations = check_plan(plan)
-        trace = self._trace(shape, plan, violations, numerics="skipped")
+        trace = self._trace(shape, plan, violations, numerics="skipped",
+                            own_metadata=own_metadata_comparison(plan) if shape.kernel_runs else None)
         if violations and self.mode == "strict":
             raise_first(violations)
         poison = poison_of(plan, violations) if violations else Poison()

@@ -142,10 +142,17 @@ class FA3Kernel(KernelAdapter):
                                cu_seqlens_k_new=None, cache_leftpad=None, page_size=None, max_seqlen_k_new=0,
                                causal=False, window_size=(-1, -1), attention_chunk=0, has_softcap=False,
                                num_splits=0, pack_gqa=None, sm_margin=0):
-        """The module's ``get_scheduler_metadata``; ``page_size`` is dropped on a build without paged KV."""
+        """The module's ``get_scheduler_metadata``; ``page_size`` is dropped on a build without paged KV.
+
+        A batch of 0 is not passed on: FA3 would end this process (refmodel.prepare ``launch_check``); the adapter
+        raises :class:`~gpu_impl.errors.ProcessAbort` instead, so the harness survives to report it.
+        """
+        from refmodel.prepare import launch_check
+
         fn = getattr(self.module, "get_scheduler_metadata", None)
         if fn is None:
             raise KernelUnavailable(f"{self.module_name} has no get_scheduler_metadata")
+        launch_check(int(batch_size))
         effective_page_size = page_size if self.paged_kv_supported else None
         md = fn(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, cache_seqlens,
                 qkv_dtype=qkv_dtype, headdim_v=headdim_v, cu_seqlens_q=cu_seqlens_q,
