@@ -57,6 +57,7 @@ class Campaign:
     failing_cases: int = 0
     failures: dict = field(default_factory=dict)
     progress: Optional[Callable[["Campaign"], None]] = None
+    interrupted: bool = False  #: SIGINT ended the campaign: what was found is kept, the verdict is inconclusive
 
     @property
     def elapsed(self) -> float:
@@ -85,7 +86,7 @@ def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = Fal
     try:
         result = run_scenario(scenario_for(case, policy), kernel=kernel, numerics=numerics_always or case.numerics)
     except GuardRaised as exc:
-        return [("GUARD_RAISED", "GUARD_RAISED", str(exc))]
+        return [(exc.invariant, exc.invariant, str(exc))]
     return [(f.signature, f.invariant, f.message) for f in result.findings]
 
 
@@ -123,6 +124,8 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
             one_case()
         except _CampaignDone:
             pass
+        except KeyboardInterrupt:
+            camp.interrupted = True
     return camp
 
 
@@ -184,7 +187,7 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
         camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s, max_cases=max_cases,
                             numerics_always=numerics_always, progress=progress)
     for failure in camp.failures.values():
-        case = shrink(failure, policy, kernel, numerics_always)
+        case = failure.case if camp.interrupted else _shrink_or_keep(failure, policy, kernel, numerics_always, camp)
         failure.case_file = save_case(failure, case, policy, kernel_name, out_dir)
         summary.findings.append(Finding(invariant=failure.invariant, case_file=failure.case_file, engine="fuzz",
                                         message=f"{failure.message} (seen {failure.count}x, first at "
@@ -196,6 +199,7 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
     if camp.failures:
         summary.first_failure_s = min(f.found_at_s for f in camp.failures.values())
     verdict_failed = bool(camp.failures)
+    summary.interrupted = camp.interrupted
     summary.checks.append(Check(
         name=f"fuzz ({kernel_name}): no OOB, no NaN, matches oracle", kind="property",
         verdict="fail" if verdict_failed else ("pass" if camp.cases else "inconclusive"), seconds=camp.elapsed,
@@ -204,6 +208,15 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
         message=f"{camp.cases} cases, {camp.failing_cases} failing, {len(camp.failures)} distinct signatures: "
                 + ", ".join(sorted(camp.failures)) if camp.failures else f"{camp.cases} cases, no violation"))
     return summary
+
+
+def _shrink_or_keep(failure: Failure, policy: Policy, kernel, numerics_always: bool, camp: Campaign) -> FuzzCase:
+    """The shrunk case; an interrupt while shrinking keeps the unshrunk one and ends the run (exit 3)."""
+    try:
+        return shrink(failure, policy, kernel, numerics_always)
+    except KeyboardInterrupt:
+        camp.interrupted = True
+        return failure.case
 
 
 class _progress_line:

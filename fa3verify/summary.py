@@ -57,14 +57,18 @@ class RunSummary:
     seed: Optional[int] = None
     policy: dict = field(default_factory=dict)
     usage_error: Optional[str] = None
+    interrupted: bool = False  #: SIGINT stopped the run: what was found is reported, the verdict is inconclusive
 
     @property
     def exit_code(self) -> int:
+        """0 pass, 1 violation, 2 usage, 3 inconclusive: interrupted, a check inconclusive, or nothing ran."""
         if self.usage_error:
             return exitcodes.USAGE
+        if self.interrupted:
+            return exitcodes.INCONCLUSIVE
         if any(c.failed for c in self.checks) or self.failures:
             return exitcodes.VIOLATION
-        if any(c.inconclusive for c in self.checks):
+        if any(c.inconclusive for c in self.checks) or not self.checks:
             return exitcodes.INCONCLUSIVE
         return exitcodes.PASS
 
@@ -78,7 +82,7 @@ class RunSummary:
             "cases": self.cases, "failures": self.failures, "elapsed_s": round(self.elapsed_s, 4),
             "cases_per_s": round(self.cases / self.elapsed_s, 2) if self.elapsed_s > 0 else 0.0,
             "first_failure_s": None if self.first_failure_s is None else round(self.first_failure_s, 4),
-            "seed": self.seed, "policy": self.policy,
+            "seed": self.seed, "policy": self.policy, "interrupted": self.interrupted,
             "checks": [asdict(c) for c in self.checks], "findings": [asdict(f) for f in self.findings],
         }
 
@@ -89,6 +93,7 @@ class RunSummary:
         self.cases += other.cases
         self.failures += other.failures
         self.elapsed_s += other.elapsed_s
+        self.interrupted |= other.interrupted
         if other.first_failure_s is not None and self.first_failure_s is None:
             self.first_failure_s = other.first_failure_s
 
