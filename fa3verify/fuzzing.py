@@ -176,16 +176,24 @@ def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str
 def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", seed: int = 0,
          budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None, out_dir: str = "fa3verify-out/cases",
          show_progress: Optional[bool] = None) -> RunSummary:
-    """The fuzz subcommand's work: campaign, shrink each distinct failure, save cases, summarise."""
-    from gpu_impl.kernels import load
+    """The fuzz subcommand's work: campaign, shrink each distinct failure, save cases, summarise.
 
-    kernel = load(kernel_name, mode="strict", device=device)
-    numerics_always = kernel_name != "emulated"
-    show = sys.stdout.isatty() if show_progress is None else show_progress
+    An interrupt (SIGINT) ends the campaign: the failures found so far are saved unshrunk and the summary is
+    marked interrupted (exit 3); an interrupt before the campaign starts returns an empty interrupted summary.
+    """
     summary = RunSummary(command="fuzz", seed=seed, policy=policy.to_dict())
-    with _progress_line(show) as progress:
-        camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s, max_cases=max_cases,
-                            numerics_always=numerics_always, progress=progress)
+    try:
+        from gpu_impl.kernels import load
+
+        kernel = load(kernel_name, mode="strict", device=device)
+        numerics_always = kernel_name != "emulated"
+        show = sys.stdout.isatty() if show_progress is None else show_progress
+        with _progress_line(show) as progress:
+            camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s, max_cases=max_cases,
+                                numerics_always=numerics_always, progress=progress)
+    except KeyboardInterrupt:
+        summary.interrupted = True
+        return summary
     for failure in camp.failures.values():
         case = failure.case if camp.interrupted else _shrink_or_keep(failure, policy, kernel, numerics_always, camp)
         failure.case_file = save_case(failure, case, policy, kernel_name, out_dir)
