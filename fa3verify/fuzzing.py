@@ -94,7 +94,19 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
                  max_cases: Optional[int] = None, numerics_always: bool = False,
                  progress: Optional[Callable[[Campaign], None]] = None,
                  stop_at_first_failure: bool = False) -> Campaign:
-    """Generate and run cases until the budget or the case count is reached; record distinct failures."""
+    """Generate and run cases until the budget or the case count is reached; record distinct failures.
+
+    The campaign is always bounded: a budget that is not a finite number > 0, or neither a budget nor a case
+    count, is a ValueError (a NaN budget would never be reached).
+    """
+    import math
+
+    if budget_s is not None and not (isinstance(budget_s, (int, float)) and math.isfinite(budget_s) and budget_s > 0):
+        raise ValueError(f"budget_s: expected a finite number > 0, got {budget_s!r}")
+    if budget_s is None and max_cases is None:
+        raise ValueError("budget_s, max_cases: at least one bound is needed (the campaign would never end)")
+    if max_cases is not None and max_cases < 1:
+        raise ValueError(f"max_cases: expected an integer >= 1, got {max_cases!r}")
     camp = Campaign(policy=policy, kernel=kernel, numerics_always=numerics_always, budget_s=budget_s,
                     max_cases=max_cases, progress=progress)
 

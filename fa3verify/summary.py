@@ -99,11 +99,27 @@ class RunSummary:
 
 
 def write_json(summary: RunSummary, path: str) -> None:
-    """Write the run summary as JSON (schema fa3verify.run/1)."""
+    """Write the run summary as JSON (schema fa3verify.run/1), atomically."""
+    _write_atomic(path, json.dumps(summary.to_dict(), indent=2) + "\n")
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and a rename: an interrupted or failed
+    write never leaves a half-written report, nor destroys the previous one."""
+    import tempfile
+
     _ensure_parent(path)
-    with open(path, "w") as fh:
-        json.dump(summary.to_dict(), fh, indent=2)
-        fh.write("\n")
+    fd, tmp = tempfile.mkstemp(prefix=".fa3verify-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def write_junit(summary: RunSummary, path: str) -> None:
@@ -125,7 +141,7 @@ def write_junit(summary: RunSummary, path: str) -> None:
             ET.SubElement(case, "system-out").text = text
     root = ET.Element("testsuites")
     root.append(suite)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+    _write_atomic(path, "<?xml version='1.0' encoding='utf-8'?>\n" + ET.tostring(root, encoding="unicode"))
 
 
 def print_table(summary: RunSummary, console=None) -> None:

@@ -139,12 +139,20 @@ def _run_under_torchrun(args, cases, numerics: bool) -> int:
     if world != need:
         raise UsageError(f"WORLD_SIZE: the case needs attn_dp_size * attn_cp_size = {need} ranks, "
                          f"torchrun started {world}")
+    import time
+
+    started = time.time()
     torchrun_main(cases, args.out_dir, backend=args.backend, numerics=numerics, timeout_s=args.timeout_s)
     if int(os.environ["RANK"]) != 0:
         return exitcodes.PASS
     codes = []
     for i, path in enumerate(args.cases):
-        verdict = json.loads((Path(args.out_dir) / f"verdict-{i}.json").read_text(encoding="utf-8"))
+        verdict_path = Path(args.out_dir) / f"verdict-{i}.json"
+        if not verdict_path.is_file() or verdict_path.stat().st_mtime < started - 1:
+            print(f"case: {path}: no verdict written by this run ({verdict_path}): inconclusive")
+            codes.append(exitcodes.INCONCLUSIVE)  # an earlier run's verdict is never read as this one's
+            continue
+        verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
         print(f"case: {path}  ({world} ranks, {args.backend}): {verdict['outcome']}")
         for f in verdict["findings"][:5]:
             print(f"  {f['invariant']} at step {f['step']}, dp rank {f['dp_rank']}: {f['message'][:160]}")
