@@ -357,7 +357,15 @@ class Case:
 
     @classmethod
     def load(cls, path) -> "Case":
-        """Read a case file (FileNotFoundError if absent; CaseFormatError if malformed)."""
+        """Read a case file (FileNotFoundError if absent; CaseFormatError if malformed or not a regular file)."""
+        import os
+        import stat
+
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise CaseFormatError("case", "a regular file (not a directory, FIFO or device)", str(path))
+        if st.st_size > MAX_CASE_CHARS * 4:
+            raise CaseFormatError("case", f"at most {MAX_CASE_CHARS} characters of JSON", f"{st.st_size} bytes")
         raw = Path(path).read_bytes()
         try:
             text = raw.decode("utf-8")
