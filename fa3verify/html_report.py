@@ -192,6 +192,7 @@ def render_html(data: dict, source: Optional[str] = None) -> str:
 
 def write_html(data: dict, path: str, source: Optional[str] = None) -> str:
     """Render and write the page; returns the path."""
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(render_html(data, source))
+    from .summary import write_atomic
+
+    write_atomic(path, render_html(data, source))
     return path

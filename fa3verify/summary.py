@@ -100,10 +100,10 @@ class RunSummary:
 
 def write_json(summary: RunSummary, path: str) -> None:
     """Write the run summary as JSON (schema fa3verify.run/1), atomically."""
-    _write_atomic(path, json.dumps(summary.to_dict(), indent=2) + "\n")
+    write_atomic(path, json.dumps(summary.to_dict(), indent=2) + "\n")
 
 
-def _write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder and a rename: an interrupted or failed
     write never leaves a half-written report, nor destroys the previous one."""
     import tempfile
@@ -141,7 +141,7 @@ def write_junit(summary: RunSummary, path: str) -> None:
             ET.SubElement(case, "system-out").text = text
     root = ET.Element("testsuites")
     root.append(suite)
-    _write_atomic(path, "<?xml version='1.0' encoding='utf-8'?>\n" + ET.tostring(root, encoding="unicode"))
+    write_atomic(path, "<?xml version='1.0' encoding='utf-8'?>\n" + ET.tostring(root, encoding="unicode"))
 
 
 def print_table(summary: RunSummary, console=None) -> None:

@@ -390,6 +390,9 @@ class Case:
         slug = self.source.split(":")[0] or "case"  # one file per signature, whichever theorem found it
         inv = (self.expected.get("invariant") or self.expected.get("outcome") or "case").lower()
         path = d / f"{slug}-{re.sub(r'[^a-z0-9]+', '-', inv)}-{self.signature()}.json"
-        if not path.exists():
-            path.write_text(self.to_json())
+        try:  # "x": never replaces an existing file, never follows a (dangling) symlink planted at that name
+            with open(path, "x", encoding="utf-8") as fh:
+                fh.write(self.to_json())
+        except FileExistsError:
+            pass
         return path

@@ -106,3 +106,17 @@ def test_guard_results_are_bools_in_process_too():
     with pytest.raises(GuardRaised, match="not a bool"):
         evaluate_guard(lambda a: "False", SimpleNamespace())
     assert evaluate_guard(lambda a: False, SimpleNamespace()) is False
+
+
+def test_saving_a_case_never_follows_a_planted_symlink(tmp_path):
+    """A dangling symlink at a case file's name must not make the writer create its target (class 4)."""
+    from spec.cases import Case
+
+    data = json.loads((REPO / "tests" / "corpus" / "worked_example_prefix_guard.json").read_text())
+    case = Case.from_dict(data)
+    first = case.save(tmp_path / "cases")
+    first.unlink()
+    target = tmp_path / "elsewhere.json"
+    os.symlink(target, first)
+    assert case.save(tmp_path / "cases") == first
+    assert not target.exists()
