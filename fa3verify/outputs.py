@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Iterable, Optional
+from typing import Iterable
 
 from .errors import UsageError
 
@@ -136,19 +136,6 @@ def check_outputs(command: str, args) -> None:
         if key in seen:
             raise UsageError(f"{flag}: {path} is also the path of {seen[key]}; give each output its own path")
         seen[key] = flag
-
-
-def is_inside(path: str, directory: str) -> bool:
-    """Whether `path` lies inside `directory` (after resolving links)."""
-    d = os.path.realpath(directory)
-    return os.path.realpath(path).startswith(d.rstrip(os.sep) + os.sep)
-
-
-def check_not_input(flag: str, path: str, inputs: Optional[Iterable[tuple[str, str]]]) -> None:
-    """Raise if writing `path` would overwrite one of `inputs` (for files named during a run)."""
-    for name, inp in inputs or ():
-        if os.path.exists(path) and _same_file(path, inp):
-            raise UsageError(f"{flag}: {path} is the run's input {name}; a run never overwrites a file it reads")
 
 
 def fresh_dir(base: str, patterns: Iterable[str]) -> str:

@@ -22,10 +22,6 @@ def _send(out, obj) -> None:
     out.flush()
 
 
-def _is_bool(value) -> bool:
-    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"))
-
-
 def main() -> int:
     proto_fd = os.dup(1)
     os.dup2(2, 1)  # the guard's prints must not corrupt the protocol
@@ -34,7 +30,7 @@ def main() -> int:
     first = json.loads(inp.readline() or b"{}")
     sys.path[:0] = [p for p in first.get("sys_path", []) if p not in sys.path]
     try:
-        from spec.guards import load_guard_in_process
+        from spec.guards import is_bool, load_guard_in_process
 
         guard = load_guard_in_process(first["spec"])
     except BaseException as exc:  # noqa: BLE001 - SystemExit at import is a load error, not an exit
@@ -51,7 +47,7 @@ def main() -> int:
             _send(out, {"raised": type(exc).__name__, "message": str(exc),
                         "attr": getattr(exc, "name", None) if isinstance(exc, AttributeError) else None})
             continue
-        if not _is_bool(result):
+        if not is_bool(result):
             close = getattr(result, "close", None)
             if type(result).__name__ == "coroutine" and close:
                 close()
