@@ -66,9 +66,9 @@ class IsolatedGuard:
     def _start(self) -> None:
         from .guards import GuardSpecError
 
-        env = dict(os.environ)
+        self._pid = os.getpid()
         self._proc = subprocess.Popen([sys.executable, "-u", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      bufsize=0, env=env, start_new_session=True)
+                                      bufsize=0, start_new_session=True)
         try:
             reply = self._exchange({"sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path],
                                     "spec": self.spec}, GUARD_IMPORT_TIMEOUT_S)
@@ -113,9 +113,9 @@ class IsolatedGuard:
                 f"a backend's __init__ would have ended the server")
 
     def close(self) -> None:
-        """End the child process (idempotent)."""
+        """End the child process (idempotent; a forked copy leaves the parent's child alone)."""
         proc, self._proc = self._proc, None
-        if proc is None:
+        if proc is None or getattr(self, "_pid", None) != os.getpid():
             return
         if proc.poll() is None:
             try:
@@ -146,6 +146,8 @@ class IsolatedGuard:
             cls, message = self._fault
             raise cls(message)
         attrs = _plain_attributes(server_args)
+        if self._pid != os.getpid():  # a forked worker: the inherited pipes belong to the parent's child
+            self._proc, self._buf = None, b""
         if self._proc is None:
             self._start()
         try:

@@ -120,3 +120,27 @@ def test_saving_a_case_never_follows_a_planted_symlink(tmp_path):
     os.symlink(target, first)
     assert case.save(tmp_path / "cases") == first
     assert not target.exists()
+
+
+def test_a_forked_worker_gets_its_own_guard_process(tmp_path):
+    """A guard loaded before a fork must not share its pipes with the forked worker (class 1: crossed answers)."""
+    from types import SimpleNamespace
+
+    from spec.guards import evaluate_guard, load_guard
+
+    path = tmp_path / "g.py"
+    path.write_text("def g(a):\n    return bool(a.enable_dp_attention)\n")
+    guard = load_guard(f"{path}:g")
+    assert evaluate_guard(guard, SimpleNamespace(enable_dp_attention=True)) is True
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the forked worker uses the inherited object directly, as a fork-based pool does
+        try:
+            answer = evaluate_guard(guard, SimpleNamespace(enable_dp_attention=False))
+            os.write(write_end, b"F" if answer is False else b"T")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    assert os.read(read_end, 1) == b"F"
+    assert evaluate_guard(guard, SimpleNamespace(enable_dp_attention=True)) is True
