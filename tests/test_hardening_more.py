@@ -137,10 +137,12 @@ def test_a_forked_worker_gets_its_own_guard_process(tmp_path):
     if pid == 0:  # the forked worker uses the inherited object directly, as a fork-based pool does
         try:
             answer = evaluate_guard(guard, SimpleNamespace(enable_dp_attention=False))
-            os.write(write_end, b"F" if answer is False else b"T")
+            os.write(write_end, (b"F" if answer is False else b"T") + str(guard._proc.pid).encode())
         finally:
             os._exit(0)
     os.close(write_end)
     os.waitpid(pid, 0)
-    assert os.read(read_end, 1) == b"F"
+    reply = os.read(read_end, 64).decode()
+    assert reply[0] == "F"
+    assert int(reply[1:]) != guard._proc.pid, "the worker talked to the parent's guard process"
     assert evaluate_guard(guard, SimpleNamespace(enable_dp_attention=True)) is True
