@@ -28,14 +28,9 @@ NUMERIC_OPTIONS: dict[str, tuple[str, Optional[float], Optional[float], bool]] =
     "world": ("int", 1, 1024, True),
     "workers": ("int", 1, 64, True),
     "fidelity_configs": ("int", 1, 1_000_000, True),
-    "sm": ("int", 1, 1024, True),
-    "num_sm": ("int", 1, 1024, True),
-    "tp": ("int", 1, 1024, True),
-    "page_size": ("int", 1, 1 << 20, True),
-    "short_len": ("int", 1, 2 ** 31 - 1, True),
-    "max_companions": ("int", 0, 4096, True),
-    "long": ("int", 1, 2 ** 31 - 1, True),
 }
+# hazard-map's --sm/--tp/--page-size have narrower, command-specific rules it checks itself (real SM counts,
+# divisors of the model's heads), so they are not in this table.
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d{1,3})?)$")
 

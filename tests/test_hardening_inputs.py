@@ -149,7 +149,6 @@ NUMBERS = [
     (["gpu-check", "--dry-run", "--workers", "0"], "--workers"),
     (["fuzz", "--cases", "100000000000"], "--cases"), (["fuzz", "--seed", "-1"], "--seed"),
     (["run-ranks", str(PREFIX_CASE), "--world", "100000"], "--world"),
-    (["hazard-map", "--model", "llama-3-8b", "--sm", "0", "--out", "OUT.png"], "--sm"),
     (["fuzz", "--guard-timeout-s", "nan"], "--guard-timeout-s"),
 ]
 
