@@ -439,7 +439,7 @@ def _run_scenario_case(case, policy: _Policy) -> tuple:
     try:
         result = run_scenario(_scenario(case, policy))
     except GuardRaised as exc:
-        return "violation", ["GUARD_RAISED"], [str(exc)]
+        return "violation", [exc.invariant], [str(exc)]
     except Exception as exc:  # noqa: BLE001 - a crash of the system under test is itself a finding
         return "violation", ["NO_CRASH"], [f"{type(exc).__name__}: {exc}"]
     invs = sorted({f.invariant for f in result.findings})

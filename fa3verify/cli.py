@@ -1,18 +1,21 @@
 """The `fa3verify` command line: one subcommand per job, shared exit codes.
 
 Exit codes (every subcommand): 0 pass, 1 violation found, 2 bad input or usage, 3 inconclusive.
+Before any subcommand runs, `main` checks the shared options (fa3verify.validation) and every output path
+(fa3verify.outputs); an interrupt is exit 3; an unexpected error is exit 3 ("internal error"), never 0 or 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Optional, Sequence
 
 from gpu_impl.errors import KernelUnavailable
 
-from . import exitcodes
+from . import __version__, exitcodes
 from .errors import UsageError
 
 #: (subcommand, module under fa3verify.commands). Each module has `register(subparsers)` and `run(args) -> int`.
@@ -51,6 +54,7 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fa3verify", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"fa3verify {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS:
         try:
@@ -70,7 +74,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return exitcodes.USAGE
+    from .outputs import check_outputs
+    from .validation import check_args
+
+    import spec.guard_isolation as isolation
+
+    saved_timeout = isolation.GUARD_TIMEOUT_S
     try:
+        check_args(args)
+        check_outputs(args.command, args)
+        if getattr(args, "guard_timeout_s", None) is not None:
+            isolation.GUARD_TIMEOUT_S = args.guard_timeout_s
         return int(args.func(args))
     except UsageError as exc:
         print(f"fa3verify {args.command}: error: {exc}", file=sys.stderr)
@@ -81,6 +95,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"fa3verify {args.command}: interrupted", file=sys.stderr)
         return exitcodes.INCONCLUSIVE
+    except Exception as exc:  # noqa: BLE001 - a crash is inconclusive, never a pass or a violation
+        if os.environ.get("FA3VERIFY_TRACEBACK"):
+            import traceback
+
+            traceback.print_exc()
+        print(f"fa3verify {args.command}: internal error: {type(exc).__name__}: {exc} (exit 3, inconclusive; "
+              f"set FA3VERIFY_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return exitcodes.INCONCLUSIVE
+    finally:
+        isolation.GUARD_TIMEOUT_S = saved_timeout
 
 
 if __name__ == "__main__":

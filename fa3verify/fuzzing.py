@@ -57,6 +57,7 @@ class Campaign:
     failing_cases: int = 0
     failures: dict = field(default_factory=dict)
     progress: Optional[Callable[["Campaign"], None]] = None
+    interrupted: bool = False  #: SIGINT ended the campaign: what was found is kept, the verdict is inconclusive
 
     @property
     def elapsed(self) -> float:
@@ -85,7 +86,7 @@ def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = Fal
     try:
         result = run_scenario(scenario_for(case, policy), kernel=kernel, numerics=numerics_always or case.numerics)
     except GuardRaised as exc:
-        return [("GUARD_RAISED", "GUARD_RAISED", str(exc))]
+        return [(exc.invariant, exc.invariant, str(exc))]
     return [(f.signature, f.invariant, f.message) for f in result.findings]
 
 
@@ -93,7 +94,19 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
                  max_cases: Optional[int] = None, numerics_always: bool = False,
                  progress: Optional[Callable[[Campaign], None]] = None,
                  stop_at_first_failure: bool = False) -> Campaign:
-    """Generate and run cases until the budget or the case count is reached; record distinct failures."""
+    """Generate and run cases until the budget or the case count is reached; record distinct failures.
+
+    The campaign is always bounded: a budget that is not a finite number > 0, or neither a budget nor a case
+    count, is a ValueError (a NaN budget would never be reached).
+    """
+    import math
+
+    if budget_s is not None and not (isinstance(budget_s, (int, float)) and math.isfinite(budget_s) and budget_s > 0):
+        raise ValueError(f"budget_s: expected a finite number > 0, got {budget_s!r}")
+    if budget_s is None and max_cases is None:
+        raise ValueError("budget_s, max_cases: at least one bound is needed (the campaign would never end)")
+    if max_cases is not None and max_cases < 1:
+        raise ValueError(f"max_cases: expected an integer >= 1, got {max_cases!r}")
     camp = Campaign(policy=policy, kernel=kernel, numerics_always=numerics_always, budget_s=budget_s,
                     max_cases=max_cases, progress=progress)
 
@@ -123,6 +136,8 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
             one_case()
         except _CampaignDone:
             pass
+        except KeyboardInterrupt:
+            camp.interrupted = True
     return camp
 
 
@@ -173,18 +188,26 @@ def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str
 def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", seed: int = 0,
          budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None, out_dir: str = "fa3verify-out/cases",
          show_progress: Optional[bool] = None) -> RunSummary:
-    """The fuzz subcommand's work: campaign, shrink each distinct failure, save cases, summarise."""
-    from gpu_impl.kernels import load
+    """The fuzz subcommand's work: campaign, shrink each distinct failure, save cases, summarise.
 
-    kernel = load(kernel_name, mode="strict", device=device)
-    numerics_always = kernel_name != "emulated"
-    show = sys.stdout.isatty() if show_progress is None else show_progress
+    An interrupt (SIGINT) ends the campaign: the failures found so far are saved unshrunk and the summary is
+    marked interrupted (exit 3); an interrupt before the campaign starts returns an empty interrupted summary.
+    """
     summary = RunSummary(command="fuzz", seed=seed, policy=policy.to_dict())
-    with _progress_line(show) as progress:
-        camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s, max_cases=max_cases,
-                            numerics_always=numerics_always, progress=progress)
+    try:
+        from gpu_impl.kernels import load
+
+        kernel = load(kernel_name, mode="strict", device=device)
+        numerics_always = kernel_name != "emulated"
+        show = sys.stdout.isatty() if show_progress is None else show_progress
+        with _progress_line(show) as progress:
+            camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s, max_cases=max_cases,
+                                numerics_always=numerics_always, progress=progress)
+    except KeyboardInterrupt:
+        summary.interrupted = True
+        return summary
     for failure in camp.failures.values():
-        case = shrink(failure, policy, kernel, numerics_always)
+        case = failure.case if camp.interrupted else _shrink_or_keep(failure, policy, kernel, numerics_always, camp)
         failure.case_file = save_case(failure, case, policy, kernel_name, out_dir)
         summary.findings.append(Finding(invariant=failure.invariant, case_file=failure.case_file, engine="fuzz",
                                         message=f"{failure.message} (seen {failure.count}x, first at "
@@ -196,6 +219,7 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
     if camp.failures:
         summary.first_failure_s = min(f.found_at_s for f in camp.failures.values())
     verdict_failed = bool(camp.failures)
+    summary.interrupted = camp.interrupted
     summary.checks.append(Check(
         name=f"fuzz ({kernel_name}): no OOB, no NaN, matches oracle", kind="property",
         verdict="fail" if verdict_failed else ("pass" if camp.cases else "inconclusive"), seconds=camp.elapsed,
@@ -204,6 +228,15 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
         message=f"{camp.cases} cases, {camp.failing_cases} failing, {len(camp.failures)} distinct signatures: "
                 + ", ".join(sorted(camp.failures)) if camp.failures else f"{camp.cases} cases, no violation"))
     return summary
+
+
+def _shrink_or_keep(failure: Failure, policy: Policy, kernel, numerics_always: bool, camp: Campaign) -> FuzzCase:
+    """The shrunk case; an interrupt while shrinking keeps the unshrunk one and ends the run (exit 3)."""
+    try:
+        return shrink(failure, policy, kernel, numerics_always)
+    except KeyboardInterrupt:
+        camp.interrupted = True
+        return failure.case
 
 
 class _progress_line:

@@ -74,17 +74,9 @@ def validate_summary(data: Any, source: str = "run.json") -> dict:
 
 def load_summary(path: str) -> dict:
     """Read and validate a run summary file; every problem is a UsageError naming the file and the key."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        raise UsageError(f"RUN.json: no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"RUN.json: cannot read {path}: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    from .outputs import read_json
+
+    data = read_json(path, "RUN.json")
     return validate_summary(data, path)
 
 
@@ -200,6 +192,7 @@ def render_html(data: dict, source: Optional[str] = None) -> str:
 
 def write_html(data: dict, path: str, source: Optional[str] = None) -> str:
     """Render and write the page; returns the path."""
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(render_html(data, source))
+    from .summary import write_atomic
+
+    write_atomic(path, render_html(data, source))
     return path

@@ -80,16 +80,21 @@ class MultiRankResult:
 # ------------------------------------------------------------------------------------------------
 
 
-def load_case(path: str) -> dict:
-    """A case file as a dict (through ``spec.cases`` when it is importable); a bad file is a UsageError."""
-    from gpu_impl.distributed import case_to_dict
+def load_case(path: str, trust_case_guard: bool = False) -> dict:
+    """A case file as a dict (read by fa3verify.outputs, validated by ``spec.cases``); a bad file, or a guard
+    that names code without ``trust_case_guard`` (fa3verify.trust), is a UsageError."""
+    from spec.cases import Case, CaseFormatError
 
-    if not os.path.isfile(path):
-        raise UsageError(f"CASE: no such file: {path}")
+    from .outputs import read_text
+    from .trust import guard_to_run
+
+    text = read_text(str(path), "CASE")
     try:
-        return case_to_dict(path)
-    except (ValueError, KeyError, TypeError) as exc:  # json.JSONDecodeError and CaseFormatError are ValueErrors
+        case = Case.from_json(text)
+    except CaseFormatError as exc:
         raise UsageError(f"CASE {path}: {exc}") from None
+    guard_to_run(case.policy.get("guard", "fixed"), None, trust_case_guard)
+    return case.to_dict()
 
 
 def case_world(case: Any) -> int:
@@ -153,9 +158,11 @@ def run_ranks(cases: Sequence[Any] | Any, world: Optional[int] = None, backend: 
     n = resolve_world(cases, world)
     keep = out_dir is not None
     folder = Path(out_dir) if keep else Path(tempfile.mkdtemp(prefix="fa3verify-ranks-"))
+    stale = sorted(str(p) for p in list(folder.glob("verdict-*.json")) + list(folder.glob("error-rank-*.json")))
+    if stale:  # never delete what this run did not create, never read an earlier run's verdict as this one's
+        raise UsageError(f"--out-dir: {folder} already holds {len(stale)} verdict/error file(s) of an earlier run "
+                         f"(e.g. {stale[0]}); choose an empty --out-dir or remove them yourself")
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in list(folder.glob("verdict-*.json")) + list(folder.glob("error-rank-*.json")):
-        stale.unlink()
     store_dir = tempfile.mkdtemp(prefix="fa3verify-store-")
     payload = {"cases": [_plain(c) for c in cases], "world": n, "backend": backend, "numerics": flags,
                "timeout_s": float(timeout_s), "out_dir": str(folder), "store_path": os.path.join(store_dir, "store"),

@@ -48,8 +48,16 @@ def load_policy(guard: str = "fixed", metadata_heads: str = "tp", keep_stale_cp_
                   clear_stale_cp_metadata=not keep_stale_cp_metadata, cp_decode_sharded_kv=cp_decode_sharded_kv)
 
 
+def add_guard_timeout_argument(parser) -> None:
+    """--guard-timeout-s: the deadline of one guard call (spec.guard_isolation.GUARD_TIMEOUT_S)."""
+    parser.add_argument("--guard-timeout-s", type=float, default=None, metavar="S",
+                        help="deadline of one call of your guard in seconds (default 10); a guard past it is "
+                             "reported as GUARD_TIMEOUT")
+
+
 def add_policy_arguments(parser) -> None:
     """The policy options shared by prove, fuzz and gate."""
+    add_guard_timeout_argument(parser)
     parser.add_argument("--guard", default="fixed", metavar="SPEC",
                         help="guard deciding whether the backend skips the metadata precompute: 'fixed' "
                              "(sglang PR #30439, default), 'pre-fix' (DP attention only), 'none', or your own "

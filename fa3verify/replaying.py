@@ -30,28 +30,78 @@ class ReplayOutcome:
             return False
         return self.expected_invariant is None or self.expected_invariant in self.invariants
 
+    @property
+    def fails(self) -> bool:
+        """True when the replay observed anything but a clean pass (a violation, NaN, a shape error, a guard
+        fault): never exit 0, whatever the case file expected."""
+        return self.outcome != "pass" or bool(self.findings)
+
+    @property
+    def verdict(self) -> str:
+        """PASSES NOW / PASSES (as expected) / STILL FAILS / FAILS DIFFERENTLY."""
+        if not self.fails:
+            return "PASSES (as expected)" if self.expected_outcome == "pass" else "PASSES NOW"
+        return "STILL FAILS" if self.still_fails else "FAILS DIFFERENTLY (not as the case file expected)"
+
+
+#: Names a replay can report besides spec.invariants.INVARIANTS (gpu_impl.scenario and the guard faults).
+SCENARIO_FINDINGS = ("MATCHES_ORACLE", "NO_NAN", "CP_PATH_MATCHES_ACTIVITY", "CP_LAYOUT_MATCHES_BATCH",
+                     "CP_RANKS_AGREE")
+
+#: A replay with tensors (--numerics, or the real kernel) refuses batches with more KV tokens than this.
+MAX_NUMERICS_KV_TOKENS = 1 << 20
+
+
+def known_invariants() -> list:
+    """Every invariant name a case's expected.invariant may name."""
+    from spec.guards import GUARD_FAULTS
+    from spec.invariants import INVARIANTS
+
+    return sorted(set(INVARIANTS) | set(GUARD_FAULTS) | set(SCENARIO_FINDINGS))
+
+
+def unmodelled(case) -> Optional[str]:
+    """Why the scenario runner cannot replay this case faithfully, or None (then the replay is inconclusive)."""
+    if case.policy.get("cp_decode_kv", "replicated") != "replicated":
+        return ("policy.cp_decode_kv is 'sharded' (a fork's CP decode over sharded KV): the scenario runner models "
+                "only replicated KV, so replaying it as replicated would prove nothing")
+    if case.server.get("cp_decode_sharded_kv"):
+        return "server.cp_decode_sharded_kv is true: the scenario runner models only replicated KV"
+    pinned = [f"batches[{i}].{k}" for i, b in enumerate(case.batches) for k in ("dp_rank", "cp_metadata") if k in b]
+    if pinned:
+        return f"{pinned[0]} is not modelled by the scenario runner (batches are split over DP ranks round-robin)"
+    return None
+
 
 def load_case(path: str):
     """Load a case file; a missing or malformed file is a usage error naming the problem."""
     from spec.cases import Case, CaseFormatError
 
+    from .outputs import read_text
+
+    text = read_text(path, "CASE")
     try:
-        return Case.load(path)
-    except FileNotFoundError:
-        raise UsageError(f"CASE: no such file: {path}") from None
+        case = Case.from_json(text)
     except CaseFormatError as exc:
         raise UsageError(f"CASE {path}: {exc}") from None
+    inv = case.expected.get("invariant")
+    if inv is not None and inv not in known_invariants():
+        raise UsageError(f"CASE {path}: expected.invariant: expected one of {', '.join(known_invariants())}, "
+                         f"got {inv!r}")
+    return case
 
 
 def scenario_from_case(case, guard_override: Optional[str] = None, metadata_heads: Optional[str] = None,
-                       keep_stale: Optional[bool] = None):
-    """The gpu_impl Scenario a case file describes; the CLI may override the policy."""
+                       keep_stale: Optional[bool] = None, trust_case_guard: bool = False):
+    """The gpu_impl Scenario a case file describes; the CLI may override the policy (trust: fa3verify.trust)."""
     from gpu_impl.config import ModelConfig, ServerConfig
     from gpu_impl.guards import GuardSpecError, load_guard
     from gpu_impl.scenario import Scenario, Step
 
+    from .trust import guard_to_run
+
     policy = dict(case.policy)
-    guard_spec = guard_override or policy.get("guard", "fixed")
+    guard_spec = guard_to_run(policy.get("guard", "fixed"), guard_override, trust_case_guard)
     try:
         guard = load_guard(guard_spec)
         server = ServerConfig.from_dict(case.server)
@@ -70,34 +120,44 @@ def scenario_from_case(case, guard_override: Optional[str] = None, metadata_head
 
 def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", guard: Optional[str] = None,
            metadata_heads: Optional[str] = None, keep_stale: Optional[bool] = None,
-           numerics: Optional[bool] = None) -> tuple[RunSummary, ReplayOutcome]:
-    """Replay one case; the summary fails (exit 1) when the case still fails as recorded."""
+           numerics: Optional[bool] = None, trust_case_guard: bool = False) -> tuple[RunSummary, ReplayOutcome]:
+    """Replay one case; the summary fails (exit 1) whenever the replay observes a violation or a guard fault,
+    is inconclusive (exit 3) when the case needs a path the scenario runner does not model."""
     from gpu_impl.guards import GuardRaised
     from gpu_impl.kernels import load
     from gpu_impl.scenario import run_scenario
 
     case = load_case(path)
-    scn = scenario_from_case(case, guard, metadata_heads, keep_stale)
+    expected = case.expected or {}
+    why_not = unmodelled(case)
+    if why_not:
+        return _not_modelled(path, case, why_not)
+    scn = scenario_from_case(case, guard, metadata_heads, keep_stale, trust_case_guard)
     name = kernel_name or case.kernel.get("name", "emulated")
-    kernel = load(name, mode=case.kernel.get("mode", "strict"), device=device)
     use_numerics = (name != "emulated") if numerics is None else numerics
+    if use_numerics:
+        for i, b in enumerate(case.batches):
+            if sum(b["seq_lens"]) > MAX_NUMERICS_KV_TOKENS:
+                raise UsageError(f"CASE {path}: batches[{i}].seq_lens: at most {MAX_NUMERICS_KV_TOKENS} KV tokens "
+                                 f"per batch with tensors (--numerics or a real kernel), got {sum(b['seq_lens'])}; "
+                                 f"replay without --numerics to check the metadata only")
+    kernel = load(name, mode=case.kernel.get("mode", "strict"), device=device)
     start = time.perf_counter()
     try:
         result = run_scenario(scn, kernel=kernel, numerics=use_numerics, device=device)
         findings = [f.to_dict() for f in result.findings]
         outcome, trace = result.outcome, result.trace
     except GuardRaised as exc:
-        findings = [{"invariant": "GUARD_RAISED", "message": str(exc), "step": None, "dp_rank": None, "detail": {}}]
+        findings = [{"invariant": exc.invariant, "message": str(exc), "step": None, "dp_rank": None, "detail": {}}]
         outcome, trace = "violation", []
     elapsed = time.perf_counter() - start
-    expected = case.expected or {}
     observed = ReplayOutcome(expected_outcome=expected.get("outcome", "violation"),
                              expected_invariant=expected.get("invariant"), outcome=outcome,
                              invariants=sorted({f["invariant"] for f in findings}), findings=findings, trace=trace)
     summary = RunSummary(command="replay", cases=1, failures=int(bool(findings)), elapsed_s=elapsed,
                          policy={"guard": scn.guard_spec, "metadata_heads": scn.metadata_heads,
                                  "clear_stale_cp_metadata": scn.clear_stale_cp_metadata})
-    fails = observed.still_fails
+    fails = observed.fails
     summary.failures = int(fails)
     msg = "; ".join(f"{f['invariant']} at step {f['step']} rank {f['dp_rank']}: {f['message']}" for f in findings[:3])
     summary.checks.append(Check(name=f"replay {path}", kind="replay",
@@ -107,4 +167,15 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
         for f in findings:
             summary.findings.append(Finding(invariant=f["invariant"], case_file=path, engine="replay",
                                             message=f["message"]))
+    return summary, observed
+
+
+def _not_modelled(path: str, case, why: str) -> tuple[RunSummary, ReplayOutcome]:
+    expected = case.expected or {}
+    observed = ReplayOutcome(expected_outcome=expected.get("outcome", "violation"),
+                             expected_invariant=expected.get("invariant"), outcome="not-modelled", invariants=[],
+                             findings=[], trace=[])
+    summary = RunSummary(command="replay", cases=0, policy=dict(case.policy))
+    summary.checks.append(Check(name=f"replay {path}", kind="replay", verdict="inconclusive", seconds=0.0,
+                                inconclusive=True, case_file=path, message=why))
     return summary, observed

@@ -57,14 +57,18 @@ class RunSummary:
     seed: Optional[int] = None
     policy: dict = field(default_factory=dict)
     usage_error: Optional[str] = None
+    interrupted: bool = False  #: SIGINT stopped the run: what was found is reported, the verdict is inconclusive
 
     @property
     def exit_code(self) -> int:
+        """0 pass, 1 violation, 2 usage, 3 inconclusive: interrupted, a check inconclusive, or nothing ran."""
         if self.usage_error:
             return exitcodes.USAGE
+        if self.interrupted:
+            return exitcodes.INCONCLUSIVE
         if any(c.failed for c in self.checks) or self.failures:
             return exitcodes.VIOLATION
-        if any(c.inconclusive for c in self.checks):
+        if any(c.inconclusive for c in self.checks) or not self.checks:
             return exitcodes.INCONCLUSIVE
         return exitcodes.PASS
 
@@ -78,7 +82,7 @@ class RunSummary:
             "cases": self.cases, "failures": self.failures, "elapsed_s": round(self.elapsed_s, 4),
             "cases_per_s": round(self.cases / self.elapsed_s, 2) if self.elapsed_s > 0 else 0.0,
             "first_failure_s": None if self.first_failure_s is None else round(self.first_failure_s, 4),
-            "seed": self.seed, "policy": self.policy,
+            "seed": self.seed, "policy": self.policy, "interrupted": self.interrupted,
             "checks": [asdict(c) for c in self.checks], "findings": [asdict(f) for f in self.findings],
         }
 
@@ -89,16 +93,33 @@ class RunSummary:
         self.cases += other.cases
         self.failures += other.failures
         self.elapsed_s += other.elapsed_s
+        self.interrupted |= other.interrupted
         if other.first_failure_s is not None and self.first_failure_s is None:
             self.first_failure_s = other.first_failure_s
 
 
 def write_json(summary: RunSummary, path: str) -> None:
-    """Write the run summary as JSON (schema fa3verify.run/1)."""
+    """Write the run summary as JSON (schema fa3verify.run/1), atomically."""
+    write_atomic(path, json.dumps(summary.to_dict(), indent=2) + "\n")
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and a rename: an interrupted or failed
+    write never leaves a half-written report, nor destroys the previous one."""
+    import tempfile
+
     _ensure_parent(path)
-    with open(path, "w") as fh:
-        json.dump(summary.to_dict(), fh, indent=2)
-        fh.write("\n")
+    fd, tmp = tempfile.mkstemp(prefix=".fa3verify-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def write_junit(summary: RunSummary, path: str) -> None:
@@ -120,7 +141,7 @@ def write_junit(summary: RunSummary, path: str) -> None:
             ET.SubElement(case, "system-out").text = text
     root = ET.Element("testsuites")
     root.append(suite)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+    write_atomic(path, "<?xml version='1.0' encoding='utf-8'?>\n" + ET.tostring(root, encoding="unicode"))
 
 
 def print_table(summary: RunSummary, console=None) -> None:

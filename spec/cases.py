@@ -30,16 +30,31 @@ METADATA_HEADS = ("tp", "attn_tp")
 _SOURCE_RE = re.compile(r"^(prove:[A-Za-z0-9_.:\-]+|fuzz|catalogue:[A-Za-z0-9_.\-]+|manual)$")
 _GUARD_RE = re.compile(r"^(fixed|pre-fix|none|[A-Za-z_][\w.]*:[A-Za-z_]\w*|.+\.py:[A-Za-z_]\w*)$")
 
-# field -> (kind, constraint description); kinds: int>=1, int>=0, bool, str, optstr, optint>=1
+#: Bounds on case sizes (docs/case-format.md, "Bounds"): far above every real deployment, low enough that a case
+#: replays in seconds and bounded memory. A case beyond them is refused (CaseFormatError, exit 2).
+MAX_RANKS = 1024          #: tp_size, dp_size, attn_cp_size
+MAX_HEADS = 1024          #: num_heads, num_kv_heads (real models: <= 128)
+MAX_NUM_SM = 1024
+MAX_PAGE_SIZE = 1 << 20
+MAX_LEN = 2 ** 31 - 1     #: seq_lens, context_length (FA3 lengths are int32)
+MAX_STEPS = 256           #: batches per case
+MAX_BATCH = 4096          #: sequences per batch (above FA3's b > 992 rule in flash_prepare_scheduler.cu)
+MAX_SEED = 2 ** 63 - 1
+
+# field -> (kind, constraint); kinds: int_range (lo, hi), optint_range, bool, str, choice
 SERVER_FIELDS: dict[str, tuple[str, Any]] = {
-    "tp_size": ("int", 1), "dp_size": ("int", 1), "attn_cp_size": ("int", 1),
+    "tp_size": ("int_range", (1, MAX_RANKS)), "dp_size": ("int_range", (1, MAX_RANKS)),
+    "attn_cp_size": ("int_range", (1, MAX_RANKS)),
     "enable_dp_attention": ("bool", None), "enable_prefill_cp": ("bool", None),
-    "cp_strategy": ("choice", (None, "zigzag")), "page_size": ("int", 1), "num_splits": ("int_range", (0, 256)),
-    "enable_deterministic_inference": ("bool", None), "cuda_graph": ("bool", None), "num_sm": ("int", 1),
-    "context_length": ("int", 1), "cp_decode_sharded_kv": ("bool", None),
+    "cp_strategy": ("choice", (None, "zigzag")), "page_size": ("int_range", (1, MAX_PAGE_SIZE)),
+    "num_splits": ("int_range", (0, 256)),
+    "enable_deterministic_inference": ("bool", None), "cuda_graph": ("bool", None),
+    "num_sm": ("int_range", (1, MAX_NUM_SM)),
+    "context_length": ("int_range", (1, MAX_LEN)), "cp_decode_sharded_kv": ("bool", None),
 }
 MODEL_FIELDS: dict[str, tuple[str, Any]] = {
-    "name": ("str", None), "num_heads": ("int", 1), "num_kv_heads": ("int", 1), "head_dim": ("int_range", (8, 256)),
+    "name": ("str", None), "num_heads": ("int_range", (1, MAX_HEADS)), "num_kv_heads": ("int_range", (1, MAX_HEADS)),
+    "head_dim": ("int_range", (8, 256)),
     "head_dim_v": ("optint_range", (8, 512)), "dtype": ("choice", ("bfloat16", "float16", "float8_e4m3")),
     "is_mla": ("bool", None), "has_sliding_window_layers": ("bool", None),
 }
@@ -106,6 +121,8 @@ def _check_object(path: str, obj: Any, spec: dict, optional: set) -> dict:
 def _check_batches(batches: Any) -> list:
     if not isinstance(batches, list) or not batches:
         raise CaseFormatError("batches", "a non-empty list of batch objects", batches)
+    if len(batches) > MAX_STEPS:
+        raise CaseFormatError("batches", f"at most {MAX_STEPS} batches", f"{len(batches)} batches")
     out = []
     for i, b in enumerate(batches):
         p = f"batches[{i}]"
@@ -118,8 +135,10 @@ def _check_batches(batches: Any) -> list:
         if b.get("mode") not in BATCH_MODES:
             raise CaseFormatError(f"{p}.mode", "one of " + ", ".join(BATCH_MODES), b.get("mode", "<missing>"))
         lens = b.get("seq_lens", "<missing>")
-        if not isinstance(lens, list) or not all(_is_int(x) and 0 <= x <= 2 ** 31 - 1 for x in lens):
-            raise CaseFormatError(f"{p}.seq_lens", "a list of integers in [0, 2^31)", lens)
+        if isinstance(lens, list) and len(lens) > MAX_BATCH:
+            raise CaseFormatError(f"{p}.seq_lens", f"at most {MAX_BATCH} sequences", f"{len(lens)} sequences")
+        if not isinstance(lens, list) or not all(_is_int(x) and 1 <= x <= MAX_LEN for x in lens):
+            raise CaseFormatError(f"{p}.seq_lens", "a list of integers in [1, 2^31)", _short(lens))
         if b["mode"] != "idle" and not lens:
             raise CaseFormatError(f"{p}.seq_lens", f"a non-empty list for mode {b['mode']!r}", lens)
         ext = b.get("extend_lens")
@@ -128,13 +147,39 @@ def _check_batches(batches: Any) -> list:
                 raise CaseFormatError(f"{p}.extend_lens", f"null or a list of {len(lens)} integers (one per seq_len)",
                                       ext)
             for j, (e, s) in enumerate(zip(ext, lens)):
-                if not _is_int(e) or not 0 <= e <= s:
-                    raise CaseFormatError(f"{p}.extend_lens[{j}]", f"an integer in [0, seq_lens[{j}]={s}]", e)
+                if not _is_int(e) or not 1 <= e <= s:
+                    raise CaseFormatError(f"{p}.extend_lens[{j}]", f"an integer in [1, seq_lens[{j}]={s}]", e)
         elif b["mode"] in ("extend", "mixed"):
             raise CaseFormatError(f"{p}.extend_lens", f"a list of {len(lens)} integers for mode {b['mode']!r}", ext)
         out.append({"mode": b["mode"], "seq_lens": list(lens), "extend_lens": None if ext is None else list(ext),
                     **{k: b[k] for k in ("dp_rank", "cp_metadata") if k in b}})
     return out
+
+
+def _short(value: Any) -> Any:
+    """A value short enough to quote in an error message."""
+    text = repr(value)
+    return value if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
+
+
+def _check_parallel_layout(server: dict, model: dict) -> None:
+    """Cross-field rules without which the rank layout has no attention-TP rank or no head per rank.
+
+    attn_tp_size = tp_size // (attn_dp_size * attn_cp_size) >= 1 (sglang dp_attention.py
+    compute_dp_attention_world_info) and the precompute's num_heads // tp_size >= 1 (flashattention_backend.py).
+    """
+    tp = server["tp_size"]
+    cp = server.get("attn_cp_size", 1)
+    dp_attn = server.get("dp_size", 1) if server.get("enable_dp_attention", False) else 1
+    if cp > tp:
+        raise CaseFormatError("server.attn_cp_size", f"an integer in [1, tp_size={tp}]", cp)
+    if dp_attn > tp:
+        raise CaseFormatError("server.dp_size", f"an integer in [1, tp_size={tp}] with DP attention", dp_attn)
+    if dp_attn * cp > tp:
+        raise CaseFormatError("server.attn_cp_size", f"dp_size * attn_cp_size <= tp_size={tp} with DP attention "
+                                                     f"(dp_size={dp_attn})", cp)
+    if model["num_heads"] < tp:
+        raise CaseFormatError("server.tp_size", f"an integer in [1, num_heads={model['num_heads']}]", tp)
 
 
 def _check_policy(policy: Any) -> dict:
@@ -187,6 +232,33 @@ def _check_expected(expected: Any) -> dict:
     if not isinstance(detail, dict):
         raise CaseFormatError("expected.detail", "a JSON object", detail)
     return {"outcome": expected["outcome"], "invariant": inv, "detail": dict(detail)}
+
+
+#: Largest case file text, and deepest JSON nesting, a reader accepts.
+MAX_CASE_CHARS = 16 * 1024 * 1024
+MAX_JSON_DEPTH = 32
+
+
+def json_nesting(text: str) -> int:
+    """Deepest [ / { nesting of JSON text (brackets inside strings ignored), without recursion."""
+    depth = best = 0
+    in_str = escaped = False
+    for ch in text:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif ch in "]}":
+            depth -= 1
+    return best
 
 
 @dataclass
@@ -242,9 +314,10 @@ class Case:
         if model["num_heads"] % model["num_kv_heads"] != 0:
             raise CaseFormatError("model.num_kv_heads", f"a divisor of num_heads={model['num_heads']}",
                                   model["num_kv_heads"])
+        _check_parallel_layout(server, model)
         seed = data.get("seed", 0)
-        if not _is_int(seed) or seed < 0:
-            raise CaseFormatError("seed", "an integer >= 0", seed)
+        if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+            raise CaseFormatError("seed", "an integer in [0, 2^63)", _short(seed))
         notes = data.get("notes", "")
         if not isinstance(notes, str):
             raise CaseFormatError("notes", "a string", notes)
@@ -268,16 +341,31 @@ class Case:
     @classmethod
     def from_json(cls, text: str) -> "Case":
         """Parse and validate JSON text; malformed JSON or fields raise CaseFormatError."""
+        if len(text) > MAX_CASE_CHARS:
+            raise CaseFormatError("case", f"at most {MAX_CASE_CHARS} characters of JSON", f"{len(text)} characters")
+        depth = json_nesting(text)
+        if depth > MAX_JSON_DEPTH:
+            raise CaseFormatError("case", f"JSON nested at most {MAX_JSON_DEPTH} levels deep", f"{depth} levels")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise CaseFormatError("case", f"valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
                                   text[:40]) from None
+        except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
+            raise CaseFormatError("case", "JSON with integers of at most 4300 digits", str(exc)[:80]) from None
         return cls.from_dict(data)
 
     @classmethod
     def load(cls, path) -> "Case":
-        """Read a case file (FileNotFoundError if absent; CaseFormatError if malformed)."""
+        """Read a case file (FileNotFoundError if absent; CaseFormatError if malformed or not a regular file)."""
+        import os
+        import stat
+
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise CaseFormatError("case", "a regular file (not a directory, FIFO or device)", str(path))
+        if st.st_size > MAX_CASE_CHARS * 4:
+            raise CaseFormatError("case", f"at most {MAX_CASE_CHARS} characters of JSON", f"{st.st_size} bytes")
         raw = Path(path).read_bytes()
         try:
             text = raw.decode("utf-8")
@@ -302,6 +390,9 @@ class Case:
         slug = self.source.split(":")[0] or "case"  # one file per signature, whichever theorem found it
         inv = (self.expected.get("invariant") or self.expected.get("outcome") or "case").lower()
         path = d / f"{slug}-{re.sub(r'[^a-z0-9]+', '-', inv)}-{self.signature()}.json"
-        if not path.exists():
-            path.write_text(self.to_json())
+        try:  # "x": never replaces an existing file, never follows a (dangling) symlink planted at that name
+            with open(path, "x", encoding="utf-8") as fh:
+                fh.write(self.to_json())
+        except FileExistsError:
+            pass
         return path

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Optional
 from refmodel.fa3_scheduler import ScheduleInputs, call_inputs, precompute_inputs
 
 from .config import MODELS, ModelConfig, ServerConfig
-from .guards import BUILTIN_GUARDS, load_guard, no_guard, server_args_namespace
+from .guards import BUILTIN_GUARDS, evaluate_guard, load_guard, no_guard, server_args_namespace
 from .guards import prefix_guard_dp_only as prefix_guard
 from .guards import should_disable_scheduler_metadata_precompute as fixed_guard
 
@@ -272,7 +272,7 @@ def precomputes(cfg: Config, guard: Callable[[Any], Any], dropped: frozenset = f
     """
     if cfg.model.is_mla and "MLA_NEVER_PRECOMPUTES" not in dropped:
         return False
-    return not bool(guard(server_args(cfg)))
+    return not evaluate_guard(guard, server_args(cfg))
 
 
 def guard_robustness(guard: Callable[[Any], Any], configs) -> list[dict]:

@@ -12,8 +12,10 @@ The three built-in guards model the history of ``FlashAttentionBackend.__init__`
   attention.
 
 Users may point ``--guard`` at their own function (``package.module:function`` or
-``path/to/file.py:function``); :func:`load_guard` resolves it and :func:`evaluate_guard` runs it,
-turning an exception into :class:`GuardRaised` that names the missing attribute.
+``path/to/file.py:function``); :func:`load_guard` resolves it to an
+:class:`spec.guard_isolation.IsolatedGuard` (imported and called in a child process with a deadline, so
+``sys.exit``/``os._exit``/a hang cannot end the tool) and :func:`evaluate_guard` runs it, turning an exception,
+a non-bool result or a missed deadline into :class:`GuardRaised` (:class:`GuardTimeout`).
 """
 
 from __future__ import annotations
@@ -38,11 +40,40 @@ class GuardSpecError(ValueError):
 
 
 class GuardRaised(RuntimeError):
-    """A guard raised while being evaluated; ``missing_attribute`` names the absent flag, if any."""
+    """A guard faulted while being evaluated (raised, exited, returned a non-bool); reported as GUARD_RAISED.
+
+    ``missing_attribute`` names the absent flag, if any.
+    """
+
+    invariant = "GUARD_RAISED"
 
     def __init__(self, message: str, missing_attribute: str | None = None):
         super().__init__(message)
         self.missing_attribute = missing_attribute
+
+
+class GuardTimeout(GuardRaised):
+    """A guard call (or its import) missed its deadline (spec.guard_isolation.GUARD_TIMEOUT_S): GUARD_TIMEOUT."""
+
+    invariant = "GUARD_TIMEOUT"
+
+
+#: The finding names a guard fault is reported under.
+GUARD_FAULTS = ("GUARD_RAISED", "GUARD_TIMEOUT")
+
+
+def guard_raised_message(name: str, exc_type: str, message: str, missing: str | None, args_type: str) -> str:
+    """The message of a guard that raised: names the missing attribute for an AttributeError."""
+    if exc_type == "AttributeError":
+        what = f"attribute {missing!r}" if missing else "an attribute"
+        return (f"guard {name} raised AttributeError reading {what} from {args_type} ({message}); older sglang "
+                f"ServerArgs may lack it -- read flags with getattr(server_args, NAME, False)")
+    return f"guard {name} raised {exc_type}: {message}"
+
+
+def is_bool(value: Any) -> bool:
+    """Whether a guard's result is a real bool (Python or numpy), not merely truthy."""
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"))
 
 
 def should_disable_scheduler_metadata_precompute(server_args: Any) -> bool:
@@ -68,6 +99,22 @@ BUILTIN_GUARDS: dict[str, Guard] = {
     "pre-fix": prefix_guard_dp_only,
     "none": no_guard,
 }
+
+
+#: Modules of this project whose functions a case file may name as its guard without --trust-case-guard: the
+#: catalogue's seeded defects and the built-in guards (they run the project's own code, nothing else).
+PROJECT_GUARD_MODULES = ("gpu_impl.defects", "gpu_impl.guards", "spec.guards")
+
+
+def is_builtin_guard(spec: str) -> bool:
+    """Whether a guard spec names only this project's code (an alias or a function in PROJECT_GUARD_MODULES)."""
+    if not isinstance(spec, str):
+        return False
+    spec = spec.strip()
+    if spec in BUILTIN_GUARDS:
+        return True
+    module, _, func = spec.rpartition(":")
+    return module in PROJECT_GUARD_MODULES and func.isidentifier()
 
 
 def _looks_like_path(target: str) -> bool:
@@ -113,12 +160,22 @@ def _import_module(module_name: str, spec: str):
 
 
 def load_guard(spec: str) -> Guard:
-    """Resolve a ``--guard`` spec (alias, ``package.module:function`` or ``file.py:function``) to a callable."""
+    """Resolve a ``--guard`` spec: a built-in alias or project guard in process, else an IsolatedGuard (the user's
+    code runs in a child process with a deadline)."""
+    from .guard_isolation import IsolatedGuard
+
     if not isinstance(spec, str) or not spec.strip():
         raise GuardSpecError(f"guard spec must be a non-empty string, got {spec!r}")
     spec = spec.strip()
     if spec in BUILTIN_GUARDS:
         return BUILTIN_GUARDS[spec]
+    _check_spec_syntax(spec)
+    if is_builtin_guard(spec):  # the project's own guards and seeded defects (objects the engines inspect)
+        return load_guard_in_process(spec)
+    return IsolatedGuard(spec)
+
+
+def _check_spec_syntax(spec: str) -> None:
     if ":" not in spec:
         raise GuardSpecError(
             f"guard spec {spec!r}: missing ':' -- use 'package.module:function', "
@@ -131,6 +188,24 @@ def load_guard(spec: str) -> Guard:
         )
     if not target:
         raise GuardSpecError(f"guard spec {spec!r}: nothing before ':' (module or file path)")
+    if _looks_like_path(target):
+        if not Path(target).is_file():
+            raise GuardSpecError(f"guard spec {spec!r}: file not found: {target}")
+    elif any(not part.isidentifier() for part in target.split(".")):
+        raise GuardSpecError(
+            f"guard spec {spec!r}: {target!r} is neither a dotted module name nor a .py path"
+        )
+
+
+def load_guard_in_process(spec: str) -> Guard:
+    """Import a guard spec into this process (the guard child's job; the tool itself uses load_guard)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise GuardSpecError(f"guard spec must be a non-empty string, got {spec!r}")
+    spec = spec.strip()
+    if spec in BUILTIN_GUARDS:
+        return BUILTIN_GUARDS[spec]
+    _check_spec_syntax(spec)
+    target, _, func_name = spec.rpartition(":")
     module = _load_module_from_file(target, spec) if _looks_like_path(target) else _import_module(
         target, spec
     )
@@ -152,20 +227,24 @@ def load_guard(spec: str) -> Guard:
 
 def evaluate_guard(guard: Guard, server_args_like: Any) -> bool:
     """Run a guard the way the backend's ``__init__`` does, turning any exception into GuardRaised."""
+    from .guard_isolation import bad_return_message
+
     name = getattr(guard, "__qualname__", repr(guard))
     try:
         result = guard(server_args_like)
+    except GuardRaised:
+        raise
     except AttributeError as exc:
         missing = getattr(exc, "name", None)
-        what = f"attribute {missing!r}" if missing else "an attribute"
-        raise GuardRaised(
-            f"guard {name} raised AttributeError reading {what} from "
-            f"{type(server_args_like).__name__} ({exc}); older sglang ServerArgs may lack it -- "
-            f"read flags with getattr(server_args, NAME, False)",
-            missing_attribute=missing,
-        ) from exc
+        raise GuardRaised(guard_raised_message(name, "AttributeError", str(exc), missing,
+                                               type(server_args_like).__name__), missing_attribute=missing) from exc
     except Exception as exc:
-        raise GuardRaised(f"guard {name} raised {type(exc).__name__}: {exc}") from exc
+        raise GuardRaised(guard_raised_message(name, type(exc).__name__, str(exc), None,
+                                               type(server_args_like).__name__)) from exc
+    if not is_bool(result):
+        if type(result).__name__ == "coroutine":
+            result.close()
+        raise GuardRaised(bad_return_message(name, type(result).__name__))
     return bool(result)
 
 

@@ -30,6 +30,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import z3
 
+# SIGINT must reach Python (the run stops, exit 3) instead of turning the current query into "unknown"
+z3.set_param("ctrl_c", False)
+
 from refmodel.fa3_scheduler import (
     CALL_MAX_SPLITS,
     HEURISTIC_MAX_SPLITS,

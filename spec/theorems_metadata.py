@@ -951,6 +951,7 @@ def _drift_rows(name, timeout_s, pack_p) -> TheoremResult:
     """Metadata with Lq_p rows (1, or pack_gqa=False) vs a call with Lq_c rows: a QUERY_COVER gap."""
     start = time.perf_counter()
     h, hk = _DRIFT_BASE["h"], _DRIFT_BASE["hk"]
+    saw_unknown = False  # a z3 unknown is never "no witness": the verdict is then inconclusive
     for q_c in (1, 2, 4, 8, 64):
         if pack_p is None and q_c == 1:
             continue
@@ -968,7 +969,9 @@ def _drift_rows(name, timeout_s, pack_p) -> TheoremResult:
         m_p = sym_m_blocks(lq_p, P[0], pack, P[1])
         rows = z3.If(kpack, lq_c * bv(C[0]), lq_c)
         s.add(m_p * bv(C[2]) < rows)
-        if s.check() != z3.sat:
+        r = s.check()
+        saw_unknown |= r == z3.unknown
+        if r != z3.sat:
             continue
         m = s.model()
         w = {"seqlen_q_precompute": _val(m, lq_p), "seqlen_q_call": _val(m, lq_c), "num_splits": _val(m, S)}
@@ -984,6 +987,9 @@ def _drift_rows(name, timeout_s, pack_p) -> TheoremResult:
                                  {"change": what, "invariant": ev.violations[0].invariant, **w}, None,
                                  f"changing only {what}: {ev.violations[0].message} (FA3-level witness, no case file)",
                                  expected=True)
+    if saw_unknown:
+        return TheoremResult(name, "inconclusive", time.perf_counter() - start, {}, None,
+                             f"z3 returned unknown (timeout {timeout_s}s) before any witness", expected=False)
     return TheoremResult(name, "proved", time.perf_counter() - start, {}, None, "no witness found", expected=False)
 
 
@@ -993,7 +999,11 @@ def _drift_batch(name, timeout_s) -> TheoremResult:
     s = solver(timeout_s, SEED)
     bp, bc = z3.BitVec("b_p", BV), z3.BitVec("b_c", BV)
     s.add(bp >= 1, bp <= B_MAX, bc >= 1, bc <= B_MAX, ceil_div_const(bp, 4) == ceil_div_const(bc, 4), bc > bp)
-    if s.check() != z3.sat:
+    r = s.check()
+    if r == z3.unknown:
+        return TheoremResult(name, "inconclusive", time.perf_counter() - start, {}, None,
+                             f"z3 returned unknown (timeout {timeout_s}s)", expected=False)
+    if r != z3.sat:
         return TheoremResult(name, "proved", time.perf_counter() - start, {}, None, "no witness", expected=False)
     m = s.model()
     b_p, b_c = _val(m, bp), _val(m, bc)

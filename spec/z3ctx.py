@@ -11,6 +11,9 @@ from typing import Callable, TypeVar
 
 import z3
 
+# SIGINT must reach Python (the run stops, exit 3) instead of turning the current query into "unknown"
+z3.set_param("ctrl_c", False)
+
 T = TypeVar("T")
 
 _CTX: list = []

@@ -46,7 +46,7 @@ def budget_from_args(args, default_budget: float = 20.0):
             raise UsageError(f"--cases: must be >= 1, got {args.cases}")
         return None, args.cases
     budget = default_budget if args.budget_s is None else args.budget_s
-    if budget <= 0:
+    if not budget > 0:  # NaN too (fa3verify.validation checks the range first)
         raise UsageError(f"--budget-s: must be > 0, got {budget}")
     return budget, None
 
@@ -54,12 +54,17 @@ def budget_from_args(args, default_budget: float = 20.0):
 def run(args) -> int:
     from ..fuzzing import fuzz
     from ..policy import load_policy
-    from ..summary import print_table, write_json, write_junit
+    from ..progress import stage
+    from ..summary import RunSummary, print_table, write_json, write_junit
 
     budget, cases = budget_from_args(args)
     policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
-    summary = fuzz(policy, kernel_name=args.kernel, device=args.device, seed=args.seed, budget_s=budget,
-                   max_cases=cases, out_dir=args.out)
+    try:
+        with stage("fuzz", f"fuzz ({args.kernel} kernel, {f'{cases} cases' if cases else f'{budget:g} s'})"):
+            summary = fuzz(policy, kernel_name=args.kernel, device=args.device, seed=args.seed, budget_s=budget,
+                           max_cases=cases, out_dir=args.out)
+    except KeyboardInterrupt:  # before the campaign began: nothing found, the reports still say so (exit 3)
+        summary = RunSummary(command="fuzz", seed=args.seed, policy=policy.to_dict(), interrupted=True)
     print_table(summary)
     for f in summary.findings:
         print(f"  {f.invariant}: {f.message}\n    replay: {f.replay}")

@@ -216,7 +216,10 @@ class GpuCheck:
         return max(0.0, min(cap, self.remaining() - reserve))
 
     def exit_code(self) -> int:
+        """1 if a stage failed, 3 if one was inconclusive or none ran (all skipped is never a pass), else 0."""
         if self.error:
+            return 3
+        if not any(s.status != "skipped" for s in self.stages.values()):
             return 3
         codes = [STATUS_CODE.get(s.status, 3) for s in self.stages.values()]
         if 1 in codes:

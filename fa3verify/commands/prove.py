@@ -17,7 +17,7 @@ examples:
   fa3verify prove --guard pre-fix                   # hazard found, guard soundness refuted: exit 1
   fa3verify prove --guard pre-fix --metadata-heads attn_tp   # root-cause fix: exit 0
   fa3verify prove --only hazard --json prove.json --cases-dir cases/
-  fa3verify prove --drop-assumption ASSUMPTION_TP_DIVISIBLE
+  fa3verify prove --drop-assumption TP_DIVISIBLE
 """
 
 
@@ -41,14 +41,17 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..errors import UsageError
+    from ..progress import stage
     from ..proving import prove
 
-    if args.timeout_s <= 0:
+    if not args.timeout_s > 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
     policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     _check_assumptions(args.drop_assumption)
-    summary = prove(policy, timeout_s=args.timeout_s, cases_dir=args.cases_dir, only=args.only,
-                    dropped_assumptions=args.drop_assumption)
+    _check_only(args.only)
+    with stage("prove", "prove (z3 theorems)"):
+        summary = prove(policy, timeout_s=args.timeout_s, cases_dir=args.cases_dir, only=args.only,
+                        dropped_assumptions=args.drop_assumption)
     print_table(summary)
     if args.json:
         write_json(summary, args.json)
@@ -65,3 +68,14 @@ def _check_assumptions(names) -> None:
     if unknown:
         raise UsageError(f"--drop-assumption: unknown name(s) {', '.join(unknown)}; "
                          f"allowed: {', '.join(sorted(ASSUMPTIONS))}")
+
+
+def _check_only(only) -> None:
+    """Every --only NAME must select at least one theorem (spec.theorems.select): else exit 2 listing them."""
+    from ..errors import UsageError
+    from spec.theorems import THEOREMS, select
+
+    for name in only or []:
+        if not select([name], list(THEOREMS), lambda t: THEOREMS[t][0]):
+            raise UsageError(f"--only: {name!r} matches no theorem; names (or a number or part of a name): "
+                             f"{', '.join(THEOREMS)}")

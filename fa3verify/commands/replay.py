@@ -26,6 +26,12 @@ def register(sub) -> None:
     p.add_argument("--guard", metavar="SPEC", help="override the case's guard (fixed, pre-fix, none, module:fn)")
     p.add_argument("--metadata-heads", choices=("tp", "attn_tp"), help="override the case's metadata heads")
     p.add_argument("--numerics", action="store_true", help="run the kernel on tensors even for the emulator")
+    from ..policy import add_guard_timeout_argument
+
+    add_guard_timeout_argument(p)
+    p.add_argument("--trust-case-guard", action="store_true",
+                   help="run the guard the case file names even when it is your own code (file or module); "
+                        "without it a case file can only name fixed, pre-fix, none or this project's guards")
     p.add_argument("--json", metavar="PATH", help="write the run summary as JSON")
     p.set_defaults(func=run)
 
@@ -35,7 +41,8 @@ def run(args) -> int:
     from ..summary import write_json
 
     summary, observed = replay(args.case, kernel_name=args.kernel, device=args.device, guard=args.guard,
-                               metadata_heads=args.metadata_heads, numerics=True if args.numerics else None)
+                               metadata_heads=args.metadata_heads, numerics=True if args.numerics else None,
+                               trust_case_guard=args.trust_case_guard)
     print(f"case: {args.case}")
     print(f"expected: {observed.expected_outcome}"
           + (f" ({observed.expected_invariant})" if observed.expected_invariant else ""))
@@ -45,7 +52,10 @@ def run(args) -> int:
         where = f"step {f['step']}, dp rank {f['dp_rank']}"
         extra = {k: detail[k] for k in ("batch", "indices", "s_p", "s_c") if k in detail}
         print(f"  {f['invariant']} at {where}: {f['message']}" + (f" {extra}" if extra else ""))
-    print("verdict: " + ("STILL FAILS" if observed.still_fails else "PASSES NOW"))
+    if observed.outcome == "not-modelled":
+        print(f"verdict: INCONCLUSIVE ({summary.checks[0].message})")
+    else:
+        print(f"verdict: {observed.verdict}")
     if args.json:
         write_json(summary, args.json)
     return summary.exit_code

@@ -37,8 +37,15 @@ def register(sub) -> None:
                    help="torch.distributed backend: gloo (CPU, default) or nccl (one GPU per rank)")
     p.add_argument("--timeout-s", type=float, default=120.0, metavar="S",
                    help="wall-clock limit of the whole run in seconds (default 120); past it every rank is killed")
-    p.add_argument("--out-dir", default="fa3verify-out/ranks", metavar="DIR",
-                   help="where rank 0 writes verdict-N.json and the per-rank traces (default fa3verify-out/ranks)")
+    p.add_argument("--out-dir", default=None, metavar="DIR",
+                   help="where rank 0 writes verdict-N.json and the per-rank traces (default fa3verify-out/ranks, "
+                        "or the first fa3verify-out/ranks/run-N free of earlier verdicts); a DIR holding earlier "
+                        "verdicts is refused, never cleaned")
+    from ..policy import add_guard_timeout_argument
+
+    add_guard_timeout_argument(p)
+    p.add_argument("--trust-case-guard", action="store_true",
+                   help="run the guard a case file names even when it is code (a file or module)")
     p.add_argument("--metadata-only", action="store_true",
                    help="check metadata against each call (spec's invariants) without running the kernel")
     p.add_argument("--compare", action="store_true",
@@ -59,10 +66,15 @@ def run(args) -> int:
         raise UsageError(f"--world: must be >= 1, got {args.world}")
     if not args.timeout_s > 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
-    cases = [load_case(path) for path in args.cases]
+    cases = [load_case(path, trust_case_guard=args.trust_case_guard) for path in args.cases]
     numerics = not args.metadata_only
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        args.out_dir = args.out_dir or "fa3verify-out/ranks"  # every rank must name the same folder
         return _run_under_torchrun(args, cases, numerics)
+    if args.out_dir is None:
+        from ..outputs import fresh_dir
+
+        args.out_dir = fresh_dir("fa3verify-out/ranks", ("verdict-*.json", "error-rank-*.json"))
     resolve_world(cases, args.world)
     results = run_ranks(cases, world=args.world, backend=args.backend, timeout_s=args.timeout_s,
                         out_dir=args.out_dir, numerics=numerics, inject_fault=args.inject_fault)
@@ -127,12 +139,20 @@ def _run_under_torchrun(args, cases, numerics: bool) -> int:
     if world != need:
         raise UsageError(f"WORLD_SIZE: the case needs attn_dp_size * attn_cp_size = {need} ranks, "
                          f"torchrun started {world}")
+    import time
+
+    started = time.time()
     torchrun_main(cases, args.out_dir, backend=args.backend, numerics=numerics, timeout_s=args.timeout_s)
     if int(os.environ["RANK"]) != 0:
         return exitcodes.PASS
     codes = []
     for i, path in enumerate(args.cases):
-        verdict = json.loads((Path(args.out_dir) / f"verdict-{i}.json").read_text(encoding="utf-8"))
+        verdict_path = Path(args.out_dir) / f"verdict-{i}.json"
+        if not verdict_path.is_file() or verdict_path.stat().st_mtime < started - 1:
+            print(f"case: {path}: no verdict written by this run ({verdict_path}): inconclusive")
+            codes.append(exitcodes.INCONCLUSIVE)  # an earlier run's verdict is never read as this one's
+            continue
+        verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
         print(f"case: {path}  ({world} ranks, {args.backend}): {verdict['outcome']}")
         for f in verdict["findings"][:5]:
             print(f"  {f['invariant']} at step {f['step']}, dp rank {f['dp_rank']}: {f['message'][:160]}")

@@ -1,0 +1,173 @@
+"""Input files and output paths of a run, checked before the run starts.
+
+Invariants: (1) every output path a run will write is checked before any work: a file output is not a
+directory and sits under a directory (or a directory the run may create), a directory output is not a file,
+no two outputs coincide; (2) no output is a file the run reads (the case file, the run summary, the guard
+source): a run never overwrites its input; (3) input files are read only when they are regular files of a
+bounded size (a FIFO, a directory, a symlink loop or an unreadable path is exit 2 naming the argument, never a
+hang or a traceback).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import Iterable
+
+from .errors import UsageError
+
+#: Largest input file (case file, run summary) read, in bytes.
+MAX_INPUT_BYTES = 16 * 1024 * 1024
+
+#: argparse dest -> "file" or "dir": what each output option names (per command where they differ).
+OUTPUT_OPTIONS = {"json": "file", "junit": "file", "html": "file", "markdown": "file", "write_docs": "file",
+                  "cases_dir": "dir", "write_corpus": "dir", "out_dir": "dir", "out": "dir"}
+COMMAND_OUTPUTS = {"hazard-map": {"out": "file"}}
+#: argparse dest -> the argument name used in messages, for inputs.
+INPUT_OPTIONS = {"case": "CASE", "cases": "CASE", "run_json": "RUN.json"}
+
+
+def read_text(path: str, field: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of a regular input file; UsageError naming `field` for anything else."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UsageError(f"{field}: no such file: {path}") from None
+    except OSError as exc:
+        raise UsageError(f"{field}: cannot read {path}: {_why(exc)}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{field}: {path} is a directory; expected a regular file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{field}: {path} is not a regular file (a FIFO, socket or device); expected a regular file")
+    if st.st_size > max_bytes:
+        raise UsageError(f"{field}: {path} has {st.st_size} bytes; at most {max_bytes} are read")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # replaced between stat and open
+                raise UsageError(f"{field}: {path} is not a regular file")
+            raw = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise UsageError(f"{field}: cannot read {path}: {_why(exc)}") from None
+    if len(raw) > max_bytes:
+        raise UsageError(f"{field}: {path} has more than {max_bytes} bytes; at most {max_bytes} are read")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{field}: {path} is not UTF-8 text") from None
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "symbolic link loop"
+    if exc.errno == errno.EACCES:
+        return "permission denied"
+    return exc.strerror or type(exc).__name__
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _check_ancestors(flag: str, path: str) -> None:
+    """The nearest existing ancestor of `path` must be a directory (else the write fails at the end)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent and not os.path.lexists(parent):
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    if os.path.lexists(parent) and not os.path.isdir(parent):
+        raise UsageError(f"{flag}: cannot write {path}: {parent} is not a directory")
+
+
+def check_output(flag: str, path: str, kind: str, inputs: Iterable[tuple[str, str]] = ()) -> None:
+    """One output path: writable where it is, and not one of the run's inputs (name, path)."""
+    if not isinstance(path, str) or not path:
+        raise UsageError(f"{flag}: expected a path, got {path!r}")
+    if kind == "file":
+        if os.path.isdir(path):
+            raise UsageError(f"{flag}: {path} is a directory; expected a file path")
+        if os.path.lexists(path) and not os.path.exists(path):
+            raise UsageError(f"{flag}: {path} is a broken symbolic link")
+        for name, inp in inputs:
+            if os.path.exists(path) and _same_file(path, inp):
+                raise UsageError(f"{flag}: {path} is the run's input {name}; a run never overwrites a file it reads")
+    else:
+        if os.path.lexists(path) and not os.path.isdir(path):
+            raise UsageError(f"{flag}: {path} exists and is not a directory")
+    _check_ancestors(flag, path)
+
+
+def run_inputs(args) -> list[tuple[str, str]]:
+    """(argument name, path) of every file the parsed command reads: case files, summaries, the guard source."""
+    values = vars(args)
+    out = []
+    for dest, name in INPUT_OPTIONS.items():
+        v = values.get(dest)
+        for p in ([v] if isinstance(v, str) else list(v) if isinstance(v, (list, tuple)) else []):
+            if isinstance(p, str):
+                out.append((name, p))
+    guard = values.get("guard")
+    if isinstance(guard, str) and ":" in guard:
+        target = guard.strip().rpartition(":")[0]
+        if target.endswith(".py") or "/" in target:
+            out.append(("--guard", target))
+    return out
+
+
+def check_outputs(command: str, args) -> None:
+    """Check every output option of the parsed command before the run (see the module invariants)."""
+    values = vars(args)
+    kinds = {**OUTPUT_OPTIONS, **COMMAND_OUTPUTS.get(command, {})}
+    inputs = run_inputs(args)
+    seen: dict[str, str] = {}
+    for dest, kind in kinds.items():
+        path = values.get(dest)
+        if path is None:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        check_output(flag, path, kind, inputs)
+        key = os.path.realpath(path)
+        if key in seen:
+            raise UsageError(f"{flag}: {path} is also the path of {seen[key]}; give each output its own path")
+        seen[key] = flag
+
+
+def fresh_dir(base: str, patterns: Iterable[str]) -> str:
+    """`base`, or the first `base/run-N` (N = 2, 3, ...) holding no file matching `patterns` (for default
+    output folders, so a second run neither deletes nor mixes with the first run's files)."""
+    import glob
+
+    def clean(d: str) -> bool:
+        return not any(glob.glob(os.path.join(glob.escape(d), p)) for p in patterns)
+
+    if clean(base):
+        return base
+    n = 2
+    while not clean(os.path.join(base, f"run-{n}")):
+        n += 1
+    return os.path.join(base, f"run-{n}")
+
+
+def read_json(path: str, field: str, max_depth: int = 64):
+    """Parse a JSON input file (read_text's checks, bounded nesting, bounded integer digits); UsageError naming
+    `field` for anything malformed."""
+    import json
+
+    from spec.cases import json_nesting
+
+    text = read_text(path, field)
+    depth = json_nesting(text)
+    if depth > max_depth:
+        raise UsageError(f"{field}: {path}: expected JSON nested at most {max_depth} levels deep, got {depth}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{field}: {path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"{field}: {path}: expected JSON with integers of at most 4300 digits ({exc})"[:300]) from None

@@ -1,0 +1,48 @@
+"""Progress lines for logs: one line when a stage starts and one when it ends, on non-terminals only.
+
+Invariant: when stdout is not a terminal (CI logs, pipes), every stage a command runs (the gate's prove and
+fuzz, a standalone prove or fuzz) writes `fa3verify COMMAND: STAGE ...` to stderr as it starts and
+`fa3verify COMMAND: STAGE done in N.Ns (...)` as it ends, so a log shows what runs and how long it took;
+on a terminal the live rich display (fa3verify.fuzzing) is used instead and these lines are not printed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
+
+
+def log_lines_enabled(show: Optional[bool] = None) -> bool:
+    """Whether to print stage lines: explicitly asked, else when stdout is not a terminal."""
+    if show is not None:
+        return show
+    try:
+        return not sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return True
+
+
+@contextmanager
+def stage(command: str, name: str, show: Optional[bool] = None,
+          result: Optional[Callable[[], str]] = None) -> Iterator[None]:
+    """Print the start and end line of one stage (see the module invariant); `result()` adds a summary."""
+    enabled = log_lines_enabled(show)
+    start = time.perf_counter()
+    if enabled:
+        print(f"fa3verify {command}: {name} ...", file=sys.stderr, flush=True)
+    outcome = "interrupted"
+    try:
+        yield
+        outcome = "done"
+    finally:
+        if enabled:
+            extra = ""
+            if result is not None and outcome == "done":
+                try:
+                    extra = f" ({result()})"
+                except Exception:  # noqa: BLE001 - a progress line must never break the run
+                    extra = ""
+            print(f"fa3verify {command}: {name} {outcome} in {time.perf_counter() - start:.1f}s{extra}",
+                  file=sys.stderr, flush=True)
