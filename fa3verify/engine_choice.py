@@ -161,3 +161,29 @@ def engine_for_case(case, override: Optional[str] = None):
         raise UsageError(f"engine: the case was found on the source checkout {spec.path}; replay runs code only "
                          f"you name: pass --engine sglang-src={spec.path} (or --engine model)")
     return spec
+
+
+def add_profile_argument(parser) -> None:
+    """``--engine-profile sglang==V``: run the model as release V's backend (spec/engine_profiles.json)."""
+    parser.add_argument("--engine-profile", metavar="sglang==V",
+                        help="model policy of an sglang release (0.5.11 .. 0.5.23): its precompute heads and guard "
+                             "from spec/engine_profiles.json, instead of --guard/--metadata-heads")
+
+
+def profile_policy_args(args):
+    """(guard, metadata_heads, profile) for ``--engine-profile`` (None when not given); UsageError otherwise."""
+    from spec.engine_profiles import ProfileError, profile_for
+
+    text = getattr(args, "engine_profile", None)
+    if not text:
+        return args.guard, args.metadata_heads, None
+    if not text.startswith("sglang=="):
+        raise UsageError(f"--engine-profile: want sglang==V with V in a profiled release, got {text!r}")
+    for dest, option, default in POLICY_OPTIONS[:2]:
+        if getattr(args, dest, default) != default:
+            raise UsageError(f"{option}: cannot be combined with --engine-profile (the profile sets it)")
+    try:
+        profile = profile_for(text[len("sglang=="):])
+    except ProfileError as exc:
+        raise UsageError(f"--engine-profile: {exc}") from None
+    return profile.guard_spec, profile.precompute_heads, profile

@@ -137,3 +137,71 @@ def test_replay_refuses_a_checkout_named_only_by_the_case(tmp_path, capsys):
     path = _case_with_engine(tmp_path, {"name": "sglang-src", "path": str(tmp_path / "sglang" / "python")})
     assert cli.main(["replay", path]) == 2
     assert "--engine sglang-src=" in capsys.readouterr().err
+
+
+# -- gate and prove on an engine ------------------------------------------------------------------------------
+
+def _gate_json(tmp_path, name):
+    return json.loads((tmp_path / name).read_text())
+
+
+def test_gate_on_a_violating_engine_exits_1(monkeypatch, tmp_path):
+    install(monkeypatch, lambda spec: ViolatingSUT(spec.release))
+    code = cli.main(["gate", "--engine", "sglang==0.5.23", "--cases", "20", "--cases-dir", str(tmp_path / "c"),
+                     "--json", str(tmp_path / "g.json")])
+    assert code == 1
+    data = _gate_json(tmp_path, "g.json")
+    assert any(c["name"].startswith("witness") and c["kind"] == "replay" and c["failed"] for c in data["checks"])
+    for f in data["findings"]:
+        assert f["case_file"] and Case.load(f["case_file"]).engine["release"] == "0.5.23"
+
+
+def test_gate_on_engines_follows_their_code(monkeypatch, tmp_path):
+    install(monkeypatch, lambda spec: ProfileSUT(spec.release))
+    fixed = cli.main(["gate", "--engine", "sglang==0.5.23", "--cases", "100", "--cases-dir", str(tmp_path / "a"),
+                      "--json", str(tmp_path / "a.json")])
+    assert fixed == 0
+    data = _gate_json(tmp_path, "a.json")
+    rows = {c["name"]: c for c in data["checks"]}
+    assert rows["witness search: 3-hazard"]["verdict"] == "refuted" and not rows["witness search: 3-hazard"]["failed"]
+    assert any(n.startswith("witness 3-hazard on sglang==0.5.23") and not r["failed"] for n, r in rows.items())
+    old = cli.main(["gate", "--engine", "sglang==0.5.14", "--cases", "100", "--cases-dir", str(tmp_path / "b"),
+                    "--json", str(tmp_path / "b.json")])
+    assert old == 1
+    data = _gate_json(tmp_path, "b.json")
+    failed = [c for c in data["checks"] if c["failed"]]
+    assert any(c["kind"] == "replay" for c in failed)
+    case = Case.load(failed[0]["case_file"])
+    assert case.engine["release"] == "0.5.14" and case.expected["invariant"] == "SPLIT_BOUND"
+    assert cli.main(["replay", failed[0]["case_file"]]) == 1  # the finding replays on the engine it names
+
+
+def test_gate_on_a_real_engine_needs_no_guard_and_refuses_one(monkeypatch, tmp_path):
+    install(monkeypatch, lambda spec: ProfileSUT(spec.release))
+    assert cli.main(["gate", "--engine", "sglang==0.5.23", "--guard", "examples/guards/fixed_guard.py:should_disable",
+                     "--cases", "5", "--cases-dir", str(tmp_path)]) == 2
+
+
+def test_prove_engine_profile_maps_onto_the_builtin_policies(tmp_path, capsys):
+    base = ["prove", "--only", "3-hazard", "--only", "4-guard-soundness", "--cases-dir", str(tmp_path)]
+    assert cli.main(base + ["--engine-profile", "sglang==0.5.14"]) == 1  # pre-fix guard, tp heads
+    assert "guard 'pre-fix'" in capsys.readouterr().out
+    assert cli.main(base + ["--engine-profile", "sglang==0.5.23"]) == 0  # both fixes
+    assert cli.main(base + ["--engine-profile", "sglang==0.5.17"]) == 0  # the guard alone suffices here
+    assert cli.main(base + ["--engine-profile", "sglang==0.5.10"]) == 2  # no precompute: nothing to prove
+    assert "nothing to prove" in capsys.readouterr().err
+    assert cli.main(base + ["--engine-profile", "sglang==0.5.99"]) == 2
+    assert cli.main(base + ["--engine-profile", "vllm==0.33.0"]) == 2
+
+
+def test_prove_replays_its_witnesses_on_the_engine(monkeypatch, tmp_path):
+    install(monkeypatch, lambda spec: ProfileSUT(spec.release))
+    base = ["prove", "--guard", "pre-fix", "--only", "3-hazard", "--cases-dir", str(tmp_path),
+            "--json", str(tmp_path / "p.json")]
+    assert cli.main(base + ["--engine", "sglang==0.5.23"]) == 1  # the model's pre-fix theorem is still refuted
+    rows = _gate_json(tmp_path, "p.json")["checks"]
+    replayed = [c for c in rows if c["kind"] == "replay"]
+    assert replayed and not any(c["failed"] for c in replayed)  # ... but 0.5.23's code is safe there
+    assert cli.main(base + ["--engine", "sglang==0.5.12"]) == 1
+    replayed = [c for c in _gate_json(tmp_path, "p.json")["checks"] if c["kind"] == "replay"]
+    assert replayed and all(c["failed"] for c in replayed)
