@@ -28,6 +28,7 @@ COMMANDS = [
     ("hazard-map", "hazard_map"),
     ("report", "report"),
     ("run-ranks", "run_ranks"),
+    ("conform", "conform"),
     ("gpu-check", "gpu_check"),
 ]
 

@@ -187,3 +187,24 @@ def profile_policy_args(args):
     except ProfileError as exc:
         raise UsageError(f"--engine-profile: {exc}") from None
     return profile.guard_spec, profile.precompute_heads, profile
+
+
+def conform_profile(text: Optional[str], sut):
+    """The profile conformance checks: ``--engine-profile`` if given, else the engine's release (a checkout:
+    the release its identity names); UsageError when there is none."""
+    from spec.engine_profiles import ProfileError, profile_for
+
+    release = None
+    if text:
+        if not text.startswith("sglang=="):
+            raise UsageError(f"--engine-profile: want sglang==V, got {text!r}")
+        release = text[len("sglang=="):]
+    else:
+        release = sut.spec.release or (identity_of(sut) or {}).get("release")
+    if not release:
+        raise UsageError(f"--engine-profile: {sut.spec} names no release; say which profile to check "
+                         f"(e.g. --engine-profile sglang==0.5.23)")
+    try:
+        return profile_for(release)
+    except ProfileError as exc:
+        raise UsageError(f"--engine-profile: {exc}") from None

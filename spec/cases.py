@@ -27,7 +27,7 @@ KERNEL_NAMES = ("emulated", "fa3")
 KERNEL_MODES = ("strict", "gpu-like")
 BUILTIN_GUARDS = ("fixed", "pre-fix", "none")
 METADATA_HEADS = ("tp", "attn_tp")
-_SOURCE_RE = re.compile(r"^(prove:[A-Za-z0-9_.:\-]+|fuzz|catalogue:[A-Za-z0-9_.\-]+|manual)$")
+_SOURCE_RE = re.compile(r"^(prove:[A-Za-z0-9_.:\-]+|fuzz|conform|catalogue:[A-Za-z0-9_.\-]+|manual)$")
 _GUARD_RE = re.compile(r"^(fixed|pre-fix|none|[A-Za-z_][\w.]*:[A-Za-z_]\w*|.+\.py:[A-Za-z_]\w*)$")
 
 # field -> (kind, constraint description); kinds: int>=1, int>=0, bool, str, optstr, optint>=1
@@ -271,7 +271,7 @@ class Case:
             raise CaseFormatError("id", "a non-empty string", cid)
         src = data.get("source", "<missing>")
         if not isinstance(src, str) or not _SOURCE_RE.match(src):
-            raise CaseFormatError("source", "'prove:<theorem>', 'fuzz', 'catalogue:<id>' or 'manual'", src)
+            raise CaseFormatError("source", "'prove:<theorem>', 'fuzz', 'conform', 'catalogue:<id>' or 'manual'", src)
         server = _check_object("server", data.get("server", "<missing>"), SERVER_FIELDS, _OPTIONAL["server"])
         model = _check_object("model", data.get("model", "<missing>"), MODEL_FIELDS, _OPTIONAL["model"])
         if model["num_heads"] % model["num_kv_heads"] != 0:

@@ -44,7 +44,14 @@ class ProfileSUT(SystemUnderTest):
         return ident
 
     def validate(self, server_config):
-        return True, ""
+        """Accept what spec's domain accepts (a stand-in for the release's own ServerArgs validation)."""
+        from spec.config import MODELS, config_violations
+
+        server_rules = {"ASSUMPTION_POSITIVE_SIZES", "ASSUMPTION_TP_DIVISIBLE", "ASSUMPTION_CP_STRATEGY_KNOWN",
+                        "ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY", "ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP",
+                        "ASSUMPTION_NUM_SPLITS_RANGE"}
+        found = [v for v in config_violations(MODELS["llama-3-8b"], server_config) if v.assumption in server_rules]
+        return (not found), (f"{found[0].field}: {found[0].message}" if found else "")
 
     def close(self):
         self.closed = True
@@ -61,6 +68,22 @@ class ViolatingSUT(ProfileSUT):
                 result.findings.append(Finding("SPLIT_BOUND", i, 0, "fake engine: 9 splits > S_c=4",
                                                {"mode": "decode", "path": "eager"}))
         return result
+
+
+class PermissiveSUT(ProfileSUT):
+    """A release whose validation accepts every configuration (so spec's assumptions are not the release's)."""
+
+    def validate(self, server_config):
+        return True, ""
+
+
+class NoGraphSUT(ProfileSUT):
+    """A release whose validation rejects every CUDA-graph configuration."""
+
+    def validate(self, server_config):
+        if server_config.cuda_graph:
+            return False, "cuda_graph: not supported by this release"
+        return super().validate(server_config)
 
 
 def install(monkeypatch, factory):

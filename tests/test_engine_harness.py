@@ -205,3 +205,61 @@ def test_prove_replays_its_witnesses_on_the_engine(monkeypatch, tmp_path):
     assert cli.main(base + ["--engine", "sglang==0.5.12"]) == 1
     replayed = [c for c in _gate_json(tmp_path, "p.json")["checks"] if c["kind"] == "replay"]
     assert replayed and all(c["failed"] for c in replayed)
+
+
+# -- conformance ----------------------------------------------------------------------------------------------
+
+def test_conform_passes_when_the_engine_does_what_its_profile_says(monkeypatch, tmp_path):
+    install(monkeypatch, lambda spec: ProfileSUT(spec.release))
+    code = cli.main(["conform", "--engine", "sglang==0.5.14", "--cases", "120", "--cases-dir", str(tmp_path),
+                     "--json", str(tmp_path / "c.json")])
+    assert code == 0
+    data = _gate_json(tmp_path, "c.json")
+    assert data["conform"]["compared"] == 120 and data["conform"]["events_compared"] > 120
+    assert not list(tmp_path.glob("conform-*.json"))
+
+
+def test_conform_reports_a_profile_with_the_wrong_heads(monkeypatch, tmp_path, capsys):
+    # negative control: the engine precomputes with attn_tp heads, the profile checked says tp
+    install(monkeypatch, lambda spec: ProfileSUT(spec.release, heads="attn_tp"))
+    code = cli.main(["conform", "--engine", "sglang==0.5.14", "--cases", "120", "--cases-dir", str(tmp_path)])
+    assert code == 1
+    assert "precompute.num_heads: model" in capsys.readouterr().out
+    files = sorted(tmp_path.glob("conform-conformance-*.json"))
+    assert files and Case.load(files[0]).engine["release"] == "0.5.14"
+
+
+def test_conform_reports_a_wrong_guard_as_a_difference(monkeypatch, tmp_path):
+    install(monkeypatch, lambda spec: ProfileSUT(spec.release, guard="fixed"))
+    assert cli.main(["conform", "--engine", "sglang==0.5.14", "--cases", "150", "--cases-dir", str(tmp_path)]) == 1
+
+
+def test_conform_skips_and_counts_rejected_configurations(monkeypatch, tmp_path):
+    from fa3verify.conformance import conform
+    from spec.engine_profiles import profile_for
+
+    from fake_engines import NoGraphSUT
+
+    report = conform(NoGraphSUT("0.5.23"), profile_for("0.5.23"), cases=60, cases_dir=str(tmp_path))
+    assert report.skipped_rejected > 0 and report.compared + report.skipped_rejected == 60
+    assert not report.differences
+
+
+def test_conform_reports_configurations_spec_assumes_away(monkeypatch, tmp_path):
+    from fake_engines import PermissiveSUT
+
+    install(monkeypatch, lambda spec: PermissiveSUT(spec.release))
+    code = cli.main(["conform", "--engine", "sglang==0.5.23", "--cases", "5", "--cases-dir", str(tmp_path),
+                     "--json", str(tmp_path / "c.json")])
+    assert code == 1
+    found = {a[0] for a in _gate_json(tmp_path, "c.json")["conform"]["assumption_findings"]}
+    assert "ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP" in found
+    assert all(Case.load(p).source == "conform" for p in tmp_path.glob("conform-assumption-*.json"))
+
+
+@pytest.mark.parametrize("argv", [["conform"], ["conform", "--engine", "model"],
+                                  ["conform", "--engine", "sglang==0.5.23", "--cases", "0"],
+                                  ["conform", "--engine", "sglang==0.5.23", "--engine-profile", "sglang==0.5.3"]])
+def test_conform_bad_usage_is_exit_2(monkeypatch, argv):
+    install(monkeypatch, lambda spec: ProfileSUT(spec.release))
+    assert cli.main(argv) == 2
