@@ -25,35 +25,54 @@ __all__ = ["model_pairs", "decode_call_pair", "PAIR_KEYS"]
 PAIR_KEYS = ("step", "dp_rank", "mode", "path", "precomputed", "precompute", "call", "s_p", "s_c")
 
 
-def _dtype(name: str) -> str:
-    return str(name).replace("torch.", "")
+_TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float8_e4m3": "float8_e4m3fn"}
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, _TORCH_DTYPES.get(name, name))
 
 
 def decode_call_pair(backend, call, step: int, path: str) -> dict:
-    """The normalised pair of one model DecodeCall (``path`` "eager" | "capture" | "replay")."""
-    from refmodel.fa3_scheduler import resolve_schedule
+    """The normalised pair of one model DecodeCall (``path`` "eager" | "capture" | "replay"): the arguments
+    the model's backend passes, recorded by ``gpu_impl.fa3_records`` (shape-only meta tensors) and summarised
+    by ``gpu_impl.fa3_calls.pair_summary``, the function real engine traces go through."""
+    import torch
+
+    from .fa3_calls import pair_summary
+    from .fa3_records import record_call, record_precompute
 
     model, server = backend.model, backend.server
-    lens = call.seq_lens if call.precompute_rows is None else call.seq_lens[:call.precompute_rows]
-    precompute: Optional[dict] = None
-    s_p = None
+    num_sm = server.num_sm
+    dtype = _torch_dtype(model.dtype)
+    page = server.page_size
+    bs = len(call.seq_lens)
+    pre = None
     if call.precomputed:
         h, hk = call.precompute_heads
-        precompute = {"batch_size": len(lens), "max_seqlen_q": 1, "max_seqlen_k": max(max(lens, default=1), 1),
-                      "num_heads": h, "num_heads_k": hk, "headdim": model.head_dim,
-                      # sglang never passes headdim_v (FA3 then takes headdim): None on both sides when equal
-                      "headdim_v": None if model.head_dim_v == model.head_dim else model.head_dim_v,
-                      "page_size": server.page_size, "causal": True, "window_size": [-1, -1],
-                      "has_softcap": False, "num_splits": call.num_splits, "qkv_dtype": _dtype(model.dtype)}
-        s_p = backend.precompute(call)[0].num_splits
+        rows = bs if call.precompute_rows is None else call.precompute_rows
+        lens = call.seq_lens[:rows]
+        # flashattention_backend.py: sglang's arguments; headdim_v is never passed (FA3 then takes headdim)
+        pre = record_precompute(
+            batch_size=rows, max_seqlen_q=1, max_seqlen_k=max(max(lens, default=1), 1), num_heads=h,
+            num_heads_k=hk, headdim=model.head_dim, cache_seqlens=torch.tensor(lens, dtype=torch.int32),
+            qkv_dtype=dtype, headdim_v=None if model.head_dim_v == model.head_dim else model.head_dim_v,
+            cu_seqlens_q=torch.arange(rows + 1, dtype=torch.int32), page_size=page, causal=True,
+            window_size=(-1, -1), has_softcap=False, num_splits=call.num_splits, num_sm=num_sm)
     h, hk = call.call_heads
-    call_d = {"batch_size": len(call.seq_lens), "num_heads": h, "num_heads_k": hk, "headdim": model.head_dim,
-              "headdim_v": model.head_dim_v, "seqlen_k": call.call_seqlen_k, "page_size": server.page_size,
-              "num_splits": call.launch_num_splits, "causal": True, "window_size": [-1, -1], "softcap": 0.0,
-              "dtype": _dtype(model.dtype), "metadata_passed": bool(call.precomputed)}
-    s_c = resolve_schedule(backend.call_inputs(call)).num_splits
-    return {"step": step, "dp_rank": call.dp_rank, "mode": "decode", "path": path,
-            "precomputed": bool(call.precomputed), "precompute": precompute, "call": call_d, "s_p": s_p, "s_c": s_c}
+    meta = torch.device("meta")
+    width = call.call_seqlen_k // page
+    rec = record_call(
+        torch.empty((bs, h, model.head_dim), dtype=dtype, device=meta),
+        torch.empty((1, page, hk, model.head_dim), dtype=dtype, device=meta),
+        torch.empty((1, page, hk, model.head_dim_v), dtype=dtype, device=meta),
+        cache_seqlens=torch.tensor(call.seq_lens, dtype=torch.int32),
+        page_table=torch.empty((bs, width), dtype=torch.int32, device=meta),
+        cu_seqlens_q=torch.arange(bs + 1, dtype=torch.int32), max_seqlen_q=1, causal=True, window_size=(-1, -1),
+        softcap=0.0, scheduler_metadata=torch.empty(1, dtype=torch.int32, device=meta) if call.precomputed else None,
+        num_splits=call.launch_num_splits, num_sm=num_sm)
+    return {"step": step, "dp_rank": call.dp_rank, "mode": "decode", "path": path, **pair_summary(pre, rec)}
 
 
 def model_pairs(scenario, result) -> list:

@@ -263,3 +263,30 @@ def test_conform_reports_configurations_spec_assumes_away(monkeypatch, tmp_path)
 def test_conform_bad_usage_is_exit_2(monkeypatch, argv):
     install(monkeypatch, lambda spec: ProfileSUT(spec.release))
     assert cli.main(argv) == 2
+
+
+def test_model_pairs_go_through_pair_summary_and_agree_with_the_model_trace():
+    import random
+
+    from fa3verify.fuzzing import scenario_for
+    from fa3verify.policy import load_policy
+    from fa3verify.strategies import random_fuzz_case
+    from gpu_impl.model_pairs import PAIR_KEYS, model_pairs
+    from gpu_impl.scenario import run_scenario
+
+    policy = load_policy("none")
+    paths, checked = set(), 0
+    for i in range(150):
+        case = random_fuzz_case(random.Random(i), numerics_share=0.0)
+        scn = scenario_for(case, policy)
+        result = run_scenario(scn)
+        decode = [t for t in result.trace if t.get("mode") == "decode"]
+        pairs = [p for p in model_pairs(scn, result) if p["path"] != "capture"]
+        assert len(pairs) == len(decode)
+        for p, t in zip(pairs, decode):
+            assert tuple(p) == PAIR_KEYS
+            assert (p["s_p"], p["s_c"]) == (t["s_p"], t["s_c"])
+            assert p["call"]["seqlen_k"] == t["call_seqlen_k"] and p["precomputed"] == t["precomputed"]
+            paths.add(p["path"])
+            checked += 1
+    assert checked > 150 and paths == {"eager", "replay"}
