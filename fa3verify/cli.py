@@ -29,6 +29,7 @@ COMMANDS = [
     ("report", "report"),
     ("run-ranks", "run_ranks"),
     ("conform", "conform"),
+    ("engine", "engine"),
     ("gpu-check", "gpu_check"),
 ]
 

@@ -93,8 +93,9 @@ def save_engine_case(case, finding: dict, sut, cases_dir: str) -> str:
 def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: float = 10.0,
                 cases_dir: str = "fa3verify-out/cases", kernel_name: str = "emulated", device: str = "cpu",
                 max_cases: Optional[int] = None, show_progress: Optional[bool] = None,
-                witnesses: bool = True) -> RunSummary:
-    """The gate on a real engine: witness search (model), witnesses replayed on the engine, fuzz on the engine."""
+                witnesses: bool = True, witness_rows: Optional[list] = None) -> RunSummary:
+    """The gate on a real engine: witness search (model), witnesses replayed on the engine, fuzz on the engine.
+    ``witness_rows`` reuses a search already made (the engine matrix searches once for every release)."""
     from gpu_impl.kernels import load
 
     from .engine_choice import case_policy
@@ -105,7 +106,7 @@ def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s:
     default = load_policy()
     summary = RunSummary(command="gate", seed=seed, policy={**case_policy(default, sut), "engine": str(sut.spec)})
     if witnesses:
-        rows = witness_search(timeout_s, cases_dir)
+        rows = witness_rows if witness_rows is not None else witness_search(timeout_s, cases_dir)
         summary.checks.extend(rows)
         checks, findings = replay_witnesses(sut, [r.case_file for r in rows], cases_dir,
                                             kernel=load(kernel_name, mode="strict", device=device))

@@ -96,7 +96,7 @@ def profile_for(release: str) -> EngineProfile:
     allowed = f"{RELEASES[0]} .. {RELEASES[-1]}"
     if key[:3] < release_key(_first())[:3]:
         raise NoPrecompute(f"sglang {release} has no FA3 scheduler-metadata precompute (it first appears in "
-                           f"{_first()}): nothing to prove; releases with a profile: {allowed}")
+                           f"{_first()}): nothing to prove or gate; releases with a profile: {allowed}")
     raise ProfileError(f"no profile for sglang {release}; releases with a profile: {allowed}")
 
 

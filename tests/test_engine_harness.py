@@ -3,6 +3,7 @@
 Real engines are replaced by fakes (tests/fake_engines.py) so these run without an engine environment; the
 negative controls are a fake engine that violates on every decode step and case files naming real code."""
 
+import dataclasses
 import json
 
 import pytest
@@ -15,6 +16,22 @@ from spec.cases import Case, CaseFormatError
 from fake_engines import ProfileSUT, ViolatingSUT, install
 
 WORKED = "tests/corpus/worked_example_prefix_guard.json"
+_WITNESSES = {}
+
+
+@pytest.fixture(autouse=True)
+def _witness_search_once(monkeypatch, tmp_path_factory):
+    """The model-side witness search is deterministic: run it once for the whole file (z3 takes ~10 s)."""
+    import fa3verify.engine_gate as eg
+
+    real = eg.witness_search
+
+    def cached(timeout_s, cases_dir):
+        if timeout_s not in _WITNESSES:
+            _WITNESSES[timeout_s] = real(timeout_s, str(tmp_path_factory.mktemp("witnesses")))
+        return [dataclasses.replace(r) for r in _WITNESSES[timeout_s]]
+
+    monkeypatch.setattr(eg, "witness_search", cached)
 
 
 def _case_with_engine(tmp_path, engine, name="engine-case.json"):
@@ -290,3 +307,69 @@ def test_model_pairs_go_through_pair_summary_and_agree_with_the_model_trace():
             paths.add(p["path"])
             checked += 1
     assert checked > 150 and paths == {"eager", "replay"}
+
+
+# -- engine setup and the engine matrix -----------------------------------------------------------------------
+
+def test_engine_matrix_rows_follow_the_profiles(monkeypatch, tmp_path, capsys):
+    install(monkeypatch, lambda spec: ProfileSUT(spec.release))
+    out = tmp_path / "m.json"
+    code = cli.main(["engine", "matrix", "--releases", "0.5.13..0.5.16", "--cases", "150", "--cases-dir",
+                     str(tmp_path / "cases"), "--json", str(out)])
+    assert code == 1  # 0.5.13 and 0.5.14 fail
+    data = json.loads(out.read_text())
+    rows = {r["release"]: r for r in data["rows"]}
+    assert list(rows) == ["0.5.13", "0.5.14", "0.5.15", "0.5.16"]
+    assert rows["0.5.14"]["verdict"] == "fail" and "SPLIT_BOUND" in rows["0.5.14"]["invariants"]
+    assert any("prefill CP" in f for f in rows["0.5.14"]["families"])
+    assert rows["0.5.15"]["verdict"] == "pass" and rows["0.5.16"]["verdict"] == "pass"
+    assert all(r["agrees"] for r in rows.values()) and data["disagreeing"] == []
+    for f in rows["0.5.13"]["case_files"]:
+        assert Case.load(f).engine["release"] == "0.5.13"
+
+
+def test_engine_matrix_flags_a_release_that_disagrees_with_its_profile(monkeypatch, tmp_path):
+    # negative control: 0.5.23's code seeded to precompute with tp heads and no guard
+    install(monkeypatch, lambda spec: ProfileSUT(spec.release, heads="tp", guard="none"))
+    code = cli.main(["engine", "matrix", "--releases", "0.5.23..0.5.23", "--cases", "100", "--cases-dir",
+                     str(tmp_path), "--json", str(tmp_path / "m.json")])
+    assert code == 1
+    data = json.loads((tmp_path / "m.json").read_text())
+    assert data["disagreeing"] == ["0.5.23"]
+
+
+def test_engine_matrix_unavailable_release_is_inconclusive(monkeypatch, tmp_path):
+    import gpu_impl.sut as sut_mod
+
+    class EngineUnavailable(RuntimeError):
+        pass
+
+    def fail(spec):
+        raise EngineUnavailable("no environment")
+
+    monkeypatch.setattr(sut_mod, "open_sut", fail)
+    assert cli.main(["engine", "matrix", "--releases", "0.5.23", "--cases", "5", "--cases-dir", str(tmp_path)]) == 3
+
+
+@pytest.mark.parametrize("argv", [["engine", "matrix", "--releases", "0.5.9..0.5.23"],
+                                  ["engine", "matrix", "--releases", "0.5.20..0.5.12"],
+                                  ["engine", "matrix", "--releases", "banana"],
+                                  ["engine", "setup", "sglang==0.5.10"], ["engine", "setup", "0.5.23"],
+                                  ["engine"]])
+def test_engine_command_bad_usage_is_exit_2(argv, capsys):
+    assert cli.main(argv) == 2
+
+
+def test_engine_setup_calls_the_engine_environments_with_progress(monkeypatch, capsys):
+    import sys
+    import types
+
+    calls = []
+    envs = types.SimpleNamespace(ensure_env=lambda release, progress: (calls.append(release), progress("step 1/2"),
+                                                                       "/cache/sglang-" + release)[-1])
+    pkg = types.ModuleType("gpu_impl.engines")
+    pkg.envs = envs
+    monkeypatch.setitem(sys.modules, "gpu_impl.engines", pkg)
+    assert cli.main(["engine", "setup", "sglang==0.5.23"]) == 0
+    out = capsys.readouterr().out
+    assert calls == ["0.5.23"] and "step 1/2" in out and "/cache/sglang-0.5.23" in out
