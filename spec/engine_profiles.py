@@ -107,3 +107,12 @@ def releases_between(first: Optional[str] = None, last: Optional[str] = None) ->
     if lo > hi:
         raise ProfileError(f"release range {first}..{last} is empty (first is after last)")
     return [r for r in RELEASES if lo <= release_key(r) <= hi]
+
+
+def profiles_markdown() -> str:
+    """The profile table for docs/engines.md (generated: the JSON is the one source of truth)."""
+    out = ["| release | precompute heads | model `--metadata-heads` | guard | model `--guard` |", "|---|---|---|---|---|"]
+    for r in RELEASES:
+        p = profile_for(r)
+        out.append(f"| {r} | `{p.heads_source}` | `{p.precompute_heads}` | {p.guard_source} | `{p.guard_spec}` |")
+    return "\n".join(out)

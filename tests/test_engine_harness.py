@@ -384,3 +384,24 @@ def test_run_ranks_on_a_real_engine_runs_in_process_and_says_so(monkeypatch, cap
     assert cli.main(["run-ranks", WORKED, "--engine", "sglang==0.5.23"]) == 0
     assert cli.main(["run-ranks", WORKED, "--engine", "sglang==0.5.23", "--compare"]) == 2
     assert cli.main(["run-ranks", WORKED, "--engine", "nope"]) == 2
+
+
+def test_docs_profile_table_is_generated_from_the_profiles():
+    from spec.engine_profiles import profiles_markdown
+
+    text = open("docs/engines.md", encoding="utf-8").read()
+    inside = text.split("<!-- profiles:begin -->\n", 1)[1].split("\n<!-- profiles:end -->", 1)[0]
+    assert inside == profiles_markdown()
+
+
+def test_profiles_follow_engines_md_section_1():
+    from spec.engine_profiles import RELEASES, profile_for
+
+    assert RELEASES[0] == "0.5.11" and RELEASES[-1] == "0.5.23" and len(RELEASES) == 13
+    guards = {r: profile_for(r).guard_spec for r in RELEASES}
+    heads = {r: profile_for(r).precompute_heads for r in RELEASES}
+    assert guards["0.5.11"] == "none"
+    assert {guards[r] for r in ("0.5.12", "0.5.13", "0.5.14")} == {"pre-fix"}
+    assert {guards[r] for r in RELEASES[4:]} == {"fixed"}
+    assert {heads[r] for r in RELEASES[:10]} == {"tp"} and {heads[r] for r in RELEASES[10:]} == {"attn_tp"}
+    assert profile_for("0.5.14.post1") == profile_for("0.5.14")
