@@ -163,15 +163,23 @@ def _validate(sut, server) -> tuple[bool, str]:
     return bool(ok), str(message or "")
 
 
-def _save(sut, profile_policy: dict, case, notes: str, cases_dir: str, invariant: str, message: str) -> str:
+def _save(sut, profile_policy: dict, case, notes: str, cases_dir: str, engine_result=None) -> str:
+    """A finding's case file: the configuration, the engine, the release's profile as policy, and as expected
+    outcome what the engine itself showed (so ``replay`` reproduces the engine's side and ``replay --engine
+    model`` the model's); the difference is in the notes."""
     from spec.cases import Case
 
     from .engine_choice import identity_of
 
+    expected = {"outcome": "pass", "invariant": None, "detail": {}}
+    if engine_result is not None and engine_result.outcome != "pass":
+        first = (engine_result.findings or engine_result.shape_errors)[0]
+        expected = {"outcome": engine_result.outcome,
+                    "invariant": first.invariant if engine_result.outcome == "violation" else None,
+                    "detail": {"message": first.message}}
     c = Case.from_parts(source="conform", server=case.server.to_dict(), model=case.model.to_dict(),
                         policy=profile_policy, batches=[dict(s) for s in case.steps], seed=case.seed,
-                        engine=identity_of(sut), notes=notes,
-                        expected={"outcome": "violation", "invariant": invariant, "detail": {"message": message}})
+                        engine=identity_of(sut), notes=notes, expected=expected)
     return str(c.save(cases_dir))
 
 
@@ -192,8 +200,8 @@ def probe_assumptions(sut, profile_policy: dict, cases_dir: str, report: Conform
             continue
         case = FuzzCase(server=server, model=model, numerics=False, seed=0,
                         steps=({"mode": "decode", "seq_lens": [4096, 100], "extend_lens": None},))
-        path = _save(sut, profile_policy, case, f"{sut.spec} accepts {description}, which spec assumes away "
-                     f"({assumption})", cases_dir, "ASSUMPTION", f"{assumption}: {description}")
+        path = _save(sut, profile_policy, case, f"assumption finding: {sut.spec} accepts {description}, which "
+                     f"spec assumes away ({assumption})", cases_dir)
         report.assumption_findings.append((assumption, description, path))
 
 
@@ -239,7 +247,7 @@ def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3
             report.sliding_window_calls += sliding
             if diffs:
                 path = _save(sut, policy.to_dict(), case, "conformance difference: " + " | ".join(diffs[:5]),
-                             cases_dir, "CONFORMANCE", diffs[0])
+                             cases_dir, engine_result)
                 report.differences.append((index, diffs, path))
             if progress and report.cases % 25 == 0:
                 progress(report)

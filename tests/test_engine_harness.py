@@ -241,8 +241,10 @@ def test_conform_reports_a_profile_with_the_wrong_heads(monkeypatch, tmp_path, c
     code = cli.main(["conform", "--engine", "sglang==0.5.14", "--cases", "120", "--cases-dir", str(tmp_path)])
     assert code == 1
     assert "precompute.num_heads: model" in capsys.readouterr().out
-    files = sorted(tmp_path.glob("conform-conformance-*.json"))
-    assert files and Case.load(files[0]).engine["release"] == "0.5.14"
+    files = sorted(tmp_path.glob("conform-*.json"))
+    assert files
+    case = Case.load(files[0])
+    assert case.engine["release"] == "0.5.14" and case.notes.startswith("conformance difference")
 
 
 def test_conform_reports_a_wrong_guard_as_a_difference(monkeypatch, tmp_path):
@@ -270,7 +272,8 @@ def test_conform_reports_configurations_spec_assumes_away(monkeypatch, tmp_path)
     assert code == 1
     found = {a[0] for a in _gate_json(tmp_path, "c.json")["conform"]["assumption_findings"]}
     assert "ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP" in found
-    assert all(Case.load(p).source == "conform" for p in tmp_path.glob("conform-assumption-*.json"))
+    probes = [Case.load(p) for p in tmp_path.glob("conform-*.json")]
+    assert probes and all(c.source == "conform" and c.notes.startswith("assumption finding") for c in probes)
 
 
 @pytest.mark.parametrize("argv", [["conform"], ["conform", "--engine", "model"],
