@@ -36,11 +36,13 @@ CALL_FIELDS = ("batch_size", "num_heads", "num_heads_k", "headdim", "headdim_v",
 #: Configurations spec assumes away, put to the release's own validation: (assumption, description, fields).
 ASSUMPTION_PROBES = (
     ("ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP", "attn_cp_size 2 without prefill CP",
-     {"tp_size": 2, "attn_cp_size": 2, "enable_prefill_cp": False, "cp_strategy": None}),
+     {"tp_size": 2, "attn_cp_size": 2, "enable_prefill_cp": False, "cp_strategy": None}, "llama-3-8b"),
     ("ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY", "prefill CP without a CP strategy",
-     {"tp_size": 2, "attn_cp_size": 2, "enable_prefill_cp": True, "cp_strategy": None}),
+     {"tp_size": 2, "attn_cp_size": 2, "enable_prefill_cp": True, "cp_strategy": None}, "llama-3-8b"),
     ("ASSUMPTION_TP_DIVISIBLE", "DP attention with dp_size 3 on tp_size 4",
-     {"tp_size": 4, "dp_size": 3, "enable_dp_attention": True}),
+     {"tp_size": 4, "dp_size": 3, "enable_dp_attention": True}, "llama-3-8b"),
+    ("ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL", "falcon-7b (71 heads) on tp_size 2",
+     {"tp_size": 2}, "falcon-7b"),
 )
 
 
@@ -54,6 +56,8 @@ class ConformReport:
     compared: int = 0
     skipped_rejected: int = 0
     rejected_reasons: dict = field(default_factory=dict)
+    skipped_unsupported: int = 0       # the engine's driver does not run the scenario (MLA, fp8 KV cache)
+    unvalidated: int = 0               # the release's validation could not run on CPU (compared anyway)
     events_compared: int = 0
     sliding_window_calls: int = 0
     differences: list = field(default_factory=list)      # (case index, [difference text], case file)
@@ -155,12 +159,13 @@ def verdict_diff(model_result, engine_result) -> Optional[str]:
     return None
 
 
-def _validate(sut, server) -> tuple[bool, str]:
+def _validate(sut, server, model=None) -> tuple:
+    """(accepted, message) from the release's own validation: True, False, or None when it cannot run on CPU."""
     check = getattr(sut, "validate", None)
     if check is None:
-        return True, ""
-    ok, message = check(server)
-    return bool(ok), str(message or "")
+        return None, "the engine has no validation"
+    ok, message = check(server, model)
+    return (None if ok is None else bool(ok)), str(message or "")
 
 
 def _save(sut, profile_policy: dict, case, notes: str, cases_dir: str, engine_result=None) -> str:
@@ -189,14 +194,14 @@ def probe_assumptions(sut, profile_policy: dict, cases_dir: str, report: Conform
 
     from .strategies import FuzzCase
 
-    model = MODELS["llama-3-8b"]
-    for assumption, description, fields in ASSUMPTION_PROBES:
+    for assumption, description, fields, model_name in ASSUMPTION_PROBES:
+        model = MODELS[model_name]
         server = ServerConfig(**fields)
         broken = {v.assumption for v in config_violations(model, server)}
         if assumption not in broken:
             continue  # the probe no longer breaks it: nothing to learn
-        ok, _ = _validate(sut, server)
-        if not ok:
+        ok, _ = _validate(sut, server, model)
+        if not ok:  # rejected, or None: the validation could not say
             continue
         case = FuzzCase(server=server, model=model, numerics=False, seed=0,
                         steps=({"mode": "decode", "seq_lens": [4096, 100], "extend_lens": None},))
@@ -212,6 +217,7 @@ def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3
     from gpu_impl.model_pairs import model_pairs
     from gpu_impl.scenario import run_scenario
 
+    from .engine_choice import is_unsupported
     from .fuzzing import scenario_for, single_threaded_torch
     from .policy import load_policy
     from .strategies import random_fuzz_case
@@ -225,18 +231,26 @@ def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3
         for index in range(cases):
             case = random_fuzz_case(random.Random(rng.randrange(2 ** 63)), numerics_share=0.0)
             report.cases += 1
-            ok, message = _validate(sut, case.server)
-            if not ok:
+            ok, message = _validate(sut, case.server, case.model)
+            if ok is False:
                 report.skipped_rejected += 1
                 reason = (message.split(":")[0] or "rejected")[:80]
                 report.rejected_reasons[reason] = report.rejected_reasons.get(reason, 0) + 1
                 continue
+            if ok is None:
+                report.unvalidated += 1
             scn = scenario_for(case, policy)
             try:
                 model_result = run_scenario(scn)
             except GuardRaised:
                 continue
-            engine_result = sut.run(scn)
+            try:
+                engine_result = sut.run(scn)
+            except Exception as exc:
+                if not is_unsupported(exc):
+                    raise
+                report.skipped_unsupported += 1
+                continue
             engine_events = [e for e in engine_result.trace if "call" in e]
             diffs, compared, sliding = compare_events(model_pairs(scn, model_result), engine_events)
             verdict = verdict_diff(model_result, engine_result)

@@ -32,6 +32,12 @@ POLICY_OPTIONS = (("guard", "--guard", "fixed"), ("metadata_heads", "--metadata-
 _UNAVAILABLE_NAMES = ("EngineUnavailable", "EngineSetupError", "EngineEnvError", "EngineImportError")
 
 
+def is_unsupported(exc: BaseException) -> bool:
+    """True for an engine's "this scenario uses a feature the driver does not run" error (MLA, fp8 KV cache):
+    the scenario is skipped and counted, never passed and never a violation."""
+    return any(cls.__name__ == "ScenarioUnsupported" for cls in type(exc).__mro__)
+
+
 def add_engine_argument(parser, default: Optional[str] = "model", help_extra: str = "") -> None:
     """Add ``--engine`` to a subcommand parser (default ``model``; None: the command picks, e.g. the case's)."""
     parser.add_argument("--engine", default=default, metavar="ENGINE", help=ENGINE_HELP + help_extra)

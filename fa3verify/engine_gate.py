@@ -46,6 +46,7 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
     row and is saved as a case file carrying the engine."""
     from gpu_impl.guards import GuardRaised
 
+    from .engine_choice import is_unsupported
     from .replaying import load_case, scenario_from_case
 
     checks, findings, seen = [], [], set()
@@ -61,6 +62,13 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
             found = [f.to_dict() for f in result.findings]
         except GuardRaised as exc:
             found = [{"invariant": "GUARD_RAISED", "message": str(exc), "step": None, "dp_rank": None, "detail": {}}]
+        except Exception as exc:
+            if not is_unsupported(exc):
+                raise
+            checks.append(Check(name=f"witness {case.source.split(':', 1)[-1]} on {sut.spec}", kind="replay",
+                                verdict="inconclusive", seconds=time.perf_counter() - start, inconclusive=True,
+                                case_file=path, message=f"the engine does not run this witness: {exc}"))
+            continue
         seconds = time.perf_counter() - start
         saved = save_engine_case(case, found[0], sut, cases_dir) if found else None
         msg = ("; ".join(f"{f['invariant']} at step {f['step']} dp rank {f['dp_rank']}: {f['message']}"

@@ -61,13 +61,15 @@ class Campaign:
     progress: Optional[Callable[["Campaign"], None]] = None
     #: the system under test every case runs on (None: the model, gpu_impl.sut.ModelSUT)
     sut: object = None
+    #: cases the engine could not run (a feature its driver does not run): skipped, counted, never a pass
+    unsupported: int = 0
 
     @property
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
     def exhausted(self) -> bool:
-        if self.max_cases is not None and self.cases >= self.max_cases:
+        if self.max_cases is not None and self.cases + self.unsupported >= self.max_cases:
             return True
         return self.budget_s is not None and self.elapsed >= self.budget_s
 
@@ -82,15 +84,22 @@ def scenario_for(case: FuzzCase, policy: Policy):
 
 
 def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = False, sut=None) -> list:
-    """Run one case on the system under test (default: the model); return (signature, invariant, message)s."""
+    """Run one case on the system under test (default: the model); return (signature, invariant, message)s,
+    or None when the engine cannot run the scenario (see ``engine_choice.is_unsupported``)."""
     from gpu_impl.guards import GuardRaised
     from gpu_impl.sut import ModelSUT
+
+    from .engine_choice import is_unsupported
 
     sut = ModelSUT() if sut is None else sut
     try:
         result = sut.run(scenario_for(case, policy), kernel=kernel, numerics=numerics_always or case.numerics)
     except GuardRaised as exc:
         return [("GUARD_RAISED", "GUARD_RAISED", str(exc))]
+    except Exception as exc:
+        if is_unsupported(exc):
+            return None
+        raise
     return [(f.signature, f.invariant, f.message) for f in result.findings]
 
 
@@ -110,6 +119,9 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
         if camp.exhausted():
             raise _CampaignDone()
         findings = evaluate(case, policy, kernel, numerics_always, sut=sut)
+        if findings is None:
+            camp.unsupported += 1
+            return
         camp.cases += 1
         if findings:
             camp.failing_cases += 1
@@ -151,7 +163,8 @@ def shrink(failure: Failure, policy: Policy, kernel, numerics_always: bool,
     from .shrinking import shrink_case
 
     def same_violation(case: FuzzCase) -> bool:
-        return any(sig == failure.signature for sig, _, _ in evaluate(case, policy, kernel, numerics_always, sut=sut))
+        return any(sig == failure.signature for sig, _, _ in evaluate(case, policy, kernel, numerics_always, sut=sut)
+                   or ())
 
     smaller = shrink_case(failure.case, same_violation, budget_s=budget_s)
     failure.shrunk = _size(smaller) < _size(failure.case)
@@ -214,6 +227,8 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
         case_file=next(iter(camp.failures.values())).case_file if camp.failures else None,
         message=f"{camp.cases} cases, {camp.failing_cases} failing, {len(camp.failures)} distinct signatures: "
                 + ", ".join(sorted(camp.failures)) if camp.failures else f"{camp.cases} cases, no violation"))
+    if camp.unsupported:
+        summary.checks[-1].message += f"; {camp.unsupported} generated cases the engine does not run were skipped"
     return summary
 
 

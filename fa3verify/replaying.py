@@ -101,6 +101,12 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     except GuardRaised as exc:
         findings = [{"invariant": "GUARD_RAISED", "message": str(exc), "step": None, "dp_rank": None, "detail": {}}]
         outcome, trace = "violation", []
+    except Exception as exc:
+        from .engine_choice import is_unsupported
+
+        if not is_unsupported(exc):
+            raise
+        raise UsageError(f"--engine: {spec} cannot run this case: {exc}") from None
     finally:
         if own:
             sut.close()

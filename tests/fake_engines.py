@@ -43,14 +43,17 @@ class ProfileSUT(SystemUnderTest):
         ident["release" if self.spec.kind == "sglang" else "path"] = self.spec.release or self.spec.path
         return ident
 
-    def validate(self, server_config):
+    def validate(self, server_config, model_config=None):
         """Accept what spec's domain accepts (a stand-in for the release's own ServerArgs validation)."""
         from spec.config import MODELS, config_violations
 
         server_rules = {"ASSUMPTION_POSITIVE_SIZES", "ASSUMPTION_TP_DIVISIBLE", "ASSUMPTION_CP_STRATEGY_KNOWN",
                         "ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY", "ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP",
                         "ASSUMPTION_NUM_SPLITS_RANGE"}
-        found = [v for v in config_violations(MODELS["llama-3-8b"], server_config) if v.assumption in server_rules]
+        if model_config is not None:
+            found = config_violations(model_config, server_config)
+        else:
+            found = [v for v in config_violations(MODELS["llama-3-8b"], server_config) if v.assumption in server_rules]
         return (not found), (f"{found[0].field}: {found[0].message}" if found else "")
 
     def close(self):
@@ -73,17 +76,30 @@ class ViolatingSUT(ProfileSUT):
 class PermissiveSUT(ProfileSUT):
     """A release whose validation accepts every configuration (so spec's assumptions are not the release's)."""
 
-    def validate(self, server_config):
+    def validate(self, server_config, model_config=None):
         return True, ""
 
 
 class NoGraphSUT(ProfileSUT):
     """A release whose validation rejects every CUDA-graph configuration."""
 
-    def validate(self, server_config):
+    def validate(self, server_config, model_config=None):
         if server_config.cuda_graph:
             return False, "cuda_graph: not supported by this release"
-        return super().validate(server_config)
+        return super().validate(server_config, model_config)
+
+
+class ScenarioUnsupported(RuntimeError):
+    """Named like the engine runtime's error for a scenario its driver does not run."""
+
+
+class NoMlaSUT(ProfileSUT):
+    """A driver that does not run MLA models (raises ScenarioUnsupported, as gpu_impl.engines does)."""
+
+    def run(self, scenario, kernel=None, numerics=False, device="cpu"):
+        if scenario.model.is_mla:
+            raise ScenarioUnsupported("MLA models are not driven")
+        return super().run(scenario, kernel, numerics, device)
 
 
 def install(monkeypatch, factory):
