@@ -1,0 +1,35 @@
+"""Real serving engines as systems under test (``gpu_impl.sut``): sglang releases and checkouts on CPU.
+
+``open_engine(spec)`` is what ``gpu_impl.sut.open_sut`` calls for a non-model spec. It checks the spec (a
+registered release from 0.5.11, or a checkout / wheel), builds or reuses the release's cached environment
+(``envs.ensure_env``) and returns a :class:`~gpu_impl.engines.sglang.SglangSUT` whose worker starts on first use.
+Errors are :class:`~gpu_impl.engines.errors.EngineUnavailable` (a ``gpu_impl.sut.EngineSpecError``): unknown
+release, release without the precompute (< 0.5.11), a checkout that does not import, a failed set-up.
+
+Modules: ``recipes`` (releases and environment recipes, data), ``envs`` (cached venvs), ``protocol`` (wire
+format), ``sglang`` (the SUT, host side), ``sglang_driver`` / ``sglang_rank`` / ``sglang_glue`` /
+``validation`` (run inside the engine environment), ``fakes/`` (stand-ins for ``sgl_kernel`` and ``torchvision``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .errors import (CheckoutImportError, DriverError, EngineUnavailable, EnvSetupError, NoPrecompute,
+                     UnknownRelease)
+
+__all__ = ["open_engine", "EngineUnavailable", "UnknownRelease", "NoPrecompute", "EnvSetupError",
+           "CheckoutImportError", "DriverError"]
+
+
+def open_engine(spec, progress: Callable[[str], None] = print):
+    """The system under test an sglang engine spec names (its environment built first if needed)."""
+    from ..sut import parse_engine
+    from .sglang import SglangSUT
+
+    if isinstance(spec, str):
+        spec = parse_engine(spec)
+    if spec.kind not in ("sglang", "sglang-src"):
+        raise EngineUnavailable(f"engine {spec}: no real engine of kind {spec.kind!r} (allowed: sglang==V, "
+                                f"sglang-src=PATH)")
+    return SglangSUT(spec, progress=progress)

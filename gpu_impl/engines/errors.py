@@ -1,0 +1,30 @@
+"""Errors of the real-engine runtime: each names what is wrong and what is allowed (the CLI exits 2 on them)."""
+
+from __future__ import annotations
+
+from ..sut import EngineSpecError
+
+
+class EngineUnavailable(EngineSpecError):
+    """An engine spec names something this suite cannot drive: an unknown release, a release without the FA3
+    metadata precompute, a checkout that does not import, or an environment that could not be built."""
+
+
+class UnknownRelease(EngineUnavailable):
+    """The release is not on the registry (``gpu_impl.engines.recipes.RELEASES``)."""
+
+
+class NoPrecompute(EngineUnavailable):
+    """The release predates the FA3 metadata precompute (first in 0.5.11): there is nothing to gate."""
+
+
+class EnvSetupError(EngineUnavailable):
+    """Building a release's engine environment failed (the message names the step and pip's last lines)."""
+
+
+class CheckoutImportError(EngineUnavailable):
+    """An sglang checkout or wheel does not import in its environment (the message names the failing import)."""
+
+
+class DriverError(RuntimeError):
+    """The engine worker died or answered something that is not a response (a crash: never a pass or a violation)."""

@@ -1,0 +1,333 @@
+"""The sglang engine worker: runs scenarios on a release's own ``FlashAttentionBackend`` and reports every FA3
+metadata precompute and every kernel call that consumed it.
+
+Invariant: what is checked is what sglang's code passed to FA3: ``get_scheduler_metadata`` and
+``flash_attn_with_kvcache`` are replaced (through the fake ``sgl_kernel.flash_attn``) by the recording and
+checking shim ``gpu_impl.fa3_calls.CheckingFA3`` in record mode with deep checks, over a shape-only FA3 (or the
+emulator when numerics are asked for); the backend is constructed through the release's test kit
+(``sglang/test/kits/attention_unittest``) with the rank's parallel layout set where that release reads it
+(``sglang_glue``). Models ``python/sglang/srt/layers/attention/flashattention_backend.py`` by running it.
+
+Run as ``python -m gpu_impl.engines.sglang_driver`` inside an engine environment, with the fakes and the project
+root on PYTHONPATH (``envs.driver_environ``); one JSON request per stdin line, one JSON response per stdout line.
+Requests: ``{"op": "hello"}``, ``{"op": "run", "scenario": ..., "numerics": false}``, ``{"op": "validate",
+"server": ..., "model": ...}``, ``{"op": "quit"}``. Every response has ``ok``; failures carry ``error`` and
+``kind`` ("import", "unsupported", "bad_request", "crash").
+
+Simplifications (also in docs): one full-attention layer per model (sliding-window layers never consume the
+metadata and are not driven); extend and mixed steps are not run on the engine (they exercise the eager runner's
+CP-v2 bookkeeping, not the decode metadata; the trace says so); an idle DP rank runs no eager call (as the
+model), and under CUDA graph replays the graph with padding rows; CUDA-graph batch sizes are the model's
+``gpu_impl.backend.CUDA_GRAPH_BATCH_SIZES``; in record mode the KV pool is a few pages shared by all rows (no
+numerics read it); MLA models and fp8 KV caches are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+import traceback
+
+from .sglang_rank import RankBackend
+
+_PROTOCOL_OUT = sys.stdout
+
+
+class Unsupported(Exception):
+    """A scenario feature this driver does not run on a real engine (answered with kind "unsupported")."""
+
+
+class ShapeOnlyFA3:
+    """FA3 without numerics: the metadata from refmodel (``get_scheduler_metadata``), calls return zeros of the
+    output's shape. Enough for record mode: every check reads shapes, scalars and the metadata tensor."""
+
+    def __init__(self, num_sm: int, arch: int = 90):
+        self.num_sm, self.arch = num_sm, arch
+
+    def get_scheduler_metadata(self, *args, **kwargs):
+        from refmodel.metadata import get_scheduler_metadata
+
+        from ..fa3_calls import record_precompute
+
+        pre = record_precompute(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=True, **kwargs)
+        return get_scheduler_metadata(**pre.scheduler_kwargs())
+
+    def flash_attn_with_kvcache(self, *args, **kwargs):
+        import torch
+
+        from ..fa3_calls import bind_call
+
+        a = bind_call(*args, **kwargs)
+        q, v = a["q"], a["v_cache"]
+        out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
+        if a.get("return_softmax_lse"):
+            lse = torch.zeros(q.shape[:-1], dtype=torch.float32).transpose(-1, -2)
+            return out, lse, None, None
+        return out
+
+    def flash_attn_varlen_func(self, *args, **kwargs):
+        raise Unsupported("flash_attn_varlen_func (extend) is not run by the engine driver")
+
+
+class EngineFA3:
+    """What the fake ``sgl_kernel.flash_attn`` routes to: CheckingFA3 (record mode, deep) plus the CUDA-graph view.
+
+    A persistent CUDA-graph buffer is written by slice assignment (``buf[:n] = md``), which the checker's
+    registry cannot follow; a metadata tensor of unknown origin whose contents equal the latest precompute's output
+    is that precompute's metadata (the bytes FA3 reads are exactly those), so it is attributed to it. Calls made
+    while ``capturing`` are kept with their arguments: a replay re-records the captured call's own tensors (their
+    contents updated in place by the replay-time metadata init) with its frozen shapes and scalars.
+    """
+
+    def __init__(self, num_sm: int, numerics: bool):
+        from ..fa3_calls import CheckingFA3
+
+        if numerics:
+            from ..kernels.emulated import EmulatedKernel
+
+            impl = EmulatedKernel(mode="gpu-like", num_sm=num_sm)
+        else:
+            impl = ShapeOnlyFA3(num_sm)
+        self.checker = CheckingFA3(impl, mode="record", deep=True, num_sm=num_sm, arch=90, record_all=True)
+        self.last_md = None
+        self.last_pre = None
+        self.capturing = False
+        self.captured: list = []
+        #: "eager" | "capture" | "replay": the path of the calls being made now (set by RankBackend)
+        self.path = "eager"
+        self.tags: list = []
+        #: numerics: real rows whose output had NaN, per call (RankBackend)
+        self.nan_rows: list = []
+
+    def _attribute(self, md) -> None:
+        import torch
+
+        if md is None or self.last_md is None or self.checker.origin_of(md) is self.last_pre:
+            return
+        if isinstance(md, torch.Tensor) and md.shape == self.last_md.shape and torch.equal(md, self.last_md):
+            self.checker.registry.remember(md, self.last_pre)
+
+    def get_scheduler_metadata(self, *args, **kwargs):
+        md = self.checker.get_scheduler_metadata(*args, **kwargs)
+        self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
+        return md
+
+    def flash_attn_with_kvcache(self, *args, **kwargs):
+        from ..fa3_calls import bind_call
+
+        self._attribute(bind_call(*args, **kwargs)["scheduler_metadata"])
+        if self.capturing:
+            self.captured.append((args, kwargs))
+        self.tags.append(self.path)
+        return self.checker.flash_attn_with_kvcache(*args, **kwargs)
+
+    def flash_attn_varlen_func(self, *args, **kwargs):
+        return self.checker.flash_attn_varlen_func(*args, **kwargs)
+
+    def replay(self, args, kwargs) -> None:
+        """The captured call replayed: its tensors as they are now, its shapes and scalars as captured."""
+        from ..fa3_calls import bind_call, record_call
+
+        md = bind_call(*args, **kwargs)["scheduler_metadata"]
+        self._attribute(md)
+        call = record_call(*args, num_sm=self.checker.num_sm, arch=90, read_tensors=True, **kwargs)
+        if md is None:
+            pre, violations = None, []
+        else:
+            pre, violations = self.checker.check(call, md)
+        self.checker.events.append((pre, call, violations))
+        self.tags.append("replay")
+
+    def drain(self) -> list:
+        """(precompute, call, violations, path) of every call since the last drain."""
+        events, self.checker.events = self.checker.events, []
+        tags, self.tags = self.tags, []
+        if len(tags) != len(events):
+            raise RuntimeError(f"engine driver: {len(events)} FA3 events but {len(tags)} calls seen")
+        return [(*ev, tag) for ev, tag in zip(events, tags)]
+
+
+class Engine:
+    """One imported sglang (release or checkout): builds backends per attention rank and runs scenarios."""
+
+    def __init__(self, release: str):
+        t = time.monotonic()
+        import torch
+
+        torch.set_num_threads(1)
+        from . import sglang_glue
+
+        with _quiet():
+            import sglang
+            from sglang.srt.layers.attention import flashattention_backend as fb
+
+            self.kit = sglang_glue.kit_modules(release)
+        self.glue = sglang_glue
+        self.release = release
+        self.sglang = sglang
+        self.fb = fb
+        self.patched = sglang_glue.patch_for_cpu(fb)
+        self.import_s = time.monotonic() - t
+        self.front = None
+
+    def hello(self) -> dict:
+        return {"release": self.release, "version": getattr(self.sglang, "__version__", None),
+                "path": os.path.dirname(self.sglang.__file__), "import_s": round(self.import_s, 2),
+                "kit": self.kit is not None, "patched": self.patched}
+
+    # -- one scenario -------------------------------------------------------------------------------------
+    def run(self, scenario: dict, numerics: bool = False) -> dict:
+        from .protocol import scenario_from_wire
+
+        server, model, steps, seed = scenario_from_wire(scenario)
+        if self.kit is None:
+            raise Unsupported(f"sglang {self.release} predates the attention test kit "
+                              f"(sglang.test.kits.attention_unittest, from 0.5.13): not supported yet")
+        if model.is_mla:
+            raise Unsupported("MLA models: sglang computes no FA3 scheduler metadata for them; not driven")
+        if model.dtype not in ("bfloat16", "float16"):
+            raise Unsupported(f"model.dtype {model.dtype!r}: the engine driver runs bf16/fp16 KV caches only")
+        from ..scenario import distribute_over_dp
+
+        self.front = EngineFA3(server.num_sm, numerics)
+        import importlib
+
+        importlib.import_module("sgl_kernel.flash_attn").install(self.front)
+        out = {"findings": [], "shape_errors": [], "trace": [], "notes": []}
+        ranks: dict = {}
+        for index, step in enumerate(steps):
+            if step.mode in ("extend", "mixed"):
+                out["trace"].append({"step": index, "mode": step.mode, "dp_rank": None, "engine": "not run",
+                                     "note": "extend/mixed steps are not driven on the engine"})
+                continue
+            seqs = step.seq_lens if step.mode == "decode" else []
+            shares = distribute_over_dp(seqs, server.attn_dp_size)
+            graph_bs = self._graph_bs(shares) if server.cuda_graph else 0
+            for dp_rank, rows in enumerate(shares):
+                if not server.cuda_graph and not rows:
+                    continue  # an idle eager rank makes no FA3 call
+                rank = ranks.get(dp_rank)
+                if rank is None:
+                    rank = ranks[dp_rank] = RankBackend(self, server, model, dp_rank, steps, numerics, seed)
+                with rank.layout():
+                    if server.cuda_graph:
+                        rank.graph_decode(graph_bs, rows)
+                    else:
+                        rank.eager_decode(rows)
+                self._collect(out, index, dp_rank, rows)
+        return out
+
+    @staticmethod
+    def _graph_bs(shares) -> int:
+        from ..backend import cuda_graph_batch_size
+
+        return cuda_graph_batch_size(max((len(r) for r in shares), default=0) or 1)
+
+    def _collect(self, out: dict, index: int, dp_rank: int, rows) -> None:
+        from ..fa3_calls import pair_summary
+
+        for pre, call, violations, ev_path in self.front.drain():
+            summary = pair_summary(pre, call)
+            entry = {"step": index, "dp_rank": dp_rank, "mode": "decode", "path": ev_path, **summary}
+            out["trace"].append(entry)
+            lens = list(call.cache_seqlens) if call.cache_seqlens is not None else list(rows)
+            detail = {"mode": "decode", "path": ev_path, "s_p": summary["s_p"], "s_c": summary["s_c"],
+                      "seq_lens": lens, "split_counts": _split_counts(pre)}
+            for v in violations:
+                d = v.to_dict() if hasattr(v, "to_dict") else {"invariant": v.invariant, "message": str(v)}
+                finding = {"invariant": d.get("invariant", v.invariant), "step": index, "dp_rank": dp_rank,
+                           "message": d.get("message", str(v)), "detail": {**detail, **d}}
+                (out["shape_errors"] if finding["invariant"] == "SHAPE" else out["findings"]).append(finding)
+
+    # -- configurations the release accepts ----------------------------------------------------------------
+    def validate(self, server: dict, model: dict) -> dict:
+        from .validation import validate_server_args
+
+        return validate_server_args(self, server, model)
+
+
+def _split_counts(pre):
+    if pre is None:
+        return None
+    from refmodel.metadata import schedule_and_prepare
+
+    try:
+        _, res = schedule_and_prepare(**pre.scheduler_kwargs())
+    except Exception:  # noqa: BLE001 - a precompute the model cannot prepare has no split counts to show
+        return None
+    return [int(x) for x in res.num_splits]
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Keep sglang's import-time prints off the protocol stream (stdout is the response channel)."""
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout = saved
+
+
+def serve(stdin=None, stdout=None) -> int:
+    """The worker loop: import once, answer requests until "quit" or end of input."""
+    stdin = stdin or sys.stdin
+    stdout = stdout or _PROTOCOL_OUT
+    release = os.environ.get("FA3VERIFY_ENGINE_RELEASE", "unknown")
+
+    def send(obj) -> None:
+        from .protocol import encode
+
+        stdout.write(encode(obj))
+        stdout.flush()
+
+    try:
+        with _quiet():
+            engine = Engine(release)
+    except ImportError as exc:
+        send({"ok": False, "kind": "import", "error": f"import failed: {exc!r} (module {getattr(exc, 'name', None)})",
+              "traceback": traceback.format_exc(limit=8)})
+        return 3
+    except Exception as exc:  # noqa: BLE001 - any import-time crash is reported, never a pass
+        send({"ok": False, "kind": "import", "error": f"import failed: {exc!r}",
+              "traceback": traceback.format_exc(limit=8)})
+        return 3
+    send({"ok": True, "hello": engine.hello()})
+    for line in stdin:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            req = json.loads(line)
+            op = req.get("op")
+            if op == "quit":
+                send({"ok": True, "bye": True})
+                return 0
+            with _quiet():
+                if op == "hello":
+                    resp = {"ok": True, "hello": engine.hello()}
+                elif op == "run":
+                    resp = {"ok": True, **engine.run(req["scenario"], bool(req.get("numerics", False)))}
+                elif op == "validate":
+                    resp = {"ok": True, **engine.validate(req["server"], req.get("model"))}
+                else:
+                    resp = {"ok": False, "kind": "bad_request", "error": f"unknown op {op!r}"}
+        except Unsupported as exc:
+            resp = {"ok": False, "kind": "unsupported", "error": str(exc)}
+        except (KeyError, ValueError, TypeError) as exc:
+            resp = {"ok": False, "kind": "bad_request", "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(limit=12)}
+        except Exception as exc:  # noqa: BLE001 - a crash in sglang's code is reported as a crash
+            resp = {"ok": False, "kind": "crash", "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(limit=16)}
+        send(resp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.stdout = sys.stderr  # nothing but responses on the protocol stream
+    raise SystemExit(serve(stdin=sys.stdin, stdout=_PROTOCOL_OUT))

@@ -1,0 +1,83 @@
+"""Whether an sglang release accepts a server configuration, asked of that release's own ``ServerArgs``
+(``python/sglang/srt/server_args.py``: ``__post_init__``, ``resolve_once`` and ``check_server_args`` where the
+release has them), constructed on CPU with a placeholder model path. Runs inside an engine environment.
+
+Invariant: the verdict is the release's: an ``AssertionError`` or ``ValueError`` from its validation is a
+rejection (its message returned); a configuration it constructs and checks is accepted; anything else (its
+validation needing a GPU, a model file or the network) is inconclusive (``accepted`` is None), never a pass.
+Field names follow the release: ``enable_prefill_cp`` is ``enable_prefill_context_parallel`` where the release
+declares that name instead (0.5.13), CUDA graph is ``disable_cuda_graph`` where declared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+#: our ServerConfig field -> candidate ServerArgs names, first declared one wins.
+FIELD_NAMES = {
+    "tp_size": ("tp_size",), "dp_size": ("dp_size",), "attn_cp_size": ("attn_cp_size",),
+    "enable_dp_attention": ("enable_dp_attention",),
+    "enable_prefill_cp": ("enable_prefill_cp", "enable_prefill_context_parallel"),
+    "page_size": ("page_size",), "enable_deterministic_inference": ("enable_deterministic_inference",),
+}
+
+
+#: Fields a launcher fills from the model and the GPU, given placeholder values so validation can run on CPU.
+PLACEHOLDERS = {"served_model_name": "dummy"}
+#: Attributes the launcher sets after construction (0.5.13 ``check_server_args`` reads ``enable_grpc``), set only
+#: when missing; ``chunked_prefill_size`` is sized from GPU memory and left None on CPU, so it becomes a multiple of
+#: the page size (it must divide by it) that decides nothing else.
+LAUNCHER_ATTRS = {"enable_grpc": False}
+CHUNKED_PREFILL_PAGES = 4096
+
+
+def declared_fields(server_args_cls) -> set:
+    names = set(getattr(server_args_cls, "__struct_fields__", ()) or ())
+    if dataclasses.is_dataclass(server_args_cls):
+        names |= {f.name for f in dataclasses.fields(server_args_cls)}
+    return names
+
+
+def server_args_kwargs(server: dict, declared: set) -> tuple:
+    """(ServerArgs keyword arguments, our fields the release does not declare)."""
+    kwargs, missing = {}, []
+    for ours, candidates in FIELD_NAMES.items():
+        if ours not in server:
+            continue
+        name = next((c for c in candidates if c in declared), None)
+        if name is None:
+            if server[ours] not in (False, 1, None):
+                missing.append(ours)
+            continue
+        kwargs[name] = server[ours]
+    if "cuda_graph" in server and "disable_cuda_graph" in declared:
+        kwargs["disable_cuda_graph"] = not server["cuda_graph"]
+    return kwargs, missing
+
+
+def validate_server_args(engine, server: dict, model=None) -> dict:
+    from sglang.srt.server_args import ServerArgs
+
+    declared = declared_fields(ServerArgs)
+    kwargs, missing = server_args_kwargs(server, declared)
+    if missing:
+        return {"accepted": False, "message": f"this release's ServerArgs has no field for {missing}",
+                "kwargs": kwargs}
+    base = {"model_path": "dummy", "device": "cpu"}
+    base.update({k: v for k, v in PLACEHOLDERS.items() if k in declared})
+    try:
+        sa = ServerArgs(**base, **kwargs)
+        for name, value in LAUNCHER_ATTRS.items():
+            if not hasattr(sa, name):
+                setattr(sa, name, value)
+        if getattr(sa, "chunked_prefill_size", 0) is None:
+            sa.chunked_prefill_size = CHUNKED_PREFILL_PAGES * int(server.get("page_size", 1))
+        if hasattr(sa, "resolve_once"):
+            sa.resolve_once()
+        if hasattr(sa, "check_server_args"):
+            sa.check_server_args()
+    except (AssertionError, ValueError) as exc:
+        return {"accepted": False, "message": f"{type(exc).__name__}: {exc}", "kwargs": kwargs}
+    except Exception as exc:  # noqa: BLE001 - validation that cannot run on CPU decides nothing
+        return {"accepted": None, "message": f"inconclusive: {type(exc).__name__}: {exc}", "kwargs": kwargs}
+    return {"accepted": True, "message": "accepted by ServerArgs", "kwargs": kwargs}
