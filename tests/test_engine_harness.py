@@ -425,3 +425,15 @@ def test_scenarios_the_engine_does_not_run_are_skipped_and_counted(monkeypatch, 
     report = conform(NoMlaSUT("0.5.23"), profile_for("0.5.23"), cases=80, cases_dir=str(tmp_path))
     assert report.skipped_unsupported > 0 and report.compared + report.skipped_unsupported == 80
     assert not report.differences
+
+
+def test_engine_matrix_no_setup_reports_missing_environments_unavailable(monkeypatch, tmp_path):
+    import gpu_impl.engines.envs as envs
+
+    install(monkeypatch, lambda spec: ProfileSUT(spec.release))
+    monkeypatch.setattr(envs, "env_ready", lambda release, root=None: release == "0.5.15")
+    code = cli.main(["engine", "matrix", "--releases", "0.5.15..0.5.16", "--no-setup", "--cases", "30",
+                     "--cases-dir", str(tmp_path), "--json", str(tmp_path / "m.json")])
+    rows = {r["release"]: r for r in json.loads((tmp_path / "m.json").read_text())["rows"]}
+    assert rows["0.5.15"]["verdict"] == "pass" and rows["0.5.16"]["verdict"] == "unavailable"
+    assert code == 3  # one release could not run: inconclusive, never a pass

@@ -28,7 +28,7 @@ def _need_env(release):
 
 def test_gate_on_a_pre_fix_release_finds_the_worked_example_bug(tmp_path):
     _need_env(OLD)
-    code = cli.main(["gate", "--engine", f"sglang=={OLD}", "--cases", "60", "--cases-dir", str(tmp_path),
+    code = cli.main(["gate", "--engine", f"sglang=={OLD}", "--cases", "20", "--cases-dir", str(tmp_path),
                      "--json", str(tmp_path / "g.json")])
     assert code == 1
     data = json.loads((tmp_path / "g.json").read_text())
@@ -44,13 +44,13 @@ def test_gate_on_a_pre_fix_release_finds_the_worked_example_bug(tmp_path):
 
 def test_gate_on_the_fixed_release_passes(tmp_path):
     _need_env(NEW)
-    assert cli.main(["gate", "--engine", f"sglang=={NEW}", "--cases", "60", "--cases-dir", str(tmp_path)]) == 0
+    assert cli.main(["gate", "--engine", f"sglang=={NEW}", "--cases", "20", "--cases-dir", str(tmp_path)]) == 0
 
 
 @pytest.mark.parametrize("release", [OLD, NEW])
 def test_conformance_of_the_profiles(release, tmp_path):
     _need_env(release)
-    code = cli.main(["conform", "--engine", f"sglang=={release}", "--cases", "200", "--cases-dir", str(tmp_path),
+    code = cli.main(["conform", "--engine", f"sglang=={release}", "--cases", "30", "--cases-dir", str(tmp_path),
                      "--no-assumption-probes", "--json", str(tmp_path / "c.json")])
     data = json.loads((tmp_path / "c.json").read_text())
     assert data["conform"]["compared"] > 0

@@ -33,6 +33,8 @@ def register(sub) -> None:
                    help="where each release's findings go (one folder per release)")
     m.add_argument("--json", metavar="PATH", help="write the matrix as JSON (schema fa3verify.engine-matrix/1)")
     m.add_argument("--markdown", action="store_true", help="also print the matrix as a Markdown table")
+    m.add_argument("--no-setup", action="store_true",
+                   help="report releases without a ready environment as unavailable instead of building them")
     m.set_defaults(func=run_matrix)
     p.set_defaults(func=lambda args: _no_action(p))
 
@@ -113,7 +115,15 @@ def run_matrix(args) -> int:
     budget, cases = budget_from_args(args)
     if not args.timeout_s > 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
-    rows = matrix(releases, lambda r: open_engine(f"sglang=={r}"), budget_s=budget, max_cases=cases,
+    def open_release(release):
+        if args.no_setup:
+            from gpu_impl.engines import envs
+
+            if not envs.env_ready(release):
+                raise UsageError(f"no ready environment (--no-setup); `fa3verify engine setup sglang=={release}`")
+        return open_engine(f"sglang=={release}")
+
+    rows = matrix(releases, open_release, budget_s=budget, max_cases=cases,
                   seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
                   progress=lambda line: print(line, flush=True))
     print(matrix_markdown(rows) if args.markdown else _table(rows))
