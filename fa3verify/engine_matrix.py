@@ -75,7 +75,8 @@ def row_from_summary(release: str, profile, summary, seconds: float) -> MatrixRo
     expected = expected_verdict(profile)
     return MatrixRow(release=release, verdict=verdict, exit_code=summary.exit_code, invariants=sorted(invariants),
                      families=sorted(families), paths=sorted(paths), seconds=round(seconds, 2), cases=summary.cases,
-                     expected=expected, agrees=verdict == expected, profile=profile.describe(),
+                     expected=expected, agrees=(verdict == expected) if verdict in ("pass", "fail") else None,
+                     profile=profile.describe(),
                      case_files=sorted(set(files)))
 
 

@@ -437,3 +437,15 @@ def test_engine_matrix_no_setup_reports_missing_environments_unavailable(monkeyp
     rows = {r["release"]: r for r in json.loads((tmp_path / "m.json").read_text())["rows"]}
     assert rows["0.5.15"]["verdict"] == "pass" and rows["0.5.16"]["verdict"] == "unavailable"
     assert code == 3  # one release could not run: inconclusive, never a pass
+
+
+def test_a_matrix_row_that_ran_nothing_is_inconclusive_and_agrees_with_nothing():
+    from fa3verify.engine_matrix import row_from_summary
+    from fa3verify.summary import Check, RunSummary
+    from spec.engine_profiles import profile_for
+
+    summary = RunSummary(command="gate")
+    summary.checks.append(Check(name="fuzz", kind="property", verdict="inconclusive", seconds=0.0,
+                                inconclusive=True))
+    row = row_from_summary("0.5.11", profile_for("0.5.11"), summary, 1.0)
+    assert row.verdict == "inconclusive" and row.exit_code == 3 and row.agrees is None and row.expected == "fail"
