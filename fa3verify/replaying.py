@@ -120,18 +120,28 @@ def scenario_from_case(case, guard_override: Optional[str] = None, metadata_head
 
 def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", guard: Optional[str] = None,
            metadata_heads: Optional[str] = None, keep_stale: Optional[bool] = None,
-           numerics: Optional[bool] = None, trust_case_guard: bool = False) -> tuple[RunSummary, ReplayOutcome]:
-    """Replay one case; the summary fails (exit 1) whenever the replay observes a violation or a guard fault,
-    is inconclusive (exit 3) when the case needs a path the scenario runner does not model."""
+           numerics: Optional[bool] = None, trust_case_guard: bool = False, engine: Optional[str] = None,
+           sut=None) -> tuple[RunSummary, ReplayOutcome]:
+    """Replay one case on its engine (``engine`` overrides; ``sut`` supplies one already open); the summary
+    fails (exit 1) whenever the replay observes a violation or a guard fault, and is inconclusive (exit 3) when
+    the case needs a path the scenario runner does not model."""
     from gpu_impl.guards import GuardRaised
     from gpu_impl.kernels import load
-    from gpu_impl.scenario import run_scenario
+
+    from .engine_choice import engine_for_case, open_engine
 
     case = load_case(path)
     expected = case.expected or {}
     why_not = unmodelled(case)
     if why_not:
         return _not_modelled(path, case, why_not)
+    spec = sut.spec if sut is not None else engine_for_case(case, engine)
+    if not spec.is_model:
+        for option, value in (("--guard", guard), ("--metadata-heads", metadata_heads),
+                              ("--keep-stale-cp-metadata", keep_stale)):
+            if value:
+                raise UsageError(f"{option}: does not apply when replaying on {spec} (the engine's own code "
+                                 f"decides); use --engine model to replay on the model under another policy")
     scn = scenario_from_case(case, guard, metadata_heads, keep_stale, trust_case_guard)
     name = kernel_name or case.kernel.get("name", "emulated")
     use_numerics = (name != "emulated") if numerics is None else numerics
@@ -142,14 +152,25 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
                                  f"per batch with tensors (--numerics or a real kernel), got {sum(b['seq_lens'])}; "
                                  f"replay without --numerics to check the metadata only")
     kernel = load(name, mode=case.kernel.get("mode", "strict"), device=device)
+    own = sut is None
+    sut = open_engine(spec) if own else sut
     start = time.perf_counter()
     try:
-        result = run_scenario(scn, kernel=kernel, numerics=use_numerics, device=device)
+        result = sut.run(scn, kernel=kernel, numerics=use_numerics, device=device)
         findings = [f.to_dict() for f in result.findings]
         outcome, trace = result.outcome, result.trace
     except GuardRaised as exc:
         findings = [{"invariant": exc.invariant, "message": str(exc), "step": None, "dp_rank": None, "detail": {}}]
         outcome, trace = "violation", []
+    except Exception as exc:
+        from .engine_choice import is_unsupported
+
+        if not is_unsupported(exc):
+            raise
+        raise UsageError(f"--engine: {spec} cannot run this case: {exc}") from None
+    finally:
+        if own:
+            sut.close()
     elapsed = time.perf_counter() - start
     observed = ReplayOutcome(expected_outcome=expected.get("outcome", "violation"),
                              expected_invariant=expected.get("invariant"), outcome=outcome,
@@ -160,12 +181,13 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     fails = observed.fails
     summary.failures = int(fails)
     msg = "; ".join(f"{f['invariant']} at step {f['step']} rank {f['dp_rank']}: {f['message']}" for f in findings[:3])
-    summary.checks.append(Check(name=f"replay {path}", kind="replay",
+    summary.checks.append(Check(name=f"replay {path}" + ("" if spec.is_model else f" on {spec}"), kind="replay",
                                 verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,
                                 message=msg or f"outcome {outcome} (expected {observed.expected_outcome})"))
     if fails:
         for f in findings:
-            summary.findings.append(Finding(invariant=f["invariant"], case_file=path, engine="replay",
+            summary.findings.append(Finding(invariant=f["invariant"], case_file=path,
+                                            engine="replay" if spec.is_model else f"replay on {spec}",
                                             message=f["message"]))
     return summary, observed
 

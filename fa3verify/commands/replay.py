@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..engine_choice import add_engine_argument
+
 HELP = "replay a case file and report whether it still fails"
 EPILOG = """\
 A case file (JSON, schema fa3verify.case/1, see docs/case-format.md) is written by every refuted theorem
@@ -14,6 +16,7 @@ examples:
   fa3verify replay tests/corpus/worked_example_prefix_guard.json
   fa3verify replay CASE.json --guard fixed          # does the fixed guard make it pass?
   fa3verify replay CASE.json --kernel fa3 --device cuda
+  fa3verify replay CASE.json --engine sglang==0.5.23   # on real release code (default: the case's engine)
 """
 
 
@@ -33,6 +36,7 @@ def register(sub) -> None:
                    help="run the guard the case file names even when it is your own code (file or module); "
                         "without it a case file can only name fixed, pre-fix, none or this project's guards")
     p.add_argument("--json", metavar="PATH", help="write the run summary as JSON")
+    add_engine_argument(p, default=None, help_extra="; default: the engine the case file names (none: model)")
     p.set_defaults(func=run)
 
 
@@ -42,7 +46,7 @@ def run(args) -> int:
 
     summary, observed = replay(args.case, kernel_name=args.kernel, device=args.device, guard=args.guard,
                                metadata_heads=args.metadata_heads, numerics=True if args.numerics else None,
-                               trust_case_guard=args.trust_case_guard)
+                               trust_case_guard=args.trust_case_guard, engine=args.engine)
     print(f"case: {args.case}")
     print(f"expected: {observed.expected_outcome}"
           + (f" ({observed.expected_invariant})" if observed.expected_invariant else ""))
