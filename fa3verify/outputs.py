@@ -128,7 +128,7 @@ def check_outputs(command: str, args) -> None:
     seen: dict[str, str] = {}
     for dest, kind in kinds.items():
         path = values.get(dest)
-        if path is None:
+        if path is None or isinstance(path, bool):  # absent, or a flag of that name (engine matrix --markdown)
             continue
         flag = "--" + dest.replace("_", "-")
         check_output(flag, path, kind, inputs)

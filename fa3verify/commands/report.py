@@ -30,13 +30,15 @@ def run(args) -> int:
 
     from ..errors import UsageError
     from ..html_report import load_summary, validate_summary, write_html
+    from ..outputs import read_text
     from ..sanitize.records import is_log, log_to_run_summary
 
+    read_text(args.run_json, "RUN.json")  # a regular, readable file of bounded size before anything opens it
     if is_log(args.run_json):
         try:
             data = validate_summary(log_to_run_summary(args.run_json), args.run_json)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        except (ValueError, RecursionError) as exc:
+            raise UsageError(f"RUN.json: {args.run_json}: {exc}"[:300]) from None
     else:
         data = load_summary(args.run_json)
     parent = os.path.dirname(os.path.abspath(args.html))

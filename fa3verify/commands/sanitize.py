@@ -9,8 +9,8 @@ import sys
 HELP = "runtime sanitizer: install the FA3VERIFY_SANITIZE start hook, replay a recorded mismatch"
 EPILOG = """\
 The sanitizer itself runs inside your process: `import fa3verify.sanitize; fa3verify.sanitize.install("raise")`,
-`pytest --fa3verify-sanitize=raise`, or -- after `fa3verify sanitize install-hook` -- any interpreter of that
-environment started with FA3VERIFY_SANITIZE=raise|warn|record (spawned workers included). See docs/sanitize.md.
+`pytest --fa3verify-sanitize=raise`, or -- once the start hook is installed (first example below) -- any
+interpreter of that environment started with FA3VERIFY_SANITIZE=raise|warn|record (spawned workers included). See docs/sanitize.md.
 
 examples:
   fa3verify sanitize install-hook                       # into the environment running fa3verify

@@ -175,7 +175,7 @@ def is_log(path) -> bool:
         with open(path, encoding="utf-8") as fh:
             first = fh.readline()
         return json.loads(first).get("schema") == LOG_SCHEMA
-    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError, RecursionError):
         return False
 
 
