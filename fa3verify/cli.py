@@ -28,6 +28,8 @@ COMMANDS = [
     ("hazard-map", "hazard_map"),
     ("report", "report"),
     ("run-ranks", "run_ranks"),
+    ("conform", "conform"),
+    ("engine", "engine"),
     ("gpu-check", "gpu_check"),
 ]
 

@@ -1,7 +1,8 @@
 """`fuzz`: a differential fuzz campaign of the backend under a policy, against the oracle.
 
 Generation is Hypothesis (`fa3verify.strategies`), seeded, so the same seed gives the same cases. Each
-scenario runs through `gpu_impl.scenario.run_scenario`: metadata-level checks (spec's invariants) for every
+scenario runs on a system under test (`gpu_impl.sut`: the model by default, or real engine code chosen with
+`--engine`) through `SystemUnderTest.run`: metadata-level checks (spec's invariants) for every
 decode call, and, for numerics cases, the kernel adapter against the float64 oracle under FA3's tolerance
 rule. The first failure of each distinct violation signature is shrunk (fa3verify.shrinking) and saved as a
 case file; later failures with a known signature are counted, not saved again.
@@ -17,6 +18,7 @@ from typing import Callable, Optional
 
 from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
 
+from .engine_choice import case_policy, identity_of
 from .policy import Policy
 from .strategies import FuzzCase, fuzz_cases
 from .summary import Check, Finding, RunSummary
@@ -57,6 +59,8 @@ class Campaign:
     failing_cases: int = 0
     failures: dict = field(default_factory=dict)
     progress: Optional[Callable[["Campaign"], None]] = None
+    #: the system under test every case runs on (None: the model, gpu_impl.sut.ModelSUT)
+    sut: object = None
 
     @property
     def elapsed(self) -> float:
@@ -77,13 +81,14 @@ def scenario_for(case: FuzzCase, policy: Policy):
                     clear_stale_cp_metadata=policy.clear_stale_cp_metadata, seed=case.seed)
 
 
-def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = False) -> list:
-    """Run one case; return its findings as (signature, invariant, message) triples."""
+def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = False, sut=None) -> list:
+    """Run one case on the system under test (default: the model); return (signature, invariant, message)s."""
     from gpu_impl.guards import GuardRaised
-    from gpu_impl.scenario import run_scenario
+    from gpu_impl.sut import ModelSUT
 
+    sut = ModelSUT() if sut is None else sut
     try:
-        result = run_scenario(scenario_for(case, policy), kernel=kernel, numerics=numerics_always or case.numerics)
+        result = sut.run(scenario_for(case, policy), kernel=kernel, numerics=numerics_always or case.numerics)
     except GuardRaised as exc:
         return [("GUARD_RAISED", "GUARD_RAISED", str(exc))]
     return [(f.signature, f.invariant, f.message) for f in result.findings]
@@ -92,10 +97,10 @@ def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = Fal
 def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float] = 20.0,
                  max_cases: Optional[int] = None, numerics_always: bool = False,
                  progress: Optional[Callable[[Campaign], None]] = None,
-                 stop_at_first_failure: bool = False) -> Campaign:
+                 stop_at_first_failure: bool = False, sut=None) -> Campaign:
     """Generate and run cases until the budget or the case count is reached; record distinct failures."""
     camp = Campaign(policy=policy, kernel=kernel, numerics_always=numerics_always, budget_s=budget_s,
-                    max_cases=max_cases, progress=progress)
+                    max_cases=max_cases, progress=progress, sut=sut)
 
     @hyp_seed(seed)
     @settings(max_examples=10**9, database=None, deadline=None, phases=[Phase.generate],
@@ -104,7 +109,7 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
     def one_case(case: FuzzCase) -> None:
         if camp.exhausted():
             raise _CampaignDone()
-        findings = evaluate(case, policy, kernel, numerics_always)
+        findings = evaluate(case, policy, kernel, numerics_always, sut=sut)
         camp.cases += 1
         if findings:
             camp.failing_cases += 1
@@ -141,12 +146,12 @@ def single_threaded_torch():
 
 
 def shrink(failure: Failure, policy: Policy, kernel, numerics_always: bool,
-           budget_s: float = SHRINK_BUDGET_S) -> FuzzCase:
+           budget_s: float = SHRINK_BUDGET_S, sut=None) -> FuzzCase:
     """A smaller case with the same violation signature (greedy structural shrinking, fa3verify.shrinking)."""
     from .shrinking import shrink_case
 
     def same_violation(case: FuzzCase) -> bool:
-        return any(sig == failure.signature for sig, _, _ in evaluate(case, policy, kernel, numerics_always))
+        return any(sig == failure.signature for sig, _, _ in evaluate(case, policy, kernel, numerics_always, sut=sut))
 
     smaller = shrink_case(failure.case, same_violation, budget_s=budget_s)
     failure.shrunk = _size(smaller) < _size(failure.case)
@@ -158,12 +163,14 @@ def _size(case: FuzzCase) -> tuple:
     return (len(case.steps), len(lens), sum(lens))
 
 
-def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str, out_dir: str) -> str:
-    """Write a replayable case file for a failure (spec.cases schema); returns its path."""
+def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str, out_dir: str, sut=None) -> str:
+    """Write a replayable case file for a failure (spec.cases schema), carrying the engine it was found on."""
     from spec.cases import Case
 
+    engine = None if sut is None or sut.spec.is_model else identity_of(sut)
     c = Case.from_parts(
-        source="fuzz", server=case.server.to_dict(), model=case.model.to_dict(), policy=policy.to_dict(),
+        source="fuzz", server=case.server.to_dict(), model=case.model.to_dict(), policy=case_policy(policy, sut),
+        engine=engine,
         batches=[dict(s) for s in case.steps], kernel={"name": kernel_name, "mode": "strict"}, seed=case.seed,
         expected={"outcome": "violation", "invariant": failure.invariant, "detail": {"message": failure.message}},
         notes=f"fuzz signature {failure.signature}; numerics={case.numerics}")
@@ -172,21 +179,24 @@ def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str
 
 def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", seed: int = 0,
          budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None, out_dir: str = "fa3verify-out/cases",
-         show_progress: Optional[bool] = None) -> RunSummary:
-    """The fuzz subcommand's work: campaign, shrink each distinct failure, save cases, summarise."""
+         show_progress: Optional[bool] = None, sut=None) -> RunSummary:
+    """The fuzz subcommand's work: campaign on the system under test (default the model), shrink each distinct
+    failure, save cases (carrying the engine), summarise."""
     from gpu_impl.kernels import load
 
     kernel = load(kernel_name, mode="strict", device=device)
     numerics_always = kernel_name != "emulated"
     show = sys.stdout.isatty() if show_progress is None else show_progress
-    summary = RunSummary(command="fuzz", seed=seed, policy=policy.to_dict())
+    on_engine = sut is not None and not sut.spec.is_model
+    summary = RunSummary(command="fuzz", seed=seed, policy=case_policy(policy, sut))
     with _progress_line(show) as progress:
         camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s, max_cases=max_cases,
-                            numerics_always=numerics_always, progress=progress)
+                            numerics_always=numerics_always, progress=progress, sut=sut)
     for failure in camp.failures.values():
-        case = shrink(failure, policy, kernel, numerics_always)
-        failure.case_file = save_case(failure, case, policy, kernel_name, out_dir)
-        summary.findings.append(Finding(invariant=failure.invariant, case_file=failure.case_file, engine="fuzz",
+        case = shrink(failure, policy, kernel, numerics_always, sut=sut)
+        failure.case_file = save_case(failure, case, policy, kernel_name, out_dir, sut=sut)
+        summary.findings.append(Finding(invariant=failure.invariant, case_file=failure.case_file,
+                                        engine=f"fuzz on {sut.spec}" if on_engine else "fuzz",
                                         message=f"{failure.message} (seen {failure.count}x, first at "
                                                 f"{failure.found_at_s:.2f}s{', shrunk' if failure.shrunk else ''})",
                                         replay=f"fa3verify replay {failure.case_file}"))
@@ -197,7 +207,8 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
         summary.first_failure_s = min(f.found_at_s for f in camp.failures.values())
     verdict_failed = bool(camp.failures)
     summary.checks.append(Check(
-        name=f"fuzz ({kernel_name}): no OOB, no NaN, matches oracle", kind="property",
+        name=(f"fuzz on {sut.spec}: no OOB, matches FA3's rules" if on_engine
+              else f"fuzz ({kernel_name}): no OOB, no NaN, matches oracle"), kind="property",
         verdict="fail" if verdict_failed else ("pass" if camp.cases else "inconclusive"), seconds=camp.elapsed,
         failed=verdict_failed, inconclusive=camp.cases == 0,
         case_file=next(iter(camp.failures.values())).case_file if camp.failures else None,

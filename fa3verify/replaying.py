@@ -70,25 +70,40 @@ def scenario_from_case(case, guard_override: Optional[str] = None, metadata_head
 
 def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", guard: Optional[str] = None,
            metadata_heads: Optional[str] = None, keep_stale: Optional[bool] = None,
-           numerics: Optional[bool] = None) -> tuple[RunSummary, ReplayOutcome]:
-    """Replay one case; the summary fails (exit 1) when the case still fails as recorded."""
+           numerics: Optional[bool] = None, engine: Optional[str] = None,
+           sut=None) -> tuple[RunSummary, ReplayOutcome]:
+    """Replay one case on its engine (``engine`` overrides; ``sut`` supplies one already open); the summary
+    fails (exit 1) when the case still fails as recorded."""
     from gpu_impl.guards import GuardRaised
     from gpu_impl.kernels import load
-    from gpu_impl.scenario import run_scenario
+
+    from .engine_choice import engine_for_case, open_engine
 
     case = load_case(path)
+    spec = sut.spec if sut is not None else engine_for_case(case, engine)
+    if not spec.is_model:
+        for option, value in (("--guard", guard), ("--metadata-heads", metadata_heads),
+                              ("--keep-stale-cp-metadata", keep_stale)):
+            if value:
+                raise UsageError(f"{option}: does not apply when replaying on {spec} (the engine's own code "
+                                 f"decides); use --engine model to replay on the model under another policy")
     scn = scenario_from_case(case, guard, metadata_heads, keep_stale)
     name = kernel_name or case.kernel.get("name", "emulated")
     kernel = load(name, mode=case.kernel.get("mode", "strict"), device=device)
     use_numerics = (name != "emulated") if numerics is None else numerics
+    own = sut is None
+    sut = open_engine(spec) if own else sut
     start = time.perf_counter()
     try:
-        result = run_scenario(scn, kernel=kernel, numerics=use_numerics, device=device)
+        result = sut.run(scn, kernel=kernel, numerics=use_numerics, device=device)
         findings = [f.to_dict() for f in result.findings]
         outcome, trace = result.outcome, result.trace
     except GuardRaised as exc:
         findings = [{"invariant": "GUARD_RAISED", "message": str(exc), "step": None, "dp_rank": None, "detail": {}}]
         outcome, trace = "violation", []
+    finally:
+        if own:
+            sut.close()
     elapsed = time.perf_counter() - start
     expected = case.expected or {}
     observed = ReplayOutcome(expected_outcome=expected.get("outcome", "violation"),
@@ -100,11 +115,12 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     fails = observed.still_fails
     summary.failures = int(fails)
     msg = "; ".join(f"{f['invariant']} at step {f['step']} rank {f['dp_rank']}: {f['message']}" for f in findings[:3])
-    summary.checks.append(Check(name=f"replay {path}", kind="replay",
+    summary.checks.append(Check(name=f"replay {path}" + ("" if spec.is_model else f" on {spec}"), kind="replay",
                                 verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,
                                 message=msg or f"outcome {outcome} (expected {observed.expected_outcome})"))
     if fails:
         for f in findings:
-            summary.findings.append(Finding(invariant=f["invariant"], case_file=path, engine="replay",
+            summary.findings.append(Finding(invariant=f["invariant"], case_file=path,
+                                            engine="replay" if spec.is_model else f"replay on {spec}",
                                             message=f["message"]))
     return summary, observed

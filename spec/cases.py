@@ -27,7 +27,7 @@ KERNEL_NAMES = ("emulated", "fa3")
 KERNEL_MODES = ("strict", "gpu-like")
 BUILTIN_GUARDS = ("fixed", "pre-fix", "none")
 METADATA_HEADS = ("tp", "attn_tp")
-_SOURCE_RE = re.compile(r"^(prove:[A-Za-z0-9_.:\-]+|fuzz|catalogue:[A-Za-z0-9_.\-]+|manual)$")
+_SOURCE_RE = re.compile(r"^(prove:[A-Za-z0-9_.:\-]+|fuzz|conform|catalogue:[A-Za-z0-9_.\-]+|manual)$")
 _GUARD_RE = re.compile(r"^(fixed|pre-fix|none|[A-Za-z_][\w.]*:[A-Za-z_]\w*|.+\.py:[A-Za-z_]\w*)$")
 
 # field -> (kind, constraint description); kinds: int>=1, int>=0, bool, str, optstr, optint>=1
@@ -48,7 +48,10 @@ _OPTIONAL = {"server": {"cuda_graph", "context_length", "enable_deterministic_in
                         "page_size", "num_sm", "enable_prefill_cp", "enable_dp_attention", "dp_size", "attn_cp_size",
                         "cp_decode_sharded_kv"},
              "model": {"head_dim_v", "dtype", "is_mla", "has_sliding_window_layers"}}
-_TOP = ("schema", "id", "source", "server", "model", "policy", "batches", "kernel", "seed", "expected", "notes")
+_TOP = ("schema", "id", "source", "server", "model", "policy", "batches", "kernel", "engine", "seed", "expected",
+        "notes")
+ENGINE_NAMES = ("model", "sglang", "sglang-src")
+_RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
 
 
 class CaseFormatError(ValueError):
@@ -173,6 +176,34 @@ def _check_kernel(kernel: Any) -> dict:
     return {"name": kernel["name"], "mode": kernel.get("mode", "strict")}
 
 
+def _check_engine(engine: Any) -> Optional[dict]:
+    """The system under test a case was found on: ``{name, release|path, revision}`` (None: the model)."""
+    if engine is None:
+        return None
+    if not isinstance(engine, dict):
+        raise CaseFormatError("engine", "a JSON object with name and release or path", engine)
+    unknown = sorted(set(engine) - {"name", "release", "path", "revision"})
+    if unknown:
+        raise CaseFormatError(f"engine.{unknown[0]}", "one of name, release, path, revision", unknown[0])
+    name = engine.get("name", "<missing>")
+    if name not in ENGINE_NAMES:
+        raise CaseFormatError("engine.name", "one of " + ", ".join(repr(n) for n in ENGINE_NAMES), name)
+    release, path, revision = engine.get("release"), engine.get("path"), engine.get("revision")
+    if release is not None and (not isinstance(release, str) or not _RELEASE_RE.match(release)):
+        raise CaseFormatError("engine.release", "a release number such as '0.5.23'", release)
+    if name == "sglang" and release is None:
+        raise CaseFormatError("engine.release", "a release number such as '0.5.23' for engine 'sglang'", release)
+    if path is not None and (not isinstance(path, str) or not path):
+        raise CaseFormatError("engine.path", "a non-empty path string", path)
+    if name == "sglang-src" and path is None:
+        raise CaseFormatError("engine.path", "the checkout's path for engine 'sglang-src'", path)
+    if revision is not None and not isinstance(revision, str):
+        raise CaseFormatError("engine.revision", "null or a string (a git revision)", revision)
+    if name == "model":
+        return {"name": "model"}
+    return {k: engine[k] for k in ("name", "release", "path", "revision") if engine.get(k) is not None}
+
+
 def _check_expected(expected: Any) -> dict:
     if not isinstance(expected, dict):
         raise CaseFormatError("expected", "a JSON object with outcome, invariant, detail", expected)
@@ -204,18 +235,22 @@ class Case:
     expected: dict = field(default_factory=lambda: {"outcome": "pass", "invariant": None, "detail": {}})
     notes: str = ""
     schema: str = SCHEMA
+    #: the system under test the case was found on (``{name, release|path, revision}``); None means the model
+    engine: Optional[dict] = None
 
     # -- construction ----------------------------------------------------------------------------------------
 
     @classmethod
     def from_parts(cls, *, source: str, server: dict, model: dict, policy: dict, batches: list,
                    kernel: Optional[dict] = None, seed: int = 0, expected: Optional[dict] = None, notes: str = "",
-                   id: Optional[str] = None) -> "Case":
+                   id: Optional[str] = None, engine: Optional[dict] = None) -> "Case":
         """Build and validate a case; `id` defaults to the signature hash."""
         data = {"schema": SCHEMA, "id": id or "pending", "source": source, "server": server, "model": model,
                 "policy": policy, "batches": batches, "kernel": kernel or {"name": "emulated", "mode": "strict"},
                 "seed": seed, "expected": expected or {"outcome": "pass", "invariant": None, "detail": {}},
                 "notes": notes}
+        if engine is not None:
+            data["engine"] = engine
         case = cls.from_dict(data)
         if id is None:
             case.id = case.signature()
@@ -236,7 +271,7 @@ class Case:
             raise CaseFormatError("id", "a non-empty string", cid)
         src = data.get("source", "<missing>")
         if not isinstance(src, str) or not _SOURCE_RE.match(src):
-            raise CaseFormatError("source", "'prove:<theorem>', 'fuzz', 'catalogue:<id>' or 'manual'", src)
+            raise CaseFormatError("source", "'prove:<theorem>', 'fuzz', 'conform', 'catalogue:<id>' or 'manual'", src)
         server = _check_object("server", data.get("server", "<missing>"), SERVER_FIELDS, _OPTIONAL["server"])
         model = _check_object("model", data.get("model", "<missing>"), MODEL_FIELDS, _OPTIONAL["model"])
         if model["num_heads"] % model["num_kv_heads"] != 0:
@@ -251,15 +286,24 @@ class Case:
         return cls(id=cid, source=src, server=server, model=model, policy=_check_policy(data.get("policy", "<missing>")),
                    batches=_check_batches(data.get("batches", "<missing>")),
                    kernel=_check_kernel(data.get("kernel", {"name": "emulated"})), seed=seed,
-                   expected=_check_expected(data.get("expected", "<missing>")), notes=notes)
+                   expected=_check_expected(data.get("expected", "<missing>")), notes=notes,
+                   engine=_check_engine(data.get("engine")))
 
     # -- serialisation ---------------------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
-        """JSON-ready dict in the schema's field order."""
-        return {"schema": self.schema, "id": self.id, "source": self.source, "server": self.server,
-                "model": self.model, "policy": self.policy, "batches": self.batches, "kernel": self.kernel,
-                "seed": self.seed, "expected": self.expected, "notes": self.notes}
+        """JSON-ready dict in the schema's field order (``engine`` only when the case names one)."""
+        out = {"schema": self.schema, "id": self.id, "source": self.source, "server": self.server,
+               "model": self.model, "policy": self.policy, "batches": self.batches, "kernel": self.kernel,
+               "seed": self.seed, "expected": self.expected, "notes": self.notes}
+        if self.engine is not None:
+            out["engine"] = self.engine
+        return out
+
+    @property
+    def on_real_engine(self) -> bool:
+        """True when the case was found on real engine code (not on the model)."""
+        return bool(self.engine) and self.engine.get("name") != "model"
 
     def to_json(self) -> str:
         """The case as indented JSON text."""
@@ -290,6 +334,8 @@ class Case:
         key = {"source": self.source.split(":")[0], "server": self.server, "model": self.model, "policy": self.policy,
                "batches": self.batches, "outcome": self.expected.get("outcome"),
                "invariant": self.expected.get("invariant")}
+        if self.on_real_engine:  # the same violation on real code is a distinct finding; model cases keep their ids
+            key["engine"] = {k: v for k, v in self.engine.items() if k != "revision"}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def save(self, directory) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..engine_choice import add_engine_argument
 from ..policy import add_policy_arguments
 
 HELP = "fuzz the backend under a policy against the oracle"
@@ -17,6 +18,7 @@ examples:
   fa3verify fuzz --budget-s 20                       # fixed guard, emulated kernel, 20 s
   fa3verify fuzz --guard pre-fix --cases 2000 --seed 7 --json fuzz.json
   fa3verify fuzz --kernel fa3 --device cuda --budget-s 120   # real FA3 on a GPU box
+  fa3verify fuzz --engine sglang==0.5.14 --cases 200         # sglang 0.5.14's own backend (no --guard)
 """
 
 
@@ -24,6 +26,7 @@ def register(sub) -> None:
     p = sub.add_parser("fuzz", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_policy_arguments(p)
+    add_engine_argument(p)
     p.add_argument("--kernel", default="emulated", choices=("emulated", "fa3"),
                    help="kernel adapter: CPU emulation of FA3 (default) or the real FA3 build")
     p.add_argument("--device", default="cpu", help="torch device (default cpu; use cuda with --kernel fa3)")
@@ -52,14 +55,16 @@ def budget_from_args(args, default_budget: float = 20.0):
 
 
 def run(args) -> int:
+    from ..engine_choice import sut_from_args
     from ..fuzzing import fuzz
     from ..policy import load_policy
     from ..summary import print_table, write_json, write_junit
 
     budget, cases = budget_from_args(args)
     policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
-    summary = fuzz(policy, kernel_name=args.kernel, device=args.device, seed=args.seed, budget_s=budget,
-                   max_cases=cases, out_dir=args.out)
+    with sut_from_args(args) as sut:
+        summary = fuzz(policy, kernel_name=args.kernel, device=args.device, seed=args.seed, budget_s=budget,
+                       max_cases=cases, out_dir=args.out, sut=sut)
     print_table(summary)
     for f in summary.findings:
         print(f"  {f.invariant}: {f.message}\n    replay: {f.replay}")

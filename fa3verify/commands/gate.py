@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..engine_choice import add_engine_argument
 from ..policy import add_policy_arguments
 
 HELP = "prove and fuzz a backend policy; exit 0 only if both pass"
@@ -17,6 +18,8 @@ examples:
                  --junit report.xml --json gate.json
   fa3verify gate --guard examples/guards/prefix_guard.py:should_disable      # exits 1
   fa3verify gate --guard pre-fix --metadata-heads attn_tp                    # exits 0
+  fa3verify gate --engine sglang==0.5.14     # sglang 0.5.14's own backend: witnesses + fuzz on real code
+  fa3verify gate --engine sglang-src=../sglang/python --json gate.json        # your checkout (see docs/engines.md)
 """
 
 
@@ -24,6 +27,7 @@ def register(sub) -> None:
     p = sub.add_parser("gate", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_policy_arguments(p)
+    add_engine_argument(p, help_extra="; a real engine needs no --guard (its guard is its own code)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--budget-s", type=float, metavar="N", help="fuzz budget in seconds (default 20)")
     group.add_argument("--cases", type=int, metavar="N", help="fuzz case count instead of a time budget")
@@ -43,10 +47,19 @@ def run(args) -> int:
     from ..summary import print_table, write_json, write_junit
     from .fuzz import budget_from_args
 
+    from ..engine_choice import sut_from_args
+    from ..engine_gate import gate_engine
+
     budget, cases = budget_from_args(args)
     policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
-    summary = gate(policy, budget_s=budget, seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
-                   kernel_name=args.kernel, device=args.device, max_cases=cases)
+    with sut_from_args(args) as sut:
+        if sut.spec.is_model:
+            summary = gate(policy, budget_s=budget, seed=args.seed, timeout_s=args.timeout_s,
+                           cases_dir=args.cases_dir, kernel_name=args.kernel, device=args.device, max_cases=cases)
+        else:
+            summary = gate_engine(sut, budget_s=budget, seed=args.seed, timeout_s=args.timeout_s,
+                                  cases_dir=args.cases_dir, kernel_name=args.kernel, device=args.device,
+                                  max_cases=cases)
     print_table(summary)
     for f in summary.findings:
         print(f"  [{f.engine}] {f.invariant}: {f.message}" + (f"\n    replay: {f.replay}" if f.replay else ""))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..engine_choice import add_engine_argument, add_profile_argument
 from ..policy import add_policy_arguments, load_policy
 from ..summary import print_table, write_json, write_junit
 
@@ -18,6 +19,8 @@ examples:
   fa3verify prove --guard pre-fix --metadata-heads attn_tp   # root-cause fix: exit 0
   fa3verify prove --only hazard --json prove.json --cases-dir cases/
   fa3verify prove --drop-assumption ASSUMPTION_TP_DIVISIBLE
+  fa3verify prove --engine-profile sglang==0.5.14   # that release's heads and guard: refuted (exit 1)
+  fa3verify prove --guard pre-fix --engine sglang==0.5.23   # witnesses replayed on 0.5.23's own code
 """
 
 
@@ -25,6 +28,8 @@ def register(sub) -> None:
     p = sub.add_parser("prove", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_policy_arguments(p)
+    add_profile_argument(p)
+    add_engine_argument(p, help_extra="; each refuted theorem's witness is also replayed on it")
     p.add_argument("--only", action="append", metavar="NAME",
                    help="run only theorems whose name contains NAME (repeatable), e.g. --only freshness")
     p.add_argument("--timeout-s", type=float, default=10.0, metavar="N",
@@ -45,10 +50,23 @@ def run(args) -> int:
 
     if args.timeout_s <= 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
-    policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
+    from ..engine_choice import open_engine, parse_engine_option, profile_policy_args
+    from ..engine_gate import replay_witnesses
+
+    guard, heads, profile = profile_policy_args(args)
+    policy = load_policy(guard, heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     _check_assumptions(args.drop_assumption)
+    spec = parse_engine_option(args.engine)
+    if profile is not None:
+        print(f"engine profile: {profile.describe()}")
     summary = prove(policy, timeout_s=args.timeout_s, cases_dir=args.cases_dir, only=args.only,
                     dropped_assumptions=args.drop_assumption)
+    if not spec.is_model:
+        with open_engine(spec) as sut:
+            checks, findings = replay_witnesses(sut, [c.case_file for c in summary.checks if c.failed],
+                                                args.cases_dir)
+        summary.checks.extend(checks)
+        summary.findings.extend(findings)
     print_table(summary)
     if args.json:
         write_json(summary, args.json)

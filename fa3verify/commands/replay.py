@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..engine_choice import add_engine_argument
+
 HELP = "replay a case file and report whether it still fails"
 EPILOG = """\
 A case file (JSON, schema fa3verify.case/1, see docs/case-format.md) is written by every refuted theorem
@@ -14,6 +16,7 @@ examples:
   fa3verify replay tests/corpus/worked_example_prefix_guard.json
   fa3verify replay CASE.json --guard fixed          # does the fixed guard make it pass?
   fa3verify replay CASE.json --kernel fa3 --device cuda
+  fa3verify replay CASE.json --engine sglang==0.5.23   # on real release code (default: the case's engine)
 """
 
 
@@ -27,6 +30,7 @@ def register(sub) -> None:
     p.add_argument("--metadata-heads", choices=("tp", "attn_tp"), help="override the case's metadata heads")
     p.add_argument("--numerics", action="store_true", help="run the kernel on tensors even for the emulator")
     p.add_argument("--json", metavar="PATH", help="write the run summary as JSON")
+    add_engine_argument(p, default=None, help_extra="; default: the engine the case file names (none: model)")
     p.set_defaults(func=run)
 
 
@@ -35,7 +39,8 @@ def run(args) -> int:
     from ..summary import write_json
 
     summary, observed = replay(args.case, kernel_name=args.kernel, device=args.device, guard=args.guard,
-                               metadata_heads=args.metadata_heads, numerics=True if args.numerics else None)
+                               metadata_heads=args.metadata_heads, numerics=True if args.numerics else None,
+                               engine=args.engine)
     print(f"case: {args.case}")
     print(f"expected: {observed.expected_outcome}"
           + (f" ({observed.expected_invariant})" if observed.expected_invariant else ""))

@@ -44,6 +44,9 @@ def register(sub) -> None:
     p.add_argument("--compare", action="store_true",
                    help="also run the in-process simulation and report any difference (exit 1)")
     p.add_argument("--json", metavar="PATH", help="write the run summary as JSON (schema fa3verify.run/1)")
+    p.add_argument("--engine", default="model", metavar="ENGINE",
+                   help="system under test (default model: one process per rank); a real engine ('sglang==V', "
+                        "'sglang-src=PATH') runs the case in-process on it, and the output says so")
     p.add_argument("--inject-fault", metavar="RANK:KIND", help=argparse.SUPPRESS)  # tests: 1:exit:7, 1:raise
     p.set_defaults(func=run)
 
@@ -55,6 +58,10 @@ def run(args) -> int:
     from ..multirank import compare_with_simulation, load_case, resolve_world, run_ranks
     from ..summary import Check, Finding, RunSummary, write_json
 
+    if args.engine != "model":
+        from ..engine_ranks import run_on_engine
+
+        return run_on_engine(args)
     if args.world is not None and args.world < 1:
         raise UsageError(f"--world: must be >= 1, got {args.world}")
     if not args.timeout_s > 0:

@@ -1,0 +1,72 @@
+"""fa3verify conform: does the model pass FA3 what a real sglang release does, on the same random configurations?"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..engine_choice import add_engine_argument, add_profile_argument
+
+HELP = "compare the model (under a release's profile) with the real engine, FA3 call by FA3 call"
+EPILOG = """\
+Draws random configurations and batches (the fuzzer's strategies), skips those the release's own ServerArgs
+validation rejects (counted), runs the rest on the model under the release's profile (spec/engine_profiles.json:
+precompute heads and guard) and on the real engine, and compares per (step, DP rank, eager|capture|replay)
+what each passes to get_scheduler_metadata and flash_attn_with_kvcache (heads, batch, max_seqlen_k,
+page-table width, page size, num_splits, causal, softcap, dtype, whether metadata is passed), the split
+counts and the verdicts. Each configuration that differs is a fidelity finding with a case file; so is a
+configuration spec assumes away (docs/invariants.md) that the release accepts. Exit 1 on any difference.
+
+examples:
+  fa3verify conform --engine sglang==0.5.23 --cases 300 --seed 0
+  fa3verify conform --engine sglang-src=../sglang/python --engine-profile sglang==0.5.23 --json conform.json
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("conform", help=HELP, description=HELP, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_argument(p, default=None, help_extra=" (required; not 'model')")
+    add_profile_argument(p)
+    p.add_argument("--cases", type=int, default=200, metavar="N", help="random configurations (default 200)")
+    p.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
+    p.add_argument("--no-assumption-probes", action="store_true",
+                   help="do not put the configurations spec assumes away to the release's validation")
+    p.add_argument("--cases-dir", default="fa3verify-out/cases", metavar="DIR", help="where findings are saved")
+    p.add_argument("--json", metavar="PATH", help="write the summary and the conformance counts as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..conformance import conform, summarise
+    from ..engine_choice import conform_profile, open_engine, parse_engine_option
+    from ..errors import UsageError
+    from ..summary import print_table
+
+    if args.engine is None:
+        raise UsageError("--engine: required (sglang==V or sglang-src=PATH): conform compares the model with it")
+    if args.cases < 1:
+        raise UsageError(f"--cases: must be >= 1, got {args.cases}")
+    spec = parse_engine_option(args.engine)
+    if spec.is_model:
+        raise UsageError("--engine: conform compares the model with a real engine; 'model' is the model itself")
+    with open_engine(spec) as sut:
+        profile = conform_profile(args.engine_profile, sut)
+        print(f"engine: {spec}   profile: {profile.describe()}")
+        report = conform(sut, profile, cases=args.cases, seed=args.seed, cases_dir=args.cases_dir,
+                         probes=not args.no_assumption_probes)
+    summary = summarise(report)
+    print_table(summary)
+    print(f"configurations: {report.cases} drawn, {report.compared} compared, {report.skipped_rejected} rejected "
+          f"by the release" + (f" {report.rejected_reasons}" if report.rejected_reasons else "")
+          + f"; sliding-window calls not compared: {report.sliding_window_calls}")
+    for f in summary.findings[:10]:
+        print(f"  {f.invariant}: {f.message[:300]}\n    case: {f.case_file}")
+    if args.json:
+        from ..summary import _ensure_parent
+
+        _ensure_parent(args.json)
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({**summary.to_dict(), "conform": report.to_dict()}, fh, indent=2)
+            fh.write("\n")
+    return summary.exit_code

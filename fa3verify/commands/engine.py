@@ -1,0 +1,141 @@
+"""fa3verify engine: set up a release's engine environment, or gate every release (the engine matrix)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "engine environments (setup) and the gate over every sglang release (matrix)"
+EPILOG = """\
+examples:
+  fa3verify engine setup sglang==0.5.23          # create (or reuse) the cached environment for that release
+  fa3verify engine matrix --budget-s 10 --json matrix.json
+  fa3verify engine matrix --releases 0.5.12..0.5.16 --cases 100
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("engine", help=HELP, description=HELP, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    inner = p.add_subparsers(dest="engine_command", metavar="ACTION")
+    s = inner.add_parser("setup", help="create or reuse the isolated environment of an sglang release")
+    s.add_argument("release", metavar="sglang==V", help="the release, e.g. sglang==0.5.23")
+    s.set_defaults(func=run_setup)
+    m = inner.add_parser("matrix", help="gate every release and print one row each")
+    m.add_argument("--releases", default=None, metavar="A..B",
+                   help="releases to gate, e.g. 0.5.11..0.5.23 (default: every profiled release)")
+    group = m.add_mutually_exclusive_group()
+    group.add_argument("--budget-s", type=float, metavar="N", help="fuzz budget per release in seconds (default 20)")
+    group.add_argument("--cases", type=int, metavar="N", help="fuzz case count per release instead")
+    m.add_argument("--seed", type=int, default=0, help="fuzz seed (default 0)")
+    m.add_argument("--timeout-s", type=float, default=10.0, help="z3 timeout of the witness search (default 10)")
+    m.add_argument("--cases-dir", default="fa3verify-out/engine-matrix", metavar="DIR",
+                   help="where each release's findings go (one folder per release)")
+    m.add_argument("--json", metavar="PATH", help="write the matrix as JSON (schema fa3verify.engine-matrix/1)")
+    m.add_argument("--markdown", action="store_true", help="also print the matrix as a Markdown table")
+    m.set_defaults(func=run_matrix)
+    p.set_defaults(func=lambda args: _no_action(p))
+
+
+def _no_action(parser) -> int:
+    from .. import exitcodes
+
+    parser.print_help()
+    return exitcodes.USAGE
+
+
+def _release_of(text: str, option: str) -> str:
+    from spec.engine_profiles import ProfileError, profile_for
+
+    from ..errors import UsageError
+
+    if not text.startswith("sglang=="):
+        raise UsageError(f"{option}: want sglang==V (e.g. sglang==0.5.23), got {text!r}")
+    release = text[len("sglang=="):]
+    try:
+        profile_for(release)
+    except ProfileError as exc:
+        raise UsageError(f"{option}: {exc}") from None
+    return release
+
+
+def run_setup(args) -> int:
+    from .. import exitcodes
+    from ..errors import UsageError
+
+    release = _release_of(args.release, "sglang==V")
+    try:
+        from gpu_impl.engines import envs
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("gpu_impl.engines"):
+            raise UsageError("sglang==V: real engines are not available in this checkout "
+                             f"(no module {exc.name})") from None
+        raise
+    try:
+        path = envs.ensure_env(release, progress=lambda line: print(line, flush=True))
+    except Exception as exc:
+        if type(exc).__name__ in ("EngineUnavailable", "EngineSetupError", "EngineEnvError") or \
+                isinstance(exc, ValueError):
+            raise UsageError(f"sglang=={release}: {exc}") from None
+        raise
+    print(f"engine environment for sglang {release}: {path}")
+    return exitcodes.PASS
+
+
+def parse_releases(text):
+    """The releases an ``A..B`` range (or one release) names, among the profiled ones; UsageError otherwise."""
+    from spec.engine_profiles import ProfileError, profile_for, releases_between
+
+    from ..errors import UsageError
+
+    if not text:
+        return releases_between()
+    first, sep, last = text.partition("..")
+    try:
+        for r in (first, last) if sep else (first,):
+            profile_for(r)
+        releases = releases_between(first, last if sep else first)
+    except ProfileError as exc:
+        raise UsageError(f"--releases: {exc}") from None
+    if not releases:
+        raise UsageError(f"--releases: {text!r} names no profiled release")
+    return releases
+
+
+def run_matrix(args) -> int:
+    from ..engine_choice import open_engine
+    from ..engine_matrix import matrix_exit_code, matrix_json, matrix_markdown
+    from ..engine_matrix import run_matrix as matrix
+    from ..errors import UsageError
+    from .fuzz import budget_from_args
+
+    releases = parse_releases(args.releases)
+    budget, cases = budget_from_args(args)
+    if not args.timeout_s > 0:
+        raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
+    rows = matrix(releases, lambda r: open_engine(f"sglang=={r}"), budget_s=budget, max_cases=cases,
+                  seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
+                  progress=lambda line: print(line, flush=True))
+    print(matrix_markdown(rows) if args.markdown else _table(rows))
+    if args.json:
+        from ..summary import _ensure_parent
+
+        _ensure_parent(args.json)
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(matrix_json(rows), fh, indent=2)
+            fh.write("\n")
+    code = matrix_exit_code(rows)
+    print(f"verdict: {'FAIL' if code == 1 else ('PASS' if code == 0 else 'INCONCLUSIVE')} | releases {len(rows)} | "
+          f"failing {sum(r.verdict == 'fail' for r in rows)} | disagreeing with their profile "
+          f"{sum(r.agrees is False for r in rows)}")
+    return code
+
+
+def _table(rows) -> str:
+    head = f"{'release':<8} {'verdict':<12} {'expected':<8} {'invariants':<28} {'path':<18} {'s':>6}  families"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        flag = "" if r.agrees is not False else " !"
+        lines.append(f"{r.release:<8} {r.verdict + flag:<12} {r.expected:<8} {', '.join(r.invariants) or '-':<28} "
+                     f"{', '.join(r.paths) or '-':<18} {r.seconds:>6.1f}  {'; '.join(r.families) or '-'}")
+    return "\n".join(lines)

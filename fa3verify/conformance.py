@@ -1,0 +1,277 @@
+"""Model-vs-real conformance: on the same random configurations, does our model pass FA3 what the engine does?
+
+Invariant: for every random configuration (``fa3verify.strategies``) the release's ``ServerArgs`` accepts, the
+model under that release's profile (``spec.engine_profiles``) and the real engine make the same FA3 events
+-- per (step, DP rank, path) the same precompute arguments and call arguments (heads, batch, max_seqlen_k,
+page-table width, page size, num_splits, causal, softcap, dtype, whether metadata is passed, capture vs
+replay) and the same split counts -- and reach the same verdict (the same violated invariants). That is the
+link that lets ``prove --engine-profile`` speak about the real code.
+
+The model's events come from :func:`gpu_impl.model_pairs.model_pairs`; the engine's from its trace (entries
+shaped by ``gpu_impl.fa3_calls.pair_summary``). Each configuration with a difference is a fidelity finding
+saved as a case file carrying the engine. Configurations the release rejects are skipped and counted. A few
+configurations that ``spec`` assumes away (docs/invariants.md, the prover's assumptions) are put to the
+release's validation too; one it accepts is a finding about that assumption.
+
+Simplifications (documented in docs/engines.md): CUDA-graph capture events are matched by (DP rank, graph
+batch size), not by step, since a runner captures each size once; engine calls on sliding-window layers
+(``window_size`` not (-1, -1)) are counted, not compared (the model has no sliding-window decode event).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .summary import Check, Finding, RunSummary
+
+PRECOMPUTE_FIELDS = ("batch_size", "max_seqlen_q", "max_seqlen_k", "num_heads", "num_heads_k", "headdim",
+                     "headdim_v", "page_size", "causal", "has_softcap", "num_splits", "qkv_dtype")
+CALL_FIELDS = ("batch_size", "num_heads", "num_heads_k", "headdim", "headdim_v", "seqlen_k", "page_table_width",
+               "page_size", "num_splits", "causal", "softcap", "dtype", "metadata_passed")
+
+#: Configurations spec assumes away, put to the release's own validation: (assumption, description, fields).
+ASSUMPTION_PROBES = (
+    ("ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP", "attn_cp_size 2 without prefill CP",
+     {"tp_size": 2, "attn_cp_size": 2, "enable_prefill_cp": False, "cp_strategy": None}),
+    ("ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY", "prefill CP without a CP strategy",
+     {"tp_size": 2, "attn_cp_size": 2, "enable_prefill_cp": True, "cp_strategy": None}),
+    ("ASSUMPTION_TP_DIVISIBLE", "DP attention with dp_size 3 on tp_size 4",
+     {"tp_size": 4, "dp_size": 3, "enable_dp_attention": True}),
+)
+
+
+@dataclass
+class ConformReport:
+    """Counts and findings of one conformance run."""
+
+    engine: str
+    profile: Optional[str]
+    cases: int = 0
+    compared: int = 0
+    skipped_rejected: int = 0
+    rejected_reasons: dict = field(default_factory=dict)
+    events_compared: int = 0
+    sliding_window_calls: int = 0
+    differences: list = field(default_factory=list)      # (case index, [difference text], case file)
+    assumption_findings: list = field(default_factory=list)  # (assumption, description, case file)
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _norm_dtype(x):
+    return None if x is None else str(x).replace("torch.", "")
+
+
+def event_view(entry: dict) -> tuple:
+    """The compared fields of one FA3 event, normalised (headdim_v None means headdim; dtypes without 'torch.')."""
+    pre = entry.get("precompute")
+    call = dict(entry.get("call") or {})
+    if call.get("page_size") and call.get("seqlen_k") is not None and "page_table_width" not in call:
+        call["page_table_width"] = call["seqlen_k"] // call["page_size"]
+    pv = None
+    if pre:
+        pre = dict(pre)
+        pre["headdim_v"] = pre.get("headdim_v") or pre.get("headdim")
+        pre["qkv_dtype"] = _norm_dtype(pre.get("qkv_dtype"))
+        pv = tuple((k, pre.get(k)) for k in PRECOMPUTE_FIELDS)
+    call["headdim_v"] = call.get("headdim_v") or call.get("headdim")
+    call["dtype"] = _norm_dtype(call.get("dtype"))
+    call["softcap"] = float(call.get("softcap") or 0.0)
+    cv = tuple((k, call.get(k)) for k in CALL_FIELDS)
+    return (("precomputed", bool(entry.get("precomputed"))), ("precompute", pv), ("call", cv),
+            ("s_p", entry.get("s_p")), ("s_c", entry.get("s_c")))
+
+
+def event_key(entry: dict) -> tuple:
+    """Where an event happened: (step, DP rank, path); a capture by (DP rank, graph batch size)."""
+    if entry.get("path") == "capture":
+        return ("capture", entry.get("dp_rank"), (entry.get("call") or {}).get("batch_size"))
+    return (entry.get("step"), entry.get("dp_rank"), entry.get("path"))
+
+
+def _is_sliding(entry: dict) -> bool:
+    return list((entry.get("call") or {}).get("window_size") or [-1, -1]) != [-1, -1]
+
+
+def _group(events) -> dict:
+    out = {}
+    for e in events:
+        out.setdefault(event_key(e), set()).add(event_view(e))
+    return out
+
+
+def _field_diffs(model_view: tuple, engine_view: tuple) -> list:
+    m, e = dict(model_view), dict(engine_view)
+    out = []
+    for name in ("precomputed", "s_p", "s_c"):
+        if m[name] != e[name]:
+            out.append(f"{name}: model {m[name]} vs engine {e[name]}")
+    for side in ("precompute", "call"):
+        if (m[side] is None) != (e[side] is None):
+            out.append(f"{side}: model {'none' if m[side] is None else 'made'} vs engine "
+                       f"{'none' if e[side] is None else 'made'}")
+            continue
+        if m[side] is None:
+            continue
+        md, ed = dict(m[side]), dict(e[side])
+        out += [f"{side}.{k}: model {md[k]!r} vs engine {ed[k]!r}" for k in md if md[k] != ed.get(k)]
+    return out
+
+
+def compare_events(model_events, engine_events) -> tuple[list, int, int]:
+    """(differences as text, events compared, sliding-window engine calls skipped)."""
+    sliding = sum(1 for e in engine_events if _is_sliding(e))
+    model, engine = _group(model_events), _group([e for e in engine_events if not _is_sliding(e)])
+    diffs, compared = [], 0
+    for key in sorted(set(model) | set(engine), key=repr):
+        where = (f"capture on dp rank {key[1]} (graph batch {key[2]})" if key[0] == "capture"
+                 else f"step {key[0]} dp rank {key[1]} {key[2]}")
+        if key not in engine:
+            diffs.append(f"{where}: event only in the model")
+            continue
+        if key not in model:
+            diffs.append(f"{where}: event only in the engine")
+            continue
+        compared += 1
+        if model[key] != engine[key]:
+            m, e = sorted(model[key], key=repr), sorted(engine[key], key=repr)
+            detail = _field_diffs(m[0], e[0]) or [f"{len(m)} distinct model events vs {len(e)} engine events"]
+            diffs.append(f"{where}: " + "; ".join(detail))
+    return diffs, compared, sliding
+
+
+def verdict_diff(model_result, engine_result) -> Optional[str]:
+    """A difference in verdicts (outcome and violated invariants), or None."""
+    mi = sorted({f.invariant for f in model_result.findings})
+    ei = sorted({f.invariant for f in engine_result.findings})
+    if model_result.outcome != engine_result.outcome or mi != ei:
+        return f"verdict: model {model_result.outcome} {mi} vs engine {engine_result.outcome} {ei}"
+    return None
+
+
+def _validate(sut, server) -> tuple[bool, str]:
+    check = getattr(sut, "validate", None)
+    if check is None:
+        return True, ""
+    ok, message = check(server)
+    return bool(ok), str(message or "")
+
+
+def _save(sut, profile_policy: dict, case, notes: str, cases_dir: str, invariant: str, message: str) -> str:
+    from spec.cases import Case
+
+    from .engine_choice import identity_of
+
+    c = Case.from_parts(source="conform", server=case.server.to_dict(), model=case.model.to_dict(),
+                        policy=profile_policy, batches=[dict(s) for s in case.steps], seed=case.seed,
+                        engine=identity_of(sut), notes=notes,
+                        expected={"outcome": "violation", "invariant": invariant, "detail": {"message": message}})
+    return str(c.save(cases_dir))
+
+
+def probe_assumptions(sut, profile_policy: dict, cases_dir: str, report: ConformReport) -> None:
+    """Put configurations spec assumes away to the release's validation; an accepted one is a finding."""
+    from spec.config import MODELS, ServerConfig, config_violations
+
+    from .strategies import FuzzCase
+
+    model = MODELS["llama-3-8b"]
+    for assumption, description, fields in ASSUMPTION_PROBES:
+        server = ServerConfig(**fields)
+        broken = {v.assumption for v in config_violations(model, server)}
+        if assumption not in broken:
+            continue  # the probe no longer breaks it: nothing to learn
+        ok, _ = _validate(sut, server)
+        if not ok:
+            continue
+        case = FuzzCase(server=server, model=model, numerics=False, seed=0,
+                        steps=({"mode": "decode", "seq_lens": [4096, 100], "extend_lens": None},))
+        path = _save(sut, profile_policy, case, f"{sut.spec} accepts {description}, which spec assumes away "
+                     f"({assumption})", cases_dir, "ASSUMPTION", f"{assumption}: {description}")
+        report.assumption_findings.append((assumption, description, path))
+
+
+def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3verify-out/cases",
+            probes: bool = True, progress=None) -> ConformReport:
+    """Run ``cases`` random configurations on the model (under ``profile``) and on the engine; compare."""
+    from gpu_impl.guards import GuardRaised, load_guard
+    from gpu_impl.model_pairs import model_pairs
+    from gpu_impl.scenario import run_scenario
+
+    from .fuzzing import scenario_for, single_threaded_torch
+    from .policy import load_policy
+    from .strategies import random_fuzz_case
+
+    start = time.perf_counter()
+    policy = load_policy(profile.guard_spec, profile.precompute_heads) if profile else load_policy()
+    report = ConformReport(engine=str(sut.spec), profile=profile.release if profile else None)
+    load_guard(policy.guard_spec)
+    rng = random.Random(seed)
+    with single_threaded_torch():
+        for index in range(cases):
+            case = random_fuzz_case(random.Random(rng.randrange(2 ** 63)), numerics_share=0.0)
+            report.cases += 1
+            ok, message = _validate(sut, case.server)
+            if not ok:
+                report.skipped_rejected += 1
+                reason = (message.split(":")[0] or "rejected")[:80]
+                report.rejected_reasons[reason] = report.rejected_reasons.get(reason, 0) + 1
+                continue
+            scn = scenario_for(case, policy)
+            try:
+                model_result = run_scenario(scn)
+            except GuardRaised:
+                continue
+            engine_result = sut.run(scn)
+            engine_events = [e for e in engine_result.trace if "call" in e]
+            diffs, compared, sliding = compare_events(model_pairs(scn, model_result), engine_events)
+            verdict = verdict_diff(model_result, engine_result)
+            if verdict:
+                diffs.append(verdict)
+            report.compared += 1
+            report.events_compared += compared
+            report.sliding_window_calls += sliding
+            if diffs:
+                path = _save(sut, policy.to_dict(), case, "conformance difference: " + " | ".join(diffs[:5]),
+                             cases_dir, "CONFORMANCE", diffs[0])
+                report.differences.append((index, diffs, path))
+            if progress and report.cases % 25 == 0:
+                progress(report)
+    if probes:
+        probe_assumptions(sut, policy.to_dict(), cases_dir, report)
+    report.elapsed_s = time.perf_counter() - start
+    return report
+
+
+def summarise(report: ConformReport) -> RunSummary:
+    """The conformance run as a RunSummary (one check for events and verdicts, one for the assumptions)."""
+    summary = RunSummary(command="conform", cases=report.compared, failures=len(report.differences),
+                         elapsed_s=report.elapsed_s, policy={"engine": report.engine, "profile": report.profile})
+    first = report.differences[0] if report.differences else None
+    summary.checks.append(Check(
+        name=f"model (profile {report.profile}) == {report.engine}: FA3 events and verdicts", kind="property",
+        verdict="fail" if first else ("pass" if report.compared else "inconclusive"), seconds=report.elapsed_s,
+        failed=bool(first), inconclusive=not report.compared, case_file=first[2] if first else None,
+        message=(f"{report.compared} configurations compared ({report.events_compared} event groups), "
+                 f"{report.skipped_rejected} rejected by the release, {len(report.differences)} differing"
+                 + (f"; first: {first[1][0]}" if first else ""))))
+    a = report.assumption_findings
+    summary.checks.append(Check(
+        name=f"{report.engine} rejects what spec assumes away", kind="property", verdict="fail" if a else "pass",
+        seconds=0.0, failed=bool(a), case_file=a[0][2] if a else None,
+        message="; ".join(f"accepts {d} ({n})" for n, d, _ in a) or
+                f"{len(ASSUMPTION_PROBES)} assumption probes rejected (or not put: no validation)"))
+    for index, diffs, path in report.differences:
+        summary.findings.append(Finding(invariant="CONFORMANCE", case_file=path, engine=f"conform {report.engine}",
+                                        message=f"configuration {index}: " + "; ".join(diffs[:3]),
+                                        replay=f"fa3verify replay {path} --engine model; fa3verify replay {path}"))
+    for name, desc, path in a:
+        summary.findings.append(Finding(invariant=name, case_file=path, engine=f"conform {report.engine}",
+                                        message=f"the release accepts {desc}, which spec assumes away"))
+    return summary

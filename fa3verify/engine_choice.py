@@ -1,0 +1,210 @@
+"""The ``--engine`` option: the one place where a command line turns an engine name into a system under test.
+
+Every command that runs scenarios (fuzz, gate, replay, run-ranks, prove's witness replay, conform) takes
+``--engine model|sglang==V|sglang-src=PATH`` and opens it here, through :func:`gpu_impl.sut.open_sut` only.
+A malformed name or an engine that cannot be opened (no environment, no ``gpu_impl.engines`` in this
+checkout, a checkout that does not import) is a :class:`fa3verify.errors.UsageError` naming ``--engine``:
+exit 2, never a traceback.
+
+Policy options on a real engine (decided here, documented in docs/engines.md): ``--guard``,
+``--metadata-heads``, ``--keep-stale-cp-metadata`` and ``--cp-decode-sharded-kv`` describe *our model's*
+policy; a real engine's guard, head counts and runner are whatever its code does. Giving any of them a
+non-default value together with a real engine is refused (exit 2) rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .errors import UsageError
+
+ENGINE_HELP = ("system under test: 'model' (our model of sglang's backend, default), 'sglang==V' (release V's "
+               "own FlashAttentionBackend in its engine environment, see `fa3verify engine setup`) or "
+               "'sglang-src=PATH' (an sglang checkout's python/ or a wheel)")
+
+#: (argparse dest, option, default) of the model-policy options a real engine does not take.
+POLICY_OPTIONS = (("guard", "--guard", "fixed"), ("metadata_heads", "--metadata-heads", "tp"),
+                  ("keep_stale_cp_metadata", "--keep-stale-cp-metadata", False),
+                  ("cp_decode_sharded_kv", "--cp-decode-sharded-kv", False))
+
+#: Exception class names an engine implementation raises when it cannot be opened (environment missing,
+#: checkout does not import); matched by name so this module does not import the engines package.
+_UNAVAILABLE_NAMES = ("EngineUnavailable", "EngineSetupError", "EngineEnvError", "EngineImportError")
+
+
+def add_engine_argument(parser, default: Optional[str] = "model", help_extra: str = "") -> None:
+    """Add ``--engine`` to a subcommand parser (default ``model``; None: the command picks, e.g. the case's)."""
+    parser.add_argument("--engine", default=default, metavar="ENGINE", help=ENGINE_HELP + help_extra)
+
+
+def parse_engine_option(text: str):
+    """The EngineSpec ``--engine TEXT`` names; a malformed name is a UsageError naming --engine."""
+    from gpu_impl.sut import EngineSpecError, parse_engine
+
+    try:
+        return parse_engine(text)
+    except EngineSpecError as exc:
+        msg = str(exc)
+        raise UsageError(msg if msg.startswith("--engine") else f"--engine: {msg}") from None
+
+
+def open_engine(spec_or_text):
+    """Open the system under test an ``--engine`` value (or EngineSpec) names; unavailable -> UsageError."""
+    from gpu_impl.sut import EngineSpecError, open_sut
+
+    spec = parse_engine_option(spec_or_text) if isinstance(spec_or_text, str) else spec_or_text
+    try:
+        return open_sut(spec)
+    except EngineSpecError as exc:
+        msg = str(exc)
+        raise UsageError(msg if msg.startswith("--engine") else f"--engine: {msg}") from None
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("gpu_impl.engines"):
+            raise UsageError(f"--engine: {spec}: real engines are not available in this checkout "
+                             f"(no module {exc.name}); use --engine model") from None
+        raise
+    except Exception as exc:  # an engine implementation's own "cannot open" error
+        if type(exc).__name__ in _UNAVAILABLE_NAMES:
+            raise UsageError(f"--engine: {spec}: {exc}") from None
+        raise
+
+
+def refuse_policy_options(args, spec) -> None:
+    """With a real engine, a model-policy option set away from its default is a UsageError (exit 2)."""
+    if spec.is_model:
+        return
+    for dest, option, default in POLICY_OPTIONS:
+        value = getattr(args, dest, default)
+        if value is not None and value != default:
+            raise UsageError(f"{option}: does not apply to --engine {spec}: a real engine's guard, head counts "
+                             f"and runner are its own code; drop {option} (or use --engine model)")
+
+
+def spec_from_identity(identity: Optional[dict]):
+    """The EngineSpec a case file's ``engine`` object names (None or absent: the model)."""
+    from gpu_impl.sut import EngineSpec, parse_engine
+
+    if not identity or identity.get("name") in (None, "model"):
+        return EngineSpec("model")
+    name = identity["name"]
+    if name == "sglang" and identity.get("release"):
+        return parse_engine(f"sglang=={identity['release']}")
+    if name == "sglang-src" and identity.get("path"):
+        return parse_engine(f"sglang-src={identity['path']}")
+    return parse_engine(name)  # a full spec string, e.g. "sglang==0.5.23"
+
+
+def identity_of(sut) -> dict:
+    """What a case file records about a system under test: ``{name, release|path, revision}``, normalised."""
+    spec = sut.spec
+    ident = dict(sut.identity() or {})
+    if spec.is_model:
+        return {"name": "model"}
+    out = {"name": spec.kind}
+    if spec.kind == "sglang":
+        out["release"] = spec.release
+    else:
+        out["path"] = spec.path
+    for key in ("release", "path", "revision"):
+        if ident.get(key) is not None and key not in out:
+            out[key] = str(ident[key])
+    return out
+
+
+def profile_of(spec):
+    """The model profile (spec.engine_profiles) of the release an engine spec runs, or None (model, unknown)."""
+    from spec.engine_profiles import ProfileError, profile_for
+
+    if spec is None or spec.is_model or not spec.release:
+        return None
+    try:
+        return profile_for(spec.release)
+    except ProfileError:
+        return None
+
+
+def case_policy(policy, sut=None) -> dict:
+    """The ``policy`` object a case file records: the model's policy, or for a real release the policy of its
+    profile (so the case replays on ``--engine model`` as that release); a checkout records the model's policy."""
+    if sut is None or sut.spec.is_model:
+        return policy.to_dict()
+    profile = profile_of(sut.spec)
+    if profile is None:
+        release = (identity_of(sut) or {}).get("release")
+        if release:
+            from gpu_impl.sut import EngineSpec
+
+            profile = profile_of(EngineSpec("sglang", release=release))
+    return profile.policy() if profile is not None else policy.to_dict()
+
+
+def sut_from_args(args):
+    """The system under test of a command's ``--engine`` (policy options checked), opened; use it as a context."""
+    spec = parse_engine_option(args.engine)
+    refuse_policy_options(args, spec)
+    return open_engine(spec)
+
+
+def engine_for_case(case, override: Optional[str] = None):
+    """The EngineSpec a replay runs on: ``--engine`` if given, else the case's own engine (absent: the model).
+
+    A case file never makes the tool run code the user did not name: a case found on a source checkout
+    replays on it only when ``--engine sglang-src=PATH`` names that checkout on the command line.
+    """
+    if override:
+        return parse_engine_option(override)
+    try:
+        spec = spec_from_identity(case.engine)
+    except Exception as exc:  # a malformed engine object already fails case validation; belt and braces
+        raise UsageError(f"engine: {exc}") from None
+    if spec.kind == "sglang-src":
+        raise UsageError(f"engine: the case was found on the source checkout {spec.path}; replay runs code only "
+                         f"you name: pass --engine sglang-src={spec.path} (or --engine model)")
+    return spec
+
+
+def add_profile_argument(parser) -> None:
+    """``--engine-profile sglang==V``: run the model as release V's backend (spec/engine_profiles.json)."""
+    parser.add_argument("--engine-profile", metavar="sglang==V",
+                        help="model policy of an sglang release (0.5.11 .. 0.5.23): its precompute heads and guard "
+                             "from spec/engine_profiles.json, instead of --guard/--metadata-heads")
+
+
+def profile_policy_args(args):
+    """(guard, metadata_heads, profile) for ``--engine-profile`` (None when not given); UsageError otherwise."""
+    from spec.engine_profiles import ProfileError, profile_for
+
+    text = getattr(args, "engine_profile", None)
+    if not text:
+        return args.guard, args.metadata_heads, None
+    if not text.startswith("sglang=="):
+        raise UsageError(f"--engine-profile: want sglang==V with V in a profiled release, got {text!r}")
+    for dest, option, default in POLICY_OPTIONS[:2]:
+        if getattr(args, dest, default) != default:
+            raise UsageError(f"{option}: cannot be combined with --engine-profile (the profile sets it)")
+    try:
+        profile = profile_for(text[len("sglang=="):])
+    except ProfileError as exc:
+        raise UsageError(f"--engine-profile: {exc}") from None
+    return profile.guard_spec, profile.precompute_heads, profile
+
+
+def conform_profile(text: Optional[str], sut):
+    """The profile conformance checks: ``--engine-profile`` if given, else the engine's release (a checkout:
+    the release its identity names); UsageError when there is none."""
+    from spec.engine_profiles import ProfileError, profile_for
+
+    release = None
+    if text:
+        if not text.startswith("sglang=="):
+            raise UsageError(f"--engine-profile: want sglang==V, got {text!r}")
+        release = text[len("sglang=="):]
+    else:
+        release = sut.spec.release or (identity_of(sut) or {}).get("release")
+    if not release:
+        raise UsageError(f"--engine-profile: {sut.spec} names no release; say which profile to check "
+                         f"(e.g. --engine-profile sglang==0.5.23)")
+    try:
+        return profile_for(release)
+    except ProfileError as exc:
+        raise UsageError(f"--engine-profile: {exc}") from None

@@ -1,0 +1,134 @@
+"""The engine matrix: the gate on every sglang release, one row each, explained against the release's profile.
+
+Invariant: each row is the verdict of ``gate --engine sglang==V`` on that release's own code (witnesses and a
+fuzz campaign, ``fa3verify.engine_gate``), next to what the release's profile (``spec/engine_profiles.json``,
+ENGINES.md section 1) predicts: a release whose guard leaves prefill CP (or everything) precomputing with
+``H // tp_size`` heads must fail; one with the prefill-CP-or-DP-attention guard, or with attention-TP heads,
+must pass. A row that disagrees with its prediction is flagged, not hidden.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+from . import exitcodes
+
+SCHEMA = "fa3verify.engine-matrix/1"
+
+
+@dataclass
+class MatrixRow:
+    """One release: the gate's verdict, what broke where, and the profile's prediction."""
+
+    release: str
+    verdict: str                      # pass | fail | inconclusive | unavailable
+    exit_code: int
+    invariants: list = field(default_factory=list)
+    families: list = field(default_factory=list)       # configuration families reaching a violation
+    paths: list = field(default_factory=list)          # "eager" and/or "CUDA graph" among the violations
+    seconds: float = 0.0
+    cases: int = 0
+    expected: str = ""
+    agrees: Optional[bool] = None
+    profile: str = ""
+    message: str = ""
+    case_files: list = field(default_factory=list)
+
+
+def expected_verdict(profile) -> str:
+    """What the profile predicts: fail when some CP/DP configuration precomputes with H // tp_size heads."""
+    if profile.precompute_heads == "attn_tp" or profile.guard == "prefill-cp-or-dp-attention":
+        return "pass"
+    return "fail"
+
+
+def family_of(server: dict) -> tuple[str, str]:
+    """(configuration family, path) of a case's server object: DP attention / prefill CP / TP only; eager or graph."""
+    parts = []
+    if server.get("enable_dp_attention"):
+        parts.append(f"DP attention (dp {server.get('dp_size', 1)})")
+    if server.get("enable_prefill_cp") or server.get("attn_cp_size", 1) > 1:
+        parts.append(f"prefill CP (attn_cp {server.get('attn_cp_size', 1)})")
+    family = " + ".join(parts) or "TP only"
+    return family, "CUDA graph" if server.get("cuda_graph") else "eager"
+
+
+def row_from_summary(release: str, profile, summary, seconds: float) -> MatrixRow:
+    """A matrix row from one release's gate summary (findings' case files give families and paths)."""
+    from spec.cases import Case
+
+    invariants, families, paths, files = set(), set(), set(), []
+    for f in summary.findings:
+        invariants.add(f.invariant)
+        if f.case_file:
+            try:
+                case = Case.load(f.case_file)
+            except (OSError, ValueError):
+                continue
+            fam, path = family_of(case.server)
+            families.add(fam)
+            paths.add(path)
+            files.append(f.case_file)
+    verdict = exitcodes.verdict_name(summary.exit_code)
+    expected = expected_verdict(profile)
+    return MatrixRow(release=release, verdict=verdict, exit_code=summary.exit_code, invariants=sorted(invariants),
+                     families=sorted(families), paths=sorted(paths), seconds=round(seconds, 2), cases=summary.cases,
+                     expected=expected, agrees=verdict == expected, profile=profile.describe(),
+                     case_files=sorted(set(files)))
+
+
+def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None,
+               seed: int = 0, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/engine-matrix",
+               progress: Optional[Callable[[str], None]] = None) -> list:
+    """Gate every release (``open_sut(release)`` opens it; a UsageError there makes an 'unavailable' row)."""
+    from spec.engine_profiles import profile_for
+
+    from .engine_gate import gate_engine, witness_search
+    from .errors import UsageError
+
+    say = progress or (lambda line: None)
+    say("witness search on the model (once for every release) ...")
+    witness_rows = witness_search(timeout_s, f"{cases_dir}/witnesses")
+    rows = []
+    for release in releases:
+        profile = profile_for(release)
+        start = time.perf_counter()
+        try:
+            sut = open_sut(release)
+        except UsageError as exc:
+            rows.append(MatrixRow(release=release, verdict="unavailable", exit_code=exitcodes.INCONCLUSIVE,
+                                  expected=expected_verdict(profile), profile=profile.describe(), message=str(exc)))
+            say(f"sglang {release}: unavailable ({exc})")
+            continue
+        with sut:
+            summary = gate_engine(sut, budget_s=budget_s, seed=seed, timeout_s=timeout_s,
+                                  cases_dir=f"{cases_dir}/{release}", max_cases=max_cases, show_progress=False,
+                                  witness_rows=witness_rows)
+        row = row_from_summary(release, profile, summary, time.perf_counter() - start)
+        rows.append(row)
+        say(f"sglang {release}: {row.verdict} (expected {row.expected}) {', '.join(row.invariants) or '-'} "
+            f"[{'; '.join(row.families) or '-'}] {row.seconds:.1f}s")
+    return rows
+
+
+def matrix_exit_code(rows) -> int:
+    """1 if any release fails its gate, else 3 if any could not run or was inconclusive, else 0."""
+    return exitcodes.combine([r.exit_code for r in rows]) if rows else exitcodes.INCONCLUSIVE
+
+
+def matrix_json(rows) -> dict:
+    return {"schema": SCHEMA, "exit_code": matrix_exit_code(rows),
+            "disagreeing": [r.release for r in rows if r.agrees is False], "rows": [asdict(r) for r in rows]}
+
+
+def matrix_markdown(rows) -> str:
+    """The matrix as a Markdown table (docs/engines.md)."""
+    out = ["| release | verdict | expected (profile) | invariants violated | configuration families | path | "
+           "cases | seconds |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r.release} | {r.verdict} | {r.expected}{'' if r.agrees is not False else ' (DISAGREES)'} | "
+                   f"{', '.join(r.invariants) or '-'} | {'; '.join(r.families) or '-'} | "
+                   f"{', '.join(r.paths) or '-'} | {r.cases} | {r.seconds:.1f} |")
+    return "\n".join(out)

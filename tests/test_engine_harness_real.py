@@ -1,0 +1,57 @@
+"""The harness on real sglang releases (marked ``engine``): gate, replay and conform against released code.
+
+These need the engine runtime (``gpu_impl.engines``) and the cached environments of 0.5.13 and 0.5.23
+(``fa3verify engine setup sglang==V``); without them they skip, naming what is missing. The numbers are the
+worked example of FACTS.md section 1 (S_p 109, S_c 29, 86 splits under prefill CP on a pre-fix release)."""
+
+import json
+
+import pytest
+
+from fa3verify import cli
+from spec.cases import Case
+
+pytestmark = pytest.mark.engine
+
+OLD, NEW = "0.5.13", "0.5.23"
+
+
+def _need_env(release):
+    try:
+        from gpu_impl.engines import envs
+    except ModuleNotFoundError as exc:
+        pytest.skip(f"no engine runtime in this checkout ({exc.name})")
+    ready = getattr(envs, "env_ready", None)
+    if ready is None or not ready(release):
+        pytest.skip(f"no environment for sglang {release}: run `fa3verify engine setup sglang=={release}`")
+
+
+def test_gate_on_a_pre_fix_release_finds_the_worked_example_bug(tmp_path):
+    _need_env(OLD)
+    code = cli.main(["gate", "--engine", f"sglang=={OLD}", "--cases", "60", "--cases-dir", str(tmp_path),
+                     "--json", str(tmp_path / "g.json")])
+    assert code == 1
+    data = json.loads((tmp_path / "g.json").read_text())
+    assert "SPLIT_BOUND" in {f["invariant"] for f in data["findings"]}
+    case_file = next(f["case_file"] for f in data["findings"] if f["invariant"] == "SPLIT_BOUND")
+    assert Case.load(case_file).engine["release"] == OLD
+    assert cli.main(["replay", case_file]) == 1  # replays on the release it names
+    from gpu_impl.engines import envs
+
+    if envs.env_ready(NEW):  # the same scenario on the fixed release's code passes
+        assert cli.main(["replay", case_file, "--engine", f"sglang=={NEW}"]) == 0
+
+
+def test_gate_on_the_fixed_release_passes(tmp_path):
+    _need_env(NEW)
+    assert cli.main(["gate", "--engine", f"sglang=={NEW}", "--cases", "60", "--cases-dir", str(tmp_path)]) == 0
+
+
+@pytest.mark.parametrize("release", [OLD, NEW])
+def test_conformance_of_the_profiles(release, tmp_path):
+    _need_env(release)
+    code = cli.main(["conform", "--engine", f"sglang=={release}", "--cases", "200", "--cases-dir", str(tmp_path),
+                     "--no-assumption-probes", "--json", str(tmp_path / "c.json")])
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["conform"]["compared"] > 0
+    assert code == 0, data["conform"]["differences"][:3]
