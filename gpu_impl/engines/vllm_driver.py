@@ -262,6 +262,11 @@ class Config:
         import vllm.distributed.parallel_state as ps
 
         ps._DCP = _DCPGroup(s["dcp"]) if s["dcp"] > 1 else None
+        if s["dcp"] > 1:
+            from vllm.v1.worker import workspace
+
+            if getattr(workspace, "_manager", None) is None:
+                workspace.init_workspace_manager(torch.device("cpu"))
         windows = s["sliding_window"] or [None] * s["num_layers"]
         self.layers = {}
         with set_current_vllm_config(vc):
