@@ -24,8 +24,8 @@ FAKED = (
     "vllm.platforms.current_platform: a Platform with the CUDA enum, compute capability (9, 0), float8_e4m3fn as "
     "fp8 dtype, and device type cpu (vLLM's CUDA platform module imports vllm._C, a CUDA build)",
     "vllm.distributed.parallel_state._DCP: a one-process stand-in group (world size, rank, all_gather by "
-    "repetition) when a decode-context-parallel world size > 1 is asked for; the DCP LSE combine is replaced by "
-    "a shape-only function",
+    "repetition) when a decode-context-parallel world size > 1 is asked for; the DCP LSE combine and merge_attn_states are "
+    "shape-only stand-ins; torch.accelerator.empty_cache (called by vLLM's workspace manager) is a no-op on CPU",
 )
 
 GSM_SCHEMA = ("get_scheduler_metadata(int batch_size, int max_seqlen_q, int max_seqlen_k, int num_heads, "
@@ -113,6 +113,13 @@ def _install_platform() -> None:
     platforms.current_platform = HopperOnCPU()
 
 
+def _install_accelerator_stub() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        torch.accelerator.empty_cache = lambda: None
+
+
 def install() -> None:
     """Install the fakes (idempotent); call before importing ``vllm.v1.attention.backends.flash_attn``."""
     global _installed
@@ -120,4 +127,5 @@ def install() -> None:
         return
     _install_fa3_ops()
     _install_platform()
+    _install_accelerator_stub()
     _installed = True
