@@ -127,3 +127,35 @@ def test_fp8_cache_and_chunked_prefill_agree(vllm_worker):
     assert "float8" in str(pair["precompute"]["qkv_dtype"]) and fp8["findings"] == []
     mixed = vllm_worker.run({"tp": 4, "steps": [{"seq_lens": [32768, 100, 100], "query_lens": [1, 37, 100]}]})
     assert mixed["findings"] == [] and _pairs(mixed)[0]["aot"]
+
+
+# ---------------------------------------------------------------- the release profile, checked against the code
+
+def _profile():
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "spec" / "engine_profiles_vllm.json").read_text())
+    (prof,) = [p for p in data["releases"] if p["release"] == RELEASE]
+    return prof
+
+
+@pytest.mark.engine
+def test_profile_conforms_to_the_released_code(vllm_worker):
+    """Each claim of the vLLM profile, on the real builder and impl: heads equal on both sides (also under DCP),
+    call seqlen_k >= precompute max_seqlen_k, the same split count on both sides in every mode."""
+    prof = _profile()
+    assert vllm_worker.hello["release"] == prof["reported_version"]
+    for sc in ({"tp": 4}, {"tp": 4, "cuda_graph": "full"}, {"tp": 4, "dcp": 2}, {"tp": 8, "dcp": 4, "cuda_graph": "full"},
+               {"tp": 4, "batch_invariant": True}):
+        resp = vllm_worker.run({**sc, "steps": [{"seq_lens": SKEWED}]})
+        for p in _pairs(resp):
+            assert p["call"]["num_splits"] == prof["max_num_splits"]["batch_invariant"] or not sc.get("batch_invariant")
+            if not p["aot"]:
+                continue
+            pre, call = p["precompute"], p["call"]
+            assert prof["heads_equal"] == ((pre["num_heads"], pre["num_heads_k"]) == (call["num_heads"], call["num_heads_k"]))
+            assert prof["seqlen_k_call_at_least_precompute"] == (call["seqlen_k"] >= pre["max_seqlen_k"])
+            assert prof["same_num_splits_both_sides"] == (pre["num_splits"] == call["num_splits"])
+            assert pre["headdim_v"] == pre["headdim"]  # never passed: the fork defaults it to headdim
+            assert resp["findings"] == []
