@@ -159,3 +159,20 @@ def test_profile_conforms_to_the_released_code(vllm_worker):
             assert prof["same_num_splits_both_sides"] == (pre["num_splits"] == call["num_splits"])
             assert pre["headdim_v"] == pre["headdim"]  # never passed: the fork defaults it to headdim
             assert resp["findings"] == []
+
+
+@pytest.mark.engine
+def test_case_sliding_window_short_batch_replays(vllm_worker):
+    """The campaign's one difference (a case file): causal at the precompute, local at the call."""
+    import json
+    from pathlib import Path
+
+    case = json.loads((Path(__file__).parent / "corpus_vllm" / "sliding-window-short-batch-causal-vs-local.json")
+                      .read_text())
+    resp = vllm_worker.run(case["scenario"])
+    assert sorted({f["invariant"] for f in resp["shape_errors"]}) == case["expect"]["shape_errors"]
+    assert resp["findings"] == case["expect"]["findings"]
+    p = _pairs(resp)[0]
+    assert p["precompute"]["max_seqlen_k"] == case["expect"]["precompute_max_seqlen_k"]
+    assert p["call"]["seqlen_k"] == case["expect"]["call_seqlen_k"]
+    assert p["precompute"]["causal"] and p["call"]["window_size"][0] == 4095
