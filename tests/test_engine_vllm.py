@@ -176,3 +176,15 @@ def test_case_sliding_window_short_batch_replays(vllm_worker):
     assert p["precompute"]["max_seqlen_k"] == case["expect"]["precompute_max_seqlen_k"]
     assert p["call"]["seqlen_k"] == case["expect"]["call_seqlen_k"]
     assert p["precompute"]["causal"] and p["call"]["window_size"][0] == 4095
+
+
+def test_engine_spec_names_vllm_releases():
+    from gpu_impl.sut import EngineSpecError, open_sut, parse_engine
+
+    spec = parse_engine("vllm==0.33.0")
+    assert (spec.kind, spec.release, str(spec)) == ("vllm", "0.33.0", "vllm==0.33.0")
+    with pytest.raises(EngineSpecError, match="vllm==0.33.0"):
+        parse_engine("vllm==latest")
+    sut = open_sut(spec)  # lazy: no environment or worker until the first run
+    assert sut.identity() == {"name": "vllm==0.33.0", "release": "0.33.0"}
+    sut.close()
