@@ -28,7 +28,8 @@ def test_scenario_defaults_fill_in_and_bad_fields_are_named():
                        ({"steps": [{"seq_lens": [4], "query_lens": [5]}]}, "steps[0].query_lens"),
                        ({"steps": [{"seq_lens": [10 ** 6]}]}, "steps[0].seq_lens"),
                        ({"num_layers": 2, "sliding_window": [4096]}, "sliding_window:"),
-                       ({"defect": {"precompute_num_splits": -1}}, "defect:")):
+                       ({"defect": {"precompute_num_splits": -1}}, "defect:"),
+                       ({"steps": [{"seq_lens": [9000], "query_lens": [9000]}]}, "max_num_batched_tokens")):
         with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
             vllm_driver.check_scenario(bad)
 

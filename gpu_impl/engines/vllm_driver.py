@@ -49,7 +49,7 @@ def scenario_defaults() -> dict:
             "logits_soft_cap": 0.0, "dtype": "bfloat16", "tp": 1, "dcp": 1, "cuda_graph": "none",
             "capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "max_num_seqs": 256, "batch_invariant": False,
             "kv_cache_dtype": "auto", "block_size": 16, "max_model_len": 40960, "num_sm": 132,
-            "max_num_splits_for_cuda_graph": 32, "steps": [], "defect": None}
+            "max_num_splits_for_cuda_graph": 32, "max_num_batched_tokens": 8192, "steps": [], "defect": None}
 
 
 def check_scenario(s: dict) -> dict:
@@ -60,7 +60,7 @@ def check_scenario(s: dict) -> dict:
         raise ValueError(f"scenario: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(out))}")
     out.update(s)
     for name in ("num_heads", "num_kv_heads", "head_dim", "num_layers", "tp", "dcp", "max_num_seqs", "block_size",
-                 "max_model_len", "num_sm", "max_num_splits_for_cuda_graph"):
+                 "max_model_len", "num_sm", "max_num_splits_for_cuda_graph", "max_num_batched_tokens"):
         if not isinstance(out[name], int) or isinstance(out[name], bool) or out[name] < 1:
             raise ValueError(f"{name}: must be an integer >= 1, got {out[name]!r}")
     if out["num_heads"] % out["tp"] or out["num_heads"] % out["num_kv_heads"]:
@@ -97,6 +97,9 @@ def check_scenario(s: dict) -> dict:
         if len(k) > out["max_num_seqs"]:
             raise ValueError(f"steps[{i}].seq_lens: at most max_num_seqs ({out['max_num_seqs']}) sequences, "
                              f"got {len(k)}")
+        if sum(q) > out["max_num_batched_tokens"]:
+            raise ValueError(f"steps[{i}].query_lens: at most max_num_batched_tokens ({out['max_num_batched_tokens']}) "
+                             f"query tokens in a step (vLLM's scheduler budget), got {sum(q)}")
         st["query_lens"] = q
     d = out["defect"]
     if d is not None and (not isinstance(d, dict) or set(d) != {"precompute_num_splits"}
