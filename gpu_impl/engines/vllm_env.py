@@ -45,7 +45,8 @@ RECIPES = {
                   "cloudpickle", "blake3", "py-cpuinfo", "pyzmq", "einops", "typing_extensions", "filelock",
                   "requests", "cbor2", "pybase64", "orjson", "transformers>=5.16.1,<5.21.0", "aiohttp",
                   "oss-harmony", "openai", "pillow", "uvloop", "prometheus_client", "opentelemetry-api",
-                  "starlette", "partial_json_parser", "fastapi", "llguidance<1.8.0,>=1.7.0"],
+                  "starlette", "partial_json_parser", "fastapi", "llguidance<1.8.0,>=1.7.0",
+                  "apache-tvm-ffi==0.1.11"],
         "no_deps": ["xgrammar==0.2.8", "triton==3.9.0"],
     },
 }
