@@ -13,6 +13,8 @@ Engines are named by a spec string (:func:`parse_engine`):
   runner hygiene, seeded defects).
 - ``sglang==V``: sglang release V's own ``FlashAttentionBackend``, run in that release's cached engine
   environment (``gpu_impl.engines``). The guard is whatever that release's code does.
+- ``vllm==V``: vLLM release V's FlashAttention metadata builder and impl (``gpu_impl.engines.vllm``), in its
+  cached engine environment; record mode (metadata checks) only.
 - ``sglang-src=PATH``: an sglang source checkout (its ``python/`` directory, or a wheel file), run in the
   environment of the nearest release.
 
@@ -38,7 +40,7 @@ class EngineSpecError(ValueError):
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """Which system under test: ``kind`` is "model", "sglang" (a release) or "sglang-src" (a checkout)."""
+    """Which system under test: ``kind`` is "model", "sglang" / "vllm" (a release) or "sglang-src" (a checkout)."""
 
     kind: str
     release: Optional[str] = None
@@ -57,7 +59,8 @@ class EngineSpec:
         return self.kind == "model"
 
 
-ENGINE_FORMS = "'model', 'sglang==V' (a release, e.g. sglang==0.5.23) or 'sglang-src=PATH' (a checkout or wheel)"
+ENGINE_FORMS = ("'model', 'sglang==V' (a release, e.g. sglang==0.5.23), 'sglang-src=PATH' (a checkout or wheel) "
+                "or 'vllm==V' (a vLLM release, e.g. vllm==0.33.0)")
 
 
 def parse_engine(text: str) -> EngineSpec:
@@ -70,6 +73,11 @@ def parse_engine(text: str) -> EngineSpec:
         if not _RELEASE.match(release):
             raise EngineSpecError(f"--engine: {text!r} is not a release number (want e.g. sglang==0.5.23)")
         return EngineSpec("sglang", release=release)
+    if text.startswith("vllm=="):
+        release = text[len("vllm=="):]
+        if not _RELEASE.match(release):
+            raise EngineSpecError(f"--engine: {text!r} is not a release number (want e.g. vllm==0.33.0)")
+        return EngineSpec("vllm", release=release)
     if text.startswith("sglang-src="):
         path = text[len("sglang-src="):]
         if not path:
@@ -124,6 +132,10 @@ def open_sut(spec) -> SystemUnderTest:
         spec = parse_engine(spec)
     if spec.is_model:
         return ModelSUT()
+    if spec.kind == "vllm":
+        from .engines.vllm import VllmSUT  # lazy: the worker starts on the first run
+
+        return VllmSUT(spec.release)
     from .engines import open_engine  # lazy: real engines need their environments
 
     return open_engine(spec)

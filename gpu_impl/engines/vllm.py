@@ -1,0 +1,149 @@
+"""vLLM's FlashAttention backend as a system under test: a worker process in the release's engine environment.
+
+Invariant: a scenario reaches vLLM's own metadata builder and attention impl (``vllm_driver``) as plain data and
+comes back as a :class:`gpu_impl.scenario.ScenarioResult` whose findings are the checking shim's verdicts on what
+vLLM passed to FA3; a worker that dies or answers garbage raises :class:`~gpu_impl.engines.errors.DriverError`
+(a crash, never a pass). Models ``vllm/v1/attention/backends/flash_attn.py`` by running it.
+
+:func:`scenario_to_vllm` maps the suite's Scenario (sglang-shaped: ``spec.config.ServerConfig`` and
+``ModelConfig``) onto the driver's fields: ``tp_size`` -> tp, ``attn_cp_size`` -> decode context parallel,
+``cuda_graph`` -> full CUDA graph (vLLM's default mode for FA3 is FULL_AND_PIECEWISE; decode batches take the full
+graph), ``enable_deterministic_inference`` -> ``VLLM_BATCH_INVARIANT``, ``context_length`` -> max_model_len,
+``page_size`` -> block size (vLLM's FA3 needs a multiple of 16: smaller sizes are raised to 16). Policy fields
+(guard, metadata heads, seeded defects of the model) do not apply: vLLM's code decides.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from typing import Optional
+
+from ..sut import EngineSpec, SystemUnderTest
+from . import vllm_env
+from .errors import DriverError
+
+__all__ = ["VllmWorker", "VllmSUT", "scenario_to_vllm"]
+
+
+class VllmWorker:
+    """One driver process (``python -m gpu_impl.engines.vllm_driver``) speaking JSON lines."""
+
+    def __init__(self, release: str, progress=print, root=None, timeout: float = 900.0):
+        from .protocol import decode
+
+        self.release = vllm_env.check_release(release)
+        d = vllm_env.ensure_env(release, progress=progress, root=root)
+        self.timeout = timeout
+        self.proc = subprocess.Popen([str(d / "bin" / "python"), "-m", "gpu_impl.engines.vllm_driver"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=vllm_env.driver_environ(), cwd=str(vllm_env.PROJECT_ROOT))
+        self._stderr: list = []
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        first = self._read()
+        if not first.get("ok"):
+            self.close()
+            raise DriverError(f"vllm=={release}: the driver did not start: {first.get('error')}")
+        self.hello = first["hello"]
+        self._decode = decode
+
+    def _drain_stderr(self) -> None:
+        for line in self.proc.stderr:
+            self._stderr.append(line)
+            del self._stderr[:-40]
+
+    def _read(self) -> dict:
+        from .protocol import decode
+
+        line = self.proc.stdout.readline()
+        if not line:
+            tail = "".join(self._stderr[-12:])
+            raise DriverError(f"vllm=={self.release}: the driver exited (code {self.proc.poll()}):\n{tail}")
+        try:
+            return decode(line)
+        except ValueError:
+            raise DriverError(f"vllm=={self.release}: the driver answered a non-JSON line: {line[:200]!r}") from None
+
+    def request(self, obj: dict) -> dict:
+        from .protocol import encode
+
+        if self.proc.poll() is not None:
+            raise DriverError(f"vllm=={self.release}: the driver is not running (exit {self.proc.returncode})")
+        self.proc.stdin.write(encode(obj))
+        self.proc.stdin.flush()
+        return self._read()
+
+    def run(self, scenario: dict) -> dict:
+        """The driver's answer for one vLLM scenario (``vllm_driver.scenario_defaults`` fields)."""
+        resp = self.request({"op": "run", "scenario": scenario})
+        if not resp.get("ok"):
+            kind = resp.get("kind")
+            if kind in ("bad_request", "unsupported"):
+                raise ValueError(f"vllm=={self.release}: {resp.get('error')}")
+            raise DriverError(f"vllm=={self.release}: {kind}: {resp.get('error')}\n{resp.get('traceback', '')}")
+        return resp
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write('{"op": "quit"}\n')
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                self.proc.kill()
+
+
+def scenario_to_vllm(scn) -> dict:
+    """The driver fields for a gpu_impl.scenario.Scenario (see the module doc for the mapping)."""
+    server, model = scn.server, scn.model
+    if model.is_mla:
+        raise ValueError("model.is_mla: vLLM's MLA backends are not the FlashAttention backend driven here")
+    if model.head_dim_v not in (None, model.head_dim):
+        raise ValueError(f"model.head_dim_v: vLLM's FlashAttention KV cache has head_dim_v == head_dim, "
+                         f"got {model.head_dim_v}")
+    steps = []
+    for st in scn.steps:
+        if st.mode == "decode":
+            steps.append({"seq_lens": list(st.seq_lens)})
+        elif st.mode in ("extend", "mixed"):
+            ext = list(st.extend_lens or [1] * len(st.seq_lens))
+            steps.append({"seq_lens": list(st.seq_lens), "query_lens": ext})
+    return {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
+            "dtype": model.dtype, "tp": server.tp_size, "dcp": server.attn_cp_size,
+            "cuda_graph": "full" if server.cuda_graph else "none",
+            "batch_invariant": bool(server.enable_deterministic_inference), "num_sm": server.num_sm,
+            "max_model_len": max([server.context_length] + [max(s["seq_lens"]) for s in steps]),
+            "block_size": max(16, -(-server.page_size // 16) * 16), "steps": steps}
+
+
+class VllmSUT(SystemUnderTest):
+    """vLLM release ``V`` (``vllm==V``) driven in its engine environment."""
+
+    def __init__(self, release: str, progress=print, root=None):
+        self.spec = EngineSpec("vllm", release=release)
+        self._worker: Optional[VllmWorker] = None
+        self._progress, self._root = progress, root
+
+    @property
+    def worker(self) -> VllmWorker:
+        if self._worker is None:
+            self._worker = VllmWorker(self.spec.release, progress=self._progress, root=self._root)
+        return self._worker
+
+    def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
+        from .protocol import result_from_wire
+
+        if numerics:
+            raise ValueError("numerics: the vLLM engine runs in record mode (metadata checks) only")
+        return result_from_wire(self.worker.run(scenario_to_vllm(scenario)))
+
+    def identity(self) -> dict:
+        ident = {"name": str(self.spec), "release": self.spec.release}
+        if self._worker is not None:
+            ident["reported_version"] = self._worker.hello.get("release")
+        return ident
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None

@@ -1,0 +1,487 @@
+"""The vLLM engine worker: runs decode/prefill batches through vLLM's own FlashAttention metadata builder and
+attention implementation and reports every FA3 metadata precompute and every kernel call that consumed it.
+
+Invariant: what is checked is what vLLM's code passed to FA3. ``FlashAttentionMetadataBuilder.build`` and
+``FlashAttentionImpl.forward`` (``vllm/v1/attention/backends/flash_attn.py``) run unmodified, through the fork's
+real Python wrapper (``vllm/vllm_flash_attn/flash_attn_interface.py``); only the compiled ``_vllm_fa3_C`` ops are
+faked (``vllm_glue``), and they hand both sides to ``gpu_impl.fa3_calls.CheckingFA3`` (record mode, deep checks)
+over a shape-only FA3 whose metadata comes from refmodel.
+
+Run as ``python -m gpu_impl.engines.vllm_driver`` inside the vLLM engine environment (``vllm_env``), project root
+and fakes on PYTHONPATH; one JSON request per stdin line, one JSON response per stdout line. Requests:
+``{"op": "hello"}``, ``{"op": "run", "scenario": {...}}`` (fields: :func:`scenario_defaults`), ``{"op": "quit"}``.
+Every response has ``ok``; failures carry ``error`` and ``kind`` ("import", "unsupported", "bad_request", "crash").
+
+Simplifications (also in docs/engines-vllm.md): the model is a stand-in object with the fields the builder reads
+(vLLM's ``ModelConfig`` inspects the model class, which needs the model code and weights); the attention layers
+are ``Attention`` objects built without ``Attention.__init__`` (which selects a backend through the CUDA
+platform), each holding a real ``FlashAttentionImpl``; per-rank heads are ``H // tp`` and ``max(1, Hk // tp)`` as
+vLLM's model layers compute them; the KV cache is one block that every block-table entry points to (no numerics
+read it); a full-CUDA-graph batch is padded to its capture size as ``gpu_model_runner`` pads it (extra rows: one
+query token, seq_len 0, null block), and the captured call is the one the Python forward makes for that padded
+batch (capture and replay differ only in lengths there: the block table is the persistent full-width one).
+The metadata model is upstream FA3's layout (refmodel): the fork's layout (Sort off, split vector only when
+S > 1) differs in size, not in what the split counts mean; sizes are compared call-side only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+
+_PROTOCOL_OUT = sys.stdout
+
+CUDA_GRAPH_MODES = ("none", "piecewise", "full")
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+class Unsupported(Exception):
+    """A scenario feature this driver does not run (answered with kind "unsupported")."""
+
+
+def scenario_defaults() -> dict:
+    """Every scenario field and its default (a request may give any subset)."""
+    return {"num_heads": 32, "num_kv_heads": 4, "head_dim": 128, "num_layers": 1, "sliding_window": None,
+            "logits_soft_cap": 0.0, "dtype": "bfloat16", "tp": 1, "dcp": 1, "cuda_graph": "none",
+            "capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "max_num_seqs": 256, "batch_invariant": False,
+            "kv_cache_dtype": "auto", "block_size": 16, "max_model_len": 40960, "num_sm": 132,
+            "max_num_splits_for_cuda_graph": 32, "max_num_batched_tokens": 8192, "steps": [], "defect": None}
+
+
+def check_scenario(s: dict) -> dict:
+    """The scenario with defaults filled in; ValueError naming the field and its allowed range."""
+    out = scenario_defaults()
+    unknown = sorted(set(s) - set(out))
+    if unknown:
+        raise ValueError(f"scenario: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(out))}")
+    out.update(s)
+    for name in ("num_heads", "num_kv_heads", "head_dim", "num_layers", "tp", "dcp", "max_num_seqs", "block_size",
+                 "max_model_len", "num_sm", "max_num_splits_for_cuda_graph", "max_num_batched_tokens"):
+        if not isinstance(out[name], int) or isinstance(out[name], bool) or out[name] < 1:
+            raise ValueError(f"{name}: must be an integer >= 1, got {out[name]!r}")
+    if out["num_heads"] % out["tp"] or out["num_heads"] % out["num_kv_heads"]:
+        raise ValueError(f"num_heads: must be divisible by tp ({out['tp']}) and num_kv_heads "
+                         f"({out['num_kv_heads']}), got {out['num_heads']}")
+    if out["head_dim"] > 256:
+        raise ValueError(f"head_dim: FA3 takes 1..256, got {out['head_dim']}")
+    if out["cuda_graph"] not in CUDA_GRAPH_MODES:
+        raise ValueError(f"cuda_graph: must be one of {CUDA_GRAPH_MODES}, got {out['cuda_graph']!r}")
+    if out["kv_cache_dtype"] not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype: must be one of {KV_CACHE_DTYPES}, got {out['kv_cache_dtype']!r}")
+    if out["dtype"] not in ("bfloat16", "float16"):
+        raise ValueError(f"dtype: must be bfloat16 or float16, got {out['dtype']!r}")
+    sw = out["sliding_window"]
+    if sw is not None:
+        sw = [sw] * out["num_layers"] if isinstance(sw, int) else list(sw)
+        if len(sw) != out["num_layers"] or any(w is not None and (not isinstance(w, int) or w < 1) for w in sw):
+            raise ValueError(f"sliding_window: must be null, an integer >= 1, or one (null | integer >= 1) per "
+                             f"layer ({out['num_layers']}), got {out['sliding_window']!r}")
+        out["sliding_window"] = sw
+    sizes = out["capture_sizes"]
+    if not sizes or any(not isinstance(x, int) or x < 1 for x in sizes):
+        raise ValueError(f"capture_sizes: must be a non-empty list of integers >= 1, got {sizes!r}")
+    out["capture_sizes"] = sorted(set(sizes))
+    for i, st in enumerate(out["steps"]):
+        q, k = st.get("query_lens"), st.get("seq_lens")
+        if not isinstance(k, list) or not k or any(not isinstance(x, int) or x < 1 for x in k):
+            raise ValueError(f"steps[{i}].seq_lens: must be a non-empty list of integers >= 1, got {k!r}")
+        q = [1] * len(k) if q is None else q
+        if len(q) != len(k) or any(not isinstance(x, int) or not 1 <= x <= y for x, y in zip(q, k)):
+            raise ValueError(f"steps[{i}].query_lens: one integer per sequence, 1 <= query_len <= seq_len, got {q!r}")
+        if max(k) > out["max_model_len"]:
+            raise ValueError(f"steps[{i}].seq_lens: at most max_model_len ({out['max_model_len']}), got {max(k)}")
+        if len(k) > out["max_num_seqs"]:
+            raise ValueError(f"steps[{i}].seq_lens: at most max_num_seqs ({out['max_num_seqs']}) sequences, "
+                             f"got {len(k)}")
+        if sum(q) > out["max_num_batched_tokens"]:
+            raise ValueError(f"steps[{i}].query_lens: at most max_num_batched_tokens ({out['max_num_batched_tokens']}) "
+                             f"query tokens in a step (vLLM's scheduler budget), got {sum(q)}")
+        st["query_lens"] = q
+    d = out["defect"]
+    if d is not None and (not isinstance(d, dict) or set(d) != {"precompute_num_splits"}
+                          or not isinstance(d["precompute_num_splits"], int) or d["precompute_num_splits"] < 0):
+        raise ValueError(f"defect: null or {{\"precompute_num_splits\": N}} with N >= 0, got {d!r}")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# FA3 under the faked ops
+# ------------------------------------------------------------------------------------------------------------
+
+
+class ShapeOnlyFA3:
+    """FA3 without numerics: metadata from refmodel, calls return nothing but shapes (record mode)."""
+
+    name = "shape-only"
+
+    def __init__(self, num_sm: int, arch: int = 90):
+        self.num_sm, self.arch = num_sm, arch
+
+    def get_scheduler_metadata(self, *args, **kwargs):
+        from refmodel.metadata import get_scheduler_metadata
+
+        from ..fa3_calls import record_precompute
+
+        pre = record_precompute(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=True, **kwargs)
+        return get_scheduler_metadata(**pre.scheduler_kwargs())
+
+    def flash_attn_varlen_func(self, *args, **kwargs):
+        return None
+
+
+class FrontFA3:
+    """The target of the faked ``_vllm_fa3_C`` ops: C++-order arguments back to FA3 names, into the checker.
+
+    vLLM copies the metadata into a persistent buffer under full CUDA graphs (``buf[:n] = md``), which the
+    checker's address registry cannot follow; a tensor of unknown origin whose contents equal the latest
+    precompute's output is attributed to that precompute (the bytes FA3 reads are exactly those).
+    """
+
+    def __init__(self, num_sm: int):
+        from ..fa3_calls import CheckingFA3
+
+        self.checker = CheckingFA3(ShapeOnlyFA3(num_sm), mode="record", deep=True, num_sm=num_sm, arch=90,
+                                   record_all=True, impl_signature="fa3", signature="fa3")
+        self.last_md = None
+        self.last_pre = None
+        self.defect = None
+        #: calls that consume no metadata and are not checked (DCP's varlen-K call over the new tokens)
+        self.unchecked_calls = 0
+
+    def c_get_scheduler_metadata(self, **a):
+        for name in ("cu_seqlens_k", "seqused_q"):
+            if a[name] is not None:
+                raise Unsupported(f"get_scheduler_metadata({name}=...): not modelled by refmodel")
+        num_splits = a["num_splits"] if self.defect is None else self.defect["precompute_num_splits"]
+        md = self.checker.get_scheduler_metadata(
+            batch_size=a["batch_size"], max_seqlen_q=a["max_seqlen_q"], max_seqlen_k=a["max_seqlen_k"],
+            num_heads_q=a["num_heads"], num_heads_kv=a["num_heads_k"], headdim=a["headdim"],
+            cache_seqlens=a["seqused_k"], qkv_dtype=a["qkv_dtype"], headdim_v=a["headdim_v"],
+            cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_k_new=a["cu_seqlens_k_new"], cache_leftpad=a["leftpad_k"],
+            page_size=a["page_size"], max_seqlen_k_new=a["max_seqlen_k_new"], causal=a["is_causal"],
+            window_size=(a["window_size_left"], a["window_size_right"]), has_softcap=a["has_softcap"],
+            num_splits=num_splits, pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"])
+        self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
+        return md
+
+    def _attribute(self, md) -> None:
+        import torch
+
+        if md is None or self.last_md is None or self.checker.origin_of(md) is self.last_pre:
+            return
+        if md.shape == self.last_md.shape and torch.equal(md, self.last_md):
+            self.checker.registry.remember(md, self.last_pre)
+
+    def c_fwd(self, **a):
+        import torch
+
+        md = a["scheduler_metadata"]
+        q = a["q"]
+        if a["cu_seqlens_k"] is not None and md is None and a["page_table"] is None:
+            # varlen K without a cache (DCP's attention over the new tokens): consumes no metadata
+            self.unchecked_calls += 1
+            return self._outputs(q, a["v"])
+        for name in ("k_new", "v_new", "q_v", "cu_seqlens_k", "cu_seqlens_k_new", "seqused_q", "kv_batch_idx",
+                     "leftpad_k", "rotary_cos", "s_aux", "cp_tot_seqused_k"):
+            if a[name] is not None:
+                raise Unsupported(f"fwd({name}=...): not modelled by the shim")
+        self._attribute(md)
+        self.checker.flash_attn_varlen_func(
+            q=q, k=a["k"], v=a["v"], max_seqlen_q=a["max_seqlen_q"], cu_seqlens_q=a["cu_seqlens_q"],
+            max_seqlen_k=a["max_seqlen_k"], seqused_k=a["seqused_k"], block_table=a["page_table"],
+            causal=a["is_causal"], window_size=(a["window_size_left"], a["window_size_right"]),
+            softcap=a["softcap"], scheduler_metadata=md, num_splits=a["num_splits"])
+        return self._outputs(q, a["v"])
+
+    @staticmethod
+    def _outputs(q, v):
+        import torch
+
+        out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=torch.bfloat16 if q.element_size() == 1 else q.dtype)
+        lse = torch.zeros(q.shape[-2], q.shape[0], dtype=torch.float32)
+        return [out, lse, lse.new_zeros(0), lse.new_zeros(0)]
+
+    def drain(self) -> list:
+        events, self.checker.events = self.checker.events, []
+        return events
+
+
+# ------------------------------------------------------------------------------------------------------------
+# vLLM objects for one configuration
+# ------------------------------------------------------------------------------------------------------------
+
+
+class _ModelStandIn:
+    """The model-config fields vLLM's FlashAttention builder and impl read (a stand-in; see the module doc)."""
+
+    def __init__(self, s: dict, torch_dtype):
+        import types
+
+        self.hf_config = types.SimpleNamespace(model_type="llama")
+        self.rswa_window = None
+        self.is_mm_prefix_lm = False
+        self.is_diffusion = False
+        self.dtype = torch_dtype
+        self._heads = s["num_heads"]
+
+    def get_num_attention_heads(self, parallel_config) -> int:
+        return self._heads // parallel_config.tensor_parallel_size
+
+
+class _DCPGroup:
+    """A one-process decode-context-parallel group: vLLM reads world_size and rank_in_group; all_gather repeats."""
+
+    def __init__(self, world_size: int, rank: int = 0):
+        self.world_size, self.rank_in_group = world_size, rank
+
+    def all_gather(self, t, dim: int = -1):
+        import torch
+
+        return torch.cat([t] * self.world_size, dim=dim)
+
+
+class Config:
+    """vLLM's config objects, the layers and the metadata builder for one scenario."""
+
+    def __init__(self, engine, s: dict):
+        import torch
+        from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
+        from vllm.config.compilation import CUDAGraphMode
+        from vllm.model_executor.layers.attention import Attention
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+        fa = engine.fa
+        self.s = s
+        os.environ["VLLM_BATCH_INVARIANT"] = "1" if s["batch_invariant"] else "0"
+        dtype = getattr(torch, s["dtype"])
+        vc = VllmConfig(compilation_config=CompilationConfig(max_cudagraph_capture_size=max(s["capture_sizes"])))
+        mode = {"none": CUDAGraphMode.NONE, "piecewise": CUDAGraphMode.PIECEWISE, "full": CUDAGraphMode.FULL}
+        vc.compilation_config.cudagraph_mode = mode[s["cuda_graph"]]
+        vc.compilation_config.cudagraph_capture_sizes = list(s["capture_sizes"])
+        vc.compilation_config.max_cudagraph_capture_size = max(s["capture_sizes"])
+        vc.scheduler_config.max_num_seqs = s["max_num_seqs"]
+        vc.parallel_config.tensor_parallel_size = s["tp"]
+        vc.parallel_config.decode_context_parallel_size = s["dcp"]
+        vc.cache_config.cache_dtype = s["kv_cache_dtype"]
+        vc.cache_config.block_size = s["block_size"]
+        vc.attention_config.flash_attn_max_num_splits_for_cuda_graph = s["max_num_splits_for_cuda_graph"]
+        object.__setattr__(vc, "model_config", _ModelStandIn(s, dtype))
+        self.vc = vc
+        self.h = s["num_heads"] // s["tp"]
+        self.hk = max(1, s["num_kv_heads"] // s["tp"])
+        self.dtype = dtype
+        import vllm.distributed.parallel_state as ps
+
+        ps._DCP = _DCPGroup(s["dcp"]) if s["dcp"] > 1 else None
+        if s["dcp"] > 1:
+            from vllm.v1.worker import workspace
+
+            if getattr(workspace, "_manager", None) is None:
+                workspace.init_workspace_manager(torch.device("cpu"))
+        windows = s["sliding_window"] or [None] * s["num_layers"]
+        self.layers = {}
+        with set_current_vllm_config(vc):
+            for i, w in enumerate(windows):
+                impl = fa.FlashAttentionImpl(num_heads=self.h, head_size=s["head_dim"],
+                                             scale=s["head_dim"] ** -0.5, num_kv_heads=self.hk, alibi_slopes=None,
+                                             sliding_window=w, kv_cache_dtype=s["kv_cache_dtype"],
+                                             logits_soft_cap=s["logits_soft_cap"] or None)
+                layer = Attention.__new__(Attention)
+                torch.nn.Module.__init__(layer)
+                layer.impl = impl
+                layer.layer_name = f"model.layers.{i}.self_attn.attn"
+                for name in ("_q_scale", "_k_scale", "_v_scale"):
+                    setattr(layer, name, torch.ones((), dtype=torch.float32))
+                vc.compilation_config.static_forward_context[layer.layer_name] = layer
+                self.layers[layer.layer_name] = layer
+            kv_dtype = torch.uint8 if s["kv_cache_dtype"] == "fp8" else dtype
+            w0 = windows[0]
+            if w0 is not None and len(set(windows)) == 1:
+                spec = SlidingWindowSpec(block_size=s["block_size"], num_kv_heads=self.hk, head_size=s["head_dim"],
+                                         dtype=kv_dtype, sliding_window=w0)
+            else:
+                spec = FullAttentionSpec(block_size=s["block_size"], num_kv_heads=self.hk, head_size=s["head_dim"],
+                                         dtype=kv_dtype)
+            self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
+        self.kv_cache = torch.zeros(1, self.hk, s["block_size"], 2 * s["head_dim"], dtype=kv_dtype)
+        self.max_blocks = -(-s["max_model_len"] // s["block_size"])
+
+    def batch(self, query_lens, seq_lens):
+        """vLLM's CommonAttentionMetadata for one batch (padded to a capture size under full CUDA graph)."""
+        import torch
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        s = self.s
+        q, k = list(query_lens), list(seq_lens)
+        if s["cuda_graph"] == "full" and sum(q) <= max(s["capture_sizes"]) and max(q) == 1:
+            pad = next(x for x in s["capture_sizes"] if x >= len(q)) - len(q)
+            q, k = q + [1] * pad, k + [0] * pad
+        qsl = torch.tensor([0] + list(_cumsum(q)), dtype=torch.int32)
+        n = len(k)
+        return CommonAttentionMetadata(
+            query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=torch.tensor(k, dtype=torch.int32),
+            num_reqs=n, num_actual_tokens=int(sum(q)), max_query_len=max(q), max_seq_len=max(k),
+            block_table_tensor=torch.zeros(n, self.max_blocks, dtype=torch.int32),
+            slot_mapping=torch.zeros(int(sum(q)), dtype=torch.int64), causal=True,
+            seq_lens_cpu_upper_bound=torch.tensor(k, dtype=torch.int32))
+
+    def forward(self, md, num_tokens: int) -> None:
+        import torch
+        from vllm.config import set_current_vllm_config
+
+        s = self.s
+        with set_current_vllm_config(self.vc):
+            for layer in self.layers.values():
+                qd = torch.float8_e4m3fn if (s["kv_cache_dtype"] == "fp8"
+                                             and layer.impl.supports_quant_query_input) else self.dtype
+                query = torch.zeros(num_tokens, self.h, s["head_dim"], dtype=qd)
+                key = torch.zeros(num_tokens, self.hk, s["head_dim"], dtype=self.dtype)
+                out = torch.zeros(num_tokens, self.h, s["head_dim"], dtype=self.dtype)
+                layer.impl.forward(layer, query, key, key, self.kv_cache, md, out)
+
+
+def _cumsum(xs):
+    t = 0
+    for x in xs:
+        t += x
+        yield t
+
+
+class Engine:
+    """vLLM imported once, with the CPU glue; runs scenarios."""
+
+    def __init__(self):
+        t = time.monotonic()
+        from . import vllm_glue
+
+        vllm_glue.install()
+        import torch
+
+        torch.set_num_threads(1)
+        import vllm
+        import vllm.v1.attention.backends.flash_attn as fa
+        import vllm.v1.attention.backends.fa_utils as fa_utils
+
+        self.vllm, self.fa, self.glue = vllm, fa, vllm_glue
+        self.fa_version = fa_utils.get_flash_attn_version()
+        self.import_s = time.monotonic() - t
+        self._patch_dcp_combine()
+
+    def _patch_dcp_combine(self) -> None:
+        """The DCP LSE all-gather/reduce is communication: a shape-only stand-in (listed in vllm_glue.FAKED)."""
+        def combine(out, lse, group, *args, **kwargs):
+            heads = out.shape[1] // group.world_size  # the rank's own heads after the reduce-scatter
+            return out[:, :heads].contiguous(), lse[:, :heads].contiguous()
+
+        def merge(output, *args, **kwargs):
+            return None  # merges two partial outputs into ``output``: numerics only, none in record mode
+
+        self.fa.cp_lse_ag_out_rs = combine
+        self.fa.dcp_a2a_lse_reduce = combine
+        self.fa.merge_attn_states = merge
+
+    def hello(self) -> dict:
+        return {"release": getattr(self.vllm, "__version__", None), "path": os.path.dirname(self.vllm.__file__),
+                "import_s": round(self.import_s, 2), "fa_version": self.fa_version, "faked": list(self.glue.FAKED)}
+
+    def run(self, scenario: dict) -> dict:
+        from ..fa3_calls import pair_summary
+
+        s = check_scenario(dict(scenario))
+        if self.fa_version != 3:
+            raise Unsupported(f"vLLM chose FlashAttention {self.fa_version}, not 3: nothing precomputes metadata")
+        front = FrontFA3(s["num_sm"])
+        front.defect = s["defect"]
+        self.glue.front.target = front
+        t = time.monotonic()
+        cfg = Config(self, s)
+        out = {"findings": [], "shape_errors": [], "trace": [], "setup_s": round(time.monotonic() - t, 3)}
+        out["unchecked_calls"] = 0
+        for index, st in enumerate(s["steps"]):
+            t = time.monotonic()
+            cam = cfg.batch(st["query_lens"], st["seq_lens"])
+            md = cfg.builder.build(0, cam)
+            cfg.forward(md, cam.num_actual_tokens)
+            for pre, call, violations in front.drain():
+                summary = pair_summary(pre, call)
+                entry = {"step": index, "mode": "decode" if max(st["query_lens"]) == 1 else "mixed",
+                         "path": s["cuda_graph"], "max_num_splits": md.max_num_splits,
+                         "aot": md.scheduler_metadata is not None, **summary}
+                out["trace"].append(entry)
+                for v in violations:
+                    d = v.to_dict() if hasattr(v, "to_dict") else {"invariant": v.invariant, "message": str(v)}
+                    finding = {"invariant": d.get("invariant", v.invariant), "step": index, "dp_rank": None,
+                               "message": d.get("message", str(v)),
+                               "detail": {"s_p": summary["s_p"], "s_c": summary["s_c"],
+                                          "seq_lens": list(st["seq_lens"]), **d}}
+                    (out["shape_errors"] if finding["invariant"] == "SHAPE" else out["findings"]).append(finding)
+            out["trace"].append({"step": index, "seconds": round(time.monotonic() - t, 3)})
+        out["unchecked_calls"] = front.unchecked_calls
+        return out
+
+
+@contextlib.contextmanager
+def _quiet():
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout = saved
+
+
+def serve(stdin=None, stdout=None) -> int:
+    """The worker loop: import once, answer requests until "quit" or end of input."""
+    stdin = stdin or sys.stdin
+    stdout = stdout or _PROTOCOL_OUT
+
+    def send(obj) -> None:
+        from .protocol import encode
+
+        stdout.write(encode(obj))
+        stdout.flush()
+
+    try:
+        with _quiet():
+            engine = Engine()
+    except Exception as exc:  # noqa: BLE001 - any import-time failure is reported, never a pass
+        send({"ok": False, "kind": "import", "error": f"import failed: {exc!r}",
+              "traceback": traceback.format_exc(limit=8)})
+        return 3
+    send({"ok": True, "hello": engine.hello()})
+    for line in stdin:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            req = json.loads(line)
+            op = req.get("op")
+            if op == "quit":
+                send({"ok": True, "bye": True})
+                return 0
+            with _quiet():
+                if op == "hello":
+                    resp = {"ok": True, "hello": engine.hello()}
+                elif op == "run":
+                    resp = {"ok": True, **engine.run(req["scenario"])}
+                else:
+                    resp = {"ok": False, "kind": "bad_request", "error": f"unknown op {op!r}"}
+        except Unsupported as exc:
+            resp = {"ok": False, "kind": "unsupported", "error": str(exc)}
+        except (KeyError, ValueError, TypeError) as exc:
+            resp = {"ok": False, "kind": "bad_request", "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(limit=12)}
+        except Exception as exc:  # noqa: BLE001 - a crash in vLLM's code is reported as a crash
+            resp = {"ok": False, "kind": "crash", "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(limit=16)}
+        send(resp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.stdout = sys.stderr
+    raise SystemExit(serve(stdin=sys.stdin, stdout=_PROTOCOL_OUT))

@@ -1,0 +1,131 @@
+"""CPU glue for vLLM's FlashAttention backend: the few fakes that stand in for CUDA, installed before import.
+
+Invariant: everything vLLM does in Python runs unmodified; only what needs CUDA is replaced, and each
+replacement is listed in :data:`FAKED`. vLLM's FA3 fork (``vllm/vllm_flash_attn/flash_attn_interface.py``)
+keeps its real Python wrapper: only the compiled ``_vllm_fa3_C`` extension is faked, by registering its two
+operators (``get_scheduler_metadata``, ``fwd``; schemas as the released ``_vllm_fa3_C.abi3.so`` declares them)
+with torch.library, routed to a front object (the recording/checking shim). So the fork's own argument
+marshalling (keyword -> positional C++ order, ``cu_seqlens_k=None``, ``headdim_v`` defaulting) is what we see.
+
+Models nothing; runs inside a vLLM engine environment only (imports vllm).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+__all__ = ["FAKED", "install", "front"]
+
+#: What is faked or patched on CPU, and why (reported in the driver's hello and in docs/engines-vllm.md).
+FAKED = (
+    "vllm.vllm_flash_attn._vllm_fa3_C: the compiled FA3 extension (CUDA); its ops get_scheduler_metadata and fwd "
+    "are registered with torch.library under the released schemas and routed to the checking shim",
+    "vllm.platforms.current_platform: a Platform with the CUDA enum, compute capability (9, 0), float8_e4m3fn as "
+    "fp8 dtype, and device type cpu (vLLM's CUDA platform module imports vllm._C, a CUDA build)",
+    "vllm.distributed.parallel_state._DCP: a one-process stand-in group (world size, rank, all_gather by "
+    "repetition) when a decode-context-parallel world size > 1 is asked for; the DCP LSE combine and merge_attn_states are "
+    "shape-only stand-ins; torch.accelerator.empty_cache (called by vLLM's workspace manager) is a no-op on CPU",
+)
+
+GSM_SCHEMA = ("get_scheduler_metadata(int batch_size, int max_seqlen_q, int max_seqlen_k, int num_heads, "
+              "int num_heads_k, int headdim, int headdim_v, ScalarType qkv_dtype, Tensor seqused_k, "
+              "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? cu_seqlens_k_new, Tensor? seqused_q, "
+              "Tensor? leftpad_k, int? page_size, int max_seqlen_k_new, bool is_causal, int window_size_left, "
+              "int window_size_right, bool has_softcap, int num_splits, bool? pack_gqa, int sm_margin) -> Tensor")
+FWD_SCHEMA = ("fwd(Tensor(a!) q, Tensor k, Tensor v, Tensor? k_new, Tensor? v_new, Tensor? q_v, Tensor(b!)? out, "
+              "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? cu_seqlens_k_new, Tensor? seqused_q, "
+              "Tensor? seqused_k, int? max_seqlen_q, int? max_seqlen_k, Tensor? page_table, Tensor? kv_batch_idx, "
+              "Tensor? leftpad_k, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? seqlens_rotary, "
+              "Tensor? q_descale, Tensor? k_descale, Tensor? v_descale, float softmax_scale, bool is_causal, "
+              "int window_size_left, int window_size_right, float softcap, bool is_rotary_interleaved, "
+              "Tensor? scheduler_metadata, int num_splits, bool? pack_gqa, int sm_margin, Tensor? s_aux, "
+              "int cp_world_size, int cp_rank, Tensor? cp_tot_seqused_k) -> Tensor[]")
+
+GSM_NAMES = ("batch_size", "max_seqlen_q", "max_seqlen_k", "num_heads", "num_heads_k", "headdim", "headdim_v",
+             "qkv_dtype", "seqused_k", "cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_k_new", "seqused_q", "leftpad_k",
+             "page_size", "max_seqlen_k_new", "is_causal", "window_size_left", "window_size_right", "has_softcap",
+             "num_splits", "pack_gqa", "sm_margin")
+FWD_NAMES = ("q", "k", "v", "k_new", "v_new", "q_v", "out", "cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_k_new",
+             "seqused_q", "seqused_k", "max_seqlen_q", "max_seqlen_k", "page_table", "kv_batch_idx", "leftpad_k",
+             "rotary_cos", "rotary_sin", "seqlens_rotary", "q_descale", "k_descale", "v_descale", "softmax_scale",
+             "is_causal", "window_size_left", "window_size_right", "softcap", "is_rotary_interleaved",
+             "scheduler_metadata", "num_splits", "pack_gqa", "sm_margin", "s_aux", "cp_world_size", "cp_rank",
+             "cp_tot_seqused_k")
+
+
+class _Route:
+    """Where the faked C++ ops go: ``target`` has ``c_get_scheduler_metadata(**named)`` and ``c_fwd(**named)``."""
+
+    target = None
+
+
+front = _Route()
+_installed = False
+_lib = None
+
+
+def _gsm(*args):
+    return front.target.c_get_scheduler_metadata(**dict(zip(GSM_NAMES, args)))
+
+
+def _fwd(*args):
+    return front.target.c_fwd(**dict(zip(FWD_NAMES, args)))
+
+
+def _install_fa3_ops() -> None:
+    global _lib
+    import torch
+
+    sys.modules.setdefault("vllm.vllm_flash_attn._vllm_fa3_C", types.ModuleType("vllm.vllm_flash_attn._vllm_fa3_C"))
+    _lib = torch.library.Library("_vllm_fa3_C", "DEF")
+    _lib.define(GSM_SCHEMA)
+    _lib.define(FWD_SCHEMA)
+    for name, fn in (("get_scheduler_metadata", _gsm), ("fwd", _fwd)):
+        _lib.impl(name, fn, "CompositeExplicitAutograd")
+
+
+def _install_platform() -> None:
+    import torch
+    import vllm.platforms as platforms
+    from vllm.platforms.interface import DeviceCapability, Platform, PlatformEnum
+
+    class HopperOnCPU(Platform):
+        """vLLM's view of an sm90 CUDA device whose tensors live on the CPU (a fake; see FAKED)."""
+
+        _enum = PlatformEnum.CUDA
+        device_name = "cuda"
+        device_type = "cpu"
+        dispatch_key = "CPU"
+
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0):
+            return DeviceCapability(9, 0)
+
+        @classmethod
+        def fp8_dtype(cls):
+            return torch.float8_e4m3fn
+
+        @classmethod
+        def get_device_name(cls, device_id: int = 0) -> str:
+            return "NVIDIA H200 (faked on CPU)"
+
+    platforms.current_platform = HopperOnCPU()
+
+
+def _install_accelerator_stub() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        torch.accelerator.empty_cache = lambda: None
+
+
+def install() -> None:
+    """Install the fakes (idempotent); call before importing ``vllm.v1.attention.backends.flash_attn``."""
+    global _installed
+    if _installed:
+        return
+    _install_fa3_ops()
+    _install_platform()
+    _install_accelerator_stub()
+    _installed = True
