@@ -132,10 +132,6 @@ def open_sut(spec) -> SystemUnderTest:
         spec = parse_engine(spec)
     if spec.is_model:
         return ModelSUT()
-    if spec.kind == "vllm":
-        from .engines.vllm import VllmSUT  # lazy: the worker starts on the first run
-
-        return VllmSUT(spec.release)
     from .engines import open_engine  # lazy: real engines need their environments
 
     return open_engine(spec)

@@ -23,13 +23,18 @@ __all__ = ["open_engine", "EngineUnavailable", "UnknownRelease", "NoPrecompute",
 
 
 def open_engine(spec, progress: Callable[[str], None] = print):
-    """The system under test an sglang engine spec names (its environment built first if needed)."""
+    """The system under test a real engine spec names: sglang (release or checkout) or vLLM (a release)."""
     from ..sut import parse_engine
-    from .sglang import SglangSUT
 
     if isinstance(spec, str):
         spec = parse_engine(spec)
+    if spec.kind == "vllm":
+        from .vllm import VllmSUT  # lazy: the worker starts on the first run
+
+        return VllmSUT(spec.release)
     if spec.kind not in ("sglang", "sglang-src"):
         raise EngineUnavailable(f"engine {spec}: no real engine of kind {spec.kind!r} (allowed: sglang==V, "
-                                f"sglang-src=PATH)")
+                                f"sglang-src=PATH, vllm==V)")
+    from .sglang import SglangSUT
+
     return SglangSUT(spec, progress=progress)
