@@ -176,6 +176,23 @@ class Fa3VerifyGateItem(pytest.Item):
         return self.path, None, f"fa3verify gate [{self.gate_options['guard']}]"
 
 
+def checked_json_path(json_path: Optional[str], guard: str) -> Optional[str]:
+    """``--fa3verify-json`` checked before the gate runs, as the command line checks its outputs
+    (fa3verify.outputs): not a directory, not under a file, never the guard file the gate reads."""
+    if json_path is None:
+        return None
+    from .errors import UsageError
+    from .outputs import check_output
+
+    target = guard.rsplit(":", 1)[0]
+    inputs = [("--fa3verify-guard", target)] if target.endswith(".py") or "/" in target else []
+    try:
+        check_output("--fa3verify-json", json_path, "file", inputs)
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return json_path
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     """Append the gate item when --fa3verify-guard is given (tryfirst, so -k/-m can still deselect it)."""
@@ -184,7 +201,7 @@ def pytest_collection_modifyitems(session, config, items):
         return
     name = f"{ITEM_NAME}[{guard}]"
     item = Fa3VerifyGateItem.from_parent(session, name=name, nodeid=name, gate_options=_options(config),
-                                         json_path=config.getoption("fa3verify_json"))
+                                         json_path=checked_json_path(config.getoption("fa3verify_json"), guard))
     items.append(item)
     # Report it as collected, as a collector would, so "collected N items" and --collect-only count it.
     config.hook.pytest_collectreport(report=pytest.CollectReport(name, "passed", None, [item]))

@@ -299,3 +299,20 @@ def test_pre_merge_script_without_guard_is_a_usage_error(tmp_path):
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "GUARD" in proc.stderr
 
+
+
+def test_plugin_json_output_is_checked_before_the_gate_runs(tmp_path):
+    """--fa3verify-json: a directory, a path under a file, or the guard file itself is a usage error up front."""
+    from fa3verify.pytest_plugin import checked_json_path
+
+    guard = tmp_path / "guard.py"
+    guard.write_text("def should_disable(a):\n    return True\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for bad in (str(tmp_path), str(blocker / "out.json"), str(guard)):
+        with pytest.raises(pytest.UsageError, match="--fa3verify-json"):
+            checked_json_path(bad, f"{guard}:should_disable")
+    assert guard.read_text().startswith("def should_disable")
+    good = str(tmp_path / "gate.json")
+    assert checked_json_path(good, f"{guard}:should_disable") == good  # control: a fresh file path passes
+    assert checked_json_path(None, "fixed") is None
