@@ -42,6 +42,8 @@ RUNS = [
     ("run-ranks", "The FACTS worked example, one process per attention rank over gloo.",
      ["run-ranks", "@CORPUS_WORKED"]),
     ("catalogue", "The bug catalogue in fast mode.", ["catalogue"]),
+    ("sanitize", "The start hook goes only into a virtual environment; a folder that is none is a usage error (exit 2).",
+     ["sanitize", "install-hook", "--venv", f"{OUT}/no-venv"]),
     ("conform", "conform compares the model with a real engine; naming the model is a usage error (exit 2).",
      ["conform", "--engine", "model"]),
     ("engine", "The engine matrix's options (running it needs the engine environments, docs/engines.md).",
