@@ -7,6 +7,8 @@ STAMP  := $(VENV)/.installed
 
 #: sglang releases whose engine environments the test suite drives (cached under ~/.cache/fa3verify/engines).
 ENGINE_RELEASES ?= 0.5.13 0.5.23
+#: vLLM releases likewise (tests/test_engine_vllm.py).
+VLLM_RELEASES ?= 0.33.0
 
 .PHONY: check test setup clean bench engines
 
@@ -22,9 +24,10 @@ $(STAMP): pyproject.toml
 check: $(STAMP)
 	$(VENV)/bin/fa3verify check
 
-# Builds (first time, ~5-10 min per release on 2 cores) or reuses the engine environments the engine tests use.
+# Builds (first time: minutes with uv, which `setup` installs; pip without it) or reuses the engine environments
+# the engine tests use.
 engines: $(STAMP)
-	$(PY) -m gpu_impl.engines.envs $(ENGINE_RELEASES)
+	$(PY) -m gpu_impl.engines.envs $(ENGINE_RELEASES) $(addprefix vllm==,$(VLLM_RELEASES))
 
 test: $(STAMP) engines
 	$(PY) -m pytest -q

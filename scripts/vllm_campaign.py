@@ -1,8 +1,8 @@
 """A seeded campaign over vLLM's FlashAttention backend: configuration families x skewed batches, on the real code.
 
 Usage: python scripts/vllm_campaign.py [--seed N] [--per-config K] [--out FILE]  (needs the vLLM engine
-environment, gpu_impl.engines.vllm_env). Prints one line per family with configurations run, FA3 pairs seen,
-findings and shape errors, and the mean time per scenario; writes every differing scenario to --out.
+environment: python -m gpu_impl.engines.envs vllm==0.33.0). Prints one line per family with configurations run,
+FA3 pairs seen, findings and shape errors, and the mean time per scenario; writes every differing scenario to --out.
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """vLLM 0.33.0's FlashAttention backend as a system under test (gpu_impl/engines/vllm*.py).
 
 The unit tests need nothing; those marked ``engine`` run vLLM's own metadata builder and attention impl in the
-cached vLLM environment (``gpu_impl.engines.vllm_env``) and skip, naming how to build it, without one
+cached vLLM environment (``gpu_impl.engines.envs``, ``engine="vllm"``) and skip, naming how to build it, without one
 (``FA3VERIFY_BUILD_ENGINES=1`` builds it in the session fixture). Numbers: the worked example of FACTS.md
 section 1 (H=32, Hk=4, tp=4 -> 8 and 1 heads per rank; one 32768-token sequence and seven of 100).
 """
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from gpu_impl.engines import vllm_driver, vllm_env
+from gpu_impl.engines import envs, vllm_driver
 from gpu_impl.engines.errors import UnknownRelease
 
 RELEASE = "0.33.0"
@@ -36,7 +36,7 @@ def test_scenario_defaults_fill_in_and_bad_fields_are_named():
 
 def test_unknown_release_is_refused_naming_the_registered_ones():
     with pytest.raises(UnknownRelease, match="0.33.0"):
-        vllm_env.check_release("0.1.0")
+        envs.check_release("0.1.0", engine="vllm")
 
 
 def test_scenario_mapping_from_the_suite_vocabulary():
@@ -60,9 +60,9 @@ def test_scenario_mapping_from_the_suite_vocabulary():
 
 @pytest.fixture(scope="session")
 def vllm_worker():
-    if not vllm_env.env_ready(RELEASE):
+    if not envs.env_ready(RELEASE, engine="vllm"):
         if os.environ.get("FA3VERIFY_BUILD_ENGINES", "") in ("", "0"):
-            pytest.skip(f"no environment for vllm {RELEASE} under {vllm_env.env_dir(RELEASE)}: set "
+            pytest.skip(f"no environment for vllm {RELEASE} under {envs.env_dir(RELEASE, engine='vllm')}: set "
                         f"FA3VERIFY_BUILD_ENGINES=1 (and FA3VERIFY_VLLM_WHEEL=a local wheel) to build it")
     from gpu_impl.engines.vllm import VllmWorker
 

@@ -1,10 +1,13 @@
-"""Isolated, cached engine environments: one venv per sglang release, built from ``recipes.recipe(release)``.
+"""Isolated, cached engine environments: one venv per engine release (``sglang-V``, ``vllm-V``), built from that
+release's recipe (data: ``recipes`` for sglang, ``vllm_recipes`` for vLLM) by one builder.
 
 Invariant: an environment is used only when its stamp holds the hash of the current recipe and its import probe
-(sglang's ``flashattention_backend`` with the fakes on the path) passed; otherwise it is rebuilt from scratch.
-The root is ``$FA3VERIFY_ENGINE_HOME`` or ``~/.cache/fa3verify/engines``. Only directories this module created
+(the engine's attention backend with the fakes on the path) passed; otherwise it is rebuilt from scratch. The
+root is ``$FA3VERIFY_ENGINE_HOME`` or ``~/.cache/fa3verify/engines``. Only directories this module created
 (marked with ``.fa3verify-env``) are ever removed. Builds of one release are serialised with a file lock, so two
-test sessions (or two helpers) sharing the cache do not race.
+test sessions (or two helpers) sharing the cache do not race. The installer (uv or pip, ``installers``) is not
+part of the recipe: an environment built by either is valid for the same recipe, and stamps written before the
+installer was recorded stay valid. Whatever installs, torch must still be the CPU build afterwards.
 """
 
 from __future__ import annotations
@@ -17,22 +20,82 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import recipes
+from . import installers, recipes, vllm_recipes
 from .errors import EnvSetupError, NoPrecompute, UnknownRelease
 
-__all__ = ["FAKES_DIR", "PROJECT_ROOT", "check_release", "engine_home", "ensure_env", "env_dir", "env_python",
-           "env_ready", "driver_environ", "setup_times"]
+__all__ = ["FAKES_DIR", "KINDS", "PROJECT_ROOT", "check_release", "engine_home", "ensure_env", "env_dir",
+           "env_python", "env_ready", "driver_environ", "recipe_hash", "setup_times", "install_steps"]
 
 FAKES_DIR = Path(__file__).resolve().parent / "fakes"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MARKER = ".fa3verify-env"
 STAMP = ".fa3verify-stamp.json"
 
-#: What the import probe imports: the backend module (which pulls in the FA3 dispatcher) and its test kit parent.
+#: What sglang's import probe imports: the backend module (which pulls in the FA3 dispatcher).
 PROBE = "import sglang.srt.layers.attention.flashattention_backend"
+
+
+def _check_sglang(release: str) -> str:
+    """The release if this suite can drive it; else NoPrecompute (< 0.5.11) or UnknownRelease (not registered)."""
+    registered = f"{recipes.RELEASES[0]} .. {recipes.RELEASES[-1]}"
+    try:
+        known_form = recipes.has_precompute(release)
+    except ValueError:
+        raise UnknownRelease(f"sglang=={release}: not a release number (registered: {registered})") from None
+    if not known_form:
+        raise NoPrecompute(f"sglang=={release}: sglang {release} has no FA3 metadata precompute (first in "
+                           f"{recipes.FIRST_PRECOMPUTE}): nothing to gate")
+    base = release.split(".post")[0]
+    if base not in recipes.RELEASES:
+        raise UnknownRelease(f"sglang=={release}: not a release this suite knows (registered: {registered})")
+    return base
+
+
+def _check_vllm(release: str) -> str:
+    if release not in vllm_recipes.RECIPES:
+        raise UnknownRelease(f"vllm=={release}: not a vLLM release this suite knows (registered: "
+                             f"{', '.join(vllm_recipes.RELEASES)})")
+    return release
+
+
+def _sglang_pins(release: str, requires: list) -> dict:
+    """The wheel's own exact pins, overridden by the recipe's per-release table."""
+    return {**wheel_pins(requires), **{_norm(k): v for k, v in recipes.pins_for(release).items()}}
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """What differs between engines for the builder and the driver environment (all else is one code path)."""
+
+    name: str                       #: spec prefix and directory prefix (``sglang-0.5.23``)
+    check: Callable[[str], str]     #: the release as registered, or UnknownRelease / NoPrecompute
+    recipe: Callable[[str], dict]   #: the hashed recipe: torch, constraints, light, no_deps (+ pins)
+    probe: str                      #: Python source run in the new environment with the driver's environment
+    #: (release, the wheel's Requires-Dist) -> pins for names in light / no_deps; None: the wheel is not read
+    pins: Optional[Callable[[str, list], dict]] = None
+    environ: dict = field(default_factory=dict)           #: set in the driver's environment
+    environ_defaults: dict = field(default_factory=dict)  #: set there unless already set
+    wheel_variable: Optional[str] = None                  #: names a local wheel to install instead of the release
+
+
+KINDS = {
+    "sglang": EngineKind("sglang", _check_sglang, recipes.recipe, PROBE, pins=_sglang_pins,
+                         environ={"SGLANG_USE_SGL_FA3_KERNEL": "1"}),
+    "vllm": EngineKind("vllm", _check_vllm, vllm_recipes.recipe, vllm_recipes.PROBE,
+                       environ_defaults={"VLLM_LOGGING_LEVEL": "ERROR"},
+                       wheel_variable=vllm_recipes.WHEEL_VARIABLE),
+}
+
+
+def _kind(engine: str) -> EngineKind:
+    try:
+        return KINDS[engine]
+    except KeyError:
+        raise UnknownRelease(f"engine {engine!r}: no environment recipe (allowed: {', '.join(KINDS)})") from None
 
 
 def engine_home() -> Path:
@@ -41,31 +104,24 @@ def engine_home() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "fa3verify" / "engines"
 
 
-def check_release(release: str) -> str:
-    """The release if this suite can drive it; else NoPrecompute (< 0.5.11) or UnknownRelease (not registered)."""
-    try:
-        known_form = recipes.has_precompute(release)
-    except ValueError:
-        raise UnknownRelease(f"sglang=={release}: not a release number (registered: {_registered()})") from None
-    if not known_form:
-        raise NoPrecompute(f"sglang=={release}: sglang {release} has no FA3 metadata precompute (first in "
-                           f"{recipes.FIRST_PRECOMPUTE}): nothing to gate")
-    base = release.split(".post")[0]
-    if base not in recipes.RELEASES:
-        raise UnknownRelease(f"sglang=={release}: not a release this suite knows (registered: {_registered()})")
-    return base
+def check_release(release: str, engine: str = "sglang") -> str:
+    """The release as registered if this suite can drive it, else UnknownRelease (or NoPrecompute for sglang)."""
+    return _kind(engine).check(release)
 
 
-def _registered() -> str:
-    return f"{recipes.RELEASES[0]} .. {recipes.RELEASES[-1]}"
+def recipe_hash(release: str, engine: str = "sglang") -> str:
+    """The hash a ready environment's stamp must hold (sglang: ``recipes.recipe_hash``, unchanged)."""
+    if engine == "sglang":
+        return recipes.recipe_hash(release)
+    return recipes.hash_recipe(_kind(engine).recipe(release))
 
 
-def env_dir(release: str, root: Optional[Path] = None) -> Path:
-    return (root or engine_home()) / f"sglang-{release}"
+def env_dir(release: str, root: Optional[Path] = None, engine: str = "sglang") -> Path:
+    return (root or engine_home()) / f"{_kind(engine).name}-{release}"
 
 
-def env_python(release: str, root: Optional[Path] = None) -> Path:
-    return env_dir(release, root) / "bin" / "python"
+def env_python(release: str, root: Optional[Path] = None, engine: str = "sglang") -> Path:
+    return env_dir(release, root, engine) / "bin" / "python"
 
 
 def _read_stamp(path: Path) -> Optional[dict]:
@@ -75,26 +131,36 @@ def _read_stamp(path: Path) -> Optional[dict]:
         return None
 
 
-def env_ready(release: str, root: Optional[Path] = None) -> bool:
+def stamp_valid(stamp: Optional[dict], release: str, engine: str = "sglang") -> bool:
+    """Whether a stamp was written for the current recipe. Only the recipe hash counts: stamps without the
+    ``engine`` / ``installer`` fields (written before those were recorded) are valid for the same package set."""
+    return bool(stamp and stamp.get("recipe") == recipe_hash(release, engine)
+                and stamp.get("engine", engine) == engine)
+
+
+def env_ready(release: str, root: Optional[Path] = None, engine: str = "sglang") -> bool:
     """Whether the release's environment exists, is stamped with the current recipe and passed its probe."""
-    d = env_dir(release, root)
-    stamp = _read_stamp(d)
-    return bool(stamp and stamp.get("recipe") == recipes.recipe_hash(release) and (d / "bin" / "python").exists())
+    d = env_dir(release, root, engine)
+    return stamp_valid(_read_stamp(d), release, engine) and (d / "bin" / "python").exists()
 
 
-def setup_times(release: str, root: Optional[Path] = None) -> Optional[dict]:
+def setup_times(release: str, root: Optional[Path] = None, engine: str = "sglang") -> Optional[dict]:
     """Seconds each build step took when the environment was made (from its stamp), or None."""
-    stamp = _read_stamp(env_dir(release, root))
+    stamp = _read_stamp(env_dir(release, root, engine))
     return None if stamp is None else stamp.get("seconds")
 
 
-def driver_environ(extra_paths=(), base: Optional[dict] = None) -> dict:
+def driver_environ(extra_paths=(), base: Optional[dict] = None, engine: str = "sglang") -> dict:
     """The environment a driver process runs with: the checkout (if any), the fakes and the project root first on
-    ``PYTHONPATH``; sglang's FA3 dispatcher pinned to sgl_kernel; one torch thread."""
+    ``PYTHONPATH``; the engine's own variables (sglang's FA3 dispatcher pinned to sgl_kernel; vLLM's log level);
+    one torch thread; no user site."""
+    kind = _kind(engine)
     env = dict(os.environ if base is None else base)
     paths = [str(p) for p in extra_paths] + [str(FAKES_DIR), str(PROJECT_ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    env["SGLANG_USE_SGL_FA3_KERNEL"] = "1"
+    env.update(kind.environ)
+    for key, value in kind.environ_defaults.items():
+        env.setdefault(key, value)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONNOUSERSITE"] = "1"
     env.pop("PYTHONHOME", None)
@@ -113,17 +179,17 @@ def _base_python() -> str:
     return found
 
 
-def _run(step: str, cmd: list, release: str, env: Optional[dict] = None, timeout: int = 1800) -> str:
+def _run(what: str, step: str, cmd: list, env: Optional[dict] = None, timeout: int = 1800) -> str:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise EnvSetupError(f"sglang=={release}: environment set-up step '{step}' took over {timeout}s") from None
+        raise EnvSetupError(f"{what}: environment set-up step '{step}' took over {timeout}s") from None
     except OSError as exc:
-        raise EnvSetupError(f"sglang=={release}: environment set-up step '{step}' could not start: {exc}") from None
+        raise EnvSetupError(f"{what}: environment set-up step '{step}' could not start: {exc}") from None
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip() and "WARNING: Location" not in ln]
         tail = "\n    ".join(lines[-12:])
-        raise EnvSetupError(f"sglang=={release}: environment set-up step '{step}' failed (exit {proc.returncode}):"
+        raise EnvSetupError(f"{what}: environment set-up step '{step}' failed (exit {proc.returncode}):"
                             f"\n    {tail}")
     return proc.stdout
 
@@ -150,82 +216,137 @@ def _requirements(names, pins: dict) -> list:
     return [f"{n}=={pins[_norm(n)]}" if _norm(n) in pins else n for n in names]
 
 
-def ensure_env(release: str, progress: Callable[[str], None] = print, root: Optional[Path] = None) -> Path:
-    """The directory of release ``release``'s engine environment, built now if missing or stale."""
-    release = check_release(release)
+def package_steps(release: str, engine: str = "sglang", wheel: Optional[str] = None) -> list:
+    """(step name, installer arguments) of the first installs: the CPU torch, then the engine without deps."""
+    kind, rec = _kind(engine), _kind(engine).recipe(release)
+    return [("install torch (CPU)", [rec["torch"]]),
+            (f"install {kind.name}=={release} (no deps)", ["--no-deps", wheel or f"{kind.name}=={release}"])]
+
+
+def install_steps(release: str, engine: str = "sglang", pins: Optional[dict] = None) -> list:
+    """(step name, installer arguments) of the dependency installs, the engine's pins applied to bare names."""
+    rec, pins = _kind(engine).recipe(release), pins or {}
+    no_deps = list(rec["no_deps"])
+    return [("install light dependencies", _requirements(rec["light"], pins)),
+            (f"install {', '.join(re.split(r'[=<>!~ ]', n)[0] for n in no_deps)} (no deps)",
+             ["--no-deps"] + _requirements(no_deps, pins))]
+
+
+def ensure_env(release: str, progress: Callable[[str], None] = print, root: Optional[Path] = None,
+               engine: str = "sglang", wheel: Optional[str] = None) -> Path:
+    """The directory of the release's engine environment, built now if missing or stale. ``wheel``: a local copy
+    of the release's wheel to install instead of asking the registry (default: the engine's wheel variable)."""
+    kind = _kind(engine)
+    release = kind.check(release)
     root = root or engine_home()
-    d = env_dir(release, root)
-    if env_ready(release, root):
+    d = env_dir(release, root, engine)
+    if env_ready(release, root, engine):
         return d
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"sglang-{release}.lock", "w") as lock:
+    with open(root / f"{kind.name}-{release}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if env_ready(release, root):  # built by someone else while we waited
+        if env_ready(release, root, engine):  # built by someone else while we waited
             return d
-        _build(release, d, progress)
+        if wheel is None and kind.wheel_variable:
+            wheel = os.environ.get(kind.wheel_variable) or None
+        _build(kind, release, d, progress, wheel)
     return d
 
 
-def _build(release: str, d: Path, progress: Callable[[str], None]) -> None:
+def _build(kind: EngineKind, release: str, d: Path, progress: Callable[[str], None], wheel: Optional[str]) -> None:
+    what = f"{kind.name}=={release}"
+    rec = kind.recipe(release)
     if d.exists():
         if not (d / MARKER).exists():
-            raise EnvSetupError(f"sglang=={release}: {d} exists and was not made by fa3-verify; remove it or set "
+            raise EnvSetupError(f"{what}: {d} exists and was not made by fa3-verify; remove it or set "
                                 f"FA3VERIFY_ENGINE_HOME to another directory")
-        progress(f"sglang=={release}: recipe changed or build incomplete; rebuilding {d}")
+        progress(f"{what}: recipe changed or build incomplete; rebuilding {d}")
         shutil.rmtree(d)
     seconds: dict = {}
     start = time.monotonic()
 
     def step(name: str, cmd: list, env: Optional[dict] = None) -> str:
-        progress(f"sglang=={release}: {name}")
+        progress(f"{what}: {name}")
         t = time.monotonic()
-        out = _run(name, cmd, release, env=env)
+        out = _run(what, name, cmd, env=env)
         seconds[name] = round(time.monotonic() - t, 1)
         return out
 
-    step("create venv", [_base_python(), "-m", "venv", str(d)])
-    (d / MARKER).write_text("made by fa3-verify (gpu_impl/engines/envs.py); safe to delete\n")
     py = str(d / "bin" / "python")
+    try:
+        installer = installers.choose(py)
+    except ValueError as exc:
+        raise EnvSetupError(f"{what}: {exc}") from None
+    note = f" ({installer.note})" if installer.note and installer.note != installer.name else ""
+    progress(f"{what}: installing with {installer.name}{note}")
+    step("create venv", installer.venv_command(_base_python(), str(d)))
+    (d / MARKER).write_text("made by fa3-verify (gpu_impl/engines/envs.py); safe to delete\n")
     cons = d / "constraints.txt"
-    cons.write_text("\n".join(recipes.CONSTRAINTS) + "\n")
-    pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", str(cons)]
-    step("install torch (CPU)", pip + [recipes.TORCH])
-    step(f"install sglang=={release} (no deps)", pip + ["--no-deps", f"sglang=={release}"])
-    requires = json.loads(step("read sglang's pins", [py, "-c", "import importlib.metadata as m, json; "
-                                                      "print(json.dumps(m.requires('sglang')))"]))
-    pins = {**wheel_pins(requires), **{_norm(k): v for k, v in recipes.pins_for(release).items()}}
-    step("install light dependencies", pip + _requirements(recipes.LIGHT, pins))
-    step("install triton, xgrammar (no deps)", pip + ["--no-deps"] + _requirements(recipes.NO_DEPS, pins))
-    torch_version = step("check torch", [py, "-c", "import torch; print(torch.__version__)"]).strip()
-    if not torch_version.startswith(recipes.TORCH.split("==")[1]) or "+cpu" not in torch_version:
-        raise EnvSetupError(f"sglang=={release}: torch became {torch_version!r}; the engine needs the CPU build "
-                            f"{recipes.TORCH}")
-    step("import probe", [py, "-c", PROBE], env=driver_environ())
+    cons.write_text("\n".join(rec["constraints"]) + "\n")
+
+    def install(name: str, args: list) -> str:
+        return step(name, installer.command(["-c", str(cons)] + list(args)), env=installer.environ)
+
+    for name, args in package_steps(release, kind.name, wheel):
+        install(name, args)
+    pins: dict = {}
+    if kind.pins is not None:
+        requires = json.loads(step(f"read {kind.name}'s pins", [py, "-c", "import importlib.metadata as m, json; "
+                                                                f"print(json.dumps(m.requires({kind.name!r})))"]))
+        pins = kind.pins(release, requires)
+    for name, args in install_steps(release, kind.name, pins):
+        install(name, args)
+    check_torch(what, rec["torch"], step("check torch", [py, "-c", "import torch; print(torch.__version__, "
+                                                                   "torch.version.cuda)"]))
+    step("import probe", [py, "-c", kind.probe], env=driver_environ(engine=kind.name))
     seconds["total"] = round(time.monotonic() - start, 1)
-    (d / STAMP).write_text(json.dumps({"recipe": recipes.recipe_hash(release), "release": release,
-                                       "pins": pins, "seconds": seconds}, indent=1))
-    progress(f"sglang=={release}: environment ready in {seconds['total']}s ({d})")
+    (d / STAMP).write_text(json.dumps({"recipe": recipe_hash(release, kind.name), "engine": kind.name,
+                                       "release": release, "pins": pins, "installer": installer.name,
+                                       "seconds": seconds}, indent=1))
+    progress(f"{what}: environment ready in {seconds['total']}s with {installer.name} ({d})")
+
+
+def check_torch(what: str, torch_req: str, printed: str) -> None:
+    """EnvSetupError unless the environment's torch (``version cuda`` as printed) is the pinned CPU build."""
+    version, _, cuda = printed.strip().partition(" ")
+    want = torch_req.split("==")[1]
+    if version.split("+")[0] != want or "+cpu" not in version or cuda.strip() != "None":
+        raise EnvSetupError(f"{what}: torch became {version!r} (CUDA {cuda.strip() or '?'}); the engine needs the CPU "
+                            f"build {torch_req}")
+
+
+def parse_target(text: str) -> tuple:
+    """``"0.5.23"`` / ``"sglang==0.5.23"`` -> ("sglang", "0.5.23"); ``"vllm==0.33.0"`` -> ("vllm", "0.33.0")."""
+    engine, sep, release = text.partition("==")
+    if not sep:
+        return "sglang", text
+    if engine not in KINDS:
+        raise UnknownRelease(f"{text}: no engine {engine!r} (allowed: {', '.join(f'{k}==V' for k in KINDS)})")
+    return engine, release
 
 
 def main(argv=None) -> int:
-    """``python -m gpu_impl.engines.envs RELEASE...``: build (or reuse) the environments, print seconds per step."""
+    """``python -m gpu_impl.engines.envs TARGET...``: build (or reuse) the environments, print seconds per step.
+    A target is an sglang release (``0.5.23``) or ``ENGINE==V`` (``sglang==0.5.23``, ``vllm==0.33.0``)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m gpu_impl.engines.envs",
-                                     description="Build or reuse cached sglang engine environments.")
-    parser.add_argument("releases", nargs="+", metavar="RELEASE", help="sglang release, e.g. 0.5.23")
+                                     description="Build or reuse cached engine environments.")
+    parser.add_argument("targets", nargs="+", metavar="TARGET",
+                        help="sglang release (0.5.23) or ENGINE==V (sglang==0.5.23, vllm==0.33.0)")
     args = parser.parse_args(argv)
     from .errors import EngineUnavailable
 
-    for release in args.releases:
+    for target in args.targets:
         start = time.monotonic()
         try:
-            d = ensure_env(release)
+            engine, release = parse_target(target)
+            d = ensure_env(release, engine=engine)
         except EngineUnavailable as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(f"sglang=={release}: {d} ({time.monotonic() - start:.1f}s now; built in "
-              f"{(setup_times(release) or {}).get('total', '?')}s)")
+        print(f"{engine}=={release}: {d} ({time.monotonic() - start:.1f}s now; built in "
+              f"{(setup_times(release, engine=engine) or {}).get('total', '?')}s)")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The engine worker's wire format: one JSON object per line each way (scenarios out, results back).
+"""The engine worker's wire format (one JSON object per line each way: scenarios out, results back) and the one
+worker loop every engine driver runs (:func:`serve`).
 
 Invariant: a scenario crosses the process boundary as plain data (server and model fields of spec.config, the
 steps, the seed) and nothing else; the engine's own code decides the guard and the head counts, so the policy
@@ -7,10 +8,14 @@ fields of a :class:`gpu_impl.scenario.Scenario` (guard, metadata_heads, seeded d
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import sys
+import traceback
 
-__all__ = ["scenario_to_wire", "scenario_from_wire", "result_from_wire", "encode", "decode"]
+__all__ = ["scenario_to_wire", "scenario_from_wire", "result_from_wire", "encode", "decode", "serve", "quiet",
+           "Unsupported"]
 
 
 def scenario_to_wire(scn) -> dict:
@@ -59,3 +64,80 @@ def _default(x):
     if dataclasses.is_dataclass(x):
         return dataclasses.asdict(x)
     return str(x)
+
+
+# -- the worker loop (both drivers) ----------------------------------------------------------------------------
+
+
+class Unsupported(Exception):
+    """A scenario feature a driver does not run on a real engine (answered with kind "unsupported")."""
+
+
+@contextlib.contextmanager
+def quiet():
+    """Keep an engine's prints off the protocol stream (stdout is the response channel) while it runs."""
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout = saved
+
+
+def serve(engine, stdin, stdout) -> int:
+    """The worker loop: make the engine once, answer requests until "quit" or end of input; 0, or 3 when the
+    engine could not be made (that failure is the one answer, kind "import").
+
+    ``engine``: a callable making the engine object (imported under :func:`quiet`). The object answers ``hello()``
+    and every op named in its ``OPS``: the request's other fields are its keyword arguments and the dict it
+    returns is merged into the answer. Every request gets exactly one answer line with ``ok``; failures carry
+    ``error`` and ``kind``: "unsupported" (:class:`Unsupported`), "bad_request" (unknown op, missing or bad
+    field), "crash" (anything else the engine's code raised).
+    """
+    def send(obj) -> None:
+        stdout.write(encode(obj))
+        stdout.flush()
+
+    try:
+        with quiet():
+            eng = engine()
+    except ImportError as exc:
+        send({"ok": False, "kind": "import", "error": f"import failed: {exc!r} (module {getattr(exc, 'name', None)})",
+              "traceback": traceback.format_exc(limit=8)})
+        return 3
+    except Exception as exc:  # noqa: BLE001 - any import-time crash is reported, never a pass
+        send({"ok": False, "kind": "import", "error": f"import failed: {exc!r}",
+              "traceback": traceback.format_exc(limit=8)})
+        return 3
+    send({"ok": True, "hello": eng.hello()})
+    ops = tuple(getattr(eng, "OPS", ()))
+    for line in stdin:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict):
+                raise ValueError(f"a request is a JSON object, got {type(req).__name__}")
+            op = req.get("op")
+            if op == "quit":
+                send({"ok": True, "bye": True})
+                return 0
+            with quiet():
+                if op == "hello":
+                    resp = {"ok": True, "hello": eng.hello()}
+                elif op in ops:
+                    resp = {"ok": True, **getattr(eng, op)(**{k: v for k, v in req.items() if k != "op"})}
+                else:
+                    resp = {"ok": False, "kind": "bad_request",
+                            "error": f"unknown op {op!r} (allowed: hello, {', '.join(ops + ('quit',))})"}
+        except Unsupported as exc:
+            resp = {"ok": False, "kind": "unsupported", "error": str(exc)}
+        except (KeyError, ValueError, TypeError) as exc:
+            resp = {"ok": False, "kind": "bad_request", "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(limit=12)}
+        except Exception as exc:  # noqa: BLE001 - a crash in the engine's code is reported as a crash
+            resp = {"ok": False, "kind": "crash", "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(limit=16)}
+        send(resp)
+    return 0

@@ -93,4 +93,9 @@ def recipe(release: str) -> dict:
 
 
 def recipe_hash(release: str) -> str:
-    return hashlib.sha256(json.dumps(recipe(release), sort_keys=True).encode()).hexdigest()[:16]
+    return hash_recipe(recipe(release))
+
+
+def hash_recipe(data: dict) -> str:
+    """The stamp hash of a recipe (any engine's): the first 16 hex digits of the sha256 of its sorted JSON."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

@@ -24,21 +24,16 @@ numerics read it); MLA models and fp8 KV caches are refused.
 
 from __future__ import annotations
 
-import contextlib
 import io
-import json
 import os
 import sys
 import time
-import traceback
 
+from .protocol import Unsupported, serve
+from .protocol import quiet as _quiet
 from .sglang_rank import RankBackend
 
 _PROTOCOL_OUT = sys.stdout
-
-
-class Unsupported(Exception):
-    """A scenario feature this driver does not run on a real engine (answered with kind "unsupported")."""
 
 
 class ShapeOnlyFA3:
@@ -154,6 +149,9 @@ class EngineFA3:
 class Engine:
     """One imported sglang (release or checkout): builds backends per attention rank and runs scenarios."""
 
+    #: the requests ``protocol.serve`` dispatches to methods (besides hello and quit)
+    OPS = ("run", "validate")
+
     def __init__(self, release: str):
         t = time.monotonic()
         import torch
@@ -193,7 +191,7 @@ class Engine:
             raise Unsupported(f"model.dtype {model.dtype!r}: the engine driver runs bf16/fp16 KV caches only")
         from ..scenario import distribute_over_dp
 
-        self.front = EngineFA3(server.num_sm, numerics)
+        self.front = EngineFA3(server.num_sm, bool(numerics))
         import importlib
 
         importlib.import_module("sgl_kernel.flash_attn").install(self.front)
@@ -244,7 +242,7 @@ class Engine:
                 (out["shape_errors"] if finding["invariant"] == "SHAPE" else out["findings"]).append(finding)
 
     # -- configurations the release accepts ----------------------------------------------------------------
-    def validate(self, server: dict, model: dict) -> dict:
+    def validate(self, server: dict, model: dict = None) -> dict:
         from .validation import validate_server_args
 
         return validate_server_args(self, server, model)
@@ -262,72 +260,11 @@ def _split_counts(pre):
     return [int(x) for x in res.num_splits]
 
 
-@contextlib.contextmanager
-def _quiet():
-    """Keep sglang's import-time prints off the protocol stream (stdout is the response channel)."""
-    saved = sys.stdout
-    sys.stdout = sys.stderr
-    try:
-        yield
-    finally:
-        sys.stdout = saved
-
-
-def serve(stdin=None, stdout=None) -> int:
-    """The worker loop: import once, answer requests until "quit" or end of input."""
-    stdin = stdin or sys.stdin
-    stdout = stdout or _PROTOCOL_OUT
-    release = os.environ.get("FA3VERIFY_ENGINE_RELEASE", "unknown")
-
-    def send(obj) -> None:
-        from .protocol import encode
-
-        stdout.write(encode(obj))
-        stdout.flush()
-
-    try:
-        with _quiet():
-            engine = Engine(release)
-    except ImportError as exc:
-        send({"ok": False, "kind": "import", "error": f"import failed: {exc!r} (module {getattr(exc, 'name', None)})",
-              "traceback": traceback.format_exc(limit=8)})
-        return 3
-    except Exception as exc:  # noqa: BLE001 - any import-time crash is reported, never a pass
-        send({"ok": False, "kind": "import", "error": f"import failed: {exc!r}",
-              "traceback": traceback.format_exc(limit=8)})
-        return 3
-    send({"ok": True, "hello": engine.hello()})
-    for line in stdin:
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            req = json.loads(line)
-            op = req.get("op")
-            if op == "quit":
-                send({"ok": True, "bye": True})
-                return 0
-            with _quiet():
-                if op == "hello":
-                    resp = {"ok": True, "hello": engine.hello()}
-                elif op == "run":
-                    resp = {"ok": True, **engine.run(req["scenario"], bool(req.get("numerics", False)))}
-                elif op == "validate":
-                    resp = {"ok": True, **engine.validate(req["server"], req.get("model"))}
-                else:
-                    resp = {"ok": False, "kind": "bad_request", "error": f"unknown op {op!r}"}
-        except Unsupported as exc:
-            resp = {"ok": False, "kind": "unsupported", "error": str(exc)}
-        except (KeyError, ValueError, TypeError) as exc:
-            resp = {"ok": False, "kind": "bad_request", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(limit=12)}
-        except Exception as exc:  # noqa: BLE001 - a crash in sglang's code is reported as a crash
-            resp = {"ok": False, "kind": "crash", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(limit=16)}
-        send(resp)
-    return 0
+def make_engine() -> Engine:
+    """The engine of the release this worker was started for (``FA3VERIFY_ENGINE_RELEASE``)."""
+    return Engine(os.environ.get("FA3VERIFY_ENGINE_RELEASE", "unknown"))
 
 
 if __name__ == "__main__":
     sys.stdout = sys.stderr  # nothing but responses on the protocol stream
-    raise SystemExit(serve(stdin=sys.stdin, stdout=_PROTOCOL_OUT))
+    raise SystemExit(serve(make_engine, sys.stdin, _PROTOCOL_OUT))

@@ -20,7 +20,7 @@ import threading
 from typing import Optional
 
 from ..sut import EngineSpec, SystemUnderTest
-from . import vllm_env
+from . import envs
 from .errors import DriverError
 
 __all__ = ["VllmWorker", "VllmSUT", "scenario_to_vllm"]
@@ -32,12 +32,12 @@ class VllmWorker:
     def __init__(self, release: str, progress=print, root=None, timeout: float = 900.0):
         from .protocol import decode
 
-        self.release = vllm_env.check_release(release)
-        d = vllm_env.ensure_env(release, progress=progress, root=root)
+        self.release = envs.check_release(release, engine="vllm")
+        d = envs.ensure_env(release, progress=progress, root=root, engine="vllm")
         self.timeout = timeout
         self.proc = subprocess.Popen([str(d / "bin" / "python"), "-m", "gpu_impl.engines.vllm_driver"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=vllm_env.driver_environ(), cwd=str(vllm_env.PROJECT_ROOT))
+                                     text=True, env=envs.driver_environ(engine="vllm"), cwd=str(envs.PROJECT_ROOT))
         self._stderr: list = []
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         first = self._read()

@@ -7,8 +7,9 @@ real Python wrapper (``vllm/vllm_flash_attn/flash_attn_interface.py``); only the
 faked (``vllm_glue``), and they hand both sides to ``gpu_impl.fa3_calls.CheckingFA3`` (record mode, deep checks)
 over a shape-only FA3 whose metadata comes from refmodel.
 
-Run as ``python -m gpu_impl.engines.vllm_driver`` inside the vLLM engine environment (``vllm_env``), project root
-and fakes on PYTHONPATH; one JSON request per stdin line, one JSON response per stdout line. Requests:
+Run as ``python -m gpu_impl.engines.vllm_driver`` inside the vLLM engine environment (``envs``, recipe
+``vllm_recipes``), project root and fakes on PYTHONPATH; the loop is ``protocol.serve``: one JSON request per stdin
+line, one JSON response per stdout line. Requests:
 ``{"op": "hello"}``, ``{"op": "run", "scenario": {...}}`` (fields: :func:`scenario_defaults`), ``{"op": "quit"}``.
 Every response has ``ok``; failures carry ``error`` and ``kind`` ("import", "unsupported", "bad_request", "crash").
 
@@ -26,21 +27,16 @@ S > 1) differs in size, not in what the split counts mean; sizes are compared ca
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import sys
 import time
-import traceback
+
+from .protocol import Unsupported, serve
 
 _PROTOCOL_OUT = sys.stdout
 
 CUDA_GRAPH_MODES = ("none", "piecewise", "full")
 KV_CACHE_DTYPES = ("auto", "fp8")
-
-
-class Unsupported(Exception):
-    """A scenario feature this driver does not run (answered with kind "unsupported")."""
 
 
 def scenario_defaults() -> dict:
@@ -354,6 +350,9 @@ def _cumsum(xs):
 class Engine:
     """vLLM imported once, with the CPU glue; runs scenarios."""
 
+    #: the requests ``protocol.serve`` dispatches to methods (besides hello and quit)
+    OPS = ("run",)
+
     def __init__(self):
         t = time.monotonic()
         from . import vllm_glue
@@ -424,64 +423,6 @@ class Engine:
         return out
 
 
-@contextlib.contextmanager
-def _quiet():
-    saved = sys.stdout
-    sys.stdout = sys.stderr
-    try:
-        yield
-    finally:
-        sys.stdout = saved
-
-
-def serve(stdin=None, stdout=None) -> int:
-    """The worker loop: import once, answer requests until "quit" or end of input."""
-    stdin = stdin or sys.stdin
-    stdout = stdout or _PROTOCOL_OUT
-
-    def send(obj) -> None:
-        from .protocol import encode
-
-        stdout.write(encode(obj))
-        stdout.flush()
-
-    try:
-        with _quiet():
-            engine = Engine()
-    except Exception as exc:  # noqa: BLE001 - any import-time failure is reported, never a pass
-        send({"ok": False, "kind": "import", "error": f"import failed: {exc!r}",
-              "traceback": traceback.format_exc(limit=8)})
-        return 3
-    send({"ok": True, "hello": engine.hello()})
-    for line in stdin:
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            req = json.loads(line)
-            op = req.get("op")
-            if op == "quit":
-                send({"ok": True, "bye": True})
-                return 0
-            with _quiet():
-                if op == "hello":
-                    resp = {"ok": True, "hello": engine.hello()}
-                elif op == "run":
-                    resp = {"ok": True, **engine.run(req["scenario"])}
-                else:
-                    resp = {"ok": False, "kind": "bad_request", "error": f"unknown op {op!r}"}
-        except Unsupported as exc:
-            resp = {"ok": False, "kind": "unsupported", "error": str(exc)}
-        except (KeyError, ValueError, TypeError) as exc:
-            resp = {"ok": False, "kind": "bad_request", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(limit=12)}
-        except Exception as exc:  # noqa: BLE001 - a crash in vLLM's code is reported as a crash
-            resp = {"ok": False, "kind": "crash", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(limit=16)}
-        send(resp)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.stdout = sys.stderr
-    raise SystemExit(serve(stdin=sys.stdin, stdout=_PROTOCOL_OUT))
+    sys.stdout = sys.stderr  # nothing but responses on the protocol stream
+    raise SystemExit(serve(Engine, sys.stdin, _PROTOCOL_OUT))

@@ -1,0 +1,45 @@
+"""Which vLLM releases this suite drives, and what each one's engine environment installs (data, no code).
+
+Invariant: a vLLM environment holds the project's CPU torch, vLLM itself installed without dependencies (its wheel
+pins torch 2.14 with CUDA), the light pure-Python packages the FlashAttention backend's import chain asks for, and
+``xgrammar`` / ``triton`` without dependencies (found by importing ``vllm/v1/attention/backends/flash_attn.py`` of
+vLLM 0.33.0 on CPU; docs/engines-vllm.md). The constraints keep torch the CPU build and make torchvision /
+torchaudio / torchcodec unresolvable (each replaces or breaks the CPU torch; transformers probes torchvision, so
+the sglang fakes' torchvision stand-in is on the driver's path). Built by ``gpu_impl.engines.envs``.
+"""
+
+from __future__ import annotations
+
+#: Per release: what its environment installs (hashed into the stamp, with the layout version and the release):
+#: ``light`` with dependencies (under the constraints), ``no_deps`` without. ``apache-tvm-ffi`` is xgrammar's
+#: binding (``tvm_ffi``): found missing by the import probe of a build from nothing.
+RECIPES = {
+    "0.33.0": {
+        "torch": "torch==2.13.0",
+        "constraints": ["torch==2.13.0", "torchvision==0.0.0", "torchaudio==0.0.0", "torchcodec==0.0.0"],
+        "light": ["numpy", "packaging", "regex", "cachetools", "psutil", "tqdm", "pyyaml", "pydantic", "msgspec",
+                  "cloudpickle", "blake3", "py-cpuinfo", "pyzmq", "einops", "typing_extensions", "filelock",
+                  "requests", "cbor2", "pybase64", "orjson", "transformers>=5.16.1,<5.21.0", "aiohttp",
+                  "oss-harmony", "openai", "pillow", "uvloop", "prometheus_client", "opentelemetry-api",
+                  "starlette", "partial_json_parser", "fastapi", "llguidance<1.8.0,>=1.7.0",
+                  "apache-tvm-ffi==0.1.11"],
+        "no_deps": ["xgrammar==0.2.8", "triton==3.9.0"],
+    },
+}
+RELEASES = tuple(RECIPES)
+
+#: Bumped when the way a vLLM environment is built changes (invalidates every cached vLLM environment).
+LAYOUT_VERSION = 1
+
+#: The import probe: the backend module with the CPU glue installed, and FA3 (not FA2) chosen by vLLM's own helper.
+PROBE = ("from gpu_impl.engines import vllm_glue; vllm_glue.install(); "
+         "import vllm.v1.attention.backends.fa_utils as u; import vllm.v1.attention.backends.flash_attn; "
+         "v = u.get_flash_attn_version(); assert v == 3, v; print('fa', v)")
+
+#: A local copy of the release's wheel, installed instead of asking the registry, when this variable names one.
+WHEEL_VARIABLE = "FA3VERIFY_VLLM_WHEEL"
+
+
+def recipe(release: str) -> dict:
+    """Everything that decides the contents of one release's environment (hashed into its stamp)."""
+    return {"layout": LAYOUT_VERSION, "release": release, **RECIPES[release]}
