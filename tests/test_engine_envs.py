@@ -186,7 +186,7 @@ def test_a_build_runs_the_recipe_through_the_installer_and_stamps_it(monkeypatch
                      "install light dependencies", "install xgrammar, triton (no deps)", "check torch", "import probe"]
     assert run.cmds[0][1][:2] == ["/example/bin/uv", "venv"] and run.cmds[0][1][-1] == str(d)
     for step, cmd in run.cmds[1:5]:
-        assert cmd[:3] == ["/example/bin/uv", "pip", "install"] and "--compile-bytecode" in cmd
+        assert cmd[:3] == ["/example/bin/uv", "pip", "install"]
         assert cmd[cmd.index("-c") + 1] == str(d / "constraints.txt")
     assert "torchcodec==0.0.0" in (d / "constraints.txt").read_text()
     stamp = json.loads((d / envs.STAMP).read_text())
@@ -273,3 +273,13 @@ def test_both_drivers_use_the_one_loop():
         tree = ast.parse((Path(envs.__file__).parent / name).read_text())
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         assert not {"serve", "_quiet", "Unsupported"} & defined, name
+
+
+def test_driver_environment_per_engine():
+    base = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONHOME": "/x", "VLLM_LOGGING_LEVEL": "DEBUG", "PATH": "/bin"}
+    sg = envs.driver_environ(base=base)
+    assert sg["SGLANG_USE_SGL_FA3_KERNEL"] == "1" and "PYTHONDONTWRITEBYTECODE" not in sg and "PYTHONHOME" not in sg
+    assert sg["PYTHONPATH"].split(":")[-2:] == [str(envs.FAKES_DIR), str(envs.PROJECT_ROOT)]
+    vl = envs.driver_environ(base={"PATH": "/bin"}, engine="vllm")
+    assert vl["VLLM_LOGGING_LEVEL"] == "ERROR" and "SGLANG_USE_SGL_FA3_KERNEL" not in vl
+    assert envs.driver_environ(base=base, engine="vllm")["VLLM_LOGGING_LEVEL"] == "DEBUG"  # the user's wins

@@ -153,7 +153,7 @@ def setup_times(release: str, root: Optional[Path] = None, engine: str = "sglang
 def driver_environ(extra_paths=(), base: Optional[dict] = None, engine: str = "sglang") -> dict:
     """The environment a driver process runs with: the checkout (if any), the fakes and the project root first on
     ``PYTHONPATH``; the engine's own variables (sglang's FA3 dispatcher pinned to sgl_kernel; vLLM's log level);
-    one torch thread; no user site."""
+    one torch thread; no user site; bytecode written (a uv-built environment compiles on first import)."""
     kind = _kind(engine)
     env = dict(os.environ if base is None else base)
     paths = [str(p) for p in extra_paths] + [str(FAKES_DIR), str(PROJECT_ROOT)]
@@ -164,6 +164,7 @@ def driver_environ(extra_paths=(), base: Optional[dict] = None, engine: str = "s
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONNOUSERSITE"] = "1"
     env.pop("PYTHONHOME", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # the environment keeps the bytecode of what the engine imports
     return env
 
 
@@ -297,7 +298,8 @@ def _build(kind: EngineKind, release: str, d: Path, progress: Callable[[str], No
     for name, args in install_steps(release, kind.name, pins):
         install(name, args)
     check_torch(what, rec["torch"], step("check torch", [py, "-c", "import torch; print(torch.__version__, "
-                                                                   "torch.version.cuda)"]))
+                                                                   "torch.version.cuda)"],
+                                         env=driver_environ(engine=kind.name)))
     step("import probe", [py, "-c", kind.probe], env=driver_environ(engine=kind.name))
     seconds["total"] = round(time.monotonic() - start, 1)
     (d / STAMP).write_text(json.dumps({"recipe": recipe_hash(release, kind.name), "engine": kind.name,

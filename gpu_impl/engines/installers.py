@@ -11,9 +11,10 @@ Simplifications: only the ``global`` and ``install`` sections and the environmen
 over ``global``). uv is asked to pick the best version across all indexes (``--index-strategy
 unsafe-best-match``, pip's rule; uv's default stops at the first index that has the package), to ignore uv's own
 configuration files (``--no-config``: pip's configuration is the one source), to hard-link packages from its
-cache (``--link-mode hardlink``: the CPU torch wheel is unpacked once, not once per environment) and to compile
-bytecode at install time as pip does (``--compile-bytecode``: without it every worker start compiles torch and
-the engine from source, and with ``PYTHONDONTWRITEBYTECODE`` set never keeps the result). With uv the
+cache (``--link-mode hardlink``: the CPU torch wheel is unpacked once, not once per environment). uv does not
+compile bytecode at install time (pip does, for every file): the builder's checks and the workers import with
+bytecode writing on (``envs.driver_environ``), so what the engine imports is compiled once, on first import
+(measured: compiling everything, ``--compile-bytecode``, costs more than it saves; docs/engines.md). With uv the
 environment is made by ``uv venv`` and holds no pip.
 """
 
@@ -179,8 +180,7 @@ def choose(python: str, want: Optional[str] = None) -> Installer:
         return pip
     env = dict(os.environ)
     env.update(tr.environ)
-    base = [uv, "pip", "install", "--python", python, "-q", "--no-config", "--link-mode", "hardlink",
-            "--compile-bytecode"] + tr.args
+    base = [uv, "pip", "install", "--python", python, "-q", "--no-config", "--link-mode", "hardlink"] + tr.args
     note = "uv" + (f" (untranslated pip options: {', '.join(tr.untranslated)})" if tr.untranslated else "")
     return Installer("uv", python, base, environ=env, note=note, uv=uv)
 
