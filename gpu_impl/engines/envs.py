@@ -153,7 +153,8 @@ def setup_times(release: str, root: Optional[Path] = None, engine: str = "sglang
 def driver_environ(extra_paths=(), base: Optional[dict] = None, engine: str = "sglang") -> dict:
     """The environment a driver process runs with: the checkout (if any), the fakes and the project root first on
     ``PYTHONPATH``; the engine's own variables (sglang's FA3 dispatcher pinned to sgl_kernel; vLLM's log level);
-    one torch thread; no user site; bytecode written (a uv-built environment compiles on first import)."""
+    one torch thread; no user site; bytecode written unless a checkout is on the path (a uv-built environment
+    compiles what the engine imports on first import; a user's checkout is not written to)."""
     kind = _kind(engine)
     env = dict(os.environ if base is None else base)
     paths = [str(p) for p in extra_paths] + [str(FAKES_DIR), str(PROJECT_ROOT)]
@@ -164,7 +165,8 @@ def driver_environ(extra_paths=(), base: Optional[dict] = None, engine: str = "s
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONNOUSERSITE"] = "1"
     env.pop("PYTHONHOME", None)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # the environment keeps the bytecode of what the engine imports
+    if not extra_paths:  # the environment keeps the bytecode of what the engine imports (never in a checkout)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 
