@@ -6,9 +6,11 @@ registered release from 0.5.11, or a checkout / wheel), builds or reuses the rel
 Errors are :class:`~gpu_impl.engines.errors.EngineUnavailable` (a ``gpu_impl.sut.EngineSpecError``): unknown
 release, release without the precompute (< 0.5.11), a checkout that does not import, a failed set-up.
 
-Modules: ``recipes`` (releases and environment recipes, data), ``envs`` (cached venvs), ``protocol`` (wire
-format), ``sglang`` (the SUT, host side), ``sglang_driver`` / ``sglang_rank`` / ``sglang_glue`` /
-``validation`` (run inside the engine environment), ``fakes/`` (stand-ins for ``sgl_kernel`` and ``torchvision``).
+Modules: ``recipes`` / ``vllm_recipes`` (releases and environment recipes, data), ``envs`` (the one builder of
+cached venvs), ``installers`` (uv or pip, pip's configuration translated), ``protocol`` (wire format and the one
+worker loop), ``sglang`` / ``vllm`` (the SUTs, host side), ``sglang_driver`` / ``sglang_rank`` / ``sglang_glue`` /
+``validation`` / ``vllm_driver`` / ``vllm_glue`` (run inside the engine environment), ``fakes/`` (stand-ins for
+``sgl_kernel`` and ``torchvision``).
 """
 
 from __future__ import annotations
