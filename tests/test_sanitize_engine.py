@@ -165,3 +165,16 @@ def test_a_bad_sanitizer_option_is_refused_before_anything_starts():
         open_sanitized_sglang(OLD, "loud")
     with pytest.raises(ValueError, match="install: must be one of start, late"):
         open_sanitized_sglang(OLD, "raise", install="never")
+
+
+def test_the_sanitizer_imports_in_an_engine_environment_without_the_projects_other_dependencies():
+    """The engine environment holds torch and sglang only (no z3, no hypothesis): the sanitizer and its engine
+    worker import there from the project on PYTHONPATH, and load none of the project's heavier dependencies."""
+    if not envs.env_ready(OLD):
+        pytest.skip(f"the engine environment of sglang {OLD} is not built ({envs.env_dir(OLD)})")
+    code = ("import importlib.util, sys; assert importlib.util.find_spec('z3') is None; "
+            "import fa3verify.sanitize.core, fa3verify.sanitize.engine_worker, fa3verify.sanitize.records; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'z3', 'hypothesis', 'rich', 'sglang'}))")
+    out = subprocess.run([str(envs.env_python(OLD)), "-c", code], env=envs.driver_environ(), capture_output=True,
+                         text=True, timeout=300, cwd=str(REPO))
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
