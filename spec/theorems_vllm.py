@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from typing import Optional
 
 from refmodel.fa3_scheduler import call_inputs, precompute_inputs, resolve_schedule
 from refmodel.prepare import prepare_scheduler
@@ -122,9 +121,3 @@ def run_vllm_theorems(profile: VllmProfile, timeout_s: float = 10.0, models=None
                           f"page-table width >= the longest: no split above S_c, every query row covered",
                           details={"configs": n_configs, "groups": len(entries)})]
 
-
-def describe_witness(w: dict) -> Optional[str]:
-    """One line for a counterexample (None without one)."""
-    if not w:
-        return None
-    return (f"{w['config']}: {w['invariant']} with S_p={w['S_p']} > S_c={w['S_c']} on lengths {w['seq_lens']}")
