@@ -120,4 +120,3 @@ def run_vllm_theorems(profile: VllmProfile, timeout_s: float = 10.0, models=None
                           f"cudagraph {', '.join(profile.modes)}), every decode batch of up to 8 sequences and any "
                           f"page-table width >= the longest: no split above S_c, every query row covered",
                           details={"configs": n_configs, "groups": len(entries)})]
-
