@@ -171,9 +171,10 @@ def engine_for_case(case, override: Optional[str] = None):
 
 def add_profile_argument(parser) -> None:
     """``--engine-profile sglang==V``: run the model as release V's backend (spec/engine_profiles.json)."""
-    parser.add_argument("--engine-profile", metavar="sglang==V",
+    parser.add_argument("--engine-profile", metavar="sglang==V|vllm==V",
                         help="model policy of an sglang release (0.5.11 .. 0.5.23): its precompute heads and guard "
-                             "from spec/engine_profiles.json, instead of --guard/--metadata-heads")
+                             "from spec/engine_profiles.json, instead of --guard/--metadata-heads; vllm==V (prove, "
+                             "conform): vLLM's flow from spec/engine_profiles_vllm.json")
 
 
 def profile_policy_args(args):
@@ -184,7 +185,8 @@ def profile_policy_args(args):
     if not text:
         return args.guard, args.metadata_heads, None
     if not text.startswith("sglang=="):
-        raise UsageError(f"--engine-profile: want sglang==V with V in a profiled release, got {text!r}")
+        raise UsageError(f"--engine-profile: want sglang==V (or, for prove, vllm==V) with V in a profiled release, "
+                         f"got {text!r}")
     for dest, option, default in POLICY_OPTIONS[:2]:
         if getattr(args, dest, default) != default:
             raise UsageError(f"{option}: cannot be combined with --engine-profile (the profile sets it)")
@@ -193,6 +195,24 @@ def profile_policy_args(args):
     except ProfileError as exc:
         raise UsageError(f"--engine-profile: {exc}") from None
     return profile.guard_spec, profile.precompute_heads, profile
+
+
+def vllm_profile_arg(args):
+    """The vLLM profile ``--engine-profile vllm==V`` names (None for anything else); UsageError when it is combined
+    with a policy option (the profile sets both sides) or names no profiled release."""
+    from spec.engine_profiles import ProfileError, engine_profile_for
+
+    text = getattr(args, "engine_profile", None)
+    if not text or not text.startswith("vllm=="):
+        return None
+    for dest, option, default in POLICY_OPTIONS:
+        if getattr(args, dest, default) != default:
+            raise UsageError(f"{option}: does not apply to --engine-profile {text} (vLLM's profile says what each "
+                             f"side passes; sglang's guard and head options do not exist there)")
+    try:
+        return engine_profile_for(text)[1]
+    except ProfileError as exc:
+        raise UsageError(f"--engine-profile: {exc}") from None
 
 
 def conform_profile(text: Optional[str], sut):

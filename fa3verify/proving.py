@@ -58,3 +58,27 @@ def prove(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = No
                 summary.first_failure_s = solver_time
     summary.elapsed_s = time.perf_counter() - start
     return summary
+
+
+def prove_vllm(profile, timeout_s: float = 10.0) -> RunSummary:
+    """``prove --engine-profile vllm==V``: the ``vllm-flow`` theorem under the release's profile (spec.theorems_vllm).
+
+    A refutation is a failed check with its counterexample (FA3-level: no case file); an unknown is inconclusive.
+    """
+    from spec.theorems_vllm import run_vllm_theorems
+
+    start = time.perf_counter()
+    summary = RunSummary(command="prove", policy={"engine_profile": f"vllm=={profile.release}",
+                                                 **profile.to_dict()})
+    for r in run_vllm_theorems(profile, timeout_s=timeout_s):
+        failed = bool(r.failed or (not r.expected and not r.inconclusive))
+        summary.checks.append(Check(name=r.name, kind="theorem", verdict=r.verdict, seconds=r.seconds,
+                                    failed=failed, inconclusive=r.inconclusive, case_file=None,
+                                    message=r.message or r.summary()))
+        if failed and r.verdict == "refuted":
+            summary.findings.append(Finding(invariant=str(r.witness.get("invariant", r.name)), case_file=None,
+                                            engine="prove", message=r.message, replay=None))
+            if summary.first_failure_s is None:
+                summary.first_failure_s = r.seconds
+    summary.elapsed_s = time.perf_counter() - start
+    return summary

@@ -54,7 +54,7 @@ __all__ = [
     "PrecomputeRecord", "CallRecord", "record_precompute", "record_call", "record_varlen_call", "bind_call",
     "record_bound_call", "bind_precompute", "record_bound_precompute", "translate_precompute",
     "quick_check", "deep_check", "pair_summary", "CheckingFA3", "MetadataMismatch", "MetadataRegistry",
-    "precompute_schedule", "call_schedule_of", "violation_signature", "DEFAULT_NUM_SM", "DEFAULT_ARCH",
+    "precompute_schedule", "call_schedule_of", "violation_signature", "captured_call_for", "graph_replay_check", "DEFAULT_NUM_SM", "DEFAULT_ARCH",
     "PRECOMPUTE_SIGNATURES", "CALL_SIGNATURE", "VARLEN_POSITIONAL",
 ]
 
@@ -241,6 +241,48 @@ def violation_signature(pre: Optional[PrecomputeRecord], call: CallRecord, viola
 # ------------------------------------------------------------------------------------------------------------
 
 
+def captured_call_for(calls: Sequence[CallRecord], batch_size: int) -> tuple:
+    """``(calls, padded)``: the captured calls a replay with ``batch_size`` real rows runs.
+
+    The captured calls of exactly that batch size; else those of the smallest captured size above it
+    (``padded`` True): sglang's and vLLM's graph runners replay the smallest captured graph that holds the batch
+    and fill the rest with padding rows (``gpu_impl.backend.cuda_graph_batch_size``; vLLM's
+    ``cudagraph_capture_sizes``). ``([], False)`` when no captured call is that large.
+    """
+    exact = [c for c in calls if c.batch_size == batch_size]
+    if exact:
+        return exact, False
+    larger = [c.batch_size for c in calls if c.batch_size > batch_size]
+    if not larger:
+        return [], False
+    b = min(larger)
+    return [c for c in calls if c.batch_size == b], True
+
+
+def graph_replay_check(pre: PrecomputeRecord, call: CallRecord) -> list[Violation]:
+    """:func:`quick_check` of a recompute written into a captured graph's metadata buffer, as the replay uses it.
+
+    At a replay no host code runs: FA3's shape check does not fire, so a metadata size other than the captured
+    call's (a padded batch whose ``round_up(b, 4)`` differs) is a silent layout mismatch, reported as SHAPE
+    with that message; and the captured call's padding rows (batches ``b_p .. b_c - 1``) read slots this
+    precompute did not write -- what they hold is the buffer's tail (zeroed by vLLM, the previous recompute's in
+    sglang), which only a deep check reads, so that BATCH_PERMUTATION verdict is left to it. Everything else
+    (SPLIT_BOUND against the captured S_c, QUERY_COVER) is checked for the real rows.
+    """
+    out = []
+    for v in quick_check(pre, call):
+        if v.invariant == "SHAPE":
+            v = Violation("SHAPE", None, dict(v.indices, replay=True),
+                          f"the recompute wrote {v.indices.get('produced')} int32 values (metadata of {pre.batch_size} "
+                          f"sequences) into the buffer of a graph captured for {call.batch_size}, which reads "
+                          f"{v.indices.get('expected')}: at a replay FA3 checks nothing, so the captured kernel reads "
+                          f"the vectors at the captured layout's offsets (a silent layout mismatch)")
+        elif v.invariant == "BATCH_PERMUTATION" and call.batch_size > pre.batch_size:
+            continue
+        out.append(v)
+    return out
+
+
 class MetadataMismatch(RuntimeError):
     """A call was given scheduler metadata that does not match its own inputs.
 
@@ -339,7 +381,8 @@ class CheckingFA3:
         self.events: list = []
         self.checked_calls = 0
         self.graph_checks = 0
-        self.graph_unmatched = 0        # recomputes into a graph buffer with no captured call of their batch size
+        self.graph_unmatched = 0        # recomputes into a graph buffer that no captured call can replay
+        self.graph_padded = 0           # recomputes checked against a larger (padded) captured call
         #: metadata buffer address -> calls captured into a CUDA graph reading it
         self.captured: dict = {}
         self._warned: set = set()
@@ -361,12 +404,14 @@ class CheckingFA3:
         calls = self.captured.get(key)
         if not calls or self.capturing():
             return
-        matched = [call for call in calls if call.batch_size == pre.batch_size]
+        matched, padded = captured_call_for(calls, pre.batch_size)
         if not matched:
-            self.graph_unmatched += 1   # e.g. a padded graph batch: not checked here (docs/sanitize.md)
+            self.graph_unmatched += 1   # no captured graph holds this batch: nothing replays it
         for call in matched:
             self.graph_checks += 1
-            violations = quick_check(pre, call)
+            if padded:
+                self.graph_padded += 1
+            violations = graph_replay_check(pre, call)
             self._event(pre, call, violations)
             if violations:
                 self._handle(pre, call, violations, where="CUDA-graph replay")

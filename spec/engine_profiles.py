@@ -3,7 +3,9 @@
 Invariant: a release's profile names exactly the precompute head source (``tp``: ``H // tp_size``;
 ``attn_tp``: ``H // attn_tp_size``) and the guard (one of ``spec.guards.BUILTIN_GUARDS``) that the release's
 ``python/sglang/srt/layers/attention/flashattention_backend.py`` uses (table in ENGINES.md section 1, data in
-``spec/engine_profiles.json``). ``prove --engine-profile sglang==V`` proves that release's behaviour by running
+``spec/engine_profiles.json``); vLLM releases' profiles (``spec/engine_profiles_vllm.json``) are read by
+:mod:`spec.engine_profiles_vllm` and reached here through :func:`engine_profile_for`. ``prove --engine-profile
+sglang==V`` proves that release's behaviour by running
 the theorems under :meth:`EngineProfile.policy`; ``fa3verify conform`` checks the profile against the real code.
 
 Simplification: a profile captures only these two choices. Everything else the release does (argument
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 __all__ = ["EngineProfile", "ProfileError", "NoPrecompute", "RELEASES", "profile_for", "release_key",
-           "releases_between", "GUARD_OF_KIND"]
+           "releases_between", "GUARD_OF_KIND", "engine_profile_for"]
 
 _DATA = Path(__file__).with_name("engine_profiles.json")
 _RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
@@ -116,3 +118,20 @@ def profiles_markdown() -> str:
         p = profile_for(r)
         out.append(f"| {r} | `{p.heads_source}` | `{p.precompute_heads}` | {p.guard_source} | `{p.guard_spec}` |")
     return "\n".join(out)
+
+
+def engine_profile_for(text: str) -> tuple:
+    """``("sglang", EngineProfile)`` for ``sglang==V``, ``("vllm", VllmProfile)`` for ``vllm==V``; ProfileError
+    naming the allowed forms and releases otherwise."""
+    from .engine_profiles_vllm import VLLM_RELEASES, VllmProfileError, vllm_profile_for
+
+    text = text or ""
+    if text.startswith("sglang=="):
+        return "sglang", profile_for(text[len("sglang=="):])
+    if text.startswith("vllm=="):
+        try:
+            return "vllm", vllm_profile_for(text[len("vllm=="):])
+        except VllmProfileError as exc:
+            raise ProfileError(str(exc)) from None
+    raise ProfileError(f"want sglang==V ({RELEASES[0]} .. {RELEASES[-1]}) or vllm==V ({', '.join(VLLM_RELEASES)}), "
+                       f"got {text!r}")

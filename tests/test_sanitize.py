@@ -259,6 +259,54 @@ def test_cuda_graph_replay_with_a_stale_recompute_is_caught(fakes, tmp_path):
         s.checker.captured.clear()
 
 
+def test_a_padded_graph_replay_is_checked_against_the_larger_captured_call(fakes, tmp_path):
+    """Graph captured for 8 rows, replayed with 5 real rows: the recompute (5 sequences, the same b4 = 8 layout)
+    is checked against the 8-row captured call -- a stale one is caught, a fresh one passes -- and a recompute
+    whose layout differs (3 sequences: b4 = 4) is a silent layout mismatch at a replay (SHAPE)."""
+    s = install(tmp_path)
+    import fake_backend
+
+    capturing = [False]
+    s.checker.capturing = lambda: capturing[0]
+    graph_lens = LENS + [16] * 4                                  # 8 rows at capture
+    buf = torch.zeros(1 + 8 * 4, dtype=torch.int32)
+    q, k, v, pt, cs8, cu8 = tensors(graph_lens)
+    ones, real = torch.ones(8, dtype=torch.int32), torch.tensor(LENS + [16], dtype=torch.int32)
+
+    def recompute(backend, lens):
+        cu = torch.arange(len(lens) + 1, dtype=torch.int32)
+        md = backend.metadata(lens, cu, int(lens.max()), 16)
+        buf[:md.numel()] = md
+        buf[md.numel():] = 0                                       # vLLM zeroes the tail
+        return buf[:md.numel()]
+
+    for heads, expect in ((HEADS, None), (STALE, "SPLIT_BOUND")):
+        backend = fake_backend.Backend(heads)
+        capturing[0] = True
+        graph_md = recompute(backend, ones)
+        backend.decode(q, k, v, pt, ones, cu8, graph_md)
+        capturing[0] = False
+        checks, padded, unmatched = s.checker.graph_checks, s.checker.graph_padded, s.checker.graph_unmatched
+        if expect is None:
+            recompute(backend, real)                               # 5 real rows: checked, not skipped
+            assert s.checker.events[-1][2] == [] and s.checker.events[-1][1].batch_size == 8
+        else:
+            with pytest.raises(MetadataMismatch, match=expect) as info:
+                recompute(backend, real)
+            assert "S_p=7 S_c=4" in str(info.value) and info.value.precompute.batch_size == 5
+        assert (s.checker.graph_checks, s.checker.graph_padded) == (checks + 1, padded + 1)
+        assert s.checker.graph_unmatched == unmatched
+        s.checker.captured.clear()
+    backend = fake_backend.Backend(HEADS)
+    capturing[0] = True
+    backend.decode(q, k, v, pt, ones, cu8, recompute(backend, ones))
+    capturing[0] = False
+    with pytest.raises(MetadataMismatch, match="SHAPE.*silent layout mismatch"):
+        recompute(backend, torch.tensor(LENS[:3], dtype=torch.int32))
+    s.checker.captured.clear()
+    assert sanitize.status()["graph_padded"] == 3
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Modes: warn once per signature, record JSON lines that `fa3verify report` reads
 # ----------------------------------------------------------------------------------------------------------

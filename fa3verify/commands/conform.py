@@ -20,6 +20,7 @@ configuration spec assumes away (docs/invariants.md) that the release accepts. E
 examples:
   fa3verify conform --engine sglang==0.5.23 --cases 300 --seed 0
   fa3verify conform --engine sglang-src=../sglang/python --engine-profile sglang==0.5.23 --json conform.json
+  fa3verify conform --engine vllm==0.33.0            # vLLM's profile, claim by claim, on its own code
 """
 
 
@@ -44,12 +45,15 @@ def run(args) -> int:
     from ..summary import print_table
 
     if args.engine is None:
-        raise UsageError("--engine: required (sglang==V or sglang-src=PATH): conform compares the model with it")
+        raise UsageError("--engine: required (sglang==V, sglang-src=PATH or vllm==V): conform compares the model "
+                         "(or vLLM's profile) with it")
     if args.cases < 1:
         raise UsageError(f"--cases: must be >= 1, got {args.cases}")
     spec = parse_engine_option(args.engine)
     if spec.is_model:
         raise UsageError("--engine: conform compares the model with a real engine; 'model' is the model itself")
+    if spec.kind == "vllm":
+        return _conform_vllm(args, spec)
     with open_engine(spec) as sut:
         profile = conform_profile(args.engine_profile, sut)
         print(f"engine: {spec}   profile: {profile.describe()}")
@@ -68,5 +72,36 @@ def run(args) -> int:
         _ensure_parent(args.json)
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({**summary.to_dict(), "conform": report.to_dict()}, fh, indent=2)
+            fh.write("\n")
+    return summary.exit_code
+
+
+def _conform_vllm(args, spec) -> int:
+    """``--engine vllm==V``: the release's vLLM profile checked claim by claim on its own code."""
+    from ..conformance_vllm import conform_vllm
+    from ..engine_choice import open_engine
+    from ..errors import UsageError
+    from ..summary import print_table
+    from spec.engine_profiles import ProfileError, engine_profile_for
+
+    text = args.engine_profile or f"vllm=={spec.release}"
+    if not text.startswith("vllm=="):
+        raise UsageError(f"--engine-profile: {spec} runs vLLM's code; want vllm==V, got {text!r}")
+    try:
+        profile = engine_profile_for(text)[1]
+    except ProfileError as exc:
+        raise UsageError(f"--engine-profile: {exc}") from None
+    with open_engine(spec) as sut:
+        print(f"engine: {spec}   profile: {profile.describe()}")
+        summary = conform_vllm(sut, profile)
+    print_table(summary)
+    for f in summary.findings[:10]:
+        print(f"  {f.message[:300]}")
+    if args.json:
+        from ..summary import _ensure_parent
+
+        _ensure_parent(args.json)
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(summary.to_dict(), fh, indent=2)
             fh.write("\n")
     return summary.exit_code

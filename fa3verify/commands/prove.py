@@ -20,6 +20,7 @@ examples:
   fa3verify prove --only hazard --json prove.json --cases-dir cases/
   fa3verify prove --drop-assumption TP_DIVISIBLE
   fa3verify prove --engine-profile sglang==0.5.14   # that release's heads and guard: refuted (exit 1)
+  fa3verify prove --engine-profile vllm==0.33.0     # vLLM's flow (heads, KV extents, split counts): proved
   fa3verify prove --guard pre-fix --engine sglang==0.5.23   # witnesses replayed on 0.5.23's own code
 """
 
@@ -54,6 +55,11 @@ def run(args) -> int:
     from ..engine_choice import open_engine, parse_engine_option, profile_policy_args
     from ..engine_gate import replay_witnesses
 
+    from ..engine_choice import vllm_profile_arg
+
+    vprofile = vllm_profile_arg(args)
+    if vprofile is not None:
+        return _prove_vllm(args, vprofile)
     guard, heads, profile = profile_policy_args(args)
     policy = load_policy(guard, heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     _check_assumptions(args.drop_assumption)
@@ -71,6 +77,30 @@ def run(args) -> int:
         summary.checks.extend(checks)
         summary.findings.extend(findings)
     print_table(summary)
+    if args.json:
+        write_json(summary, args.json)
+    if args.junit:
+        write_junit(summary, args.junit)
+    return summary.exit_code
+
+
+def _prove_vllm(args, profile) -> int:
+    """``--engine-profile vllm==V``: the vLLM flow theorem; sglang-only options are refused (exit 2)."""
+    from ..errors import UsageError
+    from ..progress import stage
+    from ..proving import prove_vllm
+
+    for option, given in (("--drop-assumption", args.drop_assumption), ("--only", args.only),
+                          ("--engine", args.engine not in (None, "model"))):
+        if given:
+            raise UsageError(f"{option}: does not apply to --engine-profile vllm=={profile.release} (one theorem, "
+                             f"vllm-flow; its counterexample is FA3-level, replayed through refmodel)")
+    print(f"engine profile: {profile.describe()}")
+    with stage("prove", "prove (vLLM flow)"):
+        summary = prove_vllm(profile, timeout_s=args.timeout_s)
+    print_table(summary)
+    for f in summary.findings:
+        print(f"  counterexample: {f.message}")
     if args.json:
         write_json(summary, args.json)
     if args.junit:

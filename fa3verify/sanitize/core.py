@@ -34,7 +34,8 @@ class Sanitizer:
 
     def __init__(self, mode: str = "raise", deep: bool = False, out_dir=None, num_sm: Optional[int] = None,
                  arch: Optional[int] = None, follow_copies: bool = True, import_hook: bool = True,
-                 write_files: bool = True, max_events: int = 1000, entry_points: Optional[dict] = None):
+                 write_files: bool = True, max_events: int = 1000, entry_points: Optional[dict] = None,
+                 capturing=None):
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
         self.mode = mode
@@ -45,7 +46,7 @@ class Sanitizer:
         self.import_hook = bool(import_hook)
         self.entry_points = dict(ENTRY_POINTS if entry_points is None else entry_points)
         self.checker = CheckingFA3(None, mode=mode, deep=deep, on_violation=self._on_violation, num_sm=num_sm,
-                                   arch=arch, max_events=max_events)
+                                   arch=arch, max_events=max_events, capturing=capturing)
         self.log = records.SanitizeLog(self.out_dir, mode)
         self.patches: list[Patch] = []
         self.unreachable: list[str] = []
@@ -184,8 +185,30 @@ class Sanitizer:
         return {"mode": self.mode, "deep": self.deep, "checked_calls": self.checker.checked_calls,
                 "unrecordable_calls": len(self.checker.unrecordable),
                 "graph_checks": self.checker.graph_checks, "graph_unmatched": self.checker.graph_unmatched,
+                "graph_padded": self.checker.graph_padded,
                 "violation_events": sum(1 for e in self.checker.events if e[2]),
                 "wrapped": sorted(self.wrapped), "unreachable": list(self.unreachable)}
+
+    def rebinder_bindings(self) -> dict:
+        """For each loaded module of :data:`KNOWN_REBINDERS`: its globals that hold an FA3 entry point, each as
+        ``"checked"`` (the sanitizer's wrapper) or ``"NOT CHECKED"`` (an original it did not replace).
+
+        This is what a dispatcher that bound the entry points at import (sglang's ``flash_attention``) holds now,
+        whichever way it got there (bound after the import hook wrapped the function, or replaced through gc).
+        """
+        wrappers = {id(w) for w in self._originals.values()}
+        originals = {id(getattr(w, "__fa3verify_original__", None)) for w in self._originals.values()}
+        out = {}
+        for name in KNOWN_REBINDERS:
+            module = sys.modules.get(name)
+            if module is None:
+                continue
+            held = {key: ("checked" if id(value) in wrappers else "NOT CHECKED")
+                    for key, value in list(vars(module).items())
+                    if id(value) in wrappers or id(value) in originals}
+            if held:
+                out[name] = dict(sorted(held.items()))
+        return out
 
     def status(self) -> dict:
         """What is wrapped, which bindings were replaced, which could not be reached, and the counts."""
@@ -193,6 +216,7 @@ class Sanitizer:
         return {"installed": self.installed, **self.stats(),
                 "patched_bindings": [p.description for p in self.patches],
                 "known_rebinders_loaded": loaded_rebinders,
+                "rebinder_bindings": self.rebinder_bindings(),
                 "watching_imports": sorted(self._finder.watched) if self._finder else [],
                 "log": None if self.log.path is None else str(self.log.path), "out_dir": str(self.out_dir),
                 "files": [str(p) for p in self.files_written]}

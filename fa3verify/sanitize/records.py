@@ -12,7 +12,11 @@ user chose (``FA3VERIFY_SANITIZE_DIR``, ``--fa3verify-sanitize-dir`` or ``instal
 * case file (``spec.cases`` schema ``fa3verify.case/1``) when the pair is a head-count mismatch of a paged
   decode with known lengths -- the PR #30439 shape: model heads = the call's, ``tp_size`` = the factor the
   precompute divided them by, ``attn_cp_size = tp_size`` (so the layer keeps every head), guard "none"
-  (sglang precomputes), one decode batch with the recorded lengths. ``fa3verify replay CASE`` reruns it.
+  (sglang precomputes), one decode batch with the recorded lengths, eager or (the call's KV extent wider than
+  the longest sequence, :func:`case_width`) a CUDA-graph replay over that context. ``fa3verify replay CASE``
+  reruns it. Other mismatches (batch size, ``num_splits``, a KV extent neither path gives) have no case form:
+  the backend model passes one batch, one ``num_splits`` and its own page-table width to both sides, and a case
+  carries no seeded defect that would change that (docs/sanitize.md); their pair file replays them.
 """
 
 from __future__ import annotations
@@ -102,6 +106,9 @@ def case_for_pair(pre: Optional[PrecomputeRecord], call: CallRecord, violations)
     tp = H // pre.num_heads
     if max(1, Hk // tp) != pre.num_heads_k:
         return None
+    graph = case_width(pre, call)
+    if graph is None:
+        return None
     dtype = {"float8_e4m3fn": "float8_e4m3"}.get(call.dtype, call.dtype)
     first = violations[0]
     try:
@@ -109,7 +116,8 @@ def case_for_pair(pre: Optional[PrecomputeRecord], call: CallRecord, violations)
             source="manual",
             server={"tp_size": tp, "attn_cp_size": tp, "enable_prefill_cp": True, "cp_strategy": "zigzag",
                     "page_size": call.page_size, "num_splits": call.num_splits, "num_sm": call.num_sm,
-                    "context_length": max(max(pre.cache_seqlens), 1), "cuda_graph": False},
+                    "context_length": call.seqlen_k if graph else max(max(pre.cache_seqlens), 1),
+                    "cuda_graph": graph},
             model={"name": "sanitized-run", "num_heads": H, "num_kv_heads": Hk, "head_dim": call.headdim,
                    "head_dim_v": call.headdim_v, "dtype": dtype},
             policy={"guard": "none", "metadata_heads": "tp", "clear_stale_cp_metadata": True},
@@ -122,6 +130,23 @@ def case_for_pair(pre: Optional[PrecomputeRecord], call: CallRecord, violations)
                   "replays that decode batch through the backend model with the same head-count mismatch")
     except CaseFormatError:
         return None
+
+
+def case_width(pre: PrecomputeRecord, call: CallRecord) -> Optional[bool]:
+    """How the backend model plays the call's KV extent (``seqlen_k``: page-table width x page size), or None
+    when it cannot: False (eager) when it is the longest sequence rounded up to a page -- the eager page table;
+    True (CUDA graph) when it is wider and the batch is a captured graph size -- the graph's page table spans the
+    whole context, so the case's ``context_length`` is that width (``gpu_impl.backend``: eager
+    ``ceil(max / page) * page``, graph ``ceil(context_length / page) * page``)."""
+    from gpu_impl.backend import CUDA_GRAPH_BATCH_SIZES
+
+    page = call.page_size
+    eager = -(-max(max(pre.cache_seqlens), 1) // page) * page
+    if call.seqlen_k == eager:
+        return False
+    if call.seqlen_k > eager and call.seqlen_k % page == 0 and call.batch_size in CUDA_GRAPH_BATCH_SIZES:
+        return True
+    return None
 
 
 def write_case(directory, pre, call, violations) -> Optional[Path]:

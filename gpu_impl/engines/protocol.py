@@ -84,7 +84,7 @@ def quiet():
         sys.stdout = saved
 
 
-def serve(engine, stdin, stdout) -> int:
+def serve(engine, stdin, stdout, observer=None) -> int:
     """The worker loop: make the engine once, answer requests until "quit" or end of input; 0, or 3 when the
     engine could not be made (that failure is the one answer, kind "import").
 
@@ -93,6 +93,10 @@ def serve(engine, stdin, stdout) -> int:
     returns is merged into the answer. Every request gets exactly one answer line with ``ok``; failures carry
     ``error`` and ``kind``: "unsupported" (:class:`Unsupported`), "bad_request" (unknown op, missing or bad
     field), "crash" (anything else the engine's code raised).
+
+    ``observer`` (optional): an object with ``engine_started(engine)``, called once the engine is made, and
+    ``status() -> dict``, sent as ``observer`` on every successful answer but "bye" (a checker installed from
+    outside the engine reports through it, e.g. ``fa3verify.sanitize.engine_worker``).
     """
     def send(obj) -> None:
         stdout.write(encode(obj))
@@ -109,7 +113,15 @@ def serve(engine, stdin, stdout) -> int:
         send({"ok": False, "kind": "import", "error": f"import failed: {exc!r}",
               "traceback": traceback.format_exc(limit=8)})
         return 3
-    send({"ok": True, "hello": eng.hello()})
+    if observer is not None:
+        observer.engine_started(eng)
+
+    def observed(resp: dict) -> dict:
+        if observer is not None and resp.get("ok"):
+            resp["observer"] = observer.status()
+        return resp
+
+    send(observed({"ok": True, "hello": eng.hello()}))
     ops = tuple(getattr(eng, "OPS", ()))
     for line in stdin:
         line = line.strip()
@@ -139,5 +151,5 @@ def serve(engine, stdin, stdout) -> int:
         except Exception as exc:  # noqa: BLE001 - a crash in the engine's code is reported as a crash
             resp = {"ok": False, "kind": "crash", "error": f"{type(exc).__name__}: {exc}",
                     "traceback": traceback.format_exc(limit=16)}
-        send(resp)
+        send(observed(resp))
     return 0

@@ -110,8 +110,19 @@ def _git_revision(path: Path) -> str:
 class SglangSUT(SystemUnderTest):
     """sglang's own FlashAttentionBackend, in a worker process inside the release's engine environment."""
 
-    def __init__(self, spec: EngineSpec, progress: Callable[[str], None] = print, root: Optional[Path] = None):
+    #: the worker's main module (the engine driver); a harness may name another that serves the same protocol
+    DEFAULT_WORKER = "gpu_impl.engines.sglang_driver"
+
+    def __init__(self, spec: EngineSpec, progress: Callable[[str], None] = print, root: Optional[Path] = None,
+                 worker: Optional[str] = None, worker_env: Optional[dict] = None):
+        """``worker``: the module run as the worker (default :data:`DEFAULT_WORKER`; ``fa3verify.sanitize
+        .engine_worker`` runs the same driver under the runtime sanitizer); ``worker_env``: extra environment
+        variables for it."""
         self.spec = spec
+        self.worker = worker or self.DEFAULT_WORKER
+        self.worker_env = dict(worker_env or {})
+        #: the worker's ``observer`` status from its latest answer (a sanitizer's status), or None
+        self.observed: Optional[dict] = None
         self.source = None
         self.revision = None
         self.version = None
@@ -136,9 +147,10 @@ class SglangSUT(SystemUnderTest):
         extra = [str(self.source)] if self.source is not None else []
         env = envs.driver_environ(extra_paths=extra)
         env.update({"FA3VERIFY_ENGINE_RELEASE": self.release, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        env.update(self.worker_env)
         self._stderr = tempfile.TemporaryFile()
         t = time.monotonic()
-        self._proc = subprocess.Popen([str(self.env / "bin" / "python"), "-m", "gpu_impl.engines.sglang_driver"],
+        self._proc = subprocess.Popen([str(self.env / "bin" / "python"), "-m", self.worker],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
                                       cwd=str(envs.PROJECT_ROOT))
         self._buf = b""
@@ -147,6 +159,7 @@ class SglangSUT(SystemUnderTest):
             self.close()
             raise self._import_error(first)
         self.hello = dict(first["hello"], start_s=round(time.monotonic() - t, 2))
+        self.observed = first.get("observer")
         if self.source is not None and not str(self.hello.get("path", "")).startswith(str(self.source)):
             self.close()
             raise CheckoutImportError(f"sglang-src={self.spec.path}: sglang was imported from "
@@ -213,6 +226,8 @@ class SglangSUT(SystemUnderTest):
 
     def _answer(self, resp: dict) -> dict:
         if resp.get("ok"):
+            if "observer" in resp:
+                self.observed = resp["observer"]
             return resp
         kind, err = resp.get("kind"), resp.get("error")
         if kind == "unsupported":

@@ -14,6 +14,13 @@ Requests: ``{"op": "hello"}``, ``{"op": "run", "scenario": ..., "numerics": fals
 "server": ..., "model": ...}``, ``{"op": "quit"}``. Every response has ``ok``; failures carry ``error`` and
 ``kind`` ("import", "unsupported", "bad_request", "crash").
 
+FA3 modes (chosen by whoever starts the worker, :func:`serve`'s ``fa3``; sglang's code never sees the choice):
+``"checking"`` (the default, above) and ``"emulator"``: the fake ``sgl_kernel.flash_attn`` routes to
+:class:`gpu_impl.engines.emulator_fa3.EmulatorFA3`, plain FA3 stand-ins that check nothing, so that a runtime
+checker wrapping the entry points from outside (``fa3verify.sanitize``, started by ``fa3verify.sanitize
+.engine_worker``) is what sees the hand-off; a ``MetadataMismatch`` it raises out of sglang's code is answered as
+a finding (``detail.source`` "sanitizer"), and ``serve(observer=...)``'s ``status()`` rides on every answer.
+
 Simplifications (also in docs): one full-attention layer per model (sliding-window layers never consume the
 metadata and are not driven); extend and mixed steps are not run on the engine (they exercise the eager runner's
 CP-v2 bookkeeping, not the decode metadata; the trace says so); an idle DP rank runs no eager call (as the
@@ -29,11 +36,16 @@ import os
 import sys
 import time
 
-from .protocol import Unsupported, serve
+from . import protocol
+from .protocol import Unsupported
 from .protocol import quiet as _quiet
 from .sglang_rank import RankBackend
 
 _PROTOCOL_OUT = sys.stdout
+
+
+#: What the fake ``sgl_kernel.flash_attn`` routes to: the checking shim, or plain emulator-backed FA3.
+FA3_MODES = ("checking", "emulator")
 
 
 class ShapeOnlyFA3:
@@ -146,13 +158,63 @@ class EngineFA3:
         return [(*ev, tag) for ev, tag in zip(events, tags)]
 
 
+class SanitizedFront:
+    """Mode "emulator": what the fake ``sgl_kernel.flash_attn`` routes to -- :class:`EmulatorFA3`, checking nothing.
+
+    Keeps the CUDA-graph bookkeeping :class:`RankBackend` drives (``capturing``, ``captured``, ``path``) and the
+    emulator's own plan of every call for the trace. A replay runs no Python on a GPU, so none of the entry
+    points is called then: :meth:`replay` plans the captured call on the emulator directly (a checker wrapping
+    the entry points sees only the recompute written into the graph's metadata buffer, as on a GPU).
+    """
+
+    def __init__(self, num_sm: int, numerics: bool):
+        from .emulator_fa3 import EmulatorFA3
+
+        self.impl = EmulatorFA3(num_sm, numerics=numerics)
+        self.capturing = False
+        self.captured: list = []
+        self.path = "eager"
+        self.where = (0, 0)
+        self.nan_rows: list = []
+        self._paths: list = []
+
+    def get_scheduler_metadata(self, *args, **kwargs):
+        return self.impl.get_scheduler_metadata(*args, **kwargs)
+
+    def flash_attn_with_kvcache(self, *args, **kwargs):
+        if self.capturing:
+            self.captured.append((args, kwargs))
+        self._paths.append(self.path)
+        from ..fa3_calls import bind_call
+
+        a = bind_call(*args, **kwargs)
+        q, kc, vc = a.pop("q"), a.pop("k_cache"), a.pop("v_cache")
+        return self.impl.flash_attn_with_kvcache(q, kc, vc, **a)
+
+    def flash_attn_varlen_func(self, *args, **kwargs):
+        return self.impl.flash_attn_varlen_func(*args, **kwargs)
+
+    def replay(self, args, kwargs) -> None:
+        """The captured call replayed with its tensors as they are now (no wrapped entry point runs)."""
+        self.flash_attn_with_kvcache(*args, **kwargs)
+        self._paths[-1] = "replay"
+
+    def drain(self) -> list:
+        plans, self.impl.plans = self.impl.plans, []
+        paths, self._paths = self._paths, []
+        return [{"path": p, **plan} for p, plan in zip(paths, plans)]
+
+
 class Engine:
     """One imported sglang (release or checkout): builds backends per attention rank and runs scenarios."""
 
     #: the requests ``protocol.serve`` dispatches to methods (besides hello and quit)
     OPS = ("run", "validate")
 
-    def __init__(self, release: str):
+    def __init__(self, release: str, fa3: str = "checking"):
+        if fa3 not in FA3_MODES:
+            raise ValueError(f"fa3: must be one of {', '.join(FA3_MODES)}, got {fa3!r}")
+        self.fa3 = fa3
         t = time.monotonic()
         import torch
 
@@ -175,7 +237,11 @@ class Engine:
     def hello(self) -> dict:
         return {"release": self.release, "version": getattr(self.sglang, "__version__", None),
                 "path": os.path.dirname(self.sglang.__file__), "import_s": round(self.import_s, 2),
-                "kit": self.kit is not None, "patched": self.patched}
+                "kit": self.kit is not None, "patched": self.patched, "fa3": self.fa3}
+
+    def is_capturing(self) -> bool:
+        """Whether a CUDA-graph capture is being driven now (the CPU stand-in for the stream's capture state)."""
+        return bool(self.front is not None and self.front.capturing)
 
     # -- one scenario -------------------------------------------------------------------------------------
     def run(self, scenario: dict, numerics: bool = False) -> dict:
@@ -189,14 +255,24 @@ class Engine:
             raise Unsupported("MLA models: sglang computes no FA3 scheduler metadata for them; not driven")
         if model.dtype not in ("bfloat16", "float16"):
             raise Unsupported(f"model.dtype {model.dtype!r}: the engine driver runs bf16/fp16 KV caches only")
-        from ..scenario import distribute_over_dp
-
-        self.front = EngineFA3(server.num_sm, bool(numerics))
+        if self.fa3 == "emulator":
+            self.front = SanitizedFront(server.num_sm, numerics)
+        else:
+            self.front = EngineFA3(server.num_sm, numerics)
         import importlib
 
         importlib.import_module("sgl_kernel.flash_attn").install(self.front)
         out = {"findings": [], "shape_errors": [], "trace": [], "notes": []}
         ranks: dict = {}
+        try:
+            self._run_steps(server, model, steps, seed, numerics, ranks, out)
+        except self._mismatch_class() as exc:
+            self._mismatch(out, exc)
+        return out
+
+    def _run_steps(self, server, model, steps, seed, numerics, ranks, out) -> None:
+        from ..scenario import distribute_over_dp
+
         for index, step in enumerate(steps):
             if step.mode in ("extend", "mixed"):
                 out["trace"].append({"step": index, "mode": step.mode, "dp_rank": None, "engine": "not run",
@@ -211,13 +287,39 @@ class Engine:
                 rank = ranks.get(dp_rank)
                 if rank is None:
                     rank = ranks[dp_rank] = RankBackend(self, server, model, dp_rank, steps, numerics, seed)
+                self.front.where = (index, dp_rank)
                 with rank.layout():
                     if server.cuda_graph:
                         rank.graph_decode(graph_bs, rows)
                     else:
                         rank.eager_decode(rows)
                 self._collect(out, index, dp_rank, rows)
-        return out
+
+    def _mismatch_class(self):
+        if self.fa3 != "emulator":
+            return ()   # the checking shim records (mode "record"); nothing is raised through sglang
+        from ..fa3_calls import MetadataMismatch
+
+        return MetadataMismatch
+
+    def _mismatch(self, out: dict, exc) -> None:
+        """A MetadataMismatch raised by a checker wrapping FA3 from outside: the request stops there (as a
+        server's would), and the mismatch is the scenario's finding."""
+        from ..fa3_calls import pair_summary
+
+        step, dp_rank = self.front.where
+        summary = pair_summary(exc.precompute, exc.call) if exc.call is not None else {}
+        self._collect(out, step, dp_rank, [])
+        out["trace"].append({"step": step, "dp_rank": dp_rank, "mode": "decode", "path": self.front.path,
+                             "metadata_passed": True, "raised": type(exc).__name__, **summary})
+        first = exc.violations[0]
+        detail = {"source": "sanitizer", "path": self.front.path, "s_p": summary.get("s_p"),
+                  "s_c": summary.get("s_c"), "case_path": exc.case_path,
+                  "violations": [v.to_dict() for v in exc.violations], "precompute": summary.get("precompute"),
+                  "call": summary.get("call")}
+        finding = {"invariant": first.invariant, "step": step, "dp_rank": dp_rank, "message": str(exc),
+                   "detail": detail}
+        (out["shape_errors"] if first.invariant == "SHAPE" else out["findings"]).append(finding)
 
     @staticmethod
     def _graph_bs(shares) -> int:
@@ -228,6 +330,10 @@ class Engine:
     def _collect(self, out: dict, index: int, dp_rank: int, rows) -> None:
         from ..fa3_calls import pair_summary
 
+        if isinstance(self.front, SanitizedFront):
+            for plan in self.front.drain():
+                out["trace"].append({"step": index, "dp_rank": dp_rank, "mode": "decode", **plan})
+            return
         for pre, call, violations, ev_path in self.front.drain():
             summary = pair_summary(pre, call)
             entry = {"step": index, "dp_rank": dp_rank, "mode": "decode", "path": ev_path, **summary}
@@ -260,11 +366,21 @@ def _split_counts(pre):
     return [int(x) for x in res.num_splits]
 
 
-def make_engine() -> Engine:
+def make_engine(fa3: str = "checking") -> Engine:
     """The engine of the release this worker was started for (``FA3VERIFY_ENGINE_RELEASE``)."""
-    return Engine(os.environ.get("FA3VERIFY_ENGINE_RELEASE", "unknown"))
+    return Engine(os.environ.get("FA3VERIFY_ENGINE_RELEASE", "unknown"), fa3=fa3)
+
+
+def serve(stdin=None, stdout=None, fa3: str = "checking", observer=None) -> int:
+    """The worker loop (:func:`protocol.serve`) over this release's engine in FA3 mode ``fa3``.
+
+    ``fa3``: "checking" (the recording shim) or "emulator" (plain FA3 stand-ins, for a checker installed from
+    outside). ``observer``: an object with ``engine_started(engine)`` and ``status() -> dict``; its status is sent
+    as ``observer`` on the hello and on every answer.
+    """
+    return protocol.serve(lambda: make_engine(fa3), stdin or sys.stdin, stdout or _PROTOCOL_OUT, observer=observer)
 
 
 if __name__ == "__main__":
     sys.stdout = sys.stderr  # nothing but responses on the protocol stream
-    raise SystemExit(serve(make_engine, sys.stdin, _PROTOCOL_OUT))
+    raise SystemExit(serve(stdin=sys.stdin, stdout=_PROTOCOL_OUT))

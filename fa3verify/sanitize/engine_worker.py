@@ -1,0 +1,88 @@
+"""The sglang engine worker under the runtime sanitizer: the engine driver with plain FA3 stand-ins, wrapped by
+``fa3verify.sanitize`` exactly as it wraps real FA3 in a user's process.
+
+Invariant: in this worker the only thing that checks a metadata hand-off is the sanitizer: the fake
+``sgl_kernel.flash_attn`` routes to emulator-backed FA3 that trusts its metadata as the real kernel does
+(``gpu_impl.engines.emulator_fa3``), the sanitizer is installed from ``FA3VERIFY_SANITIZE`` before sglang is
+imported (its import hook wraps the entry points as their modules load, so sglang's dispatcher and backend bind
+the wrappers), and every answer carries the sanitizer's status (what it wrapped, which bindings hold the
+wrappers, what it could not reach).
+
+Run as ``python -m fa3verify.sanitize.engine_worker`` inside an engine environment (``open_sanitized_sglang``
+starts it). Variables: those of the start hook (``FA3VERIFY_SANITIZE``, ``FA3VERIFY_SANITIZE_DIR``,
+``FA3VERIFY_SANITIZE_DEEP``) and ``FA3VERIFY_SANITIZE_INSTALL`` = ``start`` (default: before sglang's import, as
+the ``.pth`` hook does) or ``late`` (after sglang's import: the sanitizer must find and replace the bindings
+already made, through ``gc``).
+
+Stand-in: on CPU no CUDA stream captures, so the driver's own capture flag answers the sanitizer's "is a graph
+being captured?" (``torch.cuda.is_current_stream_capturing`` on a GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+INSTALL_WHEN = ("start", "late")
+ENV_INSTALL = "FA3VERIFY_SANITIZE_INSTALL"
+
+
+class SanitizerObserver:
+    """What the driver calls back: the engine once imported (late install happens then), and the status."""
+
+    def __init__(self, mode: str, deep: bool, out_dir: str, when: str):
+        self.mode, self.deep, self.out_dir, self.when = mode, deep, out_dir, when
+        self.engine = None
+
+    def capturing(self) -> bool:
+        return bool(self.engine is not None and self.engine.is_capturing())
+
+    def install(self) -> None:
+        import fa3verify.sanitize as sanitize
+
+        sanitize.install(mode=self.mode, deep=self.deep, out_dir=self.out_dir, capturing=self.capturing)
+
+    def engine_started(self, engine) -> None:
+        self.engine = engine
+        if self.when == "late":
+            self.install()
+
+    def status(self) -> dict:
+        import fa3verify.sanitize as sanitize
+
+        return dict(sanitize.status(), install=self.when)
+
+
+def settings(environ=None) -> tuple:
+    """(mode, deep, out_dir, when) from the environment; ValueError naming the variable and the allowed values."""
+    from . import DEFAULT_DIR, ENV_DEEP, ENV_DIR, ENV_MODE, MODES
+
+    env = os.environ if environ is None else environ
+    mode = env.get(ENV_MODE, "").strip()
+    if mode not in MODES:
+        raise ValueError(f"{ENV_MODE}: must be one of {', '.join(MODES)}, got {mode!r}")
+    when = env.get(ENV_INSTALL, "start").strip() or "start"
+    if when not in INSTALL_WHEN:
+        raise ValueError(f"{ENV_INSTALL}: must be one of {', '.join(INSTALL_WHEN)}, got {when!r}")
+    deep = env.get(ENV_DEEP, "").strip().lower() in ("1", "true", "yes")
+    return mode, deep, env.get(ENV_DIR) or DEFAULT_DIR, when
+
+
+def main() -> int:
+    protocol_out = sys.stdout
+    sys.stdout = sys.stderr  # nothing but responses on the protocol stream
+    try:
+        mode, deep, out_dir, when = settings()
+    except ValueError as exc:
+        sys.stderr.write(f"fa3verify: {exc}\n")
+        return 2
+    observer = SanitizerObserver(mode, deep, out_dir, when)
+    if when == "start":
+        observer.install()
+    from gpu_impl.engines import sglang_driver
+
+    return sglang_driver.serve(stdin=sys.stdin, stdout=protocol_out, fa3="emulator", observer=observer)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
