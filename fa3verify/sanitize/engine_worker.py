@@ -81,7 +81,7 @@ def main() -> int:
         observer.install()
     from gpu_impl.engines import sglang_driver
 
-    return sglang_driver.serve(stdin=sys.stdin, stdout=protocol_out, fa3="emulator", observer=observer)
+    return sglang_driver.run_worker(stdin=sys.stdin, stdout=protocol_out, fa3="emulator", observer=observer)
 
 
 if __name__ == "__main__":

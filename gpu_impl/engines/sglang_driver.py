@@ -14,12 +14,12 @@ Requests: ``{"op": "hello"}``, ``{"op": "run", "scenario": ..., "numerics": fals
 "server": ..., "model": ...}``, ``{"op": "quit"}``. Every response has ``ok``; failures carry ``error`` and
 ``kind`` ("import", "unsupported", "bad_request", "crash").
 
-FA3 modes (chosen by whoever starts the worker, :func:`serve`'s ``fa3``; sglang's code never sees the choice):
+FA3 modes (chosen by whoever starts the worker, :func:`run_worker`'s ``fa3``; sglang's code never sees the choice):
 ``"checking"`` (the default, above) and ``"emulator"``: the fake ``sgl_kernel.flash_attn`` routes to
 :class:`gpu_impl.engines.emulator_fa3.EmulatorFA3`, plain FA3 stand-ins that check nothing, so that a runtime
 checker wrapping the entry points from outside (``fa3verify.sanitize``, started by ``fa3verify.sanitize
 .engine_worker``) is what sees the hand-off; a ``MetadataMismatch`` it raises out of sglang's code is answered as
-a finding (``detail.source`` "sanitizer"), and ``serve(observer=...)``'s ``status()`` rides on every answer.
+a finding (``detail.source`` "sanitizer"), and ``run_worker(observer=...)``'s ``status()`` rides on every answer.
 
 Simplifications (also in docs): one full-attention layer per model (sliding-window layers never consume the
 metadata and are not driven); extend and mixed steps are not run on the engine (they exercise the eager runner's
@@ -371,7 +371,7 @@ def make_engine(fa3: str = "checking") -> Engine:
     return Engine(os.environ.get("FA3VERIFY_ENGINE_RELEASE", "unknown"), fa3=fa3)
 
 
-def serve(stdin=None, stdout=None, fa3: str = "checking", observer=None) -> int:
+def run_worker(stdin=None, stdout=None, fa3: str = "checking", observer=None) -> int:
     """The worker loop (:func:`protocol.serve`) over this release's engine in FA3 mode ``fa3``.
 
     ``fa3``: "checking" (the recording shim) or "emulator" (plain FA3 stand-ins, for a checker installed from
@@ -383,4 +383,4 @@ def serve(stdin=None, stdout=None, fa3: str = "checking", observer=None) -> int:
 
 if __name__ == "__main__":
     sys.stdout = sys.stderr  # nothing but responses on the protocol stream
-    raise SystemExit(serve(stdin=sys.stdin, stdout=_PROTOCOL_OUT))
+    raise SystemExit(run_worker(stdin=sys.stdin, stdout=_PROTOCOL_OUT))
