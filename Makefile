@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 #: sglang releases whose engine environments the test suite drives (cached under ~/.cache/fa3verify/engines).
 ENGINE_RELEASES ?= 0.5.13 0.5.23
 
-.PHONY: check test setup clean bench engines
+.PHONY: check test setup clean bench engines mutation
 
 setup: $(STAMP)
 
@@ -31,6 +31,13 @@ test: $(STAMP) engines
 
 bench: $(STAMP)
 	$(VENV)/bin/fa3verify bench
+
+# Mutation testing of refmodel/, spec/ and fa3verify's verdict modules (docs/reliability.md); not part of `make test`.
+# Options: MUTATION_MODULES=refmodel/prepare.py,... MUTATION_SAMPLE=N MUTATION_ONLY=glob MUTATION_JOBS=2
+# MUTATION_FAIL_UNDER=95. Report: build/mutation/report.json.
+mutation: $(STAMP)
+	@$(PY) -c "import mutmut" 2>/dev/null || $(PY) -m pip install -q -e ".[mutation]"
+	nice -n 15 $(PY) scripts/mutation.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
