@@ -13,7 +13,8 @@ mutated line (so a stale entry is noticed) and the reason.
 Options (environment variables, for the Makefile): MUTATION_MODULES (comma-separated module paths, default: all
 in targets.toml), MUTATION_SAMPLE (N: run a seeded sample of N mutants per module instead of all),
 MUTATION_SEED, MUTATION_ONLY (comma-separated mutmut name globs, e.g. `refmodel.prepare.x_sort_key*`: run
-only those; for iterating on one function), MUTATION_JOBS (parallel mutant workers, default 2), MUTATION_FAIL_UNDER (percent: exit 1 when a
+only those; for iterating on one function), MUTATION_EXCLUDE_TESTS (comma-separated test files dropped from every
+mapping: what the score was without them, e.g. a module's pins), MUTATION_JOBS (parallel mutant workers, default 2), MUTATION_FAIL_UNDER (percent: exit 1 when a
 module scores lower), MUTATION_REPORT (default build/mutation/report.json).
 
 Exit codes follow the project: 0 done (and every module at or above MUTATION_FAIL_UNDER when given), 1 a module
@@ -155,7 +156,12 @@ def parse_options(env: dict, targets: dict[str, Target]) -> dict:
         return value
 
     only = [g.strip() for g in env.get("MUTATION_ONLY", "").split(",") if g.strip()]
-    return {"modules": modules, "sample": integer("MUTATION_SAMPLE", None, 1, 10**6), "only": only,
+    exclude = [t.strip() for t in env.get("MUTATION_EXCLUDE_TESTS", "").split(",") if t.strip()]
+    every_test = {t.split("::")[0] for target in targets.values() for t in target.tests}
+    stray = [t for t in exclude if t not in every_test]
+    if stray:
+        raise BadInput(f"MUTATION_EXCLUDE_TESTS: {', '.join(stray)} is in no mapping of {TARGETS.name}")
+    return {"modules": modules, "sample": integer("MUTATION_SAMPLE", None, 1, 10**6), "only": only, "exclude": exclude,
             "seed": integer("MUTATION_SEED", 0, 0, 2**31 - 1), "jobs": integer("MUTATION_JOBS", 2, 1, 64),
             "fail_under": integer("MUTATION_FAIL_UNDER", None, 0, 100),
             "report": Path(env.get("MUTATION_REPORT", "") or ROOT / "build" / "mutation" / "report.json")}
@@ -196,7 +202,7 @@ def slug(module: str) -> str:
     return module.replace("/", "_").removesuffix(".py")
 
 
-def write_workdir(target: Target, workdir: Path) -> None:
+def write_workdir(target: Target, workdir: Path, exclude: tuple = ()) -> None:
     """A scratch copy of the project with a `[tool.mutmut]` that mutates `target.module` only."""
     workdir.mkdir(parents=True, exist_ok=True)
     for name in COPIED:
@@ -205,7 +211,10 @@ def write_workdir(target: Target, workdir: Path) -> None:
             shutil.rmtree(dst)
         shutil.copytree(ROOT / name, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     pytest_ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
-    selection = list(target.tests) + [f"--deselect={d}" for d in target.deselect]
+    tests = [t for t in target.tests if t.split("::")[0] not in exclude]
+    if not tests:
+        raise Inconclusive(f"{target.module}: MUTATION_EXCLUDE_TESTS leaves no test")
+    selection = tests + [f"--deselect={d}" for d in target.deselect]
     lines = ["[tool.pytest.ini_options]"]
     lines += [f"{key} = {json.dumps(value)}" for key, value in pytest_ini.items()]
     lines += ["", "[tool.mutmut]",
@@ -257,7 +266,7 @@ def run_module(target: Target, opts: dict, equivalents: dict[str, Equivalent], l
     workdir = WORK / slug(target.module)
     if workdir.exists():
         shutil.rmtree(workdir)  # build output of this command only: every run starts from the current tree
-    write_workdir(target, workdir)
+    write_workdir(target, workdir, tuple(opts["exclude"]))
     env = mutmut_env()
     start = time.monotonic()
     names: list[str] = []
@@ -333,6 +342,7 @@ def main(env: dict | None = None) -> int:
             results.append(result)
             print_result(result)
     report = {"tool": "mutmut", "sample": opts["sample"], "seed": opts["seed"], "only": opts["only"],
+              "excluded_tests": opts["exclude"],
               "modules": [r.as_json() for r in results], "inconclusive": errors}
     opts["report"].write_text(json.dumps(report, indent=2) + "\n")
     print(f"report: {opts['report']}")

@@ -1,1 +1,207 @@
-"""Pins of invariants (issue 20): values derived by hand from FA3's source, each killing a mutant."""
+"""Pins of spec.invariants (issue 20): each verdict's details and sentence on hand-worked pairs, the call-lengths
+forms, and the outcome mapping (evaluate / evaluate_inputs).
+
+The worked example is FACTS section 1 (sglang PR #30439): the precompute sees 8 q heads on 1 KV head
+(109 splits, batch 0 gets min(ceil(256/3), 109) = 86), the call 32 on 4 (29 splits, kMax(29, 128) = 32);
+FA3 sources: hopper/flash_api.cpp (out_accum sized by the call's num_splits, CHECK_SHAPE of the metadata),
+hopper/flash_fwd_combine_launch_template.h (kMax), hopper/tile_scheduler.hpp (the slots the call reads).
+"""
+
+import pytest
+import torch
+
+from refmodel import call_inputs, precompute_inputs, resolve_schedule, schedule_and_prepare
+from refmodel.metadata import UNWRITTEN
+from spec.invariants import (
+    INVARIANTS,
+    SILENT_INVARIANTS,
+    CallLengths,
+    Evaluation,
+    Violation,
+    check_batch_permutation,
+    check_query_cover,
+    check_shape,
+    check_split_bound,
+    evaluate,
+    evaluate_inputs,
+    metadata_for,
+    read_metadata,
+)
+
+WORKED = [32768] + [100] * 7
+
+
+def worked_pair():
+    P, R = schedule_and_prepare(8, 1, 32768, 8, 1, 128, torch.tensor(WORKED, dtype=torch.int32), page_size=1,
+                                causal=True, cu_seqlens_q=list(range(9)))
+    C = resolve_schedule(call_inputs(8, 1, 32768, 32, 4, 128, page_size=1, causal=True, varlen_q=True))
+    return P, R, C
+
+
+def test_worked_example_verdicts_in_full():
+    P, R, C = worked_pair()
+    ev = evaluate(P, R, C, WORKED)
+    assert ev.outcome == "violation" and ev.shape == [] and ev.safe is False
+    sb, cc = ev.violations
+    assert sb.to_dict() == {
+        "invariant": "SPLIT_BOUND", "batch": 0,
+        "detail": {"virtual_batch": 0, "metadata_splits": 86, "call_splits": 29, "out_of_bounds_splits": [29, 85]},
+        "message": "batch 0 (virtual 0) has 86 splits in the metadata but the call's partial buffers hold S_c=29: "
+                   "splits 29..85 are written and read out of bounds"}
+    assert cc.to_dict() == {
+        "invariant": "COMBINE_CAPACITY", "batch": 0,
+        "detail": {"virtual_batch": 0, "metadata_splits": 86, "k_max": 32, "call_splits": 29},
+        "message": "batch 0 has 86 splits but the combine reads at most kMax=32 (S_c=29, dv=128): splits 32..85 "
+                   "are ignored"}
+    assert sb.indices == sb.detail
+    assert check_split_bound(P, R, C, WORKED) == [sb]
+
+
+def test_a_split_count_equal_to_the_calls_is_in_bounds():
+    # SPLIT_BOUND is s > S_c: force the precompute's batch 0 to exactly S_c = 29 splits
+    P, R, C = worked_pair()
+    from dataclasses import replace
+    R29 = replace(R, num_splits=[29] + R.num_splits[1:])
+    assert check_split_bound(P, R29, C, WORKED) == []
+    R30 = replace(R, num_splits=[30] + R.num_splits[1:])
+    assert [v.detail["out_of_bounds_splits"] for v in check_split_bound(P, R30, C, WORKED)] == [[29, 29]]
+    # COMBINE_CAPACITY is s > kMax = 32: 32 is read in full, 33 is not (flash_fwd_combine_kernel.h si < kMax)
+    R32 = replace(R, num_splits=[32] + R.num_splits[1:])
+    assert [v.invariant for v in evaluate(P, R32, C, WORKED).violations] == ["SPLIT_BOUND"]
+    R33 = replace(R, num_splits=[33] + R.num_splits[1:])
+    assert [v.invariant for v in evaluate(P, R33, C, WORKED).violations] == ["SPLIT_BOUND", "COMBINE_CAPACITY"]
+
+
+def test_one_split_calls_ignore_the_metadatas_split_counts():
+    # a call with S_c == 1 runs no split kernel: md's counts are not read (SPLIT_BOUND, COMBINE_CAPACITY quiet)
+    P, R, _ = worked_pair()
+    C1 = resolve_schedule(call_inputs(8, 1, 32768, 32, 4, 128, page_size=1, causal=True, varlen_q=True,
+                                      num_splits=1))
+    P1, R1 = schedule_and_prepare(8, 1, 32768, 8, 1, 128, torch.tensor(WORKED, dtype=torch.int32), page_size=1,
+                                  causal=True, cu_seqlens_q=list(range(9)), num_splits=1)
+    assert evaluate(P1, R1, C1, WORKED).outcome == "pass"
+
+
+def test_more_call_batches_name_every_unwritten_slot():
+    # precompute b = 3 (b4 = 4), call b = 4: virtual batch 3 reads slot 3 of every vector, never written
+    P, R = metadata_for(precompute_inputs(3, 1, 4096, 32, 4, 128, varlen_q=True, page_size=1, causal=True),
+                        [4096, 10, 10], seqlens_q=[1, 1, 1])
+    C = resolve_schedule(call_inputs(4, 1, 4096, 32, 4, 128, varlen_q=True, page_size=1, causal=True))
+    assert C.num_splits > 1 and C.sort and C.swizzle
+    perm = check_batch_permutation(P, R, C, [4096, 10, 10, 10])
+    slots = [(v.detail["virtual_batch"], v.detail["vector"]) for v in perm if "vector" in v.detail]
+    assert slots == [(3, "num_splits"), (3, "num_m_blocks"), (3, "batch_idx"), (3, "nheads_in_l2")]
+    assert perm[0].batch is None
+    assert perm[0].message == ("the call reads num_splits[3], a slot the precompute never wrote "
+                               "(precompute b=3, call b=4)")
+    order = perm[-1]
+    assert order.detail == {"batch_idx": [0, 1, 2, UNWRITTEN], "outside": [], "missing": [3], "duplicated": []}
+    assert order.batch == 3
+    assert order.message == ("varlen_batch_idx[0:4] = [0, 1, 2, -2147483648] is not a permutation of 0..3: "
+                             "batches [3] are never computed, indices [] read past the call's batch")
+
+
+def test_a_duplicated_batch_index_breaks_the_permutation():
+    P, R = metadata_for(precompute_inputs(3, 1, 4096, 32, 4, 128, varlen_q=True, page_size=1, causal=True),
+                        [4096, 10, 10], seqlens_q=[1, 1, 1])
+    from dataclasses import replace
+    Rdup = replace(R, batch_idx=[0, 1, 1])
+    C = resolve_schedule(call_inputs(3, 1, 4096, 32, 4, 128, varlen_q=True, page_size=1, causal=True))
+    perm = check_batch_permutation(P, Rdup, C, [4096, 10, 10])
+    assert [v.detail for v in perm] == [{"batch_idx": [0, 1, 1], "outside": [], "missing": [2], "duplicated": [1]}]
+    assert check_batch_permutation(P, R, C, [4096, 10, 10]) == []
+
+
+def test_query_cover_uses_the_kernels_tile_and_packed_rows():
+    # d 64, dv 128: host tile 192 rows, kernel tile 128 (the <64, 256> instance); 150 rows need 2 kernel tiles
+    inp = precompute_inputs(1, 150, 1000, 8, 8, 64, headdim_v=128, varlen_q=True, num_splits=1)
+    P, R = metadata_for(inp, [1000], seqlens_q=[150])
+    C = resolve_schedule(call_inputs(1, 150, 1000, 8, 8, 64, headdim_v=128, varlen_q=True, num_splits=1))
+    (v,) = check_query_cover(P, R, C, {"seqused_k": [1000], "seqlens_q": [150]})
+    assert v.batch == 0 and v.detail == {"virtual_batch": 0, "metadata_m_blocks": 1, "kernel_block_m": 128,
+                                         "rows": 150, "uncovered_rows": [128, 149]}
+    assert v.message == ("batch 0: md gives 1 m-blocks of 128 rows but the call has 150 (packed) query rows: "
+                         "rows 128..149 are never computed")
+    # 128 rows fit exactly in one kernel tile
+    assert check_query_cover(P, R, C, {"seqused_k": [1000], "seqlens_q": [128]}) == []
+
+
+def test_query_cover_counts_packed_rows_with_the_kernels_packgqa():
+    # GQA 32/8 with splits: the kernel packs (forced for Split), rows = Lq * 4
+    P, R = metadata_for(precompute_inputs(1, 1, 8192, 32, 8, 128, varlen_q=True), [8192], seqlens_q=[1])
+    C = resolve_schedule(call_inputs(1, 40, 8192, 32, 8, 128, varlen_q=True))
+    assert C.kernel_pack_gqa and C.kernel_block_m == 128 and C.num_splits > 1
+    # md says 1 m-block (1 row * 4 = 4 rows); the call has 33 rows * 4 = 132 > 128
+    (v,) = check_query_cover(P, R, C, {"seqused_k": [8192], "seqlens_q": [33]})
+    assert v.detail["rows"] == 132 and v.detail["uncovered_rows"] == [128, 131]
+    assert check_query_cover(P, R, C, {"seqused_k": [8192], "seqlens_q": [32]}) == []
+
+
+def test_a_zero_split_count_leaves_the_batch_without_tiles():
+    # tile_scheduler.hpp: a batch gets m_blocks * num_splits tiles; 0 splits -> 0 tiles -> rows uncovered
+    P, R = metadata_for(precompute_inputs(1, 1, 8192, 32, 8, 128, varlen_q=True), [8192], seqlens_q=[1])
+    C = resolve_schedule(call_inputs(1, 1, 8192, 32, 8, 128, varlen_q=True))
+    from dataclasses import replace
+    (v,) = check_query_cover(P, replace(R, num_splits=[0]), C, [8192])
+    assert v.detail["metadata_m_blocks"] == 0 and v.detail["uncovered_rows"] == [0, 3]
+
+
+def test_call_lengths_forms():
+    assert CallLengths.coerce([5, 6], 2, 3) == CallLengths((5, 6), (3, 3))
+    assert CallLengths.coerce({"cache_seqlens": torch.tensor([5, 6])}, 2, 1) == CallLengths((5, 6), (1, 1))
+    assert CallLengths.coerce({"seqused_k": [5, 6], "seqlens_q": [2, 9]}, 2, 1) == CallLengths((5, 6), (2, 9))
+    given = CallLengths((5,), (4,))
+    assert CallLengths.coerce(given, 1, 1) is given
+    with pytest.raises(ValueError, match="call_lengths: mapping needs 'seqused_k' \\(or 'cache_seqlens'\\)"):
+        CallLengths.coerce({"seqlens_q": [1]}, 1, 1)
+    with pytest.raises(ValueError, match=r"call_lengths.seqused_k: expected 2 entries \(the call's batch\), got 1"):
+        CallLengths.coerce([5], 2, 1)
+    with pytest.raises(ValueError, match=r"call_lengths.seqlens_q: expected 2 entries, got 1"):
+        CallLengths.coerce({"seqused_k": [5, 6], "seqlens_q": [1]}, 2, 1)
+
+
+def test_shape_check_and_a_call_that_reads_no_metadata():
+    # a non-varlen call with 1 split and no causal reads no metadata (metadata_size 0): nothing to check
+    P, R = metadata_for(precompute_inputs(2, 1, 4096, 8, 8, 128), [4096, 4096])
+    C0 = resolve_schedule(call_inputs(2, 1, 4096, 8, 8, 128, has_cache_seqlens=False, num_splits=1))
+    assert C0.metadata_size == 0
+    assert check_shape(P, R, C0) == [] and evaluate(P, R, C0, [4096, 4096]) == Evaluation("pass", [], [])
+    # a varlen call of 5 batches against metadata for 2: b4 4 vs 8, 3 vectors (Sort, no Swizzle) + semaphore
+    C = resolve_schedule(call_inputs(5, 1, 4096, 8, 8, 128))
+    (v,) = check_shape(P, R, C)
+    assert v.invariant == "SHAPE" and v.batch is None
+    assert v.detail == {"produced": P.metadata_size, "expected": C.metadata_size}
+    assert (P.metadata_size, C.metadata_size) == (13, 25)          # 3 * 4 + 1 and 3 * 8 + 1
+    assert v.message == ("metadata has 13 int32 values but the call expects 25 (nvec*b4 + semaphore): FA3 raises, "
+                         "a loud and safe error")
+    ev = evaluate(P, R, C, [1] * 5)
+    assert ev.outcome == "shape_error" and ev.shape == [v] and ev.safe
+    # reading a too-short tensor with the call's layout pads with UNWRITTEN instead of raising: the call's
+    # batch_idx vector (offset 2 * 8 = 16) lies wholly past the 13 values produced
+    md = read_metadata(P, R, C)
+    assert md.batch_idx == [UNWRITTEN] * 8 and md.num_splits[:2] == R.num_splits
+
+
+def test_evaluate_inputs_maps_rejections_and_aborts():
+    ok = precompute_inputs(2, 1, 4096, 8, 8, 128)
+    call = call_inputs(2, 1, 4096, 8, 8, 128)
+    assert evaluate_inputs(ok, call, [4096, 4096], [4096, 4096]).outcome == "pass"
+    bad_call = call_inputs(2, 1, 4096, 8, 8, 128, num_splits=300)       # mha_fwd: num_splits > 256
+    ev = evaluate_inputs(ok, bad_call, [4096, 4096], [4096, 4096])
+    assert ev.outcome == "rejected" and ev.safe and ev.message
+    empty = precompute_inputs(0, 1, 4096, 8, 8, 128)
+    ev = evaluate_inputs(empty, call, [], [4096, 4096])
+    assert ev.outcome == "process_abort" and ev.safe is False and "exit(1)" in ev.message
+    # seqlens_q reach the precompute's prepare step: 300 query rows -> 3 m-blocks of 128
+    ev = evaluate_inputs(precompute_inputs(1, 300, 4096, 8, 8, 128, varlen_q=True), call_inputs(1, 300, 4096, 8, 8, 128,
+                         varlen_q=True), [4096], {"seqused_k": [4096], "seqlens_q": [300]}, seqlens_q=[300])
+    assert ev.outcome == "pass"
+    ev = evaluate_inputs(precompute_inputs(1, 300, 4096, 8, 8, 128, varlen_q=True), call_inputs(1, 300, 4096, 8, 8, 128,
+                         varlen_q=True), [4096], {"seqused_k": [4096], "seqlens_q": [300]}, seqlens_q=[100])
+    assert [v.invariant for v in ev.violations] == ["QUERY_COVER"]
+
+
+def test_registry_flags():
+    assert SILENT_INVARIANTS == ("SPLIT_BOUND", "COMBINE_CAPACITY", "BATCH_PERMUTATION", "QUERY_COVER", "KV_COVER")
+    assert INVARIANTS["SHAPE"].silent is False
+    assert Violation("X", 1).to_dict() == {"invariant": "X", "batch": 1, "detail": {}, "message": ""}
