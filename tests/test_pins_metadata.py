@@ -1,1 +1,102 @@
-"""Pins of metadata (issue 20): values derived by hand from FA3's source, each killing a mutant."""
+"""Pins of refmodel.metadata (issue 20): the metadata tensor of a hand-worked precompute, value by value, the
+decoder, the length helpers and the call's own metadata.
+
+Sources: Dao-AILab/flash-attention at 0251105a, `hopper/flash_api.cpp` `mha_fwd_get_scheduler_metadata`
+(lines 623-661: b_rounded = round_multiple(b, 4), vectors num_splits_dynamic | num_m_blocks | varlen_batch_idx
+(Sort) | num_nheads_in_l2 (Swizzle), then the semaphore), `hopper/flash_prepare_scheduler.cu` (the values),
+`hopper/flash_fwd_launch_template.h` 163-165 (the call's own prepare with the kernel's tiles and PackGQA).
+"""
+
+import pytest
+import torch
+
+from refmodel import call_inputs, resolve_schedule
+from refmodel.metadata import (
+    UNWRITTEN,
+    call_own_metadata,
+    call_own_schedule,
+    decode_metadata,
+    get_scheduler_metadata,
+    lengths_from_cu,
+    schedule_and_prepare,
+)
+
+U = UNWRITTEN
+
+
+def test_a_paged_causal_decode_precompute_tensor():
+    # b 3, q 1, k 4096, 8/8 heads, d 128, paged (page 1: not TMA -> tile 128 x 128), causal kept (paged, d 128)
+    # get_num_splits: 1 m-block, 32 n-blocks, total 8: best eff 0.97 (s = 16), smallest s >= 0.85 * 0.97: 14
+    # prepare: n = (32, 1, 1), total 34, bps = ceil(34 * 1.1 * 8 / 132) = 3; splits (11, 1, 1) (min(ceil(32/3), 14))
+    # n per split (3, 1, 1); causal keys (3*128 - 128, 0, 0): order (0, 1, 2); heads in L2: 16, PackGQA, min(16, 8)
+    md = get_scheduler_metadata(3, 1, 4096, 8, 8, 128, torch.tensor([4096, 10, 100], dtype=torch.int32),
+                                page_size=1, causal=True)
+    assert md.dtype == torch.int32
+    assert md.tolist() == [11, 1, 1, U, 1, 1, 1, U, 0, 1, 2, U, 8, 8, 8, U, 0]
+    d = decode_metadata(md, 3, sort=True, swizzle=True)
+    assert (d.num_splits, d.num_m_blocks, d.batch_idx, d.nheads_in_l2, d.semaphore) == \
+        ([11, 1, 1, U], [1, 1, 1, U], [0, 1, 2, U], [8, 8, 8, U], 0)
+    assert d.to_dict() == {"num_splits": [11, 1, 1, U], "num_m_blocks": [1, 1, 1, U], "batch_idx": [0, 1, 2, U],
+                           "nheads_in_l2": [8, 8, 8, U], "semaphore": 0}
+    assert (d.layout.b4, d.layout.size) == (4, 17)
+
+
+def test_decoding_with_another_layout_reads_other_slots():
+    md = get_scheduler_metadata(3, 1, 4096, 8, 8, 128, [4096, 10, 100], page_size=1, causal=True)
+    d = decode_metadata(md, 3, sort=False, swizzle=True)     # 3 vectors: heads in L2 at 2 * b4 = 8
+    assert d.batch_idx is None and d.nheads_in_l2 == [0, 1, 2, U] and d.semaphore == 8
+    d = decode_metadata(md, 5, sort=False, swizzle=False)    # b4 8: m-blocks at 8
+    assert d.num_m_blocks == [0, 1, 2, U, 8, 8, 8, U] and d.semaphore == 0
+    d = decode_metadata(md[:16], 3, sort=True, swizzle=True)
+    assert d.semaphore is None
+    with pytest.raises(ValueError) as info:
+        decode_metadata(md[:5], 3, sort=True, swizzle=True)
+    assert str(info.value) == ("metadata: expected at least 16 int32 values for batch_size=3, sort=True, "
+                               "swizzle=True; got 5")
+
+
+def test_leftpad_and_new_kv_reach_the_prepare_step():
+    # d 128 non-causal: kBlockN 176; 1 split forced so n per split = n blocks and the sort shows them
+    s, r = schedule_and_prepare(2, 1, 4096, 8, 8, 128, [177, 177], cache_leftpad=[1, 0], num_splits=1)
+    assert s.block_n == 176 and r.batch_idx == [1, 0]          # n = (1, 2)
+    _, r = schedule_and_prepare(2, 1, 4096, 8, 8, 128, [176, 150], cu_seqlens_k_new=[0, 0, 50], num_splits=1)
+    assert r.batch_idx == [1, 0]                               # n = (1, ceil(200 / 176) = 2)
+    _, r = schedule_and_prepare(2, 1, 4096, 8, 8, 128, [176, 150], num_splits=1)
+    assert r.batch_idx == [0, 1]                               # n = (1, 1): a tie
+    # cu_seqlens_q: per-batch rows 1 and 200 -> m-blocks 1 and 2 (kBlockM 128)
+    _, r = schedule_and_prepare(2, 200, 4096, 8, 8, 128, [176, 176], cu_seqlens_q=[0, 1, 201], num_splits=1)
+    assert sorted(r.num_m_blocks) == [1, 2]
+
+
+def test_length_helpers_name_their_field():
+    assert lengths_from_cu([0, 1, 3], "cu_seqlens_q", 2) == [1, 2]
+    assert lengths_from_cu(torch.tensor([0, 4]), "cu_seqlens_q", 1) == [4]
+    assert lengths_from_cu(None, "cu_seqlens_q", 2) is None
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q: must be non-decreasing, got \[0, 2, 1\]$"):
+        lengths_from_cu([0, 2, 1], "cu_seqlens_q", 2)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_k_new: expected 3 entries, got 2$"):
+        lengths_from_cu([0, 2], "cu_seqlens_k_new", 2)
+    with pytest.raises(ValueError, match=r"^cache_seqlens: entries must be >= 0, got \[5, -1\]$"):
+        schedule_and_prepare(2, 1, 4096, 8, 8, 128, [5, -1])
+    with pytest.raises(ValueError, match=r"^cache_seqlens: expected 2 entries, got 1$"):
+        schedule_and_prepare(2, 1, 4096, 8, 8, 128, [5])
+    with pytest.raises(ValueError, match=r"^cache_leftpad: expected 2 entries, got 3$"):
+        schedule_and_prepare(2, 1, 4096, 8, 8, 128, [5, 5], cache_leftpad=[0, 0, 0])
+
+
+def test_the_calls_own_metadata_uses_the_kernels_tiles():
+    # d 64, dv 128: host tile (192, 192) from the rounded dims, kernel instance <64, 256>: tile (128, 96)
+    call = resolve_schedule(call_inputs(1, 150, 1000, 8, 8, 64, headdim_v=128, varlen_q=True, num_splits=1))
+    assert (call.block_m, call.block_n, call.kernel_block_m, call.kernel_block_n) == (192, 192, 128, 96)
+    own = call_own_schedule(call)
+    assert (own.block_m, own.block_n, own.pack_gqa) == (128, 96, call.kernel_pack_gqa)
+    sched, r = call_own_metadata(call, [1000], seqlens_q=[150])
+    assert sched == own and r.num_m_blocks == [2]              # ceil(150 / 128)
+    _, r = call_own_metadata(call, [1000], seqlens_q=[150], leftpad_k=[0], seqlens_new=[0])
+    assert r.num_m_blocks == [2]
+    pre = schedule_and_prepare(1, 150, 1000, 8, 8, 64, [1000], headdim_v=128)[0]
+    with pytest.raises(ValueError, match=r"^call_schedule: must be a call's schedule \(inputs.precompute False\)"):
+        call_own_schedule(pre)
+    dense = resolve_schedule(call_inputs(1, 150, 1000, 8, 8, 64, headdim_v=128, has_cache_seqlens=False))
+    with pytest.raises(ValueError, match=r"^call_schedule: the call is not varlen"):
+        call_own_metadata(dense, [1000])
