@@ -24,6 +24,7 @@ or a module ran no mutant).
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import json
 import os
@@ -82,6 +83,7 @@ class ModuleResult:
     statuses: dict = field(default_factory=dict)
     seconds: float = 0.0
     sampled: bool = False
+    not_mutated: list = field(default_factory=list)
 
     @property
     def scored(self) -> int:
@@ -95,7 +97,8 @@ class ModuleResult:
         return {"module": self.module, "mutants": self.mutants, "killed": self.killed,
                 "equivalent": self.equivalent, "survived": len(self.survivors), "score": self.score,
                 "seconds": round(self.seconds, 1), "sampled": self.sampled, "statuses": self.statuses,
-                "survivors": self.survivors, "stale_equivalents": self.stale_equivalents}
+                "survivors": self.survivors, "stale_equivalents": self.stale_equivalents,
+                "not_mutated": self.not_mutated}
 
 
 def load_targets(path: Path = TARGETS) -> dict[str, Target]:
@@ -198,6 +201,26 @@ def select_mutants(every: list[str], opts: dict) -> list[str]:
     return sorted(names)
 
 
+def not_mutated_by_mutmut(source: str) -> list[str]:
+    """Functions mutmut 3 leaves alone: decorated ones other than staticmethod/classmethod (properties, caches).
+
+    mutmut also skips module-level statements (constants, tables); those are not listed. The report names these
+    functions so that what the score does not measure is said, not hidden.
+    """
+    out = []
+
+    def visit(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [ast.unparse(d) for d in child.decorator_list]
+                if names and not (len(names) == 1 and names[0] in ("staticmethod", "classmethod")):
+                    out.append(f"{prefix}{child.name} (@{', @'.join(names)})")
+    visit(ast.parse(source), "")
+    return out
+
+
 def slug(module: str) -> str:
     return module.replace("/", "_").removesuffix(".py")
 
@@ -295,6 +318,7 @@ def run_module(target: Target, opts: dict, equivalents: dict[str, Equivalent], l
     result = classify(target.module, statuses, diffs, equivalents)
     result.seconds = time.monotonic() - start
     result.sampled = bool(names)
+    result.not_mutated = not_mutated_by_mutmut((ROOT / target.module).read_text())
     return result
 
 
@@ -308,6 +332,8 @@ def print_result(r: ModuleResult) -> None:
         for line in s["diff"].splitlines()[2:]:
             if line.startswith(("+", "-")):
                 print(f"      {line}")
+    if r.not_mutated:
+        print(f"  not mutated by mutmut: {', '.join(r.not_mutated)}")
     for s in r.stale_equivalents:
         print(f"  stale equivalent entry: {s['name']} lists {s['listed']!r}, mutant is now {s['now']!r}")
 

@@ -92,3 +92,10 @@ def test_a_malformed_equivalent_line_is_bad_input(tmp_path):
 def test_mutated_line_is_the_first_added_line():
     assert drv.mutated_line(DIFF_A) == "return 2"
     assert drv.mutated_line("") == ""
+
+
+def test_decorated_functions_are_listed_as_not_mutated():
+    source = ("import functools\nclass A:\n    @property\n    def p(self):\n        return 1\n"
+              "    @staticmethod\n    def s():\n        return 2\n    def m(self):\n        return 3\n"
+              "@functools.lru_cache(maxsize=4)\ndef f():\n    return 4\n")
+    assert drv.not_mutated_by_mutmut(source) == ["A.p (@property)", "f (@functools.lru_cache(maxsize=4))"]
