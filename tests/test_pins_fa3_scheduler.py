@@ -318,3 +318,50 @@ def test_input_builders_carry_every_argument():
     assert call_inputs(1, 1, 1, 1, 1, 80).headdim_v == 80
     assert call_inputs(1, 1, 1, 1, 1, 80, has_cache_seqlens=False, varlen_q=True).uses_prepare is True
     assert call_inputs(1, 1, 1, 1, 1, 80, has_cache_seqlens=False, has_leftpad=True).uses_prepare is True
+
+
+def test_comparisons_at_their_exact_ties():
+    # heuristics.h 16: nopack < 0.9 * pack, strict. sq 108, qhpk 10, kBlockM 128: nopack 108/128 = 0.84375,
+    # pack 1080/1152 = 0.9375, 0.9 * 0.9375 = 0.84375 exactly: no pack
+    assert should_pack_gqa(False, 108, 10, 128) is False
+    # heuristics.h 29: total >= 0.8f * SMs in float: 0.8f * 5 rounds to 4.0f, so 4 m-blocks on 5 SMs is "full"
+    assert num_splits_heuristic(4, 5, 100, 1, 0, False) == 1
+    # heuristics.h 53: eff >= 0.85 * best, inclusive. 1 m-block on 128 SMs, 20 n-blocks: eff(s) = s/128,
+    # best 20/128, 0.85 * 0.15625 = 0.1328125 = eff(17) exactly -> 17
+    assert num_splits_heuristic(1, 128, 20, 1, 0, False) == 17
+
+
+def test_split_forces_packgqa_and_the_pack_heuristic_uses_the_host_tile():
+    # get_pack_gqa 428: num_splits > 1 forces PackGQA even for MHA; 1 split of MHA never packs
+    assert resolve_schedule(call_inputs(2, 1, 8192, 8, 8, 128, has_cache_seqlens=False, num_splits=2)).pack_gqa
+    assert not resolve_schedule(call_inputs(2, 1, 8192, 8, 8, 128, has_cache_seqlens=False, num_splits=1)).pack_gqa
+    # get_pack_gqa 436-438: kBlockM from tile_size_fwd_sm90(d_rounded, dv_rounded, ..., element_size)
+    # d 64, dv 512 bf16: kBlockM 64; sq 64, qhpk 2: nopack 64/64 = 1.0, pack 128/128 = 1.0 -> no pack
+    # (with dv taken as anything but 512 the tile would be 192 rows: 64/192 < 0.9 * 128/192 would pack)
+    c = resolve_schedule(call_inputs(2, 64, 8192, 16, 8, 64, headdim_v=512, has_cache_seqlens=False,
+                                     num_splits=1))
+    assert c.block_m == 64 and c.pack_gqa is False
+    # fp8 d 64, dv 256: kBlockM 192 (tile_size.h 43); sq 96, qhpk 2: nopack 0.5, pack 192/192 -> pack
+    # (the bf16 tile for (64, 256) would be 128 rows: 96/128 = 0.75 vs 192/256 = 0.75 -> no pack)
+    c = resolve_schedule(call_inputs(2, 96, 8192, 16, 8, 64, headdim_v=256, qkv_dtype="float8_e4m3fn",
+                                     has_cache_seqlens=False, num_splits=1))
+    assert c.block_m == 192 and c.pack_gqa is True
+    # varlen_q (cu_seqlens_q) always packs (heuristics.h 11): 128 rows of GQA 32/8 would not otherwise
+    assert resolve_schedule(call_inputs(2, 128, 8192, 32, 8, 128, varlen_q=True, num_splits=1)).pack_gqa
+    assert not resolve_schedule(call_inputs(2, 128, 8192, 32, 8, 128, num_splits=1)).pack_gqa
+
+
+def test_input_builder_defaults():
+    # flash_attn_interface.py get_scheduler_metadata / flash_attn_with_kvcache defaults; 132 SMs (H100/H200)
+    p = precompute_inputs(1, 1, 1, 1, 1, 80)
+    assert (p.varlen_q, p.causal, p.has_softcap, p.has_leftpad, p.window_size, p.attention_chunk, p.num_splits,
+            p.pack_gqa, p.num_sm, p.arch, p.element_size, p.page_size, p.seqlen_knew) == \
+        (False, False, False, False, (-1, -1), 0, 0, None, 132, 90, 2, None, 0)
+    c = call_inputs(1, 1, 1, 1, 1, 80)
+    assert (c.varlen_q, c.causal, c.has_softcap, c.has_leftpad, c.window_size, c.attention_chunk, c.num_splits,
+            c.pack_gqa, c.num_sm, c.arch, c.element_size, c.page_size, c.seqlen_knew, c.has_seqused_k) == \
+        (False, False, False, False, (-1, -1), 0, 0, None, 132, 90, 2, None, 0, True)
+    c = call_inputs(1, 1, 1, 1, 1, 80, has_softcap=True, varlen_q=True, has_leftpad=True, causal=True)
+    assert (c.has_softcap, c.varlen_q, c.has_leftpad, c.causal) == (True, True, True, True)
+    for value in (c.has_softcap, c.varlen_q, c.has_leftpad, c.causal, c.has_seqused_k, c.uses_prepare):
+        assert type(value) is bool
