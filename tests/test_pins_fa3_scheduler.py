@@ -365,3 +365,52 @@ def test_input_builder_defaults():
     assert (c.has_softcap, c.varlen_q, c.has_leftpad, c.causal) == (True, True, True, True)
     for value in (c.has_softcap, c.varlen_q, c.has_leftpad, c.causal, c.has_seqused_k, c.uses_prepare):
         assert type(value) is bool
+
+
+def test_masking_boundaries_at_zero_windows():
+    # flash_api.cpp 587-588: causal needs window_left < 0; a left window of 0 is local (the diagonal only)
+    m = resolve_masking(100, 1000, False, (0, 0))
+    assert (m.is_causal, m.is_local, m.window_left, m.window_right) == (False, True, 0, 0)
+    m = resolve_masking(100, 1000, False, (0, -1))
+    assert (m.is_causal, m.is_local, m.window_left, m.window_right) == (False, True, 0, 99)
+    # attention_chunk >= 1 alone makes it local; windows capped at chunk - 1 = 0 (589-592)
+    m = resolve_masking(100, 1000, False, (-1, -1), attention_chunk=1)
+    assert (m.is_causal, m.is_local, m.window_left, m.window_right) == (False, True, 0, 0)
+    # decode (q 1): a left window covering all keys becomes -1 (576), so causal is dropped (579-583) ...
+    assert resolve_masking(1, 1000, True, (999, -1), headdim=128).is_causal is False
+    # ... and so is a right window >= q - 1 = 0 (577)
+    assert resolve_masking(1, 1000, True, (-1, 5), headdim=128).is_causal is False
+    # the function's defaults: head dim 128, not paged
+    assert resolve_masking(1, 1000, True).is_causal is False
+    assert resolve_masking(1, 1000, True, paged=True).is_causal is True
+
+
+def test_get_num_splits_follows_the_tile_of_each_case():
+    # one KV head, 2 m-blocks (q 129 or 200 over kBlockM 128): total 2, eff(s) = 2s/132 rises up to the cap of
+    # n-blocks, so the split count is the smallest s >= 0.85 * n: n 21 -> 18 (17.85), n 29 -> 25 (24.65)
+    # (heuristics.h 41-57; n chosen so that 0.85 * n is no float tie)
+    # paged with TMA (page 176 % kBlockN 176 == 0, 129 rows > 128): kBlockN 176 -> 3696 / 176 = 21 n-blocks
+    assert get_num_splits(precompute_inputs(1, 129, 3696, 1, 1, 128, page_size=176)) == 18
+    # paged without TMA (page 1): kBlockN 128 -> 29 n-blocks
+    assert get_num_splits(precompute_inputs(1, 129, 3696, 1, 1, 128, page_size=1)) == 25
+    # not paged: 176 -> 21
+    assert get_num_splits(precompute_inputs(1, 129, 3696, 1, 1, 128)) == 18
+    # causal (q 200 > 1 keeps it): kBlockN 128 -> 29
+    assert get_num_splits(precompute_inputs(1, 200, 3696, 1, 1, 128, causal=True)) == 25
+
+
+def test_local_loaded_keys_count_the_window_plus_one_plus_a_tile():
+    # get_num_splits 459-461: min(seqlen_k, wr + wl + 1 + kBlockM); local d 128: 128 x 128; q 1 -> wr 0, total 1
+    # wl 2559: 2559 + 0 + 1 + 128 = 2688 = 21 blocks -> 18 splits; wl 2560: 2689 -> 22 blocks -> ceil(18.7) = 19
+    assert get_num_splits(precompute_inputs(1, 1, 100000, 1, 1, 128, window_size=(2559, 0))) == 18
+    assert get_num_splits(precompute_inputs(1, 1, 100000, 1, 1, 128, window_size=(2560, 0))) == 19
+
+
+def test_paged_tma_uses_the_causal_and_local_tile():
+    # get_pagedkv_tma 417: the tile of the resolved mask; causal or local d 128: kBlockN 128, so page 128 is TMA
+    for window, causal in (((-1, -1), True), ((100, 0), False)):
+        inp = precompute_inputs(4, 200, 4096, 8, 8, 128, page_size=128, causal=causal, window_size=window)
+        m = resolve_masking(200, 4096, causal, window, headdim=128, paged=True)
+        assert pagedkv_tma(inp, m, 128, 128) is True
+    inp = precompute_inputs(4, 200, 4096, 8, 8, 128, page_size=128)
+    assert pagedkv_tma(inp, resolve_masking(200, 4096, False, paged=True), 128, 128) is False   # 128 % 176
