@@ -15,7 +15,9 @@ in targets.toml), MUTATION_SAMPLE (N: run a seeded sample of N mutants per modul
 MUTATION_SEED, MUTATION_ONLY (comma-separated mutmut name globs, e.g. `refmodel.prepare.x_sort_key*`: run
 only those; for iterating on one function), MUTATION_EXCLUDE_TESTS (comma-separated test files dropped from every
 mapping: what the score was without them, e.g. a module's pins), MUTATION_JOBS (parallel mutant workers, default 2), MUTATION_FAIL_UNDER (percent: exit 1 when a
-module scores lower), MUTATION_REPORT (default build/mutation/report.json).
+module scores lower), MUTATION_REPORT (default build/mutation/report.json), MUTATION_RERUN=survivors (run again only
+the mutants the previous report left undetected, for modules whose source is unchanged since, and merge: a
+killed mutant stays killed when tests are only added).
 
 Exit codes follow the project: 0 done (and every module at or above MUTATION_FAIL_UNDER when given), 1 a module
 below it, 2 bad input (names the variable and its allowed values), 3 inconclusive (mutmut did not complete,
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import hashlib
 import json
 import os
 import random
@@ -84,6 +87,9 @@ class ModuleResult:
     seconds: float = 0.0
     sampled: bool = False
     not_mutated: list = field(default_factory=list)
+    equivalent_names: list = field(default_factory=list)
+    source_sha256: str = ""
+    rerun_of: str = ""
 
     @property
     def scored(self) -> int:
@@ -98,7 +104,8 @@ class ModuleResult:
                 "equivalent": self.equivalent, "survived": len(self.survivors), "score": self.score,
                 "seconds": round(self.seconds, 1), "sampled": self.sampled, "statuses": self.statuses,
                 "survivors": self.survivors, "stale_equivalents": self.stale_equivalents,
-                "not_mutated": self.not_mutated}
+                "not_mutated": self.not_mutated, "equivalent_names": self.equivalent_names,
+                "source_sha256": self.source_sha256, "rerun_of": self.rerun_of}
 
 
 def load_targets(path: Path = TARGETS) -> dict[str, Target]:
@@ -167,7 +174,33 @@ def parse_options(env: dict, targets: dict[str, Target]) -> dict:
     return {"modules": modules, "sample": integer("MUTATION_SAMPLE", None, 1, 10**6), "only": only, "exclude": exclude,
             "seed": integer("MUTATION_SEED", 0, 0, 2**31 - 1), "jobs": integer("MUTATION_JOBS", 2, 1, 64),
             "fail_under": integer("MUTATION_FAIL_UNDER", None, 0, 100),
-            "report": Path(env.get("MUTATION_REPORT", "") or ROOT / "build" / "mutation" / "report.json")}
+            "report": Path(env.get("MUTATION_REPORT", "") or ROOT / "build" / "mutation" / "report.json"),
+            "rerun": rerun(env)}
+
+
+def rerun(env: dict) -> bool:
+    value = env.get("MUTATION_RERUN", "")
+    if value not in ("", "survivors"):
+        raise BadInput(f"MUTATION_RERUN: must be 'survivors' or empty, got {value!r}")
+    return value == "survivors"
+
+
+def source_hash(module: str) -> str:
+    return hashlib.sha256((ROOT / module).read_bytes()).hexdigest()
+
+
+def previous_result(report: Path, module: str) -> dict:
+    """The module's entry in the previous report, for MUTATION_RERUN=survivors (same source, full run)."""
+    try:
+        entries = {m["module"]: m for m in json.loads(report.read_text())["modules"]}
+    except (OSError, ValueError, KeyError) as exc:
+        raise BadInput(f"MUTATION_RERUN: no previous report at {report} ({exc})") from None
+    prev = entries.get(module)
+    if prev is None or prev.get("sampled"):
+        raise BadInput(f"MUTATION_RERUN: {report} has no full run of {module}")
+    if prev.get("source_sha256") != source_hash(module):
+        raise BadInput(f"MUTATION_RERUN: {module} changed since {report}; run it in full")
+    return prev
 
 
 def classify(module: str, statuses: dict[str, str], diffs: dict[str, str],
@@ -186,6 +219,7 @@ def classify(module: str, statuses: dict[str, str], diffs: dict[str, str],
         entry = equivalents.get(name)
         if entry is not None and entry.line == mutated_line(diff):
             result.equivalent += 1
+            result.equivalent_names.append(name)
             continue
         if entry is not None:
             result.stale_equivalents.append({"name": name, "listed": entry.line, "now": mutated_line(diff)})
@@ -293,7 +327,14 @@ def run_module(target: Target, opts: dict, equivalents: dict[str, Equivalent], l
     env = mutmut_env()
     start = time.monotonic()
     names: list[str] = []
-    if opts["sample"] is not None or opts["only"]:
+    prev = previous_result(opts["report"], target.module) if opts["rerun"] else None
+    if prev is not None:
+        names = sorted([s["name"] for s in prev["survivors"]] + list(prev.get("equivalent_names", [])))
+        if not names:
+            result = ModuleResult(**{k: prev[k] for k in ("module", "mutants", "killed", "equivalent")})
+            result.source_sha256, result.rerun_of = prev["source_sha256"], str(opts["report"])
+            return result
+    elif opts["sample"] is not None or opts["only"]:
         subprocess.run([sys.executable, "-c", GENERATE], cwd=workdir, env=env, check=True,
                        stdout=log, stderr=subprocess.STDOUT)
         names = select_mutants(sorted(meta_statuses(workdir, target.module)), opts)
@@ -317,7 +358,11 @@ def run_module(target: Target, opts: dict, equivalents: dict[str, Equivalent], l
         diffs = json.loads(out.stdout)
     result = classify(target.module, statuses, diffs, equivalents)
     result.seconds = time.monotonic() - start
-    result.sampled = bool(names)
+    result.sampled = bool(names) and prev is None
+    result.source_sha256 = source_hash(target.module)
+    if prev is not None:   # the rest were killed in the previous full run and stay killed (tests were only added)
+        result.mutants, result.killed = prev["mutants"], prev["killed"] + result.killed
+        result.rerun_of = str(opts["report"])
     result.not_mutated = not_mutated_by_mutmut((ROOT / target.module).read_text())
     return result
 

@@ -99,3 +99,21 @@ def test_decorated_functions_are_listed_as_not_mutated():
               "    @staticmethod\n    def s():\n        return 2\n    def m(self):\n        return 3\n"
               "@functools.lru_cache(maxsize=4)\ndef f():\n    return 4\n")
     assert drv.not_mutated_by_mutmut(source) == ["A.p (@property)", "f (@functools.lru_cache(maxsize=4))"]
+
+
+def test_a_rerun_needs_a_full_previous_run_of_the_same_source(tmp_path):
+    report = tmp_path / "report.json"
+    with pytest.raises(drv.BadInput, match="MUTATION_RERUN: no previous report"):
+        drv.previous_result(report, "refmodel/cint.py")
+    import json
+    entry = {"module": "refmodel/cint.py", "sampled": False, "source_sha256": "0" * 64}
+    report.write_text(json.dumps({"modules": [entry]}))
+    with pytest.raises(drv.BadInput, match="changed since"):
+        drv.previous_result(report, "refmodel/cint.py")
+    with pytest.raises(drv.BadInput, match="has no full run of refmodel/prepare.py"):
+        drv.previous_result(report, "refmodel/prepare.py")
+    entry["source_sha256"] = drv.source_hash("refmodel/cint.py")
+    report.write_text(json.dumps({"modules": [entry]}))
+    assert drv.previous_result(report, "refmodel/cint.py") == entry
+    with pytest.raises(drv.BadInput, match="MUTATION_RERUN: must be 'survivors'"):
+        drv.rerun({"MUTATION_RERUN": "all"})
