@@ -414,3 +414,76 @@ def test_paged_tma_uses_the_causal_and_local_tile():
         assert pagedkv_tma(inp, m, 128, 128) is True
     inp = precompute_inputs(4, 200, 4096, 8, 8, 128, page_size=128)
     assert pagedkv_tma(inp, resolve_masking(200, 4096, False, paged=True), 128, 128) is False   # 128 % 176
+
+
+@pytest.mark.parametrize("d, elem, expected", [
+    # the dispatch compares the raw head dim (flash_api.cpp 260-292, 338-359): 65 runs the 96 kernel, etc.
+    (65, 2, (96, 96)), (97, 2, (128, 128)), (129, 2, (192, 192)), (193, 2, (256, 256)),
+    (65, 1, (96, 96)), (97, 1, (128, 128)), (129, 1, (192, 192)), (193, 1, (256, 256)),
+])
+def test_kernel_head_dim_boundaries(d, elem, expected):
+    assert kernel_headdims(d, d, elem) == expected
+    assert kernel_headdims(192, 129, 1) == (192, 192)
+
+
+@pytest.mark.parametrize("d, dv, elem, expected", [
+    # tile_size.h compares headdim <= 64 / 96 / 128 / 192 (lines 14-38, 42-48)
+    (65, 65, 2, (192, 144)), (97, 97, 2, (128, 176)), (129, 129, 2, (128, 112)), (193, 193, 2, (128, 80)),
+    (65, 65, 1, (192, 128)), (97, 97, 1, (128, 224)), (129, 129, 1, (128, 160)), (193, 193, 1, (128, 128)),
+    (192, 129, 2, (128, 112)),                                  # dv 129 > 128 (line 37)
+])
+def test_tile_boundaries(d, dv, elem, expected):
+    assert tile_size_fwd_sm90(d, dv, False, False, elem) == expected
+
+
+def test_tile_defaults_are_no_softcap_and_row_major_v():
+    # tile_size.h 10-12: v_colmajor=false, paged_kv_non_TMA=false, softcap=false
+    assert tile_size_fwd_sm90(128, 128, False, True, 1) == (128, 224)     # softcap would make it 192 (local)
+    assert tile_size_fwd_sm90(128, 128, False, False, 1) == (128, 224)    # v_colmajor would make it 192
+    assert tile_size_fwd_sm90(128, 128, False, False) == (128, 176)       # element size 2
+
+
+def test_resolved_tiles_of_host_and_kernel():
+    def tiles(**kw):
+        s = resolve_schedule(call_inputs(2, 200, 4096, 8, 8, kw.pop("d", 128), **kw))
+        return s.block_m, s.block_n, s.kernel_block_m, s.kernel_block_n
+    assert tiles() == (128, 176, 128, 176)
+    assert tiles(causal=True) == (128, 128, 128, 128)
+    assert tiles(window_size=(100, 0)) == (128, 128, 128, 128)
+    assert tiles(page_size=16) == (128, 128, 128, 128)              # paged, not TMA
+    assert tiles(qkv_dtype="float8_e4m3fn", has_softcap=True, window_size=(100, 0)) == (128, 192, 128, 192)
+    assert tiles(qkv_dtype="float8_e4m3fn") == (128, 224, 128, 224)
+    # d 64, dv 128: host (64, 128) -> 192 x 192; kernel instance (64, 256) -> 128 x 96
+    assert tiles(d=64, headdim_v=128) == (192, 192, 128, 96)
+    s = resolve_schedule(call_inputs(2, 200, 4096, 8, 8, 64, headdim_v=104))
+    assert (s.d_rounded, s.dv_rounded) == (64, 128)
+
+
+def test_kernel_packgqa_is_forced_for_split_and_paged_non_tma():
+    # flash_api.cpp 377: PackGQA for the kernel when pack_gqa, or Split, or paged KV without TMA
+    def kp(**kw):
+        return resolve_schedule(call_inputs(2, 200, 4096, 8, 8, 128, has_cache_seqlens=False, **kw)).kernel_pack_gqa
+    assert kp(num_splits=1, pack_gqa=False) is False
+    assert kp(num_splits=1, pack_gqa=True) is True
+    assert kp(num_splits=2, pack_gqa=False) is True
+    assert kp(num_splits=1, pack_gqa=False, page_size=16) is True
+    # with TMA paged KV an MHA call does not pack at all (get_pack_gqa 428 needs paged *without* TMA)
+    s = resolve_schedule(call_inputs(2, 200, 4096, 8, 8, 128, page_size=176, num_splits=1))
+    assert s.pagedkv_tma is True and s.pack_gqa is False and s.kernel_pack_gqa is False
+
+
+def test_paged_tma_at_head_dim_192_reads_dv():
+    # tile_size.h 37 needs dv for d 192: (192, 128) -> 128 x 128, so page 128 is TMA with 200 rows
+    s = resolve_schedule(precompute_inputs(2, 200, 4096, 8, 8, 192, headdim_v=128, page_size=128))
+    assert s.pagedkv_tma is True and (s.block_m, s.block_n) == (128, 128)
+    s = resolve_schedule(precompute_inputs(2, 200, 4096, 8, 8, 192, page_size=128))     # (192, 192): 112
+    assert s.pagedkv_tma is False
+
+
+def test_a_call_without_queries_never_checks_its_split_count():
+    # run_mha_fwd (flash_api.cpp 371) checks num_splits >= 1 only when the kernel runs (1167: queries and keys);
+    # an int64 num_splits of 2^32 - 1 narrows to -1
+    from refmodel import FA3Rejected
+    resolve_schedule(call_inputs(1, 0, 100, 8, 8, 128, num_splits=2**32 - 1))
+    with pytest.raises(FA3Rejected):
+        resolve_schedule(call_inputs(1, 1, 100, 8, 8, 128, num_splits=2**32 - 1))
