@@ -314,6 +314,7 @@ def test_input_builders_carry_every_argument():
     assert (call.batch_size, call.seqlen_q, call.seqlen_k, call.num_heads, call.num_heads_k, call.headdim,
             call.headdim_v, call.element_size, call.seqlen_knew, call.num_sm, call.pack_gqa) == \
         (3, 5, 700, 16, 4, 96, 64, 2, 3, 98, True)
+    assert (call.window_size, call.attention_chunk, call.has_softcap, call.causal) == ((9, 2), 4, True, True)
     assert (call.uses_prepare, call.precompute, call.has_seqused_k, call.paged) == (False, False, False, False)
     assert call_inputs(1, 1, 1, 1, 1, 80).headdim_v == 80
     assert call_inputs(1, 1, 1, 1, 1, 80, has_cache_seqlens=False, varlen_q=True).uses_prepare is True
@@ -487,3 +488,23 @@ def test_a_call_without_queries_never_checks_its_split_count():
     resolve_schedule(call_inputs(1, 0, 100, 8, 8, 128, num_splits=2**32 - 1))
     with pytest.raises(FA3Rejected):
         resolve_schedule(call_inputs(1, 1, 100, 8, 8, 128, num_splits=2**32 - 1))
+
+
+def test_fp8_tiles_reach_the_split_count_and_the_tma_rule():
+    # fp8 d 128: kBlockN 224 (tile_size.h 47). 2 m-blocks, 4704 keys: 21 n-blocks -> 18 splits (bf16's 176 would
+    # give 27 -> 23)
+    assert get_num_splits(precompute_inputs(1, 129, 4704, 1, 1, 128, qkv_dtype="float8_e4m3fn")) == 18
+    # page 224 is TMA for fp8 (224 % 224), not for bf16 (224 % 176)
+    m = resolve_masking(200, 4096, False, headdim=128, paged=True)
+    fp8 = precompute_inputs(4, 200, 4096, 8, 8, 128, qkv_dtype="float8_e4m3fn", page_size=224)
+    assert pagedkv_tma(fp8, m, 128, 128) is True
+    assert pagedkv_tma(precompute_inputs(4, 200, 4096, 8, 8, 128, page_size=224), m, 128, 128) is False
+
+
+def test_paged_decode_keeps_causal_in_the_split_count():
+    # flash_api.cpp 579-583: q 1, paged, d 128 keeps causal, so the L2 branch (heuristics.h 33, not causal) is off.
+    # 33792 q heads on 1 KV head: 33792 rows / 128 = 264 m-blocks = 2 * 132; KV head 204800 * 256 * 2 = 100 MiB
+    causal = precompute_inputs(1, 1, 204800, 33792, 1, 128, page_size=1, causal=True)
+    assert get_num_splits(causal) == 1
+    # the same without causal splits by L2: ceil(100 MiB / 50 MiB) = 2
+    assert get_num_splits(precompute_inputs(1, 1, 204800, 33792, 1, 128, page_size=1)) == 2
