@@ -165,3 +165,14 @@ def test_a_wrong_length_names_cache_seqlens():
     s = schedule(2, 1, 1024, 1, 1)
     with pytest.raises(ValueError, match=r"cache_seqlens: expected 2 entries \(batch_size\), got 1"):
         prepare_scheduler(s, [5])
+
+
+def test_new_kv_lengths_and_packgqa_rows_per_batch():
+    # line 118: each batch's own seqlen_new (cu_seqlens_k_new) is added: n = (176 + 0, 150 + 50) / 176 = (1, 2)
+    s = schedule(2, 1, 1024, 1, 1, num_splits=1)
+    assert prepare_scheduler(s, [176, 150], seqlens_new=[0, 50]).batch_idx == [1, 0]
+    assert prepare_scheduler(s, [176, 150]).batch_idx == [0, 1]            # static new-KV length 0: a tie
+    # line 92: PackGQA multiplies the rows by qhpk 4: 100 * 4 / 128 -> 4 m-blocks (2 splits force PackGQA)
+    s = schedule(1, 100, 4096, 32, 8, num_splits=2)
+    assert s.pack_gqa is True and s.block_m == 128
+    assert prepare_scheduler(s, [4096]).num_m_blocks == [4]
