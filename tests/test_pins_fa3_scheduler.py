@@ -508,3 +508,18 @@ def test_paged_decode_keeps_causal_in_the_split_count():
     assert get_num_splits(causal) == 1
     # the same without causal splits by L2: ceil(100 MiB / 50 MiB) = 2
     assert get_num_splits(precompute_inputs(1, 1, 204800, 33792, 1, 128, page_size=1)) == 2
+
+
+def test_fp8_softcap_local_tile_reaches_the_split_count_and_the_tma_rule():
+    # tile_size.h 47: fp8 d 128 with softcap and local: kBlockN 192 (224 without softcap)
+    # local q 1, wl 2559: 2559 + 0 + 1 + 128 = 2688 keys -> 14 blocks of 192 -> ceil(0.85 * 14 = 11.9) = 12 splits
+    inp = precompute_inputs(1, 1, 100000, 1, 1, 128, qkv_dtype="float8_e4m3fn", window_size=(2559, 0),
+                            has_softcap=True)
+    assert get_num_splits(inp) == 12
+    inp = precompute_inputs(1, 1, 100000, 1, 1, 128, qkv_dtype="float8_e4m3fn", window_size=(2559, 0))
+    assert get_num_splits(inp) == 11                                   # 224: 12 blocks -> ceil(10.2) = 11
+    # get_pagedkv_tma passes softcap (flash_api.cpp 417): page 192 is TMA only with the 192 tile
+    m = resolve_masking(200, 4096, False, (100, 0), headdim=128, paged=True)
+    inp = precompute_inputs(4, 200, 4096, 8, 8, 128, qkv_dtype="float8_e4m3fn", page_size=192, window_size=(100, 0),
+                            has_softcap=True)
+    assert pagedkv_tma(inp, m, 128, 128) is True
