@@ -205,3 +205,57 @@ def test_registry_flags():
     assert SILENT_INVARIANTS == ("SPLIT_BOUND", "COMBINE_CAPACITY", "BATCH_PERMUTATION", "QUERY_COVER", "KV_COVER")
     assert INVARIANTS["SHAPE"].silent is False
     assert Violation("X", 1).to_dict() == {"invariant": "X", "batch": 1, "detail": {}, "message": ""}
+
+
+def floor_range(n_min, n_max, s, i):
+    """Seeded defect: each split's share rounded down instead of up (block.h 52 uses ceil_div)."""
+    per = 0 if n_max <= n_min else (n_max - n_min) // s
+    lo = n_min + i * per
+    return lo, min(lo + per, n_max)
+
+
+def fresh_pair(lengths):
+    b = len(lengths)
+    P, R = schedule_and_prepare(b, 1, max(lengths), 32, 4, 128, torch.tensor(lengths, dtype=torch.int32),
+                                page_size=1, causal=True, cu_seqlens_q=list(range(b + 1)))
+    C = resolve_schedule(call_inputs(b, 1, max(lengths), 32, 4, 128, page_size=1, causal=True, varlen_q=True))
+    return P, R, C
+
+
+def test_the_range_formula_reaches_every_entry_point():
+    from spec.invariants import SAFE, check_all, check_kv_cover
+    lengths = [1000, 70000, 5]
+    P, R, C = fresh_pair(lengths)
+    assert SAFE(P, R, C, lengths) is True
+    assert SAFE(P, R, C, lengths, range_fn=floor_range) is False
+    assert check_all(P, R, C, lengths, range_fn=floor_range)[0].invariant == "KV_COVER"
+    assert check_kv_cover(P, R, C, lengths, range_fn=floor_range)
+    pre = precompute_inputs(3, 1, 70000, 32, 4, 128, page_size=1, causal=True, varlen_q=True)
+    call = call_inputs(3, 1, 70000, 32, 4, 128, page_size=1, causal=True, varlen_q=True)
+    assert evaluate_inputs(pre, call, lengths, lengths).outcome == "pass"
+    ev = evaluate_inputs(pre, call, lengths, lengths, range_fn=floor_range)
+    assert ev.outcome == "violation" and {v.invariant for v in ev.violations} == {"KV_COVER"}
+
+
+def test_refusals_and_aborts_carry_no_violations():
+    ok = precompute_inputs(2, 1, 4096, 8, 8, 128)
+    ev = evaluate_inputs(ok, call_inputs(2, 1, 4096, 8, 8, 128, num_splits=300), [4096] * 2, [4096] * 2)
+    assert (ev.outcome, ev.violations, ev.shape) == ("rejected", [], [])
+    ev = evaluate_inputs(precompute_inputs(0, 1, 4096, 8, 8, 128), call_inputs(2, 1, 4096, 8, 8, 128), [],
+                         [4096] * 2)
+    assert (ev.outcome, ev.violations, ev.shape) == ("process_abort", [], [])
+
+
+def test_metadata_for_passes_the_query_lengths():
+    # 300 query rows of a varlen precompute: ceil(300 / 128) = 3 m-blocks (the static 1 would give 1)
+    inp = precompute_inputs(1, 1, 4096, 8, 8, 128, varlen_q=True)
+    assert metadata_for(inp, [4096], seqlens_q=[300])[1].num_m_blocks == [3]
+    assert metadata_for(inp, [4096])[1].num_m_blocks == [1]
+
+
+def test_the_invariant_table_markdown():
+    from spec.invariants import invariant_table_markdown
+    lines = invariant_table_markdown().split("\n")
+    assert lines[:2] == ["| invariant | statement | FA3 source |", "|---|---|---|"]
+    assert len(lines) == 2 + len(INVARIANTS)
+    assert lines[2] == f"| `SHAPE` | {INVARIANTS['SHAPE'].statement} | {INVARIANTS['SHAPE'].fa3_source} |"
