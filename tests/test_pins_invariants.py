@@ -259,3 +259,82 @@ def test_the_invariant_table_markdown():
     assert lines[:2] == ["| invariant | statement | FA3 source |", "|---|---|---|"]
     assert len(lines) == 2 + len(INVARIANTS)
     assert lines[2] == f"| `SHAPE` | {INVARIANTS['SHAPE'].statement} | {INVARIANTS['SHAPE'].fa3_source} |"
+
+
+def drop_last(n_min, n_max, s, i):
+    """Seeded defect: each split stops one block short."""
+    lo, hi = n_min + i * 0, n_max
+    from refmodel.splitkv import split_block_range
+    lo, hi = split_block_range(n_min, n_max, s, i)
+    return lo, max(lo, hi - 1)
+
+
+def kv_case(splits, causal=True, window=(-1, -1), call_splits=4, seqlen=600):
+    """One batch of `seqlen` query rows over as many keys, GQA 32/8, d 128 (kernel tile 128 x 128 when causal or
+    local), the metadata's split count pinned to `splits`."""
+    from dataclasses import replace
+    pre = precompute_inputs(1, seqlen, seqlen, 32, 8, 128, varlen_q=True, causal=causal, window_size=window,
+                            num_splits=4)
+    P, R = metadata_for(pre, [seqlen], seqlens_q=[seqlen])
+    C = resolve_schedule(call_inputs(1, seqlen, seqlen, 32, 8, 128, varlen_q=True, causal=causal, window_size=window,
+                                     num_splits=call_splits))
+    return P, replace(R, num_splits=list(splits)), C, {"seqused_k": [seqlen], "seqlens_q": [seqlen]}
+
+
+def test_kv_cover_walks_the_packed_m_blocks_of_a_causal_call():
+    from spec.invariants import check_kv_cover
+    P, R, C, lengths = kv_case([4])
+    assert C.kernel_pack_gqa and (C.kernel_block_m, C.kernel_block_n) == (128, 128)
+    # 600 rows * qhpk 4 = 2400 packed rows: 19 m-blocks. block.h 25-33 with PackGQA: m-block k reaches sequence
+    # row (128 (k + 1) - 1) / 4 + 1 = 32 (k + 1), so n_max = ceil(32 (k + 1) / 128): 1 for k 0-3, 2 for 4-7, ...,
+    # 5 for 16-18. floor_range with 4 splits covers 4 * floor(n / 4) blocks: n 1, 2, 3 lose all, n 5 loses block 4.
+    got = [(v.detail["m_block"], v.detail["n_block_range"], v.detail["uncovered_blocks"])
+           for v in check_kv_cover(P, R, C, lengths, range_fn=floor_range)]
+    assert got == [(0, [0, 1], [0]), (4, [0, 2], [0, 1]), (8, [0, 3], [0, 1, 2]), (16, [0, 5], [4])]
+    v = check_kv_cover(P, R, C, lengths, range_fn=floor_range)[0]
+    assert v.batch == 0 and v.detail["splits"] == 4 and v.detail["virtual_batch"] == 0
+    assert v.message == "batch 0, m-block 0: 4 splits leave KV blocks [0] of [0, 1) uncovered"
+    assert check_kv_cover(P, R, C, lengths) == []
+
+
+def test_kv_cover_of_a_local_window_raises_n_min():
+    from spec.invariants import check_kv_cover
+    # window (100, 0): local (tile 128 x 128). m-block k: right edge 32 (k + 1) -> ceil(32 (k + 1) / 128);
+    # left edge 128 k / 4 - 100 = 32 k - 100 -> max(0, (32 k - 100) / 128) (block.h 36-44)
+    P, R, C, lengths = kv_case([4], causal=False, window=(100, 0))
+    assert C.masking.is_local
+    got = [(v.detail["m_block"], v.detail["n_block_range"], v.detail["uncovered_blocks"])
+           for v in check_kv_cover(P, R, C, lengths, range_fn=drop_last)]
+    # k 0: [0, 1); k 4: 128 - 100 = 28 -> 0, ceil(160 / 128) = 2; k 8: 156 / 128 = 1, ceil(288 / 128) = 3;
+    # k 12: 284 -> 2, 4; k 16: 412 -> 3, 5 (other m-blocks repeat a range). drop_last: 4 one-block splits, each
+    # empty after dropping its last block
+    assert got == [(0, [0, 1], [0]), (4, [0, 2], [0, 1]), (8, [1, 3], [1, 2]), (12, [2, 4], [2, 3]),
+                   (16, [3, 5], [3, 4])]
+
+
+def test_kv_cover_with_one_split_ignores_the_metadatas_count():
+    from spec.invariants import check_kv_cover
+    # S_c == 1: the call runs no Split kernel, each m-block is one range (block.h 47: Split is false)
+    P, R, C1, lengths = kv_case([4], call_splits=1)
+    assert C1.num_splits == 1
+    assert check_kv_cover(P, R, C1, lengths, range_fn=floor_range) == []
+    # a range formula defective even for one split is caught there too
+    assert check_kv_cover(P, R, C1, lengths, range_fn=drop_last)
+    # a split count of 0 gives the batch no tiles: QUERY_COVER reports it, KV_COVER has nothing to cover
+    P, R0, C, lengths = kv_case([0])
+    assert check_kv_cover(P, R0, C, lengths, range_fn=floor_range) == []
+
+
+def test_kv_cover_goes_on_past_a_skipped_batch():
+    from dataclasses import replace
+    from spec.invariants import check_kv_cover
+    pre = precompute_inputs(2, 600, 600, 32, 8, 128, varlen_q=True, causal=True, num_splits=4)
+    P, R = metadata_for(pre, [600, 600], seqlens_q=[600, 600])
+    C = resolve_schedule(call_inputs(2, 600, 600, 32, 8, 128, varlen_q=True, causal=True, num_splits=4))
+    lengths = {"seqused_k": [600, 600], "seqlens_q": [600, 600]}
+    # virtual batch 0 has 0 splits (skipped), virtual batch 1 still checked
+    bad = check_kv_cover(P, replace(R, num_splits=[0, 4], batch_idx=[0, 1]), C, lengths, range_fn=floor_range)
+    assert bad and {v.detail["virtual_batch"] for v in bad} == {1}
+    # virtual batch 0 points outside the call's batch (skipped), virtual batch 1 still checked
+    bad = check_kv_cover(P, replace(R, num_splits=[4, 4], batch_idx=[5, 1]), C, lengths, range_fn=floor_range)
+    assert bad and {v.detail["virtual_batch"] for v in bad} == {1}
