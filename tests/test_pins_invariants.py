@@ -263,7 +263,6 @@ def test_the_invariant_table_markdown():
 
 def drop_last(n_min, n_max, s, i):
     """Seeded defect: each split stops one block short."""
-    lo, hi = n_min + i * 0, n_max
     from refmodel.splitkv import split_block_range
     lo, hi = split_block_range(n_min, n_max, s, i)
     return lo, max(lo, hi - 1)
@@ -338,3 +337,12 @@ def test_kv_cover_goes_on_past_a_skipped_batch():
     # virtual batch 0 points outside the call's batch (skipped), virtual batch 1 still checked
     bad = check_kv_cover(P, replace(R, num_splits=[4, 4], batch_idx=[5, 1]), C, lengths, range_fn=floor_range)
     assert bad and {v.detail["virtual_batch"] for v in bad} == {1}
+
+
+def test_query_cover_counts_sequence_rows_without_packgqa():
+    # GQA 32/8, 128 query rows, 1 split: no PackGQA (128/128 = 1.0, heuristics.h 16), so the kernel's rows are
+    # the 128 sequence rows: 1 m-block of 128 covers them (with PackGQA it would be 512 rows)
+    P, R = metadata_for(precompute_inputs(1, 128, 4096, 32, 8, 128, num_splits=1), [4096])
+    C = resolve_schedule(call_inputs(1, 128, 4096, 32, 8, 128, num_splits=1))
+    assert C.kernel_pack_gqa is False and R.num_m_blocks == [1]
+    assert check_query_cover(P, R, C, [4096]) == []
