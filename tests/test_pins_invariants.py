@@ -144,6 +144,7 @@ def test_a_zero_split_count_leaves_the_batch_without_tiles():
     from dataclasses import replace
     (v,) = check_query_cover(P, replace(R, num_splits=[0]), C, [8192])
     assert v.detail["metadata_m_blocks"] == 0 and v.detail["uncovered_rows"] == [0, 3]
+    assert v.message.endswith("(packed) query rows: rows 0..3 are never computed")
 
 
 def test_call_lengths_forms():
@@ -152,7 +153,7 @@ def test_call_lengths_forms():
     assert CallLengths.coerce({"seqused_k": [5, 6], "seqlens_q": [2, 9]}, 2, 1) == CallLengths((5, 6), (2, 9))
     given = CallLengths((5,), (4,))
     assert CallLengths.coerce(given, 1, 1) is given
-    with pytest.raises(ValueError, match="call_lengths: mapping needs 'seqused_k' \\(or 'cache_seqlens'\\)"):
+    with pytest.raises(ValueError, match="^call_lengths: mapping needs 'seqused_k' \\(or 'cache_seqlens'\\)$"):
         CallLengths.coerce({"seqlens_q": [1]}, 1, 1)
     with pytest.raises(ValueError, match=r"call_lengths.seqused_k: expected 2 entries \(the call's batch\), got 1"):
         CallLengths.coerce([5], 2, 1)
@@ -180,6 +181,7 @@ def test_shape_check_and_a_call_that_reads_no_metadata():
     # batch_idx vector (offset 2 * 8 = 16) lies wholly past the 13 values produced
     md = read_metadata(P, R, C)
     assert md.batch_idx == [UNWRITTEN] * 8 and md.num_splits[:2] == R.num_splits
+    assert md.semaphore is None                                       # padded to the vectors only
 
 
 def test_evaluate_inputs_maps_rejections_and_aborts():
@@ -346,3 +348,30 @@ def test_query_cover_counts_sequence_rows_without_packgqa():
     C = resolve_schedule(call_inputs(1, 128, 4096, 32, 8, 128, num_splits=1))
     assert C.kernel_pack_gqa is False and R.num_m_blocks == [1]
     assert check_query_cover(P, R, C, [4096]) == []
+
+
+def test_kv_cover_lists_at_most_16_blocks_and_names_8():
+    from spec.invariants import check_kv_cover
+    # non-causal d 128: kBlockN 176; 3520 keys = 20 blocks; a range formula that covers nothing misses all 20
+    P, R, C, lengths = kv_case([4], causal=False, seqlen=3520)
+    (v,) = check_kv_cover(P, R, C, lengths, range_fn=lambda lo, hi, s, i: (lo, lo))
+    assert v.detail == {"virtual_batch": 0, "m_block": 0, "n_block_range": [0, 20], "splits": 4,
+                        "uncovered_blocks": list(range(16))}
+    assert v.message == ("batch 0, m-block 0: 4 splits leave KV blocks [0, 1, 2, 3, 4, 5, 6, 7] of [0, 20) "
+                         "uncovered")
+
+
+def test_query_cover_goes_on_past_a_batch_outside_the_call():
+    from dataclasses import replace
+    P, R = metadata_for(precompute_inputs(2, 1, 8192, 32, 8, 128, varlen_q=True), [8192, 8192], seqlens_q=[1, 1])
+    C = resolve_schedule(call_inputs(2, 40, 8192, 32, 8, 128, varlen_q=True))
+    bad = check_query_cover(P, replace(R, batch_idx=[7, 1]), C, {"seqused_k": [8192] * 2, "seqlens_q": [33, 33]})
+    assert [v.detail["virtual_batch"] for v in bad] == [1]
+
+
+def test_a_call_that_reads_no_metadata_is_never_checked():
+    # C reads no metadata (non-varlen, 1 split, no mask): even metadata for fewer batches is irrelevant
+    P, R = metadata_for(precompute_inputs(1, 1, 4096, 8, 8, 128), [4096])
+    C0 = resolve_schedule(call_inputs(2, 1, 4096, 8, 8, 128, has_cache_seqlens=False, num_splits=1))
+    assert C0.metadata_size == 0
+    assert evaluate(P, R, C0, [4096, 4096]) == Evaluation("pass", [], [])
