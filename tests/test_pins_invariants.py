@@ -375,3 +375,15 @@ def test_a_call_that_reads_no_metadata_is_never_checked():
     C0 = resolve_schedule(call_inputs(2, 1, 4096, 8, 8, 128, has_cache_seqlens=False, num_splits=1))
     assert C0.metadata_size == 0
     assert evaluate(P, R, C0, [4096, 4096]) == Evaluation("pass", [], [])
+
+
+def test_padded_metadata_keeps_int32_values_exact():
+    # d 64, dv 512: kBlockM 64 (tile_size.h 19); 1073741888 query rows = (2^24 + 1) * 64 -> 2^24 + 1 m-blocks,
+    # a value float32 cannot hold. A call of 5 batches reads past the 13 values (SHAPE fails): the padding
+    # must keep the tensor int32.
+    P, R = metadata_for(precompute_inputs(1, 1073741888, 4096, 8, 8, 64, headdim_v=512, num_splits=1), [4096])
+    assert R.num_m_blocks == [2**24 + 1]
+    C = resolve_schedule(call_inputs(5, 1, 4096, 8, 8, 64, headdim_v=512))
+    md = read_metadata(P, R, C)
+    # P's m-blocks vector starts at P's b4 = 4, which the call's layout (b4 = 8) reads as num_splits[4]
+    assert md.num_splits[0] == 1 and md.num_splits[4] == 2**24 + 1
