@@ -387,3 +387,18 @@ def test_padded_metadata_keeps_int32_values_exact():
     md = read_metadata(P, R, C)
     # P's m-blocks vector starts at P's b4 = 4, which the call's layout (b4 = 8) reads as num_splits[4]
     assert md.num_splits[0] == 1 and md.num_splits[4] == 2**24 + 1
+
+
+def test_kv_cover_of_a_local_call_without_packgqa():
+    from spec.invariants import check_kv_cover
+    # GQA 32/8, 600 rows, window (100, 0), 1 split: no PackGQA (600/640 = 0.94 is not < 0.9 * 2400/2432), so the
+    # kernel's m-blocks are the 5 sequence-row blocks. m-block k: n_max = min(5, k + 1); n_min = (128 k - 100) / 128
+    # truncated: 0, 0, 1, 2, 3 (block.h 25-44 without PackGQA). A range formula dropping the last block loses
+    # block k of each.
+    P, R = metadata_for(precompute_inputs(1, 600, 600, 32, 8, 128, window_size=(100, 0), num_splits=1), [600],
+                        seqlens_q=[600])
+    C = resolve_schedule(call_inputs(1, 600, 600, 32, 8, 128, window_size=(100, 0), num_splits=1))
+    assert C.kernel_pack_gqa is False and C.masking.is_local and C.num_splits == 1
+    got = [(v.detail["m_block"], v.detail["n_block_range"], v.detail["uncovered_blocks"])
+           for v in check_kv_cover(P, R, C, {"seqused_k": [600], "seqlens_q": [600]}, range_fn=drop_last)]
+    assert got == [(0, [0, 1], [0]), (1, [0, 2], [1]), (2, [1, 3], [2]), (3, [2, 4], [3]), (4, [3, 5], [4])]
