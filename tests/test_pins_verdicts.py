@@ -160,3 +160,54 @@ def test_replay_decision_table(case, still_fails, fails, verdict):
     assert case.still_fails is still_fails
     assert case.fails is fails
     assert case.verdict == verdict
+
+
+def record_stages(monkeypatch):
+    """Replace progress.stage with a recorder of (command, name, show, result()) at stage end."""
+    import contextlib
+
+    import fa3verify.progress
+
+    seen = []
+
+    @contextlib.contextmanager
+    def stage(command, name, show=None, result=None):
+        yield
+        seen.append((command, name, show, result() if result else None))
+
+    monkeypatch.setattr(fa3verify.progress, "stage", stage)
+    return seen
+
+
+def test_gate_passes_the_policy_and_reports_each_stage(monkeypatch):
+    import fa3verify.fuzzing
+    import fa3verify.gating
+    import fa3verify.proving
+    from fa3verify.gating import gate
+    from fa3verify.policy import Policy
+
+    policy = Policy("fixed", None)
+    got = {}
+
+    def prove(p, timeout_s, cases_dir):
+        got["prove"] = p
+        return RunSummary("prove", checks=[check("proved"), check("refuted", failed=True)])
+
+    def fuzz(p, **kw):
+        got["fuzz"] = p
+        return RunSummary("fuzz", checks=[check()], cases=12, failures=3)
+
+    monkeypatch.setattr(fa3verify.proving, "prove", prove)
+    monkeypatch.setattr(fa3verify.fuzzing, "fuzz", fuzz)
+    clock = iter([10.0, 12.5])
+    monkeypatch.setattr(fa3verify.gating.time, "perf_counter", lambda: next(clock))
+    seen = record_stages(monkeypatch)
+    s = gate(policy, max_cases=40, show_progress=True)
+    assert got == {"prove": policy, "fuzz": policy}
+    assert s.elapsed_s == 2.5
+    assert seen == [("gate", "prove (z3 theorems)", False, "2 theorems, 1 failed"),
+                    ("gate", "fuzz (emulated kernel, 40 cases)", False, "12 cases, 3 failing")]
+    seen.clear()
+    monkeypatch.setattr(fa3verify.gating.time, "perf_counter", lambda: 0.0)
+    gate(policy, budget_s=5.0, kernel_name="fa3")
+    assert [x[1:3] for x in seen] == [("prove (z3 theorems)", None), ("fuzz (fa3 kernel, 5 s)", None)]
