@@ -100,3 +100,39 @@ def test_the_calls_own_metadata_uses_the_kernels_tiles():
     dense = resolve_schedule(call_inputs(1, 150, 1000, 8, 8, 64, headdim_v=128, has_cache_seqlens=False))
     with pytest.raises(ValueError, match=r"^call_schedule: the call is not varlen"):
         call_own_metadata(dense, [1000])
+
+
+ARGS = dict(qkv_dtype="float8_e4m3fn", headdim_v=96, cu_seqlens_q=[0, 3, 5], cu_seqlens_k_new=[0, 2, 4],
+            cache_leftpad=[1, 0], page_size=None, max_seqlen_k_new=2, causal=True, window_size=(50, 0),
+            attention_chunk=0, has_softcap=True, num_splits=3, pack_gqa=False, sm_margin=4, num_sm=100, arch=90)
+
+
+def test_every_argument_reaches_the_schedule():
+    # mha_fwd_get_scheduler_metadata's arguments (flash_api.cpp 538-550) each land in the resolved inputs
+    s, r = schedule_and_prepare(2, 3, 300, 16, 8, 128, [300, 200], **ARGS)
+    i = s.inputs
+    assert (i.element_size, i.headdim_v, i.varlen_q, i.has_leftpad, i.seqlen_knew, i.causal, i.window_size,
+            i.has_softcap, i.num_splits, i.pack_gqa, i.num_sm, i.page_size) == \
+        (1, 96, True, True, 2, True, (50, 0), True, 3, False, 96, None)
+    md = get_scheduler_metadata(2, 3, 300, 16, 8, 128, torch.tensor([300, 200], dtype=torch.int32), **ARGS)
+    from refmodel.metadata import encode_metadata
+    assert md.tolist() == encode_metadata(s, r).tolist()
+    # the defaults are FA3's: bf16, dv = d, no mask, no softcap, heuristic splits, no sm margin, 132 SMs
+    s0, _ = schedule_and_prepare(2, 3, 300, 16, 8, 128, [300, 200])
+    i = s0.inputs
+    assert (i.element_size, i.headdim_v, i.varlen_q, i.has_leftpad, i.seqlen_knew, i.causal, i.window_size,
+            i.attention_chunk, i.has_softcap, i.num_splits, i.pack_gqa, i.num_sm, i.arch) == \
+        (2, 128, False, False, 0, False, (-1, -1), 0, False, 0, None, 132, 90)
+    assert get_scheduler_metadata(2, 3, 300, 16, 8, 128, [300, 200]).tolist() == \
+        get_scheduler_metadata(2, 3, 300, 16, 8, 128, [300, 200], qkv_dtype=torch.bfloat16, causal=False,
+                               window_size=(-1, -1), attention_chunk=0, has_softcap=False, num_splits=0,
+                               pack_gqa=None, sm_margin=0, num_sm=132, arch=90).tolist()
+    chunked, _ = schedule_and_prepare(2, 3, 300, 16, 8, 128, [300, 200], attention_chunk=64, page_size=16)
+    assert chunked.inputs.attention_chunk == 64 and chunked.inputs.page_size == 16
+
+
+def test_metadata_size_of_inputs_and_schedules():
+    from refmodel import metadata_size
+    from refmodel.fa3_scheduler import precompute_inputs
+    inp = precompute_inputs(3, 1, 4096, 8, 8, 128, page_size=1, causal=True)
+    assert metadata_size(inp) == 17 == metadata_size(resolve_schedule(inp))     # 4 vectors * 4 + 1
