@@ -136,3 +136,39 @@ def test_metadata_size_of_inputs_and_schedules():
     from refmodel.fa3_scheduler import precompute_inputs
     inp = precompute_inputs(3, 1, 4096, 8, 8, 128, page_size=1, causal=True)
     assert metadata_size(inp) == 17 == metadata_size(resolve_schedule(inp))     # 4 vectors * 4 + 1
+
+
+def test_argument_checks_name_their_field_and_accept_empty_caches():
+    s, r = schedule_and_prepare(2, 1, 4096, 8, 8, 128, [0, 5])      # an empty cache is a valid length
+    assert r.num_splits and len(r.num_m_blocks) == 2
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q: expected 3 entries, got 2$"):
+        schedule_and_prepare(2, 1, 4096, 8, 8, 128, [5, 5], cu_seqlens_q=[0, 1])
+    with pytest.raises(ValueError, match=r"^cu_seqlens_k_new: expected 3 entries, got 2$"):
+        schedule_and_prepare(2, 1, 4096, 8, 8, 128, [5, 5], cu_seqlens_k_new=[0, 1])
+
+
+def test_the_calls_own_prepare_gets_its_lengths_and_the_kernels_pack():
+    # paged without TMA forces the kernel's PackGQA (flash_api.cpp 377) even against pack_gqa=False
+    call = resolve_schedule(call_inputs(2, 200, 4096, 32, 8, 128, page_size=16, pack_gqa=False, num_splits=1))
+    assert call.pack_gqa is False and call.kernel_pack_gqa is True
+    own = call_own_schedule(call)
+    assert own.pack_gqa is True
+    # lengths: rows (1, 200) * qhpk 4 -> m-blocks (1, 7); leftpad and new KV move batch 1 ahead in the sort
+    _, r = call_own_metadata(call, [177, 177], seqlens_q=[1, 200])
+    assert sorted(r.num_m_blocks) == [1, 7]
+    _, r = call_own_metadata(call, [129, 128], seqlens_q=[1, 1], leftpad_k=[1, 0], seqlens_new=[0, 1])
+    assert r.batch_idx == [1, 0]                                      # n = (1, 2) with kBlockN 128
+    dense = resolve_schedule(call_inputs(1, 150, 1000, 8, 8, 64, headdim_v=128, has_cache_seqlens=False))
+    with pytest.raises(ValueError) as info:
+        call_own_metadata(dense, [1000])
+    assert str(info.value) == ("call_schedule: the call is not varlen (no cache_seqlens/cu_seqlens_q/leftpad), so FA3 "
+                               "runs no prepare step and reads no per-batch metadata")
+
+
+def test_layouts_carry_batch_and_semaphore():
+    from refmodel.metadata import MetadataLayout
+    d = decode_metadata(torch.zeros(17, dtype=torch.int32), 3, sort=True, swizzle=True)
+    assert (d.layout.batch_size, d.layout.has_semaphore) == (3, True)
+    # a non-varlen split call without mask needs no semaphore (flash_api.cpp 990-992)
+    s = resolve_schedule(call_inputs(2, 1, 4096, 8, 8, 128, has_cache_seqlens=False, num_splits=2))
+    assert MetadataLayout.for_schedule(s).has_semaphore is False
