@@ -10,7 +10,7 @@ ENGINE_RELEASES ?= 0.5.13 0.5.23
 #: vLLM releases likewise (tests/test_engine_vllm.py).
 VLLM_RELEASES ?= 0.33.0
 
-.PHONY: check test setup clean bench engines
+.PHONY: check test setup clean bench engines mutation
 
 setup: $(STAMP)
 
@@ -34,6 +34,13 @@ test: $(STAMP) engines
 
 bench: $(STAMP)
 	$(VENV)/bin/fa3verify bench
+
+# Mutation testing of refmodel/, spec/ and fa3verify's verdict modules (docs/reliability.md); not part of `make test`.
+# Options: MUTATION_MODULES=refmodel/prepare.py,... MUTATION_SAMPLE=N MUTATION_ONLY=glob MUTATION_JOBS=2
+# MUTATION_FAIL_UNDER=95. Report: build/mutation/report.json.
+mutation: $(STAMP)
+	@$(PY) -c "import mutmut" 2>/dev/null || $(PY) -m pip install -q -e ".[mutation]"
+	nice -n 15 $(PY) scripts/mutation.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

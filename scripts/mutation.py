@@ -1,0 +1,428 @@
+"""`make mutation`: mutation testing of the oracle (refmodel), the verdicts (spec) and fa3verify's verdict modules.
+
+Invariant checked: every mutant of a listed module that is not in the reviewed equivalent list is killed by the
+tests mapped to that module (the score is killed / (mutants - equivalent)).
+
+The tool is mutmut (pinned in pyproject's `mutation` extra). Each module runs in its own scratch copy of the
+project under build/mutation/work/<module>, with a generated `[tool.mutmut]` that mutates that one file and
+selects the tests mapped to it in mutation/targets.toml (the mapping is data). mutmut forks each mutant from a
+warm process and runs only the selected tests that reached the mutated function, so no mutant pays for
+importing torch and z3 again. The equivalent list is mutation/equivalent.tsv: one mutant a line, with the
+mutated line (so a stale entry is noticed) and the reason.
+
+Options (environment variables, for the Makefile): MUTATION_MODULES (comma-separated module paths, default: all
+in targets.toml), MUTATION_SAMPLE (N: run a seeded sample of N mutants per module instead of all),
+MUTATION_SEED, MUTATION_ONLY (comma-separated mutmut name globs, e.g. `refmodel.prepare.x_sort_key*`: run
+only those; for iterating on one function), MUTATION_EXCLUDE_TESTS (comma-separated test files dropped from every
+mapping: what the score was without them, e.g. a module's pins), MUTATION_JOBS (parallel mutant workers, default 2), MUTATION_FAIL_UNDER (percent: exit 1 when a
+module scores lower), MUTATION_REPORT (default build/mutation/report.json), MUTATION_RERUN=survivors (run again only
+the mutants the previous report left undetected, for modules whose source is unchanged since, and merge: a
+killed mutant stays killed when tests are only added).
+
+Exit codes follow the project: 0 done (and every module at or above MUTATION_FAIL_UNDER when given), 1 a module
+below it, 2 bad input (names the variable and its allowed values), 3 inconclusive (mutmut did not complete,
+or a module ran no mutant).
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = ROOT / "mutation" / "targets.toml"
+EQUIVALENT = ROOT / "mutation" / "equivalent.tsv"
+WORK = ROOT / "build" / "mutation" / "work"
+#: What each scratch copy holds: the packages the tests import, and the tests.
+COPIED = ("refmodel", "spec", "gpu_impl", "fa3verify", "tests")
+PACKAGES = ("refmodel", "spec", "gpu_impl", "fa3verify")
+
+#: mutmut's exit codes per mutant (mutmut/stats.py) grouped as this report counts them.
+KILLED = {"killed", "timeout", "segfault", "caught by type check"}
+SURVIVED = {"survived", "no tests", "suspicious"}
+
+
+class BadInput(Exception):
+    """A bad option: exit 2 with the message."""
+
+
+class Inconclusive(Exception):
+    """mutmut did not complete: exit 3 with the message."""
+
+
+@dataclass(frozen=True)
+class Target:
+    module: str
+    tests: tuple[str, ...]
+    deselect: tuple[str, ...] = ()
+
+
+@dataclass
+class Equivalent:
+    name: str
+    line: str
+    reason: str
+
+
+@dataclass
+class ModuleResult:
+    module: str
+    mutants: int = 0
+    killed: int = 0
+    equivalent: int = 0
+    survivors: list = field(default_factory=list)
+    stale_equivalents: list = field(default_factory=list)
+    statuses: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    sampled: bool = False
+    not_mutated: list = field(default_factory=list)
+    equivalent_names: list = field(default_factory=list)
+    source_sha256: str = ""
+    rerun_of: str = ""
+
+    @property
+    def scored(self) -> int:
+        return self.mutants - self.equivalent
+
+    @property
+    def score(self) -> float | None:
+        return None if self.scored <= 0 else 100.0 * self.killed / self.scored
+
+    def as_json(self) -> dict:
+        return {"module": self.module, "mutants": self.mutants, "killed": self.killed,
+                "equivalent": self.equivalent, "survived": len(self.survivors), "score": self.score,
+                "seconds": round(self.seconds, 1), "sampled": self.sampled, "statuses": self.statuses,
+                "survivors": self.survivors, "stale_equivalents": self.stale_equivalents,
+                "not_mutated": self.not_mutated, "equivalent_names": self.equivalent_names,
+                "source_sha256": self.source_sha256, "rerun_of": self.rerun_of}
+
+
+def load_targets(path: Path = TARGETS) -> dict[str, Target]:
+    data = tomllib.loads(path.read_text())
+    out = {}
+    for module, spec in data.get("modules", {}).items():
+        if not (ROOT / module).is_file():
+            raise BadInput(f"{path.name}: module {module!r} is not a file of the project")
+        tests = tuple(spec.get("tests", ()))
+        if not tests:
+            raise BadInput(f"{path.name}: module {module!r} has no tests")
+        out[module] = Target(module, tests, tuple(spec.get("deselect", ())))
+    return out
+
+
+def load_equivalents(path: Path = EQUIVALENT) -> dict[str, Equivalent]:
+    """The reviewed equivalent mutants: `name<TAB>mutated line<TAB>reason`, '#' comments and blank lines skipped."""
+    out = {}
+    if not path.exists():
+        return out
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        parts = raw.split("\t")
+        if len(parts) != 3 or not all(p.strip() for p in parts):
+            raise BadInput(f"{path.name} line {number}: expected 'mutant<TAB>mutated line<TAB>reason'")
+        name, line, reason = (p.strip() for p in parts)
+        if name in out:
+            raise BadInput(f"{path.name} line {number}: {name} listed twice")
+        out[name] = Equivalent(name, line, reason)
+    return out
+
+
+def mutated_line(diff: str) -> str:
+    """The first added line of a mutant's diff, stripped: what an equivalent entry records."""
+    for line in diff.splitlines():
+        if line.startswith("+") and not line.startswith("+++"):
+            return line[1:].strip()
+    return ""
+
+
+def parse_options(env: dict, targets: dict[str, Target]) -> dict:
+    modules = [m.strip() for m in env.get("MUTATION_MODULES", "").split(",") if m.strip()] or list(targets)
+    unknown = [m for m in modules if m not in targets]
+    if unknown:
+        raise BadInput(f"MUTATION_MODULES: unknown module(s) {', '.join(unknown)}; allowed: {', '.join(targets)}")
+
+    def integer(name: str, default, low: int, high: int):
+        raw = env.get(name, "")
+        if raw == "":
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise BadInput(f"{name}: must be an integer in [{low}, {high}], got {raw!r}") from None
+        if not low <= value <= high:
+            raise BadInput(f"{name}: must be an integer in [{low}, {high}], got {value}")
+        return value
+
+    only = [g.strip() for g in env.get("MUTATION_ONLY", "").split(",") if g.strip()]
+    exclude = [t.strip() for t in env.get("MUTATION_EXCLUDE_TESTS", "").split(",") if t.strip()]
+    every_test = {t.split("::")[0] for target in targets.values() for t in target.tests}
+    stray = [t for t in exclude if t not in every_test]
+    if stray:
+        raise BadInput(f"MUTATION_EXCLUDE_TESTS: {', '.join(stray)} is in no mapping of {TARGETS.name}")
+    return {"modules": modules, "sample": integer("MUTATION_SAMPLE", None, 1, 10**6), "only": only, "exclude": exclude,
+            "seed": integer("MUTATION_SEED", 0, 0, 2**31 - 1), "jobs": integer("MUTATION_JOBS", 2, 1, 64),
+            "fail_under": integer("MUTATION_FAIL_UNDER", None, 0, 100),
+            "report": Path(env.get("MUTATION_REPORT", "") or ROOT / "build" / "mutation" / "report.json"),
+            "rerun": rerun(env)}
+
+
+def rerun(env: dict) -> bool:
+    value = env.get("MUTATION_RERUN", "")
+    if value not in ("", "survivors"):
+        raise BadInput(f"MUTATION_RERUN: must be 'survivors' or empty, got {value!r}")
+    return value == "survivors"
+
+
+def source_hash(module: str) -> str:
+    return hashlib.sha256((ROOT / module).read_bytes()).hexdigest()
+
+
+def previous_result(report: Path, module: str) -> dict:
+    """The module's entry in the previous report, for MUTATION_RERUN=survivors (same source, full run)."""
+    try:
+        entries = {m["module"]: m for m in json.loads(report.read_text())["modules"]}
+    except (OSError, ValueError, KeyError) as exc:
+        raise BadInput(f"MUTATION_RERUN: no previous report at {report} ({exc})") from None
+    prev = entries.get(module)
+    if prev is None or prev.get("sampled"):
+        raise BadInput(f"MUTATION_RERUN: {report} has no full run of {module}")
+    if prev.get("source_sha256") != source_hash(module):
+        raise BadInput(f"MUTATION_RERUN: {module} changed since {report}; run it in full")
+    return prev
+
+
+def classify(module: str, statuses: dict[str, str], diffs: dict[str, str],
+             equivalents: dict[str, Equivalent]) -> ModuleResult:
+    """Count one module's mutants: killed, equivalent (listed with the same mutated line), survivors."""
+    result = ModuleResult(module)
+    for name, status in sorted(statuses.items()):
+        result.mutants += 1
+        result.statuses[status] = result.statuses.get(status, 0) + 1
+        if status in KILLED:
+            result.killed += 1
+            continue
+        if status not in SURVIVED:
+            raise Inconclusive(f"{module}: mutant {name} was not run to the end ({status})")
+        diff = diffs.get(name, "")
+        entry = equivalents.get(name)
+        if entry is not None and entry.line == mutated_line(diff):
+            result.equivalent += 1
+            result.equivalent_names.append(name)
+            continue
+        if entry is not None:
+            result.stale_equivalents.append({"name": name, "listed": entry.line, "now": mutated_line(diff)})
+        result.survivors.append({"name": name, "status": status, "diff": diff})
+    return result
+
+
+def select_mutants(every: list[str], opts: dict) -> list[str]:
+    """The mutants a partial run tries: those matching MUTATION_ONLY, then a seeded sample of MUTATION_SAMPLE."""
+    names = [n for n in every if not opts["only"] or any(fnmatch.fnmatchcase(n, g) for g in opts["only"])]
+    if opts["sample"] is not None:
+        names = random.Random(opts["seed"]).sample(names, min(opts["sample"], len(names)))
+    return sorted(names)
+
+
+def not_mutated_by_mutmut(source: str) -> list[str]:
+    """Functions mutmut 3 leaves alone: decorated ones other than staticmethod/classmethod (properties, caches).
+
+    mutmut also skips module-level statements (constants, tables); those are not listed. The report names these
+    functions so that what the score does not measure is said, not hidden.
+    """
+    out = []
+
+    def visit(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [ast.unparse(d) for d in child.decorator_list]
+                if names and not (len(names) == 1 and names[0] in ("staticmethod", "classmethod")):
+                    out.append(f"{prefix}{child.name} (@{', @'.join(names)})")
+    visit(ast.parse(source), "")
+    return out
+
+
+def slug(module: str) -> str:
+    return module.replace("/", "_").removesuffix(".py")
+
+
+def write_workdir(target: Target, workdir: Path, exclude: tuple = ()) -> None:
+    """A scratch copy of the project with a `[tool.mutmut]` that mutates `target.module` only."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name in COPIED:
+        dst = workdir / name
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(ROOT / name, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    pytest_ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    tests = [t for t in target.tests if t.split("::")[0] not in exclude]
+    if not tests:
+        raise Inconclusive(f"{target.module}: MUTATION_EXCLUDE_TESTS leaves no test")
+    selection = tests + [f"--deselect={d}" for d in target.deselect]
+    lines = ["[tool.pytest.ini_options]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in pytest_ini.items()]
+    lines += ["", "[tool.mutmut]",
+              f"source_paths = {json.dumps(list(PACKAGES))}",
+              f"only_mutate = {json.dumps([target.module])}",
+              f"pytest_add_cli_args_test_selection = {json.dumps(selection)}",
+              # the project's own pytest plugin adds nothing to these tests and costs start-up time
+              'pytest_add_cli_args = ["-p", "no:fa3verify"]',
+              "use_git_change_detection = false", ""]
+    (workdir / "pyproject.toml").write_text("\n".join(lines))
+
+
+MUTMUT = [sys.executable, "-c", "import sys; from mutmut.__main__ import cli; sys.argv[0] = 'mutmut'; cli()"]
+
+#: Generates the mutants without running them (mutmut's own steps of `run`), so a sample can be drawn.
+GENERATE = """
+import os
+from mutmut.__main__ import copy_src_dir, copy_also_copy_files, setup_source_paths, create_mutants
+os.makedirs('mutants', exist_ok=True)
+copy_src_dir(); copy_also_copy_files(); setup_source_paths(); create_mutants(1)
+"""
+
+#: Prints {mutant: diff} for the named mutants (mutmut's own diff).
+DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+names = json.load(sys.stdin)
+print(json.dumps({n: get_diff_for_mutant(n, path=p) for n, p in names}))
+"""
+
+
+def mutmut_env() -> dict:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+def meta_statuses(workdir: Path, module: str) -> dict[str, str]:
+    from mutmut.stats import status_by_exit_code
+    meta = workdir / "mutants" / (module + ".meta")
+    if not meta.exists():
+        raise Inconclusive(f"{module}: mutmut wrote no results ({meta.relative_to(ROOT)} missing)")
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    return {name: status_by_exit_code[code] for name, code in codes.items()}
+
+
+def run_module(target: Target, opts: dict, equivalents: dict[str, Equivalent], log) -> ModuleResult:
+    workdir = WORK / slug(target.module)
+    if workdir.exists():
+        shutil.rmtree(workdir)  # build output of this command only: every run starts from the current tree
+    write_workdir(target, workdir, tuple(opts["exclude"]))
+    env = mutmut_env()
+    start = time.monotonic()
+    names: list[str] = []
+    prev = previous_result(opts["report"], target.module) if opts["rerun"] else None
+    if prev is not None:
+        names = sorted([s["name"] for s in prev["survivors"]] + list(prev.get("equivalent_names", [])))
+        if not names:
+            result = ModuleResult(**{k: prev[k] for k in ("module", "mutants", "killed", "equivalent")})
+            result.source_sha256, result.rerun_of = prev["source_sha256"], str(opts["report"])
+            return result
+    elif opts["sample"] is not None or opts["only"]:
+        subprocess.run([sys.executable, "-c", GENERATE], cwd=workdir, env=env, check=True,
+                       stdout=log, stderr=subprocess.STDOUT)
+        names = select_mutants(sorted(meta_statuses(workdir, target.module)), opts)
+        if not names:
+            raise Inconclusive(f"{target.module}: MUTATION_ONLY matches no mutant of this module")
+    proc = subprocess.run(MUTMUT + ["run", "--max-children", str(opts["jobs"])] + names, cwd=workdir, env=env,
+                          stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise Inconclusive(f"{target.module}: mutmut run exited {proc.returncode} (log: {log.name})")
+    statuses = meta_statuses(workdir, target.module)
+    if names:
+        statuses = {n: statuses[n] for n in names}
+    not_run = sorted(n for n, s in statuses.items() if s == "not checked")
+    if not statuses or not_run:
+        raise Inconclusive(f"{target.module}: {len(not_run)} of {len(statuses)} mutants not run")
+    undetected = [n for n, s in statuses.items() if s in SURVIVED]
+    diffs = {}
+    if undetected:
+        out = subprocess.run([sys.executable, "-c", DIFFS], cwd=workdir, env=env, check=True, text=True,
+                             input=json.dumps([[n, target.module] for n in undetected]), capture_output=True)
+        diffs = json.loads(out.stdout)
+    result = classify(target.module, statuses, diffs, equivalents)
+    result.seconds = time.monotonic() - start
+    result.sampled = bool(names) and prev is None
+    result.source_sha256 = source_hash(target.module)
+    if prev is not None:   # the rest were killed in the previous full run and stay killed (tests were only added)
+        result.mutants, result.killed = prev["mutants"], prev["killed"] + result.killed
+        result.rerun_of = str(opts["report"])
+    result.not_mutated = not_mutated_by_mutmut((ROOT / target.module).read_text())
+    return result
+
+
+def print_result(r: ModuleResult) -> None:
+    score = "n/a" if r.score is None else f"{r.score:.1f}%"
+    print(f"{r.module}: {score} ({r.killed} killed of {r.scored} scored; {r.mutants} mutants, "
+          f"{r.equivalent} equivalent, {len(r.survivors)} survived){' [sample]' if r.sampled else ''} "
+          f"in {r.seconds:.0f} s")
+    for s in r.survivors:
+        print(f"  survived ({s['status']}): {s['name']}")
+        for line in s["diff"].splitlines()[2:]:
+            if line.startswith(("+", "-")):
+                print(f"      {line}")
+    if r.not_mutated:
+        print(f"  not mutated by mutmut: {', '.join(r.not_mutated)}")
+    for s in r.stale_equivalents:
+        print(f"  stale equivalent entry: {s['name']} lists {s['listed']!r}, mutant is now {s['now']!r}")
+
+
+def main(env: dict | None = None) -> int:
+    env = dict(os.environ if env is None else env)
+    try:
+        targets = load_targets()
+        opts = parse_options(env, targets)
+        equivalents = load_equivalents()
+    except BadInput as exc:
+        print(f"mutation: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import mutmut  # noqa: F401
+    except ImportError:
+        print("mutation: mutmut is not installed (pip install -e '.[mutation]')", file=sys.stderr)
+        return 2
+    opts["report"].parent.mkdir(parents=True, exist_ok=True)
+    results, errors = [], []
+    log_path = opts["report"].parent / "mutmut.log"
+    with open(log_path, "w") as log:
+        for module in opts["modules"]:
+            log.write(f"===== {module}\n")
+            log.flush()
+            try:
+                result = run_module(targets[module], opts, equivalents, log)
+            except (Inconclusive, subprocess.CalledProcessError) as exc:
+                errors.append(f"{module}: {exc}")
+                print(f"{module}: inconclusive: {exc}")
+                continue
+            results.append(result)
+            print_result(result)
+    report = {"tool": "mutmut", "sample": opts["sample"], "seed": opts["seed"], "only": opts["only"],
+              "excluded_tests": opts["exclude"],
+              "modules": [r.as_json() for r in results], "inconclusive": errors}
+    opts["report"].write_text(json.dumps(report, indent=2) + "\n")
+    print(f"report: {opts['report']}")
+    if errors:
+        return 3
+    if opts["fail_under"] is not None and any((r.score or 0.0) < opts["fail_under"] for r in results):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

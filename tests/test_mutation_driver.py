@@ -1,0 +1,119 @@
+"""`make mutation`'s scoring (scripts/mutation.py): survivors count, only reviewed equivalents are excused, bad
+options exit 2, a mutant that did not run makes the run inconclusive. Runs no mutmut (that is `make mutation`)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("mutation_driver", ROOT / "scripts" / "mutation.py")
+drv = importlib.util.module_from_spec(_spec)
+sys.modules["mutation_driver"] = drv  # dataclasses look their module up
+_spec.loader.exec_module(drv)
+
+DIFF_A = "--- refmodel/x.py\n+++ refmodel/x.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 1\n+    return 2"
+DIFF_B = "--- refmodel/x.py\n+++ refmodel/x.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 1\n+    return 3"
+
+
+def test_score_counts_killed_over_non_equivalent():
+    statuses = {"m.x_f__mutmut_1": "killed", "m.x_f__mutmut_2": "timeout", "m.x_f__mutmut_3": "survived",
+                "m.x_f__mutmut_4": "survived"}
+    eq = {"m.x_f__mutmut_4": drv.Equivalent("m.x_f__mutmut_4", "return 3", "no input tells them apart")}
+    r = drv.classify("refmodel/x.py", statuses, {"m.x_f__mutmut_3": DIFF_A, "m.x_f__mutmut_4": DIFF_B}, eq)
+    assert (r.mutants, r.killed, r.equivalent, r.scored) == (4, 2, 1, 3)
+    assert [s["name"] for s in r.survivors] == ["m.x_f__mutmut_3"]
+    assert r.score == pytest.approx(200 / 3)
+
+
+def test_a_survivor_that_is_not_listed_lowers_the_score():
+    # negative control: the same run without the equivalent entry scores lower
+    statuses = {"m.x_f__mutmut_1": "killed", "m.x_f__mutmut_2": "survived"}
+    r = drv.classify("refmodel/x.py", statuses, {"m.x_f__mutmut_2": DIFF_A}, {})
+    assert r.score == 50.0 and len(r.survivors) == 1
+
+
+def test_a_stale_equivalent_entry_excuses_nothing():
+    statuses = {"m.x_f__mutmut_1": "survived"}
+    eq = {"m.x_f__mutmut_1": drv.Equivalent("m.x_f__mutmut_1", "return 3", "was equivalent")}
+    r = drv.classify("refmodel/x.py", statuses, {"m.x_f__mutmut_1": DIFF_A}, eq)
+    assert r.equivalent == 0 and r.score == 0.0
+    assert r.stale_equivalents == [{"name": "m.x_f__mutmut_1", "listed": "return 3", "now": "return 2"}]
+
+
+def test_untested_and_suspicious_mutants_are_survivors():
+    r = drv.classify("refmodel/x.py", {"a": "no tests", "b": "suspicious", "c": "segfault"}, {}, {})
+    assert r.killed == 1 and len(r.survivors) == 2
+
+
+def test_a_mutant_that_did_not_run_is_inconclusive():
+    with pytest.raises(drv.Inconclusive, match="not run to the end"):
+        drv.classify("refmodel/x.py", {"a": "killed", "b": "not checked"}, {}, {})
+
+
+def test_bad_options_name_the_variable_and_the_range():
+    targets = drv.load_targets()
+    with pytest.raises(drv.BadInput, match="MUTATION_MODULES: unknown module"):
+        drv.parse_options({"MUTATION_MODULES": "refmodel/nope.py"}, targets)
+    with pytest.raises(drv.BadInput, match=r"MUTATION_SAMPLE: must be an integer in \[1, 1000000\], got 0"):
+        drv.parse_options({"MUTATION_SAMPLE": "0"}, targets)
+    with pytest.raises(drv.BadInput, match="MUTATION_JOBS: must be an integer"):
+        drv.parse_options({"MUTATION_JOBS": "two"}, targets)
+    assert drv.main({"MUTATION_SAMPLE": "-3"}) == 2
+
+
+def test_the_sample_is_seeded_and_only_filters_by_glob():
+    every = [f"refmodel.prepare.x_f__mutmut_{i}" for i in range(50)] + ["refmodel.prepare.x_g__mutmut_1"]
+    opts = {"only": [], "sample": 5, "seed": 7}
+    assert drv.select_mutants(every, opts) == drv.select_mutants(every, opts)
+    assert len(drv.select_mutants(every, opts)) == 5
+    assert drv.select_mutants(every, {"only": ["*x_g_*"], "sample": None, "seed": 0}) == [every[-1]]
+
+
+def test_the_committed_mapping_and_equivalent_list_are_well_formed():
+    targets = drv.load_targets()
+    for target in targets.values():
+        for test in target.tests + target.deselect:
+            assert (ROOT / test.split("::")[0]).is_file(), test
+    modules = {t.module.removesuffix(".py").replace("/", ".") for t in targets.values()}
+    for name, entry in drv.load_equivalents().items():
+        assert name.rsplit(".", 1)[0] in modules, name
+        assert entry.line and len(entry.reason) > 20, name
+
+
+def test_a_malformed_equivalent_line_is_bad_input(tmp_path):
+    bad = tmp_path / "equivalent.tsv"
+    bad.write_text("# comment\nrefmodel.prepare.x_f__mutmut_1\treturn 2\n")
+    with pytest.raises(drv.BadInput, match="line 2: expected"):
+        drv.load_equivalents(bad)
+
+
+def test_mutated_line_is_the_first_added_line():
+    assert drv.mutated_line(DIFF_A) == "return 2"
+    assert drv.mutated_line("") == ""
+
+
+def test_decorated_functions_are_listed_as_not_mutated():
+    source = ("import functools\nclass A:\n    @property\n    def p(self):\n        return 1\n"
+              "    @staticmethod\n    def s():\n        return 2\n    def m(self):\n        return 3\n"
+              "@functools.lru_cache(maxsize=4)\ndef f():\n    return 4\n")
+    assert drv.not_mutated_by_mutmut(source) == ["A.p (@property)", "f (@functools.lru_cache(maxsize=4))"]
+
+
+def test_a_rerun_needs_a_full_previous_run_of_the_same_source(tmp_path):
+    report = tmp_path / "report.json"
+    with pytest.raises(drv.BadInput, match="MUTATION_RERUN: no previous report"):
+        drv.previous_result(report, "refmodel/cint.py")
+    import json
+    entry = {"module": "refmodel/cint.py", "sampled": False, "source_sha256": "0" * 64}
+    report.write_text(json.dumps({"modules": [entry]}))
+    with pytest.raises(drv.BadInput, match="changed since"):
+        drv.previous_result(report, "refmodel/cint.py")
+    with pytest.raises(drv.BadInput, match="has no full run of refmodel/prepare.py"):
+        drv.previous_result(report, "refmodel/prepare.py")
+    entry["source_sha256"] = drv.source_hash("refmodel/cint.py")
+    report.write_text(json.dumps({"modules": [entry]}))
+    assert drv.previous_result(report, "refmodel/cint.py") == entry
+    with pytest.raises(drv.BadInput, match="MUTATION_RERUN: must be 'survivors'"):
+        drv.rerun({"MUTATION_RERUN": "all"})

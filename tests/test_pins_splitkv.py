@@ -1,0 +1,141 @@
+"""Pins of refmodel.splitkv (issue 20): block ranges and per-split partials on hand-worked cases, and refusals.
+
+Source: Dao-AILab/flash-attention `hopper/block.h` at 0251105a, `get_n_block_min_max` (lines 14-59): n_block_max
+= ceil(Lk / kBlockN) clipped by `ceil((m_idx_max + Lk - Lq [+ right]) / kBlockN)` under causal/local (23-34),
+n_block_min = max(0, (m_idx_min + Lk - Lq - left) / kBlockN) under local (35-45), PackGQA dividing the row span
+by qhead_per_khead (27, 38), and the split's share ceil((max - min) / S) (52-54).
+"""
+
+import math
+
+import pytest
+import torch
+
+from refmodel.splitkv import kv_block_bounds, split_block_range, split_kv
+
+
+def test_split_ranges_of_ten_blocks_in_three():
+    # P = ceil(10 / 3) = 4: [0, 4), [4, 8), [8, 10) (block.h 52-54)
+    assert [split_block_range(0, 10, 3, s) for s in range(3)] == [(0, 4), (4, 8), (8, 10)]
+    assert [split_block_range(2, 3, 4, s) for s in range(4)] == [(2, 3), (3, 3), (4, 3), (5, 3)]
+    assert split_block_range(5, 5, 2, 1) == (5, 5)          # empty range: P = 0
+    assert split_block_range(7, 3, 2, 1) == (7, 3)          # max <= min: P = 0
+    with pytest.raises(ValueError, match=r"^num_splits: must be >= 1, got 0$"):
+        split_block_range(0, 4, 0, 0)
+    with pytest.raises(ValueError, match=r"^split_idx: must lie in \[0, 2\), got 2$"):
+        split_block_range(0, 4, 2, 2)
+    with pytest.raises(ValueError, match=r"^split_idx: must lie in \[0, 2\), got -1$"):
+        split_block_range(0, 4, 2, -1)
+
+
+def test_causal_and_local_block_bounds():
+    # no mask: [0, ceil(1000/128) = 8)
+    assert kv_block_bounds(3, 1000, 1000, 128, 128) == (0, 8)
+    # causal, Lq = Lk = 1000: m-block 0 reaches row 128 -> ceil(128/128) = 1; m-block 1 -> 2
+    assert kv_block_bounds(0, 1000, 1000, 128, 128, causal=True) == (0, 1)
+    assert kv_block_bounds(1, 1000, 1000, 128, 128, causal=True) == (0, 2)
+    # causal decode-like, Lq 100 < Lk 1000: 128 + 900 = 1028 -> 9, clipped to 8
+    assert kv_block_bounds(0, 100, 1000, 128, 128, causal=True) == (0, 8)
+    # local (100, 20), m-block 2: right 384 + 20 = 404 -> 4; left 256 - 100 = 156 -> 156 / 128 = 1
+    assert kv_block_bounds(2, 1000, 1000, 128, 128, window_size=(100, 20)) == (1, 4)
+    # a left window alone (right unbounded) only raises n_min
+    assert kv_block_bounds(2, 1000, 1000, 128, 128, window_size=(100, -1)) == (1, 8)
+    # causal with a left window is local: right 0
+    assert kv_block_bounds(2, 1000, 1000, 128, 128, causal=True, window_size=(100, -1)) == (1, 3)
+    # the left edge truncates toward zero in C: 0 - 100 = -100 -> -100 / 128 = 0
+    assert kv_block_bounds(0, 1000, 1000, 128, 128, window_size=(100, 0)) == (0, 1)
+
+
+def test_packgqa_divides_the_row_span():
+    # qhpk 4, causal, Lq = Lk = 1000: m-block 3 rows up to 512 -> (512 - 1) / 4 + 1 = 128 -> 1 block;
+    # m-block 4: (640 - 1) / 4 + 1 = 160 -> 2 blocks (block.h 27)
+    assert kv_block_bounds(3, 1000, 1000, 128, 128, causal=True, qhead_per_khead=4) == (0, 1)
+    assert kv_block_bounds(4, 1000, 1000, 128, 128, causal=True, qhead_per_khead=4) == (0, 2)
+    # local left edge: 4 * 128 / 4 = 128 - 20 = 108 -> 0; m-block 12: 1536 / 4 = 384 - 20 = 364 -> 2 (block.h 38)
+    assert kv_block_bounds(4, 1000, 1000, 128, 128, window_size=(20, 0), qhead_per_khead=4)[0] == 0
+    assert kv_block_bounds(12, 1000, 1000, 128, 128, window_size=(20, 0), qhead_per_khead=4)[0] == 2
+    with pytest.raises(ValueError, match=r"^block_m/block_n/qhead_per_khead: must be >= 1, got 0, 128, 1$"):
+        kv_block_bounds(0, 10, 10, 0, 128)
+    with pytest.raises(ValueError, match=r"got 128, 0, 1$"):
+        kv_block_bounds(0, 10, 10, 128, 0)
+    with pytest.raises(ValueError, match=r"got 128, 128, 0$"):
+        kv_block_bounds(0, 10, 10, 128, 128, qhead_per_khead=0)
+
+
+def decode_inputs(lk=4):
+    # one batch, one query row, one head, d 2; q = 0 so every visible key scores 0
+    q = torch.zeros(1, 1, 1, 2)
+    k = torch.randn(1, lk, 1, 2)
+    v = torch.arange(lk, dtype=torch.float32).reshape(1, lk, 1, 1).repeat(1, 1, 1, 2)
+    return q, k, v
+
+
+def test_two_splits_are_softmaxes_over_their_own_blocks():
+    q, k, v = decode_inputs()
+    out, lse = split_kv(q, k, v, 2, block_n=2)
+    assert out.shape == (2, 1, 1, 1, 2) and lse.shape == (2, 1, 1, 1)
+    # split 0 sees keys 0, 1 (values 0, 1): mean 0.5, lse ln 2; split 1 keys 2, 3: 2.5, ln 2
+    assert out[:, 0, 0, 0, 0].tolist() == pytest.approx([0.5, 2.5])
+    assert lse.reshape(-1).tolist() == pytest.approx([math.log(2)] * 2)
+    # cache_seqlens 3: split 1 sees key 2 only
+    out, lse = split_kv(q, k, v, 2, block_n=2, cache_seqlens=torch.tensor([3], dtype=torch.int32))
+    assert out[:, 0, 0, 0, 0].tolist() == pytest.approx([0.5, 2.0]) and float(lse[1]) == pytest.approx(0.0)
+    # 3 splits of 2 blocks: P = 1, the third split is empty: (0, -inf)
+    out, lse = split_kv(q, k, v, 3, block_n=2)
+    assert out[2].abs().sum() == 0 and float(lse[2]) == -math.inf
+    # per-batch counts: a count of 1 puts everything in split 0
+    out, lse = split_kv(q, k, v, [1], block_n=2)
+    assert out.shape[0] == 1 and float(out[0, 0, 0, 0, 0]) == pytest.approx(1.5)
+    assert float(lse[0]) == pytest.approx(math.log(4))
+
+
+def test_lse_partial_has_a_unit_seqlen_stride():
+    q = torch.zeros(2, 3, 4, 8)
+    k = torch.randn(2, 16, 2, 8)
+    _, lse = split_kv(q, k, k.clone(), 2, block_n=4)
+    assert lse.shape == (2, 2, 3, 4) and lse.stride(2) == 1
+
+
+def test_varlen_partials_follow_cu_seqlens():
+    # two sequences of 1 and 2 query rows against caches of 4 keys: layout (S, total_q = 3, h, dv)
+    q = torch.zeros(3, 1, 2)
+    k = torch.randn(2, 4, 1, 2)
+    v = torch.arange(4, dtype=torch.float32).reshape(1, 4, 1, 1).repeat(2, 1, 1, 2)
+    out, lse = split_kv(q, k, v, 2, block_n=2, cu_seqlens_q=torch.tensor([0, 1, 3], dtype=torch.int32),
+                        max_seqlen_q=2, cache_seqlens=torch.tensor([4, 2], dtype=torch.int32))
+    assert out.shape == (2, 3, 1, 2) and lse.shape == (2, 3, 1)
+    assert out[:, 0, 0, 0].tolist() == pytest.approx([0.5, 2.5])      # batch 0: both splits
+    assert out[0, 1:, 0, 0].tolist() == pytest.approx([0.5, 0.5])     # batch 1: 2 keys, all in split 0
+    assert lse[1, 1:, 0].tolist() == [-math.inf, -math.inf]
+
+
+def test_causal_partials_hide_future_keys():
+    # Lq 2 = Lk 2, causal, block_m 1: row 0 sees key 0 only, row 1 keys 0, 1
+    q = torch.zeros(1, 2, 1, 2)
+    k = torch.randn(1, 2, 1, 2)
+    v = torch.tensor([0.0, 1.0]).reshape(1, 2, 1, 1).repeat(1, 1, 1, 2)
+    out, lse = split_kv(q, k, v, 1, block_n=1, causal=True, block_m=1, pack_gqa=False)
+    assert out[0, 0, :, 0, 0].tolist() == pytest.approx([0.0, 0.5])
+    assert lse[0, 0, :, 0].tolist() == pytest.approx([0.0, math.log(2)])
+
+
+@pytest.mark.parametrize("num_splits, message", [
+    (0, "num_splits: an int split count must lie in [1, 256] (FA3's limit), got 0"),
+    (257, "num_splits: an int split count must lie in [1, 256] (FA3's limit), got 257"),
+    ([1, 2], "num_splits: a per-batch vector must have length b=1, got 2"),
+    ([0], "num_splits: per-batch split counts must be >= 1, got [0]"),
+])
+def test_split_count_refusals(num_splits, message):
+    q, k, v = decode_inputs()
+    with pytest.raises(ValueError) as info:
+        split_kv(q, k, v, num_splits, block_n=2)
+    assert str(info.value) == message
+    assert split_kv(q, k, v, 256, block_n=2)[0].shape[0] == 256
+
+
+def test_tile_refusals():
+    q, k, v = decode_inputs()
+    with pytest.raises(ValueError, match=r"^block_n/block_m: tile sizes must be >= 1, got block_n=0, block_m=128$"):
+        split_kv(q, k, v, 1, block_n=0)
+    with pytest.raises(ValueError, match=r"got block_n=2, block_m=0$"):
+        split_kv(q, k, v, 1, block_n=2, block_m=0)
