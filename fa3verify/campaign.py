@@ -10,7 +10,9 @@ gpu-check's fuzz stage all call it:
   skipped;
 * **evaluation** -- ``target.observe(case)`` runs the case on a system under test and returns an
   :class:`Observation` (outcome, invariants, messages, the findings' signatures), or None when the system cannot
-  run that case (a feature its driver does not run: counted as ``unsupported``, never a pass). Targets:
+  run that case (a feature its driver does not run: counted as ``unsupported``, never a pass). A target with
+  ``parallel = n > 1`` gets ``observe_many(cases)`` with n cases at a time (gpu-check's crash-isolating worker
+  pool); the cases are still recorded in draw order. Targets:
   :class:`fa3verify.fuzzing.ScenarioTarget` (the model and every real engine, ``gpu_impl.sut``),
   :class:`fa3verify.kernel_cases.KernelCallSUT` (kernel-level FA3 calls);
 * **checking** -- ``checks(observation)`` names the failures a case shows, as (signature, invariant, message);
@@ -71,6 +73,7 @@ class Observation:
     invariants: list = field(default_factory=list)
     messages: list = field(default_factory=list)
     findings: list = field(default_factory=list)
+    detail: Any = None  #: what the target wants kept with the observation (gpu-check: the task's case and result)
 
 
 def all_findings(obs: Observation) -> list:
@@ -137,19 +140,10 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
     from hypothesis import strategies as st
 
     camp = Campaign(budget=budget.validate(), target=target, progress=progress)
+    width = max(1, int(getattr(target, "parallel", 1)))
+    pending: list = []
 
-    @hyp_seed(seed)
-    @settings(max_examples=10**9, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(st.integers(0, 2**64 - 1))
-    def one_case(draw: int) -> None:
-        if camp.exhausted():
-            raise _CampaignDone()
-        camp.draws += 1
-        case = strategy(random.Random(draw))
-        if case is None:
-            return
-        obs = target.observe(case)
+    def record(case, obs) -> None:
         if obs is None:
             camp.unsupported += 1
             return
@@ -169,9 +163,36 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
         if camp.progress and camp.cases % 25 == 0:
             camp.progress(camp)
 
+    def flush() -> None:
+        batch = pending[:]
+        pending.clear()
+        observed = [target.observe(batch[0])] if len(batch) == 1 else target.observe_many(batch)
+        for case, obs in zip(batch, observed):
+            record(case, obs)
+
+    @hyp_seed(seed)
+    @settings(max_examples=10**9, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(st.integers(0, 2**64 - 1))
+    def one_case(draw: int) -> None:
+        if camp.exhausted():
+            raise _CampaignDone()
+        camp.draws += 1
+        case = strategy(random.Random(draw))
+        if case is None:
+            return
+        pending.append(case)
+        if len(pending) >= width:
+            flush()
+
     with single_threaded_torch():
         try:
-            one_case()
+            try:
+                one_case()
+            except _CampaignDone:
+                pass
+            if pending and not camp.stopped:  # a parallel target's last, partial batch
+                flush()
         except _CampaignDone:
             pass
         except KeyboardInterrupt:

@@ -2,8 +2,10 @@
 
 A case is one concrete scenario: a server configuration and model, the backend policy (guard, metadata head
 counts, whether stale CP metadata is cleared), a sequence of batches, the kernel to run it on, a tensor seed,
-and the expected outcome with the violated invariant. Refuted theorems, the fuzzer and the catalogue write
-cases; `fa3verify replay` runs them.
+and the expected outcome with the violated invariant, and the seeded defects it runs with (``defects``, names of
+gpu_impl.defects). Refuted theorems, the fuzzer and the catalogue write cases; `fa3verify replay` runs them. The
+same schema covers kernel-level cases (one FA3 call, a ``call`` object instead of the scenario fields), validated
+by spec/kernel_cases.py.
 
 `Case.from_json` validates every field and raises `CaseFormatError` (a ValueError) naming the field path, the
 allowed values or range, and what was found; bad input never surfaces as a traceback from deeper code.

@@ -1,9 +1,8 @@
-"""gpu-check's own random fuzz cases and fuzz call: a seeded sglang configuration and decode batch, and one
-case through the backend with every decode call launched and checked against the float64 oracle.
+"""gpu-check's fuzz call: one case (strategy family ``gpu-decode``) through the backend in a worker, every decode
+call launched on the real kernel and checked against the float64 oracle.
 
-Invariant: case ``index`` of stream ``seed`` is always the same valid configuration of a real model
-(``gpu_impl.config.is_valid_config``), and a case passes only when no call gives NaN, a predicted
-out-of-bounds access or an output outside FA3's tolerance (``refmodel.tolerance``).
+Invariant: a case passes only when no call gives NaN, a predicted out-of-bounds access or an output outside
+FA3's tolerance (``refmodel.tolerance``); the cases themselves come from ``fa3verify.strategies``.
 """
 
 from __future__ import annotations
@@ -15,42 +14,19 @@ from typing import Any
 from .tasks import _kernel, _sync
 
 
-def random_fuzz_case(seed: int, index: int, num_sm: int, max_len: int, contexts: tuple) -> dict:
-    """Case ``index`` of stream ``seed``: a valid sglang configuration of a real model and a decode batch.
+def task_case(case, index: int) -> dict:
+    """A generated case (a ``fa3verify.strategies.FuzzCase`` with one decode step) as a worker task's plain dict."""
+    return {"index": index, "model": case.model.name, "server": case.server.to_dict(),
+            "seq_lens": list(case.steps[0]["seq_lens"]), "seed": case.seed}
 
-    Half the batches are skewed (one long sequence, short companions: the shape that overflows split buffers).
-    """
-    from gpu_impl.config import MODELS, ServerConfig, is_valid_config
+
+def random_fuzz_case(seed: int, index: int, num_sm: int, max_len: int, contexts: tuple) -> dict:
+    """Case ``index`` of stream ``seed`` from the strategy family ``gpu-decode`` (``fa3verify.strategies``): a
+    valid sglang configuration of a real model and a decode batch, as a worker task's dict."""
+    from ..strategies import gpu_decode_case
 
     rng = random.Random(f"fa3verify.gpu_fuzz:{seed}:{index}")
-    names = sorted(MODELS)
-    model, server = None, None
-    for _ in range(500):
-        model = MODELS[rng.choice(names)]
-        attn_tp = rng.choice((1, 2, 4, 8))
-        attn_cp = rng.choice((1, 1, 2, 4))
-        dp_attention = rng.random() < 0.35
-        dp = rng.choice((2, 4)) if dp_attention else rng.choice((1, 1, 2))
-        tp = attn_tp * attn_cp * (dp if dp_attention else 1)
-        prefill_cp = attn_cp > 1 or rng.random() < 0.2
-        server = ServerConfig(
-            tp_size=tp, dp_size=dp, attn_cp_size=attn_cp, enable_dp_attention=dp_attention,
-            enable_prefill_cp=prefill_cp, cp_strategy="zigzag" if prefill_cp else None,
-            page_size=rng.choice((1, 16, 64)), num_splits=rng.choice((0, 0, 0, 0, 0, 0, 1, 2, 4, 16)),
-            enable_deterministic_inference=rng.random() < 0.1, cuda_graph=rng.random() < 0.4, num_sm=int(num_sm),
-            context_length=rng.choice(tuple(contexts)))
-        if is_valid_config(model, server):
-            break
-    cap = min(max_len, server.context_length)
-    n = rng.randint(1, 12) * server.attn_dp_size
-    if rng.random() < 0.5:
-        lens = [rng.randint(1, min(cap, 160)) for _ in range(n)]
-        lens[rng.randrange(n)] = rng.randint(max(1, cap // 4), cap)
-    else:
-        top = max(1, int(2 ** rng.uniform(0, max(0.0, (cap).bit_length() - 1))))
-        lens = [rng.randint(1, min(cap, top)) for _ in range(n)]
-    return {"index": index, "model": model.name, "server": server.to_dict(), "seq_lens": lens,
-            "seed": rng.randrange(2**31)}
+    return task_case(gpu_decode_case(rng, num_sm, max_len, contexts), index)
 
 
 def fuzz_case_task(adapter: dict, case: dict, guard: str = "fixed") -> dict:

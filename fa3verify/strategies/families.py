@@ -43,18 +43,27 @@ def _fuzz_case(server, model, steps, seed):
     return FuzzCase(server=server, model=model, steps=tuple(steps), numerics=False, seed=seed)
 
 
+def _zigzag_cp_server(r: random.Random, pages: tuple, vary_gpu: bool):
+    """A prefill-CP (zigzag) configuration, tp 2..8 and attn_cp > 1 dividing it; with ``vary_gpu`` the SM count
+    and the context length are drawn too (else the H200 and 32k)."""
+    from gpu_impl.config import ServerConfig
+
+    tp = r.choice((2, 4, 8))
+    cp = r.choice([c for c in (2, 4, 8) if tp % c == 0])
+    extra = {"page_size": r.choice(pages)}
+    if vary_gpu:
+        extra.update(num_sm=r.choice(_SMS), context_length=r.choice((32768, 131072)))
+    else:
+        extra.update(context_length=32768)
+    return ServerConfig(tp_size=tp, attn_cp_size=cp, enable_prefill_cp=True, cp_strategy="zigzag", **extra)
+
+
 def prefill_cp(rng: random.Random):
-    from gpu_impl.config import MODELS, ServerConfig
+    """Prefill-CP configurations and one skewed decode batch (entry 01)."""
+    from gpu_impl.config import MODELS
 
     model = MODELS[rng.choice(_GQA_MODELS)]
-
-    def make(r):
-        tp = r.choice((2, 4, 8))
-        cp = r.choice([c for c in (2, 4, 8) if tp % c == 0])
-        return ServerConfig(tp_size=tp, attn_cp_size=cp, enable_prefill_cp=True, cp_strategy="zigzag",
-                            page_size=r.choice((1, 16, 64)), num_sm=r.choice(_SMS),
-                            context_length=r.choice((32768, 131072)))
-    server = _pick_server(rng, model, make)
+    server = _pick_server(rng, model, lambda r: _zigzag_cp_server(r, (1, 16, 64), vary_gpu=True))
     if server is None:
         return None
     return _fuzz_case(server, model, [_skewed_decode(rng, server.context_length, rng.randint(1, 8))],
@@ -83,16 +92,11 @@ def dp_attention_graph(rng: random.Random):
 
 
 def cp_steps(rng: random.Random):
-    from gpu_impl.config import MODELS, ServerConfig
+    """Prefill-CP configurations: a CP-v2 extend, then MIXED / short extends / idle / decode steps (entry 03)."""
+    from gpu_impl.config import MODELS
 
     model = MODELS[rng.choice(_GQA_MODELS)]
-
-    def make(r):
-        tp = r.choice((2, 4, 8))
-        cp = r.choice([c for c in (2, 4, 8) if tp % c == 0])
-        return ServerConfig(tp_size=tp, attn_cp_size=cp, enable_prefill_cp=True, cp_strategy="zigzag",
-                            page_size=r.choice((1, 16)), context_length=32768)
-    server = _pick_server(rng, model, make)
+    server = _pick_server(rng, model, lambda r: _zigzag_cp_server(r, (1, 16), vary_gpu=False))
     if server is None:
         return None
     cp2 = 2 * server.attn_cp_size

@@ -124,6 +124,22 @@ def random_fuzz_case(rng: random.Random, numerics_share: float = NUMERICS_SHARE)
                     numerics=numerics, seed=rng.randrange(2**31))
 
 
+def gpu_decode_case(rng: random.Random, num_sm: int = 132, max_len: int = 16384,
+                    contexts: tuple = (4096, 16384, 32768)) -> FuzzCase:
+    """A case for a real GPU (gpu-check's fuzz stage): a valid configuration of a real model on the GPU's SM
+    count, a context from ``contexts``, and one decode batch (skewed half the time, issue 5's overflow shape) of
+    up to 12 rows per attention-DP rank and lengths up to ``max_len``, every call run on tensors."""
+    for _ in range(500):
+        model = MODELS[rng.choice(sorted(MODELS))]
+        server = dataclasses.replace(random_server_config(rng, model), num_sm=int(num_sm),
+                                     context_length=rng.choice(tuple(contexts)))
+        if is_valid_config(model, server):
+            break
+    cap = min(max_len, server.context_length)
+    step = decode_step(rng, cap, max_batch=12 * server.attn_dp_size)
+    return FuzzCase(server=server, model=model, steps=(step,), numerics=True, seed=rng.randrange(2**31))
+
+
 def fuzz_cases(numerics_share: float = NUMERICS_SHARE):
     """Hypothesis strategy over the scenario space: one seeded draw per case.
 
