@@ -22,16 +22,13 @@ _CLASSES: dict = {}
 
 class Seeded:
     """Base of every seeded class: remembers the unseeded class and pickles as (base, defect names, state)."""
+
     _seed_base: type = object
+    _seed_table: str = ""
     defects: frozenset = frozenset()
 
     def __reduce_ex__(self, protocol):
-        return (_rebuild, (self._seed_base, tuple(sorted(self.defects)), _transforms_of(type(self)),
-                           self.__dict__.copy()))
-
-
-def _transforms_of(cls: type) -> str:
-    return cls.__dict__.get("_seed_table", "")
+        return (_rebuild, (self._seed_base, tuple(sorted(self.defects)), self._seed_table, self.__dict__.copy()))
 
 
 def _table(name: str) -> dict:
