@@ -1,92 +1,51 @@
 """`fuzz`: a differential fuzz campaign of the backend under a policy, against the oracle.
 
-Generation is Hypothesis (`fa3verify.strategies`), seeded, so the same seed gives the same cases. Each
-scenario runs on a system under test (`gpu_impl.sut`: the model by default, or real engine code chosen with
-`--engine`) through `SystemUnderTest.run`: metadata-level checks (spec's invariants) for every
-decode call, and, for numerics cases, the kernel adapter against the float64 oracle under FA3's tolerance
-rule. The first failure of each distinct violation signature is shrunk (fa3verify.shrinking) and saved as a
-case file; later failures with a known signature are counted, not saved again.
+The loop is the one campaign (:func:`fa3verify.campaign.run_campaign`) over the strategy family ``scenario``
+(:mod:`fa3verify.strategies`), seeded, so the same seed gives the same cases. Each scenario runs on a system
+under test (`gpu_impl.sut`: the model by default, or real engine code chosen with `--engine`) behind
+:class:`ScenarioTarget`: metadata-level checks (spec's invariants) for every decode call, and, for numerics
+cases, the kernel adapter against the float64 oracle under FA3's tolerance rule. The first failure of each
+distinct violation signature is shrunk (fa3verify.shrinking) and saved as a case file (fa3verify.case_files);
+later failures with a known signature are counted, not saved again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import time
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
-
+from .campaign import Budget, Campaign, Failure, Observation, shrink_failure, single_threaded_torch
+from .campaign import run_campaign as _run_campaign
 from .engine_choice import case_policy, identity_of
 from .policy import Policy
-from .strategies import FuzzCase, fuzz_cases
+from .strategies import FuzzCase, random_fuzz_case
 from .summary import Check, Finding, RunSummary
+
+__all__ = ["ScenarioTarget", "scenario_for", "evaluate", "run_campaign", "shrink", "save_case", "fuzz",
+           "single_threaded_torch", "Campaign", "Failure", "SHRINK_BUDGET_S"]
 
 #: Seconds spent shrinking each distinct failure at most.
 SHRINK_BUDGET_S = 4.0
 
 
-class _CampaignDone(BaseException):
-    """Raised inside the Hypothesis loop to end the campaign (budget or case count reached)."""
-
-
-@dataclass
-class Failure:
-    """The first scenario that showed a violation signature, and how often it recurred."""
-
-    signature: str
-    invariant: str
-    case: FuzzCase
-    message: str
-    found_at_s: float
-    count: int = 1
-    case_file: Optional[str] = None
-    shrunk: bool = False
-
-
-@dataclass
-class Campaign:
-    """State of one fuzz run: counters, distinct failures, the policy and kernel it exercises."""
-
-    policy: Policy
-    kernel: object
-    numerics_always: bool
-    budget_s: Optional[float]
-    max_cases: Optional[int]
-    started: float = field(default_factory=time.perf_counter)
-    cases: int = 0
-    failing_cases: int = 0
-    failures: dict = field(default_factory=dict)
-    progress: Optional[Callable[["Campaign"], None]] = None
-    interrupted: bool = False  #: SIGINT ended the campaign: what was found is kept, the verdict is inconclusive
-    #: the system under test every case runs on (None: the model, gpu_impl.sut.ModelSUT)
-    sut: object = None
-    #: cases the engine could not run (a feature its driver does not run): skipped, counted, never a pass
-    unsupported: int = 0
-
-    @property
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.started
-
-    def exhausted(self) -> bool:
-        if self.max_cases is not None and self.cases + self.unsupported >= self.max_cases:
-            return True
-        return self.budget_s is not None and self.elapsed >= self.budget_s
-
-
-def scenario_for(case: FuzzCase, policy: Policy):
-    """The gpu_impl Scenario a generated case describes, under the policy being tested."""
+def scenario_for(case: FuzzCase, policy: Policy, defects=frozenset()):
+    """The gpu_impl Scenario a generated case describes, under the policy being tested (and seeded defects)."""
     from gpu_impl.scenario import Scenario, Step
 
     return Scenario(server=case.server, model=case.model, guard=policy.guard, guard_spec=policy.guard_spec,
                     steps=[Step(**s) for s in case.steps], metadata_heads=policy.metadata_heads,
-                    clear_stale_cp_metadata=policy.clear_stale_cp_metadata, seed=case.seed)
+                    clear_stale_cp_metadata=policy.clear_stale_cp_metadata, seed=case.seed,
+                    defects=frozenset(defects))
 
 
-def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = False, sut=None) -> list:
-    """Run one case on the system under test (default: the model); return (signature, invariant, message)s,
-    or None when the engine cannot run the scenario (see ``engine_choice.is_unsupported``)."""
+def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = False, sut=None,
+             defects=frozenset(), crash_is_finding: bool = False) -> Optional[Observation]:
+    """Run one case on the system under test (default: the model) under the policy and seeded defects.
+
+    The observation's findings are (signature, invariant, message); None when the engine cannot run the scenario
+    (see ``engine_choice.is_unsupported``). A guard that raises is its fault's finding; any other exception of the
+    system under test is re-raised, or with ``crash_is_finding`` is the NO_CRASH finding.
+    """
     from gpu_impl.guards import GuardRaised
     from gpu_impl.sut import ModelSUT
 
@@ -94,94 +53,57 @@ def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = Fal
 
     sut = ModelSUT() if sut is None else sut
     try:
-        result = sut.run(scenario_for(case, policy), kernel=kernel, numerics=numerics_always or case.numerics)
+        result = sut.run(scenario_for(case, policy, defects), kernel=kernel, numerics=numerics_always or case.numerics)
     except GuardRaised as exc:
-        return [(exc.invariant, exc.invariant, str(exc))]
+        return Observation("violation", [exc.invariant], [str(exc)], [(exc.invariant, exc.invariant, str(exc))])
     except Exception as exc:
         if is_unsupported(exc):
             return None
-        raise
-    return [(f.signature, f.invariant, f.message) for f in result.findings]
+        if not crash_is_finding:
+            raise
+        msg = f"{type(exc).__name__}: {exc}"  # a crash of the system under test is itself a finding
+        return Observation("violation", ["NO_CRASH"], [msg], [("NO_CRASH", "NO_CRASH", msg)])
+    msgs = [f.message for f in result.findings[:3]] or [f.message for f in result.shape_errors[:1]]
+    return Observation(result.outcome, sorted({f.invariant for f in result.findings}), msgs,
+                       [(f.signature, f.invariant, f.message) for f in result.findings])
+
+
+class ScenarioTarget:
+    """A scenario system under test (``gpu_impl.sut``: the model or a real engine) under a policy and seeded
+    defects, as the campaign drives it: ``observe(FuzzCase) -> Observation | None``."""
+
+    def __init__(self, policy: Policy, kernel=None, numerics_always: bool = False, sut=None, defects=frozenset(),
+                 crash_is_finding: bool = False):
+        self.policy, self.kernel, self.numerics_always, self.sut = policy, kernel, numerics_always, sut
+        self.defects, self.crash_is_finding = frozenset(defects), crash_is_finding
+
+    def observe(self, case: FuzzCase) -> Optional[Observation]:
+        return evaluate(case, self.policy, self.kernel, self.numerics_always, sut=self.sut, defects=self.defects,
+                        crash_is_finding=self.crash_is_finding)
 
 
 def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float] = 20.0,
                  max_cases: Optional[int] = None, numerics_always: bool = False,
                  progress: Optional[Callable[[Campaign], None]] = None,
                  stop_at_first_failure: bool = False, sut=None) -> Campaign:
-    """Generate and run cases on the system under test (default: the model) until the budget or the case count is reached; record distinct failures.
-
-    The campaign is always bounded: a budget that is not a finite number > 0, or neither a budget nor a case
-    count, is a ValueError (a NaN budget would never be reached).
-    """
-    import math
-
-    if budget_s is not None and not (isinstance(budget_s, (int, float)) and math.isfinite(budget_s) and budget_s > 0):
-        raise ValueError(f"budget_s: expected a finite number > 0, got {budget_s!r}")
-    if budget_s is None and max_cases is None:
-        raise ValueError("budget_s, max_cases: at least one bound is needed (the campaign would never end)")
-    if max_cases is not None and max_cases < 1:
-        raise ValueError(f"max_cases: expected an integer >= 1, got {max_cases!r}")
-    camp = Campaign(policy=policy, kernel=kernel, numerics_always=numerics_always, budget_s=budget_s,
-                    max_cases=max_cases, progress=progress, sut=sut)
-
-    @hyp_seed(seed)
-    @settings(max_examples=10**9, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(fuzz_cases())
-    def one_case(case: FuzzCase) -> None:
-        if camp.exhausted():
-            raise _CampaignDone()
-        findings = evaluate(case, policy, kernel, numerics_always, sut=sut)
-        if findings is None:
-            camp.unsupported += 1
-            return
-        camp.cases += 1
-        if findings:
-            camp.failing_cases += 1
-        for signature, invariant, message in findings:
-            if signature in camp.failures:
-                camp.failures[signature].count += 1
-            else:
-                camp.failures[signature] = Failure(signature, invariant, case, message, camp.elapsed)
-        if stop_at_first_failure and camp.failures:
-            raise _CampaignDone()
-        if camp.progress and camp.cases % 25 == 0:
-            camp.progress(camp)
-
-    with single_threaded_torch():
-        try:
-            one_case()
-        except _CampaignDone:
-            pass
-        except KeyboardInterrupt:
-            camp.interrupted = True
-    return camp
-
-
-@contextlib.contextmanager
-def single_threaded_torch():
-    """Run torch ops on one thread: fuzz tensors are tiny, and intra-op threads cost far more than they save
-    (measured: a numerics case took 0.59 s with 2 threads on a busy 2-core machine, 0.022 s with one)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    """The campaign of `fuzz`: family ``scenario`` on the system under test (default: the model) under ``policy``,
+    until the budget or the case count is reached (always bounded: see :class:`fa3verify.campaign.Budget`)."""
+    budget = Budget(seconds=budget_s, cases=max_cases).validate()
+    target = ScenarioTarget(policy, kernel, numerics_always, sut)
+    return _run_campaign(target, random_fuzz_case, budget=budget, seed=seed, progress=progress,
+                         stop=(lambda camp: bool(camp.failures)) if stop_at_first_failure else None)
 
 
 def shrink(failure: Failure, policy: Policy, kernel, numerics_always: bool,
            budget_s: float = SHRINK_BUDGET_S, sut=None) -> FuzzCase:
     """A smaller case with the same violation signature (greedy structural shrinking, fa3verify.shrinking)."""
-    from .shrinking import shrink_case
+    target = ScenarioTarget(policy, kernel, numerics_always, sut)
 
     def same_violation(case: FuzzCase) -> bool:
-        return any(sig == failure.signature for sig, _, _ in evaluate(case, policy, kernel, numerics_always, sut=sut)
-                   or ())
+        obs = target.observe(case)
+        return any(sig == failure.signature for sig, _, _ in (obs.findings if obs else ()))
 
-    smaller = shrink_case(failure.case, same_violation, budget_s=budget_s)
+    smaller = shrink_failure(failure.case, same_violation, budget_s)
     failure.shrunk = _size(smaller) < _size(failure.case)
     return smaller
 
@@ -193,15 +115,14 @@ def _size(case: FuzzCase) -> tuple:
 
 def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str, out_dir: str, sut=None) -> str:
     """Write a replayable case file for a failure (spec.cases schema), carrying the engine it was found on."""
-    from spec.cases import Case
+    from .case_files import scenario_case
 
     engine = None if sut is None or sut.spec.is_model else identity_of(sut)
-    c = Case.from_parts(
-        source="fuzz", server=case.server.to_dict(), model=case.model.to_dict(), policy=case_policy(policy, sut),
-        engine=engine,
-        batches=[dict(s) for s in case.steps], kernel={"name": kernel_name, "mode": "strict"}, seed=case.seed,
-        expected={"outcome": "violation", "invariant": failure.invariant, "detail": {"message": failure.message}},
-        notes=f"fuzz signature {failure.signature}; numerics={case.numerics}")
+    c = scenario_case(case, source="fuzz", policy=case_policy(policy, sut), engine=engine,
+                      kernel={"name": kernel_name, "mode": "strict"},
+                      expected={"outcome": "violation", "invariant": failure.invariant,
+                                "detail": {"message": failure.message}},
+                      notes=f"fuzz signature {failure.signature}; numerics={case.numerics}")
     return str(c.save(out_dir))
 
 
@@ -259,7 +180,7 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
 def _shrink_or_keep(failure: Failure, policy: Policy, kernel, numerics_always: bool, camp: Campaign) -> FuzzCase:
     """The shrunk case; an interrupt while shrinking keeps the unshrunk one and ends the run (exit 3)."""
     try:
-        return shrink(failure, policy, kernel, numerics_always, sut=camp.sut)
+        return shrink(failure, policy, kernel, numerics_always, sut=camp.target.sut)
     except KeyboardInterrupt:
         camp.interrupted = True
         return failure.case

@@ -1,10 +1,17 @@
-"""`replay`: run a case file again and say whether it still fails the way the file says."""
+"""`replay`: run a case file again and say whether it still fails the way the file says.
+
+Reads every case the suite writes: scenario cases (``fa3verify.case/1``, run on a system under test,
+``gpu_impl.sut``) and kernel-level cases (``fa3verify.case/1`` with a ``call``, or the older
+``fa3verify.kernel-case/1``, run on the emulated kernel by ``fa3verify.kernel_cases``), with the seeded defects
+the case names (its ``defects`` field, or an older guard spec naming a ``gpu_impl.defects.SeededPolicy``).
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
+import json
+from typing import Iterable, Optional
 
 from .errors import UsageError
 from .summary import Check, Finding, RunSummary
@@ -91,9 +98,22 @@ def load_case(path: str):
     return case
 
 
+def case_defects(case, override: Optional[Iterable[str]] = None) -> frozenset:
+    """The seeded defects a replay runs with: ``override`` (e.g. none), else the case's ``defects``; an unknown
+    name is a usage error naming the field and the known names."""
+    from gpu_impl.defects import check_defects
+
+    try:
+        return check_defects(case.defects if override is None else override)
+    except ValueError as exc:
+        raise UsageError(f"{exc}") from None
+
+
 def scenario_from_case(case, guard_override: Optional[str] = None, metadata_heads: Optional[str] = None,
-                       keep_stale: Optional[bool] = None, trust_case_guard: bool = False):
-    """The gpu_impl Scenario a case file describes; the CLI may override the policy (trust: fa3verify.trust)."""
+                       keep_stale: Optional[bool] = None, trust_case_guard: bool = False,
+                       defects: Optional[Iterable[str]] = None):
+    """The gpu_impl Scenario a case file describes; the CLI may override the policy (trust: fa3verify.trust)
+    and the seeded defects."""
     from gpu_impl.config import ModelConfig, ServerConfig
     from gpu_impl.guards import GuardSpecError, load_guard
     from gpu_impl.scenario import Scenario, Step
@@ -115,21 +135,31 @@ def scenario_from_case(case, guard_override: Optional[str] = None, metadata_head
     clear = policy.get("clear_stale_cp_metadata", True) if keep_stale is None else not keep_stale
     return Scenario(server=server, model=model, guard=guard, steps=steps, guard_spec=guard_spec,
                     metadata_heads=metadata_heads or policy.get("metadata_heads", "tp"),
-                    clear_stale_cp_metadata=clear, seed=int(case.seed))
+                    clear_stale_cp_metadata=clear, seed=int(case.seed), defects=case_defects(case, defects))
 
 
 def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", guard: Optional[str] = None,
            metadata_heads: Optional[str] = None, keep_stale: Optional[bool] = None,
            numerics: Optional[bool] = None, trust_case_guard: bool = False, engine: Optional[str] = None,
-           sut=None) -> tuple[RunSummary, ReplayOutcome]:
-    """Replay one case on its engine (``engine`` overrides; ``sut`` supplies one already open); the summary
-    fails (exit 1) whenever the replay observes a violation or a guard fault, and is inconclusive (exit 3) when
-    the case needs a path the scenario runner does not model."""
+           sut=None, defects: Optional[Iterable[str]] = None) -> tuple[RunSummary, ReplayOutcome]:
+    """Replay one case on its engine (``engine`` overrides; ``sut`` supplies one already open; ``defects``
+    overrides the case's seeded defects); the summary fails (exit 1) whenever the replay observes a violation, a
+    shape error or a guard fault, and is inconclusive (exit 3) when the case needs a path the scenario runner
+    does not model."""
     from gpu_impl.guards import GuardRaised
     from gpu_impl.kernels import load
 
     from .engine_choice import engine_for_case, open_engine
 
+    if _is_kernel_file(path):
+        options = {"--kernel": kernel_name not in (None, "emulated"), "--guard": guard,
+                   "--metadata-heads": metadata_heads, "--numerics": numerics, "--engine": engine not in (None, "model"),
+                   "--keep-stale-cp-metadata": keep_stale}
+        bad = next((o for o, v in options.items() if v), None)
+        if bad or sut is not None:
+            raise UsageError(f"{bad or 'sut'}: does not apply to a kernel-level case (one FA3 call on the emulated "
+                             f"kernel; see docs/case-format.md)")
+        return _replay_kernel(path, defects)
     case = load_case(path)
     expected = case.expected or {}
     why_not = unmodelled(case)
@@ -142,7 +172,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
             if value:
                 raise UsageError(f"{option}: does not apply when replaying on {spec} (the engine's own code "
                                  f"decides); use --engine model to replay on the model under another policy")
-    scn = scenario_from_case(case, guard, metadata_heads, keep_stale, trust_case_guard)
+    scn = scenario_from_case(case, guard, metadata_heads, keep_stale, trust_case_guard, defects)
     name = kernel_name or case.kernel.get("name", "emulated")
     use_numerics = (name != "emulated") if numerics is None else numerics
     if use_numerics:
@@ -177,7 +207,8 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
                              invariants=sorted({f["invariant"] for f in findings}), findings=findings, trace=trace)
     summary = RunSummary(command="replay", cases=1, failures=int(bool(findings)), elapsed_s=elapsed,
                          policy={"guard": scn.guard_spec, "metadata_heads": scn.metadata_heads,
-                                 "clear_stale_cp_metadata": scn.clear_stale_cp_metadata})
+                                 "clear_stale_cp_metadata": scn.clear_stale_cp_metadata,
+                                 **({"defects": sorted(scn.defects)} if scn.defects else {})})
     fails = observed.fails
     summary.failures = int(fails)
     msg = "; ".join(f"{f['invariant']} at step {f['step']} rank {f['dp_rank']}: {f['message']}" for f in findings[:3])
@@ -200,4 +231,47 @@ def _not_modelled(path: str, case, why: str) -> tuple[RunSummary, ReplayOutcome]
     summary = RunSummary(command="replay", cases=0, policy=dict(case.policy))
     summary.checks.append(Check(name=f"replay {path}", kind="replay", verdict="inconclusive", seconds=0.0,
                                 inconclusive=True, case_file=path, message=why))
+    return summary, observed
+
+
+def _is_kernel_file(path: str) -> bool:
+    """True when the case file is a kernel-level case (a missing file is left to the scenario reader's error)."""
+    from .kernel_cases import is_kernel_case
+    from .outputs import read_text
+
+    try:
+        return is_kernel_case(json.loads(read_text(path, "CASE")))
+    except (UsageError, ValueError, RecursionError):
+        return False
+
+
+def _replay_kernel(path: str, defects: Optional[Iterable[str]]) -> tuple[RunSummary, ReplayOutcome]:
+    """Replay a kernel-level case on the emulated kernel (fa3verify.kernel_cases); exit 1 unless it passes."""
+    from spec.cases import CaseFormatError
+
+    from .kernel_cases import replay_kernel_case
+
+    start = time.perf_counter()
+    try:
+        r = replay_kernel_case(path, defects)
+    except CaseFormatError as exc:
+        raise UsageError(f"CASE {path}: {exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"CASE {path}: {exc}".replace(f"CASE {path}: {path}: ", f"CASE {path}: ")) from None
+    elapsed = time.perf_counter() - start
+    exp = r["expected"]
+    findings = [{"invariant": i, "message": m, "step": None, "dp_rank": None, "detail": {}}
+                for i, m in zip(r["invariants"], r["messages"] + [""] * len(r["invariants"]))]
+    observed = ReplayOutcome(expected_outcome=exp["outcome"], expected_invariant=exp.get("invariant"),
+                             outcome=r["outcome"], invariants=sorted(r["invariants"]), findings=findings, trace=[])
+    fails = observed.fails
+    summary = RunSummary(command="replay", cases=1, failures=int(fails), elapsed_s=elapsed,
+                         policy={"kernel-level": True, "defects": sorted(defects) if defects is not None else None})
+    msg = "; ".join(f"{f['invariant']}: {f['message']}" for f in findings[:3]) or "; ".join(r["messages"][:1])
+    summary.checks.append(Check(name=f"replay {path} (kernel-level)", kind="replay",
+                                verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,
+                                message=msg or f"outcome {r['outcome']} (expected {exp['outcome']})"))
+    for f in findings if fails else []:
+        summary.findings.append(Finding(invariant=f["invariant"], case_file=path, engine="replay (kernel-level)",
+                                        message=f["message"]))
     return summary, observed

@@ -51,15 +51,17 @@ class DecodeCall:
     num_splits: int
     precomputed: bool
     skip_reason: str = ""
-    #: split count the call launches with when it differs from ``num_splits`` (seeded defect
-    #: ``graph-split-count-from-capture``: frozen at CUDA-graph capture); None: the call passes ``num_splits``
+    #: split count the call launches with when it differs from ``num_splits`` (set from outside, e.g. by the
+    #: seeded defect ``graph-split-count-from-capture``: frozen at CUDA-graph capture); None: the call passes
+    #: ``num_splits``
     call_num_splits: Optional[int] = None
-    #: rows the precompute sees when fewer than ``seq_lens`` (seeded defect ``graph-metadata-before-padding``)
+    #: rows the precompute sees when fewer than ``seq_lens`` (set from outside, e.g. by the seeded defect
+    #: ``graph-metadata-before-padding``)
     precompute_rows: Optional[int] = None
 
     @property
     def launch_num_splits(self) -> int:
-        """The ``num_splits`` argument of the layer's call (``num_splits`` unless a seeded defect froze another)."""
+        """The ``num_splits`` argument of the layer's call (``num_splits`` unless ``call_num_splits`` froze another)."""
         return self.num_splits if self.call_num_splits is None else self.call_num_splits
 
 
@@ -90,22 +92,26 @@ class FlashAttentionBackend:
     """sglang's FA3 backend for one model and server configuration, with a pluggable precompute guard.
 
     `metadata_heads` selects the precompute's head counts: "tp" (H // tp_size, as sglang) or "attn_tp"
-    (H // attn_tp_size, the root-cause fix). `defects` are seeded-defect switches of `gpu_impl.defects`
-    (backend layer, plus the kernel-layer counterfactual ``fa3-kernel-uses-host-tiles`` that the metadata-level
-    check must agree on); default none.
+    (H // attn_tp_size, the root-cause fix). The backend has no defect switches: a seeded defect is a subclass
+    that overrides one of its steps, applied from outside (``gpu_impl.defects.seed_backend``); ``defects`` names
+    the ones a seeded backend carries (none here).
     """
 
-    def __init__(self, server: ServerConfig, model: ModelConfig, guard: Callable[[Any], Any],
-                 metadata_heads: str = "tp", defects=frozenset()):
-        from .defects import check_defects
+    #: seeded defects this backend carries (names of ``gpu_impl.defects``); set by a seeded subclass only
+    defects: frozenset = frozenset()
+    #: the layer's call passes ``cu_seqlens_q`` and ``cache_seqlens`` (varlen), as sglang's does
+    call_varlen: bool = True
+    #: why this backend's calls are checked at the metadata level only (None: numerics are modelled too)
+    metadata_only: Optional[str] = None
 
+    def __init__(self, server: ServerConfig, model: ModelConfig, guard: Callable[[Any], Any],
+                 metadata_heads: str = "tp"):
         if metadata_heads not in ("tp", "attn_tp"):
             raise ValueError(f"metadata_heads: must be 'tp' or 'attn_tp', got {metadata_heads!r}")
         self.server = server
         self.model = model
         self.guard = guard
         self.metadata_heads = metadata_heads
-        self.defects = check_defects(defects)
         self.disable_precompute = bool(evaluate_guard(guard, server_args_namespace(server)))
 
     # -- what the backend decides -------------------------------------------------------------
@@ -151,75 +157,11 @@ class FlashAttentionBackend:
                                     call_heads=self.server.layer_heads(self.model), call_seqlen_k=width,
                                     num_splits=server.backend_num_splits, precomputed=not reason,
                                     skip_reason=reason))
-            self._seed_graph_defects(calls[-1])
         return calls
 
-    # -- seeded defects (gpu_impl.defects) ----------------------------------------------------
-
-    def _seed_graph_defects(self, call: DecodeCall) -> None:
-        """Apply the CUDA-graph defects to a replayed call (no effect on eager calls or without the switches)."""
-        if call.path != "cuda_graph":
-            return
-        if "graph-split-count-from-capture" in self.defects and call.num_splits <= 0:
-            from .defects import GRAPH_CAPTURE_SEQLEN_K
-
-            page = self.server.page_size
-            extent = min(call.call_seqlen_k, ceil_div(GRAPH_CAPTURE_SEQLEN_K, page) * page)
-            captured = DecodeCall(**{**call.__dict__, "call_seqlen_k": extent})
-            call.call_num_splits = resolve_schedule(self.call_inputs(captured)).num_splits
-        if "graph-metadata-before-padding" in self.defects:
-            call.precompute_rows = call.real_rows
-
-    def captured_metadata_buffer(self, call: DecodeCall) -> torch.Tensor:
-        """What the graph's metadata buffer holds when replays never write it (``graph-metadata-new-buffer``).
-
-        sglang captures the graphs largest batch first (cuda_graph_runner.py ``reversed(self.capture_bs)``) and
-        each capture writes ``buf[:n] = md; buf[n:] = 0`` (flashattention_backend.py); the last capture is the
-        smallest graph batch, with the capture batch's lengths (1). The call reads ``buf[:size]`` for its own size.
-        """
-        from refmodel.metadata import encode_metadata
-
-        first = CUDA_GRAPH_BATCH_SIZES[0]
-        capture = DecodeCall(**{**call.__dict__, "seq_lens": [1] * first, "real_rows": first,
-                                "call_num_splits": None, "precompute_rows": None})
-        md = encode_metadata(*self.precompute(capture))
-        size = resolve_schedule(self.call_inputs(call)).metadata_size
-        buf = torch.zeros(max(size, md.numel()), dtype=torch.int32)
-        buf[:md.numel()] = md
-        return buf[:size].clone()
-
     def _call_schedule(self, call: DecodeCall):
-        """The call's resolved schedule (with the kernel-tile counterfactual when switched on)."""
-        import dataclasses
-
-        sched = resolve_schedule(self.call_inputs(call))
-        if "fa3-kernel-uses-host-tiles" in self.defects:
-            sched = dataclasses.replace(sched, kernel_block_m=sched.block_m, kernel_block_n=sched.block_n)
-        return sched
-
-    def _check_stale_buffer(self, call: DecodeCall, call_sched) -> DecodeVerdict:
-        """The call against the captured buffer's stale content, through the kernel model's tile plan."""
-        from spec.invariants import Violation
-
-        from .errors import MetadataShapeError
-        from .kernels.base import CallShape, build_tile_plan, check_plan
-
-        md = self.captured_metadata_buffer(call)
-        h, hk = call.call_heads
-        b = len(call.seq_lens)
-        shape = CallShape(batch_size=b, seqlen_q=1, seqlen_k=call.call_seqlen_k, total_q=b, num_heads=h,
-                          num_heads_k=hk, headdim=self.model.head_dim, headdim_v=self.model.head_dim_v,
-                          dtype=torch.bfloat16, page_size=self.server.page_size, varlen_q=True,
-                          seqlens_q=(1,) * b, cache_seqlens=tuple(call.seq_lens), cache_leftpad=None,
-                          cache_slots=self.server.page_size)
-        try:
-            plan = build_tile_plan(shape, call_sched, md)
-        except MetadataShapeError as exc:
-            return DecodeVerdict(call, None, call_sched.num_splits, None, str(exc))
-        stale = (f"[graph metadata buffer left by the batch-{CUDA_GRAPH_BATCH_SIZES[0]} capture, read for graph "
-                 f"batch {b}] ")
-        found = [Violation(v.invariant, v.batch, dict(v.indices), stale + v.detail) for v in check_plan(plan)]
-        return DecodeVerdict(call, None, call_sched.num_splits, list(plan.num_splits), None, found)
+        """The call's resolved schedule (a seeded kernel counterfactual may change its tiles)."""
+        return resolve_schedule(self.call_inputs(call))
 
     # -- metadata-level check (no tensors) ----------------------------------------------------
 
@@ -230,8 +172,6 @@ class FlashAttentionBackend:
         call_sched = self._call_schedule(call)
         if not call.precomputed:
             return DecodeVerdict(call, None, call_sched.num_splits, None, None, [])
-        if "graph-metadata-new-buffer" in self.defects and call.path == "cuda_graph":
-            return self._check_stale_buffer(call, call_sched)
         pre_sched, pre_result = self.precompute(call)
         # FA3 reads (and checks) the metadata only when the call needs a semaphore or the prepare step
         # (flash_api.cpp mha_fwd); otherwise the tensor is ignored.
@@ -256,7 +196,7 @@ class FlashAttentionBackend:
     def call_inputs(self, call: DecodeCall):
         """ScheduleInputs of the layer's flash_attn_with_kvcache call for this decode step."""
         h, hk = call.call_heads
-        varlen = "call-not-varlen" not in self.defects
+        varlen = self.call_varlen
         return call_inputs(len(call.seq_lens), 1, call.call_seqlen_k, h, hk, self.model.head_dim,
                            headdim_v=self.model.head_dim_v, qkv_dtype=self.model.dtype, varlen_q=varlen,
                            has_cache_seqlens=varlen, page_size=self.server.page_size, causal=True,
@@ -276,18 +216,22 @@ class FlashAttentionBackend:
         bs = len(call.seq_lens)
         cache_seqlens = torch.tensor(call.seq_lens, dtype=torch.int32, device=q.device)
         cu_seqlens_q = torch.arange(bs + 1, dtype=torch.int32, device=q.device)
-        metadata = None
-        if call.precomputed and not sliding_window:
-            h, hk = call.precompute_heads
-            rows = bs if call.precompute_rows is None else call.precompute_rows
-            metadata = kernel.get_scheduler_metadata(
-                rows, 1, max(max(call.seq_lens[:rows], default=1), 1), h, hk, self.model.head_dim,
-                cache_seqlens[:rows], qkv_dtype=q.dtype, headdim_v=self.model.head_dim_v,
-                cu_seqlens_q=cu_seqlens_q[:rows + 1], page_size=self.server.page_size, causal=True,
-                num_splits=call.num_splits)
-            if "graph-metadata-new-buffer" in self.defects and call.path == "cuda_graph":
-                metadata = self.captured_metadata_buffer(call).to(q.device)  # the fresh tensor is never read
+        metadata = self.decode_metadata(kernel, call, q, cache_seqlens, cu_seqlens_q, sliding_window)
         return kernel.flash_attn_with_kvcache(
             q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, cu_seqlens_q=cu_seqlens_q,
             max_seqlen_q=1, softmax_scale=softmax_scale, causal=True, scheduler_metadata=metadata,
             num_splits=call.launch_num_splits, return_softmax_lse=True)
+
+    def decode_metadata(self, kernel, call: DecodeCall, q: torch.Tensor, cache_seqlens: torch.Tensor,
+                        cu_seqlens_q: torch.Tensor, sliding_window: bool = False) -> Optional[torch.Tensor]:
+        """The ``scheduler_metadata`` the layer's call gets: the precompute's, on full layers only (else None)."""
+        if not call.precomputed or sliding_window:
+            return None
+        h, hk = call.precompute_heads
+        bs = len(call.seq_lens)
+        rows = bs if call.precompute_rows is None else call.precompute_rows
+        return kernel.get_scheduler_metadata(
+            rows, 1, max(max(call.seq_lens[:rows], default=1), 1), h, hk, self.model.head_dim,
+            cache_seqlens[:rows], qkv_dtype=q.dtype, headdim_v=self.model.head_dim_v,
+            cu_seqlens_q=cu_seqlens_q[:rows + 1], page_size=self.server.page_size, causal=True,
+            num_splits=call.num_splits)

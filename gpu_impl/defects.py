@@ -1,9 +1,13 @@
 """Seeded defects: one registry of the historical bugs the catalogue re-creates, by name.
 
-Each defect is a switch on one layer of the system under test. The registry is the single source of the names:
-the backend (`gpu_impl.backend`), the scenario runner (`gpu_impl.scenario`), the emulated kernel
-(`gpu_impl.kernels.emulated`) and the bug catalogue (`fa3verify.catalogue`) all look switches up here, and an
-unknown name is an error that lists the known ones.
+Each defect is a named transformation of one layer of the system under test, applied from outside: the backend
+(`gpu_impl.backend`), the scenario runner (`gpu_impl.scenario`) and the emulated kernel (`gpu_impl.kernels.emulated`)
+consult no defect names. The registry is the single source of the names (the bug catalogue, `fa3verify.catalogue`,
+looks them up here, and an unknown name is an error that lists the known ones); :func:`seed_run` applies a
+scenario's defects when the run is assembled: policy-layer ones rewrite the scenario's policy
+(:func:`apply_policy_defects`), backend- and kernel-layer ones replace the backend and the kernel by seeded
+subclasses that override the one step each defect changes (:func:`seed_backend`, :func:`seed_kernel`; the mixins
+are in :mod:`gpu_impl.seeded_defects`).
 
 Layers:
 
@@ -31,7 +35,7 @@ from typing import Any, Callable, Iterable
 
 __all__ = ["Defect", "DEFECTS", "LAYERS", "check_defects", "defects_in_layer", "SeededPolicy", "SEEDED_POLICIES",
            "defects_of", "apply_policy_defects", "guard_without_dp_attention_clause", "GRAPH_CAPTURE_SEQLEN_K",
-           "FINITE_MASK_SENTINEL"]
+           "FINITE_MASK_SENTINEL", "scenario_defects", "seed_backend", "seed_kernel", "seed_run"]
 
 LAYERS = ("policy", "backend", "kernel", "caller")
 
@@ -217,3 +221,45 @@ def defects_of(guard: Any) -> frozenset:
     """The defect switches a guard carries (a :class:`SeededPolicy`), else the empty set."""
     found = getattr(guard, "defects", None)
     return check_defects(found) if found else frozenset()
+
+
+def scenario_defects(scn: Any) -> frozenset:
+    """The defects in force for a ``gpu_impl.scenario.Scenario``: its ``defects`` plus those its guard carries."""
+    return check_defects(scn.defects) | defects_of(scn.guard)
+
+
+def seed_backend(backend: Any, defects: Iterable[str]) -> Any:
+    """``backend`` with its backend-side defects seeded: a copy of a subclass overriding the steps they change.
+
+    Backend- and kernel-layer names are accepted (the kernel counterfactual ``fa3-kernel-uses-host-tiles`` changes
+    the metadata-level check too); with none of them the backend itself is returned.
+    """
+    from .seeded_defects import seeded_copy
+
+    names = defects_in_layer(defects, "backend") | defects_in_layer(defects, "kernel")
+    return seeded_copy(backend, names, "backend") if names else backend
+
+
+def seed_kernel(kernel: Any, defects: Iterable[str]) -> Any:
+    """A copy of an emulated ``kernel`` with the kernel-layer ``defects`` seeded (ValueError for other layers)."""
+    from .seeded_defects import seeded_copy
+
+    return seeded_copy(kernel, check_defects(defects, layer="kernel"), "kernel")
+
+
+def seed_run(scn: Any, make_backend: Callable[[Any], Any], kernel: Any = None) -> tuple:
+    """(scenario with its policy defects applied, its seeded backend, its seeded kernel) for one run.
+
+    ``make_backend(scenario)`` builds the unseeded backend; a kernel-layer defect needs a kernel with
+    ``with_defects`` (the emulator), else ValueError names the kernel and the defects.
+    """
+    defects = scenario_defects(scn)
+    scn = apply_policy_defects(scn, defects)
+    backend = seed_backend(make_backend(scn), defects)
+    kernel_defects = defects_in_layer(defects, "kernel")
+    if kernel_defects and kernel is not None:
+        if not hasattr(kernel, "with_defects"):
+            name = getattr(kernel, "name", kernel)
+            raise ValueError(f"defects: kernel {name!r} cannot seed {sorted(kernel_defects)}")
+        kernel = kernel.with_defects(kernel_defects)
+    return scn, backend, kernel

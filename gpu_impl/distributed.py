@@ -19,26 +19,28 @@ Every computation is the in-process simulation's own function (``gpu_impl.scenar
 ``gpu_impl.cp_attention``) with the same seeds, so ``run_scenario`` and a multi-process run agree: same
 findings, same trace, bitwise-equal outputs for the emulated kernel on CPU.  Only the transport differs.
 
-This module never imports ``fa3verify``; the launcher lives in ``fa3verify/multirank.py``.
+This module never imports ``fa3verify``; the launcher lives in ``fa3verify/multirank.py``. Placement and case
+files are :mod:`gpu_impl.rank_placement`, the records and rank 0's verdict :mod:`gpu_impl.rank_verdict`; this
+module holds the collectives, one rank's run and the process entry points, and re-exports the others' names.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import socket
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
-from .config import ModelConfig, ServerConfig
+from .rank_placement import (RankPlacement, attention_world_size, case_to_dict, kernel_spec, loopback_interface,
+                             rank_placement, scenario_from_case)
+from .rank_verdict import VERDICT_SCHEMA, RankRecord, StepRecord, assemble
+from .rank_verdict import _json_safe  # noqa: F401 - fa3verify.multirank reads it from here
 from .scenario import Finding, Scenario, Step
 
 __all__ = [
@@ -60,108 +62,6 @@ __all__ = [
 
 #: Hidden fault injection for tests: "RANK:exit:CODE" (os._exit), "RANK:raise" or "RANK:hang", at the first step.
 ENV_FAULT = "FA3VERIFY_INJECT_FAULT"
-#: Schema tag of the verdict file rank 0 writes.
-VERDICT_SCHEMA = "fa3verify.ranks/1"
-
-
-# ------------------------------------------------------------------------------------------------
-# Placement and case files
-# ------------------------------------------------------------------------------------------------
-
-
-def attention_world_size(server: ServerConfig) -> int:
-    """Processes a deployment runs attention on: ``attn_dp_size * attn_cp_size`` (dp_attention.py world info)."""
-    return server.attn_dp_size * server.attn_cp_size
-
-
-@dataclass(frozen=True)
-class RankPlacement:
-    """Where one global rank sits: its DP rank, its CP rank, and the global ranks of its CP group."""
-
-    rank: int
-    world: int
-    dp_rank: int
-    cp_rank: int
-    cp_group: tuple[int, ...]
-
-    @property
-    def is_cp_leader(self) -> bool:
-        """CP rank 0 of its DP group (the one whose replicated records rank 0 reads)."""
-        return self.cp_rank == 0
-
-
-def rank_placement(server: ServerConfig, rank: int) -> RankPlacement:
-    """DP-major, CP-minor placement of a global rank (CP groups are contiguous ranks, as sglang's attention
-    groups are built in python/sglang/srt/layers/dp_attention.py)."""
-    world = attention_world_size(server)
-    if not 0 <= rank < world:
-        raise ValueError(f"rank: must be in [0, {world}), got {rank}")
-    cp = server.attn_cp_size
-    dp_rank, cp_rank = divmod(rank, cp)
-    return RankPlacement(rank, world, dp_rank, cp_rank, tuple(range(dp_rank * cp, dp_rank * cp + cp)))
-
-
-def case_to_dict(case: Any) -> dict:
-    """Plain-dict form of a case (a ``spec.cases.Case``, a mapping, or a JSON file path): the fields this
-    worker reads (server, model, policy, batches, kernel, seed, expected)."""
-    if isinstance(case, (str, os.PathLike)):
-        try:
-            from spec.cases import Case  # the project's case-file reader, when present
-        except ImportError:
-            with open(case, encoding="utf-8") as fh:
-                return json.load(fh)
-        case = Case.load(str(case))
-    if isinstance(case, Mapping):
-        return dict(case)
-    if hasattr(case, "to_dict"):
-        return dict(case.to_dict())
-    return {name: getattr(case, name) for name in ("server", "model", "policy", "batches", "kernel", "seed",
-                                                  "expected") if hasattr(case, name)}
-
-
-def scenario_from_case(case: Any) -> Scenario:
-    """The Scenario a case describes (server, model, policy, batches, seed); ValueError names a bad field."""
-    from .guards import load_guard
-
-    data = case_to_dict(case)
-    for name in ("server", "model", "batches"):
-        if name not in data:
-            raise ValueError(f"{name}: missing from the case")
-    policy = dict(data.get("policy") or {})
-    if policy.get("cp_decode_kv", "replicated") != "replicated":
-        raise ValueError(f"policy.cp_decode_kv: only 'replicated' is modelled by the scenario runner, "
-                         f"got {policy['cp_decode_kv']!r}")
-    for i, b in enumerate(data["batches"]):
-        pinned = sorted(set(b) & {"dp_rank", "cp_metadata"})
-        if pinned:
-            raise ValueError(f"batches[{i}].{pinned[0]}: not modelled by the scenario runner (batches are split "
-                             f"over DP ranks round-robin)")
-    guard_spec = policy.get("guard", "fixed")
-    steps = [Step(mode=b["mode"], seq_lens=list(b["seq_lens"]), extend_lens=b.get("extend_lens"))
-             for b in data["batches"]]
-    return Scenario(server=ServerConfig.from_dict(data["server"]), model=ModelConfig.from_dict(data["model"]),
-                    guard=load_guard(guard_spec), steps=steps, guard_spec=guard_spec,
-                    metadata_heads=policy.get("metadata_heads", "tp"),
-                    clear_stale_cp_metadata=bool(policy.get("clear_stale_cp_metadata", True)),
-                    seed=int(data.get("seed", 0)))
-
-
-def kernel_spec(case: Any) -> tuple[str, str]:
-    """``(name, mode)`` of the kernel adapter a case asks for (default: the emulator, strict)."""
-    kernel = case_to_dict(case).get("kernel") or {}
-    return kernel.get("name", "emulated"), kernel.get("mode", "strict")
-
-
-def loopback_interface() -> str:
-    """Name of the loopback network interface ("lo" on Linux), so gloo never binds another address."""
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        names = []
-    for name in names:
-        if name == "lo" or name.startswith("lo"):
-            return name
-    return "lo"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -208,38 +108,6 @@ class RankComm:
         out = [None] * self.placement.world if self.placement.rank == 0 else None
         self.dist.gather_object(obj, out, dst=0)
         return out
-
-
-# ------------------------------------------------------------------------------------------------
-# One rank's run
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StepRecord:
-    """What one rank did at one step: its trace entry, the findings it saw itself, and what rank 0 must judge."""
-
-    step: int
-    kind: str                                  # "extend" | "decode"
-    entry: Optional[dict] = None               # None: this rank's DP share was empty (idle)
-    findings: list = field(default_factory=list)
-    shape_errors: list = field(default_factory=list)
-    cp_call: Optional[dict] = None             # this rank's own CP varlen call (extend, CP path)
-    extend: Optional[dict] = None              # {"mode", "path", "seq_lens", "extend_lens", "out"}
-    call: Any = None                           # the DecodeCall (decode)
-    layers: list = field(default_factory=list)  # decode numerics: ("out", sliding, out) | ("finding", Finding)
-
-
-@dataclass
-class RankRecord:
-    """Everything one rank sends to rank 0 for one case."""
-
-    rank: int
-    dp_rank: int
-    cp_rank: int
-    steps: list = field(default_factory=list)
-    guard_raised: Optional[str] = None
-    elapsed_s: float = 0.0
 
 
 def _inject_fault(rank: int, index: int) -> None:
@@ -389,153 +257,6 @@ def _decode_step(scn: Scenario, backend, placement: RankPlacement, comm: RankCom
             break
         rec.layers.append(("out", sliding, out.detach().cpu()))
     return rec
-
-
-# ------------------------------------------------------------------------------------------------
-# Rank 0: assemble and judge
-# ------------------------------------------------------------------------------------------------
-
-
-def _judge_decode(scn: Scenario, backend, index: int, call, sliding: bool, out: torch.Tensor,
-                  detail: dict) -> Optional[Finding]:
-    """Oracle comparison of one gathered decode output (the comparison of scenario._run_decode_numerics)."""
-    from refmodel.tolerance import fa3_output_close, reference_outputs
-
-    from .scenario import _seed, decode_tensors
-
-    q, k_cache, v_cache, page_table = decode_tensors(backend, call, seed=_seed(scn.seed, index, call.dp_rank))
-    seqlens = torch.tensor(call.seq_lens, dtype=torch.int32)
-    cu = torch.arange(len(call.seq_lens) + 1, dtype=torch.int32)
-    ref, low = reference_outputs(q, k_cache, v_cache, cache_seqlens=seqlens, cu_seqlens_q=cu, max_seqlen_q=1,
-                                 page_table=page_table, causal=True)
-    rows = call.real_rows
-    out_rows = out[:rows]
-    if torch.isnan(out_rows.float()).any() and not torch.isnan(ref[:rows]).any():
-        bad = sorted({int(i) for i in torch.nonzero(torch.isnan(out_rows.float()))[:, 0].tolist()})
-        return Finding("NO_NAN", index, call.dp_rank, f"NaN in output rows {bad[:8]} where the oracle has none",
-                       {**detail, "rows": bad[:32], "sliding_window": sliding})
-    ok, err, bound = fa3_output_close(out_rows, ref[:rows], low[:rows])
-    if not ok:
-        return Finding("MATCHES_ORACLE", index, call.dp_rank, f"max error {err:.3e} exceeds FA3's bound {bound:.3e}",
-                       {**detail, "max_error": err, "bound": bound, "sliding_window": sliding})
-    return None
-
-
-def _strip(entry: dict) -> dict:
-    return {k: v for k, v in entry.items() if k != "cp_calls"}
-
-
-def assemble(case: Any, records: Sequence[RankRecord], numerics: bool = True) -> dict:
-    """Rank 0's view of a run: every rank's record merged in the simulation's order (step, then DP rank), each
-    gathered output judged against the oracle; returns the verdict (JSON-ready but for ``outputs``)."""
-    from .backend import FlashAttentionBackend
-    from .runner import Batch
-    from .scenario import MODES, judge_extend_output, extend_tensors
-
-    scn = scenario_from_case(case)
-    server = scn.server
-    by_place = {(r.dp_rank, r.cp_rank): r for r in records}
-    findings: list[Finding] = []
-    shape_errors: list[Finding] = []
-    trace: list[dict] = []
-    outputs: list[torch.Tensor] = []
-    rank_findings: dict[int, list[str]] = {r.rank: [] for r in records}
-    guard = [r for r in records if r.guard_raised]
-    if guard:
-        findings.append(Finding("GUARD_RAISED", -1, None, guard[0].guard_raised, {}))
-    else:
-        backend = FlashAttentionBackend(server, scn.model, scn.guard, scn.metadata_heads)
-        for index in range(len(scn.steps)):
-            for d in range(server.attn_dp_size):
-                group = [by_place[(d, c)] for c in range(server.attn_cp_size)]
-                steps = [g.steps[index] for g in group]
-                lead = steps[0]
-                for g, s in zip(group, steps):
-                    own = [f.invariant for f in s.findings + s.shape_errors] + \
-                          [x[1].invariant for x in s.layers if x[0] in ("finding", "shape")]
-                    rank_findings[g.rank].extend(own)
-                    if s.entry != lead.entry and (s.entry is None or lead.entry is None
-                                                  or _strip(s.entry) != _strip(lead.entry)):
-                        findings.append(Finding("CP_RANKS_AGREE", index, d,
-                                                f"rank {g.rank} recorded {s.entry}, its CP leader {lead.entry}",
-                                                {"mode": scn.steps[index].mode, "rank": g.rank}))
-                if lead.entry is None:
-                    continue
-                entry = dict(lead.entry)
-                if lead.cp_call is not None:
-                    entry["cp_calls"] = [s.cp_call for s in steps]
-                trace.append(entry)
-                findings.extend(lead.findings)
-                shape_errors.extend(lead.shape_errors)
-                if lead.kind == "extend" and lead.extend is not None:
-                    ex = lead.extend
-                    batch = Batch(mode=MODES[ex["mode"]], seq_lens=tuple(ex["seq_lens"]), extend_lens=tuple(ex["extend_lens"]))
-                    q, k, v = extend_tensors(scn, index, d, batch)
-                    bad = judge_extend_output(index, d, ex["mode"], ex["path"], batch, q, k, v, ex["out"])
-                    if bad is not None:
-                        findings.append(bad)
-                    else:
-                        outputs.append(ex["out"])
-                elif lead.kind == "decode" and lead.layers:
-                    call = lead.call
-                    detail = {"mode": "decode", "path": call.path, "s_p": entry.get("s_p"), "s_c": entry.get("s_c"),
-                              "seq_lens": call.seq_lens}
-                    for layer in lead.layers:
-                        if layer[0] == "finding":
-                            findings.append(layer[1])
-                            break
-                        if layer[0] == "shape":
-                            shape_errors.append(layer[1])
-                            break
-                        _, sliding, out = layer
-                        bad = _judge_decode(scn, backend, index, call, sliding, out, detail)
-                        if bad is not None:
-                            findings.append(bad)
-                            break
-                        outputs.append(out[:call.real_rows])
-    outcome = "violation" if findings else ("shape_error" if shape_errors else "pass")
-    failing_dp = sorted({f.dp_rank for f in findings + shape_errors if f.dp_rank is not None})
-    failing = sorted({g for d in failing_dp for g in rank_placement(server, d * server.attn_cp_size).cp_group})
-    return {
-        "schema": VERDICT_SCHEMA,
-        "outcome": outcome,
-        "findings": [_jsonable_finding(f) for f in findings],
-        "shape_errors": [_jsonable_finding(f) for f in shape_errors],
-        "trace": _json_safe(trace),
-        "failing_ranks": failing,
-        "ranks": [{"rank": r.rank, "dp_rank": r.dp_rank, "cp_rank": r.cp_rank, "elapsed_s": round(r.elapsed_s, 4),
-                   "findings": rank_findings[r.rank], "guard_raised": r.guard_raised,
-                   "trace": _json_safe([_rank_entry(s) for s in r.steps])} for r in records],
-        "outputs": outputs,
-    }
-
-
-def _rank_entry(s: StepRecord) -> dict:
-    entry = {"step": s.step, "kind": s.kind, "idle": s.entry is None}
-    if s.entry is not None:
-        entry.update(_strip(s.entry))
-    if s.cp_call is not None:
-        entry["cp_call"] = s.cp_call
-    entry["findings"] = [f.invariant for f in s.findings + s.shape_errors] + \
-        [x[1].invariant for x in s.layers if x[0] in ("finding", "shape")]
-    return entry
-
-
-def _jsonable_finding(f: Finding) -> dict:
-    return _json_safe(f.to_dict())
-
-
-def _json_safe(x):
-    from .scenario import _jsonable
-
-    x = _jsonable(x)
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
-    return x
 
 
 # ------------------------------------------------------------------------------------------------

@@ -54,14 +54,15 @@ class Scenario:
     metadata_heads: str = "tp"
     clear_stale_cp_metadata: bool = True
     seed: int = 0
-    #: seeded-defect switches (names in gpu_impl.defects.DEFECTS); a SeededPolicy guard adds its own
+    #: seeded defects (names in gpu_impl.defects.DEFECTS, applied by gpu_impl.defects.seed_run); a SeededPolicy
+    #: guard adds its own
     defects: frozenset = frozenset()
 
     def all_defects(self) -> frozenset:
-        """The switches in force: ``defects`` plus those the guard carries (a ``gpu_impl.defects.SeededPolicy``)."""
-        from .defects import check_defects, defects_of
+        """The defects in force: ``defects`` plus those the guard carries (``gpu_impl.defects.scenario_defects``)."""
+        from .defects import scenario_defects
 
-        return check_defects(self.defects) | defects_of(self.guard)
+        return scenario_defects(self)
 
 
 @dataclass
@@ -137,24 +138,20 @@ class ScenarioRun:
 def prepare_run(scn: Scenario, kernel=None):
     """(scenario with its seeded defects applied, its backend, the kernel playing the scenario's GPU).
 
-    The in-process run and every rank of a multi-process run start here, so both see the same switches.
-    The emulator takes the server's SM count; real FA3 runs on its own device.
+    The in-process run and every rank of a multi-process run start here, so both see the same defects, applied
+    from outside by ``gpu_impl.defects.seed_run``. The emulator takes the server's SM count; real FA3 runs on its
+    own device.
     """
-    from .defects import apply_policy_defects, defects_in_layer
+    from .defects import seed_run
 
-    defects = scn.all_defects()
-    scn = apply_policy_defects(scn, defects)
-    backend = FlashAttentionBackend(scn.server, scn.model, scn.guard, scn.metadata_heads,
-                                    defects=defects_in_layer(defects, "backend") | defects_in_layer(defects, "kernel"))
-    kernel_defects = defects_in_layer(defects, "kernel")
-    if kernel_defects and kernel is not None:
-        if not hasattr(kernel, "with_defects"):
-            name = getattr(kernel, "name", kernel)
-            raise ValueError(f"defects: kernel {name!r} cannot seed {sorted(kernel_defects)}")
-        kernel = kernel.with_defects(kernel_defects)
+    scn, backend, kernel = seed_run(scn, _backend_of, kernel)
     if kernel is not None and hasattr(kernel, "with_num_sm"):
         kernel = kernel.with_num_sm(scn.server.num_sm)
     return scn, backend, kernel
+
+
+def _backend_of(scn: Scenario) -> FlashAttentionBackend:
+    return FlashAttentionBackend(scn.server, scn.model, scn.guard, scn.metadata_heads)
 
 
 def run_scenario(scn: Scenario, kernel=None, numerics: bool = False, device: str = "cpu") -> ScenarioResult:
@@ -329,9 +326,9 @@ def _run_decode_step(backend: FlashAttentionBackend, scn: Scenario, index: int, 
         if verdict.shape_error:
             result.shape_errors.append(Finding("SHAPE", index, call.dp_rank, verdict.shape_error, detail))
             continue
-        if numerics and "call-not-varlen" in backend.defects:
-            entry["numerics"] = "not modelled: the seeded non-varlen call (metadata level only)"
-        if not numerics or "call-not-varlen" in backend.defects:
+        if numerics and backend.metadata_only:
+            entry["numerics"] = backend.metadata_only
+        if not numerics or backend.metadata_only:
             for v in verdict.violations:
                 d = v.to_dict() if hasattr(v, "to_dict") else dict(v)
                 result.findings.append(Finding(d.get("invariant", "UNKNOWN"), index, call.dp_rank,

@@ -2,8 +2,10 @@
 
 A case is one concrete scenario: a server configuration and model, the backend policy (guard, metadata head
 counts, whether stale CP metadata is cleared), a sequence of batches, the kernel to run it on, a tensor seed,
-and the expected outcome with the violated invariant. Refuted theorems, the fuzzer and the catalogue write
-cases; `fa3verify replay` runs them.
+and the expected outcome with the violated invariant, and the seeded defects it runs with (``defects``, names of
+gpu_impl.defects). Refuted theorems, the fuzzer and the catalogue write cases; `fa3verify replay` runs them. The
+same schema covers kernel-level cases (one FA3 call, a ``call`` object instead of the scenario fields), validated
+by spec/kernel_cases.py.
 
 `Case.from_json` validates every field and raises `CaseFormatError` (a ValueError) naming the field path, the
 allowed values or range, and what was found; bad input never surfaces as a traceback from deeper code.
@@ -64,7 +66,17 @@ _OPTIONAL = {"server": {"cuda_graph", "context_length", "enable_deterministic_in
                         "cp_decode_sharded_kv"},
              "model": {"head_dim_v", "dtype", "is_mla", "has_sliding_window_layers"}}
 _TOP = ("schema", "id", "source", "server", "model", "policy", "batches", "kernel", "engine", "seed", "expected",
-        "notes")
+        "notes", "defects")
+#: A seeded defect's name (gpu_impl.defects' registry, which a replay consults, says whether it exists).
+DEFECT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,79}$")
+
+
+def check_defect_names(value: Any, path: str = "defects") -> list:
+    """A list of seeded-defect names (lowercase letters, digits and dashes), sorted and without repeats."""
+    if not isinstance(value, list) or not all(isinstance(d, str) and DEFECT_NAME.match(d) for d in value):
+        raise CaseFormatError(path, "a list of seeded-defect names such as 'graph-split-count-from-capture'",
+                              _short(value))
+    return sorted(set(value))
 ENGINE_NAMES = ("model", "sglang", "sglang-src")
 _RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
 
@@ -309,13 +321,16 @@ class Case:
     schema: str = SCHEMA
     #: the system under test the case was found on (``{name, release|path, revision}``); None means the model
     engine: Optional[dict] = None
+    #: seeded defects (gpu_impl.defects names) the scenario runs with; absent in a file means none
+    defects: list = field(default_factory=list)
 
     # -- construction ----------------------------------------------------------------------------------------
 
     @classmethod
     def from_parts(cls, *, source: str, server: dict, model: dict, policy: dict, batches: list,
                    kernel: Optional[dict] = None, seed: int = 0, expected: Optional[dict] = None, notes: str = "",
-                   id: Optional[str] = None, engine: Optional[dict] = None) -> "Case":
+                   id: Optional[str] = None, engine: Optional[dict] = None,
+                   defects: Optional[list] = None) -> "Case":
         """Build and validate a case; `id` defaults to the signature hash."""
         data = {"schema": SCHEMA, "id": id or "pending", "source": source, "server": server, "model": model,
                 "policy": policy, "batches": batches, "kernel": kernel or {"name": "emulated", "mode": "strict"},
@@ -323,6 +338,8 @@ class Case:
                 "notes": notes}
         if engine is not None:
             data["engine"] = engine
+        if defects:
+            data["defects"] = list(defects)
         case = cls.from_dict(data)
         if id is None:
             case.id = case.signature()
@@ -360,7 +377,8 @@ class Case:
                    batches=_check_batches(data.get("batches", "<missing>")),
                    kernel=_check_kernel(data.get("kernel", {"name": "emulated"})), seed=seed,
                    expected=_check_expected(data.get("expected", "<missing>")), notes=notes,
-                   engine=_check_engine(data.get("engine")))
+                   engine=_check_engine(data.get("engine")),
+                   defects=check_defect_names(data.get("defects", [])))
 
     # -- serialisation ---------------------------------------------------------------------------------------
 
@@ -371,6 +389,8 @@ class Case:
                "seed": self.seed, "expected": self.expected, "notes": self.notes}
         if self.engine is not None:
             out["engine"] = self.engine
+        if self.defects:
+            out["defects"] = list(self.defects)
         return out
 
     @property
@@ -424,6 +444,8 @@ class Case:
                "invariant": self.expected.get("invariant")}
         if self.on_real_engine:  # the same violation on real code is a distinct finding; model cases keep their ids
             key["engine"] = {k: v for k, v in self.engine.items() if k != "revision"}
+        if self.defects:  # a seeded defect makes a distinct case; cases without one keep their ids
+            key["defects"] = list(self.defects)
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def save(self, directory) -> Path:

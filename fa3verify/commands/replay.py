@@ -8,13 +8,15 @@ from ..engine_choice import add_engine_argument
 
 HELP = "replay a case file and report whether it still fails"
 EPILOG = """\
-A case file (JSON, schema fa3verify.case/1, see docs/case-format.md) is written by every refuted theorem
-and every distinct fuzz failure. Replay runs its scenario again through the backend model and prints the
+A case file (JSON, schema fa3verify.case/1, see docs/case-format.md) is written by every refuted theorem,
+every distinct fuzz failure and every catalogue entry. Replay runs its scenario again through the backend model
+(or a kernel-level case's FA3 call on the emulated kernel), with the seeded defects it names, and prints the
 violated invariant, the batch and the offending indices.
 
 examples:
   fa3verify replay tests/corpus/worked_example_prefix_guard.json
   fa3verify replay CASE.json --guard fixed          # does the fixed guard make it pass?
+  fa3verify replay CASE.json --without-defects      # does it pass without its seeded defects?
   fa3verify replay CASE.json --kernel fa3 --device cuda
   fa3verify replay CASE.json --engine sglang==0.5.23   # on real release code (default: the case's engine)
 """
@@ -29,6 +31,8 @@ def register(sub) -> None:
     p.add_argument("--guard", metavar="SPEC", help="override the case's guard (fixed, pre-fix, none, module:fn)")
     p.add_argument("--metadata-heads", choices=("tp", "attn_tp"), help="override the case's metadata heads")
     p.add_argument("--numerics", action="store_true", help="run the kernel on tensors even for the emulator")
+    p.add_argument("--without-defects", action="store_true",
+                   help="replay without the seeded defects the case's `defects` field names (does the fix pass?)")
     from ..policy import add_guard_timeout_argument
 
     add_guard_timeout_argument(p)
@@ -46,7 +50,8 @@ def run(args) -> int:
 
     summary, observed = replay(args.case, kernel_name=args.kernel, device=args.device, guard=args.guard,
                                metadata_heads=args.metadata_heads, numerics=True if args.numerics else None,
-                               trust_case_guard=args.trust_case_guard, engine=args.engine)
+                               trust_case_guard=args.trust_case_guard, engine=args.engine,
+                               defects=() if args.without_defects else None)
     print(f"case: {args.case}")
     print(f"expected: {observed.expected_outcome}"
           + (f" ({observed.expected_invariant})" if observed.expected_invariant else ""))

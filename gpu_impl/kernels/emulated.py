@@ -27,7 +27,6 @@ at tight tolerances; FA3 itself takes bf16/fp16/fp8 only.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from typing import Optional
 
@@ -75,26 +74,26 @@ class EmulatedKernel(KernelAdapter):
     ``max_numerics_bytes`` (default: half of the memory available when the call runs) bounds the numerics'
     working set: a call whose split partials would need more raises ``MemoryError`` up front, naming the
     estimate, instead of exhausting the machine.
+
+    The kernel has no defect switches: a seeded kernel-layer defect is a subclass overriding one step
+    (:meth:`_schedule`, :meth:`_numerics`, :meth:`_combine`), applied from outside by :meth:`with_defects`
+    (``gpu_impl.defects.seed_kernel``).
     """
 
     name = "emulated"
+    #: seeded kernel-layer defects this adapter carries (gpu_impl.defects); empty: FA3 as upstream builds it
+    defects: frozenset = frozenset()
 
     def __init__(self, mode: str = "strict", device=None, num_sm: int = 132, arch: int = 90,
-                 max_numerics_bytes: Optional[int] = None, defects=frozenset()):
-        from ..defects import check_defects
-
+                 max_numerics_bytes: Optional[int] = None):
         super().__init__(mode=mode, device=device, num_sm=num_sm, arch=arch)
         self.max_numerics_bytes = max_numerics_bytes
-        #: seeded kernel-layer defects (gpu_impl.defects); empty: FA3 as upstream builds it
-        self.defects = check_defects(defects, layer="kernel")
 
     def with_defects(self, defects) -> "EmulatedKernel":
-        """A copy of this adapter with the kernel-layer defect switches ``defects`` added."""
-        from ..defects import check_defects
+        """A copy of this adapter with the kernel-layer defects ``defects`` seeded (``gpu_impl.defects.seed_kernel``)."""
+        from ..defects import seed_kernel
 
-        twin = copy.copy(self)
-        twin.defects = self.defects | check_defects(defects, layer="kernel")
-        return twin
+        return seed_kernel(self, defects)
 
     def with_num_sm(self, num_sm: int) -> "EmulatedKernel":
         """A copy of this adapter emulating a GPU with `num_sm` SMs (the scenario's server decides the device)."""
@@ -137,12 +136,7 @@ class EmulatedKernel(KernelAdapter):
     def _run(self, args: CallArgs):
         shape = call_shape(args.q, args.k_cache, args.v_cache, args.cache_seqlens, args.cache_leftpad,
                            args.page_table, args.cu_seqlens_q, args.max_seqlen_q)
-        if "heuristic-zero-division" in self.defects:
-            _unguarded_split_heuristic(shape, args, self.num_sm, self.arch)
-        schedule = call_schedule(shape, args, self.num_sm, self.arch)
-        if "fa3-kernel-uses-host-tiles" in self.defects:
-            schedule = dataclasses.replace(schedule, kernel_block_m=schedule.block_m,
-                                           kernel_block_n=schedule.block_n)
+        schedule = self._schedule(shape, args)
         trace = self._trace(shape, None, [], numerics="not started")
         trace["schedule"] = schedule_summary(schedule)
         plan = build_tile_plan(shape, schedule, args.scheduler_metadata, device=args.q.device)
@@ -153,12 +147,14 @@ class EmulatedKernel(KernelAdapter):
             raise_first(violations)
         poison = poison_of(plan, violations) if violations else Poison()
         out, lse = self._numerics(args, plan, poison)
-        if "finite-mask-sentinel" in self.defects:
-            out, lse = _finite_sentinel_rows(args, out, lse)
         trace["numerics"] = "computed" if not poison.any else "computed (poisoned batches skipped)"
         trace["poisoned_batches"] = sorted(poison.batches)
         trace["uncovered_rows"] = dict(poison.uncovered)
         return out, lse
+
+    def _schedule(self, shape, args: CallArgs) -> Schedule:
+        """The call's own schedule from its shapes (``mha_fwd``'s split heuristic and tiles)."""
+        return call_schedule(shape, args, self.num_sm, self.arch)
 
     # ------------------------------------------------------------------------------------------------------
     def _numerics(self, args: CallArgs, plan: TilePlan, poison: Poison):
@@ -205,9 +201,8 @@ class EmulatedKernel(KernelAdapter):
             if shape.varlen_q:
                 batch_of_row = torch.repeat_interleave(torch.arange(b), torch.tensor(shape.seqlens_q, dtype=torch.int64))
             out_dtype = args.q.dtype if args.q.dtype in _COMBINE_OUT_DTYPES else torch.float32
-            out, lse = flash_attn_combine(out_partial, lse_partial, out_dtype=out_dtype, num_splits_per_batch=counts,
-                                          capacity=plan.capacity, batch_of_row=batch_of_row,
-                                          guard_neg_inf="combine-no-neg-inf-guard" not in self.defects)
+            out, lse = self._combine(out_partial, lse_partial, out_dtype=out_dtype, num_splits_per_batch=counts,
+                                     capacity=plan.capacity, batch_of_row=batch_of_row)
             # combine returns lse as (b, sq, h) / (total_q, h); FA3 returns (b, h, sq) / (h, total_q)
             lse = lse.transpose(1, 2) if not shape.varlen_q else lse.transpose(0, 1)
             out, lse = out.to(args.q.dtype).contiguous(), lse.float().contiguous()
@@ -215,6 +210,10 @@ class EmulatedKernel(KernelAdapter):
             out, lse = out.clone(), lse.clone()
             self._apply_poison(out, lse, plan, poison)
         return out.to(args.q.device), lse.to(args.q.device)
+
+    def _combine(self, out_partial, lse_partial, **options):
+        """The split-KV combine (``hopper/flash_fwd_combine_kernel.h``: with the M == -inf -> 0 guard)."""
+        return flash_attn_combine(out_partial, lse_partial, **options)
 
     @staticmethod
     def _apply_poison(out: torch.Tensor, lse: torch.Tensor, plan: TilePlan, poison: Poison) -> None:
@@ -250,70 +249,3 @@ class EmulatedKernel(KernelAdapter):
             else:
                 out[bb] = out[bb].masked_fill(lost_rows_first.unsqueeze(-1), math.nan)
                 lse[bb] = lse[bb].masked_fill(lost.to(lse.device), math.nan)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Seeded kernel-layer defects (gpu_impl.defects); none is active unless switched on
-# ----------------------------------------------------------------------------------------------------------
-
-
-def _unguarded_split_heuristic(shape, args, num_sm: int, arch: int) -> None:
-    """Seeded ``heuristic-zero-division``: the split heuristic of flash_attn/cute/interface.py before 484b9813.
-
-    That heuristic returns 1 for at most 4 n-blocks, else ``min(num_SMs // total_mblocks, ...)`` with no guard and
-    no empty-Q early exit, so an empty workload (batch 0, or seqlen_q 0) divides by zero. Only the heuristic path
-    (``num_splits <= 0``) reaches it. Raises ZeroDivisionError exactly where that code would.
-    """
-    from refmodel.fa3_scheduler import ceil_div, resolve_schedule
-
-    from .base import call_schedule_inputs
-
-    if args.num_splits > 0:
-        return
-    inputs = call_schedule_inputs(shape, args.causal, args.window_size, args.softcap, 1, args.pack_gqa,
-                                  args.sm_margin, num_sm, arch)
-    sched = resolve_schedule(inputs)
-    m_blocks = ceil_div(inputs.seqlen_q * sched.qhead_per_khead, sched.block_m)
-    total_mblocks = (1 if inputs.uses_prepare else inputs.batch_size) * inputs.num_heads_k * m_blocks
-    n_blocks = ceil_div(inputs.seqlen_k, sched.block_n)
-    if n_blocks <= 4:
-        return
-    _ = inputs.num_sm // total_mblocks  # the unguarded division
-
-
-def _finite_sentinel_rows(args, out: torch.Tensor, lse: torch.Tensor):
-    """Seeded ``finite-mask-sentinel``: FlashInfer's FA2 masking before PR #4401, applied to FA3's rows.
-
-    The running max starts at a finite sentinel in the raw q.k domain and masked logits are set to it, so a row
-    whose largest visible raw logit is at or below the sentinel (every fully masked row, and rows whose logits all
-    lie below it) never raises the max: the row is treated as empty, its output is 0 and its LSE stays at the
-    sentinel (finite). Leakage of masked keys into rows whose max sits just above the sentinel is not modelled.
-    """
-    from refmodel.attention import resolve_attention_call
-
-    from ..defects import FINITE_MASK_SENTINEL
-
-    call = resolve_attention_call(args.q, args.k_cache, args.v_cache, cache_seqlens=args.cache_seqlens,
-                                  cu_seqlens_q=args.cu_seqlens_q, max_seqlen_q=args.max_seqlen_q,
-                                  page_table=args.page_table, causal=args.causal, window_size=args.window_size,
-                                  softcap=args.softcap, softmax_scale=args.softmax_scale,
-                                  cache_leftpad=args.cache_leftpad)
-    if call.no_keys_in_call:
-        return out, lse
-    out, lse = out.clone(), lse.clone()
-    pinned = FINITE_MASK_SENTINEL * call.scale
-    for b in call.batches:
-        raw = torch.matmul(b.q, b.k.transpose(-1, -2)).masked_fill(~b.visible, -math.inf)   # (h, Lq, Lk)
-        row_max = raw.amax(dim=-1) if raw.shape[-1] else torch.full(raw.shape[:2], -math.inf, dtype=raw.dtype)
-        empty = (row_max <= FINITE_MASK_SENTINEL)                                              # (h, Lq)
-        if not bool(empty.any()):
-            continue
-        rows = empty.t().to(out.device)                                                        # (Lq, h)
-        if call.varlen:
-            sl = slice(b.row_start, b.row_start + b.seqlen_q)
-            out[sl] = out[sl].masked_fill(rows.unsqueeze(-1), 0.0)
-            lse[:, sl] = lse[:, sl].masked_fill(empty.to(lse.device), pinned)
-        else:
-            out[b.index, :b.seqlen_q] = out[b.index, :b.seqlen_q].masked_fill(rows.unsqueeze(-1), 0.0)
-            lse[b.index, :, :b.seqlen_q] = lse[b.index, :, :b.seqlen_q].masked_fill(empty.to(lse.device), pinned)
-    return out, lse

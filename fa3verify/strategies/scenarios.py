@@ -1,4 +1,4 @@
-"""Hypothesis strategies for the scenario space the fuzzer explores.
+"""The scenario space the fuzzer explores (family ``scenario``), and its Hypothesis strategy.
 
 Server configurations follow sglang's validation (tp = attn_tp * attn_cp * attn_dp; prefill CP with a
 strategy; heads divisible by the attention-TP size); models are real shapes (gpu_impl.config.MODELS);
@@ -122,6 +122,22 @@ def random_fuzz_case(rng: random.Random, numerics_share: float = NUMERICS_SHARE)
     max_len = NUMERICS_MAX_LEN if numerics else server.context_length
     return FuzzCase(server=server, model=model, steps=random_steps(rng, max_len, numerics),
                     numerics=numerics, seed=rng.randrange(2**31))
+
+
+def gpu_decode_case(rng: random.Random, num_sm: int = 132, max_len: int = 16384,
+                    contexts: tuple = (4096, 16384, 32768)) -> FuzzCase:
+    """A case for a real GPU (gpu-check's fuzz stage): a valid configuration of a real model on the GPU's SM
+    count, a context from ``contexts``, and one decode batch (skewed half the time, issue 5's overflow shape) of
+    up to 12 rows per attention-DP rank and lengths up to ``max_len``, every call run on tensors."""
+    for _ in range(500):
+        model = MODELS[rng.choice(sorted(MODELS))]
+        server = dataclasses.replace(random_server_config(rng, model), num_sm=int(num_sm),
+                                     context_length=rng.choice(tuple(contexts)))
+        if is_valid_config(model, server):
+            break
+    cap = min(max_len, server.context_length)
+    step = decode_step(rng, cap, max_batch=12 * server.attn_dp_size)
+    return FuzzCase(server=server, model=model, steps=(step,), numerics=True, seed=rng.randrange(2**31))
 
 
 def fuzz_cases(numerics_share: float = NUMERICS_SHARE):

@@ -1,0 +1,225 @@
+"""The one campaign loop: generate cases, run each on a system under test, check, record distinct failures.
+
+``run_campaign(target, strategy, checks, budget)`` is the only fuzz loop in the suite. ``fuzz``, ``gate`` and
+``check`` (through :mod:`fa3verify.fuzzing`), the bug catalogue's fuzz engine (:mod:`fa3verify.catalogue`) and
+gpu-check's fuzz stage all call it:
+
+* **generation** -- one mechanism: Hypothesis, seeded, supplies one 64-bit draw per case and the case is built by a
+  strategy family (:mod:`fa3verify.strategies`) from a ``random.Random`` seeded by it; the same seed gives the same
+  cases. A family may return None (no valid case from that draw): the draw counts against the case budget and is
+  skipped;
+* **evaluation** -- ``target.observe(case)`` runs the case on a system under test and returns an
+  :class:`Observation` (outcome, invariants, messages, the findings' signatures), or None when the system cannot
+  run that case (a feature its driver does not run: counted as ``unsupported``, never a pass). A target with
+  ``parallel = n > 1`` gets ``observe_many(cases)`` with n cases at a time (gpu-check's crash-isolating worker
+  pool); the cases are still recorded in draw order. Targets:
+  :class:`fa3verify.fuzzing.ScenarioTarget` (the model and every real engine, ``gpu_impl.sut``),
+  :class:`fa3verify.kernel_cases.KernelCallSUT` (kernel-level FA3 calls);
+* **checking** -- ``checks(observation)`` names the failures a case shows, as (signature, invariant, message);
+  the first case of each signature is kept (:class:`Failure`), later ones are counted;
+* **stopping** -- the budget (seconds and/or draws, always bounded), ``stop(campaign)`` after each case, or an
+  interrupt (SIGINT: what was found is kept and ``interrupted`` is set);
+* **shrinking** -- :func:`shrink_failure` (greedy structural shrinking, :mod:`fa3verify.shrinking`);
+* **progress** -- ``progress(campaign)`` every 25 cases.
+
+Case saving and the run summary are the callers' (``fa3verify.case_files``, ``fa3verify.fuzzing``): a campaign
+returns what it found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+__all__ = ["Budget", "Observation", "Failure", "Campaign", "run_campaign", "shrink_failure", "single_threaded_torch",
+           "all_findings"]
+
+
+class _CampaignDone(BaseException):
+    """Raised inside the Hypothesis loop to end the campaign (budget, case count or stop condition reached)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long a campaign may run: seconds and/or draws (at least one bound, each finite and > 0)."""
+
+    seconds: Optional[float] = None
+    cases: Optional[int] = None
+
+    def validate(self) -> "Budget":
+        s, n = self.seconds, self.cases
+        if s is not None and not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
+            raise ValueError(f"budget_s: expected a finite number > 0, got {s!r}")
+        if s is None and n is None:
+            raise ValueError("budget_s, max_cases: at least one bound is needed (the campaign would never end)")
+        if n is not None and n < 1:
+            raise ValueError(f"max_cases: expected an integer >= 1, got {n!r}")
+        return self
+
+
+@dataclass
+class Observation:
+    """What one case did on a system under test.
+
+    ``outcome``: "pass", "violation", "shape_error" (FA3's loud shape check) or "clear_error" (a rejection
+    naming the argument); ``findings``: (signature, invariant, message) of every violation.
+    """
+
+    outcome: str
+    invariants: list = field(default_factory=list)
+    messages: list = field(default_factory=list)
+    findings: list = field(default_factory=list)
+    detail: Any = None  #: what the target wants kept with the observation (gpu-check: the task's case and result)
+
+
+def all_findings(obs: Observation) -> list:
+    """The default check: every violation the system under test reported is a failure."""
+    return list(obs.findings)
+
+
+@dataclass
+class Failure:
+    """The first case that showed a failure signature, what it showed, and how often the signature recurred."""
+
+    signature: str
+    invariant: str
+    case: Any
+    message: str
+    found_at_s: float
+    count: int = 1
+    case_file: Optional[str] = None
+    shrunk: bool = False
+    observation: Optional[Observation] = None
+
+
+@dataclass
+class Campaign:
+    """State of one campaign: counters, distinct failures, and why it ended."""
+
+    budget: Budget
+    target: Any = None
+    started: float = field(default_factory=time.perf_counter)
+    draws: int = 0          #: Hypothesis draws used (cases, unsupported cases and draws a family skipped)
+    cases: int = 0          #: cases that ran to a verdict
+    failing_cases: int = 0
+    failures: dict = field(default_factory=dict)
+    unsupported: int = 0    #: cases the system under test could not run: skipped, counted, never a pass
+    interrupted: bool = False  #: SIGINT ended the campaign: what was found is kept, the verdict is inconclusive
+    stopped: bool = False   #: the stop condition ended the campaign
+    progress: Optional[Callable[["Campaign"], None]] = None
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def exhausted(self) -> bool:
+        if self.budget.cases is not None and self.draws >= self.budget.cases:
+            return True
+        return self.budget.seconds is not None and self.elapsed >= self.budget.seconds
+
+    def first(self, signatures) -> Optional[Failure]:
+        """The earliest failure among ``signatures`` (None when none was seen)."""
+        found = [f for s, f in self.failures.items() if s in signatures]
+        return min(found, key=lambda f: f.found_at_s) if found else None
+
+
+def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Callable[[Observation], list] = all_findings,
+                 budget: Budget = Budget(seconds=20.0), seed: int = 0,
+                 stop: Optional[Callable[[Campaign], bool]] = None,
+                 progress: Optional[Callable[[Campaign], None]] = None) -> Campaign:
+    """Draw cases from ``strategy`` and run them on ``target`` until the budget or ``stop``; record failures.
+
+    The campaign is always bounded: a budget that is not a finite number > 0, or neither a budget nor a case
+    count, is a ValueError (a NaN budget would never be reached).
+    """
+    from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
+    from hypothesis import strategies as st
+
+    camp = Campaign(budget=budget.validate(), target=target, progress=progress)
+    width = max(1, int(getattr(target, "parallel", 1)))
+    pending: list = []
+
+    def record(case, obs) -> None:
+        if obs is None:
+            camp.unsupported += 1
+            return
+        camp.cases += 1
+        found = checks(obs)
+        if found:
+            camp.failing_cases += 1
+        for signature, invariant, message in found:
+            if signature in camp.failures:
+                camp.failures[signature].count += 1
+            else:
+                camp.failures[signature] = Failure(signature, invariant, case, message, camp.elapsed,
+                                                   observation=obs)
+        if stop is not None and stop(camp):
+            camp.stopped = True
+            raise _CampaignDone()
+        if camp.progress and camp.cases % 25 == 0:
+            camp.progress(camp)
+
+    def flush() -> None:
+        batch = pending[:]
+        pending.clear()
+        observed = [target.observe(batch[0])] if len(batch) == 1 else target.observe_many(batch)
+        for case, obs in zip(batch, observed):
+            record(case, obs)
+
+    @hyp_seed(seed)
+    @settings(max_examples=10**9, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(st.integers(0, 2**64 - 1))
+    def one_case(draw: int) -> None:
+        if camp.exhausted():
+            raise _CampaignDone()
+        camp.draws += 1
+        case = strategy(random.Random(draw))
+        if case is None:
+            return
+        pending.append(case)
+        if len(pending) >= width:
+            flush()
+
+    with single_threaded_torch():
+        try:
+            try:
+                one_case()
+            except _CampaignDone:
+                pass
+            if pending and not camp.stopped:  # a parallel target's last, partial batch
+                flush()
+        except _CampaignDone:
+            pass
+        except KeyboardInterrupt:
+            camp.interrupted = True
+    return camp
+
+
+def shrink_failure(case, still_fails: Callable[[Any], bool], budget_s: float) -> Any:
+    """A smaller scenario case for which ``still_fails`` holds (fa3verify.shrinking; kernel-level calls and any
+    case shrinking cannot handle are returned as they are)."""
+    from .shrinking import shrink_case
+    from .strategies import FuzzCase
+
+    if not isinstance(case, FuzzCase):
+        return case
+    return shrink_case(case, still_fails, budget_s=budget_s)
+
+
+@contextlib.contextmanager
+def single_threaded_torch():
+    """Run torch ops on one thread: fuzz tensors are tiny, and intra-op threads cost far more than they save
+    (measured: a numerics case took 0.59 s with 2 threads on a busy 2-core machine, 0.022 s with one)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,115 @@
+"""gpu-check's ``fuzz`` stage: differential fuzz of the backend with the fixed guard, the kernel launched for real.
+
+Invariant: within ``--fuzz-budget-s``, no case gives NaN, a predicted out-of-bounds access, a crash or an output
+outside FA3's tolerance of the oracle; one case per worker task, so a crash costs one case. The loop is the one
+campaign (``fa3verify.campaign``) over the strategy family ``gpu-decode``; the system under test is
+:class:`WorkerTarget`, the real kernel behind the crash-isolating worker pool (the per-call check is
+:mod:`fa3verify.gpu_check.fuzz_cases`).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import TYPE_CHECKING
+
+from ..campaign import Budget, Observation, run_campaign
+from .fuzz_cases import fuzz_case_task, task_case
+
+if TYPE_CHECKING:
+    from .runner import GpuCheck, Stage
+
+#: Failing cases saved (and reported as findings) at most.
+MAX_SAVED = 25
+
+
+class WorkerTarget:
+    """The kernel adapter (real FA3, or the emulator in a dry run) in gpu-check's worker pool, as the campaign
+    drives it: ``parallel`` cases at a time, one worker task each; a crash or an error of a task is its finding."""
+
+    def __init__(self, check: "GpuCheck"):
+        self.check = check
+        self.parallel = max(1, int(check.plan.workers))
+        self.index = 0
+
+    def observe(self, case) -> Observation:
+        return self.observe_many([case])[0]
+
+    def observe_many(self, cases: list) -> list:
+        p = self.check.plan
+        dicts = []
+        for case in cases:
+            dicts.append(task_case(case, self.index))
+            self.index += 1
+        out: list = [None] * len(dicts)
+        tasks = (functools.partial(fuzz_case_task, p.adapter, d) for d in dicts)
+        for i, res in self.check.pool.run_many(tasks, timeout_s=p.fuzz_case_timeout_s):
+            outcome = res.value["outcome"] if res.ok else ("crash" if res.crashed else "error")
+            msg = _fuzz_message(res.value) if res.ok else res.summary()
+            found = [] if outcome in ("pass", "shape_error") else [(f"{outcome}-{dicts[i]['index']}", outcome, msg)]
+            out[i] = Observation(outcome, [o for _, o, _ in found], [msg], found, detail=(dicts[i], res))
+        return out
+
+
+def run(check: GpuCheck, stage: Stage) -> None:
+    from ..strategies import gpu_decode_case
+
+    p = check.plan
+    stage.expectation = "fixed guard, real launches: no NaN, no predicted out-of-bounds access, no crash, " \
+                        "every output within FA3's tolerance of the oracle"
+    budget = check.budget(p.fuzz_budget_s, reserve=(p.gpu_tests_timeout_s if "gpu_tests" not in check.skip else 0)
+                         + 20)
+    stage.numbers["budget_s"] = round(budget, 1)
+    if budget < 1:
+        stage.status, stage.message = "inconclusive", "no time left for the fuzz"
+        return
+    strategy = functools.partial(gpu_decode_case, num_sm=check.num_sm or 132, max_len=p.fuzz_max_len,
+                                 contexts=p.fuzz_contexts)
+    counts = {"pass": 0}
+    tally = {"calls": 0, "crashes": 0}
+
+    def checks(obs: Observation) -> list:
+        _case, res = obs.detail
+        counts[obs.outcome] = counts.get(obs.outcome, 0) + 1
+        tally["calls"] += len(res.value.get("calls", [])) if res.ok else 0
+        tally["crashes"] += int(not res.ok and res.crashed)
+        return obs.findings
+
+    t0 = time.perf_counter()
+    camp = run_campaign(WorkerTarget(check), strategy, checks, Budget(seconds=budget), seed=p.seed)
+    if camp.interrupted:  # the stage runner decides what an interrupt means for the whole check
+        raise KeyboardInterrupt
+    failing = sorted(camp.failures.values(), key=lambda f: f.observation.detail[0]["index"])
+    for failure in failing[:MAX_SAVED]:
+        case, res = failure.observation.detail
+        payload = {"case": case, "guard": "fixed", "outcome": failure.invariant,
+                   "result": res.value if res.ok else res.to_dict()}
+        path = check.save_case("fuzz", failure.signature, payload)
+        check.finding("fuzz", failure.invariant, f"case {case['index']} ({case['model']}, "
+                      f"{_server_label(case['server'])}): {failure.message}", case_file=path)
+    elapsed = time.perf_counter() - t0
+    done, failures, calls, crashes = sum(counts.values()), camp.failing_cases, tally["calls"], tally["crashes"]
+    stage.numbers.update(cases=done, failures=failures, crashes=crashes, decode_calls=calls,
+                         outcomes=counts, cases_per_s=round(done / elapsed, 2) if elapsed > 0 else 0.0,
+                         fuzz_seconds=round(elapsed, 1))
+    if failures:
+        stage.status = "fail"
+    elif done == 0:
+        stage.status, stage.message = "inconclusive", "no fuzz case finished"
+    else:
+        stage.status = "pass"
+    if not stage.message:
+        stage.message = f"{done} cases ({calls} decode calls), {failures} failing, {crashes} crashes"
+
+
+def _fuzz_message(value: dict) -> str:
+    for c in value.get("calls", []):
+        if c.get("outcome") != "pass":
+            return f"dp rank {c.get('dp_rank')} ({c.get('path')}): {c.get('outcome')}: {c.get('message', '')}"
+    return value.get("outcome", "?")
+
+
+def _server_label(s: dict) -> str:
+    return (f"tp={s['tp_size']} dp={s['dp_size']}{' dp-attn' if s['enable_dp_attention'] else ''} "
+            f"cp={s['attn_cp_size']} page={s['page_size']} splits={s['num_splits']}"
+            f"{' graph' if s['cuda_graph'] else ''}")
