@@ -81,7 +81,8 @@ def scenario_for(case: FuzzCase, policy: Policy):
 
     return Scenario(server=case.server, model=case.model, guard=policy.guard, guard_spec=policy.guard_spec,
                     steps=[Step(**s) for s in case.steps], metadata_heads=policy.metadata_heads,
-                    clear_stale_cp_metadata=policy.clear_stale_cp_metadata, seed=case.seed)
+                    clear_stale_cp_metadata=policy.clear_stale_cp_metadata, seed=case.seed,
+                    graph_replay_seqlen_k=policy.graph_replay_seqlen_k)
 
 
 def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = False, sut=None) -> list:

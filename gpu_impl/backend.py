@@ -56,6 +56,15 @@ class DecodeCall:
     call_num_splits: Optional[int] = None
     #: rows the precompute sees when fewer than ``seq_lens`` (seeded defect ``graph-metadata-before-padding``)
     precompute_rows: Optional[int] = None
+    #: ``max_seqlen_k`` the precompute passes when it is not the rows' longest length: a CUDA-graph replay of a
+    #: release that recomputes with its ``max_context_len`` bound (``GRAPH_REPLAY_SEQLEN_K``); None: max(lens)
+    precompute_seqlen_k: Optional[int] = None
+
+    def precompute_max_seqlen_k(self, lens) -> int:
+        """The precompute's ``max_seqlen_k``: the fixed bound when one is set, else the longest row (at least 1)."""
+        if self.precompute_seqlen_k is not None:
+            return self.precompute_seqlen_k
+        return max(max(lens, default=1), 1)
 
     @property
     def launch_num_splits(self) -> int:
@@ -82,25 +91,38 @@ class DecodeVerdict:
                 "call_seqlen_k": c.call_seqlen_k, "num_splits_arg": c.num_splits, "s_p": self.s_p, "s_c": self.s_c,
                 **({"launch_num_splits": c.call_num_splits} if c.call_num_splits is not None else {}),
                 **({"precompute_rows": c.precompute_rows} if c.precompute_rows is not None else {}),
+                **({"precompute_seqlen_k": c.precompute_seqlen_k} if c.precompute_seqlen_k is not None else {}),
                 "split_counts": self.split_counts, "shape_error": self.shape_error,
                 "violations": [v.to_dict() if hasattr(v, "to_dict") else dict(v) for v in self.violations]}
+
+
+#: What a CUDA-graph replay passes as the precompute's ``max_seqlen_k``: "max_seq_len" (the replayed rows' longest
+#: length, from the runner's CPU mirror: sglang 0.5.11 - 0.5.22) or "context_length" (the backend's
+#: ``max_context_len`` bound: 0.5.23's sync-free replay, ``needs_cpu_seq_lens = False``, gives the backend no CPU
+#: lengths; ``init_forward_metadata_out_graph`` -> ``_apply_cuda_graph_metadata``).
+GRAPH_REPLAY_SEQLEN_K = ("max_seq_len", "context_length")
 
 
 class FlashAttentionBackend:
     """sglang's FA3 backend for one model and server configuration, with a pluggable precompute guard.
 
     `metadata_heads` selects the precompute's head counts: "tp" (H // tp_size, as sglang) or "attn_tp"
-    (H // attn_tp_size, the root-cause fix). `defects` are seeded-defect switches of `gpu_impl.defects`
+    (H // attn_tp_size, the root-cause fix). `graph_replay_seqlen_k` (one of :data:`GRAPH_REPLAY_SEQLEN_K`) is
+    the ``max_seqlen_k`` a CUDA-graph replay's precompute passes. `defects` are seeded-defect switches of `gpu_impl.defects`
     (backend layer, plus the kernel-layer counterfactual ``fa3-kernel-uses-host-tiles`` that the metadata-level
     check must agree on); default none.
     """
 
     def __init__(self, server: ServerConfig, model: ModelConfig, guard: Callable[[Any], Any],
-                 metadata_heads: str = "tp", defects=frozenset()):
+                 metadata_heads: str = "tp", defects=frozenset(), graph_replay_seqlen_k: str = "max_seq_len"):
         from .defects import check_defects
 
         if metadata_heads not in ("tp", "attn_tp"):
             raise ValueError(f"metadata_heads: must be 'tp' or 'attn_tp', got {metadata_heads!r}")
+        if graph_replay_seqlen_k not in GRAPH_REPLAY_SEQLEN_K:
+            raise ValueError(f"graph_replay_seqlen_k: must be one of {', '.join(GRAPH_REPLAY_SEQLEN_K)}, "
+                             f"got {graph_replay_seqlen_k!r}")
+        self.graph_replay_seqlen_k = graph_replay_seqlen_k
         self.server = server
         self.model = model
         self.guard = guard
@@ -134,6 +156,7 @@ class FlashAttentionBackend:
         calls = []
         graph_bs = cuda_graph_batch_size(max((len(b) for b in dp_batches), default=0) or 1) if server.cuda_graph else 0
         reason = self.precompute_skip_reason()
+        bound = server.context_length if self.graph_replay_seqlen_k == "context_length" else None
         for rank, rows in enumerate(dp_batches):
             rows = [int(x) for x in rows]
             if server.cuda_graph:
@@ -150,7 +173,7 @@ class FlashAttentionBackend:
                                     precompute_heads=None if reason else self.precompute_heads(),
                                     call_heads=self.server.layer_heads(self.model), call_seqlen_k=width,
                                     num_splits=server.backend_num_splits, precomputed=not reason,
-                                    skip_reason=reason))
+                                    skip_reason=reason, precompute_seqlen_k=bound if server.cuda_graph else None))
             self._seed_graph_defects(calls[-1])
         return calls
 
@@ -181,7 +204,7 @@ class FlashAttentionBackend:
 
         first = CUDA_GRAPH_BATCH_SIZES[0]
         capture = DecodeCall(**{**call.__dict__, "seq_lens": [1] * first, "real_rows": first,
-                                "call_num_splits": None, "precompute_rows": None})
+                                "call_num_splits": None, "precompute_rows": None, "precompute_seqlen_k": None})
         md = encode_metadata(*self.precompute(capture))
         size = resolve_schedule(self.call_inputs(call)).metadata_size
         buf = torch.zeros(max(size, md.numel()), dtype=torch.int32)
@@ -248,7 +271,7 @@ class FlashAttentionBackend:
         lens = call.seq_lens if call.precompute_rows is None else call.seq_lens[:call.precompute_rows]
         bs = len(lens)
         return schedule_and_prepare(
-            bs, 1, max(max(lens, default=1), 1), h, hk, self.model.head_dim,
+            bs, 1, call.precompute_max_seqlen_k(lens), h, hk, self.model.head_dim,
             torch.tensor(lens, dtype=torch.int32), qkv_dtype=self.model.dtype,
             headdim_v=self.model.head_dim_v, cu_seqlens_q=list(range(bs + 1)), page_size=self.server.page_size,
             causal=True, num_splits=call.num_splits, num_sm=self.server.num_sm)
@@ -281,7 +304,7 @@ class FlashAttentionBackend:
             h, hk = call.precompute_heads
             rows = bs if call.precompute_rows is None else call.precompute_rows
             metadata = kernel.get_scheduler_metadata(
-                rows, 1, max(max(call.seq_lens[:rows], default=1), 1), h, hk, self.model.head_dim,
+                rows, 1, call.precompute_max_seqlen_k(call.seq_lens[:rows]), h, hk, self.model.head_dim,
                 cache_seqlens[:rows], qkv_dtype=q.dtype, headdim_v=self.model.head_dim_v,
                 cu_seqlens_q=cu_seqlens_q[:rows + 1], page_size=self.server.page_size, causal=True,
                 num_splits=call.num_splits)

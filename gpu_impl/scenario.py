@@ -54,6 +54,8 @@ class Scenario:
     metadata_heads: str = "tp"
     clear_stale_cp_metadata: bool = True
     seed: int = 0
+    #: the ``max_seqlen_k`` a CUDA-graph replay precomputes with (``gpu_impl.backend.GRAPH_REPLAY_SEQLEN_K``)
+    graph_replay_seqlen_k: str = "max_seq_len"
     #: seeded-defect switches (names in gpu_impl.defects.DEFECTS); a SeededPolicy guard adds its own
     defects: frozenset = frozenset()
 
@@ -145,7 +147,8 @@ def prepare_run(scn: Scenario, kernel=None):
     defects = scn.all_defects()
     scn = apply_policy_defects(scn, defects)
     backend = FlashAttentionBackend(scn.server, scn.model, scn.guard, scn.metadata_heads,
-                                    defects=defects_in_layer(defects, "backend") | defects_in_layer(defects, "kernel"))
+                                    defects=defects_in_layer(defects, "backend") | defects_in_layer(defects, "kernel"),
+                                    graph_replay_seqlen_k=scn.graph_replay_seqlen_k)
     kernel_defects = defects_in_layer(defects, "kernel")
     if kernel_defects and kernel is not None:
         if not hasattr(kernel, "with_defects"):

@@ -48,6 +48,9 @@ class EngineProfile:
     guard: str
     heads_source: str = ""
     guard_source: str = ""
+    #: the ``max_seqlen_k`` a CUDA-graph replay's precompute passes: "max_seq_len" (the replayed rows' longest,
+    #: from the runner's CPU lengths) or "context_length" (the backend's ``max_context_len`` bound)
+    graph_replay_seqlen_k: str = "max_seq_len"
 
     @property
     def guard_spec(self) -> str:
@@ -56,7 +59,10 @@ class EngineProfile:
 
     def policy(self) -> dict:
         """The model policy (case-file ``policy`` object) that plays this release."""
-        return {"guard": self.guard_spec, "metadata_heads": self.precompute_heads, "clear_stale_cp_metadata": True}
+        policy = {"guard": self.guard_spec, "metadata_heads": self.precompute_heads, "clear_stale_cp_metadata": True}
+        if self.graph_replay_seqlen_k != "max_seq_len":
+            policy["graph_replay_seqlen_k"] = self.graph_replay_seqlen_k
+        return policy
 
     def describe(self) -> str:
         return (f"sglang {self.release}: precompute heads {self.heads_source} ({self.precompute_heads}); "
@@ -75,7 +81,8 @@ def release_key(release: str) -> tuple:
 def _load() -> dict:
     data = json.loads(_DATA.read_text(encoding="utf-8"))
     return {r["release"]: EngineProfile(r["release"], r["precompute_heads"], r["guard"], r.get("heads_source", ""),
-                                        r.get("guard_source", "")) for r in data["releases"]}
+                                        r.get("guard_source", ""), r.get("graph_replay_seqlen_k", "max_seq_len"))
+            for r in data["releases"]}
 
 
 def _first() -> str:
@@ -111,8 +118,11 @@ def releases_between(first: Optional[str] = None, last: Optional[str] = None) ->
 
 def profiles_markdown() -> str:
     """The profile table for docs/engines.md (generated: the JSON is the one source of truth)."""
-    out = ["| release | precompute heads | model `--metadata-heads` | guard | model `--guard` |", "|---|---|---|---|---|"]
+    out = ["| release | precompute heads | model `--metadata-heads` | guard | model `--guard` | CUDA-graph replay "
+           "`max_seqlen_k` |", "|---|---|---|---|---|---|"]
     for r in RELEASES:
         p = profile_for(r)
-        out.append(f"| {r} | `{p.heads_source}` | `{p.precompute_heads}` | {p.guard_source} | `{p.guard_spec}` |")
+        replay = "`max_context_len`" if p.graph_replay_seqlen_k == "context_length" else "max(seq_lens)"
+        out.append(f"| {r} | `{p.heads_source}` | `{p.precompute_heads}` | {p.guard_source} | `{p.guard_spec}` | "
+                   f"{replay} |")
     return "\n".join(out)

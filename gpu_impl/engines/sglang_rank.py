@@ -81,7 +81,7 @@ class RankBackend:
 
         kwargs = dict(num_heads=self.model.num_heads, num_kv_heads=self.model.num_kv_heads,
                       head_dim=self.model.head_dim, hidden_size=self.model.num_heads * self.model.head_dim,
-                      context_len=self.ctx)
+                      context_len=self.server.context_length)  # ModelConfig.context_len: the server's, unrounded
         cfg = EngineModelConfig(**_accepted(d.TinyModelConfig.__init__, kwargs))
         cfg.v_head_dim = self.model.head_dim_v
         return cfg
