@@ -220,9 +220,8 @@ class RankBackend:
         """The capture-time metadata init: the stand-in kit's call (0.5.11 / 0.5.12,
         ``init_forward_metadata_capture_cuda_graph``), else ``init_forward_metadata_out_graph(in_capture=True)``
         and, where the release has it, ``init_forward_metadata_in_graph`` (0.5.13+)."""
-        legacy = getattr(self.graph_kit, "_init_cuda_graph_capture_metadata", None)
-        if legacy is not None:
-            legacy(self.backend, graph_bs, cap)
+        if self.engine.kit.get("standin"):
+            self.graph_kit.legacy_capture_metadata(self.backend, graph_bs, cap)
             return
         self.backend.init_forward_metadata_out_graph(cap, in_capture=True)
         if hasattr(self.backend, "init_forward_metadata_in_graph"):

@@ -180,7 +180,7 @@ def _make_forward_batch(case, runner, *, max_context_len: int, device: str, loc_
     return fb
 
 
-def _init_cuda_graph_capture_metadata(backend, bs: int, batch) -> None:
+def legacy_capture_metadata(backend, bs: int, batch) -> None:
     """What 0.5.11 / 0.5.12's ``CudaGraphRunner.capture_one_batch_size`` calls for a decode graph of ``bs`` rows:
     ``init_forward_metadata_capture_cuda_graph(bs, num_tokens=bs, req_pool_indices, seq_lens, None, DECODE,
     None)`` with every row at the fill length."""
