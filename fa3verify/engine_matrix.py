@@ -147,11 +147,20 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
                                   expected=expected_verdict(profile), profile=profile.describe(), message=str(exc)))
             say(f"sglang {release}: unavailable ({exc})")
             continue
-        with sut:
-            summary = gate_engine(sut, budget_s=budget_s, seed=seed, timeout_s=timeout_s,
-                                  cases_dir=f"{cases_dir}/{release}", max_cases=max_cases, show_progress=False,
-                                  witness_rows=witness_rows)
-            probes = run_probes(sut) if with_probes else {}
+        try:
+            with sut:
+                summary = gate_engine(sut, budget_s=budget_s, seed=seed, timeout_s=timeout_s,
+                                      cases_dir=f"{cases_dir}/{release}", max_cases=max_cases, show_progress=False,
+                                      witness_rows=witness_rows)
+                probes = run_probes(sut) if with_probes else {}
+        except Exception as exc:  # noqa: BLE001 - a worker that dies or never answers: this row ran nothing
+            if type(exc).__name__ != "DriverError":
+                raise
+            rows.append(MatrixRow(release=release, verdict="inconclusive", exit_code=exitcodes.INCONCLUSIVE,
+                                  seconds=round(time.perf_counter() - start, 2), expected=expected_verdict(profile),
+                                  profile=profile.describe(), message=str(exc).splitlines()[0]))
+            say(f"sglang {release}: inconclusive ({rows[-1].message})")
+            continue
         row = row_from_summary(release, profile, summary, time.perf_counter() - start)
         row.probes = probes
         rows.append(row)

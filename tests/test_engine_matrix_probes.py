@@ -60,3 +60,21 @@ def test_the_matrix_carries_the_probes_into_json_and_markdown(monkeypatch, tmp_p
     code = cli.main(["engine", "matrix", "--releases", "0.5.13..0.5.13", "--cases", "5", "--no-probes",
                      "--cases-dir", str(tmp_path / "c2"), "--json", str(out)])
     assert json.loads(out.read_text())["rows"][0]["probes"] == {}
+
+
+def test_a_release_whose_worker_never_answers_is_an_inconclusive_row_not_a_lost_matrix(monkeypatch, tmp_path):
+    """One release's worker dying (DriverError) leaves the other rows and the JSON; that row ran nothing."""
+    from gpu_impl.engines.errors import DriverError
+
+    class Dead(ProfileSUT):
+        def run(self, scenario, **kw):
+            raise DriverError(f"engine worker sglang=={self.release}: no answer within 900s; killed")
+
+    install(monkeypatch, lambda spec: Dead(spec.release) if spec.release == "0.5.14" else ProfileSUT(spec.release))
+    out = tmp_path / "m.json"
+    code = cli.main(["engine", "matrix", "--releases", "0.5.13..0.5.14", "--cases", "5", "--no-probes",
+                     "--cases-dir", str(tmp_path / "cases"), "--json", str(out)])
+    rows = {r["release"]: r for r in json.loads(out.read_text())["rows"]}
+    assert code == 1 and rows["0.5.13"]["verdict"] == "fail"  # 0.5.13 still fails its gate
+    assert rows["0.5.14"]["verdict"] == "inconclusive" and "no answer" in rows["0.5.14"]["message"]
+    assert rows["0.5.14"]["agrees"] is None
