@@ -16,7 +16,8 @@ config (the attention shapes of ``spec.config.ModelConfig``; no softcap field), 
 without its ``__post_init__`` (which resolves a model from disk and probes the device). It exposes the names
 ``sglang_rank.RankBackend`` reads from a kit (``DenseAttentionCase``, ``TinyModelConfig``, ``MockModelRunner``,
 ``MHATokenToKVPool``, ``_make_forward_batch``, ``ATTENTION_BACKENDS``, ``RadixAttention``, ``ForwardMode``) plus
-the two graph calls. Runs inside an engine environment; :func:`load` imports sglang.
+the two graph calls (``legacy_capture_metadata``, ``_init_cuda_graph_replay_metadata``). Runs inside an engine
+environment; :func:`load` imports sglang.
 """
 
 from __future__ import annotations
