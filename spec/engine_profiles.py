@@ -6,7 +6,9 @@ Invariant: a release's profile names exactly the precompute head source (``tp``:
 ``spec/engine_profiles.json``). ``prove --engine-profile sglang==V`` proves that release's behaviour by running
 the theorems under :meth:`EngineProfile.policy`; ``fa3verify conform`` checks the profile against the real code.
 
-Simplification: a profile captures only these two choices. Everything else the release does (argument
+A profile also names the ``max_seqlen_k`` a CUDA-graph replay's precompute passes (``graph_replay_seqlen_k``:
+0.5.16+ pass ``max_context_len``, having no CPU lengths), which the model's runs use and the theorems do not.
+Simplification: a profile captures only these choices. Everything else the release does (argument
 plumbing, the CUDA-graph buffers, the call) is taken to be what the model does; conformance is what checks it.
 Releases before 0.5.11 never precompute scheduler metadata (nothing to prove); ``.postN`` releases are
 byte-identical to their base release in this backend and share its profile.
