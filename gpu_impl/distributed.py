@@ -143,7 +143,8 @@ def scenario_from_case(case: Any) -> Scenario:
                     guard=load_guard(guard_spec), steps=steps, guard_spec=guard_spec,
                     metadata_heads=policy.get("metadata_heads", "tp"),
                     clear_stale_cp_metadata=bool(policy.get("clear_stale_cp_metadata", True)),
-                    seed=int(data.get("seed", 0)))
+                    seed=int(data.get("seed", 0)),
+                    graph_replay_seqlen_k=str(policy.get("graph_replay_seqlen_k", "max_seq_len")))
 
 
 def kernel_spec(case: Any) -> tuple[str, str]:
@@ -444,7 +445,8 @@ def assemble(case: Any, records: Sequence[RankRecord], numerics: bool = True) ->
     if guard:
         findings.append(Finding("GUARD_RAISED", -1, None, guard[0].guard_raised, {}))
     else:
-        backend = FlashAttentionBackend(server, scn.model, scn.guard, scn.metadata_heads)
+        backend = FlashAttentionBackend(server, scn.model, scn.guard, scn.metadata_heads,
+                                        graph_replay_seqlen_k=scn.graph_replay_seqlen_k)
         for index in range(len(scn.steps)):
             for d in range(server.attn_dp_size):
                 group = [by_place[(d, c)] for c in range(server.attn_cp_size)]
