@@ -73,3 +73,30 @@ def test_conformance_tells_a_release_that_replays_with_host_lengths_from_its_pro
         assert code == expected, diffs[:2]
         if expected:
             assert any("max_seqlen_k" in " ".join(map(str, d)) for d in diffs), diffs[:2]
+
+
+def test_a_case_policy_carries_the_replay_bound_to_every_runner(tmp_path):
+    """The case file's ``policy.graph_replay_seqlen_k`` reaches the in-process replay and the multi-rank runner."""
+    from fa3verify.replaying import load_case, scenario_from_case as replay_scenario
+    from gpu_impl.distributed import scenario_from_case as ranks_scenario
+    from spec.cases import Case
+
+    scn = _scenario("context_length")
+    case = Case.from_parts(source="manual", server=scn.server.to_dict(), model=scn.model.to_dict(),
+                           policy={"guard": "fixed", "metadata_heads": "attn_tp", "clear_stale_cp_metadata": True,
+                                   "graph_replay_seqlen_k": "context_length"},
+                           batches=[{"mode": "decode", "seq_lens": [3975, 100]}])
+    loaded = load_case(str(case.save(tmp_path)))
+    assert loaded.policy["graph_replay_seqlen_k"] == "context_length"
+    assert replay_scenario(loaded).graph_replay_seqlen_k == "context_length"
+    assert ranks_scenario(loaded).graph_replay_seqlen_k == "context_length"
+
+
+def test_a_bad_replay_bound_in_a_case_file_names_the_field():
+    from spec.cases import Case, CaseFormatError
+
+    scn = _scenario("max_seq_len")
+    with pytest.raises(CaseFormatError, match="policy.graph_replay_seqlen_k"):
+        Case.from_parts(source="manual", server=scn.server.to_dict(), model=scn.model.to_dict(),
+                        policy={"guard": "fixed", "graph_replay_seqlen_k": "host"},
+                        batches=[{"mode": "decode", "seq_lens": [10]}])
