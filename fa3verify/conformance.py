@@ -223,7 +223,8 @@ def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3
     from .strategies import random_fuzz_case
 
     start = time.perf_counter()
-    policy = load_policy(profile.guard_spec, profile.precompute_heads) if profile else load_policy()
+    policy = (load_policy(profile.guard_spec, profile.precompute_heads,
+                          graph_replay_seqlen_k=profile.graph_replay_seqlen_k) if profile else load_policy())
     report = ConformReport(engine=str(sut.spec), profile=profile.release if profile else None)
     load_guard(policy.guard_spec)
     rng = random.Random(seed)

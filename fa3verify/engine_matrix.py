@@ -5,6 +5,11 @@ fuzz campaign, ``fa3verify.engine_gate``), next to what the release's profile (`
 ENGINES.md section 1) predicts: a release whose guard leaves prefill CP (or everything) precomputing with
 ``H // tp_size`` heads must fail; one with the prefill-CP-or-DP-attention guard, or with attention-TP heads,
 must pass. A row that disagrees with its prediction is flagged, not hidden.
+
+Beside the gate, each row carries the family probes (:data:`PROBES`): the worked example of FACTS.md section 1
+(Qwen3-30B-A3B shapes, one 32768-token row and seven 100-token rows) run on the release under prefill CP and under
+DP attention, eager and CUDA graph, so a row says which family its heads and guard leave exposed even where a
+short fuzz campaign reached only one. Probes are evidence beside the verdict, never the verdict.
 """
 
 from __future__ import annotations
@@ -35,6 +40,45 @@ class MatrixRow:
     profile: str = ""
     message: str = ""
     case_files: list = field(default_factory=list)
+    #: family probe name -> "fail: INV, ..." | "pass" | "pass (no precompute)" | "error: ..." (see PROBES)
+    probes: dict = field(default_factory=dict)
+
+
+#: The family probes: (name, server configuration) of the worked example; each runs eager and under CUDA graph.
+PROBES = (
+    ("prefill CP", dict(tp_size=4, attn_cp_size=4, enable_prefill_cp=True, cp_strategy="zigzag",
+                        context_length=40960)),
+    ("DP attention", dict(tp_size=4, dp_size=2, enable_dp_attention=True, context_length=40960)),
+)
+PROBE_MODEL = "qwen3-30b-a3b"
+PROBE_BATCH = (32768,) + (100,) * 7
+
+
+def run_probes(sut) -> dict:
+    """Each family probe on the engine, eager and CUDA graph: ``{"prefill CP, eager": "fail: SPLIT_BOUND", ...}``.
+    A probe the engine cannot run is recorded as an error, never as a pass."""
+    from gpu_impl.config import ServerConfig, get_model
+    from gpu_impl.scenario import Scenario, Step
+
+    out = {}
+    for name, server in PROBES:
+        for graph in (False, True):
+            key = f"{name}, {'CUDA graph' if graph else 'eager'}"
+            scn = Scenario(server=ServerConfig(**server, cuda_graph=graph), model=get_model(PROBE_MODEL), guard=None,
+                           steps=[Step("decode", list(PROBE_BATCH))])
+            try:
+                result = sut.run(scn)
+            except Exception as exc:  # noqa: BLE001 - the engine's crash is the probe's result
+                out[key] = f"error: {type(exc).__name__}: {str(exc)[:120]}"
+                continue
+            bad = sorted({f.invariant for f in result.findings} | {e.invariant for e in result.shape_errors})
+            if bad:
+                out[key] = "fail: " + ", ".join(bad)
+            elif not any(e.get("precomputed") for e in result.trace):
+                out[key] = "pass (no precompute)"
+            else:
+                out[key] = "pass"
+    return out
 
 
 def expected_verdict(profile) -> str:
@@ -82,7 +126,7 @@ def row_from_summary(release: str, profile, summary, seconds: float) -> MatrixRo
 
 def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None,
                seed: int = 0, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/engine-matrix",
-               progress: Optional[Callable[[str], None]] = None) -> list:
+               progress: Optional[Callable[[str], None]] = None, with_probes: bool = True) -> list:
     """Gate every release (``open_sut(release)`` opens it; a UsageError there makes an 'unavailable' row)."""
     from spec.engine_profiles import profile_for
 
@@ -103,14 +147,26 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
                                   expected=expected_verdict(profile), profile=profile.describe(), message=str(exc)))
             say(f"sglang {release}: unavailable ({exc})")
             continue
-        with sut:
-            summary = gate_engine(sut, budget_s=budget_s, seed=seed, timeout_s=timeout_s,
-                                  cases_dir=f"{cases_dir}/{release}", max_cases=max_cases, show_progress=False,
-                                  witness_rows=witness_rows)
+        try:
+            with sut:
+                summary = gate_engine(sut, budget_s=budget_s, seed=seed, timeout_s=timeout_s,
+                                      cases_dir=f"{cases_dir}/{release}", max_cases=max_cases, show_progress=False,
+                                      witness_rows=witness_rows)
+                probes = run_probes(sut) if with_probes else {}
+        except Exception as exc:  # noqa: BLE001 - a worker that dies or never answers: this row ran nothing
+            if type(exc).__name__ != "DriverError":
+                raise
+            rows.append(MatrixRow(release=release, verdict="inconclusive", exit_code=exitcodes.INCONCLUSIVE,
+                                  seconds=round(time.perf_counter() - start, 2), expected=expected_verdict(profile),
+                                  profile=profile.describe(), message=str(exc).splitlines()[0]))
+            say(f"sglang {release}: inconclusive ({rows[-1].message})")
+            continue
         row = row_from_summary(release, profile, summary, time.perf_counter() - start)
+        row.probes = probes
         rows.append(row)
         say(f"sglang {release}: {row.verdict} (expected {row.expected}) {', '.join(row.invariants) or '-'} "
-            f"[{'; '.join(row.families) or '-'}] {row.seconds:.1f}s")
+            f"[{'; '.join(row.families) or '-'}] {row.seconds:.1f}s; probes: "
+            f"{'; '.join(f'{k} {v}' for k, v in row.probes.items()) or '-'}")
     return rows
 
 
@@ -127,9 +183,21 @@ def matrix_json(rows) -> dict:
 def matrix_markdown(rows) -> str:
     """The matrix as a Markdown table (docs/engines.md)."""
     out = ["| release | verdict | expected (profile) | invariants violated | configuration families | path | "
-           "cases | seconds |", "|---|---|---|---|---|---|---|---|"]
+           "cases | seconds | probes: prefill CP eager / graph | probes: DP attention eager / graph |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        probe = [_short(r.probes.get(f"{name}, {p}")) for name, _ in PROBES for p in ("eager", "CUDA graph")]
         out.append(f"| {r.release} | {r.verdict} | {r.expected}{'' if r.agrees is not False else ' (DISAGREES)'} | "
                    f"{', '.join(r.invariants) or '-'} | {'; '.join(r.families) or '-'} | "
-                   f"{', '.join(r.paths) or '-'} | {r.cases} | {r.seconds:.1f} |")
+                   f"{', '.join(r.paths) or '-'} | {r.cases} | {r.seconds:.1f} | {probe[0]} / {probe[1]} | "
+                   f"{probe[2]} / {probe[3]} |")
     return "\n".join(out)
+
+
+def _short(probe: Optional[str]) -> str:
+    """A probe result for a table cell: fail (with the invariants), pass, pass without a precompute, error, -."""
+    if not probe:
+        return "-"
+    if probe.startswith("fail: "):
+        return "fail (" + probe[len("fail: "):] + ")"
+    return "error" if probe.startswith("error") else probe

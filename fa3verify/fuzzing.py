@@ -35,7 +35,7 @@ def scenario_for(case: FuzzCase, policy: Policy, defects=frozenset()):
     return Scenario(server=case.server, model=case.model, guard=policy.guard, guard_spec=policy.guard_spec,
                     steps=[Step(**s) for s in case.steps], metadata_heads=policy.metadata_heads,
                     clear_stale_cp_metadata=policy.clear_stale_cp_metadata, seed=case.seed,
-                    defects=frozenset(defects))
+                    defects=frozenset(defects), graph_replay_seqlen_k=policy.graph_replay_seqlen_k)
 
 
 def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = False, sut=None,

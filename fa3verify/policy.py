@@ -19,12 +19,17 @@ class Policy:
     metadata_heads: str = "tp"
     clear_stale_cp_metadata: bool = True
     cp_decode_sharded_kv: bool = False
+    #: the ``max_seqlen_k`` of a CUDA-graph replay's precompute (``gpu_impl.backend.GRAPH_REPLAY_SEQLEN_K``); set
+    #: by a release profile (``spec.engine_profiles``), not by a command-line option
+    graph_replay_seqlen_k: str = "max_seq_len"
 
     def to_dict(self) -> dict:
         d = {"guard": self.guard_spec, "metadata_heads": self.metadata_heads,
              "clear_stale_cp_metadata": self.clear_stale_cp_metadata}
         if self.cp_decode_sharded_kv:
             d["cp_decode_kv"] = "sharded"
+        if self.graph_replay_seqlen_k != "max_seq_len":
+            d["graph_replay_seqlen_k"] = self.graph_replay_seqlen_k
         return d
 
     @property
@@ -34,7 +39,7 @@ class Policy:
 
 
 def load_policy(guard: str = "fixed", metadata_heads: str = "tp", keep_stale_cp_metadata: bool = False,
-                cp_decode_sharded_kv: bool = False) -> Policy:
+                cp_decode_sharded_kv: bool = False, graph_replay_seqlen_k: str = "max_seq_len") -> Policy:
     """Resolve a guard spec ("fixed", "pre-fix", "none", module:function, file.py:function) into a Policy."""
     from gpu_impl.guards import GuardSpecError, load_guard
 
@@ -45,7 +50,8 @@ def load_policy(guard: str = "fixed", metadata_heads: str = "tp", keep_stale_cp_
     except GuardSpecError as exc:
         raise UsageError(f"--guard: {exc}") from None
     return Policy(guard_spec=guard, guard=fn, metadata_heads=metadata_heads,
-                  clear_stale_cp_metadata=not keep_stale_cp_metadata, cp_decode_sharded_kv=cp_decode_sharded_kv)
+                  clear_stale_cp_metadata=not keep_stale_cp_metadata, cp_decode_sharded_kv=cp_decode_sharded_kv,
+                  graph_replay_seqlen_k=graph_replay_seqlen_k)
 
 
 def add_guard_timeout_argument(parser) -> None:

@@ -135,7 +135,8 @@ def scenario_from_case(case, guard_override: Optional[str] = None, metadata_head
     clear = policy.get("clear_stale_cp_metadata", True) if keep_stale is None else not keep_stale
     return Scenario(server=server, model=model, guard=guard, steps=steps, guard_spec=guard_spec,
                     metadata_heads=metadata_heads or policy.get("metadata_heads", "tp"),
-                    clear_stale_cp_metadata=clear, seed=int(case.seed), defects=case_defects(case, defects))
+                    clear_stale_cp_metadata=clear, seed=int(case.seed), defects=case_defects(case, defects),
+                    graph_replay_seqlen_k=str(policy.get("graph_replay_seqlen_k", "max_seq_len")))
 
 
 def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", guard: Optional[str] = None,

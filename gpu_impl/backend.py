@@ -58,6 +58,15 @@ class DecodeCall:
     #: rows the precompute sees when fewer than ``seq_lens`` (set from outside, e.g. by the seeded defect
     #: ``graph-metadata-before-padding``)
     precompute_rows: Optional[int] = None
+    #: ``max_seqlen_k`` the precompute passes when it is not the rows' longest length: a CUDA-graph replay of a
+    #: release that recomputes with its ``max_context_len`` bound (``GRAPH_REPLAY_SEQLEN_K``); None: max(lens)
+    precompute_seqlen_k: Optional[int] = None
+
+    def precompute_max_seqlen_k(self, lens) -> int:
+        """The precompute's ``max_seqlen_k``: the fixed bound when one is set, else the longest row (at least 1)."""
+        if self.precompute_seqlen_k is not None:
+            return self.precompute_seqlen_k
+        return max(max(lens, default=1), 1)
 
     @property
     def launch_num_splits(self) -> int:
@@ -84,8 +93,16 @@ class DecodeVerdict:
                 "call_seqlen_k": c.call_seqlen_k, "num_splits_arg": c.num_splits, "s_p": self.s_p, "s_c": self.s_c,
                 **({"launch_num_splits": c.call_num_splits} if c.call_num_splits is not None else {}),
                 **({"precompute_rows": c.precompute_rows} if c.precompute_rows is not None else {}),
+                **({"precompute_seqlen_k": c.precompute_seqlen_k} if c.precompute_seqlen_k is not None else {}),
                 "split_counts": self.split_counts, "shape_error": self.shape_error,
                 "violations": [v.to_dict() if hasattr(v, "to_dict") else dict(v) for v in self.violations]}
+
+
+#: What a CUDA-graph replay passes as the precompute's ``max_seqlen_k``: "max_seq_len" (the replayed rows' longest
+#: length, from the runner's CPU mirror) or "context_length" (the backend's ``max_context_len`` bound, when the
+#: graph runner hands the backend no CPU lengths, e.g. 0.5.23's sync-free replay, ``needs_cpu_seq_lens = False``).
+#: Which release does which: ``graph_replay_seqlen_k`` in spec/engine_profiles.json.
+GRAPH_REPLAY_SEQLEN_K = ("max_seq_len", "context_length")
 
 
 class FlashAttentionBackend:
@@ -105,9 +122,13 @@ class FlashAttentionBackend:
     metadata_only: Optional[str] = None
 
     def __init__(self, server: ServerConfig, model: ModelConfig, guard: Callable[[Any], Any],
-                 metadata_heads: str = "tp"):
+                 metadata_heads: str = "tp", graph_replay_seqlen_k: str = "max_seq_len"):
         if metadata_heads not in ("tp", "attn_tp"):
             raise ValueError(f"metadata_heads: must be 'tp' or 'attn_tp', got {metadata_heads!r}")
+        if graph_replay_seqlen_k not in GRAPH_REPLAY_SEQLEN_K:
+            raise ValueError(f"graph_replay_seqlen_k: must be one of {', '.join(GRAPH_REPLAY_SEQLEN_K)}, "
+                             f"got {graph_replay_seqlen_k!r}")
+        self.graph_replay_seqlen_k = graph_replay_seqlen_k
         self.server = server
         self.model = model
         self.guard = guard
@@ -140,6 +161,7 @@ class FlashAttentionBackend:
         calls = []
         graph_bs = cuda_graph_batch_size(max((len(b) for b in dp_batches), default=0) or 1) if server.cuda_graph else 0
         reason = self.precompute_skip_reason()
+        bound = server.context_length if self.graph_replay_seqlen_k == "context_length" else None
         for rank, rows in enumerate(dp_batches):
             rows = [int(x) for x in rows]
             if server.cuda_graph:
@@ -156,7 +178,7 @@ class FlashAttentionBackend:
                                     precompute_heads=None if reason else self.precompute_heads(),
                                     call_heads=self.server.layer_heads(self.model), call_seqlen_k=width,
                                     num_splits=server.backend_num_splits, precomputed=not reason,
-                                    skip_reason=reason))
+                                    skip_reason=reason, precompute_seqlen_k=bound if server.cuda_graph else None))
         return calls
 
     def _call_schedule(self, call: DecodeCall):
@@ -188,7 +210,7 @@ class FlashAttentionBackend:
         lens = call.seq_lens if call.precompute_rows is None else call.seq_lens[:call.precompute_rows]
         bs = len(lens)
         return schedule_and_prepare(
-            bs, 1, max(max(lens, default=1), 1), h, hk, self.model.head_dim,
+            bs, 1, call.precompute_max_seqlen_k(lens), h, hk, self.model.head_dim,
             torch.tensor(lens, dtype=torch.int32), qkv_dtype=self.model.dtype,
             headdim_v=self.model.head_dim_v, cu_seqlens_q=list(range(bs + 1)), page_size=self.server.page_size,
             causal=True, num_splits=call.num_splits, num_sm=self.server.num_sm)
@@ -231,7 +253,7 @@ class FlashAttentionBackend:
         bs = len(call.seq_lens)
         rows = bs if call.precompute_rows is None else call.precompute_rows
         return kernel.get_scheduler_metadata(
-            rows, 1, max(max(call.seq_lens[:rows], default=1), 1), h, hk, self.model.head_dim,
+            rows, 1, call.precompute_max_seqlen_k(call.seq_lens[:rows]), h, hk, self.model.head_dim,
             cache_seqlens[:rows], qkv_dtype=q.dtype, headdim_v=self.model.head_dim_v,
             cu_seqlens_q=cu_seqlens_q[:rows + 1], page_size=self.server.page_size, causal=True,
             num_splits=call.num_splits)

@@ -55,7 +55,7 @@ def decode_call_pair(backend, call, step: int, path: str) -> dict:
         lens = call.seq_lens[:rows]
         # flashattention_backend.py: sglang's arguments; headdim_v is never passed (FA3 then takes headdim)
         pre = record_precompute(
-            batch_size=rows, max_seqlen_q=1, max_seqlen_k=max(max(lens, default=1), 1), num_heads=h,
+            batch_size=rows, max_seqlen_q=1, max_seqlen_k=call.precompute_max_seqlen_k(lens), num_heads=h,
             num_heads_k=hk, headdim=model.head_dim, cache_seqlens=torch.tensor(lens, dtype=torch.int32),
             qkv_dtype=dtype, headdim_v=None if model.head_dim_v == model.head_dim else model.head_dim_v,
             cu_seqlens_q=torch.arange(rows + 1, dtype=torch.int32), page_size=page, causal=True,
@@ -80,7 +80,8 @@ def model_pairs(scenario, result) -> list:
     event of each CUDA-graph batch size a DP rank first uses), in trace order."""
     from .backend import DecodeCall, FlashAttentionBackend
 
-    backend = FlashAttentionBackend(scenario.server, scenario.model, scenario.guard, scenario.metadata_heads)
+    backend = FlashAttentionBackend(scenario.server, scenario.model, scenario.guard, scenario.metadata_heads,
+                                    graph_replay_seqlen_k=scenario.graph_replay_seqlen_k)
     out, captured = [], set()
     for entry in result.trace:
         if entry.get("mode") != "decode" or "call_heads" not in entry:
@@ -91,13 +92,14 @@ def model_pairs(scenario, result) -> list:
                           call_heads=tuple(entry["call_heads"]), call_seqlen_k=entry["call_seqlen_k"],
                           num_splits=entry["num_splits_arg"], precomputed=entry["precomputed"],
                           skip_reason=entry.get("skip_reason", ""), call_num_splits=entry.get("launch_num_splits"),
-                          precompute_rows=entry.get("precompute_rows"))
+                          precompute_rows=entry.get("precompute_rows"),
+                          precompute_seqlen_k=entry.get("precompute_seqlen_k"))
         if call.path == "cuda_graph":
             key = (call.dp_rank, len(call.seq_lens))
             if key not in captured:
                 captured.add(key)
                 capture = DecodeCall(**{**call.__dict__, "seq_lens": [1] * len(call.seq_lens),
-                                        "precompute_rows": None})
+                                        "precompute_rows": None, "precompute_seqlen_k": None})
                 out.append(decode_call_pair(backend, capture, entry["step"], "capture"))
             out.append(decode_call_pair(backend, call, entry["step"], "replay"))
         else:

@@ -96,7 +96,8 @@ def scenario_from_case(case: Any) -> Scenario:
                     guard=load_guard(guard_spec), steps=steps, guard_spec=guard_spec,
                     metadata_heads=policy.get("metadata_heads", "tp"),
                     clear_stale_cp_metadata=bool(policy.get("clear_stale_cp_metadata", True)),
-                    seed=int(data.get("seed", 0)))
+                    seed=int(data.get("seed", 0)),
+                    graph_replay_seqlen_k=str(policy.get("graph_replay_seqlen_k", "max_seq_len")))
 
 
 def kernel_spec(case: Any) -> tuple[str, str]:

@@ -106,7 +106,8 @@ def assemble(case: Any, records: Sequence[RankRecord], numerics: bool = True) ->
     if guard:
         findings.append(Finding("GUARD_RAISED", -1, None, guard[0].guard_raised, {}))
     else:
-        backend = FlashAttentionBackend(server, scn.model, scn.guard, scn.metadata_heads)
+        backend = FlashAttentionBackend(server, scn.model, scn.guard, scn.metadata_heads,
+                                        graph_replay_seqlen_k=scn.graph_replay_seqlen_k)
         for index in range(len(scn.steps)):
             for d in range(server.attn_dp_size):
                 group = [by_place[(d, c)] for c in range(server.attn_cp_size)]

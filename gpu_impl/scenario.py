@@ -54,6 +54,8 @@ class Scenario:
     metadata_heads: str = "tp"
     clear_stale_cp_metadata: bool = True
     seed: int = 0
+    #: the ``max_seqlen_k`` a CUDA-graph replay precomputes with (``gpu_impl.backend.GRAPH_REPLAY_SEQLEN_K``)
+    graph_replay_seqlen_k: str = "max_seq_len"
     #: seeded defects (names in gpu_impl.defects.DEFECTS, applied by gpu_impl.defects.seed_run); a SeededPolicy
     #: guard adds its own
     defects: frozenset = frozenset()
@@ -151,7 +153,8 @@ def prepare_run(scn: Scenario, kernel=None):
 
 
 def _backend_of(scn: Scenario) -> FlashAttentionBackend:
-    return FlashAttentionBackend(scn.server, scn.model, scn.guard, scn.metadata_heads)
+    return FlashAttentionBackend(scn.server, scn.model, scn.guard, scn.metadata_heads,
+                                 graph_replay_seqlen_k=scn.graph_replay_seqlen_k)
 
 
 def run_scenario(scn: Scenario, kernel=None, numerics: bool = False, device: str = "cpu") -> ScenarioResult:

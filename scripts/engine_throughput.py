@@ -2,7 +2,8 @@
 
 Usage: ``PYTHONPATH=. python scripts/engine_throughput.py 0.5.13 0.5.23`` (builds the environments on first use).
 Prints, per release: worker start (import) seconds, scenarios/s for a 4-row decode batch (tp 2) and for the
-worked example (Qwen3-30B-A3B shapes, tp 4, attn_cp 4, one 32768-token and seven 100-token rows), eager.
+worked example (Qwen3-30B-A3B shapes, tp 4, attn_cp 4, one 32768-token and seven 100-token rows), eager, and for
+the worked example under CUDA graph (each run captures the graph, then replays it once).
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ def main(releases) -> None:
     worked = Scenario(server=ServerConfig(tp_size=4, attn_cp_size=4, enable_prefill_cp=True, cp_strategy="zigzag",
                                           context_length=40960),
                       model=model, guard=None, steps=[Step("decode", [32768] + [100] * 7)])
+    graph = Scenario(server=ServerConfig(tp_size=4, attn_cp_size=4, enable_prefill_cp=True, cp_strategy="zigzag",
+                                         context_length=40960, cuda_graph=True),
+                     model=model, guard=None, steps=[Step("decode", [32768] + [100] * 7)])
     for release in releases:
         with open_sut(f"sglang=={release}") as sut:
             hello = sut.start()
             print(f"sglang=={release}: worker start {hello['start_s']:.1f}s (import {hello['import_s']:.1f}s); "
                   f"4-row decode {rate(sut, small, 40):.1f} scenarios/s; worked example {rate(sut, worked, 10):.1f} "
-                  f"scenarios/s", flush=True)
+                  f"scenarios/s; worked example, CUDA graph {rate(sut, graph, 10):.1f} scenarios/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -213,13 +213,19 @@ def _check_policy(policy: Any) -> dict:
     kv = policy.get("cp_decode_kv", "replicated")
     if kv not in ("replicated", "sharded"):
         raise CaseFormatError("policy.cp_decode_kv", "'replicated' or 'sharded'", kv)
+    rk = policy.get("graph_replay_seqlen_k", "max_seq_len")
+    if rk not in ("max_seq_len", "context_length"):
+        raise CaseFormatError("policy.graph_replay_seqlen_k", "'max_seq_len' or 'context_length'", rk)
     out = {"guard": g, "metadata_heads": mh, "clear_stale_cp_metadata": cs}
     if "cp_decode_kv" in policy:
         out["cp_decode_kv"] = kv
-    unknown = sorted(set(policy) - {"guard", "metadata_heads", "clear_stale_cp_metadata", "cp_decode_kv"})
+    if "graph_replay_seqlen_k" in policy:
+        out["graph_replay_seqlen_k"] = rk
+    known = {"guard", "metadata_heads", "clear_stale_cp_metadata", "cp_decode_kv", "graph_replay_seqlen_k"}
+    unknown = sorted(set(policy) - known)
     if unknown:
         raise CaseFormatError(f"policy.{unknown[0]}", "one of guard, metadata_heads, clear_stale_cp_metadata, "
-                                                      "cp_decode_kv", unknown[0])
+                                                      "cp_decode_kv, graph_replay_seqlen_k", unknown[0])
     return out
 
 

@@ -8,7 +8,9 @@ Invariant: a release's profile names exactly the precompute head source (``tp``:
 sglang==V`` proves that release's behaviour by running
 the theorems under :meth:`EngineProfile.policy`; ``fa3verify conform`` checks the profile against the real code.
 
-Simplification: a profile captures only these two choices. Everything else the release does (argument
+A profile also names the ``max_seqlen_k`` a CUDA-graph replay's precompute passes (``graph_replay_seqlen_k``:
+0.5.16+ pass ``max_context_len``, having no CPU lengths), which the model's runs use and the theorems do not.
+Simplification: a profile captures only these choices. Everything else the release does (argument
 plumbing, the CUDA-graph buffers, the call) is taken to be what the model does; conformance is what checks it.
 Releases before 0.5.11 never precompute scheduler metadata (nothing to prove); ``.postN`` releases are
 byte-identical to their base release in this backend and share its profile.
@@ -50,6 +52,9 @@ class EngineProfile:
     guard: str
     heads_source: str = ""
     guard_source: str = ""
+    #: the ``max_seqlen_k`` a CUDA-graph replay's precompute passes: "max_seq_len" (the replayed rows' longest,
+    #: from the runner's CPU lengths) or "context_length" (the backend's ``max_context_len`` bound)
+    graph_replay_seqlen_k: str = "max_seq_len"
 
     @property
     def guard_spec(self) -> str:
@@ -58,7 +63,10 @@ class EngineProfile:
 
     def policy(self) -> dict:
         """The model policy (case-file ``policy`` object) that plays this release."""
-        return {"guard": self.guard_spec, "metadata_heads": self.precompute_heads, "clear_stale_cp_metadata": True}
+        policy = {"guard": self.guard_spec, "metadata_heads": self.precompute_heads, "clear_stale_cp_metadata": True}
+        if self.graph_replay_seqlen_k != "max_seq_len":
+            policy["graph_replay_seqlen_k"] = self.graph_replay_seqlen_k
+        return policy
 
     def describe(self) -> str:
         return (f"sglang {self.release}: precompute heads {self.heads_source} ({self.precompute_heads}); "
@@ -77,7 +85,8 @@ def release_key(release: str) -> tuple:
 def _load() -> dict:
     data = json.loads(_DATA.read_text(encoding="utf-8"))
     return {r["release"]: EngineProfile(r["release"], r["precompute_heads"], r["guard"], r.get("heads_source", ""),
-                                        r.get("guard_source", "")) for r in data["releases"]}
+                                        r.get("guard_source", ""), r.get("graph_replay_seqlen_k", "max_seq_len"))
+            for r in data["releases"]}
 
 
 def _first() -> str:
@@ -113,10 +122,13 @@ def releases_between(first: Optional[str] = None, last: Optional[str] = None) ->
 
 def profiles_markdown() -> str:
     """The profile table for docs/engines.md (generated: the JSON is the one source of truth)."""
-    out = ["| release | precompute heads | model `--metadata-heads` | guard | model `--guard` |", "|---|---|---|---|---|"]
+    out = ["| release | precompute heads | model `--metadata-heads` | guard | model `--guard` | CUDA-graph replay "
+           "`max_seqlen_k` |", "|---|---|---|---|---|---|"]
     for r in RELEASES:
         p = profile_for(r)
-        out.append(f"| {r} | `{p.heads_source}` | `{p.precompute_heads}` | {p.guard_source} | `{p.guard_spec}` |")
+        replay = "`max_context_len`" if p.graph_replay_seqlen_k == "context_length" else "max(seq_lens)"
+        out.append(f"| {r} | `{p.heads_source}` | `{p.precompute_heads}` | {p.guard_source} | `{p.guard_spec}` | "
+                   f"{replay} |")
     return "\n".join(out)
 
 

@@ -20,6 +20,7 @@ class ProfileSUT(SystemUnderTest):
         self.release = release
         self.heads = heads or prof.precompute_heads
         self.guard_spec = guard or prof.guard_spec
+        self.graph_replay_seqlen_k = prof.graph_replay_seqlen_k
         self.runs = 0
         self.closed = False
 
@@ -27,7 +28,8 @@ class ProfileSUT(SystemUnderTest):
         from gpu_impl.guards import load_guard
 
         return dataclasses.replace(scenario, guard=load_guard(self.guard_spec), guard_spec=self.guard_spec,
-                                   metadata_heads=self.heads, defects=frozenset())
+                                   metadata_heads=self.heads, defects=frozenset(),
+                                   graph_replay_seqlen_k=self.graph_replay_seqlen_k)
 
     def run(self, scenario, kernel=None, numerics=False, device="cpu"):
         from gpu_impl.model_pairs import model_pairs

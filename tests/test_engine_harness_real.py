@@ -47,16 +47,9 @@ def test_gate_on_the_fixed_release_passes(tmp_path):
     assert cli.main(["gate", "--engine", f"sglang=={NEW}", "--cases", "20", "--cases-dir", str(tmp_path)]) == 0
 
 
-#: An open conformance finding, first seen when this test ran on the merged tree: on 0.5.23 a CUDA-graph replay
-#: (falcon-7b shapes, page size 64, DP 2, longest row 3975 of a 4096 context) precomputes with max_seqlen_k 4096
-#: (the backend's max_context_len fallback in init_forward_metadata_replay_cuda_graph) where the model passes
-#: max(seq_lens). Not yet settled whether real serving takes that branch or the driver's replay misses the host
-#: mirror of the lengths; strict, so the test reports when the difference goes away.
-_NEW_REPLAY_MAX_SEQLEN_K = pytest.mark.xfail(strict=True, reason="open finding: 0.5.23 replay precomputes with "
-                                             "max_context_len as max_seqlen_k (docs/engines.md)")
-
-
-@pytest.mark.parametrize("release", [OLD, pytest.param(NEW, marks=_NEW_REPLAY_MAX_SEQLEN_K)])
+#: Settled: 0.5.16+ replay a decode CUDA graph without CPU lengths (FlashAttentionBackend.needs_cpu_seq_lens = False),
+#: so the replay precomputes with max_context_len as max_seqlen_k; their profiles say so (graph_replay_seqlen_k).
+@pytest.mark.parametrize("release", [OLD, NEW])
 def test_conformance_of_the_profiles(release, tmp_path):
     _need_env(release)
     code = cli.main(["conform", "--engine", f"sglang=={release}", "--cases", "30", "--cases-dir", str(tmp_path),

@@ -33,6 +33,9 @@ def register(sub) -> None:
                    help="where each release's findings go (one folder per release)")
     m.add_argument("--json", metavar="PATH", help="write the matrix as JSON (schema fa3verify.engine-matrix/1)")
     m.add_argument("--markdown", action="store_true", help="also print the matrix as a Markdown table")
+    m.add_argument("--no-probes", action="store_true",
+                   help="skip the family probes (the worked example under prefill CP and DP attention, eager and "
+                        "CUDA graph) run on each release beside its gate")
     m.add_argument("--no-setup", action="store_true",
                    help="report releases without a ready environment as unavailable instead of building them")
     m.set_defaults(func=run_matrix)
@@ -125,7 +128,7 @@ def run_matrix(args) -> int:
 
     rows = matrix(releases, open_release, budget_s=budget, max_cases=cases,
                   seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
-                  progress=lambda line: print(line, flush=True))
+                  progress=lambda line: print(line, flush=True), with_probes=not args.no_probes)
     print(matrix_markdown(rows) if args.markdown else _table(rows))
     if args.json:
         from ..summary import _ensure_parent

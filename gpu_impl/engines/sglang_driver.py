@@ -237,7 +237,8 @@ class Engine:
     def hello(self) -> dict:
         return {"release": self.release, "version": getattr(self.sglang, "__version__", None),
                 "path": os.path.dirname(self.sglang.__file__), "import_s": round(self.import_s, 2),
-                "kit": self.kit is not None, "patched": self.patched, "fa3": self.fa3}
+                "kit": "stand-in" if self.kit["standin"] else "sglang.test.kits.attention_unittest",
+                "patched": self.patched, "fa3": self.fa3}
 
     def is_capturing(self) -> bool:
         """Whether a CUDA-graph capture is being driven now (the CPU stand-in for the stream's capture state)."""
@@ -248,9 +249,6 @@ class Engine:
         from .protocol import scenario_from_wire
 
         server, model, steps, seed = scenario_from_wire(scenario)
-        if self.kit is None:
-            raise Unsupported(f"sglang {self.release} predates the attention test kit "
-                              f"(sglang.test.kits.attention_unittest, from 0.5.13): not supported yet")
         if model.is_mla:
             raise Unsupported("MLA models: sglang computes no FA3 scheduler metadata for them; not driven")
         if model.dtype not in ("bfloat16", "float16"):

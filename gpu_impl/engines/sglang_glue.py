@@ -10,7 +10,6 @@ that says which release reads what. Nothing here computes a head count or a guar
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
 
 from . import recipes
 
@@ -263,9 +262,10 @@ def torch_decode_set_metadata(cache_seqlens_int32, cu_seqlens_k, page_table, req
     page_table[:bs, :width].copy_(torch.where(live, rows, fill))
 
 
-def kit_modules(release: str) -> Optional[dict]:
-    """The release's attention test kit (``sglang.test.kits.attention_unittest``, from 0.5.13), or None when the
-    release has none. A kit that exists but does not import raises (the ImportError names the module)."""
+def kit_modules(release: str) -> dict:
+    """The release's attention test kit (``sglang.test.kits.attention_unittest``, from 0.5.13), or for a release
+    without one (0.5.11, 0.5.12) our stand-in for it (``sglang_standin``). A kit that exists but does not import
+    raises (the ImportError names the module)."""
     import importlib
     import importlib.util
 
@@ -274,7 +274,9 @@ def kit_modules(release: str) -> Optional[dict]:
     except ImportError:
         present = False
     if not present:
-        return None
+        from . import sglang_standin
+
+        return {**sglang_standin.load(), "standin": True}
     dense = importlib.import_module("sglang.test.kits.attention_unittest.attention_methods.dense_attention")
     graph = importlib.import_module("sglang.test.kits.attention_unittest.runner_modes.cuda_graph_decode_runner")
-    return {"dense": dense, "graph": graph}
+    return {"dense": dense, "graph": graph, "standin": False}

@@ -81,7 +81,7 @@ class RankBackend:
 
         kwargs = dict(num_heads=self.model.num_heads, num_kv_heads=self.model.num_kv_heads,
                       head_dim=self.model.head_dim, hidden_size=self.model.num_heads * self.model.head_dim,
-                      context_len=self.ctx)
+                      context_len=self.server.context_length)  # ModelConfig.context_len: the server's, unrounded
         cfg = EngineModelConfig(**_accepted(d.TinyModelConfig.__init__, kwargs))
         cfg.v_head_dim = self.model.head_dim_v
         return cfg
@@ -203,9 +203,7 @@ class RankBackend:
             front.path, front.capturing, front.captured = "capture", True, []
             try:
                 with self._forward_context():
-                    self.backend.init_forward_metadata_out_graph(cap, in_capture=True)
-                    if hasattr(self.backend, "init_forward_metadata_in_graph"):
-                        self.backend.init_forward_metadata_in_graph(cap)
+                    self._capture_metadata(graph_bs, cap)
                 self._forward(cap)
             finally:
                 front.capturing = False
@@ -217,6 +215,17 @@ class RankBackend:
         with self._forward_context():
             self.graph_kit._init_cuda_graph_replay_metadata(self.backend, graph_bs, replay)
         front.replay(*self.captured[graph_bs])
+
+    def _capture_metadata(self, graph_bs: int, cap) -> None:
+        """The capture-time metadata init: the stand-in kit's call (0.5.11 / 0.5.12,
+        ``init_forward_metadata_capture_cuda_graph``), else ``init_forward_metadata_out_graph(in_capture=True)``
+        and, where the release has it, ``init_forward_metadata_in_graph`` (0.5.13+)."""
+        if self.engine.kit.get("standin"):
+            self.graph_kit.legacy_capture_metadata(self.backend, graph_bs, cap)
+            return
+        self.backend.init_forward_metadata_out_graph(cap, in_capture=True)
+        if hasattr(self.backend, "init_forward_metadata_in_graph"):
+            self.backend.init_forward_metadata_in_graph(cap)
 
     def _note_output(self, result, rows: int) -> None:
         """Numerics: NaN in a real row's output is recorded on the front (NO_NAN findings)."""

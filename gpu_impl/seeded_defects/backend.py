@@ -80,7 +80,8 @@ class GraphMetadataNewBuffer:
 
         first = CUDA_GRAPH_BATCH_SIZES[0]
         capture = DecodeCall(**{**call.__dict__, "seq_lens": [1] * first, "real_rows": first,
-                                "call_num_splits": None, "precompute_rows": None})
+                                "call_num_splits": None, "precompute_rows": None,
+                                "precompute_seqlen_k": None})
         md = encode_metadata(*self.precompute(capture))
         size = resolve_schedule(self.call_inputs(call)).metadata_size
         buf = torch.zeros(max(size, md.numel()), dtype=torch.int32)
