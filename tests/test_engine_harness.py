@@ -358,6 +358,7 @@ def test_engine_matrix_unavailable_release_is_inconclusive(monkeypatch, tmp_path
                                   ["engine", "matrix", "--releases", "0.5.20..0.5.12"],
                                   ["engine", "matrix", "--releases", "banana"],
                                   ["engine", "setup", "sglang==0.5.10"], ["engine", "setup", "0.5.23"],
+                                  ["engine", "setup", "vllm==0.1.0"], ["engine", "setup", "foo==1"],
                                   ["engine"]])
 def test_engine_command_bad_usage_is_exit_2(argv, capsys):
     assert cli.main(argv) == 2
@@ -449,3 +450,17 @@ def test_a_matrix_row_that_ran_nothing_is_inconclusive_and_agrees_with_nothing()
                                 inconclusive=True))
     row = row_from_summary("0.5.11", profile_for("0.5.11"), summary, 1.0)
     assert row.verdict == "inconclusive" and row.exit_code == 3 and row.agrees is None and row.expected == "fail"
+
+
+def test_engine_setup_builds_a_vllm_environment_through_the_one_builder(monkeypatch, capsys):
+    import sys
+    import types
+
+    calls = []
+    envs = types.SimpleNamespace(ensure_env=lambda release, progress, engine="sglang": (
+        calls.append((engine, release)), "/cache/%s-%s" % (engine, release))[-1])
+    pkg = types.ModuleType("gpu_impl.engines")
+    pkg.envs = envs
+    monkeypatch.setitem(sys.modules, "gpu_impl.engines", pkg)
+    assert cli.main(["engine", "setup", "vllm==0.33.0"]) == 0
+    assert calls == [("vllm", "0.33.0")] and "/cache/vllm-0.33.0" in capsys.readouterr().out

@@ -9,6 +9,7 @@ HELP = "engine environments (setup) and the gate over every sglang release (matr
 EPILOG = """\
 examples:
   fa3verify engine setup sglang==0.5.23          # create (or reuse) the cached environment for that release
+  fa3verify engine setup vllm==0.33.0            # the same for a vLLM release
   fa3verify engine matrix --budget-s 10 --json matrix.json
   fa3verify engine matrix --releases 0.5.12..0.5.16 --cases 100
 """
@@ -18,8 +19,8 @@ def register(sub) -> None:
     p = sub.add_parser("engine", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     inner = p.add_subparsers(dest="engine_command", metavar="ACTION")
-    s = inner.add_parser("setup", help="create or reuse the isolated environment of an sglang release")
-    s.add_argument("release", metavar="sglang==V", help="the release, e.g. sglang==0.5.23")
+    s = inner.add_parser("setup", help="create or reuse the isolated environment of an sglang or vLLM release")
+    s.add_argument("release", metavar="ENGINE==V", help="the release, e.g. sglang==0.5.23 or vllm==0.33.0")
     s.set_defaults(func=run_setup)
     m = inner.add_parser("matrix", help="gate every release and print one row each")
     m.add_argument("--releases", default=None, metavar="A..B",
@@ -55,7 +56,8 @@ def _release_of(text: str, option: str) -> str:
     from ..errors import UsageError
 
     if not text.startswith("sglang=="):
-        raise UsageError(f"{option}: want sglang==V (e.g. sglang==0.5.23), got {text!r}")
+        want = "sglang==V or vllm==V (e.g. sglang==0.5.23)" if option == "ENGINE==V" else "sglang==V (e.g. sglang==0.5.23)"
+        raise UsageError(f"{option}: want {want}, got {text!r}")
     release = text[len("sglang=="):]
     try:
         profile_for(release)
@@ -68,22 +70,26 @@ def run_setup(args) -> int:
     from .. import exitcodes
     from ..errors import UsageError
 
-    release = _release_of(args.release, "sglang==V")
+    if args.release.startswith("vllm=="):
+        engine, release = "vllm", args.release[len("vllm=="):]
+    else:
+        engine, release = "sglang", _release_of(args.release, "ENGINE==V")
     try:
         from gpu_impl.engines import envs
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("gpu_impl.engines"):
-            raise UsageError("sglang==V: real engines are not available in this checkout "
+            raise UsageError("ENGINE==V: real engines are not available in this checkout "
                              f"(no module {exc.name})") from None
         raise
     try:
-        path = envs.ensure_env(release, progress=lambda line: print(line, flush=True))
+        extra = {"engine": engine} if engine != "sglang" else {}
+        path = envs.ensure_env(release, progress=lambda line: print(line, flush=True), **extra)
     except Exception as exc:
-        if type(exc).__name__ in ("EngineUnavailable", "EngineSetupError", "EngineEnvError") or \
+        if type(exc).__name__ in ("EngineUnavailable", "EngineSetupError", "EngineEnvError", "UnknownRelease") or \
                 isinstance(exc, ValueError):
-            raise UsageError(f"sglang=={release}: {exc}") from None
+            raise UsageError(str(exc) if str(exc).startswith(f"{engine}==") else f"{engine}=={release}: {exc}") from None
         raise
-    print(f"engine environment for sglang {release}: {path}")
+    print(f"engine environment for {engine} {release}: {path}")
     return exitcodes.PASS
 
 
