@@ -164,7 +164,13 @@ def parallel_layout(release: str, values: dict):
         return
     from sglang.srt import runtime_context as rc
 
-    declared = rc._parallel_fields() if hasattr(rc, "_parallel_fields") else set(PARALLEL_FIELDS)
+    # the fields the release's override accepts: ``_parallel_fields()`` (0.5.21+) or the ``_PARALLEL_FIELDS``
+    # constant (0.5.18 - 0.5.20, where the DP-attention / prefill-CP switches are config leaves published from
+    # the server args, not override fields)
+    if hasattr(rc, "_parallel_fields"):
+        declared = rc._parallel_fields()
+    else:
+        declared = getattr(rc, "_PARALLEL_FIELDS", None) or set(PARALLEL_FIELDS)
     kwargs = {name: values[q] for name, q in PARALLEL_FIELDS.items() if name in declared}
     with rc.get_parallel().override(**kwargs):
         yield
