@@ -392,6 +392,7 @@ def evaluate_term(term, assignment: dict):
 def solver(timeout_s: float, seed: int = 0) -> z3.Solver:
     """A z3 solver with a fixed seed and a per-query timeout (deterministic, bounded)."""
     s = z3.Solver()
+    s.set("ctrl_c", False)  # SIGINT reaches Python (the run stops, exit 3), never an "unknown" read as an answer
     s.set("timeout", max(1, int(timeout_s * 1000)))
     s.set("random_seed", seed)
     return s

@@ -104,7 +104,10 @@ class _Budget:
         self.queries += 1
         r = s.check()
         if r == z3.unknown:
-            self.unknowns.append(f"{label}: {s.reason_unknown()}")
+            reason = s.reason_unknown()
+            if "interrupted" in reason or "canceled" in reason:
+                raise KeyboardInterrupt(f"{label}: z3 {reason}")  # a stopped query is a stopped run, not an answer
+            self.unknowns.append(f"{label}: {reason}")
         return r
 
 

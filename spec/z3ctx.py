@@ -77,6 +77,7 @@ def solve(constraints, timeout_s: float):
     z3.set_param("sat.random_seed", 0)
     z3.set_param("nlsat.seed", 0)
     solver = z3.Solver(ctx=ctx())
+    solver.set("ctrl_c", False)
     solver.set("timeout", max(1, int(timeout_s * 1000)))
     solver.set("random_seed", 0)
     solver.add(*constraints)

@@ -100,11 +100,11 @@ def test_cli_prove_engine_profile_vllm_refuses_what_does_not_apply():
 
 @pytest.fixture(scope="module")
 def vllm_sut():
-    from gpu_impl.engines import vllm_env
+    from gpu_impl.engines import envs
 
-    if not vllm_env.env_ready("0.33.0"):
-        pytest.skip(f"no environment for vllm 0.33.0 under {vllm_env.env_dir('0.33.0')} (set FA3VERIFY_ENGINE_HOME "
-                    f"to a folder holding one)")
+    if not envs.env_ready("0.33.0", engine="vllm"):
+        pytest.skip(f"no environment for vllm 0.33.0 under {envs.env_dir('0.33.0', engine='vllm')} (set "
+                    f"FA3VERIFY_ENGINE_HOME to a folder holding one, or `fa3verify engine setup vllm==0.33.0`)")
     from gpu_impl.sut import open_sut
 
     sut = open_sut("vllm==0.33.0")
