@@ -122,3 +122,19 @@ def write_fakes(directory) -> Path:
 def forget_fakes() -> None:
     for name in FAKE_MODULES:
         sys.modules.pop(name, None)
+
+
+import pytest  # noqa: E402 - the fixture below is shared by the sanitizer's test modules
+
+
+@pytest.fixture
+def fakes(tmp_path, monkeypatch):
+    """The fake modules on sys.path (not imported yet); everything is forgotten and uninstalled afterwards."""
+    from fa3verify import sanitize
+
+    root = write_fakes(tmp_path / "fakes")
+    monkeypatch.syspath_prepend(str(root))
+    forget_fakes()
+    yield root
+    sanitize.uninstall()
+    forget_fakes()

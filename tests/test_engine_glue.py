@@ -41,15 +41,20 @@ def _runtime_context(declared, as_function: bool):
     return rc, seen
 
 
-@pytest.mark.parametrize("release,as_function", [("0.5.18", False), ("0.5.20", False), ("0.5.23", True)])
-def test_layout_override_passes_only_declared_fields(monkeypatch, release, as_function):
-    rc, seen = _runtime_context(TOPOLOGY, as_function)
+def _install(monkeypatch, rc) -> ServerConfig:
+    """Put the stand-in ``sglang.srt.runtime_context`` in place; the prefill-CP layout the tests play."""
     srt = types.ModuleType("sglang.srt")
     srt.runtime_context = rc
     monkeypatch.setitem(sys.modules, "sglang", types.ModuleType("sglang"))
     monkeypatch.setitem(sys.modules, "sglang.srt", srt)
     monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", rc)
-    server = ServerConfig(tp_size=4, attn_cp_size=2, enable_prefill_cp=True)
+    return ServerConfig(tp_size=4, attn_cp_size=2, enable_prefill_cp=True)
+
+
+@pytest.mark.parametrize("release,as_function", [("0.5.18", False), ("0.5.20", False), ("0.5.23", True)])
+def test_layout_override_passes_only_declared_fields(monkeypatch, release, as_function):
+    rc, seen = _runtime_context(TOPOLOGY, as_function)
+    server = _install(monkeypatch, rc)
     with sglang_glue.parallel_layout(release, sglang_glue.layout_values(server, 0)):
         pass
     assert set(seen) <= TOPOLOGY and seen["attn_cp_size"] == 2 and seen["tp_size"] == 4
@@ -60,12 +65,7 @@ def test_a_release_without_a_declared_field_set_gets_every_field(monkeypatch):
     # rejects unknown names says so (the error the engine matrix met on 0.5.18 before the constant was read)
     rc, _ = _runtime_context(TOPOLOGY, as_function=True)
     del rc._parallel_fields
-    srt = types.ModuleType("sglang.srt")
-    srt.runtime_context = rc
-    monkeypatch.setitem(sys.modules, "sglang", types.ModuleType("sglang"))
-    monkeypatch.setitem(sys.modules, "sglang.srt", srt)
-    monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", rc)
-    server = ServerConfig(tp_size=4, attn_cp_size=2, enable_prefill_cp=True)
+    server = _install(monkeypatch, rc)
     with pytest.raises(ValueError, match="unknown parallel field"):
         with sglang_glue.parallel_layout("0.5.19", sglang_glue.layout_values(server, 0)):
             pass

@@ -23,7 +23,7 @@ from fa3verify.sanitize.records import load_pair
 from gpu_impl.fa3_calls import MetadataMismatch
 from spec.cases import Case
 
-from sanitize_fakes import forget_fakes, write_fakes
+from sanitize_fakes import fakes, forget_fakes, write_fakes  # noqa: F401 - fakes is a fixture
 
 REPO = Path(__file__).resolve().parents[1]
 LENS = [1024, 16, 16, 16]
@@ -32,15 +32,6 @@ STALE = (2, 1)
 BF16 = torch.bfloat16
 
 
-@pytest.fixture
-def fakes(tmp_path, monkeypatch):
-    """The fake modules on sys.path (not imported yet); everything is forgotten and uninstalled afterwards."""
-    root = write_fakes(tmp_path / "fakes")
-    monkeypatch.syspath_prepend(str(root))
-    forget_fakes()
-    yield root
-    sanitize.uninstall()
-    forget_fakes()
 
 
 def tensors(lens=LENS, heads=HEADS, page=16, d=128, width=None):

@@ -19,21 +19,13 @@ from fa3verify.sanitize.records import case_for_pair, load_pair
 from gpu_impl.fa3_calls import MetadataMismatch
 from spec.cases import Case
 
-from sanitize_fakes import forget_fakes, write_fakes
+from sanitize_fakes import fakes, forget_fakes, write_fakes  # noqa: F401 - fakes is a fixture
 from test_sanitize import HEADS, LENS, STALE, install, tensors
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-@pytest.fixture
-def fakes(tmp_path, monkeypatch):
-    root = write_fakes(tmp_path / "fakes")
-    monkeypatch.syspath_prepend(str(root))
-    forget_fakes()
-    yield root
-    sanitize.uninstall()
-    forget_fakes()
 
 
 def fa3verify(*args):
