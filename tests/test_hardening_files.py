@@ -159,8 +159,11 @@ def test_an_interrupted_gate_writes_its_summary_and_exits_3(tmp_path, capsys, mo
 
 def _run_and_interrupt(argv, wait_for: str, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # as from a terminal: a suite started in the background (`make test &`) has SIGINT ignored, and the child
+    # would inherit that; the child gets the default disposition back, so Python turns SIGINT into KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-m", "fa3verify", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     for line in proc.stderr:  # the stage line printed on non-terminals says the run has started
         lines.append(line)
