@@ -9,7 +9,9 @@ so agreement is in semantics and tolerance, not bits.
 Per row, with ``n`` = the row's split count (``num_splits_per_batch`` or all ``S``) and ``kMax`` the capacity:
 
 * ``lse_s`` is read for ``s < min(n, kMax)``; every other slot is ``-inf``;
-* ``M = max_s lse_s`` ignoring NaN (``fmaxf``), NaN only if every one of the ``kMax`` slots is NaN;
+* ``M = max_s lse_s`` ignoring NaN (``fmaxf``), NaN only if every one of the ``kMax`` slots is NaN (simplified
+  here to a NaN-propagating max: a read NaN ``lse_s`` makes ``Z`` and ``LSE`` NaN and every scale NaN whichever
+  max is taken, so the two are indistinguishable in ``O`` and ``LSE``);
 * ``Mc = 0 if M == -inf else M`` (the ``-inf`` guard); ``w_s = exp(lse_s - Mc)``; ``Z = sum_s w_s``;
 * ``LSE = log(Z) + M``; ``inv = 0 if Z == 0 or Z is NaN else 1/Z``; ``c_s = w_s * inv``;
 * ``O = sum_s c_s * O_partial_s`` ascending in float32, skipping splits with ``not (c_s > 0)`` -- so zero and
@@ -42,14 +44,6 @@ _LOOP_MIN_ROW_ELEMS = 1 << 15
 _LOOP_MIN_TOTAL_ELEMS = 1 << 21
 
 
-def _max_ignoring_nan(lse: torch.Tensor, reads: torch.Tensor | None, slots: int) -> torch.Tensor:
-    """Row max with ``fmaxf`` semantics: NaN ignored unless all ``slots`` kernel slots hold NaN."""
-    is_nan = torch.isnan(lse)
-    lse_max = lse.masked_fill(is_nan, -math.inf).amax(dim=0)
-    fills_all_slots = (reads >= slots) if reads is not None else lse.shape[0] >= slots
-    return lse_max.masked_fill(is_nan.all(dim=0) & fills_all_slots, math.nan)
-
-
 def _accumulate(scales: torch.Tensor, out_partial: torch.Tensor) -> torch.Tensor:
     """``sum_s scales[s] * out_partial[s]`` over splits in ascending order, float32."""
     num_splits, rows, dv = out_partial.shape
@@ -65,24 +59,22 @@ def _combine_rows(
     lse: torch.Tensor,
     out_partial: torch.Tensor,
     reads: torch.Tensor | None,
-    slots: int,
     guard_neg_inf: bool,
     skip_nonpositive: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine ``lse (S, N)`` / ``out_partial (S, N, dv)`` float32 rows (the kernel's steps 1-6).
 
-    ``reads[r]`` is how many splits row ``r`` reads (``None``: all ``S``, which requires ``S <= slots``);
-    ``slots`` is ``kMax``, the LSE slots the kernel holds per row (slots past ``reads`` hold ``-inf``).
+    ``reads[r]`` is how many splits row ``r`` reads (``None``: all ``S``, which requires ``S <= kMax``); the
+    kernel's LSE slots past ``reads[r]`` hold ``-inf``.
     """
     read = None
     if reads is not None:
         read = torch.arange(lse.shape[0], device=lse.device).unsqueeze(1) < reads.unsqueeze(0)
         lse = lse.masked_fill(~read, -math.inf)
-    lse_max = lse.amax(dim=0)  # propagates NaN, where the kernel's fmaxf ignores it
-    if not skip_nonpositive and bool(torch.isnan(lse_max).any()):
-        # Only observable without the skip: a NaN lse_s makes Z NaN, so LSE is NaN and every scale is 0 or NaN
-        # (skipped) whichever max is used; without the skip, the finite weights' 0-scales must stay 0, not NaN.
-        lse_max = _max_ignoring_nan(lse, reads, slots)
+    # amax propagates NaN where the kernel's fmaxf ignores it. Which max is used is unobservable: a read NaN lse_s
+    # makes Z NaN, so LSE is NaN; every scale is then NaN (skipped, or on the no-skip path NaN * O_partial), so
+    # the row's output is 0 (skip) or NaN (no skip) whichever max is used.
+    lse_max = lse.amax(dim=0)
     shift = lse_max.nan_to_num(nan=math.nan, posinf=math.inf, neginf=0.0) if guard_neg_inf else lse_max
     weights = torch.exp(lse - shift)
     total = weights.sum(dim=0)
@@ -235,7 +227,7 @@ def flash_attn_combine(
     if counts is None and num_splits <= 1:
         combined_out, combined_lse = out_rows[0].clone(), lse_rows[0].clone()
     else:
-        combined_out, combined_lse = _combine_rows(lse_rows, out_rows, reads, slots, guard_neg_inf, skip_nonpositive)
+        combined_out, combined_lse = _combine_rows(lse_rows, out_rows, reads, guard_neg_inf, skip_nonpositive)
     if counts is not None:
         passthrough = counts <= 1
         if bool(passthrough.any()):
@@ -278,5 +270,5 @@ def merge_states(
     dv = out_a.shape[-1]
     lse = torch.stack([lse_a, lse_b]).float().reshape(2, -1)
     out_partial = torch.stack([out_a, out_b]).float().reshape(2, lse.shape[1], dv)
-    out, lse_out = _combine_rows(lse, out_partial, None, 2, guard_neg_inf, skip_nonpositive)
+    out, lse_out = _combine_rows(lse, out_partial, None, guard_neg_inf, skip_nonpositive)
     return out.reshape(out_a.shape), lse_out.reshape(lse_a.shape)

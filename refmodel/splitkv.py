@@ -17,22 +17,12 @@ from typing import Callable, Sequence
 
 import torch
 
+from .cint import c_ceil_div, c_div  # C++ int division, one source (FA3's block.h computes in int)
 from .attention import AttentionBatch, attention_rows, resolve_attention_call, resolve_window
 
 __all__ = ["kv_block_bounds", "split_block_range", "split_kv", "RangeFn"]
 
 RangeFn = Callable[[int, int, int, int], tuple[int, int]]
-
-
-def _c_div(a: int, b: int) -> int:
-    """C integer division (truncates toward zero), as the kernel's ``/`` on ints."""
-    quotient = abs(a) // abs(b)
-    return quotient if (a >= 0) == (b > 0) else -quotient
-
-
-def _c_ceil_div(a: int, b: int) -> int:
-    """``cute::ceil_div``: ``(a + b - 1) / b`` with C division (differs from a true ceiling for negative ``a``)."""
-    return _c_div(a + b - 1, b)
 
 
 def split_block_range(n_block_min: int, n_block_max: int, num_splits: int, split_idx: int) -> tuple[int, int]:
@@ -45,7 +35,7 @@ def split_block_range(n_block_min: int, n_block_max: int, num_splits: int, split
         raise ValueError(f"num_splits: must be >= 1, got {num_splits}")
     if not 0 <= split_idx < num_splits:
         raise ValueError(f"split_idx: must lie in [0, {num_splits}), got {split_idx}")
-    per_split = 0 if n_block_max <= n_block_min else _c_ceil_div(n_block_max - n_block_min, num_splits)
+    per_split = 0 if n_block_max <= n_block_min else c_ceil_div(n_block_max - n_block_min, num_splits)
     lo = n_block_min + split_idx * per_split
     return lo, min(lo + per_split, n_block_max)
 
@@ -71,18 +61,18 @@ def kv_block_bounds(
         raise ValueError(
             f"block_m/block_n/qhead_per_khead: must be >= 1, got {block_m}, {block_n}, {qhead_per_khead}")
     reach_left, reach_right = resolve_window(causal, window_size)
-    n_block_max = _c_ceil_div(seqlen_k, block_n)
+    n_block_max = c_ceil_div(seqlen_k, block_n)
     if reach_right is not None:
         row_end = (m_block + 1) * block_m
         if qhead_per_khead > 1:
-            row_end = _c_div(row_end - 1, qhead_per_khead) + 1
-        n_block_max = min(n_block_max, _c_ceil_div(row_end + seqlen_k - seqlen_q + reach_right, block_n))
+            row_end = c_div(row_end - 1, qhead_per_khead) + 1
+        n_block_max = min(n_block_max, c_ceil_div(row_end + seqlen_k - seqlen_q + reach_right, block_n))
     n_block_min = 0
     if reach_left is not None:
         row_start = m_block * block_m
         if qhead_per_khead > 1:
-            row_start = _c_div(row_start, qhead_per_khead)
-        n_block_min = max(0, _c_div(row_start + seqlen_k - seqlen_q - reach_left, block_n))
+            row_start = c_div(row_start, qhead_per_khead)
+        n_block_min = max(0, c_div(row_start + seqlen_k - seqlen_q - reach_left, block_n))
     return n_block_min, n_block_max
 
 
@@ -91,7 +81,7 @@ def _split_counts(num_splits, batch_size: int) -> list[int]:
         if not 1 <= num_splits <= 256:
             raise ValueError(f"num_splits: an int split count must lie in [1, 256] (FA3's limit), got {num_splits}")
         return [num_splits] * batch_size
-    counts = [int(c) for c in (num_splits.tolist() if isinstance(num_splits, torch.Tensor) else num_splits)]
+    counts = [int(c) for c in num_splits]  # a sequence or a 1-D tensor
     if len(counts) != batch_size:
         raise ValueError(f"num_splits: a per-batch vector must have length b={batch_size}, got {len(counts)}")
     if any(c < 1 for c in counts):

@@ -186,6 +186,8 @@ L5 = torch.zeros(3, 3, 2, 2)
      "batch_of_row: is required with num_splits_per_batch in the varlen layout (S, total_q, h)"),
     ((O5[:, 0], L5[:, 0]), {"num_splits_per_batch": [1], "batch_of_row": [0]},
      "batch_of_row: must have length total_q=2, got 1"),
+    ((O5[:, :, 0], L5[:, :, 0]), {"num_splits_per_batch": [1], "batch_of_row": [0]},
+     "batch_of_row: must have length total_q=3, got 1"),
     ((O5[:, 0], L5[:, 0]), {"num_splits_per_batch": [1], "batch_of_row": [0, 1]},
      "batch_of_row: entries must lie in [0, 1), got [0, 1]"),
     ((O5[:, 0], L5[:, 0]), {"num_splits_per_batch": [1], "batch_of_row": [-1, 0]},
@@ -195,3 +197,86 @@ def test_refusals_name_the_argument_and_the_allowed_range(args, kwargs, message)
     with pytest.raises(ValueError) as info:
         flash_attn_combine(*args, **kwargs)
     assert str(info.value) == message
+
+
+def test_the_per_split_loop_accumulates_the_same_row_sums():
+    # S * rows * dv = 32 * 64 * 1024 = 2^21 and rows * dv = 2^16: the combine takes its in-place per-split loop.
+    # Row r's lse_s = s * r / 1000 and O_s = s + 1 (constant rows): O = sum_s softmax(lse)_s * (s + 1), in float64 here.
+    S, rows, dv = 32, 64, 1024
+    s_idx = torch.arange(S, dtype=torch.float64).reshape(S, 1)
+    lse64 = s_idx * torch.arange(rows, dtype=torch.float64).reshape(1, rows) / 1000.0
+    o = (s_idx + 1).reshape(S, 1, 1, 1).expand(S, rows, 1, dv).float().clone()
+    out, lse = flash_attn_combine(o, lse64.float().reshape(S, rows, 1))
+    w = torch.softmax(lse64, dim=0)
+    want = (w * (s_idx + 1)).sum(dim=0)
+    assert out.shape == (rows, 1, dv)
+    assert torch.allclose(out[:, 0, :].double(), want.reshape(rows, 1).expand(rows, dv), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(lse[:, 0].double(), torch.logsumexp(lse64, dim=0), rtol=1e-6, atol=1e-5)
+
+
+def test_a_positive_infinite_lse_makes_the_row_nan():
+    # fmaxf gives M = +inf, not -inf, so no guard: w = (exp(inf - inf), exp(0 - inf)) = (NaN, 0), Z = NaN -> LSE NaN,
+    # inv_sum 0, both scales not > 0: nothing is accumulated
+    o, l = partials([[math.inf], [0.0]], [[[5.0]], [[7.0]]])
+    out, lse = flash_attn_combine(o, l)
+    assert math.isnan(float(lse)) and float(out) == 0.0
+
+
+def test_a_capacity_of_one_reads_one_split():
+    # kMax = 1 is a valid capacity: only slot 0 is read, so O = O_0 and LSE = lse_0
+    o, l = partials([[0.0], [0.0]], [[[1.0]], [[3.0]]])
+    out, lse = flash_attn_combine(o, l, capacity=1)
+    assert float(out) == 1.0 and float(lse) == 0.0
+
+
+def test_the_largest_split_count_is_accepted():
+    # S = 256 = FA3's limit (and kMax(256, dv) = 256): equal lse, so O = mean = 1 and LSE = ln 256
+    out, lse = flash_attn_combine(torch.ones(256, 1, 1, 1, 8), torch.zeros(256, 1, 1, 1))
+    assert out.reshape(-1).tolist() == pytest.approx([1.0] * 8) and float(lse) == pytest.approx(math.log(256.0))
+
+
+def test_a_count_of_one_writes_split_zero_through_even_behind_neg_inf():
+    # count <= 1: the combine writes nothing, the main kernel's split-0 output stands (here: O_0 = 5, lse_0 = -inf);
+    # combining that one split instead would give scale 0 and O = 0
+    lse = torch.tensor([[-math.inf, 0.0], [-math.inf, 0.0]]).reshape(2, 2, 1, 1)
+    out = torch.tensor([[5.0, 1.0], [6.0, 3.0]]).reshape(2, 2, 1, 1, 1)
+    o, l = flash_attn_combine(out, lse, num_splits_per_batch=[1, 2])
+    assert o.reshape(-1).tolist() == [5.0, pytest.approx(2.0)]
+    assert l.reshape(-1).tolist()[0] == -math.inf
+
+
+class TestTheNoSkipNegativeControlPath:
+    """``skip_nonpositive=False`` accumulates every read split; its inverse is FA3's guarded ``inv_sum``."""
+
+    def test_an_empty_row_has_a_zero_inverse_not_an_infinite_one(self):
+        # all -inf: shift 0 (the guard), w = 0, Z = 0 -> inv_sum 0 (not 1/0), scales 0: O = 0 * 3 = 0, LSE = -inf
+        o, l = partials([[-math.inf], [-math.inf]], [[[3.0]], [[3.0]]])
+        out, lse = flash_attn_combine(o, l, skip_nonpositive=False)
+        assert float(out) == 0.0 and float(lse) == -math.inf
+
+    def test_one_finite_split_has_scale_one(self):
+        # lse (0, -inf): w = (1, 0), Z = 1, inv_sum = 1: O = 1 * 3 + 0 * 100 = 3, LSE = 0
+        o, l = partials([[0.0], [-math.inf]], [[[3.0]], [[100.0]]])
+        out, lse = flash_attn_combine(o, l, skip_nonpositive=False)
+        assert float(out) == 3.0 and float(lse) == 0.0
+
+    def test_splits_past_the_row_count_are_not_read(self):
+        # count 2 of S = 3: slot 2 holds -inf, so its scale is 0 whatever O_2 holds: O = (1 + 3) / 2
+        lse = torch.zeros(3, 1, 1, 1)
+        out = torch.tensor([1.0, 3.0, 100.0]).reshape(3, 1, 1, 1, 1)
+        o, l = flash_attn_combine(out, lse, num_splits_per_batch=[2], skip_nonpositive=False)
+        assert float(o) == pytest.approx(2.0) and float(l) == pytest.approx(math.log(2.0))
+        out[2] = math.nan      # garbage in the unread split: 0 * NaN must not reach the row
+        o, _ = flash_attn_combine(out, lse, num_splits_per_batch=[2], skip_nonpositive=False)
+        assert float(o) == pytest.approx(2.0)
+
+
+def test_merge_states_keeps_leading_dimensions():
+    # states shaped (b=2, h=3, dv=4): lse 0 and ln 3 everywhere -> scales (1/4, 3/4) per row, LSE ln 4
+    a = (torch.ones(2, 3, 4), torch.zeros(2, 3))
+    b = (torch.full((2, 3, 4), 5.0), torch.full((2, 3), LN3))
+    out, lse = merge_states(a, b)
+    assert out.shape == (2, 3, 4) and lse.shape == (2, 3)
+    assert torch.allclose(out, torch.full((2, 3, 4), 4.0)) and torch.allclose(lse, torch.full((2, 3), math.log(4.0)))
+    with pytest.raises(ValueError, match="^a/b"):
+        merge_states((torch.ones(2, 3, 4), torch.zeros(2)), (torch.ones(2, 3, 4), torch.zeros(2)))

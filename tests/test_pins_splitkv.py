@@ -139,3 +139,75 @@ def test_tile_refusals():
         split_kv(q, k, v, 1, block_n=0)
     with pytest.raises(ValueError, match=r"got block_n=2, block_m=0$"):
         split_kv(q, k, v, 1, block_n=2, block_m=0)
+
+
+def test_packgqa_with_two_heads_per_kv_head_divides_too():
+    # qhpk 2, causal, Lq = Lk = 100, kBlockM 64, kBlockN 16: m-block 0's packed rows 0..63 are sequence rows
+    # (64 - 1) / 2 + 1 = 32 -> ceil(32 / 16) = 2 blocks (block.h 27); unpacked it would be ceil(64 / 16) = 4
+    assert kv_block_bounds(0, 100, 100, 64, 16, causal=True, qhead_per_khead=2) == (0, 2)
+    assert kv_block_bounds(0, 100, 100, 64, 16, causal=True, qhead_per_khead=1) == (0, 4)
+
+
+def _prefill(lq, lk, heads=1, kv_heads=1):
+    # q = 0: every visible key scores 0, so a split's partial is the mean of its visible keys' values (key index)
+    q = torch.zeros(1, lq, heads, 8)
+    k = torch.zeros(1, lk, kv_heads, 8)
+    v = torch.arange(lk, dtype=torch.float32).reshape(1, lk, 1, 1).expand(1, lk, kv_heads, 8).clone()
+    return q, k, v
+
+
+def test_causal_clips_each_m_blocks_range_before_splitting():
+    # Lq = Lk = 4, causal, kBlockM 2, kBlockN 1, 2 splits. m-block 1 (rows 2, 3) reaches block 4 under causal:
+    # [0, 4) halves into [0, 2) and [2, 4), so row 3's split 1 holds keys 2, 3 (mean 2.5, lse ln 2). Unclipped
+    # would be the same here; m-block 0 (rows 0, 1) is clipped to [0, 2): P = 1, split 1 = key 1 only, so row 1's
+    # split 1 is key 1 (mean 1, lse 0) -- unclipped ([0, 4), P = 2) row 1 would see nothing in split 1.
+    q, k, v = _prefill(4, 4)
+    out, lse = split_kv(q, k, v, 2, block_n=1, causal=True, block_m=2, pack_gqa=False)
+    assert float(out[1, 0, 1, 0, 0]) == 1.0 and float(lse[1, 0, 1, 0]) == 0.0
+    assert float(out[0, 0, 1, 0, 0]) == 0.0 and float(lse[0, 0, 1, 0]) == 0.0     # split 0: key 0
+    assert float(out[1, 0, 3, 0, 0]) == pytest.approx(2.5) and float(lse[1, 0, 3, 0]) == pytest.approx(math.log(2))
+
+
+def test_packgqa_maps_packed_rows_to_m_blocks():
+    # 2 query heads on 1 KV head, Lq = Lk = 4, causal, kBlockM 2, kBlockN 1, 3 splits.
+    # Packed (the default, as FA3 forces for split kernels): packed row 2r + h is in m-block r, so m-block 2 spans
+    # sequence row 2 only: (6 - 1) / 2 + 1 = 3 -> [0, 3), P = 1: row 2's split 1 is key 1 (value 1, lse 0).
+    # Unpacked, rows 2 and 3 share m-block 1: [0, 4), P = ceil(4 / 3) = 2: row 2's split 1 is keys 2, 3, of which
+    # it sees key 2 (value 2, lse 0).
+    q, k, v = _prefill(4, 4, heads=2)
+    out, lse = split_kv(q, k, v, 3, block_n=1, causal=True, block_m=2)
+    assert out[1, 0, 2, :, 0].tolist() == [1.0, 1.0] and lse[1, 0, 2].tolist() == [0.0, 0.0]
+    out, lse = split_kv(q, k, v, 3, block_n=1, causal=True, block_m=2, pack_gqa=False)
+    assert out[1, 0, 2, :, 0].tolist() == [2.0, 2.0] and lse[1, 0, 2].tolist() == [0.0, 0.0]
+
+
+def test_an_explicit_softmax_scale_reaches_the_partials():
+    # one key scores q.k * scale: q = k = e0 * 2 (q.k = 4); scale 0.5 -> the lse of a one-key split is 2
+    q = torch.zeros(1, 1, 1, 8)
+    q[..., 0] = 2.0
+    k = q.clone()
+    out, lse = split_kv(q, k, k.clone(), 1, block_n=1, softmax_scale=0.5)
+    assert float(lse[0, 0, 0, 0]) == pytest.approx(2.0)
+
+
+def test_each_split_is_evaluated_even_after_an_empty_one():
+    # an injected range function (negative controls use this hook) that leaves split 0 empty and gives split 1
+    # every block: split 1 must still be computed
+    q, k, v = decode_inputs()
+
+    def last_split_takes_all(n_min, n_max, count, s):
+        return (n_min, n_max) if s == count - 1 else (n_min, n_min)
+
+    out, lse = split_kv(q, k, v, 2, block_n=2, range_fn=last_split_takes_all)
+    assert float(lse[0]) == -math.inf and float(lse[1]) == pytest.approx(math.log(4))
+    assert float(out[1, 0, 0, 0, 0]) == pytest.approx(1.5)
+
+
+def test_an_empty_batch_has_the_given_split_count():
+    # b = 0: no sequence, so S comes from the int count (or is 1 for an empty per-batch vector)
+    q = torch.zeros(0, 1, 1, 8)
+    k = torch.zeros(0, 4, 1, 8)
+    out, lse = split_kv(q, k, k.clone(), 3, block_n=2)
+    assert out.shape == (3, 0, 1, 1, 8) and lse.shape == (3, 0, 1, 1)
+    out, lse = split_kv(q, k, k.clone(), [], block_n=2)
+    assert out.shape == (1, 0, 1, 1, 8) and lse.shape == (1, 0, 1, 1)
