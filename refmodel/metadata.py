@@ -95,12 +95,10 @@ def encode_metadata(schedule: Schedule, result: PrepareResult) -> torch.Tensor:
     layout = MetadataLayout.for_schedule(schedule)
     out = torch.full((layout.size,), UNWRITTEN, dtype=torch.int32)
     b = layout.batch_size
-    out[layout.splits_offset:layout.splits_offset + b] = torch.tensor(result.num_splits, dtype=torch.int32)
-    out[layout.m_blocks_offset:layout.m_blocks_offset + b] = torch.tensor(result.num_m_blocks, dtype=torch.int32)
-    if layout.batch_idx_offset is not None:
-        out[layout.batch_idx_offset:layout.batch_idx_offset + b] = torch.tensor(result.batch_idx, dtype=torch.int32)
-    if layout.nheads_in_l2_offset is not None:
-        out[layout.nheads_in_l2_offset:layout.nheads_in_l2_offset + b] = torch.tensor(result.nheads_in_l2, dtype=torch.int32)
+    for offset, values in ((layout.splits_offset, result.num_splits), (layout.m_blocks_offset, result.num_m_blocks),
+                           (layout.batch_idx_offset, result.batch_idx), (layout.nheads_in_l2_offset, result.nheads_in_l2)):
+        if offset is not None:  # every value is a C++ int already; the int32 slots take it unchanged
+            out[offset:offset + b] = torch.tensor(values)
     if layout.has_semaphore:
         out[layout.semaphore_offset] = 0
     return out
@@ -109,8 +107,8 @@ def encode_metadata(schedule: Schedule, result: PrepareResult) -> torch.Tensor:
 def decode_metadata(metadata: torch.Tensor, batch_size: int, sort: bool, swizzle: bool) -> DecodedMetadata:
     """Read an int32 metadata tensor back into named vectors using FA3's layout for (b, Sort, Swizzle)."""
     b4 = -(-batch_size // 4) * 4
-    layout = MetadataLayout(batch_size=batch_size, b4=b4, sort=sort, swizzle=swizzle, has_semaphore=True)
-    values = [int(v) for v in metadata.detach().to("cpu").reshape(-1).tolist()]
+    layout = MetadataLayout(batch_size=batch_size, b4=b4, sort=sort, swizzle=swizzle)  # with the semaphore slot
+    values = [int(v) for v in metadata.detach().reshape(-1).tolist()]
     if len(values) < layout.num_vectors * b4:
         raise ValueError(f"metadata: expected at least {layout.num_vectors * b4} int32 values for batch_size="
                          f"{batch_size}, sort={sort}, swizzle={swizzle}; got {len(values)}")
@@ -126,7 +124,7 @@ def decode_metadata(metadata: torch.Tensor, batch_size: int, sort: bool, swizzle
 def _as_int_list(x, name: str, n: Optional[int] = None) -> Optional[list[int]]:
     if x is None:
         return None
-    values = [int(v) for v in (x.tolist() if isinstance(x, torch.Tensor) else list(x))]
+    values = [int(v) for v in x]  # a sequence or a 1-D tensor
     if n is not None and len(values) != n:
         raise ValueError(f"{name}: expected {n} entries, got {len(values)}")
     return values

@@ -75,3 +75,29 @@ def test_no_change_past_one_cta_or_with_one_split():
     sched = schedule_and_prepare(2, 1, 100000, 8, 1, 128, torch.tensor([119 * 128, 128], dtype=torch.int32),
                                  cu_seqlens_q=[0, 1, 2], page_size=1, causal=True, num_splits=1)[0]
     assert sched.num_splits == 1 and fast_math_split_change(sched, [119 * 128, 128]) is None
+
+
+def test_the_per_batch_blocks_are_the_prepare_kernels():
+    # lines 92-94 and 118-120: m-blocks count packed rows (PackGQA: rows * qhead_per_khead), n-blocks the cache length
+    # with leftpad 0 and the new-KV term. Both sides feed total = sum m_i * n_i, so each term moves the band.
+    # 17 query rows of 8 heads packed: ceil(136 / 128) = 2 m-blocks a batch; n = (10, 50): total 2 * 60 = 120 -> q = 1.0
+    lens = [10 * 128, 50 * 128]
+    sched = schedule_and_prepare(2, 100, 100000, 8, 1, 128, torch.tensor(lens, dtype=torch.int32),
+                                 cu_seqlens_q=[0, 17, 34], page_size=1, causal=True)[0]
+    assert sched.pack_gqa and sched.num_splits == 17
+    change = fast_math_split_change(sched, lens, [17, 17])
+    assert change["total_blocks"] == 120 and change["splits"] == {1: [10, 17], 2: [5, 17]}
+    # without per-batch lengths the static max_seqlen_q (100 rows: 7 m-blocks) is used: total 420, one candidate
+    assert fast_math_split_change(sched, lens) is None
+    # a cache length one past a block boundary is one more n-block: 118 * 128 + 1 -> 119, total 120 again
+    lens = [118 * 128 + 1, 128]
+    assert fast_math_split_change(_example(lens), lens)["total_blocks"] == 120
+
+
+def test_a_static_split_count_of_two_still_moves():
+    # num_splits = 2: n = (2, 118), total 120; bps 1 gives ceil(2 / 1) = 2, bps 2 gives 1 (clamped to [1, 2])
+    lens = [2 * 128, 118 * 128]
+    sched = schedule_and_prepare(2, 1, 100000, 8, 1, 128, torch.tensor(lens, dtype=torch.int32), cu_seqlens_q=[0, 1, 2],
+                                 page_size=1, causal=True, num_splits=2)[0]
+    assert sched.num_splits == 2
+    assert fast_math_split_change(sched, lens)["splits"] == {1: [2, 2], 2: [1, 2]}

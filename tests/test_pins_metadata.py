@@ -172,3 +172,56 @@ def test_layouts_carry_batch_and_semaphore():
     # a non-varlen split call without mask needs no semaphore (flash_api.cpp 990-992)
     s = resolve_schedule(call_inputs(2, 1, 4096, 8, 8, 128, has_cache_seqlens=False, num_splits=2))
     assert MetadataLayout.for_schedule(s).has_semaphore is False
+
+
+def _md(**kw):
+    args = dict(batch_size=2, max_seqlen_q=1, max_seqlen_k=7000, num_heads_q=32, num_heads_kv=1, headdim=128,
+                cache_seqlens=torch.tensor([7000, 100], dtype=torch.int32))
+    args.update(kw)
+    return get_scheduler_metadata(**args).tolist()
+
+
+# Each pair: an argument's value and the same call without it, chosen where FA3's metadata differs
+# (flash_api.cpp 538-640: each argument reaches the tile choice, the split heuristic or the prepare step).
+ARGUMENT_EFFECTS = [
+    ("headdim_v", dict(headdim=64, headdim_v=512), dict(headdim=64)),                 # tiles (tile_size.h)
+    ("cu_seqlens_q", dict(max_seqlen_q=64, cu_seqlens_q=[0, 64, 65]), dict(max_seqlen_q=64)),   # per-batch m-blocks
+    ("cu_seqlens_k_new", dict(max_seqlen_k_new=200, cu_seqlens_k_new=[0, 200, 200]), dict(max_seqlen_k_new=200)),
+    ("cache_leftpad", dict(cache_leftpad=torch.tensor([3000, 0], dtype=torch.int32)), dict()),
+    ("max_seqlen_k_new", dict(max_seqlen_k=22000, num_heads_kv=4, max_seqlen_k_new=1,
+                              cache_seqlens=torch.tensor([22000, 100], dtype=torch.int32)),
+     dict(max_seqlen_k=22000, num_heads_kv=4, cache_seqlens=torch.tensor([22000, 100], dtype=torch.int32))),
+    ("attention_chunk", dict(attention_chunk=256, causal=True), dict(causal=True)),
+    ("has_softcap", dict(has_softcap=True, headdim=192, window_size=(1000, 0), max_seqlen_k=100000,
+                         qkv_dtype="float8_e4m3fn", cache_seqlens=torch.tensor([99000, 300], dtype=torch.int32)),
+     dict(headdim=192, window_size=(1000, 0), max_seqlen_k=100000, qkv_dtype="float8_e4m3fn",
+          cache_seqlens=torch.tensor([99000, 300], dtype=torch.int32))),     # fp8, local, d 192: kBlockN 128 vs 160
+    ("sm_margin", dict(sm_margin=1), dict()),                                  # 131 SMs: another split count
+    ("num_sm", dict(num_sm=133), dict()),
+]
+
+
+@pytest.mark.parametrize("name, with_it, without_it", ARGUMENT_EFFECTS, ids=[e[0] for e in ARGUMENT_EFFECTS])
+def test_each_argument_changes_the_metadata_where_fa3_s_does(name, with_it, without_it):
+    assert _md(**with_it) != _md(**without_it)
+    s, r = schedule_and_prepare(**{**dict(batch_size=2, max_seqlen_q=1, max_seqlen_k=7000, num_heads_q=32,
+                                          num_heads_kv=1, headdim=128,
+                                          cache_seqlens=torch.tensor([7000, 100], dtype=torch.int32)), **with_it})
+    from refmodel.metadata import encode_metadata
+    assert _md(**with_it) == encode_metadata(s, r).tolist()
+
+
+def test_the_defaults_are_fa3_s_where_they_matter():
+    # flash_attn_interface.get_scheduler_metadata: max_seqlen_k_new 0, has_softcap False, sm_margin 0; 132 SMs (H100/H200)
+    for name, with_it, without_it in ARGUMENT_EFFECTS:
+        if name in ("max_seqlen_k_new", "has_softcap", "sm_margin", "num_sm"):
+            explicit = {"max_seqlen_k_new": 0, "has_softcap": False, "sm_margin": 0, "num_sm": 132}[name]
+            assert _md(**without_it) == _md(**{**without_it, name: explicit}), name
+
+
+def test_arch_reaches_the_model_range_check():
+    from refmodel import OutsideModel
+    with pytest.raises(OutsideModel, match="^arch: "):
+        get_scheduler_metadata(2, 1, 7000, 32, 1, 128, torch.tensor([7000, 100], dtype=torch.int32), arch=80)
+    with pytest.raises(OutsideModel, match="^arch: "):
+        schedule_and_prepare(2, 1, 7000, 32, 1, 128, [7000, 100], arch=80)
