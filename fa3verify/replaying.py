@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import json
 from typing import Iterable, Optional
 
+from . import verdicts
 from .errors import UsageError
 from .summary import Check, Finding, RunSummary
 
@@ -30,25 +31,18 @@ class ReplayOutcome:
 
     @property
     def still_fails(self) -> bool:
-        """True when the case fails the way the file says (same outcome, and the same invariant if named)."""
-        if self.expected_outcome == "pass":
-            return False
-        if self.outcome != self.expected_outcome and not (self.expected_outcome == "nan" and self.outcome == "violation"):
-            return False
-        return self.expected_invariant is None or self.expected_invariant in self.invariants
+        """True when the case fails the way the file says (:func:`fa3verify.verdicts.replay_still_fails`)."""
+        return verdicts.replay_still_fails(self)
 
     @property
     def fails(self) -> bool:
-        """True when the replay observed anything but a clean pass (a violation, NaN, a shape error, a guard
-        fault): never exit 0, whatever the case file expected."""
-        return self.outcome != "pass" or bool(self.findings)
+        """True when the replay observed anything but a clean pass (:func:`fa3verify.verdicts.replay_fails`)."""
+        return verdicts.replay_fails(self)
 
     @property
     def verdict(self) -> str:
-        """PASSES NOW / PASSES (as expected) / STILL FAILS / FAILS DIFFERENTLY."""
-        if not self.fails:
-            return "PASSES (as expected)" if self.expected_outcome == "pass" else "PASSES NOW"
-        return "STILL FAILS" if self.still_fails else "FAILS DIFFERENTLY (not as the case file expected)"
+        """PASSES NOW / PASSES (as expected) / STILL FAILS / FAILS DIFFERENTLY (:func:`fa3verify.verdicts.replay_verdict`)."""
+        return verdicts.replay_verdict(self)
 
 
 #: Names a replay can report besides spec.invariants.INVARIANTS (gpu_impl.scenario and the guard faults).

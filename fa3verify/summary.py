@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from . import exitcodes
+from .verdicts import run_exit_code
 
 SCHEMA = "fa3verify.run/1"
 
@@ -61,16 +62,8 @@ class RunSummary:
 
     @property
     def exit_code(self) -> int:
-        """0 pass, 1 violation, 2 usage, 3 inconclusive: interrupted, a check inconclusive, or nothing ran."""
-        if self.usage_error:
-            return exitcodes.USAGE
-        if self.interrupted:
-            return exitcodes.INCONCLUSIVE
-        if any(c.failed for c in self.checks) or self.failures:
-            return exitcodes.VIOLATION
-        if any(c.inconclusive for c in self.checks) or not self.checks:
-            return exitcodes.INCONCLUSIVE
-        return exitcodes.PASS
+        """0 pass, 1 violation, 2 usage, 3 inconclusive (:func:`fa3verify.verdicts.run_exit_code`)."""
+        return run_exit_code(self)
 
     @property
     def verdict(self) -> str:

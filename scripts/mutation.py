@@ -17,7 +17,8 @@ only those; for iterating on one function), MUTATION_EXCLUDE_TESTS (comma-separa
 mapping: what the score was without them, e.g. a module's pins), MUTATION_JOBS (parallel mutant workers, default 2), MUTATION_FAIL_UNDER (percent: exit 1 when a
 module scores lower), MUTATION_REPORT (default build/mutation/report.json), MUTATION_RERUN=survivors (run again only
 the mutants the previous report left undetected, for modules whose source is unchanged since, and merge: a
-killed mutant stays killed when tests are only added).
+killed mutant stays killed when tests are only added), MUTATION_RERUN=recount (run no mutant: count the previous
+report's undetected mutants again against the current equivalent list, after reviewing new entries).
 
 Exit codes follow the project: 0 done (and every module at or above MUTATION_FAIL_UNDER when given), 1 a module
 below it, 2 bad input (names the variable and its allowed values), 3 inconclusive (mutmut did not complete,
@@ -178,11 +179,13 @@ def parse_options(env: dict, targets: dict[str, Target]) -> dict:
             "rerun": rerun(env)}
 
 
-def rerun(env: dict) -> bool:
+def rerun(env: dict) -> str:
+    """'' (a full run), 'survivors' (run the previous report's undetected mutants again) or 'recount' (run none:
+    count the previous report's undetected mutants again against the current equivalent list)."""
     value = env.get("MUTATION_RERUN", "")
-    if value not in ("", "survivors"):
-        raise BadInput(f"MUTATION_RERUN: must be 'survivors' or empty, got {value!r}")
-    return value == "survivors"
+    if value not in ("", "survivors", "recount"):
+        raise BadInput(f"MUTATION_RERUN: must be 'survivors', 'recount' or empty, got {value!r}")
+    return value
 
 
 def source_hash(module: str) -> str:
@@ -328,6 +331,8 @@ def run_module(target: Target, opts: dict, equivalents: dict[str, Equivalent], l
     start = time.monotonic()
     names: list[str] = []
     prev = previous_result(opts["report"], target.module) if opts["rerun"] else None
+    if prev is not None and opts["rerun"] == "recount":
+        return recount(target.module, prev, equivalents)
     if prev is not None:
         names = sorted([s["name"] for s in prev["survivors"]] + list(prev.get("equivalent_names", [])))
         if not names:
@@ -364,6 +369,25 @@ def run_module(target: Target, opts: dict, equivalents: dict[str, Equivalent], l
         result.mutants, result.killed = prev["mutants"], prev["killed"] + result.killed
         result.rerun_of = str(opts["report"])
     result.not_mutated = not_mutated_by_mutmut((ROOT / target.module).read_text())
+    return result
+
+
+def recount(module: str, prev: dict, equivalents: dict[str, Equivalent]) -> ModuleResult:
+    """MUTATION_RERUN=recount: the previous run's verdicts, its undetected mutants classified against the current
+    equivalent list (no mutant runs; the source is unchanged, checked by hash, so every mutant is the same)."""
+    statuses = {s["name"]: s["status"] for s in prev["survivors"]}
+    diffs = {s["name"]: s["diff"] for s in prev["survivors"]}
+    result = classify(module, statuses, diffs, equivalents)
+    for name in prev.get("equivalent_names", []):
+        if name in equivalents:     # listed when the previous run matched its mutated line; the source is unchanged
+            result.equivalent += 1
+            result.equivalent_names.append(name)
+        else:
+            result.survivors.append({"name": name, "status": "survived", "diff": ""})
+    result.mutants, result.killed = prev["mutants"], prev["killed"]
+    result.seconds, result.source_sha256 = prev["seconds"], prev["source_sha256"]  # the run that decided them
+    result.rerun_of = "recount of " + str(prev.get("rerun_of") or "a full run")
+    result.not_mutated = not_mutated_by_mutmut((ROOT / module).read_text())
     return result
 
 

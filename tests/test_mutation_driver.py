@@ -115,5 +115,20 @@ def test_a_rerun_needs_a_full_previous_run_of_the_same_source(tmp_path):
     entry["source_sha256"] = drv.source_hash("refmodel/cint.py")
     report.write_text(json.dumps({"modules": [entry]}))
     assert drv.previous_result(report, "refmodel/cint.py") == entry
-    with pytest.raises(drv.BadInput, match="MUTATION_RERUN: must be 'survivors'"):
+    with pytest.raises(drv.BadInput, match="MUTATION_RERUN: must be 'survivors', 'recount' or empty, got 'all'"):
         drv.rerun({"MUTATION_RERUN": "all"})
+    assert [drv.rerun({"MUTATION_RERUN": v}) for v in ("", "survivors", "recount")] == ["", "survivors", "recount"]
+
+
+def test_a_recount_reclassifies_the_previous_undetected_mutants_only():
+    prev = {"module": "refmodel/x.py", "mutants": 10, "killed": 7, "seconds": 12.5, "source_sha256": "ab",
+            "survivors": [{"name": "m.a", "status": "survived", "diff": DIFF_A},
+                          {"name": "m.b", "status": "survived", "diff": DIFF_B}],
+            "equivalent_names": ["m.c"]}
+    eq = {"m.a": drv.Equivalent("m.a", "return 2", "why"), "m.c": drv.Equivalent("m.c", "x", "why")}
+    r = drv.recount("refmodel/cint.py", prev, eq)
+    assert (r.mutants, r.killed, r.equivalent, [s["name"] for s in r.survivors]) == (10, 7, 2, ["m.b"])
+    assert r.score == pytest.approx(87.5) and r.seconds == 12.5 and r.rerun_of.startswith("recount of")
+    # an entry dropped from the list, or listed with another line, excuses nothing any more
+    r = drv.recount("refmodel/cint.py", prev, {"m.a": drv.Equivalent("m.a", "return 9", "why")})
+    assert (r.equivalent, sorted(s["name"] for s in r.survivors)) == (0, ["m.a", "m.b", "m.c"])

@@ -100,3 +100,33 @@ def test_varlen_rows_are_placed_at_their_offsets():
                                     cache_seqlens=torch.tensor([1, 4], dtype=torch.int32))
     assert exact.shape == (3, 1, 8)
     assert exact[:, 0, 0].tolist() == [1.0, 2.0, 2.0] and lowp[:, 0, 0].tolist() == [1.0, 2.0, 2.0]
+
+
+def test_any_positive_softcap_is_the_softcap_rule():
+    # softcap 0.5 (< 1) still caps: rtol 3, and the scores become 0.5 * tanh(s / 0.5)
+    exact, lowp = torch.zeros(1, 2, dtype=torch.float64), torch.full((1, 2), 0.25, dtype=torch.float64)
+    assert fa3_output_close(torch.full((1, 2), 0.75), exact, lowp, atol=0.0, softcap=0.5) == (True, 0.75, 0.75)
+    q = torch.tensor(E0).reshape(1, 1, 1, 8)
+    k, v = _kv([[math.log(3.0)] + [0.0] * 7, [0.0] * 8], [E0, [0.0, 1.0] + [0.0] * 6])
+    exact, _ = reference_outputs(q, k, v, softmax_scale=1.0, softcap=0.5)
+    s0 = 0.5 * math.tanh(math.log(3.0) / 0.5)          # = 0.5 * (9 - 1) / (9 + 1) = 0.4
+    p0 = math.exp(s0) / (math.exp(s0) + 1.0)
+    assert exact[0, 0, 0, 0].item() == pytest.approx(p0, abs=1e-8)     # k holds ln 3 in float32
+
+
+def test_a_float64_output_is_judged_after_rounding_the_references_to_float32():
+    # exact 1/3; out = 1/3 + 1e-8 in float64. In float32 the reference is 0.3333333433 and its fwd_atol 2 * 2^-25 ~ 6e-8,
+    # so the output (1e-10 from it) passes; judged in float64 it would be 1e-8 off against a bound of ~1e-16
+    exact = torch.full((1, 1), 1.0 / 3.0, dtype=torch.float64)
+    out = torch.full((1, 1), 1.0 / 3.0 + 1e-8, dtype=torch.float64)
+    ok, err, bound = fa3_output_close(out, exact, exact, atol=0.0)
+    assert ok and err < 1e-9 and bound > 1e-8
+
+
+def test_rows_without_a_visible_key_are_zero_next_to_rows_with_keys():
+    # bottom-right causal, Lq 2 > Lk 1: row 0 sees no key (j <= 0 + 1 - 2), row 1 sees key 0; the empty row is 0
+    q = torch.tensor(E0).reshape(1, 1, 1, 8).expand(1, 2, 1, 8).clone()
+    k, v = _kv([[1.0] * 8], [[2.0] * 8])
+    exact, lowp = reference_outputs(q, k, v, causal=True)
+    assert exact[0, 0, 0].tolist() == [0.0] * 8 and lowp[0, 0, 0].tolist() == [0.0] * 8
+    assert exact[0, 1, 0].tolist() == [2.0] * 8 and lowp[0, 1, 0].tolist() == [2.0] * 8
