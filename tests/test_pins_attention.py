@@ -1,0 +1,108 @@
+"""Pins of refmodel.attention (issue 20): every refusal's whole message, and the oracle's conventions at their edges.
+
+Source: `hopper/flash_api.cpp` (mha_fwd's checks; the model is stricter where FA3 would read out of bounds, and
+says so in refmodel/attention.py), `hopper/mask.h` (bottom-right aligned masks), `hopper/seqlen.h` (leftpad).
+A message names the argument, the allowed range and what was given: the project's rule for bad input.
+"""
+
+
+import pytest
+import torch
+
+from refmodel.attention import attention, visibility_mask
+from test_attention import BAD_INPUTS, I32, _good_call, _paged_call, _varlen_call
+
+MORE_BAD_INPUTS = {
+ "q_not_tensor": (_good_call, lambda c: c.update(q=[1.0])),
+ "k_not_tensor": (_good_call, lambda c: c.update(k_cache=None)),
+ "v_not_tensor": (_good_call, lambda c: c.update(v_cache=3)),
+ "varlen_q_rank": (_varlen_call, lambda c: c.update(q=torch.randn(7, 4, 8, 1))),
+ "k_rank": (_good_call, lambda c: c.update(k_cache=torch.randn(2, 6, 8))),
+ "paged_k_rank": (_paged_call, lambda c: c.update(k_cache=torch.randn(5, 2, 8))),
+ "v_rank": (_good_call, lambda c: c.update(v_cache=torch.randn(2, 6, 5))),
+ "q_int": (_good_call, lambda c: c.update(q=torch.zeros(2, 3, 4, 8, dtype=torch.int32))),
+ "no_kv_heads": (_good_call, lambda c: c.update(k_cache=torch.randn(2, 6, 0, 8), v_cache=torch.randn(2, 6, 0, 5))),
+ "cu_not_tensor": (_varlen_call, lambda c: c.update(cu_seqlens_q=[0, 3, 7])),
+ "cu_2d": (_varlen_call, lambda c: c.update(cu_seqlens_q=torch.tensor([[0, 3, 7]], dtype=I32))),
+ "cu_empty": (_varlen_call, lambda c: c.update(cu_seqlens_q=torch.tensor([], dtype=I32))),
+ "cu_dtype": (_varlen_call, lambda c: c.update(cu_seqlens_q=torch.tensor([0, 3, 7]))),
+ "cu_start": (_varlen_call, lambda c: c.update(cu_seqlens_q=torch.tensor([1, 3, 7], dtype=I32))),
+ "page_table_not_tensor": (_paged_call, lambda c: c.update(page_table=[[0, 1]])),
+ "page_table_1d": (_paged_call, lambda c: c.update(page_table=torch.tensor([0, 1], dtype=I32))),
+ "length_not_tensor": (_good_call, lambda c: c.update(cache_seqlens=[1, 2])),
+ "length_bool": (_good_call, lambda c: c.update(cache_seqlens=True)),
+ "leftpad_dtype": (_good_call, lambda c: c.update(cache_leftpad=torch.tensor([0, 0]))),
+ "softcap_none": (_good_call, lambda c: c.update(softcap=None)),
+ "softcap_nan": (_good_call, lambda c: c.update(softcap=float("nan"))),
+ "window_single": (_good_call, lambda c: c.update(window_size=(1,))),
+}
+
+MESSAGES = {
+    'cu_2d': 'cu_seqlens_q: must be a 1-D torch.int32 tensor of length b + 1 >= 1',
+    'cu_dtype': 'cu_seqlens_q: must have dtype torch.int32 (as FA3 requires), got torch.int64',
+    'cu_empty': 'cu_seqlens_q: must be a 1-D torch.int32 tensor of length b + 1 >= 1',
+    'cu_not_tensor': 'cu_seqlens_q: must be a 1-D torch.int32 tensor of length b + 1 >= 1',
+    'cu_seqlens_decreasing': 'cu_seqlens_q: must be non-decreasing (every sequence length >= 0), got [0, 5, 3, 7]',
+    'cu_seqlens_short_of_total': 'cu_seqlens_q: must start at 0 and end at total_q=7, got 0..6',
+    'cu_start': 'cu_seqlens_q: must start at 0 and end at total_q=7, got 1..7',
+    'head_dim_differs': "k_cache: head dim must equal q's head dim 8, got 4",
+    'heads_not_divisible': "k_cache: KV head count must be >= 1 and divide q's head count 4, got 3",
+    'k_not_tensor': 'k_cache: must be a tensor, got NoneType',
+    'k_rank': 'k_cache: must be (b, seqlen_k, h_k, d), got shape (2, 6, 8)',
+    'kv_batch_differs': 'k_cache: batch dim must equal the batch size 2, got 3',
+    'kv_dtype_differs': "k_cache: dtype must equal q's dtype torch.float32, got torch.float64",
+    'leftpad_beyond_length': 'cache_leftpad: every entry must lie in [0, cache_seqlens] = [0, 3], got 4',
+    'leftpad_dtype': 'cache_leftpad: must have dtype torch.int32 (as FA3 requires), got torch.int64',
+    'length_beyond_capacity': 'cache_seqlens: every length must lie in [0, 6] (the cache capacity), got 7',
+    'length_bool': 'cache_seqlens: must be a torch.int32 tensor of shape (2,), got bool',
+    'length_dtype': 'cache_seqlens: must have dtype torch.int32 (as FA3 requires), got torch.int64',
+    'length_not_tensor': 'cache_seqlens: must be a torch.int32 tensor of shape (2,), got list',
+    'length_shape': 'cache_seqlens: must have shape (2,), got (1,)',
+    'max_seqlen_missing': 'max_seqlen_q: must be given when cu_seqlens_q is given (FA3 requires it)',
+    'max_seqlen_too_small': 'max_seqlen_q: must be >= the longest sequence (4) in [4, inf), got 3',
+    'negative_leftpad': 'cache_leftpad: every entry must lie in [0, cache_seqlens] = [0, 6], got -1',
+    'negative_length': 'cache_seqlens: every length must lie in [0, 6] (the cache capacity), got -1',
+    'negative_page': 'page_table: pages read for batch 0 must lie in [0, 5), got [0, 0, 1, 1, -1, -1]',
+    'negative_softcap': 'softcap: must be >= 0 (0 disables), got -1.0',
+    'no_kv_heads': "k_cache: KV head count must be >= 1 and divide q's head count 4, got 0",
+    'page_out_of_range': 'page_table: pages read for batch 1 must lie in [0, 5), got [5, 5, 4, 4, 0, 0]',
+    'page_table_1d': 'page_table: must be a 2-D torch.int32 tensor (b, max_pages_per_seq)',
+    'page_table_batch': 'page_table: first dim must equal the batch size 2, got 1',
+    'page_table_dtype': 'page_table: must have dtype torch.int32 (as FA3 requires), got torch.int64',
+    'page_table_not_tensor': 'page_table: must be a 2-D torch.int32 tensor (b, max_pages_per_seq)',
+    'paged_k_rank': 'k_cache: must be (num_pages, page_size, h_k, d), got shape (5, 2, 8)',
+    'paged_length_beyond_capacity': 'cache_seqlens: every length must lie in [0, 6] (the cache capacity), got 7',
+    'q_int': 'q: must have a floating dtype, got torch.int32',
+    'q_not_tensor': 'q: must be a tensor, got list',
+    'q_rank': 'q: must be (b, seqlen_q, h, d), got shape (2, 3, 4)',
+    'softcap_nan': 'softcap: must be >= 0 (0 disables), got nan',
+    'softcap_none': 'softcap: must be >= 0 (0 disables), got None',
+    'v_dtype_differs': "v_cache: dtype must equal q's dtype torch.float32, got torch.float16",
+    'v_not_tensor': 'v_cache: must be a tensor, got int',
+    'v_rank': 'v_cache: must be (b, seqlen_k, h_k, d), got shape (2, 6, 5)',
+    'v_shape_differs': "v_cache: leading dims must equal k_cache's (2, 6, 2), got (2, 5, 2)",
+    'varlen_q_rank': 'q: must be (total_q, h, d) with cu_seqlens_q, got shape (7, 4, 8, 1)',
+    'window_not_pair': 'window_size: must be a pair (left, right), got (1, 2, 3)',
+    'window_single': 'window_size: must be a pair (left, right), got (1,)',
+}
+
+
+@pytest.mark.parametrize("case", sorted(MESSAGES))
+def test_each_refusal_says_the_argument_the_range_and_the_value(case):
+    make, mutate = (BAD_INPUTS[case][:2] if case in BAD_INPUTS else MORE_BAD_INPUTS[case])
+    call = make()
+    attention(**call)  # the unmodified call is valid
+    mutate(call)
+    with pytest.raises(ValueError) as info:
+        attention(**call)
+    assert str(info.value) == MESSAGES[case]
+
+
+def test_mask_lengths_must_be_non_negative():
+    with pytest.raises(ValueError) as info:
+        visibility_mask(-1, 2)
+    assert str(info.value) == "seqlen: lengths must be >= 0, got seqlen_q=-1, seqlen_k=2"
+    with pytest.raises(ValueError) as info:
+        visibility_mask(2, -1)
+    assert str(info.value) == "seqlen: lengths must be >= 0, got seqlen_q=2, seqlen_k=-1"
+    assert visibility_mask(0, 0).shape == (0, 0)
