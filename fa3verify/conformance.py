@@ -7,9 +7,11 @@ page-table width, page size, num_splits, causal, softcap, dtype, whether metadat
 replay) and the same split counts -- and reach the same verdict (the same violated invariants). That is the
 link that lets ``prove --engine-profile`` speak about the real code.
 
-The model's events come from :func:`gpu_impl.model_pairs.model_pairs`; the engine's from its trace (entries
-shaped by ``gpu_impl.fa3_calls.pair_summary``). Each configuration with a difference is a fidelity finding
-saved as a case file carrying the engine. Configurations the release rejects are skipped and counted. A few
+The configurations are the strategy family ``release`` (``fa3verify.strategies``), drawn and run by the one
+campaign (:func:`fa3verify.campaign.run_campaign`) on :class:`ConformanceTarget`. The model's events come from
+:func:`gpu_impl.model_pairs.model_pairs`; the engine's from its trace (entries shaped by
+``gpu_impl.fa3_calls.pair_summary``). Each configuration with a difference is a fidelity finding saved as a case
+file carrying the engine (``fa3verify.case_files``). Configurations the release rejects are skipped and counted. A few
 configurations that ``spec`` assumes away (docs/invariants.md, the prover's assumptions) are put to the
 release's validation too; one it accepts is a finding about that assumption.
 
@@ -21,7 +23,6 @@ batch size), not by step, since a runner captures each size once; engine calls o
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -169,11 +170,10 @@ def _validate(sut, server, model=None) -> tuple:
 
 
 def _save(sut, profile_policy: dict, case, notes: str, cases_dir: str, engine_result=None) -> str:
-    """A finding's case file: the configuration, the engine, the release's profile as policy, and as expected
-    outcome what the engine itself showed (so ``replay`` reproduces the engine's side and ``replay --engine
-    model`` the model's); the difference is in the notes."""
-    from spec.cases import Case
-
+    """A finding's case file (``fa3verify.case_files``): the configuration, the engine, the release's profile as
+    policy, and as expected outcome what the engine itself showed (so ``replay`` reproduces the engine's side and
+    ``replay --engine model`` the model's); the difference is in the notes."""
+    from .case_files import scenario_case
     from .engine_choice import identity_of
 
     expected = {"outcome": "pass", "invariant": None, "detail": {}}
@@ -182,9 +182,8 @@ def _save(sut, profile_policy: dict, case, notes: str, cases_dir: str, engine_re
         expected = {"outcome": engine_result.outcome,
                     "invariant": first.invariant if engine_result.outcome == "violation" else None,
                     "detail": {"message": first.message}}
-    c = Case.from_parts(source="conform", server=case.server.to_dict(), model=case.model.to_dict(),
-                        policy=profile_policy, batches=[dict(s) for s in case.steps], seed=case.seed,
-                        engine=identity_of(sut), notes=notes, expected=expected)
+    c = scenario_case(case, source="conform", policy=profile_policy, expected=expected, notes=notes,
+                      engine=identity_of(sut))
     return str(c.save(cases_dir))
 
 
@@ -210,65 +209,93 @@ def probe_assumptions(sut, profile_policy: dict, cases_dir: str, report: Conform
         report.assumption_findings.append((assumption, description, path))
 
 
+class ConformanceTarget:
+    """The model (under a release's profile) and the engine on the same case, as the campaign drives them:
+    ``observe(FuzzCase) -> Observation | None``.
+
+    A configuration the release rejects, one the model's guard refuses, or one the engine's driver does not run is
+    counted in the report and observed as None (the campaign counts it unsupported, never a pass). Otherwise the
+    observation is a ``CONFORMANCE`` violation when :func:`compare_events` or :func:`verdict_diff` finds a
+    difference; its signature names the configuration's index, so every differing configuration is its own
+    failure (conformance reports each configuration, not each distinct difference).
+    """
+
+    def __init__(self, sut, policy, report: ConformReport):
+        self.sut, self.policy, self.report = sut, policy, report
+
+    def observe(self, case):
+        from gpu_impl.guards import GuardRaised
+        from gpu_impl.model_pairs import model_pairs
+        from gpu_impl.scenario import run_scenario
+
+        from .campaign import Observation
+        from .engine_choice import is_unsupported
+        from .fuzzing import scenario_for
+
+        report, sut = self.report, self.sut
+        index = report.cases
+        report.cases += 1
+        ok, message = _validate(sut, case.server, case.model)
+        if ok is False:
+            report.skipped_rejected += 1
+            reason = (message.split(":")[0] or "rejected")[:80]
+            report.rejected_reasons[reason] = report.rejected_reasons.get(reason, 0) + 1
+            return None
+        if ok is None:
+            report.unvalidated += 1
+        scn = scenario_for(case, self.policy)
+        try:
+            model_result = run_scenario(scn)
+        except GuardRaised:
+            return None
+        try:
+            engine_result = sut.run(scn)
+        except Exception as exc:
+            if not is_unsupported(exc):
+                raise
+            report.skipped_unsupported += 1
+            return None
+        engine_events = [e for e in engine_result.trace if "call" in e]
+        diffs, compared, sliding = compare_events(model_pairs(scn, model_result), engine_events)
+        verdict = verdict_diff(model_result, engine_result)
+        if verdict:
+            diffs.append(verdict)
+        report.compared += 1
+        report.events_compared += compared
+        report.sliding_window_calls += sliding
+        found = [(f"CONFORMANCE#{index}", "CONFORMANCE", " | ".join(diffs[:5]))] if diffs else []
+        return Observation("violation" if diffs else "pass", ["CONFORMANCE"] if diffs else [], diffs, found,
+                           detail=(index, diffs, engine_result))
+
+
 def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3verify-out/cases",
             probes: bool = True, progress=None) -> ConformReport:
-    """Run ``cases`` random configurations on the model (under ``profile``) and on the engine; compare."""
-    from gpu_impl.guards import GuardRaised, load_guard
-    from gpu_impl.model_pairs import model_pairs
-    from gpu_impl.scenario import run_scenario
+    """Run ``cases`` configurations of the strategy family ``release`` on the model (under ``profile``) and on the
+    engine through the one campaign (:func:`fa3verify.campaign.run_campaign`, seeded by ``seed``); compare.
 
-    from .engine_choice import is_unsupported
-    from .fuzzing import scenario_for, single_threaded_torch
+    ``progress(report)`` is called every 25 compared configurations. An interrupt (SIGINT) ends the run as before
+    the campaign existed: ``KeyboardInterrupt`` reaches the caller.
+    """
+    from gpu_impl.guards import load_guard
+
+    from .campaign import Budget, run_campaign
     from .policy import load_policy
-    from .strategies import random_fuzz_case
+    from .strategies import family
 
     start = time.perf_counter()
     policy = (load_policy(profile.guard_spec, profile.precompute_heads,
                           graph_replay_seqlen_k=profile.graph_replay_seqlen_k) if profile else load_policy())
     report = ConformReport(engine=str(sut.spec), profile=profile.release if profile else None)
     load_guard(policy.guard_spec)
-    rng = random.Random(seed)
-    with single_threaded_torch():
-        for index in range(cases):
-            case = random_fuzz_case(random.Random(rng.randrange(2 ** 63)), numerics_share=0.0)
-            # a fixed num_splits > 0 is the model's what-if (spec.config.ServerConfig): sglang has no such server
-            # option and passes 0 (1 under deterministic inference), so a release configuration has 0 here
-            case = dataclasses.replace(case, server=dataclasses.replace(case.server, num_splits=0))
-            report.cases += 1
-            ok, message = _validate(sut, case.server, case.model)
-            if ok is False:
-                report.skipped_rejected += 1
-                reason = (message.split(":")[0] or "rejected")[:80]
-                report.rejected_reasons[reason] = report.rejected_reasons.get(reason, 0) + 1
-                continue
-            if ok is None:
-                report.unvalidated += 1
-            scn = scenario_for(case, policy)
-            try:
-                model_result = run_scenario(scn)
-            except GuardRaised:
-                continue
-            try:
-                engine_result = sut.run(scn)
-            except Exception as exc:
-                if not is_unsupported(exc):
-                    raise
-                report.skipped_unsupported += 1
-                continue
-            engine_events = [e for e in engine_result.trace if "call" in e]
-            diffs, compared, sliding = compare_events(model_pairs(scn, model_result), engine_events)
-            verdict = verdict_diff(model_result, engine_result)
-            if verdict:
-                diffs.append(verdict)
-            report.compared += 1
-            report.events_compared += compared
-            report.sliding_window_calls += sliding
-            if diffs:
-                path = _save(sut, policy.to_dict(), case, "conformance difference: " + " | ".join(diffs[:5]),
-                             cases_dir, engine_result)
-                report.differences.append((index, diffs, path))
-            if progress and report.cases % 25 == 0:
-                progress(report)
+    camp = run_campaign(ConformanceTarget(sut, policy, report), family("release"), budget=Budget(cases=cases),
+                        seed=seed, progress=(lambda _camp: progress(report)) if progress else None)
+    if camp.interrupted:
+        raise KeyboardInterrupt
+    for failure in camp.failures.values():
+        index, diffs, engine_result = failure.observation.detail
+        path = _save(sut, policy.to_dict(), failure.case, "conformance difference: " + " | ".join(diffs[:5]),
+                     cases_dir, engine_result)
+        report.differences.append((index, diffs, path))
     if probes:
         probe_assumptions(sut, policy.to_dict(), cases_dir, report)
     report.elapsed_s = time.perf_counter() - start

@@ -47,7 +47,7 @@ class ReplayOutcome:
 
 #: Names a replay can report besides spec.invariants.INVARIANTS (gpu_impl.scenario and the guard faults).
 SCENARIO_FINDINGS = ("MATCHES_ORACLE", "NO_NAN", "CP_PATH_MATCHES_ACTIVITY", "CP_LAYOUT_MATCHES_BATCH",
-                     "CP_RANKS_AGREE")
+                     "CP_RANKS_AGREE", "NO_CRASH")
 
 #: A replay with tensors (--numerics, or the real kernel) refuses batches with more KV tokens than this.
 MAX_NUMERICS_KV_TOKENS = 1 << 20

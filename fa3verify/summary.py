@@ -1,4 +1,5 @@
-"""Run summaries: the JSON report (`--json`), JUnit XML (`--junit`) and the terminal table.
+"""Run summaries: the JSON report (`--json`), JUnit XML (`--junit`) and the terminal table (`write_reports`: all
+three at the end of a run command).
 
 JSON schema "fa3verify.run/1" (documented in docs/reports.md):
 {"schema", "command", "verdict": "pass|fail|inconclusive", "exit_code", "cases", "failures", "elapsed_s",
@@ -11,7 +12,7 @@ import json
 import os
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from . import exitcodes
 from .verdicts import run_exit_code
@@ -161,6 +162,21 @@ def print_table(summary: RunSummary, console=None) -> None:
                       escape(note))
     console.print(table)
     console.print(verdict_line(summary))
+
+
+def write_reports(summary: RunSummary, args, finding_line: Optional[Callable[[Finding], str]] = None) -> int:
+    """The end of a run command (check, fuzz, gate, prove), in one place: the verdict table, one line per finding
+    (``finding_line``, if given), then the JSON report (``args.json``) and the JUnit XML (``args.junit``) when
+    asked. Returns the run's exit code."""
+    print_table(summary)
+    if finding_line is not None:
+        for finding in summary.findings:
+            print(finding_line(finding))
+    if getattr(args, "json", None):
+        write_json(summary, args.json)
+    if getattr(args, "junit", None):
+        write_junit(summary, args.junit)
+    return summary.exit_code
 
 
 def verdict_line(summary: RunSummary) -> str:

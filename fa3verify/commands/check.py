@@ -21,15 +21,11 @@ def run(args) -> int:
     from ..errors import UsageError
     from ..gating import gate
     from ..policy import load_policy
-    from ..summary import print_table, verdict_line, write_json, write_junit
+    from ..summary import verdict_line, write_reports
 
     if args.budget_s <= 0:
         raise UsageError(f"--budget-s: must be > 0, got {args.budget_s}")
     summary = gate(load_policy("fixed"), budget_s=args.budget_s, seed=args.seed)
-    print_table(summary)
-    if args.json:
-        write_json(summary, args.json)
-    if args.junit:
-        write_junit(summary, args.junit)
+    code = write_reports(summary, args)
     print(f"fa3verify check: {verdict_line(summary)}")
-    return summary.exit_code
+    return code

@@ -59,7 +59,7 @@ def run(args) -> int:
     from ..fuzzing import fuzz
     from ..policy import load_policy
     from ..progress import stage
-    from ..summary import RunSummary, print_table, write_json, write_junit
+    from ..summary import RunSummary, write_reports
 
     budget, cases = budget_from_args(args)
     policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
@@ -70,11 +70,4 @@ def run(args) -> int:
                            max_cases=cases, out_dir=args.out, sut=sut)
     except KeyboardInterrupt:  # before the campaign began: nothing found, the reports still say so (exit 3)
         summary = RunSummary(command="fuzz", seed=args.seed, policy=policy.to_dict(), interrupted=True)
-    print_table(summary)
-    for f in summary.findings:
-        print(f"  {f.invariant}: {f.message}\n    replay: {f.replay}")
-    if args.json:
-        write_json(summary, args.json)
-    if args.junit:
-        write_junit(summary, args.junit)
-    return summary.exit_code
+    return write_reports(summary, args, lambda f: f"  {f.invariant}: {f.message}\n    replay: {f.replay}")

@@ -44,7 +44,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..gating import gate
     from ..policy import load_policy
-    from ..summary import print_table, write_json, write_junit
+    from ..summary import write_reports
     from .fuzz import budget_from_args
 
     from ..engine_choice import sut_from_args
@@ -60,11 +60,5 @@ def run(args) -> int:
             summary = gate_engine(sut, budget_s=budget, seed=args.seed, timeout_s=args.timeout_s,
                                   cases_dir=args.cases_dir, kernel_name=args.kernel, device=args.device,
                                   max_cases=cases)
-    print_table(summary)
-    for f in summary.findings:
-        print(f"  [{f.engine}] {f.invariant}: {f.message}" + (f"\n    replay: {f.replay}" if f.replay else ""))
-    if args.json:
-        write_json(summary, args.json)
-    if args.junit:
-        write_junit(summary, args.junit)
-    return summary.exit_code
+    return write_reports(summary, args, lambda f: f"  [{f.engine}] {f.invariant}: {f.message}"
+                         + (f"\n    replay: {f.replay}" if f.replay else ""))

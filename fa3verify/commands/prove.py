@@ -6,7 +6,7 @@ import argparse
 
 from ..engine_choice import add_engine_argument, add_profile_argument
 from ..policy import add_policy_arguments, load_policy
-from ..summary import print_table, write_json, write_junit
+from ..summary import write_reports
 
 HELP = "prove the metadata invariants and guard theorems with z3"
 EPILOG = """\
@@ -76,12 +76,7 @@ def run(args) -> int:
                                                 args.cases_dir)
         summary.checks.extend(checks)
         summary.findings.extend(findings)
-    print_table(summary)
-    if args.json:
-        write_json(summary, args.json)
-    if args.junit:
-        write_junit(summary, args.junit)
-    return summary.exit_code
+    return write_reports(summary, args)
 
 
 def _prove_vllm(args, profile) -> int:
@@ -98,14 +93,7 @@ def _prove_vllm(args, profile) -> int:
     print(f"engine profile: {profile.describe()}")
     with stage("prove", "prove (vLLM flow)"):
         summary = prove_vllm(profile, timeout_s=args.timeout_s)
-    print_table(summary)
-    for f in summary.findings:
-        print(f"  counterexample: {f.message}")
-    if args.json:
-        write_json(summary, args.json)
-    if args.junit:
-        write_junit(summary, args.junit)
-    return summary.exit_code
+    return write_reports(summary, args, lambda f: f"  counterexample: {f.message}")
 
 
 def _check_assumptions(names) -> None:

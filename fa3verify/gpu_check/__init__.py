@@ -30,8 +30,9 @@ The stage runner (:mod:`.runner`: deadline, crash isolation, summary rewriting, 
 parsing) runs :data:`.stages.STAGES` under the :class:`.plan.Plan`; the command line is
 :mod:`fa3verify.commands.gpu_check`.
 
-Every crash, failing fuzz case and mismatch is written as a JSON case file under ``OUT/cases`` (with the error
-text). ``--dry-run`` runs the same stages on CPU with the emulated kernel: fewer configurations, a short fuzz,
+Every crash, failing fuzz case and mismatch is written as a JSON file under ``OUT/cases`` (with the error text):
+a failing fuzz case as a replayable ``fa3verify.case/1`` scenario case (``fa3verify replay`` reads it; the seeded
+defects of a negative-control run in its ``defects``), the other stages' evidence as ``fa3verify.gpu_check_case/1``. ``--dry-run`` runs the same stages on CPU with the emulated kernel: fewer configurations, a short fuzz,
 the emulator's gpu-like mode for the pre-fix case so the NaN appears, and the worked example scaled to fit a
 CPU (a 16-SM GPU and a 4096-token long sequence: S_p = 14, S_c = 4, metadata split count 11 > 4).
 

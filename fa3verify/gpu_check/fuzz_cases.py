@@ -30,19 +30,26 @@ def random_fuzz_case(seed: int, index: int, num_sm: int, max_len: int, contexts:
 
 
 def fuzz_case_task(adapter: dict, case: dict, guard: str = "fixed") -> dict:
-    """Worker task: one fuzz case through the backend with ``guard``, every decode call launched and checked."""
+    """Worker task: one fuzz case through the backend with ``guard``, every decode call launched and checked.
+
+    ``adapter["defects"]`` (optional) names seeded defects (``gpu_impl.defects``) applied from outside: the backend
+    becomes its seeded copy, and kernel-layer ones seed the kernel (the emulator; a negative control)."""
     import hashlib
 
     from gpu_impl.backend import FlashAttentionBackend
     from gpu_impl.config import ServerConfig, get_model
+    from gpu_impl.defects import defects_in_layer, seed_backend
     from gpu_impl.guards import load_guard
     from gpu_impl.scenario import distribute_over_dp
 
+    defects = frozenset(adapter.get("defects") or ())
     kernel = _kernel(adapter, "gpu-like")
+    if defects_in_layer(defects, "kernel"):
+        kernel = kernel.with_defects(defects_in_layer(defects, "kernel"))
     device = adapter.get("device") or "cpu"
     server = ServerConfig.from_dict(case["server"])
     model = get_model(case["model"])
-    backend = FlashAttentionBackend(server, model, load_guard(guard))
+    backend = seed_backend(FlashAttentionBackend(server, model, load_guard(guard)), defects)
     records = []
     for call in backend.decode_calls(distribute_over_dp(case["seq_lens"], server.attn_dp_size)):
         digest = hashlib.sha256(json.dumps([case["seed"], call.dp_rank]).encode()).digest()
@@ -73,7 +80,7 @@ def _fuzz_call(backend, kernel, call, seed: int, device: str) -> dict:
             rec.update(outcome="shape_error", message=str(exc)[:500])
             return rec
         except OutOfBoundsAccess as exc:
-            rec.update(outcome="predicted_oob", message=str(exc)[:500])
+            rec.update(outcome="predicted_oob", message=str(exc)[:500], invariants=[exc.invariant])
             return rec
         trace = kernel.last_trace or {}
         rec["s_c"] = (trace.get("schedule") or {}).get("num_splits")
@@ -86,7 +93,8 @@ def _fuzz_call(backend, kernel, call, seed: int, device: str) -> dict:
             return rec
         if verdicts:
             rec.update(outcome="predicted_oob", message=f"the model predicts {verdicts} for this call "
-                                                        f"(sliding_window={sliding}), though the output has no NaN")
+                                                        f"(sliding_window={sliding}), though the output has no NaN",
+                       invariants=verdicts)
             return rec
         if exact is None:
             cs = torch.tensor(call.seq_lens, dtype=torch.int32)

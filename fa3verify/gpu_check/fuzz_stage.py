@@ -36,13 +36,13 @@ class WorkerTarget:
         return self.observe_many([case])[0]
 
     def observe_many(self, cases: list) -> list:
-        p = self.check.plan
+        p, adapter = self.check.plan, self.check.adapter
         dicts = []
         for case in cases:
             dicts.append(task_case(case, self.index))
             self.index += 1
         out: list = [None] * len(dicts)
-        tasks = (functools.partial(fuzz_case_task, p.adapter, d) for d in dicts)
+        tasks = (functools.partial(fuzz_case_task, adapter, d) for d in dicts)
         for i, res in self.check.pool.run_many(tasks, timeout_s=p.fuzz_case_timeout_s):
             outcome = res.value["outcome"] if res.ok else ("crash" if res.crashed else "error")
             msg = _fuzz_message(res.value) if res.ok else res.summary()
@@ -82,9 +82,8 @@ def run(check: GpuCheck, stage: Stage) -> None:
     failing = sorted(camp.failures.values(), key=lambda f: f.observation.detail[0]["index"])
     for failure in failing[:MAX_SAVED]:
         case, res = failure.observation.detail
-        payload = {"case": case, "guard": "fixed", "outcome": failure.invariant,
-                   "result": res.value if res.ok else res.to_dict()}
-        path = check.save_case("fuzz", failure.signature, payload)
+        path = check.write_case("fuzz", failure.signature,
+                                failure_case(failure.case, failure.invariant, failure.message, res, check.adapter))
         check.finding("fuzz", failure.invariant, f"case {case['index']} ({case['model']}, "
                       f"{_server_label(case['server'])}): {failure.message}", case_file=path)
     elapsed = time.perf_counter() - t0
@@ -100,6 +99,38 @@ def run(check: GpuCheck, stage: Stage) -> None:
         stage.status = "pass"
     if not stage.message:
         stage.message = f"{done} cases ({calls} decode calls), {failures} failing, {crashes} crashes"
+
+
+def failure_case(case, outcome: str, message: str, res, adapter: dict):
+    """A failing fuzz case as a replayable ``fa3verify.case/1`` scenario case (``fa3verify.case_files``).
+
+    The generated case (one decode step), the stage's policy (the fixed guard, sglang's default head counts), the
+    kernel it ran on in ``gpu-like`` mode and the seeded defects; the expected outcome from the worker's:
+    ``predicted_oob`` -> a violation of the first predicted invariant, ``nan`` -> nan, ``mismatch`` -> a
+    ``MATCHES_ORACLE`` violation, ``crash``/``error`` -> a ``NO_CRASH`` violation. The worker's own result is kept
+    in ``expected.detail.gpu_check``. The replay draws its own tensors from the case seed (the worker hashes the
+    seed with the DP rank), so a replay reproduces the metadata-level verdict exactly and the numerics in kind.
+    """
+    from ..case_files import scenario_case
+    from ..policy import load_policy
+
+    import json
+
+    result = json.loads(json.dumps(res.value if res.ok else res.to_dict(), default=str))  # plain JSON values
+    calls = result.get("calls", []) if res.ok else []
+    if outcome == "predicted_oob":  # the worker names the invariants of every call it predicts out of bounds
+        predicted = next(c["invariants"] for c in calls if c.get("outcome") == "predicted_oob")
+        expected = {"outcome": "violation", "invariant": predicted[0]}
+    elif outcome == "nan":
+        expected = {"outcome": "nan", "invariant": None}
+    elif outcome == "mismatch":
+        expected = {"outcome": "violation", "invariant": "MATCHES_ORACLE"}
+    else:
+        expected = {"outcome": "violation", "invariant": "NO_CRASH"}
+    expected["detail"] = {"message": message, "gpu_check": {"outcome": outcome, "result": result}}
+    return scenario_case(case, source="fuzz", policy=load_policy("fixed").to_dict(), expected=expected,
+                         kernel={"name": adapter["name"], "mode": "gpu-like"}, defects=adapter.get("defects", ()),
+                         notes=f"gpu-check fuzz stage: {outcome}: {message}"[:2000])
 
 
 def _fuzz_message(value: dict) -> str:

@@ -51,8 +51,10 @@ class GpuCheck:
     """State of one gpu-check run: the plan, the deadline, the stages done, the worker pool, the case files."""
 
     def __init__(self, plan: Plan, out_dir: str, skip: set = frozenset(),
-                 stages: Sequence[tuple[str, StageFn]] = ()):
+                 stages: Sequence[tuple[str, StageFn]] = (), defects: Sequence[str] = ()):
         self.plan = plan
+        #: seeded defects (gpu_impl.defects) the fuzz stage's workers apply from outside (a negative control)
+        self.defects = tuple(sorted(set(defects)))
         self.steps = tuple(stages)
         self.out_dir = os.path.abspath(out_dir)
         self.cases_dir = os.path.join(self.out_dir, "cases")
@@ -111,12 +113,28 @@ class GpuCheck:
         os.replace(tmp, path)
         return path
 
+    @property
+    def adapter(self) -> dict:
+        """The kernel adapter the workers load (the plan's), with the seeded defects when there are any."""
+        return {**self.plan.adapter, "defects": list(self.defects)} if self.defects else self.plan.adapter
+
     def save_case(self, stage: str, name: str, payload: dict) -> str:
-        os.makedirs(self.cases_dir, exist_ok=True)
-        path = os.path.join(self.cases_dir, f"{stage}-{name}.json")
+        """A stage's evidence file (``fa3verify.gpu_check_case/1``: what the stage saw, not a replayable case)."""
+        path = self._case_path(stage, name)
         with open(path, "w") as fh:
             json.dump({"schema": "fa3verify.gpu_check_case/1", "stage": stage, **payload}, fh, indent=2, default=str)
             fh.write("\n")
+        return path
+
+    def write_case(self, stage: str, name: str, case) -> str:
+        """A replayable case file (``fa3verify.case/1``, ``fa3verify.case_files``) that ``fa3verify replay`` reads."""
+        from ..case_files import write_case
+
+        return str(write_case(case, self._case_path(stage, name)))
+
+    def _case_path(self, stage: str, name: str) -> str:
+        os.makedirs(self.cases_dir, exist_ok=True)
+        path = os.path.join(self.cases_dir, f"{stage}-{name}.json")
         self.case_files.append(os.path.relpath(path, self.out_dir))
         return path
 

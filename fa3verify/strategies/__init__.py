@@ -3,6 +3,7 @@
 A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign seeds from one Hypothesis draw:
 
 * ``scenario`` -- issue 5's whole scenario space (:mod:`.scenarios`): what ``fuzz``, ``gate`` and ``check`` run;
+  ``release`` -- its metadata-level cases with ``num_splits`` 0, configurations a release runs (``conform``);
   ``gpu-decode`` -- its decode corner on a real GPU's SM count, every call on tensors (gpu-check's fuzz stage);
 * the catalogue's scenario families (:mod:`.families`: ``prefill-cp``, ``dp-attention``, ...): focused corners,
   each a ``FuzzCase`` run on a scenario system under test;
@@ -17,15 +18,17 @@ from typing import Callable
 from . import families, kernel_calls
 from .scenarios import (CONTEXT_LENGTHS, NUM_SPLITS_POLICIES, NUMERICS_MAX_LEN, NUMERICS_SHARE, PAGE_SIZES, SM_COUNTS,
                         STEP_KINDS, FuzzCase, decode_step, extend_step, fuzz_cases, gpu_decode_case, random_fuzz_case,
-                        random_server_config, random_steps, rank_layouts)
+                        random_server_config, release_fuzz_case, random_steps, rank_layouts)
 
 __all__ = ["FAMILIES", "KERNEL_FAMILIES", "family", "is_kernel_family", "FuzzCase", "fuzz_cases", "random_fuzz_case", "gpu_decode_case",
+           "release_fuzz_case",
            "random_server_config", "random_steps", "rank_layouts", "decode_step", "extend_step", "SM_COUNTS",
            "PAGE_SIZES", "CONTEXT_LENGTHS", "NUM_SPLITS_POLICIES", "NUMERICS_SHARE", "NUMERICS_MAX_LEN", "STEP_KINDS"]
 
 #: Scenario families (FuzzCase generators), by name.
 FAMILIES: dict[str, Callable] = {
     "scenario": random_fuzz_case,
+    "release": release_fuzz_case,
     "gpu-decode": gpu_decode_case,
     "prefill-cp": families.prefill_cp,
     "dp-attention": families.dp_attention,

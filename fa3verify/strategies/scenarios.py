@@ -124,6 +124,14 @@ def random_fuzz_case(rng: random.Random, numerics_share: float = NUMERICS_SHARE)
                     numerics=numerics, seed=rng.randrange(2**31))
 
 
+def release_fuzz_case(rng: random.Random) -> FuzzCase:
+    """A configuration a real release can be run with (family ``release``, what ``conform`` draws): a metadata-level
+    case of the ``scenario`` space with ``num_splits`` 0. A fixed ``num_splits`` > 0 is the model's what-if
+    (spec.config.ServerConfig): sglang has no such server option and passes 0 (1 under deterministic inference)."""
+    case = random_fuzz_case(rng, numerics_share=0.0)
+    return dataclasses.replace(case, server=dataclasses.replace(case.server, num_splits=0))
+
+
 def gpu_decode_case(rng: random.Random, num_sm: int = 132, max_len: int = 16384,
                     contexts: tuple = (4096, 16384, 32768)) -> FuzzCase:
     """A case for a real GPU (gpu-check's fuzz stage): a valid configuration of a real model on the GPU's SM
