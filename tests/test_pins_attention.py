@@ -106,3 +106,49 @@ def test_mask_lengths_must_be_non_negative():
         visibility_mask(2, -1)
     assert str(info.value) == "seqlen: lengths must be >= 0, got seqlen_q=2, seqlen_k=-1"
     assert visibility_mask(0, 0).shape == (0, 0)
+
+
+def test_the_defaults_are_fa3_s_no_mask_no_softcap():
+    # flash_attn_with_kvcache's defaults: causal=False, softcap=0.0 (hopper/flash_attn_interface.py)
+    from refmodel.attention import attention_rows, resolve_attention_call
+    call = _good_call()
+    out, lse = attention(**call)
+    out_explicit, lse_explicit = attention(**call, causal=False, softcap=0.0)
+    assert torch.equal(out, out_explicit) and torch.equal(lse, lse_explicit)
+    assert not torch.equal(out, attention(**call, causal=True)[0])       # the mask matters for this call (sq 3)
+    resolved = resolve_attention_call(call["q"], call["k_cache"], call["v_cache"])
+    assert resolved.causal is False and resolved.softcap == 0.0
+    q, k, v = torch.randn(2, 4), torch.randn(3, 4) * 20, torch.randn(3, 2)
+    visible = torch.ones(2, 3, dtype=torch.bool)
+    assert torch.equal(attention_rows(q, k, v, visible, 1.0)[0], attention_rows(q, k, v, visible, 1.0, softcap=0.0)[0])
+    assert not torch.equal(attention_rows(q, k, v, visible, 1.0)[0], attention_rows(q, k, v, visible, 1.0, softcap=1.0)[0])
+
+
+def test_the_resolved_call_carries_the_call_s_layout():
+    from refmodel.attention import resolve_attention_call
+    call = _good_call()                       # q (2, 3, 4, 8), k (2, 6, 2, 8), v (2, 6, 2, 5)
+    r = resolve_attention_call(call["q"], call["k_cache"], call["v_cache"], causal=True, window_size=(4, -1))
+    assert (r.varlen, r.batch_size, r.seqlen_q, r.total_q) == (False, 2, 3, 6)
+    assert (r.num_heads, r.num_heads_k, r.head_dim, r.head_dim_v, r.qhead_per_khead) == (4, 2, 8, 5, 2)
+    assert (r.causal, r.window_size, r.q_dtype, r.no_keys_in_call) == (True, (4, -1), torch.float32, False)
+    assert [b.row_start for b in r.batches] == [0, 0] and [b.index for b in r.batches] == [0, 1]
+    v = _varlen_call()
+    r = resolve_attention_call(v["q"], v["k_cache"], v["v_cache"], cu_seqlens_q=v["cu_seqlens_q"], max_seqlen_q=4)
+    assert (r.varlen, r.total_q, r.seqlen_q, [b.row_start for b in r.batches]) == (True, 7, 4, [0, 3])
+
+
+def test_a_varlen_call_with_no_sequence_is_empty():
+    # cu_seqlens_q = [0]: b = 0, and max_seqlen_q = 0 covers the (absent) longest sequence
+    q = torch.randn(0, 4, 8)
+    k, v = torch.randn(0, 6, 2, 8), torch.randn(0, 6, 2, 5)
+    out, lse = attention(q, k, v, cu_seqlens_q=torch.tensor([0], dtype=I32), max_seqlen_q=0)
+    assert out.shape == (0, 4, 5) and lse.shape == (4, 0)
+
+
+def test_the_varlen_head_count_is_q_s_second_to_last_dim():
+    # varlen q (total_q, h, d) = (7, 6, 8) over 4 KV heads: 6 % 4 != 0 is refused (8 % 4 == 0 would not be)
+    v = _varlen_call()
+    v.update(q=torch.randn(7, 6, 8), k_cache=torch.randn(2, 6, 4, 8), v_cache=torch.randn(2, 6, 4, 5))
+    with pytest.raises(ValueError) as info:
+        attention(**v)
+    assert str(info.value) == "k_cache: KV head count must be >= 1 and divide q's head count 6, got 4"
