@@ -46,7 +46,7 @@ TARGETS = ROOT / "mutation" / "targets.toml"
 EQUIVALENT = ROOT / "mutation" / "equivalent.tsv"
 WORK = ROOT / "build" / "mutation" / "work"
 #: What each scratch copy holds: the packages the tests import, and the tests.
-COPIED = ("refmodel", "spec", "gpu_impl", "fa3verify", "tests")
+COPIED = ("refmodel", "spec", "gpu_impl", "fa3verify", "tests", "examples")  # examples: guard files tests load
 PACKAGES = ("refmodel", "spec", "gpu_impl", "fa3verify")
 
 #: mutmut's exit codes per mutant (mutmut/stats.py) grouped as this report counts them.
