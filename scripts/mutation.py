@@ -46,7 +46,7 @@ TARGETS = ROOT / "mutation" / "targets.toml"
 EQUIVALENT = ROOT / "mutation" / "equivalent.tsv"
 WORK = ROOT / "build" / "mutation" / "work"
 #: What each scratch copy holds: the packages the tests import, and the tests.
-COPIED = ("refmodel", "spec", "gpu_impl", "fa3verify", "tests", "examples")  # examples: guard files tests load
+COPIED = ("refmodel", "spec", "gpu_impl", "fa3verify", "tests", "examples")  # examples: guard files the tests load
 PACKAGES = ("refmodel", "spec", "gpu_impl", "fa3verify")
 
 #: mutmut's exit codes per mutant (mutmut/stats.py) grouped as this report counts them.
@@ -283,6 +283,7 @@ def write_workdir(target: Target, workdir: Path, exclude: tuple = ()) -> None:
               f"pytest_add_cli_args_test_selection = {json.dumps(selection)}",
               # the project's own pytest plugin adds nothing to these tests and costs start-up time
               'pytest_add_cli_args = ["-p", "no:fa3verify"]',
+              'also_copy = ["examples"]',  # into mutmut's mutants/ tree, where the tests run: guard files they load
               "use_git_change_detection = false", ""]
     (workdir / "pyproject.toml").write_text("\n".join(lines))
 

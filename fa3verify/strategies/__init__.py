@@ -8,7 +8,9 @@ A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign
 * the catalogue's scenario families (:mod:`.families`: ``prefill-cp``, ``dp-attention``, ...): focused corners,
   each a ``FuzzCase`` run on a scenario system under test;
 * the kernel-level call families (:mod:`.kernel_calls`: ``kernel:cascade-prefix``, ...): FA3 calls run on the
-  kernel-level system under test (``fa3verify.kernel_cases.KernelCallSUT``).
+  kernel-level system under test (``fa3verify.kernel_cases.KernelCallSUT``);
+* ``fidelity`` (:mod:`.fidelity_configs`): precompute configurations for the metadata fidelity check, one seeded
+  generator per index so that gpu-check's workers can take chunks of a stream (not a campaign family).
 """
 
 from __future__ import annotations
