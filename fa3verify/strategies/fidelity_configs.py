@@ -28,6 +28,8 @@ FIXED_SPLITS = (1, 2, 3, 8, 16, 64, 128)
 MAX_SEQLEN_K = 131072
 #: Longest query length of a "small prefill" configuration.
 MAX_PREFILL_Q = 512
+
+
 @dataclass(frozen=True)
 class FidelityConfig:
     """One precompute (``get_scheduler_metadata`` arguments) and the call probed with the same shapes."""
