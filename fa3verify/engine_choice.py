@@ -97,6 +97,8 @@ def spec_from_identity(identity: Optional[dict]):
         return parse_engine(f"sglang=={identity['release']}")
     if name == "sglang-src" and identity.get("path"):
         return parse_engine(f"sglang-src={identity['path']}")
+    if name == "vllm" and identity.get("release"):
+        return parse_engine(f"vllm=={identity['release']}")
     return parse_engine(name)  # a full spec string, e.g. "sglang==0.5.23"
 
 
@@ -107,7 +109,7 @@ def identity_of(sut) -> dict:
     if spec.is_model:
         return {"name": "model"}
     out = {"name": spec.kind}
-    if spec.kind == "sglang":
+    if spec.kind in ("sglang", "vllm"):
         out["release"] = spec.release
     else:
         out["path"] = spec.path

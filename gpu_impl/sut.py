@@ -120,6 +120,9 @@ class ModelSUT(SystemUnderTest):
     def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
         from .scenario import run_scenario
 
+        if getattr(scenario, "vllm", None) is not None:
+            raise ValueError("vllm: a vLLM configuration (sliding windows, KV dtype, piecewise graphs) is not "
+                             "modelled by the model of sglang's backend; run it on vllm==V")
         return run_scenario(scenario, kernel=kernel, numerics=numerics, device=device)
 
     def identity(self) -> dict:

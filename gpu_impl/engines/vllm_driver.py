@@ -144,7 +144,6 @@ class FrontFA3:
                                    record_all=True, impl_signature="fa3", signature="fa3")
         self.last_md = None
         self.last_pre = None
-        self.defect = None
         #: calls that consume no metadata and are not checked (DCP's varlen-K call over the new tokens)
         self.unchecked_calls = 0
 
@@ -152,7 +151,6 @@ class FrontFA3:
         for name in ("cu_seqlens_k", "seqused_q"):
             if a[name] is not None:
                 raise Unsupported(f"get_scheduler_metadata({name}=...): not modelled by refmodel")
-        num_splits = a["num_splits"] if self.defect is None else self.defect["precompute_num_splits"]
         md = self.checker.get_scheduler_metadata(
             batch_size=a["batch_size"], max_seqlen_q=a["max_seqlen_q"], max_seqlen_k=a["max_seqlen_k"],
             num_heads_q=a["num_heads"], num_heads_kv=a["num_heads_k"], headdim=a["headdim"],
@@ -160,7 +158,7 @@ class FrontFA3:
             cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_k_new=a["cu_seqlens_k_new"], cache_leftpad=a["leftpad_k"],
             page_size=a["page_size"], max_seqlen_k_new=a["max_seqlen_k_new"], causal=a["is_causal"],
             window_size=(a["window_size_left"], a["window_size_right"]), has_softcap=a["has_softcap"],
-            num_splits=num_splits, pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"])
+            num_splits=a["num_splits"], pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"])
         self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
         return md
 
@@ -204,6 +202,20 @@ class FrontFA3:
     def drain(self) -> list:
         events, self.checker.events = self.checker.events, []
         return events
+
+
+def seed_defect(front: "FrontFA3", defect) -> "FrontFA3":
+    """``front`` with a seeded defect applied from outside (``{"precompute_num_splits": N}``: the metadata vLLM
+    asks for is computed with ``num_splits=N`` whatever vLLM passed -- vLLM #20301's pattern); None: unchanged."""
+    if not defect:
+        return front
+    plain = front.c_get_scheduler_metadata
+
+    def seeded(**a):
+        return plain(**{**a, "num_splits": defect["precompute_num_splits"]})
+
+    front.c_get_scheduler_metadata = seeded
+    return front
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -393,8 +405,7 @@ class Engine:
         s = check_scenario(dict(scenario))
         if self.fa_version != 3:
             raise Unsupported(f"vLLM chose FlashAttention {self.fa_version}, not 3: nothing precomputes metadata")
-        front = FrontFA3(s["num_sm"])
-        front.defect = s["defect"]
+        front = seed_defect(FrontFA3(s["num_sm"]), s["defect"])
         self.glue.front.target = front
         t = time.monotonic()
         cfg = Config(self, s)
@@ -415,7 +426,8 @@ class Engine:
                     d = v.to_dict() if hasattr(v, "to_dict") else {"invariant": v.invariant, "message": str(v)}
                     finding = {"invariant": d.get("invariant", v.invariant), "step": index, "dp_rank": None,
                                "message": d.get("message", str(v)),
-                               "detail": {"s_p": summary["s_p"], "s_c": summary["s_c"],
+                               "detail": {"s_p": summary["s_p"], "s_c": summary["s_c"], "mode": entry["mode"],
+                                          "path": entry["path"],
                                           "seq_lens": list(st["seq_lens"]), **d}}
                     (out["shape_errors"] if finding["invariant"] == "SHAPE" else out["findings"]).append(finding)
             out["trace"].append({"step": index, "seconds": round(time.monotonic() - t, 3)})
