@@ -75,9 +75,10 @@ class VllmWorker:
         self.proc.stdin.flush()
         return self._read()
 
-    def run(self, scenario: dict) -> dict:
-        """The driver's answer for one vLLM scenario (``vllm_driver.scenario_defaults`` fields)."""
-        resp = self.request({"op": "run", "scenario": scenario})
+    def run(self, scenario: dict, numerics: bool = False) -> dict:
+        """The driver's answer for one vLLM scenario (``vllm_driver.scenario_defaults`` fields); ``numerics``: the
+        calls on the FA3 emulator, outputs judged against the oracle (``vllm_numerics``)."""
+        resp = self.request({"op": "run", "scenario": scenario, "numerics": bool(numerics)})
         if not resp.get("ok"):
             kind = resp.get("kind")
             if kind == "unsupported":
@@ -141,7 +142,8 @@ def scenario_to_vllm(scn) -> dict:
            "dtype": "bfloat16" if fp8 else model.dtype, **({"kv_cache_dtype": "fp8"} if fp8 else {}), "tp": server.tp_size, "dcp": server.attn_cp_size, "cuda_graph": graph,
            "batch_invariant": bool(server.enable_deterministic_inference), "num_sm": server.num_sm,
            "max_model_len": max([server.context_length] + [max(s["seq_lens"]) for s in steps]),
-           "block_size": max(16, -(-server.page_size // 16) * 16), "steps": steps}
+           "block_size": max(16, -(-server.page_size // 16) * 16), "steps": steps,
+           "seed": int(getattr(scn, "seed", 0) or 0) % (2 ** 63)}
     for name in ("kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes"):
         if opts.get(name) is not None:
             out[name] = opts[name]
@@ -169,9 +171,7 @@ class VllmSUT(SystemUnderTest):
     def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
         from .protocol import result_from_wire
 
-        if numerics:
-            raise ValueError("numerics: the vLLM engine runs in record mode (metadata checks) only")
-        return result_from_wire(self.worker.run(scenario_to_vllm(scenario)))
+        return result_from_wire(self.worker.run(scenario_to_vllm(scenario), numerics=numerics))
 
     def identity(self) -> dict:
         ident = {"name": str(self.spec), "release": self.spec.release}

@@ -45,7 +45,8 @@ def scenario_defaults() -> dict:
             "logits_soft_cap": 0.0, "dtype": "bfloat16", "tp": 1, "dcp": 1, "cuda_graph": "none",
             "capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "max_num_seqs": 256, "batch_invariant": False,
             "kv_cache_dtype": "auto", "block_size": 16, "max_model_len": 40960, "num_sm": 132,
-            "max_num_splits_for_cuda_graph": 32, "max_num_batched_tokens": 8192, "steps": [], "defect": None}
+            "max_num_splits_for_cuda_graph": 32, "max_num_batched_tokens": 8192, "steps": [], "defect": None,
+            "seed": 0}
 
 
 def check_scenario(s: dict) -> dict:
@@ -97,6 +98,8 @@ def check_scenario(s: dict) -> dict:
             raise ValueError(f"steps[{i}].query_lens: at most max_num_batched_tokens ({out['max_num_batched_tokens']}) "
                              f"query tokens in a step (vLLM's scheduler budget), got {sum(q)}")
         st["query_lens"] = q
+    if not isinstance(out["seed"], int) or isinstance(out["seed"], bool) or not 0 <= out["seed"] < 2 ** 63:
+        raise ValueError(f"seed: must be an integer in [0, 2^63), got {out['seed']!r}")
     d = out["defect"]
     if d is not None and (not isinstance(d, dict) or set(d) != {"precompute_num_splits"}
                           or not isinstance(d["precompute_num_splits"], int) or d["precompute_num_splits"] < 0):
@@ -137,10 +140,15 @@ class FrontFA3:
     precompute's output is attributed to that precompute (the bytes FA3 reads are exactly those).
     """
 
-    def __init__(self, num_sm: int):
+    def __init__(self, num_sm: int, numerics: bool = False):
         from ..fa3_calls import CheckingFA3
+        from .vllm_numerics import EmulatorVarlenFA3
 
-        self.checker = CheckingFA3(ShapeOnlyFA3(num_sm), mode="record", deep=True, num_sm=num_sm, arch=90,
+        self.numerics = bool(numerics)
+        self.impl = EmulatorVarlenFA3(num_sm) if numerics else ShapeOnlyFA3(num_sm)
+        #: numerics: (invariant, message, detail) of every call whose output failed the oracle, since the last drain
+        self.output_findings: list = []
+        self.checker = CheckingFA3(self.impl, mode="record", deep=True, num_sm=num_sm, arch=90,
                                    record_all=True, impl_signature="fa3", signature="fa3")
         self.last_md = None
         self.last_pre = None
@@ -188,8 +196,25 @@ class FrontFA3:
             q=q, k=a["k"], v=a["v"], max_seqlen_q=a["max_seqlen_q"], cu_seqlens_q=a["cu_seqlens_q"],
             max_seqlen_k=a["max_seqlen_k"], seqused_k=a["seqused_k"], block_table=a["page_table"],
             causal=a["is_causal"], window_size=(a["window_size_left"], a["window_size_right"]),
-            softcap=a["softcap"], scheduler_metadata=md, num_splits=a["num_splits"])
-        return self._outputs(q, a["v"])
+            softcap=a["softcap"], scheduler_metadata=md, num_splits=a["num_splits"],
+            **({"softmax_scale": a["softmax_scale"]} if self.numerics else {}))
+        if not self.numerics:
+            return self._outputs(q, a["v"])
+        return self._judged(a)
+
+    def _judged(self, a: dict) -> list:
+        """Numerics: the emulator's output into vLLM's ``out``, judged against the oracle (vllm_numerics.judge)."""
+        from .vllm_numerics import judge
+
+        out, lse = self.impl.last
+        if a["out"] is not None:
+            a["out"].copy_(out.to(a["out"].dtype))
+        bad = judge(out, a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["max_seqlen_q"], a["seqused_k"],
+                    a["page_table"], a["is_causal"], (a["window_size_left"], a["window_size_right"]), a["softcap"],
+                    a["softmax_scale"])
+        if bad is not None:
+            self.output_findings.append(bad)
+        return [a["out"] if a["out"] is not None else out, lse, lse.new_zeros(0), lse.new_zeros(0)]
 
     @staticmethod
     def _outputs(q, v):
@@ -202,6 +227,10 @@ class FrontFA3:
     def drain(self) -> list:
         events, self.checker.events = self.checker.events, []
         return events
+
+    def drain_outputs(self) -> list:
+        found, self.output_findings = self.output_findings, []
+        return found
 
 
 def seed_defect(front: "FrontFA3", defect) -> "FrontFA3":
@@ -255,7 +284,7 @@ class _DCPGroup:
 class Config:
     """vLLM's config objects, the layers and the metadata builder for one scenario."""
 
-    def __init__(self, engine, s: dict):
+    def __init__(self, engine, s: dict, numerics: bool = False):
         import torch
         from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
         from vllm.config.compilation import CUDAGraphMode
@@ -264,6 +293,7 @@ class Config:
 
         fa = engine.fa
         self.s = s
+        self.numerics = numerics
         os.environ["VLLM_BATCH_INVARIANT"] = "1" if s["batch_invariant"] else "0"
         dtype = getattr(torch, s["dtype"])
         vc = VllmConfig(compilation_config=CompilationConfig(max_cudagraph_capture_size=max(s["capture_sizes"])))
@@ -317,6 +347,7 @@ class Config:
             self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
         self.kv_cache = torch.zeros(1, self.hk, s["block_size"], 2 * s["head_dim"], dtype=kv_dtype)
         self.max_blocks = -(-s["max_model_len"] // s["block_size"])
+        self.steps_built = 0
 
     def batch(self, query_lens, seq_lens):
         """vLLM's CommonAttentionMetadata for one batch (padded to a capture size under full CUDA graph)."""
@@ -330,10 +361,17 @@ class Config:
             q, k = q + [1] * pad, k + [0] * pad
         qsl = torch.tensor([0] + list(_cumsum(q)), dtype=torch.int32)
         n = len(k)
+        table = torch.zeros(n, self.max_blocks, dtype=torch.int32)
+        if self.numerics:
+            from .vllm_numerics import numerics_kv
+
+            self.kv_cache, table = numerics_kv(self.hk, s["block_size"], s["head_dim"], self.dtype, k,
+                                               self.max_blocks, seed=s["seed"] + 7919 * self.steps_built)
+        self.steps_built += 1
         return CommonAttentionMetadata(
             query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=torch.tensor(k, dtype=torch.int32),
             num_reqs=n, num_actual_tokens=int(sum(q)), max_query_len=max(q), max_seq_len=max(k),
-            block_table_tensor=torch.zeros(n, self.max_blocks, dtype=torch.int32),
+            block_table_tensor=table,
             slot_mapping=torch.zeros(int(sum(q)), dtype=torch.int64), causal=True,
             seq_lens_cpu_upper_bound=torch.tensor(k, dtype=torch.int32))
 
@@ -346,7 +384,11 @@ class Config:
             for layer in self.layers.values():
                 qd = torch.float8_e4m3fn if (s["kv_cache_dtype"] == "fp8"
                                              and layer.impl.supports_quant_query_input) else self.dtype
-                query = torch.zeros(num_tokens, self.h, s["head_dim"], dtype=qd)
+                if self.numerics:
+                    gen = torch.Generator().manual_seed(s["seed"] + 104729 * self.steps_built)
+                    query = torch.randn(num_tokens, self.h, s["head_dim"], generator=gen).to(qd)
+                else:
+                    query = torch.zeros(num_tokens, self.h, s["head_dim"], dtype=qd)
                 key = torch.zeros(num_tokens, self.hk, s["head_dim"], dtype=self.dtype)
                 out = torch.zeros(num_tokens, self.h, s["head_dim"], dtype=self.dtype)
                 layer.impl.forward(layer, query, key, key, self.kv_cache, md, out)
@@ -399,16 +441,22 @@ class Engine:
         return {"release": getattr(self.vllm, "__version__", None), "path": os.path.dirname(self.vllm.__file__),
                 "import_s": round(self.import_s, 2), "fa_version": self.fa_version, "faked": list(self.glue.FAKED)}
 
-    def run(self, scenario: dict) -> dict:
+    def run(self, scenario: dict, numerics: bool = False) -> dict:
+        """One scenario through vLLM's builder and impl; ``numerics``: every call on the emulator, outputs judged
+        against the oracle (``vllm_numerics``; off by default: record mode)."""
         from ..fa3_calls import pair_summary
 
         s = check_scenario(dict(scenario))
+        if numerics:
+            from .vllm_numerics import check_numerics_scenario
+
+            check_numerics_scenario(s)
         if self.fa_version != 3:
             raise Unsupported(f"vLLM chose FlashAttention {self.fa_version}, not 3: nothing precomputes metadata")
-        front = seed_defect(FrontFA3(s["num_sm"]), s["defect"])
+        front = seed_defect(FrontFA3(s["num_sm"], numerics=bool(numerics)), s["defect"])
         self.glue.front.target = front
         t = time.monotonic()
-        cfg = Config(self, s)
+        cfg = Config(self, s, numerics=bool(numerics))
         out = {"findings": [], "shape_errors": [], "trace": [], "setup_s": round(time.monotonic() - t, 3)}
         out["unchecked_calls"] = 0
         for index, st in enumerate(s["steps"]):
@@ -430,7 +478,13 @@ class Engine:
                                           "path": entry["path"],
                                           "seq_lens": list(st["seq_lens"]), **d}}
                     (out["shape_errors"] if finding["invariant"] == "SHAPE" else out["findings"]).append(finding)
-            out["trace"].append({"step": index, "seconds": round(time.monotonic() - t, 3)})
+            mode = "decode" if max(st["query_lens"]) == 1 else "mixed"
+            for invariant, message, detail in front.drain_outputs():
+                out["findings"].append({"invariant": invariant, "step": index, "dp_rank": None, "message": message,
+                                        "detail": {"mode": mode, "path": s["cuda_graph"],
+                                                   "seq_lens": list(st["seq_lens"]), **detail}})
+            out["trace"].append({"step": index, "seconds": round(time.monotonic() - t, 3),
+                                 **({"numerics": "emulator"} if numerics else {})})
         out["unchecked_calls"] = front.unchecked_calls
         return out
 
