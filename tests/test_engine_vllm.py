@@ -164,18 +164,24 @@ def test_profile_conforms_to_the_released_code(vllm_worker):
 
 @pytest.mark.engine
 def test_case_sliding_window_short_batch_replays(vllm_worker):
-    """The campaign's one difference (a case file): causal at the precompute, local at the call."""
-    import json
+    """The campaign's one difference (a case file of the one schema, fa3verify.case/1 with a ``vllm`` object):
+    causal at the precompute, local at the call; replayed by ``fa3verify replay`` on vllm==0.33.0."""
     from pathlib import Path
 
-    case = json.loads((Path(__file__).parent / "corpus_vllm" / "sliding-window-short-batch-causal-vs-local.json")
-                      .read_text())
-    resp = vllm_worker.run(case["scenario"])
-    assert sorted({f["invariant"] for f in resp["shape_errors"]}) == case["expect"]["shape_errors"]
-    assert resp["findings"] == case["expect"]["findings"]
-    p = _pairs(resp)[0]
-    assert p["precompute"]["max_seqlen_k"] == case["expect"]["precompute_max_seqlen_k"]
-    assert p["call"]["seqlen_k"] == case["expect"]["call_seqlen_k"]
+    from fa3verify.replaying import replay
+    from gpu_impl.engines.vllm import VllmSUT
+    from spec.cases import Case
+
+    path = Path(__file__).parent / "corpus_vllm" / "sliding-window-short-batch-causal-vs-local.json"
+    case = Case.load(path)
+    sut = VllmSUT(RELEASE)
+    sut._worker = vllm_worker  # the session's worker: no second import
+    summary, seen = replay(str(path), sut=sut)
+    assert seen.outcome == case.expected["outcome"] == "shape_error" and seen.verdict == "STILL FAILS"
+    assert seen.findings == [] and summary.exit_code == 1  # loud and safe, but never exit 0
+    p = _pairs({"trace": seen.trace})[0]
+    assert p["precompute"]["max_seqlen_k"] == case.expected["detail"]["precompute_max_seqlen_k"]
+    assert p["call"]["seqlen_k"] == case.expected["detail"]["call_seqlen_k"]
     assert p["precompute"]["causal"] and p["call"]["window_size"][0] == 4095
 
 
