@@ -346,7 +346,11 @@ class Config:
                                          dtype=kv_dtype)
             self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
         self.kv_cache = torch.zeros(1, self.hk, s["block_size"], 2 * s["head_dim"], dtype=kv_dtype)
-        self.max_blocks = -(-s["max_model_len"] // s["block_size"])
+        from vllm.v1.worker.block_table import get_block_table_width
+
+        # the model runner's per-rank block-table width (gpu_model_runner -> BlockTable): the spec's blocks per
+        # request (under DCP a sharded cache holds max_model_len / dcp tokens per rank), aligned to 128 tokens
+        self.max_blocks = get_block_table_width(spec.max_num_blocks_per_req(vc, s["max_model_len"]), s["block_size"])
         self.steps_built = 0
 
     def batch(self, query_lens, seq_lens):
@@ -375,11 +379,21 @@ class Config:
             slot_mapping=torch.zeros(int(sum(q)), dtype=torch.int64), causal=True,
             seq_lens_cpu_upper_bound=torch.tensor(k, dtype=torch.int32))
 
+    def padded_tokens(self, num_tokens: int) -> int:
+        """The tokens the layers see: under piecewise CUDA graphs the hidden states are padded to the capture size
+        (``gpu_model_runner``: ``num_tokens_padded``) while the attention metadata is not (``pad_attn`` only under
+        FULL), so the attention runs eagerly on ``query[:num_actual_tokens]``; otherwise the batch's own count."""
+        s = self.s
+        if s["cuda_graph"] == "piecewise" and num_tokens <= max(s["capture_sizes"]):
+            return next(x for x in s["capture_sizes"] if x >= num_tokens)
+        return num_tokens
+
     def forward(self, md, num_tokens: int) -> None:
         import torch
         from vllm.config import set_current_vllm_config
 
         s = self.s
+        num_tokens = self.padded_tokens(num_tokens)
         with set_current_vllm_config(self.vc):
             for layer in self.layers.values():
                 qd = torch.float8_e4m3fn if (s["kv_cache_dtype"] == "fp8"
