@@ -19,8 +19,9 @@ from typing import Optional
 from .errors import UsageError
 
 ENGINE_HELP = ("system under test: 'model' (our model of sglang's backend, default), 'sglang==V' (release V's "
-               "own FlashAttentionBackend in its engine environment, see `fa3verify engine setup`) or "
-               "'sglang-src=PATH' (an sglang checkout's python/ or a wheel)")
+               "own FlashAttentionBackend in its engine environment, see `fa3verify engine setup`), "
+               "'sglang-src=PATH' (an sglang checkout's python/ or a wheel) or 'vllm==V' (vLLM release V's "
+               "FlashAttention metadata builder and impl; fuzz draws vLLM's configuration families)")
 
 #: (argparse dest, option, default) of the model-policy options a real engine does not take.
 POLICY_OPTIONS = (("guard", "--guard", "fixed"), ("metadata_heads", "--metadata-heads", "tp"),
