@@ -95,6 +95,9 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
     from .strategies import family, family_for_engine
 
     budget = Budget(seconds=budget_s, cases=max_cases).validate()
+    if defects and sut is not None and sut.spec.kind not in ("model", "vllm"):
+        raise ValueError(f"defects: {sorted(defects)} cannot be seeded into {sut.spec} (its driver applies none; "
+                         f"seeded defects run on the model or on vllm==V)")
     target = ScenarioTarget(policy, kernel, numerics_always, sut, defects=defects)
     name = strategy or family_for_engine(None if sut is None else sut.spec)
     generate = random_fuzz_case if name == "scenario" else family(name)

@@ -147,3 +147,18 @@ def test_negative_control_the_seeded_pr20301_defect_is_found_saved_and_replays(v
     control = fuzz(load_policy(), sut=vllm_sut, max_cases=200, budget_s=None, out_dir=str(tmp_path / "off"),
                    strategy="vllm-full-graph", show_progress=False)
     assert control.exit_code == 0 and control.cases == 200  # silent when off: the same draws without the defect
+
+
+def test_seeded_defects_on_an_engine_whose_driver_applies_none_are_refused_not_ignored():
+    from fa3verify.fuzzing import run_campaign
+    from fa3verify.policy import load_policy
+    from gpu_impl.sut import parse_engine
+
+    class SglangLike:
+        spec = parse_engine("sglang==0.5.23")
+
+        def run(self, *a, **k):  # never reached: the refusal comes first
+            raise AssertionError("ran")
+
+    with pytest.raises(ValueError, match="defects: .* cannot be seeded into sglang==0.5.23"):
+        run_campaign(load_policy(), None, max_cases=1, budget_s=None, sut=SglangLike(), defects={DEFECT})
