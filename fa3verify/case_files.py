@@ -23,7 +23,8 @@ def scenario_case(case, *, source: str, policy: dict, expected: dict, notes: str
     return Case.from_parts(source=source, server=case.server.to_dict(), model=case.model.to_dict(), policy=policy,
                            engine=engine, batches=[dict(s) for s in case.steps],
                            kernel=kernel or {"name": "emulated", "mode": "strict"}, seed=case.seed,
-                           expected=expected, notes=notes, defects=sorted(defects))
+                           expected=expected, notes=notes, defects=sorted(defects),
+                           vllm=getattr(case, "vllm", None))
 
 
 def write_case(case: Any, path) -> Path:

@@ -19,8 +19,9 @@ from typing import Optional
 from .errors import UsageError
 
 ENGINE_HELP = ("system under test: 'model' (our model of sglang's backend, default), 'sglang==V' (release V's "
-               "own FlashAttentionBackend in its engine environment, see `fa3verify engine setup`) or "
-               "'sglang-src=PATH' (an sglang checkout's python/ or a wheel)")
+               "own FlashAttentionBackend in its engine environment, see `fa3verify engine setup`), "
+               "'sglang-src=PATH' (an sglang checkout's python/ or a wheel) or 'vllm==V' (vLLM release V's "
+               "FlashAttention metadata builder and impl; fuzz draws vLLM's configuration families)")
 
 #: (argparse dest, option, default) of the model-policy options a real engine does not take.
 POLICY_OPTIONS = (("guard", "--guard", "fixed"), ("metadata_heads", "--metadata-heads", "tp"),
@@ -97,6 +98,8 @@ def spec_from_identity(identity: Optional[dict]):
         return parse_engine(f"sglang=={identity['release']}")
     if name == "sglang-src" and identity.get("path"):
         return parse_engine(f"sglang-src={identity['path']}")
+    if name == "vllm" and identity.get("release"):
+        return parse_engine(f"vllm=={identity['release']}")
     return parse_engine(name)  # a full spec string, e.g. "sglang==0.5.23"
 
 
@@ -107,7 +110,7 @@ def identity_of(sut) -> dict:
     if spec.is_model:
         return {"name": "model"}
     out = {"name": spec.kind}
-    if spec.kind == "sglang":
+    if spec.kind in ("sglang", "vllm"):
         out["release"] = spec.release
     else:
         out["path"] = spec.path

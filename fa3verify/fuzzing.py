@@ -35,7 +35,8 @@ def scenario_for(case: FuzzCase, policy: Policy, defects=frozenset()):
     return Scenario(server=case.server, model=case.model, guard=policy.guard, guard_spec=policy.guard_spec,
                     steps=[Step(**s) for s in case.steps], metadata_heads=policy.metadata_heads,
                     clear_stale_cp_metadata=policy.clear_stale_cp_metadata, seed=case.seed,
-                    defects=frozenset(defects), graph_replay_seqlen_k=policy.graph_replay_seqlen_k)
+                    defects=frozenset(defects), graph_replay_seqlen_k=policy.graph_replay_seqlen_k,
+                    vllm=case.vllm)
 
 
 def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = False, sut=None,
@@ -85,19 +86,29 @@ class ScenarioTarget:
 def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float] = 20.0,
                  max_cases: Optional[int] = None, numerics_always: bool = False,
                  progress: Optional[Callable[[Campaign], None]] = None,
-                 stop_at_first_failure: bool = False, sut=None) -> Campaign:
-    """The campaign of `fuzz`: family ``scenario`` on the system under test (default: the model) under ``policy``,
-    until the budget or the case count is reached (always bounded: see :class:`fa3verify.campaign.Budget`)."""
+                 stop_at_first_failure: bool = False, sut=None, defects=frozenset(),
+                 strategy: Optional[str] = None) -> Campaign:
+    """The campaign of `fuzz`: a strategy family (default: the engine's own, ``strategies.family_for_engine``:
+    ``scenario``, or ``vllm`` on vLLM) on the system under test (default: the model) under ``policy`` and seeded
+    ``defects``, until the budget or the case count is reached (always bounded: see
+    :class:`fa3verify.campaign.Budget`)."""
+    from .strategies import family, family_for_engine
+
     budget = Budget(seconds=budget_s, cases=max_cases).validate()
-    target = ScenarioTarget(policy, kernel, numerics_always, sut)
-    return _run_campaign(target, random_fuzz_case, budget=budget, seed=seed, progress=progress,
+    if defects and sut is not None and sut.spec.kind not in ("model", "vllm"):
+        raise ValueError(f"defects: {sorted(defects)} cannot be seeded into {sut.spec} (its driver applies none; "
+                         f"seeded defects run on the model or on vllm==V)")
+    target = ScenarioTarget(policy, kernel, numerics_always, sut, defects=defects)
+    name = strategy or family_for_engine(None if sut is None else sut.spec)
+    generate = random_fuzz_case if name == "scenario" else family(name)
+    return _run_campaign(target, generate, budget=budget, seed=seed, progress=progress,
                          stop=(lambda camp: bool(camp.failures)) if stop_at_first_failure else None)
 
 
 def shrink(failure: Failure, policy: Policy, kernel, numerics_always: bool,
-           budget_s: float = SHRINK_BUDGET_S, sut=None) -> FuzzCase:
+           budget_s: float = SHRINK_BUDGET_S, sut=None, defects=frozenset()) -> FuzzCase:
     """A smaller case with the same violation signature (greedy structural shrinking, fa3verify.shrinking)."""
-    target = ScenarioTarget(policy, kernel, numerics_always, sut)
+    target = ScenarioTarget(policy, kernel, numerics_always, sut, defects=defects)
 
     def same_violation(case: FuzzCase) -> bool:
         obs = target.observe(case)
@@ -113,8 +124,10 @@ def _size(case: FuzzCase) -> tuple:
     return (len(case.steps), len(lens), sum(lens))
 
 
-def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str, out_dir: str, sut=None) -> str:
-    """Write a replayable case file for a failure (spec.cases schema), carrying the engine it was found on."""
+def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str, out_dir: str, sut=None,
+              defects=frozenset()) -> str:
+    """Write a replayable case file for a failure (spec.cases schema), carrying the engine it was found on and the
+    seeded defects it ran with."""
     from .case_files import scenario_case
 
     engine = None if sut is None or sut.spec.is_model else identity_of(sut)
@@ -122,18 +135,21 @@ def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str
                       kernel={"name": kernel_name, "mode": "strict"},
                       expected={"outcome": "violation", "invariant": failure.invariant,
                                 "detail": {"message": failure.message}},
-                      notes=f"fuzz signature {failure.signature}; numerics={case.numerics}")
+                      notes=f"fuzz signature {failure.signature}; numerics={case.numerics}", defects=defects)
     return str(c.save(out_dir))
 
 
 def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", seed: int = 0,
          budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None, out_dir: str = "fa3verify-out/cases",
-         show_progress: Optional[bool] = None, sut=None) -> RunSummary:
+         show_progress: Optional[bool] = None, sut=None, defects=frozenset(),
+         strategy: Optional[str] = None) -> RunSummary:
     """The fuzz subcommand's work: campaign on the system under test (default the model), shrink each distinct
     failure, save cases (carrying the engine), summarise.
 
     An interrupt (SIGINT) ends the campaign: the failures found so far are saved unshrunk and the summary is
     marked interrupted (exit 3); an interrupt before the campaign starts returns an empty interrupted summary.
+    ``defects`` are seeded into every case (and written into each case file); ``strategy`` names the family
+    (default: the engine's own).
     """
     on_engine = sut is not None and not sut.spec.is_model
     summary = RunSummary(command="fuzz", seed=seed, policy=case_policy(policy, sut))
@@ -145,13 +161,14 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
         show = sys.stdout.isatty() if show_progress is None else show_progress
         with _progress_line(show) as progress:
             camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s, max_cases=max_cases,
-                                numerics_always=numerics_always, progress=progress, sut=sut)
+                                numerics_always=numerics_always, progress=progress, sut=sut, defects=defects,
+                                strategy=strategy)
     except KeyboardInterrupt:
         summary.interrupted = True
         return summary
     for failure in camp.failures.values():
         case = failure.case if camp.interrupted else _shrink_or_keep(failure, policy, kernel, numerics_always, camp)
-        failure.case_file = save_case(failure, case, policy, kernel_name, out_dir, sut=sut)
+        failure.case_file = save_case(failure, case, policy, kernel_name, out_dir, sut=sut, defects=defects)
         summary.findings.append(Finding(invariant=failure.invariant, case_file=failure.case_file,
                                         engine=f"fuzz on {sut.spec}" if on_engine else "fuzz",
                                         message=f"{failure.message} (seen {failure.count}x, first at "
@@ -180,7 +197,7 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
 def _shrink_or_keep(failure: Failure, policy: Policy, kernel, numerics_always: bool, camp: Campaign) -> FuzzCase:
     """The shrunk case; an interrupt while shrinking keeps the unshrunk one and ends the run (exit 3)."""
     try:
-        return shrink(failure, policy, kernel, numerics_always, sut=camp.target.sut)
+        return shrink(failure, policy, kernel, numerics_always, sut=camp.target.sut, defects=camp.target.defects)
     except KeyboardInterrupt:
         camp.interrupted = True
         return failure.case

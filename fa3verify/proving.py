@@ -60,24 +60,26 @@ def prove(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = No
     return summary
 
 
-def prove_vllm(profile, timeout_s: float = 10.0) -> RunSummary:
+def prove_vllm(profile, timeout_s: float = 10.0, cases_dir: Optional[str] = None) -> RunSummary:
     """``prove --engine-profile vllm==V``: the ``vllm-flow`` theorem under the release's profile (spec.theorems_vllm).
 
-    A refutation is a failed check with its counterexample (FA3-level: no case file); an unknown is inconclusive.
+    A refutation is a failed check with its counterexample, written as a case file into ``cases_dir`` (replayable
+    on ``vllm==V``: ``spec.theorems_vllm.write_vllm_case``); an unknown is inconclusive.
     """
     from spec.theorems_vllm import run_vllm_theorems
 
     start = time.perf_counter()
     summary = RunSummary(command="prove", policy={"engine_profile": f"vllm=={profile.release}",
                                                  **profile.to_dict()})
-    for r in run_vllm_theorems(profile, timeout_s=timeout_s):
+    for r in run_vllm_theorems(profile, timeout_s=timeout_s, cases_dir=cases_dir):
         failed = bool(r.failed or (not r.expected and not r.inconclusive))
         summary.checks.append(Check(name=r.name, kind="theorem", verdict=r.verdict, seconds=r.seconds,
-                                    failed=failed, inconclusive=r.inconclusive, case_file=None,
+                                    failed=failed, inconclusive=r.inconclusive, case_file=r.case_file,
                                     message=r.message or r.summary()))
         if failed and r.verdict == "refuted":
-            summary.findings.append(Finding(invariant=str(r.witness.get("invariant", r.name)), case_file=None,
-                                            engine="prove", message=r.message, replay=None))
+            summary.findings.append(Finding(invariant=str(r.witness.get("invariant", r.name)), case_file=r.case_file,
+                                            engine="prove", message=r.message,
+                                            replay=f"fa3verify replay {r.case_file}" if r.case_file else None))
             if summary.first_failure_s is None:
                 summary.first_failure_s = r.seconds
     summary.elapsed_s = time.perf_counter() - start

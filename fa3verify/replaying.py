@@ -130,7 +130,7 @@ def scenario_from_case(case, guard_override: Optional[str] = None, metadata_head
     return Scenario(server=server, model=model, guard=guard, steps=steps, guard_spec=guard_spec,
                     metadata_heads=metadata_heads or policy.get("metadata_heads", "tp"),
                     clear_stale_cp_metadata=clear, seed=int(case.seed), defects=case_defects(case, defects),
-                    graph_replay_seqlen_k=str(policy.get("graph_replay_seqlen_k", "max_seq_len")))
+                    graph_replay_seqlen_k=str(policy.get("graph_replay_seqlen_k", "max_seq_len")), vllm=case.vllm)
 
 
 def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", guard: Optional[str] = None,
@@ -167,6 +167,9 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
             if value:
                 raise UsageError(f"{option}: does not apply when replaying on {spec} (the engine's own code "
                                  f"decides); use --engine model to replay on the model under another policy")
+    if case.vllm is not None and spec.kind != "vllm":
+        raise UsageError(f"vllm: the case carries vLLM options (a vLLM configuration); {spec} does not run them: "
+                         f"replay it with --engine vllm==V (the case names {case.engine or 'no engine'})")
     scn = scenario_from_case(case, guard, metadata_heads, keep_stale, trust_case_guard, defects)
     name = kernel_name or case.kernel.get("name", "emulated")
     use_numerics = (name != "emulated") if numerics is None else numerics

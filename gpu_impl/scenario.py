@@ -59,6 +59,8 @@ class Scenario:
     #: seeded defects (names in gpu_impl.defects.DEFECTS, applied by gpu_impl.defects.seed_run); a SeededPolicy
     #: guard adds its own
     defects: frozenset = frozenset()
+    #: vLLM options (``spec.case_vllm``) of a case drawn for vLLM (family ``vllm``); only ``vllm==V`` runs them
+    vllm: Optional[dict] = None
 
     def all_defects(self) -> frozenset:
         """The defects in force: ``defects`` plus those the guard carries (``gpu_impl.defects.scenario_defects``)."""

@@ -14,7 +14,7 @@ Engines are named by a spec string (:func:`parse_engine`):
 - ``sglang==V``: sglang release V's own ``FlashAttentionBackend``, run in that release's cached engine
   environment (``gpu_impl.engines``). The guard is whatever that release's code does.
 - ``vllm==V``: vLLM release V's FlashAttention metadata builder and impl (``gpu_impl.engines.vllm``), in its
-  cached engine environment; record mode (metadata checks) only.
+  cached engine environment; record mode (metadata checks), numerics on the FA3 emulator on request.
 - ``sglang-src=PATH``: an sglang source checkout (its ``python/`` directory, or a wheel file), run in the
   environment of the nearest release.
 
@@ -120,6 +120,9 @@ class ModelSUT(SystemUnderTest):
     def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
         from .scenario import run_scenario
 
+        if getattr(scenario, "vllm", None) is not None:
+            raise ValueError("vllm: a vLLM configuration (sliding windows, KV dtype, piecewise graphs) is not "
+                             "modelled by the model of sglang's backend; run it on vllm==V")
         return run_scenario(scenario, kernel=kernel, numerics=numerics, device=device)
 
     def identity(self) -> dict:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from .case_vllm import check_vllm_options
+
 __all__ = ["SCHEMA", "Case", "CaseFormatError", "SERVER_FIELDS", "MODEL_FIELDS", "OUTCOMES", "BATCH_MODES"]
 
 SCHEMA = "fa3verify.case/1"
@@ -66,7 +68,7 @@ _OPTIONAL = {"server": {"cuda_graph", "context_length", "enable_deterministic_in
                         "cp_decode_sharded_kv"},
              "model": {"head_dim_v", "dtype", "is_mla", "has_sliding_window_layers"}}
 _TOP = ("schema", "id", "source", "server", "model", "policy", "batches", "kernel", "engine", "seed", "expected",
-        "notes", "defects")
+        "notes", "defects", "vllm")
 #: A seeded defect's name (gpu_impl.defects' registry, which a replay consults, says whether it exists).
 DEFECT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,79}$")
 
@@ -77,7 +79,7 @@ def check_defect_names(value: Any, path: str = "defects") -> list:
         raise CaseFormatError(path, "a list of seeded-defect names such as 'graph-split-count-from-capture'",
                               _short(value))
     return sorted(set(value))
-ENGINE_NAMES = ("model", "sglang", "sglang-src")
+ENGINE_NAMES = ("model", "sglang", "sglang-src", "vllm")
 _RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
 
 
@@ -254,8 +256,8 @@ def _check_engine(engine: Any) -> Optional[dict]:
     release, path, revision = engine.get("release"), engine.get("path"), engine.get("revision")
     if release is not None and (not isinstance(release, str) or not _RELEASE_RE.match(release)):
         raise CaseFormatError("engine.release", "a release number such as '0.5.23'", release)
-    if name == "sglang" and release is None:
-        raise CaseFormatError("engine.release", "a release number such as '0.5.23' for engine 'sglang'", release)
+    if name in ("sglang", "vllm") and release is None:
+        raise CaseFormatError("engine.release", f"a release number such as '0.5.23' for engine {name!r}", release)
     if path is not None and (not isinstance(path, str) or not path):
         raise CaseFormatError("engine.path", "a non-empty path string", path)
     if name == "sglang-src" and path is None:
@@ -329,6 +331,8 @@ class Case:
     engine: Optional[dict] = None
     #: seeded defects (gpu_impl.defects names) the scenario runs with; absent in a file means none
     defects: list = field(default_factory=list)
+    #: vLLM options (``spec.case_vllm``): what a vLLM configuration adds to server/model; None for other cases
+    vllm: Optional[dict] = None
 
     # -- construction ----------------------------------------------------------------------------------------
 
@@ -336,7 +340,7 @@ class Case:
     def from_parts(cls, *, source: str, server: dict, model: dict, policy: dict, batches: list,
                    kernel: Optional[dict] = None, seed: int = 0, expected: Optional[dict] = None, notes: str = "",
                    id: Optional[str] = None, engine: Optional[dict] = None,
-                   defects: Optional[list] = None) -> "Case":
+                   defects: Optional[list] = None, vllm: Optional[dict] = None) -> "Case":
         """Build and validate a case; `id` defaults to the signature hash."""
         data = {"schema": SCHEMA, "id": id or "pending", "source": source, "server": server, "model": model,
                 "policy": policy, "batches": batches, "kernel": kernel or {"name": "emulated", "mode": "strict"},
@@ -346,6 +350,8 @@ class Case:
             data["engine"] = engine
         if defects:
             data["defects"] = list(defects)
+        if vllm is not None:
+            data["vllm"] = dict(vllm)
         case = cls.from_dict(data)
         if id is None:
             case.id = case.signature()
@@ -384,7 +390,8 @@ class Case:
                    kernel=_check_kernel(data.get("kernel", {"name": "emulated"})), seed=seed,
                    expected=_check_expected(data.get("expected", "<missing>")), notes=notes,
                    engine=_check_engine(data.get("engine")),
-                   defects=check_defect_names(data.get("defects", [])))
+                   defects=check_defect_names(data.get("defects", [])),
+                   vllm=check_vllm_options(data.get("vllm"), server))
 
     # -- serialisation ---------------------------------------------------------------------------------------
 
@@ -397,6 +404,8 @@ class Case:
             out["engine"] = self.engine
         if self.defects:
             out["defects"] = list(self.defects)
+        if self.vllm is not None:
+            out["vllm"] = dict(self.vllm)
         return out
 
     @property
@@ -452,6 +461,8 @@ class Case:
             key["engine"] = {k: v for k, v in self.engine.items() if k != "revision"}
         if self.defects:  # a seeded defect makes a distinct case; cases without one keep their ids
             key["defects"] = list(self.defects)
+        if self.vllm is not None:  # vLLM options make a distinct case; other cases keep their ids
+            key["vllm"] = self.vllm
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def save(self, directory) -> Path:

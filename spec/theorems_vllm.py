@@ -15,15 +15,21 @@ Domain: the models of ``spec.config`` without MLA (vLLM runs MLA through other b
 and 64 (FA3 in vLLM needs a multiple of 16), the SM counts of ``spec.domain``, each CUDA-graph mode in which the
 builder precomputes, with that mode's split counts. Simplified (stated in docs/engines-vllm.md): full-attention
 layers only (window (-1, -1), causal), DCP off, bf16 KV cache; batch sizes are equal on both sides (vLLM builds
-both from ``num_reqs``). A refutation carries a concrete counterexample replayed through refmodel; it is
-FA3-level (vLLM's configuration is not a case file's sglang server), so no case file is written.
+both from ``num_reqs``). A refutation carries a concrete counterexample replayed through refmodel and, with
+``cases_dir``, is written as a case file (fa3verify.case/1 with a ``vllm`` object, engine ``vllm==V``) that
+``fa3verify replay`` runs on vLLM's own code (:func:`write_vllm_case`): a profile whose precompute passes the
+heuristic (0) while the call passes a fixed count is vLLM #20301's pattern, and the case carries that seeded
+defect (``graph-split-count-from-capture``, applied by the vLLM driver from outside vLLM's code); any other
+difference a profile claims is no seeded defect, so its case replays the released code as it is.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import time
+from typing import Optional
 
 from refmodel.fa3_scheduler import call_inputs, precompute_inputs, resolve_schedule
 from refmodel.prepare import prepare_scheduler
@@ -36,7 +42,12 @@ from .results import TheoremResult
 from .symbolic import side_params
 from .theorems_metadata import Group, _Budget, _prove_groups
 
-__all__ = ["THEOREM", "vllm_groups", "run_vllm_theorems", "VLLM_TP", "VLLM_BLOCK_SIZES"]
+__all__ = ["THEOREM", "vllm_groups", "run_vllm_theorems", "write_vllm_case", "VLLM_TP", "VLLM_BLOCK_SIZES",
+           "PR20301_DEFECT"]
+
+#: The seeded defect (gpu_impl.defects) that makes the released vLLM precompute with the heuristic while the call
+#: keeps its fixed split count: what a profile with precompute 0 and call N > 0 claims.
+PR20301_DEFECT = "graph-split-count-from-capture"
 
 THEOREM = "vllm-flow"
 VLLM_TP = (1, 2, 4, 8)
@@ -68,7 +79,46 @@ def vllm_groups(profile: VllmProfile, models=None, num_sms=D.NUM_SMS) -> list:
         label = f"{model.name} tp={tp} block_size={block} num_sm={sm} cudagraph={mode}"
         entry = groups.setdefault((g.key, block), [g, [], pin, cin])
         entry[1].append(label)
+        _CONFIGS[label] = (model, tp, block, sm, mode)
     return [tuple(v) for v in groups.values()]
+
+
+#: label -> (model, tp, block size, SM count, CUDA-graph mode) of every configuration vllm_groups has labelled
+_CONFIGS: dict = {}
+
+
+def write_vllm_case(cases_dir, profile: VllmProfile, label: str, witness: dict, message: str) -> Optional[str]:
+    """Write a refutation's counterexample as a replayable case file (module doc); None without ``cases_dir``."""
+    from .cases import Case
+    from .config import ServerConfig
+
+    if cases_dir is None:
+        return None
+    model, tp, block, sm, mode = _CONFIGS[label]
+    ns_p, ns_c = profile.splits(mode)
+    seq_lens = [int(x) for x in witness["seq_lens"]]
+    server = ServerConfig(tp_size=tp, page_size=block, num_sm=sm, cuda_graph=mode == "full",
+                          context_length=max([int(witness["call"]["seqlen_k"])] + seq_lens))
+    options: dict = {"piecewise": mode == "piecewise"}
+    defects = []
+    if ns_p == 0 and ns_c > 0 and mode == "full":
+        defects = [PR20301_DEFECT]
+        options["max_num_splits_for_cuda_graph"] = ns_c
+    release = re.match(r"^\d+\.\d+\.\d+", profile.release)
+    notes = (f"vllm-flow counterexample under the profile {profile.release} ({label}): precompute num_splits {ns_p}, "
+             f"call {ns_c}; " + ("replays on the released code with the seeded defect " + PR20301_DEFECT
+                                 if defects else "no seeded defect makes the released code do this: the replay runs "
+                                                 "it as it is"))
+    case = Case.from_parts(
+        source=f"prove:{THEOREM}", server=server.to_dict(), model=model.to_dict(),
+        policy={"guard": "fixed", "metadata_heads": "tp", "clear_stale_cp_metadata": True},
+        batches=[{"mode": "decode", "seq_lens": seq_lens, "extend_lens": None}],
+        engine={"name": "vllm", "release": release.group(0)} if release else None,
+        expected={"outcome": "violation", "invariant": witness["invariant"],
+                  "detail": {"S_p": witness["S_p"], "S_c": witness["S_c"], "splits": witness.get("splits"),
+                             "call_seqlen_k": witness["call"]["seqlen_k"], "message": message}},
+        notes=notes, defects=defects, vllm=options)
+    return str(case.save(cases_dir))
 
 
 def _replay(pin, cin, w: dict):
@@ -81,8 +131,9 @@ def _replay(pin, cin, w: dict):
 
 
 def run_vllm_theorems(profile: VllmProfile, timeout_s: float = 10.0, models=None,
-                      num_sms=D.NUM_SMS) -> list[TheoremResult]:
-    """``vllm-flow`` for ``profile``: proved, refuted with a concrete counterexample, or inconclusive (z3 unknown)."""
+                      num_sms=D.NUM_SMS, cases_dir: Optional[str] = None) -> list[TheoremResult]:
+    """``vllm-flow`` for ``profile``: proved, refuted with a concrete counterexample (written as a case file into
+    ``cases_dir`` when given), or inconclusive (z3 unknown)."""
     start = time.perf_counter()
     entries = vllm_groups(profile, models, num_sms)
     by_key = {(g.key, g.page_size): (labels, pin, cin) for g, labels, pin, cin in entries}
@@ -104,10 +155,13 @@ def run_vllm_theorems(profile: VllmProfile, timeout_s: float = 10.0, models=None
                             "seqlen_k": w["call_seqlen_k"], "num_splits": cin.num_splits},
                    "seq_lens": w["seq_lens"], "S_p": P.num_splits, "S_c": C.num_splits,
                    "splits": w.get("splits")}
-        return [TheoremResult(THEOREM, "refuted", time.perf_counter() - start, witness, None,
+        case_file = write_vllm_case(cases_dir, profile, labels[0], witness, v.message)
+        return [TheoremResult(THEOREM, "refuted", time.perf_counter() - start, witness, case_file,
                               f"vllm {profile.release}, {labels[0]}: {v.message} (S_p={P.num_splits}, "
                               f"S_c={C.num_splits}; lengths {w['seq_lens']}, the call's KV extent "
-                              f"{w['call_seqlen_k']}; FA3-level counterexample, no case file)",
+                              f"{w['call_seqlen_k']}; counterexample "
+                              + (f"case file {case_file})" if case_file else "through refmodel, no case file "
+                                                                             "(no cases directory))"),
                               failed=True, expected=False)]
     secs = time.perf_counter() - start
     if budget.unknowns:

@@ -130,6 +130,33 @@ def test_fp8_cache_and_chunked_prefill_agree(vllm_worker):
     assert mixed["findings"] == [] and _pairs(mixed)[0]["aot"]
 
 
+@pytest.mark.engine
+def test_piecewise_runs_attention_eagerly_on_unpadded_metadata(vllm_worker):
+    """Under PIECEWISE the hidden states are padded to a capture size but the attention metadata is not
+    (gpu_model_runner: pad_attn only under FULL): the heuristic (0) on both sides, the batch's own size."""
+    lens = [300, 100, 5]
+    pw = vllm_worker.run({"tp": 4, "cuda_graph": "piecewise", "steps": [{"seq_lens": lens}]})
+    (pair,) = _pairs(pw)
+    assert pair["path"] == "piecewise" and pair["aot"] and pair["max_num_splits"] == 0
+    assert pair["call"]["batch_size"] == 3 and pair["call"]["num_splits"] == pair["precompute"]["num_splits"] == 0
+    full = vllm_worker.run({"tp": 4, "cuda_graph": "full", "steps": [{"seq_lens": lens}]})
+    (pair,) = _pairs(full)
+    assert pair["call"]["batch_size"] == 4 and pair["call"]["num_splits"] == 32  # FULL pads to the capture size
+    assert pw["findings"] == full["findings"] == []
+
+
+@pytest.mark.engine
+def test_dcp_call_sees_the_narrower_per_rank_block_table(vllm_worker):
+    """Under DCP the KV cache is sharded (AttentionSpec.dcp_sharded): each rank's block table holds
+    max_model_len / dcp tokens (vLLM's max_num_blocks_per_req and get_block_table_width); the call's seqlen_k is
+    that width, still >= the precompute's upper-bound max_seqlen_k (the harmless direction)."""
+    (one,) = _pairs(vllm_worker.run({"tp": 4, "steps": [{"seq_lens": SKEWED}]}))
+    (two,) = _pairs(vllm_worker.run({"tp": 4, "dcp": 2, "steps": [{"seq_lens": SKEWED}]}))
+    assert one["call"]["seqlen_k"] == 40960 and two["call"]["seqlen_k"] == 20480
+    assert two["precompute"]["max_seqlen_k"] == 16384 <= two["call"]["seqlen_k"]
+    assert two["s_p"] <= two["s_c"]
+
+
 # ---------------------------------------------------------------- the release profile, checked against the code
 
 def _profile():
@@ -164,18 +191,24 @@ def test_profile_conforms_to_the_released_code(vllm_worker):
 
 @pytest.mark.engine
 def test_case_sliding_window_short_batch_replays(vllm_worker):
-    """The campaign's one difference (a case file): causal at the precompute, local at the call."""
-    import json
+    """The campaign's one difference (a case file of the one schema, fa3verify.case/1 with a ``vllm`` object):
+    causal at the precompute, local at the call; replayed by ``fa3verify replay`` on vllm==0.33.0."""
     from pathlib import Path
 
-    case = json.loads((Path(__file__).parent / "corpus_vllm" / "sliding-window-short-batch-causal-vs-local.json")
-                      .read_text())
-    resp = vllm_worker.run(case["scenario"])
-    assert sorted({f["invariant"] for f in resp["shape_errors"]}) == case["expect"]["shape_errors"]
-    assert resp["findings"] == case["expect"]["findings"]
-    p = _pairs(resp)[0]
-    assert p["precompute"]["max_seqlen_k"] == case["expect"]["precompute_max_seqlen_k"]
-    assert p["call"]["seqlen_k"] == case["expect"]["call_seqlen_k"]
+    from fa3verify.replaying import replay
+    from gpu_impl.engines.vllm import VllmSUT
+    from spec.cases import Case
+
+    path = Path(__file__).parent / "corpus_vllm" / "sliding-window-short-batch-causal-vs-local.json"
+    case = Case.load(path)
+    sut = VllmSUT(RELEASE)
+    sut._worker = vllm_worker  # the session's worker: no second import
+    summary, seen = replay(str(path), sut=sut)
+    assert seen.outcome == case.expected["outcome"] == "shape_error" and seen.verdict == "STILL FAILS"
+    assert seen.findings == [] and summary.exit_code == 1  # loud and safe, but never exit 0
+    p = _pairs({"trace": seen.trace})[0]
+    assert p["precompute"]["max_seqlen_k"] == case.expected["detail"]["precompute_max_seqlen_k"]
+    assert p["call"]["seqlen_k"] == case.expected["detail"]["call_seqlen_k"]
     assert p["precompute"]["causal"] and p["call"]["window_size"][0] == 4095
 
 

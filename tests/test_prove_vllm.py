@@ -126,3 +126,35 @@ def test_conform_the_profile_holds_on_the_released_code(vllm_sut):
     bad = conform_vllm(vllm_sut, wrong, probes=[p for p in PROBES if p[1]["cuda_graph"] == "full"][:1])
     assert bad.exit_code == 1
     assert {f.message.split(": ")[1].split(" [")[0] for f in bad.findings} == {"call num_splits = 0"}
+
+
+# -- the counterexample as a case file, replayed on the released code -----------------------------------------
+
+def test_a_refuted_variant_writes_its_counterexample_as_a_vllm_case(tmp_path):
+    from spec.cases import Case
+
+    (r,) = run_vllm_theorems(variant({"full": 0}, {"full": 32}), models=QWEN, cases_dir=str(tmp_path))
+    assert r.verdict == "refuted" and r.case_file and "case file" in r.message
+    case = Case.load(r.case_file)
+    assert case.source == "prove:vllm-flow" and case.engine == {"name": "vllm", "release": "0.33.0"}
+    assert case.defects == ["graph-split-count-from-capture"] and case.server["cuda_graph"]
+    assert case.vllm["max_num_splits_for_cuda_graph"] == 32 and case.expected["invariant"] == "SPLIT_BOUND"
+    assert case.batches[0]["seq_lens"] == [int(x) for x in r.witness["seq_lens"]]
+    # a difference no seeded defect makes (32 vs 8) is written without one: it replays the released code as it is
+    (other,) = run_vllm_theorems(variant({"full": 32}, {"full": 8}), models=QWEN, cases_dir=str(tmp_path / "o"))
+    assert Case.load(other.case_file).defects == []
+
+
+@pytest.mark.engine
+def test_the_counterexample_replays_on_vllm_with_the_seeded_defect_and_passes_without(vllm_sut, tmp_path, capsys):
+    """The prover's #20301 counterexample is only meaningful under the seeded defect: with it the real builder and
+    impl give SPLIT_BOUND; without it (the released code) the same batch passes."""
+    from fa3verify.cli import main
+    from fa3verify.replaying import replay
+
+    (r,) = run_vllm_theorems(variant({"full": 0}, {"full": 32}), models=QWEN, cases_dir=str(tmp_path))
+    summary, observed = replay(r.case_file, sut=vllm_sut)
+    assert summary.exit_code == 1 and observed.still_fails and "SPLIT_BOUND" in observed.invariants
+    _, fixed = replay(r.case_file, sut=vllm_sut, defects=())
+    assert not fixed.fails and fixed.verdict == "PASSES NOW"
+    assert main(["replay", r.case_file, "--without-defects"]) == 0

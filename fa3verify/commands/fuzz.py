@@ -19,6 +19,7 @@ examples:
   fa3verify fuzz --guard pre-fix --cases 2000 --seed 7 --json fuzz.json
   fa3verify fuzz --kernel fa3 --device cuda --budget-s 120   # real FA3 on a GPU box
   fa3verify fuzz --engine sglang==0.5.14 --cases 200         # sglang 0.5.14's own backend (no --guard)
+  fa3verify fuzz --engine vllm==0.33.0 --cases 2000          # vLLM's builder and impl, family vllm
 """
 
 

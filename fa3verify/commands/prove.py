@@ -89,11 +89,12 @@ def _prove_vllm(args, profile) -> int:
                           ("--engine", args.engine not in (None, "model"))):
         if given:
             raise UsageError(f"{option}: does not apply to --engine-profile vllm=={profile.release} (one theorem, "
-                             f"vllm-flow; its counterexample is FA3-level, replayed through refmodel)")
+                             f"vllm-flow; a counterexample is written into --cases-dir and replays on vllm==V)")
     print(f"engine profile: {profile.describe()}")
     with stage("prove", "prove (vLLM flow)"):
-        summary = prove_vllm(profile, timeout_s=args.timeout_s)
-    return write_reports(summary, args, lambda f: f"  counterexample: {f.message}")
+        summary = prove_vllm(profile, timeout_s=args.timeout_s, cases_dir=args.cases_dir)
+    return write_reports(summary, args, lambda f: f"  counterexample: {f.message}"
+                         + (f"\n    replay: {f.replay}" if f.replay else ""))
 
 
 def _check_assumptions(names) -> None:

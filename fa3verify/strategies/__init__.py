@@ -7,6 +7,8 @@ A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign
   ``gpu-decode`` -- its decode corner on a real GPU's SM count, every call on tensors (gpu-check's fuzz stage);
 * the catalogue's scenario families (:mod:`.families`: ``prefill-cp``, ``dp-attention``, ...): focused corners,
   each a ``FuzzCase`` run on a scenario system under test;
+* ``vllm`` / ``vllm-full-graph`` -- vLLM's configuration families (:mod:`.vllm`), the default family of a
+  ``vllm==V`` engine (:func:`family_for_engine`);
 * the kernel-level call families (:mod:`.kernel_calls`: ``kernel:cascade-prefix``, ...): FA3 calls run on the
   kernel-level system under test (``fa3verify.kernel_cases.KernelCallSUT``);
 * ``fidelity`` (:mod:`.fidelity_configs`): precompute configurations for the metadata fidelity check, one seeded
@@ -17,13 +19,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import families, kernel_calls
+from . import families, kernel_calls, vllm
 from .scenarios import (CONTEXT_LENGTHS, NUM_SPLITS_POLICIES, NUMERICS_MAX_LEN, NUMERICS_SHARE, PAGE_SIZES, SM_COUNTS,
                         STEP_KINDS, FuzzCase, decode_step, extend_step, fuzz_cases, gpu_decode_case, random_fuzz_case,
                         random_server_config, release_fuzz_case, random_steps, rank_layouts)
 
-__all__ = ["FAMILIES", "KERNEL_FAMILIES", "family", "is_kernel_family", "FuzzCase", "fuzz_cases", "random_fuzz_case", "gpu_decode_case",
-           "release_fuzz_case",
+__all__ = ["FAMILIES", "KERNEL_FAMILIES", "family", "family_for_engine", "is_kernel_family", "FuzzCase", "fuzz_cases",
+           "random_fuzz_case", "gpu_decode_case", "release_fuzz_case",
            "random_server_config", "random_steps", "rank_layouts", "decode_step", "extend_step", "SM_COUNTS",
            "PAGE_SIZES", "CONTEXT_LENGTHS", "NUM_SPLITS_POLICIES", "NUMERICS_SHARE", "NUMERICS_MAX_LEN", "STEP_KINDS"]
 
@@ -40,6 +42,8 @@ FAMILIES: dict[str, Callable] = {
     "eager-tp": families.eager_tp,
     "graph-padding": families.graph_padding,
     "tile-corner": families.tile_corner,
+    "vllm": vllm.vllm_case,
+    "vllm-full-graph": vllm.vllm_full_graph_case,
 }
 
 #: Kernel-level call families, by name (spelled ``kernel:<name>`` where a family name must say its kind).
@@ -64,3 +68,9 @@ def family(name: str) -> Callable:
         return FAMILIES[name]
     known = sorted(FAMILIES) + [f"kernel:{k}" for k in sorted(KERNEL_FAMILIES)]
     raise ValueError(f"strategy family: unknown {name!r}; known: {', '.join(known)}")
+
+
+def family_for_engine(spec) -> str:
+    """The family a campaign on an engine draws from by default: ``vllm`` for ``vllm==V`` (its configuration
+    space: graph modes, windows, KV dtype, DCP), ``scenario`` for the model and sglang (issue 5's space)."""
+    return "vllm" if getattr(spec, "kind", None) == "vllm" else "scenario"

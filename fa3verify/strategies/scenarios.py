@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import random
 from dataclasses import dataclass
+from typing import Optional
 
 from hypothesis import strategies as st
 
@@ -40,6 +41,8 @@ class FuzzCase:
     steps: tuple
     numerics: bool
     seed: int
+    #: vLLM options the sglang-shaped server and model cannot say (``spec.case_vllm``; family ``vllm``), else None
+    vllm: Optional[dict] = None
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,8 +9,10 @@ vLLM passed to FA3; a worker that dies or answers garbage raises :class:`~gpu_im
 ``ModelConfig``) onto the driver's fields: ``tp_size`` -> tp, ``attn_cp_size`` -> decode context parallel,
 ``cuda_graph`` -> full CUDA graph (vLLM's default mode for FA3 is FULL_AND_PIECEWISE; decode batches take the full
 graph), ``enable_deterministic_inference`` -> ``VLLM_BATCH_INVARIANT``, ``context_length`` -> max_model_len,
-``page_size`` -> block size (vLLM's FA3 needs a multiple of 16: smaller sizes are raised to 16). Policy fields
-(guard, metadata heads, seeded defects of the model) do not apply: vLLM's code decides.
+``page_size`` -> block size (vLLM's FA3 needs a multiple of 16: smaller sizes are raised to 16); the scenario's
+``vllm`` options (``spec.case_vllm``: piecewise graphs, KV dtype, layers and windows) go as they are. Policy fields
+(guard, metadata heads) do not apply: vLLM's code decides. A seeded defect is a transformation the driver applies
+from outside vLLM's code (:data:`VLLM_DEFECTS`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..sut import EngineSpec, SystemUnderTest
 from . import envs
 from .errors import DriverError
 
-__all__ = ["VllmWorker", "VllmSUT", "scenario_to_vllm"]
+__all__ = ["VllmWorker", "VllmSUT", "scenario_to_vllm", "VLLM_DEFECTS"]
 
 
 class VllmWorker:
@@ -73,12 +75,15 @@ class VllmWorker:
         self.proc.stdin.flush()
         return self._read()
 
-    def run(self, scenario: dict) -> dict:
-        """The driver's answer for one vLLM scenario (``vllm_driver.scenario_defaults`` fields)."""
-        resp = self.request({"op": "run", "scenario": scenario})
+    def run(self, scenario: dict, numerics: bool = False) -> dict:
+        """The driver's answer for one vLLM scenario (``vllm_driver.scenario_defaults`` fields); ``numerics``: the
+        calls on the FA3 emulator, outputs judged against the oracle (``vllm_numerics``)."""
+        resp = self.request({"op": "run", "scenario": scenario, "numerics": bool(numerics)})
         if not resp.get("ok"):
             kind = resp.get("kind")
-            if kind in ("bad_request", "unsupported"):
+            if kind == "unsupported":
+                raise _unsupported(f"vllm=={self.release}: {resp.get('error')}")
+            if kind == "bad_request":
                 raise ValueError(f"vllm=={self.release}: {resp.get('error')}")
             raise DriverError(f"vllm=={self.release}: {kind}: {resp.get('error')}\n{resp.get('traceback', '')}")
         return resp
@@ -93,14 +98,36 @@ class VllmWorker:
                 self.proc.kill()
 
 
+#: Seeded defects (``gpu_impl.defects`` names) the vLLM driver applies, and the driver's transformation for each:
+#: vLLM #20301's pattern, the precompute's ``max_num_splits`` other than the call's -- the metadata is computed with
+#: the heuristic (0) while the call keeps the split count it was captured with (full CUDA graph: 32).
+VLLM_DEFECTS = {"graph-split-count-from-capture": {"precompute_num_splits": 0}}
+
+
+def _unsupported(message: str):
+    from .sglang import ScenarioUnsupported
+
+    return ScenarioUnsupported(message)
+
+
 def scenario_to_vllm(scn) -> dict:
-    """The driver fields for a gpu_impl.scenario.Scenario (see the module doc for the mapping)."""
+    """The driver fields for a gpu_impl.scenario.Scenario (see the module doc for the mapping).
+
+    The scenario's ``vllm`` options (``spec.case_vllm``) add what the server/model cannot say: piecewise graphs,
+    the KV cache dtype, layers and their sliding windows, capture sizes, the CUDA-graph split count; its seeded
+    defects become the driver's transformation (:data:`VLLM_DEFECTS`). A feature the driver does not run (MLA,
+    another head dim for V, a defect it cannot seed) raises ``ScenarioUnsupported``."""
     server, model = scn.server, scn.model
     if model.is_mla:
-        raise ValueError("model.is_mla: vLLM's MLA backends are not the FlashAttention backend driven here")
+        raise _unsupported("model.is_mla: vLLM's MLA backends are not the FlashAttention backend driven here")
     if model.head_dim_v not in (None, model.head_dim):
-        raise ValueError(f"model.head_dim_v: vLLM's FlashAttention KV cache has head_dim_v == head_dim, "
-                         f"got {model.head_dim_v}")
+        raise _unsupported(f"model.head_dim_v: vLLM's FlashAttention KV cache has head_dim_v == head_dim, "
+                           f"got {model.head_dim_v}")
+    defects = sorted(getattr(scn, "defects", ()) or ())
+    cannot = [d for d in defects if d not in VLLM_DEFECTS]
+    if cannot:
+        raise _unsupported(f"defects: {cannot} cannot be seeded in vLLM's code; the vLLM driver seeds "
+                           f"{sorted(VLLM_DEFECTS)}")
     steps = []
     for st in scn.steps:
         if st.mode == "decode":
@@ -108,12 +135,23 @@ def scenario_to_vllm(scn) -> dict:
         elif st.mode in ("extend", "mixed"):
             ext = list(st.extend_lens or [1] * len(st.seq_lens))
             steps.append({"seq_lens": list(st.seq_lens), "query_lens": ext})
-    return {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
-            "dtype": model.dtype, "tp": server.tp_size, "dcp": server.attn_cp_size,
-            "cuda_graph": "full" if server.cuda_graph else "none",
-            "batch_invariant": bool(server.enable_deterministic_inference), "num_sm": server.num_sm,
-            "max_model_len": max([server.context_length] + [max(s["seq_lens"]) for s in steps]),
-            "block_size": max(16, -(-server.page_size // 16) * 16), "steps": steps}
+    opts = dict(getattr(scn, "vllm", None) or {})
+    graph = "full" if server.cuda_graph else ("piecewise" if opts.get("piecewise") else "none")
+    fp8 = model.dtype == "float8_e4m3"  # sglang's vocabulary: the KV cache (and so FA3's qkv dtype) is fp8
+    out = {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
+           "dtype": "bfloat16" if fp8 else model.dtype, **({"kv_cache_dtype": "fp8"} if fp8 else {}), "tp": server.tp_size, "dcp": server.attn_cp_size, "cuda_graph": graph,
+           "batch_invariant": bool(server.enable_deterministic_inference), "num_sm": server.num_sm,
+           "max_model_len": max([server.context_length] + [max(s["seq_lens"]) for s in steps]),
+           "block_size": max(16, -(-server.page_size // 16) * 16), "steps": steps,
+           "seed": int(getattr(scn, "seed", 0) or 0) % (2 ** 63)}
+    for name in ("kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes"):
+        if opts.get(name) is not None:
+            out[name] = opts[name]
+    if opts.get("max_num_splits_for_cuda_graph") is not None:
+        out["max_num_splits_for_cuda_graph"] = opts["max_num_splits_for_cuda_graph"]
+    for d in defects:
+        out["defect"] = dict(VLLM_DEFECTS[d])
+    return out
 
 
 class VllmSUT(SystemUnderTest):
@@ -133,9 +171,7 @@ class VllmSUT(SystemUnderTest):
     def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
         from .protocol import result_from_wire
 
-        if numerics:
-            raise ValueError("numerics: the vLLM engine runs in record mode (metadata checks) only")
-        return result_from_wire(self.worker.run(scenario_to_vllm(scenario)))
+        return result_from_wire(self.worker.run(scenario_to_vllm(scenario), numerics=numerics))
 
     def identity(self) -> dict:
         ident = {"name": str(self.spec), "release": self.spec.release}

@@ -45,7 +45,8 @@ def scenario_defaults() -> dict:
             "logits_soft_cap": 0.0, "dtype": "bfloat16", "tp": 1, "dcp": 1, "cuda_graph": "none",
             "capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "max_num_seqs": 256, "batch_invariant": False,
             "kv_cache_dtype": "auto", "block_size": 16, "max_model_len": 40960, "num_sm": 132,
-            "max_num_splits_for_cuda_graph": 32, "max_num_batched_tokens": 8192, "steps": [], "defect": None}
+            "max_num_splits_for_cuda_graph": 32, "max_num_batched_tokens": 8192, "steps": [], "defect": None,
+            "seed": 0}
 
 
 def check_scenario(s: dict) -> dict:
@@ -97,6 +98,8 @@ def check_scenario(s: dict) -> dict:
             raise ValueError(f"steps[{i}].query_lens: at most max_num_batched_tokens ({out['max_num_batched_tokens']}) "
                              f"query tokens in a step (vLLM's scheduler budget), got {sum(q)}")
         st["query_lens"] = q
+    if not isinstance(out["seed"], int) or isinstance(out["seed"], bool) or not 0 <= out["seed"] < 2 ** 63:
+        raise ValueError(f"seed: must be an integer in [0, 2^63), got {out['seed']!r}")
     d = out["defect"]
     if d is not None and (not isinstance(d, dict) or set(d) != {"precompute_num_splits"}
                           or not isinstance(d["precompute_num_splits"], int) or d["precompute_num_splits"] < 0):
@@ -137,14 +140,18 @@ class FrontFA3:
     precompute's output is attributed to that precompute (the bytes FA3 reads are exactly those).
     """
 
-    def __init__(self, num_sm: int):
+    def __init__(self, num_sm: int, numerics: bool = False):
         from ..fa3_calls import CheckingFA3
+        from .vllm_numerics import EmulatorVarlenFA3
 
-        self.checker = CheckingFA3(ShapeOnlyFA3(num_sm), mode="record", deep=True, num_sm=num_sm, arch=90,
+        self.numerics = bool(numerics)
+        self.impl = EmulatorVarlenFA3(num_sm) if numerics else ShapeOnlyFA3(num_sm)
+        #: numerics: (invariant, message, detail) of every call whose output failed the oracle, since the last drain
+        self.output_findings: list = []
+        self.checker = CheckingFA3(self.impl, mode="record", deep=True, num_sm=num_sm, arch=90,
                                    record_all=True, impl_signature="fa3", signature="fa3")
         self.last_md = None
         self.last_pre = None
-        self.defect = None
         #: calls that consume no metadata and are not checked (DCP's varlen-K call over the new tokens)
         self.unchecked_calls = 0
 
@@ -152,7 +159,6 @@ class FrontFA3:
         for name in ("cu_seqlens_k", "seqused_q"):
             if a[name] is not None:
                 raise Unsupported(f"get_scheduler_metadata({name}=...): not modelled by refmodel")
-        num_splits = a["num_splits"] if self.defect is None else self.defect["precompute_num_splits"]
         md = self.checker.get_scheduler_metadata(
             batch_size=a["batch_size"], max_seqlen_q=a["max_seqlen_q"], max_seqlen_k=a["max_seqlen_k"],
             num_heads_q=a["num_heads"], num_heads_kv=a["num_heads_k"], headdim=a["headdim"],
@@ -160,7 +166,7 @@ class FrontFA3:
             cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_k_new=a["cu_seqlens_k_new"], cache_leftpad=a["leftpad_k"],
             page_size=a["page_size"], max_seqlen_k_new=a["max_seqlen_k_new"], causal=a["is_causal"],
             window_size=(a["window_size_left"], a["window_size_right"]), has_softcap=a["has_softcap"],
-            num_splits=num_splits, pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"])
+            num_splits=a["num_splits"], pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"])
         self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
         return md
 
@@ -190,8 +196,25 @@ class FrontFA3:
             q=q, k=a["k"], v=a["v"], max_seqlen_q=a["max_seqlen_q"], cu_seqlens_q=a["cu_seqlens_q"],
             max_seqlen_k=a["max_seqlen_k"], seqused_k=a["seqused_k"], block_table=a["page_table"],
             causal=a["is_causal"], window_size=(a["window_size_left"], a["window_size_right"]),
-            softcap=a["softcap"], scheduler_metadata=md, num_splits=a["num_splits"])
-        return self._outputs(q, a["v"])
+            softcap=a["softcap"], scheduler_metadata=md, num_splits=a["num_splits"],
+            **({"softmax_scale": a["softmax_scale"]} if self.numerics else {}))
+        if not self.numerics:
+            return self._outputs(q, a["v"])
+        return self._judged(a)
+
+    def _judged(self, a: dict) -> list:
+        """Numerics: the emulator's output into vLLM's ``out``, judged against the oracle (vllm_numerics.judge)."""
+        from .vllm_numerics import judge
+
+        out, lse = self.impl.last
+        if a["out"] is not None:
+            a["out"].copy_(out.to(a["out"].dtype))
+        bad = judge(out, a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["max_seqlen_q"], a["seqused_k"],
+                    a["page_table"], a["is_causal"], (a["window_size_left"], a["window_size_right"]), a["softcap"],
+                    a["softmax_scale"])
+        if bad is not None:
+            self.output_findings.append(bad)
+        return [a["out"] if a["out"] is not None else out, lse, lse.new_zeros(0), lse.new_zeros(0)]
 
     @staticmethod
     def _outputs(q, v):
@@ -204,6 +227,24 @@ class FrontFA3:
     def drain(self) -> list:
         events, self.checker.events = self.checker.events, []
         return events
+
+    def drain_outputs(self) -> list:
+        found, self.output_findings = self.output_findings, []
+        return found
+
+
+def seed_defect(front: "FrontFA3", defect) -> "FrontFA3":
+    """``front`` with a seeded defect applied from outside (``{"precompute_num_splits": N}``: the metadata vLLM
+    asks for is computed with ``num_splits=N`` whatever vLLM passed -- vLLM #20301's pattern); None: unchanged."""
+    if not defect:
+        return front
+    plain = front.c_get_scheduler_metadata
+
+    def seeded(**a):
+        return plain(**{**a, "num_splits": defect["precompute_num_splits"]})
+
+    front.c_get_scheduler_metadata = seeded
+    return front
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -243,7 +284,7 @@ class _DCPGroup:
 class Config:
     """vLLM's config objects, the layers and the metadata builder for one scenario."""
 
-    def __init__(self, engine, s: dict):
+    def __init__(self, engine, s: dict, numerics: bool = False):
         import torch
         from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
         from vllm.config.compilation import CUDAGraphMode
@@ -252,6 +293,7 @@ class Config:
 
         fa = engine.fa
         self.s = s
+        self.numerics = numerics
         os.environ["VLLM_BATCH_INVARIANT"] = "1" if s["batch_invariant"] else "0"
         dtype = getattr(torch, s["dtype"])
         vc = VllmConfig(compilation_config=CompilationConfig(max_cudagraph_capture_size=max(s["capture_sizes"])))
@@ -304,7 +346,12 @@ class Config:
                                          dtype=kv_dtype)
             self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
         self.kv_cache = torch.zeros(1, self.hk, s["block_size"], 2 * s["head_dim"], dtype=kv_dtype)
-        self.max_blocks = -(-s["max_model_len"] // s["block_size"])
+        from vllm.v1.worker.block_table import get_block_table_width
+
+        # the model runner's per-rank block-table width (gpu_model_runner -> BlockTable): the spec's blocks per
+        # request (under DCP a sharded cache holds max_model_len / dcp tokens per rank), aligned to 128 tokens
+        self.max_blocks = get_block_table_width(spec.max_num_blocks_per_req(vc, s["max_model_len"]), s["block_size"])
+        self.steps_built = 0
 
     def batch(self, query_lens, seq_lens):
         """vLLM's CommonAttentionMetadata for one batch (padded to a capture size under full CUDA graph)."""
@@ -318,23 +365,44 @@ class Config:
             q, k = q + [1] * pad, k + [0] * pad
         qsl = torch.tensor([0] + list(_cumsum(q)), dtype=torch.int32)
         n = len(k)
+        table = torch.zeros(n, self.max_blocks, dtype=torch.int32)
+        if self.numerics:
+            from .vllm_numerics import numerics_kv
+
+            self.kv_cache, table = numerics_kv(self.hk, s["block_size"], s["head_dim"], self.dtype, k,
+                                               self.max_blocks, seed=s["seed"] + 7919 * self.steps_built)
+        self.steps_built += 1
         return CommonAttentionMetadata(
             query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=torch.tensor(k, dtype=torch.int32),
             num_reqs=n, num_actual_tokens=int(sum(q)), max_query_len=max(q), max_seq_len=max(k),
-            block_table_tensor=torch.zeros(n, self.max_blocks, dtype=torch.int32),
+            block_table_tensor=table,
             slot_mapping=torch.zeros(int(sum(q)), dtype=torch.int64), causal=True,
             seq_lens_cpu_upper_bound=torch.tensor(k, dtype=torch.int32))
+
+    def padded_tokens(self, num_tokens: int) -> int:
+        """The tokens the layers see: under piecewise CUDA graphs the hidden states are padded to the capture size
+        (``gpu_model_runner``: ``num_tokens_padded``) while the attention metadata is not (``pad_attn`` only under
+        FULL), so the attention runs eagerly on ``query[:num_actual_tokens]``; otherwise the batch's own count."""
+        s = self.s
+        if s["cuda_graph"] == "piecewise" and num_tokens <= max(s["capture_sizes"]):
+            return next(x for x in s["capture_sizes"] if x >= num_tokens)
+        return num_tokens
 
     def forward(self, md, num_tokens: int) -> None:
         import torch
         from vllm.config import set_current_vllm_config
 
         s = self.s
+        num_tokens = self.padded_tokens(num_tokens)
         with set_current_vllm_config(self.vc):
             for layer in self.layers.values():
                 qd = torch.float8_e4m3fn if (s["kv_cache_dtype"] == "fp8"
                                              and layer.impl.supports_quant_query_input) else self.dtype
-                query = torch.zeros(num_tokens, self.h, s["head_dim"], dtype=qd)
+                if self.numerics:
+                    gen = torch.Generator().manual_seed(s["seed"] + 104729 * self.steps_built)
+                    query = torch.randn(num_tokens, self.h, s["head_dim"], generator=gen).to(qd)
+                else:
+                    query = torch.zeros(num_tokens, self.h, s["head_dim"], dtype=qd)
                 key = torch.zeros(num_tokens, self.hk, s["head_dim"], dtype=self.dtype)
                 out = torch.zeros(num_tokens, self.h, s["head_dim"], dtype=self.dtype)
                 layer.impl.forward(layer, query, key, key, self.kv_cache, md, out)
@@ -387,17 +455,22 @@ class Engine:
         return {"release": getattr(self.vllm, "__version__", None), "path": os.path.dirname(self.vllm.__file__),
                 "import_s": round(self.import_s, 2), "fa_version": self.fa_version, "faked": list(self.glue.FAKED)}
 
-    def run(self, scenario: dict) -> dict:
+    def run(self, scenario: dict, numerics: bool = False) -> dict:
+        """One scenario through vLLM's builder and impl; ``numerics``: every call on the emulator, outputs judged
+        against the oracle (``vllm_numerics``; off by default: record mode)."""
         from ..fa3_calls import pair_summary
 
         s = check_scenario(dict(scenario))
+        if numerics:
+            from .vllm_numerics import check_numerics_scenario
+
+            check_numerics_scenario(s)
         if self.fa_version != 3:
             raise Unsupported(f"vLLM chose FlashAttention {self.fa_version}, not 3: nothing precomputes metadata")
-        front = FrontFA3(s["num_sm"])
-        front.defect = s["defect"]
+        front = seed_defect(FrontFA3(s["num_sm"], numerics=bool(numerics)), s["defect"])
         self.glue.front.target = front
         t = time.monotonic()
-        cfg = Config(self, s)
+        cfg = Config(self, s, numerics=bool(numerics))
         out = {"findings": [], "shape_errors": [], "trace": [], "setup_s": round(time.monotonic() - t, 3)}
         out["unchecked_calls"] = 0
         for index, st in enumerate(s["steps"]):
@@ -415,10 +488,17 @@ class Engine:
                     d = v.to_dict() if hasattr(v, "to_dict") else {"invariant": v.invariant, "message": str(v)}
                     finding = {"invariant": d.get("invariant", v.invariant), "step": index, "dp_rank": None,
                                "message": d.get("message", str(v)),
-                               "detail": {"s_p": summary["s_p"], "s_c": summary["s_c"],
+                               "detail": {"s_p": summary["s_p"], "s_c": summary["s_c"], "mode": entry["mode"],
+                                          "path": entry["path"],
                                           "seq_lens": list(st["seq_lens"]), **d}}
                     (out["shape_errors"] if finding["invariant"] == "SHAPE" else out["findings"]).append(finding)
-            out["trace"].append({"step": index, "seconds": round(time.monotonic() - t, 3)})
+            mode = "decode" if max(st["query_lens"]) == 1 else "mixed"
+            for invariant, message, detail in front.drain_outputs():
+                out["findings"].append({"invariant": invariant, "step": index, "dp_rank": None, "message": message,
+                                        "detail": {"mode": mode, "path": s["cuda_graph"],
+                                                   "seq_lens": list(st["seq_lens"]), **detail}})
+            out["trace"].append({"step": index, "seconds": round(time.monotonic() - t, 3),
+                                 **({"numerics": "emulator"} if numerics else {})})
         out["unchecked_calls"] = front.unchecked_calls
         return out
 

@@ -1,0 +1,98 @@
+"""vLLM's configuration families (family ``vllm``): the knobs vLLM's FlashAttention builder reads, x skewed batches.
+
+A case is a ``FuzzCase`` whose ``vllm`` options say what the sglang-shaped server and model cannot
+(``spec/case_vllm.py`` validates them; ``gpu_impl.engines.vllm.scenario_to_vllm`` maps the whole case onto the
+driver). The families, as ``vllm/v1/attention/backends/flash_attn.py`` (0.33.0) branches on them:
+
+* CUDA graph: none, piecewise (attention runs eagerly between captured pieces) or full (``server.cuda_graph``:
+  ``max_num_splits = flash_attn_max_num_splits_for_cuda_graph`` on both sides, batches padded to a capture size);
+* ``VLLM_BATCH_INVARIANT`` (``server.enable_deterministic_inference``): no precompute, ``num_splits=1``;
+* KV cache ``auto`` / ``fp8`` (both sides schedule with float8_e4m3fn);
+* sliding window: none, one setting on every layer (the window on both sides), or mixed settings (no precompute);
+* decode context parallel 1 or 2 (``server.attn_cp_size``; only without windows, as the old campaign ran it);
+* the model/tp points: every non-MLA model of ``gpu_impl.config.MODELS`` x tp 1, 2, 4, 8 dividing its heads;
+* steps: one or two skewed decode batches (1..100 sequences of 1..32768 tokens), 30 % of them chunked-prefill
+  steps (up to three sequences take a chunk of up to 2048 tokens, within vLLM's 8192-token step budget).
+
+:func:`vllm_family_label` names the family of a case (``cg=... bi=... kv=... sw=... dcp=...``) for per-family counts.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Optional
+
+from .scenarios import SM_COUNTS, FuzzCase
+
+__all__ = ["GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
+           "vllm_family_label", "model_tp_points"]
+
+GRAPH_MODES = ("none", "piecewise", "full")
+WINDOWS = ("none", "one", "mixed")
+#: Sequence lengths the old campaign drew from (a long one among short ones is the overflow shape).
+LENGTHS = (1, 17, 100, 1000, 4097, 32768)
+BATCH_SIZES = (1, 2, 3, 8, 33, 100)
+#: The sliding window of the "one" and "mixed" families (Gemma-2 / Mistral-style 4096).
+WINDOW = 4096
+#: vLLM's default max_model_len in the driver (gpu_impl/engines/vllm_driver.py scenario_defaults).
+MAX_MODEL_LEN = 40960
+
+
+def model_tp_points() -> list:
+    """(model name, tp) for every non-MLA model of gpu_impl.config.MODELS and tp in 1, 2, 4, 8 dividing its heads."""
+    from gpu_impl.config import MODELS
+
+    return [(name, tp) for name, m in sorted(MODELS.items()) if not m.is_mla and m.head_dim <= 256
+            for tp in (1, 2, 4, 8) if m.num_heads % tp == 0]
+
+
+def _steps(rng: random.Random, n: int) -> tuple:
+    steps = []
+    for _ in range(rng.randint(1, 2)):
+        k = [rng.choice(LENGTHS) for _ in range(n)]
+        q = [1] * n
+        if rng.random() < 0.3:  # chunked prefill: a few sequences take a chunk, within the token budget
+            for i in rng.sample(range(n), min(n, 3)):
+                q[i] = rng.randint(1, min(k[i], 2048))
+        if max(q) == 1:
+            steps.append({"mode": "decode", "seq_lens": k, "extend_lens": None})
+        else:
+            steps.append({"mode": "mixed", "seq_lens": k, "extend_lens": q})
+    return tuple(steps)
+
+
+def vllm_case(rng: random.Random, graph_modes: tuple = GRAPH_MODES) -> Optional[FuzzCase]:
+    """One configuration of vLLM's families (module doc) and its batches."""
+    from gpu_impl.config import MODELS, ServerConfig
+
+    name, tp = rng.choice(model_tp_points())
+    model = MODELS[name]
+    graph = rng.choice(graph_modes)
+    window = rng.choice(WINDOWS)
+    dcp = rng.choice((1, 2)) if window == "none" and tp % 2 == 0 else 1
+    server = ServerConfig(tp_size=tp, attn_cp_size=dcp, page_size=rng.choice((16, 64)), num_sm=rng.choice(SM_COUNTS),
+                          cuda_graph=graph == "full", enable_deterministic_inference=rng.random() < 0.5,
+                          context_length=MAX_MODEL_LEN)
+    options: dict = {"kv_cache_dtype": rng.choice(("auto", "fp8")), "piecewise": graph == "piecewise"}
+    if window == "one":
+        options.update(num_layers=2, sliding_window=WINDOW)
+    elif window == "mixed":
+        options.update(num_layers=2, sliding_window=[WINDOW, None])
+    steps = _steps(rng, rng.choice(BATCH_SIZES))
+    return FuzzCase(server=server, model=model, steps=steps, numerics=False, seed=rng.randrange(2 ** 31),
+                    vllm=options)
+
+
+def vllm_full_graph_case(rng: random.Random) -> Optional[FuzzCase]:
+    """Family ``vllm-full-graph``: the ``vllm`` families under full CUDA graph only (where vLLM #20301 lived)."""
+    return vllm_case(rng, graph_modes=("full",))
+
+
+def vllm_family_label(case: FuzzCase) -> str:
+    """The configuration family of a ``vllm`` case: ``cg=none|piecewise|full bi=0|1 kv=auto|fp8 sw=... dcp=N``."""
+    opts = case.vllm or {}
+    graph = "full" if case.server.cuda_graph else ("piecewise" if opts.get("piecewise") else "none")
+    sw = opts.get("sliding_window")
+    window = "none" if sw is None else ("mixed" if isinstance(sw, list) and len(set(sw)) > 1 else "one")
+    return (f"cg={graph} bi={int(case.server.enable_deterministic_inference)} kv={opts.get('kv_cache_dtype', 'auto')} "
+            f"sw={window} dcp={case.server.attn_cp_size}")
