@@ -4,10 +4,10 @@
 ``check`` (through :mod:`fa3verify.fuzzing`), the bug catalogue's fuzz engine (:mod:`fa3verify.catalogue`) and
 gpu-check's fuzz stage all call it:
 
-* **generation** -- one mechanism: Hypothesis, seeded, supplies one 64-bit draw per case and the case is built by a
-  strategy family (:mod:`fa3verify.strategies`) from a ``random.Random`` seeded by it; the same seed gives the same
-  cases. A family may return None (no valid case from that draw): the draw counts against the case budget and is
-  skipped;
+* **generation** -- one mechanism: a generator keyed by the campaign seed supplies one 64-bit seed per draw, and
+  the case is built by a strategy family (:mod:`fa3verify.strategies`) from a ``random.Random`` seeded by it; the
+  same seed gives the same cases in any process and whatever else is imported. A family may return None (no
+  valid case from that draw): the draw counts against the case budget and is skipped;
 * **evaluation** -- ``target.observe(case)`` runs the case on a system under test and returns an
   :class:`Observation` (outcome, invariants, messages, the findings' signatures), or None when the system cannot
   run that case (a feature its driver does not run: counted as ``unsupported``, never a pass). A target with
@@ -40,7 +40,7 @@ __all__ = ["Budget", "Observation", "Failure", "Campaign", "run_campaign", "shri
 
 
 class _CampaignDone(BaseException):
-    """Raised inside the Hypothesis loop to end the campaign (budget, case count or stop condition reached)."""
+    """Raised inside the draw loop to end the campaign (budget, case count or stop condition reached)."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class Campaign:
     budget: Budget
     target: Any = None
     started: float = field(default_factory=time.perf_counter)
-    draws: int = 0          #: Hypothesis draws used (cases, unsupported cases and draws a family skipped)
+    draws: int = 0          #: draws used (cases, unsupported cases and draws a family skipped)
     cases: int = 0          #: cases that ran to a verdict
     failing_cases: int = 0
     failures: dict = field(default_factory=dict)
@@ -136,9 +136,6 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
     The campaign is always bounded: a budget that is not a finite number > 0, or neither a budget nor a case
     count, is a ValueError (a NaN budget would never be reached).
     """
-    from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
-    from hypothesis import strategies as st
-
     camp = Campaign(budget=budget.validate(), target=target, progress=progress)
     width = max(1, int(getattr(target, "parallel", 1)))
     pending: list = []
@@ -170,20 +167,22 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
         for case, obs in zip(batch, observed):
             record(case, obs)
 
-    @hyp_seed(seed)
-    @settings(max_examples=10**9, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(st.integers(0, 2**64 - 1))
-    def one_case(draw: int) -> None:
-        if camp.exhausted():
-            raise _CampaignDone()
-        camp.draws += 1
-        case = strategy(random.Random(draw))
-        if case is None:
-            return
-        pending.append(case)
-        if len(pending) >= width:
-            flush()
+    # One 64-bit seed per draw from a generator keyed by the campaign seed alone: the same seed gives the same
+    # cases in any process (a Hypothesis draw mixes in constants mined from whatever modules are loaded, so the
+    # same seed drew different cases inside the test suite than from the command line).
+    draws = random.Random(f"fa3verify.campaign:{int(seed)}")
+
+    def one_case() -> None:
+        while True:
+            if camp.exhausted():
+                raise _CampaignDone()
+            camp.draws += 1
+            case = strategy(random.Random(draws.getrandbits(64)))
+            if case is None:
+                continue
+            pending.append(case)
+            if len(pending) >= width:
+                flush()
 
     with single_threaded_torch():
         try:

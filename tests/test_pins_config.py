@@ -113,6 +113,7 @@ def test_head_counts_of_each_side():
     assert s.precompute_heads(model(h=32, hk=8)) == (4, 1) and s.layer_heads(model(h=32, hk=8)) == (8, 2)
     assert isinstance(s.precompute_heads(model())[0], int) and isinstance(s.layer_heads(model())[1], int)
     assert s.layer_heads(model(h=30, hk=6)) == (7, 1) and s.precompute_heads(model(h=30, hk=6)) == (3, 1)
+    assert ServerConfig(tp_size=4).precompute_heads(model(h=24, hk=6)) == (6, 1)    # 6 // 4: integer division
     # KV heads replicated: attn_tp 4 over 2 KV heads -> 2 copies; attn_tp == Hk -> 1; attn_tp 4 over 3 -> 4 // 3
     assert ServerConfig(tp_size=4).kv_head_replication(model(h=8, hk=2)) == 2
     assert ServerConfig(tp_size=4).kv_head_replication(model(h=8, hk=4)) == 1
