@@ -134,7 +134,8 @@ def test_an_interrupted_fuzz_keeps_what_it_found_and_exits_3(tmp_path, capsys, m
 
     _interrupt_after(monkeypatch, fuzzing, "evaluate", 40)
     out = tmp_path / "fuzz.json"
-    rc = main(["fuzz", "--guard", "pre-fix", "--cases", "100000", "--seed", "1", "--out", str(tmp_path / "cases"),
+    # seed 0 meets the pre-fix guard's failure within its first 40 cases (fuzz --guard pre-fix --cases 40 --seed 0: 2)
+    rc = main(["fuzz", "--guard", "pre-fix", "--cases", "100000", "--seed", "0", "--out", str(tmp_path / "cases"),
                "--json", str(out), "--junit", str(tmp_path / "fuzz.xml")])
     assert rc == 3
     summary = json.loads(out.read_text())
