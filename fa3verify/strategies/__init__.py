@@ -21,10 +21,10 @@ from typing import Callable
 
 from . import families, kernel_calls, vllm
 from .scenarios import (CONTEXT_LENGTHS, NUM_SPLITS_POLICIES, NUMERICS_MAX_LEN, NUMERICS_SHARE, PAGE_SIZES, SM_COUNTS,
-                        STEP_KINDS, FuzzCase, decode_step, extend_step, fuzz_cases, gpu_decode_case, random_fuzz_case,
+                        STEP_KINDS, FuzzCase, decode_step, extend_step, gpu_decode_case, random_fuzz_case,
                         random_server_config, release_fuzz_case, random_steps, rank_layouts)
 
-__all__ = ["FAMILIES", "KERNEL_FAMILIES", "family", "family_for_engine", "is_kernel_family", "FuzzCase", "fuzz_cases",
+__all__ = ["FAMILIES", "KERNEL_FAMILIES", "family", "family_for_engine", "is_kernel_family", "FuzzCase",
            "random_fuzz_case", "gpu_decode_case", "release_fuzz_case",
            "random_server_config", "random_steps", "rank_layouts", "decode_step", "extend_step", "SM_COUNTS",
            "PAGE_SIZES", "CONTEXT_LENGTHS", "NUM_SPLITS_POLICIES", "NUMERICS_SHARE", "NUMERICS_MAX_LEN", "STEP_KINDS"]

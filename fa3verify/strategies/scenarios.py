@@ -16,7 +16,6 @@ import random
 from dataclasses import dataclass
 from typing import Optional
 
-from hypothesis import strategies as st
 
 from gpu_impl.config import MODELS, ModelConfig, ServerConfig, is_valid_config
 
@@ -149,14 +148,3 @@ def gpu_decode_case(rng: random.Random, num_sm: int = 132, max_len: int = 16384,
     cap = min(max_len, server.context_length)
     step = decode_step(rng, cap, max_batch=12 * server.attn_dp_size)
     return FuzzCase(server=server, model=model, steps=(step,), numerics=True, seed=rng.randrange(2**31))
-
-
-def fuzz_cases(numerics_share: float = NUMERICS_SHARE):
-    """Hypothesis strategy over the scenario space: one seeded draw per case.
-
-    Hypothesis supplies (and replays, for a given --seed) one 64-bit draw per case, and the case is built from
-    a Random seeded by it. Drawing each field through Hypothesis costs more per case than checking the case
-    (measured: ~6 ms against ~3 ms), and its bias towards small values would skew the mix; the structure of a
-    failing case is shrunk by `fa3verify.shrinking` instead.
-    """
-    return st.integers(0, 2**64 - 1).map(lambda seed: random_fuzz_case(random.Random(seed), numerics_share))
