@@ -331,7 +331,7 @@ def run_module(target: Target, opts: dict, equivalents: dict[str, Equivalent], l
     env = mutmut_env()
     start = time.monotonic()
     names: list[str] = []
-    prev = previous_result(opts["report"], target.module) if opts["rerun"] else None
+    prev = opts.get("previous", {}).get(target.module)
     if prev is not None and opts["rerun"] == "recount":
         return recount(target.module, prev, equivalents)
     if prev is not None:
@@ -414,6 +414,8 @@ def main(env: dict | None = None) -> int:
         targets = load_targets()
         opts = parse_options(env, targets)
         equivalents = load_equivalents()
+        # a rerun's previous report is input too: checked for every module before anything runs or is written
+        opts["previous"] = ({m: previous_result(opts["report"], m) for m in opts["modules"]} if opts["rerun"] else {})
     except BadInput as exc:
         print(f"mutation: {exc}", file=sys.stderr)
         return 2

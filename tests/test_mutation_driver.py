@@ -132,3 +132,11 @@ def test_a_recount_reclassifies_the_previous_undetected_mutants_only():
     # an entry dropped from the list, or listed with another line, excuses nothing any more
     r = drv.recount("refmodel/cint.py", prev, {"m.a": drv.Equivalent("m.a", "return 9", "why")})
     assert (r.equivalent, sorted(s["name"] for s in r.survivors)) == (0, ["m.a", "m.b", "m.c"])
+
+
+def test_a_rerun_without_its_previous_report_is_bad_input_and_writes_nothing(tmp_path, capsys):
+    report = tmp_path / "out" / "report.json"
+    env = {"MUTATION_RERUN": "recount", "MUTATION_REPORT": str(report), "MUTATION_MODULES": "refmodel/cint.py"}
+    assert drv.main(env) == 2
+    assert "MUTATION_RERUN: no previous report at" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
