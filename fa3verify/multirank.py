@@ -240,11 +240,13 @@ def _describe_failure(ctx, folder: Path, first_seen: list[int]) -> dict:
         except (OSError, ValueError, KeyError):
             continue
     # A rank that died without a report (os._exit, a signal) died first: its peers only saw a broken collective.
+    # Otherwise the earliest report is the cause, whether or not its rank has exited yet (a rank reports, then
+    # tears its group down, and that breaks its peers' collectives, which report later).
     silent = [r for r in first_seen if r not in reports]
     if silent:
         rank = silent[0]
     else:
-        rank = min(first_seen, key=lambda r: reports[r].get("time", math.inf))
+        rank = min(set(first_seen) | set(reports), key=lambda r: (reports[r].get("time", math.inf), r))
     code = procs[rank].exitcode
     if rank in reports:
         error = reports[rank]["error"]

@@ -292,29 +292,56 @@ def _run_cases(rank: int, world: int, cases: Sequence[Any], out_dir: Path, backe
         dist.init_process_group(backend=backend, rank=rank, world_size=world, init_method="env://", timeout=timeout)
     flags = [bool(numerics)] * len(cases) if isinstance(numerics, bool) else list(numerics)
     try:
-        for i, case in enumerate(cases):
-            numerics = flags[i]
-            server = scenario_from_case(case).server
-            if attention_world_size(server) != world:
-                raise ValueError(f"case {i}: needs {attention_world_size(server)} ranks, the world has {world}")
-            placement = rank_placement(server, rank)
-            comm = RankComm(placement, server.attn_cp_size, server.attn_dp_size, device)
-            record = run_rank(case, placement, comm, numerics=numerics, device=device)
-            records = comm.gather_to_rank0(record)
-            if rank == 0:
-                verdict = assemble(case, records, numerics=numerics)
-                outputs = verdict.pop("outputs")
-                verdict.update({"world": world, "backend": backend, "numerics": numerics})
-                torch.save(outputs, out_dir / f"outputs-{i}.pt")
-                ranks = verdict.pop("ranks")
-                for r in ranks:
-                    _write_json(out_dir / f"case-{i}-rank-{r['rank']}.json", r)
-                verdict["rank_traces"] = [f"case-{i}-rank-{r['rank']}.json" for r in ranks]
-                _write_json(out_dir / f"verdict-{i}.json", verdict)
-        dist.barrier()
+        _run_cases_in_group(rank, world, cases, out_dir, backend, flags, device)
+    except BaseException as exc:
+        # Reported before the group is torn down: tearing it down breaks the peers' collectives, and a peer's
+        # report of that broken collective must not carry an earlier time than the cause's.
+        _write_error_report(out_dir, rank, exc)
+        raise
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _write_error_report(out_dir: Path, rank: int, exc: BaseException) -> None:
+    """``error-rank-N.json``: the exception, when it was caught (the launcher blames the earliest) and its
+    traceback; written once per exception (the innermost handler's report, with the earliest time, stands)."""
+    if getattr(exc, "_fa3verify_reported", False):
+        return
+    _write_json(out_dir / f"error-rank-{rank}.json",
+                {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "time": time.time(),
+                 "traceback": traceback.format_exc()})
+    try:
+        exc._fa3verify_reported = True
+    except AttributeError:  # an exception type without a __dict__: a second report only repeats the first
+        pass
+
+
+def _run_cases_in_group(rank: int, world: int, cases: Sequence[Any], out_dir: Path, backend: str,
+                        flags: list, device: str) -> None:
+    """Run every case as ``rank`` inside an initialised process group; rank 0 writes the verdicts."""
+    import torch.distributed as dist
+
+    for i, case in enumerate(cases):
+        numerics = flags[i]
+        server = scenario_from_case(case).server
+        if attention_world_size(server) != world:
+            raise ValueError(f"case {i}: needs {attention_world_size(server)} ranks, the world has {world}")
+        placement = rank_placement(server, rank)
+        comm = RankComm(placement, server.attn_cp_size, server.attn_dp_size, device)
+        record = run_rank(case, placement, comm, numerics=numerics, device=device)
+        records = comm.gather_to_rank0(record)
+        if rank == 0:
+            verdict = assemble(case, records, numerics=numerics)
+            outputs = verdict.pop("outputs")
+            verdict.update({"world": world, "backend": backend, "numerics": numerics})
+            torch.save(outputs, out_dir / f"outputs-{i}.pt")
+            ranks = verdict.pop("ranks")
+            for r in ranks:
+                _write_json(out_dir / f"case-{i}-rank-{r['rank']}.json", r)
+            verdict["rank_traces"] = [f"case-{i}-rank-{r['rank']}.json" for r in ranks]
+            _write_json(out_dir / f"verdict-{i}.json", verdict)
+    dist.barrier()
 
 
 def rank_main(rank: int, payload: dict) -> None:
@@ -333,9 +360,7 @@ def rank_main(rank: int, payload: dict) -> None:
         _run_cases(rank, payload["world"], payload["cases"], out_dir, payload["backend"], payload["numerics"],
                    payload["timeout_s"], store_path=payload.get("store_path"))
     except BaseException as exc:
-        _write_json(out_dir / f"error-rank-{rank}.json",
-                    {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "time": time.time(),
-                     "traceback": traceback.format_exc()})
+        _write_error_report(out_dir, rank, exc)  # no-op when _run_cases reported it already
         raise
 
 
@@ -348,8 +373,6 @@ def torchrun_main(cases: Sequence[Any], out_dir: str, backend: str = "nccl", num
     try:
         return _run_cases(rank, world, cases, path, backend, numerics, timeout_s)
     except BaseException as exc:
-        _write_json(path / f"error-rank-{rank}.json",
-                    {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "time": time.time(),
-                     "traceback": traceback.format_exc()})
+        _write_error_report(path, rank, exc)  # no-op when _run_cases reported it already
         print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise

@@ -363,3 +363,50 @@ def test_every_corpus_case_agrees_with_the_in_process_simulation():
             if diffs:
                 disagreements.append(f"{name} (world {world}): {diffs}")
     assert not disagreements, "\n".join(disagreements)
+
+
+class _Proc:
+    def __init__(self, exitcode):
+        self.exitcode = exitcode
+
+
+class _Ctx:
+    def __init__(self, *codes):
+        self.processes = [_Proc(c) for c in codes]
+
+
+def test_the_earliest_report_is_blamed_even_before_its_rank_has_exited(tmp_path):
+    """Rank 1 raised and reported first; rank 0's broken collective made it exit first: rank 1 is the cause."""
+    from fa3verify.multirank import _describe_failure
+
+    (tmp_path / "error-rank-1.json").write_text(json.dumps({"rank": 1, "error": "RuntimeError: cause", "time": 10.0}))
+    (tmp_path / "error-rank-0.json").write_text(json.dumps({"rank": 0, "error": "DistBackendError: peer", "time": 11.0}))
+    failure = _describe_failure(_Ctx(1, None), tmp_path, first_seen=[0])
+    assert failure["failed_rank"] == 1 and failure["error"] == "rank 1: RuntimeError: cause"
+    # and with the order of reports reversed, the other rank is blamed (the choice follows the times)
+    (tmp_path / "error-rank-1.json").write_text(json.dumps({"rank": 1, "error": "RuntimeError: cause", "time": 12.0}))
+    assert _describe_failure(_Ctx(1, None), tmp_path, first_seen=[0])["failed_rank"] == 0
+
+
+def test_a_rank_reports_its_error_before_tearing_its_group_down(tmp_path, monkeypatch):
+    """The report's time precedes the teardown that breaks the peers' collectives (else a peer's report of the
+    broken collective could be earlier, and the peer be blamed)."""
+    import torch.distributed as dist
+
+    import gpu_impl.distributed as gd
+
+    seen = {}
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("cause")
+
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(dist, "destroy_process_group",
+                        lambda *a, **k: seen.setdefault("report_at_teardown", (tmp_path / "error-rank-1.json").exists()))
+    monkeypatch.setattr(gd, "_run_cases_in_group", fail)
+    with pytest.raises(RuntimeError):
+        gd.rank_main(1, {"world": 2, "cases": [], "out_dir": str(tmp_path), "backend": "gloo", "numerics": False,
+                         "timeout_s": 5.0, "store_path": str(tmp_path / "store")})
+    assert seen == {"report_at_teardown": True}
+    report = json.loads((tmp_path / "error-rank-1.json").read_text())
+    assert report["error"] == "RuntimeError: cause" and "Traceback" in report["traceback"]
