@@ -15,7 +15,8 @@ in targets.toml), MUTATION_SAMPLE (N: run a seeded sample of N mutants per modul
 MUTATION_SEED, MUTATION_ONLY (comma-separated mutmut name globs, e.g. `refmodel.prepare.x_sort_key*`: run
 only those; for iterating on one function), MUTATION_EXCLUDE_TESTS (comma-separated test files dropped from every
 mapping: what the score was without them, e.g. a module's pins), MUTATION_JOBS (parallel mutant workers, default 2), MUTATION_FAIL_UNDER (percent: exit 1 when a
-module scores lower), MUTATION_REPORT (default build/mutation/report.json), MUTATION_RERUN=survivors (run again only
+module scores lower), MUTATION_REPORT (default build/mutation/report.json; a run merges into it: its modules replace their entries, the
+others stay), MUTATION_RERUN=survivors (run again only
 the mutants the previous report left undetected, for modules whose source is unchanged since, and merge: a
 killed mutant stays killed when tests are only added), MUTATION_RERUN=recount (run no mutant: count the previous
 report's undetected mutants again against the current equivalent list, after reviewing new entries).
@@ -204,6 +205,35 @@ def previous_result(report: Path, module: str) -> dict:
     if prev.get("source_sha256") != source_hash(module):
         raise BadInput(f"MUTATION_RERUN: {module} changed since {report}; run it in full")
     return prev
+
+
+def existing_report(path: Path) -> dict:
+    """The report already at ``path`` (``{}`` when none): this run's report is merged into it, so a module this run
+    does not score (not selected, or inconclusive) keeps its earlier entry; an unreadable one is bad input."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        entries = data["modules"]
+        if not isinstance(entries, list) or not all(isinstance(m, dict) and "module" in m for m in entries):
+            raise ValueError("'modules' is not a list of module entries")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BadInput(f"MUTATION_REPORT: {path} exists but is not a mutation report ({exc}); "
+                       f"name another file or move it away") from None
+    return data
+
+
+def merged_report(previous: dict, results: list, errors: list, opts: dict) -> dict:
+    """This run's modules replace their entries in ``previous``, every other entry stays (modules in file order,
+    new ones last); each entry carries the run options it was scored under, the top level this run's."""
+    run = {"sample": opts["sample"], "seed": opts["seed"], "only": opts["only"], "excluded_tests": opts["exclude"]}
+    inherited = {k: previous.get(k) for k in run}  # a report written before entries carried their own options
+    entries = {m["module"]: {"run": inherited, **m} for m in previous.get("modules", [])}
+    for r in results:
+        entries[r.module] = {"run": run, **r.as_json()}
+    kept = [m for m in entries if m not in {r.module for r in results}]
+    return {"tool": "mutmut", **run, "modules": list(entries.values()), "inconclusive": errors,
+            "kept_from_earlier_runs": kept}
 
 
 def classify(module: str, statuses: dict[str, str], diffs: dict[str, str],
@@ -416,6 +446,7 @@ def main(env: dict | None = None) -> int:
         equivalents = load_equivalents()
         # a rerun's previous report is input too: checked for every module before anything runs or is written
         opts["previous"] = ({m: previous_result(opts["report"], m) for m in opts["modules"]} if opts["rerun"] else {})
+        earlier = existing_report(opts["report"])
     except BadInput as exc:
         print(f"mutation: {exc}", file=sys.stderr)
         return 2
@@ -439,11 +470,13 @@ def main(env: dict | None = None) -> int:
                 continue
             results.append(result)
             print_result(result)
-    report = {"tool": "mutmut", "sample": opts["sample"], "seed": opts["seed"], "only": opts["only"],
-              "excluded_tests": opts["exclude"],
-              "modules": [r.as_json() for r in results], "inconclusive": errors}
-    opts["report"].write_text(json.dumps(report, indent=2) + "\n")
-    print(f"report: {opts['report']}")
+    report = merged_report(earlier, results, errors, opts)
+    tmp = opts["report"].with_suffix(opts["report"].suffix + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(opts["report"])
+    kept = report["kept_from_earlier_runs"]
+    kept = f" (kept from earlier runs: {', '.join(kept)})" if kept else ""
+    print(f"report: {opts['report']}{kept}")
     if errors:
         return 3
     if opts["fail_under"] is not None and any((r.score or 0.0) < opts["fail_under"] for r in results):

@@ -140,3 +140,37 @@ def test_a_rerun_without_its_previous_report_is_bad_input_and_writes_nothing(tmp
     assert drv.main(env) == 2
     assert "MUTATION_RERUN: no previous report at" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_merges_into_the_report_and_keeps_the_modules_it_did_not_score(tmp_path):
+    """A module this run did not score (not selected, or inconclusive) keeps its earlier entry; one it scored is
+    replaced; each entry keeps the options it was scored under."""
+    import json
+    earlier = {"tool": "mutmut", "sample": None, "seed": 0, "only": [], "excluded_tests": [],
+               "modules": [{"module": "refmodel/splitkv.py", "mutants": 412, "killed": 387},
+                           {"module": "refmodel/cint.py", "mutants": 53, "killed": 1}]}
+    opts = {"sample": 5, "seed": 3, "only": [], "exclude": []}
+    now = drv.ModuleResult("refmodel/cint.py", mutants=5, killed=5)
+    report = drv.merged_report(earlier, [now], ["refmodel/combine.py: mutmut exited 1"], opts)
+    by = {m["module"]: m for m in report["modules"]}
+    assert list(by) == ["refmodel/splitkv.py", "refmodel/cint.py"]
+    assert by["refmodel/splitkv.py"]["killed"] == 387 and by["refmodel/splitkv.py"]["run"]["sample"] is None
+    assert by["refmodel/cint.py"]["killed"] == 5 and by["refmodel/cint.py"]["run"]["sample"] == 5
+    assert report["kept_from_earlier_runs"] == ["refmodel/splitkv.py"] and report["sample"] == 5
+    assert report["inconclusive"] == ["refmodel/combine.py: mutmut exited 1"]
+    assert drv.merged_report({}, [now], [], opts)["modules"][0]["module"] == "refmodel/cint.py"
+    path = tmp_path / "report.json"
+    assert drv.existing_report(path) == {}
+    path.write_text(json.dumps(earlier))
+    assert drv.existing_report(path) == earlier
+
+
+def test_a_report_path_holding_something_else_is_bad_input_and_is_left_alone(tmp_path, capsys):
+    report = tmp_path / "report.json"
+    report.write_text("my notes, not a report\n")
+    env = {"MUTATION_REPORT": str(report), "MUTATION_MODULES": "refmodel/cint.py"}
+    assert drv.main(env) == 2
+    err = capsys.readouterr().err
+    assert "MUTATION_REPORT:" in err and "is not a mutation report" in err
+    assert report.read_text() == "my notes, not a report\n"
+    assert not (tmp_path / "mutmut.log").exists()
