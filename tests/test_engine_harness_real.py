@@ -57,3 +57,15 @@ def test_conformance_of_the_profiles(release, tmp_path):
     data = json.loads((tmp_path / "c.json").read_text())
     assert data["conform"]["compared"] > 0
     assert code == 0, data["conform"]["differences"][:3]
+
+
+@pytest.mark.parametrize("release, expected", [(OLD, 1), (NEW, 0)])
+def test_replay_with_numerics_runs_the_releases_calls_through_the_emulator(release, expected, capsys):
+    """--numerics sends the release's own FA3 calls (0.5.23: attention_chunk=None, only_qv=False) to the
+    emulator's numerics; the worked example still fails on the pre-fix release and passes on the fixed one."""
+    _need_env(release)
+    code = cli.main(["replay", "tests/corpus/worked_example_prefix_guard.json", "--engine", f"sglang=={release}",
+                     "--numerics"])
+    out = capsys.readouterr().out
+    assert code == expected, out
+    assert ("STILL FAILS" if expected else "PASSES NOW") in out

@@ -39,14 +39,8 @@ class EmulatorFA3:
         return self.kernel.get_scheduler_metadata(**translate_precompute(bound, sig, "fa3"))
 
     def flash_attn_with_kvcache(self, q, k_cache, v_cache, **named):
-        """``mha_fwd`` through the emulator (its shape check raises; the rest of the metadata is trusted).
-
-        ``attention_chunk=None`` (sglang 0.5.23 passes it) means no chunking, FA3's 0; other ``None`` defaults of
-        sgl_kernel's Python front (``window_size``, ``softcap``) likewise take FA3's default values."""
-        for name, default in (("attention_chunk", 0), ("softcap", 0.0), ("window_size", (-1, -1)),
-                              ("num_splits", 0), ("sm_margin", 0)):
-            if name in named and named[name] is None:
-                named[name] = default
+        """``mha_fwd`` through the emulator (its shape check raises; the rest of the metadata is trusted); the
+        arguments come as the fake ``sgl_kernel.flash_attn`` front hands them on (``fa3_arguments``)."""
         result = self.kernel.flash_attn_with_kvcache(q, k_cache, v_cache, **named)
         trace = self.kernel.last_trace
         self.plans.append({"metadata_passed": named.get("scheduler_metadata") is not None,

@@ -34,6 +34,28 @@ CALL_POSITIONAL = (
     "sinks")
 
 
+#: Arguments of sgl_kernel's Python front whose ``None`` stands for FA3's own default (sglang 0.5.23 passes
+#: ``attention_chunk=None``): what the front hands FA3's ``mha_fwd``.
+NONE_MEANS_FA3_DEFAULT = {"attention_chunk": 0, "softcap": 0.0, "window_size": (-1, -1), "num_splits": 0,
+                          "sm_margin": 0}
+
+
+def fa3_arguments(named: dict) -> dict:
+    """The front's arguments as FA3 takes them: ``None`` defaults replaced (:data:`NONE_MEANS_FA3_DEFAULT`),
+    ``only_qv=False`` dropped (FA3's plain path; sglang 0.5.23's wrapper always passes it), ``sinks`` and
+    ``only_qv=True`` refused as not modelled; ``out`` is left to the caller."""
+    named = dict(named)
+    for name, default in NONE_MEANS_FA3_DEFAULT.items():
+        if name in named and named[name] is None:
+            named[name] = default
+    if named.get("sinks") is not None:
+        raise NotImplementedError("flash_attn_with_kvcache(sinks=...): attention sinks are not modelled")
+    if named.pop("only_qv", False):
+        raise NotImplementedError("flash_attn_with_kvcache(only_qv=True): the rope-free qv-only path is not modelled")
+    named.pop("sinks", None)
+    return named
+
+
 def flash_attn_with_kvcache(*args, **kwargs):
     if len(args) > len(CALL_POSITIONAL):
         raise TypeError(f"flash_attn_with_kvcache: at most {len(CALL_POSITIONAL)} positional arguments, "
@@ -43,11 +65,16 @@ def flash_attn_with_kvcache(*args, **kwargs):
     if overlap:
         raise TypeError(f"flash_attn_with_kvcache: {sorted(overlap)} given by position and by name")
     named.update(kwargs)
-    if named.get("sinks") is not None:
-        raise NotImplementedError("flash_attn_with_kvcache(sinks=...): attention sinks are not modelled")
-    named.pop("sinks", None)
+    named = fa3_arguments(named)
+    out = named.pop("out", None)
     q, k_cache, v_cache = named.pop("q"), named.pop("k_cache"), named.pop("v_cache")
-    return _impl().flash_attn_with_kvcache(q, k_cache, v_cache, **named)
+    result = _impl().flash_attn_with_kvcache(q, k_cache, v_cache, **named)
+    if out is None:
+        return result
+    # sgl_kernel writes the attention output into ``out`` and returns it (with the LSE when asked for)
+    first = result[0] if isinstance(result, (tuple, list)) else result
+    out.copy_(first.to(out.dtype))
+    return (out, *result[1:]) if isinstance(result, (tuple, list)) else out
 
 
 def flash_attn_varlen_func(*args, **kwargs):
