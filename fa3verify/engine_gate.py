@@ -4,7 +4,8 @@ Invariant: on a real engine every verdict comes from running that engine's own c
 inputs. The gate's rows are (1) the z3 theorems that search for hazardous configurations, run on the model
 with no guard and sglang's ``tp`` head counts (the backend as it was before any fix, so every configuration
 where reusing metadata can overflow has a witness), shown for information; (2) each distinct witness replayed
-on the engine (fails if the engine's calls break an invariant there); (3) the fuzz campaign on the engine.
+on the engine (fails if the engine's calls break an invariant there); on vLLM also (2') its own theorem,
+``vllm-flow`` under the release's profile, counting like a prove row; (3) the fuzz campaign on the engine.
 Findings are case files carrying the engine (``spec.cases`` ``engine``), which replay on it.
 
 ``prove --engine X`` uses :func:`replay_witnesses` too: the theorems run under the chosen model policy, and
@@ -82,6 +83,32 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
     return checks, findings
 
 
+def vllm_flow_rows(sut, timeout_s: float, cases_dir: str, kernel=None) -> RunSummary:
+    """vLLM's own theorem for the gate: ``vllm-flow`` under the release's profile (``prove --engine-profile
+    vllm==V``, a failed row when refuted), its counterexample replayed on the engine; a release without a profile
+    is an inconclusive row (the theorem cannot run), never a pass."""
+    from spec.engine_profiles_vllm import VllmProfileError, vllm_profile_for
+
+    from .proving import prove_vllm
+
+    try:
+        profile = vllm_profile_for(sut.spec.release)
+    except VllmProfileError as exc:
+        out = RunSummary(command="gate")
+        out.checks.append(Check(name="vllm-flow", kind="theorem", verdict="inconclusive", seconds=0.0,
+                                inconclusive=True,
+                                message=f"{exc}: the flow theorem needs the release's profile "
+                                        f"(spec/engine_profiles_vllm.json; `conform --engine {sut.spec}` checks one)"))
+        return out
+    out = prove_vllm(profile, timeout_s=timeout_s, cases_dir=cases_dir)
+    refuted = [c.case_file for c in out.checks if c.verdict == "refuted" and c.case_file]
+    if refuted:
+        checks, findings = replay_witnesses(sut, refuted, cases_dir, kernel=kernel)
+        out.checks.extend(checks)
+        out.findings.extend(findings)
+    return out
+
+
 def save_engine_case(case, finding: dict, sut, cases_dir: str) -> str:
     """The witness as a case found on the engine: same scenario, the engine's identity, the release's profile."""
     from spec.cases import Case
@@ -114,12 +141,14 @@ def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s:
     default = load_policy()
     summary = RunSummary(command="gate", seed=seed, policy={**case_policy(default, sut), "engine": str(sut.spec)})
     if witnesses:
+        kernel = load(kernel_name, mode="strict", device=device)
         rows = witness_rows if witness_rows is not None else witness_search(timeout_s, cases_dir)
         summary.checks.extend(rows)
-        checks, findings = replay_witnesses(sut, [r.case_file for r in rows], cases_dir,
-                                            kernel=load(kernel_name, mode="strict", device=device))
+        checks, findings = replay_witnesses(sut, [r.case_file for r in rows], cases_dir, kernel=kernel)
         summary.checks.extend(checks)
         summary.findings.extend(findings)
+        if sut.spec.kind == "vllm":
+            summary.merge(vllm_flow_rows(sut, timeout_s, cases_dir, kernel=kernel))
     summary.merge(fuzz(default, kernel_name=kernel_name, device=device, seed=seed, budget_s=budget_s,
                        max_cases=max_cases, out_dir=cases_dir, show_progress=show_progress, sut=sut))
     summary.elapsed_s = time.perf_counter() - start

@@ -20,6 +20,7 @@ examples:
   fa3verify gate --guard pre-fix --metadata-heads attn_tp                    # exits 0
   fa3verify gate --engine sglang==0.5.14     # sglang 0.5.14's own backend: witnesses + fuzz on real code
   fa3verify gate --engine sglang-src=../sglang/python --json gate.json        # your checkout (see docs/engines.md)
+  fa3verify gate --engine vllm==0.33.0       # vLLM's builder and impl: vllm-flow theorem + fuzz of family vllm
 """
 
 
