@@ -220,6 +220,7 @@ def _supervise(ctx, folder: Path, deadline: float) -> Optional[dict]:
         if failed:
             # Let collateral failures (peers of a dead rank) show, then blame the earliest one.
             time.sleep(0.2)
+            failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]  # with those that showed
             return _describe_failure(ctx, folder, failed)
         if all(c == 0 for c in codes):
             return None
