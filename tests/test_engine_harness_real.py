@@ -62,10 +62,12 @@ def test_conformance_of_the_profiles(release, tmp_path):
 @pytest.mark.parametrize("release, expected", [(OLD, 1), (NEW, 0)])
 def test_replay_with_numerics_runs_the_releases_calls_through_the_emulator(release, expected, capsys):
     """--numerics sends the release's own FA3 calls (0.5.23: attention_chunk=None, only_qv=False) to the
-    emulator's numerics; the worked example still fails on the pre-fix release and passes on the fixed one."""
+    emulator's numerics: on the pre-fix release the worked example's long sequence (row 0: 86 splits for 29
+    partial buffers) comes out NaN, the bug's symptom (FACTS.md section 1); the fixed release's output has none."""
     _need_env(release)
     code = cli.main(["replay", "tests/corpus/worked_example_prefix_guard.json", "--engine", f"sglang=={release}",
                      "--numerics"])
     out = capsys.readouterr().out
     assert code == expected, out
     assert ("STILL FAILS" if expected else "PASSES NOW") in out
+    assert ("NO_NAN at step 0, dp rank 0: NaN in the attention output of real rows [0]" in out) == bool(expected)

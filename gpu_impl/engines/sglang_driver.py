@@ -328,6 +328,7 @@ class Engine:
     def _collect(self, out: dict, index: int, dp_rank: int, rows) -> None:
         from ..fa3_calls import pair_summary
 
+        self._collect_nan(out, index, dp_rank)
         if isinstance(self.front, SanitizedFront):
             for plan in self.front.drain():
                 out["trace"].append({"step": index, "dp_rank": dp_rank, "mode": "decode", **plan})
@@ -344,6 +345,17 @@ class Engine:
                 finding = {"invariant": d.get("invariant", v.invariant), "step": index, "dp_rank": dp_rank,
                            "message": d.get("message", str(v)), "detail": {**detail, **d}}
                 (out["shape_errors"] if finding["invariant"] == "SHAPE" else out["findings"]).append(finding)
+
+    def _collect_nan(self, out: dict, index: int, dp_rank: int) -> None:
+        """NO_NAN: a real row whose output had NaN in this step's calls on this rank (numerics only; the rows
+        ``RankBackend._note_output`` saw), one finding a step and rank."""
+        bad = sorted({int(r) for rows in self.front.nan_rows for r in rows})
+        self.front.nan_rows.clear()
+        if bad:
+            out["findings"].append({"invariant": "NO_NAN", "step": index, "dp_rank": dp_rank,
+                                    "message": f"NaN in the attention output of real rows {bad[:8]} (FA3's numerics "
+                                               f"on the emulator, with the metadata the backend passed)",
+                                    "detail": {"mode": "decode", "rows": bad[:32], "source": "numerics"}})
 
     # -- configurations the release accepts ----------------------------------------------------------------
     def validate(self, server: dict, model: dict = None) -> dict:
