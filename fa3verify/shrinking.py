@@ -3,7 +3,8 @@
 Greedy and deterministic, over the case's structure: drop steps, drop batch rows, lower lengths (halving,
 then stepping down), then simplify the configuration (no CUDA graph, page size 1, the H200's SM count, the
 shortest context that still holds every sequence). A candidate is kept only when it still shows the same
-signature; invalid candidates (a configuration sglang would reject) are skipped.
+signature; invalid candidates (a configuration sglang would reject; for a vLLM case, one outside the vLLM family's
+domain, ``strategies.vllm.NOT_ASSUMED_BY_VLLM``) are skipped.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from .strategies import CONTEXT_LENGTHS, FuzzCase
 
 def shrink_case(case: FuzzCase, still_fails: Callable[[FuzzCase], bool], budget_s: float = 4.0) -> FuzzCase:
     """The smallest case reachable by greedy simplification that still fails the same way."""
+    from .strategies.vllm import NOT_ASSUMED_BY_VLLM
+
     deadline = time.perf_counter() + budget_s
+    dropped = NOT_ASSUMED_BY_VLLM if case.vllm is not None else ()
     best = case
     improved = True
     while improved and time.perf_counter() < deadline:
@@ -27,7 +31,7 @@ def shrink_case(case: FuzzCase, still_fails: Callable[[FuzzCase], bool], budget_
         for candidate in _candidates(best):
             if time.perf_counter() >= deadline:
                 break
-            if not is_valid_config(candidate.model, candidate.server):
+            if not is_valid_config(candidate.model, candidate.server, dropped):
                 continue
             if still_fails(candidate):
                 best = candidate

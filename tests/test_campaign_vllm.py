@@ -98,6 +98,28 @@ def test_the_mapping_carries_the_vllm_options_and_seeds_only_what_the_driver_can
     assert type(info.value).__name__ == "ScenarioUnsupported"  # skipped and counted by the campaign, never a pass
 
 
+def test_a_dcp_case_shrinks_within_the_vllm_domain_and_an_sglang_case_keeps_sglangs():
+    """Under vLLM attn_cp_size is decode context parallel (no prefill CP): a DCP case's candidates are judged by the
+    vLLM family's domain, so it shrinks; the same configuration as an sglang case stays outside sglang's domain."""
+    import dataclasses
+
+    from fa3verify.shrinking import shrink_case
+    from fa3verify.strategies import family
+
+    case = next(c for c in (family("vllm")(random.Random(i)) for i in range(200))
+                if c.server.attn_cp_size == 2 and sum(len(s["seq_lens"]) for s in c.steps) > 2)
+
+    def long_row(c):  # stands for "fails the same way": some row of at least 1000 tokens under DCP 2
+        return c.server.attn_cp_size == 2 and any(x >= 1000 for s in c.steps for x in s["seq_lens"])
+
+    case = dataclasses.replace(case, steps=tuple({**s, "seq_lens": [4000] + list(s["seq_lens"][1:])}
+                                                 if i == 0 else s for i, s in enumerate(case.steps)))
+    small = shrink_case(case, long_row, budget_s=30.0)
+    assert small.server.attn_cp_size == 2 and [s["seq_lens"] for s in small.steps] == [[1000]]
+    as_sglang = dataclasses.replace(case, vllm=None)
+    assert shrink_case(as_sglang, long_row, budget_s=30.0) == as_sglang  # every candidate is outside sglang's domain
+
+
 # ---------------------------------------------------------------- engine: vLLM's own code through the campaign
 
 

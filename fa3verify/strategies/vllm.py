@@ -24,8 +24,12 @@ from typing import Optional
 
 from .scenarios import SM_COUNTS, FuzzCase
 
-__all__ = ["GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
+__all__ = ["NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
            "vllm_family_label", "model_tp_points"]
+
+#: sglang's domain assumptions (``spec.config``) a vLLM case need not meet: under vLLM ``server.attn_cp_size`` is
+#: decode context parallel, which needs no prefill CP (the family draws DCP 2 without it).
+NOT_ASSUMED_BY_VLLM = ("ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP",)
 
 GRAPH_MODES = ("none", "piecewise", "full")
 WINDOWS = ("none", "one", "mixed")
