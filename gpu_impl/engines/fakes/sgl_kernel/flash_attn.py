@@ -73,7 +73,7 @@ def flash_attn_with_kvcache(*args, **kwargs):
         return result
     # sgl_kernel writes the attention output into ``out`` and returns it (with the LSE when asked for)
     first = result[0] if isinstance(result, (tuple, list)) else result
-    out.copy_(first.to(out.dtype))
+    out.copy_(first.reshape(out.shape).to(out.dtype))  # a view of the batch's buffer: same elements, its shape
     return (out, *result[1:]) if isinstance(result, (tuple, list)) else out
 
 
