@@ -108,6 +108,7 @@ class Campaign:
     failing_cases: int = 0
     failures: dict = field(default_factory=dict)
     unsupported: int = 0    #: cases the system under test could not run: skipped, counted, never a pass
+    loud: int = 0           #: cases that ended in FA3's shape check ("shape_error"): loud and safe, not failures
     interrupted: bool = False  #: SIGINT ended the campaign: what was found is kept, the verdict is inconclusive
     stopped: bool = False   #: the stop condition ended the campaign
     progress: Optional[Callable[["Campaign"], None]] = None
@@ -145,6 +146,7 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
             camp.unsupported += 1
             return
         camp.cases += 1
+        camp.loud += obs.outcome == "shape_error"
         found = checks(obs)
         if found:
             camp.failing_cases += 1

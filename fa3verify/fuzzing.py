@@ -189,6 +189,9 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
         case_file=next(iter(camp.failures.values())).case_file if camp.failures else None,
         message=f"{camp.cases} cases, {camp.failing_cases} failing, {len(camp.failures)} distinct signatures: "
                 + ", ".join(sorted(camp.failures)) if camp.failures else f"{camp.cases} cases, no violation"))
+    if camp.loud:
+        summary.checks[-1].message += (f"; {camp.loud} cases raised FA3's shape check (loud and safe: the call is "
+                                       f"refused, nothing read out of bounds; not counted as violations)")
     if camp.unsupported:
         summary.checks[-1].message += f"; {camp.unsupported} generated cases the engine does not run were skipped"
     return summary

@@ -140,3 +140,37 @@ def test_the_caller_defect_is_applied_from_outside_and_idempotent():
     assert bad["metadata"]["batch_size"] == call["num_reqs"] and call["metadata"]["batch_size"] == 1
     assert seed_caller_defects(bad, ["cascade-prefix-metadata-batch-size"]) == bad
     assert seed_caller_defects(call, []) == call
+
+
+class _Loud:
+    """A toy target: a case that is a multiple of 4 ends in FA3's shape check; none violates."""
+
+    def observe(self, case):
+        return Observation("shape_error" if case % 4 == 0 else "pass")
+
+
+def test_shape_errors_are_counted_as_loud_not_as_failures_and_fuzz_says_how_many():
+    camp = run_campaign(_Loud(), _ints, budget=Budget(cases=80), seed=1)
+    draws = random.Random("fa3verify.campaign:1")
+    expected = sum(random.Random(draws.getrandbits(64)).randrange(100) % 4 == 0 for _ in range(80))
+    assert camp.loud == expected > 0 and camp.failing_cases == 0 and not camp.failures
+    assert run_campaign(_Echo(), _ints, budget=Budget(cases=40), seed=1).loud == 0
+
+
+def test_fuzz_reports_the_shape_errors_it_met(monkeypatch):
+    """fuzz's row says how many cases ended in the shape check, and still passes on them (loud and safe)."""
+    import fa3verify.fuzzing as fuzzing
+    from fa3verify.campaign import Campaign
+    from fa3verify.policy import load_policy
+
+    def fake_campaign(*args, **kwargs):
+        camp = Campaign(budget=Budget(cases=10))
+        camp.cases, camp.loud = 10, 3
+        return camp
+
+    monkeypatch.setattr(fuzzing, "run_campaign", fake_campaign)
+    summary = fuzzing.fuzz(load_policy(), max_cases=10, budget_s=None, show_progress=False)
+    [row] = summary.checks
+    assert row.verdict == "pass" and summary.exit_code == 0
+    assert row.message == ("10 cases, no violation; 3 cases raised FA3's shape check (loud and safe: the call is "
+                           "refused, nothing read out of bounds; not counted as violations)")
