@@ -71,7 +71,7 @@ def open_engine(spec_or_text):
                              f"(no module {exc.name}); use --engine model") from None
         raise
     except Exception as exc:  # an engine implementation's own "cannot open" error
-        if type(exc).__name__ in _UNAVAILABLE_NAMES:
+        if any(cls.__name__ in _UNAVAILABLE_NAMES for cls in type(exc).__mro__):  # UnknownRelease is one
             raise UsageError(f"--engine: {spec}: {exc}") from None
         raise
 

@@ -73,3 +73,15 @@ def test_gate_on_vllm_runs_its_theorem_and_fuzzes_its_family(tmp_path):
     assert checks["vllm-flow"]["verdict"] == "proved"
     fuzz = [c for c in checks.values() if c["kind"] == "property"]
     assert fuzz and all(c["verdict"] == "pass" for c in fuzz)
+
+
+@pytest.mark.parametrize("command", [["gate", "--cases", "1"], ["fuzz", "--cases", "1"]])
+def test_an_unknown_vllm_release_is_bad_input_naming_engine(command, capsys, tmp_path):
+    """Refused when the engine is opened (exit 2, naming --engine and the registered releases), not at the first
+    run as an internal error (exit 3)."""
+    from fa3verify.cli import main
+
+    assert main(command + ["--engine", "vllm==9.9.9", "--json", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--engine: vllm==9.9.9: not a vLLM release this suite knows (registered: 0.33.0)" in err
+    assert "Traceback" not in err and not (tmp_path / "s.json").exists()

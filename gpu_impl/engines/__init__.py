@@ -31,8 +31,10 @@ def open_engine(spec, progress: Callable[[str], None] = print):
     if isinstance(spec, str):
         spec = parse_engine(spec)
     if spec.kind == "vllm":
+        from .envs import check_release
         from .vllm import VllmSUT  # lazy: the worker starts on the first run
 
+        check_release(spec.release, engine="vllm")  # an unknown release is refused now, not at the first run
         return VllmSUT(spec.release)
     if spec.kind not in ("sglang", "sglang-src"):
         raise EngineUnavailable(f"engine {spec}: no real engine of kind {spec.kind!r} (allowed: sglang==V, "
