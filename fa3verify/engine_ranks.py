@@ -29,9 +29,10 @@ def run_on_engine(args) -> int:
                          f"runs in-process only, so there is nothing to compare")
     print(NOTE.format(spec=spec))
     ignored = [o for o, given in (("--world", args.world is not None), ("--backend", args.backend != "gloo"),
-                                  ("--out-dir", args.out_dir != "fa3verify-out/ranks")) if given]
+                                  ("--out-dir", args.out_dir is not None)) if given]
     if ignored:
-        print(f"note: {', '.join(ignored)} apply to the multi-process run only; ignored here")
+        verb = "applies" if len(ignored) == 1 else "apply"
+        print(f"note: {', '.join(ignored)} {verb} to the multi-process run only; ignored here")
     total = RunSummary(command="run-ranks")
     codes = []
     with open_engine(spec) as sut:

@@ -385,7 +385,10 @@ def test_run_ranks_on_a_real_engine_runs_in_process_and_says_so(monkeypatch, cap
     assert cli.main(["run-ranks", WORKED, "--engine", "sglang==0.5.14", "--json", str(tmp_path / "r.json")]) == 1
     out = capsys.readouterr().out
     assert "in-process" in out and "not available for real engines" in out and "SPLIT_BOUND" in out
+    assert "ignored here" not in out  # no multi-process option was given
     assert opened[0].runs == 1 and opened[0].closed
+    assert cli.main(["run-ranks", WORKED, "--engine", "sglang==0.5.14", "--out-dir", str(tmp_path / "o")]) == 1
+    assert "note: --out-dir applies to the multi-process run only; ignored here" in capsys.readouterr().out
     assert cli.main(["run-ranks", WORKED, "--engine", "sglang==0.5.23"]) == 0
     assert cli.main(["run-ranks", WORKED, "--engine", "sglang==0.5.23", "--compare"]) == 2
     assert cli.main(["run-ranks", WORKED, "--engine", "nope"]) == 2
