@@ -35,14 +35,14 @@ from refmodel.fa3_scheduler import call_inputs, precompute_inputs, resolve_sched
 from refmodel.prepare import prepare_scheduler
 
 from . import domain as D
-from .config import MODELS
+from .config import MODELS, ModelConfig
 from .engine_profiles_vllm import VllmProfile
 from .invariants import evaluate
 from .results import TheoremResult
 from .symbolic import side_params
 from .theorems_metadata import Group, _Budget, _prove_groups
 
-__all__ = ["THEOREM", "vllm_groups", "run_vllm_theorems", "write_vllm_case", "VLLM_TP", "VLLM_BLOCK_SIZES",
+__all__ = ["THEOREM", "VllmPoint", "vllm_groups", "run_vllm_theorems", "write_vllm_case", "VLLM_TP", "VLLM_BLOCK_SIZES",
            "PR20301_DEFECT"]
 
 #: The seeded defect (gpu_impl.defects) that makes the released vLLM precompute with the heuristic while the call
@@ -67,8 +67,24 @@ def _sides(profile: VllmProfile, model, tp: int, block: int, sm: int, mode: str)
     return pin, cin
 
 
+@dataclasses.dataclass(frozen=True)
+class VllmPoint:
+    """One configuration of the vLLM domain: a model, tp, block size, SM count and CUDA-graph mode."""
+
+    model: ModelConfig
+    tp: int
+    block: int
+    sm: int
+    mode: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.model.name} tp={self.tp} block_size={self.block} num_sm={self.sm} cudagraph={self.mode}"
+
+
 def vllm_groups(profile: VllmProfile, models=None, num_sms=D.NUM_SMS) -> list:
-    """The domain's configurations under ``profile``, grouped by identical queries: [(Group, [labels], pin, cin)]."""
+    """The domain's configurations under ``profile``, grouped by identical queries: [(Group, [VllmPoint], pin,
+    cin)]."""
     models = [m for m in (MODELS.values() if models is None else models) if not m.is_mla]
     groups: dict = {}
     for model, tp, block, sm, mode in itertools.product(models, VLLM_TP, VLLM_BLOCK_SIZES, num_sms, profile.modes):
@@ -76,25 +92,20 @@ def vllm_groups(profile: VllmProfile, models=None, num_sms=D.NUM_SMS) -> list:
             continue   # vLLM refuses a tensor-parallel size that does not divide the attention heads
         pin, cin = _sides(profile, model, tp, block, sm, mode)
         g = Group(side_params(pin), side_params(cin), 0, block, False)
-        label = f"{model.name} tp={tp} block_size={block} num_sm={sm} cudagraph={mode}"
         entry = groups.setdefault((g.key, block), [g, [], pin, cin])
-        entry[1].append(label)
-        _CONFIGS[label] = (model, tp, block, sm, mode)
+        entry[1].append(VllmPoint(model, tp, block, sm, mode))
     return [tuple(v) for v in groups.values()]
 
 
-#: label -> (model, tp, block size, SM count, CUDA-graph mode) of every configuration vllm_groups has labelled
-_CONFIGS: dict = {}
-
-
-def write_vllm_case(cases_dir, profile: VllmProfile, label: str, witness: dict, message: str) -> Optional[str]:
+def write_vllm_case(cases_dir, profile: VllmProfile, point: VllmPoint, witness: dict,
+                    message: str) -> Optional[str]:
     """Write a refutation's counterexample as a replayable case file (module doc); None without ``cases_dir``."""
     from .cases import Case
     from .config import ServerConfig
 
     if cases_dir is None:
         return None
-    model, tp, block, sm, mode = _CONFIGS[label]
+    model, tp, block, sm, mode, label = point.model, point.tp, point.block, point.sm, point.mode, point.label
     ns_p, ns_c = profile.splits(mode)
     seq_lens = [int(x) for x in witness["seq_lens"]]
     server = ServerConfig(tp_size=tp, page_size=block, num_sm=sm, cuda_graph=mode == "full",
@@ -136,28 +147,29 @@ def run_vllm_theorems(profile: VllmProfile, timeout_s: float = 10.0, models=None
     ``cases_dir`` when given), or inconclusive (z3 unknown)."""
     start = time.perf_counter()
     entries = vllm_groups(profile, models, num_sms)
-    by_key = {(g.key, g.page_size): (labels, pin, cin) for g, labels, pin, cin in entries}
+    by_key = {(g.key, g.page_size): (points, pin, cin) for g, points, pin, cin in entries}
     budget = _Budget(timeout_s, cache={})
-    n_configs = sum(len(labels) for _, labels, _, _ in entries)
+    n_configs = sum(len(points) for _, points, _, _ in entries)
     for g, verdict, w in _prove_groups([e[0] for e in entries], budget):
         if verdict != "witness" or w is None or "b" not in w:
             continue
-        labels, pin, cin = by_key[(g.key, g.page_size)]
+        points, pin, cin = by_key[(g.key, g.page_size)]
+        label = points[0].label
         ev, P, C = _replay(pin, cin, w)
         if ev.outcome != "violation":
-            budget.unknowns.append(f"{labels[0]}: the solver's witness {w} does not replay as a violation")
+            budget.unknowns.append(f"{label}: the solver's witness {w} does not replay as a violation")
             continue
         v = ev.violations[0]
-        witness = {"config": labels[0], "configs_alike": len(labels), "invariant": v.invariant,
+        witness = {"config": label, "configs_alike": len(points), "invariant": v.invariant,
                    "precompute": {"num_heads": pin.num_heads, "num_heads_k": pin.num_heads_k,
                                   "max_seqlen_k": w["precompute_seqlen_k"], "num_splits": pin.num_splits},
                    "call": {"num_heads": cin.num_heads, "num_heads_k": cin.num_heads_k,
                             "seqlen_k": w["call_seqlen_k"], "num_splits": cin.num_splits},
                    "seq_lens": w["seq_lens"], "S_p": P.num_splits, "S_c": C.num_splits,
                    "splits": w.get("splits")}
-        case_file = write_vllm_case(cases_dir, profile, labels[0], witness, v.message)
+        case_file = write_vllm_case(cases_dir, profile, points[0], witness, v.message)
         return [TheoremResult(THEOREM, "refuted", time.perf_counter() - start, witness, case_file,
-                              f"vllm {profile.release}, {labels[0]}: {v.message} (S_p={P.num_splits}, "
+                              f"vllm {profile.release}, {label}: {v.message} (S_p={P.num_splits}, "
                               f"S_c={C.num_splits}; lengths {w['seq_lens']}, the call's KV extent "
                               f"{w['call_seqlen_k']}; counterexample "
                               + (f"case file {case_file})" if case_file else "through refmodel, no case file "
