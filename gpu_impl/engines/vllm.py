@@ -139,16 +139,15 @@ def scenario_to_vllm(scn) -> dict:
     graph = "full" if server.cuda_graph else ("piecewise" if opts.get("piecewise") else "none")
     fp8 = model.dtype == "float8_e4m3"  # sglang's vocabulary: the KV cache (and so FA3's qkv dtype) is fp8
     out = {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
-           "dtype": "bfloat16" if fp8 else model.dtype, **({"kv_cache_dtype": "fp8"} if fp8 else {}), "tp": server.tp_size, "dcp": server.attn_cp_size, "cuda_graph": graph,
+           "dtype": "bfloat16" if fp8 else model.dtype, **({"kv_cache_dtype": "fp8"} if fp8 else {}),
+           "tp": server.tp_size, "dcp": server.attn_cp_size, "cuda_graph": graph,
            "batch_invariant": bool(server.enable_deterministic_inference), "num_sm": server.num_sm,
            "max_model_len": max([server.context_length] + [max(s["seq_lens"]) for s in steps]),
            "block_size": max(16, -(-server.page_size // 16) * 16), "steps": steps,
            "seed": int(getattr(scn, "seed", 0) or 0) % (2 ** 63)}
-    for name in ("kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes"):
+    for name in ("kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes", "max_num_splits_for_cuda_graph"):
         if opts.get(name) is not None:
             out[name] = opts[name]
-    if opts.get("max_num_splits_for_cuda_graph") is not None:
-        out["max_num_splits_for_cuda_graph"] = opts["max_num_splits_for_cuda_graph"]
     for d in defects:
         out["defect"] = dict(VLLM_DEFECTS[d])
     return out
