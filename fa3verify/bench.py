@@ -118,7 +118,7 @@ def time_shares(profiler: cProfile.Profile, total: float) -> dict:
     """Share of the time in the oracle (refmodel), the emulator (gpu_impl.kernels), spec; the rest is harness.
 
     A function's cumulative time is counted when none of its callers is in the same bucket (top-level calls),
-    so nested calls are not counted twice. Hypothesis and scenario plumbing fall in the harness share.
+    so nested calls are not counted twice. Case generation and scenario plumbing fall in the harness share.
     """
     stats = pstats.Stats(profiler)
     roots = {"oracle(refmodel)": "/refmodel/", "emulator(gpu_impl.kernels)": "/gpu_impl/kernels/",

@@ -1,6 +1,6 @@
 """The one source of random cases: every generator the campaign (``fa3verify.campaign``) draws from, by family.
 
-A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign seeds from one Hypothesis draw:
+A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign seeds with one 64-bit draw:
 
 * ``scenario`` -- issue 5's whole scenario space (:mod:`.scenarios`): what ``fuzz``, ``gate`` and ``check`` run;
   ``release`` -- its metadata-level cases with ``num_splits`` 0, configurations a release runs (``conform``);

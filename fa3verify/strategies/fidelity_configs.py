@@ -2,7 +2,7 @@
 
 Decode and small prefill shapes; head dims 64/128/256; per-rank head counts of real models under attention TP
 1/2/4/8; batch 1..64; lengths up to 128k; causal or not; the split heuristic or a fixed split count; paged KV
-where the adapter supports it. Unlike the campaign's families (one ``random.Random`` per Hypothesis draw), each
+where the adapter supports it. Unlike the campaign's families (one ``random.Random`` per campaign draw), each
 configuration index has its own generator, so gpu-check's workers can take chunks of one stream independently.
 """
 

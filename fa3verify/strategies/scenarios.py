@@ -1,4 +1,4 @@
-"""The scenario space the fuzzer explores (family ``scenario``), and its Hypothesis strategy.
+"""The scenario space the fuzzer explores (family ``scenario``).
 
 Server configurations follow sglang's validation (tp = attn_tp * attn_cp * attn_dp; prefill CP with a
 strategy; heads divisible by the attention-TP size); models are real shapes (gpu_impl.config.MODELS);
