@@ -21,6 +21,7 @@ from refmodel.errors import FA3Rejected
 from refmodel.fa3_scheduler import L2_SPLIT_BYTES, call_inputs, get_num_splits, resolve_schedule
 
 from .results import TheoremResult
+from .z3ctx import checked
 from .symbolic import BV, bv, solver, sym_l2_split_count
 from .theorems import select
 
@@ -72,14 +73,14 @@ def _int32_split_heuristic(timeout_s: float, int_bits: int, num_sm: int = 132) -
         s.add(length >= 1, length <= bv(2**31 - 1))
         taken, count = sym_l2_split_count(length, bpt, width=int_bits)
         s.add(taken, count < z3.BitVecVal(1, int_bits))
-        r = s.check()
+        r = checked(s)
         if r == z3.unknown:
             unknown.append(f"d={d} dv={dv} elem={elem}: {s.reason_unknown()}")
         elif r == z3.sat:
             L = s.model()[length].as_long()
             # report a canonical witness: the first band's lowest length, when z3 confirms it (deterministic)
             lo = int32_split_band(bpt)[0]
-            if s.check(length == bv(lo)) == z3.sat:
+            if checked(s, length == bv(lo)) == z3.sat:
                 L = lo
             found[f"d{d}-dv{dv}-e{elem}"] = {"headdim": d, "headdim_v": dv, "element_size": elem, "seqlen_k": L,
                                              "band": list(int32_split_band(bpt)), **_replay(d, dv, elem, L, num_sm)}

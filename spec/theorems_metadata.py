@@ -42,6 +42,7 @@ from refmodel.prepare import prepare_scheduler
 from . import domain as D
 from .invariants import evaluate
 from .results import TheoremResult
+from .z3ctx import checked
 from .symbolic import (
     BV,
     Heuristic,
@@ -101,13 +102,16 @@ class _Budget:
     cache: dict = field(default_factory=dict)
 
     def check(self, s: z3.Solver, label: str):
+        """Ask `s`; an unknown is recorded as inconclusive whatever z3's reason says.
+
+        z3 answers a timed-out repeated check on the same solver with the reason "canceled", not "timeout": that
+        is a timeout, never a user's Ctrl-C. A real SIGINT is the one Python's handler sees: `checked` raises it
+        as KeyboardInterrupt at once (spec/z3ctx.py).
+        """
         self.queries += 1
-        r = s.check()
+        r = checked(s)
         if r == z3.unknown:
-            reason = s.reason_unknown()
-            if "interrupted" in reason or "canceled" in reason:
-                raise KeyboardInterrupt(f"{label}: z3 {reason}")  # a stopped query is a stopped run, not an answer
-            self.unknowns.append(f"{label}: {reason}")
+            self.unknowns.append(f"{label}: {s.reason_unknown()}")
         return r
 
 

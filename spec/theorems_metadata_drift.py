@@ -18,6 +18,7 @@ from refmodel.prepare import prepare_scheduler
 
 from .invariants import evaluate
 from .results import TheoremResult
+from .z3ctx import checked
 from .symbolic import BV, Heuristic, bv, ceil_div_const, side_params, solver, sym_m_blocks
 from .theorems_metadata import B_MAX, Group, SEED, _Budget, _find_witness, _prove_groups, _val
 from .theorems_metadata_freshness import _fresh_decode_groups, _qc_params
@@ -139,7 +140,7 @@ def _drift_rows(name, timeout_s, pack_p) -> TheoremResult:
         m_p = sym_m_blocks(lq_p, P[0], pack, P[1])
         rows = z3.If(kpack, lq_c * bv(C[0]), lq_c)
         s.add(m_p * bv(C[2]) < rows)
-        r = s.check()
+        r = checked(s)
         saw_unknown |= r == z3.unknown
         if r != z3.sat:
             continue
@@ -169,7 +170,7 @@ def _drift_batch(name, timeout_s) -> TheoremResult:
     s = solver(timeout_s, SEED)
     bp, bc = z3.BitVec("b_p", BV), z3.BitVec("b_c", BV)
     s.add(bp >= 1, bp <= B_MAX, bc >= 1, bc <= B_MAX, ceil_div_const(bp, 4) == ceil_div_const(bc, 4), bc > bp)
-    r = s.check()
+    r = checked(s)
     if r == z3.unknown:
         return TheoremResult(name, "inconclusive", time.perf_counter() - start, {}, None,
                              f"z3 returned unknown (timeout {timeout_s}s)", expected=False)

@@ -14,6 +14,7 @@ import z3
 from refmodel.splitkv import split_block_range
 
 from .results import TheoremResult
+from .z3ctx import checked
 from .symbolic import BV, bv, solver, sym_dynamic_split, sym_split_block_range
 from .theorems_metadata import SEED
 
@@ -50,7 +51,7 @@ def kv_cover_lemma(timeout_s: float = 10.0, sym_range=sym_split_block_range,
     for label, neg in obligations:
         s = solver(timeout_s, SEED)
         s.add(*base, *neg)
-        r = s.check()
+        r = checked(s)
         if r == z3.unknown:
             return TheoremResult(name, "inconclusive", time.perf_counter() - start, {"obligation": label}, None,
                                  f"z3 {s.reason_unknown()} on obligation {label}", expected=False)
@@ -60,7 +61,7 @@ def kv_cover_lemma(timeout_s: float = 10.0, sym_range=sym_split_block_range,
                  (("n_min", n_min), ("n_max", n_max), ("num_splits", S))}
             if w["n_max"] - w["n_min"] > 2 ** 16:  # replay on a small instance of the same failure if possible
                 s.add(n_max - n_min <= 2 ** 12)
-                if s.check() == z3.sat:
+                if checked(s) == z3.sat:
                     m = s.model()
                     w = {k: m.eval(v, model_completion=True).as_long() for k, v in
                          (("n_min", n_min), ("n_max", n_max), ("num_splits", S))}
@@ -92,7 +93,7 @@ def _prepare_split_lemma(timeout_s: float) -> TheoremResult:
     s.add(n >= 0, n <= 2 ** 16, bps >= 0, bps <= 2 ** 24, S >= 1, S <= 256)
     split = z3.If(z3.Or(big_b, S == 1), bv(1), sym_dynamic_split(n, bps, S))
     s.add(z3.Or(split < 1, split > S, z3.And(big_b, split != 1)))
-    r = s.check()
+    r = checked(s)
     secs = time.perf_counter() - start
     verdict = "proved" if r == z3.unsat else "refuted" if r == z3.sat else "inconclusive"
     return TheoremResult("0-batch-over-992", verdict, secs, {}, None,

@@ -6,6 +6,7 @@ in the process; outside a run, terms are built in z3's main context.
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Callable, TypeVar
 
@@ -68,6 +69,39 @@ def BoolVal(v):
     return z3.BoolVal(v, ctx())
 
 
+def checked(solver: z3.Solver, *assumptions) -> z3.CheckSatResult:
+    """`solver.check(*assumptions)`, stoppable by a real SIGINT at once; every other unknown stays an answer.
+
+    The check runs in a helper thread while this one waits, so Python's own SIGINT handler (the only judge of
+    a user's Ctrl-C) runs during a long query: it raises KeyboardInterrupt here, the query is interrupted, and
+    the KeyboardInterrupt goes on to the caller. z3's reason strings decide nothing: a timed-out repeated check
+    says "canceled", which is a timeout (unknown), never a signal. Solvers are built with ``ctrl_c`` off, so
+    z3 never takes SIGINT from Python.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return solver.check(*assumptions)  # signals are only delivered to the main thread: nothing to wait for
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append(("ok", solver.check(*assumptions)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as is
+            box.append(("raised", exc))
+
+    worker = threading.Thread(target=run, name="z3-check", daemon=True)
+    worker.start()
+    try:
+        worker.join()
+    except KeyboardInterrupt:
+        solver.ctx.interrupt()
+        worker.join()
+        raise
+    kind, value = box[0]
+    if kind == "raised":
+        raise value
+    return value
+
+
 def solve(constraints, timeout_s: float):
     """Check `constraints` in the current theorem's context: ("unsat"|"sat"|"unknown", model or None).
 
@@ -81,7 +115,7 @@ def solve(constraints, timeout_s: float):
     solver.set("timeout", max(1, int(timeout_s * 1000)))
     solver.set("random_seed", 0)
     solver.add(*constraints)
-    res = solver.check()
+    res = checked(solver)
     if res == z3.unsat:
         return "unsat", None
     if res == z3.sat:
