@@ -9,6 +9,9 @@ STAMP  := $(VENV)/.installed
 ENGINE_RELEASES ?= 0.5.13 0.5.23
 #: vLLM releases likewise (tests/test_engine_vllm.py).
 VLLM_RELEASES ?= 0.33.0
+#: test processes (pytest-xdist): one per core; each test file runs whole in one process, so a module's
+#: engine worker or multi-rank launch is started once. TEST_JOBS=0 runs the suite in this process.
+TEST_JOBS ?= auto
 
 .PHONY: check test setup clean bench engines mutation
 
@@ -17,7 +20,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
-	@$(PY) -m pip install -q -e .
+	@$(PY) -m pip install -q -e ".[test]"
 	@$(VENV)/bin/fa3verify sanitize install-hook >/dev/null   # FA3VERIFY_SANITIZE start hook (inert unless set)
 	@touch $(STAMP)
 
@@ -30,7 +33,7 @@ engines: $(STAMP)
 	$(PY) -m gpu_impl.engines.envs $(ENGINE_RELEASES) $(addprefix vllm==,$(VLLM_RELEASES))
 
 test: $(STAMP) engines
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15
 
 bench: $(STAMP)
 	$(VENV)/bin/fa3verify bench
