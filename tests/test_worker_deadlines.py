@@ -167,3 +167,46 @@ def test_a_stuck_sanitized_engine_worker_is_killed_at_its_deadline(tmp_path, mon
     assert "no answer within 2 s; killed" in str(exc)
     assert gone(named_pid(str(exc), "engine worker sglang==0.5.13"))
     sut.close()
+
+
+# -- the guard sandbox -------------------------------------------------------------------------------------------
+
+def test_a_guard_that_sleeps_is_killed_at_its_deadline_and_named(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import spec.guard_isolation as isolation
+    from spec.guards import GuardTimeout, load_guard
+
+    path = tmp_path / "sleepy.py"
+    path.write_text("import time\ndef g(a):\n    time.sleep(300)\n    return True\n")
+    monkeypatch.setattr(isolation, "GUARD_TIMEOUT_S", 1.0)
+    guard = load_guard(f"{path}:g")
+    pid = guard._proc.pid
+    _, exc, seconds = within(1 + SLACK_S, lambda: guard(SimpleNamespace(enable_dp_attention=True)))
+    assert isinstance(exc, GuardTimeout), exc
+    assert f"(pid {pid}) took longer than the 1 s deadline (GUARD_TIMEOUT); its process was killed" in str(exc)
+    assert gone(pid)
+
+
+def test_a_guard_whose_import_hangs_is_inconclusive_at_the_import_deadline(tmp_path):
+    """Through the CLI: a missed import deadline is exit 3 naming the guard's process, not exit 2 (bad input)."""
+    path = tmp_path / "stuck_import.py"
+    path.write_text("import time\ntime.sleep(300)\ndef g(a):\n    return True\n")
+    start = time.monotonic()
+    proc = cli(["fuzz", "--guard", f"{path}:g", "--cases", "1", "--out", str(tmp_path / "cases")],
+               {"FA3VERIFY_GUARD_IMPORT_TIMEOUT": "2"}, 2 + 60)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert time.monotonic() - start < 2 + 60
+    assert "inconclusive: guard spec" in proc.stderr and "took longer than the 2 s deadline" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert gone(int(re.search(r"\(pid (\d+)\)", proc.stderr).group(1)))
+
+
+def test_a_bad_guard_import_deadline_names_the_variable(monkeypatch):
+    from spec.guard_isolation import import_timeout_s
+    from spec.guards import GuardSpecError
+
+    for value in ("x", "0", "nan", "5000"):
+        with pytest.raises(GuardSpecError, match=r"FA3VERIFY_GUARD_IMPORT_TIMEOUT: .*\(0, 3600\]"):
+            import_timeout_s({"FA3VERIFY_GUARD_IMPORT_TIMEOUT": value})
+    assert import_timeout_s({}) == 120.0
