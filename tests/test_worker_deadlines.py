@@ -210,3 +210,20 @@ def test_a_bad_guard_import_deadline_names_the_variable(monkeypatch):
         with pytest.raises(GuardSpecError, match=r"FA3VERIFY_GUARD_IMPORT_TIMEOUT: .*\(0, 3600\]"):
             import_timeout_s({"FA3VERIFY_GUARD_IMPORT_TIMEOUT": value})
     assert import_timeout_s({}) == 120.0
+
+
+# -- a multi-rank rank -------------------------------------------------------------------------------------------
+
+def test_a_hung_rank_through_the_cli_is_inconclusive_and_names_the_ranks(tmp_path):
+    pytest.importorskip("torch.distributed")
+    timeout = 8
+    start = time.monotonic()
+    proc = cli(["run-ranks", str(REPO / "tests" / "corpus" / "worked_example_prefix_guard.json"),
+                "--inject-fault", "1:hang", "--timeout-s", str(timeout), "--metadata-only",
+                "--out-dir", str(tmp_path / "ranks")], {}, timeout + 120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert time.monotonic() - start < timeout + 120
+    assert f"no verdict within {timeout} s" in proc.stdout and "killed" in proc.stdout, proc.stdout
+    for rank in re.findall(r"rank \d+ \(pid \d+\)", proc.stdout):
+        assert gone(int(rank.split("pid ")[1].rstrip(")")))
+    assert gone(named_pid(proc.stdout, "rank 1"))
