@@ -15,6 +15,10 @@ line. A WorkerError is never a pass or a violation: the command line reports it 
 No worker outlives this process: the ones still running at exit are killed. A forked copy of a client leaves
 the parent's worker alone (it may not talk to it, wait for it or kill it).
 
+:func:`run_command` is ``subprocess.run`` for one-shot commands under the same policy: its timeout kills the
+command with everything it started (``subprocess.run`` kills only the command: a test runner's workers or a
+build's compilers would go on running, holding a GPU or the machine's cores, after the deadline that ended it).
+
 This module lives in spec, the lowest layer that starts processes, so that spec's guard sandbox and gpu_impl's
 engine clients share it (``gpu_impl`` may import ``spec``, never the reverse); it imports only the standard
 library.
@@ -33,7 +37,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["WorkerClient", "WorkerError"]
+__all__ = ["WorkerClient", "WorkerError", "run_command"]
 
 #: Seconds a killed worker gets to be reaped, and a closed pipe's worker to exit after its goodbye.
 REAP_S = 5.0
@@ -253,6 +257,41 @@ class WorkerClient:
                 self.kill()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+def run_command(argv: Sequence[str], timeout_s: float, *, input=None, **popen) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, capture_output=True, timeout=timeout_s, **popen)`` in a session of its own: past
+    ``timeout_s`` (and on any interruption) the command's whole process group is killed, and the output is
+    collected for at most REAP_S more; raises ``subprocess.TimeoutExpired`` with what was collected, as
+    ``subprocess.run`` does."""
+    proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if input is not None else popen.pop("stdin", None),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **popen)
+    try:
+        out, err = proc.communicate(input, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            out, err = proc.communicate(timeout=REAP_S)
+        except subprocess.TimeoutExpired:
+            out = err = None
+            for stream in (proc.stdout, proc.stderr):
+                stream.close()
+        raise subprocess.TimeoutExpired(list(argv), timeout_s, output=out, stderr=err) from None
+    except BaseException:
+        _kill_group(proc)
+        raise
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=REAP_S)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 @atexit.register

@@ -74,6 +74,19 @@ def test_the_shared_client_kills_a_silent_worker_and_names_it():
     client.close()
 
 
+def test_a_command_past_its_deadline_is_killed_with_what_it_started():
+    """subprocess.run's timeout kills only the command: what it started (a test runner's workers) goes on
+    running. run_command kills the command's process group."""
+    from spec.worker_client import run_command
+
+    script = "sleep 300 & echo $!; sleep 300"
+    _, exc, seconds = within(1 + SLACK_S, lambda: run_command(["sh", "-c", script], 1.0, text=True))
+    assert isinstance(exc, subprocess.TimeoutExpired) and seconds < 1 + SLACK_S, exc
+    assert gone(int(exc.output.split()[0]))
+    done = run_command([sys.executable, "-c", "import sys; print('out'); sys.exit(4)"], 60, text=True)
+    assert (done.returncode, done.stdout) == (4, "out\n")
+
+
 # -- sglang ------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode, what", [("silent", "no answer within 2 s; killed"),
