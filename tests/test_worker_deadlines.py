@@ -240,3 +240,35 @@ def test_a_hung_rank_through_the_cli_is_inconclusive_and_names_the_ranks(tmp_pat
     for rank in re.findall(r"rank \d+ \(pid \d+\)", proc.stdout):
         assert gone(int(rank.split("pid ")[1].rstrip(")")))
     assert gone(named_pid(proc.stdout, "rank 1"))
+
+
+# -- the crash-isolating pool ------------------------------------------------------------------------------------
+
+def test_a_pool_task_that_sleeps_is_killed_at_its_deadline_and_named():
+    import functools
+
+    from fa3verify.workers import WorkerPool, probe_task
+
+    with WorkerPool(1, timeout_s=2.0) as pool:
+        pool.wait_ready()
+        res, exc, seconds = within(2 + 60, lambda: pool.run(functools.partial(probe_task, "sleep", sleep_s=300)))
+        assert exc is None and res.kind == "timeout" and not res.ok
+        assert f"no answer within 2.0s: worker {res.worker_pid} killed" in res.error_text
+        assert gone(res.worker_pid)
+
+
+def _sleep_forever():
+    time.sleep(300)
+
+
+def test_a_pool_worker_whose_init_hangs_is_killed_at_the_start_deadline():
+    from fa3verify.workers import WorkerInitError, WorkerPool
+
+    pool = WorkerPool(1, init=_sleep_forever, timeout_s=2.0, start_timeout_s=3.0)
+    pid = pool.pids[0]
+    try:
+        _, exc, seconds = within(3 + 60, pool.wait_ready)
+        assert isinstance(exc, WorkerInitError) and f"worker {pid} did not start within 3s" in str(exc)
+        assert gone(pid)
+    finally:
+        pool.close()
