@@ -3,7 +3,8 @@
 Invariant: a scenario reaches vLLM's own metadata builder and attention impl (``vllm_driver``) as plain data and
 comes back as a :class:`gpu_impl.scenario.ScenarioResult` whose findings are the checking shim's verdicts on what
 vLLM passed to FA3; a worker that dies, misses the engine deadline (it is killed) or answers garbage raises
-:class:`~gpu_impl.engines.errors.DriverError` naming it (``worker_client``: inconclusive, never a pass). Models ``vllm/v1/attention/backends/flash_attn.py`` by running it.
+:class:`~gpu_impl.engines.errors.DriverError` naming it (``worker_client``: inconclusive, never a pass). Models
+``vllm/v1/attention/backends/flash_attn.py`` by running it.
 
 :func:`scenario_to_vllm` maps the suite's Scenario (sglang-shaped: ``spec.config.ServerConfig`` and
 ``ModelConfig``) onto the driver's fields: ``tp_size`` -> tp, ``attn_cp_size`` -> decode context parallel,
