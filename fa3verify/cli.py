@@ -2,7 +2,9 @@
 
 Exit codes (every subcommand): 0 pass, 1 violation found, 2 bad input or usage, 3 inconclusive.
 Before any subcommand runs, `main` checks the shared options (fa3verify.validation) and every output path
-(fa3verify.outputs); an interrupt is exit 3; an unexpected error is exit 3 ("internal error"), never 0 or 1.
+(fa3verify.outputs); an interrupt is exit 3; a worker that missed its deadline (it was killed), died or garbled
+its answers is exit 3 naming it (spec.worker_client.WorkerError); an unexpected error is exit 3 ("internal
+error"), never 0 or 1.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from typing import Optional, Sequence
 
 from gpu_impl.errors import KernelUnavailable
+from spec.worker_client import WorkerError
 
 from . import __version__, exitcodes
 from .errors import UsageError
@@ -44,6 +47,10 @@ fa3verify proves, with z3, when reusing precomputed FA3 scheduler metadata is sa
 guard keeps it safe; fuzzes a backend model against an exact oracle; and gates backend changes in CI.
 
 exit codes: 0 pass, 1 violation found, 2 bad input or usage, 3 inconclusive (solver timeout, budget)
+
+deadlines: FA3VERIFY_ENGINE_TIMEOUT=S (default 900) bounds each answer of an engine worker,
+FA3VERIFY_GUARD_IMPORT_TIMEOUT=S (default 120) the import of a guard; a worker past its deadline is
+killed and named, and the run is inconclusive (exit 3)
 
 examples:
   fa3verify check                                   # proofs + short CPU fuzz on the fixed guard
@@ -96,6 +103,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return exitcodes.USAGE
     except KeyboardInterrupt:
         print(f"fa3verify {args.command}: interrupted", file=sys.stderr)
+        return exitcodes.INCONCLUSIVE
+    except WorkerError as exc:  # a worker missed its deadline (killed), died or garbled: named, never 0 or 1
+        print(f"fa3verify {args.command}: inconclusive: {exc}", file=sys.stderr)
         return exitcodes.INCONCLUSIVE
     except Exception as exc:  # noqa: BLE001 - a crash is inconclusive, never a pass or a violation
         if os.environ.get("FA3VERIFY_TRACEBACK"):

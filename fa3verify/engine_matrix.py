@@ -18,6 +18,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
+from spec.worker_client import WorkerError
+
 from . import exitcodes
 
 SCHEMA = "fa3verify.engine-matrix/1"
@@ -68,6 +70,8 @@ def run_probes(sut) -> dict:
                            steps=[Step("decode", list(PROBE_BATCH))])
             try:
                 result = sut.run(scn)
+            except WorkerError:
+                raise  # a worker past its deadline (or dead): the row is inconclusive, not one probe's result
             except Exception as exc:  # noqa: BLE001 - the engine's crash is the probe's result
                 out[key] = f"error: {type(exc).__name__}: {str(exc)[:120]}"
                 continue
@@ -154,7 +158,7 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
                                       witness_rows=witness_rows)
                 probes = run_probes(sut) if with_probes else {}
         except Exception as exc:  # noqa: BLE001 - a worker that dies or never answers: this row ran nothing
-            if type(exc).__name__ != "DriverError":
+            if not isinstance(exc, WorkerError):
                 raise
             rows.append(MatrixRow(release=release, verdict="inconclusive", exit_code=exitcodes.INCONCLUSIVE,
                                   seconds=round(time.perf_counter() - start, 2), expected=expected_verdict(profile),

@@ -49,6 +49,7 @@ def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = Fal
     """
     from gpu_impl.guards import GuardRaised
     from gpu_impl.sut import ModelSUT
+    from spec.worker_client import WorkerError
 
     from .engine_choice import is_unsupported
 
@@ -60,7 +61,7 @@ def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = Fal
     except Exception as exc:
         if is_unsupported(exc):
             return None
-        if not crash_is_finding:
+        if not crash_is_finding or isinstance(exc, WorkerError):  # a missed deadline is never NO_CRASH
             raise
         msg = f"{type(exc).__name__}: {exc}"  # a crash of the system under test is itself a finding
         return Observation("violation", ["NO_CRASH"], [msg], [("NO_CRASH", "NO_CRASH", msg)])

@@ -36,6 +36,8 @@ from .errors import UsageError
 DEFAULT_TIMEOUT_S = 120.0
 #: How long ranks get to exit on their own after rank 0's verdict or a failure, before SIGTERM / SIGKILL.
 GRACE_S = 2.0
+#: How long a SIGKILLed rank gets to be reaped.
+KILL_WAIT_S = 10.0
 POLL_S = 0.02
 
 
@@ -173,7 +175,7 @@ def run_ranks(cases: Sequence[Any] | Any, world: Optional[int] = None, backend: 
     pids = [p.pid for p in ctx.processes]
     failure: Optional[dict] = {"outcome": "rank_error", "failed_rank": None, "error": "launcher interrupted"}
     try:
-        failure = _supervise(ctx, folder, start + timeout_s)
+        failure = _supervise(ctx, folder, start + timeout_s, timeout_s)
     finally:
         _reap(ctx, failed=failure is not None)
         shutil.rmtree(store_dir, ignore_errors=True)
@@ -211,8 +213,9 @@ def _plain(case: Any) -> dict:
     return json.loads(json.dumps(case_to_dict(case)))
 
 
-def _supervise(ctx, folder: Path, deadline: float) -> Optional[dict]:
-    """Poll every rank until all exit 0 (None), one fails (its description) or the deadline passes."""
+def _supervise(ctx, folder: Path, deadline: float, timeout_s: float) -> Optional[dict]:
+    """Poll every rank until all exit 0 (None), one fails (its description) or the deadline passes (the ranks
+    still running, named with their pids)."""
     procs = ctx.processes
     while True:
         codes = [p.exitcode for p in procs]
@@ -226,8 +229,9 @@ def _supervise(ctx, folder: Path, deadline: float) -> Optional[dict]:
             return None
         if time.perf_counter() > deadline:
             alive = [r for r, p in enumerate(procs) if p.exitcode is None]
+            running = ", ".join(f"rank {r} (pid {procs[r].pid})" for r in alive) or "no rank"
             return {"outcome": "timeout", "failed_rank": alive[0] if alive else None,
-                    "error": f"timed out; rank(s) {alive} still running were killed"}
+                    "error": f"no verdict within {timeout_s:g} s: {running} still running; killed"}
         time.sleep(POLL_S)
 
 
@@ -281,7 +285,7 @@ def _reap(ctx, failed: bool) -> None:
         p.join(GRACE_S)
         if p.is_alive():
             p.kill()
-            p.join()
+            p.join(KILL_WAIT_S)  # SIGKILL cannot be refused; the bound only keeps a stuck kernel from hanging us
     for path in getattr(ctx, "error_files", []) or []:
         try:
             os.unlink(path)

@@ -8,48 +8,67 @@ subclass GuardTimeout), which every engine reports as a finding (GUARD_RAISED, G
 The backend the guard models is sglang's ``FlashAttentionBackend.__init__``
 (``python/sglang/srt/layers/attention/flashattention_backend.py``), which calls the guard once on
 ``server_args``; here each call ships the ServerArgs-like namespace's attributes (plain values) to the child
-(spec/guard_child.py). Simplification: after a guard times out or its process ends, later calls fail at once
-with the same fault instead of restarting it, so a broken guard costs one deadline, not one per configuration.
+(spec/guard_child.py) through :class:`spec.worker_client.WorkerClient`, the one deadline policy of every worker
+the suite drives. An import past its deadline (``$FA3VERIFY_GUARD_IMPORT_TIMEOUT``, default 120 s) raises
+:class:`GuardImportTimeout` (inconclusive); one that fails raises GuardSpecError (bad input). Simplification:
+after a guard times out or its process ends, later calls fail at once with the same fault instead of restarting
+it, so a broken guard costs one deadline, not one per configuration.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
-import select
-import subprocess
 import sys
-import time
 import weakref
 from typing import Any
 
+from .worker_client import WorkerClient, WorkerError
+
 #: Seconds one guard call may take (the command line's --guard-timeout-s sets it).
 GUARD_TIMEOUT_S = 10.0
-#: Seconds importing a guard's module may take (a module importing torch or sglang takes a few seconds).
+#: Seconds importing a guard's module may take (a module importing torch or sglang takes a few seconds);
+#: ``$FA3VERIFY_GUARD_IMPORT_TIMEOUT`` sets it (a finite number of seconds in (0, 3600]).
 GUARD_IMPORT_TIMEOUT_S = 120.0
+ENV_IMPORT_TIMEOUT = "FA3VERIFY_GUARD_IMPORT_TIMEOUT"
 
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard_child.py")
 _LIVE: "weakref.WeakSet[IsolatedGuard]" = weakref.WeakSet()
 
 
-class _Dead(Exception):
-    """The child ended (EOF on its pipe) or missed its deadline."""
+class GuardImportTimeout(WorkerError):
+    """Importing a guard's module missed its deadline (the child was killed): a WorkerError, so the command line
+    reports it as inconclusive (exit 3), not as a guard that cannot be imported (exit 2)."""
 
-    def __init__(self, message: str, timed_out: bool):
-        super().__init__(message)
-        self.timed_out = timed_out
+
+def import_timeout_s(environ=None) -> float:
+    """The deadline of a guard's import: ``$FA3VERIFY_GUARD_IMPORT_TIMEOUT`` or :data:`GUARD_IMPORT_TIMEOUT_S`;
+    a value that is not a finite number in (0, 3600] raises GuardSpecError naming the variable."""
+    from .guards import GuardSpecError
+
+    text = (os.environ if environ is None else environ).get(ENV_IMPORT_TIMEOUT, "").strip()
+    if not text:
+        return GUARD_IMPORT_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 < seconds <= 3600):
+        raise GuardSpecError(f"{ENV_IMPORT_TIMEOUT}: must be a finite number of seconds in (0, 3600], got {text!r}")
+    return seconds
 
 
 class IsolatedGuard:
-    """A ``--guard`` spec (``module:function`` or ``file.py:function``) evaluated in its own child process."""
+    """A ``--guard`` spec (``module:function`` or ``file.py:function``) evaluated in its own child process
+    (a :class:`spec.worker_client.WorkerClient`: the deadline policy of every worker the suite drives)."""
 
     def __init__(self, spec: str):
         self.spec = spec
         self.__qualname__ = spec.rpartition(":")[2]
         self.__name__ = self.__qualname__
-        self._proc = None
-        self._buf = b""
+        self._proc = None  # the WorkerClient of the child process
         self._fault = None  # (exception class, message) once the guard timed out or its process ended
         self._start()
         _LIVE.add(self)
@@ -66,71 +85,45 @@ class IsolatedGuard:
     def _start(self) -> None:
         from .guards import GuardSpecError
 
+        limit = import_timeout_s()
         self._pid = os.getpid()
-        self._proc = subprocess.Popen([sys.executable, "-u", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      bufsize=0, start_new_session=True)
+        self._proc = WorkerClient([sys.executable, "-u", _CHILD], f"guard {self.spec}", capture_stderr=False)
         try:
             reply = self._exchange({"sys_path": [os.path.abspath(p) if p else os.getcwd() for p in sys.path],
-                                    "spec": self.spec}, GUARD_IMPORT_TIMEOUT_S)
-        except _Dead as exc:
+                                    "spec": self.spec}, limit)
+        except WorkerError as exc:
             self.close()
-            raise GuardSpecError(f"guard spec {self.spec!r}: importing it {exc}") from None
+            message = f"guard spec {self.spec!r}: importing it {self._fault_text(exc, limit, tag='')}"
+            if exc.timed_out:  # maybe only a loaded machine: inconclusive, not bad input
+                raise GuardImportTimeout(f"{message} (${ENV_IMPORT_TIMEOUT} allows more)", worker=exc.worker,
+                                         pid=exc.pid, timed_out=True) from None
+            raise GuardSpecError(message) from None
         if "load_error" in reply:
             self.close()
             raise GuardSpecError(reply["load_error"])
 
     def _exchange(self, obj: dict, timeout_s: float) -> dict:
-        proc = self._proc
-        try:
-            proc.stdin.write((json.dumps(obj) + "\n").encode())
-            proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise _Dead(self._ended(), timed_out=False) from None
-        deadline = time.monotonic() + timeout_s
-        fd = proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.close()
-                raise _Dead(f"took longer than the {timeout_s:g} s deadline (GUARD_TIMEOUT)", timed_out=True)
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise _Dead(self._ended(), timed_out=False)
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return json.loads(line)
+        reply = self._proc.request(obj, timeout_s)
+        if not isinstance(reply, dict):
+            self._proc.kill()
+            raise WorkerError(f"{self._proc.label}: answered {str(reply)[:100]}, not an object",
+                              worker=self._proc.name, pid=self._proc.pid)
+        return reply
 
-    def _ended(self) -> str:
-        try:
-            code = self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = None
-        self.close()
-        return (f"ended its process with exit code {code} (sys.exit / os._exit in the guard): "
-                f"a backend's __init__ would have ended the server")
+    def _fault_text(self, exc: WorkerError, timeout_s: float, tag: str = " (GUARD_TIMEOUT)") -> str:
+        pid = f"(pid {exc.pid}) " if exc.pid else ""
+        if exc.timed_out:
+            return f"{pid}took longer than the {timeout_s:g} s deadline{tag}; its process was killed"
+        if exc.returncode is not None:
+            return (f"{pid}ended its process with exit code {exc.returncode} (sys.exit / os._exit in the guard): "
+                    f"a backend's __init__ would have ended the server")
+        return f"{pid}broke the guard protocol: {exc}"
 
     def close(self) -> None:
         """End the child process (idempotent; a forked copy leaves the parent's child alone)."""
         proc, self._proc = self._proc, None
-        if proc is None or getattr(self, "_pid", None) != os.getpid():
-            return
-        if proc.poll() is None:
-            try:
-                proc.kill()
-            except OSError:
-                pass
-        for stream in (proc.stdin, proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        if proc is not None:
+            proc.close()
 
     def __del__(self):
         try:
@@ -147,14 +140,15 @@ class IsolatedGuard:
             raise cls(message)
         attrs = _plain_attributes(server_args)
         if self._pid != os.getpid():  # a forked worker: the inherited pipes belong to the parent's child
-            self._proc, self._buf = None, b""
+            self._proc = None
         if self._proc is None:
             self._start()
         try:
             reply = self._exchange({"call": attrs}, GUARD_TIMEOUT_S)
-        except _Dead as exc:
+        except WorkerError as exc:
+            self.close()
             cls = GuardTimeout if exc.timed_out else GuardRaised
-            message = f"guard {self.spec} {exc}"
+            message = f"guard {self.spec} {self._fault_text(exc, GUARD_TIMEOUT_S)}"
             self._fault = (cls, message)
             raise cls(message) from None
         if "ok" in reply:

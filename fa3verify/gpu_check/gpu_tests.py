@@ -11,6 +11,8 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
+from spec.worker_client import run_command
+
 from .runner import _repo_root, _tail, junit_counts, junit_failures
 
 if TYPE_CHECKING:
@@ -34,7 +36,7 @@ def run(check: GpuCheck, stage: Stage) -> None:
     stage.numbers["command"] = " ".join(cmd[1:])
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
-        proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=max(5.0, limit))
+        proc = run_command(cmd, max(5.0, limit), cwd=repo, env=env, text=True)
     except subprocess.TimeoutExpired as exc:
         stage.status, stage.message = "inconclusive", f"pytest did not finish within {limit:.0f}s"
         stage.numbers["output_tail"] = _tail((exc.stdout or b"").decode(errors="replace")

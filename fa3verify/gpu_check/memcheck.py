@@ -14,6 +14,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from spec.worker_client import run_command
+
 from .runner import _repo_root, _tail, parse_memcheck
 
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ def run(check: GpuCheck, stage: Stage) -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=_repo_root(), env=env, capture_output=True, text=True, timeout=limit)
+        proc = run_command(cmd, limit, cwd=_repo_root(), env=env, text=True)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         stage.status, stage.message = "inconclusive", f"memcheck did not finish within {limit:.0f}s"

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from spec.worker_client import run_command
+
 from . import installers, recipes, vllm_recipes
 from .errors import EnvSetupError, NoPrecompute, UnknownRelease
 
@@ -184,7 +186,7 @@ def _base_python() -> str:
 
 def _run(what: str, step: str, cmd: list, env: Optional[dict] = None, timeout: int = 1800) -> str:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = run_command(cmd, timeout, text=True, env=env, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise EnvSetupError(f"{what}: environment set-up step '{step}' took over {timeout}s") from None
     except OSError as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from spec.worker_client import WorkerError
+
 from ..sut import EngineSpecError
 
 
@@ -26,5 +28,6 @@ class CheckoutImportError(EngineUnavailable):
     """An sglang checkout or wheel does not import in its environment (the message names the failing import)."""
 
 
-class DriverError(RuntimeError):
-    """The engine worker died or answered something that is not a response (a crash: never a pass or a violation)."""
+class DriverError(WorkerError):
+    """The engine worker missed its deadline (``timed_out``; it was killed), died, or answered something that is not
+    a response, or the engine's code crashed: inconclusive, never a pass or a violation (``spec.worker_client``)."""

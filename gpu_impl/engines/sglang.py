@@ -2,7 +2,8 @@
 its engine environment by a long-lived worker (``sglang_driver``), one scenario per request.
 
 Invariant: every ScenarioResult this returns came from the worker running sglang's own backend; a worker that
-dies, hangs or answers garbage raises :class:`DriverError` (a crash, never a pass or a violation). A checkout runs
+dies, misses the engine deadline (it is killed) or answers garbage raises :class:`DriverError` naming it
+(``worker_client``: inconclusive, never a pass or a violation). A checkout runs
 in the environment of the nearest registered release, with its own ``sglang`` first on the path; the worker's
 ``hello`` must show that sglang was imported from the checkout, else the spec is refused.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import selectors
 import subprocess
 import tempfile
 import time
@@ -23,13 +23,10 @@ from typing import Callable, Optional
 from ..sut import EngineSpec, SystemUnderTest
 from . import envs, recipes
 from .errors import CheckoutImportError, DriverError, EngineUnavailable
-from .protocol import decode, encode, result_from_wire, scenario_to_wire
+from .protocol import result_from_wire, scenario_to_wire
+from .worker_client import EngineWorker, engine_timeout_s
 
 __all__ = ["SglangSUT", "ScenarioUnsupported", "resolve_source"]
-
-#: Seconds one request may take before the worker is declared hung (a 32k-token scenario takes well under 10 s).
-REQUEST_TIMEOUT_S = float(os.environ.get("FA3VERIFY_ENGINE_TIMEOUT", "900"))
-
 
 class ScenarioUnsupported(EngineUnavailable):
     """The scenario uses a feature the engine driver does not run (MLA, fp8 KV cache, a release without the kit)."""
@@ -102,8 +99,11 @@ def _git_revision(path: Path) -> str:
         return "unknown"
     if out.returncode != 0:
         return "unknown (not a git checkout)"
-    dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL).stdout.strip()
+    try:
+        dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return out.stdout.strip() + "+dirty-unknown (git status did not answer within 30 s)"
     return out.stdout.strip() + ("+dirty" if dirty else "")
 
 
@@ -114,10 +114,11 @@ class SglangSUT(SystemUnderTest):
     DEFAULT_WORKER = "gpu_impl.engines.sglang_driver"
 
     def __init__(self, spec: EngineSpec, progress: Callable[[str], None] = print, root: Optional[Path] = None,
-                 worker: Optional[str] = None, worker_env: Optional[dict] = None):
+                 worker: Optional[str] = None, worker_env: Optional[dict] = None, timeout_s: Optional[float] = None):
         """``worker``: the module run as the worker (default :data:`DEFAULT_WORKER`; ``fa3verify.sanitize
         .engine_worker`` runs the same driver under the runtime sanitizer); ``worker_env``: extra environment
-        variables for it."""
+        variables for it; ``timeout_s``: the deadline of each answer, the hello included (default
+        ``$FA3VERIFY_ENGINE_TIMEOUT`` or 900 s, ``worker_client.engine_timeout_s``)."""
         self.spec = spec
         self.worker = worker or self.DEFAULT_WORKER
         self.worker_env = dict(worker_env or {})
@@ -133,28 +134,26 @@ class SglangSUT(SystemUnderTest):
             self.release = recipes.nearest_release(self.version or recipes.RELEASES[-1])
         else:
             raise EngineUnavailable(f"engine {spec}: not an sglang engine")
+        self.timeout_s = engine_timeout_s(timeout_s)
         self.env = envs.ensure_env(self.release, progress=progress, root=root)
-        self._proc = None
-        self._stderr = None
-        self._buf = b""
+        self._worker: Optional[EngineWorker] = None
         self.hello: Optional[dict] = None
 
     # -- the worker ----------------------------------------------------------------------------------------
     def start(self) -> dict:
-        """Start the worker (import sglang once); returns its hello. Idempotent."""
-        if self._proc is not None and self._proc.poll() is None:
+        """Start the worker (import sglang once); returns its hello. Idempotent; a worker that died or was
+        killed at a missed deadline is replaced."""
+        if self._worker is not None and self._worker.running:
             return self.hello
+        self.close()
         extra = [str(self.source)] if self.source is not None else []
         env = envs.driver_environ(extra_paths=extra)
         env.update({"FA3VERIFY_ENGINE_RELEASE": self.release, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         env.update(self.worker_env)
-        self._stderr = tempfile.TemporaryFile()
         t = time.monotonic()
-        self._proc = subprocess.Popen([str(self.env / "bin" / "python"), "-m", self.worker],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-                                      cwd=str(envs.PROJECT_ROOT))
-        self._buf = b""
-        first = self._read(timeout=REQUEST_TIMEOUT_S)
+        self._worker = EngineWorker([str(self.env / "bin" / "python"), "-m", self.worker], f"engine worker {self.spec}",
+                                    env=env, cwd=str(envs.PROJECT_ROOT), timeout_s=self.timeout_s)
+        first = self._worker.first
         if not first.get("ok"):
             self.close()
             raise self._import_error(first)
@@ -171,58 +170,10 @@ class SglangSUT(SystemUnderTest):
         msg = f"{what}: does not import in its environment ({self.env}): {resp.get('error')}"
         return CheckoutImportError(msg) if self.source is not None else EngineUnavailable(msg)
 
-    def _read(self, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        out = self._proc.stdout
-        sel = selectors.DefaultSelector()
-        sel.register(out, selectors.EVENT_READ)
-        try:
-            while b"\n" not in self._buf:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._kill()
-                    raise DriverError(f"engine worker {self.spec}: no answer within {timeout:.0f}s; killed"
-                                      f"{self._stderr_tail()}")
-                if not sel.select(timeout=min(left, 5.0)):
-                    if self._proc.poll() is not None:
-                        break
-                    continue
-                chunk = os.read(out.fileno(), 1 << 16)
-                if not chunk:
-                    break
-                self._buf += chunk
-        finally:
-            sel.close()
-        if b"\n" not in self._buf:
-            code = self._proc.poll()
-            raise DriverError(f"engine worker {self.spec} exited (code {code}) without an answer"
-                              f"{self._stderr_tail()}")
-        line, self._buf = self._buf.split(b"\n", 1)
-        try:
-            return decode(line.decode())
-        except ValueError:
-            raise DriverError(f"engine worker {self.spec}: not a response: {line[:200]!r}") from None
-
-    def _stderr_tail(self, n: int = 2000) -> str:
-        if self._stderr is None:
-            return ""
-        try:
-            self._stderr.seek(0, os.SEEK_END)
-            size = self._stderr.tell()
-            self._stderr.seek(max(0, size - n))
-            tail = self._stderr.read().decode(errors="replace").strip()
-        except (OSError, ValueError):
-            return ""
-        return f"\n  worker stderr (last lines):\n    " + "\n    ".join(tail.splitlines()[-15:]) if tail else ""
-
-    def request(self, obj: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+    def request(self, obj: dict, timeout: Optional[float] = None) -> dict:
+        """The worker's answer to one request within ``timeout`` seconds (default: the engine deadline)."""
         self.start()
-        try:
-            self._proc.stdin.write(encode(obj).encode())
-            self._proc.stdin.flush()
-        except (BrokenPipeError, OSError) as exc:
-            raise DriverError(f"engine worker {self.spec}: cannot send ({exc}){self._stderr_tail()}") from None
-        return self._read(timeout)
+        return self._worker.request(obj, timeout)
 
     def _answer(self, resp: dict) -> dict:
         if resp.get("ok"):
@@ -262,24 +213,9 @@ class SglangSUT(SystemUnderTest):
         return str(self.spec) + (f" (runs beside sglang=={self.release})" if self.source is not None else "")
 
     def close(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            try:
-                proc.stdin.write(encode({"op": "quit"}).encode())
-                proc.stdin.flush()
-                proc.stdin.close()
-                proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired, ValueError):
-                proc.kill()
-                proc.wait()
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
-
-    def _kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
 
     def __del__(self):
         try:

@@ -2,8 +2,9 @@
 
 Invariant: a scenario reaches vLLM's own metadata builder and attention impl (``vllm_driver``) as plain data and
 comes back as a :class:`gpu_impl.scenario.ScenarioResult` whose findings are the checking shim's verdicts on what
-vLLM passed to FA3; a worker that dies or answers garbage raises :class:`~gpu_impl.engines.errors.DriverError`
-(a crash, never a pass). Models ``vllm/v1/attention/backends/flash_attn.py`` by running it.
+vLLM passed to FA3; a worker that dies, misses the engine deadline (it is killed) or answers garbage raises
+:class:`~gpu_impl.engines.errors.DriverError` naming it (``worker_client``: inconclusive, never a pass). Models
+``vllm/v1/attention/backends/flash_attn.py`` by running it.
 
 :func:`scenario_to_vllm` maps the suite's Scenario (sglang-shaped: ``spec.config.ServerConfig`` and
 ``ModelConfig``) onto the driver's fields: ``tp_size`` -> tp, ``attn_cp_size`` -> decode context parallel,
@@ -17,63 +18,40 @@ from outside vLLM's code (:data:`VLLM_DEFECTS`).
 
 from __future__ import annotations
 
-import subprocess
-import threading
 from typing import Optional
 
 from ..sut import EngineSpec, SystemUnderTest
 from . import envs
 from .errors import DriverError
+from .worker_client import EngineWorker, engine_timeout_s
 
 __all__ = ["VllmWorker", "VllmSUT", "scenario_to_vllm", "VLLM_DEFECTS"]
 
 
 class VllmWorker:
-    """One driver process (``python -m gpu_impl.engines.vllm_driver``) speaking JSON lines."""
+    """One driver process (``python -m gpu_impl.engines.vllm_driver``) speaking JSON lines, every answer within
+    the engine deadline (``timeout``: seconds, default ``$FA3VERIFY_ENGINE_TIMEOUT`` or 900; ``worker_client``)."""
 
-    def __init__(self, release: str, progress=print, root=None, timeout: float = 900.0):
-        from .protocol import decode
-
+    def __init__(self, release: str, progress=print, root=None, timeout: Optional[float] = None):
         self.release = envs.check_release(release, engine="vllm")
+        self.timeout = engine_timeout_s(timeout)
         d = envs.ensure_env(release, progress=progress, root=root, engine="vllm")
-        self.timeout = timeout
-        self.proc = subprocess.Popen([str(d / "bin" / "python"), "-m", "gpu_impl.engines.vllm_driver"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=envs.driver_environ(engine="vllm"), cwd=str(envs.PROJECT_ROOT))
-        self._stderr: list = []
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
-        first = self._read()
+        self._worker = EngineWorker([str(d / "bin" / "python"), "-m", "gpu_impl.engines.vllm_driver"],
+                                    f"engine worker vllm=={self.release}", env=envs.driver_environ(engine="vllm"),
+                                    cwd=str(envs.PROJECT_ROOT), timeout_s=self.timeout)
+        first = self._worker.first
         if not first.get("ok"):
             self.close()
-            raise DriverError(f"vllm=={release}: the driver did not start: {first.get('error')}")
+            raise DriverError(f"vllm=={release}: the driver did not start: {first.get('error')}",
+                              worker=self._worker.name, pid=self._worker.pid)
         self.hello = first["hello"]
-        self._decode = decode
 
-    def _drain_stderr(self) -> None:
-        for line in self.proc.stderr:
-            self._stderr.append(line)
-            del self._stderr[:-40]
-
-    def _read(self) -> dict:
-        from .protocol import decode
-
-        line = self.proc.stdout.readline()
-        if not line:
-            tail = "".join(self._stderr[-12:])
-            raise DriverError(f"vllm=={self.release}: the driver exited (code {self.proc.poll()}):\n{tail}")
-        try:
-            return decode(line)
-        except ValueError:
-            raise DriverError(f"vllm=={self.release}: the driver answered a non-JSON line: {line[:200]!r}") from None
+    @property
+    def pid(self) -> int:
+        return self._worker.pid
 
     def request(self, obj: dict) -> dict:
-        from .protocol import encode
-
-        if self.proc.poll() is not None:
-            raise DriverError(f"vllm=={self.release}: the driver is not running (exit {self.proc.returncode})")
-        self.proc.stdin.write(encode(obj))
-        self.proc.stdin.flush()
-        return self._read()
+        return self._worker.request(obj)
 
     def run(self, scenario: dict, numerics: bool = False) -> dict:
         """The driver's answer for one vLLM scenario (``vllm_driver.scenario_defaults`` fields); ``numerics``: the
@@ -89,13 +67,7 @@ class VllmWorker:
         return resp
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write('{"op": "quit"}\n')
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired, ValueError):
-                self.proc.kill()
+        self._worker.close()
 
 
 #: Seeded defects (``gpu_impl.defects`` names) the vLLM driver applies, and the driver's transformation for each:
@@ -156,15 +128,19 @@ def scenario_to_vllm(scn) -> dict:
 class VllmSUT(SystemUnderTest):
     """vLLM release ``V`` (``vllm==V``) driven in its engine environment."""
 
-    def __init__(self, release: str, progress=print, root=None):
+    def __init__(self, release: str, progress=print, root=None, timeout_s: Optional[float] = None):
+        """``timeout_s``: the deadline of each answer of the worker (default ``$FA3VERIFY_ENGINE_TIMEOUT`` or
+        900 s); checked here, before any worker starts."""
         self.spec = EngineSpec("vllm", release=release)
+        self.timeout_s = engine_timeout_s(timeout_s)
         self._worker: Optional[VllmWorker] = None
         self._progress, self._root = progress, root
 
     @property
     def worker(self) -> VllmWorker:
         if self._worker is None:
-            self._worker = VllmWorker(self.spec.release, progress=self._progress, root=self._root)
+            self._worker = VllmWorker(self.spec.release, progress=self._progress, root=self._root,
+                                      timeout=self.timeout_s)
         return self._worker
 
     def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):

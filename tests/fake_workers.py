@@ -1,0 +1,63 @@
+"""Fake engine environments whose ``bin/python`` is a stuck worker, for the deadline tests: the real clients
+(``SglangSUT``, ``VllmWorker``, the sanitizer's engine worker) start it as they start a real engine's driver, and
+it misbehaves in one way. No engine environment and no engine import are needed; each fake ends itself after
+``LIFETIME_S`` so that even a client without a deadline leaves no process behind for long."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+LIFETIME_S = 300
+
+#: What a fake worker does: ``silent`` never says hello; ``stall`` says hello, reads requests, never answers;
+#: ``deaf`` says hello and never reads its stdin (a large request fills the pipe).
+MODES = ("silent", "stall", "deaf")
+
+_SCRIPT = """#!{python}
+import sys, time
+MODE, LIFETIME = {mode!r}, {lifetime}
+if MODE != "silent":
+    sys.stdout.write('{{"ok": true, "hello": {{"release": "{release}", "fake": "stuck worker"}}}}\\n')
+    sys.stdout.flush()
+if MODE == "stall":
+    for line in sys.stdin:
+        time.sleep(LIFETIME)
+        break
+else:
+    time.sleep(LIFETIME)
+"""
+
+
+def fake_engine_home(root: Path, engine: str, release: str, mode: str) -> Path:
+    """An engine home (``$FA3VERIFY_ENGINE_HOME``) holding a ready-stamped environment for ``engine==release``
+    whose python is a fake worker in ``mode``."""
+    from gpu_impl.engines import envs
+
+    assert mode in MODES, mode
+    d = envs.env_dir(release, root, engine)
+    (d / "bin").mkdir(parents=True)
+    python = d / "bin" / "python"
+    python.write_text(_SCRIPT.format(python=sys.executable, mode=mode, lifetime=LIFETIME_S, release=release))
+    python.chmod(0o755)
+    (d / envs.STAMP).write_text(json.dumps({"recipe": envs.recipe_hash(release, engine), "engine": engine}))
+    assert envs.env_ready(release, root, engine)
+    return root
+
+
+def gone(pid: int, wait_s: float = 10.0) -> bool:
+    """Whether process ``pid`` no longer exists (waiting up to ``wait_s`` for it to be reaped)."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
