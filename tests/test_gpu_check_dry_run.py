@@ -14,6 +14,7 @@ import pytest
 from fa3verify.commands import gpu_check
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DRY_RUN_TOTAL_BUDGET_S = 900
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +23,11 @@ def dry_run(tmp_path_factory):
     out_dir, copied = base / "run", base / "OUT"
     copied.mkdir()
     env = dict(os.environ, OUT=str(copied), PYTHON=sys.executable)
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(out_dir)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    # The total budget is the run's own deadline: the default dry run's 150 s ran out before the fuzz stage on a
+    # 2-core machine at load 10, so the suite gives it room (every stage still runs; each has its own budget).
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(out_dir), "--total-budget-s",
+                           str(DRY_RUN_TOTAL_BUDGET_S)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=DRY_RUN_TOTAL_BUDGET_S + 300)
     summary = json.loads((out_dir / gpu_check.SUMMARY_NAME).read_text())
     return proc, summary, out_dir, copied
 

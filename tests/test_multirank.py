@@ -23,7 +23,9 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torc
                                 reason="torch.distributed with gloo is needed")
 
 QWEN = {"name": "qwen3-30b-a3b", "num_heads": 32, "num_kv_heads": 4, "head_dim": 128}
-LAUNCH_TIMEOUT_S = 90.0
+#: A launch's deadline is a hang detector, not a speed goal: four ranks that each import torch took 190 s on a
+#: 2-core machine at load 10, so a healthy launch must never come near it.
+LAUNCH_TIMEOUT_S = 600.0
 WORKED = [32768] + [100] * 7
 
 
@@ -321,7 +323,7 @@ def test_a_raising_rank_is_reported_by_the_cli_with_its_error(tmp_path, capsys):
 def test_a_hung_rank_is_killed_at_the_timeout():
     start = time.perf_counter()
     [r] = run_ranks(TWO["cp_only"], timeout_s=6, inject_fault="1:hang")
-    assert time.perf_counter() - start < 6 + 10
+    assert time.perf_counter() - start < 6 + 60  # the deadline, then SIGTERM/SIGKILL and joins (slow under load)
     assert r.outcome == "timeout" and r.exit_code == 3
     assert_all_gone(r.pids)
 
