@@ -19,7 +19,8 @@ gpu-check's fuzz stage all call it:
   the first case of each signature is kept (:class:`Failure`), later ones are counted;
 * **stopping** -- the budget (seconds and/or draws, always bounded), ``stop(campaign)`` after each case, or an
   interrupt (SIGINT: what was found is kept and ``interrupted`` is set);
-* **shrinking** -- :func:`shrink_failure` (greedy structural shrinking, :mod:`fa3verify.shrinking`);
+* **shrinking** -- :func:`shrink_failure` (greedy structural shrinking, :mod:`fa3verify.shrinking`), bounded by
+  steps and optionally by a deadline;
 * **progress** -- ``progress(campaign)`` every 25 cases.
 
 Case saving and the run summary are the callers' (``fa3verify.case_files``, ``fa3verify.fuzzing``): a campaign
@@ -94,6 +95,9 @@ class Failure:
     case_file: Optional[str] = None
     shrunk: bool = False
     observation: Optional[Observation] = None
+    #: how its shrinking ended (``fa3verify.shrinking.Shrunk.ended``: "done", "steps", "deadline"), None if not shrunk
+    shrink_ended: Optional[str] = None
+    shrink_steps: int = 0
 
 
 @dataclass
@@ -201,15 +205,19 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
     return camp
 
 
-def shrink_failure(case, still_fails: Callable[[Any], bool], budget_s: float) -> Any:
-    """A smaller scenario case for which ``still_fails`` holds (fa3verify.shrinking; kernel-level calls and any
-    case shrinking cannot handle are returned as they are)."""
-    from .shrinking import shrink_case
+def shrink_failure(case, still_fails: Callable[[Any], bool], max_steps: Optional[int] = None,
+                   deadline: Optional[float] = None, clock: Optional[Callable[[], float]] = None,
+                   step_cost: float = 0.0):
+    """A smaller scenario case for which ``still_fails`` holds, as a :class:`fa3verify.shrinking.Shrunk` (greedy,
+    at most ``max_steps`` candidates, default ``shrinking.MAX_SHRINK_STEPS``, and none started past ``deadline``);
+    kernel-level calls and any case shrinking cannot handle come back as they are (``ended`` "unsupported")."""
+    from .shrinking import MAX_SHRINK_STEPS, Shrunk, shrink
     from .strategies import FuzzCase
 
     if not isinstance(case, FuzzCase):
-        return case
-    return shrink_case(case, still_fails, budget_s=budget_s)
+        return Shrunk(case, 0, "unsupported")
+    return shrink(case, still_fails, MAX_SHRINK_STEPS if max_steps is None else max_steps, deadline=deadline,
+                  clock=clock, step_cost=step_cost)
 
 
 @contextlib.contextmanager

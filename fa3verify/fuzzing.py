@@ -22,10 +22,7 @@ from .strategies import FuzzCase, random_fuzz_case
 from .summary import Check, Finding, RunSummary
 
 __all__ = ["ScenarioTarget", "scenario_for", "evaluate", "run_campaign", "shrink", "save_case", "fuzz",
-           "single_threaded_torch", "Campaign", "Failure", "SHRINK_BUDGET_S"]
-
-#: Seconds spent shrinking each distinct failure at most.
-SHRINK_BUDGET_S = 4.0
+           "single_threaded_torch", "Campaign", "Failure"]
 
 
 def scenario_for(case: FuzzCase, policy: Policy, defects=frozenset()):
@@ -105,18 +102,20 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
                          stop=(lambda camp: bool(camp.failures)) if stop_at_first_failure else None)
 
 
-def shrink(failure: Failure, policy: Policy, kernel, numerics_always: bool,
-           budget_s: float = SHRINK_BUDGET_S, sut=None, defects=frozenset()) -> FuzzCase:
-    """A smaller case with the same violation signature (greedy structural shrinking, fa3verify.shrinking)."""
+def shrink(failure: Failure, policy: Policy, kernel, numerics_always: bool, sut=None, defects=frozenset(),
+           max_steps: Optional[int] = None) -> FuzzCase:
+    """A smaller case with the same violation signature (greedy structural shrinking, fa3verify.shrinking: at most
+    ``max_steps`` candidates, default ``shrinking.MAX_SHRINK_STEPS``); how it ended is kept on ``failure``."""
     target = ScenarioTarget(policy, kernel, numerics_always, sut, defects=defects)
 
     def same_violation(case: FuzzCase) -> bool:
         obs = target.observe(case)
         return any(sig == failure.signature for sig, _, _ in (obs.findings if obs else ()))
 
-    smaller = shrink_failure(failure.case, same_violation, budget_s)
-    failure.shrunk = _size(smaller) < _size(failure.case)
-    return smaller
+    result = shrink_failure(failure.case, same_violation, max_steps)
+    failure.shrunk = _size(result.case) < _size(failure.case)
+    failure.shrink_ended, failure.shrink_steps = result.ended, result.steps
+    return result.case
 
 
 def _size(case: FuzzCase) -> tuple:
