@@ -99,13 +99,18 @@ def test_the_gates_fuzz_budget_covers_shrinking_and_reporting(sim, tmp_path, mon
     assert code == 1 and 4.0 <= took <= 1.1 * 5, took
 
 
-def test_a_case_count_budget_does_not_read_the_clock_to_stop(sim, tmp_path):
-    clock = sim(100.0)  # every case "takes" 100 s: a case count still runs every case and shrinks to the end
-    code, _ = _timed(clock, ["fuzz", "--guard", "pre-fix", "--cases", "40", "--out", str(tmp_path / "cases"),
-                             "--json", str(tmp_path / "fuzz.json")])
-    summary = json.loads((tmp_path / "fuzz.json").read_text())
-    assert code == 1 and summary["cases"] == 40
-    assert not any("partially" in f["message"] for f in summary["findings"])
+def test_a_case_count_budget_saves_the_same_case_files_however_long_a_case_takes(sim, tmp_path):
+    saved = {}
+    for cost in (0.0, 100.0):  # a case (and a shrinking step) takes no time, or 100 s
+        clock = sim(cost)
+        out = tmp_path / f"cases-{cost:g}"
+        code, _ = _timed(clock, ["fuzz", "--guard", "pre-fix", "--cases", "40", "--out", str(out),
+                                 "--json", str(tmp_path / "fuzz.json")])
+        summary = json.loads((tmp_path / "fuzz.json").read_text())
+        assert code == 1 and summary["cases"] == 40
+        assert not any("partially" in f["message"] for f in summary["findings"])
+        saved[cost] = {p.name: p.read_bytes() for p in out.glob("*.json")}
+    assert saved[0.0] and saved[100.0] == saved[0.0]
 
 
 def test_the_campaign_keeps_the_callers_reserve_and_the_expected_case_cost():
