@@ -31,7 +31,7 @@ __all__ = ["MAX_SHRINK_STEPS", "Shrunk", "shrink", "shrink_case"]
 #: Candidates run per failing case at most, by default. Measured (docs/performance.md): every failure of
 #: ``fuzz --cases 300`` with seeds 0..2 under the guards none and pre-fix and three seeded defects reaches its end
 #: in at most 76 steps, and every catching case of the bug catalogue in at most 276 (the time-boxed shrinker
-#: needed up to 8,061 steps, about 3.3 s, for the same results). A step costs 0.1 to 1.5 ms on the model and 20
+#: needed up to 8,061 steps, 3 to 4.5 s, for the same results). A step costs 0.1 to 1.5 ms on the model and 20
 #: to 60 ms on a real engine; a time budget also bounds shrinking by its deadline.
 MAX_SHRINK_STEPS = 1000
 
