@@ -73,10 +73,13 @@ def run(args) -> int:
     budget, cases = budget_from_args(args)
     policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     try:
-        with sut_from_args(args) as sut, \
-                stage("fuzz", f"fuzz ({args.kernel} kernel, {f'{cases} cases' if cases else f'{budget:g} s'})"):
-            summary = fuzz(policy, kernel_name=args.kernel, device=args.device, seed=args.seed, budget_s=budget,
-                           max_cases=cases, out_dir=args.out, sut=sut)
+        with sut_from_args(args) as sut:
+            if not sut.spec.is_model:  # its own line: the worker's start-up is not part of the fuzz budget
+                with stage("fuzz", f"start {sut.spec}"):
+                    sut.start()
+            with stage("fuzz", f"fuzz ({args.kernel} kernel, {f'{cases} cases' if cases else f'{budget:g} s'})"):
+                summary = fuzz(policy, kernel_name=args.kernel, device=args.device, seed=args.seed,
+                               budget_s=budget, max_cases=cases, out_dir=args.out, sut=sut)
     except KeyboardInterrupt:  # before the campaign began: nothing found, the reports still say so (exit 3)
         summary = RunSummary(command="fuzz", seed=args.seed, policy=policy.to_dict(), interrupted=True)
     return write_reports(summary, args, lambda f: f"  {f.invariant}: {f.message}\n    replay: {f.replay}")
