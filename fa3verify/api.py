@@ -208,7 +208,9 @@ def gate(guard: GuardLike = "fixed", metadata_heads: str = "tp", keep_stale_cp_m
     """``fa3verify gate``: prove every theorem and fuzz the backend under one policy.
 
     `guard` is a spec ("fixed", "pre-fix", "none", "package.module:function", "path/file.py:function") or a
-    module-level callable ``guard(server_args) -> bool``; `cases` (a case count) replaces `budget_s`.
+    module-level callable ``guard(server_args) -> bool``. `budget_s` bounds the fuzz stage (its cases, shrinking
+    and case files; the proofs come before it); `cases` (a case count) replaces it and reads no clock, so the same
+    `cases` and `seed` save the same case files on any machine.
     """
     from .gating import gate as run_gate
 
@@ -249,7 +251,10 @@ def fuzz(guard: GuardLike = "fixed", metadata_heads: str = "tp", keep_stale_cp_m
          budget_s: Optional[float] = 20.0, seed: int = 0, cases: Optional[int] = None,
          kernel: str = "emulated", device: str = "cpu", out_dir: str = DEFAULT_CASES_DIR,
          show_progress: bool = False) -> RunResult:
-    """``fa3verify fuzz``: a seeded differential fuzz campaign; each distinct violation saved as a case file."""
+    """``fa3verify fuzz``: a seeded differential fuzz campaign; each distinct violation saved as a case file.
+
+    `budget_s` bounds the whole campaign, shrinking and case files included; `cases` replaces it with a case count
+    (no clock: the same case files on any machine)."""
     from .fuzzing import fuzz as run_fuzz
 
     policy = _policy(guard, metadata_heads, keep_stale_cp_metadata)

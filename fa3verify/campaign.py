@@ -18,8 +18,15 @@ gpu-check's fuzz stage all call it:
 * **checking** -- ``checks(observation)`` names the failures a case shows, as (signature, invariant, message);
   the first case of each signature is kept (:class:`Failure`), later ones are counted;
 * **stopping** -- the budget (seconds and/or draws, always bounded), ``stop(campaign)`` after each case, or an
-  interrupt (SIGINT: what was found is kept and ``interrupted`` is set);
-* **shrinking** -- :func:`shrink_failure` (greedy structural shrinking, :mod:`fa3verify.shrinking`);
+  interrupt (SIGINT: what was found is kept and ``interrupted`` is set). A time budget is honoured with what
+  comes after the loop: no case (for a parallel target, no batch) is started when the clock plus the expected
+  cost of one (the mean of the last :data:`COST_WINDOW`) plus ``reserve(campaign)`` (the seconds the caller
+  keeps at the end, e.g. ``fa3verify.fuzzing`` for writing case files and reports) would pass the budget. The
+  clock is ``clock`` (default ``time.perf_counter``, looked up at each call, so a test can run the campaign on
+  a simulated clock);
+* **shrinking** -- :func:`shrink_failure` (greedy structural shrinking, :mod:`fa3verify.shrinking`), bounded by
+  steps and, in a time-boxed run, by a deadline; ``on_failure(campaign, failure)`` runs when a new signature is
+  recorded (``fuzz`` shrinks there, inside the budget);
 * **progress** -- ``progress(campaign)`` every 25 cases.
 
 Case saving and the run summary are the callers' (``fa3verify.case_files``, ``fa3verify.fuzzing``): a campaign
@@ -28,6 +35,7 @@ returns what it found.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import random
@@ -36,7 +44,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 __all__ = ["Budget", "Observation", "Failure", "Campaign", "run_campaign", "shrink_failure", "single_threaded_torch",
-           "all_findings"]
+           "all_findings", "COST_WINDOW", "now"]
+
+#: Cases (batches, for a parallel target) whose mean cost is the expected cost of the next one.
+COST_WINDOW = 16
+
+
+def now() -> float:
+    """The suite's clock, ``time.perf_counter``, looked up at each call (a test may slow it)."""
+    return time.perf_counter()
 
 
 class _CampaignDone(BaseException):
@@ -94,6 +110,9 @@ class Failure:
     case_file: Optional[str] = None
     shrunk: bool = False
     observation: Optional[Observation] = None
+    #: how its shrinking ended (``fa3verify.shrinking.Shrunk.ended``: "done", "steps", "deadline"), None if not shrunk
+    shrink_ended: Optional[str] = None
+    shrink_steps: int = 0
 
 
 @dataclass
@@ -102,7 +121,7 @@ class Campaign:
 
     budget: Budget
     target: Any = None
-    started: float = field(default_factory=time.perf_counter)
+    started: Optional[float] = None  #: the clock's value when the campaign began (default: now)
     draws: int = 0          #: draws used (cases, unsupported cases and draws a family skipped)
     cases: int = 0          #: cases that ran to a verdict
     failing_cases: int = 0
@@ -112,15 +131,32 @@ class Campaign:
     interrupted: bool = False  #: SIGINT ended the campaign: what was found is kept, the verdict is inconclusive
     stopped: bool = False   #: the stop condition ended the campaign
     progress: Optional[Callable[["Campaign"], None]] = None
+    clock: Callable[[], float] = now
+    #: seconds to keep at the end of a time budget, given the campaign so far (the caller's shrinking and writing)
+    reserve: Optional[Callable[["Campaign"], float]] = None
+    costs: collections.deque = field(default_factory=lambda: collections.deque(maxlen=COST_WINDOW))
+
+    def __post_init__(self):
+        if self.started is None:
+            self.started = self.clock()
 
     @property
     def elapsed(self) -> float:
-        return time.perf_counter() - self.started
+        return self.clock() - self.started
 
-    def exhausted(self) -> bool:
+    def expected_cost(self) -> float:
+        """Seconds the next case (batch) is expected to take: the mean of the last ones (0 before the first)."""
+        return sum(self.costs) / len(self.costs) if self.costs else 0.0
+
+    def exhausted(self, starting: bool = True) -> bool:
+        """Whether the budget is used up. With a time budget, a draw ``starting`` a case (a batch) also needs room
+        for its expected cost and the caller's reserve."""
         if self.budget.cases is not None and self.draws >= self.budget.cases:
             return True
-        return self.budget.seconds is not None and self.elapsed >= self.budget.seconds
+        if self.budget.seconds is None:
+            return False
+        keep = (self.reserve(self) if self.reserve is not None else 0.0) if starting else 0.0
+        return self.elapsed + (self.expected_cost() if starting else 0.0) + keep >= self.budget.seconds
 
     def first(self, signatures) -> Optional[Failure]:
         """The earliest failure among ``signatures`` (None when none was seen)."""
@@ -131,13 +167,20 @@ class Campaign:
 def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Callable[[Observation], list] = all_findings,
                  budget: Budget = Budget(seconds=20.0), seed: int = 0,
                  stop: Optional[Callable[[Campaign], bool]] = None,
-                 progress: Optional[Callable[[Campaign], None]] = None) -> Campaign:
+                 progress: Optional[Callable[[Campaign], None]] = None,
+                 clock: Optional[Callable[[], float]] = None,
+                 reserve: Optional[Callable[[Campaign], float]] = None,
+                 on_failure: Optional[Callable[[Campaign, Failure], None]] = None) -> Campaign:
     """Draw cases from ``strategy`` and run them on ``target`` until the budget or ``stop``; record failures.
 
     The campaign is always bounded: a budget that is not a finite number > 0, or neither a budget nor a case
-    count, is a ValueError (a NaN budget would never be reached).
+    count, is a ValueError (a NaN budget would never be reached). ``clock`` and ``reserve``: see the module
+    docstring (stopping); a case-count budget uses neither, so its cases do not depend on the machine's speed.
+    ``on_failure(campaign, failure)`` is called when a new signature's first case is recorded (``fuzz`` shrinks it
+    there, so shrinking spends the campaign's time as it goes); its time is not counted as case cost.
     """
-    camp = Campaign(budget=budget.validate(), target=target, progress=progress)
+    camp = Campaign(budget=budget.validate(), target=target, progress=progress, clock=clock or now,
+                    reserve=reserve)
     width = max(1, int(getattr(target, "parallel", 1)))
     pending: list = []
 
@@ -156,6 +199,8 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
             else:
                 camp.failures[signature] = Failure(signature, invariant, case, message, camp.elapsed,
                                                    observation=obs)
+                if on_failure is not None:
+                    on_failure(camp, camp.failures[signature])
         if stop is not None and stop(camp):
             camp.stopped = True
             raise _CampaignDone()
@@ -165,7 +210,9 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
     def flush() -> None:
         batch = pending[:]
         pending.clear()
+        started = camp.clock()
         observed = [target.observe(batch[0])] if len(batch) == 1 else target.observe_many(batch)
+        camp.costs.append(camp.clock() - started)
         for case, obs in zip(batch, observed):
             record(case, obs)
 
@@ -176,7 +223,7 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
 
     def one_case() -> None:
         while True:
-            if camp.exhausted():
+            if camp.exhausted(starting=not pending):  # a new case (batch) starts with this draw
                 raise _CampaignDone()
             camp.draws += 1
             case = strategy(random.Random(draws.getrandbits(64)))
@@ -201,15 +248,19 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
     return camp
 
 
-def shrink_failure(case, still_fails: Callable[[Any], bool], budget_s: float) -> Any:
-    """A smaller scenario case for which ``still_fails`` holds (fa3verify.shrinking; kernel-level calls and any
-    case shrinking cannot handle are returned as they are)."""
-    from .shrinking import shrink_case
+def shrink_failure(case, still_fails: Callable[[Any], bool], max_steps: Optional[int] = None,
+                   deadline: Optional[float] = None, clock: Optional[Callable[[], float]] = None,
+                   step_cost: float = 0.0):
+    """A smaller scenario case for which ``still_fails`` holds, as a :class:`fa3verify.shrinking.Shrunk` (greedy,
+    at most ``max_steps`` candidates, default ``shrinking.MAX_SHRINK_STEPS``, and none started past ``deadline``);
+    kernel-level calls and any case shrinking cannot handle come back as they are (``ended`` "unsupported")."""
+    from .shrinking import MAX_SHRINK_STEPS, Shrunk, shrink
     from .strategies import FuzzCase
 
     if not isinstance(case, FuzzCase):
-        return case
-    return shrink_case(case, still_fails, budget_s=budget_s)
+        return Shrunk(case, 0, "unsupported")
+    return shrink(case, still_fails, MAX_SHRINK_STEPS if max_steps is None else max_steps, deadline=deadline,
+                  clock=clock, step_cost=step_cost)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,15 @@ under test (`gpu_impl.sut`: the model by default, or real engine code chosen wit
 cases, the kernel adapter against the float64 oracle under FA3's tolerance rule. The first failure of each
 distinct violation signature is shrunk (fa3verify.shrinking) and saved as a case file (fa3verify.case_files);
 later failures with a known signature are counted, not saved again.
+
+Budgets. ``max_cases`` (``--cases N``) bounds the campaign by draws and each shrinking by steps
+(:data:`fa3verify.shrinking.MAX_SHRINK_STEPS`), so the same seed saves byte-identical case files on any machine.
+``budget_s`` (``--budget-s N``) bounds the whole stage -- the campaign, shrinking every distinct failure and
+writing its case file, and the summary -- to N seconds, from the first case (after the kernel is loaded and an
+engine's worker has started). Each new failure is shrunk when the campaign finds it, so shrinking takes the time
+it needs, no more; no case and no shrinking step is started when the clock plus its expected cost would pass N
+less :data:`FINISH_SHARE` of N (kept for writing). A failure that could not be shrunk to its end in time is saved
+as far as it got, and its finding says "shrunk partially".
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from __future__ import annotations
 import sys
 from typing import Callable, Optional
 
-from .campaign import Budget, Campaign, Failure, Observation, shrink_failure, single_threaded_torch
+from .campaign import Budget, Campaign, Failure, Observation, now, shrink_failure, single_threaded_torch
 from .campaign import run_campaign as _run_campaign
 from .engine_choice import case_policy, identity_of
 from .policy import Policy
@@ -22,10 +31,11 @@ from .strategies import FuzzCase, random_fuzz_case
 from .summary import Check, Finding, RunSummary
 
 __all__ = ["ScenarioTarget", "scenario_for", "evaluate", "run_campaign", "shrink", "save_case", "fuzz",
-           "single_threaded_torch", "Campaign", "Failure", "SHRINK_BUDGET_S"]
+           "single_threaded_torch", "Campaign", "Failure", "FINISH_SHARE"]
 
-#: Seconds spent shrinking each distinct failure at most.
-SHRINK_BUDGET_S = 4.0
+#: Of a time budget, the part kept at its end for writing the case files and the reports (measured: 0.05 s for
+#: four case files, the JSON summary and JUnit XML; 2 % of a 5 s budget is 0.1 s).
+FINISH_SHARE = 0.02
 
 
 def scenario_for(case: FuzzCase, policy: Policy, defects=frozenset()):
@@ -88,11 +98,14 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
                  max_cases: Optional[int] = None, numerics_always: bool = False,
                  progress: Optional[Callable[[Campaign], None]] = None,
                  stop_at_first_failure: bool = False, sut=None, defects=frozenset(),
-                 strategy: Optional[str] = None) -> Campaign:
+                 strategy: Optional[str] = None, clock: Optional[Callable[[], float]] = None,
+                 reserve: Optional[Callable[[Campaign], float]] = None,
+                 on_failure: Optional[Callable[[Campaign, Failure], None]] = None) -> Campaign:
     """The campaign of `fuzz`: a strategy family (default: the engine's own, ``strategies.family_for_engine``:
     ``scenario``, or ``vllm`` on vLLM) on the system under test (default: the model) under ``policy`` and seeded
     ``defects``, until the budget or the case count is reached (always bounded: see
-    :class:`fa3verify.campaign.Budget`)."""
+    :class:`fa3verify.campaign.Budget`); ``clock``, ``reserve`` and ``on_failure`` as in
+    :func:`fa3verify.campaign.run_campaign`."""
     from .strategies import family, family_for_engine
 
     budget = Budget(seconds=budget_s, cases=max_cases).validate()
@@ -103,21 +116,41 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
     name = strategy or family_for_engine(None if sut is None else sut.spec)
     generate = random_fuzz_case if name == "scenario" else family(name)
     return _run_campaign(target, generate, budget=budget, seed=seed, progress=progress,
-                         stop=(lambda camp: bool(camp.failures)) if stop_at_first_failure else None)
+                         stop=(lambda camp: bool(camp.failures)) if stop_at_first_failure else None,
+                         clock=clock, reserve=reserve, on_failure=on_failure)
 
 
-def shrink(failure: Failure, policy: Policy, kernel, numerics_always: bool,
-           budget_s: float = SHRINK_BUDGET_S, sut=None, defects=frozenset()) -> FuzzCase:
-    """A smaller case with the same violation signature (greedy structural shrinking, fa3verify.shrinking)."""
+def shrink(failure: Failure, policy: Policy, kernel, numerics_always: bool, sut=None, defects=frozenset(),
+           max_steps: Optional[int] = None, deadline: Optional[float] = None,
+           clock: Optional[Callable[[], float]] = None, step_cost: float = 0.0) -> FuzzCase:
+    """A smaller case with the same violation signature (greedy structural shrinking, fa3verify.shrinking: at most
+    ``max_steps`` candidates, none started past ``deadline``); how it ended is kept on ``failure``."""
     target = ScenarioTarget(policy, kernel, numerics_always, sut, defects=defects)
 
     def same_violation(case: FuzzCase) -> bool:
         obs = target.observe(case)
         return any(sig == failure.signature for sig, _, _ in (obs.findings if obs else ()))
 
-    smaller = shrink_failure(failure.case, same_violation, budget_s)
-    failure.shrunk = _size(smaller) < _size(failure.case)
-    return smaller
+    result = shrink_failure(failure.case, same_violation, max_steps, deadline=deadline, clock=clock,
+                            step_cost=step_cost)
+    failure.shrunk = _size(result.case) < _size(failure.case)
+    failure.shrink_ended, failure.shrink_steps = result.ended, result.steps
+    return result.case
+
+
+def shrink_note(failure: Failure) -> str:
+    """How a failure's shrinking ended, for its finding: "shrunk", "shrunk partially (...)", or ""."""
+    if failure.shrink_ended == "deadline":
+        return ("shrunk partially" if failure.shrunk else "not shrunk") + \
+            f" (the budget ended after {failure.shrink_steps} steps)"
+    if failure.shrink_ended == "steps":
+        return f"shrunk partially (the step bound, {failure.shrink_steps} steps, was reached)"
+    return "shrunk" if failure.shrunk else ""
+
+
+def budget_reserve(budget_s: Optional[float]) -> Optional[Callable[[Campaign], float]]:
+    """The campaign's reserve under a time budget: :data:`FINISH_SHARE` of it, for writing."""
+    return None if budget_s is None else (lambda camp: FINISH_SHARE * budget_s)
 
 
 def _size(case: FuzzCase) -> tuple:
@@ -128,27 +161,34 @@ def _size(case: FuzzCase) -> tuple:
 def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str, out_dir: str, sut=None,
               defects=frozenset()) -> str:
     """Write a replayable case file for a failure (spec.cases schema), carrying the engine it was found on and the
-    seeded defects it ran with."""
+    seeded defects it ran with. Nothing in it is measured (no times, no host): under ``--cases N`` the same seed
+    writes the same bytes on any machine."""
     from .case_files import scenario_case
 
     engine = None if sut is None or sut.spec.is_model else identity_of(sut)
+    partial = shrink_note(failure) if failure.shrink_ended in ("steps", "deadline") else ""
     c = scenario_case(case, source="fuzz", policy=case_policy(policy, sut), engine=engine,
                       kernel={"name": kernel_name, "mode": "strict"},
                       expected={"outcome": "violation", "invariant": failure.invariant,
                                 "detail": {"message": failure.message}},
-                      notes=f"fuzz signature {failure.signature}; numerics={case.numerics}", defects=defects)
+                      notes=f"fuzz signature {failure.signature}; numerics={case.numerics}"
+                            + (f"; {partial}" if partial else ""), defects=defects)
     return str(c.save(out_dir))
 
 
 def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", seed: int = 0,
          budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None, out_dir: str = "fa3verify-out/cases",
          show_progress: Optional[bool] = None, sut=None, defects=frozenset(),
-         strategy: Optional[str] = None) -> RunSummary:
+         strategy: Optional[str] = None, clock: Optional[Callable[[], float]] = None,
+         shrink_steps: Optional[int] = None) -> RunSummary:
     """The fuzz subcommand's work: campaign on the system under test (default the model), shrink each distinct
-    failure, save cases (carrying the engine), summarise.
+    failure as it is found, save cases (carrying the engine), summarise. ``budget_s`` covers all of it (module
+    docstring), on ``clock`` (default ``time.perf_counter``); ``shrink_steps`` bounds each shrinking (default
+    ``shrinking.MAX_SHRINK_STEPS``).
 
-    An interrupt (SIGINT) ends the campaign: the failures found so far are saved unshrunk and the summary is
-    marked interrupted (exit 3); an interrupt before the campaign starts returns an empty interrupted summary.
+    An interrupt (SIGINT) ends the campaign: the failures found so far are saved (one whose shrinking it
+    interrupted, unshrunk) and the summary is marked interrupted (exit 3); an interrupt before the campaign
+    starts returns an empty interrupted summary.
     ``defects`` are seeded into every case (and written into each case file); ``strategy`` names the family
     (default: the engine's own).
     """
@@ -159,21 +199,33 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
 
         kernel = load(kernel_name, mode="strict", device=device)
         numerics_always = kernel_name != "emulated"
+        if callable(getattr(sut, "start", None)):
+            sut.start()  # an engine's worker starts before the budget does
         show = sys.stdout.isatty() if show_progress is None else show_progress
+        shrunk: dict = {}
+
+        def shrink_new(camp: Campaign, failure: Failure) -> None:  # an interrupt here ends the campaign
+            deadline = None if budget_s is None else camp.started + budget_s * (1 - FINISH_SHARE)
+            shrunk[failure.signature] = shrink(failure, policy, kernel, numerics_always, sut=sut, defects=defects,
+                                               max_steps=shrink_steps, deadline=deadline, clock=camp.clock,
+                                               step_cost=camp.expected_cost())
+
         with _progress_line(show) as progress:
             camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s, max_cases=max_cases,
                                 numerics_always=numerics_always, progress=progress, sut=sut, defects=defects,
-                                strategy=strategy)
+                                strategy=strategy, clock=clock or now, reserve=budget_reserve(budget_s),
+                                on_failure=shrink_new)
     except KeyboardInterrupt:
         summary.interrupted = True
         return summary
     for failure in camp.failures.values():
-        case = failure.case if camp.interrupted else _shrink_or_keep(failure, policy, kernel, numerics_always, camp)
+        case = shrunk.get(failure.signature, failure.case)
         failure.case_file = save_case(failure, case, policy, kernel_name, out_dir, sut=sut, defects=defects)
+        note = shrink_note(failure)
         summary.findings.append(Finding(invariant=failure.invariant, case_file=failure.case_file,
                                         engine=f"fuzz on {sut.spec}" if on_engine else "fuzz",
                                         message=f"{failure.message} (seen {failure.count}x, first at "
-                                                f"{failure.found_at_s:.2f}s{', shrunk' if failure.shrunk else ''})",
+                                                f"{failure.found_at_s:.2f}s{', ' + note if note else ''})",
                                         replay=f"fa3verify replay {failure.case_file}"))
     summary.cases = camp.cases
     summary.failures = camp.failing_cases
@@ -196,15 +248,6 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
     if camp.unsupported:
         summary.checks[-1].message += f"; {camp.unsupported} generated cases the engine does not run were skipped"
     return summary
-
-
-def _shrink_or_keep(failure: Failure, policy: Policy, kernel, numerics_always: bool, camp: Campaign) -> FuzzCase:
-    """The shrunk case; an interrupt while shrinking keeps the unshrunk one and ends the run (exit 3)."""
-    try:
-        return shrink(failure, policy, kernel, numerics_always, sut=camp.target.sut, defects=camp.target.defects)
-    except KeyboardInterrupt:
-        camp.interrupted = True
-        return failure.case
 
 
 class _progress_line:

@@ -102,6 +102,10 @@ class SystemUnderTest(abc.ABC):
     def describe(self) -> str:
         return str(self.spec)
 
+    def start(self):
+        """Start what the engine runs in (its worker process, the engine's import) before the first scenario, so a
+        time budget measures scenarios, not start-up; the model has nothing to start. Idempotent."""
+
     def close(self) -> None:
         """Release what the engine holds (a worker process); the model holds nothing."""
 

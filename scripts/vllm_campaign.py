@@ -35,6 +35,9 @@ class ShapeCounting:
     def identity(self):
         return self.sut.identity()
 
+    def start(self):
+        return self.sut.start()
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()

@@ -114,10 +114,10 @@ def test_a_dcp_case_shrinks_within_the_vllm_domain_and_an_sglang_case_keeps_sgla
 
     case = dataclasses.replace(case, steps=tuple({**s, "seq_lens": [4000] + list(s["seq_lens"][1:])}
                                                  if i == 0 else s for i, s in enumerate(case.steps)))
-    small = shrink_case(case, long_row, budget_s=30.0)
+    small = shrink_case(case, long_row)
     assert small.server.attn_cp_size == 2 and [s["seq_lens"] for s in small.steps] == [[1000]]
     as_sglang = dataclasses.replace(case, vllm=None)
-    assert shrink_case(as_sglang, long_row, budget_s=30.0) == as_sglang  # every candidate is outside sglang's domain
+    assert shrink_case(as_sglang, long_row) == as_sglang  # every candidate is outside sglang's domain
 
 
 # ---------------------------------------------------------------- engine: vLLM's own code through the campaign

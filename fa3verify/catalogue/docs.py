@@ -43,12 +43,12 @@ def catalogue_markdown() -> str:
         "",
         "Budgets per mode (fuzz cases with the defect on stop at the first catch; off runs use every case):",
         "",
-        "| mode | scenario cases on / off | kernel-level cases on / off | shrink s | z3 timeout s |",
+        "| mode | scenario cases on / off | kernel-level cases on / off | shrink steps | z3 timeout s |",
         "|---|---|---|---|---|",
     ]
     for mode, b in BUDGETS.items():
         lines.append(f"| `{mode}` | {b['on_cases']} / {b['off_cases']} | {b['kernel_on_cases']} / "
-                     f"{b['kernel_off_cases']} | {b['shrink_s']} | {b['timeout_s']} |")
+                     f"{b['kernel_off_cases']} | {b['shrink_steps']} | {b['timeout_s']} |")
     lines += [
         "",
         "The entries are data (`fa3verify/catalogue/entries.json`); this document and the runs are made from it.",

@@ -76,10 +76,11 @@ def _kernel_case(target: KernelCallSUT, call: dict, obs, entry_id: str, invarian
     return kc
 
 
-def targeted_fuzz(family: Callable, policy: Optional[Policy], expect: tuple, n: int, on: bool, shrink_s: float,
+def targeted_fuzz(family: Callable, policy: Optional[Policy], expect: tuple, n: int, on: bool, shrink_steps: int,
                   shape_entry: bool = False, entry_id: str = "", defects: tuple = ()) -> EngineOutcome:
     """Run ``family`` through the campaign: on the model under ``policy``, or (``policy`` None) as kernel-level
-    calls with ``defects``; classify what it found (module docstring)."""
+    calls with ``defects``; classify what it found (module docstring). A catching scenario is shrunk in at most
+    ``shrink_steps`` candidates (steps, not seconds: the same case files on any machine)."""
     kernel_level = policy is None
     target = KernelCallSUT(defects, source=f"catalogue:{entry_id}") if kernel_level else policy.target()
     allowed_off = ("pass", "clear_error") if kernel_level else ("pass",)
@@ -109,7 +110,7 @@ def targeted_fuzz(family: Callable, policy: Optional[Policy], expect: tuple, n: 
             obs = target.observe(c)
             return obs is not None and keep(obs)
         try:
-            small = shrink_failure(case, still, shrink_s)
+            small = shrink_failure(case, still, shrink_steps).case
         except Exception:  # noqa: BLE001 - shrinking is best effort
             small = case
         return small, target.observe(small) if small is not case else None
@@ -152,7 +153,7 @@ def scenario_engine(family: Callable, on_policy: Policy, off_policy: Policy, exp
     """The fuzz engine of a scenario entry: ``run(entry, on, budgets) -> EngineOutcome``."""
     def run(entry: Entry, on: bool, b: dict) -> EngineOutcome:
         n = b["on_cases"] if on else b["off_cases"]
-        return targeted_fuzz(family, on_policy if on else off_policy, expect, n, on, b["shrink_s"],
+        return targeted_fuzz(family, on_policy if on else off_policy, expect, n, on, b["shrink_steps"],
                              shape_entry=shape, entry_id=entry.id)
     return run
 
@@ -161,7 +162,7 @@ def kernel_engine(family: Callable, expect: tuple, shape: bool = False):
     """The fuzz engine of a kernel-level entry: the entry's switches on, none off."""
     def run(entry: Entry, on: bool, b: dict) -> EngineOutcome:
         n = b["kernel_on_cases"] if on else b["kernel_off_cases"]
-        return targeted_fuzz(family, None, expect, n, on, b["shrink_s"], shape_entry=shape, entry_id=entry.id,
+        return targeted_fuzz(family, None, expect, n, on, b["shrink_steps"], shape_entry=shape, entry_id=entry.id,
                              defects=entry.switches if on else ())
     return run
 

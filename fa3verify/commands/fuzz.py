@@ -14,6 +14,13 @@ DP attention, prefill CP, split policy, CUDA graph, SM counts of real GPUs), rea
 sequences (skewed decode batches, prefix-cache prefills, CP-v2 extends, MIXED batches). Each distinct
 violation is shrunk and saved once as a case file in --out.
 
+Budgets: --budget-s N covers the whole fuzz stage -- running cases, shrinking each failure, writing case files
+and reports -- from the first case (start-up and an engine's worker start are not counted); a case is not
+started when its expected cost would pass N, and a failure that cannot be shrunk in time is saved partially
+shrunk (its finding says so). How many cases fit depends on the machine. --cases N reads no clock: the
+campaign runs N draws and each shrinking a bounded number of steps, so the same --cases N --seed S writes
+byte-identical case files on any machine.
+
 examples:
   fa3verify fuzz --budget-s 20                       # fixed guard, emulated kernel, 20 s
   fa3verify fuzz --guard pre-fix --cases 2000 --seed 7 --json fuzz.json
@@ -32,8 +39,9 @@ def register(sub) -> None:
                    help="kernel adapter: CPU emulation of FA3 (default) or the real FA3 build")
     p.add_argument("--device", default="cpu", help="torch device (default cpu; use cuda with --kernel fa3)")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--budget-s", type=float, metavar="N", help="stop after N seconds (default 20)")
-    group.add_argument("--cases", type=int, metavar="N", help="stop after N cases")
+    group.add_argument("--budget-s", type=float, metavar="N", help="time budget of the fuzz stage, shrinking and reports included (default 20)")
+    group.add_argument("--cases", type=int, metavar="N",
+                       help="run N cases instead (no clock: the same case files on any machine)")
     p.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
     p.add_argument("--out", default="fa3verify-out/cases", metavar="DIR", help="where failing cases are saved")
     p.add_argument("--json", metavar="PATH", help="write the run summary as JSON (schema fa3verify.run/1)")
@@ -65,10 +73,13 @@ def run(args) -> int:
     budget, cases = budget_from_args(args)
     policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     try:
-        with sut_from_args(args) as sut, \
-                stage("fuzz", f"fuzz ({args.kernel} kernel, {f'{cases} cases' if cases else f'{budget:g} s'})"):
-            summary = fuzz(policy, kernel_name=args.kernel, device=args.device, seed=args.seed, budget_s=budget,
-                           max_cases=cases, out_dir=args.out, sut=sut)
+        with sut_from_args(args) as sut:
+            if not sut.spec.is_model:  # its own line: the worker's start-up is not part of the fuzz budget
+                with stage("fuzz", f"start {sut.spec}"):
+                    sut.start()
+            with stage("fuzz", f"fuzz ({args.kernel} kernel, {f'{cases} cases' if cases else f'{budget:g} s'})"):
+                summary = fuzz(policy, kernel_name=args.kernel, device=args.device, seed=args.seed,
+                               budget_s=budget, max_cases=cases, out_dir=args.out, sut=sut)
     except KeyboardInterrupt:  # before the campaign began: nothing found, the reports still say so (exit 3)
         summary = RunSummary(command="fuzz", seed=args.seed, policy=policy.to_dict(), interrupted=True)
     return write_reports(summary, args, lambda f: f"  {f.invariant}: {f.message}\n    replay: {f.replay}")

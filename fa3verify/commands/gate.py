@@ -13,6 +13,10 @@ The gate runs every theorem (z3) and a fuzz campaign for the policy, prints one 
 property, verdict, seconds, case file), writes JUnit XML and JSON if asked, and exits 0 pass,
 1 violation, 2 bad input, 3 inconclusive.
 
+--budget-s N is the fuzz stage's budget (as for `fuzz`: its cases, shrinking and case files end within N
+seconds); the proofs run before it, each z3 query bounded by --timeout-s, and on a real engine so do the
+witness replays. --cases N replaces it with a case count: same seed, byte-identical case files.
+
 examples:
   fa3verify gate --guard mypkg.attention.backend:_should_disable_scheduler_metadata_precompute \\
                  --junit report.xml --json gate.json
@@ -30,8 +34,8 @@ def register(sub) -> None:
     add_policy_arguments(p)
     add_engine_argument(p, help_extra="; a real engine needs no --guard (its guard is its own code)")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--budget-s", type=float, metavar="N", help="fuzz budget in seconds (default 20)")
-    group.add_argument("--cases", type=int, metavar="N", help="fuzz case count instead of a time budget")
+    group.add_argument("--budget-s", type=float, metavar="N", help="fuzz stage budget in seconds, shrinking included (default 20)")
+    group.add_argument("--cases", type=int, metavar="N", help="fuzz case count instead (no clock: the same case files on any machine)")
     p.add_argument("--seed", type=int, default=0, help="fuzz seed (default 0)")
     p.add_argument("--timeout-s", type=float, default=10.0, help="z3 timeout per query (default 10)")
     p.add_argument("--kernel", default="emulated", choices=("emulated", "fa3"), help="kernel adapter for fuzz")

@@ -1,6 +1,7 @@
 """gpu-check's ``fuzz`` stage: differential fuzz of the backend with the fixed guard, the kernel launched for real.
 
-Invariant: within ``--fuzz-budget-s``, no case gives NaN, a predicted out-of-bounds access, a crash or an output
+Invariant: within ``--fuzz-budget-s`` (no batch of cases is started that the mean cost of the last batches says
+would end past it, ``fa3verify.campaign``), no case gives NaN, a predicted out-of-bounds access, a crash or an output
 outside FA3's tolerance of the oracle; one case per worker task, so a crash costs one case. The loop is the one
 campaign (``fa3verify.campaign``) over the strategy family ``gpu-decode``; the system under test is
 :class:`WorkerTarget`, the real kernel behind the crash-isolating worker pool (the per-call check is

@@ -143,6 +143,10 @@ class VllmSUT(SystemUnderTest):
                                       timeout=self.timeout_s)
         return self._worker
 
+    def start(self) -> dict:
+        """Start the driver (import vLLM once); returns its hello. Idempotent."""
+        return self.worker.hello
+
     def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
         from .protocol import result_from_wire
 
