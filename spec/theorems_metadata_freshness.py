@@ -15,14 +15,13 @@ from typing import Optional
 import z3
 
 from refmodel.fa3_scheduler import ScheduleInputs, precompute_inputs, resolve_schedule
-from refmodel.metadata import call_own_metadata
 from refmodel.prepare import prepare_scheduler
 
 from . import domain as D
-from .invariants import evaluate
 from .results import TheoremResult
-from .symbolic import BV, Heuristic, bv, solver
-from .theorems_metadata import Group, Q_MAX, SEED, _Budget, _concrete_decode, _group_configs, _prove_groups, _val
+from .symbolic import Heuristic, boolval, bv, solver, var
+from .theorems_metadata import (Group, Q_MAX, SEED, _Budget, _concrete_decode, _evaluate, _group_configs, _prove_groups,
+                                _val)
 
 
 #: FA3 head-dim instances theorem 1 ranges over: the real models' (d, d) plus FA3's asymmetric V dims
@@ -127,10 +126,10 @@ def _multirow_query(sp: tuple, q_hi: int, budget: _Budget) -> tuple[str, Optiona
     qhpk, bm, kbm, p1, p2, kp1, kp2 = sp
     for bound in sorted({min(q_hi, 256), q_hi}):
         s = solver(budget.timeout_s, SEED)
-        lq, S, m_p = z3.BitVec("Lq", BV), z3.BitVec("S", BV), z3.BitVec("m", BV)
+        lq, S, m_p = var("Lq"), var("S"), var("m")
         s.add(lq >= 1, lq <= bound, S >= 1, S <= 256)
-        pack = z3.If(S > 1, z3.BoolVal(p2), z3.BoolVal(p1))
-        kpack = z3.If(S > 1, z3.BoolVal(kp2), z3.BoolVal(kp1))
+        pack = z3.If(S > 1, boolval(p2), boolval(p1))
+        kpack = z3.If(S > 1, boolval(kp2), boolval(kp1))
         rows_p = z3.If(pack, lq * bv(qhpk), lq)
         s.add(m_p >= 0, m_p <= 2 ** 23, (m_p - 1) * bv(bm) < rows_p, rows_p <= m_p * bv(bm))
         rows = z3.If(kpack, lq * bv(qhpk), lq)
@@ -229,8 +228,10 @@ def _concrete_multirow(inp: ScheduleInputs, w: dict, own: bool = False):
                               num_splits=int(w["num_splits"]))
     C = resolve_schedule(dataclasses.replace(pin, precompute=False, uses_prepare=True))
     if own:
+        from refmodel.metadata import call_own_metadata  # loads torch: only a witness's replay needs it
+
         P, R = call_own_metadata(C, [lq + 1], seqlens_q=[lq])
     else:
         P = resolve_schedule(pin)
         R = prepare_scheduler(P, [lq + 1], seqlens_q=[lq])
-    return evaluate(P, R, C, {"seqused_k": [lq + 1], "seqlens_q": [lq]})
+    return _evaluate(P, R, C, {"seqused_k": [lq + 1], "seqlens_q": [lq]})

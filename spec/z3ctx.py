@@ -57,6 +57,14 @@ def Bool(name: str):
     return z3.Bool(name, ctx())
 
 
+def BitVec(name: str, width: int):
+    return z3.BitVec(name, width, ctx())
+
+
+def BitVecVal(v, width: int):
+    return z3.BitVecVal(v, width, ctx())
+
+
 def IntVal(v):
     return z3.IntVal(v, ctx())
 

@@ -1,0 +1,333 @@
+"""Theorem jobs: the units a prove run is made of, each part in its own z3 context, run in order or in parallel.
+
+A :class:`Job` computes one or more theorems (``names``, in catalogue order) from one or more *parts*: zero-argument
+callables that each run in a fresh z3 context (:func:`spec.z3ctx.isolated`) with the cyclic garbage collector
+paused during the part, so z3 sees the same sequence of terms whatever ran before in the
+process. A part's value is therefore a function of its arguments alone: the same in a sequential run and in a
+forked worker, witness for witness (tests/test_prover_parallel.py compares them byte for byte).
+
+Theorems that share work (a query cache, the configuration domain) are one part; a theorem made of independent
+queries (the exact-merge chain per split count) may be several parts, merged by the job's ``finish`` in order, and
+``stop`` says which part's value makes the later ones irrelevant (a refutation at n splits hides n+1..).
+
+:func:`run_jobs` runs the parts in order (``workers`` 1) or on up to ``workers`` forked processes (one process per
+part, the longest parts first). In parallel:
+
+- results come back in the jobs' order, whatever order the parts finish in;
+- a part whose process dies (a signal, ``os._exit``) makes its job's theorems inconclusive, never proved;
+- an exception in a part is raised in the caller, as in a sequential run;
+- Ctrl-C (KeyboardInterrupt in the caller) kills every worker at once and is raised; workers ignore SIGINT
+  themselves (the terminal sends it to the whole process group) so only the caller decides;
+- per-query z3 timeouts are the part's own, as in a sequential run.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from .results import TheoremResult
+from .z3ctx import isolated
+
+__all__ = ["Job", "JobRun", "run_jobs", "run_part", "default_workers", "fork_available"]
+
+
+@dataclass
+class Job:
+    """Theorems computed together: `parts` (each in its own z3 context), merged by `finish` in order.
+
+    `finish(values)` gets the values of the parts up to the first one `stop` accepts (all, without `stop`) and
+    returns the TheoremResults of `names`; by default each part returns a list of results, concatenated.
+    `weight` is the expected seconds of a part, or one figure per part (the scheduler starts long parts first);
+    `light` parts need no torch (a parallel run starts them while the caller loads it for the others, see
+    `run_jobs`'s `preload`).
+    """
+
+    names: tuple
+    parts: tuple
+    finish: Optional[Callable[[list], list]] = None
+    stop: Optional[Callable[[Any], bool]] = None
+    weight: Any = 0.1
+    light: bool = False
+
+    def part_weight(self, p: int) -> float:
+        return float(self.weight[p] if isinstance(self.weight, (tuple, list)) else self.weight)
+
+    def results(self, values: list) -> list:
+        if self.finish is not None:
+            return list(self.finish(values))
+        return [r for v in values for r in v]
+
+
+@dataclass
+class JobRun:
+    """The results of a run, in job order, and when each was known (seconds since the run started)."""
+
+    results: list = field(default_factory=list)
+    finished_s: list = field(default_factory=list)
+    workers: int = 1
+    elapsed_s: float = 0.0
+
+
+@dataclass
+class _Crashed:
+    """A part whose worker process ended without an answer."""
+
+    what: str
+
+
+def run_part(fn: Callable[[], Any]) -> Any:
+    """Run one part in a fresh z3 context, the cyclic collector paused during it.
+
+    The pause keeps the moments z3 terms are freed (and their ids reused) a function of the part alone: a
+    collection started by what ran before could free terms of this context in the middle of it. Garbage of
+    other contexts does not matter (z3 numbers terms per context).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return isolated(fn)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def fork_available() -> bool:
+    """Whether parts can run in forked workers here (POSIX fork)."""
+    return hasattr(os, "fork") and sys.platform != "win32"
+
+
+def default_workers() -> int:
+    """The CPUs this process may run on (the parallel default of `fa3verify prove`)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def run_jobs(jobs: Sequence[Job], workers: int = 1, preload: Optional[Callable[[], None]] = None) -> JobRun:
+    """Every job's results in job order; `workers` > 1 runs parts in forked processes (see the module docstring).
+
+    `preload` (parallel runs only) is called in this process once the first light parts are running, before any
+    other part is started: what it imports is then shared by the workers forked after it.
+    """
+    start = time.perf_counter()
+    jobs = list(jobs)
+    parts = [(j, p) for j, job in enumerate(jobs) for p in range(len(job.parts))]
+    if workers <= 1 or len(parts) <= 1 or not fork_available():
+        run = _run_sequential(jobs, start)
+    else:
+        run = _run_parallel(jobs, min(workers, len(parts)), preload, start)
+    run.elapsed_s = time.perf_counter() - start
+    return run
+
+
+def _needed(job: Job, values: list) -> list:
+    """The values `finish` gets: up to and including the first part `stop` accepts."""
+    out = []
+    for v in values:
+        out.append(v)
+        if job.stop is not None and not isinstance(v, _Crashed) and job.stop(v):
+            break
+    return out
+
+
+def _collect(run: JobRun, job: Job, values: list, timing: list) -> None:
+    """Append a job's results, each known at its part's start plus the seconds of the results before it."""
+    values = _needed(job, values)
+    crashed = [v for v in values if isinstance(v, _Crashed)]
+    if crashed:
+        results = [TheoremResult(n, "inconclusive", 0.0, {}, None,
+                                 f"{crashed[0].what}: no verdict (a crashed worker is inconclusive, never a pass)",
+                                 failed=False, expected=False) for n in job.names]
+    else:
+        results = job.results(values)
+    used = timing[:len(values)]
+    end = max((t1 for _, t1 in used), default=0.0)
+    begin = min((t0 for t0, _ in used), default=0.0)
+    at = begin
+    for r in results:
+        at = min(end, at + float(r.seconds or 0.0)) if len(used) == 1 else end
+        run.results.append(r)
+        run.finished_s.append(round(at, 3))
+
+
+def _run_sequential(jobs: list, start: float) -> JobRun:
+    run = JobRun(workers=1)
+    for job in jobs:
+        values, timing = [], []
+        for part in job.parts:
+            t0 = time.perf_counter() - start
+            values.append(run_part(part))
+            timing.append((t0, time.perf_counter() - start))
+            if job.stop is not None and job.stop(values[-1]):
+                break
+        _collect(run, job, values, timing)
+    return run
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Parallel: one forked process per part
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _child(fn: Callable[[], Any], write_fd: int) -> None:
+    """The forked worker: run the part, write ("ok", value) or ("raised", exception, text), exit at once."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides on Ctrl-C (it kills the workers)
+    code = 0
+    try:
+        try:
+            message = ("ok", run_part(fn))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises it
+            message = ("raised", exc, traceback.format_exc())
+        try:
+            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - an unpicklable answer is an error of the part
+            data = pickle.dumps(("raised", None, f"{message[0]} value could not be sent: {exc!r}\n"
+                                 + (message[2] if message[0] == "raised" else "")))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(write_fd, view):]
+    except BaseException:  # noqa: BLE001 - nothing may escape a forked child
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream cannot stop the exit
+                pass
+        os._exit(code)
+
+
+@dataclass
+class _Running:
+    key: tuple
+    pid: int
+    fd: int
+    started: float
+    chunks: list = field(default_factory=list)
+
+
+def _run_parallel(jobs: list, workers: int, preload, start: float) -> JobRun:
+    import selectors
+
+    # the longest parts first (stable: job order breaks ties), light ones only until the preload has run
+    pending = sorted(((j, p) for j, job in enumerate(jobs) for p in range(len(job.parts))),
+                     key=lambda k: -jobs[k[0]].part_weight(k[1]))
+    values: dict = {}
+    timing: dict = {}
+    running: dict = {}
+    preloaded = preload is None
+    sel = selectors.DefaultSelector()
+
+    def launch(key) -> None:
+        j, p = key
+        read_fd, write_fd = os.pipe()
+        t0 = time.perf_counter() - start
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child leaves through os._exit
+            os.close(read_fd)
+            _child(jobs[j].parts[p], write_fd)
+        os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        running[read_fd] = _Running(key, pid, read_fd, t0)
+        sel.register(read_fd, selectors.EVENT_READ)
+
+    def fill() -> None:
+        nonlocal preloaded
+        while len(running) < workers and pending:
+            allowed = [k for k in pending if preloaded or jobs[k[0]].light]
+            if not allowed:
+                preload()
+                preloaded = True
+                continue
+            pending.remove(allowed[0])
+            launch(allowed[0])
+        if not preloaded and any(not jobs[k[0]].light for k in pending):
+            preload()  # while the first parts run: the workers forked after it share what it loaded
+            preloaded = True
+
+    def finished(w: _Running, status: int) -> None:
+        timing[w.key] = (w.started, time.perf_counter() - start)
+        values[w.key] = value = _answer(w, status)
+        j, p = w.key
+        job = jobs[j]
+        if job.stop is not None and not isinstance(value, _Crashed) and job.stop(value):
+            # the parts after this one are not needed (`finish` never sees them): do not start them
+            pending[:] = [k for k in pending if not (k[0] == j and k[1] > p)]
+
+    try:
+        while pending or running:
+            fill()
+            for sk, _ in sel.select():
+                w = running[sk.fd]
+                try:
+                    chunk = os.read(w.fd, 1 << 20)
+                except BlockingIOError:
+                    continue
+                if chunk:
+                    w.chunks.append(chunk)
+                    continue
+                sel.unregister(w.fd)
+                os.close(w.fd)
+                del running[w.fd]
+                _, status = os.waitpid(w.pid, 0)
+                finished(w, status)
+    except BaseException:
+        for w in running.values():
+            _kill(w.pid)
+            os.close(w.fd)
+        raise
+    finally:
+        sel.close()
+    run = JobRun(workers=workers)
+    for j, job in enumerate(jobs):
+        keys = [(j, p) for p in range(len(job.parts)) if (j, p) in values]
+        # parts missing here come after one `stop` accepted, so `_needed` never reaches them
+        keys = keys[:len(_needed(job, [values[k] for k in keys]))]
+        _collect(run, job, [values[k] for k in keys], [timing[k] for k in keys])
+    return run
+
+
+def _answer(w: _Running, status: int):
+    """The part's value, its exception raised here, or a _Crashed when the process died without answering."""
+    data = b"".join(w.chunks)
+    if not data:
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            try:
+                name = signal.Signals(sig).name
+            except ValueError:
+                name = str(sig)
+            return _Crashed(f"the worker process died (signal {name})")
+        return _Crashed(f"the worker process exited with status {os.WEXITSTATUS(status)} without an answer")
+    try:
+        message = pickle.loads(data)
+    except Exception as exc:  # noqa: BLE001 - a truncated answer is a crash
+        return _Crashed(f"the worker process's answer could not be read ({exc!r})")
+    if message[0] == "ok":
+        return message[1]
+    _, exc, text = message
+    if isinstance(exc, BaseException):
+        raise exc
+    raise RuntimeError(f"a theorem part failed in its worker process:\n{text}")
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass

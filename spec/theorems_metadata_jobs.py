@@ -1,0 +1,133 @@
+"""Theorems 0-4 of issue 3 as jobs (spec.theorem_jobs): what runs together in one z3 context with one query cache.
+
+Invariant: a job holds the theorems that share work -- freshness and benign drift (the same fresh decode groups),
+the hazard, guard soundness and the root-cause alternative (groups of the replicated-KV domain) -- and every other
+theorem is a job of its own, so a parallel run splits the work where nothing is shared. Each job computes only the
+theorems selected (`only`), in catalogue order (`spec.theorems_metadata.THEOREMS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from refmodel.fa3_scheduler import get_num_splits
+
+from . import domain as D
+from .results import TheoremResult
+from .symbolic import Heuristic
+from .theorem_jobs import Job
+from .theorems_metadata import THEOREMS, _Budget, _is_known_guard, _matches
+
+__all__ = ["metadata_jobs"]
+
+#: Expected seconds of each job on one core (quiet machine), to start the long ones first in a parallel run.
+_WEIGHTS = {"1-freshness": 1.5, "2-drift-breaks-h_k": 0.5, "2-drift-breaks-seqlen_k": 0.5, "3-hazard": 1.0,
+            "4-guard-soundness": 1.5, "4-sharded-kv-decode": 1.0}
+
+
+def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: float = 10.0,
+                  dropped_assumptions: frozenset = frozenset(), cases_dir=None, only=None,
+                  guard_spec: Optional[str] = None, heuristic_precompute: Heuristic = get_num_splits,
+                  heuristic_call: Heuristic = get_num_splits, kv_range: Optional[tuple] = None) -> list[Job]:
+    """The jobs of `spec.theorems_metadata.run_metadata_theorems` (same arguments), in catalogue order."""
+    from .theorems_metadata_drift import DRIFT_BREAKS, _benign_drift
+    from .theorems_metadata_freshness import _freshness
+    from .theorems_metadata_lemmas import _prepare_split_lemma, kv_cover_lemma
+    from .theorems_metadata_policy import _policy_search
+
+    if metadata_heads not in D.METADATA_HEADS:
+        raise ValueError(f"metadata_heads: must be one of {D.METADATA_HEADS}, got {metadata_heads!r}")
+    dropped = D._check_names(dropped_assumptions)
+    guard_fn, label = D.resolve_guard(guard)
+    label = guard_spec or label
+    known = _is_known_guard(label)
+    expect_hazard = known in ("pre-fix", "none") and metadata_heads == "tp"
+    want = [n for n in THEOREMS if _matches(n, only)]
+    hp, hc = heuristic_precompute, heuristic_call
+    jobs: list[Job] = []
+    domain: list = []
+
+    def _configs(dropped: frozenset) -> tuple:
+        """The configuration domain without the dropped assumptions, built once for these jobs (on first use)."""
+        if not domain:
+            domain.append(tuple(D.enumerate_configs(dropped)))
+        return domain[0]
+
+    def job(names, part, weight=None):
+        names = tuple(n for n in names if n in want)
+        if names:
+            jobs.append(Job(names, (lambda: part(names),), weight=weight or _WEIGHTS.get(names[0], 0.05)))
+
+    # theorem 0: the lemmas
+    if kv_range is None:
+        job(["0-kv-cover"], lambda names: [kv_cover_lemma(timeout_s)])
+    else:
+        job(["0-kv-cover"], lambda names: [kv_cover_lemma(timeout_s, kv_range[0], kv_range[1])])
+    job(["0-batch-over-992"], lambda names: [_prepare_split_lemma(timeout_s)])
+
+    # theorems 1 and 2a share the fresh decode groups (one cache)
+    def fresh_and_benign(names) -> list:
+        shared: dict = {}
+        out = []
+        if "1-freshness" in names:
+            out.append(_freshness(timeout_s, hp, hc, shared))
+        if "2-benign-drift" in names:
+            out.append(_benign_drift(timeout_s, hp, hc, shared))
+        return out
+
+    job(["1-freshness", "2-benign-drift"], fresh_and_benign, weight=1.5 if "1-freshness" in want else 0.5)
+    for name, theorem in DRIFT_BREAKS.items():
+        job([name], lambda names, theorem=theorem: [theorem(timeout_s)])
+
+    # theorems 3 and 4 over the configuration domain
+    def replicated() -> list:
+        return [c for c in _configs(dropped) if not c.sharded_kv]
+
+    def policy(names) -> list:
+        shared: dict = {}
+        out = []
+        configs = replicated()
+        if "3-hazard" in names:
+            pcp = [c for c in configs if c.server.enable_prefill_cp]
+            r = _policy_search("3-hazard", pcp, guard_fn, label, metadata_heads, dropped,
+                               _Budget(timeout_s, cache=shared), hp, hc, cases_dir, expect_hazard, "prefill-CP hazard",
+                               invariant_filter="SPLIT_BOUND")
+            if r.verdict == "proved":
+                r.expected = not expect_hazard
+            out.append(r)
+        if "4-guard-soundness" in names:
+            out.append(_policy_search("4-guard-soundness", configs, guard_fn, label, metadata_heads, dropped,
+                                      _Budget(timeout_s, cache=shared), hp, hc, cases_dir, expect_hazard,
+                                      "guard soundness"))
+        if "4-root-cause-alternative" in names:
+            out.append(_policy_search("4-root-cause-alternative", configs, D.prefix_guard, "pre-fix", "attn_tp",
+                                      dropped, _Budget(timeout_s, cache=shared), hp, hc, cases_dir, False,
+                                      "root-cause alternative (pre-fix guard, attn_tp heads), sglang's replicated-KV "
+                                      "decode"))
+        return out
+
+    job(["3-hazard", "4-guard-soundness", "4-root-cause-alternative"], policy,
+        weight=sum(_WEIGHTS.get(n, 0.3) for n in ("3-hazard", "4-guard-soundness") if n in want) or 0.3)
+    job(["4-sharded-kv-decode"], lambda names: [_policy_search(
+        "4-sharded-kv-decode", [c for c in _configs(dropped) if c.sharded_kv], guard_fn, label, metadata_heads,
+        dropped, _Budget(timeout_s), hp, hc, cases_dir, known in ("pre-fix", "none"),
+        "CP decode over sharded KV (metadata from global lengths, call over local KV)")],
+        weight=_WEIGHTS["4-sharded-kv-decode"] if known in ("pre-fix", "none") else 0.1)
+    job(["4-guard-robustness"], lambda names: [_robustness(guard_fn, _configs(dropped))])
+    return jobs
+
+
+def _robustness(guard_fn, configs: tuple) -> TheoremResult:
+    """4-guard-robustness: the guard returns on every configuration (a sample of the domain) and on old ServerArgs."""
+    import time
+
+    start = time.perf_counter()
+    raised = D.guard_robustness(guard_fn, list(configs[:: max(1, len(configs) // 400)]) or
+                                [D.Config(D.Server(), D.MODELS["llama-3-8b"])])
+    secs = time.perf_counter() - start
+    if raised:
+        return TheoremResult("4-guard-robustness", "refuted", secs, {"invariant": "GUARD_RAISED", **raised[0]}, None,
+                             raised[0]["message"], failed=True, expected=False, details={"raised": raised})
+    return TheoremResult("4-guard-robustness", "proved", secs, {}, None,
+                         f"the guard returns on every configuration and on ServerArgs lacking any of "
+                         f"{', '.join(D.GUARD_FLAGS)}")
