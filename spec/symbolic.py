@@ -58,8 +58,17 @@ Heuristic = Callable[[ScheduleInputs], int]
 
 
 def bv(x: int) -> z3.BitVecRef:
-    """A 32-bit bit-vector constant in the current theorem's z3 context (spec.z3ctx)."""
-    return z3.BitVecVal(int(x), BV, _ctx())
+    """A 32-bit bit-vector constant in the current theorem's z3 context (spec.z3ctx), built once per context."""
+    c = _ctx()
+    try:
+        cache = c.fa3_bv_constants
+    except AttributeError:
+        cache = c.fa3_bv_constants = {}
+    v = int(x)
+    term = cache.get(v)
+    if term is None:
+        term = cache[v] = z3.BitVecVal(v, BV, c)
+    return term
 
 
 def var(name: str, width: int = BV) -> z3.BitVecRef:
@@ -208,16 +217,35 @@ def run_table(values: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def table_lookup(x, values: Sequence[int], tail: Optional[int] = None):
-    """values[x] for 0 <= x < len(values), `tail` (default values[-1]) beyond, as an If-chain over runs."""
+    """values[x] for 0 <= x < len(values), `tail` (default values[-1]) beyond, as an If-chain over runs.
+
+    The chain is built once per (term, table) in a z3 context and reused (the same term every time: z3 shares
+    equal terms, so reuse changes nothing but the cost of building it, most of stage 1's Python time).
+    """
     tail = values[-1] if tail is None else tail
-    runs = run_table(values)
+    x = _t(x)
+    try:
+        memo = x.ctx.fa3_table_lookups
+    except AttributeError:
+        memo = x.ctx.fa3_table_lookups = {}
+    key = (x.get_id(), tuple(values), tail)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit[1]  # hit[0] is x itself: the memo keeps it alive, so its id names no other term
+    runs = _runs(tuple(values))
     expr = bv(tail)
     if runs and runs[-1][1] == tail:
         runs = runs[:-1]
         # the last run merges with the tail: everything beyond the previous run's end is `tail`
     for last, value in reversed(runs):
-        expr = z3.If(z3.ULE(_t(x), bv(last)), bv(value), expr)
+        expr = z3.If(z3.ULE(x, bv(last)), bv(value), expr)
+    memo[key] = (x, expr)
     return expr
+
+
+@lru_cache(maxsize=4096)
+def _runs(values: tuple) -> tuple:
+    return tuple(run_table(values))
 
 
 @lru_cache(maxsize=None)
@@ -359,6 +387,11 @@ def side_params(inputs: ScheduleInputs, heuristic: Heuristic = get_num_splits) -
     `inputs.seqlen_k` is ignored (it is the symbolic part); `heuristic` defaults to refmodel `get_num_splits`
     (flash_api.cpp) and is only replaced by tests seeding a defect.
     """
+    return _side_params_of(inputs, heuristic)
+
+
+@lru_cache(maxsize=65536)
+def _side_params_of(inputs: ScheduleInputs, heuristic: Heuristic) -> SideParams:
     return _side_params_cached(dataclasses.replace(inputs, seqlen_k=0), heuristic)
 
 
