@@ -262,14 +262,21 @@ def _run_parallel(jobs: list, workers: int, preload, start: float) -> JobRun:
         j, p = w.key
         job = jobs[j]
         if job.stop is not None and not isinstance(value, _Crashed) and job.stop(value):
-            # the parts after this one are not needed (`finish` never sees them): do not start them
+            # the parts after this one are not needed (`finish` never sees them): not started, or stopped
             pending[:] = [k for k in pending if not (k[0] == j and k[1] > p)]
+            for other in [o for o in running.values() if o.key[0] == j and o.key[1] > p]:
+                sel.unregister(other.fd)
+                os.close(other.fd)
+                del running[other.fd]
+                _kill(other.pid)
 
     try:
         while pending or running:
             fill()
             for sk, _ in sel.select():
-                w = running[sk.fd]
+                w = running.get(sk.fd)
+                if w is None:
+                    continue  # stopped by a stop of its job while this round's events were gathered
                 try:
                     chunk = os.read(w.fd, 1 << 20)
                 except BlockingIOError:
