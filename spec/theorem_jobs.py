@@ -10,11 +10,12 @@ Theorems that share work (a query cache, the configuration domain) are one part;
 queries (the exact-merge chain per split count) may be several parts, merged by the job's ``finish`` in order, and
 ``stop`` says which part's value makes the later ones irrelevant (a refutation at n splits hides n+1..).
 
-:func:`run_jobs` runs the parts in order (``workers`` 1) or on up to ``workers`` forked processes (one process per
-part, the longest parts first). In parallel:
+:func:`run_jobs` runs the parts in order (``workers`` 1) or on up to ``workers`` forked worker processes that take
+the longest parts first (spec.theorem_pool). In parallel:
 
 - results come back in the jobs' order, whatever order the parts finish in;
-- a part whose process dies (a signal, ``os._exit``) makes its job's theorems inconclusive, never proved;
+- a part whose worker dies (a signal, ``os._exit``) makes its job's theorems inconclusive, never proved (the
+  worker is replaced and the other parts go on);
 - an exception in a part is raised in the caller, as in a sequential run;
 - Ctrl-C (KeyboardInterrupt in the caller) kills every worker at once and is raised; workers ignore SIGINT
   themselves (the terminal sends it to the whole process group) so only the caller decides;
@@ -25,15 +26,13 @@ from __future__ import annotations
 
 import gc
 import os
-import pickle
-import signal
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from .results import TheoremResult
+from .theorem_pool import Crashed as _Crashed
 from .z3ctx import isolated
 
 __all__ = ["Job", "JobRun", "run_jobs", "run_part", "default_workers", "fork_available"]
@@ -74,13 +73,6 @@ class JobRun:
     finished_s: list = field(default_factory=list)
     workers: int = 1
     elapsed_s: float = 0.0
-
-
-@dataclass
-class _Crashed:
-    """A part whose worker process ended without an answer."""
-
-    what: str
 
 
 def run_part(fn: Callable[[], Any]) -> Any:
@@ -173,129 +165,10 @@ def _run_sequential(jobs: list, start: float) -> JobRun:
     return run
 
 
-# ------------------------------------------------------------------------------------------------------------
-# Parallel: one forked process per part
-# ------------------------------------------------------------------------------------------------------------
-
-
-def _child(fn: Callable[[], Any], write_fd: int) -> None:
-    """The forked worker: run the part, write ("ok", value) or ("raised", exception, text), exit at once."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides on Ctrl-C (it kills the workers)
-    code = 0
-    try:
-        try:
-            message = ("ok", run_part(fn))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises it
-            message = ("raised", exc, traceback.format_exc())
-        try:
-            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001 - an unpicklable answer is an error of the part
-            data = pickle.dumps(("raised", None, f"{message[0]} value could not be sent: {exc!r}\n"
-                                 + (message[2] if message[0] == "raised" else "")))
-        view = memoryview(data)
-        while view:
-            view = view[os.write(write_fd, view):]
-    except BaseException:  # noqa: BLE001 - nothing may escape a forked child
-        code = 1
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - a closed stream cannot stop the exit
-                pass
-        os._exit(code)
-
-
-@dataclass
-class _Running:
-    key: tuple
-    pid: int
-    fd: int
-    started: float
-    chunks: list = field(default_factory=list)
-
-
 def _run_parallel(jobs: list, workers: int, preload, start: float) -> JobRun:
-    import selectors
+    from .theorem_pool import run_parallel
 
-    # the longest parts first (stable: job order breaks ties), light ones only until the preload has run
-    pending = sorted(((j, p) for j, job in enumerate(jobs) for p in range(len(job.parts))),
-                     key=lambda k: -jobs[k[0]].part_weight(k[1]))
-    values: dict = {}
-    timing: dict = {}
-    running: dict = {}
-    preloaded = preload is None
-    sel = selectors.DefaultSelector()
-
-    def launch(key) -> None:
-        j, p = key
-        read_fd, write_fd = os.pipe()
-        t0 = time.perf_counter() - start
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child leaves through os._exit
-            os.close(read_fd)
-            _child(jobs[j].parts[p], write_fd)
-        os.close(write_fd)
-        os.set_blocking(read_fd, False)
-        running[read_fd] = _Running(key, pid, read_fd, t0)
-        sel.register(read_fd, selectors.EVENT_READ)
-
-    def fill() -> None:
-        nonlocal preloaded
-        while len(running) < workers and pending:
-            allowed = [k for k in pending if preloaded or jobs[k[0]].light]
-            if not allowed:
-                preload()
-                preloaded = True
-                continue
-            pending.remove(allowed[0])
-            launch(allowed[0])
-        if not preloaded and any(not jobs[k[0]].light for k in pending):
-            preload()  # while the first parts run: the workers forked after it share what it loaded
-            preloaded = True
-
-    def finished(w: _Running, status: int) -> None:
-        timing[w.key] = (w.started, time.perf_counter() - start)
-        values[w.key] = value = _answer(w, status)
-        j, p = w.key
-        job = jobs[j]
-        if job.stop is not None and not isinstance(value, _Crashed) and job.stop(value):
-            # the parts after this one are not needed (`finish` never sees them): not started, or stopped
-            pending[:] = [k for k in pending if not (k[0] == j and k[1] > p)]
-            for other in [o for o in running.values() if o.key[0] == j and o.key[1] > p]:
-                sel.unregister(other.fd)
-                os.close(other.fd)
-                del running[other.fd]
-                _kill(other.pid)
-
-    try:
-        while pending or running:
-            fill()
-            for sk, _ in sel.select():
-                w = running.get(sk.fd)
-                if w is None:
-                    continue  # stopped by a stop of its job while this round's events were gathered
-                try:
-                    chunk = os.read(w.fd, 1 << 20)
-                except BlockingIOError:
-                    continue
-                if chunk:
-                    w.chunks.append(chunk)
-                    continue
-                sel.unregister(w.fd)
-                os.close(w.fd)
-                del running[w.fd]
-                _, status = os.waitpid(w.pid, 0)
-                finished(w, status)
-    except BaseException:
-        for w in running.values():
-            _kill(w.pid)
-            os.close(w.fd)
-        raise
-    finally:
-        sel.close()
+    values, timing = run_parallel(jobs, workers, preload, start, run_part)
     run = JobRun(workers=workers)
     for j, job in enumerate(jobs):
         keys = [(j, p) for p in range(len(job.parts)) if (j, p) in values]
@@ -303,38 +176,3 @@ def _run_parallel(jobs: list, workers: int, preload, start: float) -> JobRun:
         keys = keys[:len(_needed(job, [values[k] for k in keys]))]
         _collect(run, job, [values[k] for k in keys], [timing[k] for k in keys])
     return run
-
-
-def _answer(w: _Running, status: int):
-    """The part's value, its exception raised here, or a _Crashed when the process died without answering."""
-    data = b"".join(w.chunks)
-    if not data:
-        if os.WIFSIGNALED(status):
-            sig = os.WTERMSIG(status)
-            try:
-                name = signal.Signals(sig).name
-            except ValueError:
-                name = str(sig)
-            return _Crashed(f"the worker process died (signal {name})")
-        return _Crashed(f"the worker process exited with status {os.WEXITSTATUS(status)} without an answer")
-    try:
-        message = pickle.loads(data)
-    except Exception as exc:  # noqa: BLE001 - a truncated answer is a crash
-        return _Crashed(f"the worker process's answer could not be read ({exc!r})")
-    if message[0] == "ok":
-        return message[1]
-    _, exc, text = message
-    if isinstance(exc, BaseException):
-        raise exc
-    raise RuntimeError(f"a theorem part failed in its worker process:\n{text}")
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass

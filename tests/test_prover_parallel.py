@@ -131,6 +131,18 @@ def test_a_crashed_worker_is_inconclusive_and_the_others_still_answer():
     assert by["c"].verdict == "proved"
 
 
+def test_parts_queued_behind_a_crashed_part_still_run():
+    """The first worker is forked before the preload with several light parts queued; one of them kills it."""
+    def dies():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    jobs = [Job(("x",), (dies,), light=True, weight=1.0)] + [
+        Job((f"l{i}",), (_sleeping(f"l{i}", 0.05),), light=True, weight=0.5) for i in range(4)] + [
+        Job(("heavy",), (_sleeping("heavy", 0.05),), weight=0.1)]
+    results = run_jobs(jobs, workers=2, preload=lambda: time.sleep(0.5)).results
+    assert [r.verdict for r in results] == ["inconclusive"] + ["proved"] * 5
+
+
 def test_an_exception_in_a_part_reaches_the_caller():
     def raises():
         raise ValueError("solver exploded")
