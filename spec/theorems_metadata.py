@@ -341,11 +341,10 @@ def _stage2(g: Group, budget: _Budget, b: int, eager: bool, fresh: bool = False,
         total = total + x
     if m1 != [1, 1]:
         total = total * z3.If(pack, bv(m1[0]), bv(m1[1]))
+    heads = z3.If(pack, bv(g.P.num_heads_k), bv(g.P.num_heads))
     # fast math (refmodel fastmath): blocks_per_sm is any value the <= 2-ulp division allows, IEEE's included
     bps = var("blocks_per_sm")
-    lo_k, hi_k = sym_blocks_per_sm_range(total, bv(g.P.num_heads_k), g.P.num_sm)
-    lo_h, hi_h = sym_blocks_per_sm_range(total, bv(g.P.num_heads), g.P.num_sm)
-    bps_lo, bps_hi = z3.If(pack, lo_k, lo_h), z3.If(pack, hi_k, hi_h)
+    bps_lo, bps_hi = sym_blocks_per_sm_range(total, heads, g.P.num_sm)
     s.add(bps >= bps_lo, bps <= bps_hi)
     splits = [z3.If(Sp == 1, bv(1), smax(smin(_ceil_small(x, bps), Sp), 1)) for x in n]
     s.add(Sc > 1, z3.Or([x > Sc for x in splits]))
