@@ -31,7 +31,7 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
                   heuristic_call: Heuristic = get_num_splits, kv_range: Optional[tuple] = None) -> list[Job]:
     """The jobs of `spec.theorems_metadata.run_metadata_theorems` (same arguments), in catalogue order."""
     from .theorems_metadata_drift import DRIFT_BREAKS, _benign_drift
-    from .theorems_metadata_freshness import _freshness
+    from .theorems_metadata_freshness import _fresh_decode, _fresh_multirow, _freshness_result
     from .theorems_metadata_lemmas import _prepare_split_lemma, kv_cover_lemma
     from .theorems_metadata_policy import _policy_search
 
@@ -65,17 +65,35 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
         job(["0-kv-cover"], lambda names: [kv_cover_lemma(timeout_s, kv_range[0], kv_range[1])])
     job(["0-batch-over-992"], lambda names: [_prepare_split_lemma(timeout_s)])
 
-    # theorems 1 and 2a share the fresh decode groups (one cache)
-    def fresh_and_benign(names) -> list:
+    # theorems 1a and 2a share the fresh decode groups (one cache); 1b (multi-row) is a part of its own
+    fresh_names = tuple(n for n in ("1-freshness", "2-benign-drift") if n in want)
+
+    def fresh_decode_and_benign() -> dict:
         shared: dict = {}
-        out = []
-        if "1-freshness" in names:
-            out.append(_freshness(timeout_s, hp, hc, shared))
-        if "2-benign-drift" in names:
-            out.append(_benign_drift(timeout_s, hp, hc, shared))
+        out = {"decode": None, "benign": None}
+        if "1-freshness" in fresh_names:
+            out["decode"] = _fresh_decode(timeout_s, hp, hc, shared)
+        if "2-benign-drift" in fresh_names:
+            out["benign"] = _benign_drift(timeout_s, hp, hc, shared)
         return out
 
-    job(["1-freshness", "2-benign-drift"], fresh_and_benign, weight=1.5 if "1-freshness" in want else 0.5)
+    def fresh_finish(values: list) -> list:
+        first, out = values[0], []
+        if first["decode"] is not None:
+            multirow = values[1] if len(values) > 1 else None
+            secs = first["decode"]["seconds"] + (multirow["seconds"] if multirow else 0.0)
+            out.append(_freshness_result(first["decode"], multirow, secs))
+        if first["benign"] is not None:
+            out.append(first["benign"])
+        return out
+
+    if fresh_names:
+        parts = (fresh_decode_and_benign,)
+        if "1-freshness" in fresh_names:
+            parts += (lambda: _fresh_multirow(timeout_s),)
+        jobs.append(Job(fresh_names, parts, finish=fresh_finish, weight=(1.0, 1.5)[:len(parts)],
+                        stop=lambda v: isinstance(v, dict) and v.get("decode") is not None
+                        and v["decode"]["result"] is not None))
     for name, theorem in DRIFT_BREAKS.items():
         job([name], lambda names, theorem=theorem: [theorem(timeout_s)])
 
