@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -107,14 +108,24 @@ def default_workers() -> int:
 def run_jobs(jobs: Sequence[Job], workers: int = 1, preload: Optional[Callable[[], None]] = None) -> JobRun:
     """Every job's results in job order; `workers` > 1 runs parts in forked processes (see the module docstring).
 
-    `preload` (parallel runs only) is called in this process once the first light parts are running, before any
-    other part is started: what it imports is then shared by the workers forked after it.
+    `preload` is what the parts that are not light will import (torch, for the replays). In parallel it is called
+    in this process once the first light parts are running, before any other part starts, so the workers forked
+    after it share it; in order, it runs in a background thread beside the parts (z3 releases the GIL while it
+    solves), and the parts' own imports wait for it where they meet.
     """
     start = time.perf_counter()
     jobs = list(jobs)
     parts = [(j, p) for j, job in enumerate(jobs) for p in range(len(job.parts))]
     if workers <= 1 or len(parts) <= 1 or not fork_available():
-        run = _run_sequential(jobs, start)
+        loader = None
+        if preload is not None and not all(job.light for job in jobs):
+            loader = threading.Thread(target=_quietly, args=(preload,), name="theorem-preload", daemon=True)
+            loader.start()
+        try:
+            run = _run_sequential(jobs, start)
+        finally:
+            if loader is not None:
+                loader.join()
     else:
         run = _run_parallel(jobs, min(workers, len(parts)), preload, start)
     run.elapsed_s = time.perf_counter() - start
@@ -132,7 +143,8 @@ def _needed(job: Job, values: list) -> list:
 
 
 def _collect(run: JobRun, job: Job, values: list, timing: list) -> None:
-    """Append a job's results, each known at its part's start plus the seconds of the results before it."""
+    """Append a job's results with when each was known: its part's end, less the seconds of the results after it
+    in the part (a part computes its theorems one after another; what it does first counts for the first)."""
     values = _needed(job, values)
     crashed = [v for v in values if isinstance(v, _Crashed)]
     if crashed:
@@ -144,11 +156,22 @@ def _collect(run: JobRun, job: Job, values: list, timing: list) -> None:
     used = timing[:len(values)]
     end = max((t1 for _, t1 in used), default=0.0)
     begin = min((t0 for t0, _ in used), default=0.0)
-    at = begin
-    for r in results:
-        at = min(end, at + float(r.seconds or 0.0)) if len(used) == 1 else end
+    later = 0.0
+    known = []
+    for r in reversed(results):
+        known.append(max(begin, end - later) if len(used) == 1 else end)
+        later += float(r.seconds or 0.0)
+    for r, at in zip(results, reversed(known)):
         run.results.append(r)
         run.finished_s.append(round(at, 3))
+
+
+def _quietly(fn: Callable[[], None]) -> None:
+    """Run a preload; a failure is left to the part that needs what it loads (its own import raises it)."""
+    try:
+        fn()
+    except BaseException:  # noqa: BLE001 - see the docstring
+        pass
 
 
 def _run_sequential(jobs: list, start: float) -> JobRun:

@@ -21,8 +21,8 @@ from .theorems_metadata import THEOREMS, _Budget, _is_known_guard, _matches
 __all__ = ["metadata_jobs"]
 
 #: Expected seconds of each job on one core (quiet machine), to start the long ones first in a parallel run.
-_WEIGHTS = {"1-freshness": 1.5, "2-drift-breaks-h_k": 0.5, "2-drift-breaks-seqlen_k": 0.5, "3-hazard": 1.0,
-            "4-guard-soundness": 1.5, "4-sharded-kv-decode": 1.0}
+_WEIGHTS = {"1a": 0.4, "1b": 1.9, "2-drift-breaks-h_k": 1.1, "2-drift-breaks-seqlen_k": 1.0, "0-batch-over-992": 0.1,
+            "3-hazard": 1.0, "4-guard-soundness": 1.5, "4-root-cause-alternative": 0.3, "4-sharded-kv-decode": 1.5}
 
 
 def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: float = 10.0,
@@ -91,7 +91,8 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
         parts = (fresh_decode_and_benign,)
         if "1-freshness" in fresh_names:
             parts += (lambda: _fresh_multirow(timeout_s),)
-        jobs.append(Job(fresh_names, parts, finish=fresh_finish, weight=(1.0, 1.5)[:len(parts)],
+        jobs.append(Job(fresh_names, parts, finish=fresh_finish,
+                        weight=(_WEIGHTS["1a"], _WEIGHTS["1b"])[:len(parts)],
                         stop=lambda v: isinstance(v, dict) and v.get("decode") is not None
                         and v["decode"]["result"] is not None))
     for name, theorem in DRIFT_BREAKS.items():
@@ -125,12 +126,12 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
         return out
 
     job(["3-hazard", "4-guard-soundness", "4-root-cause-alternative"], policy,
-        weight=sum(_WEIGHTS.get(n, 0.3) for n in ("3-hazard", "4-guard-soundness") if n in want) or 0.3)
+        weight=sum(_WEIGHTS[n] for n in ("3-hazard", "4-guard-soundness", "4-root-cause-alternative") if n in want))
     job(["4-sharded-kv-decode"], lambda names: [_policy_search(
         "4-sharded-kv-decode", [c for c in _configs(dropped) if c.sharded_kv], guard_fn, label, metadata_heads,
         dropped, _Budget(timeout_s), hp, hc, cases_dir, known in ("pre-fix", "none"),
         "CP decode over sharded KV (metadata from global lengths, call over local KV)")],
-        weight=_WEIGHTS["4-sharded-kv-decode"] if known in ("pre-fix", "none") else 0.1)
+        weight=_WEIGHTS["4-sharded-kv-decode"] if known in ("pre-fix", "none") else 0.05)
     job(["4-guard-robustness"], lambda names: [_robustness(guard_fn, _configs(dropped))])
     return jobs
 

@@ -50,7 +50,7 @@ def _write_case(cases_dir, theorem: str, cfg: D.Config, guard_label: str, metada
 
 #: Stage-1 family queries the trigger summary of a refutation may ask beyond those already answered in its job: a
 #: count, not a time, so the summary is the same on every machine, loaded or not, and in a worker process.
-TRIGGER_QUERIES = 16
+TRIGGER_QUERIES = 8
 
 
 def _trigger_summary(groups: list, budget: _Budget, metadata_heads: str, max_queries: int = TRIGGER_QUERIES) -> dict:
