@@ -47,7 +47,7 @@ __all__ = [
     "BV", "bv", "smin", "smax", "ceil_div_const", "ceil_div_sym", "f32_val", "sym_blocks_per_sm",
     "sym_blocks_per_sm_range", "sym_l2_split_count", "sym_dynamic_split", "sym_m_blocks", "sym_n_blocks", "run_table", "table_lookup", "sym_combine_capacity",
     "sym_split_block_range", "SideParams", "side_params", "Heuristic", "sym_split_count", "sym_pack",
-    "sym_prepare_splits", "evaluate_term", "solver",
+    "sym_prepare_splits", "evaluate_term", "solver", "var", "boolval", "clear_caches",
 ]
 
 #: Bit width of every integer term (FA3 computes in C++ int).
@@ -393,6 +393,12 @@ def side_params(inputs: ScheduleInputs, heuristic: Heuristic = get_num_splits) -
 @lru_cache(maxsize=65536)
 def _side_params_of(inputs: ScheduleInputs, heuristic: Heuristic) -> SideParams:
     return _side_params_cached(dataclasses.replace(inputs, seqlen_k=0), heuristic)
+
+
+def clear_caches() -> None:
+    """Forget every refmodel-derived table this module memoises (for a counterfactual that swaps a refmodel function)."""
+    for cached in (_side_params_of, _side_params_cached, _split_table, _runs, _capacity_table):
+        cached.cache_clear()
 
 
 def sym_split_count(side: SideParams, n_blocks_static, fixed=None):
