@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+from . import theorem_memo
 from .results import TheoremResult
 from .theorem_pool import Crashed as _Crashed
 from .z3ctx import isolated
@@ -56,6 +57,10 @@ class Job:
     stop: Optional[Callable[[Any], bool]] = None
     weight: Any = 0.1
     light: bool = False
+    #: what the parts compute, for spec.theorem_memo (None: never remembered); part p is remembered as key + (p,)
+    key: Optional[tuple] = None
+    #: where the parts write case files (a remembered value that wrote some is only given back for the same one)
+    cases_dir: Optional[str] = None
 
     def part_weight(self, p: int) -> float:
         return float(self.weight[p] if isinstance(self.weight, (tuple, list)) else self.weight)
@@ -115,21 +120,38 @@ def run_jobs(jobs: Sequence[Job], workers: int = 1, preload: Optional[Callable[[
     """
     start = time.perf_counter()
     jobs = list(jobs)
-    parts = [(j, p) for j, job in enumerate(jobs) for p in range(len(job.parts))]
+    before = theorem_memo.state() if theorem_memo.enabled() else None
+    fp = None if before is None else theorem_memo.fingerprint(before)
+    known: dict = {}
+    if fp is not None:
+        for j, job in enumerate(jobs):
+            for p in range(len(job.parts)):
+                hit, value = theorem_memo.lookup(_part_key(job, p), job.cases_dir, fp)
+                if hit:
+                    known[(j, p)] = value
+    parts = [(j, p) for j, job in enumerate(jobs) for p in range(len(job.parts)) if (j, p) not in known]
     if workers <= 1 or len(parts) <= 1 or not fork_available():
         loader = None
-        if preload is not None and not all(job.light for job in jobs):
+        if preload is not None and not all(jobs[j].light for j, _ in parts):
             loader = threading.Thread(target=_quietly, args=(preload,), name="theorem-preload", daemon=True)
             loader.start()
         try:
-            run = _run_sequential(jobs, start)
+            run, computed = _run_sequential(jobs, start, known)
         finally:
             if loader is not None:
                 loader.join()
     else:
-        run = _run_parallel(jobs, min(workers, len(parts)), preload, start)
+        run, computed = _run_parallel(jobs, min(workers, len(parts)), preload, start, known)
+    if before is not None:
+        remember = theorem_memo.after_run(before)
+        for (j, p), value in computed.items():
+            theorem_memo.store(_part_key(jobs[j], p), jobs[j].cases_dir, remember, value)
     run.elapsed_s = time.perf_counter() - start
     return run
+
+
+def _part_key(job: Job, p: int) -> Optional[tuple]:
+    return None if job.key is None else (*job.key, p)
 
 
 def _needed(job: Job, values: list) -> list:
@@ -174,28 +196,34 @@ def _quietly(fn: Callable[[], None]) -> None:
         pass
 
 
-def _run_sequential(jobs: list, start: float) -> JobRun:
+def _run_sequential(jobs: list, start: float, known: dict) -> tuple[JobRun, dict]:
     run = JobRun(workers=1)
-    for job in jobs:
+    computed: dict = {}
+    for j, job in enumerate(jobs):
         values, timing = [], []
-        for part in job.parts:
+        for p, part in enumerate(job.parts):
             t0 = time.perf_counter() - start
-            values.append(run_part(part))
+            if (j, p) in known:
+                values.append(known[(j, p)])
+            else:
+                values.append(run_part(part))
+                computed[(j, p)] = values[-1]
             timing.append((t0, time.perf_counter() - start))
             if job.stop is not None and job.stop(values[-1]):
                 break
         _collect(run, job, values, timing)
-    return run
+    return run, computed
 
 
-def _run_parallel(jobs: list, workers: int, preload, start: float) -> JobRun:
+def _run_parallel(jobs: list, workers: int, preload, start: float, known: dict) -> tuple[JobRun, dict]:
     from .theorem_pool import run_parallel
 
-    values, timing = run_parallel(jobs, workers, preload, start, run_part)
+    values, timing = run_parallel(jobs, workers, preload, start, run_part, known)
+    computed = {k: v for k, v in values.items() if k not in known and not isinstance(v, _Crashed)}
     run = JobRun(workers=workers)
     for j, job in enumerate(jobs):
         keys = [(j, p) for p in range(len(job.parts)) if (j, p) in values]
         # parts missing here come after one `stop` accepted, so `_needed` never reaches them
         keys = keys[:len(_needed(job, [values[k] for k in keys]))]
         _collect(run, job, [values[k] for k in keys], [timing[k] for k in keys])
-    return run
+    return run, computed

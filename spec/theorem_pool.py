@@ -84,17 +84,24 @@ def _worker_main(jobs: list, run_part: Callable, task_fd: int, result_fd: int) -
 
 
 def run_parallel(jobs: list, workers: int, preload: Optional[Callable[[], None]], start: float,
-                 run_part: Callable) -> tuple[dict, dict]:
+                 run_part: Callable, known: Optional[dict] = None) -> tuple[dict, dict]:
     """Run every needed part of `jobs` on up to `workers` forked workers: ({key: value}, {key: (t0, t1)}).
 
-    Keys are (job, part). A part that a `stop` made unnecessary has no value; a part whose worker died has a
-    Crashed value; an exception raised in a part is raised here after every worker is killed.
+    Keys are (job, part); `known` values (remembered ones) are not run. A part that a `stop` made unnecessary has
+    no value; a part whose worker died has a Crashed value; an exception raised in a part is raised here after
+    every worker is killed.
     """
-    order = sorted(((j, p) for j, job in enumerate(jobs) for p in range(len(job.parts))),
+    known = known or {}
+    values: dict = dict(known)
+    timing: dict = {k: (0.0, 0.0) for k in known}
+    stops = {}  # job -> the first known part its `stop` accepts: later parts are not needed
+    for (j, p), v in sorted(known.items()):
+        if jobs[j].stop is not None and j not in stops and jobs[j].stop(v):
+            stops[j] = p
+    order = sorted(((j, p) for j, job in enumerate(jobs) for p in range(len(job.parts))
+                    if (j, p) not in known and not (j in stops and p > stops[j])),
                    key=lambda k: -jobs[k[0]].part_weight(k[1]))  # longest first; job order breaks ties
     pending = list(order)
-    values: dict = {}
-    timing: dict = {}
     pool: dict = {}  # result fd -> worker
     sel = selectors.DefaultSelector()
     preloaded = preload is None or all(jobs[j].light for j, _ in pending)

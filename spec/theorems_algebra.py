@@ -155,5 +155,6 @@ def algebra_jobs(timeout_s: float = 10, only: Optional[Iterable[str]] = None, de
         if name == "combine_exact_merge":
             jobs.append(exact_merge_job(timeout_s, active, split_counts))
         else:
-            jobs.append(Job((name,), (lambda fn=runners[name]: [fn()],), weight=weights[name], light=True))
+            jobs.append(Job((name,), (lambda fn=runners[name]: [fn()],), weight=weights[name], light=True,
+                            key=(name, timeout_s, active, split_counts)))
     return jobs

@@ -173,7 +173,8 @@ def exact_merge_job(timeout_s: float, defects: frozenset, split_counts: Sequence
     parts = tuple((lambda n=n: _exact_merge_part(n, defects, timeout_s)) for n in counts)
     return Job(("combine_exact_merge",), parts,
                finish=lambda cases: [_exact_merge_result(cases, counts, defects, timeout_s)],
-               stop=lambda case: case["result"] != "unsat", weight=tuple(0.02 * n + 0.05 for n in counts), light=True)
+               stop=lambda case: case["result"] != "unsat", weight=tuple(0.02 * n + 0.05 for n in counts), light=True,
+               key=("combine_exact_merge", timeout_s, frozenset(defects), counts))
 
 
 def _theorem_exact_merge(timeout_s: float, defects: frozenset, split_counts: Sequence[int]) -> TheoremResult:

@@ -174,7 +174,9 @@ def cp_jobs(timeout_s: float = 10, clear_stale: bool = True, only: Optional[Iter
         "runner_freshness": lambda: _theorem_runner("freshness", timeout_s, clear_stale, max_k, cp_v2_may_inherit),
     }
     weights = {"zigzag_partition": 0.1, "zigzag_balance": 0.45, "runner_hygiene": 0.05, "runner_freshness": 0.07}
-    return [Job((name,), (lambda name=name: _with_case(runners[name](), cases_dir),), weight=weights[name], light=True)
+    return [Job((name,), (lambda name=name: _with_case(runners[name](), cases_dir),), weight=weights[name], light=True,
+                key=(name, timeout_s, clear_stale, max_k, cp_v2_may_inherit, active),
+                cases_dir=None if cases_dir is None else str(cases_dir))
             for name in _select(only)]
 
 

@@ -121,5 +121,6 @@ def edge_jobs(timeout_s: float = 10.0, only=None, int_bits: int = 32) -> list:
     from .theorem_jobs import Job
 
     names = select(only, THEOREMS, lambda t: t.split("-")[0])
-    return [Job((name,), (lambda: [_int32_split_heuristic(timeout_s, int_bits)],), weight=0.2, light=True)
+    return [Job((name,), (lambda: [_int32_split_heuristic(timeout_s, int_bits)],), weight=0.25, light=True,
+                key=(name, timeout_s, int_bits))
             for name in names]

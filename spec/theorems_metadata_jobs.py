@@ -53,17 +53,19 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
             domain.append(tuple(D.enumerate_configs(dropped)))
         return domain[0]
 
-    def job(names, part, weight=None):
+    def job(names, part, key, weight=None):
+        """A one-part job of the wanted `names`; `key` names what else the part depends on (spec.theorem_memo)."""
         names = tuple(n for n in names if n in want)
         if names:
-            jobs.append(Job(names, (lambda: part(names),), weight=weight or _WEIGHTS.get(names[0], 0.05)))
+            jobs.append(Job(names, (lambda: part(names),), weight=weight or _WEIGHTS.get(names[0], 0.05),
+                            key=(names, timeout_s, *key), cases_dir=None if cases_dir is None else str(cases_dir)))
 
     # theorem 0: the lemmas
     if kv_range is None:
-        job(["0-kv-cover"], lambda names: [kv_cover_lemma(timeout_s)])
+        job(["0-kv-cover"], lambda names: [kv_cover_lemma(timeout_s)], ())
     else:
-        job(["0-kv-cover"], lambda names: [kv_cover_lemma(timeout_s, kv_range[0], kv_range[1])])
-    job(["0-batch-over-992"], lambda names: [_prepare_split_lemma(timeout_s)])
+        job(["0-kv-cover"], lambda names: [kv_cover_lemma(timeout_s, kv_range[0], kv_range[1])], kv_range)
+    job(["0-batch-over-992"], lambda names: [_prepare_split_lemma(timeout_s)], ())
 
     # theorems 1a and 2a share the fresh decode groups (one cache); 1b (multi-row) is a part of its own
     fresh_names = tuple(n for n in ("1-freshness", "2-benign-drift") if n in want)
@@ -92,11 +94,11 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
         if "1-freshness" in fresh_names:
             parts += (lambda: _fresh_multirow(timeout_s),)
         jobs.append(Job(fresh_names, parts, finish=fresh_finish,
-                        weight=(_WEIGHTS["1a"], _WEIGHTS["1b"])[:len(parts)],
+                        weight=(_WEIGHTS["1a"], _WEIGHTS["1b"])[:len(parts)], key=(fresh_names, timeout_s, hp, hc),
                         stop=lambda v: isinstance(v, dict) and v.get("decode") is not None
                         and v["decode"]["result"] is not None))
     for name, theorem in DRIFT_BREAKS.items():
-        job([name], lambda names, theorem=theorem: [theorem(timeout_s)])
+        job([name], lambda names, theorem=theorem: [theorem(timeout_s)], ())
 
     # theorems 3 and 4 over the configuration domain
     def replicated() -> list:
@@ -125,14 +127,15 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
                                       "decode"))
         return out
 
-    job(["3-hazard", "4-guard-soundness", "4-root-cause-alternative"], policy,
+    policy_key = (guard_fn, label, metadata_heads, dropped, hp, hc)
+    job(["3-hazard", "4-guard-soundness", "4-root-cause-alternative"], policy, policy_key,
         weight=sum(_WEIGHTS[n] for n in ("3-hazard", "4-guard-soundness", "4-root-cause-alternative") if n in want))
     job(["4-sharded-kv-decode"], lambda names: [_policy_search(
         "4-sharded-kv-decode", [c for c in _configs(dropped) if c.sharded_kv], guard_fn, label, metadata_heads,
         dropped, _Budget(timeout_s), hp, hc, cases_dir, known in ("pre-fix", "none"),
-        "CP decode over sharded KV (metadata from global lengths, call over local KV)")],
+        "CP decode over sharded KV (metadata from global lengths, call over local KV)")], policy_key,
         weight=_WEIGHTS["4-sharded-kv-decode"] if known in ("pre-fix", "none") else 0.05)
-    job(["4-guard-robustness"], lambda names: [_robustness(guard_fn, _configs(dropped))])
+    job(["4-guard-robustness"], lambda names: [_robustness(guard_fn, _configs(dropped))], (guard_fn, dropped))
     return jobs
 
 
