@@ -7,8 +7,8 @@ Invariant: a remembered value is given back only when it is certainly what the p
 - nothing the parts run has been replaced since: every module attribute and class attribute of refmodel, spec and
   z3 is the object it was (:func:`fingerprint`), so a monkeypatched or counterfactual function, a seeded defect
   swapped in, or a patched solver is a miss;
-- a value that wrote case files is given back only to a run with the same cases directory, while the files are
-  there (a value without case files does not depend on it);
+- a value with anything but proved results is given back only to a run with the same cases directory, while its
+  case files are there (a refutation writes its case file there, or none without a directory);
 - the caller gets a deep copy (callers annotate results), and results keep the seconds of the run that computed
   them.
 
@@ -98,16 +98,15 @@ def after_run(before: dict) -> Optional[int]:
     return fingerprint(now)
 
 
-def _case_files(value: Any) -> list:
-    """The case files named by the TheoremResults in a part's value (lists, tuples and dicts are searched)."""
+def _results(value: Any) -> list:
+    """The TheoremResults in a part's value (lists, tuples and dicts are searched)."""
     from .results import TheoremResult
 
     found, stack = [], [value]
     while stack:
         v = stack.pop()
         if isinstance(v, TheoremResult):
-            if v.case_file:
-                found.append(v.case_file)
+            found.append(v)
         elif isinstance(v, dict):
             stack.extend(v.values())
         elif isinstance(v, (list, tuple)):
@@ -127,10 +126,14 @@ def lookup(key: Optional[tuple], cases_dir: Optional[str], fp: int) -> tuple[boo
         _STATS["misses"] += 1
         return False, None
     _, stored_dir, value = entry
-    files = _case_files(value)
-    if files and (stored_dir != cases_dir or not all(os.path.isfile(f) for f in files)):
-        _STATS["misses"] += 1
-        return False, None
+    results = _results(value)
+    # only proved results are the same whatever the cases directory (a refutation writes its case there, or
+    # has none without one): anything else is given back for the same directory, its case files still there
+    if any(r.verdict != "proved" or r.case_file for r in results):
+        files = [r.case_file for r in results if r.case_file]
+        if stored_dir != cases_dir or not all(os.path.isfile(f) for f in files):
+            _STATS["misses"] += 1
+            return False, None
     _STATS["hits"] += 1
     return True, copy.deepcopy(value)
 

@@ -22,10 +22,10 @@ def memo():
         theorem_memo._MEMO = saved
 
 
-def _counting_job(calls: list, key=("counting",), case_file=None, cases_dir=None):
+def _counting_job(calls: list, key=("counting",), case_file=None, cases_dir=None, verdict="proved"):
     def part():
         calls.append(1)
-        return [TheoremResult("t", "proved", 0.0, {"n": len(calls)}, case_file, "counted")]
+        return [TheoremResult("t", verdict, 0.0, {"n": len(calls)}, case_file, "counted")]
     return Job(("t",), (part,), key=key, cases_dir=cases_dir)
 
 
@@ -79,3 +79,13 @@ def test_a_value_with_case_files_is_only_given_back_for_its_directory(memo, tmp_
     case.unlink()
     run_jobs([_counting_job(calls, case_file=str(case), cases_dir=str(case.parent))])
     assert len(calls) == 3
+
+
+def test_a_refutation_without_a_case_file_is_not_given_back_for_another_directory(memo, tmp_path):
+    """Refuted without a cases directory: no case file; with one, the run must write it (so it runs)."""
+    calls = []
+    run_jobs([_counting_job(calls, verdict="refuted")])
+    run_jobs([_counting_job(calls, verdict="refuted", cases_dir=str(tmp_path))])
+    run_jobs([_counting_job(calls, verdict="proved", key=("other",))])
+    run_jobs([_counting_job(calls, verdict="proved", key=("other",), cases_dir=str(tmp_path))])
+    assert len(calls) == 3  # the proved one is the same whatever the directory
