@@ -13,33 +13,69 @@ from .summary import Check, Finding, RunSummary
 SHARDED_KV_THEOREM = "4-sharded-kv-decode"
 
 
-def theorem_results(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = None,
-                    only: Optional[Iterable[str]] = None, dropped_assumptions: Iterable[str] = ()) -> list:
-    """All TheoremResults of spec for this policy: metadata (1-4), combine algebra (5), CP (6-7), FA3's int edges (8)."""
-    from spec.theorems_algebra import run_algebra_theorems
-    from spec.theorems_cp import run_cp_theorems
-    from spec.theorems_edges import run_edge_theorems
-    from spec.theorems_metadata import run_metadata_theorems
+def theorem_jobs(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = None,
+                 only: Optional[Iterable[str]] = None, dropped_assumptions: Iterable[str] = ()) -> list:
+    """Every theorem of spec for this policy as jobs (spec.theorem_jobs), in catalogue order."""
+    from spec.theorems_algebra import algebra_jobs
+    from spec.theorems_cp import cp_jobs
+    from spec.theorems_edges import edge_jobs
+    from spec.theorems_metadata_jobs import metadata_jobs
 
     only = list(only) if only else None
-    results = []
-    results += run_metadata_theorems(guard=policy.guard, metadata_heads=policy.metadata_heads, timeout_s=timeout_s,
-                                     dropped_assumptions=frozenset(dropped_assumptions), cases_dir=cases_dir,
-                                     only=only, guard_spec=policy.guard_spec)
-    results += run_algebra_theorems(timeout_s=timeout_s, only=only, cases_dir=cases_dir)
-    results += run_cp_theorems(timeout_s=timeout_s, clear_stale=policy.clear_stale_cp_metadata, only=only,
-                               cases_dir=cases_dir)
-    results += run_edge_theorems(timeout_s=timeout_s, only=only)
-    return results
+    return (metadata_jobs(guard=policy.guard, metadata_heads=policy.metadata_heads, timeout_s=timeout_s,
+                          dropped_assumptions=frozenset(dropped_assumptions), cases_dir=cases_dir, only=only,
+                          guard_spec=policy.guard_spec)
+            + algebra_jobs(timeout_s=timeout_s, only=only)
+            + cp_jobs(timeout_s=timeout_s, clear_stale=policy.clear_stale_cp_metadata, only=only, cases_dir=cases_dir)
+            + edge_jobs(timeout_s=timeout_s, only=only))
+
+
+def _preload() -> None:
+    """What the metadata theorems' replays need (torch, through spec.invariants), loaded once before forking."""
+    import spec.invariants  # noqa: F401
+
+
+def run_theorems(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = None,
+                 only: Optional[Iterable[str]] = None, dropped_assumptions: Iterable[str] = (),
+                 jobs: Optional[int] = None):
+    """The theorems run on `jobs` worker processes (None: every CPU; 1: in this process): a spec JobRun."""
+    from spec.theorem_jobs import default_workers, run_jobs
+
+    workers = default_workers() if jobs is None else int(jobs)
+    return run_jobs(theorem_jobs(policy, timeout_s, cases_dir, only, dropped_assumptions), workers=workers,
+                    preload=_preload)
+
+
+def theorem_results(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = None,
+                    only: Optional[Iterable[str]] = None, dropped_assumptions: Iterable[str] = (),
+                    jobs: Optional[int] = None) -> list:
+    """All TheoremResults of spec for this policy: metadata (1-4), combine algebra (5), CP (6-7), FA3's int edges (8).
+
+    The same results, witness for witness, whatever `jobs` is (each theorem part runs in its own z3 context).
+    Each result carries `finished_s` (not a field: it is not reported), when it was known since this call.
+    """
+    start = time.perf_counter()
+    run = run_theorems(policy, timeout_s, cases_dir, only, dropped_assumptions, jobs)
+    before = time.perf_counter() - start - run.elapsed_s  # building the jobs, before the run's clock started
+    for r, at in zip(run.results, run.finished_s):
+        r.finished_s = round(before + at, 3)
+    return run.results
 
 
 def prove(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = None,
-          only: Optional[Iterable[str]] = None, dropped_assumptions: Iterable[str] = ()) -> RunSummary:
-    """Run the theorems and summarise: a refuted safety theorem fails, an unknown is inconclusive."""
+          only: Optional[Iterable[str]] = None, dropped_assumptions: Iterable[str] = (),
+          jobs: Optional[int] = None) -> RunSummary:
+    """Run the theorems and summarise: a refuted safety theorem fails, an unknown is inconclusive.
+
+    `jobs` worker processes prove independent theorems side by side (None: every CPU this process may use; 1:
+    one after another in this process); the results and their order do not depend on it. `first_failure_s` is
+    when the first failing theorem's verdict was known, counted from the start of the run.
+    """
     start = time.perf_counter()
     summary = RunSummary(command="prove", policy=policy.to_dict())
-    solver_time = 0.0  # theorems run in order: the first failure is known after the solver time before it
-    for r in theorem_results(policy, timeout_s, cases_dir, only, dropped_assumptions):
+    solver_time = 0.0  # without `finished_s` (a stand-in theorem_results): in order, after the time before it
+    extra = {} if jobs is None else {"jobs": jobs}
+    for r in theorem_results(policy, timeout_s, cases_dir, only, dropped_assumptions, **extra):
         solver_time += r.seconds
         failed = bool(r.failed or (not r.expected and not r.inconclusive))
         if r.name == SHARDED_KV_THEOREM and not policy.cp_decode_sharded_kv and failed:
@@ -54,8 +90,9 @@ def prove(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = No
             summary.findings.append(Finding(invariant=str(invariant), case_file=r.case_file, engine="prove",
                                             message=r.summary(),
                                             replay=f"fa3verify replay {r.case_file}" if r.case_file else None))
-            if summary.first_failure_s is None:
-                summary.first_failure_s = solver_time
+            at = getattr(r, "finished_s", solver_time)
+            if summary.first_failure_s is None or at < summary.first_failure_s:
+                summary.first_failure_s = at
     summary.elapsed_s = time.perf_counter() - start
     return summary
 

@@ -33,6 +33,7 @@ import z3
 # SIGINT must reach Python (the run stops, exit 3) instead of turning the current query into "unknown"
 z3.set_param("ctrl_c", False)
 
+from .z3ctx import ctx as _ctx
 from refmodel.fa3_scheduler import (
     CALL_MAX_SPLITS,
     HEURISTIC_MAX_SPLITS,
@@ -46,23 +47,50 @@ __all__ = [
     "BV", "bv", "smin", "smax", "ceil_div_const", "ceil_div_sym", "f32_val", "sym_blocks_per_sm",
     "sym_blocks_per_sm_range", "sym_l2_split_count", "sym_dynamic_split", "sym_m_blocks", "sym_n_blocks", "run_table", "table_lookup", "sym_combine_capacity",
     "sym_split_block_range", "SideParams", "side_params", "Heuristic", "sym_split_count", "sym_pack",
-    "sym_prepare_splits", "evaluate_term", "solver",
+    "sym_prepare_splits", "evaluate_term", "solver", "var", "boolval", "clear_caches",
 ]
 
 #: Bit width of every integer term (FA3 computes in C++ int).
 BV = 32
-RNE = z3.RNE()
-RTP = z3.RTP()
-RTZ = z3.RTZ()
-F32 = z3.Float32()
 
 #: A split-count function over one side's inputs, `get_num_splits`-shaped (tests inject defective ones).
 Heuristic = Callable[[ScheduleInputs], int]
 
 
 def bv(x: int) -> z3.BitVecRef:
-    """A 32-bit bit-vector constant."""
-    return z3.BitVecVal(int(x), BV)
+    """A 32-bit bit-vector constant in the current theorem's z3 context (spec.z3ctx), built once per context."""
+    c = _ctx()
+    try:
+        cache = c.fa3_bv_constants
+    except AttributeError:
+        cache = c.fa3_bv_constants = {}
+    v = int(x)
+    term = cache.get(v)
+    if term is None:
+        term = cache[v] = z3.BitVecVal(v, BV, c)
+    return term
+
+
+def var(name: str, width: int = BV) -> z3.BitVecRef:
+    """A bit-vector variable (default 32 bits) in the current theorem's z3 context."""
+    return z3.BitVec(name, width, _ctx())
+
+
+def boolval(b: bool) -> z3.BoolRef:
+    """The Boolean constant `b` in the current theorem's z3 context."""
+    return z3.BoolVal(bool(b), _ctx())
+
+
+def _ctx_of(*terms) -> z3.Context:
+    """The context of the first z3 term among `terms`, else the current theorem's."""
+    for t in terms:
+        if isinstance(t, z3.AstRef):
+            return t.ctx
+    return _ctx()
+
+
+def _f32(c=None):
+    return z3.Float32(c or _ctx())
 
 
 def _t(x):
@@ -97,20 +125,23 @@ def ceil_div_sym(x, y, if_zero=1):
 def f32_val(x) -> z3.FPRef:
     """The float32 constant `np.float32(x)` as a z3 FP term, bit for bit (no second rounding)."""
     bits = int(np.float32(x).view(np.uint32))
-    return z3.fpBVToFP(z3.BitVecVal(bits, 32), F32)
+    c = _ctx()
+    return z3.fpBVToFP(z3.BitVecVal(bits, 32, c), _f32(c), ctx=c)
 
 
 def _to_f32(x):
     if isinstance(x, (int, np.integer)):
         return f32_val(np.float32(int(x)))
-    return z3.fpSignedToFP(RNE, x, F32)
+    return z3.fpSignedToFP(z3.RNE(x.ctx), x, _f32(x.ctx), ctx=x.ctx)
 
 
 def sym_blocks_per_sm(total, num_heads, num_sm):
     """`ceilf(float(total) * 1.1f * float(heads) / float(num_sm))` in float32 (refmodel prepare.py `blocks_per_sm`)."""
-    value = z3.fpDiv(RNE, z3.fpMul(RNE, z3.fpMul(RNE, _to_f32(total), f32_val(1.1)), _to_f32(num_heads)),
-                     _to_f32(num_sm))
-    return z3.fpToSBV(RTZ, z3.fpRoundToIntegral(RTP, value), z3.BitVecSort(BV))
+    c = _ctx_of(total, num_heads, num_sm)
+    rne = z3.RNE(c)
+    value = z3.fpDiv(rne, z3.fpMul(rne, z3.fpMul(rne, _to_f32(total), f32_val(1.1), c), _to_f32(num_heads), c),
+                     _to_f32(num_sm), c)
+    return z3.fpToSBV(z3.RTZ(c), z3.fpRoundToIntegral(z3.RTP(c), value, c), z3.BitVecSort(BV, c), c)
 
 
 def sym_blocks_per_sm_range(total, num_heads, num_sm, ulps: int = 2):
@@ -119,14 +150,17 @@ def sym_blocks_per_sm_range(total, num_heads, num_sm, ulps: int = 2):
     FA3's fast-math division may land anywhere in that band; lo == hi says the margin cannot matter. The quotient
     is >= 0 here, so a step is +-1 on its IEEE bits; a zero quotient is exact.
     """
-    q = z3.fpDiv(RNE, z3.fpMul(RNE, z3.fpMul(RNE, _to_f32(total), f32_val(1.1)), _to_f32(num_heads)), _to_f32(num_sm))
-    bits = z3.fpToIEEEBV(q)
-    zero = z3.fpIsZero(q)
-    down = z3.If(zero, q, z3.fpBVToFP(bits - bv(ulps), F32))
-    up = z3.If(zero, q, z3.fpBVToFP(bits + bv(ulps), F32))
+    c = _ctx_of(total, num_heads, num_sm)
+    rne = z3.RNE(c)
+    q = z3.fpDiv(rne, z3.fpMul(rne, z3.fpMul(rne, _to_f32(total), f32_val(1.1), c), _to_f32(num_heads), c),
+                 _to_f32(num_sm), c)
+    bits = z3.fpToIEEEBV(q, c)
+    zero = z3.fpIsZero(q, c)
+    down = z3.If(zero, q, z3.fpBVToFP(bits - z3.BitVecVal(ulps, BV, c), _f32(c), c))
+    up = z3.If(zero, q, z3.fpBVToFP(bits + z3.BitVecVal(ulps, BV, c), _f32(c), c))
 
     def ceil_int(x):
-        return z3.fpToSBV(RTZ, z3.fpRoundToIntegral(RTP, x), z3.BitVecSort(BV))
+        return z3.fpToSBV(z3.RTZ(c), z3.fpRoundToIntegral(z3.RTP(c), x, c), z3.BitVecSort(BV, c), c)
 
     return ceil_int(down), ceil_int(up)
 
@@ -141,8 +175,10 @@ def sym_l2_split_count(seqlen_k, bytes_per_token: int, max_splits: int = HEURIST
     """
     from refmodel.fa3_scheduler import L2_SPLIT_BYTES
 
+    context = _ctx_of(seqlen_k)
+
     def c(x):
-        return z3.BitVecVal(int(x), width)
+        return z3.BitVecVal(int(x), width, context)
 
     size = (z3.ZeroExt(width - BV, seqlen_k) if z3.is_bv(seqlen_k) and seqlen_k.size() < width else seqlen_k) \
         * c(bytes_per_token)
@@ -181,16 +217,35 @@ def run_table(values: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def table_lookup(x, values: Sequence[int], tail: Optional[int] = None):
-    """values[x] for 0 <= x < len(values), `tail` (default values[-1]) beyond, as an If-chain over runs."""
+    """values[x] for 0 <= x < len(values), `tail` (default values[-1]) beyond, as an If-chain over runs.
+
+    The chain is built once per (term, table) in a z3 context and reused (the same term every time: z3 shares
+    equal terms, so reuse changes nothing but the cost of building it, most of stage 1's Python time).
+    """
     tail = values[-1] if tail is None else tail
-    runs = run_table(values)
+    x = _t(x)
+    try:
+        memo = x.ctx.fa3_table_lookups
+    except AttributeError:
+        memo = x.ctx.fa3_table_lookups = {}
+    key = (x.get_id(), tuple(values), tail)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit[1]  # hit[0] is x itself: the memo keeps it alive, so its id names no other term
+    runs = _runs(tuple(values))
     expr = bv(tail)
     if runs and runs[-1][1] == tail:
         runs = runs[:-1]
         # the last run merges with the tail: everything beyond the previous run's end is `tail`
     for last, value in reversed(runs):
-        expr = z3.If(z3.ULE(_t(x), bv(last)), bv(value), expr)
+        expr = z3.If(z3.ULE(x, bv(last)), bv(value), expr)
+    memo[key] = (x, expr)
     return expr
+
+
+@lru_cache(maxsize=4096)
+def _runs(values: tuple) -> tuple:
+    return tuple(run_table(values))
 
 
 @lru_cache(maxsize=None)
@@ -210,9 +265,10 @@ def sym_split_block_range(n_min, n_max, num_splits, split_idx):
     division, equal to C's for the non-negative operands FA3 has here).
     """
     terms = (n_min, n_max, num_splits, split_idx)
+    context = _ctx_of(*terms)
     if any(z3.is_int(x) for x in terms if isinstance(x, z3.ExprRef)):
         def c(x):
-            return z3.IntVal(int(x)) if isinstance(x, (int, np.integer)) else x
+            return z3.IntVal(int(x), context) if isinstance(x, (int, np.integer)) else x
 
         def div(a, b):
             return a / b
@@ -220,7 +276,7 @@ def sym_split_block_range(n_min, n_max, num_splits, split_idx):
         width = next((x.size() for x in terms if z3.is_bv(x)), BV)
 
         def c(x):
-            return z3.BitVecVal(int(x), width) if isinstance(x, (int, np.integer)) else x
+            return z3.BitVecVal(int(x), width, context) if isinstance(x, (int, np.integer)) else x
 
         div = z3.UDiv
     n_min, n_max, s_, idx = c(n_min), c(n_max), c(num_splits), c(split_idx)
@@ -331,7 +387,18 @@ def side_params(inputs: ScheduleInputs, heuristic: Heuristic = get_num_splits) -
     `inputs.seqlen_k` is ignored (it is the symbolic part); `heuristic` defaults to refmodel `get_num_splits`
     (flash_api.cpp) and is only replaced by tests seeding a defect.
     """
+    return _side_params_of(inputs, heuristic)
+
+
+@lru_cache(maxsize=65536)
+def _side_params_of(inputs: ScheduleInputs, heuristic: Heuristic) -> SideParams:
     return _side_params_cached(dataclasses.replace(inputs, seqlen_k=0), heuristic)
+
+
+def clear_caches() -> None:
+    """Forget every refmodel-derived table this module memoises (for a counterfactual that swaps a refmodel function)."""
+    for cached in (_side_params_of, _side_params_cached, _split_table, _runs, _capacity_table):
+        cached.cache_clear()
 
 
 def sym_split_count(side: SideParams, n_blocks_static, fixed=None):
@@ -348,8 +415,8 @@ def sym_pack(side: SideParams, split_count, kernel: bool = False):
     """PackGQA for split count S: the S > 1 decision or the S == 1 one (flash_api.cpp `get_pack_gqa`, `run_mha_fwd`)."""
     a, b = (side.kernel_pack_split, side.kernel_pack_s1) if kernel else (side.pack_split, side.pack_s1)
     if a == b:
-        return z3.BoolVal(a)
-    return z3.If(_t(split_count) > bv(1), z3.BoolVal(a), z3.BoolVal(b))
+        return boolval(a)
+    return z3.If(_t(split_count) > bv(1), boolval(a), boolval(b))
 
 
 def sym_prepare_splits(side: SideParams, split_count, seqused_k: Sequence, seqlens_q: Sequence, active: Sequence,
@@ -368,7 +435,7 @@ def sym_prepare_splits(side: SideParams, split_count, seqused_k: Sequence, seqle
     for mi, ni in zip(m, n):
         total = total + (ni if _is_one(mi) else mi * ni)
     bps = sym_blocks_per_sm(total, prep_heads, side.num_sm)
-    one_split = z3.Or(_t(split_count) == bv(1), z3.BoolVal(bool(multi_cta)) if isinstance(multi_cta, bool) else multi_cta)
+    one_split = z3.Or(_t(split_count) == bv(1), boolval(multi_cta) if isinstance(multi_cta, bool) else multi_cta)
     splits = [z3.If(one_split, bv(1), sym_dynamic_split(ni, bps, split_count)) for ni in n]
     return splits, m, bps
 
@@ -379,7 +446,8 @@ def _is_one(term) -> bool:
 
 def evaluate_term(term, assignment: dict):
     """Evaluate a z3 term with concrete values substituted (`assignment` maps z3 constants to ints/bools)."""
-    subs = [(k, bv(v) if z3.is_bv(k) else z3.BoolVal(bool(v))) for k, v in assignment.items()]
+    subs = [(k, z3.BitVecVal(int(v), k.size(), k.ctx) if z3.is_bv(k) else z3.BoolVal(bool(v), k.ctx))
+            for k, v in assignment.items()]
     out = z3.simplify(z3.substitute(term, *subs) if subs else term)
     if z3.is_bv_value(out):
         v = out.as_long()
@@ -391,7 +459,7 @@ def evaluate_term(term, assignment: dict):
 
 def solver(timeout_s: float, seed: int = 0) -> z3.Solver:
     """A z3 solver with a fixed seed and a per-query timeout (deterministic, bounded)."""
-    s = z3.Solver()
+    s = z3.Solver(ctx=_ctx())
     s.set("ctrl_c", False)  # SIGINT reaches Python (the run stops, exit 3), never an "unknown" read as an answer
     s.set("timeout", max(1, int(timeout_s * 1000)))
     s.set("random_seed", seed)

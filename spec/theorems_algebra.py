@@ -72,11 +72,11 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from spec.results import TheoremResult
 from spec.theorems import own_defects, select
-from spec.z3ctx import isolated as _isolated
+from spec.theorem_jobs import Job, run_jobs
 
 from .theorems_algebra_assoc import _merge_theorem, replay_merges
 from .theorems_algebra_combine import FloatArith, combine_float, combine_rows, exact_merge_float
-from .theorems_algebra_merge import _theorem_all_empty, _theorem_exact_merge
+from .theorems_algebra_merge import _theorem_all_empty, exact_merge_job
 from .theorems_algebra_z3 import Z3Arith, replay_row
 
 
@@ -93,6 +93,7 @@ __all__ = [
     "replay_row",
     "replay_merges",
     "run_algebra_theorems",
+    "algebra_jobs",
 ]
 
 #: Seeded defects of the combine, for negative controls: name -> description.
@@ -133,14 +134,27 @@ def run_algebra_theorems(timeout_s: float = 10, only: Optional[Iterable[str]] = 
     only under a seeded combine defect, which a server scenario cannot replay (the witness carries its own
     float replay instead).
     """
+    return run_jobs(algebra_jobs(timeout_s, only, defects, split_counts)).results
+
+
+def algebra_jobs(timeout_s: float = 10, only: Optional[Iterable[str]] = None, defects: Iterable[str] = frozenset(),
+                 split_counts: Sequence[int] = DEFAULT_SPLIT_COUNTS) -> list[Job]:
+    """The jobs of :func:`run_algebra_theorems` (spec.theorem_jobs): the exact merge one part per split count."""
     active = _check_defects(defects)
     split_counts = tuple(split_counts)
     if not split_counts or any(not isinstance(n, int) or n < 1 for n in split_counts):
         raise ValueError(f"split_counts: must be a non-empty sequence of ints >= 1, got {split_counts!r}")
     runners: dict[str, Callable[[], TheoremResult]] = {
-        "combine_exact_merge": lambda: _theorem_exact_merge(timeout_s, active, split_counts),
         "combine_all_empty": lambda: _theorem_all_empty(timeout_s, active, split_counts),
         "merge_commutative": lambda: _merge_theorem("merge_commutative", timeout_s, active),
         "merge_associative": lambda: _merge_theorem("merge_associative", timeout_s, active),
     }
-    return [_isolated(runners[name]) for name in _select(only)]
+    weights = {"combine_all_empty": 0.35, "merge_commutative": 0.1, "merge_associative": 0.25}
+    jobs = []
+    for name in _select(only):
+        if name == "combine_exact_merge":
+            jobs.append(exact_merge_job(timeout_s, active, split_counts))
+        else:
+            jobs.append(Job((name,), (lambda fn=runners[name]: [fn()],), weight=weights[name], light=True,
+                            key=(name, timeout_s, active, split_counts)))
+    return jobs

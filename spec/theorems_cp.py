@@ -58,7 +58,7 @@ from typing import Callable, Iterable, Optional
 
 from spec.results import TheoremResult
 from spec.theorems import own_defects, select
-from spec.z3ctx import isolated as _isolated
+from spec.theorem_jobs import Job, run_jobs
 
 from .theorems_cp_common import _CARRIED, _FRESH, ARRIVALS, CP_SIZES, KINDS, THEOREM_NUMBERS, THEOREMS
 from .theorems_cp_runner import _theorem_runner, runner_step, runner_step_z3, simulate_runner
@@ -78,6 +78,7 @@ __all__ = [
     "runner_step_z3",
     "simulate_runner",
     "run_cp_theorems",
+    "cp_jobs",
 ]
 
 #: Seeded defects for negative controls: name -> description.
@@ -156,6 +157,13 @@ def run_cp_theorems(timeout_s: float = 10, clear_stale: bool = True, only: Optio
     for a new extend -- the assumption ``gpu_impl.runner`` makes too); with ``cases_dir``, a refuted runner
     theorem whose witness a replay reproduces is written there as a case file (``case_file``).
     """
+    return run_jobs(cp_jobs(timeout_s, clear_stale, only, defects, max_k, cp_v2_may_inherit, cases_dir)).results
+
+
+def cp_jobs(timeout_s: float = 10, clear_stale: bool = True, only: Optional[Iterable[str]] = None,
+            defects: Iterable[str] = frozenset(), max_k: int = 6, cp_v2_may_inherit: bool = False,
+            cases_dir: Optional[str] = None) -> list[Job]:
+    """The jobs of :func:`run_cp_theorems` (same arguments; spec.theorem_jobs): one per theorem."""
     active = _check_defects(defects)
     if not 1 <= max_k <= 12:
         raise ValueError(f"max_k: must lie in [1, 12], got {max_k}")
@@ -165,8 +173,15 @@ def run_cp_theorems(timeout_s: float = 10, clear_stale: bool = True, only: Optio
         "runner_hygiene": lambda: _theorem_runner("hygiene", timeout_s, clear_stale, max_k, cp_v2_may_inherit),
         "runner_freshness": lambda: _theorem_runner("freshness", timeout_s, clear_stale, max_k, cp_v2_may_inherit),
     }
-    results = [_isolated(runners[name]) for name in _select(only)]
-    for r in results:
-        if r.name.startswith("runner_") and r.verdict == "refuted":
-            r.case_file = _write_runner_case(r, cases_dir)
-    return results
+    weights = {"zigzag_partition": 0.1, "zigzag_balance": 0.45, "runner_hygiene": 0.05, "runner_freshness": 0.07}
+    return [Job((name,), (lambda name=name: _with_case(runners[name](), cases_dir),), weight=weights[name], light=True,
+                key=(name, timeout_s, clear_stale, max_k, cp_v2_may_inherit, active),
+                cases_dir=None if cases_dir is None else str(cases_dir))
+            for name in _select(only)]
+
+
+def _with_case(r: TheoremResult, cases_dir: Optional[str]) -> list:
+    """[r], a refuted runner theorem's replayable witness written into `cases_dir` first."""
+    if r.name.startswith("runner_") and r.verdict == "refuted":
+        r.case_file = _write_runner_case(r, cases_dir)
+    return [r]

@@ -22,10 +22,11 @@ from refmodel.fa3_scheduler import L2_SPLIT_BYTES, call_inputs, get_num_splits, 
 
 from .results import TheoremResult
 from .z3ctx import checked
-from .symbolic import BV, bv, solver, sym_l2_split_count
+from .symbolic import bv, solver, sym_l2_split_count, var
+from .z3ctx import BitVecVal
 from .theorems import select
 
-__all__ = ["THEOREMS", "EDGE_HEAD_DIMS", "run_edge_theorems", "int32_split_band", "replay_rows"]
+__all__ = ["THEOREMS", "EDGE_HEAD_DIMS", "run_edge_theorems", "edge_jobs", "int32_split_band", "replay_rows"]
 
 THEOREMS = ("8-int32-split-heuristic",)
 
@@ -69,10 +70,10 @@ def _int32_split_heuristic(timeout_s: float, int_bits: int, num_sm: int = 132) -
     for d, dv, elem in EDGE_HEAD_DIMS:
         bpt = (d + dv) * elem
         s = solver(timeout_s)
-        length = z3.BitVec("seqlen_k", BV)
+        length = var("seqlen_k")
         s.add(length >= 1, length <= bv(2**31 - 1))
         taken, count = sym_l2_split_count(length, bpt, width=int_bits)
-        s.add(taken, count < z3.BitVecVal(1, int_bits))
+        s.add(taken, count < BitVecVal(1, int_bits))
         r = checked(s)
         if r == z3.unknown:
             unknown.append(f"d={d} dv={dv} elem={elem}: {s.reason_unknown()}")
@@ -110,5 +111,16 @@ def _int32_split_heuristic(timeout_s: float, int_bits: int, num_sm: int = 132) -
 
 def run_edge_theorems(timeout_s: float = 10.0, only=None, int_bits: int = 32) -> list[TheoremResult]:
     """Theorem 8's results (selected like every theorem group; `int_bits` 64 is the counterfactual FA3)."""
+    from .theorem_jobs import run_jobs
+
+    return run_jobs(edge_jobs(timeout_s, only, int_bits)).results
+
+
+def edge_jobs(timeout_s: float = 10.0, only=None, int_bits: int = 32) -> list:
+    """The jobs of :func:`run_edge_theorems` (spec.theorem_jobs): one per theorem."""
+    from .theorem_jobs import Job
+
     names = select(only, THEOREMS, lambda t: t.split("-")[0])
-    return [_int32_split_heuristic(timeout_s, int_bits) for _ in names]
+    return [Job((name,), (lambda: [_int32_split_heuristic(timeout_s, int_bits)],), weight=0.25, light=True,
+                key=(name, timeout_s, int_bits))
+            for name in names]

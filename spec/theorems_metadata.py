@@ -23,7 +23,9 @@ together); KV_COVER is the separate lemma "kv-cover". Every witness is replayed 
 This module holds the shared decode encoding (groups, stages 1 and 2, the witness search, the concrete replay)
 and the entry point :func:`run_metadata_theorems`; each theorem family is its own module: lemmas (theorem 0,
 ``theorems_metadata_lemmas``), freshness (1, ``theorems_metadata_freshness``), drift (2,
-``theorems_metadata_drift``) and the policy theorems (3, 4, ``theorems_metadata_policy``).
+``theorems_metadata_drift``) and the policy theorems (3, 4, ``theorems_metadata_policy``). The entry point runs them
+as jobs (``theorems_metadata_jobs``, ``spec.theorem_jobs``): theorems that share queries run together with one cache,
+every job in its own z3 context, so a theorem's witness does not depend on what else the process ran.
 """
 
 from __future__ import annotations
@@ -40,13 +42,13 @@ from refmodel.fa3_scheduler import call_inputs, precompute_inputs  # noqa: F401 
 from refmodel.prepare import prepare_scheduler
 
 from . import domain as D
-from .invariants import evaluate
 from .results import TheoremResult
 from .z3ctx import checked
 from .symbolic import (
     BV,
     Heuristic,
     SideParams,
+    boolval,  # noqa: F401 - the theorem-family modules build their constants through these helpers
     bv,
     ceil_div_const,
     side_params,
@@ -57,6 +59,7 @@ from .symbolic import (
     sym_m_blocks,
     sym_pack,
     sym_split_count,
+    var,
 )
 
 __all__ = ["run_metadata_theorems", "THEOREMS", "B_MAX", "LEN_MAX", "Q_MAX", "FRESHNESS_HEAD_DIMS",
@@ -138,7 +141,7 @@ def _ceil_small(n, d):
 
 def _ceil_var(s: z3.Solver, name: str, x, c: int):
     """A fresh n with (n-1)*c < x <= n*c, i.e. n = ceil(x / c) for 1 <= x (multiplication by a constant only)."""
-    n = z3.BitVec(name, BV)
+    n = var(name)
     s.add(n >= 0, n <= bv(KC_MAX), (n - 1) * bv(c) < x, x <= n * bv(c))
     return n
 
@@ -225,7 +228,7 @@ class _DecodeVars:
 
 def _call_static(s: z3.Solver, g: Group, lmax_call, eager: bool, fresh: bool, lmax_p):
     """The call's static seqlen_k: eager page-table width ceil(max/page)*page, or any width >= max (CUDA graph)."""
-    kc = z3.BitVec("kc", BV)
+    kc = var("kc")
     if fresh:
         s.add(kc >= lmax_p, kc <= bv(KC_MAX))
         return kc
@@ -240,14 +243,14 @@ def _p_static(s: z3.Solver, g: Group, lmax):
     """The precompute's max_seqlen_k: sglang passes max(seq_lens); FA3-level drift lets it be any value >= it."""
     if not g.p_static_free:
         return lmax
-    x = z3.BitVec("p_static", BV)
+    x = var("p_static")
     s.add(x >= lmax, x <= bv(KC_MAX))
     return x
 
 
 def _local_len(s: z3.Solver, name: str, L, cp: int):
     """A rank-local length of a sequence sharded over cp ranks: floor(L/cp) or ceil(L/cp) (balanced sharding)."""
-    x = z3.BitVec(name, BV)
+    x = var(name)
     s.add(z3.UGE(x, z3.UDiv(L, bv(cp))), z3.ULE(x, ceil_div_const(L, cp)))
     return x
 
@@ -261,14 +264,14 @@ def _stage1(family, budget: _Budget, fresh: bool = False) -> tuple[str, Optional
     groups = family if isinstance(family, list) else [family]
     g = groups[0]
     s = solver(budget.timeout_s, SEED)
-    lmax = z3.BitVec("Lmax", BV)
+    lmax = var("Lmax")
     s.add(lmax >= 1, lmax <= bv(LEN_MAX))
     lcall = _local_len(s, "Lmax_local", lmax, g.sharded_cp) if g.sharded_cp else lmax
     kc = _call_static(s, g, lcall, eager=False, fresh=fresh, lmax_p=lmax)
     p_static = kc if fresh else _p_static(s, g, lmax)
-    k = z3.BitVec("k", BV)
+    k = var("k")
     s.add(k >= 1, k <= 256)
-    idx = z3.BitVec("family_index", BV)
+    idx = var("family_index")
     s.add(z3.ULT(idx, bv(len(groups))))
     n_p, n_c = ceil_div_const(p_static, g.P.block_n), ceil_div_const(kc, g.C.block_n)
 
@@ -319,7 +322,7 @@ def _stage2(g: Group, budget: _Budget, b: int, eager: bool, fresh: bool = False,
             len_max: int = LEN_MAX) -> tuple[str, Optional[dict]]:
     """Full prepare step for exactly b sequences of at most len_max tokens: more splits than S_c (S_c > 1)?"""
     s = solver(budget.timeout_s, SEED)
-    L = [z3.BitVec(f"L{i}", BV) for i in range(b)]
+    L = [var(f"L{i}") for i in range(b)]
     for x in L:
         s.add(x >= 1, x <= bv(len_max))
     n = [_ceil_var(s, f"n{i}", L[i], g.P.block_n) for i in range(b)]
@@ -327,7 +330,7 @@ def _stage2(g: Group, budget: _Budget, b: int, eager: bool, fresh: bool = False,
     local = [_local_len(s, f"local{i}", L[i], g.sharded_cp) for i in range(b)] if g.sharded_cp else list(L)
     kc = _call_static(s, g, _max(local), eager=eager, fresh=fresh, lmax_p=lmax)
     p_static = kc if fresh else _p_static(s, g, lmax)
-    k = z3.BitVec("k", BV)
+    k = var("k")
     s.add(k >= 1, k <= 256)
     Sp = sym_split_count(g.P, ceil_div_const(p_static, g.P.block_n), fixed=k if g.fixed else None)
     Sc = sym_split_count(g.C, ceil_div_const(kc, g.C.block_n), fixed=k if g.fixed else None)
@@ -340,7 +343,7 @@ def _stage2(g: Group, budget: _Budget, b: int, eager: bool, fresh: bool = False,
         total = total * z3.If(pack, bv(m1[0]), bv(m1[1]))
     heads = z3.If(pack, bv(g.P.num_heads_k), bv(g.P.num_heads))
     # fast math (refmodel fastmath): blocks_per_sm is any value the <= 2-ulp division allows, IEEE's included
-    bps = z3.BitVec("blocks_per_sm", BV)
+    bps = var("blocks_per_sm")
     bps_lo, bps_hi = sym_blocks_per_sm_range(total, heads, g.P.num_sm)
     s.add(bps >= bps_lo, bps <= bps_hi)
     splits = [z3.If(Sp == 1, bv(1), smax(smin(_ceil_small(x, bps), Sp), 1)) for x in n]
@@ -401,11 +404,11 @@ def _find_witness_uncached(g: Group, budget: _Budget, fresh: bool) -> tuple[str,
 
 def _stage1_query_cover_only(g: Group, budget: _Budget, fresh: bool) -> tuple[str, Optional[dict]]:
     s = solver(budget.timeout_s, SEED)
-    lmax = z3.BitVec("Lmax", BV)
+    lmax = var("Lmax")
     s.add(lmax >= 1, lmax <= bv(LEN_MAX))
     lcall = _local_len(s, "Lmax_local", lmax, g.sharded_cp) if g.sharded_cp else lmax
     kc = _call_static(s, g, lcall, eager=not fresh, fresh=fresh, lmax_p=lmax)
-    k = z3.BitVec("k", BV)
+    k = var("k")
     s.add(k >= 1, k <= 256)
     p_static = kc if fresh else _p_static(s, g, lmax)
     Sp = sym_split_count(g.P, ceil_div_const(p_static, g.P.block_n), fixed=k if g.fixed else None)
@@ -439,8 +442,15 @@ def _concrete_decode(cfg: D.Config, metadata_heads: str, w: dict, heuristic_p: H
     P = resolve_schedule(pin)
     R = prepare_scheduler(P, w["seq_lens"], seqlens_q=[1] * b)
     C = resolve_schedule(cfg.call_inputs(batch_size=b, seqlen_k=w["call_seqlen_k"]))
-    ev = evaluate(P, R, C, {"seqused_k": w["call_seq_lens"], "seqlens_q": [1] * b})
+    ev = _evaluate(P, R, C, {"seqused_k": w["call_seq_lens"], "seqlens_q": [1] * b})
     return ev, cfg, P, R, C
+
+
+def _evaluate(*args, **kwargs):
+    """spec.invariants.evaluate, imported at the first replay (it loads torch, which proving alone does not need)."""
+    from .invariants import evaluate
+
+    return evaluate(*args, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -466,76 +476,10 @@ def run_metadata_theorems(guard: Any = "fixed", metadata_heads: str = "tp", time
     theorem 3 reports "proved" (no hazard); under the pre-fix policy with "tp" heads theorem 3 and 4 are
     "refuted" (`failed=True`) and write case files.
     """
-    from .theorems_metadata_drift import _benign_drift
-    from .theorems_metadata_freshness import _freshness
-    from .theorems_metadata_lemmas import _prepare_split_lemma, kv_cover_lemma
-    from .theorems_metadata_policy import _policy_search
+    from .theorem_jobs import run_jobs
+    from .theorems_metadata_jobs import metadata_jobs
 
-    if metadata_heads not in D.METADATA_HEADS:
-        raise ValueError(f"metadata_heads: must be one of {D.METADATA_HEADS}, got {metadata_heads!r}")
-    dropped = D._check_names(dropped_assumptions)
-    guard_fn, label = D.resolve_guard(guard)
-    label = guard_spec or label
-    known = _is_known_guard(label)
-    expect_hazard = known in ("pre-fix", "none") and metadata_heads == "tp"
-    results: list[TheoremResult] = []
-    want = lambda n: _matches(n, only)  # noqa: E731
-    shared: dict = {}
-
-    def budget() -> _Budget:
-        return _Budget(timeout_s, cache=shared)
-
-    if want("0-kv-cover"):
-        if kv_range is None:
-            results.append(kv_cover_lemma(timeout_s))
-        else:
-            results.append(kv_cover_lemma(timeout_s, kv_range[0], kv_range[1]))
-    if want("0-batch-over-992"):
-        results.append(_prepare_split_lemma(timeout_s))
-    if want("1-freshness"):
-        results.append(_freshness(timeout_s, heuristic_precompute, heuristic_call, shared))
-    if any(want(n) for n in THEOREMS if n.startswith("2-")):
-        results += [r for r in _benign_drift(timeout_s, heuristic_precompute, heuristic_call, shared)
-                    if want(r.name)]
-
-    need_domain = any(want(n) for n in ("3-hazard", "4-guard-soundness", "4-sharded-kv-decode", "4-guard-robustness",
-                                        "4-root-cause-alternative"))
-    configs = list(D.enumerate_configs(dropped)) if need_domain else []
-    replicated = [c for c in configs if not c.sharded_kv]
-    sharded = [c for c in configs if c.sharded_kv]
-    if want("3-hazard"):
-        pcp = [c for c in replicated if c.server.enable_prefill_cp]
-        results.append(_policy_search("3-hazard", pcp, guard_fn, label, metadata_heads, dropped, budget(),
-                                      heuristic_precompute, heuristic_call, cases_dir, expect_hazard,
-                                      "prefill-CP hazard", invariant_filter="SPLIT_BOUND"))
-        if results[-1].verdict == "proved":
-            results[-1].expected = not expect_hazard
-    if want("4-guard-soundness"):
-        results.append(_policy_search("4-guard-soundness", replicated, guard_fn, label, metadata_heads, dropped,
-                                      budget(), heuristic_precompute, heuristic_call, cases_dir,
-                                      expect_hazard, "guard soundness"))
-    if want("4-root-cause-alternative"):
-        r = _policy_search("4-root-cause-alternative", replicated, D.prefix_guard, "pre-fix", "attn_tp", dropped,
-                           budget(), heuristic_precompute, heuristic_call, cases_dir, False,
-                           "root-cause alternative (pre-fix guard, attn_tp heads), sglang's replicated-KV decode")
-        results.append(r)
-    if want("4-sharded-kv-decode"):
-        r = _policy_search("4-sharded-kv-decode", sharded, guard_fn, label, metadata_heads, dropped,
-                           budget(), heuristic_precompute, heuristic_call, cases_dir,
-                           known in ("pre-fix", "none"),
-                           "CP decode over sharded KV (metadata from global lengths, call over local KV)")
-        results.append(r)
-    if want("4-guard-robustness"):
-        start = time.perf_counter()
-        raised = D.guard_robustness(guard_fn, configs[:: max(1, len(configs) // 400)] or
-                                    [D.Config(D.Server(), D.MODELS["llama-3-8b"])])
-        secs = time.perf_counter() - start
-        if raised:
-            results.append(TheoremResult("4-guard-robustness", "refuted", secs,
-                                         {"invariant": "GUARD_RAISED", **raised[0]}, None, raised[0]["message"],
-                                         failed=True, expected=False, details={"raised": raised}))
-        else:
-            results.append(TheoremResult("4-guard-robustness", "proved", secs, {}, None,
-                                         f"the guard returns on every configuration and on ServerArgs lacking any of "
-                                         f"{', '.join(D.GUARD_FLAGS)}"))
-    return results
+    jobs = metadata_jobs(guard=guard, metadata_heads=metadata_heads, timeout_s=timeout_s,
+                         dropped_assumptions=dropped_assumptions, cases_dir=cases_dir, only=only, guard_spec=guard_spec,
+                         heuristic_precompute=heuristic_precompute, heuristic_call=heuristic_call, kv_range=kv_range)
+    return run_jobs(jobs).results

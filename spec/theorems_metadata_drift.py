@@ -16,11 +16,10 @@ import z3
 from refmodel.fa3_scheduler import call_inputs, precompute_inputs, resolve_schedule
 from refmodel.prepare import prepare_scheduler
 
-from .invariants import evaluate
 from .results import TheoremResult
 from .z3ctx import checked
-from .symbolic import BV, Heuristic, bv, ceil_div_const, side_params, solver, sym_m_blocks
-from .theorems_metadata import B_MAX, Group, SEED, _Budget, _find_witness, _prove_groups, _val
+from .symbolic import Heuristic, boolval, bv, ceil_div_const, side_params, solver, sym_m_blocks, var
+from .theorems_metadata import B_MAX, Group, SEED, _Budget, _evaluate, _find_witness, _prove_groups, _val
 from .theorems_metadata_freshness import _fresh_decode_groups, _qc_params
 
 
@@ -40,8 +39,8 @@ def _decode_inputs(pre: bool, h: int, hk: int, seqlen_q: int = 1, pack_gqa=None,
 
 
 def _benign_drift(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
-                  shared: Optional[dict] = None) -> list[TheoremResult]:
-    out = []
+                  shared: Optional[dict] = None) -> TheoremResult:
+    """2-benign-drift: same b and static shapes on both sides, any cache_seqlens: SAFE (shares freshness's groups)."""
     start = time.perf_counter()
     budget = _Budget(timeout_s, cache=shared if shared is not None else {})
     # the proof: same static inputs on both sides, per-batch cache_seqlens free on the call side
@@ -54,44 +53,53 @@ def _benign_drift(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heurist
     secs = time.perf_counter() - start
     if bad is not None:
         g, w = bad
-        out.append(TheoremResult("2-benign-drift", "refuted", secs, {"config": g.example.label(), **w,
-                                                                      "invariant": "SPLIT_BOUND"}, None,
-                                 "changing only cache_seqlens breaks SAFE (the precompute's split count exceeds the "
-                                 "call's for equal static shapes: the two heuristics differ)", failed=True,
-                                 expected=False))
-    elif budget.unknowns:
-        out.append(TheoremResult("2-benign-drift", "inconclusive", secs, {}, None, str(budget.unknowns[:3]),
-                                 expected=False))
-    else:
-        out.append(TheoremResult(
-            "2-benign-drift", "proved", secs, {}, None,
-            f"same b and static shapes, any cache_seqlens on either side: S_p == S_c on all {len(groups)} decode "
-            "groups, per-batch splits <= S_p (prepare-split-bound), m-blocks unchanged, KV ranges from the call's "
-            "own lengths (kv-cover), batch order a permutation of the same b"))
-    out += _drift_breaks(timeout_s)
-    return out
+        return TheoremResult("2-benign-drift", "refuted", secs, {"config": g.example.label(), **w,
+                                                                  "invariant": "SPLIT_BOUND"}, None,
+                             "changing only cache_seqlens breaks SAFE (the precompute's split count exceeds the "
+                             "call's for equal static shapes: the two heuristics differ)", failed=True,
+                             expected=False)
+    if budget.unknowns:
+        return TheoremResult("2-benign-drift", "inconclusive", secs, {}, None, str(budget.unknowns[:3]),
+                             expected=False)
+    return TheoremResult(
+        "2-benign-drift", "proved", secs, {}, None,
+        f"same b and static shapes, any cache_seqlens on either side: S_p == S_c on all {len(groups)} decode "
+        "groups, per-batch splits <= S_p (prepare-split-bound), m-blocks unchanged, KV ranges from the call's "
+        "own lengths (kv-cover), batch order a permutation of the same b")
+
+
+def _drift_h_k(timeout_s: float) -> TheoremResult:
+    """h_k: fewer KV heads at the precompute (the PR #30439 path)."""
+    base = _DRIFT_BASE
+    return _drift_decode("2-drift-breaks-h_k", "h_k", timeout_s,
+                         [(_decode_inputs(True, base["h"], hk_p), _decode_inputs(False, base["h"], base["hk"]))
+                          for hk_p in (1, 2)], p_static_free=False)
+
+
+def _drift_seqlen_k(timeout_s: float) -> TheoremResult:
+    """seqlen_k: the precompute's static max_seqlen_k larger than the call's page-table width, same lengths."""
+    base = _DRIFT_BASE
+    return _drift_decode("2-drift-breaks-seqlen_k", "seqlen_k", timeout_s,
+                         [(_decode_inputs(True, h, hk), _decode_inputs(False, h, hk))
+                          for h, hk in ((base["h"], base["hk"]), (8, 1), (32, 8))], p_static_free=True)
+
+
+#: One witness per single change that breaks SAFE (FACTS section 2 mismatch classes), replayed concretely:
+#: theorem name -> function of the per-query timeout. seqlen_q: metadata for one row per sequence, a call with
+#: more (e.g. speculative verify); pack: precompute with pack_gqa=False, call with FA3's own (forced for Split)
+#: PackGQA; b: the call has more sequences than the metadata (same b4), so it reads unwritten slots.
+DRIFT_BREAKS = {
+    "2-drift-breaks-h_k": _drift_h_k,
+    "2-drift-breaks-seqlen_k": _drift_seqlen_k,
+    "2-drift-breaks-seqlen_q": lambda timeout_s: _drift_rows("2-drift-breaks-seqlen_q", timeout_s, pack_p=None),
+    "2-drift-breaks-pack": lambda timeout_s: _drift_rows("2-drift-breaks-pack", timeout_s, pack_p=False),
+    "2-drift-breaks-b": lambda timeout_s: _drift_batch("2-drift-breaks-b", timeout_s),
+}
 
 
 def _drift_breaks(timeout_s: float) -> list[TheoremResult]:
-    """One witness per single change that breaks SAFE (FACTS section 2 mismatch classes), replayed concretely."""
-    res = []
-    base = _DRIFT_BASE
-
-    # h_k: fewer KV heads at the precompute (the PR #30439 path)
-    res.append(_drift_decode("2-drift-breaks-h_k", "h_k", timeout_s,
-                             [(_decode_inputs(True, base["h"], hk_p), _decode_inputs(False, base["h"], base["hk"]))
-                              for hk_p in (1, 2)], p_static_free=False))
-    # seqlen_k: the precompute's static max_seqlen_k larger than the call's page-table width, same lengths
-    res.append(_drift_decode("2-drift-breaks-seqlen_k", "seqlen_k", timeout_s,
-                             [(_decode_inputs(True, h, hk), _decode_inputs(False, h, hk))
-                              for h, hk in ((base["h"], base["hk"]), (8, 1), (32, 8))], p_static_free=True))
-    # seqlen_q: metadata for one row per sequence, call with more (e.g. speculative verify)
-    res.append(_drift_rows("2-drift-breaks-seqlen_q", timeout_s, pack_p=None))
-    # pack: precompute with pack_gqa=False, call with FA3's own (forced for Split) PackGQA
-    res.append(_drift_rows("2-drift-breaks-pack", timeout_s, pack_p=False))
-    # b: the call has more sequences than the metadata (same b4): it reads unwritten slots
-    res.append(_drift_batch("2-drift-breaks-b", timeout_s))
-    return res
+    """Every theorem of DRIFT_BREAKS, in order."""
+    return [theorem(timeout_s) for theorem in DRIFT_BREAKS.values()]
 
 
 def _drift_decode(name, what, timeout_s, pairs, p_static_free: bool) -> TheoremResult:
@@ -106,7 +114,7 @@ def _drift_decode(name, what, timeout_s, pairs, p_static_free: bool) -> TheoremR
         P = resolve_schedule(dataclasses.replace(pin, batch_size=b, seqlen_k=w["precompute_seqlen_k"]))
         R = prepare_scheduler(P, w["seq_lens"], seqlens_q=[1] * b)
         C = resolve_schedule(dataclasses.replace(cin, batch_size=b, seqlen_k=w["call_seqlen_k"]))
-        ev = evaluate(P, R, C, {"seqused_k": w["call_seq_lens"], "seqlens_q": [1] * b})
+        ev = _evaluate(P, R, C, {"seqused_k": w["call_seq_lens"], "seqlens_q": [1] * b})
         if ev.outcome != "violation":
             continue
         wit = {"change": what, "precompute_heads": [pin.num_heads, pin.num_heads_k],
@@ -130,13 +138,13 @@ def _drift_rows(name, timeout_s, pack_p) -> TheoremResult:
         pin = _decode_inputs(True, h, hk, seqlen_q=q_p, pack_gqa=pack_p, page=1)
         cin = _decode_inputs(False, h, hk, seqlen_q=q_c, page=1)
         s = solver(timeout_s, SEED)
-        lq_c, lq_p, S = z3.BitVec("Lq_c", BV), z3.BitVec("Lq_p", BV), z3.BitVec("S", BV)
+        lq_c, lq_p, S = var("Lq_c"), var("Lq_p"), var("S")
         s.add(lq_c >= 1, lq_c <= q_c, lq_p >= 1, lq_p <= q_p, S >= 1, S <= 256)
         if pack_p is False:
             s.add(lq_p == lq_c)
         P, C = _qc_params(dataclasses.replace(pin, num_splits=2)), _qc_params(dataclasses.replace(cin, num_splits=2))
-        pack = z3.If(S > 1, z3.BoolVal(P[4]), z3.BoolVal(P[3]))
-        kpack = z3.If(S > 1, z3.BoolVal(C[6]), z3.BoolVal(C[5]))
+        pack = z3.If(S > 1, boolval(P[4]), boolval(P[3]))
+        kpack = z3.If(S > 1, boolval(C[6]), boolval(C[5]))
         m_p = sym_m_blocks(lq_p, P[0], pack, P[1])
         rows = z3.If(kpack, lq_c * bv(C[0]), lq_c)
         s.add(m_p * bv(C[2]) < rows)
@@ -151,7 +159,7 @@ def _drift_rows(name, timeout_s, pack_p) -> TheoremResult:
         Ps = resolve_schedule(Pin)
         R = prepare_scheduler(Ps, [64], seqlens_q=[w["seqlen_q_precompute"]])
         Cs = resolve_schedule(dataclasses.replace(cin, seqlen_q=q_c, seqlen_k=64, num_splits=w["num_splits"]))
-        ev = evaluate(Ps, R, Cs, {"seqused_k": [64], "seqlens_q": [w["seqlen_q_call"]]})
+        ev = _evaluate(Ps, R, Cs, {"seqused_k": [64], "seqlens_q": [w["seqlen_q_call"]]})
         if ev.outcome == "violation":
             what = "pack_gqa (False at the precompute)" if pack_p is False else "seqlen_q"
             return TheoremResult(name, "refuted", time.perf_counter() - start,
@@ -168,7 +176,7 @@ def _drift_batch(name, timeout_s) -> TheoremResult:
     """b_c != b_p with the same b4: the call reads unwritten slots (b_c > b_p) or a non-permutation."""
     start = time.perf_counter()
     s = solver(timeout_s, SEED)
-    bp, bc = z3.BitVec("b_p", BV), z3.BitVec("b_c", BV)
+    bp, bc = var("b_p"), var("b_c")
     s.add(bp >= 1, bp <= B_MAX, bc >= 1, bc <= B_MAX, ceil_div_const(bp, 4) == ceil_div_const(bc, 4), bc > bp)
     r = checked(s)
     if r == z3.unknown:
@@ -182,7 +190,7 @@ def _drift_batch(name, timeout_s) -> TheoremResult:
     P = resolve_schedule(dataclasses.replace(pin, batch_size=b_p, seqlen_k=4096))
     R = prepare_scheduler(P, [4096] * b_p, seqlens_q=[1] * b_p)
     C = resolve_schedule(dataclasses.replace(_decode_inputs(False, 32, 4), batch_size=b_c, seqlen_k=4096))
-    ev = evaluate(P, R, C, {"seqused_k": [4096] * b_c, "seqlens_q": [1] * b_c})
+    ev = _evaluate(P, R, C, {"seqused_k": [4096] * b_c, "seqlens_q": [1] * b_c})
     return TheoremResult(name, "refuted" if ev.outcome == "violation" else "inconclusive", time.perf_counter() - start,
                          {"change": "b", "b_precompute": b_p, "b_call": b_c,
                           "invariant": ev.violations[0].invariant if ev.violations else None}, None,

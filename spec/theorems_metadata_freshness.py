@@ -15,14 +15,13 @@ from typing import Optional
 import z3
 
 from refmodel.fa3_scheduler import ScheduleInputs, precompute_inputs, resolve_schedule
-from refmodel.metadata import call_own_metadata
 from refmodel.prepare import prepare_scheduler
 
 from . import domain as D
-from .invariants import evaluate
 from .results import TheoremResult
-from .symbolic import BV, Heuristic, bv, solver
-from .theorems_metadata import Group, Q_MAX, SEED, _Budget, _concrete_decode, _group_configs, _prove_groups, _val
+from .symbolic import Heuristic, boolval, bv, solver, var
+from .theorems_metadata import (Group, Q_MAX, SEED, _Budget, _concrete_decode, _evaluate, _group_configs, _prove_groups,
+                                _val)
 
 
 #: FA3 head-dim instances theorem 1 ranges over: the real models' (d, d) plus FA3's asymmetric V dims
@@ -127,10 +126,10 @@ def _multirow_query(sp: tuple, q_hi: int, budget: _Budget) -> tuple[str, Optiona
     qhpk, bm, kbm, p1, p2, kp1, kp2 = sp
     for bound in sorted({min(q_hi, 256), q_hi}):
         s = solver(budget.timeout_s, SEED)
-        lq, S, m_p = z3.BitVec("Lq", BV), z3.BitVec("S", BV), z3.BitVec("m", BV)
+        lq, S, m_p = var("Lq"), var("S"), var("m")
         s.add(lq >= 1, lq <= bound, S >= 1, S <= 256)
-        pack = z3.If(S > 1, z3.BoolVal(p2), z3.BoolVal(p1))
-        kpack = z3.If(S > 1, z3.BoolVal(kp2), z3.BoolVal(kp1))
+        pack = z3.If(S > 1, boolval(p2), boolval(p1))
+        kpack = z3.If(S > 1, boolval(kp2), boolval(kp1))
         rows_p = z3.If(pack, lq * bv(qhpk), lq)
         s.add(m_p >= 0, m_p <= 2 ** 23, (m_p - 1) * bv(bm) < rows_p, rows_p <= m_p * bv(bm))
         rows = z3.If(kpack, lq * bv(qhpk), lq)
@@ -156,23 +155,43 @@ def _corner_kind(inp: ScheduleInputs, sp: tuple) -> Optional[str]:
 
 def _freshness(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
                shared: Optional[dict] = None) -> TheoremResult:
+    """Theorem 1 in one z3 context: its decode half, then its multi-row half (spec.theorems_metadata_jobs runs the
+    two halves as separate parts)."""
+    start = time.perf_counter()
+    decode = _fresh_decode(timeout_s, heuristic_p, heuristic_c, shared)
+    multirow = None if decode["result"] is not None else _fresh_multirow(timeout_s)
+    return _freshness_result(decode, multirow, time.perf_counter() - start)
+
+
+def _fresh_decode(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
+                  shared: Optional[dict] = None) -> dict:
+    """Theorem 1a (decode, real split tables): a refuting TheoremResult in "result", or None, and the counts."""
     name = "1-freshness"
     start = time.perf_counter()
     budget = _Budget(timeout_s, cache=shared if shared is not None else {})
-    # 1a: decode, real tables
     decode_groups = _fresh_decode_groups(heuristic_p, heuristic_c)
+    out = {"result": None, "decode_groups": len(decode_groups)}
     for g, verdict, w in _prove_groups(decode_groups, budget, fresh=True):
         if verdict == "witness":
             cfg = g.example
             ev, cfg_w, *_ = _concrete_decode(cfg, "tp", w, heuristic_p)
             witness = {"config": cfg_w.label(), "invariants": sorted({v.invariant for v in ev.violations}),
                        "invariant": (ev.violations[0].invariant if ev.violations else None), **w}
-            return TheoremResult(name, "refuted" if ev.outcome == "violation" else "inconclusive",
-                                 time.perf_counter() - start, witness, None,
-                                 f"fresh decode metadata violates SAFE for {cfg_w.label()}: splits {w.get('splits')} "
-                                 f"> S_c={w['S_c']} (precompute and call heuristics differ)",
-                                 failed=ev.outcome == "violation", expected=False)
-    # 1b: multi-row varlen calls over the FA3 head-dim grid, S abstract
+            out["result"] = TheoremResult(
+                name, "refuted" if ev.outcome == "violation" else "inconclusive", time.perf_counter() - start,
+                witness, None, f"fresh decode metadata violates SAFE for {cfg_w.label()}: splits {w.get('splits')} "
+                               f"> S_c={w['S_c']} (precompute and call heuristics differ)",
+                failed=ev.outcome == "violation", expected=False)
+            break
+    out.update(queries=budget.queries, unknown=list(budget.unknowns), seconds=time.perf_counter() - start)
+    return out
+
+
+def _fresh_multirow(timeout_s: float) -> dict:
+    """Theorem 1b (multi-row varlen calls over the FA3 head-dim grid, S abstract): corners met, the first unexpected
+    witness (the search stops there), and the counts."""
+    start = time.perf_counter()
+    budget = _Budget(timeout_s)
     corners: dict[str, dict] = {}
     unexpected = None
     checked = 0
@@ -193,16 +212,26 @@ def _freshness(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
             unexpected = wit
             break
         corners.setdefault(kind, wit)
-    secs = time.perf_counter() - start
-    details = {"decode_groups": len(decode_groups), "multirow_groups": checked,
-               "queries": budget.queries, "unknown": list(budget.unknowns), "expected_corners": corners,
-               "fa3_source": FRESHNESS_CORNER_SOURCE}
+    return {"corners": corners, "unexpected": unexpected, "multirow_groups": checked, "queries": budget.queries,
+            "unknown": list(budget.unknowns), "seconds": time.perf_counter() - start}
+
+
+def _freshness_result(decode: dict, multirow: Optional[dict], secs: float) -> TheoremResult:
+    """Theorem 1 from its halves: a decode refutation decides; else the multi-row corners and unknowns."""
+    name = "1-freshness"
+    if decode["result"] is not None:
+        return decode["result"]
+    corners, unexpected = multirow["corners"], multirow["unexpected"]
+    unknowns = decode["unknown"] + multirow["unknown"]
+    details = {"decode_groups": decode["decode_groups"], "multirow_groups": multirow["multirow_groups"],
+               "queries": decode["queries"] + multirow["queries"], "unknown": unknowns,
+               "expected_corners": corners, "fa3_source": FRESHNESS_CORNER_SOURCE}
     if unexpected is not None:
         return TheoremResult(name, "refuted", secs, unexpected, None,
                              "fresh metadata violates QUERY_COVER outside the documented corners: a new FA3 finding",
                              failed=True, expected=False, details=details)
-    if budget.unknowns:
-        return TheoremResult(name, "inconclusive", secs, {}, None, f"z3 unknown: {budget.unknowns[:3]}",
+    if unknowns:
+        return TheoremResult(name, "inconclusive", secs, {}, None, f"z3 unknown: {unknowns[:3]}",
                              expected=False, details=details)
     if corners:
         first = corners.get("host-kernel-tile") or next(iter(corners.values()))
@@ -229,8 +258,10 @@ def _concrete_multirow(inp: ScheduleInputs, w: dict, own: bool = False):
                               num_splits=int(w["num_splits"]))
     C = resolve_schedule(dataclasses.replace(pin, precompute=False, uses_prepare=True))
     if own:
+        from refmodel.metadata import call_own_metadata  # loads torch: only a witness's replay needs it
+
         P, R = call_own_metadata(C, [lq + 1], seqlens_q=[lq])
     else:
         P = resolve_schedule(pin)
         R = prepare_scheduler(P, [lq + 1], seqlens_q=[lq])
-    return evaluate(P, R, C, {"seqused_k": [lq + 1], "seqlens_q": [lq]})
+    return _evaluate(P, R, C, {"seqused_k": [lq + 1], "seqlens_q": [lq]})

@@ -11,12 +11,10 @@ import time
 
 import z3
 
-from refmodel.splitkv import split_block_range
-
 from .results import TheoremResult
-from .z3ctx import checked
-from .symbolic import BV, bv, solver, sym_dynamic_split, sym_split_block_range
+from .symbolic import bv, solver, sym_dynamic_split, sym_split_block_range, var
 from .theorems_metadata import SEED
+from .z3ctx import Bool, IntVal, Ints, checked
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -25,18 +23,21 @@ from .theorems_metadata import SEED
 
 
 def kv_cover_lemma(timeout_s: float = 10.0, sym_range=sym_split_block_range,
-                   concrete_range=split_block_range, name: str = "0-kv-cover") -> TheoremResult:
+                   concrete_range=None, name: str = "0-kv-cover") -> TheoremResult:
     """KV_COVER by design: for 0 <= n_min <= n_max <= 2^23 and S in 1..256, the S split ranges cover [n_min, n_max) (block.h).
 
     Three quantifier-free obligations, each an unsat query (the union of intervals [lo(s), hi(s)) for s < S is
     [n_min, n_max) by induction on s): (a) lo(0) = n_min; (b) contiguity hi(s) = min(lo(s+1), n_max) for every
     s < S; (c) the last split reaches the end, hi(S-1) = n_max. Encoded over z3 Ints (nonlinear S*P stays an atom;
     the bit-vector encoding of S*ceil(R/S) >= R times out), valid because every value is a non-negative C int below
-    2^31 (n_max <= 2^31/256). A witness is replayed with `concrete_range` over every split.
+    2^31 (n_max <= 2^31/256). A witness is replayed with `concrete_range` over every split (default refmodel's
+    `split_block_range`).
     """
+    if concrete_range is None:
+        from refmodel.splitkv import split_block_range as concrete_range  # refmodel.splitkv loads torch
     start = time.perf_counter()
-    c = z3.IntVal
-    n_min, n_max, S, sv = z3.Ints("n_min n_max S s")
+    c = IntVal
+    n_min, n_max, S, sv = Ints("n_min n_max S s")
     base = [n_min >= 0, n_min <= n_max, n_max <= 2 ** 31 // 256, S >= 1, S <= 256]
     lo0, _ = sym_range(n_min, n_max, S, c(0))
     lo_s, hi_s = sym_range(n_min, n_max, S, sv)
@@ -88,8 +89,8 @@ def _prepare_split_lemma(timeout_s: float) -> TheoremResult:
     """The prepare step's split count is in [1, S_static] (and 1 when b > 992), for every n, blocks_per_sm, S."""
     start = time.perf_counter()
     s = solver(timeout_s, SEED)
-    n, bps, S = (z3.BitVec(x, BV) for x in ("n", "bps", "S"))
-    big_b = z3.Bool("b_over_992")
+    n, bps, S = (var(x) for x in ("n", "bps", "S"))
+    big_b = Bool("b_over_992")
     s.add(n >= 0, n <= 2 ** 16, bps >= 0, bps <= 2 ** 24, S >= 1, S <= 256)
     split = z3.If(z3.Or(big_b, S == 1), bv(1), sym_dynamic_split(n, bps, S))
     s.add(z3.Or(split < 1, split > S, z3.And(big_b, split != 1)))

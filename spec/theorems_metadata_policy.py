@@ -48,19 +48,29 @@ def _write_case(cases_dir, theorem: str, cfg: D.Config, guard_label: str, metada
     return str(case.save(cases_dir))
 
 
-def _trigger_summary(groups: list, budget: _Budget, metadata_heads: str, seconds: float = 3.0) -> dict:
-    """Which configurations can reach S_p > S_c (stage 1 sat), as flag patterns with counts (time-capped)."""
-    deadline = time.perf_counter() + seconds
+#: Stage-1 family queries the trigger summary of a refutation may ask beyond those already answered in its job: a
+#: count, not a time, so the summary is the same on every machine, loaded or not, and in a worker process.
+TRIGGER_QUERIES = 8
+
+
+def _trigger_summary(groups: list, budget: _Budget, metadata_heads: str, max_queries: int = TRIGGER_QUERIES) -> dict:
+    """Which configurations can reach S_p > S_c (stage 1 sat), as flag patterns with counts (query-capped).
+
+    Families already answered in this job (cached) cost nothing; at most `max_queries` more are asked, in family
+    order; `complete` says whether every family was covered.
+    """
     patterns: dict = {}
     examples: list = []
-    complete = True
-    for fam in _families(groups):
-        if time.perf_counter() > deadline:
-            complete = False
-            break
+    families = _families(groups)
+    asked = covered = 0
+    for fam in families:
         fkey = ("family", tuple(g.key for g in fam), False)
         if fkey not in budget.cache:
+            if asked >= max_queries:
+                break
             budget.cache[fkey] = _stage1(fam, budget)[0]
+            asked += 1
+        covered += 1
         if budget.cache[fkey] == "unsat":
             continue
         for g in fam:
@@ -72,7 +82,8 @@ def _trigger_summary(groups: list, budget: _Budget, metadata_heads: str, seconds
                 patterns[pat] = patterns.get(pat, 0) + 1
                 if len(examples) < 5 and cfg.label() not in examples:
                     examples.append(cfg.label())
-    return {"candidate_patterns": patterns, "examples": examples, "complete": complete,
+    return {"candidate_patterns": patterns, "examples": examples, "complete": covered == len(families),
+            "families": len(families), "families_covered": covered,
             "note": "configurations whose split counts can satisfy S_p > S_c > 1 (stage 1); a per-batch "
                     "witness was replayed for the first of them"}
 

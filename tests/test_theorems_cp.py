@@ -7,6 +7,7 @@ import pytest
 import z3
 
 from spec import theorems_cp as tc
+from spec import theorem_memo
 from spec.results import TheoremResult
 
 CP_V2, NON_CP, MIXED, DECODE = range(4)
@@ -181,8 +182,9 @@ def test_runner_step_rejects_built_metadata_on_inactive_kinds():
 
 
 def test_deterministic_witness():
-    a = tc.run_cp_theorems(clear_stale=False, only=["runner_hygiene"])[0].witness
-    b = tc.run_cp_theorems(clear_stale=False, only=["runner_hygiene"])[0].witness
+    with theorem_memo.suspended():  # two real runs, not a remembered one
+        a = tc.run_cp_theorems(clear_stale=False, only=["runner_hygiene"])[0].witness
+        b = tc.run_cp_theorems(clear_stale=False, only=["runner_hygiene"])[0].witness
     assert a == b
 
 

@@ -103,8 +103,7 @@ def _kernel_uses_host_tiles():
 
     def clear():
         theorems_metadata._qc_params.cache_clear()
-        symbolic._side_params_cached.cache_clear()
-        symbolic._split_table.cache_clear()
+        symbolic.clear_caches()
 
     original = fs.kernel_headdims
     fs.kernel_headdims = lambda d, dv, element_size=2: fs.rounded_headdims(d, dv)

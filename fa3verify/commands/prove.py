@@ -35,6 +35,9 @@ def register(sub) -> None:
                    help="run only theorems whose name contains NAME (repeatable), e.g. --only freshness")
     p.add_argument("--timeout-s", type=float, default=10.0, metavar="N",
                    help="z3 timeout per query in seconds (default 10); a timeout is inconclusive")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="worker processes proving theorems side by side (default: one per CPU; 1: in this "
+                        "process); results and witnesses do not depend on it")
     p.add_argument("--drop-assumption", action="append", default=[], metavar="NAME",
                    help="re-check without a configuration-domain assumption; a witness shows where a guard "
                         "then fails (names: see docs/invariants.md)")
@@ -52,6 +55,8 @@ def run(args) -> int:
 
     if not args.timeout_s > 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
     from ..engine_choice import open_engine, parse_engine_option, profile_policy_args
     from ..engine_gate import replay_witnesses
 
@@ -69,7 +74,7 @@ def run(args) -> int:
         print(f"engine profile: {profile.describe()}")
     with stage("prove", "prove (z3 theorems)"):
         summary = prove(policy, timeout_s=args.timeout_s, cases_dir=args.cases_dir, only=args.only,
-                        dropped_assumptions=args.drop_assumption)
+                        dropped_assumptions=args.drop_assumption, jobs=args.jobs)
     if not spec.is_model:
         with open_engine(spec) as sut, stage("prove", f"witnesses replayed on {spec}"):
             checks, findings = replay_witnesses(sut, [c.case_file for c in summary.checks if c.failed],

@@ -1,0 +1,148 @@
+"""An opt-in memo of theorem parts within one process (the test suite runs the same theorems many times).
+
+Invariant: a remembered value is given back only when it is certainly what the part would compute again:
+
+- the part's key names every argument it depends on (:attr:`spec.theorem_jobs.Job.key`: theorem names, policy,
+  guard and heuristic objects, defects, timeout, split counts...); a job without a key is never remembered;
+- nothing the parts run has been replaced since: every module attribute and class attribute of refmodel, spec and
+  z3 is the object it was (:func:`fingerprint`), so a monkeypatched or counterfactual function, a seeded defect
+  swapped in, or a patched solver is a miss;
+- a value with anything but proved results is given back only to a run with the same cases directory, while its
+  case files are there (a refutation writes its case file there, or none without a directory);
+- the caller gets a deep copy (callers annotate results), and results keep the seconds of the run that computed
+  them.
+
+Only the suite enables it (tests/conftest.py); `fa3verify prove` never does. Tests of determinism compare real
+runs inside :func:`suspended`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+__all__ = ["enable", "disable", "enabled", "suspended", "state", "fingerprint", "after_run", "lookup", "store",
+           "stats"]
+
+_MEMO: Optional[dict] = None
+_PAUSED = 0
+_STATS = {"hits": 0, "misses": 0}
+_PREFIXES = ("refmodel", "spec", "z3")
+
+
+def enable() -> None:
+    """Remember part values from now on (in this process)."""
+    global _MEMO
+    if _MEMO is None:
+        _MEMO = {}
+
+
+def disable() -> None:
+    """Forget everything and remember nothing."""
+    global _MEMO
+    _MEMO = None
+
+
+def enabled() -> bool:
+    return _MEMO is not None and not _PAUSED
+
+
+@contextmanager
+def suspended() -> Iterator[None]:
+    """Within the block every part is computed (and nothing remembered): for tests that compare real runs."""
+    global _PAUSED
+    _PAUSED += 1
+    try:
+        yield
+    finally:
+        _PAUSED -= 1
+
+
+def stats() -> dict:
+    return dict(_STATS)
+
+
+def state() -> dict:
+    """The identity of every attribute of the refmodel, spec and z3 modules and of the classes they define."""
+    items: dict = {}
+    for name in sorted(sys.modules):
+        if not name.startswith(_PREFIXES) or name.split(".")[0] not in _PREFIXES:
+            continue
+        module = sys.modules[name]
+        if module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            items[(name, attr)] = id(value)
+            if isinstance(value, type) and getattr(value, "__module__", None) == name:
+                for k, v in list(vars(value).items()):
+                    if k != "__slotnames__":  # copyreg's cache, filled by the first copy of an instance
+                        items[(name, attr, k)] = id(v)
+    return items
+
+
+def fingerprint(items: Optional[dict] = None) -> int:
+    """A hash of :func:`state`."""
+    items = state() if items is None else items
+    return hash(tuple(sorted(items.items())))
+
+
+def after_run(before: dict) -> Optional[int]:
+    """The fingerprint to remember a run's values under: the state after it, when the run only added to the state
+    it started from (modules it imported, names loaded on first use); None when it replaced something."""
+    now = state()
+    if any(now.get(k) != v for k, v in before.items()):
+        return None
+    return fingerprint(now)
+
+
+def _results(value: Any) -> list:
+    """The TheoremResults in a part's value (lists, tuples and dicts are searched)."""
+    from .results import TheoremResult
+
+    found, stack = [], [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, TheoremResult):
+            found.append(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return found
+
+
+def lookup(key: Optional[tuple], cases_dir: Optional[str], fp: int) -> tuple[bool, Any]:
+    """(True, a copy of the value) when the memo holds this part for this state of the code, else (False, None)."""
+    if key is None or not enabled():
+        return False, None
+    try:
+        entry = _MEMO.get(key)
+    except TypeError:  # an unhashable key: never remembered
+        return False, None
+    if entry is None or entry[0] != fp:
+        _STATS["misses"] += 1
+        return False, None
+    _, stored_dir, value = entry
+    results = _results(value)
+    # only proved results are the same whatever the cases directory (a refutation writes its case there, or
+    # has none without one): anything else is given back for the same directory, its case files still there
+    if any(r.verdict != "proved" or r.case_file for r in results):
+        files = [r.case_file for r in results if r.case_file]
+        if stored_dir != cases_dir or not all(os.path.isfile(f) for f in files):
+            _STATS["misses"] += 1
+            return False, None
+    _STATS["hits"] += 1
+    return True, copy.deepcopy(value)
+
+
+def store(key: Optional[tuple], cases_dir: Optional[str], fp: Optional[int], value: Any) -> None:
+    """Remember a part's value (a copy) computed under fingerprint `fp` (None: not remembered)."""
+    if key is None or fp is None or not enabled():
+        return
+    try:
+        _MEMO[key] = (fp, cases_dir, copy.deepcopy(value))
+    except TypeError:  # an unhashable key or an uncopyable value: not remembered
+        pass

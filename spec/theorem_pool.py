@@ -1,0 +1,283 @@
+"""The parallel side of spec.theorem_jobs: a few forked worker processes that each run many parts, one at a time.
+
+Invariant: a worker runs a part exactly as a sequential run does (:func:`spec.theorem_jobs.run_part`: a fresh z3
+context, the cyclic collector paused), so what it sends back is what the caller would have computed; what a
+worker keeps between parts is pure Python caches (split tables, schedules), never z3 state.
+
+Workers are forked from the caller, so they start with everything it has imported and need no pickling of the
+parts. The first worker may be forked before `preload` (torch, for the replays) and takes only light parts while
+the caller loads it; the others are forked after it, and a light-only worker with nothing left to run is retired
+and replaced by one forked after the preload. Protocol: the caller writes ``"j p\\n"`` (job, part) on a worker's
+task pipe; the worker answers on its result pipe with an 8-byte length and a pickle of ``("ok", value)`` or
+``("raised", exception, traceback text)``; end of file on the task pipe ends the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import selectors
+import signal
+import struct
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+_HEADER = struct.Struct("!Q")
+
+
+@dataclass
+class Crashed:
+    """A part whose worker process ended without an answer."""
+
+    what: str
+
+
+@dataclass
+class _Worker:
+    pid: int
+    task_fd: int
+    result_fd: int
+    heavy: bool                                   # forked after the preload: may run any part
+    queue: list = field(default_factory=list)     # parts sent, in order; queue[0] is running
+    started: float = 0.0                          # when queue[0] started (seconds since the run started)
+    buf: bytearray = field(default_factory=bytearray)
+
+
+def _worker_main(jobs: list, run_part: Callable, task_fd: int, result_fd: int) -> None:
+    """A worker: run the parts the caller names, answer each, leave at the end of the task pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides on Ctrl-C (it kills the workers)
+    code = 0
+    try:
+        pending = b""
+        while True:
+            while b"\n" not in pending:
+                chunk = os.read(task_fd, 4096)
+                if not chunk:
+                    return
+                pending += chunk
+            line, pending = pending.split(b"\n", 1)
+            j, p = map(int, line.split())
+            try:
+                message = ("ok", run_part(jobs[j].parts[p]))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises it
+                message = ("raised", exc, traceback.format_exc())
+            try:
+                data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # noqa: BLE001 - an unpicklable answer is an error of the part
+                data = pickle.dumps(("raised", None, f"the part's {message[0]} value could not be sent: {exc!r}\n"
+                                     + (message[2] if message[0] == "raised" else "")))
+            view = memoryview(_HEADER.pack(len(data)) + data)
+            while view:
+                view = view[os.write(result_fd, view):]
+    except BaseException:  # noqa: BLE001 - nothing may escape a forked child
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream cannot stop the exit
+                pass
+        os._exit(code)
+
+
+def run_parallel(jobs: list, workers: int, preload: Optional[Callable[[], None]], start: float,
+                 run_part: Callable, known: Optional[dict] = None) -> tuple[dict, dict]:
+    """Run every needed part of `jobs` on up to `workers` forked workers: ({key: value}, {key: (t0, t1)}).
+
+    Keys are (job, part); `known` values (remembered ones) are not run. A part that a `stop` made unnecessary has
+    no value; a part whose worker died has a Crashed value; an exception raised in a part is raised here after
+    every worker is killed.
+    """
+    known = known or {}
+    values: dict = dict(known)
+    timing: dict = {k: (0.0, 0.0) for k in known}
+    stops = {}  # job -> the first known part its `stop` accepts: later parts are not needed
+    for (j, p), v in sorted(known.items()):
+        if jobs[j].stop is not None and j not in stops and jobs[j].stop(v):
+            stops[j] = p
+    order = sorted(((j, p) for j, job in enumerate(jobs) for p in range(len(job.parts))
+                    if (j, p) not in known and not (j in stops and p > stops[j])),
+                   key=lambda k: -jobs[k[0]].part_weight(k[1]))  # longest first; job order breaks ties
+    pending = list(order)
+    pool: dict = {}  # result fd -> worker
+    sel = selectors.DefaultSelector()
+    preloaded = preload is None or all(jobs[j].light for j, _ in pending)
+
+    def spawn(heavy: bool) -> _Worker:
+        task_r, task_w = os.pipe()
+        result_r, result_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child leaves through os._exit
+            os.close(task_w)
+            os.close(result_r)
+            for other in pool.values():  # another worker's pipes: its end of file must not wait for this one
+                os.close(other.task_fd)
+                os.close(other.result_fd)
+            _worker_main(jobs, run_part, task_r, result_w)
+        os.close(task_r)
+        os.close(result_w)
+        os.set_blocking(result_r, False)
+        w = _Worker(pid, task_w, result_r, heavy)
+        pool[result_r] = w
+        sel.register(result_r, selectors.EVENT_READ)
+        return w
+
+    def send(w: _Worker, key) -> None:
+        if not w.queue:
+            w.started = time.perf_counter() - start
+        w.queue.append(key)
+        os.write(w.task_fd, f"{key[0]} {key[1]}\n".encode())
+
+    def remove(w: _Worker, kill: bool) -> None:
+        sel.unregister(w.result_fd)
+        del pool[w.result_fd]
+        os.close(w.result_fd)
+        os.close(w.task_fd)
+        if kill:
+            _kill(w.pid)
+        else:
+            _reap(w.pid)
+
+    def runnable(w: _Worker):
+        return next((k for k in pending if w.heavy or jobs[k[0]].light), None)
+
+    def fill() -> None:
+        nonlocal preloaded
+        if not preloaded and not any(jobs[k[0]].light for k in pending):
+            preload()
+            preloaded = True
+        if not preloaded and not pool:
+            # a light-only worker starts at once with about the preload's time of light parts queued
+            w = spawn(heavy=False)
+            queued = 0.0
+            for k in [k for k in pending if jobs[k[0]].light]:
+                if w.queue and queued >= 1.9:  # torch's import, measured (2 cores)
+                    break
+                pending.remove(k)
+                send(w, k)
+                queued += jobs[k[0]].part_weight(k[1])
+            preload()
+            preloaded = True
+        for w in list(pool.values()):
+            if w.queue:
+                continue
+            k = runnable(w)
+            if k is not None:
+                pending.remove(k)
+                send(w, k)
+            elif pending:  # a light-only worker, only heavy parts left: one forked after the preload replaces it
+                remove(w, kill=False)
+        while len(pool) < workers and pending:
+            w = spawn(heavy=preloaded)
+            k = runnable(w)
+            if k is None:
+                remove(w, kill=False)
+                break
+            pending.remove(k)
+            send(w, k)
+
+    def answered(w: _Worker, value) -> None:
+        key = w.queue.pop(0)
+        now = time.perf_counter() - start
+        timing[key] = (w.started, now)
+        w.started = now
+        values[key] = value
+        j, p = key
+        job = jobs[j]
+        if job.stop is None or isinstance(value, Crashed) or not job.stop(value):
+            return
+        # the job's parts after this one are not needed (`finish` never sees them): not started, or stopped
+        pending[:] = [k for k in pending if not (k[0] == j and k[1] > p)]
+        for other in list(pool.values()):
+            if other.queue and other.queue[0][0] == j and other.queue[0][1] > p:
+                for k in other.queue[1:]:
+                    if not (k[0] == j and k[1] > p):
+                        pending.insert(0, k)
+                remove(other, kill=True)
+
+    try:
+        while pending or any(w.queue for w in pool.values()):
+            fill()
+            for sk, _ in sel.select():
+                w = pool.get(sk.fd)
+                if w is None:
+                    continue  # removed by a stop while this round's events were gathered
+                try:
+                    chunk = os.read(w.result_fd, 1 << 20)
+                except BlockingIOError:
+                    continue
+                if not chunk:  # the worker died
+                    _, status = os.waitpid(w.pid, 0)
+                    remove_dead(w, status, pool, sel, pending, answered)
+                    continue
+                w.buf += chunk
+                while len(w.buf) >= _HEADER.size:
+                    (size,) = _HEADER.unpack_from(w.buf)
+                    if len(w.buf) < _HEADER.size + size:
+                        break
+                    data = bytes(w.buf[_HEADER.size:_HEADER.size + size])
+                    del w.buf[:_HEADER.size + size]
+                    answered(w, _value(pickle.loads(data)))
+        for w in list(pool.values()):
+            remove(w, kill=False)
+    except BaseException:
+        for w in list(pool.values()):
+            remove(w, kill=True)
+        raise
+    finally:
+        sel.close()
+    return values, timing
+
+
+def remove_dead(w: _Worker, status: int, pool: dict, sel, pending: list, answered) -> None:
+    """A worker that died: its running part is Crashed, the parts queued behind it go back to pending."""
+    sel.unregister(w.result_fd)
+    del pool[w.result_fd]
+    os.close(w.result_fd)
+    os.close(w.task_fd)
+    if w.queue:
+        rest = w.queue[1:]
+        w.queue = w.queue[:1]
+        answered(w, Crashed(_death(status)))
+        pending[:0] = rest
+
+
+def _death(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"the worker process died (signal {name})"
+    return f"the worker process exited with status {os.WEXITSTATUS(status)} without an answer"
+
+
+def _value(message) -> Any:
+    """A part's value, or its exception raised here."""
+    if message[0] == "ok":
+        return message[1]
+    _, exc, text = message
+    if isinstance(exc, BaseException):
+        raise exc
+    raise RuntimeError(f"a theorem part failed in its worker process:\n{text}")
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _reap(pid)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
