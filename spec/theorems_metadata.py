@@ -353,7 +353,12 @@ def _stage2(g: Group, budget: _Budget, b: int, eager: bool, fresh: bool = False,
         return ("unsat" if r == z3.unsat else "unknown"), None
     m = s.model()
     if _val(m, bps_lo) != _val(m, bps_hi):
-        # the witness sits where fast math decides: ask for one the division's rounding cannot change
+        # the witness sits where fast math decides: ask for one the division's rounding cannot change (a new
+        # solver with the same assertions: a second check on this one runs z3's incremental core, which took
+        # minutes where a fresh one takes seconds)
+        first = s
+        s = solver(budget.timeout_s, SEED)
+        s.add(first.assertions())
         s.add(bps_lo == bps_hi)
         r = budget.check(s, f"stage2 b={b} fast-math-robust")
         if r != z3.sat:
