@@ -10,8 +10,10 @@ from ..summary import write_reports
 
 HELP = "prove the metadata invariants and guard theorems with z3"
 EPILOG = """\
-Each theorem is a bounded z3 query with a fixed seed and a per-query timeout. A solver timeout is
-reported as inconclusive (exit 3), never as proved. Every refuted theorem writes a replayable case file.
+Each theorem is a bounded z3 query with a fixed seed. A query is bounded by work, not by the clock
+(--timeout-s N buys N * 10M of z3's resource units, with a wall-clock deadline of 3N s), so the same
+run gives the same answers on a quiet and on a loaded machine. A query that runs out is reported as
+inconclusive (exit 3), never as proved. Every refuted theorem writes a replayable case file.
 
 examples:
   fa3verify prove                                   # fixed guard: every theorem has its expected verdict
@@ -34,7 +36,8 @@ def register(sub) -> None:
     p.add_argument("--only", action="append", metavar="NAME",
                    help="run only theorems whose name contains NAME (repeatable), e.g. --only freshness")
     p.add_argument("--timeout-s", type=float, default=10.0, metavar="N",
-                   help="z3 timeout per query in seconds (default 10); a timeout is inconclusive")
+                   help="the work one z3 query may do, in seconds of a quiet core (default 10): N * 10M resource "
+                        "units, and a wall-clock deadline of 3N s; running out is inconclusive")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="worker processes proving theorems side by side (default: one per CPU; 1: in this "
                         "process); results and witnesses do not depend on it")
