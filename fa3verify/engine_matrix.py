@@ -139,11 +139,14 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
 
     say = progress or (lambda line: None)
     say("witness search on the model (once for every release) ...")
+    searched = time.perf_counter()
     witness_rows = witness_search(timeout_s, f"{cases_dir}/witnesses")
+    say(f"witness search done in {time.perf_counter() - searched:.1f}s ({len(witness_rows)} theorems)")
     rows = []
     for release in releases:
         profile = profile_for(release)
         start = time.perf_counter()
+        say(f"sglang {release}: environment ...")
         try:
             sut = open_sut(release)
         except UsageError as exc:
@@ -153,9 +156,12 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
             continue
         try:
             with sut:
+                say(f"sglang {release}: gate (witness replay, fuzz) ...")
                 summary = gate_engine(sut, budget_s=budget_s, seed=seed, timeout_s=timeout_s,
                                       cases_dir=f"{cases_dir}/{release}", max_cases=max_cases, show_progress=False,
                                       witness_rows=witness_rows)
+                if with_probes:
+                    say(f"sglang {release}: family probes ...")
                 probes = run_probes(sut) if with_probes else {}
         except Exception as exc:  # noqa: BLE001 - a worker that dies or never answers: this row ran nothing
             if not isinstance(exc, WorkerError):

@@ -40,8 +40,9 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..conformance import conform, summarise
-    from ..engine_choice import conform_profile, open_engine, parse_engine_option
+    from ..engine_choice import conform_profile, open_engine, parse_engine_option, start_engine
     from ..errors import UsageError
+    from ..progress import stage
     from ..summary import print_table
 
     if args.engine is None:
@@ -57,8 +58,11 @@ def run(args) -> int:
     with open_engine(spec) as sut:
         profile = conform_profile(args.engine_profile, sut)
         print(f"engine: {spec}   profile: {profile.describe()}")
-        report = conform(sut, profile, cases=args.cases, seed=args.seed, cases_dir=args.cases_dir,
-                         probes=not args.no_assumption_probes)
+        start_engine(sut, "conform")
+        with stage("conform", f"conform {args.cases} configurations on {spec}",
+                   result=lambda: f"{report.compared} compared, {len(report.differences)} differing"):
+            report = conform(sut, profile, cases=args.cases, seed=args.seed, cases_dir=args.cases_dir,
+                             probes=not args.no_assumption_probes, progress=_progress_every_25(args.cases))
     summary = summarise(report)
     print_table(summary)
     print(f"configurations: {report.cases} drawn, {report.compared} compared, {report.skipped_rejected} rejected "
@@ -67,13 +71,26 @@ def run(args) -> int:
     for f in summary.findings[:10]:
         print(f"  {f.invariant}: {f.message[:300]}\n    case: {f.case_file}")
     if args.json:
-        from ..summary import _ensure_parent
+        from ..output_writer import write_output
 
-        _ensure_parent(args.json)
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({**summary.to_dict(), "conform": report.to_dict()}, fh, indent=2)
-            fh.write("\n")
+        write_output(args.json, json.dumps({**summary.to_dict(), "conform": report.to_dict()}, indent=2) + "\n",
+                     "--json")
     return summary.exit_code
+
+
+def _progress_every_25(total: int):
+    """conform's progress callback: a line on stderr every 25 compared configurations, on logs only."""
+    import sys
+
+    from ..progress import log_lines_enabled
+
+    if not log_lines_enabled():
+        return None
+
+    def say(report) -> None:
+        print(f"fa3verify conform: {report.cases}/{total} configurations drawn, {report.compared} compared, "
+              f"{len(report.differences)} differing so far", file=sys.stderr, flush=True)
+    return say
 
 
 def _conform_vllm(args, spec) -> int:
@@ -91,17 +108,19 @@ def _conform_vllm(args, spec) -> int:
         profile = engine_profile_for(text)[1]
     except ProfileError as exc:
         raise UsageError(f"--engine-profile: {exc}") from None
+    from ..engine_choice import start_engine
+    from ..progress import stage
+
     with open_engine(spec) as sut:
         print(f"engine: {spec}   profile: {profile.describe()}")
-        summary = conform_vllm(sut, profile)
+        start_engine(sut, "conform")
+        with stage("conform", f"conform {spec}'s claims against its profile"):
+            summary = conform_vllm(sut, profile)
     print_table(summary)
     for f in summary.findings[:10]:
         print(f"  {f.message[:300]}")
     if args.json:
-        from ..summary import _ensure_parent
+        from ..output_writer import write_output
 
-        _ensure_parent(args.json)
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(summary.to_dict(), fh, indent=2)
-            fh.write("\n")
+        write_output(args.json, json.dumps(summary.to_dict(), indent=2) + "\n", "--json")
     return summary.exit_code

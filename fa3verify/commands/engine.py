@@ -134,20 +134,24 @@ def run_matrix(args) -> int:
 
     rows = matrix(releases, open_release, budget_s=budget, max_cases=cases,
                   seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
-                  progress=lambda line: print(line, flush=True), with_probes=not args.no_probes)
+                  progress=_progress_line, with_probes=not args.no_probes)
     print(matrix_markdown(rows) if args.markdown else _table(rows))
     if args.json:
-        from ..summary import _ensure_parent
+        from ..output_writer import write_output
 
-        _ensure_parent(args.json)
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(matrix_json(rows), fh, indent=2)
-            fh.write("\n")
+        write_output(args.json, json.dumps(matrix_json(rows), indent=2) + "\n", "--json")
     code = matrix_exit_code(rows)
     print(f"verdict: {'FAIL' if code == 1 else ('PASS' if code == 0 else 'INCONCLUSIVE')} | releases {len(rows)} | "
           f"failing {sum(r.verdict == 'fail' for r in rows)} | disagreeing with their profile "
           f"{sum(r.agrees is False for r in rows)}")
     return code
+
+
+def _progress_line(line: str) -> None:
+    """The matrix's progress (a line per stage and per release) goes to stderr, never into stdout's table."""
+    import sys
+
+    print(f"fa3verify engine matrix: {line}", file=sys.stderr, flush=True)
 
 
 def _table(rows) -> str:
