@@ -204,6 +204,24 @@ def matrix_markdown(rows) -> str:
     return "\n".join(out)
 
 
+def matrix_table(rows) -> str:
+    """The matrix as a plain-text table (one row per release)."""
+    head = f"{'release':<8} {'verdict':<12} {'expected':<8} {'invariants':<28} {'path':<18} {'s':>6}  families"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        flag = "" if r.agrees is not False else " !"
+        lines.append(f"{r.release:<8} {r.verdict + flag:<12} {r.expected:<8} {', '.join(r.invariants) or '-':<28} "
+                     f"{', '.join(r.paths) or '-':<18} {r.seconds:>6.1f}  {'; '.join(r.families) or '-'}")
+    return "\n".join(lines)
+
+
+def matrix_verdict_line(rows, code: int) -> str:
+    """The matrix's one verdict line: VERDICT, releases, failing, disagreeing with their profile."""
+    return (f"verdict: {exitcodes.verdict_name(code).upper()} | releases {len(rows)} | failing "
+            f"{sum(r.verdict == 'fail' for r in rows)} | disagreeing with their profile "
+            f"{sum(r.agrees is False for r in rows)}")
+
+
 def _short(probe: Optional[str]) -> str:
     """A probe result for a table cell: fail (with the invariants), pass, pass without a precompute, error, -."""
     if not probe:

@@ -27,7 +27,7 @@ OUTPUT_OPTIONS = {"json": "file", "junit": "file", "html": "file", "markdown": "
                   "cases_dir": "dir", "write_corpus": "dir", "out_dir": "dir", "out": "dir"}
 COMMAND_OUTPUTS = {"hazard-map": {"out": "file"}}
 #: argparse dest -> the argument name used in messages, for inputs.
-INPUT_OPTIONS = {"case": "CASE", "cases": "CASE", "run_json": "RUN.json"}
+INPUT_OPTIONS = {"case": "CASE", "cases": "CASE", "run_json": "RUN.json"}  # report merge: its REPORT.json too
 
 
 def read_text(path: str, field: str, max_bytes: int = MAX_INPUT_BYTES) -> str:

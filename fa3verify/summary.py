@@ -60,6 +60,7 @@ class RunSummary:
     policy: dict = field(default_factory=dict)
     usage_error: Optional[str] = None
     interrupted: bool = False  #: SIGINT stopped the run: what was found is reported, the verdict is inconclusive
+    shard: Optional[dict] = None  #: one shard of a campaign (``fa3verify.sharding``): {"k", "n", "campaign"}
 
     @property
     def exit_code(self) -> int:
@@ -78,6 +79,7 @@ class RunSummary:
             "first_failure_s": None if self.first_failure_s is None else round(self.first_failure_s, 4),
             "seed": self.seed, "policy": self.policy, "interrupted": self.interrupted,
             "checks": [asdict(c) for c in self.checks], "findings": [asdict(f) for f in self.findings],
+            **({"shard": self.shard} if self.shard is not None else {}),
         }
 
     def merge(self, other: "RunSummary") -> None:

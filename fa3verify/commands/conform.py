@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..engine_choice import add_engine_argument, add_profile_argument
+from ..sharding import add_shard_argument
 
 HELP = "compare the model (under a release's profile) with the real engine, FA3 call by FA3 call"
 EPILOG = """\
@@ -31,6 +32,7 @@ def register(sub) -> None:
     add_profile_argument(p)
     p.add_argument("--cases", type=int, default=200, metavar="N", help="random configurations (default 200)")
     p.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
+    add_shard_argument(p, "configurations")
     p.add_argument("--no-assumption-probes", action="store_true",
                    help="do not put the configurations spec assumes away to the release's validation")
     p.add_argument("--cases-dir", default="fa3verify-out/cases", metavar="DIR", help="where findings are saved")
@@ -50,20 +52,34 @@ def run(args) -> int:
                          "(or vLLM's profile) with it")
     if args.cases < 1:
         raise UsageError(f"--cases: must be >= 1, got {args.cases}")
+    from ..sharding import check_cases, parse_shard
+
+    shard = parse_shard(args.shard)
+    check_cases(shard, args.cases)
     spec = parse_engine_option(args.engine)
     if spec.is_model:
         raise UsageError("--engine: conform compares the model with a real engine; 'model' is the model itself")
     if spec.kind == "vllm":
+        if shard is not None:
+            raise UsageError(f"--shard: {spec} conforms claim by claim, not over drawn configurations; "
+                             f"--shard applies to sglang engines")
         return _conform_vllm(args, spec)
     with open_engine(spec) as sut:
         profile = conform_profile(args.engine_profile, sut)
         print(f"engine: {spec}   profile: {profile.describe()}")
         start_engine(sut, "conform")
-        with stage("conform", f"conform {args.cases} configurations on {spec}",
+        with stage("conform", f"conform {args.cases} configurations on {spec}"
+                              + (f", shard {shard}" if shard else ""),
                    result=lambda: f"{report.compared} compared, {len(report.differences)} differing"):
             report = conform(sut, profile, cases=args.cases, seed=args.seed, cases_dir=args.cases_dir,
-                             probes=not args.no_assumption_probes, progress=_progress_every_25(args.cases))
+                             probes=not args.no_assumption_probes, progress=_progress_every_25(args.cases),
+                             shard=shard)
     summary = summarise(report)
+    if shard is not None:
+        summary.seed = args.seed
+        summary.shard = shard.to_dict({"command": "conform", "seed": args.seed, "cases": args.cases,
+                                       "engine": args.engine, "profile": profile.describe(),
+                                       "probes": not args.no_assumption_probes})
     print_table(summary)
     print(f"configurations: {report.cases} drawn, {report.compared} compared, {report.skipped_rejected} rejected "
           f"by the release" + (f" {report.rejected_reasons}" if report.rejected_reasons else "")

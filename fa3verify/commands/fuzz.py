@@ -6,6 +6,7 @@ import argparse
 
 from ..engine_choice import add_engine_argument
 from ..policy import add_policy_arguments
+from ..sharding import add_shard_argument
 
 HELP = "fuzz the backend under a policy against the oracle"
 EPILOG = """\
@@ -43,6 +44,7 @@ def register(sub) -> None:
     group.add_argument("--cases", type=int, metavar="N",
                        help="run N cases instead (no clock: the same case files on any machine)")
     p.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
+    add_shard_argument(p)
     add_cases_dir_argument(p)
     p.add_argument("--json", metavar="PATH", help="write the run summary as JSON (schema fa3verify.run/1)")
     p.add_argument("--junit", metavar="PATH", help="write JUnit XML")
@@ -84,14 +86,22 @@ def run(args) -> int:
     from ..progress import stage
     from ..summary import RunSummary, write_reports
 
+    from ..sharding import check_cases, parse_shard
+
     budget, cases = budget_from_args(args)
+    shard = parse_shard(args.shard)
+    check_cases(shard, cases)
     policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     try:
         with sut_from_args(args) as sut:
             start_engine(sut, "fuzz")  # its own line: the worker's start-up is not part of the fuzz budget
-            with stage("fuzz", f"fuzz ({args.kernel} kernel, {f'{cases} cases' if cases else f'{budget:g} s'})"):
+            with stage("fuzz", f"fuzz ({args.kernel} kernel, {f'{cases} cases' if cases else f'{budget:g} s'}"
+                               f"{f', shard {shard}' if shard else ''})"):
                 summary = fuzz(policy, kernel_name=args.kernel, device=args.device, seed=args.seed,
-                               budget_s=budget, max_cases=cases, out_dir=cases_dir_of(args), sut=sut)
+                               budget_s=budget, max_cases=cases, out_dir=cases_dir_of(args), sut=sut, shard=shard)
     except KeyboardInterrupt:  # before the campaign began: nothing found, the reports still say so (exit 3)
         summary = RunSummary(command="fuzz", seed=args.seed, policy=policy.to_dict(), interrupted=True)
+    if shard is not None:
+        summary.shard = shard.to_dict({"command": "fuzz", "seed": args.seed, "cases": cases, "budget_s": budget,
+                                       "kernel": args.kernel, "engine": args.engine, "policy": summary.policy})
     return write_reports(summary, args, lambda f: f"  {f.invariant}: {f.message}\n    replay: {f.replay}")
