@@ -22,6 +22,7 @@ examples:
   fa3verify conform --engine sglang==0.5.23 --cases 300 --seed 0
   fa3verify conform --engine sglang-src=../sglang/python --engine-profile sglang==0.5.23 --json conform.json
   fa3verify conform --engine vllm==0.33.0            # vLLM's profile, claim by claim, on its own code
+  fa3verify conform --engine sglang==0.5.23 --cases 900 --shard 1/3 --json c1.json   # join: `report merge`
 """
 
 

@@ -12,6 +12,7 @@ examples:
   fa3verify engine setup vllm==0.33.0            # the same for a vLLM release
   fa3verify engine matrix --budget-s 10 --json matrix.json
   fa3verify engine matrix --releases 0.5.12..0.5.16 --cases 100
+  fa3verify engine matrix --cases 100 --shard 1/4 --json m1.json   # a quarter of the releases; `report merge`
 """
 
 

@@ -28,6 +28,7 @@ examples:
   fa3verify fuzz --kernel fa3 --device cuda --budget-s 120   # real FA3 on a GPU box
   fa3verify fuzz --engine sglang==0.5.14 --cases 200         # sglang 0.5.14's own backend (no --guard)
   fa3verify fuzz --engine vllm==0.33.0 --cases 2000          # vLLM's builder and impl, family vllm
+  fa3verify fuzz --cases 20000 --shard 2/4 --json s2.json    # one CI job of four; join: `report merge`
 """
 
 
