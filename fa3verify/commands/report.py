@@ -6,6 +6,9 @@ import argparse
 
 HELP = ("render a run summary JSON (schema fa3verify.run/1) or a sanitizer log (.jsonl) as a one-page HTML report; "
         "`report merge` joins shard reports into one verdict")
+USAGE = """\
+fa3verify report RUN.json --html PATH
+       fa3verify report merge REPORT.json [REPORT.json ...] [--json PATH] [--junit PATH]"""
 EPILOG = """\
 `report RUN.json --html PATH`: the page is self-contained (inline CSS, no scripts): a verdict banner, counts
 and timings, the checks table and every finding with its case file and replay command. A file that is not a
@@ -26,10 +29,11 @@ examples:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("report", help=HELP, description=HELP, epilog=EPILOG, usage=USAGE,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_json", nargs="+", metavar="RUN.json | merge REPORT.json",
-                   help="a run summary written with --json, or a sanitizer log; or `merge` and shard reports")
+    p.add_argument("run_json", nargs="+", metavar="FILE",
+                   help="RUN.json, a run summary written with --json, or a sanitizer log; or `merge` followed by "
+                        "the shard reports (REPORT.json ...)")
     p.add_argument("--html", metavar="PATH", help="where to write the HTML page (required to render)")
     p.add_argument("--json", metavar="PATH", help="merge: write the joined report as JSON ('-': stdout)")
     p.add_argument("--junit", metavar="PATH", help="merge: write the joined report as JUnit XML")
