@@ -200,3 +200,13 @@ def test_engine_matrix_shards_split_the_releases_and_merge(monkeypatch, tmp_path
                                                                        for r in whole["rows"]]
     assert merged["rows"][0]["release"] == "0.5.13" and "sglang 0.5.14" in (tmp_path / "merged.xml").read_text()
     assert cli.main(["report", "merge", paths[0]]) == 2  # the 0.5.14 shard is missing
+
+
+def test_report_merge_never_overwrites_a_shard_report_nor_writes_into_a_folder(tmp_path, capsys):
+    one, two = _fuzz_shards(tmp_path, 2, ["fuzz", "--cases", "10", "--seed", "1"])
+    before = Path(one).read_text()
+    assert cli.main(["report", "merge", one, two, "--json", one]) == 2
+    assert "--json:" in capsys.readouterr().err and Path(one).read_text() == before
+    (tmp_path / "adir").mkdir()
+    assert cli.main(["report", "merge", one, two, "--junit", str(tmp_path / "adir")]) == 2
+    assert "--junit:" in capsys.readouterr().err
