@@ -55,13 +55,31 @@ def parse_engine_option(text: str):
         raise UsageError(msg if msg.startswith("--engine") else f"--engine: {msg}") from None
 
 
+def start_engine(sut, command: str) -> None:
+    """Start a real engine's worker (building its environment if needed) as its own progress stage; what it prints
+    goes to stderr (progress never goes to stdout, which may carry a report). The model needs no start."""
+    import contextlib
+    import sys
+
+    from .progress import stage
+
+    if sut.spec.is_model or not callable(getattr(sut, "start", None)):
+        return
+    with stage(command, f"start {sut.spec} (its worker imports the engine)"), contextlib.redirect_stdout(sys.stderr):
+        sut.start()
+
+
 def open_engine(spec_or_text):
     """Open the system under test an ``--engine`` value (or EngineSpec) names; unavailable -> UsageError."""
     from gpu_impl.sut import EngineSpecError, open_sut
 
+    import contextlib
+    import sys
+
     spec = parse_engine_option(spec_or_text) if isinstance(spec_or_text, str) else spec_or_text
     try:
-        return open_sut(spec)
+        with contextlib.redirect_stdout(sys.stderr):  # an environment build's lines are progress: stderr
+            return open_sut(spec)
     except EngineSpecError as exc:
         msg = str(exc)
         raise UsageError(msg if msg.startswith("--engine") else f"--engine: {msg}") from None

@@ -60,7 +60,7 @@ def run(args) -> int:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
-    from ..engine_choice import open_engine, parse_engine_option, profile_policy_args
+    from ..engine_choice import open_engine, parse_engine_option, profile_policy_args, start_engine
     from ..engine_gate import replay_witnesses
 
     from ..engine_choice import vllm_profile_arg
@@ -79,9 +79,11 @@ def run(args) -> int:
         summary = prove(policy, timeout_s=args.timeout_s, cases_dir=args.cases_dir, only=args.only,
                         dropped_assumptions=args.drop_assumption, jobs=args.jobs)
     if not spec.is_model:
-        with open_engine(spec) as sut, stage("prove", f"witnesses replayed on {spec}"):
-            checks, findings = replay_witnesses(sut, [c.case_file for c in summary.checks if c.failed],
-                                                args.cases_dir)
+        with open_engine(spec) as sut:
+            start_engine(sut, "prove")
+            with stage("prove", f"witnesses replayed on {spec}"):
+                checks, findings = replay_witnesses(sut, [c.case_file for c in summary.checks if c.failed],
+                                                    args.cases_dir)
         summary.checks.extend(checks)
         summary.findings.extend(findings)
     return write_reports(summary, args)
