@@ -377,6 +377,7 @@ class CallRecord:
     has_leftpad: bool = False
     max_seqlen_q: Optional[int] = None
     seqlen_k_new: int = 0
+    has_k_new: bool = False
     causal: bool = False
     window_size: tuple = (-1, -1)
     attention_chunk: int = 0
@@ -429,7 +430,7 @@ class CallRecord:
         return (self.batch_size, self.seqlen_q, self.seqlen_k, self.num_heads, self.num_heads_k, self.headdim,
                 self.headdim_v, self.dtype, self.varlen_q, self.has_cache_seqlens, self.has_leftpad, self.page_size,
                 self.seqlen_k_new, self.causal, tuple(self.window_size), self.attention_chunk, self.softcap > 0,
-                self.num_splits, self.pack_gqa, self.sm_margin, self.num_sm, self.arch)
+                self.num_splits, self.pack_gqa, self.sm_margin, self.num_sm, self.arch, self.has_k_new)
 
     def call_shape(self) -> CallShape:
         """gpu_impl.kernels.base's :class:`CallShape` of this call (needs the host lengths)."""
@@ -449,12 +450,12 @@ class CallRecord:
 @functools.lru_cache(maxsize=4096)
 def _call_schedule(key: tuple) -> Schedule:
     (b, sq, sk, h, hk, d, dv, dtype, varlen_q, has_cs, leftpad, page, knew, causal, window, chunk, softcap, splits,
-     pack, margin, num_sm, arch) = key
+     pack, margin, num_sm, arch, has_k_new) = key
     return resolve_schedule(call_inputs(
         b, sq, sk, h, hk, d, headdim_v=dv, qkv_dtype=schedule_dtype(getattr(torch, dtype)), varlen_q=varlen_q,
         has_cache_seqlens=has_cs, has_leftpad=leftpad, page_size=page, seqlen_knew=knew, causal=causal,
         window_size=window, attention_chunk=chunk, has_softcap=softcap, num_splits=splits, pack_gqa=pack,
-        sm_margin=margin, num_sm=num_sm, arch=arch))
+        sm_margin=margin, num_sm=num_sm, arch=arch, has_k_new=has_k_new))
 
 
 def call_schedule_of(call: CallRecord) -> Schedule:
@@ -464,7 +465,7 @@ def call_schedule_of(call: CallRecord) -> Schedule:
 
 def _record(fn: str, q, k_cache, v_cache, *, cache_seqlens, cache_leftpad, page_table, cu_seqlens_q, max_seqlen_q,
             seqlen_k_static, seqlen_k_new, causal, window_size, attention_chunk, softcap, scheduler_metadata,
-            num_splits, pack_gqa, sm_margin, num_sm, arch, read_tensors) -> CallRecord:
+            num_splits, pack_gqa, sm_margin, num_sm, arch, read_tensors, has_k_new=False) -> CallRecord:
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name}: must be a tensor, got {type(t).__name__}")
@@ -495,7 +496,8 @@ def _record(fn: str, q, k_cache, v_cache, *, cache_seqlens, cache_leftpad, page_
         page_table_shape=_shape(page_table), page_size=page_size, varlen_q=varlen_q,
         has_cache_seqlens=cache_seqlens is not None, has_leftpad=cache_leftpad is not None,
         max_seqlen_q=None if max_seqlen_q is None else int(max_seqlen_q), seqlen_k_new=int(seqlen_k_new),
-        causal=bool(causal), window_size=_pair(window_size), attention_chunk=int(attention_chunk or 0),
+        has_k_new=bool(has_k_new), causal=bool(causal), window_size=_pair(window_size),
+        attention_chunk=int(attention_chunk or 0),
         softcap=float(softcap or 0.0), num_splits=int(num_splits or 0),
         pack_gqa=None if pack_gqa is None else bool(pack_gqa), sm_margin=int(sm_margin or 0),
         metadata_passed=md is not None, metadata_numel=int(md.numel()) if isinstance(md, torch.Tensor) else None,
@@ -519,6 +521,7 @@ def record_bound_call(a: dict, num_sm: int = DEFAULT_NUM_SM, arch: int = DEFAULT
                    cache_leftpad=a["cache_leftpad"], page_table=a["page_table"], cu_seqlens_q=a["cu_seqlens_q"],
                    max_seqlen_q=a["max_seqlen_q"], seqlen_k_static=None,
                    seqlen_k_new=int(k.shape[1]) if isinstance(k, torch.Tensor) and k.dim() == 4 else 0,
+                   has_k_new=isinstance(k, torch.Tensor),
                    causal=a["causal"], window_size=a["window_size"], attention_chunk=a["attention_chunk"],
                    softcap=a["softcap"], scheduler_metadata=a["scheduler_metadata"], num_splits=a["num_splits"],
                    pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"], num_sm=num_sm, arch=arch,

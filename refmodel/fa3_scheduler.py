@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 
 from .cint import c_ceil_div, c_div, to_int32
-from .validation import check_call, check_call_split_count, check_precompute, effective_num_splits_argument
+from .validation import appends_kv, check_call, check_call_split_count, check_precompute, effective_num_splits_argument
 
 F32 = np.float32
 
@@ -262,10 +262,16 @@ class ScheduleInputs:
     uses_prepare: bool = True
     precompute: bool = True
     has_seqused_k: bool = True
+    has_k_new: bool = False
 
     @property
     def paged(self) -> bool:
         return self.page_size is not None
+
+    @property
+    def appends_kv(self) -> bool:
+        """Whether new KV is appended (FA3's ``params.knew_ptr``; refmodel.validation ``appends_kv``)."""
+        return appends_kv(self)
 
 
 @dataclass(frozen=True)
@@ -317,7 +323,7 @@ class Schedule:
 
 def pagedkv_tma(inp: ScheduleInputs, masking: Masking, d_rounded: int, dv_rounded: int) -> bool:
     """Whether paged KV uses TMA: page_size % kBlockN == 0 and seqlen_q*qhpk > kBlockM (flash_api.cpp)."""
-    if inp.arch < 90 or not inp.paged or inp.has_leftpad or inp.seqlen_knew > 0:
+    if inp.arch < 90 or not inp.paged or inp.has_leftpad or inp.appends_kv:
         return False
     bm, bn = tile_size_fwd_sm90(d_rounded, dv_rounded, masking.is_causal, masking.is_local, inp.element_size,
                                 paged_kv_non_tma=False, softcap=inp.has_softcap)
@@ -353,11 +359,20 @@ def get_num_splits(inp: ScheduleInputs, masking: Optional[Masking] = None) -> in
                                 masking.is_causal or masking.is_local, HEURISTIC_MAX_SPLITS)
 
 
+def forced_pack_gqa(arch: int, paged_kv_non_tma: bool, num_splits: int) -> bool:
+    """FA3 always packs GQA below sm90, for paged KV without TMA and for Split (flash_api.cpp 427-429, 377).
+
+    ``get_pack_gqa`` returns True for these before any heuristic; the kernel template forces PackGQA for the same
+    three (``PackGQA_ || Arch < 90 || PagedKVNonTMA || Split``), whatever ``pack_gqa`` was passed.
+    """
+    return int(arch) < 90 or bool(paged_kv_non_tma) or int(num_splits) > 1
+
+
 def get_pack_gqa(inp: ScheduleInputs, num_splits: int, masking: Masking, tma: bool) -> bool:
     """FA3's PackGQA decision: forced for sm8x, paged-non-TMA or Split; else the heuristic (flash_api.cpp)."""
     if inp.pack_gqa is not None:
         return bool(inp.pack_gqa)
-    if inp.arch < 90 or (inp.paged and not tma) or num_splits > 1:
+    if forced_pack_gqa(inp.arch, inp.paged and not tma, num_splits):
         return True
     if inp.num_heads == inp.num_heads_k:
         return False
@@ -387,7 +402,7 @@ def resolve_schedule(inp: ScheduleInputs) -> Schedule:
     else:
         needs_sem = (((masking.is_causal or masking.is_local) and num_splits == 1) or inp.uses_prepare) \
             if inp.arch >= 90 else False
-    kernel_pack = pack or inp.arch < 90 or non_tma or num_splits > 1
+    kernel_pack = pack or forced_pack_gqa(inp.arch, non_tma, num_splits)
     if not inp.precompute:
         check_call_split_count(num_splits, kernel_runs=inp.batch_size > 0 and inp.seqlen_q > 0)
     return Schedule(inputs=inp, masking=masking, d_rounded=d_r, dv_rounded=dv_r, pagedkv_tma=tma,
@@ -427,11 +442,13 @@ def call_inputs(batch_size: int, seqlen_q: int, seqlen_k: int, num_heads: int, n
                 has_cache_seqlens: bool = True, has_leftpad: bool = False, page_size: Optional[int] = None,
                 seqlen_knew: int = 0, causal: bool = False, window_size=(-1, -1), attention_chunk: int = 0,
                 has_softcap: bool = False, num_splits: int = 0, pack_gqa: Optional[bool] = None,
-                sm_margin: int = 0, num_sm: int = 132, arch: int = 90) -> ScheduleInputs:
+                sm_margin: int = 0, num_sm: int = 132, arch: int = 90,
+                has_k_new: Optional[bool] = None) -> ScheduleInputs:
     """ScheduleInputs for a `flash_attn_with_kvcache` call, from its shapes (flash_api.cpp `mha_fwd`).
 
     `seqlen_k` is the cache's size(1), or page_table.size(1) * page_size when paged; the call is varlen
-    (runs the prepare step) when cache_seqlens, cu_seqlens_q or leftpad is given.
+    (runs the prepare step) when cache_seqlens, cu_seqlens_q or leftpad is given. `has_k_new` says whether
+    `k_new` is passed (default: `seqlen_knew > 0`); a varlen `k_new` is passed with `seqlen_knew` 0.
     """
     uses_prepare = bool(varlen_q or has_cache_seqlens or has_leftpad)
     return ScheduleInputs(
@@ -442,7 +459,8 @@ def call_inputs(batch_size: int, seqlen_q: int, seqlen_k: int, num_heads: int, n
         has_softcap=bool(has_softcap), page_size=None if page_size is None else int(page_size),
         varlen_q=bool(varlen_q), has_leftpad=bool(has_leftpad), seqlen_knew=int(seqlen_knew),
         num_splits=int(num_splits), pack_gqa=pack_gqa, num_sm=int(num_sm) - int(sm_margin), arch=int(arch),
-        uses_prepare=uses_prepare, precompute=False, has_seqused_k=bool(has_cache_seqlens))
+        uses_prepare=uses_prepare, precompute=False, has_seqused_k=bool(has_cache_seqlens),
+        has_k_new=bool(int(seqlen_knew) > 0 if has_k_new is None else has_k_new))
 
 
 def combine_capacity(num_splits_call: int, headdim_v: int) -> int:
