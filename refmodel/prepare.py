@@ -20,7 +20,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .cint import c_ceil_div, f32_to_int_sat, to_int32
-from .errors import ProcessAbort
+from .errors import OutsideModel, ProcessAbort
+from .fa3_builds import UPSTREAM
 from .fa3_scheduler import F32, L2_SWIZZLE_BYTES, PREPARE_MAX_BATCH_ONE_CTA, Schedule, ceil_div
 
 
@@ -111,6 +112,11 @@ def prepare_scheduler(schedule: Schedule, seqused_k: Sequence[int], seqlens_q: O
     (refmodel.fastmath `blocks_per_sm_candidates`); None computes it.
     """
     inp = schedule.inputs
+    if inp.build != UPSTREAM:
+        raise OutsideModel("build", UPSTREAM, inp.build,
+                           "the vLLM fork's prepare kernel (prepare_seqlen_q instead of m-blocks, a 32 MiB / qhpk L2 "
+                           "budget; vllm-project/flash-attention@617264c1 flash_prepare_scheduler.cu 81-94, 220-225) "
+                           "is not modelled")
     b = inp.batch_size
     if len(seqused_k) != b:
         raise ValueError(f"cache_seqlens: expected {b} entries (batch_size), got {len(seqused_k)}")
