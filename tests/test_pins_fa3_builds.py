@@ -10,7 +10,6 @@ build (or judged the fork with upstream's rules) fails it.
 import pytest
 
 from refmodel import call_inputs, precompute_inputs, resolve_schedule
-from refmodel.errors import OutsideModel
 from refmodel.fa3_builds import (UPSTREAM, VLLM_FORK, build, build_for_engine, builds, engine_sources,
                                  fork_metadata_vectors, tile_size_fwd_sm90_vllm_fork, use_one_mma_wg)
 
@@ -116,12 +115,26 @@ def test_the_fork_refuses_paged_tma_for_local_and_overrides_pack_for_hdim_64_gqa
     assert get_pack_gqa(up, 1, masking, False) is False
 
 
-def test_metadata_for_the_fork_is_refused_not_approximated():
-    from refmodel.metadata import get_scheduler_metadata
-    with pytest.raises(OutsideModel, match="prepare kernel"):
-        from refmodel.prepare import prepare_scheduler
-        prepare_scheduler(resolve_schedule(precompute_inputs(2, 1, 100, 8, 1, 128, build=VLLM_FORK)), [17, 100])
-    get_scheduler_metadata(2, 1, 100, 8, 1, 128, cache_seqlens=[17, 100])   # upstream still encodes
+def test_the_fork_metadata_layout_and_its_prepare_vectors():
+    # flash_api.cpp@617264c1 703-707: prepare_seqlen_q at 0, dynamic splits at b4 (S > 1), heads-in-L2 last;
+    # flash_prepare_scheduler.cu 203-205 (no Sort): per batch Lq * qhpk (PackGQA), the split, heads-in-L2 with the
+    # 32 MiB / 8 budget for qhpk 8 (220-225)
+    from refmodel.metadata import decode_for_schedule, get_scheduler_metadata, schedule_and_prepare
+    from refmodel.prepare import fork_l2_budget
+    lens = [17, 100, 30000, 5]
+    md = get_scheduler_metadata(4, 1, 30000, 8, 1, 128, cache_seqlens=lens, causal=True, page_size=16,
+                                build=VLLM_FORK)
+    sched, res = schedule_and_prepare(4, 1, 30000, 8, 1, 128, lens, causal=True, page_size=16, build=VLLM_FORK)
+    assert sched.num_splits > 1 and sched.pack_gqa and md.numel() == 3 * 4 + 1
+    v = md.tolist()
+    assert v[0:4] == [8, 8, 8, 8]                     # Lq 1 * qhpk 8
+    assert v[4:8] == res.num_splits and v[8:12] == res.nheads_in_l2 and v[12] == 0
+    assert res.batch_idx is None and fork_l2_budget(8) == 4 * 1024 * 1024 and fork_l2_budget(16) == 2 * 1024 * 1024
+    assert fork_l2_budget(1) == 32 * 1024 * 1024 and fork_l2_budget(3) == 8 * 1024 * 1024
+    dec = decode_for_schedule(md, sched)
+    assert dec.num_m_blocks[:4] == [1, 1, 1, 1] and dec.batch_idx is None and dec.num_splits[:4] == res.num_splits
+    up = get_scheduler_metadata(4, 1, 30000, 8, 1, 128, cache_seqlens=lens, causal=True, page_size=16)
+    assert up.numel() == 4 * 4 + 1                    # upstream: splits, m-blocks, batch order, heads-in-L2
 
 
 def test_sliding_window_case_under_the_fork_raises_nothing():
@@ -142,3 +155,31 @@ def test_sliding_window_case_under_the_fork_raises_nothing():
     up_call = resolve_schedule(call_inputs(2, 1, 40960, 8, 1, 128, varlen_q=True, page_size=16, causal=True,
                                            window_size=w))
     assert up_call.masking.is_local and (up_pre.metadata_size, up_call.metadata_size) == (17, 13)
+
+
+def test_a_recorded_varlen_call_takes_max_seqlen_k_under_the_fork_and_the_block_table_upstream():
+    # fork flash_api.cpp 835: seqlen_k = max_seqlen_k when passed; upstream (0251105a 768) reads the block table
+    import torch
+
+    from gpu_impl.fa3_records import call_schedule_of, record_varlen_call
+
+    q = torch.zeros(2, 8, 128, dtype=torch.bfloat16)
+    kv = torch.zeros(10, 16, 1, 128, dtype=torch.bfloat16)
+    kw = dict(q=q, k=kv, v=kv, max_seqlen_q=1, cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32),
+              max_seqlen_k=100, seqused_k=torch.tensor([17, 100], dtype=torch.int32),
+              block_table=torch.zeros(2, 2560, dtype=torch.int32), causal=True, window_size=(4095, 0))
+    fork = record_varlen_call(build=VLLM_FORK, **kw)
+    up = record_varlen_call(**kw)
+    assert (fork.seqlen_k, fork.build, up.seqlen_k, up.build) == (100, VLLM_FORK, 40960, UPSTREAM)
+    assert call_schedule_of(fork).masking.is_causal and call_schedule_of(up).masking.is_local
+    assert call_schedule_of(fork).metadata_size == 9
+
+
+def test_the_vllm_driver_judges_under_the_build_recorded_for_its_release():
+    from gpu_impl.engines.vllm_driver import VLLM_BUILD
+
+    assert VLLM_BUILD == build_for_engine("vllm", "0.33.0")
+    from fa3verify.engine_choice import fa3_build_of
+    from gpu_impl.sut import parse_engine
+    assert fa3_build_of(parse_engine("vllm==0.33.0")) == VLLM_FORK
+    assert fa3_build_of(parse_engine("sglang==0.5.14")) == UPSTREAM and fa3_build_of(None) == UPSTREAM
