@@ -33,7 +33,7 @@ from typing import Optional
 
 __all__ = ["UPSTREAM", "VLLM_FORK", "Build", "builds", "build", "engine_sources", "build_for_engine",
            "use_one_mma_wg", "tile_size_fwd_sm90_vllm_fork", "fork_packgqa_override", "fork_packgqa",
-           "fork_metadata_vectors", "fork_uses_dynamic_split", "DATA"]
+           "fork_metadata_vectors", "fork_uses_dynamic_split", "engine_sources_markdown", "DATA"]
 
 UPSTREAM = "upstream-0251105a"
 VLLM_FORK = "vllm-fork-617264c1"
@@ -170,3 +170,14 @@ def fork_metadata_vectors(uses_prepare: bool, batch_size: int, num_splits: int, 
 def check_build_name(name: Optional[str]) -> str:
     """The build name, defaulting to upstream; ValueError for an unknown one."""
     return build(UPSTREAM if name is None else name).name
+
+
+def engine_sources_markdown() -> str:
+    """The docs table (docs/fa3-builds.md): engine release, kernel package, FA3 source and commit, build."""
+    lines = ["| engine release | kernel package | FA3 source | FA3 commit | build | pin read |",
+             "|---|---|---|---|---|---|"]
+    for r in engine_sources():
+        commit = r["fa3_commit"][:12] if r["fa3_commit"] else "not recorded"
+        lines.append(f"| {r['engine']}=={r['release']} | {r['kernel_package']} {r['kernel_version']} | "
+                     f"{r['fa3_repo']} | {commit} | `{r['build']}` | {'yes' if r['verified'] else 'no'} |")
+    return "\n".join(lines)

@@ -183,3 +183,40 @@ def test_the_vllm_driver_judges_under_the_build_recorded_for_its_release():
     from gpu_impl.sut import parse_engine
     assert fa3_build_of(parse_engine("vllm==0.33.0")) == VLLM_FORK
     assert fa3_build_of(parse_engine("sglang==0.5.14")) == UPSTREAM and fa3_build_of(None) == UPSTREAM
+
+
+def test_an_engine_matrix_row_names_the_build_that_judged_it():
+    from fa3verify.engine_matrix import MatrixRow
+
+    assert MatrixRow(release="0.5.14", verdict="pass", exit_code=0).fa3_build == UPSTREAM
+    assert MatrixRow(release="0.5.14", verdict="pass", exit_code=0, fa3_build=VLLM_FORK).fa3_build == VLLM_FORK
+    assert MatrixRow(release="not-a-version", verdict="pass", exit_code=0).fa3_build == UPSTREAM
+
+
+def test_the_docs_table_of_engine_sources_is_the_data():
+    from pathlib import Path
+
+    from refmodel.fa3_builds import engine_sources_markdown
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "fa3-builds.md").read_text()
+    start = text.index("<!-- engine-sources-table:")
+    block = text[text.index("\n", start) + 1:text.index("<!-- end engine-sources-table -->")].strip()
+    assert block == engine_sources_markdown()
+
+
+def test_the_decode_tile_choice_is_a_hazard_class_of_its_own_under_the_fork():
+    # a precompute of max_seqlen_q 9 (9 * 8 = 72 > 64 rows: the 192 x 160 tile) and a call of seqlen_q 1 (8 rows: the
+    # one-MMA-WG 64 x 192 tile), d 64, h/h_k 8, 832 keys: the tiles' kBlockN differ, so S_p = 6 > S_c = 5 and the
+    # long batch's 6 splits overflow 5 partial buffers. Upstream (no such choice) schedules both sides alike.
+    from spec.invariants import CallLengths, check_all, metadata_for
+
+    lens = [832, 1, 1, 1]
+    seen = {}
+    for name in (VLLM_FORK, UPSTREAM):
+        P, R = metadata_for(precompute_inputs(4, 9, 832, 8, 1, 64, varlen_q=True, page_size=16, build=name), lens,
+                            [9, 1, 1, 1])
+        C = resolve_schedule(call_inputs(4, 1, 832, 8, 1, 64, varlen_q=True, page_size=16, build=name))
+        seen[name] = (P.num_splits, C.num_splits, [(v.invariant, v.batch) for v in
+                                                   check_all(P, R, C, CallLengths(tuple(lens), (1, 1, 1, 1)))])
+    assert seen[VLLM_FORK] == (6, 5, [("SPLIT_BOUND", 0)])
+    assert seen[UPSTREAM] == (6, 6, [])
