@@ -18,9 +18,14 @@ Two builds are modelled:
   S > 1] [+ heads-in-L2 when Swizzle] (692-699, 1068, 1083-1090), checked by CHECK_SHAPE (1096); a varlen call
   of more than 992 batches runs with one split (1070).
 
-Simplification: the fork's prepare kernel (flash_prepare_scheduler.cu: ``prepare_seqlen_q`` instead of m-blocks,
-a 32 MiB / qhpk L2 budget) is not modelled; refmodel.metadata refuses to encode metadata for the fork
-(:class:`~refmodel.errors.OutsideModel`) rather than produce upstream's vectors under the fork's name.
+The fork's prepare kernel (``prepare_seqlen_q`` instead of m-blocks, a 32 MiB / qhpk L2 budget) is modelled in
+refmodel.prepare, its layout in refmodel.metadata (``MetadataLayout``, ``decode_for_schedule``).
+
+Simplifications: the fork has no ``attention_chunk`` argument, and the model does not refuse a chunk under the
+fork's build; ``use_one_mma_wg`` is applied to the kernel's tile as to the host's (the fork's
+flash_fwd_launch_template.h 217-219 switches on the same predicate and also needs kHeadDimV == kHeadDim, which
+holds wherever the tile reads the flag: d 128 forces dv 128, and d 64 with a wider dv takes the dv tiles first); the fork's sm8x path is compiled out
+(``FLASHATTENTION_DISABLE_SM8x``), as refmodel refuses arch != 90 for every build.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from typing import Optional
 
 __all__ = ["UPSTREAM", "VLLM_FORK", "Build", "builds", "build", "engine_sources", "build_for_engine",
            "use_one_mma_wg", "tile_size_fwd_sm90_vllm_fork", "fork_packgqa_override", "fork_packgqa",
-           "fork_metadata_vectors", "fork_uses_dynamic_split", "engine_sources_markdown", "DATA"]
+           "fork_metadata_vectors", "fork_uses_dynamic_split", "engine_sources_markdown", "check_build_name",
+           "MAX_BATCHES_1CTA", "DATA"]
 
 UPSTREAM = "upstream-0251105a"
 VLLM_FORK = "vllm-fork-617264c1"

@@ -38,7 +38,7 @@ HEURISTIC_MAX_SPLITS = 128
 #: `mha_fwd` rejects more than 256 splits (flash_api.cpp: "num_splits > 256 not supported").
 CALL_MAX_SPLITS = 256
 #: One prepare CTA handles 32 warps of 31 batches; beyond that every split count is 1.
-PREPARE_MAX_BATCH_ONE_CTA = 992
+PREPARE_MAX_BATCH_ONE_CTA = fa3_builds.MAX_BATCHES_1CTA
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -421,7 +421,7 @@ def resolve_schedule(inp: ScheduleInputs) -> Schedule:
     fork = inp.build == fa3_builds.VLLM_FORK
     if fork:
         pack = fa3_builds.fork_packgqa(pack, num_splits, inp.headdim, inp.headdim_v)
-        if not inp.precompute and inp.uses_prepare and inp.batch_size > fa3_builds.MAX_BATCHES_1CTA:
+        if not inp.precompute and inp.uses_prepare and inp.batch_size > PREPARE_MAX_BATCH_ONE_CTA:
             num_splits = 1   # the fork's call: no split for a varlen batch over 992 (flash_api.cpp 1070)
     bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=non_tma)
     kd, kdv = kernel_headdims(inp.headdim, inp.headdim_v, inp.element_size)

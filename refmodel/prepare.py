@@ -8,6 +8,9 @@ batch's `m_blocks * n_blocks` and their warp/atomic sum wrap past 2^31 - 1 (the 
 in any order); the float blocks_per_sm converts back to int saturating, as the GPU's cvt does.
 A precompute of zero batches launches this kernel on an empty grid: `launch_check` (the process ends).
 
+Under the vLLM fork's build (refmodel.fa3_builds) Sort is off, the first vector holds Lq * (qhpk if PackGQA) per
+batch instead of m-blocks, and the heads-in-L2 budget is 32 MiB / qhpk-class (``fork_l2_budget``).
+
 Simplification: FA3 sorts with `cub::BlockMergeSort::Sort`, which does not promise an order for equal keys;
 this model breaks ties by ascending batch index (a stable sort). Fidelity checks compare tied entries as sets.
 """
@@ -21,7 +24,7 @@ import numpy as np
 
 from .cint import c_ceil_div, f32_to_int_sat, to_int32
 from .errors import ProcessAbort
-from .fa3_builds import UPSTREAM
+from .fa3_builds import VLLM_FORK
 from .fa3_scheduler import F32, L2_SWIZZLE_BYTES, PREPARE_MAX_BATCH_ONE_CTA, Schedule, ceil_div
 
 
@@ -126,7 +129,7 @@ def prepare_scheduler(schedule: Schedule, seqused_k: Sequence[int], seqlens_q: O
     (refmodel.fastmath `blocks_per_sm_candidates`); None computes it.
     """
     inp = schedule.inputs
-    fork = inp.build != UPSTREAM
+    fork = inp.build == VLLM_FORK   # the fork's prepare kernel (refmodel.fa3_builds)
     b = inp.batch_size
     if len(seqused_k) != b:
         raise ValueError(f"cache_seqlens: expected {b} entries (batch_size), got {len(seqused_k)}")
