@@ -121,6 +121,22 @@ def spec_from_identity(identity: Optional[dict]):
     return parse_engine(name)  # a full spec string, e.g. "sglang==0.5.23"
 
 
+def fa3_build_of(spec) -> str:
+    """The FA3 build (refmodel.fa3_builds) that judges runs of this engine spec: recorded per release, else upstream.
+
+    The model, a source tree, and releases the table does not list (sglang before 0.5.11 has no precompute)
+    are judged under upstream's build.
+    """
+    from refmodel.fa3_builds import UPSTREAM, build_for_engine
+
+    if spec is None or spec.is_model or spec.kind not in ("sglang", "vllm") or not spec.release:
+        return UPSTREAM
+    try:
+        return build_for_engine(spec.kind, spec.release)
+    except ValueError:
+        return UPSTREAM
+
+
 def identity_of(sut) -> dict:
     """What a case file records about a system under test: ``{name, release|path, revision}``, normalised."""
     spec = sut.spec

@@ -44,6 +44,18 @@ class MatrixRow:
     case_files: list = field(default_factory=list)
     #: family probe name -> "fail: INV, ..." | "pass" | "pass (no precompute)" | "error: ..." (see PROBES)
     probes: dict = field(default_factory=dict)
+    #: the FA3 build that judged the row (refmodel/fa3_builds.json; set from the release in __post_init__)
+    fa3_build: str = ""
+
+    def __post_init__(self):
+        if not self.fa3_build:
+            from .engine_choice import fa3_build_of
+            from gpu_impl.sut import parse_engine
+
+            try:
+                self.fa3_build = fa3_build_of(parse_engine(f"sglang=={self.release}"))
+            except ValueError:
+                self.fa3_build = fa3_build_of(None)
 
 
 #: The family probes: (name, server configuration) of the worked example; each runs eager and under CUDA graph.
