@@ -82,4 +82,4 @@ def run(args) -> int:
                                budget_s=budget, max_cases=cases, out_dir=args.out, sut=sut)
     except KeyboardInterrupt:  # before the campaign began: nothing found, the reports still say so (exit 3)
         summary = RunSummary(command="fuzz", seed=args.seed, policy=policy.to_dict(), interrupted=True)
-    return write_reports(summary, args, lambda f: f"  {f.invariant}: {f.message}\n    replay: {f.replay}")
+    return write_reports(summary, args)
