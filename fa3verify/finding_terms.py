@@ -70,7 +70,8 @@ def ran_on(spec, scenario=None) -> str:
         return str(spec)
     if scenario is None:
         return "the model"
-    extra = f", defects {', '.join(sorted(scenario.defects))}" if scenario.defects else ""
+    defects = scenario.all_defects() if hasattr(scenario, "all_defects") else scenario.defects
+    extra = f", seeded defects {', '.join(sorted(defects))}" if defects else ""
     return f"the model (guard {scenario.guard_spec!r}, heads {scenario.metadata_heads}{extra})"
 
 

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "render a run summary JSON (schema fa3verify.run/1) or a sanitizer log (.jsonl) as a one-page HTML report"
+HELP = ("render a run summary JSON (schema fa3verify.run/1) or a sanitizer log (.jsonl) as a one-page HTML report "
+        "or as Markdown (a CI job summary)")
 EPILOG = """\
 The page is self-contained (inline CSS, no scripts): a verdict banner, counts and timings, the checks
-table and every finding with its case file and replay command. A file that is not a run summary exits 2
-naming the problem.
+table and every finding with its case file and replay command. --markdown writes the same run as Markdown
+for a CI job summary: the verdict, the rows that failed or were inconclusive, every finding in backend
+terms (configuration, path, differing arguments, S_p vs S_c, guard decision, fix hint, replay command),
+then all rows. A file that is not a run summary exits 2 naming the problem.
 
 examples:
   fa3verify gate --guard pre-fix --json gate.json; fa3verify report gate.json --html gate.html
   fa3verify report fuzz.json --html reports/fuzz.html
+  fa3verify report gate.json --markdown summary.md      # e.g. cat summary.md >> "$GITHUB_STEP_SUMMARY"
   fa3verify report fa3verify-sanitize/sanitize-12345.jsonl --html sanitize.html   # a sanitizer log
 """
 
@@ -21,7 +25,8 @@ def register(sub) -> None:
     p = sub.add_parser("report", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_json", metavar="RUN.json", help="a run summary written with --json, or a sanitizer log")
-    p.add_argument("--html", required=True, metavar="PATH", help="where to write the HTML page")
+    p.add_argument("--html", metavar="PATH", help="where to write the HTML page")
+    p.add_argument("--markdown", metavar="PATH", help="where to write the Markdown summary (failed rows first)")
     p.set_defaults(func=run)
 
 
@@ -32,7 +37,10 @@ def run(args) -> int:
     from ..html_report import load_summary, validate_summary, write_html
     from ..outputs import read_text
     from ..sanitize.records import is_log, log_to_run_summary
+    from ..summary import summary_markdown, write_atomic
 
+    if not args.html and not args.markdown:
+        raise UsageError("--html or --markdown: name at least one output (the HTML page, the Markdown summary)")
     read_text(args.run_json, "RUN.json")  # a regular, readable file of bounded size before anything opens it
     if is_log(args.run_json):
         try:
@@ -41,10 +49,16 @@ def run(args) -> int:
             raise UsageError(f"RUN.json: {args.run_json}: {exc}"[:300]) from None
     else:
         data = load_summary(args.run_json)
-    parent = os.path.dirname(os.path.abspath(args.html))
-    if not os.path.isdir(parent):
-        raise UsageError(f"--html: directory does not exist: {parent}")
-    write_html(data, args.html, source=args.run_json)
-    print(f"wrote {args.html}: verdict {data['verdict'].upper()}, {len(data.get('checks', []))} checks, "
-          f"{len(data.get('findings', []))} findings")
+    for option, path in (("--html", args.html), ("--markdown", args.markdown)):
+        parent = os.path.dirname(os.path.abspath(path)) if path else None
+        if parent and not os.path.isdir(parent):
+            raise UsageError(f"{option}: directory does not exist: {parent}")
+    counts = (f"verdict {data['verdict'].upper()}, {len(data.get('checks', []))} checks, "
+              f"{len(data.get('findings', []))} findings")
+    if args.html:
+        write_html(data, args.html, source=args.run_json)
+        print(f"wrote {args.html}: {counts}")
+    if args.markdown:
+        write_atomic(args.markdown, summary_markdown(data))
+        print(f"wrote {args.markdown}: {counts}")
     return 0
