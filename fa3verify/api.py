@@ -44,18 +44,23 @@ class Finding:
     case_file: Optional[str] = None
     replay: Optional[str] = None
     case: Optional[dict] = None
+    #: the run summary's finding (fa3verify.summary.Finding: the backend terms), when it came from a run
+    summary: Any = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict:
-        return {"invariant": self.invariant, "engine": self.engine, "message": self.message,
+        from dataclasses import asdict
+
+        base = asdict(self.summary) if self.summary is not None else {}
+        return {**base, "invariant": self.invariant, "engine": self.engine, "message": self.message,
                 "case_file": self.case_file, "replay": self.replay, "case": self.case}
 
     def __str__(self) -> str:
-        text = f"[{self.engine}] {self.invariant}: {self.message}"
-        if self.case_file:
-            text += f"\n    case file: {self.case_file}"
-        if self.replay:
-            text += f"\n    replay: {self.replay}"
-        return text
+        from .summary import finding_lines
+
+        lines = finding_lines(self.to_dict())
+        if self.case_file and self.replay:
+            lines.insert(-1, f"    case file: {self.case_file}")
+        return "\n".join(lines)
 
 
 def _read_case(path: Optional[str]) -> Optional[dict]:
@@ -82,7 +87,7 @@ class RunResult:
     @classmethod
     def from_summary(cls, summary: RunSummary, **extra) -> "RunResult":
         findings = [Finding(invariant=f.invariant, engine=f.engine, message=f.message, case_file=f.case_file,
-                            replay=f.replay, case=_read_case(f.case_file)) for f in summary.findings]
+                            replay=f.replay, case=_read_case(f.case_file), summary=f) for f in summary.findings]
         return cls(verdict=summary.verdict, exit_code=summary.exit_code, checks=list(summary.checks),
                    findings=findings, summary=summary, **extra)
 

@@ -14,15 +14,20 @@ each refuted theorem's witness is replayed on X.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Optional
 
+from .finding_terms import WITNESS_SUBDIR, apply_terms, replay_line, terms_from_run
 from .summary import Check, Finding, RunSummary
 
 #: Theorems whose witnesses are whole scenarios (server configuration, model, batches) an engine can run.
 WITNESS_THEOREMS = ("3-hazard", "4-guard-soundness")
 #: The model policy the witness search runs under: no guard, precompute heads H // tp_size.
 WITNESS_POLICY = ("none", "tp")
+#: What a witness-search row's refutation means (its case file goes to ``CASES/witnesses/``).
+WITNESS_NOTE = ("a witness: inputs for the engine found on the model with no guard, not a verdict on the engine; "
+                "its case file is under witnesses/")
 
 
 def witness_search(timeout_s: float, cases_dir: str) -> list:
@@ -37,6 +42,7 @@ def witness_search(timeout_s: float, cases_dir: str) -> list:
             continue
         rows.append(Check(name=f"witness search: {r.name}", kind="theorem", verdict=r.verdict, seconds=r.seconds,
                           failed=False, inconclusive=r.inconclusive, case_file=r.case_file,
+                          expected=WITNESS_NOTE if r.verdict == "refuted" else "",
                           message=f"on the model with no guard and tp heads (inputs for the engine, not a verdict "
                                   f"on it): {r.message or r.summary()}"))
     return rows
@@ -58,6 +64,7 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
         case = load_case(path)
         scn = scenario_from_case(case)
         start = time.perf_counter()
+        result = None
         try:
             result = sut.run(scn, kernel=kernel)
             found = [f.to_dict() for f in result.findings]
@@ -74,12 +81,15 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
         saved = save_engine_case(case, found[0], sut, cases_dir) if found else None
         msg = ("; ".join(f"{f['invariant']} at step {f['step']} dp rank {f['dp_rank']}: {f['message']}"
                          for f in found[:2]) if found else f"no violation on {sut.spec}")
-        checks.append(Check(name=f"witness {case.source.split(':', 1)[-1]} on {sut.spec}", kind="replay",
-                            verdict="fail" if found else "pass", seconds=seconds, failed=bool(found),
-                            case_file=saved or path, message=msg))
+        name = f"witness {case.source.split(':', 1)[-1]} on {sut.spec}"
+        checks.append(Check(name=name, kind="replay", verdict="fail" if found else "pass", seconds=seconds,
+                            failed=bool(found), case_file=saved or path, message=msg))
         if found:
-            findings.append(Finding(invariant=found[0]["invariant"], case_file=saved, engine=f"witness on {sut.spec}",
-                                    message=found[0]["message"], replay=f"fa3verify replay {saved}"))
+            finding = Finding(invariant=found[0]["invariant"], case_file=saved, engine=f"witness on {sut.spec}",
+                              message=found[0]["message"], replay=replay_line(saved, engine=sut.spec), check=name)
+            terms = (terms_from_run(scn, result, found[0]["invariant"], sut.spec) if result is not None else
+                     terms_from_run(scn, None, found[0]["invariant"], sut.spec, guard_raised=found[0]["message"]))
+            findings.append(apply_terms(finding, terms))
     return checks, findings
 
 
@@ -152,7 +162,7 @@ def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s:
             rows = witness_rows
         else:
             with stage("gate", "witness search (z3 on the model)", lines, result=lambda: failed(rows)):
-                rows = witness_search(timeout_s, cases_dir)
+                rows = witness_search(timeout_s, os.path.join(cases_dir, WITNESS_SUBDIR))
         summary.checks.extend(rows)
         checks: list = []
         with stage("gate", f"witness replay on {sut.spec}", lines, result=lambda: failed(checks)):

@@ -26,6 +26,7 @@ from typing import Callable, Optional
 from .campaign import Budget, Campaign, Failure, Observation, now, shrink_failure, single_threaded_torch
 from .campaign import run_campaign as _run_campaign
 from .engine_choice import case_policy, identity_of
+from .finding_terms import apply_terms, replay_line, run_terms
 from .policy import Policy
 from .strategies import FuzzCase, random_fuzz_case
 from .summary import Check, Finding, RunSummary
@@ -176,6 +177,20 @@ def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str
     return str(c.save(out_dir))
 
 
+def saved_case_terms(failure: Failure, case: FuzzCase, policy: Policy, kernel, numerics_always: bool, sut=None,
+                     defects=frozenset()) -> Optional[dict]:
+    """The backend terms of the case that is saved (the shrunk one), from one more run of it; its message becomes
+    the failure's, so the finding, the case file's expected detail and its replay show the same numbers."""
+    from gpu_impl.sut import ModelSUT
+
+    terms = run_terms(ModelSUT() if sut is None else sut, scenario_for(case, policy, defects), kernel=kernel,
+                      numerics=numerics_always or case.numerics, invariant=failure.invariant,
+                      signature=failure.signature)
+    if terms and terms.get("message") and terms.get("invariant", failure.invariant) == failure.invariant:
+        failure.message = terms["message"]
+    return terms
+
+
 def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", seed: int = 0,
          budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None, out_dir: str = "fa3verify-out/cases",
          show_progress: Optional[bool] = None, sut=None, defects=frozenset(),
@@ -218,15 +233,21 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
     except KeyboardInterrupt:
         summary.interrupted = True
         return summary
+    check_name = (f"fuzz on {sut.spec}: no OOB, matches FA3's rules" if on_engine
+                  else f"fuzz ({kernel_name}): no OOB, no NaN, matches oracle")
     for failure in camp.failures.values():
         case = shrunk.get(failure.signature, failure.case)
+        terms = saved_case_terms(failure, case, policy, kernel, numerics_always, sut, defects)
         failure.case_file = save_case(failure, case, policy, kernel_name, out_dir, sut=sut, defects=defects)
         note = shrink_note(failure)
-        summary.findings.append(Finding(invariant=failure.invariant, case_file=failure.case_file,
-                                        engine=f"fuzz on {sut.spec}" if on_engine else "fuzz",
-                                        message=f"{failure.message} (seen {failure.count}x, first at "
-                                                f"{failure.found_at_s:.2f}s{', ' + note if note else ''})",
-                                        replay=f"fa3verify replay {failure.case_file}"))
+        finding = Finding(invariant=failure.invariant, case_file=failure.case_file,
+                          engine=f"fuzz on {sut.spec}" if on_engine else "fuzz",
+                          message=f"{failure.message} (seen {failure.count}x, first at "
+                                  f"{failure.found_at_s:.2f}s{', ' + note if note else ''})",
+                          replay=replay_line(failure.case_file, None if on_engine else policy.guard_spec,
+                                             sut.spec if on_engine else None),
+                          check=check_name)
+        summary.findings.append(apply_terms(finding, terms, keep_message=True))
     summary.cases = camp.cases
     summary.failures = camp.failing_cases
     summary.elapsed_s = camp.elapsed
@@ -235,8 +256,7 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
     verdict_failed = bool(camp.failures)
     summary.interrupted = camp.interrupted
     summary.checks.append(Check(
-        name=(f"fuzz on {sut.spec}: no OOB, matches FA3's rules" if on_engine
-              else f"fuzz ({kernel_name}): no OOB, no NaN, matches oracle"), kind="property",
+        name=check_name, kind="property",
         verdict="fail" if verdict_failed else ("pass" if camp.cases else "inconclusive"), seconds=camp.elapsed,
         failed=verdict_failed, inconclusive=camp.cases == 0,
         case_file=next(iter(camp.failures.values())).case_file if camp.failures else None,

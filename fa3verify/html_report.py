@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from . import __version__
 from .errors import UsageError
-from .summary import SCHEMA
+from .summary import SCHEMA, finding_lines, verdict_label
 
 VERDICTS = ("pass", "fail", "inconclusive", "usage-error")
 _COLOURS = {"pass": ("#1b7f3b", "#e8f5ec"), "fail": ("#b3261e", "#fdecea"),
@@ -28,9 +28,11 @@ _TOP_LEVEL = {
     "seed": (int, type(None)), "policy": (dict,), "checks": (list,), "findings": (list,),
 }
 _CHECK = {"name": (str,), "kind": (str,), "verdict": (str,), "seconds": (int, float), "failed": (bool,),
-          "inconclusive": (bool,), "case_file": (str, type(None)), "message": (str,)}
+          "inconclusive": (bool,), "case_file": (str, type(None)), "message": (str,), "expected": (str,)}
 _FINDING = {"invariant": (str,), "case_file": (str, type(None)), "engine": (str,), "message": (str,),
-            "replay": (str, type(None))}
+            "replay": (str, type(None)), "check": (str,), "ran_on": (str,), "config": (str,), "path": (str,),
+            "differs": (dict,), "seq_lens": (list, type(None)), "s_p": (int, type(None)), "s_c": (int, type(None)),
+            "guard": (str,), "hint": (str,)}
 
 
 def _type_names(types) -> str:
@@ -118,7 +120,7 @@ footer{margin-top:24px;color:#888;font-size:12px}
 
 
 def _tag(check: dict) -> str:
-    verdict = check.get("verdict", "")
+    verdict = verdict_label(check)
     cls = "bad" if check.get("failed") else ("unk" if check.get("inconclusive") else "ok")
     return f'<span class="tag {cls}">{_e(verdict)}</span>'
 
@@ -174,14 +176,17 @@ def render_html(data: dict, source: Optional[str] = None) -> str:
     out.append(f"<h2>Findings ({len(findings)})</h2>")
     if not findings:
         out.append('<p class="muted">No findings.</p>')
-    for f in findings:
-        out.append('<div class="finding">'
-                   f"<strong>{_e(f.get('invariant'))}</strong> <span class=\"muted\">"
-                   f"[{_e(f.get('engine', ''))}]</span><div>{_e(f.get('message', ''))}</div>")
-        if f.get("case_file"):
+    for f in findings:  # the lines every surface prints (fa3verify.summary.finding_lines)
+        first, *rest = finding_lines(f)
+        out.append(f'<div class="finding"><strong>{_e(first)}</strong>')
+        for line in rest:
+            label, _, text = line.strip().partition(": ")
+            if label == "replay":
+                out.append(f"<div>replay:</div><pre>{_e(text)}</pre>")
+            else:
+                out.append(f"<div>{_e(label)}: {_e(text)}</div>")
+        if f.get("case_file") and f.get("replay"):
             out.append(f"<div>case file: <code>{_e(f['case_file'])}</code></div>")
-        if f.get("replay"):
-            out.append(f"<div>replay:</div><pre>{_e(f['replay'])}</pre>")
         out.append("</div>")
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

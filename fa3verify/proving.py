@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Iterable, Optional
 
+from .finding_terms import apply_terms, case_file_terms, hint_for, replay_line
 from .policy import Policy
 from .summary import Check, Finding, RunSummary
 
@@ -84,17 +85,53 @@ def prove(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = No
                          f"{r.message or r.summary()}")
         summary.checks.append(Check(name=r.name, kind="theorem", verdict=r.verdict, seconds=r.seconds,
                                     failed=failed, inconclusive=r.inconclusive, case_file=r.case_file,
-                                    message=r.message or r.summary()))
+                                    message=r.message or r.summary(),
+                                    expected=expected_refutation(r, failed)))
         if failed and r.verdict == "refuted":
-            invariant = (r.witness or {}).get("invariant", r.name)
-            summary.findings.append(Finding(invariant=str(invariant), case_file=r.case_file, engine="prove",
-                                            message=r.summary(),
-                                            replay=f"fa3verify replay {r.case_file}" if r.case_file else None))
+            invariant = str((r.witness or {}).get("invariant", r.name))
+            finding = Finding(invariant=invariant, case_file=r.case_file, engine="prove", message=r.summary(),
+                              replay=replay_line(r.case_file, policy.guard_spec), check=r.name)
+            if r.case_file:
+                apply_terms(finding, case_file_terms(r.case_file, policy.guard_spec, invariant))
+            summary.findings.append(finding)
             at = getattr(r, "finished_s", solver_time)
             if summary.first_failure_s is None or at < summary.first_failure_s:
                 summary.first_failure_s = at
+    move_witnesses(summary, cases_dir)
     summary.elapsed_s = time.perf_counter() - start
     return summary
+
+
+def expected_refutation(r, failed: bool) -> str:
+    """Why a refuted theorem is not a failure under this policy ('' when it is one, or not refuted)."""
+    if r.verdict != "refuted" or failed:
+        return ""
+    if r.name == SHARDED_KV_THEOREM:
+        return "not applicable to this backend (no sharded-KV CP decode); its witness is informational"
+    return ("the policy under test predicts this witness (a hazard its guard covers, or a drift the metadata "
+            "cannot absorb); informational, not a violation")
+
+
+def move_witnesses(summary: RunSummary, cases_dir: Optional[str]) -> None:
+    """Case files of rows whose refutation is expected move to ``cases_dir/witnesses/`` (kept, but apart from the
+    failures): a passing run leaves no case file that looks like a failure. A file a failed row also names stays."""
+    import os
+
+    from .finding_terms import WITNESS_SUBDIR
+
+    if not cases_dir:
+        return
+    failing = {c.case_file for c in summary.checks if c.failed and c.case_file}
+    moved: dict = {}
+    for c in summary.checks:
+        if not (c.expected and c.case_file) or c.case_file in failing:
+            continue
+        if c.case_file not in moved and os.path.isfile(c.case_file):
+            target = os.path.join(os.path.dirname(c.case_file), WITNESS_SUBDIR, os.path.basename(c.case_file))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.replace(c.case_file, target)
+            moved[c.case_file] = target
+        c.case_file = moved.get(c.case_file, c.case_file)
 
 
 def prove_vllm(profile, timeout_s: float = 10.0, cases_dir: Optional[str] = None) -> RunSummary:
@@ -112,11 +149,13 @@ def prove_vllm(profile, timeout_s: float = 10.0, cases_dir: Optional[str] = None
         failed = bool(r.failed or (not r.expected and not r.inconclusive))
         summary.checks.append(Check(name=r.name, kind="theorem", verdict=r.verdict, seconds=r.seconds,
                                     failed=failed, inconclusive=r.inconclusive, case_file=r.case_file,
-                                    message=r.message or r.summary()))
+                                    message=r.message or r.summary(), expected=expected_refutation(r, failed)))
         if failed and r.verdict == "refuted":
-            summary.findings.append(Finding(invariant=str(r.witness.get("invariant", r.name)), case_file=r.case_file,
-                                            engine="prove", message=r.message,
-                                            replay=f"fa3verify replay {r.case_file}" if r.case_file else None))
+            invariant = str(r.witness.get("invariant", r.name))
+            summary.findings.append(Finding(invariant=invariant, case_file=r.case_file, engine="prove",
+                                            message=r.message, replay=replay_line(r.case_file), check=r.name,
+                                            ran_on=f"the model of vllm=={profile.release}'s flow",
+                                            hint=hint_for(invariant)))
             if summary.first_failure_s is None:
                 summary.first_failure_s = r.seconds
     summary.elapsed_s = time.perf_counter() - start

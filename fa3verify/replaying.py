@@ -15,6 +15,7 @@ from typing import Iterable, Optional
 
 from . import verdicts
 from .errors import UsageError
+from .finding_terms import apply_terms, config_label, hint_for, ran_on, terms_of_finding
 from .summary import Check, Finding, RunSummary
 
 
@@ -28,6 +29,7 @@ class ReplayOutcome:
     invariants: list
     findings: list
     trace: list
+    ran_on: str = ""          #: the system under test that ran it (fa3verify.finding_terms.ran_on)
 
     @property
     def still_fails(self) -> bool:
@@ -183,6 +185,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     own = sut is None
     sut = open_engine(spec) if own else sut
     start = time.perf_counter()
+    result = None
     try:
         result = sut.run(scn, kernel=kernel, numerics=use_numerics, device=device)
         findings = [f.to_dict() for f in result.findings]
@@ -218,10 +221,18 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
                                 verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,
                                 message=(msg or f"outcome {outcome} (expected {observed.expected_outcome})") + judged))
     if fails:
-        for f in findings:
-            summary.findings.append(Finding(invariant=f["invariant"], case_file=path,
-                                            engine="replay" if spec.is_model else f"replay on {spec}",
-                                            message=f["message"]))
+        terms = {"ran_on": ran_on(spec, scn), "config": config_label(scn.server, scn.model)}
+        engine_findings = list(getattr(result, "findings", None) or []) if result is not None else []
+        for i, f in enumerate(findings):
+            finding = Finding(invariant=f["invariant"], case_file=path, check=summary.checks[-1].name,
+                              engine="replay" if spec.is_model else f"replay on {spec}", message=f["message"],
+                              hint=hint_for(f["invariant"]))
+            if i < len(engine_findings):
+                terms_i = {**terms, **terms_of_finding(scn, result, engine_findings[i], spec)}
+            else:
+                terms_i = {**terms, "guard": f"the guard raised: {f['message']}"} if f["step"] is None else terms
+            summary.findings.append(apply_terms(finding, terms_i))
+    observed.ran_on = ran_on(spec, scn)
     return summary, observed
 
 

@@ -32,17 +32,32 @@ class Check:
     inconclusive: bool = False
     case_file: Optional[str] = None
     message: str = ""
+    #: why this row's refutation is expected and not a failure ("" otherwise); the row then reads "refuted
+    #: (expected)" on every surface (:func:`verdict_label`) and its case file is a witness, not a failure
+    expected: str = ""
 
 
 @dataclass
 class Finding:
-    """A violation worth a case file: which invariant, where it was saved, and how to replay it."""
+    """A violation worth a case file: which invariant, where it was saved, how to replay it, and what it means for
+    the backend (fa3verify.finding_terms: read from one run of the saved case). Rendered by :func:`finding_lines`
+    on every surface."""
 
     invariant: str
     case_file: Optional[str]
-    engine: str               # "prove" | "fuzz" | "replay" | "catalogue"
+    engine: str               # "prove" | "fuzz" | "replay" | "catalogue" (and "... on ENGINE")
     message: str = ""
     replay: Optional[str] = None
+    check: str = ""                     # the row (Check.name) this finding fails
+    ran_on: str = ""                    # the system under test that ran the saved case
+    config: str = ""                    # model/tp/dp/cp/SM count/split policy (spec.domain.Config.label)
+    path: str = ""                      # "eager" | "capture" | "replay" (a CUDA graph's) | "eager extend"
+    differs: dict = field(default_factory=dict)  # FA3 argument -> [precompute, call], those that differ
+    seq_lens: Optional[list] = None     # the offending call's cache lengths
+    s_p: Optional[int] = None           # the precompute's split count
+    s_c: Optional[int] = None           # the call's own split count
+    guard: str = ""                     # the guard's decision
+    hint: str = ""                      # a one-line fix hint
 
 
 @dataclass
@@ -118,12 +133,14 @@ def write_junit(summary: RunSummary, path: str) -> None:
         case = ET.SubElement(suite, "testcase", classname=f"fa3verify.{check.kind}", name=check.name,
                              time=f"{check.seconds:.3f}")
         text = check.message + (f"\ncase file: {check.case_file}" if check.case_file else "")
+        text += "".join("\n" + finding_text(f) for f in summary.findings if f.check == check.name)
         if check.failed:
             ET.SubElement(case, "failure", message=f"{check.verdict}: {check.message}"[:500]).text = text
         elif check.inconclusive:
             ET.SubElement(case, "skipped", message=f"inconclusive: {check.message}"[:500]).text = text
-        elif check.case_file:
-            ET.SubElement(case, "system-out").text = text
+        elif check.case_file or check.expected:
+            ET.SubElement(case, "system-out").text = (f"{verdict_label(check)}: {check.expected}\n"
+                                                      if check.expected else "") + text
     root = ET.Element("testsuites")
     root.append(suite)
     write_atomic(path, "<?xml version='1.0' encoding='utf-8'?>\n" + ET.tostring(root, encoding="unicode"))
@@ -149,25 +166,133 @@ def print_table(summary: RunSummary, console=None) -> None:
     for c in summary.checks:
         style = "red" if c.failed else ("yellow" if c.inconclusive else "green")
         note = c.case_file or c.message.splitlines()[0] if (c.case_file or c.message) else ""
-        table.add_row(escape(c.name), c.kind, f"[{style}]{escape(c.verdict)}[/{style}]", f"{c.seconds:.2f}",
+        table.add_row(escape(c.name), c.kind, f"[{style}]{escape(verdict_label(c))}[/{style}]", f"{c.seconds:.2f}",
                       escape(note))
     console.print(table)
     console.print(verdict_line(summary))
 
 
 def write_reports(summary: RunSummary, args, finding_line: Optional[Callable[[Finding], str]] = None) -> int:
-    """The end of a run command (check, fuzz, gate, prove), in one place: the verdict table, one line per finding
-    (``finding_line``, if given), then the JSON report (``args.json``) and the JUnit XML (``args.junit``) when
-    asked. Returns the run's exit code."""
+    """The end of a run command (check, fuzz, gate, prove), in one place: the verdict table, each finding
+    (``finding_line``, default :func:`finding_text`), then the JSON report (``args.json``) and the JUnit XML
+    (``args.junit``) when asked. Returns the run's exit code."""
     print_table(summary)
-    if finding_line is not None:
-        for finding in summary.findings:
-            print(finding_line(finding))
+    render = finding_text if finding_line is None else finding_line
+    for finding in summary.findings:
+        print(render(finding))
     if getattr(args, "json", None):
         write_json(summary, args.json)
     if getattr(args, "junit", None):
         write_junit(summary, args.junit)
     return summary.exit_code
+
+
+def verdict_label(check) -> str:
+    """A row's verdict as every surface shows it: "refuted (expected)" for a refutation that is not a failure
+    (``Check.expected``), else the verdict. ``check``: a Check or its JSON."""
+    get = check.get if isinstance(check, dict) else (lambda k, d=None: getattr(check, k, d))
+    verdict = get("verdict", "")
+    return f"{verdict} (expected)" if get("expected") and verdict == "refuted" else verdict
+
+
+def _fmt(value) -> str:
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return f"({value[0]}, {value[1]})"
+    return str(value)
+
+
+def _lens(lens) -> str:
+    lens = list(lens)
+    return str(lens) if len(lens) <= 8 else f"[{', '.join(map(str, lens[:8]))}, ... ({len(lens)} rows)]"
+
+
+def finding_sentence(f) -> str:
+    """The backend-terms sentence of a finding: configuration and path, the arguments that differ between the
+    precompute and the call, the batch, S_p vs S_c, the guard's decision ('' when the finding has no terms)."""
+    d = f if isinstance(f, dict) else asdict(f)
+    parts = []
+    where = " ".join(x for x in (d.get("config"), f"({d['path']} path)" if d.get("path") else "") if x)
+    differs = d.get("differs") or {}
+    if differs:
+        pre = ", ".join(f"{k} {_fmt(v[0])}" for k, v in differs.items())
+        call = ", ".join(f"{k} {_fmt(v[1])}" for k, v in differs.items())
+        parts.append(f"precomputes with {pre} but calls with {call}")
+    elif d.get("s_p") is not None:
+        parts.append("precompute and call agree on every argument")
+    batch = []
+    if d.get("seq_lens") is not None:
+        batch.append(f"b={len(d['seq_lens'])} seq_lens={_lens(d['seq_lens'])}")
+    if d.get("s_p") is not None or d.get("s_c") is not None:
+        batch.append(f"S_p={d.get('s_p')} vs S_c={d.get('s_c')}")
+    if batch:
+        parts.append(": ".join(batch) if len(batch) == 1 else f"{batch[0]} gives {batch[1]}")
+    if d.get("guard"):
+        parts.append(d["guard"])
+    text = "; ".join(parts)
+    return f"{where}: {text}" if where and text else (where or text)
+
+
+def finding_lines(f) -> list:
+    """A finding as every surface prints it (CLI, JUnit, HTML, Markdown, pytest): the invariant with its
+    backend-terms sentence, the evidence, which engine ran it, the fix hint and the replay command. ``f``: a
+    Finding or its JSON."""
+    d = f if isinstance(f, dict) else asdict(f)
+    sentence = finding_sentence(d)
+    stage = d.get("engine", "")
+    if stage == "prove" and d.get("check"):
+        stage = f"prove {d['check']}"  # two theorems may share one witness
+    lines = [f"[{stage}] {d.get('invariant')}: {sentence or d.get('message', '')}"]
+    if sentence and d.get("message"):
+        lines.append(f"    evidence: {d['message']}")
+    if d.get("ran_on"):
+        lines.append(f"    ran on: {d['ran_on']}")
+    if d.get("hint"):
+        lines.append(f"    fix: {d['hint']}")
+    if d.get("replay"):
+        lines.append(f"    replay: {d['replay']}")
+    elif d.get("case_file"):
+        lines.append(f"    case file: {d['case_file']}")
+    return lines
+
+
+def finding_text(f) -> str:
+    """:func:`finding_lines` as one indented block (the CLI's and JUnit's form)."""
+    return "\n".join("  " + line for line in finding_lines(f))
+
+
+def summary_markdown(data) -> str:
+    """A run summary (RunSummary or its JSON) as Markdown, e.g. for a CI job summary: the verdict, the rows that
+    failed or were inconclusive first, every finding in backend terms, then all rows."""
+    d = data.to_dict() if isinstance(data, RunSummary) else data
+    checks, findings = d.get("checks", []), d.get("findings", [])
+
+    def cell(text) -> str:
+        return str(text if text is not None else "").replace("|", "\\|").replace("\n", " ")
+
+    def rows(selected) -> list:
+        out = ["| check | kind | verdict | seconds | case file / note |", "|---|---|---|---|---|"]
+        for c in selected:
+            note = c.get("case_file") or (c.get("message") or "").split("\n")[0]
+            out.append(f"| {cell(c.get('name'))} | {cell(c.get('kind'))} | {cell(verdict_label(c))} | "
+                       f"{float(c.get('seconds') or 0):.2f} | {cell(note)} |")
+        return out
+
+    failed = [c for c in checks if c.get("failed") or c.get("inconclusive")]
+    lines = [f"## fa3verify {d.get('command', 'run')}: {str(d.get('verdict', '')).upper()}", ""]
+    if failed:
+        lines += [f"### Rows that failed or were inconclusive ({len(failed)})", ""] + rows(failed) + [""]
+    else:
+        lines += ["No row failed.", ""]
+    if findings:
+        lines += [f"### Findings ({len(findings)})", ""]
+        for f in findings:
+            first, *rest = finding_lines(f)
+            lines.append(f"- {cell(first)}")
+            lines += [f"  - {cell(r.strip())}" if not r.strip().startswith("replay:") else
+                      f"  - replay: `{r.strip()[len('replay: '):]}`" for r in rest]
+        lines.append("")
+    lines += [f"### All rows ({len(checks)})", ""] + rows(checks)
+    return "\n".join(lines) + "\n"
 
 
 def verdict_line(summary: RunSummary) -> str:

@@ -105,4 +105,4 @@ def run(args) -> int:
     if shard is not None:
         summary.shard = shard.to_dict({"command": "fuzz", "seed": args.seed, "cases": cases, "budget_s": budget,
                                        "kernel": args.kernel, "engine": args.engine, "policy": summary.policy})
-    return write_reports(summary, args, lambda f: f"  {f.invariant}: {f.message}\n    replay: {f.replay}")
+    return write_reports(summary, args)

@@ -68,5 +68,4 @@ def run(args) -> int:
             summary = gate_engine(sut, budget_s=budget, seed=args.seed, timeout_s=args.timeout_s,
                                   cases_dir=args.cases_dir, kernel_name=args.kernel, device=args.device,
                                   max_cases=cases)
-    return write_reports(summary, args, lambda f: f"  [{f.engine}] {f.invariant}: {f.message}"
-                         + (f"\n    replay: {f.replay}" if f.replay else ""))
+    return write_reports(summary, args)

@@ -103,8 +103,7 @@ def _prove_vllm(args, profile) -> int:
     print(f"engine profile: {profile.describe()}")
     with stage("prove", "prove (vLLM flow)"):
         summary = prove_vllm(profile, timeout_s=args.timeout_s, cases_dir=args.cases_dir)
-    return write_reports(summary, args, lambda f: f"  counterexample: {f.message}"
-                         + (f"\n    replay: {f.replay}" if f.replay else ""))
+    return write_reports(summary, args)
 
 
 def _check_assumptions(names) -> None:

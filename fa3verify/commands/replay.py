@@ -46,13 +46,15 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..replaying import replay
-    from ..summary import write_json
+    from ..summary import finding_sentence, write_json
 
     summary, observed = replay(args.case, kernel_name=args.kernel, device=args.device, guard=args.guard,
                                metadata_heads=args.metadata_heads, numerics=True if args.numerics else None,
                                trust_case_guard=args.trust_case_guard, engine=args.engine,
                                defects=() if args.without_defects else None)
     print(f"case: {args.case}")
+    if observed.ran_on:
+        print(f"replayed on {observed.ran_on}")
     print(f"expected: {observed.expected_outcome}"
           + (f" ({observed.expected_invariant})" if observed.expected_invariant else ""))
     print(f"observed: {observed.outcome}" + (f" ({', '.join(observed.invariants)})" if observed.invariants else ""))
@@ -61,6 +63,13 @@ def run(args) -> int:
         where = f"step {f['step']}, dp rank {f['dp_rank']}"
         extra = {k: detail[k] for k in ("batch", "indices", "s_p", "s_c") if k in detail}
         print(f"  {f['invariant']} at {where}: {f['message']}" + (f" {extra}" if extra else ""))
+    if summary.findings:
+        first = summary.findings[0]
+        sentence = finding_sentence(first)
+        if sentence:
+            print(f"  in backend terms: {sentence}")
+        if first.hint:
+            print(f"  fix: {first.hint}")
     if observed.outcome == "not-modelled":
         print(f"verdict: INCONCLUSIVE ({summary.checks[0].message})")
     else:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-HELP = ("render a run summary JSON (schema fa3verify.run/1) or a sanitizer log (.jsonl) as a one-page HTML report; "
-        "`report merge` joins shard reports into one verdict")
+HELP = ("render a run summary JSON (schema fa3verify.run/1) or a sanitizer log (.jsonl) as a one-page HTML report "
+        "or as Markdown (a CI job summary); `report merge` joins shard reports into one verdict")
 USAGE = """\
-fa3verify report RUN.json --html PATH
+fa3verify report RUN.json [--html PATH] [--markdown PATH]
        fa3verify report merge REPORT.json [REPORT.json ...] [--json PATH] [--junit PATH]"""
 EPILOG = """\
 `report RUN.json --html PATH`: the page is self-contained (inline CSS, no scripts): a verdict banner, counts
-and timings, the checks table and every finding with its case file and replay command. A file that is not a
-run summary exits 2 naming the problem.
+and timings, the checks table and every finding with its case file and replay command. --markdown PATH writes
+the same run as Markdown for a CI job summary: the verdict, the rows that failed or were inconclusive, every
+finding in backend terms (configuration, path, differing arguments, S_p vs S_c, guard decision, fix hint,
+replay command), then all rows. A file that is not a run summary exits 2 naming the problem.
 
 `report merge A.json B.json ... [--json OUT] [--junit OUT]`: joins the reports of the N shards of one
 campaign (`fuzz`, `conform` or `engine matrix` run with --shard K/N --json) into one verdict and exits with
@@ -22,6 +24,7 @@ policy, engine or N), a shard given twice or a missing shard are exit 2.
 examples:
   fa3verify gate --guard pre-fix --json gate.json; fa3verify report gate.json --html gate.html
   fa3verify report fuzz.json --html reports/fuzz.html
+  fa3verify report gate.json --markdown summary.md      # e.g. cat summary.md >> "$GITHUB_STEP_SUMMARY"
   fa3verify report fa3verify-sanitize/sanitize-12345.jsonl --html sanitize.html   # a sanitizer log
   fa3verify fuzz --cases 2000 --shard 1/2 --json s1.json; fa3verify fuzz --cases 2000 --shard 2/2 --json s2.json
   fa3verify report merge s1.json s2.json --json fuzz.json --junit fuzz.xml
@@ -34,7 +37,8 @@ def register(sub) -> None:
     p.add_argument("run_json", nargs="+", metavar="FILE",
                    help="RUN.json, a run summary written with --json, or a sanitizer log; or `merge` followed by "
                         "the shard reports (REPORT.json ...)")
-    p.add_argument("--html", metavar="PATH", help="where to write the HTML page (required to render)")
+    p.add_argument("--html", metavar="PATH", help="where to write the HTML page")
+    p.add_argument("--markdown", metavar="PATH", help="where to write the Markdown summary (failed rows first)")
     p.add_argument("--json", metavar="PATH", help="merge: write the joined report as JSON ('-': stdout)")
     p.add_argument("--junit", metavar="PATH", help="merge: write the joined report as JUnit XML")
     p.set_defaults(func=run)
@@ -46,18 +50,20 @@ def run(args) -> int:
     if args.run_json[0] == "merge":
         from ..report_merge import merge
 
-        if args.html:
-            raise UsageError("--html: `report merge` writes --json and --junit; render the merged JSON with "
-                             "`fa3verify report MERGED.json --html PATH`")
+        for option in ("html", "markdown"):
+            if getattr(args, option):
+                raise UsageError(f"--{option}: `report merge` writes --json and --junit; render the merged JSON "
+                                 f"with `fa3verify report MERGED.json --{option} PATH`")
         return merge(args.run_json[1:], json_out=args.json, junit_out=args.junit)
     if len(args.run_json) > 1:
         raise UsageError(f"RUN.json: one run summary to render, got {len(args.run_json)} (to join shard reports: "
                          f"`fa3verify report merge {' '.join(args.run_json)}`)")
     for option in ("json", "junit"):
         if getattr(args, option):
-            raise UsageError(f"--{option}: only `report merge` writes it; rendering writes --html")
-    if not args.html:
-        raise UsageError("--html: required: where to write the HTML page (or `report merge REPORT.json ...`)")
+            raise UsageError(f"--{option}: only `report merge` writes it; rendering writes --html or --markdown")
+    if not args.html and not args.markdown:
+        raise UsageError("--html or --markdown: name at least one output (the HTML page, the Markdown summary), "
+                         "or `report merge REPORT.json ...`")
     args.run_json = args.run_json[0]
     return render(args)
 
@@ -69,6 +75,7 @@ def render(args) -> int:
     from ..html_report import load_summary, validate_summary, write_html
     from ..outputs import read_text
     from ..sanitize.records import is_log, log_to_run_summary
+    from ..summary import summary_markdown, write_atomic
 
     read_text(args.run_json, "RUN.json")  # a regular, readable file of bounded size before anything opens it
     if is_log(args.run_json):
@@ -78,10 +85,16 @@ def render(args) -> int:
             raise UsageError(f"RUN.json: {args.run_json}: {exc}"[:300]) from None
     else:
         data = load_summary(args.run_json)
-    parent = os.path.dirname(os.path.abspath(args.html))
-    if not os.path.isdir(parent):
-        raise UsageError(f"--html: directory does not exist: {parent}")
-    write_html(data, args.html, source=args.run_json)
-    print(f"wrote {args.html}: verdict {data['verdict'].upper()}, {len(data.get('checks', []))} checks, "
-          f"{len(data.get('findings', []))} findings")
+    for option, path in (("--html", args.html), ("--markdown", args.markdown)):
+        parent = os.path.dirname(os.path.abspath(path)) if path else None
+        if parent and not os.path.isdir(parent):
+            raise UsageError(f"{option}: directory does not exist: {parent}")
+    counts = (f"verdict {data['verdict'].upper()}, {len(data.get('checks', []))} checks, "
+              f"{len(data.get('findings', []))} findings")
+    if args.html:
+        write_html(data, args.html, source=args.run_json)
+        print(f"wrote {args.html}: {counts}")
+    if args.markdown:
+        write_atomic(args.markdown, summary_markdown(data))
+        print(f"wrote {args.markdown}: {counts}")
     return 0

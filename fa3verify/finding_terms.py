@@ -1,0 +1,230 @@
+"""Findings in a backend engineer's terms, read from one run of the case file that is saved.
+
+Invariant: every term a finding carries -- the configuration (``spec.domain.Config.label``), the path (eager, or
+a CUDA graph's capture or replay), the FA3 arguments that differ between ``get_scheduler_metadata`` and the call,
+S_p and S_c, the guard's decision, the evidence message and the fix hint -- comes from running the saved case
+once on the system under test that found it, so a finding and the replay of its case file show the same numbers.
+The argument pairs are the normalised events of ``gpu_impl.fa3_calls.pair_summary`` (real engines' traces) or
+``gpu_impl.model_pairs.model_pairs`` (the model's), what sglang's ``flashattention_backend.py`` passes to FA3.
+
+The hints are data (``finding_hints.json``); :func:`replay_line` is the one place a replay command is written.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["TERM_FIELDS", "terms_from_run", "terms_of_finding", "run_terms", "case_file_terms", "apply_terms", "replay_line",
+           "ran_on", "hint_for", "config_label", "WITNESS_SUBDIR"]
+
+#: Fields of :class:`fa3verify.summary.Finding` this module fills.
+TERM_FIELDS = ("ran_on", "config", "path", "differs", "seq_lens", "s_p", "s_c", "guard", "hint")
+
+#: Where case files of rows whose refutation is expected go, under a run's case folder (informational).
+WITNESS_SUBDIR = "witnesses"
+
+#: (name in a finding, precompute key, call key) of the FA3 arguments compared; heads are one pair.
+_ARGS = (("batch_size", "batch_size", "batch_size"), ("seqlen_k", "max_seqlen_k", "seqlen_k"),
+         ("num_splits", "num_splits", "num_splits"), ("page_size", "page_size", "page_size"),
+         ("causal", "causal", "causal"), ("window_size", "window_size", "window_size"),
+         ("headdim", "headdim", "headdim"), ("headdim_v", "headdim_v", "headdim_v"))
+
+#: The model's decode paths named as a real engine's trace names them (``gpu_impl.model_pairs``).
+_PATHS = {"cuda_graph": "replay"}
+
+
+@lru_cache(maxsize=1)
+def _hints() -> dict:
+    return json.loads((Path(__file__).with_name("finding_hints.json")).read_text(encoding="utf-8"))
+
+
+def hint_for(invariant: str, differs: Optional[dict] = None) -> str:
+    """The one-line fix hint: by the first differing argument (for metadata invariants), else by invariant."""
+    from spec.invariants import INVARIANTS
+
+    hints = _hints()
+    if invariant in INVARIANTS or invariant in ("NO_NAN", "MATCHES_ORACLE"):
+        for name, text in hints["arguments"]:
+            if name in (differs or {}):
+                return text
+    return hints["invariants"].get(invariant, hints["default"])
+
+
+def config_label(server, model) -> str:
+    """model/tp/dp/cp/SM count/split policy of a configuration (``spec.domain.Config.label``), or ''."""
+    from spec.domain import Config
+
+    try:
+        return Config(server=server, model=model).label()
+    except Exception:  # a configuration the label cannot read (e.g. a vLLM case): no label, never a crash
+        return ""
+
+
+def ran_on(spec, scenario=None) -> str:
+    """Which system under test ran: ``sglang==0.5.23``, or ``the model (guard 'pre-fix', heads tp)``."""
+    if spec is not None and not spec.is_model:
+        return str(spec)
+    if scenario is None:
+        return "the model"
+    defects = scenario.all_defects() if hasattr(scenario, "all_defects") else scenario.defects
+    extra = f", seeded defects {', '.join(sorted(defects))}" if defects else ""
+    return f"the model (guard {scenario.guard_spec!r}, heads {scenario.metadata_heads}{extra})"
+
+
+def replay_line(case_file: Optional[str], guard: Optional[str] = None, engine=None) -> Optional[str]:
+    """The replay command of a case file, with what it needs to run as typed: ``--guard`` when the case names a
+    guard that is the user's code (a case file cannot make the tool run it, ``fa3verify.trust``), ``--engine`` when
+    it was found on a source checkout (replay runs a checkout only when the command line names it)."""
+    from spec.guards import is_builtin_guard
+
+    if not case_file:
+        return None
+    parts = ["fa3verify", "replay", str(case_file)]
+    if guard and not is_builtin_guard(guard):
+        parts += ["--guard", guard]
+    if engine is not None and getattr(engine, "kind", None) == "sglang-src":
+        parts += ["--engine", str(engine)]
+    return shlex.join(parts)
+
+
+def _pairs(scenario, result, spec) -> list:
+    trace = list(getattr(result, "trace", None) or [])
+    if spec is None or spec.is_model:
+        from gpu_impl.model_pairs import model_pairs
+
+        try:
+            return model_pairs(scenario, result)
+        except Exception:  # a trace the pair recorder cannot read: the terms lack the arguments, nothing else
+            return []
+    return [e for e in trace if isinstance(e, dict) and "call" in e]
+
+
+def _pair_for(pairs: list, finding) -> Optional[dict]:
+    path = _PATHS.get(finding.detail.get("path"), finding.detail.get("path"))
+    same = [p for p in pairs if p.get("step") == finding.step
+            and (finding.dp_rank is None or p.get("dp_rank") in (None, finding.dp_rank))]
+    for want in (lambda p: p.get("path") == path and p.get("precomputed"), lambda p: p.get("path") == path,
+                 lambda p: p.get("precomputed"), lambda p: True):
+        hits = [p for p in same if want(p)]
+        if hits:
+            return hits[-1]
+    return None
+
+
+def _differs(pair: dict) -> dict:
+    pre, call = pair.get("precompute"), pair.get("call") or {}
+    if not pre:
+        return {}
+    out = {}
+    heads_p, heads_c = [pre.get("num_heads"), pre.get("num_heads_k")], [call.get("num_heads"), call.get("num_heads_k")]
+    if heads_p != heads_c:
+        out["heads"] = [heads_p, heads_c]
+    for name, pk, ck in _ARGS:
+        if pk in pre and ck in call and pre[pk] != call[ck]:
+            if name == "headdim_v" and pre[pk] is None:
+                continue  # not passed: FA3 takes headdim
+            out[name] = [pre[pk], call[ck]]
+    return out
+
+
+def _guard_decision(scenario, spec, pair: Optional[dict]) -> str:
+    who = f"guard {scenario.guard_spec!r}" if spec is None or spec.is_model else f"{spec}'s own guard"
+    if pair is None:
+        return ""
+    return f"{who} kept the precompute" if pair.get("precomputed") else f"{who} disabled the precompute"
+
+
+def terms_from_run(scenario, result, invariant: Optional[str] = None, spec=None, signature: Optional[str] = None,
+                   guard_raised: Optional[str] = None) -> dict:
+    """The terms of one run of a case (``result``: its ScenarioResult; ``guard_raised``: the message when the
+    guard raised instead): the first finding with ``signature`` (else ``invariant``, else the first), its
+    configuration, path, differing arguments, S_p/S_c, guard decision, message and hint."""
+    terms = {"ran_on": ran_on(spec, scenario), "config": config_label(scenario.server, scenario.model)}
+    if guard_raised is not None:
+        return {**terms, "guard": f"the guard raised: {guard_raised}", "message": guard_raised,
+                "hint": hint_for(invariant or "GUARD_RAISED")}
+    found = list(getattr(result, "findings", None) or [])
+    pick = next((f for f in found if signature and f.signature == signature), None) \
+        or next((f for f in found if invariant and f.invariant == invariant), None) or (found[0] if found else None)
+    if pick is None:
+        return {**terms, "hint": hint_for(invariant or "")}
+    return {**terms, **terms_of_finding(scenario, result, pick, spec)}
+
+
+def terms_of_finding(scenario, result, pick, spec=None) -> dict:
+    """The terms of one finding (a ``gpu_impl.scenario.Finding`` of ``result``), without the configuration."""
+    pair = _pair_for(_pairs(scenario, result, spec), pick) if pick.detail.get("mode") == "decode" else None
+    differs = _differs(pair) if pair else {}
+    path = (pair or {}).get("path") or _PATHS.get(pick.detail.get("path"), pick.detail.get("path")) or ""
+    if pick.detail.get("mode") in ("extend", "mixed"):
+        path = f"eager {pick.detail['mode']}"
+    s_p = pick.detail.get("s_p", (pair or {}).get("s_p"))
+    s_c = pick.detail.get("s_c", (pair or {}).get("s_c"))
+    lens = pick.detail.get("seq_lens")
+    return {"path": path, "differs": differs, "seq_lens": list(lens) if lens is not None else None,
+            "s_p": s_p, "s_c": s_c, "guard": _guard_decision(scenario, spec, pair), "message": pick.message,
+            "invariant": pick.invariant, "hint": hint_for(pick.invariant, differs)}
+
+
+def run_terms(sut, scenario, kernel=None, numerics: bool = False, invariant: Optional[str] = None,
+              signature: Optional[str] = None) -> Optional[dict]:
+    """Run ``scenario`` once on ``sut`` and read its terms; None when it cannot run (the finding keeps what it
+    has: a case the engine no longer runs is not a new failure)."""
+    from gpu_impl.guards import GuardRaised
+
+    spec = getattr(sut, "spec", None)
+    try:
+        result = sut.run(scenario, kernel=kernel, numerics=numerics)
+    except GuardRaised as exc:
+        return terms_from_run(scenario, None, exc.invariant, spec, guard_raised=str(exc))
+    except Exception:
+        return None
+    return terms_from_run(scenario, result, invariant, spec, signature)
+
+
+def case_file_terms(path: str, guard: Optional[str] = None, invariant: Optional[str] = None) -> Optional[dict]:
+    """The terms of a saved scenario case replayed on the model, under ``guard`` (the guard the user named on
+    the command line; None: the case's own when it is this project's). None when the case is not a scenario the
+    model runs (a vLLM or kernel-level case, a sharded-KV witness)."""
+    from gpu_impl.kernels import load
+    from gpu_impl.sut import ModelSUT
+
+    from .errors import UsageError
+    from .replaying import load_case, scenario_from_case, unmodelled
+
+    try:
+        case = load_case(path)
+        if case.vllm is not None or unmodelled(case) or not case.batches:
+            return {"config": config_label_of_case(case)} if case is not None else None
+        scenario = scenario_from_case(case, guard_override=guard)
+        kernel = load(case.kernel.get("name", "emulated"), mode=case.kernel.get("mode", "strict"))
+    except (UsageError, ValueError, KeyError, TypeError):
+        return None
+    return run_terms(ModelSUT(), scenario, kernel=kernel, invariant=invariant)
+
+
+def config_label_of_case(case) -> str:
+    """The configuration label of a case file's server and model ('' when they are not an sglang configuration)."""
+    from spec.config import ModelConfig, ServerConfig
+
+    try:
+        return config_label(ServerConfig.from_dict(case.server), ModelConfig.from_dict(case.model))
+    except Exception:
+        return ""
+
+
+def apply_terms(finding, terms: Optional[dict], keep_message: bool = False, note: str = ""):
+    """Copy ``terms`` onto a summary Finding (and its message, with ``note`` after it, unless ``keep_message``);
+    returns the finding."""
+    if not terms:
+        return finding
+    for name in TERM_FIELDS:
+        if terms.get(name) is not None:
+            setattr(finding, name, terms[name])
+    if terms.get("message") and not keep_message:
+        finding.message = terms["message"] + (f" ({note})" if note else "")
+    return finding
