@@ -91,7 +91,7 @@ def test_install_runs_venv_uv_torch_cpu_build_then_fa3_verify(tmp_path):
     assert lines == [f"{sys.executable} -m venv {tmp_path / 'v'}",
                      f"{py} -m pip install -q --disable-pip-version-check uv>=0.13",
                      f"{py} -m gpu_impl.engines.torch_build --python {py}",
-                     f"{py} -m pip install -q --disable-pip-version-check {ROOT}"]
+                     f"{py} -m gpu_impl.engines.installers install --python {py} {ROOT}"]
     assert not (tmp_path / "v").exists()
 
 

@@ -70,7 +70,7 @@ def test_both_branches_from_a_fake_index_configuration(tmp_path, names, source):
     assert proc.returncode == 0, proc.stderr
     command = proc.stderr.strip().splitlines()[-1]
     if source == "configured":
-        assert command.endswith("-m pip install -q --disable-pip-version-check torch==2.13.0+cpu")
+        assert " pip install " in command and command.endswith(" torch==2.13.0+cpu")
         assert "--torch-backend" not in command
     else:
         assert " pip install " in command and "--torch-backend cpu" in command and command.endswith("torch==2.13.0")

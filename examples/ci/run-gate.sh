@@ -77,7 +77,8 @@ cmd_install() {
     if [[ "${FA3VERIFY_DRY_RUN:-0}" == "1" ]] || ! "$py" -c "import torch" 2>/dev/null; then
         (cd "$src" && run "$py" -m gpu_impl.engines.torch_build --python "$py")
     fi
-    run "$py" -m pip install -q --disable-pip-version-check "$src"
+    # fa3-verify itself, with uv when pip's configuration translates (hard links from the uv cache), else pip
+    (cd "$src" && run "$py" -m gpu_impl.engines.installers install --python "$py" "$src")
 }
 
 cmd_gate() {

@@ -93,13 +93,12 @@ def plan(requirement: str, offered, uv_available: bool) -> TorchPlan:
 
 
 def install_command(python: str, decided: TorchPlan) -> tuple:
-    """(command, environment) installing torch into ``python``'s environment as ``decided`` says: pip with its
-    own configuration for the configured build, uv (pip's configuration translated, ``installers``) otherwise."""
+    """(command, environment) installing torch into ``python``'s environment as ``decided`` says, through the
+    installer ``installers.choose`` picks (uv with pip's configuration translated, else pip); uv's CPU backend
+    needs uv (ValueError without it)."""
     from . import installers
 
-    if decided.source == "configured":
-        return [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", decided.requirement], None
-    inst = installers.choose(python, want="uv")
+    inst = installers.choose(python, want=None if decided.source == "configured" else "uv")
     return inst.command([*decided.installer_args, decided.requirement]), inst.environ
 
 
