@@ -112,3 +112,11 @@ def test_no_cpu_build_and_no_uv_is_exit_2_with_the_way_out(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "offer no CPU build" in lines[0] and "install uv" in lines[0]
+
+
+def test_make_setup_installs_uv_then_torch_through_the_one_decision():
+    """``make setup`` never installs a bare ``torch==2.13.0`` (a stock index resolves that to the CUDA build)."""
+    text = open(os.path.join(ROOT, "Makefile")).read()
+    recipe = text[text.index("$(STAMP): pyproject.toml"):text.index("check: $(STAMP)")]
+    uv_at, torch_at = recipe.index('pip install -q "uv>=0.13"'), recipe.index("-m gpu_impl.engines.torch_build")
+    assert uv_at < torch_at and '"torch==2.13.0"' not in recipe
