@@ -34,7 +34,7 @@ def _env(tmp_path, **extra):
 
 def _run(tmp_path, *args, timeout=900, **extra):
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=tmp_path, env=_env(tmp_path, **extra),
-                          capture_output=True, text=True, timeout=timeout)
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
 
 
 def _table_rows(markdown: str) -> list:

@@ -66,7 +66,7 @@ def test_both_branches_from_a_fake_index_configuration(tmp_path, names, source):
     assert torch_build.plan(recipes.TORCH, offered, uv_available=True).source == source
     # the command-line helper decides the same way and prints the command it would run
     proc = subprocess.run([sys.executable, "-m", "gpu_impl.engines.torch_build", "--dry-run"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     command = proc.stderr.strip().splitlines()[-1]
     if source == "configured":
@@ -96,7 +96,7 @@ def test_the_configured_branch_installs_the_cpu_build_into_a_fresh_environment(t
     venv.EnvBuilder(with_pip=True).create(target)
     py = str(target / "bin" / "python")
     proc = subprocess.run([sys.executable, "-m", "gpu_impl.engines.torch_build", "--python", py], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     out = subprocess.run([py, "-c", "import torch; print(torch.__version__, torch.version.cuda)"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120, env={"PATH": os.environ.get("PATH", "")})
@@ -108,7 +108,7 @@ def test_no_cpu_build_and_no_uv_is_exit_2_with_the_way_out(tmp_path):
     env = fake_index_environ(fake_wheels(tmp_path / "wheels", f"torch-2.13.0-{TAG}.whl"))
     code = ("import sys; from gpu_impl.engines import installers, torch_build; installers.find_uv = lambda: None; "
             "sys.exit(torch_build.main(['--dry-run']))")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "offer no CPU build" in lines[0] and "install uv" in lines[0]
