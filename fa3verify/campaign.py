@@ -7,7 +7,9 @@ gpu-check's fuzz stage all call it:
 * **generation** -- one mechanism: a generator keyed by the campaign seed supplies one 64-bit seed per draw, and
   the case is built by a strategy family (:mod:`fa3verify.strategies`) from a ``random.Random`` seeded by it; the
   same seed gives the same cases in any process and whatever else is imported. A family may return None (no
-  valid case from that draw): the draw counts against the case budget and is skipped;
+  valid case from that draw): the draw counts against the case budget and is skipped. A shard
+  (:mod:`fa3verify.sharding`) builds and runs only the draws it owns; the others still take their seed from the
+  generator and count against the case budget, so N shards run exactly the unsplit campaign's cases;
 * **evaluation** -- ``target.observe(case)`` runs the case on a system under test and returns an
   :class:`Observation` (outcome, invariants, messages, the findings' signatures), or None when the system cannot
   run that case (a feature its driver does not run: counted as ``unsupported``, never a pass). A target with
@@ -170,8 +172,9 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
                  progress: Optional[Callable[[Campaign], None]] = None,
                  clock: Optional[Callable[[], float]] = None,
                  reserve: Optional[Callable[[Campaign], float]] = None,
-                 on_failure: Optional[Callable[[Campaign, Failure], None]] = None) -> Campaign:
+                 on_failure: Optional[Callable[[Campaign, Failure], None]] = None, shard=None) -> Campaign:
     """Draw cases from ``strategy`` and run them on ``target`` until the budget or ``stop``; record failures.
+    ``shard`` (a :class:`fa3verify.sharding.Shard`) runs only the draws it owns.
 
     The campaign is always bounded: a budget that is not a finite number > 0, or neither a budget nor a case
     count, is a ValueError (a NaN budget would never be reached). ``clock`` and ``reserve``: see the module
@@ -226,7 +229,10 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
             if camp.exhausted(starting=not pending):  # a new case (batch) starts with this draw
                 raise _CampaignDone()
             camp.draws += 1
-            case = strategy(random.Random(draws.getrandbits(64)))
+            draw_seed = draws.getrandbits(64)
+            if shard is not None and not shard.owns(camp.draws - 1):
+                continue
+            case = strategy(random.Random(draw_seed))
             if case is None:
                 continue
             pending.append(case)

@@ -83,7 +83,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return exitcodes.USAGE
-    from .outputs import check_outputs
+    from .output_writer import stdout_reserved_for
+    from .outputs import check_outputs, output_paths
     from .validation import check_args
 
     import spec.guard_isolation as isolation
@@ -94,7 +95,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_outputs(args.command, args)
         if getattr(args, "guard_timeout_s", None) is not None:
             isolation.GUARD_TIMEOUT_S = args.guard_timeout_s
-        return int(args.func(args))
+        with stdout_reserved_for(output_paths(args.command, args)):  # `--json -`: stdout carries the report alone
+            return int(args.func(args))
     except UsageError as exc:
         print(f"fa3verify {args.command}: error: {exc}", file=sys.stderr)
         return exitcodes.USAGE

@@ -222,6 +222,8 @@ class ConformanceTarget:
 
     def __init__(self, sut, policy, report: ConformReport):
         self.sut, self.policy, self.report = sut, policy, report
+        #: the campaign-wide index of the configuration being drawn (set by a shard's generator), else None
+        self.index: Optional[int] = None
 
     def observe(self, case):
         from gpu_impl.guards import GuardRaised
@@ -233,7 +235,7 @@ class ConformanceTarget:
         from .fuzzing import scenario_for
 
         report, sut = self.report, self.sut
-        index = report.cases
+        index = report.cases if self.index is None else self.index
         report.cases += 1
         ok, message = _validate(sut, case.server, case.model)
         if ok is False:
@@ -269,13 +271,17 @@ class ConformanceTarget:
 
 
 def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3verify-out/cases",
-            probes: bool = True, progress=None) -> ConformReport:
+            probes: bool = True, progress=None, shard=None) -> ConformReport:
     """Run ``cases`` configurations of the strategy family ``release`` on the model (under ``profile``) and on the
     engine through the one campaign (:func:`fa3verify.campaign.run_campaign`, seeded by ``seed``); compare.
 
     ``progress(report)`` is called every 25 compared configurations. An interrupt (SIGINT) ends the run as before
-    the campaign existed: ``KeyboardInterrupt`` reaches the caller.
+    the campaign existed: ``KeyboardInterrupt`` reaches the caller. ``shard`` (:mod:`fa3verify.sharding`) compares
+    only the configurations it owns, each named by its index in the whole campaign; every shard puts the
+    assumption probes.
     """
+    import itertools
+
     from gpu_impl.guards import load_guard
 
     from .campaign import Budget, run_campaign
@@ -287,8 +293,16 @@ def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3
                           graph_replay_seqlen_k=profile.graph_replay_seqlen_k) if profile else load_policy())
     report = ConformReport(engine=str(sut.spec), profile=profile.release if profile else None)
     load_guard(policy.guard_spec)
-    camp = run_campaign(ConformanceTarget(sut, policy, report), family("release"), budget=Budget(cases=cases),
-                        seed=seed, progress=(lambda _camp: progress(report)) if progress else None)
+    target = ConformanceTarget(sut, policy, report)
+    generate = family("release")
+    if shard is not None:
+        owned, draw = itertools.count(), generate
+
+        def generate(rng):  # the strategy runs once per owned draw: the j-th is draw k-1 + j*n of the campaign
+            target.index = shard.k - 1 + next(owned) * shard.n
+            return draw(rng)
+    camp = run_campaign(target, generate, budget=Budget(cases=cases), seed=seed, shard=shard,
+                        progress=(lambda _camp: progress(report)) if progress else None)
     if camp.interrupted:
         raise KeyboardInterrupt
     for failure in camp.failures.values():

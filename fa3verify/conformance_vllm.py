@@ -57,8 +57,12 @@ def _claims(profile, mode: str, pair: dict, seq_lens) -> list:
 def conform_vllm(sut, profile, probes=PROBES) -> RunSummary:
     """Run ``probes`` (default :data:`PROBES`) on ``sut`` (a VllmSUT) and check every claim of ``profile``; the
     summary's exit code is 1 when the code contradicts a claim or the shim reports a finding."""
+    from refmodel.fa3_builds import build_for_engine
+
+    build = build_for_engine("vllm", profile.release)
     summary = RunSummary(command="conform", policy={"engine": str(sut.spec), "engine_profile":
-                                                    f"vllm=={profile.release}", **profile.to_dict()})
+                                                    f"vllm=={profile.release}", "fa3_build": build,
+                                                    **profile.to_dict()})
     start = time.perf_counter()
     worker = sut.worker
     reported = worker.hello.get("release")
@@ -74,6 +78,8 @@ def conform_vllm(sut, profile, probes=PROBES) -> RunSummary:
             results = [c for p in pairs for c in _claims(profile, mode, p, seq_lens)]
             if not pairs:
                 results.append(("a precompute/call pair is traced", False, "no FA3 call traced"))
+            results.append((f"judged under FA3 build {build}", resp.get("fa3_build") == build,
+                            f"the shim judged under {resp.get('fa3_build')}"))
             for f in resp.get("findings", []) + resp.get("shape_errors", []):
                 results.append((f"no finding by the checking shim", False, f"{f['invariant']}: {f['message'][:200]}"))
             secs = time.perf_counter() - t

@@ -55,13 +55,31 @@ def parse_engine_option(text: str):
         raise UsageError(msg if msg.startswith("--engine") else f"--engine: {msg}") from None
 
 
+def start_engine(sut, command: str) -> None:
+    """Start a real engine's worker (building its environment if needed) as its own progress stage; what it prints
+    goes to stderr (progress never goes to stdout, which may carry a report). The model needs no start."""
+    import contextlib
+    import sys
+
+    from .progress import stage
+
+    if sut.spec.is_model or not callable(getattr(sut, "start", None)):
+        return
+    with stage(command, f"start {sut.spec} (its worker imports the engine)"), contextlib.redirect_stdout(sys.stderr):
+        sut.start()
+
+
 def open_engine(spec_or_text):
     """Open the system under test an ``--engine`` value (or EngineSpec) names; unavailable -> UsageError."""
     from gpu_impl.sut import EngineSpecError, open_sut
 
+    import contextlib
+    import sys
+
     spec = parse_engine_option(spec_or_text) if isinstance(spec_or_text, str) else spec_or_text
     try:
-        return open_sut(spec)
+        with contextlib.redirect_stdout(sys.stderr):  # an environment build's lines are progress: stderr
+            return open_sut(spec)
     except EngineSpecError as exc:
         msg = str(exc)
         raise UsageError(msg if msg.startswith("--engine") else f"--engine: {msg}") from None
@@ -101,6 +119,22 @@ def spec_from_identity(identity: Optional[dict]):
     if name == "vllm" and identity.get("release"):
         return parse_engine(f"vllm=={identity['release']}")
     return parse_engine(name)  # a full spec string, e.g. "sglang==0.5.23"
+
+
+def fa3_build_of(spec) -> str:
+    """The FA3 build (refmodel.fa3_builds) that judges runs of this engine spec: recorded per release, else upstream.
+
+    The model, a source tree, and releases the table does not list (sglang before 0.5.11 has no precompute)
+    are judged under upstream's build.
+    """
+    from refmodel.fa3_builds import UPSTREAM, build_for_engine
+
+    if spec is None or spec.is_model or spec.kind not in ("sglang", "vllm") or not spec.release:
+        return UPSTREAM
+    try:
+        return build_for_engine(spec.kind, spec.release)
+    except ValueError:
+        return UPSTREAM
 
 
 def identity_of(sut) -> dict:

@@ -136,20 +136,41 @@ def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s:
     from .engine_choice import case_policy
     from .fuzzing import fuzz
     from .policy import load_policy
+    from .progress import stage
 
     start = time.perf_counter()
     default = load_policy()
     summary = RunSummary(command="gate", seed=seed, policy={**case_policy(default, sut), "engine": str(sut.spec)})
+    lines = None if show_progress is None else False  # API callers choose; the CLI prints on logs
+
+    def failed(rows) -> str:
+        return f"{len(rows)} rows, {sum(c.failed for c in rows)} failed"
+
     if witnesses:
         kernel = load(kernel_name, mode="strict", device=device)
-        rows = witness_rows if witness_rows is not None else witness_search(timeout_s, cases_dir)
+        if witness_rows is not None:
+            rows = witness_rows
+        else:
+            with stage("gate", "witness search (z3 on the model)", lines, result=lambda: failed(rows)):
+                rows = witness_search(timeout_s, cases_dir)
         summary.checks.extend(rows)
-        checks, findings = replay_witnesses(sut, [r.case_file for r in rows], cases_dir, kernel=kernel)
+        checks: list = []
+        with stage("gate", f"witness replay on {sut.spec}", lines, result=lambda: failed(checks)):
+            checks, findings = replay_witnesses(sut, [r.case_file for r in rows], cases_dir, kernel=kernel)
         summary.checks.extend(checks)
         summary.findings.extend(findings)
         if sut.spec.kind == "vllm":
-            summary.merge(vllm_flow_rows(sut, timeout_s, cases_dir, kernel=kernel))
-    summary.merge(fuzz(default, kernel_name=kernel_name, device=device, seed=seed, budget_s=budget_s,
-                       max_cases=max_cases, out_dir=cases_dir, show_progress=show_progress, sut=sut))
+            flow = RunSummary(command="gate")
+            with stage("gate", "vllm-flow theorem (z3 under the release's profile)", lines,
+                       result=lambda: failed(flow.checks)):
+                flow = vllm_flow_rows(sut, timeout_s, cases_dir, kernel=kernel)
+            summary.merge(flow)
+    what = f"{max_cases} cases" if max_cases else f"{budget_s:g} s"
+    fuzzed = RunSummary(command="gate")
+    with stage("gate", f"fuzz on {sut.spec} ({kernel_name} kernel, {what})", lines,
+               result=lambda: f"{fuzzed.cases} cases, {fuzzed.failures} failing"):
+        fuzzed = fuzz(default, kernel_name=kernel_name, device=device, seed=seed, budget_s=budget_s,
+                      max_cases=max_cases, out_dir=cases_dir, show_progress=show_progress, sut=sut)
+    summary.merge(fuzzed)
     summary.elapsed_s = time.perf_counter() - start
     return summary

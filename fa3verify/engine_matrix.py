@@ -44,6 +44,18 @@ class MatrixRow:
     case_files: list = field(default_factory=list)
     #: family probe name -> "fail: INV, ..." | "pass" | "pass (no precompute)" | "error: ..." (see PROBES)
     probes: dict = field(default_factory=dict)
+    #: the FA3 build that judged the row (refmodel/fa3_builds.json; set from the release in __post_init__)
+    fa3_build: str = ""
+
+    def __post_init__(self):
+        if not self.fa3_build:
+            from .engine_choice import fa3_build_of
+            from gpu_impl.sut import parse_engine
+
+            try:
+                self.fa3_build = fa3_build_of(parse_engine(f"sglang=={self.release}"))
+            except ValueError:
+                self.fa3_build = fa3_build_of(None)
 
 
 #: The family probes: (name, server configuration) of the worked example; each runs eager and under CUDA graph.
@@ -139,11 +151,14 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
 
     say = progress or (lambda line: None)
     say("witness search on the model (once for every release) ...")
+    searched = time.perf_counter()
     witness_rows = witness_search(timeout_s, f"{cases_dir}/witnesses")
+    say(f"witness search done in {time.perf_counter() - searched:.1f}s ({len(witness_rows)} theorems)")
     rows = []
     for release in releases:
         profile = profile_for(release)
         start = time.perf_counter()
+        say(f"sglang {release}: environment ...")
         try:
             sut = open_sut(release)
         except UsageError as exc:
@@ -153,9 +168,12 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
             continue
         try:
             with sut:
+                say(f"sglang {release}: gate (witness replay, fuzz) ...")
                 summary = gate_engine(sut, budget_s=budget_s, seed=seed, timeout_s=timeout_s,
                                       cases_dir=f"{cases_dir}/{release}", max_cases=max_cases, show_progress=False,
                                       witness_rows=witness_rows)
+                if with_probes:
+                    say(f"sglang {release}: family probes ...")
                 probes = run_probes(sut) if with_probes else {}
         except Exception as exc:  # noqa: BLE001 - a worker that dies or never answers: this row ran nothing
             if not isinstance(exc, WorkerError):
@@ -196,6 +214,24 @@ def matrix_markdown(rows) -> str:
                    f"{', '.join(r.paths) or '-'} | {r.cases} | {r.seconds:.1f} | {probe[0]} / {probe[1]} | "
                    f"{probe[2]} / {probe[3]} |")
     return "\n".join(out)
+
+
+def matrix_table(rows) -> str:
+    """The matrix as a plain-text table (one row per release)."""
+    head = f"{'release':<8} {'verdict':<12} {'expected':<8} {'invariants':<28} {'path':<18} {'s':>6}  families"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        flag = "" if r.agrees is not False else " !"
+        lines.append(f"{r.release:<8} {r.verdict + flag:<12} {r.expected:<8} {', '.join(r.invariants) or '-':<28} "
+                     f"{', '.join(r.paths) or '-':<18} {r.seconds:>6.1f}  {'; '.join(r.families) or '-'}")
+    return "\n".join(lines)
+
+
+def matrix_verdict_line(rows, code: int) -> str:
+    """The matrix's one verdict line: VERDICT, releases, failing, disagreeing with their profile."""
+    return (f"verdict: {exitcodes.verdict_name(code).upper()} | releases {len(rows)} | failing "
+            f"{sum(r.verdict == 'fail' for r in rows)} | disagreeing with their profile "
+            f"{sum(r.agrees is False for r in rows)}")
 
 
 def _short(probe: Optional[str]) -> str:

@@ -100,11 +100,11 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
                  stop_at_first_failure: bool = False, sut=None, defects=frozenset(),
                  strategy: Optional[str] = None, clock: Optional[Callable[[], float]] = None,
                  reserve: Optional[Callable[[Campaign], float]] = None,
-                 on_failure: Optional[Callable[[Campaign, Failure], None]] = None) -> Campaign:
+                 on_failure: Optional[Callable[[Campaign, Failure], None]] = None, shard=None) -> Campaign:
     """The campaign of `fuzz`: a strategy family (default: the engine's own, ``strategies.family_for_engine``:
     ``scenario``, or ``vllm`` on vLLM) on the system under test (default: the model) under ``policy`` and seeded
     ``defects``, until the budget or the case count is reached (always bounded: see
-    :class:`fa3verify.campaign.Budget`); ``clock``, ``reserve`` and ``on_failure`` as in
+    :class:`fa3verify.campaign.Budget`); ``clock``, ``reserve``, ``on_failure`` and ``shard`` as in
     :func:`fa3verify.campaign.run_campaign`."""
     from .strategies import family, family_for_engine
 
@@ -117,7 +117,7 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
     generate = random_fuzz_case if name == "scenario" else family(name)
     return _run_campaign(target, generate, budget=budget, seed=seed, progress=progress,
                          stop=(lambda camp: bool(camp.failures)) if stop_at_first_failure else None,
-                         clock=clock, reserve=reserve, on_failure=on_failure)
+                         clock=clock, reserve=reserve, on_failure=on_failure, shard=shard)
 
 
 def shrink(failure: Failure, policy: Policy, kernel, numerics_always: bool, sut=None, defects=frozenset(),
@@ -180,7 +180,7 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
          budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None, out_dir: str = "fa3verify-out/cases",
          show_progress: Optional[bool] = None, sut=None, defects=frozenset(),
          strategy: Optional[str] = None, clock: Optional[Callable[[], float]] = None,
-         shrink_steps: Optional[int] = None) -> RunSummary:
+         shrink_steps: Optional[int] = None, shard=None) -> RunSummary:
     """The fuzz subcommand's work: campaign on the system under test (default the model), shrink each distinct
     failure as it is found, save cases (carrying the engine), summarise. ``budget_s`` covers all of it (module
     docstring), on ``clock`` (default ``time.perf_counter``); ``shrink_steps`` bounds each shrinking (default
@@ -190,7 +190,7 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
     interrupted, unshrunk) and the summary is marked interrupted (exit 3); an interrupt before the campaign
     starts returns an empty interrupted summary.
     ``defects`` are seeded into every case (and written into each case file); ``strategy`` names the family
-    (default: the engine's own).
+    (default: the engine's own); ``shard`` runs one shard of the campaign (:mod:`fa3verify.sharding`).
     """
     on_engine = sut is not None and not sut.spec.is_model
     summary = RunSummary(command="fuzz", seed=seed, policy=case_policy(policy, sut))
@@ -214,7 +214,7 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
             camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s, max_cases=max_cases,
                                 numerics_always=numerics_always, progress=progress, sut=sut, defects=defects,
                                 strategy=strategy, clock=clock or now, reserve=budget_reserve(budget_s),
-                                on_failure=shrink_new)
+                                on_failure=shrink_new, shard=shard)
     except KeyboardInterrupt:
         summary.interrupted = True
         return summary

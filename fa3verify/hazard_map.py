@@ -446,8 +446,9 @@ def _edges(values: Sequence[float], log: bool) -> list:
     return [2 * values[0] - mids[0]] + mids + [2 * values[-1] - mids[-1]]
 
 
-def render(hmap: HazardMap, out_path: str, dpi: int = 110) -> str:
-    """Draw the map as a PNG (matplotlib, Agg): one panel per configuration, a diverging scale centred at 0."""
+def render(hmap: HazardMap, out_path, dpi: int = 110):
+    """Draw the map as a PNG (matplotlib, Agg) to a path or a binary file object: one panel per configuration, a
+    diverging scale centred at 0."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -547,7 +548,7 @@ def render(hmap: HazardMap, out_path: str, dpi: int = 110) -> str:
                  f"policy: {hmap.policy_label}", fontsize=11)
     fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=[ax for row in axes for ax in row if id(ax) in used], shrink=0.85, pad=0.015,
                  label="max split in metadata - S_c")
-    fig.savefig(out_path, dpi=dpi)
+    fig.savefig(out_path, dpi=dpi, format="png")
     plt.close(fig)
     return out_path
 

@@ -5,7 +5,9 @@ directory and sits under a directory (or a directory the run may create), a dire
 no two outputs coincide; (2) no output is a file the run reads (the case file, the run summary, the guard
 source): a run never overwrites its input; (3) input files are read only when they are regular files of a
 bounded size (a FIFO, a directory, a symlink loop or an unreadable path is exit 2 naming the argument, never a
-hang or a traceback).
+hang or a traceback); (4) ``-`` names standard output for a file output (at most one output may write there)
+and no folder output; a FIFO, a character device or a symbolic link to one is a valid file output (written
+through, :mod:`fa3verify.output_writer`), a socket or block device is not.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ OUTPUT_OPTIONS = {"json": "file", "junit": "file", "html": "file", "markdown": "
                   "cases_dir": "dir", "write_corpus": "dir", "out_dir": "dir", "out": "dir"}
 COMMAND_OUTPUTS = {"hazard-map": {"out": "file"}}
 #: argparse dest -> the argument name used in messages, for inputs.
-INPUT_OPTIONS = {"case": "CASE", "cases": "CASE", "run_json": "RUN.json"}
+INPUT_OPTIONS = {"case": "CASE", "cases": "CASE", "run_json": "RUN.json"}  # report merge: its REPORT.json too
 
 
 def read_text(path: str, field: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
@@ -89,11 +91,24 @@ def check_output(flag: str, path: str, kind: str, inputs: Iterable[tuple[str, st
     """One output path: writable where it is, and not one of the run's inputs (name, path)."""
     if not isinstance(path, str) or not path:
         raise UsageError(f"{flag}: expected a path, got {path!r}")
+    from .output_writer import STDOUT, is_stdout
+
+    if path == STDOUT:
+        if kind != "file":
+            raise UsageError(f"{flag}: '-' (standard output) names no folder; give a folder path")
+        return
+    if kind == "file" and is_stdout(path):
+        return
     if kind == "file":
         if os.path.isdir(path):
             raise UsageError(f"{flag}: {path} is a directory; expected a file path")
         if os.path.lexists(path) and not os.path.exists(path):
             raise UsageError(f"{flag}: {path} is a broken symbolic link")
+        if os.path.exists(path):
+            mode = os.stat(path).st_mode
+            if stat.S_ISSOCK(mode) or stat.S_ISBLK(mode):
+                raise UsageError(f"{flag}: {path} is a {'socket' if stat.S_ISSOCK(mode) else 'block device'}; "
+                                 f"expected a file path, '-' (standard output), a FIFO or a character device")
         for name, inp in inputs:
             if os.path.exists(path) and _same_file(path, inp):
                 raise UsageError(f"{flag}: {path} is the run's input {name}; a run never overwrites a file it reads")
@@ -132,10 +147,22 @@ def check_outputs(command: str, args) -> None:
             continue
         flag = "--" + dest.replace("_", "-")
         check_output(flag, path, kind, inputs)
-        key = os.path.realpath(path)
+        from .output_writer import is_stdout
+
+        key = "<stdout>" if is_stdout(path) else os.path.realpath(path)
+        if key == "<stdout>" and key in seen:
+            raise UsageError(f"{flag}: {path} is standard output, and so is {seen[key]}; at most one output "
+                             f"can be written there")
         if key in seen:
             raise UsageError(f"{flag}: {path} is also the path of {seen[key]}; give each output its own path")
         seen[key] = flag
+
+
+def output_paths(command: str, args) -> list:
+    """The paths of every output option the parsed command was given (for :func:`output_writer.stdout_reserved_for`)."""
+    values = vars(args)
+    kinds = {**OUTPUT_OPTIONS, **COMMAND_OUTPUTS.get(command, {})}
+    return [values[d] for d in kinds if isinstance(values.get(d), str)]
 
 
 def fresh_dir(base: str, patterns: Iterable[str]) -> str:

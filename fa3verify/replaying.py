@@ -209,10 +209,14 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
                                  **({"defects": sorted(scn.defects)} if scn.defects else {})})
     fails = observed.fails
     summary.failures = int(fails)
+    from .engine_choice import fa3_build_of
+
     msg = "; ".join(f"{f['invariant']} at step {f['step']} rank {f['dp_rank']}: {f['message']}" for f in findings[:3])
+    # numerics run on the emulator, which models upstream's kernel: such a run is judged under upstream's build
+    judged = f" [FA3 build {fa3_build_of(None if use_numerics else spec)}]"
     summary.checks.append(Check(name=f"replay {path}" + ("" if spec.is_model else f" on {spec}"), kind="replay",
                                 verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,
-                                message=msg or f"outcome {outcome} (expected {observed.expected_outcome})"))
+                                message=(msg or f"outcome {outcome} (expected {observed.expected_outcome})") + judged))
     if fails:
         for f in findings:
             summary.findings.append(Finding(invariant=f["invariant"], case_file=path,

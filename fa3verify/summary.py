@@ -60,6 +60,7 @@ class RunSummary:
     policy: dict = field(default_factory=dict)
     usage_error: Optional[str] = None
     interrupted: bool = False  #: SIGINT stopped the run: what was found is reported, the verdict is inconclusive
+    shard: Optional[dict] = None  #: one shard of a campaign (``fa3verify.sharding``): {"k", "n", "campaign"}
 
     @property
     def exit_code(self) -> int:
@@ -78,6 +79,7 @@ class RunSummary:
             "first_failure_s": None if self.first_failure_s is None else round(self.first_failure_s, 4),
             "seed": self.seed, "policy": self.policy, "interrupted": self.interrupted,
             "checks": [asdict(c) for c in self.checks], "findings": [asdict(f) for f in self.findings],
+            **({"shard": self.shard} if self.shard is not None else {}),
         }
 
     def merge(self, other: "RunSummary") -> None:
@@ -98,22 +100,11 @@ def write_json(summary: RunSummary, path: str) -> None:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder and a rename: an interrupted or failed
-    write never leaves a half-written report, nor destroys the previous one."""
-    import tempfile
+    """Write a report to `path` (``-`` is stdout; regular files atomically, special files written through:
+    :func:`fa3verify.output_writer.write_output`)."""
+    from .output_writer import write_output
 
-    _ensure_parent(path)
-    fd, tmp = tempfile.mkstemp(prefix=".fa3verify-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_output(path, text)
 
 
 def write_junit(summary: RunSummary, path: str) -> None:

@@ -37,6 +37,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from refmodel.fa3_builds import UPSTREAM, check_build_name
 from refmodel.fa3_scheduler import PREPARE_MAX_BATCH_ONE_CTA, Schedule, combine_capacity
 from refmodel.metadata import get_scheduler_metadata as ref_get_scheduler_metadata
 from refmodel.prepare import m_blocks_for
@@ -355,11 +356,14 @@ class CheckingFA3:
     def __init__(self, impl=None, mode: str = "raise", deep: bool = False, on_violation: Optional[Callable] = None,
                  num_sm: Optional[int] = None, arch: Optional[int] = None, record_all: bool = False,
                  max_events: Optional[int] = None, signature: Optional[str] = None,
-                 impl_signature: Optional[str] = None, capturing: Optional[Callable[[], bool]] = None):
+                 impl_signature: Optional[str] = None, capturing: Optional[Callable[[], bool]] = None,
+                 build: str = UPSTREAM):
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
         self.impl = impl
         self.mode = mode
+        #: the FA3 build whose rules judge every record (refmodel.fa3_builds)
+        self.build = check_build_name(build)
         self.deep = bool(deep)
         self.on_violation = on_violation
         dev_sm, dev_arch = _device_num_sm_arch(impl) if num_sm is None or arch is None else (num_sm, arch)
@@ -443,7 +447,8 @@ class CheckingFA3:
         try:
             sig, bound = bind_precompute(*args, signature=self.signature, **kwargs)
             pre = record_bound_precompute(sig, bound, num_sm=self.num_sm, arch=self.arch,
-                                          read_tensors=True if (self.deep and not self.capturing()) else None)
+                                          read_tensors=True if (self.deep and not self.capturing()) else None,
+                                          build=self.build)
         except (TypeError, ValueError) as exc:
             self._unrecordable("get_scheduler_metadata", exc)
             return fn(*args, **kwargs)
@@ -494,7 +499,8 @@ class CheckingFA3:
             md = kwargs.get("scheduler_metadata")
 
             def record(read):
-                return record_varlen_call(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=read, **kwargs)
+                return record_varlen_call(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=read,
+                                          build=self.build, **kwargs)
             return record(deep and md is not None), md, record
         bound = bind_call(*args, **kwargs) if args else None    # keyword-only calls skip the binding
         named = bound if bound is not None else kwargs
@@ -502,7 +508,7 @@ class CheckingFA3:
 
         def record(read):
             full = bound if bound is not None else bind_call(**kwargs)
-            return record_bound_call(full, num_sm=self.num_sm, arch=self.arch, read_tensors=read)
+            return record_bound_call(full, num_sm=self.num_sm, arch=self.arch, read_tensors=read, build=self.build)
         if deep and md is not None:
             return record(True), md, record
         # the same layer call, again: one record per distinct shape key (no tensor values are read)

@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from refmodel.fa3_builds import UPSTREAM, VLLM_FORK, check_build_name
 from refmodel.fa3_scheduler import Schedule, call_inputs, precompute_inputs, resolve_schedule
 
 from .kernels.base import CallShape, schedule_dtype
@@ -184,6 +185,7 @@ class PrecomputeRecord:
     num_sm: int = DEFAULT_NUM_SM
     arch: int = DEFAULT_ARCH
     signature: str = "fa3"
+    build: str = UPSTREAM
 
     def to_dict(self) -> dict:
         """JSON-ready dict (tuples become lists)."""
@@ -226,24 +228,24 @@ class PrecomputeRecord:
                     page_size=self.page_size, max_seqlen_k_new=self.max_seqlen_k_new, causal=self.causal,
                     window_size=tuple(self.window_size), attention_chunk=self.attention_chunk,
                     has_softcap=self.has_softcap, num_splits=self.num_splits, pack_gqa=self.pack_gqa,
-                    sm_margin=self.sm_margin, num_sm=self.num_sm, arch=self.arch)
+                    sm_margin=self.sm_margin, num_sm=self.num_sm, arch=self.arch, build=self.build)
 
     def schedule_key(self) -> tuple:
         """The scalars the precompute's schedule depends on (refmodel ``precompute_inputs``)."""
         return (self.batch_size, self.max_seqlen_q, self.max_seqlen_k, self.num_heads, self.num_heads_k, self.headdim,
                 self.qkv_dtype, self.headdim_v, self.has_cu_seqlens_q, self.has_leftpad, self.page_size,
                 self.max_seqlen_k_new, self.causal, tuple(self.window_size), self.attention_chunk, self.has_softcap,
-                self.num_splits, self.pack_gqa, self.sm_margin, self.num_sm, self.arch)
+                self.num_splits, self.pack_gqa, self.sm_margin, self.num_sm, self.arch, self.build)
 
 
 @functools.lru_cache(maxsize=4096)
 def _precompute_schedule(key: tuple) -> Schedule:
     (b, sq, sk, h, hk, d, dtype, dv, varlen_q, leftpad, page, knew, causal, window, chunk, softcap, splits, pack,
-     margin, num_sm, arch) = key
+     margin, num_sm, arch, build) = key
     return resolve_schedule(precompute_inputs(
         b, sq, sk, h, hk, d, qkv_dtype=dtype, headdim_v=dv, varlen_q=varlen_q, has_leftpad=leftpad, page_size=page,
         max_seqlen_k_new=knew, causal=causal, window_size=window, attention_chunk=chunk, has_softcap=softcap,
-        num_splits=splits, pack_gqa=pack, sm_margin=margin, num_sm=num_sm, arch=arch))
+        num_splits=splits, pack_gqa=pack, sm_margin=margin, num_sm=num_sm, arch=arch, build=build))
 
 
 def precompute_schedule(pre: PrecomputeRecord) -> Schedule:
@@ -299,7 +301,8 @@ def translate_precompute(bound: dict, source: str, target: str) -> dict:
 
 
 def record_precompute(*args, signature: Optional[str] = None, num_sm: int = DEFAULT_NUM_SM,
-                      arch: int = DEFAULT_ARCH, read_tensors: Optional[bool] = None, **kwargs) -> PrecomputeRecord:
+                      arch: int = DEFAULT_ARCH, read_tensors: Optional[bool] = None, build: str = UPSTREAM,
+                      **kwargs) -> PrecomputeRecord:
     """Bind ``get_scheduler_metadata(*args, **kwargs)`` under either signature and record it.
 
     ``signature``: "sgl_kernel", "fa3" or None (decided by the keyword names; positional arguments past
@@ -307,11 +310,11 @@ def record_precompute(*args, signature: Optional[str] = None, num_sm: int = DEFA
     tensors to the host (a sync), False reads none.
     """
     sig, a = bind_precompute(*args, signature=signature, **kwargs)
-    return record_bound_precompute(sig, a, num_sm=num_sm, arch=arch, read_tensors=read_tensors)
+    return record_bound_precompute(sig, a, num_sm=num_sm, arch=arch, read_tensors=read_tensors, build=build)
 
 
 def record_bound_precompute(sig: str, a: dict, num_sm: int = DEFAULT_NUM_SM, arch: int = DEFAULT_ARCH,
-                            read_tensors: Optional[bool] = None) -> PrecomputeRecord:
+                            read_tensors: Optional[bool] = None, build: str = UPSTREAM) -> PrecomputeRecord:
     """:func:`record_precompute` for arguments already bound by :func:`bind_precompute`."""
     if sig == "sgl_kernel":
         h, hk, leftpad = a["num_heads"], a["num_heads_k"], a["leftpad_k"]
@@ -337,7 +340,7 @@ def record_bound_precompute(sig: str, a: dict, num_sm: int = DEFAULT_NUM_SM, arc
         window_size=_pair(a["window_size"]), attention_chunk=int(a["attention_chunk"] or 0),
         has_softcap=bool(a["has_softcap"]), num_splits=int(a["num_splits"] or 0),
         pack_gqa=None if a["pack_gqa"] is None else bool(a["pack_gqa"]), sm_margin=int(a["sm_margin"] or 0),
-        num_sm=int(num_sm), arch=int(arch), signature=sig)
+        num_sm=int(num_sm), arch=int(arch), signature=sig, build=check_build_name(build))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -377,6 +380,7 @@ class CallRecord:
     has_leftpad: bool = False
     max_seqlen_q: Optional[int] = None
     seqlen_k_new: int = 0
+    has_k_new: bool = False
     causal: bool = False
     window_size: tuple = (-1, -1)
     attention_chunk: int = 0
@@ -392,6 +396,7 @@ class CallRecord:
     num_sm: int = DEFAULT_NUM_SM
     arch: int = DEFAULT_ARCH
     function: str = "flash_attn_with_kvcache"
+    build: str = UPSTREAM
 
     to_dict = PrecomputeRecord.to_dict
 
@@ -429,7 +434,8 @@ class CallRecord:
         return (self.batch_size, self.seqlen_q, self.seqlen_k, self.num_heads, self.num_heads_k, self.headdim,
                 self.headdim_v, self.dtype, self.varlen_q, self.has_cache_seqlens, self.has_leftpad, self.page_size,
                 self.seqlen_k_new, self.causal, tuple(self.window_size), self.attention_chunk, self.softcap > 0,
-                self.num_splits, self.pack_gqa, self.sm_margin, self.num_sm, self.arch)
+                self.num_splits, self.pack_gqa, self.sm_margin, self.num_sm, self.arch, self.has_k_new,
+                self.build)
 
     def call_shape(self) -> CallShape:
         """gpu_impl.kernels.base's :class:`CallShape` of this call (needs the host lengths)."""
@@ -449,12 +455,12 @@ class CallRecord:
 @functools.lru_cache(maxsize=4096)
 def _call_schedule(key: tuple) -> Schedule:
     (b, sq, sk, h, hk, d, dv, dtype, varlen_q, has_cs, leftpad, page, knew, causal, window, chunk, softcap, splits,
-     pack, margin, num_sm, arch) = key
+     pack, margin, num_sm, arch, has_k_new, build) = key
     return resolve_schedule(call_inputs(
         b, sq, sk, h, hk, d, headdim_v=dv, qkv_dtype=schedule_dtype(getattr(torch, dtype)), varlen_q=varlen_q,
         has_cache_seqlens=has_cs, has_leftpad=leftpad, page_size=page, seqlen_knew=knew, causal=causal,
         window_size=window, attention_chunk=chunk, has_softcap=softcap, num_splits=splits, pack_gqa=pack,
-        sm_margin=margin, num_sm=num_sm, arch=arch))
+        sm_margin=margin, num_sm=num_sm, arch=arch, has_k_new=has_k_new, build=build))
 
 
 def call_schedule_of(call: CallRecord) -> Schedule:
@@ -464,7 +470,8 @@ def call_schedule_of(call: CallRecord) -> Schedule:
 
 def _record(fn: str, q, k_cache, v_cache, *, cache_seqlens, cache_leftpad, page_table, cu_seqlens_q, max_seqlen_q,
             seqlen_k_static, seqlen_k_new, causal, window_size, attention_chunk, softcap, scheduler_metadata,
-            num_splits, pack_gqa, sm_margin, num_sm, arch, read_tensors) -> CallRecord:
+            num_splits, pack_gqa, sm_margin, num_sm, arch, read_tensors, has_k_new=False,
+            build: str = UPSTREAM) -> CallRecord:
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name}: must be a tensor, got {type(t).__name__}")
@@ -479,10 +486,10 @@ def _record(fn: str, q, k_cache, v_cache, *, cache_seqlens, cache_leftpad, page_
         total_q = batch_size * seqlen_q
     paged = page_table is not None
     page_size = int(k_cache.shape[1]) if paged else None
-    if paged:
-        seqlen_k = int(page_table.shape[1]) * page_size
-    elif seqlen_k_static is not None:
+    if seqlen_k_static is not None:
         seqlen_k = int(seqlen_k_static)
+    elif paged:
+        seqlen_k = int(page_table.shape[1]) * page_size
     else:
         seqlen_k = int(k_cache.shape[1])
     read = bool(read_tensors)
@@ -495,7 +502,8 @@ def _record(fn: str, q, k_cache, v_cache, *, cache_seqlens, cache_leftpad, page_
         page_table_shape=_shape(page_table), page_size=page_size, varlen_q=varlen_q,
         has_cache_seqlens=cache_seqlens is not None, has_leftpad=cache_leftpad is not None,
         max_seqlen_q=None if max_seqlen_q is None else int(max_seqlen_q), seqlen_k_new=int(seqlen_k_new),
-        causal=bool(causal), window_size=_pair(window_size), attention_chunk=int(attention_chunk or 0),
+        has_k_new=bool(has_k_new), causal=bool(causal), window_size=_pair(window_size),
+        attention_chunk=int(attention_chunk or 0),
         softcap=float(softcap or 0.0), num_splits=int(num_splits or 0),
         pack_gqa=None if pack_gqa is None else bool(pack_gqa), sm_margin=int(sm_margin or 0),
         metadata_passed=md is not None, metadata_numel=int(md.numel()) if isinstance(md, torch.Tensor) else None,
@@ -503,7 +511,7 @@ def _record(fn: str, q, k_cache, v_cache, *, cache_seqlens, cache_leftpad, page_
                        else (_host_ints(cache_seqlens, True) if read else None)),
         cu_seqlens_q=_host_ints(cu_seqlens_q, True) if read else None,
         leftpad=_host_ints(cache_leftpad, True) if read else None,
-        num_sm=int(num_sm), arch=int(arch), function=fn)
+        num_sm=int(num_sm), arch=int(arch), function=fn, build=check_build_name(build))
 
 
 def bind_call(*args, **kwargs) -> dict:
@@ -512,17 +520,18 @@ def bind_call(*args, **kwargs) -> dict:
 
 
 def record_bound_call(a: dict, num_sm: int = DEFAULT_NUM_SM, arch: int = DEFAULT_ARCH,
-                      read_tensors: bool = False) -> CallRecord:
+                      read_tensors: bool = False, build: str = UPSTREAM) -> CallRecord:
     """:func:`record_call` for arguments already bound by :func:`bind_call`."""
     k = a["k"]
     return _record("flash_attn_with_kvcache", a["q"], a["k_cache"], a["v_cache"], cache_seqlens=a["cache_seqlens"],
                    cache_leftpad=a["cache_leftpad"], page_table=a["page_table"], cu_seqlens_q=a["cu_seqlens_q"],
                    max_seqlen_q=a["max_seqlen_q"], seqlen_k_static=None,
                    seqlen_k_new=int(k.shape[1]) if isinstance(k, torch.Tensor) and k.dim() == 4 else 0,
+                   has_k_new=isinstance(k, torch.Tensor),
                    causal=a["causal"], window_size=a["window_size"], attention_chunk=a["attention_chunk"],
                    softcap=a["softcap"], scheduler_metadata=a["scheduler_metadata"], num_splits=a["num_splits"],
                    pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"], num_sm=num_sm, arch=arch,
-                   read_tensors=read_tensors)
+                   read_tensors=read_tensors, build=build)
 
 
 def call_key(a: dict) -> Optional[tuple]:
@@ -546,19 +555,22 @@ def call_key(a: dict) -> Optional[tuple]:
 
 
 def record_call(*args, num_sm: int = DEFAULT_NUM_SM, arch: int = DEFAULT_ARCH, read_tensors: bool = False,
-                **kwargs) -> CallRecord:
+                build: str = UPSTREAM, **kwargs) -> CallRecord:
     """Bind ``flash_attn_with_kvcache(*args, **kwargs)`` and record its shapes and scalars (no device sync
     unless ``read_tensors=True``, which copies cache_seqlens / cu_seqlens_q / cache_leftpad to the host)."""
-    return record_bound_call(bind_call(*args, **kwargs), num_sm=num_sm, arch=arch, read_tensors=read_tensors)
+    return record_bound_call(bind_call(*args, **kwargs), num_sm=num_sm, arch=arch, read_tensors=read_tensors,
+                             build=build)
 
 
 def record_varlen_call(*args, num_sm: int = DEFAULT_NUM_SM, arch: int = DEFAULT_ARCH, read_tensors: bool = False,
-                       **kwargs) -> CallRecord:
+                       build: str = UPSTREAM, **kwargs) -> CallRecord:
     """Record vLLM's ``flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, ...,
     seqused_k, block_table, scheduler_metadata, num_splits, ...)`` in FA3's call vocabulary.
 
     ``seqused_k`` is FA3's ``cache_seqlens`` and ``block_table`` its ``page_table``; without a block table the
     call's static seqlen_k is ``max_seqlen_k`` (``mha_fwd`` with ``cu_seqlens_k``; varlen K itself is not modelled).
+    Under the vLLM fork's build the call's seqlen_k is ``max_seqlen_k`` whenever it is passed, block table or not
+    (vllm-project/flash-attention@617264c1 hopper/flash_api.cpp 835; vLLM's wrapper always passes it).
     """
     if len(args) > len(VARLEN_POSITIONAL):
         raise TypeError(f"flash_attn_varlen_func: record takes at most {len(VARLEN_POSITIONAL)} positional "
@@ -574,8 +586,10 @@ def record_varlen_call(*args, num_sm: int = DEFAULT_NUM_SM, arch: int = DEFAULT_
     block_table = a.get("block_table")
     return _record("flash_attn_varlen_func", a["q"], a["k"], a["v"], cache_seqlens=a.get("seqused_k"),
                    cache_leftpad=None, page_table=block_table, cu_seqlens_q=a["cu_seqlens_q"],
-                   max_seqlen_q=a["max_seqlen_q"], seqlen_k_static=None if block_table is not None else a["max_seqlen_k"],
+                   max_seqlen_q=a["max_seqlen_q"],
+                   seqlen_k_static=(a["max_seqlen_k"] if block_table is None or (build == VLLM_FORK and
+                                                                              a["max_seqlen_k"] is not None) else None),
                    seqlen_k_new=0, causal=a.get("causal", False), window_size=a.get("window_size"),
                    attention_chunk=0, softcap=a.get("softcap", 0.0), scheduler_metadata=a.get("scheduler_metadata"),
                    num_splits=a.get("num_splits", 0), pack_gqa=None, sm_margin=0, num_sm=num_sm, arch=arch,
-                   read_tensors=read_tensors)
+                   read_tensors=read_tensors, build=build)

@@ -23,8 +23,9 @@ from typing import Optional
 
 import numpy as np
 
+from . import fa3_builds
 from .cint import c_ceil_div, c_div, to_int32
-from .validation import check_call, check_call_split_count, check_precompute, effective_num_splits_argument
+from .validation import appends_kv, check_call, check_call_split_count, check_precompute, effective_num_splits_argument
 
 F32 = np.float32
 
@@ -37,7 +38,7 @@ HEURISTIC_MAX_SPLITS = 128
 #: `mha_fwd` rejects more than 256 splits (flash_api.cpp: "num_splits > 256 not supported").
 CALL_MAX_SPLITS = 256
 #: One prepare CTA handles 32 warps of 31 batches; beyond that every split count is 1.
-PREPARE_MAX_BATCH_ONE_CTA = 992
+PREPARE_MAX_BATCH_ONE_CTA = fa3_builds.MAX_BATCHES_1CTA
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -262,10 +263,17 @@ class ScheduleInputs:
     uses_prepare: bool = True
     precompute: bool = True
     has_seqused_k: bool = True
+    has_k_new: bool = False
+    build: str = fa3_builds.UPSTREAM
 
     @property
     def paged(self) -> bool:
         return self.page_size is not None
+
+    @property
+    def appends_kv(self) -> bool:
+        """Whether new KV is appended (FA3's ``params.knew_ptr``; refmodel.validation ``appends_kv``)."""
+        return appends_kv(self)
 
 
 @dataclass(frozen=True)
@@ -294,7 +302,10 @@ class Schedule:
 
     @property
     def num_vectors(self) -> int:
-        """Per-batch vectors in the metadata: 2 (+1 Sort, +1 Swizzle) with the prepare step."""
+        """Per-batch vectors in the metadata: 2 (+1 Sort, +1 Swizzle) with the prepare step (the fork: fa3_builds)."""
+        if self.inputs.build == fa3_builds.VLLM_FORK:
+            return fa3_builds.fork_metadata_vectors(self.inputs.uses_prepare, self.inputs.batch_size,
+                                                    self.num_splits, self.swizzle)
         base = 2 if self.inputs.uses_prepare else 0
         return base + int(self.sort) + int(self.swizzle)
 
@@ -315,12 +326,32 @@ class Schedule:
         return self.inputs.num_heads_k if self.pack_gqa else self.inputs.num_heads
 
 
+def one_mma_wg(inp: ScheduleInputs, masking: Masking) -> bool:
+    """The build's decode tile choice (refmodel.fa3_builds ``use_one_mma_wg``; always False upstream)."""
+    return fa3_builds.use_one_mma_wg(inp.build, inp.arch, inp.headdim, masking.is_local, inp.seqlen_q,
+                                     c_div(inp.num_heads, inp.num_heads_k))
+
+
+def build_tile(inp: ScheduleInputs, masking: Masking, headdim: int, headdim_v: int,
+               paged_kv_non_tma: bool) -> tuple[int, int]:
+    """(kBlockM, kBlockN) under the inputs' build: upstream's tile_size.h, or the fork's (refmodel.fa3_builds)."""
+    if inp.build == fa3_builds.VLLM_FORK:
+        return fa3_builds.tile_size_fwd_sm90_vllm_fork(headdim, headdim_v, masking.is_causal, masking.is_local,
+                                                       inp.element_size, paged_kv_non_tma, one_mma_wg(inp, masking))
+    return tile_size_fwd_sm90(headdim, headdim_v, masking.is_causal, masking.is_local, inp.element_size,
+                              paged_kv_non_tma=paged_kv_non_tma, softcap=inp.has_softcap)
+
+
 def pagedkv_tma(inp: ScheduleInputs, masking: Masking, d_rounded: int, dv_rounded: int) -> bool:
-    """Whether paged KV uses TMA: page_size % kBlockN == 0 and seqlen_q*qhpk > kBlockM (flash_api.cpp)."""
-    if inp.arch < 90 or not inp.paged or inp.has_leftpad or inp.seqlen_knew > 0:
+    """Whether paged KV uses TMA: page_size % kBlockN == 0 and seqlen_q*qhpk > kBlockM (flash_api.cpp).
+
+    The vLLM fork also refuses TMA for local attention (vllm-project/flash-attention@617264c1 flash_api.cpp 466).
+    """
+    if inp.arch < 90 or not inp.paged or inp.has_leftpad or inp.appends_kv:
         return False
-    bm, bn = tile_size_fwd_sm90(d_rounded, dv_rounded, masking.is_causal, masking.is_local, inp.element_size,
-                                paged_kv_non_tma=False, softcap=inp.has_softcap)
+    if inp.build == fa3_builds.VLLM_FORK and masking.is_local:
+        return False
+    bm, bn = build_tile(inp, masking, d_rounded, dv_rounded, paged_kv_non_tma=False)
     return inp.page_size % bn == 0 and inp.seqlen_q * (inp.num_heads // inp.num_heads_k) > bm
 
 
@@ -337,8 +368,7 @@ def get_num_splits(inp: ScheduleInputs, masking: Optional[Masking] = None) -> in
                                          inp.attention_chunk, inp.headdim, inp.paged)
     d_r, dv_r = rounded_headdims(inp.headdim, inp.headdim_v)
     tma = pagedkv_tma(inp, masking, d_r, dv_r)
-    bm, bn = tile_size_fwd_sm90(d_r, dv_r, masking.is_causal, masking.is_local, inp.element_size,
-                                paged_kv_non_tma=inp.paged and not tma, softcap=inp.has_softcap)
+    bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=inp.paged and not tma)
     qhpk = c_div(inp.num_heads, inp.num_heads_k)
     if masking.is_local:
         window = to_int32(to_int32(to_int32(masking.window_right + masking.window_left) + 1) + bm)
@@ -353,17 +383,28 @@ def get_num_splits(inp: ScheduleInputs, masking: Optional[Masking] = None) -> in
                                 masking.is_causal or masking.is_local, HEURISTIC_MAX_SPLITS)
 
 
+def forced_pack_gqa(arch: int, paged_kv_non_tma: bool, num_splits: int) -> bool:
+    """FA3 always packs GQA below sm90, for paged KV without TMA and for Split (flash_api.cpp 427-429, 377).
+
+    ``get_pack_gqa`` returns True for these before any heuristic; the kernel template forces PackGQA for the same
+    three (``PackGQA_ || Arch < 90 || PagedKVNonTMA || Split``), whatever ``pack_gqa`` was passed.
+    """
+    return int(arch) < 90 or bool(paged_kv_non_tma) or int(num_splits) > 1
+
+
 def get_pack_gqa(inp: ScheduleInputs, num_splits: int, masking: Masking, tma: bool) -> bool:
     """FA3's PackGQA decision: forced for sm8x, paged-non-TMA or Split; else the heuristic (flash_api.cpp)."""
     if inp.pack_gqa is not None:
         return bool(inp.pack_gqa)
-    if inp.arch < 90 or (inp.paged and not tma) or num_splits > 1:
+    if forced_pack_gqa(inp.arch, inp.paged and not tma, num_splits):
+        return True
+    if inp.build == fa3_builds.VLLM_FORK and fa3_builds.fork_packgqa_override(
+            inp.arch, c_div(inp.num_heads, inp.num_heads_k), masking.is_local, inp.headdim, inp.headdim_v):
         return True
     if inp.num_heads == inp.num_heads_k:
         return False
     d_r, dv_r = rounded_headdims(inp.headdim, inp.headdim_v)
-    bm, _ = tile_size_fwd_sm90(d_r, dv_r, masking.is_causal, masking.is_local, inp.element_size,
-                               paged_kv_non_tma=inp.paged and not tma, softcap=inp.has_softcap)
+    bm, _ = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=inp.paged and not tma)
     return should_pack_gqa(inp.varlen_q, inp.seqlen_q, inp.num_heads // inp.num_heads_k, bm)
 
 
@@ -377,22 +418,25 @@ def resolve_schedule(inp: ScheduleInputs) -> Schedule:
     non_tma = inp.paged and not tma
     num_splits = get_num_splits(inp, masking)
     pack = get_pack_gqa(inp, num_splits, masking, tma)
-    bm, bn = tile_size_fwd_sm90(d_r, dv_r, masking.is_causal, masking.is_local, inp.element_size,
-                                paged_kv_non_tma=non_tma, softcap=inp.has_softcap)
+    fork = inp.build == fa3_builds.VLLM_FORK
+    if fork:
+        pack = fa3_builds.fork_packgqa(pack, num_splits, inp.headdim, inp.headdim_v)
+        if not inp.precompute and inp.uses_prepare and inp.batch_size > PREPARE_MAX_BATCH_ONE_CTA:
+            num_splits = 1   # the fork's call: no split for a varlen batch over 992 (flash_api.cpp 1070)
+    bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=non_tma)
     kd, kdv = kernel_headdims(inp.headdim, inp.headdim_v, inp.element_size)
-    kbm, kbn = tile_size_fwd_sm90(kd, kdv, masking.is_causal, masking.is_local, inp.element_size,
-                                  paged_kv_non_tma=non_tma, softcap=inp.has_softcap)
+    kbm, kbn = build_tile(inp, masking, kd, kdv, paged_kv_non_tma=non_tma)
     if inp.precompute:
         needs_sem = inp.arch >= 90 or num_splits > 1
     else:
         needs_sem = (((masking.is_causal or masking.is_local) and num_splits == 1) or inp.uses_prepare) \
             if inp.arch >= 90 else False
-    kernel_pack = pack or inp.arch < 90 or non_tma or num_splits > 1
+    kernel_pack = pack or forced_pack_gqa(inp.arch, non_tma, num_splits)
     if not inp.precompute:
         check_call_split_count(num_splits, kernel_runs=inp.batch_size > 0 and inp.seqlen_q > 0)
     return Schedule(inputs=inp, masking=masking, d_rounded=d_r, dv_rounded=dv_r, pagedkv_tma=tma,
                     block_m=bm, block_n=bn, num_splits=num_splits, pack_gqa=pack,
-                    sort=not masking.is_local, swizzle=masking.is_causal or masking.is_local,
+                    sort=not masking.is_local and not fork, swizzle=masking.is_causal or masking.is_local,
                     needs_semaphore=needs_sem, kernel_block_m=kbm, kernel_block_n=kbn, kernel_pack_gqa=kernel_pack)
 
 
@@ -409,7 +453,7 @@ def precompute_inputs(batch_size: int, max_seqlen_q: int, max_seqlen_k: int, num
                       has_leftpad: bool = False, page_size: Optional[int] = None, max_seqlen_k_new: int = 0,
                       causal: bool = False, window_size=(-1, -1), attention_chunk: int = 0, has_softcap: bool = False,
                       num_splits: int = 0, pack_gqa: Optional[bool] = None, sm_margin: int = 0,
-                      num_sm: int = 132, arch: int = 90) -> ScheduleInputs:
+                      num_sm: int = 132, arch: int = 90, build: str = fa3_builds.UPSTREAM) -> ScheduleInputs:
     """ScheduleInputs for `get_scheduler_metadata`'s arguments (flash_attn_interface.py, flash_api.cpp)."""
     return ScheduleInputs(
         batch_size=int(batch_size), seqlen_q=int(max_seqlen_q), seqlen_k=int(max_seqlen_k),
@@ -419,7 +463,8 @@ def precompute_inputs(batch_size: int, max_seqlen_q: int, max_seqlen_k: int, num
         attention_chunk=int(attention_chunk), has_softcap=bool(has_softcap),
         page_size=None if page_size is None else int(page_size), varlen_q=bool(varlen_q),
         has_leftpad=bool(has_leftpad), seqlen_knew=int(max_seqlen_k_new), num_splits=int(num_splits),
-        pack_gqa=pack_gqa, num_sm=int(num_sm) - int(sm_margin), arch=int(arch), uses_prepare=True, precompute=True)
+        pack_gqa=pack_gqa, num_sm=int(num_sm) - int(sm_margin), arch=int(arch), uses_prepare=True, precompute=True,
+        build=fa3_builds.check_build_name(build))
 
 
 def call_inputs(batch_size: int, seqlen_q: int, seqlen_k: int, num_heads: int, num_heads_k: int, headdim: int,
@@ -427,11 +472,13 @@ def call_inputs(batch_size: int, seqlen_q: int, seqlen_k: int, num_heads: int, n
                 has_cache_seqlens: bool = True, has_leftpad: bool = False, page_size: Optional[int] = None,
                 seqlen_knew: int = 0, causal: bool = False, window_size=(-1, -1), attention_chunk: int = 0,
                 has_softcap: bool = False, num_splits: int = 0, pack_gqa: Optional[bool] = None,
-                sm_margin: int = 0, num_sm: int = 132, arch: int = 90) -> ScheduleInputs:
+                sm_margin: int = 0, num_sm: int = 132, arch: int = 90,
+                has_k_new: Optional[bool] = None, build: str = fa3_builds.UPSTREAM) -> ScheduleInputs:
     """ScheduleInputs for a `flash_attn_with_kvcache` call, from its shapes (flash_api.cpp `mha_fwd`).
 
     `seqlen_k` is the cache's size(1), or page_table.size(1) * page_size when paged; the call is varlen
-    (runs the prepare step) when cache_seqlens, cu_seqlens_q or leftpad is given.
+    (runs the prepare step) when cache_seqlens, cu_seqlens_q or leftpad is given. `has_k_new` says whether
+    `k_new` is passed (default: `seqlen_knew > 0`); a varlen `k_new` is passed with `seqlen_knew` 0.
     """
     uses_prepare = bool(varlen_q or has_cache_seqlens or has_leftpad)
     return ScheduleInputs(
@@ -442,7 +489,9 @@ def call_inputs(batch_size: int, seqlen_q: int, seqlen_k: int, num_heads: int, n
         has_softcap=bool(has_softcap), page_size=None if page_size is None else int(page_size),
         varlen_q=bool(varlen_q), has_leftpad=bool(has_leftpad), seqlen_knew=int(seqlen_knew),
         num_splits=int(num_splits), pack_gqa=pack_gqa, num_sm=int(num_sm) - int(sm_margin), arch=int(arch),
-        uses_prepare=uses_prepare, precompute=False, has_seqused_k=bool(has_cache_seqlens))
+        uses_prepare=uses_prepare, precompute=False, has_seqused_k=bool(has_cache_seqlens),
+        has_k_new=bool(int(seqlen_knew) > 0 if has_k_new is None else has_k_new),
+        build=fa3_builds.check_build_name(build))
 
 
 def combine_capacity(num_splits_call: int, headdim_v: int) -> int:

@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import fa3_builds
 from .fa3_scheduler import Schedule, ScheduleInputs, precompute_inputs, resolve_schedule
 from .prepare import PrepareResult, launch_check, prepare_scheduler
 
@@ -33,9 +34,14 @@ class MetadataLayout:
     sort: bool
     swizzle: bool
     has_semaphore: bool = True
+    #: the vLLM fork's layout (fa3_builds): prepare_seqlen_q, [dynamic splits], [heads-in-L2]; Sort off
+    fork: bool = False
+    fork_dynamic_split: bool = False
 
     @property
     def num_vectors(self) -> int:
+        if self.fork:
+            return 1 + int(self.fork_dynamic_split) + int(self.swizzle)
         return 2 + int(self.sort) + int(self.swizzle)
 
     @property
@@ -43,12 +49,19 @@ class MetadataLayout:
         return self.num_vectors * self.b4 + int(self.has_semaphore)
 
     @property
-    def splits_offset(self) -> int:
+    def splits_offset(self) -> Optional[int]:
+        if self.fork:  # vllm-project/flash-attention@617264c1 flash_api.cpp 703-704, 1107-1108
+            return self.b4 if self.fork_dynamic_split else None
         return 0
 
     @property
-    def m_blocks_offset(self) -> int:
-        return self.b4
+    def m_blocks_offset(self) -> Optional[int]:
+        return None if self.fork else self.b4
+
+    @property
+    def seqlen_q_offset(self) -> Optional[int]:
+        """The fork's prepare_seqlen_q vector, at 0 (flash_api.cpp@617264c1 703, 1107); upstream has none."""
+        return 0 if self.fork else None
 
     @property
     def batch_idx_offset(self) -> Optional[int]:
@@ -56,6 +69,8 @@ class MetadataLayout:
 
     @property
     def nheads_in_l2_offset(self) -> Optional[int]:
+        if self.fork:
+            return self.b4 * (self.num_vectors - 1) if self.swizzle else None
         return self.b4 * (3 if self.sort else 2) if self.swizzle else None
 
     @property
@@ -64,8 +79,12 @@ class MetadataLayout:
 
     @classmethod
     def for_schedule(cls, schedule: Schedule) -> "MetadataLayout":
-        return cls(batch_size=schedule.inputs.batch_size, b4=schedule.b4, sort=schedule.sort,
-                   swizzle=schedule.swizzle, has_semaphore=schedule.needs_semaphore)
+        inp = schedule.inputs
+        fork = inp.build == fa3_builds.VLLM_FORK
+        return cls(batch_size=inp.batch_size, b4=schedule.b4, sort=schedule.sort,
+                   swizzle=schedule.swizzle, has_semaphore=schedule.needs_semaphore, fork=fork,
+                   fork_dynamic_split=fork and fa3_builds.fork_uses_dynamic_split(inp.uses_prepare, inp.batch_size,
+                                                                                  schedule.num_splits))
 
 
 @dataclass(frozen=True)
@@ -78,6 +97,8 @@ class DecodedMetadata:
     batch_idx: Optional[list[int]]
     nheads_in_l2: Optional[list[int]]
     semaphore: Optional[int]
+    #: the vLLM fork's stored query rows per batch (its m-blocks are these over the call's kBlockM)
+    prepare_seqlen_q: Optional[list[int]] = None
 
     def to_dict(self) -> dict:
         return {"num_splits": self.num_splits, "num_m_blocks": self.num_m_blocks, "batch_idx": self.batch_idx,
@@ -96,6 +117,7 @@ def encode_metadata(schedule: Schedule, result: PrepareResult) -> torch.Tensor:
     out = torch.full((layout.size,), UNWRITTEN, dtype=torch.int32)
     b = layout.batch_size
     for offset, values in ((layout.splits_offset, result.num_splits), (layout.m_blocks_offset, result.num_m_blocks),
+                           (layout.seqlen_q_offset, result.prepare_seqlen_q),
                            (layout.batch_idx_offset, result.batch_idx), (layout.nheads_in_l2_offset, result.nheads_in_l2)):
         if offset is not None:  # every value is a C++ int already; the int32 slots take it unchanged
             out[offset:offset + b] = torch.tensor(values)
@@ -119,6 +141,34 @@ def decode_metadata(metadata: torch.Tensor, batch_size: int, sort: bool, swizzle
     sem = values[layout.semaphore_offset] if len(values) > layout.semaphore_offset else None
     return DecodedMetadata(layout, vector(layout.splits_offset), vector(layout.m_blocks_offset),
                            vector(layout.batch_idx_offset), vector(layout.nheads_in_l2_offset), sem)
+
+
+def decode_for_schedule(metadata: torch.Tensor, schedule: Schedule) -> DecodedMetadata:
+    """Read metadata as the kernels of this call's build read it: upstream's vectors, or the vLLM fork's.
+
+    The fork stores ``prepare_seqlen_q`` and its tile scheduler takes m-blocks as ``ceil(prepare_seqlen_q /
+    kBlockM)`` with the kernel's kBlockM (vllm-project/flash-attention@617264c1 hopper/tile_scheduler.hpp 475-479),
+    and split counts from the dynamic vector, present only when the call splits (503-505; flash_api.cpp 1108).
+    Unwritten slots stay ``UNWRITTEN``; without a dynamic vector every split count is 1.
+    """
+    inp = schedule.inputs
+    if inp.build != fa3_builds.VLLM_FORK:
+        return decode_metadata(metadata, inp.batch_size, schedule.sort, schedule.swizzle)
+    layout = MetadataLayout.for_schedule(schedule)
+    values = [int(v) for v in metadata.detach().reshape(-1).tolist()]
+    if len(values) < layout.num_vectors * layout.b4:
+        raise ValueError(f"metadata: expected at least {layout.num_vectors * layout.b4} int32 values for the fork's "
+                         f"layout (batch_size={inp.batch_size}); got {len(values)}")
+    b4 = layout.b4
+
+    def vector(offset: Optional[int]) -> Optional[list[int]]:
+        return None if offset is None else values[offset:offset + b4]
+
+    seqlens = vector(layout.seqlen_q_offset)
+    m_blocks = [v if v == UNWRITTEN else -(-v // schedule.kernel_block_m) for v in seqlens]
+    splits = vector(layout.splits_offset) or [1] * b4
+    sem = values[layout.semaphore_offset] if len(values) > layout.semaphore_offset else None
+    return DecodedMetadata(layout, splits, m_blocks, None, vector(layout.nheads_in_l2_offset), sem, seqlens)
 
 
 def _as_int_list(x, name: str, n: Optional[int] = None) -> Optional[list[int]]:
@@ -145,7 +195,8 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
                            cache_seqlens, qkv_dtype=torch.bfloat16, headdim_v=None, cu_seqlens_q=None,
                            cu_seqlens_k_new=None, cache_leftpad=None, page_size=None, max_seqlen_k_new=0,
                            causal=False, window_size=(-1, -1), attention_chunk=0, has_softcap=False,
-                           num_splits=0, pack_gqa=None, sm_margin=0, num_sm: int = 132, arch: int = 90) -> torch.Tensor:
+                           num_splits=0, pack_gqa=None, sm_margin=0, num_sm: int = 132, arch: int = 90,
+                           build: str = fa3_builds.UPSTREAM) -> torch.Tensor:
     """FA3's `get_scheduler_metadata` with its Python signature plus `num_sm`/`arch` (flash_attn_interface.py).
 
     Returns the int32 tensor of `mha_fwd_get_scheduler_metadata` with FA3's exact layout; slots FA3 never
@@ -156,7 +207,7 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
         qkv_dtype=qkv_dtype, headdim_v=headdim_v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new,
         cache_leftpad=cache_leftpad, page_size=page_size, max_seqlen_k_new=max_seqlen_k_new, causal=causal,
         window_size=window_size, attention_chunk=attention_chunk, has_softcap=has_softcap, num_splits=num_splits,
-        pack_gqa=pack_gqa, sm_margin=sm_margin, num_sm=num_sm, arch=arch)
+        pack_gqa=pack_gqa, sm_margin=sm_margin, num_sm=num_sm, arch=arch, build=build)
     out = encode_metadata(schedule, result)
     if isinstance(cache_seqlens, torch.Tensor):
         out = out.to(cache_seqlens.device)
@@ -167,14 +218,15 @@ def schedule_and_prepare(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, nu
                          qkv_dtype=torch.bfloat16, headdim_v=None, cu_seqlens_q=None, cu_seqlens_k_new=None,
                          cache_leftpad=None, page_size=None, max_seqlen_k_new=0, causal=False, window_size=(-1, -1),
                          attention_chunk=0, has_softcap=False, num_splits=0, pack_gqa=None, sm_margin=0,
-                         num_sm: int = 132, arch: int = 90) -> tuple[Schedule, PrepareResult]:
+                         num_sm: int = 132, arch: int = 90,
+                         build: str = fa3_builds.UPSTREAM) -> tuple[Schedule, PrepareResult]:
     """The precompute's resolved schedule and prepare result, before encoding (flash_api.cpp)."""
     inputs: ScheduleInputs = precompute_inputs(
         batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, qkv_dtype=qkv_dtype,
         headdim_v=headdim_v, varlen_q=cu_seqlens_q is not None, has_leftpad=cache_leftpad is not None,
         page_size=page_size, max_seqlen_k_new=max_seqlen_k_new, causal=causal, window_size=window_size,
         attention_chunk=attention_chunk, has_softcap=has_softcap, num_splits=num_splits, pack_gqa=pack_gqa,
-        sm_margin=sm_margin, num_sm=num_sm, arch=arch)
+        sm_margin=sm_margin, num_sm=num_sm, arch=arch, build=build)
     schedule = resolve_schedule(inputs)
     b = int(batch_size)
     launch_check(b)  # batch_size == 0: FA3 ends the process (ProcessAbort), it does not return metadata

@@ -8,6 +8,9 @@ batch's `m_blocks * n_blocks` and their warp/atomic sum wrap past 2^31 - 1 (the 
 in any order); the float blocks_per_sm converts back to int saturating, as the GPU's cvt does.
 A precompute of zero batches launches this kernel on an empty grid: `launch_check` (the process ends).
 
+Under the vLLM fork's build (refmodel.fa3_builds) Sort is off, the first vector holds Lq * (qhpk if PackGQA) per
+batch instead of m-blocks, and the heads-in-L2 budget is 32 MiB / qhpk-class (``fork_l2_budget``).
+
 Simplification: FA3 sorts with `cub::BlockMergeSort::Sort`, which does not promise an order for equal keys;
 this model breaks ties by ascending batch index (a stable sort). Fidelity checks compare tied entries as sets.
 """
@@ -21,6 +24,7 @@ import numpy as np
 
 from .cint import c_ceil_div, f32_to_int_sat, to_int32
 from .errors import ProcessAbort
+from .fa3_builds import VLLM_FORK
 from .fa3_scheduler import F32, L2_SWIZZLE_BYTES, PREPARE_MAX_BATCH_ONE_CTA, Schedule, ceil_div
 
 
@@ -33,6 +37,8 @@ class PrepareResult:
     batch_idx: Optional[list[int]]      # varlen_batch_idx, only when Sort
     nheads_in_l2: Optional[list[int]]   # only when Swizzle
     blocks_per_sm: Optional[int]        # None when the split computation was skipped
+    #: the vLLM fork's first vector: Lq * (qhpk if PackGQA else 1) per batch (its m-blocks are not stored)
+    prepare_seqlen_q: Optional[list[int]] = None
 
 
 def m_blocks_for(seqlen_q: int, qhead_per_khead: int, pack_gqa: bool, block_m: int) -> int:
@@ -96,9 +102,21 @@ def nheads_in_l2(n_blocks: int, max_kvblocks_in_l2: int, qhead_per_khead: int, p
     return min(chosen, num_heads)
 
 
-def max_kvblocks_in_l2(block_n: int, headdim: int, headdim_v: int, element_size: int) -> int:
-    """8 MiB divided by the bytes of one KV block, kBlockN * (d + dv) * elem (flash_prepare_scheduler.cu)."""
-    return L2_SWIZZLE_BYTES // (block_n * (headdim + headdim_v) * element_size)
+def max_kvblocks_in_l2(block_n: int, headdim: int, headdim_v: int, element_size: int,
+                       size_l2: int = L2_SWIZZLE_BYTES) -> int:
+    """The L2 budget (8 MiB upstream) divided by the bytes of one KV block, kBlockN * (d + dv) * elem (flash_prepare_scheduler.cu)."""
+    return size_l2 // (block_n * (headdim + headdim_v) * element_size)
+
+
+def fork_l2_budget(qhead_per_khead: int) -> int:
+    """The vLLM fork's L2 budget: 32 MiB over 1/2/4/8/16 for qhpk 1, <=2, <=4, <=8, more.
+
+    vllm-project/flash-attention@617264c1 hopper/flash_prepare_scheduler.cu 220-225.
+    """
+    for bound, divisor in ((1, 1), (2, 2), (4, 4), (8, 8)):
+        if qhead_per_khead <= bound:
+            return (32 * 1024 * 1024) // divisor
+    return (32 * 1024 * 1024) // 16
 
 
 def prepare_scheduler(schedule: Schedule, seqused_k: Sequence[int], seqlens_q: Optional[Sequence[int]] = None,
@@ -111,6 +129,7 @@ def prepare_scheduler(schedule: Schedule, seqused_k: Sequence[int], seqlens_q: O
     (refmodel.fastmath `blocks_per_sm_candidates`); None computes it.
     """
     inp = schedule.inputs
+    fork = inp.build == VLLM_FORK   # the fork's prepare kernel (refmodel.fa3_builds)
     b = inp.batch_size
     if len(seqused_k) != b:
         raise ValueError(f"cache_seqlens: expected {b} entries (batch_size), got {len(seqused_k)}")
@@ -133,15 +152,19 @@ def prepare_scheduler(schedule: Schedule, seqused_k: Sequence[int], seqlens_q: O
         splits = [dynamic_split(n, bps, schedule.num_splits) for n in n_blocks]
         n_per_split = [c_ceil_div(n, s) for n, s in zip(n_blocks, splits)]
 
-    l2_budget = max_kvblocks_in_l2(schedule.block_n, inp.headdim, inp.headdim_v, inp.element_size)
+    l2_budget = max_kvblocks_in_l2(schedule.block_n, inp.headdim, inp.headdim_v, inp.element_size,
+                                   fork_l2_budget(qhpk) if fork else L2_SWIZZLE_BYTES)
 
     def l2_heads(n: int) -> int:
         return nheads_in_l2(max(n, 1), l2_budget, qhpk, schedule.pack_gqa, heads)
 
+    # the fork (Sort always off) stores Lq * (qhpk if pack) per batch (flash_prepare_scheduler.cu@617264c1 93, 203)
+    seqlen_vector = [to_int32(lq[i] * (qhpk if schedule.pack_gqa else 1)) for i in range(b)] if fork else None
     if not schedule.sort:
         return PrepareResult(
             num_splits=splits, num_m_blocks=m_blocks, batch_idx=None,
-            nheads_in_l2=[l2_heads(n) for n in n_per_split] if schedule.swizzle else None, blocks_per_sm=bps)
+            nheads_in_l2=[l2_heads(n) for n in n_per_split] if schedule.swizzle else None, blocks_per_sm=bps,
+            prepare_seqlen_q=seqlen_vector)
 
     order: list[int] = []
     for start in range(0, b, PREPARE_MAX_BATCH_ONE_CTA):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from .cint import fits_int32, to_int32
 from .errors import FA3Rejected, OutsideModel, ProcessAbort
 
-__all__ = ["MODELLED_ARCH", "check_model_range", "check_precompute", "check_call", "check_call_split_count",
+__all__ = ["MODELLED_ARCH", "appends_kv", "check_model_range", "check_precompute", "check_call", "check_call_split_count",
            "effective_num_splits_argument", "SRC"]
 
 #: The only architecture modelled: sm90 (Hopper). FA3's sm8x path (tile_size_fwd_sm8x in tile_size.h, the sm8x
@@ -30,6 +30,17 @@ MODELLED_ARCH = 90
 SRC = "hopper/flash_api.cpp@0251105a"
 
 _HEADS_MSG = "Number of heads in key/value must divide number of heads in query"
+
+
+def appends_kv(inp) -> bool:
+    """Whether new KV is appended, FA3's ``params.knew_ptr`` (flash_api.cpp 575 at precompute, 929-961 at the call).
+
+    The precompute sets it from ``max_seqlen_k_new > 0``; the call whenever ``k_new`` is passed
+    (``k_new_.has_value()``), also a varlen ``k_new`` (``cu_seqlens_k_new``), whose ``params.seqlen_knew`` is 0.
+    Simplification: a passed ``k_new`` with no elements has a null ``data_ptr`` in FA3 (so no paged-TMA veto
+    there); the model counts any passed ``k_new`` as appending. Inputs without a ``has_k_new`` field pass none.
+    """
+    return bool(getattr(inp, "has_k_new", False)) or int(inp.seqlen_knew) > 0
 
 
 def effective_num_splits_argument(num_splits: int) -> int:
@@ -88,7 +99,7 @@ def check_call(inp) -> None:
         raise FA3Rejected("headdim", f"head_size should be a multiple of {alignment}", f"{SRC}:855", d)
     if dv % alignment:
         raise FA3Rejected("headdim_v", f"head_size_v should be a multiple of {alignment}", f"{SRC}:856", dv)
-    if int(inp.seqlen_knew) > 0:
+    if appends_kv(inp):  # `k_new_.has_value()`: also a varlen or empty k_new, whose seqlen_knew is 0
         if not getattr(inp, "has_seqused_k", True):
             raise FA3Rejected("cache_seqlens", "If k_new is supplied, seqlens_k must also be passed in", f"{SRC}:932")
         # FA3's test compares seqlen_q (not k_new's length) with the cache's seqlen_k, whatever its message says

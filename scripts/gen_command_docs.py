@@ -22,7 +22,7 @@ RUNS = [
     ("prove", "The guard before sglang PR #30439: the hazard is found and guard soundness is refuted (exit 1).",
      ["prove", "--guard", "pre-fix", "--cases-dir", f"{OUT}/cases"]),
     ("fuzz", "A seeded fuzz campaign against the pre-fix guard; each distinct violation is shrunk and saved.",
-     ["fuzz", "--guard", "pre-fix", "--cases", "400", "--seed", "0", "--out", f"{OUT}/cases",
+     ["fuzz", "--guard", "pre-fix", "--cases", "400", "--seed", "0", "--cases-dir", f"{OUT}/cases",
       "--json", f"{OUT}/fuzz.json"]),
     ("replay", "Replaying the first case the fuzz campaign saved, then the same case under the fixed guard.",
      ["replay", "@FIRST_FUZZ_CASE"]),

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from refmodel.fa3_scheduler import Schedule, ScheduleInputs, ceil_div, combine_capacity, resolve_schedule
-from refmodel.metadata import UNWRITTEN, DecodedMetadata, decode_metadata, encode_metadata
+from refmodel.metadata import UNWRITTEN, DecodedMetadata, decode_for_schedule, encode_metadata
 from refmodel.prepare import PrepareResult, prepare_scheduler
 from refmodel.splitkv import kv_block_bounds, split_block_range
 
@@ -129,7 +129,7 @@ def read_metadata(P_sched: Schedule, P_result: PrepareResult, C_sched: Schedule)
     if tensor.numel() < need:  # only reachable when SHAPE fails; pad so decoding never raises
         import torch
         tensor = torch.cat([tensor, torch.full((need - tensor.numel(),), UNWRITTEN, dtype=torch.int32)])
-    return decode_metadata(tensor, C_sched.inputs.batch_size, sort=C_sched.sort, swizzle=C_sched.swizzle)
+    return decode_for_schedule(tensor, C_sched)   # C's layout, under C's FA3 build (refmodel.fa3_builds)
 
 
 def _ctx(P_sched, P_result, C_sched, call_lengths) -> _Ctx:

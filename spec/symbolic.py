@@ -33,6 +33,7 @@ import z3
 # SIGINT must reach Python (the run stops, exit 3) instead of turning the current query into "unknown"
 z3.set_param("ctrl_c", False)
 
+from .z3ctx import bound
 from .z3ctx import ctx as _ctx
 from refmodel.fa3_scheduler import (
     CALL_MAX_SPLITS,
@@ -458,9 +459,9 @@ def evaluate_term(term, assignment: dict):
 
 
 def solver(timeout_s: float, seed: int = 0) -> z3.Solver:
-    """A z3 solver with a fixed seed and a per-query timeout (deterministic, bounded)."""
+    """A z3 solver with a fixed seed and each check bounded by `timeout_s` of work (deterministic under load)."""
     s = z3.Solver(ctx=_ctx())
     s.set("ctrl_c", False)  # SIGINT reaches Python (the run stops, exit 3), never an "unknown" read as an answer
-    s.set("timeout", max(1, int(timeout_s * 1000)))
+    bound(s, timeout_s)
     s.set("random_seed", seed)
     return s

@@ -77,6 +77,33 @@ def BoolVal(v):
     return z3.BoolVal(v, ctx())
 
 
+#: z3 resource units (its ``rlimit`` count) that one second of a query's ``timeout_s`` buys. Measured on the
+#: prover's own queries (`fa3verify bench`): the slowest theorem query on a quiet core does at least ~0.7M units
+#: a second and the largest needs 2.8M units in all, so 10M a second leaves the default 10 s per query ~35 times
+#: the work any theorem asks today.
+RLIMIT_PER_SECOND = 10_000_000
+#: z3 reads ``rlimit`` as a 32-bit unsigned count (a larger value wraps around): the largest bound it keeps.
+RLIMIT_MAX = 2**32 - 1
+#: the wall-clock deadline of a query, as a multiple of its ``timeout_s``: only a safety net on a machine so loaded
+#: (or a query so unlike the measured ones) that the resource bound is not reached in time.
+WALL_FACTOR = 3
+
+
+def bound(solver, timeout_s: float):
+    """Bound each check of `solver` by work, not time: the same answer whatever the machine's load.
+
+    Invariant: a query's answer is a function of the query alone while the machine runs at least 1/WALL_FACTOR as
+    fast as the reference. Each check gets ``rlimit`` = ``timeout_s`` * RLIMIT_PER_SECOND resource units (z3 counts
+    them per check, also on a solver asked again), and a wall-clock ``timeout`` of WALL_FACTOR * ``timeout_s`` as
+    the outer deadline. Either way a bound that runs out is unknown (inconclusive), never an answer. Above
+    RLIMIT_MAX / RLIMIT_PER_SECOND seconds (429 s) only the wall-clock deadline is left to bound a query.
+    """
+    units = int(timeout_s * RLIMIT_PER_SECOND)
+    solver.set("rlimit", max(1, units) if units <= RLIMIT_MAX else 0)
+    solver.set("timeout", max(1, int(timeout_s * WALL_FACTOR * 1000)))
+    return solver
+
+
 def checked(solver: z3.Solver, *assumptions) -> z3.CheckSatResult:
     """`solver.check(*assumptions)`, stoppable by a real SIGINT at once; every other unknown stays an answer.
 
@@ -119,7 +146,7 @@ PREPROCESS = ("simplify", "propagate-values", "solve-eqs", "smt")
 def solve(constraints, timeout_s: float, preprocess: bool = False):
     """Check `constraints` in the current theorem's context: ("unsat"|"sat"|"unknown", model or None).
 
-    Deterministic (fixed seeds) and bounded by `timeout_s`; an "unknown" is never read as a proof by callers.
+    Deterministic (fixed seeds) and bounded by `timeout_s` of work (:func:`bound`); an "unknown" is never read as a proof by callers.
     `preprocess` checks with the PREPROCESS tactics instead of z3's default solver (for obligations measured
     faster that way; see spec/theorems_algebra_merge.py).
     """
@@ -128,7 +155,7 @@ def solve(constraints, timeout_s: float, preprocess: bool = False):
     z3.set_param("nlsat.seed", 0)
     solver = z3.Then(*PREPROCESS, ctx=ctx()).solver() if preprocess else z3.Solver(ctx=ctx())
     solver.set("ctrl_c", False)
-    solver.set("timeout", max(1, int(timeout_s * 1000)))
+    bound(solver, timeout_s)
     solver.set("random_seed", 0)
     solver.add(*constraints)
     res = checked(solver)

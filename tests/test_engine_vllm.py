@@ -146,14 +146,17 @@ def test_piecewise_runs_attention_eagerly_on_unpadded_metadata(vllm_worker):
 
 
 @pytest.mark.engine
-def test_dcp_call_sees_the_narrower_per_rank_block_table(vllm_worker):
+def test_dcp_call_seqlen_k_is_the_passed_max_not_the_block_table_width(vllm_worker):
     """Under DCP the KV cache is sharded (AttentionSpec.dcp_sharded): each rank's block table holds
-    max_model_len / dcp tokens (vLLM's max_num_blocks_per_req and get_block_table_width); the call's seqlen_k is
-    that width, still >= the precompute's upper-bound max_seqlen_k (the harmless direction)."""
-    (one,) = _pairs(vllm_worker.run({"tp": 4, "steps": [{"seq_lens": SKEWED}]}))
-    (two,) = _pairs(vllm_worker.run({"tp": 4, "dcp": 2, "steps": [{"seq_lens": SKEWED}]}))
-    assert one["call"]["seqlen_k"] == 40960 and two["call"]["seqlen_k"] == 20480
-    assert two["precompute"]["max_seqlen_k"] == 16384 <= two["call"]["seqlen_k"]
+    max_model_len / dcp tokens (vLLM's max_num_blocks_per_req and get_block_table_width). Under vLLM's FA3 build the
+    call's seqlen_k is the max_seqlen_k vLLM passes, not that width (flash_api.cpp@617264c1 835): the batch's
+    longest sequence (under DCP the rank's), >= the precompute's per-rank upper bound (the harmless direction)."""
+    one = vllm_worker.run({"tp": 4, "steps": [{"seq_lens": SKEWED}]})
+    two = vllm_worker.run({"tp": 4, "dcp": 2, "steps": [{"seq_lens": SKEWED}]})
+    assert one["fa3_build"] == two["fa3_build"] == "vllm-fork-617264c1"
+    (one,), (two,) = _pairs(one), _pairs(two)
+    assert one["call"]["seqlen_k"] == one["precompute"]["max_seqlen_k"] == max(SKEWED) == 32768
+    assert two["precompute"]["max_seqlen_k"] == 16384 <= two["call"]["seqlen_k"] == 16384   # DCP: per-rank lengths
     assert two["s_p"] <= two["s_c"]
 
 
@@ -191,8 +194,9 @@ def test_profile_conforms_to_the_released_code(vllm_worker):
 
 @pytest.mark.engine
 def test_case_sliding_window_short_batch_replays(vllm_worker):
-    """The campaign's one difference (a case file of the one schema, fa3verify.case/1 with a ``vllm`` object):
-    causal at the precompute, local at the call; replayed by ``fa3verify replay`` on vllm==0.33.0."""
+    """The campaign's one former difference (a case file of the one schema, fa3verify.case/1 with a ``vllm``
+    object), settled under vLLM's FA3 build: the fork's call takes seqlen_k = max_seqlen_k (flash_api.cpp@617264c1
+    835), so both sides resolve causal and the sizes agree; replayed by ``fa3verify replay`` on vllm==0.33.0."""
     from pathlib import Path
 
     from fa3verify.replaying import replay
@@ -204,12 +208,14 @@ def test_case_sliding_window_short_batch_replays(vllm_worker):
     sut = VllmSUT(RELEASE)
     sut._worker = vllm_worker  # the session's worker: no second import
     summary, seen = replay(str(path), sut=sut)
-    assert seen.outcome == case.expected["outcome"] == "shape_error" and seen.verdict == "STILL FAILS"
-    assert seen.findings == [] and summary.exit_code == 1  # loud and safe, but never exit 0
+    assert seen.outcome == case.expected["outcome"] == "pass" and seen.verdict == "PASSES (as expected)"
+    assert seen.findings == [] and summary.exit_code == 0
+    assert "[FA3 build vllm-fork-617264c1]" in summary.checks[0].message
     p = _pairs({"trace": seen.trace})[0]
     assert p["precompute"]["max_seqlen_k"] == case.expected["detail"]["precompute_max_seqlen_k"]
     assert p["call"]["seqlen_k"] == case.expected["detail"]["call_seqlen_k"]
     assert p["precompute"]["causal"] and p["call"]["window_size"][0] == 4095
+    assert p["s_p"] == p["s_c"] == 1
 
 
 def test_engine_spec_names_vllm_releases():

@@ -70,3 +70,33 @@ def test_a_failing_fuzz_case_is_written_as_a_replayable_case(fuzz_stage_run, cap
     # the same case without its seeded defect passes: the failure is the defect's
     assert main(["replay", path, "--without-defects"]) == 0
 
+
+
+class _TimingOutPool:
+    """A pool whose every task misses its deadline (the worker killed), as a hung kernel launch would."""
+
+    def run_many(self, tasks, timeout_s):
+        from fa3verify.workers import WorkerResult
+
+        for i, _task in enumerate(tasks):
+            yield i, WorkerResult(ok=False, crashed=True, kind="timeout", exitcode=-9, worker_pid=12345,
+                                  error_text=f"no answer within {timeout_s:.1f}s: worker 12345 killed")
+
+
+def test_a_fuzz_case_past_its_deadline_is_inconclusive_not_a_crash_finding(tmp_path, monkeypatch):
+    from fa3verify.gpu_check import fuzz_stage
+    from fa3verify.gpu_check.plan import make_plan
+    from fa3verify.gpu_check.runner import GpuCheck, Stage
+    import fa3verify.strategies as strategies
+
+    args = types.SimpleNamespace(dry_run=True, fidelity_configs=None, fuzz_budget_s=2.0, total_budget_s=None,
+                                 workers=1, seed=0)
+    check = GpuCheck(make_plan(args), out_dir=str(tmp_path), skip={"gpu_tests"})
+    stage = Stage("fuzz")
+    monkeypatch.setattr(strategies, "gpu_decode_case", lambda rng, **kw: _failing_case())
+    check.pool = _TimingOutPool()
+    fuzz_stage.run(check, stage)
+    assert stage.status == "inconclusive", (stage.status, stage.message)
+    assert stage.numbers["timeouts"] >= 1 and stage.numbers["failures"] == 0 and stage.numbers["crashes"] == 0
+    assert "past their deadline" in stage.message
+    assert not [f for f in check.findings if f["stage"] == "fuzz"] and not check.case_files

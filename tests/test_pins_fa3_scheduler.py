@@ -523,3 +523,23 @@ def test_fp8_softcap_local_tile_reaches_the_split_count_and_the_tma_rule():
     inp = precompute_inputs(4, 200, 4096, 8, 8, 128, qkv_dtype="float8_e4m3fn", page_size=192, window_size=(100, 0),
                             has_softcap=True)
     assert pagedkv_tma(inp, m, 128, 128) is True
+
+
+@pytest.mark.parametrize("arch, paged_non_tma, splits, forced", [
+    (80, False, 1, True), (86, False, 1, True), (89, False, 0, True),      # sm8x: always (flash_api.cpp 429, 377)
+    (90, False, 1, False), (100, False, 1, False), (120, False, 1, False),  # sm90 and newer: only for the two below
+    (90, True, 1, True), (90, False, 2, True), (100, False, 2, True), (90, False, 0, False),
+])
+def test_packgqa_is_forced_below_sm90_for_paged_non_tma_and_for_split(arch, paged_non_tma, splits, forced):
+    from refmodel.fa3_scheduler import forced_pack_gqa
+
+    assert forced_pack_gqa(arch, paged_non_tma, splits) is forced
+
+
+def test_a_varlen_k_new_vetoes_paged_tma():
+    # get_pagedkv_tma (flash_api.cpp 416) reads params.knew_ptr, set whenever k_new is passed (961)
+    base = dict(batch_size=2, seqlen_q=200, seqlen_k=4096, num_heads=8, num_heads_k=8, headdim=128, headdim_v=128)
+    assert pagedkv_tma(call_inputs(*base.values(), page_size=176, num_splits=1),
+                       resolve_masking(200, 4096, False, (-1, -1), 0, 128, True), 128, 128) is True
+    s = resolve_schedule(call_inputs(*base.values(), page_size=176, num_splits=1, has_k_new=True))
+    assert s.pagedkv_tma is False and s.kernel_pack_gqa is True

@@ -210,3 +210,51 @@ def test_inputs_without_a_seqused_k_field_count_as_passing_it():
 
     fields = {f: getattr(inputs(seqlen_knew=16), f) for f in ScheduleInputs.__dataclass_fields__ if f != "has_seqused_k"}
     check_call(SimpleNamespace(**fields))
+
+
+def test_a_passed_k_new_is_checked_even_with_no_static_new_length():
+    # flash_api.cpp 929-933 test `k_new_.has_value()`, not its length: a varlen k_new (cu_seqlens_k_new; line 951
+    # leaves params.seqlen_knew 0) and a k_new of zero rows are "supplied" and meet both checks
+    e = _rejected(seqlen_knew=0, has_k_new=True, has_seqused_k=False)
+    assert (e.field, e.source) == ("cache_seqlens", f"{SRC}:932")
+    assert e.fa3_message == "If k_new is supplied, seqlens_k must also be passed in"
+    e = _rejected(seqlen_knew=0, has_k_new=True, seqlen_q=1025, seqlen_k=1024)
+    assert (e.field, e.source, e.got) == ("seqlen_q", f"{SRC}:933", (1025, 1024))
+    assert e.fa3_message == "If k_new is supplied, it must have seqlen <= the seqlen of the KV cache"
+    check_call(inputs(seqlen_knew=0, has_k_new=True, seqlen_q=1024, seqlen_k=1024))   # both checks pass
+    check_call(inputs(seqlen_knew=0, has_k_new=False, has_seqused_k=False, seqlen_q=4096))  # no k_new: no check
+    assert inputs(has_k_new=True).appends_kv and inputs(seqlen_knew=1).appends_kv and not inputs().appends_kv
+
+
+def test_call_inputs_take_a_passed_k_new_and_default_it_from_the_new_length():
+    from refmodel import call_inputs
+
+    assert call_inputs(1, 1, 64, 8, 8, 128, seqlen_knew=4).has_k_new is True
+    assert call_inputs(1, 1, 64, 8, 8, 128).has_k_new is False
+    assert call_inputs(1, 1, 64, 8, 8, 128, has_k_new=True).has_k_new is True
+    assert call_inputs(1, 1, 64, 8, 8, 128, seqlen_knew=4, has_k_new=False).appends_kv  # a length is appended KV
+
+
+def test_a_recorded_call_with_a_varlen_k_new_meets_the_appended_kv_checks():
+    # the record of flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cu_seqlens_k_new=...): k is (total, h_k, d),
+    # so the static new length is 0; FA3 still rejects it without cache_seqlens (932) or with seqlen_q > seqlen_k (933)
+    import torch
+
+    from gpu_impl.fa3_records import call_schedule_of, record_call
+
+    q, kc = torch.zeros(2, 4, 8, 128, dtype=torch.bfloat16), torch.zeros(2, 64, 8, 128, dtype=torch.bfloat16)
+    k_new = torch.zeros(6, 8, 128, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 3, 6], dtype=torch.int32)
+    rec = record_call(q, kc, kc, k_new, k_new, cu_seqlens_k_new=cu)
+    assert rec.seqlen_k_new == 0 and rec.has_k_new is True
+    with pytest.raises(FA3Rejected) as e:
+        call_schedule_of(rec)
+    assert (e.value.field, e.value.source) == ("cache_seqlens", f"{SRC}:932")
+    short = torch.zeros(2, 2, 8, 128, dtype=torch.bfloat16)   # seqlen_k 2 < seqlen_q 4
+    with pytest.raises(FA3Rejected) as e:
+        call_schedule_of(record_call(q, short, short, k_new, k_new, cache_seqlens=torch.tensor([1, 1], dtype=torch.int32),
+                                     cu_seqlens_k_new=cu))
+    assert (e.value.field, e.value.source, e.value.got) == ("seqlen_q", f"{SRC}:933", (4, 2))
+    call_schedule_of(record_call(q, kc, kc, k_new, k_new, cache_seqlens=torch.tensor([1, 1], dtype=torch.int32),
+                                 cu_seqlens_k_new=cu))   # accepted with both
+    assert record_call(q, kc, kc).has_k_new is False

@@ -272,3 +272,33 @@ def test_a_pool_worker_whose_init_hangs_is_killed_at_the_start_deadline():
         assert gone(pid)
     finally:
         pool.close()
+
+
+def test_a_build_lock_held_past_the_deadline_is_inconclusive_and_names_the_holder(tmp_path):
+    """Another build that never lets go of a release's lock: the waiting build gives up at its deadline."""
+    import fcntl
+
+    from gpu_impl.engines.envs import BuildLockTimeout, wait_for_build_lock
+    from spec.worker_client import WorkerError
+
+    path = tmp_path / "sglang-0.5.13.lock"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"f = open({str(path)!r}, 'a+'); fcntl.flock(f, fcntl.LOCK_EX); f.write(f'{{os.getpid()}}\\n'); f.flush()\n"
+        "print('held', flush=True); time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with open(path, "a+") as lock:
+            start = time.monotonic()
+            with pytest.raises(BuildLockTimeout) as caught:
+                wait_for_build_lock(lock, "sglang==0.5.13", deadline_s=0.5)
+            assert time.monotonic() - start < 60
+        assert isinstance(caught.value, WorkerError) and caught.value.timed_out
+        assert f"pid {holder.pid}" in str(caught.value) and "sglang==0.5.13" in str(caught.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    with open(path, "a+") as lock:  # once the holder is gone the lock is taken, and the new holder is named in it
+        wait_for_build_lock(lock, "sglang==0.5.13", deadline_s=5)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    assert path.read_text().strip() == str(os.getpid())

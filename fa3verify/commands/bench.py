@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 HELP = "measure the suite: time to first failure, fuzz throughput, proof time, oracle cost"
 EPILOG = """\
@@ -44,13 +43,10 @@ def run(args) -> int:
     for f in figs:
         if f.detail:
             print(f"{f.name}: {json.dumps(f.detail)}")
-    for path in (args.json, args.markdown):
-        if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    from ..output_writer import write_output
+
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(to_json(figs), fh, indent=2)
+        write_output(args.json, json.dumps(to_json(figs), indent=2), "--json")
     if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write(to_markdown(figs) + "\n")
+        write_output(args.markdown, to_markdown(figs) + "\n", "--markdown")
     return 0

@@ -50,10 +50,9 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     mode = "full" if args.full else "fast"
     if args.write_docs:
-        from pathlib import Path
+        from ..output_writer import write_output
 
-        Path(args.write_docs).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.write_docs).write_text(catalogue_markdown())
+        write_output(args.write_docs, catalogue_markdown(), "--write-docs")
         print(f"wrote {args.write_docs}")
         return exitcodes.PASS
     if args.write_corpus:
@@ -138,11 +137,10 @@ def print_catalogue(results, console=None) -> None:
 
 def write_catalogue_json(summary, results, path: str) -> None:
     import json
-    import os
+
+    from ..output_writer import write_output
 
     data = summary.to_dict()
     data["catalogue"] = [r.to_dict() for r in results]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
+
+    write_output(path, json.dumps(data, indent=2) + "\n", "--json")

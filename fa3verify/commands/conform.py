@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..engine_choice import add_engine_argument, add_profile_argument
+from ..sharding import add_shard_argument
 
 HELP = "compare the model (under a release's profile) with the real engine, FA3 call by FA3 call"
 EPILOG = """\
@@ -21,6 +22,7 @@ examples:
   fa3verify conform --engine sglang==0.5.23 --cases 300 --seed 0
   fa3verify conform --engine sglang-src=../sglang/python --engine-profile sglang==0.5.23 --json conform.json
   fa3verify conform --engine vllm==0.33.0            # vLLM's profile, claim by claim, on its own code
+  fa3verify conform --engine sglang==0.5.23 --cases 900 --shard 1/3 --json c1.json   # join: `report merge`
 """
 
 
@@ -31,6 +33,7 @@ def register(sub) -> None:
     add_profile_argument(p)
     p.add_argument("--cases", type=int, default=200, metavar="N", help="random configurations (default 200)")
     p.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
+    add_shard_argument(p, "configurations")
     p.add_argument("--no-assumption-probes", action="store_true",
                    help="do not put the configurations spec assumes away to the release's validation")
     p.add_argument("--cases-dir", default="fa3verify-out/cases", metavar="DIR", help="where findings are saved")
@@ -40,8 +43,9 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..conformance import conform, summarise
-    from ..engine_choice import conform_profile, open_engine, parse_engine_option
+    from ..engine_choice import conform_profile, open_engine, parse_engine_option, start_engine
     from ..errors import UsageError
+    from ..progress import stage
     from ..summary import print_table
 
     if args.engine is None:
@@ -49,17 +53,34 @@ def run(args) -> int:
                          "(or vLLM's profile) with it")
     if args.cases < 1:
         raise UsageError(f"--cases: must be >= 1, got {args.cases}")
+    from ..sharding import check_cases, parse_shard
+
+    shard = parse_shard(args.shard)
+    check_cases(shard, args.cases)
     spec = parse_engine_option(args.engine)
     if spec.is_model:
         raise UsageError("--engine: conform compares the model with a real engine; 'model' is the model itself")
     if spec.kind == "vllm":
+        if shard is not None:
+            raise UsageError(f"--shard: {spec} conforms claim by claim, not over drawn configurations; "
+                             f"--shard applies to sglang engines")
         return _conform_vllm(args, spec)
     with open_engine(spec) as sut:
         profile = conform_profile(args.engine_profile, sut)
         print(f"engine: {spec}   profile: {profile.describe()}")
-        report = conform(sut, profile, cases=args.cases, seed=args.seed, cases_dir=args.cases_dir,
-                         probes=not args.no_assumption_probes)
+        start_engine(sut, "conform")
+        with stage("conform", f"conform {args.cases} configurations on {spec}"
+                              + (f", shard {shard}" if shard else ""),
+                   result=lambda: f"{report.compared} compared, {len(report.differences)} differing"):
+            report = conform(sut, profile, cases=args.cases, seed=args.seed, cases_dir=args.cases_dir,
+                             probes=not args.no_assumption_probes, progress=_progress_every_25(args.cases),
+                             shard=shard)
     summary = summarise(report)
+    if shard is not None:
+        summary.seed = args.seed
+        summary.shard = shard.to_dict({"command": "conform", "seed": args.seed, "cases": args.cases,
+                                       "engine": args.engine, "profile": profile.describe(),
+                                       "probes": not args.no_assumption_probes})
     print_table(summary)
     print(f"configurations: {report.cases} drawn, {report.compared} compared, {report.skipped_rejected} rejected "
           f"by the release" + (f" {report.rejected_reasons}" if report.rejected_reasons else "")
@@ -67,13 +88,26 @@ def run(args) -> int:
     for f in summary.findings[:10]:
         print(f"  {f.invariant}: {f.message[:300]}\n    case: {f.case_file}")
     if args.json:
-        from ..summary import _ensure_parent
+        from ..output_writer import write_output
 
-        _ensure_parent(args.json)
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({**summary.to_dict(), "conform": report.to_dict()}, fh, indent=2)
-            fh.write("\n")
+        write_output(args.json, json.dumps({**summary.to_dict(), "conform": report.to_dict()}, indent=2) + "\n",
+                     "--json")
     return summary.exit_code
+
+
+def _progress_every_25(total: int):
+    """conform's progress callback: a line on stderr every 25 compared configurations, on logs only."""
+    import sys
+
+    from ..progress import log_lines_enabled
+
+    if not log_lines_enabled():
+        return None
+
+    def say(report) -> None:
+        print(f"fa3verify conform: {report.cases}/{total} configurations drawn, {report.compared} compared, "
+              f"{len(report.differences)} differing so far", file=sys.stderr, flush=True)
+    return say
 
 
 def _conform_vllm(args, spec) -> int:
@@ -91,17 +125,19 @@ def _conform_vllm(args, spec) -> int:
         profile = engine_profile_for(text)[1]
     except ProfileError as exc:
         raise UsageError(f"--engine-profile: {exc}") from None
+    from ..engine_choice import start_engine
+    from ..progress import stage
+
     with open_engine(spec) as sut:
         print(f"engine: {spec}   profile: {profile.describe()}")
-        summary = conform_vllm(sut, profile)
+        start_engine(sut, "conform")
+        with stage("conform", f"conform {spec}'s claims against its profile"):
+            summary = conform_vllm(sut, profile)
     print_table(summary)
     for f in summary.findings[:10]:
         print(f"  {f.message[:300]}")
     if args.json:
-        from ..summary import _ensure_parent
+        from ..output_writer import write_output
 
-        _ensure_parent(args.json)
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(summary.to_dict(), fh, indent=2)
-            fh.write("\n")
+        write_output(args.json, json.dumps(summary.to_dict(), indent=2) + "\n", "--json")
     return summary.exit_code

@@ -12,6 +12,7 @@ examples:
   fa3verify engine setup vllm==0.33.0            # the same for a vLLM release
   fa3verify engine matrix --budget-s 10 --json matrix.json
   fa3verify engine matrix --releases 0.5.12..0.5.16 --cases 100
+  fa3verify engine matrix --cases 100 --shard 1/4 --json m1.json   # a quarter of the releases; `report merge`
 """
 
 
@@ -29,6 +30,9 @@ def register(sub) -> None:
     group.add_argument("--budget-s", type=float, metavar="N", help="fuzz budget per release in seconds (default 20)")
     group.add_argument("--cases", type=int, metavar="N", help="fuzz case count per release instead")
     m.add_argument("--seed", type=int, default=0, help="fuzz seed (default 0)")
+    from ..sharding import add_shard_argument
+
+    add_shard_argument(m, "releases (in release order)")
     m.add_argument("--timeout-s", type=float, default=10.0, help="z3 timeout of the witness search (default 10)")
     m.add_argument("--cases-dir", default="fa3verify-out/engine-matrix", metavar="DIR",
                    help="where each release's findings go (one folder per release)")
@@ -115,12 +119,20 @@ def parse_releases(text):
 
 def run_matrix(args) -> int:
     from ..engine_choice import open_engine
-    from ..engine_matrix import matrix_exit_code, matrix_json, matrix_markdown
+    from ..engine_matrix import matrix_exit_code, matrix_json, matrix_markdown, matrix_table, matrix_verdict_line
     from ..engine_matrix import run_matrix as matrix
     from ..errors import UsageError
     from .fuzz import budget_from_args
 
+    from ..sharding import parse_shard
+
     releases = parse_releases(args.releases)
+    shard = parse_shard(args.shard)
+    if shard is not None:
+        if shard.k > len(releases):
+            raise UsageError(f"--shard: shard {shard} owns none of the {len(releases)} releases "
+                             f"({releases[0]}..{releases[-1]}); want K <= {len(releases)}")
+        everything, releases = releases, shard.pick(releases)
     budget, cases = budget_from_args(args)
     if not args.timeout_s > 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
@@ -134,27 +146,24 @@ def run_matrix(args) -> int:
 
     rows = matrix(releases, open_release, budget_s=budget, max_cases=cases,
                   seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
-                  progress=lambda line: print(line, flush=True), with_probes=not args.no_probes)
-    print(matrix_markdown(rows) if args.markdown else _table(rows))
+                  progress=_progress_line, with_probes=not args.no_probes)
+    print(matrix_markdown(rows) if args.markdown else matrix_table(rows))
     if args.json:
-        from ..summary import _ensure_parent
+        from ..output_writer import write_output
 
-        _ensure_parent(args.json)
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(matrix_json(rows), fh, indent=2)
-            fh.write("\n")
+        data = matrix_json(rows)
+        if shard is not None:
+            data["shard"] = shard.to_dict({"command": "engine matrix", "releases": everything, "seed": args.seed,
+                                           "cases": cases, "budget_s": budget, "timeout_s": args.timeout_s,
+                                           "probes": not args.no_probes})
+        write_output(args.json, json.dumps(data, indent=2) + "\n", "--json")
     code = matrix_exit_code(rows)
-    print(f"verdict: {'FAIL' if code == 1 else ('PASS' if code == 0 else 'INCONCLUSIVE')} | releases {len(rows)} | "
-          f"failing {sum(r.verdict == 'fail' for r in rows)} | disagreeing with their profile "
-          f"{sum(r.agrees is False for r in rows)}")
+    print(matrix_verdict_line(rows, code) + (f" | shard {shard}" if shard is not None else ""))
     return code
 
 
-def _table(rows) -> str:
-    head = f"{'release':<8} {'verdict':<12} {'expected':<8} {'invariants':<28} {'path':<18} {'s':>6}  families"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        flag = "" if r.agrees is not False else " !"
-        lines.append(f"{r.release:<8} {r.verdict + flag:<12} {r.expected:<8} {', '.join(r.invariants) or '-':<28} "
-                     f"{', '.join(r.paths) or '-':<18} {r.seconds:>6.1f}  {'; '.join(r.families) or '-'}")
-    return "\n".join(lines)
+def _progress_line(line: str) -> None:
+    """The matrix's progress (a line per stage and per release) goes to stderr, never into stdout's table."""
+    import sys
+
+    print(f"fa3verify engine matrix: {line}", file=sys.stderr, flush=True)

@@ -57,7 +57,10 @@ def run(args) -> int:
 
     budget, cases = budget_from_args(args)
     policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
+    from ..engine_choice import start_engine
+
     with sut_from_args(args) as sut:
+        start_engine(sut, "gate")  # its own line: a release's import takes tens of seconds
         if sut.spec.is_model:
             summary = gate(policy, budget_s=budget, seed=args.seed, timeout_s=args.timeout_s,
                            cases_dir=args.cases_dir, kernel_name=args.kernel, device=args.device, max_cases=cases)

@@ -61,11 +61,15 @@ def run(args) -> int:
             parent = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(parent):
                 raise UsageError(f"{flag}: directory does not exist: {parent}")
-    render(hmap, args.out)
+    import io
+
+    from ..output_writer import write_output
+
+    png = io.BytesIO()
+    render(hmap, png)
+    write_output(args.out, png.getvalue(), "--out")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(hmap.to_dict(), fh, indent=1)
-            fh.write("\n")
+        write_output(args.json, json.dumps(hmap.to_dict(), indent=1) + "\n", "--json")
     cells = len(hmap.lengths) * len(hmap.companions)
     print(f"hazard map: {hmap.model.name} on {hmap.num_sm} SMs, page size {hmap.page_size}, {hmap.policy_label}")
     for p in hmap.panels:

@@ -10,8 +10,10 @@ from ..summary import write_reports
 
 HELP = "prove the metadata invariants and guard theorems with z3"
 EPILOG = """\
-Each theorem is a bounded z3 query with a fixed seed and a per-query timeout. A solver timeout is
-reported as inconclusive (exit 3), never as proved. Every refuted theorem writes a replayable case file.
+Each theorem is a bounded z3 query with a fixed seed. A query is bounded by work, not by the clock
+(--timeout-s N buys N * 10M of z3's resource units, with a wall-clock deadline of 3N s), so the same
+run gives the same answers on a quiet and on a loaded machine. A query that runs out is reported as
+inconclusive (exit 3), never as proved. Every refuted theorem writes a replayable case file.
 
 examples:
   fa3verify prove                                   # fixed guard: every theorem has its expected verdict
@@ -34,7 +36,8 @@ def register(sub) -> None:
     p.add_argument("--only", action="append", metavar="NAME",
                    help="run only theorems whose name contains NAME (repeatable), e.g. --only freshness")
     p.add_argument("--timeout-s", type=float, default=10.0, metavar="N",
-                   help="z3 timeout per query in seconds (default 10); a timeout is inconclusive")
+                   help="the work one z3 query may do, in seconds of a quiet core (default 10): N * 10M resource "
+                        "units, and a wall-clock deadline of 3N s; running out is inconclusive")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="worker processes proving theorems side by side (default: one per CPU; 1: in this "
                         "process); results and witnesses do not depend on it")
@@ -57,7 +60,7 @@ def run(args) -> int:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
-    from ..engine_choice import open_engine, parse_engine_option, profile_policy_args
+    from ..engine_choice import open_engine, parse_engine_option, profile_policy_args, start_engine
     from ..engine_gate import replay_witnesses
 
     from ..engine_choice import vllm_profile_arg
@@ -76,9 +79,11 @@ def run(args) -> int:
         summary = prove(policy, timeout_s=args.timeout_s, cases_dir=args.cases_dir, only=args.only,
                         dropped_assumptions=args.drop_assumption, jobs=args.jobs)
     if not spec.is_model:
-        with open_engine(spec) as sut, stage("prove", f"witnesses replayed on {spec}"):
-            checks, findings = replay_witnesses(sut, [c.case_file for c in summary.checks if c.failed],
-                                                args.cases_dir)
+        with open_engine(spec) as sut:
+            start_engine(sut, "prove")
+            with stage("prove", f"witnesses replayed on {spec}"):
+                checks, findings = replay_witnesses(sut, [c.case_file for c in summary.checks if c.failed],
+                                                    args.cases_dir)
         summary.checks.extend(checks)
         summary.findings.extend(findings)
     return write_reports(summary, args)

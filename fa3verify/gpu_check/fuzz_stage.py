@@ -45,11 +45,24 @@ class WorkerTarget:
         out: list = [None] * len(dicts)
         tasks = (functools.partial(fuzz_case_task, adapter, d) for d in dicts)
         for i, res in self.check.pool.run_many(tasks, timeout_s=p.fuzz_case_timeout_s):
-            outcome = res.value["outcome"] if res.ok else ("crash" if res.crashed else "error")
+            outcome = res.value["outcome"] if res.ok else _unanswered(res)
             msg = _fuzz_message(res.value) if res.ok else res.summary()
-            found = [] if outcome in ("pass", "shape_error") else [(f"{outcome}-{dicts[i]['index']}", outcome, msg)]
+            found = [] if outcome in NOT_FINDINGS else [(f"{outcome}-{dicts[i]['index']}", outcome, msg)]
             out[i] = Observation(outcome, [o for _, o, _ in found], [msg], found, detail=(dicts[i], res))
         return out
+
+
+#: Outcomes that are not findings: a pass, a configuration FA3 rejects, and a case past its deadline (killed: the
+#: case is inconclusive, never a NO_CRASH violation; the stage is inconclusive unless something else failed).
+NOT_FINDINGS = ("pass", "shape_error", "timeout")
+
+
+def _unanswered(res) -> str:
+    """The outcome of a case whose worker gave no value: ``timeout`` (killed at its deadline), ``crash`` (died)
+    or ``error`` (raised)."""
+    if res.kind == "timeout":
+        return "timeout"
+    return "crash" if res.crashed else "error"
 
 
 def run(check: GpuCheck, stage: Stage) -> None:
@@ -67,13 +80,14 @@ def run(check: GpuCheck, stage: Stage) -> None:
     strategy = functools.partial(gpu_decode_case, num_sm=check.num_sm or 132, max_len=p.fuzz_max_len,
                                  contexts=p.fuzz_contexts)
     counts = {"pass": 0}
-    tally = {"calls": 0, "crashes": 0}
+    tally = {"calls": 0, "crashes": 0, "timeouts": 0}
 
     def checks(obs: Observation) -> list:
         _case, res = obs.detail
         counts[obs.outcome] = counts.get(obs.outcome, 0) + 1
         tally["calls"] += len(res.value.get("calls", [])) if res.ok else 0
-        tally["crashes"] += int(not res.ok and res.crashed)
+        tally["crashes"] += int(obs.outcome == "crash")
+        tally["timeouts"] += int(obs.outcome == "timeout")
         return obs.findings
 
     t0 = time.perf_counter()
@@ -89,11 +103,14 @@ def run(check: GpuCheck, stage: Stage) -> None:
                       f"{_server_label(case['server'])}): {failure.message}", case_file=path)
     elapsed = time.perf_counter() - t0
     done, failures, calls, crashes = sum(counts.values()), camp.failing_cases, tally["calls"], tally["crashes"]
-    stage.numbers.update(cases=done, failures=failures, crashes=crashes, decode_calls=calls,
-                         outcomes=counts, cases_per_s=round(done / elapsed, 2) if elapsed > 0 else 0.0,
+    stage.numbers.update(cases=done, failures=failures, crashes=crashes, timeouts=tally["timeouts"],
+                         decode_calls=calls, outcomes=counts, cases_per_s=round(done / elapsed, 2) if elapsed > 0 else 0.0,
                          fuzz_seconds=round(elapsed, 1))
     if failures:
         stage.status = "fail"
+    elif tally["timeouts"]:
+        stage.status, stage.message = "inconclusive", (f"{tally['timeouts']} of {done} cases past their deadline "
+                                                       f"({p.fuzz_case_timeout_s:g} s, killed); none failed")
     elif done == 0:
         stage.status, stage.message = "inconclusive", "no fuzz case finished"
     else:

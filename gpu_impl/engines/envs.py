@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from spec.worker_client import run_command
+from spec.worker_client import WorkerError, run_command
 
 from . import installers, recipes, torch_build, vllm_recipes
 from .errors import EnvSetupError, NoPrecompute, UnknownRelease
 
 __all__ = ["FAKES_DIR", "KINDS", "PROJECT_ROOT", "check_release", "engine_home", "ensure_env", "env_dir",
-           "env_python", "env_ready", "driver_environ", "recipe_hash", "setup_times", "install_steps"]
+           "env_python", "env_ready", "driver_environ", "recipe_hash", "setup_times", "install_steps",
+           "BuildLockTimeout", "wait_for_build_lock"]
 
 FAKES_DIR = Path(__file__).resolve().parent / "fakes"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -252,14 +253,51 @@ def ensure_env(release: str, progress: Callable[[str], None] = print, root: Opti
     if env_ready(release, root, engine):
         return d
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"{kind.name}-{release}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with open(root / f"{kind.name}-{release}.lock", "a+") as lock:
+        wait_for_build_lock(lock, f"{kind.name}=={release}")
         if env_ready(release, root, engine):  # built by someone else while we waited
             return d
         if wheel is None and kind.wheel_variable:
             wheel = os.environ.get(kind.wheel_variable) or None
         _build(kind, release, d, progress, wheel)
     return d
+
+
+class BuildLockTimeout(WorkerError):
+    """Another process held a release's build lock past the engine deadline: inconclusive (exit 3), not a pass."""
+
+
+#: How often a waiting build looks at the lock again.
+LOCK_POLL_S = 0.2
+
+
+def wait_for_build_lock(lock, what: str, deadline_s: Optional[float] = None) -> None:
+    """Take the exclusive build lock of `lock` (an open file) within the engine deadline.
+
+    Invariant: no build waits forever: past ``deadline_s`` (default the engine deadline,
+    ``$FA3VERIFY_ENGINE_TIMEOUT`` or 900 s) it raises BuildLockTimeout naming the holder's pid, which the holder
+    writes into the lock file once it has the lock.
+    """
+    from .worker_client import engine_timeout_s
+
+    seconds = engine_timeout_s(deadline_s)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                lock.seek(0)
+                holder = lock.read().strip() or "unknown"
+                raise BuildLockTimeout(f"{what}: another build (pid {holder}) held {lock.name} for over {seconds:g} "
+                                       f"s; inconclusive (wait for it, or raise FA3VERIFY_ENGINE_TIMEOUT)",
+                                       worker=f"engine build {what}", timed_out=True) from None
+            time.sleep(LOCK_POLL_S)
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
 
 
 def _build(kind: EngineKind, release: str, d: Path, progress: Callable[[str], None], wheel: Optional[str]) -> None:

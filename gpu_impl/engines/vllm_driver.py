@@ -21,8 +21,10 @@ vLLM's model layers compute them; the KV cache is one block that every block-tab
 read it); a full-CUDA-graph batch is padded to its capture size as ``gpu_model_runner`` pads it (extra rows: one
 query token, seq_len 0, null block), and the captured call is the one the Python forward makes for that padded
 batch (capture and replay differ only in lengths there: the block table is the persistent full-width one).
-The metadata model is upstream FA3's layout (refmodel): the fork's layout (Sort off, split vector only when
-S > 1) differs in size, not in what the split counts mean; sizes are compared call-side only.
+Both sides are judged under the FA3 build refmodel/fa3_builds.json records for vLLM 0.33.0 (``vllm-fork-617264c1``:
+the fork's tiles, decode tile choice, PackGQA rules, its call's ``seqlen_k = max_seqlen_k`` and its metadata
+layout, Sort off with the split vector only when S > 1). With numerics on, the emulator computes the outputs;
+it models upstream's kernel, so a numerics run is judged under upstream's build (each response names the build).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from .protocol import Unsupported, serve
 _PROTOCOL_OUT = sys.stdout
 
 CUDA_GRAPH_MODES = ("none", "piecewise", "full")
+#: the FA3 build vLLM 0.33.0 ships (refmodel/fa3_builds.json; refmodel.fa3_builds.build_for_engine)
+VLLM_BUILD = "vllm-fork-617264c1"
 KV_CACHE_DTYPES = ("auto", "fp8")
 
 
@@ -117,15 +121,16 @@ class ShapeOnlyFA3:
 
     name = "shape-only"
 
-    def __init__(self, num_sm: int, arch: int = 90):
-        self.num_sm, self.arch = num_sm, arch
+    def __init__(self, num_sm: int, arch: int = 90, build: str = VLLM_BUILD):
+        self.num_sm, self.arch, self.build = num_sm, arch, build
 
     def get_scheduler_metadata(self, *args, **kwargs):
         from refmodel.metadata import get_scheduler_metadata
 
         from ..fa3_calls import record_precompute
 
-        pre = record_precompute(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=True, **kwargs)
+        pre = record_precompute(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=True, build=self.build,
+                                **kwargs)
         return get_scheduler_metadata(**pre.scheduler_kwargs())
 
     def flash_attn_varlen_func(self, *args, **kwargs):
@@ -144,12 +149,16 @@ class FrontFA3:
         from ..fa3_calls import CheckingFA3
         from .vllm_numerics import EmulatorVarlenFA3
 
+        from refmodel.fa3_builds import UPSTREAM
+
         self.numerics = bool(numerics)
-        self.impl = EmulatorVarlenFA3(num_sm) if numerics else ShapeOnlyFA3(num_sm)
+        #: the FA3 build that judges this run (the emulator models upstream's kernel)
+        self.build = UPSTREAM if numerics else VLLM_BUILD
+        self.impl = EmulatorVarlenFA3(num_sm) if numerics else ShapeOnlyFA3(num_sm, build=self.build)
         #: numerics: (invariant, message, detail) of every call whose output failed the oracle, since the last drain
         self.output_findings: list = []
         self.checker = CheckingFA3(self.impl, mode="record", deep=True, num_sm=num_sm, arch=90,
-                                   record_all=True, impl_signature="fa3", signature="fa3")
+                                   record_all=True, impl_signature="fa3", signature="fa3", build=self.build)
         self.last_md = None
         self.last_pre = None
         #: calls that consume no metadata and are not checked (DCP's varlen-K call over the new tokens)
@@ -471,7 +480,8 @@ class Engine:
         self.glue.front.target = front
         t = time.monotonic()
         cfg = Config(self, s, numerics=bool(numerics))
-        out = {"findings": [], "shape_errors": [], "trace": [], "setup_s": round(time.monotonic() - t, 3)}
+        out = {"findings": [], "shape_errors": [], "trace": [], "setup_s": round(time.monotonic() - t, 3),
+               "fa3_build": front.build}
         out["unchecked_calls"] = 0
         for index, st in enumerate(s["steps"]):
             t = time.monotonic()

@@ -72,7 +72,8 @@ def spec_verdicts(plan: TilePlan) -> list[Violation]:
     stub_result = PrepareResult(num_splits=list(decoded.num_splits), num_m_blocks=list(decoded.num_m_blocks),
                                 batch_idx=None if decoded.batch_idx is None else list(decoded.batch_idx),
                                 nheads_in_l2=None if decoded.nheads_in_l2 is None else list(decoded.nheads_in_l2),
-                                blocks_per_sm=None)
+                                blocks_per_sm=None,
+                                prepare_seqlen_q=None if decoded.prepare_seqlen_q is None else list(decoded.prepare_seqlen_q))
     lengths = invariants.CallLengths(tuple(shape.seqused_k), tuple(shape.seqlens_q))
     out = []
     for v in invariants.check_all(stub_schedule, stub_result, schedule, lengths):

@@ -15,7 +15,7 @@ import torch
 
 from refmodel.combine import combine_capacity
 from refmodel.fa3_scheduler import Schedule
-from refmodel.metadata import UNWRITTEN, DecodedMetadata, call_own_metadata, decode_metadata, encode_metadata
+from refmodel.metadata import UNWRITTEN, DecodedMetadata, call_own_metadata, decode_for_schedule, encode_metadata
 from refmodel.prepare import m_blocks_for
 
 from ..errors import MetadataShapeError
@@ -116,12 +116,12 @@ def build_tile_plan(shape: CallShape, schedule: Schedule, scheduler_metadata=Non
         return TilePlan(schedule, shape, "static", status, [schedule.num_splits if split else 1] * b, [m] * b,
                         list(range(b)), None, None)
     if status == "given":
-        decoded = decode_metadata(scheduler_metadata, b, schedule.sort, schedule.swizzle)
+        decoded = decode_for_schedule(scheduler_metadata, schedule)
         source = "metadata"
     else:
-        _, result = call_own_metadata(schedule, shape.seqused_k, seqlens_q=list(shape.seqlens_q),
-                                      leftpad_k=None if shape.cache_leftpad is None else list(shape.cache_leftpad))
-        decoded = decode_metadata(encode_metadata(schedule, result), b, schedule.sort, schedule.swizzle)
+        own, result = call_own_metadata(schedule, shape.seqused_k, seqlens_q=list(shape.seqlens_q),
+                                        leftpad_k=None if shape.cache_leftpad is None else list(shape.cache_leftpad))
+        decoded = decode_for_schedule(encode_metadata(own, result), own)
         source = "prepare"
     return TilePlan(
         schedule, shape, source, status,

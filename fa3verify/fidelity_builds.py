@@ -1,0 +1,84 @@
+"""Fidelity per FA3 build: refmodel against each build's own host arithmetic, from stored test vectors.
+
+Invariant: for every named build (refmodel/fa3_builds.json) refmodel returns exactly what that build's compiled
+``hopper/tile_size.h`` and ``hopper/heuristics.h`` return on the stored grids: 0 mismatches.
+
+The vectors (``fidelity_vectors/<build>.json``, with the source repo and commit) were generated once by
+``scripts/gen_build_vectors.py``, which compiles the build's own headers with g++ on the CPU; CI compares
+against them without the upstream source. Compared per vector: the sm90 tile (kBlockM, kBlockN) under the build
+(refmodel.fa3_scheduler ``tile_size_fwd_sm90`` upstream, refmodel.fa3_builds ``tile_size_fwd_sm90_vllm_fork``
+for the fork), ``num_splits_heuristic``, ``should_pack_gqa`` and, where the build has it, ``use_one_mma_wg``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Optional
+
+VECTORS = Path(__file__).with_name("fidelity_vectors")
+
+__all__ = ["VECTORS", "load_vectors", "compare_build", "available_builds"]
+
+
+def available_builds() -> list[str]:
+    """Builds that have stored vectors."""
+    return sorted(p.stem for p in VECTORS.glob("*.json"))
+
+
+def load_vectors(build_name: str) -> dict:
+    """The stored vectors of one build; ValueError naming the builds that have some."""
+    path = VECTORS / f"{build_name}.json"
+    if not path.is_file():
+        raise ValueError(f"build: no fidelity vectors for {build_name!r}; have {', '.join(available_builds())}")
+    return json.loads(path.read_text())
+
+
+def _model(build_name: str) -> dict:
+    from refmodel import fa3_builds
+    from refmodel.fa3_scheduler import num_splits_heuristic, should_pack_gqa, tile_size_fwd_sm90
+
+    if build_name == fa3_builds.VLLM_FORK:
+        def tile(d, dv, c, l, e, vc, pg, sc, wg):
+            return fa3_builds.tile_size_fwd_sm90_vllm_fork(d, dv, bool(c), bool(l), e, bool(pg), bool(wg))
+    else:
+        def tile(d, dv, c, l, e, vc, pg, sc, wg):
+            return tile_size_fwd_sm90(d, dv, bool(c), bool(l), e, paged_kv_non_tma=bool(pg), softcap=bool(sc),
+                                      v_colmajor=bool(vc))
+
+    def one_mma_wg(arch, d, local, sq, h, hk):
+        return fa3_builds.use_one_mma_wg(build_name, arch, d, bool(local), sq, h // hk)
+
+    return {"tile": tile, "splits": num_splits_heuristic, "pack": should_pack_gqa, "one_mma_wg": one_mma_wg}
+
+
+def compare_build(build_name: str, vectors: Optional[dict] = None, model: Optional[dict] = None,
+                  max_examples: int = 5) -> dict:
+    """Mismatch counts per function (and a few examples) of refmodel under ``build_name`` against the vectors.
+
+    ``vectors`` defaults to the stored ones of that build; ``model`` replaces refmodel's functions (a negative
+    control passes a seeded defect here). Returns ``{"build", "commit", "compared": {fn: n}, "mismatches": {fn: n},
+    "examples": [...]}``.
+    """
+    vectors = vectors if vectors is not None else load_vectors(build_name)
+    m = {**_model(build_name), **(model or {})}
+    compared, mismatches, examples = {}, {}, []
+
+    def check(fn: str, rows, predict: Callable, got_of: Callable) -> None:
+        compared[fn] = mismatches[fn] = 0
+        for row in rows:
+            compared[fn] += 1
+            want, got = got_of(row), predict(row)
+            if want != got:
+                mismatches[fn] += 1
+                if len(examples) < max_examples:
+                    examples.append({"function": fn, "input": row[:-1] if fn != "tile" else row[:-2],
+                                     "build": want, "refmodel": got})
+
+    check("tile", vectors["tiles"], lambda r: tuple(m["tile"](*r[:9])), lambda r: (r[9], r[10]))
+    check("splits", vectors["splits"], lambda r: int(m["splits"](*r[:6], 128)), lambda r: r[6])
+    check("pack", vectors["pack"], lambda r: int(bool(m["pack"](bool(r[0]), r[1], r[2], r[3]))), lambda r: r[4])
+    if vectors.get("has_use_one_mma_wg"):
+        check("one_mma_wg", vectors["one_mma_wg"], lambda r: int(m["one_mma_wg"](*r[:6])), lambda r: r[6])
+    return {"build": build_name, "commit": vectors.get("commit"), "compared": compared, "mismatches": mismatches,
+            "examples": examples}

@@ -1,0 +1,189 @@
+"""Named FA3 builds: which FA3 source an engine release ships, and the host-side rules in which builds differ.
+
+Invariant: every schedule is computed under one named build; a rule that differs between builds is written once
+here, keyed by build, and everything else is shared (refmodel.fa3_scheduler).
+
+Builds, engine releases and the FA3 source each release ships are data (``fa3_builds.json`` beside this module).
+Two builds are modelled:
+
+* ``upstream-0251105a``: Dao-AILab/flash-attention ``hopper/`` at 0251105a (the rest of refmodel).
+* ``vllm-fork-617264c1``: vllm-project/flash-attention ``hopper/`` at 617264c1, compiled by the fork's
+  ``CMakeLists.txt`` (lines 303-315) with ``FLASHATTENTION_VARLEN_ONLY`` and ``FLASHATTENTION_PACKGQA_ONLY``.
+  Its host-side differences (each function below cites its lines):
+  the decode tile choice ``use_one_mma_wg`` (heuristics.h 10-14) and the tiles it selects (tile_size.h 10-93);
+  the other changed bf16/fp16 and fp8 tiles; ``get_pagedkv_tma`` vetoing local attention (flash_api.cpp 466);
+  PackGQA forced for h/h_k = 8, local, d = dv = 64 (485-488), for Split (671, 1063) and, under PACKGQA_ONLY,
+  whenever d == dv (674, 1065); the call's static seqlen_k is ``max_seqlen_k`` whenever it is passed (835);
+  Sort always off (689, 1079); the metadata vectors ``prepare_seqlen_q`` [+ dynamic splits when b <= 992 and
+  S > 1] [+ heads-in-L2 when Swizzle] (692-699, 1068, 1083-1090), checked by CHECK_SHAPE (1096); a varlen call
+  of more than 992 batches runs with one split (1070).
+
+The fork's prepare kernel (``prepare_seqlen_q`` instead of m-blocks, a 32 MiB / qhpk L2 budget) is modelled in
+refmodel.prepare, its layout in refmodel.metadata (``MetadataLayout``, ``decode_for_schedule``).
+
+Simplifications: the fork has no ``attention_chunk`` argument, and the model does not refuse a chunk under the
+fork's build; ``use_one_mma_wg`` is applied to the kernel's tile as to the host's (the fork's
+flash_fwd_launch_template.h 217-219 switches on the same predicate and also needs kHeadDimV == kHeadDim, which
+holds wherever the tile reads the flag: d 128 forces dv 128, and d 64 with a wider dv takes the dv tiles first); the fork's sm8x path is compiled out
+(``FLASHATTENTION_DISABLE_SM8x``), as refmodel refuses arch != 90 for every build.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["UPSTREAM", "VLLM_FORK", "Build", "builds", "build", "engine_sources", "build_for_engine",
+           "use_one_mma_wg", "tile_size_fwd_sm90_vllm_fork", "fork_packgqa_override", "fork_packgqa",
+           "fork_metadata_vectors", "fork_uses_dynamic_split", "engine_sources_markdown", "check_build_name",
+           "MAX_BATCHES_1CTA", "DATA"]
+
+UPSTREAM = "upstream-0251105a"
+VLLM_FORK = "vllm-fork-617264c1"
+DATA = Path(__file__).with_name("fa3_builds.json")
+#: One prepare CTA handles 992 batches (flash.h / flash_api.cpp PREPARE_VARLEN_MAX_BATCHES_1CTA, both builds).
+MAX_BATCHES_1CTA = 992
+
+
+@dataclass(frozen=True)
+class Build:
+    """One FA3 source as compiled: repository, commit, files read, compile definitions that change scheduling."""
+
+    name: str
+    repo: str
+    commit: str
+    files: tuple
+    compile_definitions: tuple
+    note: str = ""
+
+
+@functools.lru_cache(maxsize=1)
+def _data() -> dict:
+    return json.loads(DATA.read_text())
+
+
+def builds() -> dict:
+    """Every named build, by name (fa3_builds.json)."""
+    return {name: Build(name=name, repo=b["repo"], commit=b["commit"], files=tuple(b["files"]),
+                        compile_definitions=tuple(b["compile_definitions"]), note=b.get("note", ""))
+            for name, b in _data()["builds"].items()}
+
+
+def build(name: str) -> Build:
+    """The build of that name; ValueError naming the allowed names otherwise."""
+    known = builds()
+    if name not in known:
+        raise ValueError(f"build: must be one of {', '.join(sorted(known))}, got {name!r}")
+    return known[name]
+
+
+def engine_sources() -> list[dict]:
+    """One row per engine release: engine, release, kernel package and version, FA3 repo, commit, build."""
+    data = _data()
+    rows = []
+    for e in data["engines"]:
+        src = data["sources"][e["kernel_package"]]
+        rows.append({**e, "fa3_repo": src["fa3_repo"], "fa3_commit": src["fa3_commit"], "build": src["build"],
+                     "verified": src["verified"], "interface": src["interface"]})
+    return rows
+
+
+def build_for_engine(engine: str, release: str) -> str:
+    """The build that judges an engine release (fa3_builds.json); ValueError for a release not recorded."""
+    for row in engine_sources():
+        if row["engine"] == engine and row["release"] == release:
+            return row["build"]
+    raise ValueError(f"engine: no FA3 source recorded for {engine}=={release} (refmodel/fa3_builds.json)")
+
+
+def use_one_mma_wg(build_name: str, arch: int, headdim: int, is_local: bool, seqlen_q: int, qhpk: int) -> bool:
+    """The fork's decode tile choice: sm90+, d 64 or 128 (unrounded), not local, seqlen_q * h/h_k <= 64.
+
+    vllm-project/flash-attention@617264c1 hopper/heuristics.h 10-14; ``h / h_k`` is C++ int division (exact: both
+    sides reject h % h_k != 0 first). Always False for upstream, which has no such choice.
+    """
+    if build_name != VLLM_FORK:
+        return False
+    return int(arch) >= 90 and int(headdim) in (64, 128) and not is_local and int(seqlen_q) * int(qhpk) <= 64
+
+
+def tile_size_fwd_sm90_vllm_fork(headdim: int, headdim_v: int, is_causal: bool, is_local: bool,
+                                 element_size: int = 2, paged_kv_non_tma: bool = False,
+                                 one_mma_wg: bool = False) -> tuple[int, int]:
+    """(kBlockM, kBlockN) of the fork's sm90 forward kernel (vllm-project/flash-attention@617264c1 tile_size.h 10-93).
+
+    fp8 takes the two-level-accumulation prefill tiles (lines 66-77): the fork's CMakeLists.txt does not define
+    FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION. Neither ``softcap`` nor ``v_colmajor`` reaches these tiles.
+    """
+    if element_size == 2:
+        if headdim <= 64:
+            if headdim_v == 512:
+                return 64, 64
+            if headdim_v == 256:
+                return 128, 96
+            if one_mma_wg:
+                return 64, 192
+            return 192, (128 if is_causal else (160 if (is_local or paged_kv_non_tma) else 192))
+        if headdim <= 96:
+            return 192, (128 if (is_local or paged_kv_non_tma) else 144)
+        if headdim <= 128:
+            return (64 if one_mma_wg else 128), \
+                (128 if (is_causal or is_local or paged_kv_non_tma) else (176 if one_mma_wg else 160))
+        if headdim <= 192:
+            return 128, (96 if (paged_kv_non_tma or is_local) else (128 if headdim_v <= 128 else 96))
+        return 128, (64 if is_local else 80)
+    if one_mma_wg:
+        return (64, 128) if headdim <= 96 else (64, 96)
+    if headdim <= 64:
+        return 192, 128
+    if headdim <= 96:
+        return 128, 128
+    if headdim <= 128:
+        return 128, 192
+    if headdim <= 192:
+        return 128, 96
+    return 128, (64 if is_local else 128)
+
+
+def fork_packgqa_override(arch: int, qhpk: int, is_local: bool, headdim: int, headdim_v: int) -> bool:
+    """The fork packs GQA for sm90+, h/h_k == 8, local, d == dv == 64 before its heuristic (flash_api.cpp 485-488)."""
+    return int(arch) >= 90 and int(qhpk) == 8 and bool(is_local) and int(headdim) == 64 and int(headdim_v) == 64
+
+
+def fork_packgqa(pack: bool, num_splits: int, headdim: int, headdim_v: int) -> bool:
+    """After get_pack_gqa (or the argument) the fork ORs in Split (671, 1063) and, under PACKGQA_ONLY, d == dv (674, 1065)."""
+    return bool(pack) or int(num_splits) > 1 or int(headdim) == int(headdim_v)
+
+
+def fork_uses_dynamic_split(uses_prepare: bool, batch_size: int, num_splits: int) -> bool:
+    """The fork writes a per-batch split vector only with the prepare step, b <= 992 and S > 1 (677, 1068)."""
+    return bool(uses_prepare) and int(batch_size) <= MAX_BATCHES_1CTA and int(num_splits) > 1
+
+
+def fork_metadata_vectors(uses_prepare: bool, batch_size: int, num_splits: int, swizzle: bool) -> int:
+    """Per-batch vectors of the fork's metadata: prepare_seqlen_q, [dynamic splits], [heads-in-L2]; Sort is off.
+
+    flash_api.cpp 689-699 (precompute) and 1079-1090 (call); the tensor is ``vectors * b4 + semaphore`` int32.
+    """
+    if not uses_prepare:
+        return int(bool(swizzle))
+    return 1 + int(fork_uses_dynamic_split(uses_prepare, batch_size, num_splits)) + int(bool(swizzle))
+
+
+def check_build_name(name: Optional[str]) -> str:
+    """The build name, defaulting to upstream; ValueError for an unknown one."""
+    return build(UPSTREAM if name is None else name).name
+
+
+def engine_sources_markdown() -> str:
+    """The docs table (docs/fa3-builds.md): engine release, kernel package, FA3 source and commit, build."""
+    lines = ["| engine release | kernel package | FA3 source | FA3 commit | build | pin read |",
+             "|---|---|---|---|---|---|"]
+    for r in engine_sources():
+        commit = r["fa3_commit"][:12] if r["fa3_commit"] else "not recorded"
+        lines.append(f"| {r['engine']}=={r['release']} | {r['kernel_package']} {r['kernel_version']} | "
+                     f"{r['fa3_repo']} | {commit} | `{r['build']}` | {'yes' if r['verified'] else 'no'} |")
+    return "\n".join(lines)
