@@ -19,7 +19,9 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
+	@$(PY) -m pip install -q "uv>=0.13"   # torch_build may need uv's --torch-backend cpu
+	@# torch's CPU build: from the configured package indexes when they offer it, else through uv's CPU backend
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m gpu_impl.engines.torch_build --python $(PY)
 	@$(PY) -m pip install -q -e ".[test]"
 	@$(VENV)/bin/fa3verify sanitize install-hook >/dev/null   # FA3VERIFY_SANITIZE start hook (inert unless set)
 	@touch $(STAMP)

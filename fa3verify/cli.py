@@ -56,7 +56,7 @@ examples:
   fa3verify check                                   # proofs + short CPU fuzz on the fixed guard
   fa3verify prove --guard pre-fix                   # the sglang guard before PR #30439: refuted
   fa3verify gate --guard mypkg.backend:should_disable --junit report.xml
-  fa3verify replay fa3verify-out/cases/split_bound-1a2b3c.json
+  fa3verify replay fa3verify-out/cases/fuzz-split-bound-bd7afb1e9e0fc5e8.json
 """
 
 

@@ -16,12 +16,20 @@ Users may point ``--guard`` at their own function (``package.module:function`` o
 :class:`spec.guard_isolation.IsolatedGuard` (imported and called in a child process with a deadline, so
 ``sys.exit``/``os._exit``/a hang cannot end the tool) and :func:`evaluate_guard` runs it, turning an exception,
 a non-bool result or a missed deadline into :class:`GuardRaised` (:class:`GuardTimeout`).
+
+A guard that cannot be called as ``guard(server_args)`` -- from sglang 0.5.18 ``_should_disable_scheduler_metadata_
+precompute()`` in ``flashattention_backend.py`` takes no argument and reads ``get_parallel()`` -- is refused as
+bad input (:func:`call_signature_problem`), pointing to ``gate --engine sglang-src=PATH``, which runs that code in
+the release's own parallel state: a file guard by reading its source (nothing is imported), a module guard by
+its signature once the guard child has imported it.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -172,6 +180,7 @@ def load_guard(spec: str) -> Guard:
     _check_spec_syntax(spec)
     if is_builtin_guard(spec):  # the project's own guards and seeded defects (objects the engines inspect)
         return load_guard_in_process(spec)
+    check_guard_signature(spec)  # a no-argument guard is refused before anything of it is imported
     return IsolatedGuard(spec)
 
 
@@ -195,6 +204,80 @@ def _check_spec_syntax(spec: str) -> None:
         raise GuardSpecError(
             f"guard spec {spec!r}: {target!r} is neither a dotted module name nor a .py path"
         )
+
+
+def engine_hint(target: str) -> str:
+    """The ``--engine`` form that gates a guard's own code: ``sglang-src=DIR`` when ``target`` (a file path) lies
+    under a checkout's ``sglang/srt/`` (DIR: the folder holding ``sglang/``), else ``sglang-src=PATH``."""
+    parts = Path(target).parts
+    for i in range(len(parts) - 1):
+        if parts[i] == "sglang" and parts[i + 1] == "srt":
+            return "sglang-src=" + (str(Path(*parts[:i])) if i else ".")
+    return "sglang-src=PATH"
+
+
+def _no_argument_message(spec: str, func_name: str, why: str, target: str) -> str:
+    return (f"guard spec {spec!r}: {func_name} {why}, but --guard calls guard(server_args) (sglang 0.5.18+'s "
+            f"_should_disable_scheduler_metadata_precompute() takes no argument and reads get_parallel()); gate "
+            f"the engine's own code instead: fa3verify gate --engine {engine_hint(target)}")
+
+
+def call_signature_problem(guard: Any) -> str | None:
+    """Why ``guard`` cannot be called with one positional argument (``"takes no argument"``, or the binding
+    error), or None when it can or its signature cannot be read (a builtin: its call decides)."""
+    try:
+        sig = inspect.signature(guard)
+    except (TypeError, ValueError):
+        return None
+    try:
+        sig.bind(None)
+    except TypeError as exc:
+        if not sig.parameters:
+            return "takes no argument"
+        return f"cannot be called with one argument ({exc})"
+    return None
+
+
+def _bound_names(node: ast.stmt) -> set:
+    """Top-level names a statement binds other than by ``def`` (assignments, classes, imports)."""
+    if isinstance(node, ast.ClassDef):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+        node, (ast.AnnAssign, ast.AugAssign)) else []
+    return {t.id for t in targets if isinstance(t, ast.Name)}
+
+
+def file_guard_signature_problem(path_text: str, func_name: str) -> str | None:
+    """:func:`call_signature_problem` for a top-level ``def func_name`` in a .py file, read from its source
+    without importing it; None when the file has no such plain definition (the import then decides)."""
+    try:
+        tree = ast.parse(Path(path_text).read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    found = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == func_name]
+    if len(found) != 1 or found[0].decorator_list or any(func_name in _bound_names(n) for n in tree.body):
+        return None  # redefined, rebound or decorated: only the imported object tells
+    a = found[0].args
+    positional = len(a.posonlyargs) + len(a.args)
+    required_kw = [k.arg for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
+    if positional == 0 and a.vararg is None:
+        return "takes no argument" if not a.kwonlyargs and a.kwarg is None else "takes no positional argument"
+    if required_kw:
+        return f"cannot be called with one argument (keyword-only {', '.join(required_kw)} required)"
+    if positional - len(a.defaults) > 1:
+        return f"cannot be called with one argument (it requires {positional - len(a.defaults)})"
+    return None
+
+
+def check_guard_signature(spec: str) -> None:
+    """GuardSpecError for a ``file.py:function`` spec whose function cannot take ``server_args`` (source only)."""
+    target, _, func_name = spec.rpartition(":")
+    if _looks_like_path(target):
+        why = file_guard_signature_problem(target, func_name)
+        if why:
+            raise GuardSpecError(_no_argument_message(spec, func_name, why, target))
 
 
 def load_guard_in_process(spec: str) -> Guard:
@@ -222,6 +305,9 @@ def load_guard_in_process(spec: str) -> Guard:
         raise GuardSpecError(
             f"guard spec {spec!r}: {target}:{func_name} is a {type(guard).__name__}, not callable"
         )
+    why = call_signature_problem(guard)
+    if why:
+        raise GuardSpecError(_no_argument_message(spec, func_name, why, target))
     return guard
 
 

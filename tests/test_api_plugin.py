@@ -238,18 +238,27 @@ LINKABLE_HOSTS = {"github.com"}
 
 
 def test_workflow_has_every_step():
-    text = (REPO / "examples" / "ci" / "github-workflow.yml").read_text()
-    for needle in ("actions/checkout@v4", 'python-version: "3.11"', 'pip install "torch==2.13.0"',
-                   "pip install ./.fa3-verify", 'fa3verify gate --guard "$GUARD"', "--junit fa3verify-out/report.xml",
-                   "fa3verify report fa3verify-out/gate.json --html", "actions/upload-artifact@v4",
-                   "report_paths: fa3verify-out/report.xml"):
-        assert needle in text, needle
-    assert "\t" not in text
+    """The workflows' steps: the two checkouts, Python 3.11, the cache, then run-gate.sh's install (torch's CPU
+    build through gpu_impl.engines.torch_build, not a bare torch==2.13.0), gate and report, and the artifact; no
+    step that needs `checks: write` (a fork's pull request lacks it). tests/test_ci_recipe.py runs the script."""
+    for name in ("github-workflow.yml", "github-workflow-vllm.yml"):
+        text = (REPO / "examples" / "ci" / name).read_text()
+        for needle in ("actions/checkout@v4", 'python-version: "3.11"', "actions/cache@v4",
+                       ".fa3-verify/examples/ci/run-gate.sh install", ".fa3-verify/examples/ci/run-gate.sh gate",
+                       ".fa3-verify/examples/ci/run-gate.sh report", "actions/upload-artifact@v4",
+                       "path: fa3verify-out/"):
+            assert needle in text, (name, needle)
+        assert "\t" not in text and "checks: write" not in text and 'pip install "torch==2.13.0"' not in text
+    script = (REPO / "examples" / "ci" / "run-gate.sh").read_text()
+    for needle in ("-m gpu_impl.engines.torch_build", "--junit \"$out/report.xml\"", "--json \"$out/gate.json\"",
+                   "report \"$out/gate.json\" --html \"$out/gate.html\"", "GITHUB_STEP_SUMMARY"):
+        assert needle in script, needle
 
 
 def test_docs_and_examples_link_no_host_but_the_code_host():
     paths = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
-    paths += [REPO / "examples" / "ci" / n for n in ("github-workflow.yml", "pre-merge.sh")]
+    paths += [REPO / "examples" / "ci" / n for n in ("github-workflow.yml", "github-workflow-vllm.yml",
+                                                     "pre-merge.sh", "run-gate.sh", "job_summary.py")]
     for path in paths:
         hosts = set(re.findall(r"https?://([^/\s)\"'>]+)", path.read_text().lower()))
         assert hosts <= LINKABLE_HOSTS, (path, hosts - LINKABLE_HOSTS)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from gpu_impl.engines import envs, installers, protocol, recipes, vllm_recipes
+from gpu_impl.engines import envs, installers, protocol, recipes, torch_build, vllm_recipes
 from gpu_impl.engines.errors import EnvSetupError, UnknownRelease
 
 SAMPLE_CONFIG = """\
@@ -170,8 +170,10 @@ class _FakeRun:
         return self.torch_line if step == "check torch" else ""
 
 
-def _fake_build(monkeypatch, tmp_path, engine, release, run):
+def _fake_build(monkeypatch, tmp_path, engine, release, run, offered=("2.13.0+cpu", "2.13.0")):
+    """A build with the commands recorded; ``offered``: the torch versions the (fake) configured indexes list."""
     monkeypatch.setattr(envs, "_run", run)
+    monkeypatch.setattr(torch_build, "offered_versions", lambda *a, **k: list(offered))
     monkeypatch.setattr(installers, "find_uv", lambda: "/example/bin/uv")
     monkeypatch.setattr(installers, "pip_config", lambda python: SAMPLE_CONFIG)
     monkeypatch.delenv(installers.CHOICE_VARIABLE, raising=False)
@@ -192,6 +194,32 @@ def test_a_build_runs_the_recipe_through_the_installer_and_stamps_it(monkeypatch
     stamp = json.loads((d / envs.STAMP).read_text())
     assert stamp["installer"] == "uv" and stamp["engine"] == "vllm" and envs.env_ready("0.33.0", tmp_path, "vllm")
     assert (d / envs.MARKER).exists()
+    # the configured indexes offer the CPU build: it is asked for by its exact version, uv's backend is not used
+    assert run.cmds[1][1][-1] == "torch==2.13.0+cpu" and stamp["torch_source"] == "configured"
+    assert all("--torch-backend" not in cmd for _, cmd in run.cmds)
+
+
+def test_without_a_configured_cpu_torch_every_uv_install_uses_uv_cpu_backend(monkeypatch, tmp_path):
+    """The stock-index branch: the indexes list only the CUDA build, so uv's own CPU backend is asked for."""
+    run = _FakeRun()
+    d = _fake_build(monkeypatch, tmp_path, "sglang", "0.5.23", run, offered=("2.13.0", "2.14.0"))
+    installs = [(s, cmd) for s, cmd in run.cmds if s.startswith("install")]
+    assert installs[0] == ("install torch (CPU)", installs[0][1]) and installs[0][1][-1] == "torch==2.13.0"
+    for _, cmd in installs:
+        i = cmd.index("--torch-backend")
+        assert cmd[i + 1] == "cpu" and cmd[:3] == ["/example/bin/uv", "pip", "install"]
+    assert json.loads((d / envs.STAMP).read_text())["torch_source"] == "uv-cpu-backend"
+
+
+def test_without_a_cpu_torch_and_without_uv_the_build_is_refused_before_anything_is_made(monkeypatch, tmp_path):
+    """Negative control: pip alone cannot get the CPU build from indexes that lack it: a clear refusal, no venv."""
+    run = _FakeRun()
+    monkeypatch.setenv(installers.CHOICE_VARIABLE, "pip")
+    monkeypatch.setattr(envs, "_run", run)
+    monkeypatch.setattr(torch_build, "offered_versions", lambda *a, **k: ["2.13.0"])
+    with pytest.raises(EnvSetupError, match=r"torch 2\.13\.0\+cpu: the configured package indexes offer no CPU build.*uv"):
+        envs.ensure_env("0.5.23", progress=lambda line: None, root=tmp_path)
+    assert run.cmds == [] and not (tmp_path / "sglang-0.5.23").exists()
 
 
 def test_a_cuda_torch_after_the_install_fails_the_build_and_leaves_no_stamp(monkeypatch, tmp_path):

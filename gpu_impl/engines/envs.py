@@ -7,7 +7,9 @@ root is ``$FA3VERIFY_ENGINE_HOME`` or ``~/.cache/fa3verify/engines``. Only direc
 (marked with ``.fa3verify-env``) are ever removed. Builds of one release are serialised with a file lock, so two
 test sessions (or two helpers) sharing the cache do not race. The installer (uv or pip, ``installers``) is not
 part of the recipe: an environment built by either is valid for the same recipe, and stamps written before the
-installer was recorded stay valid. Whatever installs, torch must still be the CPU build afterwards.
+installer was recorded stay valid. torch's CPU build is asked for as ``torch_build.plan`` decides (the configured
+indexes' ``+cpu`` build, else uv's ``--torch-backend cpu`` on every install, else a refusal before anything is
+built); whatever installs, torch must still be the CPU build afterwards.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Callable, Optional
 
 from spec.worker_client import WorkerError, run_command
 
-from . import installers, recipes, vllm_recipes
+from . import installers, recipes, torch_build, vllm_recipes
 from .errors import EnvSetupError, NoPrecompute, UnknownRelease
 
 __all__ = ["FAKES_DIR", "KINDS", "PROJECT_ROOT", "check_release", "engine_home", "ensure_env", "env_dir",
@@ -222,10 +224,12 @@ def _requirements(names, pins: dict) -> list:
     return [f"{n}=={pins[_norm(n)]}" if _norm(n) in pins else n for n in names]
 
 
-def package_steps(release: str, engine: str = "sglang", wheel: Optional[str] = None) -> list:
-    """(step name, installer arguments) of the first installs: the CPU torch, then the engine without deps."""
+def package_steps(release: str, engine: str = "sglang", wheel: Optional[str] = None,
+                  torch: Optional[str] = None) -> list:
+    """(step name, installer arguments) of the first installs: the CPU torch (``torch``: the requirement
+    ``torch_build.plan`` chose; default the recipe's), then the engine without deps."""
     kind, rec = _kind(engine), _kind(engine).recipe(release)
-    return [("install torch (CPU)", [rec["torch"]]),
+    return [("install torch (CPU)", [torch or rec["torch"]]),
             (f"install {kind.name}=={release} (no deps)", ["--no-deps", wheel or f"{kind.name}=={release}"])]
 
 
@@ -318,19 +322,21 @@ def _build(kind: EngineKind, release: str, d: Path, progress: Callable[[str], No
     py = str(d / "bin" / "python")
     try:
         installer = installers.choose(py)
-    except ValueError as exc:
+        torch_plan = torch_build.plan(rec["torch"], torch_build.offered_versions(), installer.uv is not None)
+    except ValueError as exc:  # a bad installer choice, or torch_build.NoCpuTorch: nothing is built
         raise EnvSetupError(f"{what}: {exc}") from None
     note = f" ({installer.note})" if installer.note and installer.note != installer.name else ""
-    progress(f"{what}: installing with {installer.name}{note}")
+    progress(f"{what}: installing with {installer.name}{note}; {torch_plan.note}")
     step("create venv", installer.venv_command(_base_python(), str(d)))
     (d / MARKER).write_text("made by fa3-verify (gpu_impl/engines/envs.py); safe to delete\n")
     cons = d / "constraints.txt"
     cons.write_text("\n".join(rec["constraints"]) + "\n")
 
     def install(name: str, args: list) -> str:
-        return step(name, installer.command(["-c", str(cons)] + list(args)), env=installer.environ)
+        extra = list(torch_plan.installer_args)  # uv's CPU backend on every install, or nothing
+        return step(name, installer.command(extra + ["-c", str(cons)] + list(args)), env=installer.environ)
 
-    for name, args in package_steps(release, kind.name, wheel):
+    for name, args in package_steps(release, kind.name, wheel, torch=torch_plan.requirement):
         install(name, args)
     pins: dict = {}
     if kind.pins is not None:
@@ -346,6 +352,7 @@ def _build(kind: EngineKind, release: str, d: Path, progress: Callable[[str], No
     seconds["total"] = round(time.monotonic() - start, 1)
     (d / STAMP).write_text(json.dumps({"recipe": recipe_hash(release, kind.name), "engine": kind.name,
                                        "release": release, "pins": pins, "installer": installer.name,
+                                       "torch_source": torch_plan.source,
                                        "seconds": seconds}, indent=1))
     progress(f"{what}: environment ready in {seconds['total']}s with {installer.name} ({d})")
 

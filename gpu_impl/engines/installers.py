@@ -185,8 +185,34 @@ def choose(python: str, want: Optional[str] = None) -> Installer:
     return Installer("uv", python, base, environ=env, note=note, uv=uv)
 
 
-if __name__ == "__main__":  # pragma: no cover - a look at the translation: python -m gpu_impl.engines.installers
-    t = translate_pip_config(parse_pip_config(pip_config(sys.executable)))
-    print("uv args:", " ".join(t.args))
-    print("uv environment:", " ".join(f"{k}=..." for k in sorted(t.environ)))
-    print("untranslated:", ", ".join(t.untranslated) or "none")
+def main(argv=None) -> int:
+    """``python -m gpu_impl.engines.installers``: print how pip's configuration translates to uv;
+    ``... install [--python PY] ARGS...``: install ARGS into PY's environment (default: this interpreter's) with
+    the installer :func:`choose` picks (examples/ci/run-gate.sh installs fa3-verify this way). Exit 2 on a bad
+    choice or a failed install."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["install"]:
+        t = translate_pip_config(parse_pip_config(pip_config(sys.executable)))
+        print("uv args:", " ".join(t.args))
+        print("uv environment:", " ".join(f"{k}=..." for k in sorted(t.environ)))
+        print("untranslated:", ", ".join(t.untranslated) or "none")
+        return 0
+    args, python = argv[1:], sys.executable
+    if args[:1] == ["--python"] and len(args) >= 2:
+        python, args = args[1], args[2:]
+    try:
+        inst = choose(python)
+    except ValueError as exc:
+        print(f"installers: error: {exc}", file=sys.stderr)
+        return 2
+    cmd = inst.command(args)
+    print(f"installers: {inst.name}: {' '.join(cmd)}", file=sys.stderr)
+    rc = subprocess.run(cmd, env=inst.environ, stdin=subprocess.DEVNULL).returncode
+    if rc != 0:
+        print(f"installers: error: the install exited {rc} (see its output above)", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

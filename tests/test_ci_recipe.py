@@ -1,0 +1,134 @@
+"""The CI recipe (examples/ci/github-workflow*.yml) cannot rot: its steps are examples/ci/run-gate.sh subcommands,
+and this file runs that script (the model as the system under test, on CPU, a fixed case count), checks the job
+summary it writes against the run summary, and checks the workflows' shape (fork-safe permissions, a pinned
+commit, the caches keyed by the recipe hash). The real runner cannot be tried here: the script is what it runs.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CI = ROOT / "examples" / "ci"
+SCRIPT = CI / "run-gate.sh"
+WORKFLOWS = {"sglang": CI / "github-workflow.yml", "vllm": CI / "github-workflow-vllm.yml"}
+sys.path.insert(0, str(CI))
+import job_summary  # noqa: E402
+
+SUBCOMMANDS = ("cache-key", "install", "gate", "report", "all")
+
+
+def _env(tmp_path, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FA3VERIFY_", "GITHUB_"))}
+    env.update(PYTHONPATH=str(ROOT), FA3VERIFY_BIN=f"{sys.executable} -m fa3verify",
+               GITHUB_STEP_SUMMARY=str(tmp_path / "step-summary.md"), FA3VERIFY_PYTHON=sys.executable)
+    env.update(extra)
+    return env
+
+
+def _run(tmp_path, *args, timeout=900, **extra):
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=tmp_path, env=_env(tmp_path, **extra),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+
+
+def _table_rows(markdown: str) -> list:
+    return [line.split(" | ")[0].lstrip("| ") for line in markdown.splitlines()
+            if line.startswith("| ") and not line.startswith("| check |")]
+
+
+def test_a_failing_gate_through_the_script_exits_1_with_the_failing_rows_and_every_artifact(tmp_path):
+    proc = _run(tmp_path, "all", FA3VERIFY_GUARD="pre-fix", FA3VERIFY_CASES="20")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = tmp_path / "fa3verify-out"
+    for name in ("gate.json", "report.xml", "gate.html", "summary.md", "gate.log"):
+        assert (out / name).is_file(), name
+    assert (out / "exit-code").read_text().strip() == "1" and list((out / "cases").glob("*.json"))
+    run = json.loads((out / "gate.json").read_text())
+    failing = [c["name"] for c in run["checks"] if c["failed"] or c["inconclusive"]]
+    summary = (tmp_path / "step-summary.md").read_text()
+    assert summary == (out / "summary.md").read_text()
+    assert summary.startswith("## fa3-verify gate: FAIL (exit 1)")
+    assert failing and _table_rows(summary) == failing  # every failing row, and no passing one
+    assert all(f["replay"] in summary for f in run["findings"])
+
+
+def test_bad_input_is_exit_2_and_the_summary_says_there_is_no_result(tmp_path):
+    proc = _run(tmp_path, "gate", FA3VERIFY_ENGINE="bogus", FA3VERIFY_CASES="1")
+    assert proc.returncode == 2 and "--engine" in proc.stdout + proc.stderr
+    proc = _run(tmp_path, "report")
+    assert proc.returncode == 0
+    text = (tmp_path / "step-summary.md").read_text()
+    assert text.startswith("## fa3-verify gate: NO RESULT (exit 2)") and "--engine" in text
+    assert _run(tmp_path, "bogus").returncode == 2
+
+
+def test_the_job_summary_shows_failed_and_inconclusive_rows_only(tmp_path):
+    """Negative control for the summary: a passing row is never listed; a failed and an inconclusive one are."""
+    checks = [{"name": "ok", "kind": "theorem", "verdict": "proved", "failed": False, "inconclusive": False},
+              {"name": "bad|pipe", "kind": "property", "verdict": "fail", "failed": True, "inconclusive": False,
+               "case_file": "c.json", "message": "two\nlines"},
+              {"name": "slow", "kind": "theorem", "verdict": "unknown", "failed": False, "inconclusive": True}]
+    (tmp_path / "gate.json").write_text(json.dumps({"verdict": "fail", "checks": checks, "findings": [],
+                                                    "cases": 3, "failures": 1, "seed": 0, "elapsed_s": 1.0}))
+    (tmp_path / "exit-code").write_text("1\n")
+    text = job_summary.summary(str(tmp_path))
+    assert _table_rows(text) == ["bad\\|pipe", "slow"] and "two lines" in text
+    (tmp_path / "gate.json").write_text("{not json")
+    assert "NO RESULT (exit 1)" in job_summary.summary(str(tmp_path))
+
+
+def test_install_runs_venv_uv_torch_cpu_build_then_fa3_verify(tmp_path):
+    proc = _run(tmp_path, "install", FA3VERIFY_DRY_RUN="1", FA3VERIFY_VENV=str(tmp_path / "v"))
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln[len("run-gate: "):] for ln in proc.stderr.splitlines() if ln.startswith("run-gate: ")]
+    py = str(tmp_path / "v" / "bin" / "python")
+    assert lines == [f"{sys.executable} -m venv {tmp_path / 'v'}",
+                     f"{py} -m pip install -q --disable-pip-version-check uv>=0.13",
+                     f"{py} -m gpu_impl.engines.torch_build --python {py}",
+                     f"{py} -m gpu_impl.engines.installers install --python {py} {ROOT}"]
+    assert not (tmp_path / "v").exists()
+
+
+def test_the_cache_key_is_the_recipes_hash(tmp_path):
+    """Stable across runs; changes when an engine recipe changes (a copy of the sources with a layout bump)."""
+    key = _run(tmp_path, "cache-key").stdout.strip()
+    assert re.fullmatch(r"fa3verify-[0-9a-f]{16}", key) and _run(tmp_path, "cache-key").stdout.strip() == key
+    copy = tmp_path / "src"
+    for pkg in ("gpu_impl", "spec"):
+        shutil.copytree(ROOT / pkg, copy / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    recipes = copy / "gpu_impl" / "engines" / "vllm_recipes.py"
+    recipes.write_text(recipes.read_text().replace("LAYOUT_VERSION = 1", "LAYOUT_VERSION = 2"))
+    other = _run(tmp_path, "cache-key", FA3VERIFY_SRC=str(copy)).stdout.strip()
+    assert re.fullmatch(r"fa3verify-[0-9a-f]{16}", other) and other != key
+
+
+@pytest.mark.parametrize("engine", sorted(WORKFLOWS))
+def test_the_workflows_are_fork_safe_pinned_cached_and_run_the_script(engine):
+    text = WORKFLOWS[engine].read_text()
+    assert re.search(r"^permissions:\n  contents: read\n\n", text, re.M) and "checks:" not in text
+    assert "GITHUB_STEP_SUMMARY" in SCRIPT.read_text() and "actions/upload-artifact@" in text
+    # pinned to a commit: the placeholder is refused by the first step until it is a 40-hex sha
+    ref = re.search(r"^\s+FA3VERIFY_REF: (\S+)", text, re.M).group(1)
+    assert ref == "FA3VERIFY_COMMIT_SHA" and "^[0-9a-f]{40}$" in text and "v0.1.0" not in text
+    # caches: pip, uv and the engine home, keyed by the recipe hash the script prints
+    for path in ("~/.cache/pip", "~/.cache/uv", "~/.cache/fa3verify"):
+        assert f"            {path}\n" in text
+    assert "run-gate.sh cache-key" in text and "steps.key.outputs.key" in text
+    steps = re.findall(r"\.fa3-verify/examples/ci/run-gate\.sh ([a-z-]+)", text)
+    assert steps and set(steps) <= set(SUBCOMMANDS) and steps[-3:] == ["install", "gate", "report"]
+    want = {"sglang": "FA3VERIFY_ENGINE: sglang-src=${{ github.workspace }}/python",
+            "vllm": "FA3VERIFY_ENGINE: vllm==0.33.0"}[engine]
+    assert want in text
+
+
+def test_the_vllm_release_the_workflow_names_is_registered():
+    from gpu_impl.engines import vllm_recipes
+
+    release = re.search(r"FA3VERIFY_ENGINE: vllm==(\S+)", WORKFLOWS["vllm"].read_text()).group(1)
+    assert release in vllm_recipes.RELEASES
