@@ -60,6 +60,9 @@ class RunSummary:
     policy: dict = field(default_factory=dict)
     usage_error: Optional[str] = None
     interrupted: bool = False  #: SIGINT stopped the run: what was found is reported, the verdict is inconclusive
+    #: the system under test's domain report of a campaign that drew from it (``gpu_impl.domain.ConfigDomain
+    #: .report``: draws, rejections by the release's reason, cases per path, not covered), else None
+    domain: Optional[dict] = None
 
     @property
     def exit_code(self) -> int:
@@ -78,6 +81,7 @@ class RunSummary:
             "first_failure_s": None if self.first_failure_s is None else round(self.first_failure_s, 4),
             "seed": self.seed, "policy": self.policy, "interrupted": self.interrupted,
             "checks": [asdict(c) for c in self.checks], "findings": [asdict(f) for f in self.findings],
+            **({"domain": self.domain} if self.domain is not None else {}),
         }
 
     def merge(self, other: "RunSummary") -> None:
@@ -90,6 +94,8 @@ class RunSummary:
         self.interrupted |= other.interrupted
         if other.first_failure_s is not None and self.first_failure_s is None:
             self.first_failure_s = other.first_failure_s
+        if other.domain is not None:
+            self.domain = other.domain
 
 
 def write_json(summary: RunSummary, path: str) -> None:

@@ -102,6 +102,14 @@ class SystemUnderTest(abc.ABC):
     def describe(self) -> str:
         return str(self.spec)
 
+    def domain(self):
+        """The configuration space the harness draws this system's cases from (a :class:`gpu_impl.domain
+        .ConfigDomain`); by default the suite's ``scenario`` family (the model's own domain is the suite's). A
+        real engine gives its own (its arguments, filtered by its own checks) and keeps it for its lifetime."""
+        from .domain import ConfigDomain
+
+        return ConfigDomain(str(self.spec), family="scenario")
+
     def start(self):
         """Start what the engine runs in (its worker process, the engine's import) before the first scenario, so a
         time budget measures scenarios, not start-up; the model has nothing to start. Idempotent."""

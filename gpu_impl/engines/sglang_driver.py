@@ -262,11 +262,27 @@ class Engine:
         importlib.import_module("sgl_kernel.flash_attn").install(self.front)
         out = {"findings": [], "shape_errors": [], "trace": [], "notes": []}
         ranks: dict = {}
+        from refmodel.errors import FA3Rejected
+
         try:
             self._run_steps(server, model, steps, seed, numerics, ranks, out)
         except self._mismatch_class() as exc:
             self._mismatch(out, exc)
+        except FA3Rejected as exc:
+            self._rejected(out, exc)
         return out
+
+    def _rejected(self, out: dict, exc) -> None:
+        """FA3 refused what sglang's code passed (a ``TORCH_CHECK`` of ``hopper/flash_api.cpp``, e.g. precompute
+        heads that do not divide): the request stops there, loudly (as a server's would); a loud error, not a
+        silent out-of-bounds read. The FA3 events of the step and rank it stopped are not collected."""
+        step, dp_rank = getattr(self.front, "where", (None, None))
+        path = getattr(self.front, "path", None)
+        out["trace"].append({"step": step, "dp_rank": dp_rank, "mode": "decode", "path": path,
+                             "raised": "FA3Rejected", "message": str(exc)})
+        out["shape_errors"].append({"invariant": "FA3_REJECTED", "step": step, "dp_rank": dp_rank,
+                                    "message": f"FA3 rejects what the backend passed: {exc}",
+                                    "detail": {"source": "fa3", "path": path}})
 
     def _run_steps(self, server, model, steps, seed, numerics, ranks, out) -> None:
         from ..scenario import distribute_over_dp
@@ -335,7 +351,8 @@ class Engine:
             return
         for pre, call, violations, ev_path in self.front.drain():
             summary = pair_summary(pre, call)
-            entry = {"step": index, "dp_rank": dp_rank, "mode": "decode", "path": ev_path, **summary}
+            entry = {"step": index, "dp_rank": dp_rank, "mode": "decode", "path": ev_path, "idle": not rows,
+                     **summary}
             out["trace"].append(entry)
             lens = list(call.cache_seqlens) if call.cache_seqlens is not None else list(rows)
             detail = {"mode": "decode", "path": ev_path, "s_p": summary["s_p"], "s_c": summary["s_c"],

@@ -152,6 +152,13 @@ class VllmSUT(SystemUnderTest):
 
         return result_from_wire(self.worker.run(scenario_to_vllm(scenario), numerics=numerics))
 
+    def domain(self):
+        """vLLM's configuration families (the suite's ``vllm`` family: graph modes, windows, KV dtype, DCP);
+        not yet filtered by vLLM's own config validation."""
+        from ..domain import ConfigDomain
+
+        return ConfigDomain(str(self.spec), family="vllm")
+
     def identity(self) -> dict:
         ident = {"name": str(self.spec), "release": self.spec.release}
         if self._worker is not None:

@@ -1,0 +1,55 @@
+"""The strategy a campaign on a system under test draws from: that system's own domain (``gpu_impl.domain``).
+
+Invariant: the configurations come from the system under test (``sut.domain()``: a suite family it names, or
+configurations it draws and its own checks accept); the batches are the suite's (:mod:`.scenarios`' decode
+steps), shaped for the path the domain drew the configuration for: a decode batch for the eager and CUDA-graph
+paths, and for an idle DP-attention rank a batch with fewer rows than DP ranks (``gpu_impl.scenario
+.distribute_over_dp`` leaves the last ranks without rows). The engine driver runs decode and idle steps only.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable, Optional
+
+from .scenarios import FuzzCase, decode_step
+
+__all__ = ["domain_strategy", "domain_steps", "LONGEST_ROW"]
+
+#: Longest decode row drawn (a 128k context's graph page table costs nothing in record mode, but a long eager
+#: row's table is written row by row).
+LONGEST_ROW = 65536
+
+
+def domain_steps(rng: random.Random, server, target: str) -> tuple:
+    """One or two decode steps for ``target``; "dp-idle": the first has fewer rows than DP ranks."""
+    cap = min(server.context_length, LONGEST_ROW)
+    steps = []
+    if target == "dp-idle":
+        rows = rng.randint(1, max(1, server.attn_dp_size - 1))
+        lens = [rng.randint(max(1, cap // 4), cap)] + [rng.randint(1, min(cap, 512)) for _ in range(rows - 1)]
+        steps.append({"mode": "decode", "seq_lens": lens, "extend_lens": None})
+    else:
+        steps.append(decode_step(rng, cap, max_batch=16))
+    if rng.random() < 0.3:
+        steps.append(decode_step(rng, cap, max_batch=16))
+    return tuple(steps)
+
+
+def domain_strategy(domain) -> Callable[[random.Random], Optional[FuzzCase]]:
+    """``family(rng) -> FuzzCase | None`` over ``domain``: its family when it names one, else its own draws
+    (None when every try was rejected: the campaign counts the draw)."""
+    if domain.family is not None:
+        from . import family, random_fuzz_case
+
+        return random_fuzz_case if domain.family == "scenario" else family(domain.family)
+
+    def draw(rng: random.Random) -> Optional[FuzzCase]:
+        got = domain.draw_config(rng)
+        if got is None:
+            return None
+        server, model, target = got
+        return FuzzCase(server=server, model=model, steps=domain_steps(rng, server, target), numerics=False,
+                        seed=rng.randrange(2 ** 31))
+
+    return draw
