@@ -307,7 +307,7 @@ class Engine:
                         rank.graph_decode(graph_bs, rows)
                     else:
                         rank.eager_decode(rows)
-                self._collect(out, index, dp_rank, rows)
+                self._collect(out, index, dp_rank, rows, idle=server.attn_dp_size > 1 and not rows)
 
     def _mismatch_class(self):
         if self.fa3 != "emulator":
@@ -341,7 +341,9 @@ class Engine:
 
         return cuda_graph_batch_size(max((len(r) for r in shares), default=0) or 1)
 
-    def _collect(self, out: dict, index: int, dp_rank: int, rows) -> None:
+    def _collect(self, out: dict, index: int, dp_rank: int, rows, idle: bool = False) -> None:
+        """Trace entries and findings of this step and rank's FA3 events; ``idle``: an idle DP-attention rank
+        (DP attention on, no real rows: it replays its graph with padding rows)."""
         from ..fa3_calls import pair_summary
 
         self._collect_nan(out, index, dp_rank)
@@ -351,7 +353,7 @@ class Engine:
             return
         for pre, call, violations, ev_path in self.front.drain():
             summary = pair_summary(pre, call)
-            entry = {"step": index, "dp_rank": dp_rank, "mode": "decode", "path": ev_path, "idle": not rows,
+            entry = {"step": index, "dp_rank": dp_rank, "mode": "decode", "path": ev_path, "idle": idle,
                      **summary}
             out["trace"].append(entry)
             lens = list(call.cache_seqlens) if call.cache_seqlens is not None else list(rows)
