@@ -29,7 +29,8 @@ gpu-check's fuzz stage all call it:
   recorded (``fuzz`` shrinks there, inside the budget);
 * **progress** -- ``progress(campaign)`` every 25 cases;
 * **reach** -- ``campaign.reach`` counts, per metadata path, the cases whose observation reached it
-  (``Observation.reached``).
+  (``Observation.reached``); a strategy with an ``observe(case, observation)`` method is told what each of its
+  cases did (None: not run), in draw order, so it can weight later draws (an engine's domain does).
 
 Case saving and the run summary are the callers' (``fa3verify.case_files``, ``fa3verify.fuzzing``): a campaign
 returns what it found.
@@ -190,7 +191,11 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
     width = max(1, int(getattr(target, "parallel", 1)))
     pending: list = []
 
+    observe = getattr(strategy, "observe", None)
+
     def record(case, obs) -> None:
+        if observe is not None:
+            observe(case, obs)
         if obs is None:
             camp.unsupported += 1
             return

@@ -19,9 +19,9 @@ replays its graph with padding rows only); each is read from the trace entries a
 from __future__ import annotations
 
 import collections
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
-__all__ = ["PATHS", "LAYER_TYPES", "ConfigDomain", "reached_paths", "reach_report"]
+__all__ = ["PATHS", "LAYER_TYPES", "ConfigDomain", "DomainDraw", "reached_paths", "reach_report"]
 
 #: Where metadata is precomputed and consumed (flashattention_backend.py: ``init_forward_metadata``, the
 #: capture-time and replay-time metadata inits), plus an idle DP-attention rank on any of them.
@@ -29,6 +29,16 @@ PATHS = ("eager", "capture", "replay", "dp-idle")
 #: Layer types a model can have, for the reach report: full attention consumes the precomputed metadata,
 #: sliding-window layers never do (``forward_decode`` skips it for them).
 LAYER_TYPES = ("layer:full-attention", "layer:sliding-window")
+
+
+class DomainDraw(NamedTuple):
+    """One configuration a domain drew: server, model, the path it was drawn for, and the domain's own key for
+    it (given back to :meth:`ConfigDomain.observe` with what the case reached)."""
+
+    server: Any
+    model: Any
+    target: str
+    cell: Any = None
 
 
 def reached_paths(trace) -> set:
@@ -73,10 +83,13 @@ class ConfigDomain:
         self.drawn, self.accepted = 0, 0
         self.rejected = collections.Counter()
 
-    def draw_config(self, rng):
-        """(ServerConfig, ModelConfig, target path) the system accepts, or None (every try rejected);
-        only for a domain without ``family``."""
+    def draw_config(self, rng) -> Optional[DomainDraw]:
+        """A configuration the system accepts, or None (every try rejected); only for a domain without
+        ``family``."""
         raise NotImplementedError(f"domain {self.name}: draws from the suite's family {self.family!r}")
+
+    def observe(self, cell, reached) -> None:
+        """A case drawn for ``cell`` ran and reached ``reached`` (None: it did not run); the default ignores it."""
 
     def reject(self, reason: str) -> None:
         self.drawn += 1

@@ -49,15 +49,15 @@ def _draws(domain, n=600, seed=0):
 def test_the_release_domain_draws_what_the_release_accepts_and_the_prover_assumes_away():
     dom = ReleaseDomain("0.5.23", _accept_all)
     got = _draws(dom)
-    servers = [s for s, _, _ in got]
+    servers = [s for s, _, _, _ in got]
     assert any(s.attn_cp_size > 1 and not s.enable_prefill_cp for s in servers)       # ATTN_CP_NEEDS_PREFILL_CP
     assert any(s.enable_prefill_cp and s.cp_strategy is None for s in servers)         # PREFILL_CP_NEEDS_STRATEGY
     assert any(s.tp_size == 4 and s.dp_size == 3 for s in servers)
     assert any(s.cp_strategy == "interleave" for s in servers)                         # the release's own choice
-    assert any(m.num_heads == 71 and s.tp_size == 2 and s.attn_tp_size == 1 for s, m, _ in got)
-    assert {t for _, _, t in got} == {"eager", "graph", "dp-idle"}
-    assert all(s.cuda_graph == (t != "eager") for s, _, t in got)
-    assert all(s.enable_dp_attention and s.dp_size > 1 for s, _, t in got if t == "dp-idle")
+    assert any(m.num_heads == 71 and s.tp_size == 2 and s.attn_tp_size == 1 for s, m, _, _ in got)
+    assert {t for _, _, t, _ in got} == {"eager", "graph", "dp-idle"}
+    assert all(s.cuda_graph == (t != "eager") for s, _, t, _ in got)
+    assert all(s.enable_dp_attention and s.dp_size > 1 for s, _, t, _ in got if t == "dp-idle")
 
 
 def test_only_configurations_the_release_accepts_are_kept_and_each_rejection_is_counted_by_its_reason():
@@ -73,13 +73,41 @@ def test_only_configurations_the_release_accepts_are_kept_and_each_rejection_is_
 
     dom = ReleaseDomain("0.5.23", no_cp)
     got = _draws(dom)
-    assert got and all(s.attn_cp_size == 1 and s.page_size != 128 for s, _, _ in got)
+    assert got and all(s.attn_cp_size == 1 and s.page_size != 128 for s, _, _, _ in got)
     assert dom.rejected["ServerArgs: AssertionError: attn_cp_size is not supported here"] > 0
     assert any(r.startswith("inconclusive (validation did not run on CPU)") for r in dom.rejected)
     assert dom.drawn == dom.accepted + sum(dom.rejected.values()) and dom.accepted == len(got)
     # the release is asked once per configuration it validates
     keys = [tuple(getattr(s, f) for f in VALIDATED_FIELDS) for s in asked]
     assert len(asked) == len(dom.verdicts) <= len(keys) and len(set(keys)) <= len(asked)
+
+
+def test_cells_whose_cases_reach_no_precompute_are_drawn_less_but_still_drawn():
+    dom = ReleaseDomain("0.5.23", _accept_all)
+    before = dom.cell_weights()
+    guarded = [c for c in dom.priors if c[1] or c[2]]   # DP attention or prefill CP
+    for cell in dom.priors:
+        for _ in range(40):
+            dom.observe(cell, set() if cell in guarded else {"eager", "layer:full-attention"})
+    after = dom.cell_weights()
+    assert all(0 < after[c] < before[c] for c in guarded)
+    assert all(after[c] > before[c] for c in dom.priors if c not in guarded)
+    rng = random.Random(1)
+    cells = [got.cell for got in (dom.draw_config(rng) for _ in range(400)) if got is not None]
+    assert any(c in guarded for c in cells)
+    assert sum(c in guarded for c in cells) < sum(c not in guarded for c in cells) / 2
+
+
+def test_the_domain_strategy_tells_the_domain_what_each_case_reached():
+    from fa3verify.campaign import Observation
+    from fa3verify.strategies import domain_strategy
+
+    dom = ReleaseDomain("0.5.23", _accept_all)
+    strategy = domain_strategy(dom)
+    case = next(c for c in (strategy(random.Random(i)) for i in range(20)) if c is not None)
+    strategy.observe(case, Observation("pass", reached=("replay",)))
+    strategy.observe(case, Observation("pass", reached=("replay",)))  # told once only
+    assert sum(dom.tries.values()) == 1 and sum(dom.hits.values()) == 1
 
 
 def test_a_head_split_the_attention_module_refuses_at_model_load_is_rejected_not_run():

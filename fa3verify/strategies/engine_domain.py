@@ -5,6 +5,7 @@ configurations it draws and its own checks accept); the batches are the suite's 
 steps), shaped for the path the domain drew the configuration for: a decode batch for the eager and CUDA-graph
 paths, and for an idle DP-attention rank a batch with fewer rows than DP ranks (``gpu_impl.scenario
 .distribute_over_dp`` leaves the last ranks without rows). The engine driver runs decode and idle steps only.
+What each case reached goes back to the domain (the campaign's ``observe`` hook), which weights later draws.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Callable, Optional
 
 from .scenarios import FuzzCase, decode_step
 
-__all__ = ["domain_strategy", "domain_steps", "LONGEST_ROW"]
+__all__ = ["domain_strategy", "DomainStrategy", "domain_steps", "LONGEST_ROW"]
 
 #: Longest decode row drawn (a 128k context's graph page table costs nothing in record mode, but a long eager
 #: row's table is written row by row).
@@ -36,20 +37,33 @@ def domain_steps(rng: random.Random, server, target: str) -> tuple:
     return tuple(steps)
 
 
+class DomainStrategy:
+    """``strategy(rng) -> FuzzCase | None`` over a domain that draws itself (None when every try was rejected:
+    the campaign counts the draw); ``observe(case, observation)`` gives the domain what each case reached."""
+
+    def __init__(self, domain):
+        self.domain = domain
+        self.cells: dict = {}
+
+    def __call__(self, rng: random.Random) -> Optional[FuzzCase]:
+        got = self.domain.draw_config(rng)
+        if got is None:
+            return None
+        case = FuzzCase(server=got.server, model=got.model, steps=domain_steps(rng, got.server, got.target),
+                        numerics=False, seed=rng.randrange(2 ** 31))
+        self.cells[id(case)] = (case, got.cell)
+        return case
+
+    def observe(self, case, observation) -> None:
+        kept = self.cells.pop(id(case), None)
+        if kept is not None and kept[0] is case:
+            self.domain.observe(kept[1], None if observation is None else set(observation.reached))
+
+
 def domain_strategy(domain) -> Callable[[random.Random], Optional[FuzzCase]]:
-    """``family(rng) -> FuzzCase | None`` over ``domain``: its family when it names one, else its own draws
-    (None when every try was rejected: the campaign counts the draw)."""
+    """The strategy over ``domain``: its family when it names one, else a :class:`DomainStrategy`."""
     if domain.family is not None:
         from . import family, random_fuzz_case
 
         return random_fuzz_case if domain.family == "scenario" else family(domain.family)
-
-    def draw(rng: random.Random) -> Optional[FuzzCase]:
-        got = domain.draw_config(rng)
-        if got is None:
-            return None
-        server, model, target = got
-        return FuzzCase(server=server, model=model, steps=domain_steps(rng, server, target), numerics=False,
-                        seed=rng.randrange(2 ** 31))
-
-    return draw
+    return DomainStrategy(domain)

@@ -16,6 +16,7 @@ weights of the target paths and flags, arguments not drawn and why).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import random
@@ -23,7 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..domain import ConfigDomain
+from ..domain import ConfigDomain, DomainDraw
 from .validation import FIELD_NAMES
 
 __all__ = ["DATA_FILE", "SERVER_ARGS", "ReleaseDomain", "release_arguments", "draw_table"]
@@ -92,6 +93,9 @@ class ReleaseDomain(ConfigDomain):
         self.validate = validate
         self.table = table
         self.verdicts: dict = {}
+        self.priors = self._cells()
+        self.tries: collections.Counter = collections.Counter()
+        self.hits: collections.Counter = collections.Counter()
 
     # -- drawing -----------------------------------------------------------------------------------------
     def _choice(self, rng: random.Random, name: str):
@@ -108,13 +112,40 @@ class ReleaseDomain(ConfigDomain):
         options = [None] + list(spec.get("choices") or self.table["values"]["cp_strategy"])
         return rng.choice(options)
 
-    def _server(self, rng: random.Random, target: str):
+    def _cells(self) -> dict:
+        """Prior weight of each cell (target path, DP attention, prefill CP): the table's target weight times
+        the flags' probabilities (an idle DP rank needs DP attention; prefill CP only where the release has it)."""
+        w = self.table["weights"]
+        has_pcp = "enable_prefill_cp" in self.arguments or "enable_prefill_context_parallel" in self.arguments
+        cells = {}
+        for target, tw in w["targets"].items():
+            for dpa in ((True,) if target == "dp-idle" else (False, True)):
+                for pcp in ((False, True) if has_pcp else (False,)):
+                    p = tw
+                    if target != "dp-idle":
+                        p *= w["enable_dp_attention"] if dpa else 1 - w["enable_dp_attention"]
+                    if has_pcp:
+                        p *= w["enable_prefill_cp"] if pcp else 1 - w["enable_prefill_cp"]
+                    cells[(target, dpa, pcp)] = p
+        return cells
+
+    def cell_weights(self) -> dict:
+        """Each cell's weight now: its prior times (``floor`` + the share of its cases that reached a path where
+        the release precomputed, Laplace-smoothed): cells whose configurations the release runs without a
+        precompute (its guard) are drawn less, never never."""
+        floor = float(self.table["adapt"]["floor"])
+        return {c: p * (floor + (self.hits[c] + 1) / (self.tries[c] + 2)) for c, p in self.priors.items()}
+
+    def observe(self, cell, reached) -> None:
+        """A case drawn for ``cell`` ran and reached ``reached`` (paths; None when it did not run)."""
+        self.tries[cell] += 1
+        self.hits[cell] += bool(reached)
+
+    def _server(self, rng: random.Random, cell):
         from ..config import ServerConfig
 
+        target, dp_attention, prefill_cp = cell
         cuda_graph = target != "eager"
-        dp_attention = target == "dp-idle" or self._flag(rng, "enable_dp_attention")
-        prefill_cp = ("enable_prefill_cp" in self.arguments or "enable_prefill_context_parallel" in self.arguments) \
-            and self._flag(rng, "enable_prefill_cp")
         dp = self._choice(rng, "dp_size")
         if target == "dp-idle":
             dp = rng.choice([d for d in self.table["values"]["dp_size"] if d > 1])
@@ -135,15 +166,16 @@ class ReleaseDomain(ConfigDomain):
 
     def draw_config(self, rng: random.Random):
         """Up to ``tries`` configurations for one target path (drawn by weight); the first the release accepts,
-        else None. Every rejection is counted by reason."""
-        targets = self.table["weights"]["targets"]
-        target = rng.choices(list(targets), weights=list(targets.values()))[0]
+        else None. Every rejection is counted by reason. The target path and the guard-relevant flags are drawn
+        as a cell by :meth:`cell_weights`."""
+        weights = self.cell_weights()
+        cell = rng.choices(list(weights), weights=list(weights.values()))[0]
         for _ in range(int(self.table["tries"])):
-            server, model = self._server(rng, target), self._model(rng)
+            server, model = self._server(rng, cell), self._model(rng)
             reason = self.admit(server, model)
             if reason is None:
                 self.accept()
-                return server, model, target
+                return DomainDraw(server, model, cell[0], cell)
             self.reject(reason)
         return None
 
