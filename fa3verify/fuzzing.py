@@ -261,7 +261,7 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
                                        f"refused, nothing read out of bounds; not counted as violations)")
     if camp.unsupported:
         summary.checks[-1].message += f"; {camp.unsupported} generated cases the engine does not run were skipped"
-    if domain is not None and domain.draws_itself:
+    if domain is not None and domain.reports:
         summary.domain = domain.report(dict(camp.reach), camp.cases)
         summary.checks[-1].message += "; " + domain_line(summary.domain)
     return summary

@@ -42,12 +42,12 @@ class DomainDraw(NamedTuple):
 
 
 def reached_paths(trace) -> set:
-    """The paths (and layer types) of :data:`PATHS` / :data:`LAYER_TYPES` on which a call consumed metadata the
-    backend precomputed, read from a run's trace entries."""
+    """The paths (sglang's :data:`PATHS`, vLLM's graph modes) and layer types on which a call consumed metadata
+    the backend precomputed, read from a run's trace entries."""
     out = set()
     for entry in trace or ():
         call = entry.get("call") or {}
-        if not (entry.get("precomputed") and call.get("metadata_passed")) or entry.get("path") not in PATHS:
+        if not (entry.get("precomputed") and call.get("metadata_passed")) or not isinstance(entry.get("path"), str):
             continue
         out.add(entry["path"])
         if entry.get("idle"):
@@ -65,8 +65,12 @@ class ConfigDomain:
     """
 
     def __init__(self, name: str, family: Optional[str] = None, not_covered: Optional[dict] = None,
-                 not_drawn: Optional[dict] = None):
+                 not_drawn: Optional[dict] = None, check=None, reach_keys: tuple = PATHS + LAYER_TYPES):
         self.name, self.family = name, family
+        #: for a family domain: ``check(case) -> None | reason`` (the system's own verdict on a drawn case)
+        self.check = check
+        #: the paths (and layer types) the reach report lists, each with its count
+        self.reach_keys = tuple(reach_keys)
         self.not_covered = dict(not_covered or {})
         self.not_drawn = dict(not_drawn or {})
         self.drawn = 0
@@ -75,8 +79,13 @@ class ConfigDomain:
 
     @property
     def draws_itself(self) -> bool:
-        """Whether the domain draws its configurations (and so reports draws, rejections and reach)."""
+        """Whether the domain draws its configurations itself."""
         return self.family is None
+
+    @property
+    def reports(self) -> bool:
+        """Whether a run reports this domain (draws, rejections, reach): it draws itself or checks its draws."""
+        return self.family is None or self.check is not None
 
     def reset_counts(self) -> None:
         """Start counting a new run (what the system decided about each configuration is kept)."""
@@ -103,13 +112,12 @@ class ConfigDomain:
         """The domain's part of a run summary: draws, rejections by reason, cases per path, what is not covered."""
         return {"name": self.name, "family": self.family, "drawn": self.drawn, "accepted": self.accepted,
                 "rejected": dict(self.rejected.most_common()), "cases": cases,
-                **reach_report(reach, self.not_covered), "not_drawn": self.not_drawn}
+                **reach_report(reach, self.not_covered, self.reach_keys), "not_drawn": self.not_drawn}
 
 
-def reach_report(reach: dict, not_covered: dict) -> dict:
+def reach_report(reach: dict, not_covered: dict, keys: tuple = PATHS + LAYER_TYPES) -> dict:
     """``reach`` (every path and layer type, 0 where no case reached it) and ``not_covered`` (path -> why: the
     driver's own reasons, and "reached by no case" for a reachable path no case reached)."""
-    keys = PATHS + LAYER_TYPES
     counts = {k: int(reach.get(k, 0)) for k in keys}
     missing = {k: not_covered.get(k, "reached by no case of this run") for k in keys if counts[k] == 0}
     missing.update({k: v for k, v in not_covered.items() if k not in missing and counts.get(k, 0) == 0})

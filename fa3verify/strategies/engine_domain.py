@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 from .scenarios import FuzzCase, decode_step
 
-__all__ = ["domain_strategy", "DomainStrategy", "domain_steps", "LONGEST_ROW"]
+__all__ = ["domain_strategy", "DomainStrategy", "CheckedFamily", "domain_steps", "LONGEST_ROW"]
 
 #: Longest decode row drawn (a 128k context's graph page table costs nothing in record mode, but a long eager
 #: row's table is written row by row).
@@ -65,5 +65,24 @@ def domain_strategy(domain) -> Callable[[random.Random], Optional[FuzzCase]]:
     if domain.family is not None:
         from . import family, random_fuzz_case
 
-        return random_fuzz_case if domain.family == "scenario" else family(domain.family)
+        base = random_fuzz_case if domain.family == "scenario" else family(domain.family)
+        return base if domain.check is None else CheckedFamily(domain, base)
     return DomainStrategy(domain)
+
+
+class CheckedFamily:
+    """A suite family whose draws the system's own check keeps or rejects (counted by its reason)."""
+
+    def __init__(self, domain, base):
+        self.domain, self.base = domain, base
+
+    def __call__(self, rng: random.Random) -> Optional[FuzzCase]:
+        case = self.base(rng)
+        if case is None:
+            return None
+        reason = self.domain.check(case)
+        if reason is not None:
+            self.domain.reject(reason)
+            return None
+        self.domain.accept()
+        return case
