@@ -193,3 +193,20 @@ def test_the_model_and_a_named_family_keep_the_suites_own_space():
     dom = ModelSUT().domain()
     assert isinstance(dom, ConfigDomain) and dom.family == "scenario" and not dom.draws_itself
     assert ProfileSUT().domain().family == "scenario"
+
+
+def test_a_family_domain_keeps_only_the_cases_its_system_accepts_and_counts_the_rest():
+    from fa3verify.strategies import domain_strategy
+
+    def no_dcp(case):
+        return "ParallelConfig: ValueError: no DCP here" if case.server.attn_cp_size > 1 else None
+
+    dom = ConfigDomain("vllm==x", family="vllm", check=no_dcp, reach_keys=("none", "piecewise", "full"))
+    draw = domain_strategy(dom)
+    cases = [c for c in (draw(random.Random(i)) for i in range(200)) if c is not None]
+    assert cases and all(c.server.attn_cp_size == 1 for c in cases)
+    assert dom.rejected["ParallelConfig: ValueError: no DCP here"] > 0 and dom.accepted == len(cases)
+    assert dom.reports and set(dom.report({"full": 2}, len(cases))["reach"]) == {"none", "piecewise", "full"}
+    # negative control: without a check every drawn case is kept
+    plain = ConfigDomain("vllm==x", family="vllm")
+    assert not plain.reports and domain_strategy(plain) is not draw
