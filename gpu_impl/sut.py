@@ -6,6 +6,9 @@ code. A system under test returns a :class:`gpu_impl.scenario.ScenarioResult`: f
 rank, message, detail) and a trace with one entry per FA3 event (every metadata precompute and every kernel
 call that consumed it, per attention rank).
 
+Each system under test also gives its configuration space (``SystemUnderTest.domain()``, ``gpu_impl.domain``):
+the harness draws a campaign's configurations from it and never branches on the engine's kind.
+
 Engines are named by a spec string (:func:`parse_engine`):
 
 - ``model``: :class:`ModelSUT`, our model (``gpu_impl.backend`` through ``gpu_impl.scenario.run_scenario``);

@@ -75,6 +75,8 @@ def family(name: str) -> Callable:
 
 
 def family_for_engine(spec) -> str:
-    """The family a campaign on an engine draws from by default: ``vllm`` for ``vllm==V`` (its configuration
-    space: graph modes, windows, KV dtype, DCP), ``scenario`` for the model and sglang (issue 5's space)."""
+    """The suite family an engine spec's configurations are shaped by: ``vllm`` for ``vllm==V`` (graph modes,
+    windows, KV dtype, DCP), ``scenario`` for the model and sglang (issue 5's space). A campaign does not choose
+    by it: it draws from the system under test's own domain (``sut.domain()``, :func:`domain_strategy`), which
+    for a real sglang release is that release's accepted configurations instead."""
     return "vllm" if getattr(spec, "kind", None) == "vllm" else "scenario"
