@@ -44,6 +44,9 @@ class MatrixRow:
     case_files: list = field(default_factory=list)
     #: family probe name -> "fail: INV, ..." | "pass" | "pass (no precompute)" | "error: ..." (see PROBES)
     probes: dict = field(default_factory=dict)
+    #: the fuzz stage's domain: cases per metadata path, and configurations the release rejected by its reason
+    reach: dict = field(default_factory=dict)
+    rejected: dict = field(default_factory=dict)
 
 
 #: The family probes: (name, server configuration) of the worked example; each runs eager and under CUDA graph.
@@ -125,7 +128,9 @@ def row_from_summary(release: str, profile, summary, seconds: float) -> MatrixRo
                      families=sorted(families), paths=sorted(paths), seconds=round(seconds, 2), cases=summary.cases,
                      expected=expected, agrees=(verdict == expected) if verdict in ("pass", "fail") else None,
                      profile=profile.describe(),
-                     case_files=sorted(set(files)))
+                     case_files=sorted(set(files)),
+                     reach=dict((summary.domain or {}).get("reach", {})),
+                     rejected=dict((summary.domain or {}).get("rejected", {})))
 
 
 def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None,

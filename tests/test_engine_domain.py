@@ -210,3 +210,15 @@ def test_a_family_domain_keeps_only_the_cases_its_system_accepts_and_counts_the_
     # negative control: without a check every drawn case is kept
     plain = ConfigDomain("vllm==x", family="vllm")
     assert not plain.reports and domain_strategy(plain) is not draw
+
+
+def test_a_matrix_row_carries_its_releases_reach_and_rejections():
+    from fa3verify.engine_matrix import row_from_summary
+    from fa3verify.summary import RunSummary
+    from spec.engine_profiles import profile_for
+
+    summary = RunSummary(command="gate", cases=3)
+    summary.domain = {"reach": {"eager": 2, "replay": 1}, "rejected": {"ServerArgs: AssertionError: x": 4}}
+    row = row_from_summary("0.5.23", profile_for("0.5.23"), summary, 1.0)
+    assert row.reach == {"eager": 2, "replay": 1} and row.rejected == {"ServerArgs: AssertionError: x": 4}
+    assert row_from_summary("0.5.23", profile_for("0.5.23"), RunSummary(command="gate"), 1.0).reach == {}
