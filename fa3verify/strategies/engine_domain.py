@@ -17,6 +17,10 @@ from .scenarios import FuzzCase, decode_step
 
 __all__ = ["domain_strategy", "DomainStrategy", "CheckedFamily", "domain_steps", "LONGEST_ROW"]
 
+#: Cases a checked family draws for one campaign draw before giving up (as an sglang release's domain tries
+#: configurations: ``data/sglang_server_args.json`` ``tries``).
+TRIES = 8
+
 #: Longest decode row drawn (a 128k context's graph page table costs nothing in record mode, but a long eager
 #: row's table is written row by row).
 LONGEST_ROW = 65536
@@ -71,18 +75,20 @@ def domain_strategy(domain) -> Callable[[random.Random], Optional[FuzzCase]]:
 
 
 class CheckedFamily:
-    """A suite family whose draws the system's own check keeps or rejects (counted by its reason)."""
+    """A suite family whose draws the system's own check keeps or rejects (each rejection counted by its
+    reason): up to :data:`TRIES` cases per draw, the first the system accepts (None when none is)."""
 
     def __init__(self, domain, base):
         self.domain, self.base = domain, base
 
     def __call__(self, rng: random.Random) -> Optional[FuzzCase]:
-        case = self.base(rng)
-        if case is None:
-            return None
-        reason = self.domain.check(case)
-        if reason is not None:
+        for _ in range(TRIES):
+            case = self.base(rng)
+            if case is None:
+                continue
+            reason = self.domain.check(case)
+            if reason is None:
+                self.domain.accept()
+                return case
             self.domain.reject(reason)
-            return None
-        self.domain.accept()
-        return case
+        return None
