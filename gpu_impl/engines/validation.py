@@ -118,7 +118,10 @@ def validate_server_args(engine, server: dict, model=None) -> dict:
         sa = ServerArgs(**base, **kwargs)
         for name, value in LAUNCHER_ATTRS.items():
             if not hasattr(sa, name):
-                setattr(sa, name, value)
+                try:
+                    setattr(sa, name, value)
+                except AttributeError:  # 0.5.17+: read-only once resolved (and not read by its checks)
+                    pass
         if getattr(sa, "chunked_prefill_size", 0) is None:
             sa.chunked_prefill_size = CHUNKED_PREFILL_PAGES * int(server.get("page_size", 1))
         if hasattr(sa, "resolve_once"):
