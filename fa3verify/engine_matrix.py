@@ -96,12 +96,15 @@ def expected_verdict(profile) -> str:
 
 
 def family_of(server: dict) -> tuple[str, str]:
-    """(configuration family, path) of a case's server object: DP attention / prefill CP / TP only; eager or graph."""
+    """(configuration family, path) of a case's server object: DP attention / prefill CP / attention CP without
+    prefill CP / TP only; eager or graph."""
     parts = []
     if server.get("enable_dp_attention"):
         parts.append(f"DP attention (dp {server.get('dp_size', 1)})")
-    if server.get("enable_prefill_cp") or server.get("attn_cp_size", 1) > 1:
+    if server.get("enable_prefill_cp"):
         parts.append(f"prefill CP (attn_cp {server.get('attn_cp_size', 1)})")
+    elif server.get("attn_cp_size", 1) > 1:
+        parts.append(f"attn CP without prefill CP (attn_cp {server.get('attn_cp_size', 1)})")
     family = " + ".join(parts) or "TP only"
     return family, "CUDA graph" if server.get("cuda_graph") else "eager"
 

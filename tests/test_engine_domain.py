@@ -222,3 +222,10 @@ def test_a_matrix_row_carries_its_releases_reach_and_rejections():
     row = row_from_summary("0.5.23", profile_for("0.5.23"), summary, 1.0)
     assert row.reach == {"eager": 2, "replay": 1} and row.rejected == {"ServerArgs: AssertionError: x": 4}
     assert row_from_summary("0.5.23", profile_for("0.5.23"), RunSummary(command="gate"), 1.0).reach == {}
+
+
+def test_a_matrix_family_names_attention_cp_without_prefill_cp_for_what_it_is():
+    from fa3verify.engine_matrix import family_of
+
+    assert family_of({"attn_cp_size": 4, "enable_prefill_cp": False})[0] == "attn CP without prefill CP (attn_cp 4)"
+    assert family_of({"attn_cp_size": 4, "enable_prefill_cp": True})[0] == "prefill CP (attn_cp 4)"
