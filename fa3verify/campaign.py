@@ -29,7 +29,10 @@ gpu-check's fuzz stage all call it:
 * **shrinking** -- :func:`shrink_failure` (greedy structural shrinking, :mod:`fa3verify.shrinking`), bounded by
   steps and, in a time-boxed run, by a deadline; ``on_failure(campaign, failure)`` runs when a new signature is
   recorded (``fuzz`` shrinks there, inside the budget);
-* **progress** -- ``progress(campaign)`` every 25 cases.
+* **progress** -- ``progress(campaign)`` every 25 cases;
+* **reach** -- ``campaign.reach`` counts, per metadata path, the cases whose observation reached it
+  (``Observation.reached``); a strategy with an ``observe(case, observation)`` method is told what each of its
+  cases did (None: not run), in draw order, so it can weight later draws (an engine's domain does).
 
 Case saving and the run summary are the callers' (``fa3verify.case_files``, ``fa3verify.fuzzing``): a campaign
 returns what it found.
@@ -92,6 +95,8 @@ class Observation:
     messages: list = field(default_factory=list)
     findings: list = field(default_factory=list)
     detail: Any = None  #: what the target wants kept with the observation (gpu-check: the task's case and result)
+    #: the metadata paths this case reached on the system under test (``gpu_impl.domain.reached_paths``)
+    reached: tuple = ()
 
 
 def all_findings(obs: Observation) -> list:
@@ -137,6 +142,8 @@ class Campaign:
     #: seconds to keep at the end of a time budget, given the campaign so far (the caller's shrinking and writing)
     reserve: Optional[Callable[["Campaign"], float]] = None
     costs: collections.deque = field(default_factory=lambda: collections.deque(maxlen=COST_WINDOW))
+    #: path -> cases that reached it (``Observation.reached``; each case counts once per path)
+    reach: collections.Counter = field(default_factory=collections.Counter)
 
     def __post_init__(self):
         if self.started is None:
@@ -187,12 +194,17 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
     width = max(1, int(getattr(target, "parallel", 1)))
     pending: list = []
 
+    observe = getattr(strategy, "observe", None)
+
     def record(case, obs) -> None:
+        if observe is not None:
+            observe(case, obs)
         if obs is None:
             camp.unsupported += 1
             return
         camp.cases += 1
         camp.loud += obs.outcome == "shape_error"
+        camp.reach.update(set(obs.reached))
         found = checks(obs)
         if found:
             camp.failing_cases += 1

@@ -44,6 +44,9 @@ class MatrixRow:
     case_files: list = field(default_factory=list)
     #: family probe name -> "fail: INV, ..." | "pass" | "pass (no precompute)" | "error: ..." (see PROBES)
     probes: dict = field(default_factory=dict)
+    #: the fuzz stage's domain: cases per metadata path, and configurations the release rejected by its reason
+    reach: dict = field(default_factory=dict)
+    rejected: dict = field(default_factory=dict)
     #: the FA3 build that judged the row (refmodel/fa3_builds.json; set from the release in __post_init__)
     fa3_build: str = ""
 
@@ -105,12 +108,15 @@ def expected_verdict(profile) -> str:
 
 
 def family_of(server: dict) -> tuple[str, str]:
-    """(configuration family, path) of a case's server object: DP attention / prefill CP / TP only; eager or graph."""
+    """(configuration family, path) of a case's server object: DP attention / prefill CP / attention CP without
+    prefill CP / TP only; eager or graph."""
     parts = []
     if server.get("enable_dp_attention"):
         parts.append(f"DP attention (dp {server.get('dp_size', 1)})")
-    if server.get("enable_prefill_cp") or server.get("attn_cp_size", 1) > 1:
+    if server.get("enable_prefill_cp"):
         parts.append(f"prefill CP (attn_cp {server.get('attn_cp_size', 1)})")
+    elif server.get("attn_cp_size", 1) > 1:
+        parts.append(f"attn CP without prefill CP (attn_cp {server.get('attn_cp_size', 1)})")
     family = " + ".join(parts) or "TP only"
     return family, "CUDA graph" if server.get("cuda_graph") else "eager"
 
@@ -137,7 +143,9 @@ def row_from_summary(release: str, profile, summary, seconds: float) -> MatrixRo
                      families=sorted(families), paths=sorted(paths), seconds=round(seconds, 2), cases=summary.cases,
                      expected=expected, agrees=(verdict == expected) if verdict in ("pass", "fail") else None,
                      profile=profile.describe(),
-                     case_files=sorted(set(files)))
+                     case_files=sorted(set(files)),
+                     reach=dict((summary.domain or {}).get("reach", {})),
+                     rejected=dict((summary.domain or {}).get("rejected", {})))
 
 
 def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None,

@@ -76,9 +76,12 @@ def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = Fal
             raise
         msg = f"{type(exc).__name__}: {exc}"  # a crash of the system under test is itself a finding
         return Observation("violation", ["NO_CRASH"], [msg], [("NO_CRASH", "NO_CRASH", msg)])
+    from gpu_impl.domain import reached_paths
+
     msgs = [f.message for f in result.findings[:3]] or [f.message for f in result.shape_errors[:1]]
     return Observation(result.outcome, sorted({f.invariant for f in result.findings}), msgs,
-                       [(f.signature, f.invariant, f.message) for f in result.findings])
+                       [(f.signature, f.invariant, f.message) for f in result.findings],
+                       reached=tuple(sorted(reached_paths(result.trace))))
 
 
 class ScenarioTarget:
@@ -101,21 +104,28 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
                  stop_at_first_failure: bool = False, sut=None, defects=frozenset(),
                  strategy: Optional[str] = None, clock: Optional[Callable[[], float]] = None,
                  reserve: Optional[Callable[[Campaign], float]] = None,
-                 on_failure: Optional[Callable[[Campaign, Failure], None]] = None, shard=None) -> Campaign:
-    """The campaign of `fuzz`: a strategy family (default: the engine's own, ``strategies.family_for_engine``:
-    ``scenario``, or ``vllm`` on vLLM) on the system under test (default: the model) under ``policy`` and seeded
-    ``defects``, until the budget or the case count is reached (always bounded: see
-    :class:`fa3verify.campaign.Budget`); ``clock``, ``reserve``, ``on_failure`` and ``shard`` as in
+                 on_failure: Optional[Callable[[Campaign, Failure], None]] = None, shard=None,
+                 domain=None) -> Campaign:
+    """The campaign of `fuzz`: a strategy family, or by default the system under test's own domain
+    (``sut.domain()``, ``strategies.domain_strategy``: the model's is ``scenario``, vLLM's ``vllm``, an sglang
+    release's its own accepted configurations; ``domain`` passes one already made) on the system under test
+    (default: the model) under ``policy`` and seeded ``defects``, until the budget or the case count is reached
+    (always bounded: see :class:`fa3verify.campaign.Budget`); ``clock``, ``reserve``, ``on_failure`` and ``shard``
+    as in
     :func:`fa3verify.campaign.run_campaign`."""
-    from .strategies import family, family_for_engine
+    from gpu_impl.sut import ModelSUT
+
+    from .strategies import domain_strategy, family
 
     budget = Budget(seconds=budget_s, cases=max_cases).validate()
     if defects and sut is not None and sut.spec.kind not in ("model", "vllm"):
         raise ValueError(f"defects: {sorted(defects)} cannot be seeded into {sut.spec} (its driver applies none; "
                          f"seeded defects run on the model or on vllm==V)")
     target = ScenarioTarget(policy, kernel, numerics_always, sut, defects=defects)
-    name = strategy or family_for_engine(None if sut is None else sut.spec)
-    generate = random_fuzz_case if name == "scenario" else family(name)
+    if strategy:
+        generate = random_fuzz_case if strategy == "scenario" else family(strategy)
+    else:
+        generate = domain_strategy(domain if domain is not None else (sut or ModelSUT()).domain())
     return _run_campaign(target, generate, budget=budget, seed=seed, progress=progress,
                          stop=(lambda camp: bool(camp.failures)) if stop_at_first_failure else None,
                          clock=clock, reserve=reserve, on_failure=on_failure, shard=shard)
@@ -225,11 +235,17 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
                                                max_steps=shrink_steps, deadline=deadline, clock=camp.clock,
                                                step_cost=camp.expected_cost())
 
+        domain = None
+        if not strategy:
+            from gpu_impl.sut import ModelSUT
+
+            domain = (sut or ModelSUT()).domain()
+            domain.reset_counts()
         with _progress_line(show) as progress:
             camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s, max_cases=max_cases,
                                 numerics_always=numerics_always, progress=progress, sut=sut, defects=defects,
                                 strategy=strategy, clock=clock or now, reserve=budget_reserve(budget_s),
-                                on_failure=shrink_new, shard=shard)
+                                on_failure=shrink_new, shard=shard, domain=domain)
     except KeyboardInterrupt:
         summary.interrupted = True
         return summary
@@ -267,7 +283,20 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
                                        f"refused, nothing read out of bounds; not counted as violations)")
     if camp.unsupported:
         summary.checks[-1].message += f"; {camp.unsupported} generated cases the engine does not run were skipped"
+    if domain is not None and domain.reports:
+        summary.domain = domain.report(dict(camp.reach), camp.cases)
+        summary.checks[-1].message += "; " + domain_line(summary.domain)
     return summary
+
+
+def domain_line(report: dict) -> str:
+    """One line of a domain report: configurations drawn / rejected (top reasons), cases per path, not covered."""
+    rejected = sum(report["rejected"].values())
+    top = "; ".join(f"{n}x {reason}" for reason, n in list(report["rejected"].items())[:3])
+    reach = ", ".join(f"{k} {v}" for k, v in report["reach"].items())
+    missing = "; ".join(f"{k}: {v}" for k, v in report["not_covered"].items())
+    return (f"domain {report['name']}: {report['drawn']} configurations drawn, {rejected} rejected by the release"
+            + (f" ({top})" if top else "") + f"; cases per path: {reach}" + (f"; not covered: {missing}" if missing else ""))
 
 
 class _progress_line:

@@ -76,6 +76,9 @@ class RunSummary:
     usage_error: Optional[str] = None
     interrupted: bool = False  #: SIGINT stopped the run: what was found is reported, the verdict is inconclusive
     shard: Optional[dict] = None  #: one shard of a campaign (``fa3verify.sharding``): {"k", "n", "campaign"}
+    #: the system under test's domain report of a campaign that drew from it (``gpu_impl.domain.ConfigDomain
+    #: .report``: draws, rejections by the release's reason, cases per path, not covered), else None
+    domain: Optional[dict] = None
 
     @property
     def exit_code(self) -> int:
@@ -95,6 +98,7 @@ class RunSummary:
             "seed": self.seed, "policy": self.policy, "interrupted": self.interrupted,
             "checks": [asdict(c) for c in self.checks], "findings": [asdict(f) for f in self.findings],
             **({"shard": self.shard} if self.shard is not None else {}),
+            **({"domain": self.domain} if self.domain is not None else {}),
         }
 
     def merge(self, other: "RunSummary") -> None:
@@ -107,6 +111,8 @@ class RunSummary:
         self.interrupted |= other.interrupted
         if other.first_failure_s is not None and self.first_failure_s is None:
             self.first_failure_s = other.first_failure_s
+        if other.domain is not None:
+            self.domain = other.domain
 
 
 def write_json(summary: RunSummary, path: str) -> None:

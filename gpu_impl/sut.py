@@ -6,6 +6,9 @@ code. A system under test returns a :class:`gpu_impl.scenario.ScenarioResult`: f
 rank, message, detail) and a trace with one entry per FA3 event (every metadata precompute and every kernel
 call that consumed it, per attention rank).
 
+Each system under test also gives its configuration space (``SystemUnderTest.domain()``, ``gpu_impl.domain``):
+the harness draws a campaign's configurations from it and never branches on the engine's kind.
+
 Engines are named by a spec string (:func:`parse_engine`):
 
 - ``model``: :class:`ModelSUT`, our model (``gpu_impl.backend`` through ``gpu_impl.scenario.run_scenario``);
@@ -101,6 +104,14 @@ class SystemUnderTest(abc.ABC):
 
     def describe(self) -> str:
         return str(self.spec)
+
+    def domain(self):
+        """The configuration space the harness draws this system's cases from (a :class:`gpu_impl.domain
+        .ConfigDomain`); by default the suite's ``scenario`` family (the model's own domain is the suite's). A
+        real engine gives its own (its arguments, filtered by its own checks) and keeps it for its lifetime."""
+        from .domain import ConfigDomain
+
+        return ConfigDomain(str(self.spec), family="scenario")
 
     def start(self):
         """Start what the engine runs in (its worker process, the engine's import) before the first scenario, so a

@@ -9,6 +9,9 @@ A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign
   each a ``FuzzCase`` run on a scenario system under test;
 * ``vllm`` / ``vllm-full-graph`` -- vLLM's configuration families (:mod:`.vllm`), the default family of a
   ``vllm==V`` engine (:func:`family_for_engine`);
+* a system under test's own domain (:mod:`.engine_domain`, ``domain_strategy(sut.domain())``): what a campaign
+  on a system draws when no family is named -- a family the domain names, or the configurations an sglang
+  release's own checks accept (``gpu_impl.engines.sglang_domain``);
 * the kernel-level call families (:mod:`.kernel_calls`: ``kernel:cascade-prefix``, ...): FA3 calls run on the
   kernel-level system under test (``fa3verify.kernel_cases.KernelCallSUT``);
 * ``fidelity`` (:mod:`.fidelity_configs`): precompute configurations for the metadata fidelity check, one seeded
@@ -20,11 +23,12 @@ from __future__ import annotations
 from typing import Callable
 
 from . import families, kernel_calls, vllm
+from .engine_domain import domain_strategy
 from .scenarios import (CONTEXT_LENGTHS, NUM_SPLITS_POLICIES, NUMERICS_MAX_LEN, NUMERICS_SHARE, PAGE_SIZES, SM_COUNTS,
                         STEP_KINDS, FuzzCase, decode_step, extend_step, gpu_decode_case, random_fuzz_case,
                         random_server_config, release_fuzz_case, random_steps, rank_layouts)
 
-__all__ = ["FAMILIES", "KERNEL_FAMILIES", "family", "family_for_engine", "is_kernel_family", "FuzzCase",
+__all__ = ["FAMILIES", "KERNEL_FAMILIES", "family", "family_for_engine", "domain_strategy", "is_kernel_family", "FuzzCase",
            "random_fuzz_case", "gpu_decode_case", "release_fuzz_case",
            "random_server_config", "random_steps", "rank_layouts", "decode_step", "extend_step", "SM_COUNTS",
            "PAGE_SIZES", "CONTEXT_LENGTHS", "NUM_SPLITS_POLICIES", "NUMERICS_SHARE", "NUMERICS_MAX_LEN", "STEP_KINDS"]
@@ -71,6 +75,8 @@ def family(name: str) -> Callable:
 
 
 def family_for_engine(spec) -> str:
-    """The family a campaign on an engine draws from by default: ``vllm`` for ``vllm==V`` (its configuration
-    space: graph modes, windows, KV dtype, DCP), ``scenario`` for the model and sglang (issue 5's space)."""
+    """The suite family an engine spec's configurations are shaped by: ``vllm`` for ``vllm==V`` (graph modes,
+    windows, KV dtype, DCP), ``scenario`` for the model and sglang (issue 5's space). A campaign does not choose
+    by it: it draws from the system under test's own domain (``sut.domain()``, :func:`domain_strategy`), which
+    for a real sglang release is that release's accepted configurations instead."""
     return "vllm" if getattr(spec, "kind", None) == "vllm" else "scenario"

@@ -203,6 +203,16 @@ class SglangSUT(SystemUnderTest):
         resp = self._answer(self.request({"op": "validate", "server": server, "model": model}))
         return resp["accepted"], resp["message"]
 
+    def domain(self):
+        """This release's own configuration space (``sglang_domain.ReleaseDomain``): its server arguments over a
+        superset of what its parser takes, kept where its ServerArgs validation accepts them; one per SUT, so
+        the release is asked once per configuration."""
+        if getattr(self, "_domain", None) is None:
+            from .sglang_domain import ReleaseDomain
+
+            self._domain = ReleaseDomain(self.release, self.validate, label=str(self.spec))
+        return self._domain
+
     def identity(self) -> dict:
         if self.source is not None:
             return {"name": "sglang-src", "path": str(self.spec.path), "revision": self.revision,

@@ -262,11 +262,27 @@ class Engine:
         importlib.import_module("sgl_kernel.flash_attn").install(self.front)
         out = {"findings": [], "shape_errors": [], "trace": [], "notes": []}
         ranks: dict = {}
+        from refmodel.errors import FA3Rejected
+
         try:
             self._run_steps(server, model, steps, seed, numerics, ranks, out)
         except self._mismatch_class() as exc:
             self._mismatch(out, exc)
+        except FA3Rejected as exc:
+            self._rejected(out, exc)
         return out
+
+    def _rejected(self, out: dict, exc) -> None:
+        """FA3 refused what sglang's code passed (a ``TORCH_CHECK`` of ``hopper/flash_api.cpp``, e.g. precompute
+        heads that do not divide): the request stops there, loudly (as a server's would); a loud error, not a
+        silent out-of-bounds read. The FA3 events of the step and rank it stopped are not collected."""
+        step, dp_rank = getattr(self.front, "where", (None, None))
+        path = getattr(self.front, "path", None)
+        out["trace"].append({"step": step, "dp_rank": dp_rank, "mode": "decode", "path": path,
+                             "raised": "FA3Rejected", "message": str(exc)})
+        out["shape_errors"].append({"invariant": "FA3_REJECTED", "step": step, "dp_rank": dp_rank,
+                                    "message": f"FA3 rejects what the backend passed: {exc}",
+                                    "detail": {"source": "fa3", "path": path}})
 
     def _run_steps(self, server, model, steps, seed, numerics, ranks, out) -> None:
         from ..scenario import distribute_over_dp
@@ -291,7 +307,7 @@ class Engine:
                         rank.graph_decode(graph_bs, rows)
                     else:
                         rank.eager_decode(rows)
-                self._collect(out, index, dp_rank, rows)
+                self._collect(out, index, dp_rank, rows, idle=server.attn_dp_size > 1 and not rows)
 
     def _mismatch_class(self):
         if self.fa3 != "emulator":
@@ -325,7 +341,9 @@ class Engine:
 
         return cuda_graph_batch_size(max((len(r) for r in shares), default=0) or 1)
 
-    def _collect(self, out: dict, index: int, dp_rank: int, rows) -> None:
+    def _collect(self, out: dict, index: int, dp_rank: int, rows, idle: bool = False) -> None:
+        """Trace entries and findings of this step and rank's FA3 events; ``idle``: an idle DP-attention rank
+        (DP attention on, no real rows: it replays its graph with padding rows)."""
         from ..fa3_calls import pair_summary
 
         self._collect_nan(out, index, dp_rank)
@@ -335,7 +353,8 @@ class Engine:
             return
         for pre, call, violations, ev_path in self.front.drain():
             summary = pair_summary(pre, call)
-            entry = {"step": index, "dp_rank": dp_rank, "mode": "decode", "path": ev_path, **summary}
+            entry = {"step": index, "dp_rank": dp_rank, "mode": "decode", "path": ev_path, "idle": idle,
+                     **summary}
             out["trace"].append(entry)
             lens = list(call.cache_seqlens) if call.cache_seqlens is not None else list(rows)
             detail = {"mode": "decode", "path": ev_path, "s_p": summary["s_p"], "s_c": summary["s_c"],

@@ -26,6 +26,9 @@ FIELD_NAMES = {
 
 #: Fields a launcher fills from the model and the GPU, given placeholder values so validation can run on CPU.
 PLACEHOLDERS = {"served_model_name": "dummy"}
+#: The backend under test is FA3: validated as ``--attention-backend fa3`` (on a CPU device the release would
+#: otherwise pick its CPU backend and judge that one, e.g. refusing deterministic inference for it).
+BACKEND = {"attention_backend": "fa3"}
 #: Attributes the launcher sets after construction (0.5.13 ``check_server_args`` reads ``enable_grpc``), set only
 #: when missing; ``chunked_prefill_size`` is sized from GPU memory and left None on CPU, so it becomes a multiple of
 #: the page size (it must divide by it) that decides nothing else.
@@ -87,6 +90,20 @@ def server_args_kwargs(server: dict, declared: set) -> tuple:
     return kwargs, missing
 
 
+def rejection_message(exc: BaseException) -> str:
+    """The release's message for a rejection; a bare ``assert`` has none, so its own source line is the message
+    (the statement that failed, read from the traceback's last frame)."""
+    text = str(exc)
+    if not text.strip():
+        import traceback
+
+        frames = traceback.extract_tb(exc.__traceback__)
+        line = (frames[-1].line or "").strip() if frames else ""
+        where = f"{os.path.basename(frames[-1].filename)} line {frames[-1].lineno}" if frames else ""
+        text = f"{line} ({where})" if line else "(no message)"
+    return f"{type(exc).__name__}: {text}"
+
+
 def validate_server_args(engine, server: dict, model=None) -> dict:
     from sglang.srt.server_args import ServerArgs
 
@@ -96,12 +113,15 @@ def validate_server_args(engine, server: dict, model=None) -> dict:
         return {"accepted": False, "message": f"this release's ServerArgs has no field for {missing}",
                 "kwargs": kwargs}
     base = {"model_path": str(placeholder_model(model)), "device": "cpu"}
-    base.update({k: v for k, v in PLACEHOLDERS.items() if k in declared})
+    base.update({k: v for k, v in {**PLACEHOLDERS, **BACKEND}.items() if k in declared})
     try:
         sa = ServerArgs(**base, **kwargs)
         for name, value in LAUNCHER_ATTRS.items():
             if not hasattr(sa, name):
-                setattr(sa, name, value)
+                try:
+                    setattr(sa, name, value)
+                except AttributeError:  # 0.5.17+: read-only once resolved (and not read by its checks)
+                    pass
         if getattr(sa, "chunked_prefill_size", 0) is None:
             sa.chunked_prefill_size = CHUNKED_PREFILL_PAGES * int(server.get("page_size", 1))
         if hasattr(sa, "resolve_once"):
@@ -109,7 +129,7 @@ def validate_server_args(engine, server: dict, model=None) -> dict:
         if hasattr(sa, "check_server_args"):
             sa.check_server_args()
     except (AssertionError, ValueError) as exc:
-        return {"accepted": False, "message": f"{type(exc).__name__}: {exc}", "kwargs": kwargs}
+        return {"accepted": False, "message": rejection_message(exc), "kwargs": kwargs}
     except Exception as exc:  # noqa: BLE001 - validation that cannot run on CPU decides nothing
         return {"accepted": None, "message": f"inconclusive: {type(exc).__name__}: {exc}", "kwargs": kwargs}
     return {"accepted": True, "message": "accepted by ServerArgs", "kwargs": kwargs}

@@ -66,6 +66,15 @@ class VllmWorker:
             raise DriverError(f"vllm=={self.release}: {kind}: {resp.get('error')}\n{resp.get('traceback', '')}")
         return resp
 
+    def validate(self, scenario: dict) -> dict:
+        """vLLM's own config validation of one scenario's configuration: ``{"accepted", "message"}``."""
+        resp = self.request({"op": "validate", "scenario": scenario})
+        if not resp.get("ok"):
+            if resp.get("kind") == "bad_request":
+                raise ValueError(f"vllm=={self.release}: {resp.get('error')}")
+            raise DriverError(f"vllm=={self.release}: validate: {resp.get('kind')}: {resp.get('error')}")
+        return resp
+
     def close(self) -> None:
         self._worker.close()
 
@@ -151,6 +160,46 @@ class VllmSUT(SystemUnderTest):
         from .protocol import result_from_wire
 
         return result_from_wire(self.worker.run(scenario_to_vllm(scenario), numerics=numerics))
+
+    #: the driver fields vLLM's config validation reads (``vllm_validation``): a verdict is cached on them
+    VALIDATED = ("tp", "dcp", "block_size", "kv_cache_dtype", "num_heads", "num_kv_heads", "head_dim", "dtype",
+                 "max_model_len")
+
+    def domain(self):
+        """vLLM's configuration families (the suite's ``vllm`` family: graph modes, windows, KV dtype, DCP), each
+        drawn case kept only where vLLM's own config validation accepts it (:meth:`check_case`); reach per
+        CUDA-graph mode. One per SUT."""
+        if getattr(self, "_domain", None) is None:
+            from ..domain import ConfigDomain
+
+            self._verdicts: dict = {}
+            self._domain = ConfigDomain(str(self.spec), family="vllm", check=self.check_case,
+                                        reach_keys=("none", "piecewise", "full"))
+        return self._domain
+
+    def check_case(self, case) -> Optional[str]:
+        """None when vLLM accepts a drawn case's configuration, else its reason (``vllm_validation``; an
+        inconclusive validation is a rejection with that message). A case the driver does not run at all is
+        left to the run (counted as unsupported there)."""
+        from ..scenario import Scenario, Step
+
+        scn = Scenario(server=case.server, model=case.model, guard=None, steps=[Step(**s) for s in case.steps],
+                       seed=case.seed, vllm=getattr(case, "vllm", None))
+        try:
+            wire = scenario_to_vllm(scn)
+        except Exception:  # noqa: BLE001 - not driven: the run says so
+            return None
+        key = tuple(str(wire.get(k)) for k in self.VALIDATED)
+        if key not in self._verdicts:
+            try:
+                answer = self.worker.validate({k: wire[k] for k in self.VALIDATED if k in wire})
+            except ValueError:  # fields the driver itself refuses: the run says so
+                return None
+            accepted = answer.get("accepted")
+            self._verdicts[key] = (None if accepted is True else
+                                   f"inconclusive (validation did not run on CPU): {answer.get('message')}"
+                                   if accepted is None else str(answer.get("message")))
+        return self._verdicts[key]
 
     def identity(self) -> dict:
         ident = {"name": str(self.spec), "release": self.spec.release}

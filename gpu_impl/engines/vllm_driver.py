@@ -428,7 +428,7 @@ class Engine:
     """vLLM imported once, with the CPU glue; runs scenarios."""
 
     #: the requests ``protocol.serve`` dispatches to methods (besides hello and quit)
-    OPS = ("run",)
+    OPS = ("run", "validate")
 
     def __init__(self):
         t = time.monotonic()
@@ -463,6 +463,12 @@ class Engine:
     def hello(self) -> dict:
         return {"release": getattr(self.vllm, "__version__", None), "path": os.path.dirname(self.vllm.__file__),
                 "import_s": round(self.import_s, 2), "fa_version": self.fa_version, "faked": list(self.glue.FAKED)}
+
+    def validate(self, scenario: dict) -> dict:
+        """vLLM's own config validation of a scenario's configuration (``vllm_validation``)."""
+        from .vllm_validation import validate_vllm_config
+
+        return validate_vllm_config(check_scenario(scenario))
 
     def run(self, scenario: dict, numerics: bool = False) -> dict:
         """One scenario through vLLM's builder and impl; ``numerics``: every call on the emulator, outputs judged

@@ -1,0 +1,53 @@
+"""Whether a vLLM release accepts a configuration, asked of that release's own config classes
+(``vllm/config/parallel.py`` ``ParallelConfig``, ``vllm/config/cache.py`` ``CacheConfig``, ``vllm/config/model.py``
+``ModelConfig`` and its ``verify_with_parallel_config``), constructed on CPU. Runs inside a vLLM engine
+environment, after ``vllm_glue.install`` (the sm90-on-CPU platform).
+
+Invariant: the verdict is vLLM's: a ``ValueError`` (pydantic's validation errors are ones), ``TypeError`` or
+``AssertionError`` from its config validation is a rejection with vLLM's message; the model checks run on a
+placeholder HF config holding only the model's attention shapes (``validation.placeholder_model``) and, where
+``ModelConfig`` cannot be built on CPU, are reported as not run (the parallel and cache checks still decide).
+``distributed_executor_backend`` is "mp" (what a one-node server selects; vLLM's automatic choice would compare
+the world size with the platform's device count, which the CPU platform fake does not model).
+"""
+
+from __future__ import annotations
+
+from .validation import placeholder_model
+
+__all__ = ["validate_vllm_config"]
+
+
+def validate_vllm_config(s: dict) -> dict:
+    """``{"accepted": bool | None, "message": str}`` for the driver's scenario fields ``s`` (tp, dcp,
+    block_size, kv_cache_dtype, heads, head_dim, dtype, max_model_len)."""
+    from vllm.config import CacheConfig, ModelConfig, ParallelConfig
+
+    def rejected(where, exc):
+        text = " ".join(str(exc).split())
+        return {"accepted": False, "message": f"{where}: {type(exc).__name__}: {text[:400]}"}
+
+    try:
+        pc = ParallelConfig(tensor_parallel_size=int(s["tp"]), decode_context_parallel_size=int(s.get("dcp", 1)),
+                            distributed_executor_backend="mp")
+    except (ValueError, TypeError, AssertionError) as exc:
+        return rejected("ParallelConfig", exc)
+    try:
+        CacheConfig(block_size=int(s["block_size"]), cache_dtype=s.get("kv_cache_dtype") or "auto")
+    except (ValueError, TypeError, AssertionError) as exc:
+        return rejected("CacheConfig", exc)
+    model = {"num_heads": s["num_heads"], "num_kv_heads": s["num_kv_heads"], "head_dim": s["head_dim"],
+             "dtype": s.get("dtype", "bfloat16")}
+    try:
+        mc = ModelConfig(model=str(placeholder_model(model)), skip_tokenizer_init=True,
+                         max_model_len=int(s["max_model_len"]), dtype=model["dtype"])
+    except (ValueError, TypeError, AssertionError) as exc:
+        return rejected("ModelConfig", exc)
+    except Exception as exc:  # noqa: BLE001 - a model config that cannot be built on CPU decides nothing
+        return {"accepted": True, "message": f"accepted by ParallelConfig and CacheConfig (ModelConfig not run on "
+                                             f"CPU: {type(exc).__name__}: {str(exc)[:200]})"}
+    try:
+        mc.verify_with_parallel_config(pc)
+    except (ValueError, TypeError, AssertionError) as exc:
+        return rejected("ModelConfig.verify_with_parallel_config", exc)
+    return {"accepted": True, "message": "accepted by ParallelConfig, CacheConfig and ModelConfig"}

@@ -1,0 +1,39 @@
+"""vLLM's own config validation decides which drawn configurations run (marked ``engine``; one vLLM worker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_impl.sut import open_sut
+
+pytestmark = pytest.mark.engine
+
+BASE = dict(num_heads=32, num_kv_heads=8, head_dim=128, max_model_len=40960, block_size=16)
+
+
+@pytest.fixture(scope="module")
+def vllm_sut():
+    sut = open_sut("vllm==0.33.0")
+    sut.start()
+    yield sut
+    sut.close()
+
+
+def test_vllm_rejects_with_its_own_message_and_accepts_what_it_accepts(vllm_sut):
+    ok = vllm_sut.worker.validate(dict(BASE, tp=2, dcp=1))
+    assert ok["accepted"] is True, ok
+    bad = vllm_sut.worker.validate(dict(BASE, tp=4, dcp=3))
+    assert bad["accepted"] is False and "must be divisible by dcp_size" in bad["message"]
+    gqa = vllm_sut.worker.validate(dict(BASE, tp=4, dcp=2))   # DCP needs tp > the model's KV heads
+    assert gqa["accepted"] is False and "Decode context parallelism" in gqa["message"]
+
+
+def test_a_vllm_campaign_draws_only_what_vllm_accepts_and_reports_reach_per_graph_mode(vllm_sut, tmp_path):
+    from fa3verify.fuzzing import fuzz
+    from fa3verify.policy import load_policy
+
+    summary = fuzz(load_policy(), sut=vllm_sut, max_cases=40, out_dir=str(tmp_path), show_progress=False)
+    dom = summary.domain
+    assert dom["name"] == "vllm==0.33.0" and dom["accepted"] >= summary.cases > 0
+    assert any("Decode context parallelism" in r for r in dom["rejected"])
+    assert set(dom["reach"]) == {"none", "piecewise", "full"} and sum(dom["reach"].values()) > 0
