@@ -14,8 +14,9 @@ each refuted theorem's witness is replayed on X.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from .summary import Check, Finding, RunSummary
 
@@ -25,29 +26,91 @@ WITNESS_THEOREMS = ("3-hazard", "4-guard-soundness")
 WITNESS_POLICY = ("none", "tp")
 
 
-def witness_search(timeout_s: float, cases_dir: str) -> list:
-    """Theorem rows of the witness search (informational: not failed); their case files are the witnesses."""
+class WitnessSearch(NamedTuple):
+    """One witness search: the model policy (guard, precompute heads) and the prover assumptions it drops."""
+
+    guard: str
+    heads: str
+    dropped: frozenset
+
+    def label(self) -> str:
+        drops = f", dropping {', '.join(sorted(self.dropped))}" if self.dropped else ""
+        return f"guard '{self.guard}', {self.heads} heads{drops}"
+
+
+def release_profile(sut):
+    """The profile (spec.engine_profiles) of the release ``sut`` runs or stands beside (a checkout: its nearest
+    release), or None (the model, vLLM, an unprofiled release)."""
+    from spec.engine_profiles import ProfileError, profile_for
+
+    from .engine_choice import identity_of
+
+    release = (identity_of(sut) or {}).get("release") if sut is not None and not sut.spec.is_model else None
+    try:
+        return profile_for(release) if release else None
+    except ProfileError:
+        return None
+
+
+def witness_plan(sut) -> list:
+    """The witness searches for ``sut``: no guard with ``tp`` heads (every configuration where reusing metadata can
+    overflow), and, for a profiled release, the release's own guard with ``tp`` heads (the configurations that guard
+    leaves precomputing, so a release or checkout whose heads are ``H // tp_size`` gets a witness there). Both drop
+    the prover assumptions the system's own code does not enforce (``sut.assumption_facts()``,
+    ``spec.assumption_facts.prover_drops``): a configuration the release accepts is never assumed away."""
+    from spec.assumption_facts import prover_drops
+
+    dropped = prover_drops(sut.assumption_facts()) if sut is not None else frozenset()
+    plan = [WitnessSearch(*WITNESS_POLICY, dropped)]
+    profile = release_profile(sut)
+    if profile is not None and profile.guard_spec != WITNESS_POLICY[0]:
+        plan.append(WitnessSearch(profile.guard_spec, "tp", dropped))
+    return plan
+
+
+def witness_search(timeout_s: float, cases_dir: str, search: Optional[WitnessSearch] = None) -> list:
+    """Theorem rows of one witness search (informational: not failed); their case files are the witnesses.
+    ``search`` defaults to :data:`WITNESS_POLICY` with every assumption kept."""
     from .policy import load_policy
     from .proving import theorem_results
 
-    policy = load_policy(*WITNESS_POLICY)
+    search = search or WitnessSearch(*WITNESS_POLICY, frozenset())
+    policy = load_policy(search.guard, search.heads)
+    default = search == WitnessSearch(*WITNESS_POLICY, frozenset())
     rows = []
-    for r in theorem_results(policy, timeout_s=timeout_s, cases_dir=cases_dir, only=list(WITNESS_THEOREMS)):
+    for r in theorem_results(policy, timeout_s=timeout_s, cases_dir=cases_dir, only=list(WITNESS_THEOREMS),
+                             dropped_assumptions=search.dropped):
         if r.name not in WITNESS_THEOREMS:
             continue
-        rows.append(Check(name=f"witness search: {r.name}", kind="theorem", verdict=r.verdict, seconds=r.seconds,
+        name = f"witness search: {r.name}" if default else f"witness search ({search.label()}): {r.name}"
+        rows.append(Check(name=name, kind="theorem", verdict=r.verdict, seconds=r.seconds,
                           failed=False, inconclusive=r.inconclusive, case_file=r.case_file,
-                          message=f"on the model with no guard and tp heads (inputs for the engine, not a verdict "
+                          message=f"on the model with {search.label()} (inputs for the engine, not a verdict "
                                   f"on it): {r.message or r.summary()}"))
     return rows
 
 
+def plan_rows(sut, timeout_s: float, cases_dir: str, cache: Optional[dict] = None) -> list:
+    """The rows of every search of :func:`witness_plan` (``cache``, keyed by search, shares them between engines)."""
+    rows = []
+    for i, search in enumerate(witness_plan(sut)):
+        if cache is not None and search in cache:
+            found = cache[search]
+        else:
+            found = witness_search(timeout_s, cases_dir if i == 0 else f"{cases_dir}/release-guard", search=search)
+            if cache is not None:
+                cache[search] = found
+        rows.extend(dataclasses.replace(r) for r in found)
+    return rows
+
+
 def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list, list]:
-    """Run each distinct witness case on the engine; (check rows, findings). A violation on the engine fails its
-    row and is saved as a case file carrying the engine."""
+    """Run each distinct witness case on the engine; (check rows, findings). A witness the engine's own validation
+    rejects is a ``rejected`` row with the release's message (neither a pass nor a failure) and does not run; a
+    violation on the engine fails its row and is saved as a case file carrying the engine."""
     from gpu_impl.guards import GuardRaised
 
-    from .engine_choice import is_unsupported
+    from .engine_choice import engine_validation, is_unsupported
     from .replaying import load_case, scenario_from_case
 
     checks, findings, seen = [], [], set()
@@ -57,7 +120,14 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
         seen.add(path)
         case = load_case(path)
         scn = scenario_from_case(case)
+        name = f"witness {case.source.split(':', 1)[-1]} on {sut.spec}"
         start = time.perf_counter()
+        accepted, why = engine_validation(sut, scn.server, scn.model)
+        if accepted is False:
+            checks.append(Check(name=name, kind="replay", verdict="rejected", seconds=time.perf_counter() - start,
+                                case_file=path, message=f"not run: {sut.spec}'s own validation rejects this "
+                                                        f"configuration: {why}"))
+            continue
         try:
             result = sut.run(scn, kernel=kernel)
             found = [f.to_dict() for f in result.findings]
@@ -66,7 +136,7 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
         except Exception as exc:
             if not is_unsupported(exc):
                 raise
-            checks.append(Check(name=f"witness {case.source.split(':', 1)[-1]} on {sut.spec}", kind="replay",
+            checks.append(Check(name=name, kind="replay",
                                 verdict="inconclusive", seconds=time.perf_counter() - start, inconclusive=True,
                                 case_file=path, message=f"the engine does not run this witness: {exc}"))
             continue
@@ -74,7 +144,7 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
         saved = save_engine_case(case, found[0], sut, cases_dir) if found else None
         msg = ("; ".join(f"{f['invariant']} at step {f['step']} dp rank {f['dp_rank']}: {f['message']}"
                          for f in found[:2]) if found else f"no violation on {sut.spec}")
-        checks.append(Check(name=f"witness {case.source.split(':', 1)[-1]} on {sut.spec}", kind="replay",
+        checks.append(Check(name=name, kind="replay",
                             verdict="fail" if found else "pass", seconds=seconds, failed=bool(found),
                             case_file=saved or path, message=msg))
         if found:
@@ -128,9 +198,9 @@ def save_engine_case(case, finding: dict, sut, cases_dir: str) -> str:
 def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: float = 10.0,
                 cases_dir: str = "fa3verify-out/cases", kernel_name: str = "emulated", device: str = "cpu",
                 max_cases: Optional[int] = None, show_progress: Optional[bool] = None,
-                witnesses: bool = True, witness_rows: Optional[list] = None) -> RunSummary:
-    """The gate on a real engine: witness search (model), witnesses replayed on the engine, fuzz on the engine.
-    ``witness_rows`` reuses a search already made (the engine matrix searches once for every release)."""
+                witnesses: bool = True, witness_cache: Optional[dict] = None) -> RunSummary:
+    """The gate on a real engine: witness searches (model, :func:`witness_plan`), witnesses replayed on the engine,
+    fuzz on the engine. ``witness_cache`` shares searches between gates (the engine matrix: one per search)."""
     from gpu_impl.kernels import load
 
     from .engine_choice import case_policy
@@ -142,7 +212,7 @@ def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s:
     summary = RunSummary(command="gate", seed=seed, policy={**case_policy(default, sut), "engine": str(sut.spec)})
     if witnesses:
         kernel = load(kernel_name, mode="strict", device=device)
-        rows = witness_rows if witness_rows is not None else witness_search(timeout_s, cases_dir)
+        rows = plan_rows(sut, timeout_s, cases_dir, witness_cache)
         summary.checks.extend(rows)
         checks, findings = replay_witnesses(sut, [r.case_file for r in rows], cases_dir, kernel=kernel)
         summary.checks.extend(checks)

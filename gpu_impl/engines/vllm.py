@@ -152,6 +152,12 @@ class VllmSUT(SystemUnderTest):
 
         return result_from_wire(self.worker.run(scenario_to_vllm(scenario), numerics=numerics))
 
+    def assumption_facts(self) -> dict:
+        """The release's facts where spec's assumptions apply to vLLM (``spec/assumption_facts.json``)."""
+        from spec.assumption_facts import facts_for
+
+        return facts_for("vllm", self.spec.release)
+
     def identity(self) -> dict:
         ident = {"name": str(self.spec), "release": self.spec.release}
         if self._worker is not None:
