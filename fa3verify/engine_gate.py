@@ -15,6 +15,7 @@ each refuted theorem's witness is replayed on X.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from typing import NamedTuple, Optional
 
@@ -53,24 +54,32 @@ def release_profile(sut):
 
 
 def witness_plan(sut) -> list:
-    """The witness searches for ``sut``: no guard with ``tp`` heads (every configuration where reusing metadata can
-    overflow), and, for a profiled release, the release's own guard with ``tp`` heads (the configurations that guard
-    leaves precomputing, so a release or checkout whose heads are ``H // tp_size`` gets a witness there). Both drop
-    the prover assumptions the system's own code does not enforce (``sut.assumption_facts()``,
-    ``spec.assumption_facts.prover_drops``): a configuration the release accepts is never assumed away."""
+    """The witness searches for ``sut``, each under ``tp`` heads: no guard (every configuration where reusing
+    metadata can overflow) and, for a profiled release, the release's own guard (the configurations that guard leaves
+    precomputing, so a release or checkout whose heads are ``H // tp_size`` gets a witness there); each with every
+    assumption kept and again with the prover assumptions the system's own code does not enforce dropped
+    (``sut.assumption_facts()``, ``spec.assumption_facts.prover_drops``), so a configuration the release accepts is
+    never assumed away and a checkout whose validation is stricter than its release's still gets the old witnesses."""
     from spec.assumption_facts import prover_drops
 
     dropped = prover_drops(sut.assumption_facts()) if sut is not None else frozenset()
-    plan = [WitnessSearch(*WITNESS_POLICY, dropped)]
+    guards = [WITNESS_POLICY[0]]
     profile = release_profile(sut)
     if profile is not None and profile.guard_spec != WITNESS_POLICY[0]:
-        plan.append(WitnessSearch(profile.guard_spec, "tp", dropped))
+        guards.append(profile.guard_spec)
+    plan = []
+    for guard in guards:
+        for drops in (frozenset(), dropped):
+            search = WitnessSearch(guard, WITNESS_POLICY[1], drops)
+            if search not in plan:
+                plan.append(search)
     return plan
 
 
 def witness_search(timeout_s: float, cases_dir: str, search: Optional[WitnessSearch] = None) -> list:
     """Theorem rows of one witness search (informational: not failed); their case files are the witnesses.
-    ``search`` defaults to :data:`WITNESS_POLICY` with every assumption kept."""
+    ``search`` defaults to :data:`WITNESS_POLICY` with every assumption kept; the rows of a search under another
+    guard name it."""
     from .policy import load_policy
     from .proving import theorem_results
 
@@ -97,7 +106,7 @@ def plan_rows(sut, timeout_s: float, cases_dir: str, cache: Optional[dict] = Non
         if cache is not None and search in cache:
             found = cache[search]
         else:
-            found = witness_search(timeout_s, cases_dir if i == 0 else f"{cases_dir}/release-guard", search=search)
+            found = witness_search(timeout_s, cases_dir if i == 0 else f"{cases_dir}/witness-search-{i}", search=search)
             if cache is not None:
                 cache[search] = found
         rows.extend(dataclasses.replace(r) for r in found)
@@ -119,6 +128,10 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
             continue
         seen.add(path)
         case = load_case(path)
+        scenario_key = json.dumps([case.server, case.model, case.batches], sort_keys=True, default=str)
+        if scenario_key in seen:  # two searches found the same configuration and batches: run it once
+            continue
+        seen.add(scenario_key)
         scn = scenario_from_case(case)
         name = f"witness {case.source.split(':', 1)[-1]} on {sut.spec}"
         start = time.perf_counter()
