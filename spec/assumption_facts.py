@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 __all__ = ["AssumptionFact", "Probe", "FactsError", "STATUSES", "STAGES", "ENGINES", "facts_for", "probes",
-           "enforced", "not_enforced", "prover_drops", "facts_markdown", "prover_name"]
+           "enforced", "not_enforced", "prover_drops", "facts_markdown", "prover_name", "reload", "DATA_PATH"]
 
-_DATA = Path(__file__).with_name("assumption_facts.json")
+DATA_PATH = Path(__file__).with_name("assumption_facts.json")
 STATUSES = ("enforced", "not enforced")
 #: when an enforcing check runs: ServerArgs validation, the model's attention modules at load, the backend itself
 STAGES = ("server_args", "model_load", "backend")
@@ -87,10 +87,10 @@ def _load() -> tuple:
     from .domain import ASSUMPTIONS as PROVER_ASSUMPTIONS
     from .engine_profiles import RELEASES
 
-    data = json.loads(_DATA.read_text(encoding="utf-8"))
+    data = json.loads(DATA_PATH.read_text(encoding="utf-8"))
     table = data.get("assumptions") or {}
     if set(table) != set(ASSUMPTION_NAMES):
-        raise FactsError(f"{_DATA.name}: assumptions {sorted(set(table) ^ set(ASSUMPTION_NAMES))} are missing or "
+        raise FactsError(f"{DATA_PATH.name}: assumptions {sorted(set(table) ^ set(ASSUMPTION_NAMES))} are missing or "
                          f"unknown; want every ASSUMPTION_* of spec/config.py")
     facts: dict = {}
     probe_of: dict = {}
@@ -98,7 +98,7 @@ def _load() -> tuple:
     for name, entry in table.items():
         p = entry.get("prover")
         if p is not None and p not in PROVER_ASSUMPTIONS:
-            raise FactsError(f"{_DATA.name}: {name}.prover {p!r} is not a prover assumption "
+            raise FactsError(f"{DATA_PATH.name}: {name}.prover {p!r} is not a prover assumption "
                              f"({sorted(PROVER_ASSUMPTIONS)})")
         prover[name] = p
         probe_of[name] = entry.get("probe")
@@ -106,22 +106,27 @@ def _load() -> tuple:
             for row in entry.get(engine) or []:
                 status, stage, checks = row.get("status"), row.get("stage"), tuple(row.get("checks") or ())
                 if status not in STATUSES:
-                    raise FactsError(f"{_DATA.name}: {name} {engine} {row.get('releases')}: status {status!r} not "
+                    raise FactsError(f"{DATA_PATH.name}: {name} {engine} {row.get('releases')}: status {status!r} not "
                                      f"in {STATUSES}")
                 if status == "enforced" and (stage not in STAGES or not checks):
-                    raise FactsError(f"{_DATA.name}: {name} {engine} {row.get('releases')}: an enforced fact names "
+                    raise FactsError(f"{DATA_PATH.name}: {name} {engine} {row.get('releases')}: an enforced fact names "
                                      f"its checks and a stage in {STAGES}")
                 for release in _expand(row["releases"], engine):
                     slot = facts.setdefault((engine, release), {})
                     if name in slot:
-                        raise FactsError(f"{_DATA.name}: {name} has two facts for {engine}=={release}")
+                        raise FactsError(f"{DATA_PATH.name}: {name} has two facts for {engine}=={release}")
                     slot[name] = AssumptionFact(name, engine, release, status, stage if status == "enforced" else None,
                                                 checks, row.get("note", ""))
     for release in RELEASES:
         missing = sorted(set(ASSUMPTION_NAMES) - set(facts.get(("sglang", release), {})))
         if missing:
-            raise FactsError(f"{_DATA.name}: sglang=={release} has no fact for {missing}")
+            raise FactsError(f"{DATA_PATH.name}: sglang=={release} has no fact for {missing}")
     return facts, probe_of, prover
+
+
+def reload() -> None:
+    """Read :data:`DATA_PATH` again on next use (the data is read once and cached)."""
+    _load.cache_clear()
 
 
 def prover_name(assumption: str) -> Optional[str]:
