@@ -123,3 +123,9 @@ def test_a_release_with_attention_tp_heads_passes_the_same_witnesses(tmp_path, w
     # negative control: 0.5.23 with its heads reverted to H // tp_size fails on them
     checks, findings = _witness_stage(FactsSUT("0.5.23", heads="tp"), tmp_path, witness_cache)
     assert findings
+
+
+def test_docs_facts_table_is_generated_from_the_facts():
+    text = open("docs/engines.md", encoding="utf-8").read()
+    inside = text.split("<!-- assumption-facts:begin -->\n", 1)[1].split("\n<!-- assumption-facts:end -->", 1)[0]
+    assert inside == F.facts_markdown()
