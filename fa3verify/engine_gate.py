@@ -222,7 +222,12 @@ def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s:
 
     start = time.perf_counter()
     default = load_policy()
+    from spec.assumption_facts import not_enforced
+
     summary = RunSummary(command="gate", seed=seed, policy={**case_policy(default, sut), "engine": str(sut.spec)})
+    facts = sut.assumption_facts()
+    if facts:  # what the system under test says about itself: the assumptions its own code lets through
+        summary.policy["not_enforced_assumptions"] = not_enforced(facts)
     if witnesses:
         kernel = load(kernel_name, mode="strict", device=device)
         rows = plan_rows(sut, timeout_s, cases_dir, witness_cache)

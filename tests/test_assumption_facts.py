@@ -129,3 +129,15 @@ def test_docs_facts_table_is_generated_from_the_facts():
     text = open("docs/engines.md", encoding="utf-8").read()
     inside = text.split("<!-- assumption-facts:begin -->\n", 1)[1].split("\n<!-- assumption-facts:end -->", 1)[0]
     assert inside == F.facts_markdown()
+
+
+def test_gate_on_a_release_says_what_it_does_not_enforce_and_fails_where_it_accepts_an_overflow(monkeypatch,
+                                                                                                  tmp_path):
+    from fake_engines import install
+
+    install(monkeypatch, lambda spec: FactsSUT(spec.release))
+    code = cli.main(["gate", "--engine", "sglang==0.5.17", "--cases", "5", "--cases-dir", str(tmp_path),
+                     "--json", str(tmp_path / "g.json")])
+    data = json.loads((tmp_path / "g.json").read_text())
+    assert code == 1 and "ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP" in data["policy"]["not_enforced_assumptions"]
+    assert any(c["name"].startswith("witness search (guard 'fixed'") for c in data["checks"])
