@@ -2,9 +2,11 @@
 
 Invariant: on a real engine every verdict comes from running that engine's own code; the model only supplies
 inputs. The gate's rows are (1) the z3 theorems that search for hazardous configurations, run on the model
-with no guard and sglang's ``tp`` head counts (the backend as it was before any fix, so every configuration
-where reusing metadata can overflow has a witness), shown for information; (2) each distinct witness replayed
-on the engine (fails if the engine's calls break an invariant there); on vLLM also (2') its own theorem,
+with sglang's ``tp`` head counts under no guard and under the release's own guard, with and without the
+assumptions the system under test says its code does not enforce (:func:`witness_plan`; so every configuration
+the release accepts where reusing metadata can overflow has a witness), shown for information; (2) each distinct
+witness put to the engine's own validation (rejected: counted with the release's message, not run) and replayed on
+the engine (fails if the engine's calls break an invariant there); on vLLM also (2') its own theorem,
 ``vllm-flow`` under the release's profile, counting like a prove row; (3) the fuzz campaign on the engine.
 Findings are case files carrying the engine (``spec.cases`` ``engine``), which replay on it.
 
