@@ -39,6 +39,16 @@ def is_unsupported(exc: BaseException) -> bool:
     return any(cls.__name__ == "ScenarioUnsupported" for cls in type(exc).__mro__)
 
 
+def engine_validation(sut, server, model=None) -> tuple:
+    """(accepted, message) from the engine's own validation of a configuration (an sglang release's ServerArgs):
+    True, False (with the release's message), or None when it has none or it cannot run on CPU."""
+    check = getattr(sut, "validate", None)
+    if check is None:
+        return None, "the engine has no validation"
+    ok, message = check(server, model)
+    return (None if ok is None else bool(ok)), str(message or "")
+
+
 def add_engine_argument(parser, default: Optional[str] = "model", help_extra: str = "") -> None:
     """Add ``--engine`` to a subcommand parser (default ``model``; None: the command picks, e.g. the case's)."""
     parser.add_argument("--engine", default=default, metavar="ENGINE", help=ENGINE_HELP + help_extra)
@@ -210,7 +220,8 @@ def add_profile_argument(parser) -> None:
     """``--engine-profile sglang==V``: run the model as release V's backend (spec/engine_profiles.json)."""
     parser.add_argument("--engine-profile", metavar="sglang==V|vllm==V",
                         help="model policy of an sglang release (0.5.11 .. 0.5.23): its precompute heads and guard "
-                             "from spec/engine_profiles.json, instead of --guard/--metadata-heads; vllm==V (prove, "
+                             "from spec/engine_profiles.json, instead of --guard/--metadata-heads (prove also drops the assumptions the "
+                             "release does not enforce: spec/assumption_facts.json); vllm==V (prove, "
                              "conform): vLLM's flow from spec/engine_profiles_vllm.json")
 
 

@@ -2,9 +2,11 @@
 
 Invariant: on a real engine every verdict comes from running that engine's own code; the model only supplies
 inputs. The gate's rows are (1) the z3 theorems that search for hazardous configurations, run on the model
-with no guard and sglang's ``tp`` head counts (the backend as it was before any fix, so every configuration
-where reusing metadata can overflow has a witness), shown for information; (2) each distinct witness replayed
-on the engine (fails if the engine's calls break an invariant there); on vLLM also (2') its own theorem,
+with sglang's ``tp`` head counts under no guard and under the release's own guard, with and without the
+assumptions the system under test says its code does not enforce (:func:`witness_plan`; so every configuration
+the release accepts where reusing metadata can overflow has a witness), shown for information; (2) each distinct
+witness put to the engine's own validation (rejected: counted with the release's message, not run) and replayed on
+the engine (fails if the engine's calls break an invariant there); on vLLM also (2') its own theorem,
 ``vllm-flow`` under the release's profile, counting like a prove row; (3) the fuzz campaign on the engine.
 Findings are case files carrying the engine (``spec.cases`` ``engine``), which replay on it.
 
@@ -14,9 +16,11 @@ each refuted theorem's witness is replayed on X.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from .finding_terms import WITNESS_SUBDIR, apply_terms, replay_line, terms_from_run
 from .summary import Check, Finding, RunSummary
@@ -26,34 +30,105 @@ WITNESS_THEOREMS = ("3-hazard", "4-guard-soundness")
 #: The model policy the witness search runs under: no guard, precompute heads H // tp_size.
 WITNESS_POLICY = ("none", "tp")
 #: What a witness-search row's refutation means (its case file goes to ``CASES/witnesses/``).
-WITNESS_NOTE = ("a witness: inputs for the engine found on the model with no guard, not a verdict on the engine; "
+WITNESS_NOTE = ("a witness: inputs for the engine found on the model, not a verdict on the engine; "
                 "its case file is under witnesses/")
 
 
-def witness_search(timeout_s: float, cases_dir: str) -> list:
-    """Theorem rows of the witness search (informational: not failed); their case files are the witnesses."""
+class WitnessSearch(NamedTuple):
+    """One witness search: the model policy (guard, precompute heads) and the prover assumptions it drops."""
+
+    guard: str
+    heads: str
+    dropped: frozenset
+
+    def label(self) -> str:
+        drops = f", dropping {', '.join(sorted(self.dropped))}" if self.dropped else ""
+        return f"guard '{self.guard}', {self.heads} heads{drops}"
+
+
+def release_profile(sut):
+    """The profile (spec.engine_profiles) of the release ``sut`` runs or stands beside (a checkout: its nearest
+    release), or None (the model, vLLM, an unprofiled release)."""
+    from spec.engine_profiles import ProfileError, profile_for
+
+    from .engine_choice import identity_of
+
+    release = (identity_of(sut) or {}).get("release") if sut is not None and not sut.spec.is_model else None
+    try:
+        return profile_for(release) if release else None
+    except ProfileError:
+        return None
+
+
+def witness_plan(sut) -> list:
+    """The witness searches for ``sut``, each under ``tp`` heads: no guard (every configuration where reusing
+    metadata can overflow) and, for a profiled release, the release's own guard (the configurations that guard leaves
+    precomputing, so a release or checkout whose heads are ``H // tp_size`` gets a witness there); each with every
+    assumption kept and again with the prover assumptions the system's own code does not enforce dropped
+    (``sut.assumption_facts()``, ``spec.assumption_facts.prover_drops``), so a configuration the release accepts is
+    never assumed away and a checkout whose validation is stricter than its release's still gets the old witnesses."""
+    from spec.assumption_facts import prover_drops
+
+    dropped = prover_drops(sut.assumption_facts()) if sut is not None else frozenset()
+    guards = [WITNESS_POLICY[0]]
+    profile = release_profile(sut)
+    if profile is not None and profile.guard_spec != WITNESS_POLICY[0]:
+        guards.append(profile.guard_spec)
+    plan = []
+    for guard in guards:
+        for drops in (frozenset(), dropped):
+            search = WitnessSearch(guard, WITNESS_POLICY[1], drops)
+            if search not in plan:
+                plan.append(search)
+    return plan
+
+
+def witness_search(timeout_s: float, cases_dir: str, search: Optional[WitnessSearch] = None) -> list:
+    """Theorem rows of one witness search (informational: not failed); their case files are the witnesses.
+    ``search`` defaults to :data:`WITNESS_POLICY` with every assumption kept; the rows of a search under another
+    guard name it."""
     from .policy import load_policy
     from .proving import theorem_results
 
-    policy = load_policy(*WITNESS_POLICY)
+    search = search or WitnessSearch(*WITNESS_POLICY, frozenset())
+    policy = load_policy(search.guard, search.heads)
+    default = search == WitnessSearch(*WITNESS_POLICY, frozenset())
     rows = []
-    for r in theorem_results(policy, timeout_s=timeout_s, cases_dir=cases_dir, only=list(WITNESS_THEOREMS)):
+    for r in theorem_results(policy, timeout_s=timeout_s, cases_dir=cases_dir, only=list(WITNESS_THEOREMS),
+                             dropped_assumptions=search.dropped):
         if r.name not in WITNESS_THEOREMS:
             continue
-        rows.append(Check(name=f"witness search: {r.name}", kind="theorem", verdict=r.verdict, seconds=r.seconds,
+        name = f"witness search: {r.name}" if default else f"witness search ({search.label()}): {r.name}"
+        rows.append(Check(name=name, kind="theorem", verdict=r.verdict, seconds=r.seconds,
                           failed=False, inconclusive=r.inconclusive, case_file=r.case_file,
                           expected=WITNESS_NOTE if r.verdict == "refuted" else "",
-                          message=f"on the model with no guard and tp heads (inputs for the engine, not a verdict "
+                          message=f"on the model with {search.label()} (inputs for the engine, not a verdict "
                                   f"on it): {r.message or r.summary()}"))
     return rows
 
 
+def plan_rows(sut, timeout_s: float, cases_dir: str, cache: Optional[dict] = None) -> list:
+    """The rows of every search of :func:`witness_plan` (``cache``, keyed by search, shares them between engines);
+    every search writes its witnesses into ``cases_dir`` (case files are named by their content)."""
+    rows = []
+    for search in witness_plan(sut):
+        if cache is not None and search in cache:
+            found = cache[search]
+        else:
+            found = witness_search(timeout_s, cases_dir, search=search)
+            if cache is not None:
+                cache[search] = found
+        rows.extend(dataclasses.replace(r) for r in found)
+    return rows
+
+
 def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list, list]:
-    """Run each distinct witness case on the engine; (check rows, findings). A violation on the engine fails its
-    row and is saved as a case file carrying the engine."""
+    """Run each distinct witness case on the engine; (check rows, findings). A witness the engine's own validation
+    rejects is a ``rejected`` row with the release's message (neither a pass nor a failure) and does not run; a
+    violation on the engine fails its row and is saved as a case file carrying the engine."""
     from gpu_impl.guards import GuardRaised
 
-    from .engine_choice import is_unsupported
+    from .engine_choice import engine_validation, is_unsupported
     from .replaying import load_case, scenario_from_case
 
     checks, findings, seen = [], [], set()
@@ -62,9 +137,20 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
             continue
         seen.add(path)
         case = load_case(path)
+        scenario_key = json.dumps([case.server, case.model, case.batches], sort_keys=True, default=str)
+        if scenario_key in seen:  # two searches found the same configuration and batches: run it once
+            continue
+        seen.add(scenario_key)
         scn = scenario_from_case(case)
+        name = f"witness {case.source.split(':', 1)[-1]} on {sut.spec}"
         start = time.perf_counter()
         result = None
+        accepted, why = engine_validation(sut, scn.server, scn.model)
+        if accepted is False:
+            checks.append(Check(name=name, kind="replay", verdict="rejected", seconds=time.perf_counter() - start,
+                                case_file=path, message=f"not run: {sut.spec}'s own validation rejects this "
+                                                        f"configuration: {why}"))
+            continue
         try:
             result = sut.run(scn, kernel=kernel)
             found = [f.to_dict() for f in result.findings]
@@ -73,7 +159,7 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
         except Exception as exc:
             if not is_unsupported(exc):
                 raise
-            checks.append(Check(name=f"witness {case.source.split(':', 1)[-1]} on {sut.spec}", kind="replay",
+            checks.append(Check(name=name, kind="replay",
                                 verdict="inconclusive", seconds=time.perf_counter() - start, inconclusive=True,
                                 case_file=path, message=f"the engine does not run this witness: {exc}"))
             continue
@@ -81,9 +167,9 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
         saved = save_engine_case(case, found[0], sut, cases_dir) if found else None
         msg = ("; ".join(f"{f['invariant']} at step {f['step']} dp rank {f['dp_rank']}: {f['message']}"
                          for f in found[:2]) if found else f"no violation on {sut.spec}")
-        name = f"witness {case.source.split(':', 1)[-1]} on {sut.spec}"
-        checks.append(Check(name=name, kind="replay", verdict="fail" if found else "pass", seconds=seconds,
-                            failed=bool(found), case_file=saved or path, message=msg))
+        checks.append(Check(name=name, kind="replay",
+                            verdict="fail" if found else "pass", seconds=seconds, failed=bool(found),
+                            case_file=saved or path, message=msg))
         if found:
             finding = Finding(invariant=found[0]["invariant"], case_file=saved, engine=f"witness on {sut.spec}",
                               message=found[0]["message"], replay=replay_line(saved, engine=sut.spec), check=name)
@@ -138,10 +224,12 @@ def save_engine_case(case, finding: dict, sut, cases_dir: str) -> str:
 def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: float = 10.0,
                 cases_dir: str = "fa3verify-out/cases", kernel_name: str = "emulated", device: str = "cpu",
                 max_cases: Optional[int] = None, show_progress: Optional[bool] = None,
-                witnesses: bool = True, witness_rows: Optional[list] = None) -> RunSummary:
-    """The gate on a real engine: witness search (model), witnesses replayed on the engine, fuzz on the engine.
-    ``witness_rows`` reuses a search already made (the engine matrix searches once for every release)."""
+                witnesses: bool = True, witness_cache: Optional[dict] = None) -> RunSummary:
+    """The gate on a real engine: witness searches (model, :func:`witness_plan`), witnesses replayed on the engine,
+    fuzz on the engine. ``witness_cache`` shares searches between gates (the engine matrix: one per search)."""
     from gpu_impl.kernels import load
+
+    from spec.assumption_facts import not_enforced
 
     from .engine_choice import case_policy
     from .fuzzing import fuzz
@@ -150,7 +238,11 @@ def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s:
 
     start = time.perf_counter()
     default = load_policy()
+
     summary = RunSummary(command="gate", seed=seed, policy={**case_policy(default, sut), "engine": str(sut.spec)})
+    facts = sut.assumption_facts()
+    if facts:  # what the system under test says about itself: the assumptions its own code lets through
+        summary.policy["not_enforced_assumptions"] = not_enforced(facts)
     lines = None if show_progress is None else False  # API callers choose; the CLI prints on logs
 
     def failed(rows) -> str:
@@ -158,11 +250,10 @@ def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s:
 
     if witnesses:
         kernel = load(kernel_name, mode="strict", device=device)
-        if witness_rows is not None:
-            rows = witness_rows
-        else:
-            with stage("gate", "witness search (z3 on the model)", lines, result=lambda: failed(rows)):
-                rows = witness_search(timeout_s, os.path.join(cases_dir, WITNESS_SUBDIR))
+        rows: list = []
+        with stage("gate", f"witness searches (z3 on the model, {len(witness_plan(sut))} searches)", lines,
+                   result=lambda: failed(rows)):
+            rows = plan_rows(sut, timeout_s, os.path.join(cases_dir, WITNESS_SUBDIR), witness_cache)
         summary.checks.extend(rows)
         checks: list = []
         with stage("gate", f"witness replay on {sut.spec}", lines, result=lambda: failed(checks)):

@@ -1,10 +1,11 @@
 """The engine matrix: the gate on every sglang release, one row each, explained against the release's profile.
 
 Invariant: each row is the verdict of ``gate --engine sglang==V`` on that release's own code (witnesses and a
-fuzz campaign, ``fa3verify.engine_gate``), next to what the release's profile (``spec/engine_profiles.json``,
-ENGINES.md section 1) predicts: a release whose guard leaves prefill CP (or everything) precomputing with
-``H // tp_size`` heads must fail; one with the prefill-CP-or-DP-attention guard, or with attention-TP heads,
-must pass. A row that disagrees with its prediction is flagged, not hidden.
+fuzz campaign, ``fa3verify.engine_gate``), next to what facts about the release's code predict
+(:func:`expected_verdict`: the witness theorems under its profile, ``spec/engine_profiles.json``, with the
+assumptions it does not enforce dropped, ``spec/assumption_facts.json``): a release that accepts some configuration
+in which its guard leaves the precompute on with ``H // tp_size`` heads differing from the call's must fail; one
+with attention-TP heads must pass. A row that disagrees with its prediction is flagged, not hidden.
 
 Beside the gate, each row carries the family probes (:data:`PROBES`): the worked example of FACTS.md section 1
 (Qwen3-30B-A3B shapes, one 32768-token row and seven 100-token rows) run on the release under prefill CP and under
@@ -100,11 +101,28 @@ def run_probes(sut) -> dict:
     return out
 
 
-def expected_verdict(profile) -> str:
-    """What the profile predicts: fail when some CP/DP configuration precomputes with H // tp_size heads."""
-    if profile.precompute_heads == "attn_tp" or profile.guard == "prefill-cp-or-dp-attention":
+def expected_verdict(profile, facts: Optional[dict] = None, timeout_s: float = 10.0,
+                     cases_dir: Optional[str] = None) -> str:
+    """What the release's code predicts, derived from facts about it rather than written down: the witness theorems
+    (``3-hazard``, ``4-guard-soundness``) under the release's profile (its heads and guard) with the prover assumptions
+    the release does not enforce dropped (``facts``, ``spec.assumption_facts``): ``fail`` when one is refuted (some
+    configuration the release accepts overflows), ``pass`` when all are proved, ``inconclusive`` otherwise."""
+    from spec.assumption_facts import facts_for, prover_drops
+
+    from .engine_gate import WITNESS_THEOREMS
+    from .policy import load_policy
+    from .proving import theorem_results
+
+    facts = facts_for("sglang", profile.release) if facts is None else facts
+    policy = load_policy(profile.guard_spec, profile.precompute_heads)
+    results = [r for r in theorem_results(policy, timeout_s=timeout_s, cases_dir=cases_dir,
+                                          only=list(WITNESS_THEOREMS), dropped_assumptions=prover_drops(facts))
+               if r.name in WITNESS_THEOREMS]
+    if any(r.verdict == "refuted" for r in results):
+        return "fail"
+    if results and all(r.verdict == "proved" for r in results):
         return "pass"
-    return "fail"
+    return "inconclusive"
 
 
 def family_of(server: dict) -> tuple[str, str]:
@@ -116,12 +134,12 @@ def family_of(server: dict) -> tuple[str, str]:
     if server.get("enable_prefill_cp"):
         parts.append(f"prefill CP (attn_cp {server.get('attn_cp_size', 1)})")
     elif server.get("attn_cp_size", 1) > 1:
-        parts.append(f"attn CP without prefill CP (attn_cp {server.get('attn_cp_size', 1)})")
+        parts.append(f"attention CP without prefill CP (attn_cp {server.get('attn_cp_size', 1)})")
     family = " + ".join(parts) or "TP only"
     return family, "CUDA graph" if server.get("cuda_graph") else "eager"
 
 
-def row_from_summary(release: str, profile, summary, seconds: float) -> MatrixRow:
+def row_from_summary(release: str, profile, summary, seconds: float, expected: str = "") -> MatrixRow:
     """A matrix row from one release's gate summary (findings' case files give families and paths)."""
     from spec.cases import Case
 
@@ -138,7 +156,6 @@ def row_from_summary(release: str, profile, summary, seconds: float) -> MatrixRo
             paths.add(path)
             files.append(f.case_file)
     verdict = exitcodes.verdict_name(summary.exit_code)
-    expected = expected_verdict(profile)
     return MatrixRow(release=release, verdict=verdict, exit_code=summary.exit_code, invariants=sorted(invariants),
                      families=sorted(families), paths=sorted(paths), seconds=round(seconds, 2), cases=summary.cases,
                      expected=expected, agrees=(verdict == expected) if verdict in ("pass", "fail") else None,
@@ -154,24 +171,24 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
     """Gate every release (``open_sut(release)`` opens it; a UsageError there makes an 'unavailable' row)."""
     from spec.engine_profiles import profile_for
 
-    from .engine_gate import gate_engine, witness_search
+    from .engine_gate import gate_engine
     from .errors import UsageError
 
     say = progress or (lambda line: None)
-    say("witness search on the model (once for every release) ...")
-    searched = time.perf_counter()
-    witness_rows = witness_search(timeout_s, f"{cases_dir}/witnesses")
-    say(f"witness search done in {time.perf_counter() - searched:.1f}s ({len(witness_rows)} theorems)")
+    say("witness searches on the model are shared by releases with the same guard and assumptions")
+    witness_cache: dict = {}
     rows = []
     for release in releases:
         profile = profile_for(release)
         start = time.perf_counter()
+        say(f"sglang {release}: expected verdict from its facts (z3) ...")
+        expected = expected_verdict(profile, timeout_s=timeout_s, cases_dir=f"{cases_dir}/expected/{release}")
         say(f"sglang {release}: environment ...")
         try:
             sut = open_sut(release)
         except UsageError as exc:
             rows.append(MatrixRow(release=release, verdict="unavailable", exit_code=exitcodes.INCONCLUSIVE,
-                                  expected=expected_verdict(profile), profile=profile.describe(), message=str(exc)))
+                                  expected=expected, profile=profile.describe(), message=str(exc)))
             say(f"sglang {release}: unavailable ({exc})")
             continue
         try:
@@ -179,7 +196,7 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
                 say(f"sglang {release}: gate (witness replay, fuzz) ...")
                 summary = gate_engine(sut, budget_s=budget_s, seed=seed, timeout_s=timeout_s,
                                       cases_dir=f"{cases_dir}/{release}", max_cases=max_cases, show_progress=False,
-                                      witness_rows=witness_rows)
+                                      witness_cache=witness_cache)
                 if with_probes:
                     say(f"sglang {release}: family probes ...")
                 probes = run_probes(sut) if with_probes else {}
@@ -187,11 +204,11 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
             if not isinstance(exc, WorkerError):
                 raise
             rows.append(MatrixRow(release=release, verdict="inconclusive", exit_code=exitcodes.INCONCLUSIVE,
-                                  seconds=round(time.perf_counter() - start, 2), expected=expected_verdict(profile),
+                                  seconds=round(time.perf_counter() - start, 2), expected=expected,
                                   profile=profile.describe(), message=str(exc).splitlines()[0]))
             say(f"sglang {release}: inconclusive ({rows[-1].message})")
             continue
-        row = row_from_summary(release, profile, summary, time.perf_counter() - start)
+        row = row_from_summary(release, profile, summary, time.perf_counter() - start, expected)
         row.probes = probes
         rows.append(row)
         say(f"sglang {release}: {row.verdict} (expected {row.expected}) {', '.join(row.invariants) or '-'} "

@@ -113,6 +113,13 @@ class SystemUnderTest(abc.ABC):
 
         return ConfigDomain(str(self.spec), family="scenario")
 
+    def assumption_facts(self) -> dict:
+        """Which of spec's domain assumptions this system's own code enforces: ``{ASSUMPTION_*: AssumptionFact}``
+        (``spec.assumption_facts``). Empty (the default, and the model's) means it describes none, so the harness
+        keeps every assumption; a release returns its facts, and the gate's witness search and ``prove`` drop the
+        prover assumptions it does not enforce."""
+        return {}
+
     def start(self):
         """Start what the engine runs in (its worker process, the engine's import) before the first scenario, so a
         time budget measures scenarios, not start-up; the model has nothing to start. Idempotent."""

@@ -45,21 +45,41 @@ class ProfileSUT(SystemUnderTest):
         ident["release" if self.spec.kind == "sglang" else "path"] = self.spec.release or self.spec.path
         return ident
 
+    def assumption_facts(self):
+        """The facts of the release this fake presents as (spec/assumption_facts.json)."""
+        from spec.assumption_facts import facts_for
+
+        return facts_for("sglang", self.release)
+
+    #: the assumptions this fake's validation lets through (none: it rejects all spec assumes away)
+    accepts_unenforced = False
+
     def validate(self, server_config, model_config=None):
-        """Accept what spec's domain accepts (a stand-in for the release's own ServerArgs validation)."""
+        """Accept what spec's domain accepts (a stand-in for the release's own ServerArgs validation, stricter than
+        the release's facts); :class:`FactsSUT` accepts what the facts say the release accepts."""
+        from spec.assumption_facts import not_enforced
         from spec.config import MODELS, config_violations
+
+        dropped = not_enforced(self.assumption_facts()) if self.accepts_unenforced else ()
 
         server_rules = {"ASSUMPTION_POSITIVE_SIZES", "ASSUMPTION_TP_DIVISIBLE", "ASSUMPTION_CP_STRATEGY_KNOWN",
                         "ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY", "ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP",
                         "ASSUMPTION_NUM_SPLITS_RANGE"}
         if model_config is not None:
-            found = config_violations(model_config, server_config)
+            found = config_violations(model_config, server_config, dropped)
         else:
-            found = [v for v in config_violations(MODELS["llama-3-8b"], server_config) if v.assumption in server_rules]
+            found = [v for v in config_violations(MODELS["llama-3-8b"], server_config, dropped)
+                     if v.assumption in server_rules]
         return (not found), (f"{found[0].field}: {found[0].message}" if found else "")
 
     def close(self):
         self.closed = True
+
+
+class FactsSUT(ProfileSUT):
+    """A release whose validation accepts what its assumption facts say it accepts (spec/assumption_facts.json)."""
+
+    accepts_unenforced = True
 
 
 class ViolatingSUT(ProfileSUT):

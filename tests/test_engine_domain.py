@@ -227,5 +227,5 @@ def test_a_matrix_row_carries_its_releases_reach_and_rejections():
 def test_a_matrix_family_names_attention_cp_without_prefill_cp_for_what_it_is():
     from fa3verify.engine_matrix import family_of
 
-    assert family_of({"attn_cp_size": 4, "enable_prefill_cp": False})[0] == "attn CP without prefill CP (attn_cp 4)"
+    assert family_of({"attn_cp_size": 4, "enable_prefill_cp": False})[0] == "attention CP without prefill CP (attn_cp 4)"
     assert family_of({"attn_cp_size": 4, "enable_prefill_cp": True})[0] == "prefill CP (attn_cp 4)"

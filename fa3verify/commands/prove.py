@@ -22,6 +22,7 @@ examples:
   fa3verify prove --only hazard --json prove.json --cases-dir cases/
   fa3verify prove --drop-assumption TP_DIVISIBLE
   fa3verify prove --engine-profile sglang==0.5.14   # that release's heads and guard: refuted (exit 1)
+  fa3verify prove --engine-profile sglang==0.5.17   # drops what 0.5.17 does not enforce: refuted (exit 1)
   fa3verify prove --engine-profile vllm==0.33.0     # vLLM's flow (heads, KV extents, split counts): proved
   fa3verify prove --guard pre-fix --engine sglang==0.5.23   # witnesses replayed on 0.5.23's own code
 """
@@ -73,11 +74,20 @@ def run(args) -> int:
     _check_assumptions(args.drop_assumption)
     _check_only(args.only)
     spec = parse_engine_option(args.engine)
+    dropped = list(args.drop_assumption)
+    facts = None
     if profile is not None:
         print(f"engine profile: {profile.describe()}")
+        facts, released_drops = _release_assumptions(profile.release)
+        dropped += [n for n in sorted(released_drops) if n not in dropped]
     with stage("prove", "prove (z3 theorems)"):
         summary = prove(policy, timeout_s=args.timeout_s, cases_dir=args.cases_dir, only=args.only,
-                        dropped_assumptions=args.drop_assumption, jobs=args.jobs)
+                        dropped_assumptions=dropped, jobs=args.jobs)
+    if facts is not None:
+        from spec.assumption_facts import enforced, not_enforced
+
+        summary.policy.update(enforced_assumptions=enforced(facts), not_enforced_assumptions=not_enforced(facts),
+                              dropped_assumptions=dropped)
     if not spec.is_model:
         with open_engine(spec) as sut:
             start_engine(sut, "prove")
@@ -104,6 +114,19 @@ def _prove_vllm(args, profile) -> int:
     with stage("prove", "prove (vLLM flow)"):
         summary = prove_vllm(profile, timeout_s=args.timeout_s, cases_dir=args.cases_dir)
     return write_reports(summary, args)
+
+
+def _release_assumptions(release: str) -> tuple:
+    """(facts, prover assumptions to drop) of sglang ``release`` (spec/assumption_facts.json), printed: which
+    assumptions the release enforces, which it does not, and what the prover therefore drops."""
+    from spec.assumption_facts import enforced, facts_for, not_enforced, prover_drops
+
+    facts = facts_for("sglang", release)
+    drops = prover_drops(facts)
+    print(f"assumptions sglang {release} enforces: {', '.join(enforced(facts)) or 'none'}")
+    print(f"assumptions sglang {release} does not enforce: {', '.join(not_enforced(facts)) or 'none'}; "
+          f"the prover drops: {', '.join(sorted(drops)) or 'nothing'}")
+    return facts, drops
 
 
 def _check_assumptions(names) -> None:

@@ -22,14 +22,19 @@ from __future__ import annotations
 import random
 from typing import Optional
 
+from spec.assumption_facts import facts_for, not_enforced
+from spec.engine_profiles_vllm import VLLM_RELEASES
+
 from .scenarios import SM_COUNTS, FuzzCase
 
 __all__ = ["NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
            "vllm_family_label", "model_tp_points"]
 
-#: sglang's domain assumptions (``spec.config``) a vLLM case need not meet: under vLLM ``server.attn_cp_size`` is
-#: decode context parallel, which needs no prefill CP (the family draws DCP 2 without it).
-NOT_ASSUMED_BY_VLLM = ("ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP",)
+#: sglang's domain assumptions (``spec.config``) a vLLM case need not meet, from the vLLM releases' facts
+#: (``spec/assumption_facts.json``): under vLLM ``server.attn_cp_size`` is decode context parallel, which needs no
+#: prefill CP (the family draws DCP 2 without it).
+NOT_ASSUMED_BY_VLLM = tuple(sorted({name for release in VLLM_RELEASES
+                                    for name in not_enforced(facts_for("vllm", release))}))
 
 GRAPH_MODES = ("none", "piecewise", "full")
 WINDOWS = ("none", "one", "mixed")

@@ -213,6 +213,14 @@ class SglangSUT(SystemUnderTest):
             self._domain = ReleaseDomain(self.release, self.validate, label=str(self.spec))
         return self._domain
 
+    def assumption_facts(self) -> dict:
+        """The release's facts (``spec/assumption_facts.json``); a checkout has those of its nearest release (a
+        simplification: a checkout whose validation differs is caught where the gate replays a witness, since each
+        witness is put to the checkout's own validation first)."""
+        from spec.assumption_facts import facts_for
+
+        return facts_for("sglang", self.release)
+
     def identity(self) -> dict:
         if self.source is not None:
             return {"name": "sglang-src", "path": str(self.spec.path), "revision": self.revision,

@@ -104,6 +104,16 @@ def rejection_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+def _launcher_set(sa, name: str, value) -> None:
+    """Set what a launcher sets after construction; a release that refuses the assignment once its arguments are
+    resolved (0.5.17 - 0.5.18: "assigned after resolution") resolves that attribute itself and does not take it."""
+    try:
+        setattr(sa, name, value)
+    except AttributeError as exc:
+        if "after resolution" not in str(exc):
+            raise
+
+
 def validate_server_args(engine, server: dict, model=None) -> dict:
     from sglang.srt.server_args import ServerArgs
 
@@ -118,12 +128,9 @@ def validate_server_args(engine, server: dict, model=None) -> dict:
         sa = ServerArgs(**base, **kwargs)
         for name, value in LAUNCHER_ATTRS.items():
             if not hasattr(sa, name):
-                try:
-                    setattr(sa, name, value)
-                except AttributeError:  # 0.5.17+: read-only once resolved (and not read by its checks)
-                    pass
+                _launcher_set(sa, name, value)
         if getattr(sa, "chunked_prefill_size", 0) is None:
-            sa.chunked_prefill_size = CHUNKED_PREFILL_PAGES * int(server.get("page_size", 1))
+            _launcher_set(sa, "chunked_prefill_size", CHUNKED_PREFILL_PAGES * int(server.get("page_size", 1)))
         if hasattr(sa, "resolve_once"):
             sa.resolve_once()
         if hasattr(sa, "check_server_args"):

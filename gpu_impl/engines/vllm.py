@@ -201,6 +201,12 @@ class VllmSUT(SystemUnderTest):
                                    if accepted is None else str(answer.get("message")))
         return self._verdicts[key]
 
+    def assumption_facts(self) -> dict:
+        """The release's facts where spec's assumptions apply to vLLM (``spec/assumption_facts.json``)."""
+        from spec.assumption_facts import facts_for
+
+        return facts_for("vllm", self.spec.release)
+
     def identity(self) -> dict:
         ident = {"name": str(self.spec), "release": self.spec.release}
         if self._worker is not None:

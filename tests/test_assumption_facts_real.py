@@ -1,0 +1,121 @@
+"""spec/assumption_facts.json against the releases' own code (marked ``engine``).
+
+For every sglang release whose engine environment is built (``make engines`` builds 0.5.13 and 0.5.23; the others
+run when their environment exists and skip, naming the command, otherwise): the release's own ``ServerArgs``
+rejects the probe configuration of each fact "enforced" in ServerArgs and accepts that of each "not enforced" one
+(and of each enforced later, at model load), and every check a fact names is a function in the release's wheel.
+Then the negative controls of the gate's witness stage on source copies (``sglang-src=PATH``) of a failing release:
+the copy whose validation is patched to reject the configurations its findings need passes, the unpatched copy
+fails."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from spec import assumption_facts as F
+from spec.engine_profiles import RELEASES
+
+pytestmark = pytest.mark.engine
+
+
+def _envs():
+    try:
+        from gpu_impl.engines import envs
+    except ModuleNotFoundError as exc:
+        pytest.skip(f"no engine runtime in this checkout ({exc.name})")
+    return envs
+
+
+def _need_env(release):
+    envs = _envs()
+    if not envs.env_ready(release):
+        pytest.skip(f"no environment for sglang {release}: run `fa3verify engine setup sglang=={release}`")
+    return envs.env_dir(release) / "lib" / "python3.11" / "site-packages" / "sglang"
+
+
+def _functions(path: Path) -> set:
+    """Every ``Class.method`` and function qualname defined in a Python file."""
+    names = set()
+
+    def walk(node, prefix):
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(".".join(prefix + [ch.name]))
+                walk(ch, prefix + [ch.name])
+
+    walk(ast.parse(path.read_text(encoding="utf-8")), [])
+    return names
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_release_enforces_exactly_what_its_facts_say(release):
+    from gpu_impl.sut import open_sut
+
+    site = _need_env(release)
+    facts = F.facts_for("sglang", release)
+    for fact in facts.values():
+        for check in fact.checks:
+            file, function = check.split(" ", 1)
+            assert function in _functions(site / file), f"{release}: {check} is not in the wheel"
+    with open_sut(f"sglang=={release}") as sut:
+        for probe in F.probes():
+            fact = facts[probe.assumption]
+            accepted, message = sut.validate(probe.server, probe.model)
+            want = not (fact.is_enforced and fact.stage == "server_args")
+            assert accepted is want, (release, probe.assumption, probe.description, fact.status, message)
+            if not want:
+                assert message, "a rejection carries the release's message"
+
+
+def _copy_with_validation(release: str, tmp_path: Path, reject: str) -> Path:
+    """The release's installed sglang as a tree of links, with ``ServerArgs._handle_context_parallelism`` made to
+    raise first when ``reject`` (a condition on ``self``) holds (patched at test time; nothing of sglang is kept)."""
+    site = _need_env(release)
+    root = tmp_path / f"sglang-{release}-patched" / "python"
+    shutil.copytree(site, root / "sglang", copy_function=os.symlink)
+    path = root / "sglang" / "srt" / "server_args.py"
+    text = path.read_text(encoding="utf-8")
+    text, n = re.subn(r"(\n    def _handle_context_parallelism\(self\):\n)",
+                      r"\1        if " + reject + ":\n            raise ValueError('patched copy: "
+                      + reject.replace("'", "") + " is rejected')\n", text)
+    assert n == 1, f"{release}'s server_args.py no longer has ServerArgs._handle_context_parallelism"
+    path.unlink()
+    path.write_text(text, encoding="utf-8")
+    for pyc in (path.parent / "__pycache__").glob("server_args.*"):
+        pyc.unlink()
+    return root
+
+
+def _witness_stage(engine: str, tmp_path: Path, cache: dict):
+    from fa3verify.engine_gate import plan_rows, replay_witnesses
+    from gpu_impl.sut import open_sut
+
+    with open_sut(engine) as sut:
+        rows = plan_rows(sut, 10.0, str(tmp_path / "witnesses"), cache)
+        return replay_witnesses(sut, [r.case_file for r in rows], str(tmp_path / "cases"))
+
+
+#: (release, the condition its patched validation rejects): 0.5.13's findings need attention CP (prefill CP and
+#: attention CP without it; its guard covers DP attention), 0.5.17's need attention CP without prefill CP.
+FAILING = [("0.5.13", "self.attn_cp_size > 1"), ("0.5.17", "self.attn_cp_size > 1 and not self.enable_prefill_cp")]
+
+
+@pytest.mark.parametrize("release, reject", FAILING)
+def test_a_copy_whose_validation_rejects_what_its_findings_need_passes_the_witness_stage(release, reject, tmp_path):
+    cache: dict = {}  # the same release: the unpatched copy reuses the patched copy's witness searches
+    patched = _copy_with_validation(release, tmp_path / "a", reject)
+    checks, findings = _witness_stage(f"sglang-src={patched}", tmp_path / "a", cache)
+    assert not findings and not any(c.failed for c in checks), [c.message for c in checks if c.failed]
+    rejected = [c for c in checks if c.verdict == "rejected"]
+    assert rejected and all("patched copy" in c.message for c in rejected)
+    # negative control: the copy with its own validation fails on the same witnesses
+    plain = _copy_with_validation(release, tmp_path / "b", "False")
+    checks, findings = _witness_stage(f"sglang-src={plain}", tmp_path / "b", cache)
+    assert findings and {f.invariant for f in findings} & {"SPLIT_BOUND", "COMBINE_CAPACITY"}
+    assert not any(c.verdict == "rejected" for c in checks)
