@@ -125,7 +125,14 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
     if strategy:
         generate = random_fuzz_case if strategy == "scenario" else family(strategy)
     else:
-        generate = domain_strategy(domain if domain is not None else (sut or ModelSUT()).domain())
+        domain = domain if domain is not None else (sut or ModelSUT()).domain()
+        if shard is not None and domain.adapts:
+            from .errors import UsageError
+
+            raise UsageError(f"--shard: {domain.name}'s domain weights each draw by what the earlier cases "
+                             f"reached, so a shard cannot run its part of the unsplit campaign; run this campaign "
+                             f"unsplit (--shard splits the model's and vLLM's campaigns)")
+        generate = domain_strategy(domain)
     return _run_campaign(target, generate, budget=budget, seed=seed, progress=progress,
                          stop=(lambda camp: bool(camp.failures)) if stop_at_first_failure else None,
                          clock=clock, reserve=reserve, on_failure=on_failure, shard=shard)

@@ -64,6 +64,10 @@ class ConfigDomain:
     their default, with why.
     """
 
+    #: whether the draw depends on what earlier cases reached (:meth:`observe`): such a campaign cannot be split
+    #: into shards that together run the unsplit campaign's cases (fa3verify.sharding), so sharding refuses it.
+    adapts = False
+
     def __init__(self, name: str, family: Optional[str] = None, not_covered: Optional[dict] = None,
                  not_drawn: Optional[dict] = None, check=None, reach_keys: tuple = PATHS + LAYER_TYPES):
         self.name, self.family = name, family

@@ -210,3 +210,28 @@ def test_report_merge_never_overwrites_a_shard_report_nor_writes_into_a_folder(t
     (tmp_path / "adir").mkdir()
     assert cli.main(["report", "merge", one, two, "--junit", str(tmp_path / "adir")]) == 2
     assert "--junit:" in capsys.readouterr().err
+
+
+class _AdaptingDomain:
+    """A domain whose draws depend on what earlier cases reached, as an sglang release's does."""
+
+    adapts = True
+    name = "sglang==0.5.23"
+
+
+def test_a_domain_that_adapts_to_earlier_cases_is_never_sharded():
+    """Its shards would not together run the unsplit campaign's cases: refused, naming --shard."""
+    from fa3verify.errors import UsageError
+    from fa3verify.fuzzing import run_campaign as fuzz_campaign
+    from fa3verify.policy import load_policy
+
+    with pytest.raises(UsageError, match="--shard: sglang==0.5.23's domain weights each draw"):
+        fuzz_campaign(load_policy("fixed"), kernel=None, max_cases=4, shard=Shard(1, 2), domain=_AdaptingDomain())
+
+
+def test_the_release_domain_adapts_and_the_model_and_vllm_domains_do_not():
+    from gpu_impl.domain import ConfigDomain
+    from gpu_impl.engines.sglang_domain import ReleaseDomain
+
+    assert ReleaseDomain.adapts and not ConfigDomain.adapts
+    assert not ConfigDomain("model", family="scenario").adapts

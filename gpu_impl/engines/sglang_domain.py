@@ -84,6 +84,8 @@ class ReleaseDomain(ConfigDomain):
     (the release's own ServerArgs; ``accepted`` None when its validation cannot run on CPU: counted as rejected
     with that message, never run)."""
 
+    adapts = True  #: cells are reweighted by the share of their cases that reached a precompute
+
     def __init__(self, release: str, validate: Callable, label: Optional[str] = None):
         table = draw_table()
         used, args = release_arguments(release)
