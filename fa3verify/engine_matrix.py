@@ -193,10 +193,13 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
             continue
         try:
             with sut:
-                say(f"sglang {release}: gate (witness replay, fuzz) ...")
+                say(f"sglang {release}: gate (witness searches, witness replay, fuzz) ...")
+                searched = len(witness_cache)
                 summary = gate_engine(sut, budget_s=budget_s, seed=seed, timeout_s=timeout_s,
                                       cases_dir=f"{cases_dir}/{release}", max_cases=max_cases, show_progress=False,
                                       witness_cache=witness_cache)
+                say(f"sglang {release}: witness search done ({len(witness_cache) - searched} searches run now, "
+                    f"{len(witness_cache)} in all, shared by the releases that need them)")
                 if with_probes:
                     say(f"sglang {release}: family probes ...")
                 probes = run_probes(sut) if with_probes else {}
