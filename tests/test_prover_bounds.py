@@ -9,6 +9,7 @@ not in the other, and the witness search moved on to another batch size (tests/t
 from __future__ import annotations
 
 import z3
+from z3_puzzles import pigeonhole
 
 from spec import z3ctx
 from spec.symbolic import solver
@@ -22,18 +23,6 @@ class _Recorder:
 
     def set(self, name, value):
         self.params[name] = value
-
-
-def _pigeonhole(s, pigeons: int, tag: str = "") -> None:
-    """Pigeons into pigeons-1 holes: unsat, and far more work than the bounds used here allow."""
-    holes = pigeons - 1
-    x = [[z3ctx.Bool(f"{tag}p{i}h{j}") for j in range(holes)] for i in range(pigeons)]
-    for i in range(pigeons):
-        s.add(z3.Or(x[i]))
-    for j in range(holes):
-        for i in range(pigeons):
-            for k in range(i + 1, pigeons):
-                s.add(z3.Not(z3.And(x[i][j], x[k][j])))
 
 
 def _rlimit_count(s) -> int:
@@ -62,7 +51,7 @@ def test_a_check_stops_when_its_work_runs_out_not_its_time(monkeypatch):
     monkeypatch.setattr(z3ctx, "WALL_FACTOR", 2000)  # 0.01 s of work, 20 s of wall clock
     with z3ctx.fresh_context():
         s = solver(0.01)
-        _pigeonhole(s, 14)
+        pigeonhole(s, 14)
         assert z3ctx.checked(s) == z3.unknown
         units = int(0.01 * z3ctx.RLIMIT_PER_SECOND)
         assert units <= _rlimit_count(s) <= units * 1.1
@@ -74,10 +63,10 @@ def test_each_check_of_a_solver_asked_again_gets_the_whole_bound(monkeypatch):
     units = int(0.01 * z3ctx.RLIMIT_PER_SECOND)
     with z3ctx.fresh_context():
         s = solver(0.01)
-        _pigeonhole(s, 14, "a")
+        pigeonhole(s, 14, "a")
         assert z3ctx.checked(s) == z3.unknown
         before = _rlimit_count(s)
-        _pigeonhole(s, 14, "b")  # the second check on the same solver
+        pigeonhole(s, 14, "b")  # the second check on the same solver
         assert z3ctx.checked(s) == z3.unknown
         assert units <= _rlimit_count(s) - before <= units * 1.1
 
@@ -89,6 +78,6 @@ def test_the_same_query_gives_the_same_answer_and_the_same_work_twice(monkeypatc
     for _ in range(2):
         with z3ctx.fresh_context():
             s = solver(0.01)
-            _pigeonhole(s, 12)
+            pigeonhole(s, 12)
             counts.append((str(z3ctx.checked(s)), _rlimit_count(s)))
     assert counts[0] == counts[1]

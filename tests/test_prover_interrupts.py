@@ -13,6 +13,7 @@ import time
 
 import pytest
 import z3
+from z3_puzzles import pigeonhole
 
 from spec.symbolic import solver
 from spec.theorems_metadata import _Budget
@@ -31,18 +32,6 @@ class _CanceledSolver:
         return "canceled"
 
 
-def _pigeonhole(s: z3.Solver, pigeons: int) -> None:
-    """Pigeons into pigeons-1 holes: unsat, and far beyond a few milliseconds for z3's search."""
-    holes = pigeons - 1
-    x = [[z3.Bool(f"p{i}h{j}") for j in range(holes)] for i in range(pigeons)]
-    for i in range(pigeons):
-        s.add(z3.Or(x[i]))
-    for j in range(holes):
-        for i in range(pigeons):
-            for k in range(i + 1, pigeons):
-                s.add(z3.Not(z3.And(x[i][j], x[k][j])))
-
-
 def test_a_canceled_unknown_is_inconclusive_not_a_keyboard_interrupt():
     budget = _Budget(timeout_s=0.03)
     assert budget.check(_CanceledSolver(), "stage2 b=1 fast-math-robust") == z3.unknown
@@ -55,14 +44,14 @@ def test_a_repeated_check_that_times_out_is_recorded_as_unknown():
     a = z3.Bool("a")
     s.add(a)
     assert budget.check(s, "first") == z3.sat
-    _pigeonhole(s, 14)  # the second check on the same solver: z3 reports its timeout as "canceled"
+    pigeonhole(s, 14)  # the second check on the same solver: z3 reports its timeout as "canceled"
     assert budget.check(s, "second") == z3.unknown
     assert len(budget.unknowns) == 1 and budget.unknowns[0].startswith("second: ")
 
 
 def test_a_real_sigint_stops_a_long_check_at_once():
     s = solver(60.0)
-    _pigeonhole(s, 16)
+    pigeonhole(s, 16)
     # Python's own handler, as in a terminal (a pytest-xdist worker ignores SIGINT: its controller owns Ctrl-C)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
