@@ -185,7 +185,7 @@ def _collect(run: JobRun, job: Job, values: list, timing: list) -> None:
         later += float(r.seconds or 0.0)
     for r, at in zip(results, reversed(known)):
         run.results.append(r)
-        run.finished_s.append(round(at, 3))
+        run.finished_s.append(at)
 
 
 def _quietly(fn: Callable[[], None]) -> None:

@@ -203,6 +203,9 @@ def test_ctrl_c_stops_a_parallel_run_at_once_and_leaves_no_worker(tmp_path):
         return [_result("never")]
 
     jobs = [Job((f"t{i}",), (long_query,)) for i in range(3)]
+    # Python's own handler, as in a terminal: a pytest-xdist worker, or a suite started in the background of a
+    # non-interactive shell, inherits SIGINT ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     start = time.monotonic()
     timer.start()
@@ -211,6 +214,7 @@ def test_ctrl_c_stops_a_parallel_run_at_once_and_leaves_no_worker(tmp_path):
             run_jobs(jobs, workers=2)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - start < 30.0
     for pid in map(int, pids.read_text().split()):
         with pytest.raises(ProcessLookupError):
