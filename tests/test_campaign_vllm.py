@@ -137,9 +137,10 @@ def vllm_sut():
 @pytest.mark.engine
 def test_cli_fuzz_on_vllm_runs_the_campaign_over_the_vllm_family_and_passes(tmp_path):
     out = tmp_path / "summary.json"
-    assert main(["fuzz", "--engine", f"vllm=={RELEASE}", "--cases", "40", "--out", str(tmp_path / "cases"),
-                 "--json", str(out)]) == 0
+    rc = main(["fuzz", "--engine", f"vllm=={RELEASE}", "--cases", "40", "--out", str(tmp_path / "cases"),
+               "--json", str(out)])
     summary = json.loads(out.read_text())
+    assert rc == 0, [c.get("message") for c in summary["checks"]]  # the message carries the domain's rejections
     assert summary["cases"] == 40 and summary["failures"] == 0
     assert not (tmp_path / "cases").exists()
 
