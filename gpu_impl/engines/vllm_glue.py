@@ -12,10 +12,14 @@ Models nothing; runs inside a vLLM engine environment only (imports vllm).
 
 from __future__ import annotations
 
+import json
 import sys
 import types
+from pathlib import Path
 
-__all__ = ["FAKED", "install", "front"]
+__all__ = ["FAKED", "CAPABILITIES_FILE", "install", "front"]
+
+CAPABILITIES_FILE = Path(__file__).resolve().parent / "data" / "vllm_capabilities.json"
 
 #: What is faked or patched on CPU, and why (reported in the driver's hello and in docs/engines-vllm.md).
 FAKED = (
@@ -26,6 +30,10 @@ FAKED = (
     "vllm.distributed.parallel_state._DCP: a one-process stand-in group (world size, rank, all_gather by "
     "repetition) when a decode-context-parallel world size > 1 is asked for; the DCP LSE combine and merge_attn_states are "
     "shape-only stand-ins; torch.accelerator.empty_cache (called by vLLM's workspace manager) is a no-op on CPU",
+    "torch.ops._C capability queries (cutlass_scaled_mm_supports_fp8, _block_fp8, _fp4), asked at import by vLLM's "
+    "quantization utilities of its compiled _C extension (a CUDA build): registered only where the extension did "
+    "not load, answering as a CUDA build does for sm90 (data/vllm_capabilities.json); without them every "
+    "ModelConfig fails with \"Model architectures failed to be inspected\"",
 )
 
 GSM_SCHEMA = ("get_scheduler_metadata(int batch_size, int max_seqlen_q, int max_seqlen_k, int num_heads, "
@@ -113,6 +121,36 @@ def _install_platform() -> None:
     platforms.current_platform = HopperOnCPU()
 
 
+def capability_answer(name: str, capability: int) -> bool:
+    """What the faked ``torch.ops._C.<name>(capability)`` answers (data/vllm_capabilities.json)."""
+    spec = json.loads(CAPABILITIES_FILE.read_text())["queries"][name]
+    return int(capability) >= int(spec["min_capability"])
+
+
+_cap_lib = None
+
+
+def _install_capability_queries() -> list[str]:
+    """Register the capability queries the compiled ``_C`` extension would answer, where it did not load;
+    returns the names registered (none when the real extension is there)."""
+    global _cap_lib
+    import torch
+
+    try:  # the real extension answers where it loads (a CUDA machine); registering over it would clash
+        import vllm._C_stable_libtorch  # noqa: F401
+    except (ImportError, OSError):
+        pass
+    data = json.loads(CAPABILITIES_FILE.read_text())
+    missing = [n for n in data["queries"] if not hasattr(torch.ops._C, n)]
+    if not missing:
+        return []
+    _cap_lib = torch.library.Library("_C", "FRAGMENT")
+    for name in missing:
+        _cap_lib.define(data["schema"].format(name=name))
+        _cap_lib.impl(name, (lambda n: lambda cap: capability_answer(n, cap))(name), "CompositeExplicitAutograd")
+    return missing
+
+
 def _install_accelerator_stub() -> None:
     import torch
 
@@ -127,5 +165,6 @@ def install() -> None:
         return
     _install_fa3_ops()
     _install_platform()
+    _install_capability_queries()
     _install_accelerator_stub()
     _installed = True
