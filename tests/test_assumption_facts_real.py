@@ -1,9 +1,10 @@
 """spec/assumption_facts.json against the releases' own code (marked ``engine``).
 
 For every sglang release whose engine environment is built (``make engines`` builds 0.5.13 and 0.5.23; the others
-run when their environment exists and skip, naming the command, otherwise): the release's own ``ServerArgs``
-rejects the probe configuration of each fact "enforced" in ServerArgs and accepts that of each "not enforced" one
-(and of each enforced later, at model load), and every check a fact names is a function in the release's wheel.
+run when their environment exists and skip, naming the command, otherwise): the release's own validation
+(``ServerArgs``, then its model-load head split, ``gpu_impl.engines.model_load``) rejects the probe configuration
+of each fact "enforced" in ServerArgs or at model load (a model-load rejection by the check the fact names) and
+accepts that of each "not enforced" one, and every check a fact names is a function in the release's wheel.
 Then the negative controls of the gate's witness stage on source copies (``sglang-src=PATH``) of a failing release:
 the copy whose validation is patched to reject the configurations its findings need passes, the unpatched copy
 fails."""
@@ -67,10 +68,12 @@ def test_the_release_enforces_exactly_what_its_facts_say(release):
         for probe in F.probes():
             fact = facts[probe.assumption]
             accepted, message = sut.validate(probe.server, probe.model)
-            want = not (fact.is_enforced and fact.stage == "server_args")
+            want = not (fact.is_enforced and fact.stage in ("server_args", "model_load"))
             assert accepted is want, (release, probe.assumption, probe.description, fact.status, message)
             if not want:
                 assert message, "a rejection carries the release's message"
+            if not want and fact.stage == "model_load":  # by the check the fact names, with its own assert
+                assert message.startswith(f"model load ({fact.checks[0]}): AssertionError: assert"), message
 
 
 def _copy_with_validation(release: str, tmp_path: Path, reject: str) -> Path:

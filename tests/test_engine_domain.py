@@ -110,11 +110,25 @@ def test_the_domain_strategy_tells_the_domain_what_each_case_reached():
     assert sum(dom.tries.values()) == 1 and sum(dom.hits.values()) == 1
 
 
-def test_a_head_split_the_attention_module_refuses_at_model_load_is_rejected_not_run():
-    dom = ReleaseDomain("0.5.23", _accept_all)
-    assert dom.admit(ServerConfig(tp_size=2), MODELS["falcon-7b"]).startswith("model load")
+def _model_load(server, model):
+    """The verdict shape of a release whose model-load head split refuses heads that do not split evenly over
+    attn_tp_size (as ``SglangSUT.validate`` gives it)."""
+    attn_tp, h, hk = server.attn_tp_size, model.num_heads, model.num_kv_heads
+    where = "model load (srt/models/qwen3.py Qwen3Attention.__init__): AssertionError: "
+    if attn_tp >= 1 and h % attn_tp:
+        return False, where + "assert self.total_num_heads % attn_tp_size == 0 (qwen3.py line 87)"
+    if attn_tp >= 1 and (hk % attn_tp if hk >= attn_tp else attn_tp % hk):
+        return False, where + "assert self.total_num_kv_heads % attn_tp_size == 0 (qwen3.py line 93)"
+    return True, "accepted by ServerArgs and at model load"
+
+
+def test_a_head_split_the_release_refuses_at_model_load_is_counted_under_its_own_message_not_run():
+    dom = ReleaseDomain("0.5.23", _model_load)
+    reason = dom.admit(ServerConfig(tp_size=2), MODELS["falcon-7b"])
+    assert reason.startswith("model load (srt/models/qwen3.py Qwen3Attention.__init__): AssertionError: assert")
     assert dom.admit(ServerConfig(tp_size=2, attn_cp_size=2), MODELS["falcon-7b"]) is None  # 71 heads, attn_tp 1
-    assert dom.admit(ServerConfig(tp_size=8, attn_cp_size=2), MODELS["llama-3-8b"]) is None
+    # negative control: the domain adds no head split of its own; what the release accepts runs
+    assert ReleaseDomain("0.5.23", _accept_all).admit(ServerConfig(tp_size=2), MODELS["falcon-7b"]) is None
 
 
 def test_the_cached_verdict_is_keyed_on_every_field_the_release_validates():
@@ -141,7 +155,7 @@ def test_an_idle_dp_rank_target_gets_fewer_rows_than_dp_ranks():
 
 
 class _DomainSUT(ProfileSUT):
-    """A fake release with a domain of its own, validated by ``check``."""
+    """A fake release with a domain of its own, validated by ``check`` and the model-load head split."""
 
     def __init__(self, check, **kw):
         super().__init__(**kw)
@@ -149,7 +163,11 @@ class _DomainSUT(ProfileSUT):
         self._domain = None
 
     def validate(self, server_config, model_config=None):
-        return self.check(server_config, model_config)
+        """``check`` plays ServerArgs; what it accepts then goes through the model-load head split, as a release's."""
+        accepted, message = self.check(server_config, model_config)
+        if accepted is True and model_config is not None:
+            return _model_load(server_config, model_config)
+        return accepted, message
 
     def domain(self):
         if self._domain is None:

@@ -194,13 +194,16 @@ class SglangSUT(SystemUnderTest):
         return result_from_wire(resp)
 
     def validate(self, server_config, model_config=None) -> tuple:
-        """(accepted, message): the release's own ServerArgs verdict on a configuration (accepted is None when its
-        validation cannot run on CPU)."""
+        """(accepted, message): the release's own verdict on a configuration, from its ServerArgs validation and
+        then its model-load head split (accepted is None when they cannot run on CPU); a model-load message starts
+        with ``model load (CHECK):``, naming the release's check."""
         import dataclasses
 
         server = dataclasses.asdict(server_config) if dataclasses.is_dataclass(server_config) else dict(server_config)
         model = dataclasses.asdict(model_config) if dataclasses.is_dataclass(model_config) else model_config
         resp = self._answer(self.request({"op": "validate", "server": server, "model": model}))
+        if resp.get("stage") == "model_load":
+            return resp["accepted"], f"model load ({resp.get('check')}): {resp['message']}"
         return resp["accepted"], resp["message"]
 
     def domain(self):

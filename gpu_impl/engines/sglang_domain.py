@@ -2,10 +2,9 @@
 layout or the CUDA-graph runner, drawn over a superset of what its argument parser takes, kept only where the
 release's own checks accept them.
 
-Invariant: a configuration is run only if the release's ``ServerArgs`` validation accepts it (asked of the
-release, ``SglangSUT.validate`` -> ``gpu_impl.engines.validation``) and the attention module's head split holds
-(checked at model load by the model's attention module, e.g. ``python/sglang/srt/models/qwen3.py``, which the
-driver does not run on CPU: such configurations are counted as rejected with that reason, never run); nothing
+Invariant: a configuration is run only if the release's ``ServerArgs`` validation accepts it and its model-load
+head split holds (both asked of the release, ``SglangSUT.validate`` -> ``gpu_impl.engines.validation``; the head
+split is the release's own ``Qwen3Attention.__init__``, run on CPU by ``gpu_impl.engines.model_load``); nothing
 is left out because this project's prover assumes it. Every rejection is counted with the release's message.
 
 Data: ``data/sglang_server_args.json``: per release, the arguments as ``ServerArgs.add_cli_args`` defines them
@@ -43,6 +42,9 @@ SERVER_ARGS = ("tp_size", "dp_size", "attn_cp_size", "enable_dp_attention", "ena
 #: verdict is cached on these and the model's shape (the SM count and context length are not server arguments).
 VALIDATED_FIELDS = tuple(FIELD_NAMES) + ("cuda_graph",)
 
+#: How a rejection at model load begins (``SglangSUT.validate``): counted under that message, not "ServerArgs".
+MODEL_LOAD = "model load"
+
 
 @lru_cache(maxsize=None)
 def _data() -> dict:
@@ -63,20 +65,6 @@ def release_arguments(release: str) -> tuple:
     older = [r for r in have if release_key(r) <= release_key(release)]
     used = older[-1] if older else have[0]
     return used, _data()["releases"][used]
-
-
-def _head_split_reason(server, model) -> Optional[str]:
-    """Why the model's attention module refuses this head split at model load (None when it loads)."""
-    attn_tp = server.attn_tp_size
-    h, hk = model.num_heads, model.num_kv_heads
-    if attn_tp < 1:
-        return None  # ServerArgs decides a layout that does not divide
-    if h % attn_tp:
-        return "model load (not run on CPU): the attention module asserts num_heads % attn_tp_size == 0"
-    if (hk >= attn_tp and hk % attn_tp) or (hk < attn_tp and attn_tp % hk):
-        return ("model load (not run on CPU): the attention module asserts num_kv_heads splits or replicates "
-                "evenly over attn_tp_size")
-    return None
 
 
 class ReleaseDomain(ConfigDomain):
@@ -183,15 +171,17 @@ class ReleaseDomain(ConfigDomain):
 
     # -- the release's checks ------------------------------------------------------------------------------
     def admit(self, server, model) -> Optional[str]:
-        """None when the release accepts (server, model); else its reason (its own message, or the model-load
-        head split). Verdicts are cached per configuration: the release is asked once."""
+        """None when the release accepts (server, model); else its reason (its own message, from ServerArgs or
+        from its model-load head split). Verdicts are cached per configuration: the release is asked once."""
         key = (tuple(getattr(server, f) for f in VALIDATED_FIELDS), dataclasses.astuple(model)[1:])
         if key not in self.verdicts:
             accepted, message = self.validate(server, model)
             if accepted is True:
-                reason = _head_split_reason(server, model)
+                reason = None
             elif accepted is None:
                 reason = f"inconclusive (validation did not run on CPU): {message}"
+            elif message.startswith(MODEL_LOAD):
+                reason = message
             else:
                 reason = f"ServerArgs: {message}"
             self.verdicts[key] = reason

@@ -4,7 +4,9 @@ release has them), constructed on CPU with a placeholder model directory holding
 model's attention shapes (:func:`placeholder_model`). Runs inside an engine environment.
 
 Invariant: the verdict is the release's: an ``AssertionError`` or ``ValueError`` from its validation is a
-rejection (its message returned); a configuration it constructs and checks is accepted; anything else (its
+rejection (its message returned); a configuration it constructs and checks is accepted when the release's own
+attention module also builds the model's heads on its layout (the model-load head split, run on CPU by
+``model_load.head_split``; a rejection there has ``stage`` "model_load"); anything else (its
 validation needing a GPU, a model file or the network) is inconclusive (``accepted`` is None), never a pass.
 Field names follow the release: ``enable_prefill_cp`` is ``enable_prefill_context_parallel`` where the release
 declares that name instead (0.5.13), CUDA graph is ``disable_cuda_graph`` where declared.
@@ -40,6 +42,9 @@ CHUNKED_PREFILL_PAGES = 4096
 #: ``prefill_cp_mode``, with its own values and default).
 UNDECLARED_OK = frozenset({"cp_strategy"})
 
+#: The attention shapes validated when a request names no model.
+DEFAULT_MODEL = {"num_heads": 32, "num_kv_heads": 4, "head_dim": 128}
+
 
 def placeholder_model(model) -> "Path":
     """A directory holding only an HF ``config.json`` with the model's attention shapes (a Qwen3 dense
@@ -49,7 +54,7 @@ def placeholder_model(model) -> "Path":
     import tempfile
     from pathlib import Path
 
-    m = dict(model or {"num_heads": 32, "num_kv_heads": 4, "head_dim": 128})
+    m = dict(model or DEFAULT_MODEL)
     cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 1,
            "num_attention_heads": int(m["num_heads"]), "num_key_value_heads": int(m["num_kv_heads"]),
            "head_dim": int(m["head_dim"]), "hidden_size": int(m["num_heads"]) * int(m["head_dim"]),
@@ -139,4 +144,9 @@ def validate_server_args(engine, server: dict, model=None) -> dict:
         return {"accepted": False, "message": rejection_message(exc), "kwargs": kwargs}
     except Exception as exc:  # noqa: BLE001 - validation that cannot run on CPU decides nothing
         return {"accepted": None, "message": f"inconclusive: {type(exc).__name__}: {exc}", "kwargs": kwargs}
-    return {"accepted": True, "message": "accepted by ServerArgs", "kwargs": kwargs}
+    from .model_load import head_split
+
+    loaded = head_split(sa, dict(model or DEFAULT_MODEL))
+    if loaded is not None:
+        return {**loaded, "kwargs": kwargs}
+    return {"accepted": True, "message": "accepted by ServerArgs and at model load", "kwargs": kwargs}
