@@ -1,7 +1,8 @@
 """spec/assumption_facts.json against the releases' own code (marked ``engine``).
 
-For every sglang release whose engine environment is built (``make engines`` builds 0.5.13 and 0.5.23; the others
-run when their environment exists and skip, naming the command, otherwise): the release's own validation
+For every sglang release the suite's sweeps select (tests/engine_releases.py: the Makefile's ENGINE_RELEASES, 0.5.13
+and 0.5.23, which ``make engines`` builds; FA3VERIFY_ALL_RELEASES=1 selects all 13, each run when its environment
+exists and skipped, naming the command, otherwise): the release's own validation
 (``ServerArgs``, then its model-load head split, ``gpu_impl.engines.model_load``) rejects the probe configuration
 of each fact "enforced" in ServerArgs or at model load (a model-load rejection by the check the fact names) and
 accepts that of each "not enforced" one, and every check a fact names is a function in the release's wheel.
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_releases import need, sweep
 from spec import assumption_facts as F
 from spec.engine_profiles import RELEASES
 
@@ -54,7 +56,7 @@ def _functions(path: Path) -> set:
     return names
 
 
-@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("release", sweep(RELEASES))
 def test_the_release_enforces_exactly_what_its_facts_say(release):
     from gpu_impl.sut import open_sut
 
@@ -111,6 +113,7 @@ FAILING = [("0.5.13", "self.attn_cp_size > 1"), ("0.5.17", "self.attn_cp_size > 
 
 @pytest.mark.parametrize("release, reject", FAILING)
 def test_a_copy_whose_validation_rejects_what_its_findings_need_passes_the_witness_stage(release, reject, tmp_path):
+    need(release)
     cache: dict = {}  # the same release: the unpatched copy reuses the patched copy's witness searches
     patched = _copy_with_validation(release, tmp_path / "a", reject)
     checks, findings = _witness_stage(f"sglang-src={patched}", tmp_path / "a", cache)

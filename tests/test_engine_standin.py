@@ -3,14 +3,16 @@
 capture/replay, and reproduces ENGINES.md section 1 -- 0.5.11 has no guard (prefill CP and DP attention both
 overflow), 0.5.12's guard disables the precompute under DP attention only.
 
-Marked ``engine``; each test skips unless that release's environment exists (CI builds only 0.5.13 and 0.5.23:
-``fa3verify engine setup sglang==0.5.11`` / ``==0.5.12`` makes them run).
+Marked ``engine``; each test skips unless that release is selected (tests/engine_releases.py: the Makefile's
+ENGINE_RELEASES, or FA3VERIFY_ALL_RELEASES=1) and its environment exists (CI builds only 0.5.13 and 0.5.23:
+``fa3verify engine setup sglang==0.5.11`` / ``==0.5.12`` builds them).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from engine_releases import need
 from gpu_impl.config import ServerConfig, get_model
 from gpu_impl.scenario import Scenario, Step
 
@@ -30,6 +32,7 @@ def _open(release: str):
     from gpu_impl.engines import envs
     from gpu_impl.sut import open_sut
 
+    need(release)
     if not envs.env_ready(release):
         pytest.skip(f"no environment for sglang {release}: run `fa3verify engine setup sglang=={release}`")
     sut = open_sut(f"sglang=={release}")
