@@ -7,7 +7,7 @@ assumptions it does not enforce dropped, ``spec/assumption_facts.json``): a rele
 in which its guard leaves the precompute on with ``H // tp_size`` heads differing from the call's must fail; one
 with attention-TP heads must pass. A row that disagrees with its prediction is flagged, not hidden.
 
-Beside the gate, each row carries the family probes (:data:`PROBES`): the worked example of FACTS.md section 1
+Beside the gate, each row carries the family probes (:data:`PROBES`): docs/facts-fa3.md's worked example
 (Qwen3-30B-A3B shapes, one 32768-token row and seven 100-token rows) run on the release under prefill CP and under
 DP attention, eager and CUDA graph, so a row says which family its heads and guard leave exposed even where a
 short fuzz campaign reached only one. Probes are evidence beside the verdict, never the verdict.

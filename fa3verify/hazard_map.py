@@ -49,7 +49,7 @@ DEFAULT_MIN_LEN = 1024
 DEFAULT_MAX_LEN = 131072
 POINTS_PER_OCTAVE = 8
 
-#: The worked example of FACTS.md section 1: Qwen3-30B-A3B, tp=4, attn_cp=4, 32768 + 7 x 100 tokens.
+#: docs/facts-fa3.md's worked example: Qwen3-30B-A3B, tp=4, attn_cp=4, 32768 + 7 x 100 tokens.
 WORKED_EXAMPLE = {"model": "qwen3-30b-a3b", "tp_size": 4, "attn_cp_size": 4, "long_len": 32768,
                   "companions": 7, "short_len": 100}
 
@@ -299,7 +299,7 @@ class HazardMap:
         return f"guard {self.guard}, metadata heads {heads}"
 
     def worked_example(self) -> Optional[dict]:
-        """The FACTS worked example's cell, when this map has its panel and batch shape."""
+        """docs/facts-fa3.md's worked example's cell, when this map has its panel and batch shape."""
         w = WORKED_EXAMPLE
         if self.model.name != w["model"] or self.tp != w["tp_size"] or self.short_len != w["short_len"]:
             return None

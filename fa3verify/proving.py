@@ -9,7 +9,7 @@ from .finding_terms import apply_terms, case_file_terms, hint_for, replay_line
 from .policy import Policy
 from .summary import Check, Finding, RunSummary
 
-#: The theorem about a fork's CP decode over sharded KV (FACTS section 1, second path). It is a safety theorem
+#: The theorem about a fork's CP decode over sharded KV (docs/facts-fa3.md section 1, second path). It is a safety theorem
 #: only for a backend that has that path (--cp-decode-sharded-kv); otherwise its refutation is reported, not failed.
 SHARDED_KV_THEOREM = "4-sharded-kv-decode"
 

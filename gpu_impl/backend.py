@@ -1,7 +1,7 @@
 """An sglang-like FA3 attention backend: the decode-metadata flow and the per-layer kernel calls.
 
 Models `FlashAttentionBackend` in sglang's `python/sglang/srt/layers/attention/flashattention_backend.py`
-(FACTS section 3): metadata is precomputed only for plain decode on non-MLA models, with sglang's
+(docs/facts-fa3.md section 3): metadata is precomputed only for plain decode on non-MLA models, with sglang's
 arguments (batch_size=bs, max_seqlen_q=1, max_seqlen_k=max(seq_lens), cache_seqlens=seq_lens,
 cu_seqlens_q=arange(bs+1), heads H//tp_size and max(1, Hk//tp_size), causal=True, num_splits=backend's),
 unless the guard disables the precompute; it is consumed only by non-sliding-window layers' decode calls,

@@ -2,7 +2,7 @@
 
 Models the CP branch of ``FlashAttentionBackend.forward_extend`` in sglang's
 ``python/sglang/srt/layers/attention/flashattention_backend.py`` together with the sharding helpers of
-``python/sglang/srt/layers/cp/zigzag.py`` (read, not copied; FACTS.md section 3):
+``python/sglang/srt/layers/cp/zigzag.py`` (read, not copied; docs/facts-fa3.md section 3):
 
 1. each CP rank holds its zigzag shard of the batch's extend tokens (``shard_hidden_states``): the prev
    block of every sequence, then the next block of every sequence, zero-padded to the physical length

@@ -4,7 +4,7 @@ Invariant: for every decode call the model makes (``gpu_impl.backend.DecodeCall`
 :func:`model_pairs` yields one dict shaped like ``gpu_impl.fa3_calls.pair_summary`` -- ``{"step", "dp_rank",
 "mode", "path": "eager"|"capture"|"replay", "precomputed", "precompute": {...}|None, "call": {...}, "s_p",
 "s_c"}`` -- holding exactly the arguments sglang's ``flashattention_backend.py`` passes to
-``get_scheduler_metadata`` and ``flash_attn_with_kvcache`` in that configuration (FACTS section 3), so
+``get_scheduler_metadata`` and ``flash_attn_with_kvcache`` in that configuration (docs/facts-fa3.md section 3), so
 ``fa3verify conform`` can compare the model with real engine code field by field.
 
 CUDA graphs: a real engine precomputes and calls once at capture (rows of length 1, ``max_seqlen_k`` 1) and

@@ -6,7 +6,7 @@ Read in sglang (not copied):
   ``cp_v2_active = is_cp_v2_active(forward_batch)``; when active it calls
   ``prepare_cp_forward(forward_batch)`` and shards the inputs.  PR #30439 adds: when not active,
   ``forward_batch.attn_cp_metadata = None`` (the stored upstream copies read here predate or
-  postdate that line; its wording is from the PR description and FACTS.md section 1).
+  postdate that line; its wording is from the PR description and docs/facts-fa3.md section 1).
 * ``python/sglang/srt/layers/cp/utils.py`` ``prepare_cp_forward``: builds metadata only
   ``if forward_batch.attn_cp_metadata is None`` -- a stale object is reused silently.
 * ``python/sglang/srt/model_executor/forward_batch_info.py``: ``ForwardMode.
@@ -179,7 +179,7 @@ def prepare_cp_forward(batch: Batch, cfg: ServerConfig, allow_mixed: bool = Fals
 
 def backend_takes_cp_path(batch: Batch, cfg: ServerConfig) -> bool:
     """Whether the FA3 backend's extend enters CP mode: CP-extend mode, metadata present, ``attn_cp_size > 1``
-    (flashattention_backend.py ``forward_extend``, FACTS.md section 1)."""
+    (flashattention_backend.py ``forward_extend``, docs/facts-fa3.md section 1)."""
     return (
         batch.mode.is_context_parallel_extend()
         and batch.attn_cp_metadata is not None

@@ -39,7 +39,7 @@ RUNS = [
      ["report", f"{OUT}/gate.json", "--html", f"{OUT}/gate.html"]),
     ("hazard-map", "Where reusing precomputed metadata overflows for Qwen3-30B-A3B on an H200.",
      ["hazard-map", "--model", "qwen3-30b-a3b", "--sm", "132", "--out", f"{OUT}/hazard.png"]),
-    ("run-ranks", "The FACTS worked example, one process per attention rank over gloo.",
+    ("run-ranks", "docs/facts-fa3.md's worked example, one process per attention rank over gloo.",
      ["run-ranks", "@CORPUS_WORKED"]),
     ("catalogue", "The bug catalogue in fast mode.", ["catalogue"]),
     ("sanitize", "The start hook goes only into a virtual environment; a folder that is none is a usage error (exit 2).",

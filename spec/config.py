@@ -12,7 +12,7 @@ Head counts (read in sglang, not copied):
   ``python/sglang/srt/layers/dp_attention.py``: ``attn_dp_size = dp_size if enable_dp_attention
   else 1`` and ``attn_tp_size = tp_size // attn_dp_size // attn_cp_size``.  So with DP attention
   off, ``dp_size`` does not enter the formula (plain data parallelism runs whole engines side by
-  side), while ``attn_cp_size`` always does.  FACTS.md section 1 writes
+  side), while ``attn_cp_size`` always does.  docs/facts-fa3.md section 1 writes
   ``tp_size // (dp_size * attn_cp_size)``, which is the DP-attention-on case.
 * The heads a layer's tensors carry follow the attention modules (e.g.
   ``python/sglang/srt/models/qwen3_moe.py``, ``llama.py``): ``H // attn_tp_size`` query heads
@@ -269,7 +269,7 @@ _MODEL_TYPES = {
 MODELS: dict[str, ModelConfig] = {
     # meta-llama/Meta-Llama-3-8B: hidden 4096, 32 heads, 8 KV heads -> head_dim 128.
     "llama-3-8b": ModelConfig("llama-3-8b", 32, 8, 128),
-    # Qwen/Qwen3-30B-A3B: 32 heads, 4 KV heads, head_dim 128 (FACTS.md worked example).
+    # Qwen/Qwen3-30B-A3B: 32 heads, 4 KV heads, head_dim 128 (docs/facts-fa3.md's worked example).
     "qwen3-30b-a3b": ModelConfig("qwen3-30b-a3b", 32, 4, 128),
     # Qwen/Qwen3-235B-A22B: 64 heads, 4 KV heads, head_dim 128.
     "qwen3-235b-a22b": ModelConfig("qwen3-235b-a22b", 64, 4, 128),

@@ -1,4 +1,5 @@
-"""The serving-backend configuration domain the metadata theorems quantify over (issue 3, FACTS sections 1 and 3).
+"""The serving-backend configuration domain the metadata theorems quantify over (issue 3,
+docs/facts-fa3.md sections 1 and 3).
 
 A configuration is a discrete server setup (`Server`) and a model's attention shapes (`Model`). From it the
 backend derives the precompute's head counts (`metadata_heads`: "tp" as sglang does, `H // tp_size` and
@@ -8,7 +9,7 @@ configuration: the theorems keep them symbolic.
 
 `attn_tp_size` follows sglang `compute_dp_attention_world_info` (python/sglang/srt/layers/dp_attention.py):
 `attn_dp_size = dp_size if enable_dp_attention else 1`, `attn_tp_size = tp_size // attn_dp_size // attn_cp_size`.
-(FACTS section 1 writes `tp_size // (dp_size * attn_cp_size)`, the DP-attention-on case.)
+(docs/facts-fa3.md section 1 writes `tp_size // (dp_size * attn_cp_size)`, the DP-attention-on case.)
 
 Every validity rule is a named assumption (`ASSUMPTIONS`); `valid(cfg, dropped)` ignores the dropped ones, so
 `fa3verify prove --drop-assumption NAME` can check whether a guard is still sound without it.
@@ -94,7 +95,8 @@ class Config:
         return self.server.cp_decode_sharded_kv and self.server.attn_cp_size > 1
 
     def precompute_inputs(self, metadata_heads: str = "tp", batch_size: int = 1, max_seqlen_k: int = 0) -> ScheduleInputs:
-        """refmodel inputs of sglang's get_scheduler_metadata (FACTS section 3: max_seqlen_q=1, cu_seqlens_q, causal)."""
+        """refmodel inputs of sglang's get_scheduler_metadata (docs/facts-fa3.md section 3: max_seqlen_q=1, cu_seqlens_q,
+        causal)."""
         h, hk = self.precompute_heads(metadata_heads)
         m = self.model
         return precompute_inputs(batch_size, 1, max_seqlen_k, h, hk, m.head_dim, qkv_dtype=m.dtype,
@@ -265,7 +267,7 @@ def resolve_guard(guard) -> tuple[Callable[[Any], Any], str]:
 
 
 def precomputes(cfg: Config, guard: Callable[[Any], Any], dropped: frozenset = frozenset()) -> bool:
-    """Whether the backend computes scheduler metadata for decode under `cfg` (FACTS section 3).
+    """Whether the backend computes scheduler metadata for decode under `cfg` (docs/facts-fa3.md section 3).
 
     Only non-MLA models precompute (unless MLA_NEVER_PRECOMPUTES is dropped), and only when the guard does not
     disable it. Exceptions from the guard propagate (see `guard_robustness`).

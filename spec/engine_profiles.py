@@ -2,7 +2,7 @@
 
 Invariant: a release's profile names exactly the precompute head source (``tp``: ``H // tp_size``;
 ``attn_tp``: ``H // attn_tp_size``) and the guard (one of ``spec.guards.BUILTIN_GUARDS``) that the release's
-``python/sglang/srt/layers/attention/flashattention_backend.py`` uses (table in ENGINES.md section 1, data in
+``python/sglang/srt/layers/attention/flashattention_backend.py`` uses (table in docs/facts-engines.md section 1, data in
 ``spec/engine_profiles.json``); vLLM releases' profiles (``spec/engine_profiles_vllm.json``) are read by
 :mod:`spec.engine_profiles_vllm` and reached here through :func:`engine_profile_for`. ``prove --engine-profile
 sglang==V`` proves that release's behaviour by running

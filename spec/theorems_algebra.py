@@ -1,7 +1,7 @@
 """Theorem 5 of issue 3: FA3's split-KV combine is the exact merge of partial softmax states.
 
 Source modelled: the per-row math of ``hopper/flash_fwd_combine_kernel.h`` (steps 4 and 6 of its
-``operator()``), the same semantics ``refmodel/combine.py`` implements concretely (FACTS.md section 2,
+``operator()``), the same semantics ``refmodel/combine.py`` implements concretely (docs/facts-fa3.md section 2,
 "Combine"). Written here in our own words, once, over an abstract arithmetic (:func:`combine_rows`), and
 evaluated two ways: over IEEE floats (:class:`FloatArith`, used to replay witnesses and to check
 agreement with ``refmodel.combine``) and symbolically over z3 (:class:`Z3Arith`).

@@ -1,6 +1,6 @@
 """Theorems 6 and 7 of issue 3: the zigzag prefill-CP partition, and the eager runner's CP-metadata hygiene.
 
-Sources modelled (read, not copied; FACTS.md section 3):
+Sources modelled (read, not copied; docs/facts-fa3.md section 3):
 
 * ``ZigzagCPStrategy.build_metadata`` in sglang ``python/sglang/srt/layers/cp/zigzag.py``: a sequence's
   ``L`` extend tokens are cut into ``2*cp`` blocks, ``base = L // (2cp)``, ``rem = L % (2cp)``, block ``i`` has

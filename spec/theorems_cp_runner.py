@@ -101,7 +101,7 @@ def runner_step(state: int, kind: int, arrival: int, t: int, clear_stale: bool =
     """One concrete eager-runner step: the CP-v2 decision, the metadata afterwards, and whether the backend takes the CP path.
 
     Invariant modelled: ``prepare_cp_forward`` builds only when the field is None (cp/utils.py); the fix clears
-    it on inactive steps; the backend's CP gate is CP-extend mode and metadata present (FACTS.md section 1).
+    it on inactive steps; the backend's CP gate is CP-extend mode and metadata present (docs/facts-fa3.md section 1).
     ``state``/``metadata`` are -1 for None or the step the metadata was built for; ``clear_always`` clears
     before every ``prepare_cp_forward`` (the stronger fix), ``mixed_active`` lets MIXED batches count as CP-v2
     active (the gate before MIXED was excluded).

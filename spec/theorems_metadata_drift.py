@@ -28,7 +28,7 @@ from .theorems_metadata_freshness import _fresh_decode_groups, _qc_params
 # ------------------------------------------------------------------------------------------------------------
 
 
-_DRIFT_BASE = dict(h=32, hk=4, d=128, sm=132, page=1)   # qwen3-30b-a3b at attn_tp 1 (FACTS worked example)
+_DRIFT_BASE = dict(h=32, hk=4, d=128, sm=132, page=1)   # qwen3-30b-a3b at attn_tp 1 (docs/facts-fa3.md's worked example)
 
 
 def _decode_inputs(pre: bool, h: int, hk: int, seqlen_q: int = 1, pack_gqa=None, d=128, sm=132, page=1):
@@ -84,7 +84,7 @@ def _drift_seqlen_k(timeout_s: float) -> TheoremResult:
                           for h, hk in ((base["h"], base["hk"]), (8, 1), (32, 8))], p_static_free=True)
 
 
-#: One witness per single change that breaks SAFE (FACTS section 2 mismatch classes), replayed concretely:
+#: One witness per single change that breaks SAFE (docs/facts-fa3.md section 2 mismatch classes), replayed concretely:
 #: theorem name -> function of the per-query timeout. seqlen_q: metadata for one row per sequence, a call with
 #: more (e.g. speculative verify); pack: precompute with pack_gqa=False, call with FA3's own (forced for Split)
 #: PackGQA; b: the call has more sequences than the metadata (same b4), so it reads unwritten slots.

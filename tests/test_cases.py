@@ -19,7 +19,7 @@ def _case(**over):
         batches=[{"mode": "decode", "seq_lens": [32768] + [100] * 7, "extend_lens": None}],
         kernel={"name": "emulated", "mode": "strict"}, seed=3,
         expected={"outcome": "violation", "invariant": "SPLIT_BOUND", "detail": {"S_p": 109, "S_c": 29}},
-        notes="FACTS worked example")
+        notes="docs/facts-fa3.md's worked example")
     parts.update(over)
     return Case.from_parts(**parts)
 
@@ -33,7 +33,7 @@ def test_round_trip_and_stable_signature(tmp_path):
     assert Case.load(p1).to_dict() == c.to_dict()
     p2 = _case(notes="different notes, same violation").save(tmp_path)
     assert p1 == p2 and len(list(tmp_path.iterdir())) == 1  # one file per distinct signature
-    assert Case.load(p1).notes == "FACTS worked example"  # the first finder's file is kept
+    assert Case.load(p1).notes == "docs/facts-fa3.md's worked example"  # the first finder's file is kept
     other = _case(batches=[{"mode": "decode", "seq_lens": [32768], "extend_lens": None}]).save(tmp_path)
     assert other != p1 and p1.name.startswith("prove-split-bound-")
 

@@ -65,7 +65,7 @@ def test_symbolic_band_agrees_with_refmodel_on_random_and_exhaustive_inputs():
 def test_stage_2_calls_a_violation_that_needs_fast_math_inconclusive(monkeypatch):
     # negative control of the inconclusive path: with a band whose ends never meet, so every witness depends on it, stage 2
     # must not report a witness; with the real band it finds the worked example's overflow as before
-    # FACTS' worked example: precompute with (8, 1) heads, call with (32, 4), paged causal decode, d = 128
+    # docs/facts-fa3.md's worked example: precompute with (8, 1) heads, call with (32, 4), paged causal decode, d = 128
     g = tm.Group(P=tm.side_params(tm.precompute_inputs(1, 1, 0, 8, 1, 128, varlen_q=True, page_size=1, causal=True)),
                  C=tm.side_params(tm.call_inputs(1, 1, 0, 32, 4, 128, varlen_q=True, page_size=1, causal=True)),
                  sharded_cp=0, page_size=1, fixed=False)

@@ -71,7 +71,7 @@ def test_the_emulator_compares_given_metadata_with_the_calls_own():
                               scheduler_metadata=fresh)
     own = k.last_trace["own_metadata"]
     assert own["differs"] == [] and own["own_num_splits"] == own["given_num_splits"]
-    # metadata from other lengths (harmless drift, FACTS section 2) differs from what the call would compute
+    # metadata from other lengths (harmless drift, docs/facts-fa3.md section 2) differs from what the call would compute
     stale = k.get_scheduler_metadata(2, 1, 3072, 8, 1, 128, torch.tensor([50, 3000], dtype=torch.int32),
                                      cu_seqlens_q=cu)
     k.flash_attn_with_kvcache(q.reshape(2, 8, 128), kv, kv, cache_seqlens=lens, cu_seqlens_q=cu, max_seqlen_q=1,

@@ -2,7 +2,7 @@
 
 These need the engine runtime (``gpu_impl.engines``) and the cached environments of 0.5.13 and 0.5.23
 (``fa3verify engine setup sglang==V``); without them they skip, naming what is missing. The numbers are the
-worked example of FACTS.md section 1 (S_p 109, S_c 29, 86 splits under prefill CP on a pre-fix release)."""
+worked example of docs/facts-fa3.md section 1 (S_p 109, S_c 29, 86 splits under prefill CP on a pre-fix release)."""
 
 import json
 
@@ -63,7 +63,7 @@ def test_conformance_of_the_profiles(release, tmp_path):
 def test_replay_with_numerics_runs_the_releases_calls_through_the_emulator(release, expected, capsys):
     """--numerics sends the release's own FA3 calls (0.5.23: attention_chunk=None, only_qv=False) to the
     emulator's numerics: on the pre-fix release the worked example's long sequence (row 0: 86 splits for 29
-    partial buffers) comes out NaN, the bug's symptom (FACTS.md section 1); the fixed release's output has none."""
+    partial buffers) comes out NaN, the bug's symptom (docs/facts-fa3.md section 1); the fixed release's output has none."""
     _need_env(release)
     code = cli.main(["replay", "tests/corpus/worked_example_prefix_guard.json", "--engine", f"sglang=={release}",
                      "--numerics"])

@@ -1,6 +1,6 @@
 """The engine matrix's family probes (``fa3verify.engine_matrix.run_probes``): the worked example under prefill
 CP and DP attention, eager and CUDA graph, on an engine. Played here by the model under each release's profile
-(``fake_engines.ProfileSUT``), so the expected cells are ENGINES.md section 1's table."""
+(``fake_engines.ProfileSUT``), so the expected cells are docs/facts-engines.md section 1's table."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The unit tests need nothing; those marked ``engine`` run vLLM's own metadata builder and attention impl in the
 cached vLLM environment (``gpu_impl.engines.envs``, ``engine="vllm"``) and skip, naming how to build it, without one
-(``FA3VERIFY_BUILD_ENGINES=1`` builds it in the session fixture). Numbers: the worked example of FACTS.md
+(``FA3VERIFY_BUILD_ENGINES=1`` builds it in the session fixture). Numbers: the worked example of docs/facts-fa3.md
 section 1 (H=32, Hk=4, tp=4 -> 8 and 1 heads per rank; one 32768-token sequence and seven of 100).
 """
 

@@ -1,7 +1,7 @@
 """gpu_impl.fa3_calls: recording both sides of the metadata hand-off, and checking them.
 
 Every check has a negative control (a seeded stale precompute it must catch) and a positive control (the fresh
-precompute for the same call, which must pass). The worked example is FACTS.md section 1: Qwen3-30B-A3B decode
+precompute for the same call, which must pass). The worked example is docs/facts-fa3.md section 1: Qwen3-30B-A3B decode
 (H=32, Hk=4, d=128, bf16, page size 1) on 132 SMs, one 32768-token sequence and seven of 100; the stale
 precompute sees heads (32//4, max(1, 4//4)) = (8, 1) -> S_p = 109, the call (32, 4) -> S_c = 29, and the long
 sequence gets 86 splits. Tensors the checks never read are on the meta device (shapes only).
@@ -90,7 +90,7 @@ def test_fresh_precompute_passes_both_checks():
 
 
 def test_quick_check_is_sufficient_not_necessary():
-    # eight long sequences: S_p > S_c, but every split count is 15 <= 29 (FACTS.md section 1): only quick flags it
+    # eight long sequences: S_p > S_c, but every split count is 15 <= 29 (docs/facts-fa3.md section 1): only quick flags it
     lens = [32768] * 8
     stale, call = precompute(lens, (8, 1)), decode_call(lens)
     assert names(quick_check(stale, call)) == ["SPLIT_BOUND"]

@@ -1,4 +1,4 @@
-"""Pins refmodel's FA3 scheduler formulas to hand-derived values (FACTS sections 1-2, FA3 hopper/)."""
+"""Pins refmodel's FA3 scheduler formulas to hand-derived values (docs/facts-fa3.md sections 1-2, FA3 hopper/)."""
 
 import pytest
 import torch

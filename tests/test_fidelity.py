@@ -70,7 +70,7 @@ def test_tied_sort_keys_compare_as_multisets():
 
 def test_a_wrong_split_count_is_reported_with_both_values():
     lens = [32768] + [100] * 7
-    schedule, result, values = prepared(lens, h=8, hk=1, page_size=1)     # FACTS: the tp=4 precompute
+    schedule, result, values = prepared(lens, h=8, hk=1, page_size=1)     # docs/facts-fa3.md section 1: the tp=4 precompute
     wrong = list(values)
     wrong[0] = 29                                      # FA3 would have said 29 where refmodel says 86
     found = compare_metadata(wrong, schedule, result, lens)

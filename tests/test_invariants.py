@@ -1,5 +1,5 @@
 """spec.invariants on concrete precompute/call pairs: the worked example, fresh metadata, stale batches, shapes,
-the freshness corner, and a defective split-range formula (FACTS sections 1-2)."""
+the freshness corner, and a defective split-range formula (docs/facts-fa3.md sections 1-2)."""
 
 import pytest
 import torch

@@ -266,7 +266,7 @@ def test_stale_cache_seqlens_are_harmless():
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The FACTS worked example: 8 sequences (32768 + 7 x 100), H=32, Hk=4, d=128, bf16, causal, num_splits=0
+# docs/facts-fa3.md's worked example: 8 sequences (32768 + 7 x 100), H=32, Hk=4, d=128, bf16, causal, num_splits=0
 # ----------------------------------------------------------------------------------------------------------
 
 WORKED_LENS = [32768] + [100] * 7

@@ -52,7 +52,7 @@ def _example(lens, b=2):
 
 
 def test_the_split_change_reports_every_field():
-    # FACTS' worked example: 119 + 1 = 120 n-blocks, 1 prepare head (PackGQA), 132 SMs: q = 1.0, ceil 1 or 2
+    # docs/facts-fa3.md's worked example: 119 + 1 = 120 n-blocks, 1 prepare head (PackGQA), 132 SMs: q = 1.0, ceil 1 or 2
     lens = [119 * 128, 128]
     sched = _example(lens)
     change = fast_math_split_change(sched, lens)              # seqlens_q defaults to the call's seqlen_q (1)

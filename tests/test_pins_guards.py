@@ -70,7 +70,7 @@ def _released_guard(release: str):
     0.5.12-0.5.14 assign ``self._disable_scheduler_metadata_precompute = bool(getattr(server_args,
     "enable_dp_attention", False))`` in ``FlashAttentionBackend.__init__``; 0.5.15-0.5.17 define
     ``_should_disable_scheduler_metadata_precompute(server_args)`` at module level (0.5.18+ read get_parallel()
-    instead of server_args: not a function of ServerArgs, ENGINES.md). None when the environment is not cached.
+    instead of server_args: not a function of ServerArgs, docs/facts-engines.md). None when the environment is not cached.
     """
     text = _backend_source(release)
     if text is None:

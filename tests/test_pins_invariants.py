@@ -1,7 +1,7 @@
 """Pins of spec.invariants (issue 20): each verdict's details and sentence on hand-worked pairs, the call-lengths
 forms, and the outcome mapping (evaluate / evaluate_inputs).
 
-The worked example is FACTS section 1 (sglang PR #30439): the precompute sees 8 q heads on 1 KV head
+The worked example is docs/facts-fa3.md section 1 (sglang PR #30439): the precompute sees 8 q heads on 1 KV head
 (109 splits, batch 0 gets min(ceil(256/3), 109) = 86), the call 32 on 4 (29 splits, kMax(29, 128) = 32);
 FA3 sources: hopper/flash_api.cpp (out_accum sized by the call's num_splits, CHECK_SHAPE of the metadata),
 hopper/flash_fwd_combine_launch_template.h (kMax), hopper/tile_scheduler.hpp (the slots the call reads).

@@ -38,7 +38,8 @@ def replay_corpus_file(path) -> dict:
 
 
 def _extra_corpus() -> dict:
-    """The corpus cases that are not catalogue entries: FACTS' worked example (both guards), MIXED after CP-v2."""
+    """The corpus cases that are not catalogue entries: docs/facts-fa3.md's worked example (both guards), MIXED after
+    CP-v2."""
     from spec.cases import Case
 
     server = {"tp_size": 4, "dp_size": 1, "attn_cp_size": 4, "enable_dp_attention": False, "enable_prefill_cp": True,
@@ -52,13 +53,13 @@ def _extra_corpus() -> dict:
         policy={"guard": "pre-fix", "metadata_heads": "tp", "clear_stale_cp_metadata": True}, batches=decode,
         expected={"outcome": "violation", "invariant": "SPLIT_BOUND",
                   "detail": {"S_p": 109, "S_c": 29, "splits": [86, 1, 1, 1, 1, 1, 1, 1]}},
-        notes="FACTS.md section 1 worked example: Qwen3-30B-A3B, tp 4, attn_cp 4, the pre-fix guard; the long "
+        notes="docs/facts-fa3.md's worked example: Qwen3-30B-A3B, tp 4, attn_cp 4, the pre-fix guard; the long "
               "sequence gets 86 splits against S_c = 29 buffers")
     fixed = Case.from_parts(
         source="manual", server=server, model=model,
         policy={"guard": "fixed", "metadata_heads": "tp", "clear_stale_cp_metadata": True}, batches=decode,
         expected={"outcome": "pass", "invariant": None, "detail": {}},
-        notes="FACTS.md worked example under the fixed guard (sglang PR #30439): no precompute, nothing fires")
+        notes="docs/facts-fa3.md's worked example under the fixed guard (sglang PR #30439): no precompute, nothing fires")
     mixed = Case.from_parts(
         source="manual", server=server, model=model,
         policy={"guard": "fixed", "metadata_heads": "tp", "clear_stale_cp_metadata": False},

@@ -106,7 +106,7 @@ def catalogue_markdown() -> str:
         "",
         "`tests/corpus/` holds each entry's catching case (named `catalogue-<id>-<slug>.json`) and:",
         "",
-        "- `worked_example_prefix_guard.json` -- FACTS' worked example under the pre-fix guard: SPLIT_BOUND;",
+        "- `worked_example_prefix_guard.json` -- docs/facts-fa3.md's worked example under the pre-fix guard: SPLIT_BOUND;",
         "- `worked_example_fixed_guard.json` -- the same under the fixed guard: pass;",
         "- `mixed_after_cp_v2_stale_runner.json` -- a MIXED batch after a CP-v2 extend with the runner that keeps",
         "  stale CP metadata: CP_PATH_MATCHES_ACTIVITY.",

@@ -7,7 +7,7 @@ it did). One module each:
 ``environment``     (:mod:`.environment`) GPU, torch and CUDA versions, the FA3 module found and its file,
                     compute-sanitizer.
 ``crash_isolation`` (:mod:`.crash_isolation`) a worker that exits on purpose is recorded and replaced.
-``worked_example``  (:mod:`.worked_example`) FACTS section 1's example (Qwen3-30B-A3B, H=32, Hk=4, d=128, bf16,
+``worked_example``  (:mod:`.worked_example`) docs/facts-fa3.md's worked example (Qwen3-30B-A3B, H=32, Hk=4, d=128, bf16,
                     tp=4, attn_cp=4; one 32768-token and seven 100-token sequences; num_splits=0) through the
                     backend, in a worker: with the pre-fix guard the precompute uses h_k=1 and the call overflows
                     its split buffers: expected NaN or an illegal memory access (a recorded crash), or a wrong

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-#: The worked example of FACTS section 1.
+#: docs/facts-fa3.md's worked example.
 WORKED_MODEL = "qwen3-30b-a3b"
 WORKED_LONG, WORKED_SHORT, WORKED_SHORT_COUNT = 32768, 100, 7
 #: The CPU scale of the worked example (dry run): same heads and parallelism, a 16-SM GPU, a 4096-token sequence.

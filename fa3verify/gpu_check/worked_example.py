@@ -1,4 +1,4 @@
-"""gpu-check's ``worked_example`` stage: FACTS section 1's example through the backend, in a worker.
+"""gpu-check's ``worked_example`` stage: docs/facts-fa3.md's worked example through the backend, in a worker.
 
 Qwen3-30B-A3B (H=32, Hk=4, d=128, bf16), tp=4, attn_cp=4; one 32768-token and seven 100-token sequences;
 num_splits=0. Invariant: with the pre-fix guard the precompute uses h_k=1 and the call overflows its split
@@ -88,7 +88,7 @@ def _worked_expected(guard: str, value: dict) -> Optional[bool]:
 
 def worked_example_task(adapter: dict, guard: str, long_len: int = WORKED_LONG, num_sm: Optional[int] = None,
                         seed: int = 0) -> dict:
-    """The FACTS worked example through the backend with ``guard``; the kernel in gpu-like mode (it launches).
+    """docs/facts-fa3.md's worked example through the backend with ``guard``; the kernel in gpu-like mode (it launches).
 
     Returns ``{"outcome": "nan" | "agrees" | "mismatch", ...}`` with the split counts the kernel read, S_c,
     refmodel's S_p, the predicted violations and (when no NaN) the error against the oracle. An illegal memory

@@ -3,7 +3,7 @@
 Invariant checked: with the sanitizer installed (mode raise), FA3 metadata precomputed with the pre-fix head
 counts (H//tp, max(1, Hk//tp)) = (8, 1) is refused before the kernel launches (MetadataMismatch naming
 SPLIT_BOUND), and the fresh precompute (32, 4) runs; the sanitizer's time per call is measured against the
-real kernel's. FACTS.md section 1 shapes (H=32, Hk=4, d=128, bf16; one long and seven 100-token sequences),
+real kernel's. docs/facts-fa3.md section 1 shapes (H=32, Hk=4, d=128, bf16; one long and seven 100-token sequences),
 with a contiguous KV cache (the fa3-fwd wheel has no paged KV). Dry run: the emulator behind a stand-in
 module, a 16-SM device and a 4096-token sequence.
 """

@@ -5,7 +5,7 @@ instance attribute, a value in a plain dict such as a kernel cache) is the wrapp
 the original again, identity-equal. Bindings that cannot be replaced (closure cells, default arguments,
 tuples, partials) are reported by name, never skipped silently.
 
-Entry points (ENGINES.md sections 1, 3 and 4): ``sgl_kernel.flash_attn`` (sgl-kernel 0.4.10),
+Entry points (docs/facts-engines.md sections 1, 3 and 4): ``sgl_kernel.flash_attn`` (sgl-kernel 0.4.10),
 ``flash_attn_interface`` (FA3 hopper build), ``fa3_fwd_interface`` (PyPI fa3-fwd),
 ``vllm.vllm_flash_attn.flash_attn_interface`` (vLLM's fork), and sglang's own FA3 fronts
 ``sglang.jit_kernel.flash_attention_v3`` (<= 0.5.17) / ``sglang.kernels.ops.attention.flash_attention_v3``

@@ -19,7 +19,8 @@ from typing import Optional
 
 from gpu_impl.config import MODELS, ModelConfig, ServerConfig, is_valid_config
 
-#: SM counts of real GPUs: H100/H200 SXM 132, H100 PCIe 114, A100 108, L40S-class 78 (FACTS; issue 5).
+#: SM counts of real GPUs: H100/H200 SXM 132, H100 PCIe 114, A100 108, L40S-class 78
+#: (H200: docs/facts-fa3.md section 1; issue 5).
 SM_COUNTS = (132, 114, 108, 78)
 PAGE_SIZES = (1, 16, 64)
 CONTEXT_LENGTHS = (4096, 32768, 131072)

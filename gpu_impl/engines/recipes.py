@@ -1,7 +1,7 @@
 """Which sglang releases this suite drives, and what each one's engine environment installs (data, no code).
 
 Invariant: every release on :data:`RELEASES` precomputes FA3 scheduler metadata (``get_scheduler_metadata`` in
-``python/sglang/srt/layers/attention/flashattention_backend.py`` first appears in 0.5.11, ENGINES.md section 1);
+``python/sglang/srt/layers/attention/flashattention_backend.py`` first appears in 0.5.11, docs/facts-engines.md section 1);
 releases before 0.5.11 have nothing to gate. A release's environment is: CPU torch pinned to the project's build,
 sglang itself without its dependencies, the light pure-Python packages its import needs (pinned as that release's
 own wheel metadata pins them, or by the table below), and real ``triton`` / ``xgrammar`` without dependencies.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-#: The first sglang release with a FA3 metadata precompute (ENGINES.md section 1).
+#: The first sglang release with a FA3 metadata precompute (docs/facts-engines.md section 1).
 FIRST_PRECOMPUTE = "0.5.11"
 
 #: Releases this suite knows how to drive (0.5.11 .. 0.5.23; ``.post1`` releases are byte-identical to their base
@@ -28,7 +28,7 @@ TORCH = "torch==2.13.0"
 #: depends on torchvision fails to resolve instead of installing it.
 CONSTRAINTS = (TORCH, "torchvision==0.0.0")
 
-#: Pure-Python packages sglang's attention backend and test kit import (ENGINES.md section 2), installed with
+#: Pure-Python packages sglang's attention backend and test kit import (docs/facts-engines.md section 2), installed with
 #: their dependencies. A version pin comes from the release's own wheel metadata when it pins the package exactly.
 LIGHT = ("orjson", "psutil", "pybase64", "requests", "pillow", "starlette", "msgspec", "pydantic", "pyzmq", "tqdm",
          "ipython", "aiohttp", "transformers", "tokenizers", "dill", "apache-tvm-ffi", "sentencepiece",

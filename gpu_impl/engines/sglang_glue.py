@@ -1,7 +1,7 @@
 """Version glue for driving sglang's FlashAttention backend on CPU: where each release reads its parallel layout,
-and the CPU patches ENGINES.md section 2 lists. Runs inside an engine environment (imports sglang lazily).
+and the CPU patches docs/facts-engines.md section 2 lists. Runs inside an engine environment (imports sglang lazily).
 
-Invariant: a rank's layout is set only through that release's own reading points (ENGINES.md section 2):
+Invariant: a rank's layout is set only through that release's own reading points (docs/facts-engines.md section 2):
 ``model_runner.tp_size`` / ``attn_cp_size`` and server-args fields (<= 0.5.15), ``model_runner.ps``
 (0.5.16 - 0.5.20), ``runtime_context.get_parallel()`` overrides (0.5.18+); the tables below are the only place
 that says which release reads what. Nothing here computes a head count or a guard: the release's code does.
@@ -177,7 +177,7 @@ def parallel_layout(release: str, values: dict):
 
 
 def patch_for_cpu(fb_module) -> list:
-    """The patches ENGINES.md section 2 lists, applied once; returns what was patched (for the trace).
+    """The patches docs/facts-engines.md section 2 lists, applied once; returns what was patched (for the trace).
 
     - FA3 "supported" probe of the dispatcher -> True (it asks the CUDA device);
     - ``get_device_capability`` in the attention registry and the backend module -> (9, 0) (an H100/H200);

@@ -3,7 +3,7 @@
 * real ``get_scheduler_metadata`` equals refmodel's on every written slot (ties of FA3's unstable sort compared
   as sets: per real batch, the (split count, m-blocks, heads-in-L2) triple must match);
 * the real kernel's own split count (the leading dim of the ``out_accum`` it returns) equals refmodel's S_c;
-* the FACTS worked example with fresh metadata (the call's own heads) matches the oracle under FA3's rule;
+* docs/facts-fa3.md's worked example with fresh metadata (the call's own heads) matches the oracle under FA3's rule;
 * with tp=4 metadata, the strict adapter refuses to launch (SPLIT_BOUND), and a gpu-like launch -- run in a
   child process, as it may corrupt the CUDA context -- does not produce the oracle's result.
 """
