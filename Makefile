@@ -10,7 +10,8 @@ ENGINE_RELEASES ?= 0.5.13 0.5.23
 #: vLLM releases likewise (tests/test_engine_vllm.py).
 VLLM_RELEASES ?= 0.33.0
 #: test processes (pytest-xdist): one per core; each test file runs whole in one process, so a module's
-#: engine worker or multi-rank launch is started once. TEST_JOBS=0 runs the suite in this process.
+#: engine worker or multi-rank launch is started once. Files are handed out longest first (tests/file_seconds.json,
+#: ordered by tests/conftest.py; --no-loadscope-reorder keeps xdist from reordering them by test count). TEST_JOBS=0 runs the suite in this process.
 TEST_JOBS ?= auto
 
 .PHONY: check test setup clean bench engines mutation
@@ -37,7 +38,7 @@ engines: $(STAMP)
 # The suite's real-release sweeps run on ENGINE_RELEASES (tests/engine_releases.py); FA3VERIFY_ALL_RELEASES=1 runs
 # them on every release whose environment exists.
 test: $(STAMP) engines
-	FA3VERIFY_ENGINE_RELEASES="$(ENGINE_RELEASES)" $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=15
+	FA3VERIFY_ENGINE_RELEASES="$(ENGINE_RELEASES)" $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15
 
 bench: $(STAMP)
 	$(VENV)/bin/fa3verify bench

@@ -1,9 +1,13 @@
 """Test-suite settings: torch on one thread (the suite's tensors are small; threads only add contention), and the
 memo of theorem parts (spec.theorem_memo): a theorem part run again with the same arguments, while nothing in
 refmodel, spec or z3 has been replaced (a monkeypatch, a counterfactual), is answered from the first run
-(FA3VERIFY_THEOREM_MEMO=0 turns it off)."""
+(FA3VERIFY_THEOREM_MEMO=0 turns it off). Test files run longest first, by tests/file_seconds.json (a file missing
+from it counts as the table's median; ``scripts/file_seconds.py`` refreshes it, docs/performance.md); a file's own
+tests keep their order."""
 
+import json
 import os
+from pathlib import Path
 
 import torch
 
@@ -12,3 +16,26 @@ from spec import theorem_memo
 torch.set_num_threads(1)
 if os.environ.get("FA3VERIFY_THEOREM_MEMO", "1") != "0":
     theorem_memo.enable()
+
+
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
+
+def file_order(paths, table: dict) -> list:
+    """``paths`` (tests/test_x.py, each once) longest first by ``table``; unknown ones count as its median; ties
+    keep their order."""
+    known = sorted(table.values())
+    median = known[len(known) // 2] if known else 0.0
+    return sorted(paths, key=lambda p: -table.get(p, median))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    try:
+        table = json.loads(FILE_SECONDS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    root = Path(str(config.rootpath))
+    groups: dict = {}
+    for item in items:
+        groups.setdefault(Path(str(item.path)).relative_to(root).as_posix(), []).append(item)
+    items[:] = [item for path in file_order(list(groups), table) for item in groups[path]]
