@@ -146,7 +146,8 @@ def compare_events(model_events, engine_events) -> tuple[list, int, int]:
 
 
 def verdict_diff(model_result, engine_result) -> Optional[str]:
-    """A difference in verdicts (outcome and violated invariants), or None."""
+    """A difference in verdicts (outcome and violated invariants of two judged runs, or two ScenarioResults), or
+    None."""
     mi = sorted({f.invariant for f in model_result.findings})
     ei = sorted({f.invariant for f in engine_result.findings})
     if model_result.outcome != engine_result.outcome or mi != ei:
@@ -207,9 +208,11 @@ class ConformanceTarget:
     """The model (under a release's profile) and the engine on the same case, as the campaign drives them:
     ``observe(FuzzCase) -> Observation | None``.
 
-    A configuration the release rejects, one the model's guard refuses, or one the engine's driver does not run is
-    counted in the report and observed as None (the campaign counts it unsupported, never a pass). Otherwise the
-    observation is a ``CONFORMANCE`` violation when :func:`compare_events` or :func:`verdict_diff` finds a
+    A configuration the release rejects, or one the engine's driver does not run, is counted in the report and
+    observed as None (the campaign counts it unsupported, never a pass). Both sides are judged by
+    :func:`fa3verify.judge.judge`, so a fault of the model's guard is its GUARD_RAISED or GUARD_TIMEOUT finding,
+    a verdict the engine does not share. The observation is a ``CONFORMANCE`` violation when
+    :func:`compare_events` or :func:`verdict_diff` finds a
     difference; its signature names the configuration's index, so every differing configuration is its own
     failure (conformance reports each configuration, not each distinct difference).
     """
@@ -220,13 +223,12 @@ class ConformanceTarget:
         self.index: Optional[int] = None
 
     def observe(self, case):
-        from gpu_impl.guards import GuardRaised
         from gpu_impl.model_pairs import model_pairs
-        from gpu_impl.scenario import run_scenario
+        from gpu_impl.sut import ModelSUT
 
         from .campaign import Observation
-        from .engine_choice import is_unsupported
         from .fuzzing import scenario_for
+        from .judge import judge
 
         report, sut = self.report, self.sut
         index = report.cases if self.index is None else self.index
@@ -240,20 +242,18 @@ class ConformanceTarget:
         if ok is None:
             report.unvalidated += 1
         scn = scenario_for(case, self.policy)
-        try:
-            model_result = run_scenario(scn)
-        except GuardRaised:
-            return None
-        try:
-            engine_result = sut.run(scn)
-        except Exception as exc:
-            if not is_unsupported(exc):
-                raise
+        model = judge(ModelSUT(), scn)  # a fault of the model's guard is its finding, compared as a verdict
+        engine = judge(sut, scn)
+        if engine.unsupported:
             report.skipped_unsupported += 1
             return None
-        engine_events = [e for e in engine_result.trace if "call" in e]
-        diffs, compared, sliding = compare_events(model_pairs(scn, model_result), engine_events)
-        verdict = verdict_diff(model_result, engine_result)
+        engine_result = engine.result
+        if model.result is not None and engine_result is not None:
+            engine_events = [e for e in engine_result.trace if "call" in e]
+            diffs, compared, sliding = compare_events(model_pairs(scn, model.result), engine_events)
+        else:
+            diffs, compared, sliding = [], 0, 0
+        verdict = verdict_diff(model, engine)
         if verdict:
             diffs.append(verdict)
         report.compared += 1

@@ -22,7 +22,7 @@ import os
 import time
 from typing import NamedTuple, Optional
 
-from .finding_terms import WITNESS_SUBDIR, apply_terms, replay_line, terms_from_run
+from .finding_terms import WITNESS_SUBDIR, apply_terms, replay_line, terms_of_verdict
 from .summary import Check, Finding, RunSummary
 
 #: Theorems whose witnesses are whole scenarios (server configuration, model, batches) an engine can run.
@@ -126,9 +126,8 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
     """Run each distinct witness case on the engine; (check rows, findings). A witness the engine's own validation
     rejects is a ``rejected`` row with the release's message (neither a pass nor a failure) and does not run; a
     violation on the engine fails its row and is saved as a case file carrying the engine."""
-    from gpu_impl.guards import GuardRaised
-
-    from .engine_choice import engine_validation, is_unsupported
+    from .engine_choice import engine_validation
+    from .judge import judge
     from .replaying import load_case, scenario_from_case
 
     checks, findings, seen = [], [], set()
@@ -144,25 +143,19 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
         scn = scenario_from_case(case)
         name = f"witness {case.source.split(':', 1)[-1]} on {sut.spec}"
         start = time.perf_counter()
-        result = None
         accepted, why = engine_validation(sut, scn.server, scn.model)
         if accepted is False:
             checks.append(Check(name=name, kind="replay", verdict="rejected", seconds=time.perf_counter() - start,
                                 case_file=path, message=f"not run: {sut.spec}'s own validation rejects this "
                                                         f"configuration: {why}"))
             continue
-        try:
-            result = sut.run(scn, kernel=kernel)
-            found = [f.to_dict() for f in result.findings]
-        except GuardRaised as exc:
-            found = [{"invariant": "GUARD_RAISED", "message": str(exc), "step": None, "dp_rank": None, "detail": {}}]
-        except Exception as exc:
-            if not is_unsupported(exc):
-                raise
+        verdict = judge(sut, scn, kernel=kernel)
+        if verdict.unsupported:
             checks.append(Check(name=name, kind="replay",
                                 verdict="inconclusive", seconds=time.perf_counter() - start, inconclusive=True,
-                                case_file=path, message=f"the engine does not run this witness: {exc}"))
+                                case_file=path, message=f"the engine does not run this witness: {verdict.reason}"))
             continue
+        found = verdict.finding_dicts()
         seconds = time.perf_counter() - start
         saved = save_engine_case(case, found[0], sut, cases_dir) if found else None
         msg = ("; ".join(f"{f['invariant']} at step {f['step']} dp rank {f['dp_rank']}: {f['message']}"
@@ -173,8 +166,7 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
         if found:
             finding = Finding(invariant=found[0]["invariant"], case_file=saved, engine=f"witness on {sut.spec}",
                               message=found[0]["message"], replay=replay_line(saved, engine=sut.spec), check=name)
-            terms = (terms_from_run(scn, result, found[0]["invariant"], sut.spec) if result is not None else
-                     terms_from_run(scn, None, found[0]["invariant"], sut.spec, guard_raised=found[0]["message"]))
+            terms = terms_of_verdict(scn, verdict, found[0]["invariant"], sut.spec)
             findings.append(apply_terms(finding, terms))
     return checks, findings
 

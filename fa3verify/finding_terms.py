@@ -172,18 +172,30 @@ def terms_of_finding(scenario, result, pick, spec=None) -> dict:
 
 def run_terms(sut, scenario, kernel=None, numerics: bool = False, invariant: Optional[str] = None,
               signature: Optional[str] = None) -> Optional[dict]:
-    """Run ``scenario`` once on ``sut`` and read its terms; None when it cannot run (the finding keeps what it
-    has: a case the engine no longer runs is not a new failure)."""
-    from gpu_impl.guards import GuardRaised
+    """Run ``scenario`` once on ``sut`` (:func:`fa3verify.judge.judge`) and read its terms; None when it cannot
+    run (the finding keeps what it has: a case the engine no longer runs is not a new failure)."""
+    from .judge import judge
 
-    spec = getattr(sut, "spec", None)
     try:
-        result = sut.run(scenario, kernel=kernel, numerics=numerics)
-    except GuardRaised as exc:
-        return terms_from_run(scenario, None, exc.invariant, spec, guard_raised=str(exc))
+        verdict = judge(sut, scenario, kernel=kernel, numerics=numerics)
     except Exception:
         return None
-    return terms_from_run(scenario, result, invariant, spec, signature)
+    if verdict.unsupported:
+        return None
+    return terms_of_verdict(scenario, verdict, invariant, getattr(sut, "spec", None), signature)
+
+
+def terms_of_verdict(scenario, verdict, invariant: Optional[str] = None, spec=None,
+                     signature: Optional[str] = None) -> dict:
+    """The terms of a judged run (:class:`fa3verify.judge.Verdict`): a guard fault's, a fault's message, or
+    :func:`terms_from_run` of the finished run."""
+    if verdict.result is None and verdict.findings:
+        fault = verdict.findings[0]
+        if fault.invariant in ("GUARD_RAISED", "GUARD_TIMEOUT"):
+            return terms_from_run(scenario, None, fault.invariant, spec, guard_raised=fault.message)
+        return {"ran_on": ran_on(spec, scenario), "config": config_label(scenario.server, scenario.model),
+                "message": fault.message, "invariant": fault.invariant, "hint": hint_for(fault.invariant)}
+    return terms_from_run(scenario, verdict.result, invariant, spec, signature)
 
 
 def case_file_terms(path: str, guard: Optional[str] = None, invariant: Optional[str] = None) -> Optional[dict]:

@@ -52,36 +52,23 @@ def scenario_for(case: FuzzCase, policy: Policy, defects=frozenset()):
 
 def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = False, sut=None,
              defects=frozenset(), crash_is_finding: bool = False) -> Optional[Observation]:
-    """Run one case on the system under test (default: the model) under the policy and seeded defects.
+    """Run one case on the system under test (default: the model) under the policy and seeded defects, judged by
+    :func:`fa3verify.judge.judge` (guard faults, FA3 aborts and, with ``crash_is_finding``, crashes are findings).
 
-    The observation's findings are (signature, invariant, message); None when the engine cannot run the scenario
-    (see ``engine_choice.is_unsupported``). A guard that raises is its fault's finding; any other exception of the
-    system under test is re-raised, or with ``crash_is_finding`` is the NO_CRASH finding.
+    The observation's findings are (signature, invariant, message); None when the engine cannot run the scenario.
     """
-    from gpu_impl.guards import GuardRaised
-    from gpu_impl.sut import ModelSUT
-    from spec.worker_client import WorkerError
-
-    from .engine_choice import is_unsupported
-
-    sut = ModelSUT() if sut is None else sut
-    try:
-        result = sut.run(scenario_for(case, policy, defects), kernel=kernel, numerics=numerics_always or case.numerics)
-    except GuardRaised as exc:
-        return Observation("violation", [exc.invariant], [str(exc)], [(exc.invariant, exc.invariant, str(exc))])
-    except Exception as exc:
-        if is_unsupported(exc):
-            return None
-        if not crash_is_finding or isinstance(exc, WorkerError):  # a missed deadline is never NO_CRASH
-            raise
-        msg = f"{type(exc).__name__}: {exc}"  # a crash of the system under test is itself a finding
-        return Observation("violation", ["NO_CRASH"], [msg], [("NO_CRASH", "NO_CRASH", msg)])
     from gpu_impl.domain import reached_paths
 
-    msgs = [f.message for f in result.findings[:3]] or [f.message for f in result.shape_errors[:1]]
-    return Observation(result.outcome, sorted({f.invariant for f in result.findings}), msgs,
-                       [(f.signature, f.invariant, f.message) for f in result.findings],
-                       reached=tuple(sorted(reached_paths(result.trace))))
+    from .judge import judge
+
+    verdict = judge(sut, scenario_for(case, policy, defects), kernel=kernel,
+                    numerics=numerics_always or case.numerics, crash_is_finding=crash_is_finding)
+    if verdict.unsupported:
+        return None
+    found = verdict.findings
+    msgs = [f.message for f in found[:3]] or [f.message for f in verdict.shape_errors[:1]]
+    return Observation(verdict.outcome, verdict.invariants, msgs, [(f.signature, f.invariant, f.message) for f in found],
+                       reached=tuple(sorted(reached_paths(verdict.trace))))
 
 
 class ScenarioTarget:

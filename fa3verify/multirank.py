@@ -319,34 +319,38 @@ def _read_case(folder: Path, index: int, world: int, backend: str, elapsed: floa
 
 
 def simulate(case: Any, numerics: bool = True, device: str = "cpu"):
-    """The in-process simulation of a case (``gpu_impl.scenario.run_scenario`` with the case's kernel adapter)."""
+    """The in-process simulation of a case: the model with the case's kernel adapter, judged by
+    :func:`fa3verify.judge.judge` (a :class:`fa3verify.judge.Verdict`)."""
     from gpu_impl.distributed import kernel_spec, scenario_from_case
     from gpu_impl.kernels import load
-    from gpu_impl.scenario import run_scenario
+    from gpu_impl.sut import ModelSUT
 
     import torch
+
+    from .judge import judge
 
     name, mode = kernel_spec(case)
     kernel = load(name, mode=mode, device=device) if numerics else None
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the ranks run: the same float64 reductions, so bitwise-equal outputs
     try:
-        return run_scenario(scenario_from_case(case), kernel=kernel, numerics=numerics, device=device)
+        return judge(ModelSUT(), scenario_from_case(case), kernel=kernel, numerics=numerics, device=device)
     finally:
         torch.set_num_threads(threads)
 
 
 def compare_with_simulation(case: Any, result: MultiRankResult, numerics: bool = True) -> list[str]:
     """Differences between a multi-rank result and the in-process simulation of the same case: outcome,
-    findings, trace, outputs (bitwise); an empty list means they agree."""
-    from gpu_impl.guards import GuardRaised
-
-    try:
-        sim = simulate(case, numerics=numerics)
-    except GuardRaised as exc:
-        diffs = [] if [f["invariant"] for f in result.findings] == ["GUARD_RAISED"] else \
-            [f"simulation raised GuardRaised ({exc}); multi-rank findings {result.findings}"]
-        return diffs
+    findings, trace, outputs (bitwise); an empty list means they agree. A fault that ended the simulation (a guard
+    fault, an FA3 abort) agrees when the ranks report the same fault's invariant alone."""
+    verdict = simulate(case, numerics=numerics)
+    if verdict.result is None:
+        theirs = [f["invariant"] for f in result.findings]
+        if theirs == verdict.invariants:
+            return []
+        return [f"simulation ended in {verdict.invariants[0]} ({verdict.fault}); multi-rank findings "
+                f"{result.findings}"]
+    sim = verdict.result
     diffs = []
     if sim.outcome != result.outcome:
         diffs.append(f"outcome: simulation {sim.outcome}, multi-rank {result.outcome} ({result.error or ''})")

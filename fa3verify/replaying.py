@@ -49,7 +49,7 @@ class ReplayOutcome:
 
 #: Names a replay can report besides spec.invariants.INVARIANTS (gpu_impl.scenario and the guard faults).
 SCENARIO_FINDINGS = ("MATCHES_ORACLE", "NO_NAN", "CP_PATH_MATCHES_ACTIVITY", "CP_LAYOUT_MATCHES_BATCH",
-                     "CP_RANKS_AGREE", "NO_CRASH")
+                     "CP_RANKS_AGREE", "NO_CRASH", "PROCESS_ABORT")
 
 #: A replay with tensors (--numerics, or the real kernel) refuses batches with more KV tokens than this.
 MAX_NUMERICS_KV_TOKENS = 1 << 20
@@ -143,10 +143,10 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     overrides the case's seeded defects); the summary fails (exit 1) whenever the replay observes a violation, a
     shape error or a guard fault, and is inconclusive (exit 3) when the case needs a path the scenario runner
     does not model."""
-    from gpu_impl.guards import GuardRaised
     from gpu_impl.kernels import load
 
     from .engine_choice import engine_for_case, open_engine
+    from .judge import judge
 
     if _is_kernel_file(path):
         options = {"--kernel": kernel_name not in (None, "emulated"), "--guard": guard,
@@ -185,23 +185,14 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     own = sut is None
     sut = open_engine(spec) if own else sut
     start = time.perf_counter()
-    result = None
     try:
-        result = sut.run(scn, kernel=kernel, numerics=use_numerics, device=device)
-        findings = [f.to_dict() for f in result.findings]
-        outcome, trace = result.outcome, result.trace
-    except GuardRaised as exc:
-        findings = [{"invariant": exc.invariant, "message": str(exc), "step": None, "dp_rank": None, "detail": {}}]
-        outcome, trace = "violation", []
-    except Exception as exc:
-        from .engine_choice import is_unsupported
-
-        if not is_unsupported(exc):
-            raise
-        raise UsageError(f"--engine: {spec} cannot run this case: {exc}") from None
+        verdict = judge(sut, scn, kernel=kernel, numerics=use_numerics, device=device)
     finally:
         if own:
             sut.close()
+    if verdict.unsupported:
+        raise UsageError(f"--engine: {spec} cannot run this case: {verdict.reason}")
+    result, findings, outcome, trace = verdict.result, verdict.finding_dicts(), verdict.outcome, verdict.trace
     elapsed = time.perf_counter() - start
     observed = ReplayOutcome(expected_outcome=expected.get("outcome", "violation"),
                              expected_invariant=expected.get("invariant"), outcome=outcome,
@@ -230,7 +221,8 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
             if i < len(engine_findings):
                 terms_i = {**terms, **terms_of_finding(scn, result, engine_findings[i], spec)}
             else:
-                terms_i = {**terms, "guard": f"the guard raised: {f['message']}"} if f["step"] is None else terms
+                guard_fault = f["step"] is None and f["invariant"] in ("GUARD_RAISED", "GUARD_TIMEOUT")
+                terms_i = {**terms, "guard": f"the guard raised: {f['message']}"} if guard_fault else terms
             summary.findings.append(apply_terms(finding, terms_i))
     observed.ran_on = ran_on(spec, scn)
     return summary, observed

@@ -144,7 +144,7 @@ def run_rank(case: Any, placement: RankPlacement, comm: RankComm, numerics: bool
     try:
         scn, backend, kernel = prepare_run(scn, kernel)
     except GuardRaised as exc:
-        record.guard_raised = str(exc)
+        record.guard_raised, record.guard_fault = str(exc), exc.invariant
         return record
     run = ScenarioRun(scn)
     for index, step in enumerate(scn.steps):

@@ -50,6 +50,8 @@ class RankRecord:
     cp_rank: int
     steps: list = field(default_factory=list)
     guard_raised: Optional[str] = None
+    #: the guard fault's invariant (``spec.guards.GUARD_FAULTS``: GUARD_RAISED, or GUARD_TIMEOUT past its deadline)
+    guard_fault: str = "GUARD_RAISED"
     elapsed_s: float = 0.0
 
 
@@ -104,7 +106,8 @@ def assemble(case: Any, records: Sequence[RankRecord], numerics: bool = True) ->
     rank_findings: dict[int, list[str]] = {r.rank: [] for r in records}
     guard = [r for r in records if r.guard_raised]
     if guard:
-        findings.append(Finding("GUARD_RAISED", -1, None, guard[0].guard_raised, {}))
+        findings.append(Finding(guard[0].guard_fault, None, None, guard[0].guard_raised, {},
+                                signature_key=guard[0].guard_fault))
     else:
         backend = FlashAttentionBackend(server, scn.model, scn.guard, scn.metadata_heads,
                                         graph_replay_seqlen_k=scn.graph_replay_seqlen_k)

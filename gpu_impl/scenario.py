@@ -74,14 +74,18 @@ class Finding:
     """A property the scenario broke: which invariant, at which step and DP rank, with the evidence."""
 
     invariant: str
-    step: int
+    step: Optional[int]  #: None for a fault that ended the run (fa3verify.judge)
     dp_rank: Optional[int]
     message: str
     detail: dict = field(default_factory=dict)
+    #: the signature of a finding that is not a step's (a fault that ended the run: its invariant alone)
+    signature_key: Optional[str] = field(default=None, compare=False, repr=False)
 
     @property
     def signature(self) -> str:
         """What makes two findings 'the same violation': invariant and step mode, not the lengths."""
+        if self.signature_key is not None:
+            return self.signature_key
         return f"{self.invariant}:{self.detail.get('mode', '')}:{self.detail.get('path', '')}"
 
     def to_dict(self) -> dict:

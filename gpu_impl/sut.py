@@ -32,13 +32,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["EngineSpec", "EngineSpecError", "ModelSUT", "SystemUnderTest", "open_sut", "parse_engine"]
+__all__ = ["EngineSpec", "EngineSpecError", "ModelSUT", "ScenarioUnsupported", "SystemUnderTest", "open_sut",
+           "parse_engine"]
 
 _RELEASE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
 
 
 class EngineSpecError(ValueError):
     """An engine spec that names no engine this suite can drive (the message names the allowed forms)."""
+
+
+class ScenarioUnsupported(EngineSpecError):
+    """A scenario uses a feature this system under test does not run (MLA, fp8 KV cache on a driver without them):
+    the harness skips and counts it, never a pass and never a violation (``fa3verify.judge``)."""
 
 
 @dataclass(frozen=True)

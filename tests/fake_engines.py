@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpu_impl.scenario import Finding, ScenarioResult, run_scenario
+import gpu_impl.sut as sut_mod
 from gpu_impl.sut import EngineSpec, SystemUnderTest
 
 
@@ -111,8 +112,8 @@ class NoGraphSUT(ProfileSUT):
         return super().validate(server_config, model_config)
 
 
-class ScenarioUnsupported(RuntimeError):
-    """Named like the engine runtime's error for a scenario its driver does not run."""
+class ScenarioUnsupported(sut_mod.ScenarioUnsupported):
+    """The system-under-test interface's error for a scenario its driver does not run."""
 
 
 class NoMlaSUT(ProfileSUT):

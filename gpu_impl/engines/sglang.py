@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Optional
 
+from .. import sut
 from ..sut import EngineSpec, SystemUnderTest
 from . import envs, recipes
 from .errors import CheckoutImportError, DriverError, EngineUnavailable
@@ -28,7 +29,7 @@ from .worker_client import EngineWorker, engine_timeout_s
 
 __all__ = ["SglangSUT", "ScenarioUnsupported", "resolve_source"]
 
-class ScenarioUnsupported(EngineUnavailable):
+class ScenarioUnsupported(EngineUnavailable, sut.ScenarioUnsupported):
     """The scenario uses a feature the engine driver does not run (MLA, fp8 KV cache, a release without the kit)."""
 
 
