@@ -5,9 +5,10 @@ Invariant: for every ``ASSUMPTION_*`` and every profiled sglang release (``spec.
 (``spec/assumption_facts.json``) holds exactly one fact: "enforced", naming the release's own check (a file and a
 function inside the wheel's ``sglang/`` package: ``srt/server_args.py ServerArgs._handle_context_parallelism``, a
 model-load assert, the backend) and when it runs, or "not enforced"; vLLM 0.33.0 has facts where an assumption
-applies to it. Each assumption has a probe (a configuration the assumption excludes) where ServerArgs can be asked:
-``tests/test_assumption_facts_real.py`` shows each release rejecting the probe of an "enforced" fact checked in
-ServerArgs and accepting the probe of a "not enforced" one; ``fa3verify conform`` puts the same probes.
+applies to it. Each assumption has a probe (a configuration the assumption excludes) where the release can
+be asked, and a vLLM fact may carry vLLM's own: ``tests/test_assumption_facts_real.py`` shows each release rejecting
+the probe of an "enforced" fact checked in ServerArgs or at model load and accepting the probe of a "not enforced"
+one (vLLM 0.33.0: its config validation accepting its probe); ``fa3verify conform`` puts the same probes.
 
 What the facts decide: ``prove --engine-profile sglang==V`` and the gate's witness search drop the prover's
 assumptions (``spec.domain.ASSUMPTIONS``) V does not enforce (:func:`prover_drops`): a prover assumption is dropped
@@ -111,6 +112,10 @@ def _load() -> tuple:
                 if status == "enforced" and (stage not in STAGES or not checks):
                     raise FactsError(f"{DATA_PATH.name}: {name} {engine} {row.get('releases')}: an enforced fact names "
                                      f"its checks and a stage in {STAGES}")
+                if row.get("probe") is not None:  # the engine's own probe of this assumption (vLLM's DCP rules)
+                    if probe_of.get((engine, name), row["probe"]) != row["probe"]:
+                        raise FactsError(f"{DATA_PATH.name}: {name} {engine}: two different probes")
+                    probe_of[(engine, name)] = row["probe"]
                 for release in _expand(row["releases"], engine):
                     slot = facts.setdefault((engine, release), {})
                     if name in slot:
@@ -179,13 +184,21 @@ def _ordered() -> list:
     return [a.name for a in DOMAIN_ASSUMPTIONS]
 
 
-def probes() -> tuple:
-    """Every assumption's probe (those with one), in spec.config order."""
+def probes(engine: str = "sglang") -> tuple:
+    """Every assumption's probe (those with one), in spec.config order. ``engine`` "vllm": only the assumptions
+    vLLM has facts for, each with vLLM's own probe where its fact gives one (a configuration vLLM's other rules
+    accept), else the shared one."""
     from .config import ModelConfig, get_model
 
+    if engine not in ENGINES:
+        raise FactsError(f"no assumption facts for engine {engine!r}; engines: {ENGINES}")
+    table = _load()[1]
+    with_facts = {n for (e, _r), slot in _load()[0].items() if e == engine for n in slot}
     out = []
     for name in _ordered():
-        p = _load()[1][name]
+        if name not in with_facts:
+            continue
+        p = table.get((engine, name)) or table[name]
         if not p:
             continue
         model = p["model"]

@@ -36,12 +36,28 @@ def test_each_probe_breaks_exactly_the_assumption_it_probes():
     for p in probes:
         broken = {v.assumption for v in config_violations(p.model, ServerConfig(**p.server))}
         assert p.assumption in broken, (p.assumption, broken)
-    # every fact checked in ServerArgs has a probe to put to the release (tests/test_assumption_facts_real.py)
+    # every fact checked in ServerArgs or at model load has a probe to put to the release
+    # (tests/test_assumption_facts_real.py), and so has every unenforced one the release can be asked about
     probed = {p.assumption for p in probes}
     for release in RELEASES:
         for fact in F.facts_for("sglang", release).values():
-            if fact.stage == "server_args":
+            if fact.stage in ("server_args", "model_load"):
                 assert fact.assumption in probed
+    assert "ASSUMPTION_DTYPE_SUPPORTED" in probed
+
+
+def test_vllm_probes_are_its_facts_own_and_break_exactly_their_assumption():
+    probes = F.probes("vllm")
+    assert [p.assumption for p in probes] == sorted(F.facts_for("vllm", "0.33.0"))
+    for p in probes:
+        broken = {v.assumption for v in config_violations(p.model, ServerConfig(**p.server))}
+        assert broken == {p.assumption}, (p.assumption, broken)
+    (dcp,) = probes
+    assert dcp.model.num_kv_heads < dcp.server["tp_size"]  # vLLM's DCP needs tp_size above the KV heads
+    # negative control: sglang's probe of the same assumption is not vLLM's
+    assert dcp != next(p for p in F.probes() if p.assumption == dcp.assumption)
+    with pytest.raises(F.FactsError, match="engines"):
+        F.probes("trt")
 
 
 def test_what_each_release_makes_the_prover_drop():

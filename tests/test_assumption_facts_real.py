@@ -5,7 +5,8 @@ and 0.5.23, which ``make engines`` builds; FA3VERIFY_ALL_RELEASES=1 selects all 
 exists and skipped, naming the command, otherwise): the release's own validation
 (``ServerArgs``, then its model-load head split, ``gpu_impl.engines.model_load``) rejects the probe configuration
 of each fact "enforced" in ServerArgs or at model load (a model-load rejection by the check the fact names) and
-accepts that of each "not enforced" one, and every check a fact names is a function in the release's wheel.
+accepts that of each "not enforced" one, and every check a fact names is a function in the release's wheel. vLLM
+0.33.0's own config validation accepts the probe (its fact's own) of each assumption it does not enforce.
 Then the negative controls of the gate's witness stage on source copies (``sglang-src=PATH``) of a failing release:
 the copy whose validation is patched to reject the configurations its findings need passes, the unpatched copy
 fails."""
@@ -76,6 +77,28 @@ def test_the_release_enforces_exactly_what_its_facts_say(release):
                 assert message, "a rejection carries the release's message"
             if not want and fact.stage == "model_load":  # by the check the fact names, with its own assert
                 assert message.startswith(f"model load ({fact.checks[0]}): AssertionError: assert"), message
+
+
+@pytest.mark.parametrize("release", ["0.33.0"])
+def test_vllm_accepts_the_probe_of_each_assumption_it_does_not_enforce(release):
+    from gpu_impl.sut import open_sut
+
+    envs = _envs()
+    if not envs.env_ready(release, engine="vllm"):
+        pytest.skip(f"no environment for vllm {release}: run `fa3verify engine setup vllm=={release}`")
+    facts = F.facts_for("vllm", release)
+    probes = F.probes("vllm")
+    assert {p.assumption for p in probes} == set(facts)
+    with open_sut(f"vllm=={release}") as sut:
+        for probe in probes:
+            accepted, message = sut.validate(probe.server, probe.model)
+            want = not (facts[probe.assumption].is_enforced)
+            assert accepted is want, (release, probe.assumption, probe.description, message)
+        # negative control: sglang's probe of the same assumption breaks a rule of vLLM's own (DCP needs tp_size
+        # above the KV heads), so it could not show the assumption unenforced
+        shared = next(p for p in F.probes() if p.assumption == "ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP")
+        accepted, message = sut.validate(shared.server, shared.model)
+        assert accepted is False and "Decode context parallelism" in message, message
 
 
 def _copy_with_validation(release: str, tmp_path: Path, reject: str) -> Path:

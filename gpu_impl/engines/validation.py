@@ -42,6 +42,10 @@ CHUNKED_PREFILL_PAGES = 4096
 #: ``prefill_cp_mode``, with its own values and default).
 UNDECLARED_OK = frozenset({"cp_strategy"})
 
+#: Model dtypes that are also the release's ``--dtype`` (the dtype attention runs in): validated as ``dtype=`` and
+#: carried by the placeholder model; another (``float8_e4m3``, a KV-cache dtype here) is validated as bfloat16.
+MODEL_DTYPES = ("bfloat16", "float16", "float32")
+
 #: The attention shapes validated when a request names no model.
 DEFAULT_MODEL = {"num_heads": 32, "num_kv_heads": 4, "head_dim": 128}
 
@@ -59,7 +63,7 @@ def placeholder_model(model) -> "Path":
            "num_attention_heads": int(m["num_heads"]), "num_key_value_heads": int(m["num_kv_heads"]),
            "head_dim": int(m["head_dim"]), "hidden_size": int(m["num_heads"]) * int(m["head_dim"]),
            "intermediate_size": 128, "vocab_size": 1024, "max_position_embeddings": 131072,
-           "torch_dtype": m.get("dtype", "bfloat16") if m.get("dtype") in ("bfloat16", "float16") else "bfloat16",
+           "torch_dtype": m.get("dtype") if m.get("dtype") in MODEL_DTYPES else "bfloat16",
            "rms_norm_eps": 1e-6, "rope_theta": 1000000}
     key = "-".join(str(cfg[k]) for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "torch_dtype"))
     d = Path(tempfile.gettempdir()) / f"fa3verify-placeholder-model-{os.getuid()}" / key
@@ -128,6 +132,8 @@ def validate_server_args(engine, server: dict, model=None) -> dict:
         return {"accepted": False, "message": f"this release's ServerArgs has no field for {missing}",
                 "kwargs": kwargs}
     base = {"model_path": str(placeholder_model(model)), "device": "cpu"}
+    if (model or {}).get("dtype") in MODEL_DTYPES and "dtype" in declared:
+        base["dtype"] = model["dtype"]
     base.update({k: v for k, v in {**PLACEHOLDERS, **BACKEND}.items() if k in declared})
     try:
         sa = ServerArgs(**base, **kwargs)

@@ -161,6 +161,28 @@ class VllmSUT(SystemUnderTest):
 
         return result_from_wire(self.worker.run(scenario_to_vllm(scenario), numerics=numerics))
 
+    def validate(self, server_config, model_config=None) -> tuple:
+        """(accepted, message): vLLM's own config validation (``vllm_validation``) of a server and model
+        configuration (a dict or ServerConfig; the model defaults to llama-3-8b), mapped to vLLM's fields as a run
+        maps them (:func:`scenario_to_vllm`); accepted is None where vLLM's driver does not run it at all."""
+        import dataclasses
+
+        from ..config import MODELS, ServerConfig
+        from ..scenario import Scenario, Step
+
+        server = server_config if dataclasses.is_dataclass(server_config) else ServerConfig(**dict(server_config))
+        model = MODELS["llama-3-8b"] if model_config is None else model_config
+        scn = Scenario(server=server, model=model, guard=None, steps=[Step("decode", [128])])
+        try:
+            wire = scenario_to_vllm(scn)
+        except Exception as exc:  # noqa: BLE001 - a configuration vLLM's driver does not run decides nothing
+            return None, f"not driven by the vLLM driver: {exc}"
+        try:
+            answer = self.worker.validate({k: wire[k] for k in self.VALIDATED if k in wire})
+        except ValueError as exc:  # fields the driver itself refuses (tp 0): not vLLM's verdict
+            return None, f"not driven by the vLLM driver: {exc}"
+        return answer.get("accepted"), str(answer.get("message") or "")
+
     #: the driver fields vLLM's config validation reads (``vllm_validation``): a verdict is cached on them
     VALIDATED = ("tp", "dcp", "block_size", "kv_cache_dtype", "num_heads", "num_kv_heads", "head_dim", "dtype",
                  "max_model_len")
