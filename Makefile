@@ -4,6 +4,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+BYTECODE := $(VENV)/.bytecode
 
 #: sglang releases whose engine environments the test suite drives (cached under ~/.cache/fa3verify/engines).
 ENGINE_RELEASES ?= 0.5.13 0.5.23
@@ -27,6 +28,13 @@ $(STAMP): pyproject.toml
 	@$(VENV)/bin/fa3verify sanitize install-hook >/dev/null   # FA3VERIFY_SANITIZE start hook (inert unless set)
 	@touch $(STAMP)
 
+# Bytecode for everything installed in .venv: torch's CPU wheel comes without it when uv installs it, and where the
+# environment sets PYTHONDONTWRITEBYTECODE=1 nothing is ever cached, so every child process the suite starts (CLI
+# runs, guard sandboxes, ranks) compiled torch's sources again: 14 s of CPU in a 28 s replay (docs/performance.md).
+$(BYTECODE): $(STAMP)
+	@$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
+	@touch $(BYTECODE)
+
 check: $(STAMP)
 	$(VENV)/bin/fa3verify check
 
@@ -37,7 +45,7 @@ engines: $(STAMP)
 
 # The suite's real-release sweeps run on ENGINE_RELEASES (tests/engine_releases.py); FA3VERIFY_ALL_RELEASES=1 runs
 # them on every release whose environment exists.
-test: $(STAMP) engines
+test: $(STAMP) $(BYTECODE) engines
 	FA3VERIFY_ENGINE_RELEASES="$(ENGINE_RELEASES)" $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15
 
 bench: $(STAMP)

@@ -46,3 +46,13 @@ def test_a_makefile_without_the_line_is_an_error(tmp_path):
     (tmp_path / "Makefile").write_text("ENGINES = 0.5.13\n")
     with pytest.raises(RuntimeError, match="ENGINE_RELEASES"):
         E.makefile_releases(tmp_path / "Makefile")
+
+
+def test_make_test_compiles_the_venvs_bytecode_before_the_suite():
+    # with PYTHONDONTWRITEBYTECODE=1 in the environment nothing installed without bytecode (torch by uv) is ever
+    # cached, and each child process of the suite compiled torch again (docs/performance.md)
+    text = (ROOT / "Makefile").read_text()
+    [deps] = re.findall(r"^test:(.*)$", text, re.M)
+    assert "$(BYTECODE)" in deps.split() and deps.split().index("$(BYTECODE)") < deps.split().index("engines")
+    [rule] = re.findall(r"^\$\(BYTECODE\):.*\n((?:\t.*\n)+)", text, re.M)
+    assert "compileall" in rule and "purelib" in rule
