@@ -20,6 +20,7 @@ def theorem_jobs(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[st
     from spec.theorems_algebra import algebra_jobs
     from spec.theorems_cp import cp_jobs
     from spec.theorems_edges import edge_jobs
+    from spec.theorems_fork_tile import fork_tile_jobs
     from spec.theorems_metadata_jobs import metadata_jobs
 
     only = list(only) if only else None
@@ -28,7 +29,8 @@ def theorem_jobs(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[st
                           guard_spec=policy.guard_spec)
             + algebra_jobs(timeout_s=timeout_s, only=only)
             + cp_jobs(timeout_s=timeout_s, clear_stale=policy.clear_stale_cp_metadata, only=only, cases_dir=cases_dir)
-            + edge_jobs(timeout_s=timeout_s, only=only))
+            + edge_jobs(timeout_s=timeout_s, only=only)
+            + fork_tile_jobs(timeout_s=timeout_s, only=only, cases_dir=cases_dir))
 
 
 def _preload() -> None:
@@ -50,7 +52,8 @@ def run_theorems(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[st
 def theorem_results(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = None,
                     only: Optional[Iterable[str]] = None, dropped_assumptions: Iterable[str] = (),
                     jobs: Optional[int] = None) -> list:
-    """All TheoremResults of spec for this policy: metadata (1-4), combine algebra (5), CP (6-7), FA3's int edges (8).
+    """All TheoremResults of spec for this policy: metadata (1-4), combine algebra (5), CP (6-7), FA3's int edges (8),
+    the vLLM fork's tile choice (9).
 
     The same results, witness for witness, whatever `jobs` is (each theorem part runs in its own z3 context).
     Each result carries `finished_s` (not a field: it is not reported), when it was known since this call.

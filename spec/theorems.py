@@ -1,7 +1,8 @@
 """The theorem catalogue: every theorem `fa3verify prove` runs, with its number in issue 3 and its statement.
 
 The statements are the one-sentence claims each theorem's z3 query decides; the queries live in
-`theorems_metadata` (0-4), `theorems_algebra` (5), `theorems_cp` (6-7) and `theorems_edges` (8). A test checks that this table and
+`theorems_metadata` (0-4), `theorems_algebra` (5), `theorems_cp` (6-7), `theorems_edges` (8) and
+`theorems_fork_tile` (9). A test checks that this table and
 the theorems a prove run reports are the same set, so docs/invariants.md (generated from it) cannot drift.
 """
 
@@ -52,6 +53,12 @@ THEOREMS: dict[str, tuple[str, str]] = {
     "8-int32-split-heuristic": ("8", "FA3's L2 split branch never yields fewer than 1 split (refuted for FA3 "
                                      "itself, every head-dim instance: its int size + 50 MiB - 1 wraps; the call "
                                      "then rejects loudly; an expected refutation, proved with 64-bit sizes)."),
+    "9-fork-tile-agree": ("9", "Under vLLM's FA3 fork, a precompute and a call that agree on seqlen_q and h/h_k "
+                               "choose the same tile (kBlockM, kBlockN), for every head-dim instance, dtype, "
+                               "masking and paging."),
+    "9-fork-tile-drift": ("9", "Under vLLM's FA3 fork, a precompute whose max_seqlen_q is one more than the call's "
+                               "chooses another tile on vLLM's domain (an expected refutation: replayed as "
+                               "SPLIT_BOUND on vLLM with the seeded off-by-one; none under upstream's build)."),
 }
 
 

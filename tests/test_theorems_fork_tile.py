@@ -1,0 +1,102 @@
+"""Theorem 9 (spec/theorems_fork_tile.py): the vLLM fork's tile choice across the metadata hand-off.
+
+The agreement theorem is proved; its negative control (an encoding whose one-MMA-WG predicate reads h instead of
+h / h_k) is refuted. The drift companion is an expected refutation under the fork with a replayable vLLM case, and
+proved under upstream's build (the hazard class is the fork's own). The z3 encoding agrees with refmodel's
+``resolve_schedule`` on a grid.
+"""
+
+import itertools
+
+import pytest
+import z3
+
+from refmodel.errors import FA3Rejected
+from refmodel.fa3_builds import UPSTREAM, VLLM_FORK
+from refmodel.fa3_scheduler import call_inputs, precompute_inputs, resolve_masking, resolve_schedule
+from spec import theorems_fork_tile as ft
+from spec.cases import Case
+from spec.z3ctx import isolated
+
+
+def _one(**kw):
+    (r,) = ft.run_fork_tile_theorems(**kw)
+    return r
+
+
+def test_agreeing_sides_choose_the_same_tile_under_the_fork():
+    r = _one(only=["9-fork-tile-agree"])
+    assert r.verdict == "proved" and not r.failed and r.details["instances"] == len(ft.TILE_INSTANCES)
+
+
+def test_negative_control_an_encoding_reading_h_is_refuted():
+    r = _one(only=["9-fork-tile-agree"], defects={"one-wg-reads-num-heads"})
+    assert r.verdict == "refuted" and r.failed
+    w = r.witness
+    assert w["h_p"] // w["h_k_p"] == w["h_c"] // w["h_k_c"] and w["h_p"] != w["h_c"]
+    assert (w["block_m_p"], w["block_n_p"]) != (w["block_m_c"], w["block_n_c"])
+    with pytest.raises(ValueError, match="defects: unknown"):
+        ft.fork_tile_jobs(defects={"no-such"})
+
+
+def test_the_off_by_one_precompute_drifts_under_the_fork_with_a_replayable_case(tmp_path):
+    r = _one(only=["9-fork-tile-drift"], cases_dir=str(tmp_path))
+    assert r.verdict == "expected-refutation" and r.expected and not r.failed
+    w = r.witness
+    assert w["invariant"] == "SPLIT_BOUND" and w["S_p"] > w["S_c"]
+    assert w["precompute_max_seqlen_q"] == w["call_seqlen_q"] + 1
+    assert w["tiles"]["precompute"] != w["tiles"]["call"]
+    case = Case.load(r.case_file)
+    assert case.engine == {"name": "vllm", "release": "0.33.0"} and case.defects == [ft.OFF_BY_ONE_DEFECT]
+    assert case.batches[0]["extend_lens"][0] == w["call_seqlen_q"]
+    assert case.expected["invariant"] == "SPLIT_BOUND"
+
+
+def test_control_upstream_has_no_off_by_one_drift_on_vllms_domain():
+    r = isolated(lambda: ft._drift(10.0, None, build=UPSTREAM))
+    assert r.verdict == "proved" and r.details["points"] == len(ft.vllm_tile_points())
+
+
+def _inputs_for(inst, seqlen_q, h, hk, side):
+    """ScheduleInputs whose resolved masking is the instance's (a local window is (W, 0) with W < seqlen_k - 1)."""
+    seqlen_k = 4096
+    window = (100, 0) if inst.local else (-1, -1)
+    dtype = "float8_e4m3fn" if inst.element_size == 1 else "bfloat16"
+    kw = dict(headdim_v=inst.headdim_v, qkv_dtype=dtype, page_size=inst.page_size, causal=inst.causal or inst.local,
+              window_size=window, build=VLLM_FORK)
+    if side == "p":
+        return precompute_inputs(2, seqlen_q, seqlen_k, h, hk, inst.headdim, varlen_q=True, **kw)
+    return call_inputs(2, seqlen_q, seqlen_k, h, hk, inst.headdim, varlen_q=True, **kw)
+
+
+def test_the_z3_tile_agrees_with_refmodels_schedule_on_a_grid():
+    def run():
+        compared = 0
+        side = ft.side_vars("g")
+        for inst in ft.TILE_INSTANCES:
+            terms = ft.sym_tile(inst, side, VLLM_FORK)
+            for sq, (h, hk) in itertools.product((1, 2, 7, 8, 9, 16, 17, 64, 65, 300),
+                                                 ((8, 1), (32, 8), (64, 1), (48, 1), (4, 4), (71, 1))):
+                for which in ("p", "c"):
+                    inp = _inputs_for(inst, sq, h, hk, which)
+                    m = resolve_masking(inp.seqlen_q, inp.seqlen_k, inp.causal, inp.window_size, 0, inp.headdim,
+                                        inp.paged)
+                    assert m.is_local == inst.local
+                    try:
+                        sched = resolve_schedule(inp)
+                    except FA3Rejected:
+                        continue
+                    subst = [(side.seqlen_q, z3.BitVecVal(sq, 32, side.h.ctx)), (side.h, z3.BitVecVal(h, 32, side.h.ctx)),
+                             (side.h_k, z3.BitVecVal(hk, 32, side.h.ctx))]
+                    got = tuple(z3.simplify(z3.substitute(t, *subst)).as_long() for t in terms)
+                    assert got == (sched.block_m, sched.block_n), (inst.label, sq, h, hk, which)
+                    compared += 1
+        return compared
+
+    assert isolated(run) > 10000
+
+
+def test_the_catalogue_lists_both_theorems():
+    from spec.theorems import THEOREMS
+
+    assert set(ft.THEOREMS) <= set(THEOREMS) and all(THEOREMS[t][0] == "9" for t in ft.THEOREMS)
