@@ -241,12 +241,11 @@ def prove(guard: GuardLike = "fixed", metadata_heads: str = "tp", keep_stale_cp_
         only = [only]
     dropped = [drop_assumptions] if isinstance(drop_assumptions, str) else list(drop_assumptions)
     if dropped:
-        from spec.domain import ASSUMPTIONS
+        from spec.domain import assumption_name_error
 
-        unknown = [n for n in dropped if n not in ASSUMPTIONS]
-        if unknown:
-            raise UsageError(f"drop_assumptions: unknown name(s) {', '.join(unknown)}; "
-                             f"allowed: {', '.join(sorted(ASSUMPTIONS))}")
+        message = assumption_name_error(dropped, "drop_assumptions")
+        if message:
+            raise UsageError(message)
     summary = run_prove(policy, timeout_s=timeout, cases_dir=_cases_dir(cases_dir), only=only,
                         dropped_assumptions=dropped)
     return RunResult.from_summary(summary)

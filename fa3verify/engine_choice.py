@@ -28,9 +28,11 @@ POLICY_OPTIONS = (("guard", "--guard", "fixed"), ("metadata_heads", "--metadata-
                   ("keep_stale_cp_metadata", "--keep-stale-cp-metadata", False),
                   ("cp_decode_sharded_kv", "--cp-decode-sharded-kv", False))
 
-#: Exception class names an engine implementation raises when it cannot be opened (environment missing,
-#: checkout does not import); matched by name so this module does not import the engines package.
-_UNAVAILABLE_NAMES = ("EngineUnavailable", "EngineSetupError", "EngineEnvError", "EngineImportError")
+#: The base class name of the errors an engine implementation raises when it cannot be opened
+#: (``gpu_impl.engines.errors.EngineUnavailable``: unknown release, no precompute, environment not built, checkout
+#: does not import; matched on the exception's MRO, so every subclass counts); matched by name so this module does
+#: not import the engines package.
+UNAVAILABLE_NAMES = ("EngineUnavailable",)
 
 
 def is_unsupported(exc: BaseException) -> bool:
@@ -99,7 +101,7 @@ def open_engine(spec_or_text):
                              f"(no module {exc.name}); use --engine model") from None
         raise
     except Exception as exc:  # an engine implementation's own "cannot open" error
-        if any(cls.__name__ in _UNAVAILABLE_NAMES for cls in type(exc).__mro__):  # UnknownRelease is one
+        if any(cls.__name__ in UNAVAILABLE_NAMES for cls in type(exc).__mro__):  # UnknownRelease is one
             raise UsageError(f"--engine: {spec}: {exc}") from None
         raise
 

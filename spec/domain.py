@@ -30,13 +30,17 @@ from typing import Any, Callable, Iterator, Optional
 
 from refmodel.fa3_scheduler import ScheduleInputs, call_inputs, precompute_inputs
 
-from .config import MODELS, ModelConfig, ServerConfig
+from .config import (ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP, ASSUMPTION_DETERMINISTIC_ONE_SPLIT,
+                     ASSUMPTION_DP_ATTENTION_NEEDS_DP, ASSUMPTION_HEADS_DIVISIBLE, ASSUMPTION_MLA_NEVER_PRECOMPUTES,
+                     ASSUMPTION_PREFILL_CP_NEEDS_CP_SIZE, ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY,
+                     ASSUMPTION_SAME_NUM_SPLITS, ASSUMPTION_SAME_SM_COUNT, ASSUMPTION_SHARDED_KV_NEEDS_CP,
+                     ASSUMPTION_TP_DIVISIBLE, MODELS, ModelConfig, ServerConfig)
 from .guards import BUILTIN_GUARDS, evaluate_guard, load_guard, no_guard, server_args_namespace
 from .guards import prefix_guard_dp_only as prefix_guard
 from .guards import should_disable_scheduler_metadata_precompute as fixed_guard
 
 __all__ = [
-    "Model", "Server", "Config", "MODELS", "NUM_SMS", "ASSUMPTIONS", "violations", "valid", "enumerate_configs",
+    "Model", "Server", "Config", "MODELS", "NUM_SMS", "ASSUMPTIONS", "assumption_name_error", "violations", "valid", "enumerate_configs",
     "server_args", "prefix_guard", "fixed_guard", "no_guard", "GUARDS", "resolve_guard", "precomputes",
     "guard_robustness", "GUARD_FLAGS", "FIXED_SPLITS_REPRESENTATIVE", "METADATA_HEADS",
 ]
@@ -134,19 +138,19 @@ class Config:
 # ------------------------------------------------------------------------------------------------------------
 
 ASSUMPTIONS: dict[str, str] = {
-    "TP_DIVISIBLE": "tp_size is divisible by attn_dp_size * attn_cp_size (sglang compute_dp_attention_world_info).",
-    "DP_ATTENTION_NEEDS_DP": "enable_dp_attention comes with dp_size > 1 (with dp_size 1 sglang turns it off).",
-    "PREFILL_CP_NEEDS_STRATEGY": "enable_prefill_cp requires a cp_strategy ('zigzag'); CP-v2 is never active without one.",
-    "PREFILL_CP_NEEDS_CP_SIZE": "enable_prefill_cp comes with attn_cp_size > 1.",
-    "ATTN_CP_NEEDS_PREFILL_CP": "on a non-MLA FA3 model, attn_cp_size > 1 comes with enable_prefill_cp "
+    ASSUMPTION_TP_DIVISIBLE: "tp_size is divisible by attn_dp_size * attn_cp_size (sglang compute_dp_attention_world_info).",
+    ASSUMPTION_DP_ATTENTION_NEEDS_DP: "enable_dp_attention comes with dp_size > 1 (with dp_size 1 sglang turns it off).",
+    ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY: "enable_prefill_cp requires a cp_strategy ('zigzag'); CP-v2 is never active without one.",
+    ASSUMPTION_PREFILL_CP_NEEDS_CP_SIZE: "enable_prefill_cp comes with attn_cp_size > 1.",
+    ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP: "on a non-MLA FA3 model, attn_cp_size > 1 comes with enable_prefill_cp "
                                 "(sglang server-args validation; prefill CP is the only CP path for such models).",
-    "HEADS_DIVISIBLE": "num_heads is divisible by tp_size and by attn_tp_size; num_kv_heads is divisible by "
+    ASSUMPTION_HEADS_DIVISIBLE: "num_heads is divisible by tp_size and by attn_tp_size; num_kv_heads is divisible by "
                        "attn_tp_size, or attn_tp_size by num_kv_heads (sglang attention modules assert it).",
-    "MLA_NEVER_PRECOMPUTES": "MLA models never precompute FA3 scheduler metadata (flashattention_backend.py: non-MLA only).",
-    "DETERMINISTIC_ONE_SPLIT": "deterministic inference passes num_splits=1 on both sides (flashattention_backend.py).",
-    "SAME_NUM_SPLITS": "the precompute and the call get the same num_splits argument (self.num_splits).",
-    "SAME_SM_COUNT": "the precompute and the call see the same SM count (same device, sm_margin 0).",
-    "SHARDED_KV_NEEDS_CP": "the sharded-KV CP decode path exists only with attn_cp_size > 1.",
+    ASSUMPTION_MLA_NEVER_PRECOMPUTES: "MLA models never precompute FA3 scheduler metadata (flashattention_backend.py: non-MLA only).",
+    ASSUMPTION_DETERMINISTIC_ONE_SPLIT: "deterministic inference passes num_splits=1 on both sides (flashattention_backend.py).",
+    ASSUMPTION_SAME_NUM_SPLITS: "the precompute and the call get the same num_splits argument (self.num_splits).",
+    ASSUMPTION_SAME_SM_COUNT: "the precompute and the call see the same SM count (same device, sm_margin 0).",
+    ASSUMPTION_SHARDED_KV_NEEDS_CP: "the sharded-KV CP decode path exists only with attn_cp_size > 1.",
 }
 
 
@@ -160,22 +164,22 @@ def violations(cfg: Config, dropped: frozenset = frozenset()) -> list[tuple[str,
             out.append((name, msg))
 
     group = cfg.attn_dp_size * s.attn_cp_size
-    need("TP_DIVISIBLE", s.tp_size % group == 0, f"tp_size={s.tp_size} not divisible by {group}")
-    need("DP_ATTENTION_NEEDS_DP", not s.enable_dp_attention or s.dp_size > 1, "enable_dp_attention with dp_size=1")
-    need("PREFILL_CP_NEEDS_STRATEGY", not s.enable_prefill_cp or s.cp_strategy is not None,
+    need(ASSUMPTION_TP_DIVISIBLE, s.tp_size % group == 0, f"tp_size={s.tp_size} not divisible by {group}")
+    need(ASSUMPTION_DP_ATTENTION_NEEDS_DP, not s.enable_dp_attention or s.dp_size > 1, "enable_dp_attention with dp_size=1")
+    need(ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY, not s.enable_prefill_cp or s.cp_strategy is not None,
          "enable_prefill_cp without cp_strategy")
-    need("PREFILL_CP_NEEDS_CP_SIZE", not s.enable_prefill_cp or s.attn_cp_size > 1, "enable_prefill_cp with attn_cp_size=1")
-    need("ATTN_CP_NEEDS_PREFILL_CP", m.is_mla or s.attn_cp_size == 1 or s.enable_prefill_cp,
+    need(ASSUMPTION_PREFILL_CP_NEEDS_CP_SIZE, not s.enable_prefill_cp or s.attn_cp_size > 1, "enable_prefill_cp with attn_cp_size=1")
+    need(ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP, m.is_mla or s.attn_cp_size == 1 or s.enable_prefill_cp,
          f"attn_cp_size={s.attn_cp_size} without enable_prefill_cp on non-MLA {m.name}")
     t = cfg.attn_tp_size
     heads_ok = (t >= 1 and m.num_heads % s.tp_size == 0 and m.num_heads % t == 0
                 and (m.num_kv_heads % t == 0 if m.num_kv_heads >= t else t % m.num_kv_heads == 0))
-    need("HEADS_DIVISIBLE", heads_ok, f"{m.name} heads {m.num_heads}/{m.num_kv_heads} vs tp={s.tp_size}, attn_tp={t}")
-    need("SHARDED_KV_NEEDS_CP", not s.cp_decode_sharded_kv or s.attn_cp_size > 1, "cp_decode_sharded_kv with attn_cp_size=1")
-    need("DETERMINISTIC_ONE_SPLIT", not (s.enable_deterministic_inference and s.num_splits not in (0, 1)),
+    need(ASSUMPTION_HEADS_DIVISIBLE, heads_ok, f"{m.name} heads {m.num_heads}/{m.num_kv_heads} vs tp={s.tp_size}, attn_tp={t}")
+    need(ASSUMPTION_SHARDED_KV_NEEDS_CP, not s.cp_decode_sharded_kv or s.attn_cp_size > 1, "cp_decode_sharded_kv with attn_cp_size=1")
+    need(ASSUMPTION_DETERMINISTIC_ONE_SPLIT, not (s.enable_deterministic_inference and s.num_splits not in (0, 1)),
          "deterministic inference with a num_splits other than 1")
-    if t < 1 and "TP_DIVISIBLE" in dropped:
-        out.append(("TP_DIVISIBLE", f"attn_tp_size={t} < 1: no configuration"))
+    if t < 1 and ASSUMPTION_TP_DIVISIBLE in dropped:
+        out.append((ASSUMPTION_TP_DIVISIBLE, f"attn_tp_size={t} < 1: no configuration"))
     return out
 
 
@@ -184,11 +188,24 @@ def valid(cfg: Config, dropped: frozenset = frozenset()) -> bool:
     return not violations(cfg, frozenset(dropped))
 
 
+def assumption_name_error(names, field: str = "dropped_assumptions") -> Optional[str]:
+    """The usage message for the names in ``names`` that are not prover assumptions (None when all are).
+
+    A name is spelled as in :data:`ASSUMPTIONS` (``ASSUMPTION_*``, the same names as ``spec.config``); an old short
+    spelling (``TP_DIVISIBLE``) is refused with its current name."""
+    unknown = sorted(frozenset(names) - set(ASSUMPTIONS))
+    if not unknown:
+        return None
+    renamed = [f"{n} is now ASSUMPTION_{n}" for n in unknown if f"ASSUMPTION_{n}" in ASSUMPTIONS]
+    hint = f" ({'; '.join(renamed)})" if renamed else ""
+    return f"{field}: unknown name(s) {', '.join(unknown)}{hint}; allowed: {', '.join(sorted(ASSUMPTIONS))}"
+
+
 def _check_names(dropped) -> frozenset:
     dropped = frozenset(dropped)
-    unknown = sorted(dropped - set(ASSUMPTIONS))
-    if unknown:
-        raise ValueError(f"dropped_assumptions: unknown name(s) {unknown}; allowed: {sorted(ASSUMPTIONS)}")
+    message = assumption_name_error(dropped)
+    if message:
+        raise ValueError(message)
     return dropped
 
 
@@ -269,10 +286,10 @@ def resolve_guard(guard) -> tuple[Callable[[Any], Any], str]:
 def precomputes(cfg: Config, guard: Callable[[Any], Any], dropped: frozenset = frozenset()) -> bool:
     """Whether the backend computes scheduler metadata for decode under `cfg` (docs/facts-fa3.md section 3).
 
-    Only non-MLA models precompute (unless MLA_NEVER_PRECOMPUTES is dropped), and only when the guard does not
+    Only non-MLA models precompute (unless ASSUMPTION_MLA_NEVER_PRECOMPUTES is dropped), and only when the guard does not
     disable it. Exceptions from the guard propagate (see `guard_robustness`).
     """
-    if cfg.model.is_mla and "MLA_NEVER_PRECOMPUTES" not in dropped:
+    if cfg.model.is_mla and ASSUMPTION_MLA_NEVER_PRECOMPUTES not in dropped:
         return False
     return not evaluate_guard(guard, server_args(cfg))
 

@@ -62,10 +62,10 @@ def test_vllm_probes_are_its_facts_own_and_break_exactly_their_assumption():
 
 def test_what_each_release_makes_the_prover_drop():
     drops = {r: F.prover_drops(F.facts_for("sglang", r)) for r in RELEASES}
-    assert drops["0.5.13"] == {"ATTN_CP_NEEDS_PREFILL_CP", "PREFILL_CP_NEEDS_STRATEGY"}  # no cp_strategy field
-    assert {drops[r] for r in RELEASES[3:]} == {frozenset({"ATTN_CP_NEEDS_PREFILL_CP"})}
-    # HEADS_DIVISIBLE holds two assumptions enforced at model load and one that is not: it stays
-    assert all("HEADS_DIVISIBLE" not in d and "TP_DIVISIBLE" not in d for d in drops.values())
+    assert drops["0.5.13"] == {"ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP", "ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY"}  # no cp_strategy field
+    assert {drops[r] for r in RELEASES[3:]} == {frozenset({"ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP"})}
+    # ASSUMPTION_HEADS_DIVISIBLE holds two assumptions enforced at model load and one that is not: it stays
+    assert all("ASSUMPTION_HEADS_DIVISIBLE" not in d and "ASSUMPTION_TP_DIVISIBLE" not in d for d in drops.values())
     assert F.prover_drops({}) == frozenset()  # a system that describes nothing keeps every assumption
     from fa3verify.strategies.vllm import NOT_ASSUMED_BY_VLLM
 
@@ -95,9 +95,9 @@ def test_prove_engine_profile_drops_what_the_release_does_not_enforce(tmp_path, 
     assert cli.main(base + ["--engine-profile", "sglang==0.5.17"]) == 1
     out = capsys.readouterr().out
     assert "assumptions sglang 0.5.17 enforces: ASSUMPTION_TP_DIVISIBLE" in out
-    assert "the prover drops: ATTN_CP_NEEDS_PREFILL_CP" in out
+    assert "the prover drops: ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP" in out
     data = json.loads((tmp_path / "p.json").read_text())
-    assert data["policy"]["dropped_assumptions"] == ["ATTN_CP_NEEDS_PREFILL_CP"]
+    assert data["policy"]["dropped_assumptions"] == ["ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP"]
     (finding,) = data["findings"]
     case = json.loads(open(finding["case_file"]).read())
     assert case["server"]["attn_cp_size"] > 1 and not case["server"]["enable_prefill_cp"]

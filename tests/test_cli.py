@@ -25,3 +25,25 @@ def test_an_unavailable_real_kernel_is_a_usage_error_not_a_traceback(capsys):
     assert main(["fuzz", "--kernel", "fa3", "--cases", "1"]) == 2
     err = capsys.readouterr().err
     assert "--kernel" in err and "Traceback" not in err
+
+
+def test_an_old_short_assumption_name_is_exit_2_naming_its_current_name_and_the_allowed_ones(capsys):
+    """spec.config and spec.domain spell the assumptions one way (ASSUMPTION_*); the old short spelling is refused."""
+    from spec.domain import ASSUMPTIONS
+
+    assert all(name.startswith("ASSUMPTION_") for name in ASSUMPTIONS)
+    assert main(["prove", "--drop-assumption", "TP_DIVISIBLE"]) == 2
+    err = capsys.readouterr().err
+    assert "--drop-assumption" in err and "TP_DIVISIBLE is now ASSUMPTION_TP_DIVISIBLE" in err
+    assert all(name in err for name in ASSUMPTIONS) and "Traceback" not in err
+
+
+def test_the_prover_and_the_config_share_the_names_of_their_common_assumptions():
+    """A prover assumption that is also a spec.config validation rule has the same name (one source: spec.config)."""
+    import spec.config as config
+    from spec.domain import ASSUMPTIONS
+
+    constants = {v for k, v in vars(config).items() if k.startswith("ASSUMPTION_")}
+    assert set(ASSUMPTIONS) <= constants
+    assert {"ASSUMPTION_TP_DIVISIBLE", "ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY",
+            "ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP"} <= set(ASSUMPTIONS) & config.ASSUMPTION_NAMES

@@ -31,7 +31,7 @@ OPTIONS = {
     "--guard": ["fixed", "pre-fix", "none", "nope", "os:system", "{out}/nofile.py:g", ":", "a:b:c", ""],
     "--metadata-heads": ["tp", "attn_tp", "x"], "--kernel": ["emulated", "fa3", "x"],
     "--json": PATHY, "--junit": PATHY, "--out": PATHY, "--cases-dir": PATHY, "--html": PATHY,
-    "--only": ["hazard", "nope", ""], "--drop-assumption": ["TP_DIVISIBLE", "X"],
+    "--only": ["hazard", "nope", ""], "--drop-assumption": ["ASSUMPTION_TP_DIVISIBLE", "X"],
 }
 FLAGS = ["--numerics", "--trust-case-guard", "--keep-stale-cp-metadata", "--metadata-only", "--help-me"]
 #: Commands whose valid runs are short. prove and gate always get a bad --timeout-s (their full run is long).

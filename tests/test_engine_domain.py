@@ -50,8 +50,8 @@ def test_the_release_domain_draws_what_the_release_accepts_and_the_prover_assume
     dom = ReleaseDomain("0.5.23", _accept_all)
     got = _draws(dom)
     servers = [s for s, _, _, _ in got]
-    assert any(s.attn_cp_size > 1 and not s.enable_prefill_cp for s in servers)       # ATTN_CP_NEEDS_PREFILL_CP
-    assert any(s.enable_prefill_cp and s.cp_strategy is None for s in servers)         # PREFILL_CP_NEEDS_STRATEGY
+    assert any(s.attn_cp_size > 1 and not s.enable_prefill_cp for s in servers)       # ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP
+    assert any(s.enable_prefill_cp and s.cp_strategy is None for s in servers)         # ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY
     assert any(s.tp_size == 4 and s.dp_size == 3 for s in servers)
     assert any(s.cp_strategy == "interleave" for s in servers)                         # the release's own choice
     assert any(m.num_heads == 71 and s.tp_size == 2 and s.attn_tp_size == 1 for s, m, _, _ in got)

@@ -121,6 +121,17 @@ def test_unavailable_engine_is_exit_2(monkeypatch, capsys):
     assert "--engine: sglang==0.5.14: no environment" in capsys.readouterr().err
 
 
+def test_every_unavailable_name_is_a_real_engine_error_class():
+    """The names the CLI matches an engine's "cannot open" error by are classes gpu_impl.engines.errors defines
+    (three of the four names it once held did not exist)."""
+    import gpu_impl.engines.errors as errors
+    from fa3verify.engine_choice import UNAVAILABLE_NAMES
+
+    assert UNAVAILABLE_NAMES and all(isinstance(getattr(errors, n, None), type) for n in UNAVAILABLE_NAMES)
+    for cls in (errors.UnknownRelease, errors.NoPrecompute, errors.EnvSetupError, errors.CheckoutImportError):
+        assert any(c.__name__ in UNAVAILABLE_NAMES for c in cls.__mro__), cls
+
+
 def test_fuzz_runs_every_case_on_the_engine_and_saves_engine_cases(monkeypatch, tmp_path):
     opened = install(monkeypatch, lambda spec: ProfileSUT(spec.release))
     out = tmp_path / "cases"

@@ -90,7 +90,7 @@ def test_root_cause_fix_alone_misses_the_sharded_kv_path():
 
 def test_dropped_assumption_yields_a_witness_for_the_fixed_guard():
     res = _by_name(run_metadata_theorems(guard="fixed", only=["4-guard-soundness"],
-                                         dropped_assumptions={"ATTN_CP_NEEDS_PREFILL_CP"}))
+                                         dropped_assumptions={"ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP"}))
     r = res["4-guard-soundness"]
     assert r.verdict == "refuted" and r.failed and not r.expected
     assert r.witness["server"]["attn_cp_size"] > 1 and not r.witness["server"]["enable_prefill_cp"]
@@ -163,7 +163,7 @@ def test_domain_attn_tp_and_assumptions():
     assert plain_dp.attn_tp_size == 4  # without DP attention dp_size does not enter attn_tp_size
     assert D.valid(cfg) and not D.valid(D.Config(D.Server(tp_size=4, attn_cp_size=4), D.MODELS["llama-3-8b"]))
     assert D.valid(D.Config(D.Server(tp_size=4, attn_cp_size=4), D.MODELS["llama-3-8b"]),
-                   dropped=frozenset({"ATTN_CP_NEEDS_PREFILL_CP"}))
+                   dropped=frozenset({"ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP"}))
     configs = list(D.enumerate_configs())
     assert 1000 < len(configs) < 20000 and all(D.valid(c) for c in configs)
     assert D.fixed_guard(D.server_args(cfg)) and not D.prefix_guard(D.server_args(cfg))

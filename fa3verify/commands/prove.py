@@ -20,7 +20,7 @@ examples:
   fa3verify prove --guard pre-fix                   # hazard found, guard soundness refuted: exit 1
   fa3verify prove --guard pre-fix --metadata-heads attn_tp   # root-cause fix: exit 0
   fa3verify prove --only hazard --json prove.json --cases-dir cases/
-  fa3verify prove --drop-assumption TP_DIVISIBLE
+  fa3verify prove --drop-assumption ASSUMPTION_TP_DIVISIBLE
   fa3verify prove --engine-profile sglang==0.5.14   # that release's heads and guard: refuted (exit 1)
   fa3verify prove --engine-profile sglang==0.5.17   # drops what 0.5.17 does not enforce: refuted (exit 1)
   fa3verify prove --engine-profile vllm==0.33.0     # vLLM's flow (heads, KV extents, split counts): proved
@@ -131,12 +131,11 @@ def _release_assumptions(release: str) -> tuple:
 
 def _check_assumptions(names) -> None:
     from ..errors import UsageError
-    from spec.domain import ASSUMPTIONS
+    from spec.domain import assumption_name_error
 
-    unknown = [n for n in names if n not in ASSUMPTIONS]
-    if unknown:
-        raise UsageError(f"--drop-assumption: unknown name(s) {', '.join(unknown)}; "
-                         f"allowed: {', '.join(sorted(ASSUMPTIONS))}")
+    message = assumption_name_error(names, "--drop-assumption")
+    if message:
+        raise UsageError(message)
 
 
 def _check_only(only) -> None:
