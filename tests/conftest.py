@@ -3,12 +3,14 @@ memo of theorem parts (spec.theorem_memo): a theorem part run again with the sam
 refmodel, spec or z3 has been replaced (a monkeypatch, a counterfactual), is answered from the first run
 (FA3VERIFY_THEOREM_MEMO=0 turns it off). Test files run longest first, by tests/file_seconds.json (a file missing
 from it counts as the table's median; ``scripts/file_seconds.py`` refreshes it, docs/performance.md); a file's own
-tests keep their order."""
+tests keep their order. ``engine_sut``: engine workers shared by the files of one test process
+(tests/engine_pool.py)."""
 
 import json
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from spec import theorem_memo
@@ -39,3 +41,18 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         groups.setdefault(Path(str(item.path)).relative_to(root).as_posix(), []).append(item)
     items[:] = [item for path in file_order(list(groups), table) for item in groups[path]]
+
+
+@pytest.fixture(scope="session")
+def engine_pool():
+    from engine_pool import EnginePool
+
+    pool = EnginePool()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def engine_sut(engine_pool):
+    """``engine_sut("sglang==V")``: a fresh, started system under test on this process's one worker for it."""
+    return engine_pool.sut

@@ -58,25 +58,23 @@ def _functions(path: Path) -> set:
 
 
 @pytest.mark.parametrize("release", sweep(RELEASES))
-def test_the_release_enforces_exactly_what_its_facts_say(release):
-    from gpu_impl.sut import open_sut
-
+def test_the_release_enforces_exactly_what_its_facts_say(release, engine_sut):
     site = _need_env(release)
     facts = F.facts_for("sglang", release)
     for fact in facts.values():
         for check in fact.checks:
             file, function = check.split(" ", 1)
             assert function in _functions(site / file), f"{release}: {check} is not in the wheel"
-    with open_sut(f"sglang=={release}") as sut:
-        for probe in F.probes():
-            fact = facts[probe.assumption]
-            accepted, message = sut.validate(probe.server, probe.model)
-            want = not (fact.is_enforced and fact.stage in ("server_args", "model_load"))
-            assert accepted is want, (release, probe.assumption, probe.description, fact.status, message)
-            if not want:
-                assert message, "a rejection carries the release's message"
-            if not want and fact.stage == "model_load":  # by the check the fact names, with its own assert
-                assert message.startswith(f"model load ({fact.checks[0]}): AssertionError: assert"), message
+    sut = engine_sut(f"sglang=={release}")  # the test process's shared worker (tests/engine_pool.py)
+    for probe in F.probes():
+        fact = facts[probe.assumption]
+        accepted, message = sut.validate(probe.server, probe.model)
+        want = not (fact.is_enforced and fact.stage in ("server_args", "model_load"))
+        assert accepted is want, (release, probe.assumption, probe.description, fact.status, message)
+        if not want:
+            assert message, "a rejection carries the release's message"
+        if not want and fact.stage == "model_load":  # by the check the fact names, with its own assert
+            assert message.startswith(f"model load ({fact.checks[0]}): AssertionError: assert"), message
 
 
 @pytest.mark.parametrize("release", ["0.33.0"])

@@ -124,14 +124,10 @@ def test_a_dcp_case_shrinks_within_the_vllm_domain_and_an_sglang_case_keeps_sgla
 
 
 @pytest.fixture(scope="module")
-def vllm_sut():
+def vllm_sut(engine_sut):
     if not envs.env_ready(RELEASE, engine="vllm"):
         pytest.skip(f"no environment for vllm {RELEASE} under {envs.env_dir(RELEASE, engine='vllm')}")
-    from gpu_impl.sut import open_sut
-
-    sut = open_sut(f"vllm=={RELEASE}")
-    yield sut
-    sut.close()
+    return engine_sut(f"vllm=={RELEASE}")  # the test process's shared worker (tests/engine_pool.py)
 
 
 @pytest.mark.engine

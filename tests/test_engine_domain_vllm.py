@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_impl.sut import open_sut
-
 pytestmark = pytest.mark.engine
 
 BASE = dict(num_heads=32, num_kv_heads=8, head_dim=128, max_model_len=40960, block_size=16)
 
 
 @pytest.fixture(scope="module")
-def vllm_sut():
-    sut = open_sut("vllm==0.33.0")
-    sut.start()
-    yield sut
-    sut.close()
+def vllm_sut(engine_sut):
+    return engine_sut("vllm==0.33.0")  # the test process's shared worker (tests/engine_pool.py)
 
 
 def test_vllm_rejects_with_its_own_message_and_accepts_what_it_accepts(vllm_sut):

@@ -34,24 +34,14 @@ def scenario(server: ServerConfig, *batches) -> Scenario:
     return Scenario(server=server, model=QWEN, guard=None, steps=[Step("decode", list(b)) for b in batches])
 
 
-def _sut(release: str):
-    sut = open_sut(f"sglang=={release}")
-    sut.start()
-    return sut
+@pytest.fixture(scope="session")
+def sut_old(engine_sut):
+    return engine_sut(f"sglang=={OLD}")  # the test process's shared worker (tests/engine_pool.py)
 
 
 @pytest.fixture(scope="session")
-def sut_old():
-    sut = _sut(OLD)
-    yield sut
-    sut.close()
-
-
-@pytest.fixture(scope="session")
-def sut_new():
-    sut = _sut(NEW)
-    yield sut
-    sut.close()
+def sut_new(engine_sut):
+    return engine_sut(f"sglang=={NEW}")
 
 
 # -- spec errors (no environment needed) --------------------------------------------------------------------

@@ -59,16 +59,12 @@ def test_scenario_mapping_from_the_suite_vocabulary():
 
 
 @pytest.fixture(scope="session")
-def vllm_worker():
+def vllm_worker(engine_sut):
     if not envs.env_ready(RELEASE, engine="vllm"):
         if os.environ.get("FA3VERIFY_BUILD_ENGINES", "") in ("", "0"):
             pytest.skip(f"no environment for vllm {RELEASE} under {envs.env_dir(RELEASE, engine='vllm')}: set "
                         f"FA3VERIFY_BUILD_ENGINES=1 (and FA3VERIFY_VLLM_WHEEL=a local wheel) to build it")
-    from gpu_impl.engines.vllm import VllmWorker
-
-    w = VllmWorker(RELEASE)
-    yield w
-    w.close()
+    return engine_sut(f"vllm=={RELEASE}").worker  # the test process's shared worker (tests/engine_pool.py)
 
 
 def _pairs(resp):

@@ -59,14 +59,10 @@ def test_numerics_refuses_what_it_does_not_model_naming_the_field():
 
 
 @pytest.fixture(scope="module")
-def vllm_worker():
+def vllm_worker(engine_sut):
     if not envs.env_ready(RELEASE, engine="vllm"):
         pytest.skip(f"no environment for vllm {RELEASE} under {envs.env_dir(RELEASE, engine='vllm')}")
-    from gpu_impl.engines.vllm import VllmWorker
-
-    w = VllmWorker(RELEASE)
-    yield w
-    w.close()
+    return engine_sut(f"vllm=={RELEASE}").worker  # the test process's shared worker (tests/engine_pool.py)
 
 
 @pytest.mark.engine

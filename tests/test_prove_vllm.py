@@ -99,17 +99,13 @@ def test_cli_prove_engine_profile_vllm_refuses_what_does_not_apply():
 # -- conformance on the released code (the vLLM engine environment) ----------------------------------------------
 
 @pytest.fixture(scope="module")
-def vllm_sut():
+def vllm_sut(engine_sut):
     from gpu_impl.engines import envs
 
     if not envs.env_ready("0.33.0", engine="vllm"):
         pytest.skip(f"no environment for vllm 0.33.0 under {envs.env_dir('0.33.0', engine='vllm')} (set "
                     f"FA3VERIFY_ENGINE_HOME to a folder holding one, or `fa3verify engine setup vllm==0.33.0`)")
-    from gpu_impl.sut import open_sut
-
-    sut = open_sut("vllm==0.33.0")
-    yield sut
-    sut.close()
+    return engine_sut("vllm==0.33.0")  # the test process's shared worker (tests/engine_pool.py)
 
 
 @pytest.mark.engine
