@@ -20,7 +20,8 @@ Layers:
 
 ``kind`` is ``"defect"`` for a bug that the switch adds, or ``"counterfactual-fix"`` for a bug that upstream FA3
 itself has (and so the models have by default): the switch *removes* it, which is how the catalogue shows that
-nothing fires without it.
+nothing fires without it. ``"hazard-control"`` is a defect with no upstream report, seeded to show that a hazard
+class the prover names is found by the fuzzer (``precompute-max-seqlen-q-off-by-one``, theorem 9's drift).
 
 Case files of schema ``fa3verify.case/1`` have no field for defects, so a seeded-defect policy travels as a guard
 spec: :data:`SEEDED_POLICIES` maps a module-level name such as ``gpu_impl.defects:graph_metadata_new_buffer`` to a
@@ -38,6 +39,7 @@ __all__ = ["Defect", "DEFECTS", "LAYERS", "check_defects", "defects_in_layer", "
            "FINITE_MASK_SENTINEL", "scenario_defects", "seed_backend", "seed_kernel", "seed_run"]
 
 LAYERS = ("policy", "backend", "kernel", "caller")
+KINDS = ("defect", "counterfactual-fix", "hazard-control")
 
 #: KV extent (tokens) FA3's host code saw when the decode graph was captured, under the seeded defect
 #: ``graph-split-count-from-capture``. Upstream does not pin the value; any capture extent below the run-time
@@ -62,8 +64,8 @@ class Defect:
     def __post_init__(self):
         if self.layer not in LAYERS:
             raise ValueError(f"Defect.layer: must be one of {LAYERS}, got {self.layer!r}")
-        if self.kind not in ("defect", "counterfactual-fix"):
-            raise ValueError(f"Defect.kind: must be 'defect' or 'counterfactual-fix', got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"Defect.kind: must be one of {KINDS}, got {self.kind!r}")
 
 
 _ALL = (
@@ -118,6 +120,12 @@ _ALL = (
            "under CUDA graph the metadata is computed for the real rows only (before the batch is padded to the "
            "graph batch size) while the captured call runs with the padded batch",
            "vllm-project/flash-attention PR #82 (review)", "https://github.com/vllm-project/flash-attention/pull/82"),
+    Defect("precompute-max-seqlen-q-off-by-one", "caller",
+           "vLLM's metadata builder asks get_scheduler_metadata for max_seqlen_q one more than the call's "
+           "max_seqlen_q; under vLLM's FA3 fork the decode tile reads seqlen_q * (h / h_k) <= 64, so the two sides "
+           "can choose different tiles (theorem 9-fork-tile-drift); applied by the vLLM driver",
+           "none (a hazard control for vllm-project/flash-attention hopper/heuristics.h use_one_mma_wg)",
+           "https://github.com/vllm-project/flash-attention/blob/main/hopper/heuristics.h", kind="hazard-control"),
 )
 
 #: name -> Defect, the one registry.

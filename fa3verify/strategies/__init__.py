@@ -7,7 +7,8 @@ A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign
   ``gpu-decode`` -- its decode corner on a real GPU's SM count, every call on tensors (gpu-check's fuzz stage);
 * the catalogue's scenario families (:mod:`.families`: ``prefill-cp``, ``dp-attention``, ...): focused corners,
   each a ``FuzzCase`` run on a scenario system under test;
-* ``vllm`` / ``vllm-full-graph`` -- vLLM's configuration families (:mod:`.vllm`), the default family of a
+* ``vllm`` / ``vllm-full-graph`` / ``vllm-decode-tile`` -- vLLM's configuration families (:mod:`.vllm`; the last
+  draws around the fork's decode-tile boundary, theorem 9), the default family of a
   ``vllm==V`` engine (:func:`family_for_engine`);
 * a system under test's own domain (:mod:`.engine_domain`, ``domain_strategy(sut.domain())``): what a campaign
   on a system draws when no family is named -- a family the domain names, or the configurations an sglang
@@ -48,6 +49,7 @@ FAMILIES: dict[str, Callable] = {
     "tile-corner": families.tile_corner,
     "vllm": vllm.vllm_case,
     "vllm-full-graph": vllm.vllm_full_graph_case,
+    "vllm-decode-tile": vllm.vllm_decode_tile_case,
 }
 
 #: Kernel-level call families, by name (spelled ``kernel:<name>`` where a family name must say its kind).

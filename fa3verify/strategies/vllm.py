@@ -14,6 +14,8 @@ driver). The families, as ``vllm/v1/attention/backends/flash_attn.py`` (0.33.0) 
 * steps: one or two skewed decode batches (1..100 sequences of 1..32768 tokens), 30 % of them chunked-prefill
   steps (up to three sequences take a chunk of up to 2048 tokens, within vLLM's 8192-token step budget).
 
+Family ``vllm-decode-tile`` (:func:`vllm_decode_tile_case`) draws around the fork's decode-tile boundary instead.
+
 :func:`vllm_family_label` names the family of a case (``cg=... bi=... kv=... sw=... dcp=...``) for per-family counts.
 """
 
@@ -28,6 +30,7 @@ from spec.engine_profiles_vllm import VLLM_RELEASES
 from .scenarios import SM_COUNTS, FuzzCase
 
 __all__ = ["NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
+           "vllm_decode_tile_case",
            "vllm_family_label", "model_tp_points"]
 
 #: sglang's domain assumptions (``spec.config``) a vLLM case need not meet, from the vLLM releases' facts
@@ -95,6 +98,35 @@ def vllm_case(rng: random.Random, graph_modes: tuple = GRAPH_MODES) -> Optional[
 def vllm_full_graph_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-full-graph``: the ``vllm`` families under full CUDA graph only (where vLLM #20301 lived)."""
     return vllm_case(rng, graph_modes=("full",))
+
+
+def vllm_decode_tile_case(rng: random.Random) -> Optional[FuzzCase]:
+    """Family ``vllm-decode-tile``: the fork's decode-tile boundary (theorem 9, ``use_one_mma_wg``).
+
+    Head dims 64 and 128 only, half the draws each (the fork's one-MMA-WG tiles), bf16 KV twice as often as fp8, eager or piecewise attention, full-attention layers, no
+    DCP; one step whose first sequence takes ``q`` query tokens with ``q * (h / h_k)`` at or next to 64 (the
+    boundary a precompute and a call that disagree on ``max_seqlen_q`` straddle), a KV length log-uniform in
+    16..16384, and up to 7 short decodes beside it.
+    """
+    from gpu_impl.config import MODELS, ServerConfig
+
+    dim = rng.choice((64, 128))  # half the draws at d 64, where the one-MMA-WG tile changes kBlockN too
+    name, tp = rng.choice([(n, t) for n, t in model_tp_points() if MODELS[n].head_dim == dim])
+    model = MODELS[name]
+    h, hk = model.num_heads // tp, max(1, model.num_kv_heads // tp)
+    edge = max(1, 64 // (h // hk))
+    q = max(1, rng.choice((edge, edge, edge + 1, edge - 1, rng.randint(1, 2 * edge + 1))))
+    kv = max(q, 16, int(2 ** rng.uniform(4, 14)))
+    b = rng.choice((1, 2, 4, 8))
+    lens = [kv] + [rng.choice((1, 17, 100)) for _ in range(b - 1)]
+    qlens = [q] + [1] * (b - 1)
+    step = ({"mode": "decode", "seq_lens": lens, "extend_lens": None} if q == 1 else
+            {"mode": "mixed", "seq_lens": lens, "extend_lens": qlens})
+    server = ServerConfig(tp_size=tp, page_size=rng.choice((16, 64)), num_sm=rng.choice(SM_COUNTS), cuda_graph=False,
+                          context_length=MAX_MODEL_LEN)
+    options = {"kv_cache_dtype": rng.choice(("auto", "auto", "fp8")), "piecewise": rng.random() < 0.5}
+    return FuzzCase(server=server, model=model, steps=(step,), numerics=False, seed=rng.randrange(2 ** 31),
+                    vllm=options)
 
 
 def vllm_family_label(case: FuzzCase) -> str:

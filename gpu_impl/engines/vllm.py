@@ -82,7 +82,9 @@ class VllmWorker:
 #: Seeded defects (``gpu_impl.defects`` names) the vLLM driver applies, and the driver's transformation for each:
 #: vLLM #20301's pattern, the precompute's ``max_num_splits`` other than the call's -- the metadata is computed with
 #: the heuristic (0) while the call keeps the split count it was captured with (full CUDA graph: 32).
-VLLM_DEFECTS = {"graph-split-count-from-capture": {"precompute_num_splits": 0}}
+#: ``precompute-max-seqlen-q-off-by-one`` (theorem 9's drift): the precompute asks for ``max_seqlen_q + 1``.
+VLLM_DEFECTS = {"graph-split-count-from-capture": {"precompute_num_splits": 0},
+                "precompute-max-seqlen-q-off-by-one": {"precompute_max_seqlen_q_delta": 1}}
 
 
 def _unsupported(message: str):
@@ -130,7 +132,7 @@ def scenario_to_vllm(scn) -> dict:
         if opts.get(name) is not None:
             out[name] = opts[name]
     for d in defects:
-        out["defect"] = dict(VLLM_DEFECTS[d])
+        out["defect"] = {**(out.get("defect") or {}), **VLLM_DEFECTS[d]}
     return out
 
 

@@ -38,6 +38,8 @@ from .protocol import Unsupported, serve
 _PROTOCOL_OUT = sys.stdout
 
 CUDA_GRAPH_MODES = ("none", "piecewise", "full")
+#: the fields a seeded defect may set (``seed_defect``)
+DEFECT_FIELDS = frozenset({"precompute_num_splits", "precompute_max_seqlen_q_delta"})
 #: the FA3 build vLLM 0.33.0 ships (refmodel/fa3_builds.json; refmodel.fa3_builds.build_for_engine)
 VLLM_BUILD = "vllm-fork-617264c1"
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -105,9 +107,11 @@ def check_scenario(s: dict) -> dict:
     if not isinstance(out["seed"], int) or isinstance(out["seed"], bool) or not 0 <= out["seed"] < 2 ** 63:
         raise ValueError(f"seed: must be an integer in [0, 2^63), got {out['seed']!r}")
     d = out["defect"]
-    if d is not None and (not isinstance(d, dict) or set(d) != {"precompute_num_splits"}
-                          or not isinstance(d["precompute_num_splits"], int) or d["precompute_num_splits"] < 0):
-        raise ValueError(f"defect: null or {{\"precompute_num_splits\": N}} with N >= 0, got {d!r}")
+    if d is not None and (not isinstance(d, dict) or not d or not set(d) <= DEFECT_FIELDS
+                          or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1024
+                                     for v in d.values())):
+        raise ValueError(f"defect: null or an object of {sorted(DEFECT_FIELDS)} (integers in [0, 1024]), "
+                         f"got {d!r}")
     return out
 
 
@@ -243,14 +247,21 @@ class FrontFA3:
 
 
 def seed_defect(front: "FrontFA3", defect) -> "FrontFA3":
-    """``front`` with a seeded defect applied from outside (``{"precompute_num_splits": N}``: the metadata vLLM
-    asks for is computed with ``num_splits=N`` whatever vLLM passed -- vLLM #20301's pattern); None: unchanged."""
+    """``front`` with a seeded defect applied from outside; None: unchanged.
+
+    ``{"precompute_num_splits": N}``: the metadata vLLM asks for is computed with ``num_splits=N`` whatever vLLM
+    passed (vLLM #20301's pattern); ``{"precompute_max_seqlen_q_delta": K}``: with ``max_seqlen_q + K`` (theorem 9's
+    drift under the fork's decode tile)."""
     if not defect:
         return front
     plain = front.c_get_scheduler_metadata
 
     def seeded(**a):
-        return plain(**{**a, "num_splits": defect["precompute_num_splits"]})
+        if "precompute_num_splits" in defect:
+            a = {**a, "num_splits": defect["precompute_num_splits"]}
+        if "precompute_max_seqlen_q_delta" in defect:
+            a = {**a, "max_seqlen_q": a["max_seqlen_q"] + defect["precompute_max_seqlen_q_delta"]}
+        return plain(**a)
 
     front.c_get_scheduler_metadata = seeded
     return front
