@@ -1,7 +1,7 @@
 """The ``--engine`` option: the one place where a command line turns an engine name into a system under test.
 
 Every command that runs scenarios (fuzz, gate, replay, run-ranks, prove's witness replay, conform) takes
-``--engine model|sglang==V|sglang-src=PATH`` and opens it here, through :func:`gpu_impl.sut.open_sut` only.
+``--engine model|sglang==V|sglang-src=PATH|vllm==V|vllm-src=PATH`` and opens it here, through :func:`gpu_impl.sut.open_sut` only.
 A malformed name or an engine that cannot be opened (no environment, no ``gpu_impl.engines`` in this
 checkout, a checkout that does not import) is a :class:`fa3verify.errors.UsageError` naming ``--engine``:
 exit 2, never a traceback.
@@ -20,8 +20,9 @@ from .errors import UsageError
 
 ENGINE_HELP = ("system under test: 'model' (our model of sglang's backend, default), 'sglang==V' (release V's "
                "own FlashAttentionBackend in its engine environment, see `fa3verify engine setup`), "
-               "'sglang-src=PATH' (an sglang checkout's python/ or a wheel) or 'vllm==V' (vLLM release V's "
-               "FlashAttention metadata builder and impl; fuzz draws vLLM's configuration families)")
+               "'sglang-src=PATH' (an sglang checkout's python/ or a wheel), 'vllm==V' (vLLM release V's "
+               "FlashAttention metadata builder and impl; fuzz draws vLLM's configuration families) or "
+               "'vllm-src=PATH' (a vLLM checkout's root or a wheel, beside its nearest release)")
 
 #: (argparse dest, option, default) of the model-policy options a real engine does not take.
 POLICY_OPTIONS = (("guard", "--guard", "fixed"), ("metadata_heads", "--metadata-heads", "tp"),
@@ -128,6 +129,8 @@ def spec_from_identity(identity: Optional[dict]):
         return parse_engine(f"sglang=={identity['release']}")
     if name == "sglang-src" and identity.get("path"):
         return parse_engine(f"sglang-src={identity['path']}")
+    if name == "vllm-src" and identity.get("path"):
+        return parse_engine(f"vllm-src={identity['path']}")
     if name == "vllm" and identity.get("release"):
         return parse_engine(f"vllm=={identity['release']}")
     return parse_engine(name)  # a full spec string, e.g. "sglang==0.5.23"
@@ -204,7 +207,8 @@ def engine_for_case(case, override: Optional[str] = None):
     """The EngineSpec a replay runs on: ``--engine`` if given, else the case's own engine (absent: the model).
 
     A case file never makes the tool run code the user did not name: a case found on a source checkout
-    replays on it only when ``--engine sglang-src=PATH`` names that checkout on the command line.
+    replays on it only when ``--engine sglang-src=PATH`` (``vllm-src=PATH``) names that checkout on the command
+    line.
     """
     if override:
         return parse_engine_option(override)
@@ -212,9 +216,9 @@ def engine_for_case(case, override: Optional[str] = None):
         spec = spec_from_identity(case.engine)
     except Exception as exc:  # a malformed engine object already fails case validation; belt and braces
         raise UsageError(f"engine: {exc}") from None
-    if spec.kind == "sglang-src":
+    if spec.is_source:
         raise UsageError(f"engine: the case was found on the source checkout {spec.path}; replay runs code only "
-                         f"you name: pass --engine sglang-src={spec.path} (or --engine model)")
+                         f"you name: pass --engine {spec} (or --engine model)")
     return spec
 
 

@@ -180,7 +180,7 @@ def vllm_flow_rows(sut, timeout_s: float, cases_dir: str, kernel=None) -> RunSum
     from .proving import prove_vllm
 
     try:
-        profile = vllm_profile_for(sut.spec.release)
+        profile = vllm_profile_for(getattr(sut, "release", None) or sut.spec.release)  # a checkout: its nearest
     except VllmProfileError as exc:
         out = RunSummary(command="gate")
         out.checks.append(Check(name="vllm-flow", kind="theorem", verdict="inconclusive", seconds=0.0,
@@ -252,7 +252,7 @@ def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s:
             checks, findings = replay_witnesses(sut, [r.case_file for r in rows], cases_dir, kernel=kernel)
         summary.checks.extend(checks)
         summary.findings.extend(findings)
-        if sut.spec.kind == "vllm":
+        if sut.spec.engine == "vllm":
             flow = RunSummary(command="gate")
             with stage("gate", "vllm-flow theorem (z3 under the release's profile)", lines,
                        result=lambda: failed(flow.checks)):

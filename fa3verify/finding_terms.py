@@ -86,7 +86,7 @@ def replay_line(case_file: Optional[str], guard: Optional[str] = None, engine=No
     parts = ["fa3verify", "replay", str(case_file)]
     if guard and not is_builtin_guard(guard):
         parts += ["--guard", guard]
-    if engine is not None and getattr(engine, "kind", None) == "sglang-src":
+    if engine is not None and getattr(engine, "is_source", False):
         parts += ["--engine", str(engine)]
     return shlex.join(parts)
 

@@ -105,7 +105,7 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
     from .strategies import domain_strategy, family
 
     budget = Budget(seconds=budget_s, cases=max_cases).validate()
-    if defects and sut is not None and sut.spec.kind not in ("model", "vllm"):
+    if defects and sut is not None and sut.spec.engine not in ("model", "vllm"):
         raise ValueError(f"defects: {sorted(defects)} cannot be seeded into {sut.spec} (its driver applies none; "
                          f"seeded defects run on the model or on vllm==V)")
     target = ScenarioTarget(policy, kernel, numerics_always, sut, defects=defects)

@@ -169,7 +169,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
             if value:
                 raise UsageError(f"{option}: does not apply when replaying on {spec} (the engine's own code "
                                  f"decides); use --engine model to replay on the model under another policy")
-    if case.vllm is not None and spec.kind != "vllm":
+    if case.vllm is not None and spec.engine != "vllm":
         raise UsageError(f"vllm: the case carries vLLM options (a vLLM configuration); {spec} does not run them: "
                          f"replay it with --engine vllm==V (the case names {case.engine or 'no engine'})")
     scn = scenario_from_case(case, guard, metadata_heads, keep_stale, trust_case_guard, defects)

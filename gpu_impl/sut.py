@@ -20,6 +20,9 @@ Engines are named by a spec string (:func:`parse_engine`):
   cached engine environment; record mode (metadata checks), numerics on the FA3 emulator on request.
 - ``sglang-src=PATH``: an sglang source checkout (its ``python/`` directory, or a wheel file), run in the
   environment of the nearest release.
+- ``vllm-src=PATH``: a vLLM source checkout (its root, holding ``vllm/``, or a wheel file), run in the environment
+  of the nearest vLLM release; what a plain clone lacks until it is built (``vllm/vllm_flash_attn/``, compiled
+  extensions) comes from that release.
 
 Real engines are imported lazily: nothing here imports sglang or creates an environment.
 """
@@ -49,7 +52,8 @@ class ScenarioUnsupported(EngineSpecError):
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """Which system under test: ``kind`` is "model", "sglang" / "vllm" (a release) or "sglang-src" (a checkout)."""
+    """Which system under test: ``kind`` is "model", "sglang" / "vllm" (a release) or "sglang-src" / "vllm-src"
+    (a checkout)."""
 
     kind: str
     release: Optional[str] = None
@@ -59,17 +63,32 @@ class EngineSpec:
     def __str__(self) -> str:
         if self.kind == "model":
             return "model"
-        if self.kind == "sglang-src":
-            return f"sglang-src={self.path}"
+        if self.kind in SOURCE_KINDS:
+            return f"{self.kind}={self.path}"
         return f"{self.kind}=={self.release}"
 
     @property
     def is_model(self) -> bool:
         return self.kind == "model"
 
+    @property
+    def engine(self) -> str:
+        """Whose code runs: "model", "sglang" or "vllm" (a release and a checkout of one engine alike)."""
+        return self.kind.split("-")[0]
 
-ENGINE_FORMS = ("'model', 'sglang==V' (a release, e.g. sglang==0.5.23), 'sglang-src=PATH' (a checkout or wheel) "
-                "or 'vllm==V' (a vLLM release, e.g. vllm==0.33.0)")
+    @property
+    def is_source(self) -> bool:
+        """A checkout or wheel (``sglang-src=PATH``, ``vllm-src=PATH``): code that is not a registered release."""
+        return self.kind in SOURCE_KINDS
+
+
+#: The checkout forms: kind -> what PATH names (the message of a missing path).
+SOURCE_KINDS = {"sglang-src": "an sglang checkout's python/ or a wheel",
+                "vllm-src": "a vLLM checkout's root (holding vllm/) or a wheel"}
+
+
+ENGINE_FORMS = ("'model', 'sglang==V' (a release, e.g. sglang==0.5.23), 'sglang-src=PATH' (a checkout or wheel), "
+                "'vllm==V' (a vLLM release, e.g. vllm==0.33.0) or 'vllm-src=PATH' (a vLLM checkout or wheel)")
 
 
 def parse_engine(text: str) -> EngineSpec:
@@ -87,11 +106,12 @@ def parse_engine(text: str) -> EngineSpec:
         if not _RELEASE.match(release):
             raise EngineSpecError(f"--engine: {text!r} is not a release number (want e.g. vllm==0.33.0)")
         return EngineSpec("vllm", release=release)
-    if text.startswith("sglang-src="):
-        path = text[len("sglang-src="):]
-        if not path:
-            raise EngineSpecError("--engine: sglang-src= needs a path (an sglang checkout's python/ or a wheel)")
-        return EngineSpec("sglang-src", path=str(Path(path).expanduser().resolve()))
+    for kind, what in SOURCE_KINDS.items():
+        if text.startswith(kind + "="):
+            path = text[len(kind) + 1:]
+            if not path:
+                raise EngineSpecError(f"--engine: {kind}= needs a path ({what})")
+            return EngineSpec(kind, path=str(Path(path).expanduser().resolve()))
     raise EngineSpecError(f"--engine: unknown engine {text!r}; allowed: {ENGINE_FORMS}")
 
 

@@ -79,7 +79,7 @@ def check_defect_names(value: Any, path: str = "defects") -> list:
         raise CaseFormatError(path, "a list of seeded-defect names such as 'graph-split-count-from-capture'",
                               _short(value))
     return sorted(set(value))
-ENGINE_NAMES = ("model", "sglang", "sglang-src", "vllm")
+ENGINE_NAMES = ("model", "sglang", "sglang-src", "vllm", "vllm-src")
 _RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
 
 
@@ -260,8 +260,8 @@ def _check_engine(engine: Any) -> Optional[dict]:
         raise CaseFormatError("engine.release", f"a release number such as '0.5.23' for engine {name!r}", release)
     if path is not None and (not isinstance(path, str) or not path):
         raise CaseFormatError("engine.path", "a non-empty path string", path)
-    if name == "sglang-src" and path is None:
-        raise CaseFormatError("engine.path", "the checkout's path for engine 'sglang-src'", path)
+    if name in ("sglang-src", "vllm-src") and path is None:
+        raise CaseFormatError("engine.path", f"the checkout's path for engine {name!r}", path)
     if revision is not None and not isinstance(revision, str):
         raise CaseFormatError("engine.revision", "null or a string (a git revision)", revision)
     if name == "model":

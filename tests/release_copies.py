@@ -59,3 +59,32 @@ def patched_copy(release: str, dest: Path, patches, module: Path = BACKEND) -> P
 def replay_only_regression(dest: Path) -> Path:
     """0.5.23 with only its graph-replay recompute regressed (:data:`REPLAY_ONLY_HEADS_0_5_23`)."""
     return patched_copy("0.5.23", dest, REPLAY_ONLY_HEADS_0_5_23)
+
+
+VLLM_BACKEND = Path("v1") / "attention" / "backends" / "flash_attn.py"
+
+#: vLLM 0.33.0 with vLLM #20301's pattern seeded into its own builder: the precompute (non-DCP path) asks FA3's
+#: heuristic split count (0) while the call keeps ``max_num_splits`` (the full CUDA graph's 32).
+PR20301_0_33_0 = (
+    (r"(seqlens=seq_lens,\n\s+max_seq_len=max_seq_len,\n\s+causal=causal,\n\s+)max_num_splits=max_num_splits,",
+     r"\1max_num_splits=0,"),
+)
+
+
+def vllm_patched_copy(release: str, dest: Path, patches=(), module: Path = VLLM_BACKEND) -> Path:
+    """``dest``: vLLM release ``release``'s installed package as links (``dest/vllm``), ``module`` patched (each
+    pattern must match exactly once; none: the clean copy); returns the checkout root to pass as ``vllm-src=``."""
+    from gpu_impl.engines import envs
+
+    site = envs.env_dir(release, engine="vllm") / "lib" / "python3.11" / "site-packages" / "vllm"
+    root = Path(dest)
+    shutil.copytree(site, root / "vllm", copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
+    target = root / "vllm" / module
+    text = target.read_text()
+    for pattern, repl in patches:
+        text, n = re.subn(pattern, repl, text)
+        if n != 1:
+            raise AssertionError(f"vllm {release}: {module} matches {pattern!r} {n} times, not once")
+    target.unlink()
+    target.write_text(text)
+    return root

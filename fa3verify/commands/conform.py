@@ -60,7 +60,7 @@ def run(args) -> int:
     spec = parse_engine_option(args.engine)
     if spec.is_model:
         raise UsageError("--engine: conform compares the model with a real engine; 'model' is the model itself")
-    if spec.kind == "vllm":
+    if spec.engine == "vllm":
         if shard is not None:
             raise UsageError(f"--shard: {spec} conforms claim by claim, not over drawn configurations; "
                              f"--shard applies to sglang engines")
@@ -118,7 +118,14 @@ def _conform_vllm(args, spec) -> int:
     from ..summary import print_table
     from spec.engine_profiles import ProfileError, engine_profile_for
 
-    text = args.engine_profile or f"vllm=={spec.release}"
+    if not args.engine_profile and spec.release is None:
+        from ..engine_choice import open_engine as _open
+
+        with _open(spec) as probe:  # a checkout conforms to its nearest release's profile unless told otherwise
+            release = probe.release
+    else:
+        release = spec.release
+    text = args.engine_profile or f"vllm=={release}"
     if not text.startswith("vllm=="):
         raise UsageError(f"--engine-profile: {spec} runs vLLM's code; want vllm==V, got {text!r}")
     try:

@@ -77,8 +77,8 @@ def family(name: str) -> Callable:
 
 
 def family_for_engine(spec) -> str:
-    """The suite family an engine spec's configurations are shaped by: ``vllm`` for ``vllm==V`` (graph modes,
+    """The suite family an engine spec's configurations are shaped by: ``vllm`` for vLLM (graph modes,
     windows, KV dtype, DCP), ``scenario`` for the model and sglang (issue 5's space). A campaign does not choose
     by it: it draws from the system under test's own domain (``sut.domain()``, :func:`domain_strategy`), which
     for a real sglang release is that release's accepted configurations instead."""
-    return "vllm" if getattr(spec, "kind", None) == "vllm" else "scenario"
+    return "vllm" if getattr(spec, "engine", None) == "vllm" else "scenario"

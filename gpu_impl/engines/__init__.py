@@ -1,4 +1,4 @@
-"""Real serving engines as systems under test (``gpu_impl.sut``): sglang releases and checkouts on CPU.
+"""Real serving engines as systems under test (``gpu_impl.sut``): sglang and vLLM releases and checkouts on CPU.
 
 ``open_engine(spec)`` is what ``gpu_impl.sut.open_sut`` calls for a non-model spec. It checks the spec (a
 registered release from 0.5.11, or a checkout / wheel), builds or reuses the release's cached environment
@@ -25,7 +25,7 @@ __all__ = ["open_engine", "EngineUnavailable", "UnknownRelease", "NoPrecompute",
 
 
 def open_engine(spec, progress: Callable[[str], None] = print):
-    """The system under test a real engine spec names: sglang (release or checkout) or vLLM (a release)."""
+    """The system under test a real engine spec names: sglang or vLLM, a release or a checkout."""
     from ..sut import parse_engine
 
     if isinstance(spec, str):
@@ -36,9 +36,13 @@ def open_engine(spec, progress: Callable[[str], None] = print):
 
         check_release(spec.release, engine="vllm")  # an unknown release is refused now, not at the first run
         return VllmSUT(spec.release)
+    if spec.kind == "vllm-src":
+        from .vllm import VllmSUT
+
+        return VllmSUT(spec=spec)  # a path holding no vLLM is refused now (CheckoutImportError)
     if spec.kind not in ("sglang", "sglang-src"):
         raise EngineUnavailable(f"engine {spec}: no real engine of kind {spec.kind!r} (allowed: sglang==V, "
-                                f"sglang-src=PATH, vllm==V)")
+                                f"sglang-src=PATH, vllm==V, vllm-src=PATH)")
     from .sglang import SglangSUT
 
     return SglangSUT(spec, progress=progress)

@@ -63,15 +63,15 @@ def resolve_source(path: str) -> tuple:
     return root, source_version(root), revision
 
 
-def source_version(root: Path) -> Optional[str]:
-    """The sglang version of a checkout or unpacked wheel: ``sglang/_version.py`` (generated at build time), a
-    literal in ``sglang/version.py``, ``git describe --tags``, or ``pyproject.toml``; None when none says
+def source_version(root: Path, package: str = "sglang") -> Optional[str]:
+    """The version of a checkout or unpacked wheel of ``package``: ``_version.py`` (generated at build time), a
+    literal in ``version.py``, ``git describe --tags``, or ``pyproject.toml``; None when none says
     (fallback versions such as ``0.0.0.dev0`` say nothing)."""
     def real(v):
-        return v if v and not v.startswith("0.0.0") else None
+        return v if v and v[0].isdigit() and not v.startswith("0.0.0") else None
 
     for name in ("_version.py", "version.py"):
-        f = root / "sglang" / name
+        f = root / package / name
         if f.exists():
             for m in _VERSION.finditer(f.read_text(errors="replace")):
                 if real(m.group(1)):

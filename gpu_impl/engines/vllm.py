@@ -1,4 +1,5 @@
-"""vLLM's FlashAttention backend as a system under test: a worker process in the release's engine environment.
+"""vLLM's FlashAttention backend as a system under test: a worker process in the release's engine environment, on
+the release's own code (``vllm==V``) or on a checkout or wheel (``vllm-src=PATH``) put first on the path.
 
 Invariant: a scenario reaches vLLM's own metadata builder and attention impl (``vllm_driver``) as plain data and
 comes back as a :class:`gpu_impl.scenario.ScenarioResult` whose findings are the checking shim's verdicts on what
@@ -18,33 +19,99 @@ from outside vLLM's code (:data:`VLLM_DEFECTS`).
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
+import zipfile
+from pathlib import Path
 from typing import Optional
 
 from ..sut import EngineSpec, SystemUnderTest
-from . import envs
-from .errors import DriverError
+from . import envs, vllm_recipes
+from .errors import CheckoutImportError, DriverError
 from .worker_client import EngineWorker, engine_timeout_s
 
-__all__ = ["VllmWorker", "VllmSUT", "scenario_to_vllm", "VLLM_DEFECTS"]
+__all__ = ["VllmWorker", "VllmSUT", "scenario_to_vllm", "resolve_vllm_source", "VLLM_DEFECTS"]
+
+#: Set in a driver's environment to the checkout it runs: build outputs the checkout lacks (a plain clone has no
+#: ``vllm/vllm_flash_attn/`` and no compiled extensions) are then found in the release's package (``vllm_glue``).
+SOURCE_VARIABLE = "FA3VERIFY_VLLM_SOURCE"
+
+
+def resolve_vllm_source(path: str) -> tuple:
+    """(directory to put first on the path, vLLM version or None, revision) of a vLLM checkout or wheel.
+
+    ``path``: a vLLM clone (the directory holding ``vllm/``) or a ``.whl`` file (unpacked once into the engine
+    home); anything else is a :class:`CheckoutImportError` naming what was expected."""
+    from .sglang import _git_revision, source_version
+
+    p = Path(path).expanduser().resolve()
+    if p.is_file() and p.suffix == ".whl":
+        digest = hashlib.sha256(p.read_bytes()).hexdigest()
+        dest = envs.engine_home() / "src" / f"vllm-{digest[:16]}"
+        if not (dest / "vllm").is_dir():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix="unpack-", dir=dest.parent))
+            with zipfile.ZipFile(p) as zf:
+                zf.extractall(tmp)
+            os.replace(tmp, dest)
+        root, revision = dest, f"wheel-sha256:{digest[:16]}"
+    elif p.is_dir():
+        root = p
+        if not (root / "vllm" / "__init__.py").exists():
+            raise CheckoutImportError(f"vllm-src={path}: no vllm package under {p} (want a vLLM clone's root, the "
+                                      f"directory holding vllm/, or a wheel file)")
+        revision = _git_revision(root)
+    else:
+        raise CheckoutImportError(f"vllm-src={path}: not a directory or a .whl file")
+    return root, source_version(root, package="vllm"), revision
+
+
+def nearest_vllm_release(version: Optional[str]) -> str:
+    """The registered vLLM release a checkout of ``version`` runs beside: the newest at or before it, else the
+    oldest; the newest when the checkout says no version."""
+    from .recipes import release_key
+
+    releases = vllm_recipes.RELEASES
+    try:
+        key = release_key(str(version).split("+")[0].split("rc")[0].split(".dev")[0])
+    except (ValueError, AttributeError):
+        return releases[-1]
+    older = [r for r in releases if release_key(r) <= key]
+    return older[-1] if older else releases[0]
 
 
 class VllmWorker:
     """One driver process (``python -m gpu_impl.engines.vllm_driver``) speaking JSON lines, every answer within
     the engine deadline (``timeout``: seconds, default ``$FA3VERIFY_ENGINE_TIMEOUT`` or 900; ``worker_client``)."""
 
-    def __init__(self, release: str, progress=print, root=None, timeout: Optional[float] = None):
+    def __init__(self, release: str, progress=print, root=None, timeout: Optional[float] = None,
+                 source: Optional[Path] = None, label: Optional[str] = None):
+        """``source``: a checkout's root (from :func:`resolve_vllm_source`), imported instead of the release's vLLM
+        (the hello must show it was); ``label``: the engine's name in messages (default ``vllm==release``)."""
         self.release = envs.check_release(release, engine="vllm")
         self.timeout = engine_timeout_s(timeout)
+        self.label = label or f"vllm=={self.release}"
         d = envs.ensure_env(release, progress=progress, root=root, engine="vllm")
+        env = envs.driver_environ(extra_paths=[str(source)] if source else (), engine="vllm")
+        if source:
+            env[SOURCE_VARIABLE] = str(source)
         self._worker = EngineWorker([str(d / "bin" / "python"), "-m", "gpu_impl.engines.vllm_driver"],
-                                    f"engine worker vllm=={self.release}", env=envs.driver_environ(engine="vllm"),
+                                    f"engine worker {self.label}", env=env,
                                     cwd=str(envs.PROJECT_ROOT), timeout_s=self.timeout)
         first = self._worker.first
         if not first.get("ok"):
             self.close()
-            raise DriverError(f"vllm=={release}: the driver did not start: {first.get('error')}",
-                              worker=self._worker.name, pid=self._worker.pid)
+            error = (CheckoutImportError(f"{self.label}: does not import in the environment of vllm=={release} "
+                                         f"({d}): {first.get('error')}") if source else
+                     DriverError(f"{self.label}: the driver did not start: {first.get('error')}",
+                                 worker=self._worker.name, pid=self._worker.pid))
+            raise error
         self.hello = first["hello"]
+        if source and not str(self.hello.get("path", "")).startswith(str(source)):
+            self.close()
+            raise CheckoutImportError(f"{self.label}: vllm was imported from {self.hello.get('path')}, not from the "
+                                      f"checkout {source}")
 
     @property
     def pid(self) -> int:
@@ -60,10 +127,10 @@ class VllmWorker:
         if not resp.get("ok"):
             kind = resp.get("kind")
             if kind == "unsupported":
-                raise _unsupported(f"vllm=={self.release}: {resp.get('error')}")
+                raise _unsupported(f"{self.label}: {resp.get('error')}")
             if kind == "bad_request":
-                raise ValueError(f"vllm=={self.release}: {resp.get('error')}")
-            raise DriverError(f"vllm=={self.release}: {kind}: {resp.get('error')}\n{resp.get('traceback', '')}")
+                raise ValueError(f"{self.label}: {resp.get('error')}")
+            raise DriverError(f"{self.label}: {kind}: {resp.get('error')}\n{resp.get('traceback', '')}")
         return resp
 
     def validate(self, scenario: dict) -> dict:
@@ -71,8 +138,8 @@ class VllmWorker:
         resp = self.request({"op": "validate", "scenario": scenario})
         if not resp.get("ok"):
             if resp.get("kind") == "bad_request":
-                raise ValueError(f"vllm=={self.release}: {resp.get('error')}")
-            raise DriverError(f"vllm=={self.release}: validate: {resp.get('kind')}: {resp.get('error')}")
+                raise ValueError(f"{self.label}: {resp.get('error')}")
+            raise DriverError(f"{self.label}: validate: {resp.get('kind')}: {resp.get('error')}")
         return resp
 
     def close(self) -> None:
@@ -137,12 +204,21 @@ def scenario_to_vllm(scn) -> dict:
 
 
 class VllmSUT(SystemUnderTest):
-    """vLLM release ``V`` (``vllm==V``) driven in its engine environment."""
+    """vLLM release ``V`` (``vllm==V``), or a checkout or wheel (``vllm-src=PATH``) beside its nearest release,
+    driven in that release's engine environment."""
 
-    def __init__(self, release: str, progress=print, root=None, timeout_s: Optional[float] = None):
-        """``timeout_s``: the deadline of each answer of the worker (default ``$FA3VERIFY_ENGINE_TIMEOUT`` or
-        900 s); checked here, before any worker starts."""
-        self.spec = EngineSpec("vllm", release=release)
+    def __init__(self, release: Optional[str] = None, progress=print, root=None, timeout_s: Optional[float] = None,
+                 spec: Optional[EngineSpec] = None):
+        """``spec``: ``vllm-src=PATH`` (the checkout is resolved now: a path that holds no vLLM is refused here);
+        else release ``release``. ``timeout_s``: the deadline of each answer of the worker (default
+        ``$FA3VERIFY_ENGINE_TIMEOUT`` or 900 s); checked here, before any worker starts."""
+        self.spec = spec or EngineSpec("vllm", release=release)
+        self.source = self.version = self.revision = None
+        if self.spec.kind == "vllm-src":
+            self.source, self.version, self.revision = resolve_vllm_source(self.spec.path)
+            self.release = nearest_vllm_release(self.version)
+        else:
+            self.release = self.spec.release
         self.timeout_s = engine_timeout_s(timeout_s)
         self._worker: Optional[VllmWorker] = None
         self._progress, self._root = progress, root
@@ -150,8 +226,8 @@ class VllmSUT(SystemUnderTest):
     @property
     def worker(self) -> VllmWorker:
         if self._worker is None:
-            self._worker = VllmWorker(self.spec.release, progress=self._progress, root=self._root,
-                                      timeout=self.timeout_s)
+            self._worker = VllmWorker(self.release, progress=self._progress, root=self._root,
+                                      timeout=self.timeout_s, source=self.source, label=str(self.spec))
         return self._worker
 
     def start(self) -> dict:
@@ -226,12 +302,19 @@ class VllmSUT(SystemUnderTest):
         return self._verdicts[key]
 
     def assumption_facts(self) -> dict:
-        """The release's facts where spec's assumptions apply to vLLM (``spec/assumption_facts.json``)."""
+        """The release's facts where spec's assumptions apply to vLLM (``spec/assumption_facts.json``); a checkout
+        has those of its nearest release."""
         from spec.assumption_facts import facts_for
 
-        return facts_for("vllm", self.spec.release)
+        return facts_for("vllm", self.release)
+
+    def describe(self) -> str:
+        return str(self.spec) + (f" (runs beside vllm=={self.release})" if self.source is not None else "")
 
     def identity(self) -> dict:
+        if self.source is not None:
+            return {"name": "vllm-src", "path": str(self.spec.path), "revision": self.revision,
+                    "version": self.version, "release": self.release}
         ident = {"name": str(self.spec), "release": self.spec.release}
         if self._worker is not None:
             ident["reported_version"] = self._worker.hello.get("release")

@@ -16,6 +16,7 @@ import json
 import sys
 import types
 from pathlib import Path
+from typing import Optional
 
 __all__ = ["FAKED", "CAPABILITIES_FILE", "install", "front"]
 
@@ -30,6 +31,9 @@ FAKED = (
     "vllm.distributed.parallel_state._DCP: a one-process stand-in group (world size, rank, all_gather by "
     "repetition) when a decode-context-parallel world size > 1 is asked for; the DCP LSE combine and merge_attn_states are "
     "shape-only stand-ins; torch.accelerator.empty_cache (called by vLLM's workspace manager) is a no-op on CPU",
+    "vllm.__path__ (vllm-src=PATH only): the release's vllm package appended after the checkout's, so what a plain "
+    "clone lacks until it is built (vllm_flash_attn/, the compiled extensions) is the release's; every module the "
+    "checkout has is its own",
     "torch.ops._C capability queries (cutlass_scaled_mm_supports_fp8, _block_fp8, _fp4), asked at import by vLLM's "
     "quantization utilities of its compiled _C extension (a CUDA build): registered only where the extension did "
     "not load, answering as a CUDA build does for sm90 (data/vllm_capabilities.json); without them every "
@@ -158,11 +162,30 @@ def _install_accelerator_stub() -> None:
         torch.accelerator.empty_cache = lambda: None
 
 
+def _install_build_fallback() -> Optional[str]:
+    """On a checkout (``$FA3VERIFY_VLLM_SOURCE``, put first on the path): the release's ``vllm`` package is appended
+    to ``vllm.__path__``, so a module the checkout has is the checkout's and only what it lacks (the build outputs:
+    ``vllm_flash_attn/``, compiled extensions, ``_version.py``) is the release's. Returns that directory."""
+    import os
+    import sysconfig
+
+    source = os.environ.get("FA3VERIFY_VLLM_SOURCE")
+    if not source:
+        return None
+    import vllm
+
+    release_pkg = str(Path(sysconfig.get_paths()["purelib"]) / "vllm")
+    if release_pkg not in vllm.__path__ and os.path.isdir(release_pkg):
+        vllm.__path__.append(release_pkg)
+    return release_pkg
+
+
 def install() -> None:
     """Install the fakes (idempotent); call before importing ``vllm.v1.attention.backends.flash_attn``."""
     global _installed
     if _installed:
         return
+    _install_build_fallback()
     _install_fa3_ops()
     _install_platform()
     _install_capability_queries()

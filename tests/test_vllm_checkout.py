@@ -1,0 +1,72 @@
+"""``--engine vllm-src=PATH``: a vLLM checkout (or wheel) as the system under test, beside its nearest release.
+
+Unit tests need nothing. Those marked ``engine`` gate copies of the vLLM 0.33.0 wheel's package (links, one module
+written anew, tests/release_copies.py) in the cached environment: the clean copy passes (exit 0), the copy with
+vLLM #20301's pattern seeded into its own builder fails (exit 1): the negative control.
+"""
+
+import json
+
+import pytest
+
+from fa3verify.cli import main
+from gpu_impl.engines import envs
+from gpu_impl.sut import EngineSpecError, parse_engine
+
+RELEASE = "0.33.0"
+
+
+def test_the_form_parses_and_names_itself(tmp_path):
+    spec = parse_engine(f"vllm-src={tmp_path}")
+    assert (spec.kind, spec.path, spec.engine, spec.is_source) == ("vllm-src", str(tmp_path), "vllm", True)
+    assert str(spec) == f"vllm-src={tmp_path}"
+    with pytest.raises(EngineSpecError, match="vllm-src= needs a path"):
+        parse_engine("vllm-src=")
+    with pytest.raises(EngineSpecError, match="vllm-src=PATH"):
+        parse_engine("vllm-git")
+
+
+def test_a_path_without_vllm_is_bad_input_naming_engine(tmp_path, capsys):
+    assert main(["fuzz", "--engine", f"vllm-src={tmp_path}", "--cases", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--engine" in err and "no vllm package under" in err and "Traceback" not in err
+
+
+def test_a_case_found_on_a_vllm_checkout_replays_only_when_named(tmp_path):
+    from fa3verify.engine_choice import engine_for_case, spec_from_identity
+    from fa3verify.errors import UsageError
+    from fa3verify.finding_terms import replay_line
+
+    ident = {"name": "vllm-src", "path": str(tmp_path), "release": RELEASE}
+    spec = spec_from_identity(ident)
+    assert spec.kind == "vllm-src" and spec.path == str(tmp_path)
+
+    class C:
+        engine = ident
+
+    with pytest.raises(UsageError, match=f"--engine vllm-src={tmp_path}"):
+        engine_for_case(C())
+    assert f"--engine vllm-src={tmp_path}" in replay_line(str(tmp_path / "c.json"), None, spec)
+
+
+def _gate(root, tmp_path, name):
+    out = tmp_path / f"{name}.json"
+    rc = main(["gate", "--engine", f"vllm-src={root}", "--cases", "40", "--cases-dir", str(tmp_path / name),
+               "--json", str(out)])
+    return rc, json.loads(out.read_text())
+
+
+@pytest.mark.engine
+def test_gate_on_a_vllm_checkout_clean_passes_and_seeded_pr20301_fails(tmp_path):
+    if not envs.env_ready(RELEASE, engine="vllm"):
+        pytest.skip(f"no environment for vllm {RELEASE} under {envs.env_dir(RELEASE, engine='vllm')}")
+    from release_copies import PR20301_0_33_0, vllm_patched_copy
+
+    clean = vllm_patched_copy(RELEASE, tmp_path / "clean")
+    rc, summary = _gate(clean, tmp_path, "clean")
+    assert rc == 0, [c.get("message") for c in summary["checks"] if c.get("failed") or c.get("inconclusive")]
+    seeded = vllm_patched_copy(RELEASE, tmp_path / "seeded", PR20301_0_33_0)
+    rc, summary = _gate(seeded, tmp_path, "seeded")
+    assert rc == 1
+    failed = [c for c in summary["checks"] if c.get("failed")]
+    assert failed and any("SPLIT_BOUND" in json.dumps(c) for c in failed), failed
