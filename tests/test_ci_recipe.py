@@ -123,12 +123,17 @@ def test_the_workflows_are_fork_safe_pinned_cached_and_run_the_script(engine):
     steps = re.findall(r"\.fa3-verify/examples/ci/run-gate\.sh ([a-z-]+)", text)
     assert steps and set(steps) <= set(SUBCOMMANDS) and steps[-3:] == ["install", "gate", "report"]
     want = {"sglang": "FA3VERIFY_ENGINE: sglang-src=${{ github.workspace }}/python",
-            "vllm": "FA3VERIFY_ENGINE: vllm==0.33.0"}[engine]
+            "vllm": "FA3VERIFY_ENGINE: vllm-src=${{ github.workspace }}"}[engine]
     assert want in text
 
 
-def test_the_vllm_release_the_workflow_names_is_registered():
+def test_the_vllm_workflow_gates_the_checkout_beside_a_registered_release(tmp_path):
     from gpu_impl.engines import vllm_recipes
+    from gpu_impl.engines.vllm import nearest_vllm_release
+    from gpu_impl.sut import parse_engine
 
-    release = re.search(r"FA3VERIFY_ENGINE: vllm==(\S+)", WORKFLOWS["vllm"].read_text()).group(1)
-    assert release in vllm_recipes.RELEASES
+    form = re.search(r"^\s+FA3VERIFY_ENGINE: (\S+ github.workspace }})", WORKFLOWS["vllm"].read_text(), re.M).group(1)
+    spec = parse_engine(form.replace("${{ github.workspace }}", str(tmp_path)))
+    assert spec.kind == "vllm-src" and spec.path == str(tmp_path)
+    assert nearest_vllm_release(None) in vllm_recipes.RELEASES
+    assert nearest_vllm_release("0.34.0.dev12+g1234") == vllm_recipes.RELEASES[-1]

@@ -11,8 +11,8 @@
 # The gate's code: 0 pass, 1 violation, 2 bad input, 3 inconclusive (FA3VERIFY_ALLOW_INCONCLUSIVE=1: 3 passes).
 #
 # Environment (all optional):
-#   FA3VERIFY_ENGINE    system under test: sglang-src=PATH (an sglang checkout's python/), sglang==V, vllm==V or
-#                       model (default: model, with FA3VERIFY_GUARD)
+#   FA3VERIFY_ENGINE    system under test: sglang-src=PATH (an sglang checkout's python/), sglang==V,
+#                       vllm-src=PATH (a vLLM checkout's root), vllm==V or model (default: model, with FA3VERIFY_GUARD)
 #   FA3VERIFY_GUARD     guard spec for the model (file.py:function, package.module:function, fixed, pre-fix, none)
 #   FA3VERIFY_BUDGET_S  fuzz budget in seconds (default 60)
 #   FA3VERIFY_CASES     fuzz case count instead of the budget (same seed: byte-identical case files)
