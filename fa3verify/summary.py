@@ -266,9 +266,14 @@ def finding_text(f) -> str:
     return "\n".join("  " + line for line in finding_lines(f))
 
 
-def summary_markdown(data) -> str:
-    """A run summary (RunSummary or its JSON) as Markdown, e.g. for a CI job summary: the verdict, the rows that
-    failed or were inconclusive first, every finding in backend terms, then all rows."""
+#: Rows shown at most in a CI job summary (GitHub caps a step summary at 1 MiB; the artifact holds everything).
+JOB_MAX_ROWS = 50
+
+
+def summary_markdown(data, exit_code: Optional[int] = None) -> str:
+    """A run summary (RunSummary or its JSON) as Markdown: the verdict, the rows that failed or were inconclusive
+    first, every finding in backend terms, then all rows. With ``exit_code`` (a CI job summary): the header names
+    the exit code, and only the failed or inconclusive rows are listed (at most :data:`JOB_MAX_ROWS`)."""
     d = data.to_dict() if isinstance(data, RunSummary) else data
     checks, findings = d.get("checks", []), d.get("findings", [])
 
@@ -284,9 +289,17 @@ def summary_markdown(data) -> str:
         return out
 
     failed = [c for c in checks if c.get("failed") or c.get("inconclusive")]
-    lines = [f"## fa3verify {d.get('command', 'run')}: {str(d.get('verdict', '')).upper()}", ""]
+    head = f"## fa3verify {d.get('command', 'run')}: {str(d.get('verdict', '')).upper()}"
+    lines = [head + (f" (exit {exit_code})" if exit_code is not None else ""), ""]
+    if exit_code is not None:
+        lines += [f"{len(checks)} checks, {len(failed)} failed or inconclusive; fuzz cases {d.get('cases', 0)}, "
+                  f"failures {d.get('failures', 0)}, seed {d.get('seed', '?')}, "
+                  f"{float(d.get('elapsed_s') or 0):.0f} s.", ""]
+    shown = failed[:JOB_MAX_ROWS] if exit_code is not None else failed
     if failed:
-        lines += [f"### Rows that failed or were inconclusive ({len(failed)})", ""] + rows(failed) + [""]
+        lines += [f"### Rows that failed or were inconclusive ({len(failed)})", ""] + rows(shown) + [""]
+        if len(shown) < len(failed):
+            lines += [f"({len(failed) - len(shown)} more rows in the run summary)", ""]
     else:
         lines += ["No row failed.", ""]
     if findings:
@@ -297,7 +310,19 @@ def summary_markdown(data) -> str:
             lines += [f"  - {cell(r.strip())}" if not r.strip().startswith("replay:") else
                       f"  - replay: `{r.strip()[len('replay: '):]}`" for r in rest]
         lines.append("")
+    if exit_code is not None:
+        return "\n".join(lines) + "\n"
     lines += [f"### All rows ({len(checks)})", ""] + rows(checks)
+    return "\n".join(lines) + "\n"
+
+
+def no_result_markdown(command: str, exit_code: Optional[int], reason: str, log_tail: list) -> str:
+    """The CI job summary of a run that left no readable run summary: never a pass; says why, with the exit code
+    and the last lines of the run's log."""
+    code = "?" if exit_code is None else exit_code
+    lines = [f"## fa3verify {command}: NO RESULT (exit {code})", "",
+             f"The {command} wrote no run summary ({reason}): bad input, or it did not start. The end of its log:",
+             "", "```"] + (list(log_tail) or ["(no log)"]) + ["```"]
     return "\n".join(lines) + "\n"
 
 

@@ -18,8 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CI = ROOT / "examples" / "ci"
 SCRIPT = CI / "run-gate.sh"
 WORKFLOWS = {"sglang": CI / "github-workflow.yml", "vllm": CI / "github-workflow-vllm.yml"}
-sys.path.insert(0, str(CI))
-import job_summary  # noqa: E402
 
 SUBCOMMANDS = ("cache-key", "install", "gate", "report", "all")
 
@@ -53,7 +51,7 @@ def test_a_failing_gate_through_the_script_exits_1_with_the_failing_rows_and_eve
     failing = [c["name"] for c in run["checks"] if c["failed"] or c["inconclusive"]]
     summary = (tmp_path / "step-summary.md").read_text()
     assert summary == (out / "summary.md").read_text()
-    assert summary.startswith("## fa3-verify gate: FAIL (exit 1)")
+    assert summary.startswith("## fa3verify gate: FAIL (exit 1)")
     assert failing and _table_rows(summary) == failing  # every failing row, and no passing one
     assert all(f["replay"] in summary for f in run["findings"])
 
@@ -64,23 +62,45 @@ def test_bad_input_is_exit_2_and_the_summary_says_there_is_no_result(tmp_path):
     proc = _run(tmp_path, "report")
     assert proc.returncode == 0
     text = (tmp_path / "step-summary.md").read_text()
-    assert text.startswith("## fa3-verify gate: NO RESULT (exit 2)") and "--engine" in text
+    assert text.startswith("## fa3verify gate: NO RESULT (exit 2)") and "--engine" in text
+    assert not (CI / "job_summary.py").exists()  # one renderer: `fa3verify report --markdown`
     assert _run(tmp_path, "bogus").returncode == 2
 
 
+def _job_summary(tmp_path, *extra):
+    from fa3verify.cli import main
+
+    rc = main(["report", str(tmp_path / "gate.json"), "--markdown", str(tmp_path / "summary.md"), *extra])
+    return rc, (tmp_path / "summary.md").read_text()
+
+
 def test_the_job_summary_shows_failed_and_inconclusive_rows_only(tmp_path):
-    """Negative control for the summary: a passing row is never listed; a failed and an inconclusive one are."""
+    """Negative control for the summary: a passing row is never listed; a failed and an inconclusive one are.
+    The summary is the tool's (`report --markdown --exit-code N --log PATH`); no result is NO RESULT, exit 2."""
     checks = [{"name": "ok", "kind": "theorem", "verdict": "proved", "failed": False, "inconclusive": False},
               {"name": "bad|pipe", "kind": "property", "verdict": "fail", "failed": True, "inconclusive": False,
                "case_file": "c.json", "message": "two\nlines"},
               {"name": "slow", "kind": "theorem", "verdict": "unknown", "failed": False, "inconclusive": True}]
-    (tmp_path / "gate.json").write_text(json.dumps({"verdict": "fail", "checks": checks, "findings": [],
-                                                    "cases": 3, "failures": 1, "seed": 0, "elapsed_s": 1.0}))
-    (tmp_path / "exit-code").write_text("1\n")
-    text = job_summary.summary(str(tmp_path))
-    assert _table_rows(text) == ["bad\\|pipe", "slow"] and "two lines" in text
+    from fa3verify.summary import RunSummary
+
+    data = RunSummary(command="gate").to_dict()
+    data.update({"verdict": "fail", "checks": [dict(c, seconds=0.1, message=c.get("message", ""))
+                                                for c in checks], "cases": 3, "failures": 1})
+    (tmp_path / "gate.json").write_text(json.dumps(data))
+    rc, text = _job_summary(tmp_path, "--exit-code", "1")
+    assert rc == 0 and text.startswith("## fa3verify gate: FAIL (exit 1)")
+    assert _table_rows(text) == ["bad\\|pipe", "slow"]
+    (tmp_path / "gate.log").write_text("line one\nthe last line of the log\n")
     (tmp_path / "gate.json").write_text("{not json")
-    assert "NO RESULT (exit 1)" in job_summary.summary(str(tmp_path))
+    rc, text = _job_summary(tmp_path, "--exit-code", "1", "--log", str(tmp_path / "gate.log"))
+    assert rc == 2 and text.startswith("## fa3verify gate: NO RESULT (exit 1)") and "the last line" in text
+    (tmp_path / "gate.json").unlink()
+    rc, text = _job_summary(tmp_path, "--exit-code", "2")
+    assert rc == 2 and text.startswith("## fa3verify gate: NO RESULT (exit 2)") and "no such file" in text
+    from fa3verify.cli import main
+
+    assert main(["report", str(tmp_path / "gate.json"), "--markdown", str(tmp_path / "s.md"),
+                 "--exit-code", "256"]) == 2 and not (tmp_path / "s.md").exists()
 
 
 def test_install_runs_venv_uv_torch_cpu_build_then_fa3_verify(tmp_path):

@@ -105,13 +105,24 @@ cmd_gate() {
 
 cmd_report() {
     mkdir -p "$out"
+    rm -f "$out/summary.md"
     if [[ -f "$out/gate.json" ]]; then
         fa3verify_cmd
         "${fa3verify[@]}" report "$out/gate.json" --html "$out/gate.html" >/dev/null \
             || echo "run-gate: the HTML report could not be rendered" >&2
     fi
-    local summary="${GITHUB_STEP_SUMMARY:-}"
-    "$(base_python)" "$here/job_summary.py" "$out" >"$out/summary.md"
+    local summary="${GITHUB_STEP_SUMMARY:-}" code
+    code="$(tr -dc 0-9 <"$out/exit-code" 2>/dev/null || true)"
+    # the job summary from the tool: the failed rows, or NO RESULT (report exits 2) when gate.json is missing
+    if [[ -n "${FA3VERIFY_BIN:-}" || -x "$venv/bin/fa3verify" ]]; then
+        fa3verify_cmd
+        "${fa3verify[@]}" report "$out/gate.json" --markdown "$out/summary.md" --log "$out/gate.log" \
+            ${code:+--exit-code "$code"} >/dev/null || true
+    fi
+    if [[ ! -s "$out/summary.md" ]]; then  # fa3-verify itself is not installed: nothing ran
+        printf '## fa3verify gate: NO RESULT (exit %s)\n\nfa3-verify is not installed in %s (the install step failed).\n' \
+            "${code:-?}" "$venv" >"$out/summary.md"
+    fi
     if [[ -n "$summary" ]]; then cat "$out/summary.md" >>"$summary"; fi
     cat "$out/summary.md"
 }
