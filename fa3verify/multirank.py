@@ -224,7 +224,7 @@ def _supervise(ctx, folder: Path, deadline: float, timeout_s: float) -> Optional
             # Let collateral failures (peers of a dead rank) show, then blame the earliest one.
             time.sleep(0.2)
             failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]  # with those that showed
-            return _describe_failure(ctx, folder, failed)
+            return describe_failure(ctx, folder, failed)
         if all(c == 0 for c in codes):
             return None
         if time.perf_counter() > deadline:
@@ -235,7 +235,7 @@ def _supervise(ctx, folder: Path, deadline: float, timeout_s: float) -> Optional
         time.sleep(POLL_S)
 
 
-def _describe_failure(ctx, folder: Path, first_seen: list[int]) -> dict:
+def describe_failure(ctx, folder: Path, first_seen: list[int]) -> dict:
     procs = ctx.processes
     reports = {}
     for path in folder.glob("error-rank-*.json"):
@@ -388,6 +388,6 @@ def bitwise_equal(x, y) -> bool:
 
 
 def _normal(x):
-    from gpu_impl.distributed import _json_safe
+    from gpu_impl.distributed import json_safe
 
-    return json.loads(json.dumps(_json_safe(x)))
+    return json.loads(json.dumps(json_safe(x)))

@@ -40,7 +40,7 @@ import torch
 from .rank_placement import (RankPlacement, attention_world_size, case_to_dict, kernel_spec, loopback_interface,
                              rank_placement, scenario_from_case)
 from .rank_verdict import VERDICT_SCHEMA, RankRecord, StepRecord, assemble
-from .rank_verdict import _json_safe  # noqa: F401 - fa3verify.multirank reads it from here
+from .rank_verdict import json_safe  # noqa: F401 - fa3verify.multirank reads it from here
 from .scenario import Finding, Scenario, Step
 
 __all__ = [
@@ -215,7 +215,7 @@ def _extend_step(scn: Scenario, run, placement: RankPlacement, comm: RankComm, i
 def _decode_step(scn: Scenario, backend, placement: RankPlacement, comm: RankComm, index: int,
                  seq_lens: Sequence[int], numerics: bool, kernel, device: str) -> StepRecord:
     from .errors import MetadataShapeError, OutOfBoundsAccess
-    from .scenario import _jsonable, _seed, decode_tensors, distribute_over_dp
+    from .scenario import jsonable, _seed, decode_tensors, distribute_over_dp
 
     rec = StepRecord(index, "decode")
     dp_rank = placement.dp_rank
@@ -250,7 +250,7 @@ def _decode_step(scn: Scenario, backend, placement: RankPlacement, comm: RankCom
             out, _ = backend.forward_decode(kernel, call, *tensors, sliding_window=sliding)
         except OutOfBoundsAccess as exc:
             rec.layers.append(("finding", Finding(exc.invariant, index, call.dp_rank, str(exc),
-                                                  {**detail, "batch": exc.batch, "indices": _jsonable(exc.indices)})))
+                                                  {**detail, "batch": exc.batch, "indices": jsonable(exc.indices)})))
             break
         except MetadataShapeError as exc:
             rec.layers.append(("shape", Finding("SHAPE", index, call.dp_rank, str(exc), detail)))

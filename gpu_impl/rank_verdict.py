@@ -167,11 +167,11 @@ def assemble(case: Any, records: Sequence[RankRecord], numerics: bool = True) ->
         "outcome": outcome,
         "findings": [_jsonable_finding(f) for f in findings],
         "shape_errors": [_jsonable_finding(f) for f in shape_errors],
-        "trace": _json_safe(trace),
+        "trace": json_safe(trace),
         "failing_ranks": failing,
         "ranks": [{"rank": r.rank, "dp_rank": r.dp_rank, "cp_rank": r.cp_rank, "elapsed_s": round(r.elapsed_s, 4),
                    "findings": rank_findings[r.rank], "guard_raised": r.guard_raised,
-                   "trace": _json_safe([_rank_entry(s) for s in r.steps])} for r in records],
+                   "trace": json_safe([_rank_entry(s) for s in r.steps])} for r in records],
         "outputs": outputs,
     }
 
@@ -188,17 +188,17 @@ def _rank_entry(s: StepRecord) -> dict:
 
 
 def _jsonable_finding(f: Finding) -> dict:
-    return _json_safe(f.to_dict())
+    return json_safe(f.to_dict())
 
 
-def _json_safe(x):
-    from .scenario import _jsonable
+def json_safe(x):
+    from .scenario import jsonable
 
-    x = _jsonable(x)
+    x = jsonable(x)
     if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
+        return {k: json_safe(v) for k, v in x.items()}
     if isinstance(x, list):
-        return [_json_safe(v) for v in x]
+        return [json_safe(v) for v in x]
     if isinstance(x, float) and not math.isfinite(x):
         return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
     return x

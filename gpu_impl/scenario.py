@@ -359,7 +359,7 @@ def _run_decode_numerics(backend: FlashAttentionBackend, scn: Scenario, index: i
             out, lse = backend.forward_decode(kernel, call, *tensors, sliding_window=sliding)
         except OutOfBoundsAccess as exc:
             result.findings.append(Finding(exc.invariant, index, call.dp_rank, str(exc),
-                                           {**detail, "batch": exc.batch, "indices": _jsonable(exc.indices)}))
+                                           {**detail, "batch": exc.batch, "indices": jsonable(exc.indices)}))
             return
         except MetadataShapeError as exc:
             result.shape_errors.append(Finding("SHAPE", index, call.dp_rank, str(exc), detail))
@@ -416,11 +416,11 @@ def _seed(base: int, step: int, rank: Optional[int]) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def _jsonable(x):
+def jsonable(x):
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple, range)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, torch.Tensor):
         return x.tolist()
     return x

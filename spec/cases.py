@@ -93,21 +93,21 @@ class CaseFormatError(ValueError):
         super().__init__(f"{field_path}: expected {allowed}, got {got!r}")
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _check_field(path: str, value: Any, kind: str, arg: Any) -> None:
     if kind == "int":
-        if not _is_int(value) or value < arg:
+        if not is_int(value) or value < arg:
             raise CaseFormatError(path, f"an integer >= {arg}", value)
     elif kind == "int_range":
         lo, hi = arg
-        if not _is_int(value) or not lo <= value <= hi:
+        if not is_int(value) or not lo <= value <= hi:
             raise CaseFormatError(path, f"an integer in [{lo}, {hi}]", value)
     elif kind == "optint_range":
         lo, hi = arg
-        if value is not None and (not _is_int(value) or not lo <= value <= hi):
+        if value is not None and (not is_int(value) or not lo <= value <= hi):
             raise CaseFormatError(path, f"null or an integer in [{lo}, {hi}]", value)
     elif kind == "bool":
         if not isinstance(value, bool):
@@ -154,7 +154,7 @@ def _check_batches(batches: Any) -> list:
         lens = b.get("seq_lens", "<missing>")
         if isinstance(lens, list) and len(lens) > MAX_BATCH:
             raise CaseFormatError(f"{p}.seq_lens", f"at most {MAX_BATCH} sequences", f"{len(lens)} sequences")
-        if not isinstance(lens, list) or not all(_is_int(x) and 1 <= x <= MAX_LEN for x in lens):
+        if not isinstance(lens, list) or not all(is_int(x) and 1 <= x <= MAX_LEN for x in lens):
             raise CaseFormatError(f"{p}.seq_lens", "a list of integers in [1, 2^31)", _short(lens))
         if b["mode"] != "idle" and not lens:
             raise CaseFormatError(f"{p}.seq_lens", f"a non-empty list for mode {b['mode']!r}", lens)
@@ -164,7 +164,7 @@ def _check_batches(batches: Any) -> list:
                 raise CaseFormatError(f"{p}.extend_lens", f"null or a list of {len(lens)} integers (one per seq_len)",
                                       ext)
             for j, (e, s) in enumerate(zip(ext, lens)):
-                if not _is_int(e) or not 1 <= e <= s:
+                if not is_int(e) or not 1 <= e <= s:
                     raise CaseFormatError(f"{p}.extend_lens[{j}]", f"an integer in [1, seq_lens[{j}]={s}]", e)
         elif b["mode"] in ("extend", "mixed"):
             raise CaseFormatError(f"{p}.extend_lens", f"a list of {len(lens)} integers for mode {b['mode']!r}", ext)
@@ -380,7 +380,7 @@ class Case:
                                   model["num_kv_heads"])
         _check_parallel_layout(server, model)
         seed = data.get("seed", 0)
-        if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+        if not is_int(seed) or not 0 <= seed <= MAX_SEED:
             raise CaseFormatError("seed", "an integer in [0, 2^63)", _short(seed))
         notes = data.get("notes", "")
         if not isinstance(notes, str):

@@ -201,7 +201,7 @@ def assumption_name_error(names, field: str = "dropped_assumptions") -> Optional
     return f"{field}: unknown name(s) {', '.join(unknown)}{hint}; allowed: {', '.join(sorted(ASSUMPTIONS))}"
 
 
-def _check_names(dropped) -> frozenset:
+def check_names(dropped) -> frozenset:
     dropped = frozenset(dropped)
     message = assumption_name_error(dropped)
     if message:
@@ -218,7 +218,7 @@ def enumerate_configs(dropped: frozenset = frozenset(), models=None, num_sms=NUM
     on/off; num_splits 0 or fixed; deterministic on/off; page size; SM count. CUDA graph is enumerated off: it only
     changes the call's page-table width, which the theorems keep symbolic.
     """
-    dropped = _check_names(dropped)
+    dropped = check_names(dropped)
     models = tuple(MODELS.values()) if models is None else tuple(models)
     return iter(_configs(dropped, models, tuple(num_sms), tuple(page_sizes)))
 

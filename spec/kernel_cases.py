@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cases import MAX_SEED, CaseFormatError, _is_int, check_defect_names
+from .cases import MAX_SEED, CaseFormatError, is_int, check_defect_names
 
 __all__ = ["check_kernel_case", "MAX_KERNEL_ELEMENTS"]
 
@@ -24,13 +24,13 @@ _METADATA_FIELDS = {"batch_size", "max_seqlen_q", "max_seqlen_k", "cache_seqlens
 
 
 def _int(path: str, v: Any, lo: int, hi: int) -> int:
-    if not _is_int(v) or not lo <= v <= hi:
+    if not is_int(v) or not lo <= v <= hi:
         raise CaseFormatError(path, f"an integer in [{lo}, {hi}]", v)
     return v
 
 
 def _ints(path: str, v: Any, lo: int, hi: int, n_max: int = MAX_KERNEL_BATCH) -> list:
-    if not isinstance(v, list) or len(v) > n_max or not all(_is_int(x) and lo <= x <= hi for x in v):
+    if not isinstance(v, list) or len(v) > n_max or not all(is_int(x) and lo <= x <= hi for x in v):
         raise CaseFormatError(path, f"a list of at most {n_max} integers in [{lo}, {hi}]", v if len(repr(v)) < 80
                               else repr(v)[:60] + "...")
     return v
@@ -53,7 +53,7 @@ def check_kernel_case(data: dict) -> dict:
     if len(lq) != len(lk):
         raise CaseFormatError("call.seqlens_k", f"a list of {len(lq)} lengths (one per seqlens_q)", lk)
     heads = call["heads"]
-    if not isinstance(heads, list) or len(heads) != 2 or not all(_is_int(h) and 1 <= h <= 1024 for h in heads) \
+    if not isinstance(heads, list) or len(heads) != 2 or not all(is_int(h) and 1 <= h <= 1024 for h in heads) \
             or heads[0] % heads[1]:
         raise CaseFormatError("call.heads", "[h, h_k] with 1 <= h_k <= h <= 1024 and h % h_k == 0", heads)
     d = _int("call.head_dim", call["head_dim"], 1, 1024)

@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional
 __all__ = ["enable", "disable", "enabled", "suspended", "state", "fingerprint", "after_run", "lookup", "store",
            "stats"]
 
-_MEMO: Optional[dict] = None
+MEMO: Optional[dict] = None
 _PAUSED = 0
 _STATS = {"hits": 0, "misses": 0}
 _PREFIXES = ("refmodel", "spec", "z3")
@@ -35,19 +35,19 @@ _PREFIXES = ("refmodel", "spec", "z3")
 
 def enable() -> None:
     """Remember part values from now on (in this process)."""
-    global _MEMO
-    if _MEMO is None:
-        _MEMO = {}
+    global MEMO
+    if MEMO is None:
+        MEMO = {}
 
 
 def disable() -> None:
     """Forget everything and remember nothing."""
-    global _MEMO
-    _MEMO = None
+    global MEMO
+    MEMO = None
 
 
 def enabled() -> bool:
-    return _MEMO is not None and not _PAUSED
+    return MEMO is not None and not _PAUSED
 
 
 @contextmanager
@@ -119,7 +119,7 @@ def lookup(key: Optional[tuple], cases_dir: Optional[str], fp: int) -> tuple[boo
     if key is None or not enabled():
         return False, None
     try:
-        entry = _MEMO.get(key)
+        entry = MEMO.get(key)
     except TypeError:  # an unhashable key: never remembered
         return False, None
     if entry is None or entry[0] != fp:
@@ -143,6 +143,6 @@ def store(key: Optional[tuple], cases_dir: Optional[str], fp: Optional[int], val
     if key is None or fp is None or not enabled():
         return
     try:
-        _MEMO[key] = (fp, cases_dir, copy.deepcopy(value))
+        MEMO[key] = (fp, cases_dir, copy.deepcopy(value))
     except TypeError:  # an unhashable key or an uncopyable value: not remembered
         pass

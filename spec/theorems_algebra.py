@@ -74,9 +74,9 @@ from spec.results import TheoremResult
 from spec.theorems import own_defects, select
 from spec.theorem_jobs import Job, run_jobs
 
-from .theorems_algebra_assoc import _merge_theorem, replay_merges
+from .theorems_algebra_assoc import merge_theorem, replay_merges
 from .theorems_algebra_combine import FloatArith, combine_float, combine_rows, exact_merge_float
-from .theorems_algebra_merge import _theorem_all_empty, exact_merge_job
+from .theorems_algebra_merge import theorem_all_empty, exact_merge_job
 from .theorems_algebra_z3 import Z3Arith, replay_row
 
 
@@ -145,9 +145,9 @@ def algebra_jobs(timeout_s: float = 10, only: Optional[Iterable[str]] = None, de
     if not split_counts or any(not isinstance(n, int) or n < 1 for n in split_counts):
         raise ValueError(f"split_counts: must be a non-empty sequence of ints >= 1, got {split_counts!r}")
     runners: dict[str, Callable[[], TheoremResult]] = {
-        "combine_all_empty": lambda: _theorem_all_empty(timeout_s, active, split_counts),
-        "merge_commutative": lambda: _merge_theorem("merge_commutative", timeout_s, active),
-        "merge_associative": lambda: _merge_theorem("merge_associative", timeout_s, active),
+        "combine_all_empty": lambda: theorem_all_empty(timeout_s, active, split_counts),
+        "merge_commutative": lambda: merge_theorem("merge_commutative", timeout_s, active),
+        "merge_associative": lambda: merge_theorem("merge_associative", timeout_s, active),
     }
     weights = {"combine_all_empty": 0.35, "merge_commutative": 0.1, "merge_associative": 0.25}
     jobs = []

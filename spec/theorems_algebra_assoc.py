@@ -19,23 +19,23 @@ from spec.z3ctx import Int as _Int
 from spec.z3ctx import Real as _Real
 
 from .theorems_algebra_combine import combine_float
-from .theorems_algebra_merge import _exact_merge_case
+from .theorems_algebra_merge import exact_merge_case
 from .theorems_algebra_z3 import (
     NINF,
     XV,
     Z3Arith,
-    _Atom,
-    _KIND_NAMES,
-    _State,
-    _close,
-    _combine_z3,
-    _exp_facts,
-    _fmt,
-    _input_state,
+    Atom,
+    KIND_NAMES,
+    State,
+    close,
+    combine_z3,
+    exp_facts,
+    fmt,
+    input_state,
     _kind,
     _result,
-    _state_witness,
-    _xv_float,
+    state_witness,
+    xv_float,
 )
 
 
@@ -44,7 +44,7 @@ from .theorems_algebra_z3 import (
 # --------------------------------------------------------------------------------------------
 
 
-def _merge_spec(x: _State, y: _State, z: _State) -> list[Any]:
+def _merge_spec(x: State, y: State, z: State) -> list[Any]:
     """The exact-merge relation for a two-way merge ``z = merge(x, y)`` (``combine_exact_merge`` at n = 2).
 
     Multiplying the proved ``O = sum_s S_s * u * O_s`` by the total ``T = S_x + S_y`` gives
@@ -57,7 +57,7 @@ def _merge_spec(x: _State, y: _State, z: _State) -> list[Any]:
                   z3.And(z.out.fin(), z.out.v == 0, z.lse.is_kind(NINF), z.mass == 0))]
 
 
-def _merge_theorem(name: str, timeout_s: float, defects: frozenset) -> TheoremResult:
+def merge_theorem(name: str, timeout_s: float, defects: frozenset) -> TheoremResult:
     """Commutativity / associativity of the two-way merge.
 
     When ``combine_exact_merge`` is proved for n = 2 under the same defects, every merge call is replaced by
@@ -68,29 +68,29 @@ def _merge_theorem(name: str, timeout_s: float, defects: frozenset) -> TheoremRe
     which can refute (witnesses are replayed concretely) but rarely prove.
     """
     t0 = time.perf_counter()
-    pre = _exact_merge_case(2, defects, timeout_s)
+    pre = exact_merge_case(2, defects, timeout_s)
     use_spec = pre["result"] == "unsat"
     tag = "mc" if name == "merge_commutative" else "ma"
     A = Z3Arith(tag)
     labels = ["a", "b"] if name == "merge_commutative" else ["a", "b", "c"]
     states, cons = [], []
     for lab in labels:
-        st, c = _input_state(A, f"{tag}_{lab}")
+        st, c = input_state(A, f"{tag}_{lab}")
         states.append(st)
         cons.append(c)
     facts: list[Any] = []
-    merged: list[tuple[_State, _State, _State]] = []
+    merged: list[tuple[State, State, State]] = []
     law_facts: list[Any] = []
 
-    def merge(x: _State, y: _State) -> _State:
+    def merge(x: State, y: State) -> State:
         if use_spec:
             k = len(merged)
-            z = _State(XV(_Int(f"{tag}_z{k}_lk"), _Real(f"{tag}_z{k}_lse")), _Real(f"{tag}_z{k}_S"),
+            z = State(XV(_Int(f"{tag}_z{k}_lk"), _Real(f"{tag}_z{k}_lse")), _Real(f"{tag}_z{k}_S"),
                        XV(_Int(f"{tag}_z{k}_ok"), _Real(f"{tag}_z{k}_o")))
-            A.exp_atoms.append(_Atom(z.lse.v, z.mass, z.lse.fin()))
+            A.exp_atoms.append(Atom(z.lse.v, z.mass, z.lse.fin()))
             facts.extend(_merge_spec(x, y, z))
         else:
-            cb = _combine_z3(A, [x, y], defects)
+            cb = combine_z3(A, [x, y], defects)
             law_facts.extend(cb.laws)
             z = cb.state
         merged.append((x, y, z))
@@ -119,11 +119,11 @@ def _merge_theorem(name: str, timeout_s: float, defects: frozenset) -> TheoremRe
         # no zero divisors in the reals (a true fact), for the final cancellation
         facts.append(z3.Implies(z3.And(total > 0, o_l * total == o_r * total), o_l == o_r))
         outputs = [_atom_of(A, left.mass), _atom_of(A, right.mass)]
-        constraints = cons + facts + _exp_facts([], pairwise=outputs) + [z3.Not(equal)]
+        constraints = cons + facts + exp_facts([], pairwise=outputs) + [z3.Not(equal)]
     else:
         # every exp/log application pairwise consistent and monotone: fewer spurious witnesses
         atoms = A.exp_atoms + A.log_atoms
-        constraints = cons + A.facts + law_facts + _exp_facts(atoms, pairwise=atoms) + [z3.Not(equal)]
+        constraints = cons + A.facts + law_facts + exp_facts(atoms, pairwise=atoms) + [z3.Not(equal)]
     res, model = _solve(constraints, timeout_s)
     witness: dict[str, Any] = {}
     details: dict[str, Any] = {"result": res, "uses_exact_merge_n2": use_spec, "exact_merge_n2": pre["lemmas"]}
@@ -133,12 +133,12 @@ def _merge_theorem(name: str, timeout_s: float, defects: frozenset) -> TheoremRe
                    "garbage output) or not; from the proved n = 2 exact merge")
     elif res == "sat":
         verdict, message = "refuted", f"{shape} fails"
-        concrete = {lab: _state_witness(model, st) for lab, st in zip(labels, states)}
+        concrete = {lab: state_witness(model, st) for lab, st in zip(labels, states)}
         witness = {
             "states": concrete,
-            "symbolic_left": {"O": _fmt(_xv_float(model, left.out)), "LSE_kind": _KIND_NAMES[_kind(model, left.lse)]},
-            "symbolic_right": {"O": _fmt(_xv_float(model, right.out)),
-                               "LSE_kind": _KIND_NAMES[_kind(model, right.lse)]},
+            "symbolic_left": {"O": fmt(xv_float(model, left.out)), "LSE_kind": KIND_NAMES[_kind(model, left.lse)]},
+            "symbolic_right": {"O": fmt(xv_float(model, right.out)),
+                               "LSE_kind": KIND_NAMES[_kind(model, right.lse)]},
             "defects": sorted(defects),
             "replay": replay_merges(name, concrete, defects),
         }
@@ -169,12 +169,12 @@ def replay_merges(name: str, states: dict[str, dict[str, Any]], defects: Iterabl
         left = merge(merge(st["a"], st["b"]), st["c"])
         right = merge(st["a"], merge(st["b"], st["c"]))
     both_empty = left[1] == -math.inf and right[1] == -math.inf and left[0] == 0 and right[0] == 0
-    same = both_empty or (_close(left[0], right[0]) and _close(left[1], right[1]))
-    return {"left": {"O": _fmt(left[0]), "LSE": _fmt(left[1])},
-            "right": {"O": _fmt(right[0]), "LSE": _fmt(right[1])}, "violates": not same}
+    same = both_empty or (close(left[0], right[0]) and close(left[1], right[1]))
+    return {"left": {"O": fmt(left[0]), "LSE": fmt(left[1])},
+            "right": {"O": fmt(right[0]), "LSE": fmt(right[1])}, "violates": not same}
 
 
-def _atom_of(A: Z3Arith, y: Any) -> _Atom:
+def _atom_of(A: Z3Arith, y: Any) -> Atom:
     for atom in A.exp_atoms:
         if atom.y is y:
             return atom

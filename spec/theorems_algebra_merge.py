@@ -22,16 +22,16 @@ from .theorems_algebra_combine import combine_rows
 from .theorems_algebra_z3 import (
     NINF,
     Z3Arith,
-    _KIND_NAMES,
-    _combine_z3,
-    _exp_facts,
-    _fmt,
-    _input_state,
+    KIND_NAMES,
+    combine_z3,
+    exp_facts,
+    fmt,
+    input_state,
     _kind,
-    _product_instances,
+    product_instances,
     _result,
-    _state_witness,
-    _xv_float,
+    state_witness,
+    xv_float,
     replay_row,
 )
 
@@ -41,7 +41,7 @@ from .theorems_algebra_z3 import (
 # --------------------------------------------------------------------------------------------
 
 
-def _exact_merge_case(n: int, defects: frozenset, timeout_s: float) -> dict[str, Any]:
+def exact_merge_case(n: int, defects: frozenset, timeout_s: float) -> dict[str, Any]:
     """Prove (or refute) the exact-merge claim for ``n`` splits; returns a dict with ``result`` and details.
 
     The claim is split into lemmas; each is checked with the previous ones as assumptions (they were proved
@@ -54,14 +54,14 @@ def _exact_merge_case(n: int, defects: frozenset, timeout_s: float) -> dict[str,
     A = Z3Arith(f"x{n}")
     states, cons = [], []
     for s in range(n):
-        st, c = _input_state(A, f"x{n}s{s}")
+        st, c = input_state(A, f"x{n}s{s}")
         states.append(st)
         cons.append(c)
-    cb = _combine_z3(A, states, defects)
+    cb = combine_z3(A, states, defects)
     total = z3.Sum([st.mass for st in states]) if n > 1 else states[0].mass
     u = _Real(f"x{n}_u")
     reference_def = z3.Implies(total > 0, u * total == 1)  # u = 1/T: the exact merge's normaliser
-    base = cons + A.facts + cb.laws + _exp_facts(A.exp_atoms + A.log_atoms) + [reference_def]
+    base = cons + A.facts + cb.laws + exp_facts(A.exp_atoms + A.log_atoms) + [reference_def]
     o, lse = cb.out, cb.lse
     o_v = _Real(f"x{n}_O")  # names the combine's output value, so lemmas need not carry its term
     base.append(o_v == o.v)
@@ -85,7 +85,7 @@ def _exact_merge_case(n: int, defects: frozenset, timeout_s: float) -> dict[str,
     lemmas = [
         ("kinds", kinds, [], ["base"], True),
         ("core", core, [], ["base"], True),
-        ("coefficients", z3.Implies(total > 0, coefficients), _product_instances(cb, total, u, r),
+        ("coefficients", z3.Implies(total > 0, coefficients), product_instances(cb, total, u, r),
          ["reference", "core"], False),
         ("output", z3.Implies(total > 0, o_v == reference),
          [z3.Implies(total > 0, st.out.v * (w.y * r - st.mass * u) == 0) for w, st in zip(cb.weights, states)],
@@ -111,11 +111,11 @@ def _exact_merge_case(n: int, defects: frozenset, timeout_s: float) -> dict[str,
     steps["direct"] = {"result": res, "seconds": round(time.perf_counter() - t0, 3)}
     out: dict[str, Any] = {"result": res, "lemmas": steps}
     if res == "sat":
-        splits = [_state_witness(model, st) for st in states]
+        splits = [state_witness(model, st) for st in states]
         out["witness"] = {
             "n_splits": n,
             "splits": splits,
-            "combine": {"O": _fmt(_xv_float(model, o)), "LSE_kind": _KIND_NAMES[_kind(model, lse)]},
+            "combine": {"O": fmt(xv_float(model, o)), "LSE_kind": KIND_NAMES[_kind(model, lse)]},
             "defects": sorted(defects),
             "replay": replay_row(splits, defects),
         }
@@ -130,7 +130,7 @@ def _counts(split_counts: Any) -> tuple[int, ...]:
 def _exact_merge_part(n: int, defects: frozenset, timeout_s: float) -> dict[str, Any]:
     """One split count of theorem 5a (a part of its job: each n in its own z3 context), timed."""
     t0 = time.perf_counter()
-    case = _exact_merge_case(n, defects, timeout_s)
+    case = exact_merge_case(n, defects, timeout_s)
     case["n"] = n
     case["seconds"] = time.perf_counter() - t0
     return case
@@ -189,7 +189,7 @@ def _theorem_exact_merge(timeout_s: float, defects: frozenset, split_counts: Seq
 # --------------------------------------------------------------------------------------------
 
 
-def _theorem_all_empty(timeout_s: float, defects: frozenset, split_counts: Sequence[int]) -> TheoremResult:
+def theorem_all_empty(timeout_s: float, defects: frozenset, split_counts: Sequence[int]) -> TheoremResult:
     name = "combine_all_empty"
     split_counts = _counts(split_counts)
     t0 = time.perf_counter()
@@ -200,19 +200,19 @@ def _theorem_all_empty(timeout_s: float, defects: frozenset, split_counts: Seque
         A = Z3Arith(f"e{n}")
         states, cons = [], []
         for s in range(n):
-            st, c = _input_state(A, f"e{n}s{s}")
+            st, c = input_state(A, f"e{n}s{s}")
             states.append(st)
             cons += [c, st.mass == 0]
         o, lse = combine_rows([st.lse for st in states], [st.out for st in states], A, defects)
         prop = z3.And(o.fin(), o.v == 0, lse.is_kind(NINF))
-        res, model = _solve(cons + A.facts + _exp_facts(A.exp_atoms + A.log_atoms) + [z3.Not(prop)], timeout_s)
+        res, model = _solve(cons + A.facts + exp_facts(A.exp_atoms + A.log_atoms) + [z3.Not(prop)], timeout_s)
         per_n[n] = {"result": res, "seconds": round(time.perf_counter() - tq, 3)}
         if res == "sat":
-            splits = [_state_witness(model, st) for st in states]
+            splits = [state_witness(model, st) for st in states]
             witness = {
                 "n_splits": n,
                 "splits": splits,
-                "combine": {"O": _fmt(_xv_float(model, o)), "LSE": _fmt(_xv_float(model, lse))},
+                "combine": {"O": fmt(xv_float(model, o)), "LSE": fmt(xv_float(model, lse))},
                 "defects": sorted(defects),
                 "replay": replay_row(splits, defects),
             }

@@ -31,7 +31,7 @@ from .theorems_algebra_combine import combine_float, combine_rows, exact_merge_f
 
 FIN, PINF, NINF, NAN = 0, 1, 2, 3
 
-_KIND_NAMES = {FIN: "finite", PINF: "+inf", NINF: "-inf", NAN: "nan"}
+KIND_NAMES = {FIN: "finite", PINF: "+inf", NINF: "-inf", NAN: "nan"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def _simp(term: Any) -> Any:
 
 
 @dataclass
-class _Atom:
+class Atom:
     """``y = exp(x)`` whenever ``guard`` holds (one instance of the uninterpreted exponential)."""
 
     x: Any
@@ -76,8 +76,8 @@ class Z3Arith:
     def __init__(self, prefix: str = "c"):
         self.prefix = prefix
         self.facts: list[Any] = []
-        self.exp_atoms: list[_Atom] = []
-        self.log_atoms: list[_Atom] = []
+        self.exp_atoms: list[Atom] = []
+        self.log_atoms: list[Atom] = []
         self.inv_atoms: list[tuple[Any, XV]] = []  # (r, z): r * z = 1 whenever z is finite and non-zero
         self._n = 0
 
@@ -140,7 +140,7 @@ class Z3Arith:
     def exp(self, a: XV) -> XV:
         """``exp``: exp(-inf) = 0, exp(+inf) = +inf, exp(NaN) = NaN, finite -> fresh positive atom."""
         y = self.fresh_real("exp")
-        self.exp_atoms.append(_Atom(a.v, y, a.fin()))
+        self.exp_atoms.append(Atom(a.v, y, a.fin()))
         self.facts += [z3.Implies(a.fin(), y > 0), z3.Implies(a.is_kind(NINF), y == 0)]
         kind = z3.If(z3.Or(a.fin(), a.is_kind(NINF)), FIN, z3.If(a.is_kind(PINF), PINF, NAN))
         return XV(_simp(kind), y)
@@ -149,7 +149,7 @@ class Z3Arith:
         """``log``: log 0 = -inf, log(negative or -inf or NaN) = NaN, log(+inf) = +inf, finite > 0 -> atom."""
         ell = self.fresh_real("log")
         pos = z3.And(a.fin(), a.v > 0)
-        self.log_atoms.append(_Atom(ell, a.v, pos))  # exp(ell) = a.v
+        self.log_atoms.append(Atom(ell, a.v, pos))  # exp(ell) = a.v
         kind = z3.If(pos, FIN, z3.If(z3.And(a.fin(), a.v == 0), NINF, z3.If(a.is_kind(PINF), PINF, NAN)))
         return XV(kind, ell)
 
@@ -182,7 +182,7 @@ class Z3Arith:
 
 
 @dataclass
-class _State:
+class State:
     """A symbolic partial softmax state: ``lse`` (XV), its mass ``exp(lse)`` (0 when empty) and output ``out`` (XV)."""
 
     lse: XV
@@ -190,7 +190,7 @@ class _State:
     out: XV
 
 
-def _input_state(A: Z3Arith, name: str) -> tuple[_State, Any]:
+def input_state(A: Z3Arith, name: str) -> tuple[State, Any]:
     """A split's state as the main kernel leaves it; returns it and the constraints tying it together.
 
     Empty (mass 0): ``lse = -inf`` and an output of any kind and value (FA3 never writes it).
@@ -205,8 +205,8 @@ def _input_state(A: Z3Arith, name: str) -> tuple[_State, Any]:
         out.k >= FIN, out.k <= NAN,
         z3.Implies(z3.Not(empty), out.fin()),
     )
-    A.exp_atoms.append(_Atom(lse.v, mass, z3.Not(empty)))
-    return _State(lse, mass, out), cons
+    A.exp_atoms.append(Atom(lse.v, mass, z3.Not(empty)))
+    return State(lse, mass, out), cons
 
 
 @dataclass
@@ -226,12 +226,12 @@ class _Combine:
     laws: list
 
     @property
-    def state(self) -> _State:
+    def state(self) -> State:
         """The combined state."""
-        return _State(self.lse, self.mass, self.out)
+        return State(self.lse, self.mass, self.out)
 
 
-def _combine_z3(A: Z3Arith, states: Sequence[_State], defects: frozenset) -> _Combine:
+def combine_z3(A: Z3Arith, states: Sequence[State], defects: frozenset) -> _Combine:
     """Run :func:`combine_rows` symbolically on ``states`` and instantiate the exponential's laws on its terms.
 
     The output mass is a fresh atom ``exp(LSE)`` (0 when LSE is -inf); ``exp(M)`` is another atom.
@@ -245,9 +245,9 @@ def _combine_z3(A: Z3Arith, states: Sequence[_State], defects: frozenset) -> _Co
     weights = A.exp_atoms[n_exp:n_exp + len(states)]
     (log_atom,) = A.log_atoms[n_log:]
     mass_out = A.fresh_real("Eout")
-    A.exp_atoms.append(_Atom(lse.v, mass_out, lse.fin()))
+    A.exp_atoms.append(Atom(lse.v, mass_out, lse.fin()))
     exp_m = A.fresh_real("EM")
-    A.exp_atoms.append(_Atom(m.v, exp_m, m.fin()))
+    A.exp_atoms.append(Atom(m.v, exp_m, m.fin()))
     laws: list[Any] = [z3.Implies(z3.Not(lse.fin()), mass_out == 0)]
     premises = []
     for w, st in zip(weights, states):
@@ -260,7 +260,7 @@ def _combine_z3(A: Z3Arith, states: Sequence[_State], defects: frozenset) -> _Co
                     premises, laws)
 
 
-def _product_instances(cb: _Combine, total: Any, u: Any, r: Any) -> list[Any]:
+def product_instances(cb: _Combine, total: Any, u: Any, r: Any) -> list[Any]:
     """Implied product instances linking a combine to the exact merge with total ``total`` and ``u = 1/total``.
 
     Under ``total > 0`` the ``structure`` lemma gives ``w_j * exp(M) = S_j`` for every split and
@@ -277,7 +277,7 @@ def _product_instances(cb: _Combine, total: Any, u: Any, r: Any) -> list[Any]:
     return hints
 
 
-def _exp_facts(atoms: Sequence[_Atom], pairwise: Sequence[_Atom] = ()) -> list[Any]:
+def exp_facts(atoms: Sequence[Atom], pairwise: Sequence[Atom] = ()) -> list[Any]:
     """Facts of the real exponential: on every atom positivity and the position relative to exp(0) = 1;
     on every pair of ``pairwise`` atoms monotonicity and injectivity (``x < y -> exp x < exp y``)."""
     facts: list[Any] = []
@@ -321,14 +321,14 @@ def _kind(model: z3.ModelRef, x: XV) -> int:
     return int(model.eval(x.k, model_completion=True).as_long())
 
 
-def _xv_float(model: z3.ModelRef, x: XV) -> float:
+def xv_float(model: z3.ModelRef, x: XV) -> float:
     kind = _kind(model, x)
     if kind == FIN:
         return _num(model, x.v)
     return {PINF: math.inf, NINF: -math.inf, NAN: math.nan}[kind]
 
 
-def _fmt(x: float) -> Any:
+def fmt(x: float) -> Any:
     """JSON-friendly float: non-finite values as the strings "nan", "inf", "-inf"."""
     if math.isnan(x):
         return "nan"
@@ -337,14 +337,14 @@ def _fmt(x: float) -> Any:
     return x
 
 
-def _state_witness(model: z3.ModelRef, st: _State) -> dict[str, Any]:
+def state_witness(model: z3.ModelRef, st: State) -> dict[str, Any]:
     """A witness split: its mass, ``lse = log(mass)`` (concretised from the mass, not the atom) and output."""
     mass = _num(model, st.mass)
     lse = math.log(mass) if mass > 0 else -math.inf
-    return {"mass": _fmt(mass), "lse": _fmt(lse), "out": _fmt(_xv_float(model, st.out))}
+    return {"mass": fmt(mass), "lse": fmt(lse), "out": fmt(xv_float(model, st.out))}
 
 
-def _close(a: float, b: float, rel: float = 1e-9) -> bool:
+def close(a: float, b: float, rel: float = 1e-9) -> bool:
     if math.isnan(a) or math.isnan(b):
         return False
     if math.isinf(a) or math.isinf(b):
@@ -363,8 +363,8 @@ def replay_row(splits: Sequence[dict[str, Any]], defects: Iterable[str] = ()) ->
     masses = [float(s["mass"]) for s in splits]
     o, lse = combine_float(lses, outs, defects)
     o_ref, lse_ref = exact_merge_float(masses, outs)
-    ok = _close(o, o_ref) and _close(lse, lse_ref)
-    return {"O": _fmt(o), "LSE": _fmt(lse), "O_ref": _fmt(o_ref), "LSE_ref": _fmt(lse_ref), "violates": not ok}
+    ok = close(o, o_ref) and close(lse, lse_ref)
+    return {"O": fmt(o), "LSE": fmt(lse), "O_ref": fmt(o_ref), "LSE_ref": fmt(lse_ref), "violates": not ok}
 
 
 # --------------------------------------------------------------------------------------------

@@ -60,9 +60,9 @@ from spec.results import TheoremResult
 from spec.theorems import own_defects, select
 from spec.theorem_jobs import Job, run_jobs
 
-from .theorems_cp_common import _CARRIED, _FRESH, ARRIVALS, CP_SIZES, KINDS, THEOREM_NUMBERS, THEOREMS
-from .theorems_cp_runner import _theorem_runner, runner_step, runner_step_z3, simulate_runner
-from .theorems_cp_zigzag import _theorem_zigzag_balance, _theorem_zigzag_partition, zigzag_concrete, zigzag_terms
+from .theorems_cp_common import CARRIED, FRESH, ARRIVALS, CP_SIZES, KINDS, THEOREM_NUMBERS, THEOREMS
+from .theorems_cp_runner import theorem_runner, runner_step, runner_step_z3, simulate_runner
+from .theorems_cp_zigzag import theorem_zigzag_balance, theorem_zigzag_partition, zigzag_concrete, zigzag_terms
 
 
 __all__ = [
@@ -127,7 +127,7 @@ def _write_runner_case(result: TheoremResult, cases_dir: Optional[str]) -> Optio
     if cases_dir is None or not w:
         return None
     # the arrivals a replay gives: a fresh object for a CP-v2 extend, the reused one for everything else
-    replay_steps = [(KINDS.index(k), _FRESH if k == "CP_V2_EXTEND" else _CARRIED) for k in w["sequence"]]
+    replay_steps = [(KINDS.index(k), FRESH if k == "CP_V2_EXTEND" else CARRIED) for k in w["sequence"]]
     last = simulate_runner(replay_steps, clear_stale=bool(w["clear_stale"]))[-1]
     if last["cp_path"] == last["active"]:
         return None
@@ -168,10 +168,10 @@ def cp_jobs(timeout_s: float = 10, clear_stale: bool = True, only: Optional[Iter
     if not 1 <= max_k <= 12:
         raise ValueError(f"max_k: must lie in [1, 12], got {max_k}")
     runners: dict[str, Callable[[], TheoremResult]] = {
-        "zigzag_partition": lambda: _theorem_zigzag_partition(timeout_s, active),
-        "zigzag_balance": lambda: _theorem_zigzag_balance(timeout_s, active),
-        "runner_hygiene": lambda: _theorem_runner("hygiene", timeout_s, clear_stale, max_k, cp_v2_may_inherit),
-        "runner_freshness": lambda: _theorem_runner("freshness", timeout_s, clear_stale, max_k, cp_v2_may_inherit),
+        "zigzag_partition": lambda: theorem_zigzag_partition(timeout_s, active),
+        "zigzag_balance": lambda: theorem_zigzag_balance(timeout_s, active),
+        "runner_hygiene": lambda: theorem_runner("hygiene", timeout_s, clear_stale, max_k, cp_v2_may_inherit),
+        "runner_freshness": lambda: theorem_runner("freshness", timeout_s, clear_stale, max_k, cp_v2_may_inherit),
     }
     weights = {"zigzag_partition": 0.1, "zigzag_balance": 0.45, "runner_hygiene": 0.05, "runner_freshness": 0.07}
     return [Job((name,), (lambda name=name: _with_case(runners[name](), cases_dir),), weight=weights[name], light=True,

@@ -28,11 +28,11 @@ KINDS = ("CP_V2_EXTEND", "NON_CP_EXTEND", "MIXED", "DECODE")
 #: How a batch arrives at the runner, in encoding order.
 ARRIVALS = ("fresh", "carried", "built")
 
-_CP_V2, _NON_CP, _MIXED, _DECODE = range(4)
+CP_V2, NON_CP, _MIXED, _DECODE = range(4)
 
-_FRESH, _CARRIED, _BUILT = range(3)
+FRESH, CARRIED, BUILT = range(3)
 
-_NONE = -1
+NONE = -1
 
 
 # --------------------------------------------------------------------------------------------

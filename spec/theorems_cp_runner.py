@@ -22,14 +22,14 @@ from spec.z3ctx import IntVal as _IntVal
 from .theorems_cp_common import (
     ARRIVALS,
     KINDS,
-    _BUILT,
-    _CARRIED,
-    _CP_V2,
+    BUILT,
+    CARRIED,
+    CP_V2,
     _DECODE,
-    _FRESH,
+    FRESH,
     _MIXED,
-    _NONE,
-    _NON_CP,
+    NONE,
+    NON_CP,
     _int,
     _result,
 )
@@ -85,14 +85,14 @@ class _Z3:
 def _step(ops: Any, state: Any, kind: Any, arrival: Any, t: Any, clear_stale: bool,
           clear_always: bool = False, mixed_active: bool = False) -> dict[str, Any]:
     """One eager-runner step, written once over ``ops`` (concrete or z3); see the module docstring."""
-    carried = ops.ite(arrival == _FRESH, _NONE, ops.ite(arrival == _BUILT, t, state))
-    loaded = ops.ite(kind == _DECODE, _NONE, carried)  # prepare_for_decode clears it
-    active = ops.or_(kind == _CP_V2, kind == _MIXED) if mixed_active else (kind == _CP_V2)
-    before_prepare = _NONE if clear_always else loaded
-    after = ops.ite(active, ops.ite(before_prepare == _NONE, t, before_prepare),
-                    _NONE if clear_stale else loaded)
-    cp_extend_mode = ops.or_(kind == _CP_V2, kind == _NON_CP, kind == _MIXED)
-    cp_path = ops.and_(cp_extend_mode, after != _NONE)
+    carried = ops.ite(arrival == FRESH, NONE, ops.ite(arrival == BUILT, t, state))
+    loaded = ops.ite(kind == _DECODE, NONE, carried)  # prepare_for_decode clears it
+    active = ops.or_(kind == CP_V2, kind == _MIXED) if mixed_active else (kind == CP_V2)
+    before_prepare = NONE if clear_always else loaded
+    after = ops.ite(active, ops.ite(before_prepare == NONE, t, before_prepare),
+                    NONE if clear_stale else loaded)
+    cp_extend_mode = ops.or_(kind == CP_V2, kind == NON_CP, kind == _MIXED)
+    cp_path = ops.and_(cp_extend_mode, after != NONE)
     return {"active": active, "metadata": after, "cp_path": cp_path}
 
 
@@ -106,7 +106,7 @@ def runner_step(state: int, kind: int, arrival: int, t: int, clear_stale: bool =
     before every ``prepare_cp_forward`` (the stronger fix), ``mixed_active`` lets MIXED batches count as CP-v2
     active (the gate before MIXED was excluded).
     """
-    if arrival == _BUILT and kind != _CP_V2:
+    if arrival == BUILT and kind != CP_V2:
         raise ValueError("only a CP-v2 extend can arrive with metadata built for itself")
     return _step(_Py, state, kind, arrival, t, clear_stale, clear_always, mixed_active)
 
@@ -121,7 +121,7 @@ def runner_step_z3(state: Any, kind: Any, arrival: Any, t: int, clear_stale: boo
 def simulate_runner(steps: Sequence[tuple[int, int]], clear_stale: bool = True, clear_always: bool = False,
                     mixed_active: bool = False) -> list[dict[str, Any]]:
     """Run :func:`runner_step` over ``(kind, arrival)`` pairs from an empty state; one record per step (eager runner)."""
-    state, out = _NONE, []
+    state, out = NONE, []
     for t, (kind, arrival) in enumerate(steps):
         rec = runner_step(state, kind, arrival, t, clear_stale, clear_always, mixed_active)
         out.append(rec)
@@ -131,9 +131,9 @@ def simulate_runner(steps: Sequence[tuple[int, int]], clear_stale: bool = True, 
 
 def _arrival_domain(kind: Any, arrival: Any, cp_v2_may_inherit: bool) -> list[Any]:
     """Which arrivals a batch kind can have (see the module docstring)."""
-    dom = [kind >= 0, kind <= _DECODE, arrival >= 0, arrival <= _BUILT, z3.Implies(arrival == _BUILT, kind == _CP_V2)]
+    dom = [kind >= 0, kind <= _DECODE, arrival >= 0, arrival <= BUILT, z3.Implies(arrival == BUILT, kind == CP_V2)]
     if not cp_v2_may_inherit:
-        dom.append(z3.Implies(kind == _CP_V2, arrival != _CARRIED))
+        dom.append(z3.Implies(kind == CP_V2, arrival != CARRIED))
     return dom
 
 
@@ -148,7 +148,7 @@ def _inputs(k: int, tag: str, cp_v2_may_inherit: bool) -> tuple[list, list, list
 
 def _unroll(k: int, tag: str, cp_v2_may_inherit: bool = False, **policy) -> tuple[list, list, list, list]:
     kinds, arrivals, dom = _inputs(k, tag, cp_v2_may_inherit)
-    state, recs = _IntVal(_NONE), []
+    state, recs = _IntVal(NONE), []
     for t in range(k):
         rec = runner_step_z3(state, kinds[t], arrivals[t], t, **policy)
         recs.append(rec)
@@ -187,7 +187,7 @@ def _bmc(which: str, max_k: int, timeout_s: float, prefer_kind: Optional[int] = 
                     violating.append(KINDS[kind])
             return {"result": "sat", "k": k, "per_k": per_k, "sequence": seq,
                     "trace": [{"cp_v2_active": r["active"], "cp_path": r["cp_path"],
-                               "metadata_built_for_step": None if r["metadata"] == _NONE else r["metadata"]}
+                               "metadata_built_for_step": None if r["metadata"] == NONE else r["metadata"]}
                               for r in trace],
                     "violating_kinds_at_this_length": violating}
         if res == "unknown":
@@ -201,14 +201,14 @@ def _induction(which: str, timeout_s: float, cp_v2_may_inherit: bool = False, **
     t = _Int(f"ind_{which}_t")
     state = _Int(f"ind_{which}_state")
     kind, arrival = _Ints(f"ind_{which}_kind ind_{which}_arr")
-    dom = [t >= 0, z3.Or(state == _NONE, z3.And(state >= 0, state < t))]
+    dom = [t >= 0, z3.Or(state == NONE, z3.And(state >= 0, state < t))]
     dom += _arrival_domain(kind, arrival, cp_v2_may_inherit)
     rec = runner_step_z3(state, kind, arrival, t, **policy)
     res, _ = _solve(dom + [z3.Not(_prop(which, rec, t))], timeout_s)
     return res
 
 
-def _theorem_runner(which: str, timeout_s: float, clear_stale: bool, max_k: int,
+def theorem_runner(which: str, timeout_s: float, clear_stale: bool, max_k: int,
                     cp_v2_may_inherit: bool) -> TheoremResult:
     name = f"runner_{which}"
     t0 = time.perf_counter()

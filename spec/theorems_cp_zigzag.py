@@ -157,7 +157,7 @@ def _zigzag_witness(model: z3.ModelRef, cp: int, length: Any, prefix: Any, p: An
             "query_offset": _int(model, j), "violated": violated, "defects": sorted(defects), **concrete}
 
 
-def _theorem_zigzag_partition(timeout_s: float, defects: frozenset) -> TheoremResult:
+def theorem_zigzag_partition(timeout_s: float, defects: frozenset) -> TheoremResult:
     name = "zigzag_partition"
     t0 = time.perf_counter()
     per_cp: dict[int, Any] = {}
@@ -183,7 +183,7 @@ def _theorem_zigzag_partition(timeout_s: float, defects: frozenset) -> TheoremRe
                    {"per_cp": per_cp})
 
 
-def _theorem_zigzag_balance(timeout_s: float, defects: frozenset) -> TheoremResult:
+def theorem_zigzag_balance(timeout_s: float, defects: frozenset) -> TheoremResult:
     """Per-rank token counts of one sequence differ by <= 1; details: tightness, when equal, the batch bound."""
     name = "zigzag_balance"
     t0 = time.perf_counter()

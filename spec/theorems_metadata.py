@@ -70,7 +70,7 @@ __all__ = ["run_metadata_theorems", "THEOREMS", "B_MAX", "LEN_MAX", "Q_MAX", "FR
 _FAMILY_NAMES = {
     "kv_cover_lemma": "theorems_metadata_lemmas", "_prepare_split_lemma": "theorems_metadata_lemmas",
     "FRESHNESS_HEAD_DIMS": "theorems_metadata_freshness", "FRESHNESS_CORNER_SOURCE": "theorems_metadata_freshness",
-    "_qc_params": "theorems_metadata_freshness", "_freshness": "theorems_metadata_freshness",
+    "qc_params": "theorems_metadata_freshness", "_freshness": "theorems_metadata_freshness",
     "_benign_drift": "theorems_metadata_drift", "_policy_search": "theorems_metadata_policy",
 }
 
@@ -97,7 +97,7 @@ SEED = 0
 
 
 @dataclass
-class _Budget:
+class Budget:
     timeout_s: float
     unknowns: list = field(default_factory=list)
     queries: int = 0
@@ -118,7 +118,7 @@ class _Budget:
         return r
 
 
-def _val(model: z3.ModelRef, term) -> int:
+def val(model: z3.ModelRef, term) -> int:
     v = model.eval(term, model_completion=True)
     if z3.is_true(v) or z3.is_false(v):
         return int(z3.is_true(v))
@@ -146,7 +146,7 @@ def _ceil_var(s: z3.Solver, name: str, x, c: int):
     return n
 
 
-def _matches(name: str, only) -> bool:
+def matches(name: str, only) -> bool:
     if not only:
         return True
     for o in only:
@@ -156,7 +156,7 @@ def _matches(name: str, only) -> bool:
     return False
 
 
-def _is_known_guard(label: str) -> Optional[str]:
+def is_known_guard(label: str) -> Optional[str]:
     return label if label in ("fixed", "pre-fix", "none") else None
 
 
@@ -188,7 +188,7 @@ class Group:
         return (self.P.key, self.C.key, self.sharded_cp, self.fixed, self.p_static_free)
 
 
-def _group_configs(configs: Iterable[D.Config], metadata_heads: str, heuristic_p: Heuristic,
+def group_configs(configs: Iterable[D.Config], metadata_heads: str, heuristic_p: Heuristic,
                    heuristic_c: Heuristic) -> list[Group]:
     groups: dict[tuple, Group] = {}
     for cfg in configs:
@@ -255,7 +255,7 @@ def _local_len(s: z3.Solver, name: str, L, cp: int):
     return x
 
 
-def _stage1(family, budget: _Budget, fresh: bool = False) -> tuple[str, Optional[dict]]:
+def _stage1(family, budget: Budget, fresh: bool = False) -> tuple[str, Optional[dict]]:
     """Can S_p > S_c > 1, or a QUERY_COVER violation, happen? ('unsat'|'sat'|'unknown', model).
 
     `family` is a Group or a list of Groups that differ only in SM count and split tables (a symbolic index picks
@@ -291,8 +291,8 @@ def _stage1(family, budget: _Budget, fresh: bool = False) -> tuple[str, Optional
     r = budget.check(s, "stage1")
     if r == z3.sat:
         m = s.model()
-        return "sat", {"index": _val(m, idx), "Lmax": _val(m, lmax), "kc": _val(m, kc), "S_p": _val(m, Sp),
-                       "S_c": _val(m, Sc), "query_cover": bool(_val(m, m_p * bv(g.C.kernel_block_m) < rows_c))}
+        return "sat", {"index": val(m, idx), "Lmax": val(m, lmax), "kc": val(m, kc), "S_p": val(m, Sp),
+                       "S_c": val(m, Sc), "query_cover": bool(val(m, m_p * bv(g.C.kernel_block_m) < rows_c))}
     return ("unsat" if r == z3.unsat else "unknown"), None
 
 
@@ -305,7 +305,7 @@ def _families(groups: list) -> list:
     return list(fam.values())
 
 
-def _prove_groups(groups: list, budget: _Budget, fresh: bool = False):
+def prove_groups(groups: list, budget: Budget, fresh: bool = False):
     """Yield (group, verdict, witness) for groups not proved by their family's stage-1 query, in order."""
     for fam in _families(groups):
         fkey = ("family", tuple(g.key for g in fam), fresh)
@@ -314,11 +314,11 @@ def _prove_groups(groups: list, budget: _Budget, fresh: bool = False):
         if budget.cache[fkey] == "unsat":
             continue
         for g in fam:
-            verdict, w = _find_witness(g, budget, fresh)
+            verdict, w = find_witness(g, budget, fresh)
             yield g, verdict, w
 
 
-def _stage2(g: Group, budget: _Budget, b: int, eager: bool, fresh: bool = False,
+def _stage2(g: Group, budget: Budget, b: int, eager: bool, fresh: bool = False,
             len_max: int = LEN_MAX) -> tuple[str, Optional[dict]]:
     """Full prepare step for exactly b sequences of at most len_max tokens: more splits than S_c (S_c > 1)?"""
     s = solver(budget.timeout_s, SEED)
@@ -352,7 +352,7 @@ def _stage2(g: Group, budget: _Budget, b: int, eager: bool, fresh: bool = False,
     if r != z3.sat:
         return ("unsat" if r == z3.unsat else "unknown"), None
     m = s.model()
-    if _val(m, bps_lo) != _val(m, bps_hi):
+    if val(m, bps_lo) != val(m, bps_hi):
         # the witness sits where fast math decides: ask for one the division's rounding cannot change (a new
         # solver with the same assertions: a second check on this one runs z3's incremental core, which took
         # minutes where a fresh one takes seconds)
@@ -365,17 +365,17 @@ def _stage2(g: Group, budget: _Budget, b: int, eager: bool, fresh: bool = False,
             if r == z3.unsat:
                 budget.unknowns.append(
                     f"stage2 b={b}: a violation exists only where FA3's fast-math division (<= 2 ulp) decides "
-                    f"blocks_per_sm (e.g. lengths {[_val(m, x) for x in L]}, blocks_per_sm {_val(m, bps_lo)} or "
-                    f"{_val(m, bps_hi)}): inconclusive")
+                    f"blocks_per_sm (e.g. lengths {[val(m, x) for x in L]}, blocks_per_sm {val(m, bps_lo)} or "
+                    f"{val(m, bps_hi)}): inconclusive")
             return "unknown", None
         m = s.model()
-    return "sat", {"b": b, "seq_lens": [_val(m, x) for x in L], "call_seq_lens": [_val(m, x) for x in local],
-                   "call_seqlen_k": _val(m, kc), "precompute_seqlen_k": _val(m, p_static),
-                   "num_splits": _val(m, k) if g.fixed else None, "S_p": _val(m, Sp), "S_c": _val(m, Sc),
-                   "splits": [_val(m, x) for x in splits], "blocks_per_sm": _val(m, bps), "eager": eager}
+    return "sat", {"b": b, "seq_lens": [val(m, x) for x in L], "call_seq_lens": [val(m, x) for x in local],
+                   "call_seqlen_k": val(m, kc), "precompute_seqlen_k": val(m, p_static),
+                   "num_splits": val(m, k) if g.fixed else None, "S_p": val(m, Sp), "S_c": val(m, Sc),
+                   "splits": [val(m, x) for x in splits], "blocks_per_sm": val(m, bps), "eager": eager}
 
 
-def _find_witness(g: Group, budget: _Budget, fresh: bool = False) -> tuple[str, Optional[dict]]:
+def find_witness(g: Group, budget: Budget, fresh: bool = False) -> tuple[str, Optional[dict]]:
     """Stage 1, then stage 2 for b = 1..B_MAX (eager widths first): ('proved'|'witness'|'unknown', witness)."""
     key = (g.key, g.page_size, fresh)
     if key not in budget.cache:
@@ -383,7 +383,7 @@ def _find_witness(g: Group, budget: _Budget, fresh: bool = False) -> tuple[str, 
     return budget.cache[key]
 
 
-def _find_witness_uncached(g: Group, budget: _Budget, fresh: bool) -> tuple[str, Optional[dict]]:
+def _find_witness_uncached(g: Group, budget: Budget, fresh: bool) -> tuple[str, Optional[dict]]:
     r1, _ = _stage1(g, budget, fresh)
     if r1 == "unsat":
         return "proved", None
@@ -407,7 +407,7 @@ def _find_witness_uncached(g: Group, budget: _Budget, fresh: bool) -> tuple[str,
     return ("unknown" if saw_unknown else "proved"), None
 
 
-def _stage1_query_cover_only(g: Group, budget: _Budget, fresh: bool) -> tuple[str, Optional[dict]]:
+def _stage1_query_cover_only(g: Group, budget: Budget, fresh: bool) -> tuple[str, Optional[dict]]:
     s = solver(budget.timeout_s, SEED)
     lmax = var("Lmax")
     s.add(lmax >= 1, lmax <= bv(LEN_MAX))
@@ -425,10 +425,10 @@ def _stage1_query_cover_only(g: Group, budget: _Budget, fresh: bool) -> tuple[st
     if r != z3.sat:
         return ("unsat" if r == z3.unsat else "unknown"), None
     m = s.model()
-    lm = _val(m, lmax)
-    return "sat", {"b": 1, "seq_lens": [lm], "call_seq_lens": [_val(m, lcall)], "call_seqlen_k": _val(m, kc),
-                   "precompute_seqlen_k": _val(m, p_static), "num_splits": _val(m, k) if g.fixed else None,
-                   "S_p": _val(m, Sp), "S_c": _val(m, Sc), "eager": not fresh}
+    lm = val(m, lmax)
+    return "sat", {"b": 1, "seq_lens": [lm], "call_seq_lens": [val(m, lcall)], "call_seqlen_k": val(m, kc),
+                   "precompute_seqlen_k": val(m, p_static), "num_splits": val(m, k) if g.fixed else None,
+                   "S_p": val(m, Sp), "S_c": val(m, Sc), "eager": not fresh}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -436,7 +436,7 @@ def _stage1_query_cover_only(g: Group, budget: _Budget, fresh: bool) -> tuple[st
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _concrete_decode(cfg: D.Config, metadata_heads: str, w: dict, heuristic_p: Heuristic):
+def concrete_decode(cfg: D.Config, metadata_heads: str, w: dict, heuristic_p: Heuristic):
     """Replay a decode witness through refmodel: (Evaluation, config with the witness's num_splits)."""
     if w.get("num_splits") is not None and cfg.backend_num_splits > 0 and not cfg.server.enable_deterministic_inference:
         cfg = D.Config(dataclasses.replace(cfg.server, num_splits=int(w["num_splits"])), cfg.model)

@@ -19,8 +19,8 @@ from refmodel.prepare import prepare_scheduler
 from .results import TheoremResult
 from .z3ctx import checked
 from .symbolic import Heuristic, boolval, bv, ceil_div_const, side_params, solver, sym_m_blocks, var
-from .theorems_metadata import B_MAX, Group, SEED, _Budget, _evaluate, _find_witness, _prove_groups, _val
-from .theorems_metadata_freshness import _fresh_decode_groups, _qc_params
+from .theorems_metadata import B_MAX, Group, SEED, Budget, _evaluate, find_witness, prove_groups, val
+from .theorems_metadata_freshness import fresh_decode_groups, qc_params
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -42,11 +42,11 @@ def _benign_drift(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heurist
                   shared: Optional[dict] = None) -> TheoremResult:
     """2-benign-drift: same b and static shapes on both sides, any cache_seqlens: SAFE (shares freshness's groups)."""
     start = time.perf_counter()
-    budget = _Budget(timeout_s, cache=shared if shared is not None else {})
+    budget = Budget(timeout_s, cache=shared if shared is not None else {})
     # the proof: same static inputs on both sides, per-batch cache_seqlens free on the call side
     bad = None
-    groups = _fresh_decode_groups(heuristic_p, heuristic_c)
-    for g, verdict, w2 in _prove_groups(groups, budget, fresh=True):
+    groups = fresh_decode_groups(heuristic_p, heuristic_c)
+    for g, verdict, w2 in prove_groups(groups, budget, fresh=True):
         if verdict == "witness":
             bad = (g, w2)
             break
@@ -104,10 +104,10 @@ def _drift_breaks(timeout_s: float) -> list[TheoremResult]:
 
 def _drift_decode(name, what, timeout_s, pairs, p_static_free: bool) -> TheoremResult:
     start = time.perf_counter()
-    budget = _Budget(timeout_s)
+    budget = Budget(timeout_s)
     for pin, cin in pairs:
         g = Group(side_params(pin), side_params(cin), 0, 1, False, p_static_free=p_static_free)
-        verdict, w = _find_witness(g, budget)
+        verdict, w = find_witness(g, budget)
         if verdict != "witness":
             continue
         b = w["b"]
@@ -142,7 +142,7 @@ def _drift_rows(name, timeout_s, pack_p) -> TheoremResult:
         s.add(lq_c >= 1, lq_c <= q_c, lq_p >= 1, lq_p <= q_p, S >= 1, S <= 256)
         if pack_p is False:
             s.add(lq_p == lq_c)
-        P, C = _qc_params(dataclasses.replace(pin, num_splits=2)), _qc_params(dataclasses.replace(cin, num_splits=2))
+        P, C = qc_params(dataclasses.replace(pin, num_splits=2)), qc_params(dataclasses.replace(cin, num_splits=2))
         pack = z3.If(S > 1, boolval(P[4]), boolval(P[3]))
         kpack = z3.If(S > 1, boolval(C[6]), boolval(C[5]))
         m_p = sym_m_blocks(lq_p, P[0], pack, P[1])
@@ -153,7 +153,7 @@ def _drift_rows(name, timeout_s, pack_p) -> TheoremResult:
         if r != z3.sat:
             continue
         m = s.model()
-        w = {"seqlen_q_precompute": _val(m, lq_p), "seqlen_q_call": _val(m, lq_c), "num_splits": _val(m, S)}
+        w = {"seqlen_q_precompute": val(m, lq_p), "seqlen_q_call": val(m, lq_c), "num_splits": val(m, S)}
         Pin = dataclasses.replace(pin, seqlen_q=max(q_p, w["seqlen_q_precompute"]), seqlen_k=64,
                                   num_splits=w["num_splits"])
         Ps = resolve_schedule(Pin)
@@ -185,7 +185,7 @@ def _drift_batch(name, timeout_s) -> TheoremResult:
     if r != z3.sat:
         return TheoremResult(name, "proved", time.perf_counter() - start, {}, None, "no witness", expected=False)
     m = s.model()
-    b_p, b_c = _val(m, bp), _val(m, bc)
+    b_p, b_c = val(m, bp), val(m, bc)
     pin = _decode_inputs(True, 32, 4)
     P = resolve_schedule(dataclasses.replace(pin, batch_size=b_p, seqlen_k=4096))
     R = prepare_scheduler(P, [4096] * b_p, seqlens_q=[1] * b_p)

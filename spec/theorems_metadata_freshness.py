@@ -20,8 +20,8 @@ from refmodel.prepare import prepare_scheduler
 from . import domain as D
 from .results import TheoremResult
 from .symbolic import Heuristic, boolval, bv, solver, var
-from .theorems_metadata import (Group, Q_MAX, SEED, _Budget, _concrete_decode, _evaluate, _group_configs, _prove_groups,
-                                _val)
+from .theorems_metadata import (Group, Q_MAX, SEED, Budget, concrete_decode, _evaluate, group_configs, prove_groups,
+                                val)
 
 
 #: FA3 head-dim instances theorem 1 ranges over: the real models' (d, d) plus FA3's asymmetric V dims
@@ -46,7 +46,7 @@ FRESHNESS_CORNER_SOURCE = (
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _fresh_decode_groups(heuristic_p: Heuristic, heuristic_c: Heuristic) -> list[Group]:
+def fresh_decode_groups(heuristic_p: Heuristic, heuristic_c: Heuristic) -> list[Group]:
     """Theorem 1a: P == C, sglang's decode shapes, every per-rank head split of the real models, every SM count."""
     configs = []
     for model in D.MODELS.values():
@@ -57,7 +57,7 @@ def _fresh_decode_groups(heuristic_p: Heuristic, heuristic_c: Heuristic) -> list
                 for sm in D.NUM_SMS:
                     configs.append(D.Config(D.Server(tp_size=tp, num_splits=ns, enable_deterministic_inference=det,
                                                      num_sm=sm), dataclasses.replace(model, is_mla=False)))
-    return _group_configs(configs, "tp", heuristic_p, heuristic_c)
+    return group_configs(configs, "tp", heuristic_p, heuristic_c)
 
 
 def _multirow_groups() -> list[tuple]:
@@ -73,7 +73,7 @@ def _multirow_groups() -> list[tuple]:
                         for lo, hi in _q_classes(qhpk, d, dv, page, causal, pack_arg):
                             inp = precompute_inputs(1, lo, 0, qhpk, 1, d, headdim_v=dv, varlen_q=True, page_size=page,
                                                     causal=causal, pack_gqa=pack_arg, num_splits=2)
-                            sp = _qc_params(inp)
+                            sp = qc_params(inp)
                             # the query only reads sp and Lq <= hi: keep the widest range per sp (a superset)
                             if sp not in out or out[sp][3] < hi:
                                 out[sp] = (inp, sp, lo, hi)
@@ -81,7 +81,7 @@ def _multirow_groups() -> list[tuple]:
 
 
 @lru_cache(maxsize=None)
-def _qc_params(inp: ScheduleInputs) -> tuple:
+def qc_params(inp: ScheduleInputs) -> tuple:
     """(qhpk, block_m, kernel_block_m, pack S==1, pack S>1, kernel pack S==1, kernel pack S>1) from refmodel.
 
     Tiles and pack do not read the precompute flag (`resolve_schedule`), so one side's schedule serves both.
@@ -105,7 +105,7 @@ def _q_classes(qhpk, d, dv, page, causal, pack_arg) -> list[tuple[int, int]]:
         lo, hi = a, b - 1
         if lo > hi:
             continue
-        ends = {_qc_params(precompute_inputs(1, q, 0, qhpk, 1, d, headdim_v=dv, varlen_q=True, page_size=page,
+        ends = {qc_params(precompute_inputs(1, q, 0, qhpk, 1, d, headdim_v=dv, varlen_q=True, page_size=page,
                                              causal=causal, pack_gqa=pack_arg, num_splits=2)) for q in (lo, hi)}
         if len(ends) != 1:
             raise NotImplementedError(f"FA3 decisions vary inside max_seqlen_q in [{lo}, {hi}] "
@@ -117,7 +117,7 @@ def _q_classes(qhpk, d, dv, page, causal, pack_arg) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi, _ in classes]
 
 
-def _multirow_query(sp: tuple, q_hi: int, budget: _Budget) -> tuple[str, Optional[dict]]:
+def _multirow_query(sp: tuple, q_hi: int, budget: Budget) -> tuple[str, Optional[dict]]:
     """P == C, one batch of Lq <= q_hi rows, S abstract in 1..256 (same on both sides): QUERY_COVER gap?
 
     m-blocks = ceil(rows_p / kBlockM_host) is encoded as (m-1)*kBM < rows_p <= m*kBM (refmodel `m_blocks_for`).
@@ -137,8 +137,8 @@ def _multirow_query(sp: tuple, q_hi: int, budget: _Budget) -> tuple[str, Optiona
         r = budget.check(s, "freshness multi-row")
         if r == z3.sat:
             m = s.model()
-            return "sat", {"seqlen_q": _val(m, lq), "num_splits": _val(m, S), "m_blocks": _val(m, m_p),
-                           "rows": _val(m, rows)}
+            return "sat", {"seqlen_q": val(m, lq), "num_splits": val(m, S), "m_blocks": val(m, m_p),
+                           "rows": val(m, rows)}
         if r == z3.unknown:
             return "unknown", None
     return "unsat", None
@@ -158,23 +158,23 @@ def _freshness(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
     """Theorem 1 in one z3 context: its decode half, then its multi-row half (spec.theorems_metadata_jobs runs the
     two halves as separate parts)."""
     start = time.perf_counter()
-    decode = _fresh_decode(timeout_s, heuristic_p, heuristic_c, shared)
-    multirow = None if decode["result"] is not None else _fresh_multirow(timeout_s)
-    return _freshness_result(decode, multirow, time.perf_counter() - start)
+    decode = fresh_decode(timeout_s, heuristic_p, heuristic_c, shared)
+    multirow = None if decode["result"] is not None else fresh_multirow(timeout_s)
+    return freshness_result(decode, multirow, time.perf_counter() - start)
 
 
-def _fresh_decode(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
+def fresh_decode(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
                   shared: Optional[dict] = None) -> dict:
     """Theorem 1a (decode, real split tables): a refuting TheoremResult in "result", or None, and the counts."""
     name = "1-freshness"
     start = time.perf_counter()
-    budget = _Budget(timeout_s, cache=shared if shared is not None else {})
-    decode_groups = _fresh_decode_groups(heuristic_p, heuristic_c)
+    budget = Budget(timeout_s, cache=shared if shared is not None else {})
+    decode_groups = fresh_decode_groups(heuristic_p, heuristic_c)
     out = {"result": None, "decode_groups": len(decode_groups)}
-    for g, verdict, w in _prove_groups(decode_groups, budget, fresh=True):
+    for g, verdict, w in prove_groups(decode_groups, budget, fresh=True):
         if verdict == "witness":
             cfg = g.example
-            ev, cfg_w, *_ = _concrete_decode(cfg, "tp", w, heuristic_p)
+            ev, cfg_w, *_ = concrete_decode(cfg, "tp", w, heuristic_p)
             witness = {"config": cfg_w.label(), "invariants": sorted({v.invariant for v in ev.violations}),
                        "invariant": (ev.violations[0].invariant if ev.violations else None), **w}
             out["result"] = TheoremResult(
@@ -187,11 +187,11 @@ def _fresh_decode(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heurist
     return out
 
 
-def _fresh_multirow(timeout_s: float) -> dict:
+def fresh_multirow(timeout_s: float) -> dict:
     """Theorem 1b (multi-row varlen calls over the FA3 head-dim grid, S abstract): corners met, the first unexpected
     witness (the search stops there), and the counts."""
     start = time.perf_counter()
-    budget = _Budget(timeout_s)
+    budget = Budget(timeout_s)
     corners: dict[str, dict] = {}
     unexpected = None
     checked = 0
@@ -216,7 +216,7 @@ def _fresh_multirow(timeout_s: float) -> dict:
             "unknown": list(budget.unknowns), "seconds": time.perf_counter() - start}
 
 
-def _freshness_result(decode: dict, multirow: Optional[dict], secs: float) -> TheoremResult:
+def freshness_result(decode: dict, multirow: Optional[dict], secs: float) -> TheoremResult:
     """Theorem 1 from its halves: a decode refutation decides; else the multi-row corners and unknowns."""
     name = "1-freshness"
     if decode["result"] is not None:

@@ -16,7 +16,7 @@ from . import domain as D
 from .results import TheoremResult
 from .symbolic import Heuristic
 from .theorem_jobs import Job
-from .theorems_metadata import THEOREMS, _Budget, _is_known_guard, _matches
+from .theorems_metadata import THEOREMS, Budget, is_known_guard, matches
 
 __all__ = ["metadata_jobs"]
 
@@ -31,18 +31,18 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
                   heuristic_call: Heuristic = get_num_splits, kv_range: Optional[tuple] = None) -> list[Job]:
     """The jobs of `spec.theorems_metadata.run_metadata_theorems` (same arguments), in catalogue order."""
     from .theorems_metadata_drift import DRIFT_BREAKS, _benign_drift
-    from .theorems_metadata_freshness import _fresh_decode, _fresh_multirow, _freshness_result
+    from .theorems_metadata_freshness import fresh_decode, fresh_multirow, freshness_result
     from .theorems_metadata_lemmas import _prepare_split_lemma, kv_cover_lemma
     from .theorems_metadata_policy import _policy_search
 
     if metadata_heads not in D.METADATA_HEADS:
         raise ValueError(f"metadata_heads: must be one of {D.METADATA_HEADS}, got {metadata_heads!r}")
-    dropped = D._check_names(dropped_assumptions)
+    dropped = D.check_names(dropped_assumptions)
     guard_fn, label = D.resolve_guard(guard)
     label = guard_spec or label
-    known = _is_known_guard(label)
+    known = is_known_guard(label)
     expect_hazard = known in ("pre-fix", "none") and metadata_heads == "tp"
-    want = [n for n in THEOREMS if _matches(n, only)]
+    want = [n for n in THEOREMS if matches(n, only)]
     hp, hc = heuristic_precompute, heuristic_call
     jobs: list[Job] = []
     domain: list = []
@@ -74,7 +74,7 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
         shared: dict = {}
         out = {"decode": None, "benign": None}
         if "1-freshness" in fresh_names:
-            out["decode"] = _fresh_decode(timeout_s, hp, hc, shared)
+            out["decode"] = fresh_decode(timeout_s, hp, hc, shared)
         if "2-benign-drift" in fresh_names:
             out["benign"] = _benign_drift(timeout_s, hp, hc, shared)
         return out
@@ -84,7 +84,7 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
         if first["decode"] is not None:
             multirow = values[1] if len(values) > 1 else None
             secs = first["decode"]["seconds"] + (multirow["seconds"] if multirow else 0.0)
-            out.append(_freshness_result(first["decode"], multirow, secs))
+            out.append(freshness_result(first["decode"], multirow, secs))
         if first["benign"] is not None:
             out.append(first["benign"])
         return out
@@ -92,7 +92,7 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
     if fresh_names:
         parts = (fresh_decode_and_benign,)
         if "1-freshness" in fresh_names:
-            parts += (lambda: _fresh_multirow(timeout_s),)
+            parts += (lambda: fresh_multirow(timeout_s),)
         jobs.append(Job(fresh_names, parts, finish=fresh_finish,
                         weight=(_WEIGHTS["1a"], _WEIGHTS["1b"])[:len(parts)], key=(fresh_names, timeout_s, hp, hc),
                         stop=lambda v: isinstance(v, dict) and v.get("decode") is not None
@@ -111,18 +111,18 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
         if "3-hazard" in names:
             pcp = [c for c in configs if c.server.enable_prefill_cp]
             r = _policy_search("3-hazard", pcp, guard_fn, label, metadata_heads, dropped,
-                               _Budget(timeout_s, cache=shared), hp, hc, cases_dir, expect_hazard, "prefill-CP hazard",
+                               Budget(timeout_s, cache=shared), hp, hc, cases_dir, expect_hazard, "prefill-CP hazard",
                                invariant_filter="SPLIT_BOUND")
             if r.verdict == "proved":
                 r.expected = not expect_hazard
             out.append(r)
         if "4-guard-soundness" in names:
             out.append(_policy_search("4-guard-soundness", configs, guard_fn, label, metadata_heads, dropped,
-                                      _Budget(timeout_s, cache=shared), hp, hc, cases_dir, expect_hazard,
+                                      Budget(timeout_s, cache=shared), hp, hc, cases_dir, expect_hazard,
                                       "guard soundness"))
         if "4-root-cause-alternative" in names:
             out.append(_policy_search("4-root-cause-alternative", configs, D.prefix_guard, "pre-fix", "attn_tp",
-                                      dropped, _Budget(timeout_s, cache=shared), hp, hc, cases_dir, False,
+                                      dropped, Budget(timeout_s, cache=shared), hp, hc, cases_dir, False,
                                       "root-cause alternative (pre-fix guard, attn_tp heads), sglang's replicated-KV "
                                       "decode"))
         return out
@@ -132,7 +132,7 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
         weight=sum(_WEIGHTS[n] for n in ("3-hazard", "4-guard-soundness", "4-root-cause-alternative") if n in want))
     job(["4-sharded-kv-decode"], lambda names: [_policy_search(
         "4-sharded-kv-decode", [c for c in _configs(dropped) if c.sharded_kv], guard_fn, label, metadata_heads,
-        dropped, _Budget(timeout_s), hp, hc, cases_dir, known in ("pre-fix", "none"),
+        dropped, Budget(timeout_s), hp, hc, cases_dir, known in ("pre-fix", "none"),
         "CP decode over sharded KV (metadata from global lengths, call over local KV)")], policy_key,
         weight=_WEIGHTS["4-sharded-kv-decode"] if known in ("pre-fix", "none") else 0.05)
     job(["4-guard-robustness"], lambda names: [_robustness(guard_fn, _configs(dropped))], (guard_fn, dropped))

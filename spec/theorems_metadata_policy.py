@@ -16,7 +16,7 @@ from . import domain as D
 from .cases import Case
 from .results import TheoremResult
 from .symbolic import Heuristic
-from .theorems_metadata import _Budget, _concrete_decode, _families, _group_configs, _prove_groups, _stage1
+from .theorems_metadata import Budget, concrete_decode, _families, group_configs, prove_groups, _stage1
 
 
 def _write_case(cases_dir, theorem: str, cfg: D.Config, guard_label: str, metadata_heads: str, w: dict,
@@ -53,7 +53,7 @@ def _write_case(cases_dir, theorem: str, cfg: D.Config, guard_label: str, metada
 TRIGGER_QUERIES = 8
 
 
-def _trigger_summary(groups: list, budget: _Budget, metadata_heads: str, max_queries: int = TRIGGER_QUERIES) -> dict:
+def _trigger_summary(groups: list, budget: Budget, metadata_heads: str, max_queries: int = TRIGGER_QUERIES) -> dict:
     """Which configurations can reach S_p > S_c (stage 1 sat), as flag patterns with counts (query-capped).
 
     Families already answered in this job (cached) cost nothing; at most `max_queries` more are asked, in family
@@ -99,7 +99,7 @@ def _GUARD_SPEC_RE(label: str) -> bool:
 
 
 def _policy_search(name: str, configs: list, guard, guard_label: str, metadata_heads: str, dropped: frozenset,
-                   budget: _Budget, heuristic_p: Heuristic, heuristic_c: Heuristic, cases_dir, expect_hazard: bool,
+                   budget: Budget, heuristic_p: Heuristic, heuristic_c: Heuristic, cases_dir, expect_hazard: bool,
                    what: str, invariant_filter: Optional[str] = None) -> TheoremResult:
     """Every precomputing config of `configs` is SAFE for every decode batch, or a validated witness."""
     start = time.perf_counter()
@@ -109,18 +109,18 @@ def _policy_search(name: str, configs: list, guard, guard_label: str, metadata_h
         return TheoremResult(name, "refuted", time.perf_counter() - start, {"guard_error": repr(exc)}, None,
                              f"the guard raised while deciding the precompute: {exc!r}", failed=True,
                              expected=False)
-    groups = _group_configs(pre, metadata_heads, heuristic_p, heuristic_c)
+    groups = group_configs(pre, metadata_heads, heuristic_p, heuristic_c)
     shape_errors = [g for g in groups if g.P.num_vectors != g.C.num_vectors
                     or g.P.has_semaphore != g.C.has_semaphore]  # FA3 raises on every call: loud, safe
     live = [g for g in groups if g not in shape_errors]
     # likely hazards first (fewer KV heads or sharded KV at the precompute), so a witness comes early
     live.sort(key=lambda g: (g.P.num_heads_k >= g.C.num_heads_k and not g.sharded_cp and not g.p_static_free))
     shape_errors = len(shape_errors)
-    for g, verdict, w in _prove_groups(live, budget):
+    for g, verdict, w in prove_groups(live, budget):
         if verdict != "witness":
             continue
         for cfg in g.configs:  # replay on the first config of the group whose concrete run confirms it
-            ev, cfg_w, *_ = _concrete_decode(cfg, metadata_heads, w, heuristic_p)
+            ev, cfg_w, *_ = concrete_decode(cfg, metadata_heads, w, heuristic_p)
             if ev.outcome == "violation" and (invariant_filter is None or
                                               any(v.invariant == invariant_filter for v in ev.violations)):
                 invs = sorted({v.invariant for v in ev.violations})

@@ -40,7 +40,7 @@ from .engine_profiles_vllm import VllmProfile
 from .invariants import evaluate
 from .results import TheoremResult
 from .symbolic import side_params
-from .theorems_metadata import Group, _Budget, _prove_groups
+from .theorems_metadata import Group, Budget, prove_groups
 
 __all__ = ["THEOREM", "VllmPoint", "vllm_groups", "run_vllm_theorems", "write_vllm_case", "VLLM_TP", "VLLM_BLOCK_SIZES",
            "PR20301_DEFECT"]
@@ -148,9 +148,9 @@ def run_vllm_theorems(profile: VllmProfile, timeout_s: float = 10.0, models=None
     start = time.perf_counter()
     entries = vllm_groups(profile, models, num_sms)
     by_key = {(g.key, g.page_size): (points, pin, cin) for g, points, pin, cin in entries}
-    budget = _Budget(timeout_s, cache={})
+    budget = Budget(timeout_s, cache={})
     n_configs = sum(len(points) for _, points, _, _ in entries)
-    for g, verdict, w in _prove_groups([e[0] for e in entries], budget):
+    for g, verdict, w in prove_groups([e[0] for e in entries], budget):
         if verdict != "witness" or w is None or "b" not in w:
             continue
         points, pin, cin = by_key[(g.key, g.page_size)]

@@ -128,7 +128,7 @@ def test_cli_only_json_and_exit_codes(tmp_path, capsys):
 
 def test_a_defect_the_engine_cannot_see_fails_the_catalogue(monkeypatch, tmp_path):
     # entry 04's defect lives in CUDA-graph replays: fuzzing eager configurations can never catch it
-    eager = cat._scenario_engine(cat._family_eager_tp, cat._Policy("gpu_impl.defects:graph_split_count_from_capture"),
+    eager = cat._scenario_engine(cat.family_eager_tp, cat._Policy("gpu_impl.defects:graph_split_count_from_capture"),
                                  cat._Policy("fixed"), ("SPLIT_BOUND",))
     monkeypatch.setitem(cat._FUZZ, "04", eager)
     res = cat.run_entry(cat.resolve_ids(["4"])[0])
@@ -138,7 +138,7 @@ def test_a_defect_the_engine_cannot_see_fails_the_catalogue(monkeypatch, tmp_pat
 
 def test_a_false_alarm_fails_the_entry(monkeypatch):
     # the "off" policy keeps the defect: the off run must report it as a false alarm
-    leaky = cat._scenario_engine(cat._family_graph_tp, cat._Policy("gpu_impl.defects:graph_split_count_from_capture"),
+    leaky = cat._scenario_engine(cat.family_graph_tp, cat._Policy("gpu_impl.defects:graph_split_count_from_capture"),
                                  cat._Policy("gpu_impl.defects:graph_split_count_from_capture"), ("SPLIT_BOUND",))
     monkeypatch.setitem(cat._FUZZ, "04", leaky)
     res = cat.run_entry(cat.resolve_ids(["4"])[0])

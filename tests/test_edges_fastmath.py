@@ -71,7 +71,7 @@ def test_stage_2_calls_a_violation_that_needs_fast_math_inconclusive(monkeypatch
                  sharded_cp=0, page_size=1, fixed=False)
     # the solver budget is a ceiling, not a speed goal: generous, so that a loaded machine cannot turn the
     # positive control's "sat" into a timeout's "unknown"
-    budget = tm._Budget(600.0, cache={})
+    budget = tm.Budget(600.0, cache={})
     r, w = tm._stage2(g, budget, 2, eager=True)
     assert r == "sat" and max(w["splits"]) > w["S_c"]
 
@@ -81,7 +81,7 @@ def test_stage_2_calls_a_violation_that_needs_fast_math_inconclusive(monkeypatch
         return lo, hi + 1
 
     monkeypatch.setattr(tm, "sym_blocks_per_sm_range", wide)
-    budget = tm._Budget(600.0, cache={})
+    budget = tm.Budget(600.0, cache={})
     r, w = tm._stage2(g, budget, 2, eager=True)
     assert r == "unknown" and w is None
     assert any("fast-math" in u for u in budget.unknowns)

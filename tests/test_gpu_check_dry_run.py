@@ -125,7 +125,7 @@ def test_memcheck_and_junit_parsers(tmp_path):
 
 
 def test_worked_example_expectations():
-    exp = gpu_check._worked_expected
+    exp = gpu_check.worked_expected
     assert exp("pre-fix", {"outcome": "nan"}) and exp("pre-fix", {"outcome": "crash"})
     assert exp("pre-fix", {"outcome": "mismatch"}) and exp("pre-fix", {"outcome": "agrees"}) is False
     assert exp("fixed", {"outcome": "agrees"}) and exp("fixed", {"outcome": "nan"}) is False

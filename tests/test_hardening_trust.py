@@ -134,7 +134,7 @@ def _help_examples():
 @pytest.mark.parametrize("command,example", _help_examples())
 def test_help_examples_parse_and_name_only_known_things(command, example, capsys):
     """Each help example parses; the names it gives (theorems, assumptions, guards) are accepted."""
-    from fa3verify.commands.prove import _check_assumptions, _check_only
+    from fa3verify.commands.prove import check_assumptions, check_only
     from fa3verify.validation import check_args
 
     argv = shlex.split(example)
@@ -142,5 +142,5 @@ def test_help_examples_parse_and_name_only_known_things(command, example, capsys
     if getattr(args, "device", None) in (None, "cpu"):  # cuda examples need a GPU
         check_args(args)
     if argv[0] == "prove":
-        _check_only(args.only)
-        _check_assumptions(args.drop_assumption)
+        check_only(args.only)
+        check_assumptions(args.drop_assumption)

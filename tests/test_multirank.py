@@ -379,15 +379,15 @@ class _Ctx:
 
 def test_the_earliest_report_is_blamed_even_before_its_rank_has_exited(tmp_path):
     """Rank 1 raised and reported first; rank 0's broken collective made it exit first: rank 1 is the cause."""
-    from fa3verify.multirank import _describe_failure
+    from fa3verify.multirank import describe_failure
 
     (tmp_path / "error-rank-1.json").write_text(json.dumps({"rank": 1, "error": "RuntimeError: cause", "time": 10.0}))
     (tmp_path / "error-rank-0.json").write_text(json.dumps({"rank": 0, "error": "DistBackendError: peer", "time": 11.0}))
-    failure = _describe_failure(_Ctx(1, None), tmp_path, first_seen=[0])
+    failure = describe_failure(_Ctx(1, None), tmp_path, first_seen=[0])
     assert failure["failed_rank"] == 1 and failure["error"] == "rank 1: RuntimeError: cause"
     # and with the order of reports reversed, the other rank is blamed (the choice follows the times)
     (tmp_path / "error-rank-1.json").write_text(json.dumps({"rank": 1, "error": "RuntimeError: cause", "time": 12.0}))
-    assert _describe_failure(_Ctx(1, None), tmp_path, first_seen=[0])["failed_rank"] == 0
+    assert describe_failure(_Ctx(1, None), tmp_path, first_seen=[0])["failed_rank"] == 0
 
 
 def test_a_rank_reports_its_error_before_tearing_its_group_down(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ import z3
 from z3_puzzles import pigeonhole
 
 from spec.symbolic import solver
-from spec.theorems_metadata import _Budget
+from spec.theorems_metadata import Budget
 from spec.z3ctx import checked
 
 
@@ -33,14 +33,14 @@ class _CanceledSolver:
 
 
 def test_a_canceled_unknown_is_inconclusive_not_a_keyboard_interrupt():
-    budget = _Budget(timeout_s=0.03)
+    budget = Budget(timeout_s=0.03)
     assert budget.check(_CanceledSolver(), "stage2 b=1 fast-math-robust") == z3.unknown
     assert budget.unknowns == ["stage2 b=1 fast-math-robust: canceled"]
 
 
 def test_a_repeated_check_that_times_out_is_recorded_as_unknown():
     s = solver(0.03)
-    budget = _Budget(timeout_s=0.03)
+    budget = Budget(timeout_s=0.03)
     a = z3.Bool("a")
     s.add(a)
     assert budget.check(s, "first") == z3.sat

@@ -14,12 +14,12 @@ from spec.theorems_metadata import run_metadata_theorems
 @pytest.fixture
 def memo():
     """A fresh, enabled memo for the test (the suite's own is put back afterwards)."""
-    saved = theorem_memo._MEMO
-    theorem_memo._MEMO = {}
+    saved = theorem_memo.MEMO
+    theorem_memo.MEMO = {}
     try:
         yield theorem_memo
     finally:
-        theorem_memo._MEMO = saved
+        theorem_memo.MEMO = saved
 
 
 def _counting_job(calls: list, key=("counting",), case_file=None, cases_dir=None, verdict="proved"):

@@ -39,8 +39,8 @@ __all__ = ["Entry", "ENTRIES", "BUDGETS", "EngineOutcome", "EntryResult", "run_c
 KERNEL_CASE_SCHEMA = LEGACY_KERNEL_SCHEMA
 
 # Names the tests reach for (a family swapped into an entry's engine, a kernel case built by hand).
-_family_eager_tp = _FAMILIES["eager-tp"]
-_family_graph_tp = _FAMILIES["graph-tp"]
+family_eager_tp = _FAMILIES["eager-tp"]
+family_graph_tp = _FAMILIES["graph-tp"]
 
 
 def _kernel_case(entry_id: str, call: dict, defects, outcome: str = "pass", invariants=(), messages=(),

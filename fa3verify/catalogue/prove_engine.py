@@ -102,7 +102,7 @@ def _kernel_uses_host_tiles():
     from spec import symbolic, theorems_metadata
 
     def clear():
-        theorems_metadata._qc_params.cache_clear()
+        theorems_metadata.qc_params.cache_clear()
         symbolic.clear_caches()
 
     original = fs.kernel_headdims

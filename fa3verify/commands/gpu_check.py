@@ -17,11 +17,11 @@ import sys
 from ..gpu_check import SCHEMA, STAGE_NAMES, STAGES, SUMMARY_NAME, GpuCheck, junit_counts, junit_failures, make_plan
 from ..gpu_check import parse_memcheck
 from ..gpu_check.fuzz_cases import random_fuzz_case
-from ..gpu_check.worked_example import _worked_expected, child_main
+from ..gpu_check.worked_example import worked_expected, child_main
 
 # names the tests and scripts read from this module
 __all__ = ["HELP", "EPILOG", "register", "add_arguments", "run", "main", "SCHEMA", "SUMMARY_NAME", "STAGE_NAMES",
-           "junit_counts", "junit_failures", "parse_memcheck", "random_fuzz_case", "_worked_expected", "child_main"]
+           "junit_counts", "junit_failures", "parse_memcheck", "random_fuzz_case", "worked_expected", "child_main"]
 
 HELP = "run the real-FA3 checks on a GPU (fidelity, fuzz, worked example); --dry-run on CPU"
 EPILOG = """\

@@ -71,8 +71,8 @@ def run(args) -> int:
         return _prove_vllm(args, vprofile)
     guard, heads, profile = profile_policy_args(args)
     policy = load_policy(guard, heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
-    _check_assumptions(args.drop_assumption)
-    _check_only(args.only)
+    check_assumptions(args.drop_assumption)
+    check_only(args.only)
     spec = parse_engine_option(args.engine)
     dropped = list(args.drop_assumption)
     facts = None
@@ -129,7 +129,7 @@ def _release_assumptions(release: str) -> tuple:
     return facts, drops
 
 
-def _check_assumptions(names) -> None:
+def check_assumptions(names) -> None:
     from ..errors import UsageError
     from spec.domain import assumption_name_error
 
@@ -138,7 +138,7 @@ def _check_assumptions(names) -> None:
         raise UsageError(message)
 
 
-def _check_only(only) -> None:
+def check_only(only) -> None:
     """Every --only NAME must select at least one theorem (spec.theorems.select): else exit 2 listing them."""
     from ..errors import UsageError
     from spec.theorems import THEOREMS, select

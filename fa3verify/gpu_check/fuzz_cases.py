@@ -11,7 +11,7 @@ import json
 import random
 from typing import Any
 
-from .tasks import _kernel, _sync
+from .tasks import _kernel, sync
 
 
 def task_case(case, index: int) -> dict:
@@ -75,7 +75,7 @@ def _fuzz_call(backend, kernel, call, seed: int, device: str) -> dict:
     for sliding in layers:
         try:
             out, _ = backend.forward_decode(kernel, call, *tensors, sliding_window=sliding)
-            _sync(device)
+            sync(device)
         except MetadataShapeError as exc:
             rec.update(outcome="shape_error", message=str(exc)[:500])
             return rec

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from spec.worker_client import run_command
 
-from .runner import _repo_root, _tail, junit_counts, junit_failures
+from .runner import repo_root, tail, junit_counts, junit_failures
 
 if TYPE_CHECKING:
     from .runner import GpuCheck, Stage
@@ -23,7 +23,7 @@ def run(check: GpuCheck, stage: Stage) -> None:
     p = check.plan
     stage.expectation = ("on CPU every gpu test skips (none fails)" if p.dry_run
                          else "at least one gpu test passes and none fails or errors")
-    repo = _repo_root()
+    repo = repo_root()
     tests_dir = os.path.join(repo, "tests", "gpu")
     if not os.path.isdir(tests_dir):
         stage.status, stage.message = "inconclusive", f"no tests/gpu folder under {repo}"
@@ -39,12 +39,12 @@ def run(check: GpuCheck, stage: Stage) -> None:
         proc = run_command(cmd, max(5.0, limit), cwd=repo, env=env, text=True)
     except subprocess.TimeoutExpired as exc:
         stage.status, stage.message = "inconclusive", f"pytest did not finish within {limit:.0f}s"
-        stage.numbers["output_tail"] = _tail((exc.stdout or b"").decode(errors="replace")
+        stage.numbers["output_tail"] = tail((exc.stdout or b"").decode(errors="replace")
                                              if isinstance(exc.stdout, bytes) else (exc.stdout or ""))
         return
     counts = junit_counts(junit)
     stage.numbers.update(returncode=proc.returncode, **counts)
-    stage.numbers["output_tail"] = _tail(proc.stdout + proc.stderr, 1500)
+    stage.numbers["output_tail"] = tail(proc.stdout + proc.stderr, 1500)
     if counts.get("tests") is None:
         stage.status = "inconclusive"
         stage.message = f"pytest exited {proc.returncode} without a JUnit report"

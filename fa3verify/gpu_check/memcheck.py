@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from spec.worker_client import run_command
 
-from .runner import _repo_root, _tail, parse_memcheck
+from .runner import repo_root, tail, parse_memcheck
 
 if TYPE_CHECKING:
     from .runner import GpuCheck, Stage
@@ -44,23 +44,23 @@ def run(check: GpuCheck, stage: Stage) -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     t0 = time.perf_counter()
     try:
-        proc = run_command(cmd, limit, cwd=_repo_root(), env=env, text=True)
+        proc = run_command(cmd, limit, cwd=repo_root(), env=env, text=True)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         stage.status, stage.message = "inconclusive", f"memcheck did not finish within {limit:.0f}s"
-        stage.numbers["output_tail"] = _tail(out)
+        stage.numbers["output_tail"] = tail(out)
         return
     text = proc.stdout + "\n" + proc.stderr
     parsed = parse_memcheck(text)
     stage.numbers.update(returncode=proc.returncode, run_seconds=round(time.perf_counter() - t0, 1), **parsed)
-    stage.numbers["output_tail"] = _tail(text, 3000)
+    stage.numbers["output_tail"] = tail(text, 3000)
     if parsed["errors"] is None:
         stage.status = "inconclusive"
         stage.message = f"no memcheck ERROR SUMMARY in the output (exit {proc.returncode})"
     elif parsed["errors"] > 0:
         stage.status = "pass"
         path = check.save_case("sanitizer", "pre-fix", {"command": stage.numbers["command"], **parsed,
-                                                       "output": _tail(text, 20000)})
+                                                       "output": tail(text, 20000)})
         check.finding("sanitizer", "memcheck", f"memcheck: {parsed['errors']} error(s) in the pre-fix worked "
                      f"example; first: {parsed['first_errors'][:1]}", case_file=path)
         stage.message = f"{parsed['errors']} memcheck error(s)"

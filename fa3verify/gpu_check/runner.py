@@ -246,9 +246,9 @@ def parse_memcheck(text: str) -> dict:
     return {"errors": errors, "first_errors": firsts}
 
 
-def _tail(text: str, n: int = 2000) -> str:
+def tail(text: str, n: int = 2000) -> str:
     return (text or "")[-n:]
 
 
-def _repo_root() -> str:
+def repo_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -21,7 +21,7 @@ def _kernel(adapter: dict, mode: str, **options):
     return load_adapter(adapter["name"], mode, adapter.get("device"), **{**adapter.get("options", {}), **options})
 
 
-def _sync(device: str) -> None:
+def sync(device: str) -> None:
     if str(device).startswith("cuda"):
         import torch
 

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from .plan import WORKED_LONG, WORKED_MODEL, WORKED_SHORT, WORKED_SHORT_COUNT
-from .tasks import _kernel, _sync
+from .tasks import _kernel, sync
 
 if TYPE_CHECKING:
     from .runner import GpuCheck, Stage
@@ -46,7 +46,7 @@ def run(check: GpuCheck, stage: Stage) -> None:
             value = {"outcome": "crash" if res.crashed else "error", "kind": res.kind, "exitcode": res.exitcode,
                      "error": res.error_text[-3000:], "seconds": round(res.elapsed, 2)}
         outcomes[guard] = value
-        expected = _worked_expected(guard, value)
+        expected = worked_expected(guard, value)
         if guard == "pre-fix" and value["outcome"] in ("nan", "crash", "mismatch"):
             path = check.save_case("worked_example", "pre-fix", {"guard": guard, "shapes": stage.numbers["shapes"],
                                                                  "result": value})
@@ -62,7 +62,7 @@ def run(check: GpuCheck, stage: Stage) -> None:
     stage.numbers["fixed"] = outcomes.get("fixed")
     stage.numbers["pre_fix_outcome"] = (outcomes.get("pre-fix") or {}).get("outcome")
     stage.numbers["fixed_outcome"] = (outcomes.get("fixed") or {}).get("outcome")
-    verdicts = [_worked_expected(g, outcomes[g]) if outcomes.get(g, {}).get("outcome") != "not run" else None
+    verdicts = [worked_expected(g, outcomes[g]) if outcomes.get(g, {}).get("outcome") != "not run" else None
                 for g in ("pre-fix", "fixed")]
     if any(v is False for v in verdicts):
         stage.status = "fail"
@@ -73,7 +73,7 @@ def run(check: GpuCheck, stage: Stage) -> None:
     stage.message = (f"pre-fix -> {stage.numbers['pre_fix_outcome']}, fixed -> {stage.numbers['fixed_outcome']}")
 
 
-def _worked_expected(guard: str, value: dict) -> Optional[bool]:
+def worked_expected(guard: str, value: dict) -> Optional[bool]:
     outcome = value.get("outcome")
     if outcome in ("not run",):
         return None
@@ -128,7 +128,7 @@ def worked_example_task(adapter: dict, guard: str, long_len: int = WORKED_LONG, 
         out_info["refmodel_metadata_splits"] = list(result.num_splits)
     q, k_cache, v_cache, table = decode_tensors(backend, call, seed=seed, device=device)
     out, lse = backend.forward_decode(kernel, call, q, k_cache, v_cache, table)
-    _sync(device)
+    sync(device)
     trace = kernel.last_trace or {}
     out_info["s_c"] = (trace.get("schedule") or {}).get("num_splits")
     out_info["observed_num_splits"] = trace.get("observed_num_splits")

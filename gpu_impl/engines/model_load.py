@@ -40,7 +40,7 @@ STOP_AT = ("get_global_server_args", "get_exec", "RMSNorm", "QKVParallelLinear",
            "RadixAttention")
 
 
-class _PastHeadSplit(Exception):
+class PastHeadSplit(Exception):
     """The constructor reached what it builds after the head split (a :data:`STOP_AT` name)."""
 
 
@@ -70,7 +70,7 @@ def _layout(sa, attn_tp: int) -> dict:
 def _faked(module, layout: dict):
     """The module's layout readers and :data:`STOP_AT` names replaced while the block runs (restored after)."""
     def stop(*_a, **_k):
-        raise _PastHeadSplit()
+        raise PastHeadSplit()
 
     saved = {}
     for name, quantity in LAYOUT_READERS.items():
@@ -118,7 +118,7 @@ def head_split(sa, model: dict) -> Optional[dict]:
         with _faked(module, _layout(sa, attn_tp)):
             try:
                 layer.__init__(**kwargs)
-            except _PastHeadSplit:
+            except PastHeadSplit:
                 pass
     except (AssertionError, ValueError) as exc:
         return {**answer, "accepted": False, "message": rejection_message(exc)}

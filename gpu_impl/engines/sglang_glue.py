@@ -84,10 +84,10 @@ def apply_runner_layout(release: str, runner, values: dict) -> None:
 
         declared = declared_fields(type(runner.server_args))
         for attr, q in SERVER_ARGS_FIELDS.items():
-            _set_field(runner.server_args, attr, values[q])
+            set_field(runner.server_args, attr, values[q])
             for alias in SERVER_ARGS_ALIASES.get(attr, ()):
                 if alias in declared:  # the release's own name for the same switch
-                    _set_field(runner.server_args, alias, values[q])
+                    set_field(runner.server_args, alias, values[q])
     if "ps" in places:
         _apply_ps(runner, values)
 
@@ -145,11 +145,11 @@ def _apply_ps(runner, values: dict) -> None:
         return
     ps = ps if ps is not None else SimpleNamespace()
     for attr, value in wanted.items():
-        _set_field(ps, attr, value)
+        set_field(ps, attr, value)
     runner.ps = ps
 
 
-def _set_field(obj, name, value) -> None:
+def set_field(obj, name, value) -> None:
     try:
         setattr(obj, name, value)
     except (AttributeError, TypeError):  # a read-only property caching through _name (ServerArgs)
