@@ -43,17 +43,22 @@ def patched_copy(release: str, dest: Path, patches, module: Path = BACKEND) -> P
     site = envs.env_dir(release) / "lib" / "python3.11" / "site-packages" / "sglang"
     root = Path(dest) / "python"
     shutil.copytree(site, root / "sglang", copy_function=os.symlink)
-    target = root / "sglang" / module
+    patch_linked_module(root / "sglang" / module, patches, f"sglang {release}: {module}")
+    return root
+
+
+def patch_linked_module(target: Path, patches, label: str) -> None:
+    """Replaces the link ``target`` by a patched copy of the file it points to (each pattern must match exactly
+    once) and drops that module's stale bytecode."""
     text = target.read_text()
     for pattern, repl in patches:
         text, n = re.subn(pattern, repl, text)
         if n != 1:
-            raise AssertionError(f"sglang {release}: {module} matches {pattern!r} {n} times, not once")
+            raise AssertionError(f"{label} matches {pattern!r} {n} times, not once")
     target.unlink()
     target.write_text(text)
     for pyc in (target.parent / "__pycache__").glob(target.stem + ".*"):
         pyc.unlink()
-    return root
 
 
 def replay_only_regression(dest: Path) -> Path:
@@ -79,12 +84,5 @@ def vllm_patched_copy(release: str, dest: Path, patches=(), module: Path = VLLM_
     site = envs.env_dir(release, engine="vllm") / "lib" / "python3.11" / "site-packages" / "vllm"
     root = Path(dest)
     shutil.copytree(site, root / "vllm", copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
-    target = root / "vllm" / module
-    text = target.read_text()
-    for pattern, repl in patches:
-        text, n = re.subn(pattern, repl, text)
-        if n != 1:
-            raise AssertionError(f"vllm {release}: {module} matches {pattern!r} {n} times, not once")
-    target.unlink()
-    target.write_text(text)
+    patch_linked_module(root / "vllm" / module, patches, f"vllm {release}: {module}")
     return root
