@@ -10,19 +10,14 @@ in the environment of the nearest registered release, with its own ``sglang`` fi
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
-import subprocess
-import tempfile
 import time
-import zipfile
 from pathlib import Path
 from typing import Callable, Optional
 
 from .. import sut
 from ..sut import EngineSpec, SystemUnderTest
 from . import envs, recipes
+from .checkouts import resolve_checkout
 from .errors import CheckoutImportError, DriverError, EngineUnavailable
 from .protocol import result_from_wire, scenario_to_wire
 from .worker_client import EngineWorker, engine_timeout_s
@@ -33,7 +28,6 @@ class ScenarioUnsupported(EngineUnavailable, sut.ScenarioUnsupported):
     """The scenario uses a feature the engine driver does not run (MLA, fp8 KV cache, a release without the kit)."""
 
 
-_VERSION = re.compile(r"""__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""")
 
 
 def resolve_source(path: str) -> tuple:
@@ -41,71 +35,8 @@ def resolve_source(path: str) -> tuple:
 
     ``path``: an sglang clone, its ``python/`` directory, or a ``.whl`` file (unpacked once into the engine home).
     """
-    p = Path(path).expanduser().resolve()
-    if p.is_file() and p.suffix == ".whl":
-        digest = hashlib.sha256(p.read_bytes()).hexdigest()
-        dest = envs.engine_home() / "src" / digest[:16]
-        if not (dest / "sglang").is_dir():
-            tmp = Path(tempfile.mkdtemp(prefix="unpack-", dir=dest.parent if dest.parent.exists() else None))
-            with zipfile.ZipFile(p) as zf:
-                zf.extractall(tmp)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, dest)
-        root, revision = dest, f"wheel-sha256:{digest[:16]}"
-    elif p.is_dir():
-        root = p if (p / "sglang").is_dir() else p / "python"
-        if not (root / "sglang" / "__init__.py").exists():
-            raise CheckoutImportError(f"sglang-src={path}: no sglang package under {p} (want an sglang clone, its "
-                                      f"python/ directory, or a wheel file)")
-        revision = _git_revision(root)
-    else:
-        raise CheckoutImportError(f"sglang-src={path}: not a directory or a .whl file")
-    return root, source_version(root), revision
-
-
-def source_version(root: Path, package: str = "sglang") -> Optional[str]:
-    """The version of a checkout or unpacked wheel of ``package``: ``_version.py`` (generated at build time), a
-    literal in ``version.py``, ``git describe --tags``, or ``pyproject.toml``; None when none says
-    (fallback versions such as ``0.0.0.dev0`` say nothing)."""
-    def real(v):
-        return v if v and v[0].isdigit() and not v.startswith("0.0.0") else None
-
-    for name in ("_version.py", "version.py"):
-        f = root / package / name
-        if f.exists():
-            for m in _VERSION.finditer(f.read_text(errors="replace")):
-                if real(m.group(1)):
-                    return m.group(1)
-    try:
-        out = subprocess.run(["git", "-C", str(root), "describe", "--tags", "--abbrev=0"], capture_output=True,
-                             text=True, timeout=30, stdin=subprocess.DEVNULL)
-        tag = out.stdout.strip().lstrip("v") if out.returncode == 0 else ""
-        if real(tag):
-            return tag
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    pyproject = root / "pyproject.toml"
-    if pyproject.exists():
-        m = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(errors="replace"), re.M)
-        if m and real(m.group(1)):
-            return m.group(1)
-    return None
-
-
-def _git_revision(path: Path) -> str:
-    try:
-        out = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=30, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    if out.returncode != 0:
-        return "unknown (not a git checkout)"
-    try:
-        dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return out.stdout.strip() + "+dirty-unknown (git status did not answer within 30 s)"
-    return out.stdout.strip() + ("+dirty" if dirty else "")
+    return resolve_checkout(path, "sglang", subdirs=("", "python"),
+                            want="an sglang clone, its python/ directory")
 
 
 class SglangSUT(SystemUnderTest):

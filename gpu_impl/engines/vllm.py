@@ -19,15 +19,12 @@ from outside vLLM's code (:data:`VLLM_DEFECTS`).
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
-import zipfile
 from pathlib import Path
 from typing import Optional
 
 from ..sut import EngineSpec, SystemUnderTest
 from . import envs, vllm_recipes
+from .checkouts import resolve_checkout
 from .errors import CheckoutImportError, DriverError
 from .worker_client import EngineWorker, engine_timeout_s
 
@@ -43,28 +40,8 @@ def resolve_vllm_source(path: str) -> tuple:
 
     ``path``: a vLLM clone (the directory holding ``vllm/``) or a ``.whl`` file (unpacked once into the engine
     home); anything else is a :class:`CheckoutImportError` naming what was expected."""
-    from .sglang import _git_revision, source_version
-
-    p = Path(path).expanduser().resolve()
-    if p.is_file() and p.suffix == ".whl":
-        digest = hashlib.sha256(p.read_bytes()).hexdigest()
-        dest = envs.engine_home() / "src" / f"vllm-{digest[:16]}"
-        if not (dest / "vllm").is_dir():
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix="unpack-", dir=dest.parent))
-            with zipfile.ZipFile(p) as zf:
-                zf.extractall(tmp)
-            os.replace(tmp, dest)
-        root, revision = dest, f"wheel-sha256:{digest[:16]}"
-    elif p.is_dir():
-        root = p
-        if not (root / "vllm" / "__init__.py").exists():
-            raise CheckoutImportError(f"vllm-src={path}: no vllm package under {p} (want a vLLM clone's root, the "
-                                      f"directory holding vllm/, or a wheel file)")
-        revision = _git_revision(root)
-    else:
-        raise CheckoutImportError(f"vllm-src={path}: not a directory or a .whl file")
-    return root, source_version(root, package="vllm"), revision
+    return resolve_checkout(path, "vllm", unpack_prefix="vllm-",
+                            want="a vLLM clone's root, the directory holding vllm/")
 
 
 def nearest_vllm_release(version: Optional[str]) -> str:
