@@ -4,7 +4,8 @@ refmodel, spec or z3 has been replaced (a monkeypatch, a counterfactual), is ans
 (FA3VERIFY_THEOREM_MEMO=0 turns it off). Test files run longest first, by tests/file_seconds.json (a file missing
 from it counts as the table's median; ``scripts/file_seconds.py`` refreshes it, docs/performance.md); a file's own
 tests keep their order. ``engine_sut``: engine workers shared by the files of one test process
-(tests/engine_pool.py)."""
+(tests/engine_pool.py); ``cli_on_engine_pool``: a command run in-process with ``main()`` opens its real engine on those
+workers."""
 
 import json
 import os
@@ -56,3 +57,23 @@ def engine_pool():
 def engine_sut(engine_pool):
     """``engine_sut("sglang==V")``: a fresh, started system under test on this process's one worker for it."""
     return engine_pool.sut
+
+
+@pytest.fixture
+def cli_on_engine_pool(monkeypatch, engine_sut):
+    """While the test runs, the engine a command opens (``--engine sglang==V`` / ``vllm==V``, or a case's own
+    engine on replay: fa3verify.engine_choice.open_engine) is a fresh system under test on this process's shared
+    worker for it, so a command run in-process with ``fa3verify.cli.main`` starts no worker of its own. The model,
+    source checkouts and releases without an environment open as before."""
+    from fa3verify import engine_choice
+    from gpu_impl.engines import envs
+
+    real = engine_choice.open_engine
+
+    def pooled(spec_or_text):
+        spec = engine_choice.parse_engine_option(spec_or_text) if isinstance(spec_or_text, str) else spec_or_text
+        if spec.kind in ("sglang", "vllm") and envs.env_ready(spec.release, engine=spec.kind):
+            return engine_sut(str(spec))
+        return real(spec_or_text)
+
+    monkeypatch.setattr(engine_choice, "open_engine", pooled)

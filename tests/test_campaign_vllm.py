@@ -12,6 +12,7 @@ import pytest
 
 from fa3verify.cli import main
 from gpu_impl.engines import envs
+from vllm_campaign import assert_cli_replays_as_seeded, find_seeded_split
 
 RELEASE = "0.33.0"
 DEFECT = "graph-split-count-from-capture"
@@ -131,10 +132,10 @@ def vllm_sut(engine_sut):
 
 
 @pytest.mark.engine
-def test_cli_fuzz_on_vllm_runs_the_campaign_over_the_vllm_family_and_passes(tmp_path):
+def test_cli_fuzz_on_vllm_runs_the_campaign_over_the_vllm_family_and_passes(cli_on_engine_pool, tmp_path):
     out = tmp_path / "summary.json"
     rc = main(["fuzz", "--engine", f"vllm=={RELEASE}", "--cases", "40", "--out", str(tmp_path / "cases"),
-               "--json", str(out)])
+               "--json", str(out)])  # the CLI's campaign, on the shared worker
     summary = json.loads(out.read_text())
     assert rc == 0, [c.get("message") for c in summary["checks"]]  # the message carries the domain's rejections
     assert summary["cases"] == 40 and summary["failures"] == 0
@@ -142,27 +143,17 @@ def test_cli_fuzz_on_vllm_runs_the_campaign_over_the_vllm_family_and_passes(tmp_
 
 
 @pytest.mark.engine
-def test_negative_control_the_seeded_pr20301_defect_is_found_saved_and_replays(vllm_sut, tmp_path, capsys):
+def test_negative_control_the_seeded_pr20301_defect_is_found_saved_and_replays(vllm_sut, cli_on_engine_pool,
+                                                                               tmp_path, capsys):
     """vLLM #20301's pattern seeded into the real code path (the precompute with the heuristic, the call with the
     CUDA-graph 32): the campaign finds SPLIT_BOUND, saves a case naming vllm==0.33.0 and the defect; it replays as
     still failing, and as passing with --without-defects."""
     from fa3verify.fuzzing import fuzz
     from fa3verify.policy import load_policy
-    from spec.cases import Case
 
-    summary = fuzz(load_policy(), sut=vllm_sut, max_cases=200, budget_s=None, out_dir=str(tmp_path / "cases"),
-                   defects={DEFECT}, strategy="vllm-full-graph", show_progress=False)
-    assert summary.exit_code == 1
-    split = [f for f in summary.findings if f.invariant == "SPLIT_BOUND"]
-    assert split, [f.invariant for f in summary.findings]
-    case = Case.load(split[0].case_file)
-    assert case.engine == {"name": "vllm", "release": RELEASE} and case.defects == [DEFECT]
+    case_file, case = find_seeded_split(vllm_sut, tmp_path / "cases", DEFECT, "vllm-full-graph", 200, RELEASE)
     assert case.server["cuda_graph"] and case.vllm is not None
-    capsys.readouterr()
-    assert main(["replay", split[0].case_file]) == 1
-    assert "STILL FAILS" in capsys.readouterr().out
-    assert main(["replay", split[0].case_file, "--without-defects"]) == 0
-    assert "PASSES NOW" in capsys.readouterr().out
+    assert_cli_replays_as_seeded(case_file, capsys)  # the CLI's replay, on the shared worker
     control = fuzz(load_policy(), sut=vllm_sut, max_cases=200, budget_s=None, out_dir=str(tmp_path / "off"),
                    strategy="vllm-full-graph", show_progress=False)
     assert control.exit_code == 0 and control.cases == 200  # silent when off: the same draws without the defect

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from fa3verify.cli import main
 from gpu_impl.engines import envs
+from vllm_campaign import assert_cli_replays_as_seeded, find_seeded_split
 
 RELEASE = "0.33.0"
 DEFECT = "precompute-max-seqlen-q-off-by-one"
@@ -51,45 +51,29 @@ def test_the_driver_seeds_the_off_by_one_from_outside_vllms_code():
 
 
 @pytest.fixture(scope="module")
-def vllm_sut():
+def vllm_sut(engine_sut):
     if not envs.env_ready(RELEASE, engine="vllm"):
         pytest.skip(f"no environment for vllm {RELEASE} under {envs.env_dir(RELEASE, engine='vllm')}")
-    from gpu_impl.sut import open_sut
-
-    sut = open_sut(f"vllm=={RELEASE}")
-    yield sut
-    sut.close()
+    return engine_sut(f"vllm=={RELEASE}")  # the test process's shared worker (tests/engine_pool.py)
 
 
 @pytest.mark.engine
-def test_negative_control_the_off_by_one_is_found_within_100_cases_and_replays(vllm_sut, tmp_path, capsys):
+def test_negative_control_the_off_by_one_is_found_within_100_cases_and_replays(vllm_sut, cli_on_engine_pool,
+                                                                              tmp_path, capsys):
     from fa3verify.fuzzing import fuzz
     from fa3verify.policy import load_policy
-    from spec.cases import Case
 
-    summary = fuzz(load_policy(), sut=vllm_sut, max_cases=100, budget_s=None, out_dir=str(tmp_path / "cases"),
-                   defects={DEFECT}, strategy="vllm-decode-tile", show_progress=False)
-    assert summary.exit_code == 1
-    split = [f for f in summary.findings if f.invariant == "SPLIT_BOUND"]
-    assert split, [f.invariant for f in summary.findings]
-    case = Case.load(split[0].case_file)
-    assert case.engine == {"name": "vllm", "release": RELEASE} and case.defects == [DEFECT]
-    capsys.readouterr()
-    assert main(["replay", split[0].case_file]) == 1
-    assert "STILL FAILS" in capsys.readouterr().out
-    assert main(["replay", split[0].case_file, "--without-defects"]) == 0
+    case_file, _ = find_seeded_split(vllm_sut, tmp_path / "cases", DEFECT, "vllm-decode-tile", 100, RELEASE)
+    assert_cli_replays_as_seeded(case_file, capsys)  # the CLI's replay, on the shared worker
     control = fuzz(load_policy(), sut=vllm_sut, max_cases=100, budget_s=None, out_dir=str(tmp_path / "off"),
                    strategy="vllm-decode-tile", show_progress=False)
     assert control.exit_code == 0 and control.cases == 100  # silent when off: the same draws without the defect
 
 
 @pytest.mark.engine
-def test_the_drift_theorems_case_replays_on_vllms_builder(vllm_sut, tmp_path, capsys):
+def test_the_drift_theorems_case_replays_on_vllms_builder(vllm_sut, cli_on_engine_pool, tmp_path, capsys):
     from spec.theorems_fork_tile import run_fork_tile_theorems
 
     (r,) = run_fork_tile_theorems(only=["9-fork-tile-drift"], cases_dir=str(tmp_path))
     assert r.case_file
-    capsys.readouterr()
-    assert main(["replay", r.case_file]) == 1
-    assert "STILL FAILS" in capsys.readouterr().out
-    assert main(["replay", r.case_file, "--without-defects"]) == 0
+    assert_cli_replays_as_seeded(r.case_file, capsys)
