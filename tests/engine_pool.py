@@ -57,3 +57,20 @@ class EnginePool:
         owners, self.owners = self.owners, {}
         for owner in owners.values():
             owner.close()
+
+
+def route_opens(pool: EnginePool, monkeypatch) -> None:
+    """Make every real engine a command opens (``gpu_impl.sut.open_sut``, which ``fa3verify.engine_choice
+    .open_engine`` calls for ``--engine`` and for a replayed case's own engine) a fresh system under test on
+    ``pool``'s worker for that spec, so the CLI commands of a test process start each engine's worker once; the
+    model stays the model. For tests whose subject is the command's verdict on the engine's code, not the start of
+    its worker (a command's own ``start`` is then a no-op on the running worker)."""
+    import gpu_impl.sut as sut_mod
+
+    real = sut_mod.open_sut
+
+    def open_pooled(spec):
+        parsed = sut_mod.parse_engine(spec) if isinstance(spec, str) else spec
+        return real(parsed) if parsed.is_model else pool.sut(str(parsed))
+
+    monkeypatch.setattr(sut_mod, "open_sut", open_pooled)

@@ -11,9 +11,19 @@ import pytest
 from fa3verify import cli
 from spec.cases import Case
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("shared_workers")]
 
 OLD, NEW = "0.5.13", "0.5.23"
+
+
+@pytest.fixture
+def shared_workers(engine_pool, monkeypatch):
+    """The commands' engines run on the test process's one worker per release (tests/engine_pool.py), so this
+    file starts each release's worker once instead of once per command; each command still opens its own system
+    under test and sends every request to the release's own code."""
+    from engine_pool import route_opens
+
+    route_opens(engine_pool, monkeypatch)
 
 
 def _need_env(release):
