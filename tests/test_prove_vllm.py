@@ -9,9 +9,6 @@ refuted with a concrete counterexample. Conformance checks each claim on the rel
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -73,27 +70,32 @@ def test_prove_vllm_summary_fails_on_the_variant():
     assert bad.exit_code == 1 and bad.findings and bad.findings[0].invariant == "SPLIT_BOUND"
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "fa3verify", *args], env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=900)
+def _cli(capsys, *args):
+    """``fa3verify ARGS`` run in-process (fa3verify.cli.main): (exit code, stdout, stderr)."""
+    from fa3verify.cli import main
+
+    capsys.readouterr()
+    rc = main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
 
 
-def test_cli_prove_engine_profile_vllm_proves_the_release(tmp_path):
-    out = _cli("prove", "--engine-profile", "vllm==0.33.0", "--json", str(tmp_path / "p.json"))
-    assert out.returncode == 0, out.stdout + out.stderr
+def test_cli_prove_engine_profile_vllm_proves_the_release(tmp_path, capsys):
+    rc, stdout, stderr = _cli(capsys, "prove", "--engine-profile", "vllm==0.33.0", "--json", str(tmp_path / "p.json"))
+    assert rc == 0, stdout + stderr
     data = json.loads((tmp_path / "p.json").read_text())
     (check,) = data["checks"]
     assert check["name"] == "vllm-flow" and check["verdict"] == "proved"
     assert "configurations" in check["message"]
 
 
-def test_cli_prove_engine_profile_vllm_refuses_what_does_not_apply():
+def test_cli_prove_engine_profile_vllm_refuses_what_does_not_apply(capsys):
     for extra, option in ((["--guard", "pre-fix"], "--guard"), (["--only", "hazard"], "--only"),
                           (["--engine", "sglang==0.5.23"], "--engine")):
-        out = _cli("prove", "--engine-profile", "vllm==0.33.0", *extra)
-        assert out.returncode == 2 and f"{option}: does not apply" in out.stderr, out.stderr
-    out = _cli("prove", "--engine-profile", "vllm==9.9.9")
-    assert out.returncode == 2 and "releases with a profile: 0.33.0" in out.stderr
+        rc, _, stderr = _cli(capsys, "prove", "--engine-profile", "vllm==0.33.0", *extra)
+        assert rc == 2 and f"{option}: does not apply" in stderr, stderr
+    rc, _, stderr = _cli(capsys, "prove", "--engine-profile", "vllm==9.9.9")
+    assert rc == 2 and "releases with a profile: 0.33.0" in stderr
 
 
 # -- conformance on the released code (the vLLM engine environment) ----------------------------------------------
@@ -142,7 +144,8 @@ def test_a_refuted_variant_writes_its_counterexample_as_a_vllm_case(tmp_path):
 
 
 @pytest.mark.engine
-def test_the_counterexample_replays_on_vllm_with_the_seeded_defect_and_passes_without(vllm_sut, tmp_path, capsys):
+def test_the_counterexample_replays_on_vllm_with_the_seeded_defect_and_passes_without(vllm_sut, cli_on_engine_pool,
+                                                                                     tmp_path, capsys):
     """The prover's #20301 counterexample is only meaningful under the seeded defect: with it the real builder and
     impl give SPLIT_BOUND; without it (the released code) the same batch passes."""
     from fa3verify.cli import main
@@ -153,4 +156,4 @@ def test_the_counterexample_replays_on_vllm_with_the_seeded_defect_and_passes_wi
     assert summary.exit_code == 1 and observed.still_fails and "SPLIT_BOUND" in observed.invariants
     _, fixed = replay(r.case_file, sut=vllm_sut, defects=())
     assert not fixed.fails and fixed.verdict == "PASSES NOW"
-    assert main(["replay", r.case_file, "--without-defects"]) == 0
+    assert main(["replay", r.case_file, "--without-defects"]) == 0  # the CLI's replay, on the shared worker
