@@ -215,7 +215,7 @@ def _extend_step(scn: Scenario, run, placement: RankPlacement, comm: RankComm, i
 def _decode_step(scn: Scenario, backend, placement: RankPlacement, comm: RankComm, index: int,
                  seq_lens: Sequence[int], numerics: bool, kernel, device: str) -> StepRecord:
     from .errors import MetadataShapeError, OutOfBoundsAccess
-    from .scenario import jsonable, _seed, decode_tensors, distribute_over_dp
+    from .scenario import jsonable, rank_seed, decode_tensors, distribute_over_dp
 
     rec = StepRecord(index, "decode")
     dp_rank = placement.dp_rank
@@ -244,7 +244,7 @@ def _decode_step(scn: Scenario, backend, placement: RankPlacement, comm: RankCom
             rec.findings.append(Finding(d.get("invariant", "UNKNOWN"), index, call.dp_rank,
                                         d.get("message", str(d)), {**detail, **d}))
         return rec
-    tensors = decode_tensors(backend, call, seed=_seed(scn.seed, index, call.dp_rank), device=device)
+    tensors = decode_tensors(backend, call, seed=rank_seed(scn.seed, index, call.dp_rank), device=device)
     for sliding in [False] + ([True] if scn.model.has_sliding_window_layers else []):
         try:
             out, _ = backend.forward_decode(kernel, call, *tensors, sliding_window=sliding)

@@ -48,7 +48,7 @@ from .fa3_records import (CALL_SIGNATURE, DEFAULT_ARCH, DEFAULT_NUM_SM, PRECOMPU
                           CallRecord, PrecomputeRecord, bind_call, bind_precompute, call_key, call_schedule_of,
                           precompute_schedule, record_bound_call, record_bound_precompute, record_call,
                           record_precompute, record_varlen_call, translate_precompute)
-from .fa3_registry import MetadataRegistry, _address
+from .fa3_registry import MetadataRegistry, tensor_address
 from .kernels.base import KernelAdapter, build_tile_plan, check_plan
 
 __all__ = [
@@ -404,7 +404,7 @@ class CheckingFA3:
         self.registry.remember(dst, pre)
         if pre is None or not self.captured:
             return
-        key = _address(dst)
+        key = tensor_address(dst)
         calls = self.captured.get(key)
         if not calls or self.capturing():
             return
@@ -487,7 +487,7 @@ class CheckingFA3:
                 self._unchecked(varlen, exc)
             return fn(*call_args, **call_kwargs)
         if md is not None and capturing:
-            key = _address(md)
+            key = tensor_address(md)
             if key is not None:
                 self.captured.setdefault(key, []).append(call)
         # a failing call is re-recorded with its host lengths (one sync, only then) so the report can replay it

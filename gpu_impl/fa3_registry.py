@@ -17,7 +17,7 @@ from .fa3_records import PrecomputeRecord
 __all__ = ["MetadataRegistry"]
 
 
-def _address(t: torch.Tensor) -> Optional[tuple]:
+def tensor_address(t: torch.Tensor) -> Optional[tuple]:
     """(device ordinal (-1 on the host), address of the first element) of a tensor with storage, else None."""
     if not isinstance(t, torch.Tensor) or t.is_meta or t.numel() == 0:
         return None
@@ -61,11 +61,11 @@ class MetadataRegistry:
 
     def tracks(self, tensor) -> bool:
         """Whether ``tensor``'s first element is the start of a remembered metadata tensor or buffer."""
-        key = _address(tensor)
+        key = tensor_address(tensor)
         return key is not None and key in self._entries
 
     def remember(self, tensor, record: Optional[PrecomputeRecord]) -> None:
-        key = _address(tensor)
+        key = tensor_address(tensor)
         if key is None:
             return
         if record is None:
@@ -82,7 +82,7 @@ class MetadataRegistry:
         self._entries[key] = (ref, record)
 
     def lookup(self, tensor) -> Optional[PrecomputeRecord]:
-        key = _address(tensor)
+        key = tensor_address(tensor)
         if key is None:
             return None
         entry = self._entries.get(key)

@@ -65,9 +65,9 @@ def _judge_decode(scn: Scenario, backend, index: int, call, sliding: bool, out: 
     """Oracle comparison of one gathered decode output (the comparison of scenario._run_decode_numerics)."""
     from refmodel.tolerance import fa3_output_close, reference_outputs
 
-    from .scenario import _seed, decode_tensors
+    from .scenario import rank_seed, decode_tensors
 
-    q, k_cache, v_cache, page_table = decode_tensors(backend, call, seed=_seed(scn.seed, index, call.dp_rank))
+    q, k_cache, v_cache, page_table = decode_tensors(backend, call, seed=rank_seed(scn.seed, index, call.dp_rank))
     seqlens = torch.tensor(call.seq_lens, dtype=torch.int32)
     cu = torch.arange(len(call.seq_lens) + 1, dtype=torch.int32)
     ref, low = reference_outputs(q, k_cache, v_cache, cache_seqlens=seqlens, cu_seqlens_q=cu, max_seqlen_q=1,

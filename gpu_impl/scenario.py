@@ -265,7 +265,7 @@ def extend_tensors(scn: Scenario, index: int, dp_rank: int, batch: Batch, device
     h, hk = scn.server.layer_heads(scn.model)
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(scn.model.dtype, torch.bfloat16)
     return prefill_tensors(batch.seq_lens, batch.extend_lens, h, hk, scn.model.head_dim, scn.model.head_dim_v,
-                           seed=_seed(scn.seed, index, dp_rank), dtype=dtype, device=device)
+                           seed=rank_seed(scn.seed, index, dp_rank), dtype=dtype, device=device)
 
 
 def layout_mismatch_finding(index: int, dp_rank: int, mode: str, exc) -> Finding:
@@ -352,7 +352,7 @@ def _run_decode_numerics(backend: FlashAttentionBackend, scn: Scenario, index: i
 
     from .errors import MetadataShapeError, OutOfBoundsAccess
 
-    tensors = decode_tensors(backend, call, seed=_seed(scn.seed, index, call.dp_rank), device=device)
+    tensors = decode_tensors(backend, call, seed=rank_seed(scn.seed, index, call.dp_rank), device=device)
     layers = [False] + ([True] if scn.model.has_sliding_window_layers else [])
     for sliding in layers:
         try:
@@ -411,7 +411,7 @@ def decode_tensors(backend: FlashAttentionBackend, call: DecodeCall, seed: int, 
     return q.to(device), k.to(device), v.to(device), table.to(device)
 
 
-def _seed(base: int, step: int, rank: Optional[int]) -> int:
+def rank_seed(base: int, step: int, rank: Optional[int]) -> int:
     digest = hashlib.sha256(json.dumps([base, step, rank]).encode()).digest()
     return int.from_bytes(digest[:4], "little")
 

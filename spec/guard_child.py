@@ -11,6 +11,7 @@ The guard's own prints go to stderr: fd 1 is kept for the protocol only.
 Run as a script (`python guard_child.py`); it imports spec.guards only after the parent's sys.path is set.
 """
 
+import inspect
 import json
 import os
 import sys
@@ -30,11 +31,11 @@ def main() -> int:
     first = json.loads(inp.readline() or b"{}")
     sys.path[:0] = [p for p in first.get("sys_path", []) if p not in sys.path]
     try:
-        from spec.guards import is_bool, load_guard_in_process
+        from spec.guards import GuardSpecError, is_bool, load_guard_in_process
 
         guard = load_guard_in_process(first["spec"])
     except BaseException as exc:  # noqa: BLE001 - SystemExit at import is a load error, not an exit
-        _send(out, {"load_error": str(exc) if type(exc).__name__ == "GuardSpecError"
+        _send(out, {"load_error": str(exc) if isinstance(exc, GuardSpecError)
                     else f"guard spec {first.get('spec')!r}: importing it raised {type(exc).__name__}: {exc}"})
         return 0
     _send(out, {"loaded": True})
@@ -49,7 +50,7 @@ def main() -> int:
             continue
         if not is_bool(result):
             close = getattr(result, "close", None)
-            if type(result).__name__ == "coroutine" and close:
+            if inspect.iscoroutine(result) and close:
                 close()
             _send(out, {"bad_return": type(result).__name__})
             continue

@@ -81,7 +81,8 @@ def guard_raised_message(name: str, exc_type: str, message: str, missing: str | 
 
 def is_bool(value: Any) -> bool:
     """Whether a guard's result is a real bool (Python or numpy), not merely truthy."""
-    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"))
+    numpy = sys.modules.get("numpy")  # a numpy result means numpy is imported; never imported here for it
+    return isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_))
 
 
 def should_disable_scheduler_metadata_precompute(server_args: Any) -> bool:
@@ -328,7 +329,7 @@ def evaluate_guard(guard: Guard, server_args_like: Any) -> bool:
         raise GuardRaised(guard_raised_message(name, type(exc).__name__, str(exc), None,
                                                type(server_args_like).__name__)) from exc
     if not is_bool(result):
-        if type(result).__name__ == "coroutine":
+        if inspect.iscoroutine(result):
             result.close()
         raise GuardRaised(bad_return_message(name, type(result).__name__))
     return bool(result)

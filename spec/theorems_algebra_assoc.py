@@ -20,6 +20,7 @@ from spec.z3ctx import Real as _Real
 
 from .theorems_algebra_combine import combine_float
 from .theorems_algebra_merge import exact_merge_case
+from .theorems import theorem_result
 from .theorems_algebra_z3 import (
     NINF,
     XV,
@@ -32,8 +33,7 @@ from .theorems_algebra_z3 import (
     exp_facts,
     fmt,
     input_state,
-    _kind,
-    _result,
+    model_kind,
     state_witness,
     xv_float,
 )
@@ -136,9 +136,9 @@ def merge_theorem(name: str, timeout_s: float, defects: frozenset) -> TheoremRes
         concrete = {lab: state_witness(model, st) for lab, st in zip(labels, states)}
         witness = {
             "states": concrete,
-            "symbolic_left": {"O": fmt(xv_float(model, left.out)), "LSE_kind": KIND_NAMES[_kind(model, left.lse)]},
+            "symbolic_left": {"O": fmt(xv_float(model, left.out)), "LSE_kind": KIND_NAMES[model_kind(model, left.lse)]},
             "symbolic_right": {"O": fmt(xv_float(model, right.out)),
-                               "LSE_kind": KIND_NAMES[_kind(model, right.lse)]},
+                               "LSE_kind": KIND_NAMES[model_kind(model, right.lse)]},
             "defects": sorted(defects),
             "replay": replay_merges(name, concrete, defects),
         }
@@ -149,7 +149,7 @@ def merge_theorem(name: str, timeout_s: float, defects: frozenset) -> TheoremRes
         verdict = "inconclusive"
         message = f"z3 returned unknown (timeout {timeout_s}s)" + (
             "" if use_spec else "; combine_exact_merge is not proved for n = 2 under these defects")
-    return _result(name, verdict, t0, witness, message, details)
+    return theorem_result(name, verdict, t0, witness, message, details)
 
 
 def replay_merges(name: str, states: dict[str, dict[str, Any]], defects: Iterable[str] = ()) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from spec.z3ctx import Real as _Real
 from spec.z3ctx import RealVal as _RealVal
 
 from .theorems_algebra_combine import combine_rows
+from .theorems import theorem_result
 from .theorems_algebra_z3 import (
     NINF,
     Z3Arith,
@@ -27,9 +28,8 @@ from .theorems_algebra_z3 import (
     exp_facts,
     fmt,
     input_state,
-    _kind,
+    model_kind,
     product_instances,
-    _result,
     state_witness,
     xv_float,
     replay_row,
@@ -115,7 +115,7 @@ def exact_merge_case(n: int, defects: frozenset, timeout_s: float) -> dict[str, 
         out["witness"] = {
             "n_splits": n,
             "splits": splits,
-            "combine": {"O": fmt(xv_float(model, o)), "LSE_kind": KIND_NAMES[_kind(model, lse)]},
+            "combine": {"O": fmt(xv_float(model, o)), "LSE_kind": KIND_NAMES[model_kind(model, lse)]},
             "defects": sorted(defects),
             "replay": replay_row(splits, defects),
         }
@@ -162,7 +162,7 @@ def _exact_merge_result(cases: Sequence[dict], split_counts: Sequence[int], defe
     if verdict == "proved":
         message = (f"FA3 combine == exact merge sum_s S_s*O_s / sum_s S_s, LSE = log sum_s S_s, for n in {list(split_counts)} "
                    "splits, any of them empty with garbage output; weights in (0,1], Z >= 1")
-    return _result(name, verdict, t0, witness, message, {"per_n": per_n, "split_counts": list(split_counts)})
+    return theorem_result(name, verdict, t0, witness, message, {"per_n": per_n, "split_counts": list(split_counts)})
 
 
 def exact_merge_job(timeout_s: float, defects: frozenset, split_counts: Sequence[int]):
@@ -226,4 +226,4 @@ def theorem_all_empty(timeout_s: float, defects: frozenset, split_counts: Sequen
             break
     if verdict == "proved":
         message = f"all-empty rows (n in {list(split_counts)} splits, outputs of any kind) combine to (0, -inf)"
-    return _result(name, verdict, t0, witness, message, {"per_n": per_n, "split_counts": list(split_counts)})
+    return theorem_result(name, verdict, t0, witness, message, {"per_n": per_n, "split_counts": list(split_counts)})

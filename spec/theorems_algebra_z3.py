@@ -317,12 +317,12 @@ def _num(model: z3.ModelRef, term: Any) -> float:
     return float(str(val))
 
 
-def _kind(model: z3.ModelRef, x: XV) -> int:
+def model_kind(model: z3.ModelRef, x: XV) -> int:
     return int(model.eval(x.k, model_completion=True).as_long())
 
 
 def xv_float(model: z3.ModelRef, x: XV) -> float:
-    kind = _kind(model, x)
+    kind = model_kind(model, x)
     if kind == FIN:
         return _num(model, x.v)
     return {PINF: math.inf, NINF: -math.inf, NAN: math.nan}[kind]

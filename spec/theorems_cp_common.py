@@ -28,7 +28,7 @@ KINDS = ("CP_V2_EXTEND", "NON_CP_EXTEND", "MIXED", "DECODE")
 #: How a batch arrives at the runner, in encoding order.
 ARRIVALS = ("fresh", "carried", "built")
 
-CP_V2, NON_CP, _MIXED, _DECODE = range(4)
+CP_V2, NON_CP, MIXED_ROWS, DECODE_ROWS = range(4)
 
 FRESH, CARRIED, BUILT = range(3)
 
@@ -40,7 +40,7 @@ NONE = -1
 # --------------------------------------------------------------------------------------------
 
 
-def _int(model: z3.ModelRef, term: Any) -> int:
+def model_int(model: z3.ModelRef, term: Any) -> int:
     return model.eval(term, model_completion=True).as_long()
 
 

@@ -19,19 +19,19 @@ from spec.z3ctx import Int as _Int
 from spec.z3ctx import Ints as _Ints
 from spec.z3ctx import IntVal as _IntVal
 
+from .theorems import theorem_result
 from .theorems_cp_common import (
     ARRIVALS,
     KINDS,
     BUILT,
     CARRIED,
     CP_V2,
-    _DECODE,
+    DECODE_ROWS,
     FRESH,
-    _MIXED,
+    MIXED_ROWS,
     NONE,
     NON_CP,
-    _int,
-    _result,
+    model_int,
 )
 
 
@@ -86,12 +86,12 @@ def _step(ops: Any, state: Any, kind: Any, arrival: Any, t: Any, clear_stale: bo
           clear_always: bool = False, mixed_active: bool = False) -> dict[str, Any]:
     """One eager-runner step, written once over ``ops`` (concrete or z3); see the module docstring."""
     carried = ops.ite(arrival == FRESH, NONE, ops.ite(arrival == BUILT, t, state))
-    loaded = ops.ite(kind == _DECODE, NONE, carried)  # prepare_for_decode clears it
-    active = ops.or_(kind == CP_V2, kind == _MIXED) if mixed_active else (kind == CP_V2)
+    loaded = ops.ite(kind == DECODE_ROWS, NONE, carried)  # prepare_for_decode clears it
+    active = ops.or_(kind == CP_V2, kind == MIXED_ROWS) if mixed_active else (kind == CP_V2)
     before_prepare = NONE if clear_always else loaded
     after = ops.ite(active, ops.ite(before_prepare == NONE, t, before_prepare),
                     NONE if clear_stale else loaded)
-    cp_extend_mode = ops.or_(kind == CP_V2, kind == NON_CP, kind == _MIXED)
+    cp_extend_mode = ops.or_(kind == CP_V2, kind == NON_CP, kind == MIXED_ROWS)
     cp_path = ops.and_(cp_extend_mode, after != NONE)
     return {"active": active, "metadata": after, "cp_path": cp_path}
 
@@ -131,14 +131,14 @@ def simulate_runner(steps: Sequence[tuple[int, int]], clear_stale: bool = True, 
 
 def _arrival_domain(kind: Any, arrival: Any, cp_v2_may_inherit: bool) -> list[Any]:
     """Which arrivals a batch kind can have (see the module docstring)."""
-    dom = [kind >= 0, kind <= _DECODE, arrival >= 0, arrival <= BUILT, z3.Implies(arrival == BUILT, kind == CP_V2)]
+    dom = [kind >= 0, kind <= DECODE_ROWS, arrival >= 0, arrival <= BUILT, z3.Implies(arrival == BUILT, kind == CP_V2)]
     if not cp_v2_may_inherit:
         dom.append(z3.Implies(kind == CP_V2, arrival != CARRIED))
     return dom
 
 
 def _inputs(k: int, tag: str, cp_v2_may_inherit: bool) -> tuple[list, list, list]:
-    kinds = [_Int(f"{tag}_kind{t}") for t in range(k)]
+    kinds = [_Int(f"{tag}model_kind{t}") for t in range(k)]
     arrivals = [_Int(f"{tag}_arr{t}") for t in range(k)]
     dom = []
     for kd, ar in zip(kinds, arrivals):
@@ -178,7 +178,7 @@ def _bmc(which: str, max_k: int, timeout_s: float, prefer_kind: Optional[int] = 
             res, model = _solve(dom + [bad], timeout_s)
         per_k[k] = res
         if res == "sat":
-            seq = [[KINDS[_int(model, kd)], ARRIVALS[_int(model, ar)]] for kd, ar in zip(kinds, arrivals)]
+            seq = [[KINDS[model_int(model, kd)], ARRIVALS[model_int(model, ar)]] for kd, ar in zip(kinds, arrivals)]
             trace = simulate_runner([(KINDS.index(a), ARRIVALS.index(b)) for a, b in seq], **policy)
             violating = []
             for kind in range(len(KINDS)):  # which kinds can be the violating step at this length
@@ -200,7 +200,7 @@ def _induction(which: str, timeout_s: float, cp_v2_may_inherit: bool = False, **
     property holds after one more step, so it holds for sequences of every length."""
     t = _Int(f"ind_{which}_t")
     state = _Int(f"ind_{which}_state")
-    kind, arrival = _Ints(f"ind_{which}_kind ind_{which}_arr")
+    kind, arrival = _Ints(f"ind_{which}model_kind ind_{which}_arr")
     dom = [t >= 0, z3.Or(state == NONE, z3.And(state >= 0, state < t))]
     dom += _arrival_domain(kind, arrival, cp_v2_may_inherit)
     rec = runner_step_z3(state, kind, arrival, t, **policy)
@@ -213,7 +213,7 @@ def theorem_runner(which: str, timeout_s: float, clear_stale: bool, max_k: int,
     name = f"runner_{which}"
     t0 = time.perf_counter()
     policy = {"clear_stale": clear_stale, "cp_v2_may_inherit": cp_v2_may_inherit}
-    bmc = _bmc(which, max_k, timeout_s, prefer_kind=_MIXED if which == "hygiene" else None, **policy)
+    bmc = _bmc(which, max_k, timeout_s, prefer_kind=MIXED_ROWS if which == "hygiene" else None, **policy)
     details: dict[str, Any] = {"bmc": bmc, "policy": policy, "max_k": max_k}
     if which == "freshness" and clear_stale:
         # What the fix does not cover: a CP-v2 extend that inherits a previous CP-v2 step's metadata.
@@ -227,13 +227,13 @@ def theorem_runner(which: str, timeout_s: float, clear_stale: bool, max_k: int,
                                         cp_v2_may_inherit=True)},
         }
     if bmc["result"] == "unknown":
-        return _result(name, "inconclusive", t0, {}, f"BMC: z3 returned unknown at k={bmc['k']}", details)
+        return theorem_result(name, "inconclusive", t0, {}, f"BMC: z3 returned unknown at k={bmc['k']}", details)
     if bmc["result"] == "sat":
         witness = {"sequence": [kind for kind, _ in bmc["sequence"]], "arrivals": [a for _, a in bmc["sequence"]],
                    "length": bmc["k"], "trace": bmc["trace"],
                    "violating_kinds_at_this_length": bmc["violating_kinds_at_this_length"],
                    "clear_stale": clear_stale, "cp_v2_may_inherit": cp_v2_may_inherit}
-        return _result(name, "refuted", t0, witness,
+        return theorem_result(name, "refuted", t0, witness,
                        f"{which} fails after {bmc['k']} steps: "
                        + " -> ".join(f"{k} ({a})" for k, a in bmc["sequence"]), details)
     ind = _induction(which, timeout_s, **policy)
@@ -241,7 +241,7 @@ def theorem_runner(which: str, timeout_s: float, clear_stale: bool, max_k: int,
     claim = ("the backend takes the CP path iff the batch is CP-v2 active" if which == "hygiene" else
              "whenever the backend takes the CP path, the metadata was built for the current batch")
     if ind == "unsat":
-        return _result(name, "proved", t0, {},
+        return theorem_result(name, "proved", t0, {},
                        f"{claim}: for every sequence length (1-step induction); BMC up to k={max_k} agrees", details)
-    return _result(name, "proved", t0, {},
+    return theorem_result(name, "proved", t0, {},
                    f"{claim}: for every sequence of up to {max_k} steps (bounded; induction {ind})", details)

@@ -20,7 +20,8 @@ from spec.z3ctx import Ints as _Ints
 from spec.z3ctx import IntVal as _IntVal
 from spec.z3ctx import BoolVal as _BoolVal
 
-from .theorems_cp_common import CP_SIZES, _int, _result
+from .theorems import theorem_result
+from .theorems_cp_common import CP_SIZES, model_int
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,9 +153,9 @@ def _partition_claims(t: ZigzagTerms, p: Any, j: Any) -> dict[str, Any]:
 
 def _zigzag_witness(model: z3.ModelRef, cp: int, length: Any, prefix: Any, p: Any, j: Any,
                     defects: frozenset, violated: list[str]) -> dict[str, Any]:
-    concrete = zigzag_concrete(cp, _int(model, length), _int(model, prefix), defects)
-    return {"cp": cp, "L": _int(model, length), "prefix": _int(model, prefix), "position": _int(model, p),
-            "query_offset": _int(model, j), "violated": violated, "defects": sorted(defects), **concrete}
+    concrete = zigzag_concrete(cp, model_int(model, length), model_int(model, prefix), defects)
+    return {"cp": cp, "L": model_int(model, length), "prefix": model_int(model, prefix),
+            "position": model_int(model, p), "query_offset": model_int(model, j), "violated": violated, "defects": sorted(defects), **concrete}
 
 
 def theorem_zigzag_partition(timeout_s: float, defects: frozenset) -> TheoremResult:
@@ -172,12 +173,12 @@ def theorem_zigzag_partition(timeout_s: float, defects: frozenset) -> TheoremRes
         if res == "sat":
             violated = [k for k, c in claims.items() if z3.is_false(model.eval(c, model_completion=True))]
             witness = _zigzag_witness(model, cp, length, prefix, p, j, defects, violated)
-            return _result(name, "refuted", t0, witness,
+            return theorem_result(name, "refuted", t0, witness,
                            f"cp={cp}: {', '.join(violated)} fails at L={witness['L']}", {"per_cp": per_cp})
         if res == "unknown":
-            return _result(name, "inconclusive", t0, {}, f"cp={cp}: z3 returned unknown (timeout {timeout_s}s)",
+            return theorem_result(name, "inconclusive", t0, {}, f"cp={cp}: z3 returned unknown (timeout {timeout_s}s)",
                            {"per_cp": per_cp})
-    return _result(name, "proved", t0, {},
+    return theorem_result(name, "proved", t0, {},
                    "cp 2..8, every L >= 2cp and prefix >= 0: the 2cp blocks are non-empty and partition [0, L), "
                    "(rank, half) -> block is a bijection, kv_len_prev/next are the causal extents of their blocks",
                    {"per_cp": per_cp})
@@ -200,24 +201,24 @@ def theorem_zigzag_balance(timeout_s: float, defects: frozenset) -> TheoremResul
         res, model = _solve(domain + [z3.Not(bound)], timeout_s)
         entry: dict[str, Any] = {"result": res}
         if res == "sat":
-            counts = [_int(model, x) for x in t.tokens]
-            witness = {"cp": cp, "L": _int(model, length), "rank_tokens": counts,
+            counts = [model_int(model, x) for x in t.tokens]
+            witness = {"cp": cp, "L": model_int(model, length), "rank_tokens": counts,
                        "spread": max(counts) - min(counts), "defects": sorted(defects),
-                       **zigzag_concrete(cp, _int(model, length), 0, defects)}
+                       **zigzag_concrete(cp, model_int(model, length), 0, defects)}
             per_cp[cp] = entry
-            return _result(name, "refuted", t0, witness,
+            return theorem_result(name, "refuted", t0, witness,
                            f"cp={cp}, L={witness['L']}: per-rank tokens {counts} differ by {witness['spread']} > 1",
                            {"per_cp": per_cp})
         if res == "unknown":
             per_cp[cp] = entry
-            return _result(name, "inconclusive", t0, {}, f"cp={cp}: z3 returned unknown (timeout {timeout_s}s)",
+            return theorem_result(name, "inconclusive", t0, {}, f"cp={cp}: z3 returned unknown (timeout {timeout_s}s)",
                            {"per_cp": per_cp})
         # Tightness, and exactly when the counts are equal (rem in {0, cp}).
         equal = z3.And([t.tokens[a] == t.tokens[b] for a, b in pairs])
         r_tight, m_tight = _solve(domain + [z3.Or([t.tokens[a] - t.tokens[b] == 1 for a, b in pairs])], timeout_s)
         entry["bound_1_tight"] = r_tight == "sat"
         if m_tight is not None:
-            entry["tight_example_L"] = _int(m_tight, length)
+            entry["tight_example_L"] = model_int(m_tight, length)
         r_eq, _ = _solve(domain + [equal != z3.Or(t.rem == 0, t.rem == cp)], timeout_s)
         entry["equal_iff_rem_in_0_or_cp"] = r_eq == "unsat"
         # A batch of b sequences: per-rank totals differ by at most b, and b is reached.
@@ -240,7 +241,7 @@ def theorem_zigzag_balance(timeout_s: float, defects: frozenset) -> TheoremResul
         f"b sequences: per-rank totals differ by at most b (checked b = 1..{max_batch}, all cp), and b is reached"
         if all(v["spread_le_b"] and v["spread_b_reached"] for e in per_cp.values()
                for v in e["batch_spread"].values()) else "see per_cp")
-    return _result(name, "proved", t0, {},
+    return theorem_result(name, "proved", t0, {},
                    "cp 2..8, every L >= 2cp: per-rank token counts of one sequence differ by at most 1 "
                    "(tight; equal iff L mod 2cp is 0 or cp); a batch of b sequences can differ by b",
                    {"per_cp": per_cp, "findings": findings})

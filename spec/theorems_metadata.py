@@ -68,10 +68,10 @@ __all__ = ["run_metadata_theorems", "THEOREMS", "B_MAX", "LEN_MAX", "Q_MAX", "FR
 #: Names that live in the theorem-family modules, still importable from here (loaded on first use: those
 #: modules import this one). Theorem 0: theorems_metadata_lemmas; 1: _freshness; 2: _drift; 3 and 4: _policy.
 _FAMILY_NAMES = {
-    "kv_cover_lemma": "theorems_metadata_lemmas", "_prepare_split_lemma": "theorems_metadata_lemmas",
+    "kv_cover_lemma": "theorems_metadata_lemmas", "prepare_split_lemma": "theorems_metadata_lemmas",
     "FRESHNESS_HEAD_DIMS": "theorems_metadata_freshness", "FRESHNESS_CORNER_SOURCE": "theorems_metadata_freshness",
     "qc_params": "theorems_metadata_freshness", "_freshness": "theorems_metadata_freshness",
-    "_benign_drift": "theorems_metadata_drift", "_policy_search": "theorems_metadata_policy",
+    "benign_drift": "theorems_metadata_drift", "policy_search": "theorems_metadata_policy",
 }
 
 
@@ -255,7 +255,7 @@ def _local_len(s: z3.Solver, name: str, L, cp: int):
     return x
 
 
-def _stage1(family, budget: Budget, fresh: bool = False) -> tuple[str, Optional[dict]]:
+def stage1_search(family, budget: Budget, fresh: bool = False) -> tuple[str, Optional[dict]]:
     """Can S_p > S_c > 1, or a QUERY_COVER violation, happen? ('unsat'|'sat'|'unknown', model).
 
     `family` is a Group or a list of Groups that differ only in SM count and split tables (a symbolic index picks
@@ -296,7 +296,7 @@ def _stage1(family, budget: Budget, fresh: bool = False) -> tuple[str, Optional[
     return ("unsat" if r == z3.unsat else "unknown"), None
 
 
-def _families(groups: list) -> list:
+def family_groups(groups: list) -> list:
     """Groups that differ only in SM count and split tables, batched for one stage-1 query each."""
     fam: dict = {}
     for g in groups:
@@ -307,10 +307,10 @@ def _families(groups: list) -> list:
 
 def prove_groups(groups: list, budget: Budget, fresh: bool = False):
     """Yield (group, verdict, witness) for groups not proved by their family's stage-1 query, in order."""
-    for fam in _families(groups):
+    for fam in family_groups(groups):
         fkey = ("family", tuple(g.key for g in fam), fresh)
         if fkey not in budget.cache:
-            budget.cache[fkey] = _stage1(fam, budget, fresh)[0]
+            budget.cache[fkey] = stage1_search(fam, budget, fresh)[0]
         if budget.cache[fkey] == "unsat":
             continue
         for g in fam:
@@ -384,7 +384,7 @@ def find_witness(g: Group, budget: Budget, fresh: bool = False) -> tuple[str, Op
 
 
 def _find_witness_uncached(g: Group, budget: Budget, fresh: bool) -> tuple[str, Optional[dict]]:
-    r1, _ = _stage1(g, budget, fresh)
+    r1, _ = stage1_search(g, budget, fresh)
     if r1 == "unsat":
         return "proved", None
     saw_unknown = r1 == "unknown"
@@ -447,11 +447,11 @@ def concrete_decode(cfg: D.Config, metadata_heads: str, w: dict, heuristic_p: He
     P = resolve_schedule(pin)
     R = prepare_scheduler(P, w["seq_lens"], seqlens_q=[1] * b)
     C = resolve_schedule(cfg.call_inputs(batch_size=b, seqlen_k=w["call_seqlen_k"]))
-    ev = _evaluate(P, R, C, {"seqused_k": w["call_seq_lens"], "seqlens_q": [1] * b})
+    ev = evaluate_metadata(P, R, C, {"seqused_k": w["call_seq_lens"], "seqlens_q": [1] * b})
     return ev, cfg, P, R, C
 
 
-def _evaluate(*args, **kwargs):
+def evaluate_metadata(*args, **kwargs):
     """spec.invariants.evaluate, imported at the first replay (it loads torch, which proving alone does not need)."""
     from .invariants import evaluate
 

@@ -19,7 +19,7 @@ from refmodel.prepare import prepare_scheduler
 from .results import TheoremResult
 from .z3ctx import checked
 from .symbolic import Heuristic, boolval, bv, ceil_div_const, side_params, solver, sym_m_blocks, var
-from .theorems_metadata import B_MAX, Group, SEED, Budget, _evaluate, find_witness, prove_groups, val
+from .theorems_metadata import B_MAX, Group, SEED, Budget, evaluate_metadata, find_witness, prove_groups, val
 from .theorems_metadata_freshness import fresh_decode_groups, qc_params
 
 
@@ -38,7 +38,7 @@ def _decode_inputs(pre: bool, h: int, hk: int, seqlen_q: int = 1, pack_gqa=None,
     return call_inputs(1, seqlen_q, 0, h, hk, d, has_cache_seqlens=True, **kw)
 
 
-def _benign_drift(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
+def benign_drift(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
                   shared: Optional[dict] = None) -> TheoremResult:
     """2-benign-drift: same b and static shapes on both sides, any cache_seqlens: SAFE (shares freshness's groups)."""
     start = time.perf_counter()
@@ -114,7 +114,7 @@ def _drift_decode(name, what, timeout_s, pairs, p_static_free: bool) -> TheoremR
         P = resolve_schedule(dataclasses.replace(pin, batch_size=b, seqlen_k=w["precompute_seqlen_k"]))
         R = prepare_scheduler(P, w["seq_lens"], seqlens_q=[1] * b)
         C = resolve_schedule(dataclasses.replace(cin, batch_size=b, seqlen_k=w["call_seqlen_k"]))
-        ev = _evaluate(P, R, C, {"seqused_k": w["call_seq_lens"], "seqlens_q": [1] * b})
+        ev = evaluate_metadata(P, R, C, {"seqused_k": w["call_seq_lens"], "seqlens_q": [1] * b})
         if ev.outcome != "violation":
             continue
         wit = {"change": what, "precompute_heads": [pin.num_heads, pin.num_heads_k],
@@ -159,7 +159,7 @@ def _drift_rows(name, timeout_s, pack_p) -> TheoremResult:
         Ps = resolve_schedule(Pin)
         R = prepare_scheduler(Ps, [64], seqlens_q=[w["seqlen_q_precompute"]])
         Cs = resolve_schedule(dataclasses.replace(cin, seqlen_q=q_c, seqlen_k=64, num_splits=w["num_splits"]))
-        ev = _evaluate(Ps, R, Cs, {"seqused_k": [64], "seqlens_q": [w["seqlen_q_call"]]})
+        ev = evaluate_metadata(Ps, R, Cs, {"seqused_k": [64], "seqlens_q": [w["seqlen_q_call"]]})
         if ev.outcome == "violation":
             what = "pack_gqa (False at the precompute)" if pack_p is False else "seqlen_q"
             return TheoremResult(name, "refuted", time.perf_counter() - start,
@@ -190,7 +190,7 @@ def _drift_batch(name, timeout_s) -> TheoremResult:
     P = resolve_schedule(dataclasses.replace(pin, batch_size=b_p, seqlen_k=4096))
     R = prepare_scheduler(P, [4096] * b_p, seqlens_q=[1] * b_p)
     C = resolve_schedule(dataclasses.replace(_decode_inputs(False, 32, 4), batch_size=b_c, seqlen_k=4096))
-    ev = _evaluate(P, R, C, {"seqused_k": [4096] * b_c, "seqlens_q": [1] * b_c})
+    ev = evaluate_metadata(P, R, C, {"seqused_k": [4096] * b_c, "seqlens_q": [1] * b_c})
     return TheoremResult(name, "refuted" if ev.outcome == "violation" else "inconclusive", time.perf_counter() - start,
                          {"change": "b", "b_precompute": b_p, "b_call": b_c,
                           "invariant": ev.violations[0].invariant if ev.violations else None}, None,

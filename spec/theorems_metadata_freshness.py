@@ -20,8 +20,8 @@ from refmodel.prepare import prepare_scheduler
 from . import domain as D
 from .results import TheoremResult
 from .symbolic import Heuristic, boolval, bv, solver, var
-from .theorems_metadata import (Group, Q_MAX, SEED, Budget, concrete_decode, _evaluate, group_configs, prove_groups,
-                                val)
+from .theorems_metadata import (Group, Q_MAX, SEED, Budget, concrete_decode, evaluate_metadata, group_configs,
+                                prove_groups, val)
 
 
 #: FA3 head-dim instances theorem 1 ranges over: the real models' (d, d) plus FA3's asymmetric V dims
@@ -264,4 +264,4 @@ def _concrete_multirow(inp: ScheduleInputs, w: dict, own: bool = False):
     else:
         P = resolve_schedule(pin)
         R = prepare_scheduler(P, [lq + 1], seqlens_q=[lq])
-    return _evaluate(P, R, C, {"seqused_k": [lq + 1], "seqlens_q": [lq]})
+    return evaluate_metadata(P, R, C, {"seqused_k": [lq + 1], "seqlens_q": [lq]})

@@ -30,10 +30,10 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
                   guard_spec: Optional[str] = None, heuristic_precompute: Heuristic = get_num_splits,
                   heuristic_call: Heuristic = get_num_splits, kv_range: Optional[tuple] = None) -> list[Job]:
     """The jobs of `spec.theorems_metadata.run_metadata_theorems` (same arguments), in catalogue order."""
-    from .theorems_metadata_drift import DRIFT_BREAKS, _benign_drift
+    from .theorems_metadata_drift import DRIFT_BREAKS, benign_drift
     from .theorems_metadata_freshness import fresh_decode, fresh_multirow, freshness_result
-    from .theorems_metadata_lemmas import _prepare_split_lemma, kv_cover_lemma
-    from .theorems_metadata_policy import _policy_search
+    from .theorems_metadata_lemmas import prepare_split_lemma, kv_cover_lemma
+    from .theorems_metadata_policy import policy_search
 
     if metadata_heads not in D.METADATA_HEADS:
         raise ValueError(f"metadata_heads: must be one of {D.METADATA_HEADS}, got {metadata_heads!r}")
@@ -65,7 +65,7 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
         job(["0-kv-cover"], lambda names: [kv_cover_lemma(timeout_s)], ())
     else:
         job(["0-kv-cover"], lambda names: [kv_cover_lemma(timeout_s, kv_range[0], kv_range[1])], kv_range)
-    job(["0-batch-over-992"], lambda names: [_prepare_split_lemma(timeout_s)], ())
+    job(["0-batch-over-992"], lambda names: [prepare_split_lemma(timeout_s)], ())
 
     # theorems 1a and 2a share the fresh decode groups (one cache); 1b (multi-row) is a part of its own
     fresh_names = tuple(n for n in ("1-freshness", "2-benign-drift") if n in want)
@@ -76,7 +76,7 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
         if "1-freshness" in fresh_names:
             out["decode"] = fresh_decode(timeout_s, hp, hc, shared)
         if "2-benign-drift" in fresh_names:
-            out["benign"] = _benign_drift(timeout_s, hp, hc, shared)
+            out["benign"] = benign_drift(timeout_s, hp, hc, shared)
         return out
 
     def fresh_finish(values: list) -> list:
@@ -110,18 +110,18 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
         configs = replicated()
         if "3-hazard" in names:
             pcp = [c for c in configs if c.server.enable_prefill_cp]
-            r = _policy_search("3-hazard", pcp, guard_fn, label, metadata_heads, dropped,
+            r = policy_search("3-hazard", pcp, guard_fn, label, metadata_heads, dropped,
                                Budget(timeout_s, cache=shared), hp, hc, cases_dir, expect_hazard, "prefill-CP hazard",
                                invariant_filter="SPLIT_BOUND")
             if r.verdict == "proved":
                 r.expected = not expect_hazard
             out.append(r)
         if "4-guard-soundness" in names:
-            out.append(_policy_search("4-guard-soundness", configs, guard_fn, label, metadata_heads, dropped,
+            out.append(policy_search("4-guard-soundness", configs, guard_fn, label, metadata_heads, dropped,
                                       Budget(timeout_s, cache=shared), hp, hc, cases_dir, expect_hazard,
                                       "guard soundness"))
         if "4-root-cause-alternative" in names:
-            out.append(_policy_search("4-root-cause-alternative", configs, D.prefix_guard, "pre-fix", "attn_tp",
+            out.append(policy_search("4-root-cause-alternative", configs, D.prefix_guard, "pre-fix", "attn_tp",
                                       dropped, Budget(timeout_s, cache=shared), hp, hc, cases_dir, False,
                                       "root-cause alternative (pre-fix guard, attn_tp heads), sglang's replicated-KV "
                                       "decode"))
@@ -130,7 +130,7 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
     policy_key = (guard_fn, label, metadata_heads, dropped, hp, hc)
     job(["3-hazard", "4-guard-soundness", "4-root-cause-alternative"], policy, policy_key,
         weight=sum(_WEIGHTS[n] for n in ("3-hazard", "4-guard-soundness", "4-root-cause-alternative") if n in want))
-    job(["4-sharded-kv-decode"], lambda names: [_policy_search(
+    job(["4-sharded-kv-decode"], lambda names: [policy_search(
         "4-sharded-kv-decode", [c for c in _configs(dropped) if c.sharded_kv], guard_fn, label, metadata_heads,
         dropped, Budget(timeout_s), hp, hc, cases_dir, known in ("pre-fix", "none"),
         "CP decode over sharded KV (metadata from global lengths, call over local KV)")], policy_key,

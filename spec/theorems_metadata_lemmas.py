@@ -85,7 +85,7 @@ def kv_cover_lemma(timeout_s: float = 10.0, sym_range=sym_split_block_range,
                          "cache_seqlens never leave keys uncovered")
 
 
-def _prepare_split_lemma(timeout_s: float) -> TheoremResult:
+def prepare_split_lemma(timeout_s: float) -> TheoremResult:
     """The prepare step's split count is in [1, S_static] (and 1 when b > 992), for every n, blocks_per_sm, S."""
     start = time.perf_counter()
     s = solver(timeout_s, SEED)

@@ -16,7 +16,7 @@ from . import domain as D
 from .cases import Case
 from .results import TheoremResult
 from .symbolic import Heuristic
-from .theorems_metadata import Budget, concrete_decode, _families, group_configs, prove_groups, _stage1
+from .theorems_metadata import Budget, concrete_decode, family_groups, group_configs, prove_groups, stage1_search
 
 
 def _write_case(cases_dir, theorem: str, cfg: D.Config, guard_label: str, metadata_heads: str, w: dict,
@@ -61,14 +61,14 @@ def _trigger_summary(groups: list, budget: Budget, metadata_heads: str, max_quer
     """
     patterns: dict = {}
     examples: list = []
-    families = _families(groups)
+    families = family_groups(groups)
     asked = covered = 0
     for fam in families:
         fkey = ("family", tuple(g.key for g in fam), False)
         if fkey not in budget.cache:
             if asked >= max_queries:
                 break
-            budget.cache[fkey] = _stage1(fam, budget)[0]
+            budget.cache[fkey] = stage1_search(fam, budget)[0]
             asked += 1
         covered += 1
         if budget.cache[fkey] == "unsat":
@@ -98,7 +98,7 @@ def _GUARD_SPEC_RE(label: str) -> bool:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _policy_search(name: str, configs: list, guard, guard_label: str, metadata_heads: str, dropped: frozenset,
+def policy_search(name: str, configs: list, guard, guard_label: str, metadata_heads: str, dropped: frozenset,
                    budget: Budget, heuristic_p: Heuristic, heuristic_c: Heuristic, cases_dir, expect_hazard: bool,
                    what: str, invariant_filter: Optional[str] = None) -> TheoremResult:
     """Every precomputing config of `configs` is SAFE for every decode batch, or a validated witness."""

@@ -109,27 +109,44 @@ def test_policy_options_are_refused_on_a_real_engine(monkeypatch, capsys):
 
 def test_unavailable_engine_is_exit_2(monkeypatch, capsys):
     import gpu_impl.sut as sut_mod
-
-    class EngineUnavailable(RuntimeError):
-        pass
+    from gpu_impl.engines.errors import EnvSetupError
 
     def fail(spec):
-        raise EngineUnavailable("no environment for sglang 0.5.14: run `fa3verify engine setup sglang==0.5.14`")
+        raise EnvSetupError("sglang==0.5.14: no environment: run `fa3verify engine setup sglang==0.5.14`")
 
     monkeypatch.setattr(sut_mod, "open_sut", fail)
     assert cli.main(["fuzz", "--engine", "sglang==0.5.14", "--cases", "3"]) == 2
     assert "--engine: sglang==0.5.14: no environment" in capsys.readouterr().err
 
 
-def test_every_unavailable_name_is_a_real_engine_error_class():
-    """The names the CLI matches an engine's "cannot open" error by are classes gpu_impl.engines.errors defines
-    (three of the four names it once held did not exist)."""
+@pytest.mark.parametrize("name", ["UnknownRelease", "NoPrecompute", "EnvSetupError", "CheckoutImportError"])
+def test_every_engine_cannot_open_error_is_a_usage_error_naming_engine(monkeypatch, name):
+    """Each of gpu_impl.engines.errors' "cannot open" classes, raised while opening, is a UsageError naming --engine
+    (exit 2), caught by class, not by name."""
     import gpu_impl.engines.errors as errors
-    from fa3verify.engine_choice import UNAVAILABLE_NAMES
+    import gpu_impl.sut as sut_module
+    from fa3verify.engine_choice import open_engine
+    from fa3verify.errors import UsageError
 
-    assert UNAVAILABLE_NAMES and all(isinstance(getattr(errors, n, None), type) for n in UNAVAILABLE_NAMES)
-    for cls in (errors.UnknownRelease, errors.NoPrecompute, errors.EnvSetupError, errors.CheckoutImportError):
-        assert any(c.__name__ in UNAVAILABLE_NAMES for c in cls.__mro__), cls
+    def refuse(spec):
+        raise getattr(errors, name)(f"{spec}: cannot be opened ({name})")
+
+    monkeypatch.setattr(sut_module, "open_sut", refuse)
+    with pytest.raises(UsageError, match=rf"^--engine: sglang==0.5.14: cannot be opened \({name}\)"):
+        open_engine("sglang==0.5.14")
+
+
+def test_an_error_that_is_not_an_engine_error_is_not_turned_into_a_usage_error(monkeypatch):
+    """A bug while opening (any other exception) reaches the caller: it is a crash, never exit 2 or a pass."""
+    import gpu_impl.sut as sut_module
+    from fa3verify.engine_choice import open_engine
+
+    class EngineUnavailable(Exception):  # the right name on the wrong class is not an engine error
+        pass
+
+    monkeypatch.setattr(sut_module, "open_sut", lambda spec: (_ for _ in ()).throw(EngineUnavailable("x")))
+    with pytest.raises(EngineUnavailable):
+        open_engine("sglang==0.5.14")
 
 
 def test_fuzz_runs_every_case_on_the_engine_and_saves_engine_cases(monkeypatch, tmp_path):

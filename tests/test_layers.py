@@ -36,3 +36,73 @@ def test_an_upward_import_is_detected(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\nfrom fa3verify.cli import main\nfrom . import prepare\n")
     assert imported_packages(bad, "refmodel") - ALLOWED["refmodel"] == {"fa3verify"}
+
+
+def private_imports(path: Path, module: str) -> list:
+    """``from M import _name`` lines of a module whose M is another module of the project (a private name is the
+    defining module's own: make it public, or move the code)."""
+    package = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        if target.split(".")[0] not in PROJECT or target == module:
+            continue
+        found += [f"{target}.{a.name}" for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def names_matched_by_string(path: Path) -> list:
+    """Comparisons of a class's ``__name__`` with a string (``type(exc).__name__ == "EngineUnavailable"``): an
+    exception or type matched by name matches any class of that name and misses a renamed one; use isinstance."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        named = any(isinstance(s, ast.Attribute) and s.attr == "__name__" for s in sides)
+        strings = [s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)
+                   or isinstance(s, (ast.Tuple, ast.List, ast.Set)) and s.elts
+                   and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in s.elts)]
+        main_guard = any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides)
+        if named and strings and not main_guard:
+            found.append(f"line {node.lineno}")
+    return found
+
+
+def _modules():
+    for package in ALLOWED:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield path, ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def test_no_module_imports_another_modules_private_names():
+    bad = [f"{path.relative_to(ROOT)} imports {name}" for path, module in _modules()
+           for name in private_imports(path, module)]
+    assert not bad, "\n".join(bad)
+
+
+def test_a_private_import_across_modules_is_detected(tmp_path):
+    bad = tmp_path / "x.py"
+    bad.write_text("from .scenario import _seed, jsonable\nfrom spec.guards import _load\nfrom . import _own\n"
+                   "from typing import _T\n")
+    assert private_imports(bad, "gpu_impl.x") == ["gpu_impl.scenario._seed", "spec.guards._load", "gpu_impl._own"]
+
+
+def test_no_exception_or_type_is_matched_by_its_name():
+    bad = [f"{path.relative_to(ROOT)} {where}" for path, _ in _modules() for where in names_matched_by_string(path)]
+    assert not bad, "\n".join(bad)
+
+
+def test_a_name_match_is_detected(tmp_path):
+    bad = tmp_path / "x.py"
+    bad.write_text("ok = __name__ == '__main__'\n"
+                   "a = type(exc).__name__ == 'EngineUnavailable'\n"
+                   "b = any(c.__name__ in ('X', 'Y') for c in type(exc).__mro__)\n"
+                   "c = isinstance(exc, ValueError)\n")
+    assert names_matched_by_string(bad) == ["line 2", "line 3"]

@@ -80,6 +80,7 @@ def run_setup(args) -> int:
         engine, release = "sglang", _release_of(args.release, "ENGINE==V")
     try:
         from gpu_impl.engines import envs
+        from gpu_impl.engines.errors import EngineUnavailable
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("gpu_impl.engines"):
             raise UsageError("ENGINE==V: real engines are not available in this checkout "
@@ -89,8 +90,7 @@ def run_setup(args) -> int:
         extra = {"engine": engine} if engine != "sglang" else {}
         path = envs.ensure_env(release, progress=lambda line: print(line, flush=True), **extra)
     except Exception as exc:
-        if type(exc).__name__ in ("EngineUnavailable", "EngineSetupError", "EngineEnvError", "UnknownRelease") or \
-                isinstance(exc, ValueError):
+        if isinstance(exc, (EngineUnavailable, ValueError)):  # unknown release, failed set-up, bad name
             raise UsageError(str(exc) if str(exc).startswith(f"{engine}==") else f"{engine}=={release}: {exc}") from None
         raise
     print(f"engine environment for {engine} {release}: {path}")

@@ -11,7 +11,7 @@ import json
 import random
 from typing import Any
 
-from .tasks import _kernel, sync
+from .tasks import task_kernel, sync
 
 
 def task_case(case, index: int) -> dict:
@@ -43,7 +43,7 @@ def fuzz_case_task(adapter: dict, case: dict, guard: str = "fixed") -> dict:
     from gpu_impl.scenario import distribute_over_dp
 
     defects = frozenset(adapter.get("defects") or ())
-    kernel = _kernel(adapter, "gpu-like")
+    kernel = task_kernel(adapter, "gpu-like")
     if defects_in_layer(defects, "kernel"):
         kernel = kernel.with_defects(defects_in_layer(defects, "kernel"))
     device = adapter.get("device") or "cpu"

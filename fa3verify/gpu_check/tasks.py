@@ -15,7 +15,7 @@ def worker_init(threads: int) -> None:
     torch.set_num_threads(max(1, int(threads)))
 
 
-def _kernel(adapter: dict, mode: str, **options):
+def task_kernel(adapter: dict, mode: str, **options):
     from ..fidelity import load_adapter
 
     return load_adapter(adapter["name"], mode, adapter.get("device"), **{**adapter.get("options", {}), **options})

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from .plan import WORKED_LONG, WORKED_MODEL, WORKED_SHORT, WORKED_SHORT_COUNT
-from .tasks import _kernel, sync
+from .tasks import task_kernel, sync
 
 if TYPE_CHECKING:
     from .runner import GpuCheck, Stage
@@ -107,7 +107,7 @@ def worked_example_task(adapter: dict, guard: str, long_len: int = WORKED_LONG, 
 
     t0 = time.perf_counter()
     options = {"num_sm": num_sm} if num_sm else {}
-    kernel = _kernel(adapter, "gpu-like", **options)
+    kernel = task_kernel(adapter, "gpu-like", **options)
     device = adapter.get("device") or "cpu"
     server = ServerConfig(tp_size=4, attn_cp_size=4, enable_prefill_cp=True, cp_strategy="zigzag", page_size=1,
                           num_sm=int(kernel.num_sm))
