@@ -378,12 +378,10 @@ def test_engine_matrix_flags_a_release_that_disagrees_with_its_profile(monkeypat
 
 def test_engine_matrix_unavailable_release_is_inconclusive(monkeypatch, tmp_path):
     import gpu_impl.sut as sut_mod
-
-    class EngineUnavailable(RuntimeError):
-        pass
+    from gpu_impl.engines.errors import EnvSetupError
 
     def fail(spec):
-        raise EngineUnavailable("no environment")
+        raise EnvSetupError("sglang==0.5.23: no environment")
 
     monkeypatch.setattr(sut_mod, "open_sut", fail)
     assert cli.main(["engine", "matrix", "--releases", "0.5.23", "--cases", "5", "--cases-dir", str(tmp_path)]) == 3
