@@ -46,6 +46,17 @@ def cli(*argv, cwd=None, timeout=300):
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def run_guarded(kind: str, capfd, *argv):
+    """The command line for a guard of ``kind``: in a child process when the guard calls os._exit (were its
+    isolation lost, it would end the test run), else in this process. Either way ``err`` holds what the tool and
+    the guard's own process wrote (capfd reads the file descriptors), so "no Traceback" reads the same text."""
+    if "os_exit" in kind:
+        return cli(*argv)
+    code = main(list(argv))
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
 def _case(tmp_path, base: str, name: str, mutate) -> str:
     data = json.loads(Path(base).read_text())
     mutate(data)
@@ -76,8 +87,8 @@ def test_replay_with_a_different_violation_than_recorded_is_exit_1(tmp_path, cap
 
 
 @pytest.mark.parametrize("kind", sorted(GUARDS))
-def test_replay_with_a_faulty_guard_is_exit_1(tmp_path, kind):
-    rc, out, err = cli("replay", FIXED_CASE, "--guard", write_guard(tmp_path, kind))
+def test_replay_with_a_faulty_guard_is_exit_1(tmp_path, kind, capfd):
+    rc, out, err = run_guarded(kind, capfd, "replay", FIXED_CASE, "--guard", write_guard(tmp_path, kind))
     assert rc == 1, (out, err)
     assert "GUARD_RAISED" in out and "PASSES" not in out and "Traceback" not in err
 
@@ -99,8 +110,8 @@ def test_sharded_kv_cases_are_inconclusive_not_replayed_as_replicated(tmp_path, 
 # -- guards that end the process, hang, or return non-bools -----------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["sys_exit", "os_exit", "generator", "coroutine", "string_false", "instance"])
-def test_fuzz_with_a_faulty_guard_is_exit_1(tmp_path, kind):
-    rc, out, err = cli("fuzz", "--guard", write_guard(tmp_path, kind), "--cases", "3", "--out",
+def test_fuzz_with_a_faulty_guard_is_exit_1(tmp_path, kind, capfd):
+    rc, out, err = run_guarded(kind, capfd, "fuzz", "--guard", write_guard(tmp_path, kind), "--cases", "3", "--out",
                        str(tmp_path / "cases"), "--json", str(tmp_path / "fuzz.json"))
     assert rc == 1, (out, err)
     summary = json.loads((tmp_path / "fuzz.json").read_text())
@@ -108,8 +119,9 @@ def test_fuzz_with_a_faulty_guard_is_exit_1(tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind", ["sys_exit", "os_exit", "string_false"])
-def test_prove_with_a_faulty_guard_fails(tmp_path, kind):
-    rc, out, err = cli("prove", "--guard", write_guard(tmp_path, kind), "--only", "3-hazard", "--only",
+def test_prove_with_a_faulty_guard_fails(tmp_path, kind, capfd):
+    rc, out, err = run_guarded(kind, capfd, "prove", "--guard", write_guard(tmp_path, kind), "--only", "3-hazard",
+                               "--only",
                        "4-guard-soundness", "--cases-dir", str(tmp_path / "cases"))
     assert rc == 1, (out, err)
     assert "verdict: FAIL" in out
@@ -118,9 +130,9 @@ def test_prove_with_a_faulty_guard_fails(tmp_path, kind):
 @pytest.mark.parametrize("kind", sorted(IMPORT_EXITS))
 @pytest.mark.parametrize("command", [["fuzz", "--cases", "2"], ["prove", "--only", "3-hazard"],
                                      ["gate", "--cases", "2"]])
-def test_a_guard_that_exits_at_import_is_a_usage_error(tmp_path, kind, command):
-    rc, out, err = cli(*command, "--guard", write_guard(tmp_path, kind), "--cases-dir" if command[0] != "fuzz"
-                       else "--out", str(tmp_path / "cases"))
+def test_a_guard_that_exits_at_import_is_a_usage_error(tmp_path, kind, command, capfd):
+    rc, out, err = run_guarded(kind, capfd, *command, "--guard", write_guard(tmp_path, kind),
+                               "--cases-dir" if command[0] != "fuzz" else "--out", str(tmp_path / "cases"))
     assert rc == 2, (out, err)
     assert "--guard" in err and "Traceback" not in err
 
@@ -134,12 +146,22 @@ GATE_WITH_GUARD_THEOREMS = (
 
 
 @pytest.mark.parametrize("kind", ["sys_exit", "os_exit"])
-def test_gate_with_a_guard_that_exits_fails(tmp_path, kind):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", GATE_WITH_GUARD_THEOREMS, "gate", "--guard", write_guard(tmp_path, kind),
-                           "--cases", "3", "--cases-dir", str(tmp_path / "cases"), "--json", str(tmp_path / "gate.json")],
-                          capture_output=True, text=True, env=env, timeout=300)
-    rc, out, err = proc.returncode, proc.stdout, proc.stderr
+def test_gate_with_a_guard_that_exits_fails(tmp_path, kind, monkeypatch, capfd):
+    argv = ["gate", "--guard", write_guard(tmp_path, kind), "--cases", "3", "--cases-dir", str(tmp_path / "cases"),
+            "--json", str(tmp_path / "gate.json")]
+    if kind == "os_exit":  # a child process, as in run_guarded
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.run([sys.executable, "-c", GATE_WITH_GUARD_THEOREMS, *argv], capture_output=True, text=True,
+                              env=env, timeout=300)
+        rc, out, err = proc.returncode, proc.stdout, proc.stderr
+    else:  # the same cut of the prove stage as GATE_WITH_GUARD_THEOREMS, in this process
+        import fa3verify.proving as p
+
+        orig = p.theorem_results
+        monkeypatch.setattr(p, "theorem_results",
+                            lambda pol, t, d, only, dropped: orig(pol, t, d, ["3-hazard", "4-guard"], dropped))
+        rc = main(argv)
+        out, err = capfd.readouterr()
     assert rc == 1, (out, err)
     assert json.loads((tmp_path / "gate.json").read_text())["verdict"] == "fail"
 
@@ -159,10 +181,11 @@ def test_a_summary_with_no_checks_is_inconclusive():
     assert RunSummary(command="prove").exit_code == 3
 
 
-def test_gpu_check_with_every_stage_skipped_is_inconclusive(tmp_path):
+def test_gpu_check_with_every_stage_skipped_is_inconclusive(tmp_path, capfd):
     from fa3verify.commands.gpu_check import STAGE_NAMES
 
     skips = [a for name in STAGE_NAMES for a in ("--skip", name)]
-    rc, out, err = cli("gpu-check", "--dry-run", "--out", str(tmp_path / "gc"), *skips)
+    rc = main(["gpu-check", "--dry-run", "--out", str(tmp_path / "gc"), *skips])
+    out, err = capfd.readouterr()
     assert rc == 3, (out, err)
     assert "PASS" not in out.split("verdict:")[-1]
