@@ -143,9 +143,18 @@ def test_replay_and_fuzz_validate_input(tmp_path):
         api.prove(timeout_s=0)
 
 
+@pytest.fixture(scope="module")
+def real_gate_cases(tmp_path_factory):
+    """One cases directory for this file's two real gates: the theorems that do not depend on the guard (the
+    algebra, CP, edge and fork-tile ones, some of them refuted by design) are then computed once, the second gate's
+    answered by the suite's theorem memo (tests/conftest.py), which gives back a refutation only to a run with the
+    same cases directory; the guard's own theorems and the fuzz campaign run in each gate."""
+    return str(tmp_path_factory.mktemp("real-gate") / "cases")
+
+
 @needs_gate
-def test_real_gate_fails_on_prefix_guard(tmp_path):
-    result = api.gate(guard=PREFIX_GUARD, cases=30, seed=0, cases_dir=str(tmp_path / "cases"))
+def test_real_gate_fails_on_prefix_guard(real_gate_cases):
+    result = api.gate(guard=PREFIX_GUARD, cases=30, seed=0, cases_dir=real_gate_cases)
     assert isinstance(result, api.GateResult)
     assert result.exit_code == exitcodes.VIOLATION and result.findings
     assert all(f.replay or f.case_file is None for f in result.findings)
@@ -221,10 +230,10 @@ def test_plugin_bad_guard_fails_the_item_with_message(pytester):
 
 
 @needs_gate
-def test_plugin_runs_the_real_gate(pytester, tmp_path):
+def test_plugin_runs_the_real_gate(pytester, real_gate_cases):
     pytester.makepyfile(test_downstream=DOWNSTREAM_TEST)
     result = pytester.runpytest(*_plugin_args(), "--fa3verify-guard", FIXED_GUARD, "--fa3verify-cases", "10",
-                                "--fa3verify-cases-dir", str(tmp_path / "cases"))
+                                "--fa3verify-cases-dir", real_gate_cases)
     result.assert_outcomes(passed=2)
 
 

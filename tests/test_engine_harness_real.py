@@ -26,6 +26,15 @@ def shared_workers(engine_pool, monkeypatch):
     route_opens(engine_pool, monkeypatch)
 
 
+@pytest.fixture(scope="module")
+def gate_cases(tmp_path_factory):
+    """One cases directory for both gates: their witness searches on the model (the search without a guard is the
+    same for every release) are then computed once, the second gate's answered by the suite's theorem memo
+    (tests/conftest.py), which gives back a refutation only to a run with the same cases directory; each gate's
+    findings are still its own (case files named by their content, engine included)."""
+    return tmp_path_factory.mktemp("gate-cases")
+
+
 def _need_env(release):
     try:
         from gpu_impl.engines import envs
@@ -36,9 +45,9 @@ def _need_env(release):
         pytest.skip(f"no environment for sglang {release}: run `fa3verify engine setup sglang=={release}`")
 
 
-def test_gate_on_a_pre_fix_release_finds_the_worked_example_bug(tmp_path):
+def test_gate_on_a_pre_fix_release_finds_the_worked_example_bug(tmp_path, gate_cases):
     _need_env(OLD)
-    code = cli.main(["gate", "--engine", f"sglang=={OLD}", "--cases", "20", "--cases-dir", str(tmp_path),
+    code = cli.main(["gate", "--engine", f"sglang=={OLD}", "--cases", "20", "--cases-dir", str(gate_cases),
                      "--json", str(tmp_path / "g.json")])
     assert code == 1
     data = json.loads((tmp_path / "g.json").read_text())
@@ -52,9 +61,9 @@ def test_gate_on_a_pre_fix_release_finds_the_worked_example_bug(tmp_path):
         assert cli.main(["replay", case_file, "--engine", f"sglang=={NEW}"]) == 0
 
 
-def test_gate_on_the_fixed_release_passes(tmp_path):
+def test_gate_on_the_fixed_release_passes(gate_cases):
     _need_env(NEW)
-    assert cli.main(["gate", "--engine", f"sglang=={NEW}", "--cases", "20", "--cases-dir", str(tmp_path)]) == 0
+    assert cli.main(["gate", "--engine", f"sglang=={NEW}", "--cases", "20", "--cases-dir", str(gate_cases)]) == 0
 
 
 #: Settled: 0.5.16+ replay a decode CUDA graph without CPU lengths (FlashAttentionBackend.needs_cpu_seq_lens = False),

@@ -51,18 +51,25 @@ def test_a_case_found_on_a_vllm_checkout_replays_only_when_named(tmp_path):
 
 def _gate(root, tmp_path, name):
     """400 cases: the seeded split count shows where FA3's heuristic asks more than the 32 splits the full CUDA
-    graph's call holds (measured: 1 failing case in 400 on seed 0; the clean copy runs the same draws)."""
+    graph's call holds (measured: 1 failing case in 400 on seed 0; the clean copy runs the same draws). Both gates
+    write into one cases directory, so the second's witness searches on the model (the same for both copies of
+    one release) are answered by the suite's theorem memo (tests/conftest.py), which gives back a refutation only
+    to a run with the same cases directory; each gate's findings are named by their content, engine included."""
     out = tmp_path / f"{name}.json"
-    rc = main(["gate", "--engine", f"vllm-src={root}", "--cases", "400", "--cases-dir", str(tmp_path / name),
+    rc = main(["gate", "--engine", f"vllm-src={root}", "--cases", "400", "--cases-dir", str(tmp_path / "cases"),
                "--json", str(out)])
     return rc, json.loads(out.read_text())
 
 
 @pytest.mark.engine
-def test_gate_on_a_vllm_checkout_clean_passes_and_seeded_pr20301_fails(tmp_path):
+def test_gate_on_a_vllm_checkout_clean_passes_and_seeded_pr20301_fails(tmp_path, engine_pool, monkeypatch):
     if not envs.env_ready(RELEASE, engine="vllm"):
         pytest.skip(f"no environment for vllm {RELEASE} under {envs.env_dir(RELEASE, engine='vllm')}")
+    from engine_pool import route_opens
     from release_copies import PR20301_0_33_0, vllm_patched_copy
+
+    # each copy's worker starts once (tests/engine_pool.py): the seeded gate's and its replay's commands share it
+    route_opens(engine_pool, monkeypatch)
 
     clean = vllm_patched_copy(RELEASE, tmp_path / "clean")
     rc, summary = _gate(clean, tmp_path, "clean")
