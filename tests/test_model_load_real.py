@@ -32,10 +32,10 @@ def _ready(release):
 
 
 @pytest.mark.parametrize("release", sorted(HEADS_ASSERT))
-def test_the_release_refuses_71_heads_on_tp_2_at_model_load_with_its_own_assert(release):
+def test_the_release_refuses_71_heads_on_tp_2_at_model_load_with_its_own_assert(release, engine_sut):
     _ready(release)
     falcon = MODELS["falcon-7b"]
-    with open_sut(f"sglang=={release}") as sut:
+    with engine_sut(f"sglang=={release}") as sut:  # the test process's shared worker (tests/engine_pool.py)
         assert sut.validate(ServerConfig(tp_size=2), falcon) == (False, CHECK + HEADS_ASSERT[release])
         # the same heads on attn_tp_size 1 load; 6 KV heads do not split over attn_tp_size 4
         assert sut.validate(ServerConfig(tp_size=2, attn_cp_size=2), falcon)[0] is True
