@@ -131,9 +131,11 @@ def test_a_defect_the_engine_cannot_see_fails_the_catalogue(monkeypatch, tmp_pat
     eager = cat._scenario_engine(cat.family_eager_tp, cat._Policy("gpu_impl.defects:graph_split_count_from_capture"),
                                  cat._Policy("fixed"), ("SPLIT_BOUND",))
     monkeypatch.setitem(cat._FUZZ, "04", eager)
-    res = cat.run_entry(cat.resolve_ids(["4"])[0])
-    assert res.on["fuzz"].status == "missed" and not res.ok
-    assert main(["catalogue", "--only", "4", "--cases-dir", str(tmp_path)]) == 1
+    # one run: the command's exit code, and the entry's result as its JSON reports it (EntryResult.to_dict)
+    out = tmp_path / "cat.json"
+    assert main(["catalogue", "--only", "4", "--cases-dir", str(tmp_path), "--json", str(out)]) == 1
+    (res,) = json.loads(out.read_text())["catalogue"]
+    assert res["id"] == "04" and res["on"]["fuzz"]["status"] == "missed" and not res["ok"]
 
 
 def test_a_false_alarm_fails_the_entry(monkeypatch):

@@ -151,17 +151,52 @@ class ListenWatch:
             time.sleep(0.02)
 
 
+CORPUS = Path(__file__).resolve().parent / "corpus"
+
+
+def _corpus_scenario_cases() -> dict:
+    cases = {}
+    for path in sorted(CORPUS.glob("*.json")):
+        data = json.loads(path.read_text())
+        if data.get("schema") == "fa3verify.case/1":
+            cases[path.name] = data
+    return cases
+
+
 @pytest.fixture(scope="module")
-def two():
+def corpus():
+    """The regression corpus's scenario cases by world size; worlds 2 and 4 run in the launches of TWO and FOUR."""
+    by_world: dict = {}
+    for name, data in _corpus_scenario_cases().items():
+        by_world.setdefault(resolve_world([data], None), {})[name] = data
+    return by_world
+
+
+def launch_with_corpus(cases, corpus_cases, numerics):
+    """One launch of ``cases`` (checked as `launch` does) followed by ``corpus_cases`` (numerics on, as a corpus
+    run has them): the corpus results are only compared with the simulation, by the corpus test."""
+    start = time.perf_counter()
+    results = run_ranks([*cases.values(), *corpus_cases.values()], timeout_s=LAUNCH_TIMEOUT_S,
+                        numerics=[*numerics, *[True] * len(corpus_cases)])
+    assert time.perf_counter() - start < LAUNCH_TIMEOUT_S + 15
+    for r in results:
+        assert_all_gone(r.pids)
+    for r in results[:len(cases)]:
+        assert r.outcome not in ("timeout", "rank_error"), r.error
+    return dict(zip([*cases, *corpus_cases], results))
+
+
+@pytest.fixture(scope="module")
+def two(corpus):
     with ListenWatch() as watch:
-        results = launch(TWO)
+        results = launch_with_corpus(TWO, corpus.get(2, {}), [True] * len(TWO))
     results["_listening"] = watch.addresses
     return results
 
 
 @pytest.fixture(scope="module")
-def four():
-    return launch(FOUR, numerics=[FOUR_NUMERICS[k] for k in FOUR])
+def four(corpus):
+    return launch_with_corpus(FOUR, corpus.get(4, {}), [FOUR_NUMERICS[k] for k in FOUR])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,27 +374,16 @@ def test_bitwise_equal_sees_nan_payloads_and_dtypes():
 # The regression corpus: one process per rank agrees with the in-process simulation on every case
 # ---------------------------------------------------------------------------------------------
 
-CORPUS = Path(__file__).resolve().parent / "corpus"
-
-
-def _corpus_scenario_cases() -> dict:
-    cases = {}
-    for path in sorted(CORPUS.glob("*.json")):
-        data = json.loads(path.read_text())
-        if data.get("schema") == "fa3verify.case/1":
-            cases[path.name] = data
-    return cases
-
-
-def test_every_corpus_case_agrees_with_the_in_process_simulation():
-    cases = _corpus_scenario_cases()
-    assert len(cases) >= 8
-    by_world: dict = {}
-    for name, case in cases.items():
-        by_world.setdefault(resolve_world([case], None), {})[name] = case
+def test_every_corpus_case_agrees_with_the_in_process_simulation(corpus, two, four):
+    """Worlds 2 and 4 were launched after TWO's and FOUR's cases (module fixtures); other worlds launch here."""
+    assert sum(map(len, corpus.values())) >= 8
     disagreements = []
-    for world, group in sorted(by_world.items()):
-        results = run_ranks(list(group.values()), timeout_s=LAUNCH_TIMEOUT_S)
+    for world, group in sorted(corpus.items()):
+        if world in (2, 4):
+            launched = two if world == 2 else four
+            results = [launched[name] for name in group]
+        else:
+            results = run_ranks(list(group.values()), timeout_s=LAUNCH_TIMEOUT_S)
         for (name, case), result in zip(group.items(), results):
             diffs = compare_with_simulation(case, result)
             if diffs:

@@ -14,7 +14,7 @@ import pytest
 import z3
 
 from fa3verify.policy import load_policy
-from fa3verify.proving import prove, theorem_results
+from fa3verify.proving import prove, theorem_jobs, theorem_results
 from spec import theorem_memo
 from spec.results import TheoremResult
 from spec.theorem_jobs import Job, fork_available, run_jobs, run_part
@@ -61,6 +61,8 @@ def test_the_pre_fix_run_is_the_same_in_parallel(tmp_path):
     seq = theorem_results(policy, cases_dir=str(tmp_path / "seq"), jobs=1)
     par = theorem_results(policy, cases_dir=str(tmp_path / "par"), jobs=2)
     assert [r.name for r in par] == [r.name for r in seq]
+    # the results are the theorems the jobs name (tests/test_invariants_doc.py checks those names are THEOREMS)
+    assert [r.name for r in seq] == [n for job in theorem_jobs(policy, cases_dir=None) for n in job.names]
     assert {r.name for r in seq if r.verdict == "refuted"} >= {"3-hazard", "4-guard-soundness"}
     assert _canonical(par, tmp_path / "par") == _canonical(seq, tmp_path / "seq")
 
