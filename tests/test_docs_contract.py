@@ -1,5 +1,5 @@
 """Issue 17: the bounds, option ranges and exit-code contract stated in docs/case-format.md and docs/reports.md
-are the ones the code enforces (the behaviours are checked in tests/test_hardening_*.py and test_cli_fuzz.py)."""
+are the ones the code enforces (the behaviours are checked in tests/test_cli_*.py and test_cli_fuzz.py)."""
 
 import re
 from pathlib import Path
