@@ -111,3 +111,31 @@ def test_every_stop_name_ends_the_constructor(name, monkeypatch):
         with pytest.raises(model_load.PastHeadSplit):
             getattr(mod, name)()
     assert getattr(mod, name)() == "built"
+
+
+def test_a_reader_that_raises_after_the_head_split_does_not_reject(monkeypatch):
+    """0.5.16's Qwen3Attention reads ``get_server_args()`` after its split, a name STOP_AT did not list: its
+    "Global server args is not set yet!" ValueError was counted as the release rejecting every configuration."""
+    def late_reader(self, mod, h, hk):
+        attn_tp = mod.get_attention_tp_size()
+        self.num_heads, self.num_kv_heads = h // attn_tp, max(1, hk // attn_tp)
+        raise ValueError("Global server args is not set yet!")
+
+    assert _run(monkeypatch, late_reader, _sa(tp_size=2, attn_cp_size=2), FALCON)[0] is None
+
+
+def test_the_same_error_before_the_kv_split_is_still_the_releases_rejection(monkeypatch):
+    def early_reader(self, mod, h, hk):  # negative control: only the query heads were split
+        self.num_heads = h // mod.get_attention_tp_size()
+        raise ValueError("Global server args is not set yet!")
+
+    got, _ = _run(monkeypatch, early_reader, _sa(tp_size=2, attn_cp_size=2), FALCON)
+    assert got["accepted"] is False and "Global server args is not set yet!" in got["message"]
+
+
+def test_a_failure_after_the_split_that_is_not_a_check_does_not_reject(monkeypatch):
+    def cuda_after(self, mod, h, hk):
+        self.num_heads, self.num_kv_heads = h, hk
+        raise RuntimeError("no CUDA device")
+
+    assert _run(monkeypatch, cuda_after, _sa(), FALCON)[0] is None

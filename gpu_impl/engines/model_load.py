@@ -35,8 +35,10 @@ MODULE, CLASS = "sglang.srt.models.qwen3", "Qwen3Attention"
 LAYOUT_READERS = {"get_attention_tp_size": "attn_tp_size", "get_attention_tp_rank": "zero",
                   "get_tensor_model_parallel_world_size": "tp_size", "get_tensor_model_parallel_rank": "zero",
                   "get_parallel": "parallel"}
-#: What the constructor builds or reads after its head split; the first one called ends the run.
-STOP_AT = ("get_global_server_args", "get_exec", "RMSNorm", "QKVParallelLinear", "RowParallelLinear", "get_rope",
+#: What the constructor builds or reads after its head split; the first one called ends the run. (A reader not
+#: named here that raises after the split, e.g. 0.5.16's ``get_server_args`` before it was listed, decides nothing
+#: either: the verdict is whether the head counts were set, see :func:`head_split`.)
+STOP_AT = ("get_global_server_args", "get_server_args", "get_exec", "RMSNorm", "QKVParallelLinear", "RowParallelLinear", "get_rope",
            "RadixAttention")
 
 
@@ -97,6 +99,11 @@ def _attention_class():
         return getattr(importlib.import_module(MODULE), CLASS)
 
 
+def _split_done(layer) -> bool:
+    """Whether the constructor has set the layer's per-rank head counts, i.e. got past every head-split check."""
+    return layer is not None and all(hasattr(layer, a) for a in ("num_heads", "num_kv_heads"))
+
+
 def head_split(sa, model: dict) -> Optional[dict]:
     """None when the release's attention module builds this model's heads on ``sa``'s layout; else
     ``{"accepted": False | None, "message": ..., "stage": "model_load", "check": CHECK}`` (False: the release
@@ -108,6 +115,7 @@ def head_split(sa, model: dict) -> Optional[dict]:
         return None  # a layout that does not divide is ServerArgs' to judge (no attention module is built)
     h, hk, d = int(model["num_heads"]), int(model["num_kv_heads"]), int(model["head_dim"])
     answer = {"stage": "model_load", "check": CHECK}
+    layer = None
     try:
         cls = _attention_class()
         params = inspect.signature(cls.__init__).parameters
@@ -120,11 +128,13 @@ def head_split(sa, model: dict) -> Optional[dict]:
                 layer.__init__(**kwargs)
             except PastHeadSplit:
                 pass
-    except (AssertionError, ValueError) as exc:
-        return {**answer, "accepted": False, "message": rejection_message(exc)}
-    except Exception as exc:  # noqa: BLE001 - a constructor that cannot run on CPU decides nothing
+    except Exception as exc:  # noqa: BLE001 - judged below by how far the constructor got
+        if _split_done(layer):
+            return None  # raised after the head split (reading a launched server's state): the split passed
+        if isinstance(exc, (AssertionError, ValueError)):
+            return {**answer, "accepted": False, "message": rejection_message(exc)}
         return {**answer, "accepted": None, "message": f"inconclusive: {type(exc).__name__}: {exc}"}
-    if not all(hasattr(layer, a) for a in ("num_heads", "num_kv_heads")):
+    if not _split_done(layer):
         return {**answer, "accepted": None,
                 "message": f"inconclusive: {CLASS}.__init__ stopped before it set the layer's head counts"}
     return None
