@@ -4,6 +4,7 @@ Invariant: every schedule is computed under one named build; a rule that differs
 here, keyed by build, and everything else is shared (refmodel.fa3_scheduler).
 
 Builds, engine releases and the FA3 source each release ships are data (``fa3_builds.json`` beside this module).
+Each build's sm90 tile table is data too (``tile_size_sm90.json``), read by ``tile_size_fwd_sm90_build``.
 Two builds are modelled:
 
 * ``upstream-0251105a``: Dao-AILab/flash-attention ``hopper/`` at 0251105a (the rest of refmodel).
@@ -37,13 +38,16 @@ from pathlib import Path
 from typing import Optional
 
 __all__ = ["UPSTREAM", "VLLM_FORK", "Build", "builds", "build", "engine_sources", "build_for_engine",
-           "use_one_mma_wg", "tile_size_fwd_sm90_vllm_fork", "fork_packgqa_override", "fork_packgqa",
+           "use_one_mma_wg", "tile_rules", "rule_matches", "tile_size_fwd_sm90_build", "tile_size_fwd_sm90_vllm_fork",
+           "fork_packgqa_override", "fork_packgqa",
            "fork_metadata_vectors", "fork_uses_dynamic_split", "engine_sources_markdown", "check_build_name",
-           "MAX_BATCHES_1CTA", "DATA"]
+           "MAX_BATCHES_1CTA", "DATA", "TILE_DATA"]
 
 UPSTREAM = "upstream-0251105a"
 VLLM_FORK = "vllm-fork-617264c1"
 DATA = Path(__file__).with_name("fa3_builds.json")
+#: Each build's sm90 tile table, as ordered rules (read by ``tile_size_fwd_sm90_build``).
+TILE_DATA = Path(__file__).with_name("tile_size_sm90.json")
 #: One prepare CTA handles 992 batches (flash.h / flash_api.cpp PREPARE_VARLEN_MAX_BATCHES_1CTA, both builds).
 MAX_BATCHES_1CTA = 992
 
@@ -110,6 +114,41 @@ def use_one_mma_wg(build_name: str, arch: int, headdim: int, is_local: bool, seq
     return int(arch) >= 90 and int(headdim) in (64, 128) and not is_local and int(seqlen_q) * int(qhpk) <= 64
 
 
+@functools.lru_cache(maxsize=1)
+def tile_rules() -> dict:
+    """Each build's sm90 tile rules by element-size key (tile_size_sm90.json), first match wins."""
+    return json.loads(TILE_DATA.read_text())["builds"]
+
+
+def rule_matches(rule: dict, headdim: int, headdim_v: int, flags: dict) -> bool:
+    """A tile rule holds: d <= d_max, dv == dv_eq, dv <= dv_max (each when given), one ``when`` group all true."""
+    if "d_max" in rule and headdim > rule["d_max"]:
+        return False
+    if "dv_eq" in rule and headdim_v != rule["dv_eq"]:
+        return False
+    if "dv_max" in rule and headdim_v > rule["dv_max"]:
+        return False
+    return "when" not in rule or any(all(flags[f] for f in group) for group in rule["when"])
+
+
+@functools.lru_cache(maxsize=65536)
+def tile_size_fwd_sm90_build(build_name: str, headdim: int, headdim_v: int, is_causal: bool, is_local: bool,
+                             element_size: int = 2, paged_kv_non_tma: bool = False, softcap: bool = False,
+                             v_colmajor: bool = False, one_mma_wg: bool = False) -> tuple[int, int]:
+    """(kBlockM, kBlockN) of a build's sm90 forward kernel: the first matching rule of its table.
+
+    The tables are data (``tile_size_sm90.json`` beside this module, each build's rules citing its tile_size.h
+    lines); element size 2 takes the bf16/fp16 rules and any other the fp8 rules, as tile_size.h branches.
+    """
+    rules = tile_rules()[build(build_name).name]["element_size_2" if element_size == 2 else "element_size_1"]
+    flags = {"is_causal": bool(is_causal), "is_local": bool(is_local), "paged_kv_non_tma": bool(paged_kv_non_tma),
+             "softcap": bool(softcap), "v_colmajor": bool(v_colmajor), "one_mma_wg": bool(one_mma_wg)}
+    for rule in rules:
+        if rule_matches(rule, int(headdim), int(headdim_v), flags):
+            return rule["tile"][0], rule["tile"][1]
+    raise ValueError(f"tile_size_sm90.json: build {build_name!r} has no rule for headdim {headdim}")
+
+
 def tile_size_fwd_sm90_vllm_fork(headdim: int, headdim_v: int, is_causal: bool, is_local: bool,
                                  element_size: int = 2, paged_kv_non_tma: bool = False,
                                  one_mma_wg: bool = False) -> tuple[int, int]:
@@ -118,34 +157,8 @@ def tile_size_fwd_sm90_vllm_fork(headdim: int, headdim_v: int, is_causal: bool, 
     fp8 takes the two-level-accumulation prefill tiles (lines 66-77): the fork's CMakeLists.txt does not define
     FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION. Neither ``softcap`` nor ``v_colmajor`` reaches these tiles.
     """
-    if element_size == 2:
-        if headdim <= 64:
-            if headdim_v == 512:
-                return 64, 64
-            if headdim_v == 256:
-                return 128, 96
-            if one_mma_wg:
-                return 64, 192
-            return 192, (128 if is_causal else (160 if (is_local or paged_kv_non_tma) else 192))
-        if headdim <= 96:
-            return 192, (128 if (is_local or paged_kv_non_tma) else 144)
-        if headdim <= 128:
-            return (64 if one_mma_wg else 128), \
-                (128 if (is_causal or is_local or paged_kv_non_tma) else (176 if one_mma_wg else 160))
-        if headdim <= 192:
-            return 128, (96 if (paged_kv_non_tma or is_local) else (128 if headdim_v <= 128 else 96))
-        return 128, (64 if is_local else 80)
-    if one_mma_wg:
-        return (64, 128) if headdim <= 96 else (64, 96)
-    if headdim <= 64:
-        return 192, 128
-    if headdim <= 96:
-        return 128, 128
-    if headdim <= 128:
-        return 128, 192
-    if headdim <= 192:
-        return 128, 96
-    return 128, (64 if is_local else 128)
+    return tile_size_fwd_sm90_build(VLLM_FORK, headdim, headdim_v, is_causal, is_local, element_size,
+                                    paged_kv_non_tma, one_mma_wg=one_mma_wg)
 
 
 def fork_packgqa_override(arch: int, qhpk: int, is_local: bool, headdim: int, headdim_v: int) -> bool:

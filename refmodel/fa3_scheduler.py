@@ -83,31 +83,12 @@ def rounded_headdims(headdim: int, headdim_v: int) -> tuple[int, int]:
 
 def tile_size_fwd_sm90(headdim: int, headdim_v: int, is_causal: bool, is_local: bool, element_size: int = 2,
                        paged_kv_non_tma: bool = False, softcap: bool = False, v_colmajor: bool = False) -> tuple[int, int]:
-    """(kBlockM, kBlockN) of FA3's sm90 forward kernel for the given head dims (hopper/tile_size.h)."""
-    if element_size == 2:
-        if headdim <= 64:
-            if headdim_v == 512:
-                return 64, 64
-            if headdim_v == 256:
-                return 128, 96
-            return 192, (128 if (is_causal or is_local or paged_kv_non_tma) else 192)
-        if headdim <= 96:
-            return 192, (128 if (is_local or paged_kv_non_tma) else 144)
-        if headdim <= 128:
-            return 128, (128 if (is_causal or is_local or paged_kv_non_tma) else 176)
-        if headdim <= 192:
-            return 128, (96 if (paged_kv_non_tma or is_local) else (128 if headdim_v <= 128 else 112))
-        return 128, (64 if is_local else 80)
-    # float8_e4m3
-    if headdim <= 64:
-        return 192, 160
-    if headdim <= 96:
-        return 192, 128
-    if headdim <= 128:
-        return 128, (160 if paged_kv_non_tma else (192 if (v_colmajor or (softcap and is_local)) else 224))
-    if headdim <= 192:
-        return 128, (128 if ((paged_kv_non_tma or softcap) and is_local) else 160)
-    return 128, (64 if is_local else 128)
+    """(kBlockM, kBlockN) of FA3's sm90 forward kernel for the given head dims (hopper/tile_size.h 10-54).
+
+    Upstream's table is data (refmodel/tile_size_sm90.json), read by the one rule reader every build shares.
+    """
+    return fa3_builds.tile_size_fwd_sm90_build(fa3_builds.UPSTREAM, headdim, headdim_v, is_causal, is_local,
+                                               element_size, paged_kv_non_tma, softcap, v_colmajor)
 
 
 def kernel_headdims(headdim: int, headdim_v: int, element_size: int = 2) -> tuple[int, int]:
@@ -334,12 +315,10 @@ def one_mma_wg(inp: ScheduleInputs, masking: Masking) -> bool:
 
 def build_tile(inp: ScheduleInputs, masking: Masking, headdim: int, headdim_v: int,
                paged_kv_non_tma: bool) -> tuple[int, int]:
-    """(kBlockM, kBlockN) under the inputs' build: upstream's tile_size.h, or the fork's (refmodel.fa3_builds)."""
-    if inp.build == fa3_builds.VLLM_FORK:
-        return fa3_builds.tile_size_fwd_sm90_vllm_fork(headdim, headdim_v, masking.is_causal, masking.is_local,
-                                                       inp.element_size, paged_kv_non_tma, one_mma_wg(inp, masking))
-    return tile_size_fwd_sm90(headdim, headdim_v, masking.is_causal, masking.is_local, inp.element_size,
-                              paged_kv_non_tma=paged_kv_non_tma, softcap=inp.has_softcap)
+    """(kBlockM, kBlockN) under the inputs' build: that build's table (refmodel.fa3_builds ``tile_size_fwd_sm90_build``)."""
+    return fa3_builds.tile_size_fwd_sm90_build(inp.build, headdim, headdim_v, masking.is_causal, masking.is_local,
+                                               inp.element_size, paged_kv_non_tma, softcap=inp.has_softcap,
+                                               one_mma_wg=one_mma_wg(inp, masking))
 
 
 def pagedkv_tma(inp: ScheduleInputs, masking: Masking, d_rounded: int, dv_rounded: int) -> bool:
