@@ -12,8 +12,9 @@ one (vLLM 0.33.0: its config validation accepting its probe); ``fa3verify confor
 
 What the facts decide: ``prove --engine-profile sglang==V`` and the gate's witness search drop the prover's
 assumptions (``spec.domain.ASSUMPTIONS``) V does not enforce (:func:`prover_drops`): a prover assumption is dropped
-when every ``ASSUMPTION_*`` that maps onto it is "not enforced" (``ASSUMPTION_HEADS_DIVISIBLE`` holds three of them, two
-enforced at model load, so it stays: a simplification stated in the data's notes). An assumption with no prover
+when every ``ASSUMPTION_*`` that maps onto it is "not enforced" (``ASSUMPTION_HEADS_DIVISIBLE`` holds the two head
+splits enforced at model load, so it stays; ``ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL``, which no release enforces, is
+its own prover assumption and is dropped). An assumption with no prover
 counterpart (``prover`` null) restricts case files and the fuzzer, not the prover's domain.
 """
 

@@ -32,6 +32,7 @@ from refmodel.fa3_scheduler import ScheduleInputs, call_inputs, precompute_input
 
 from .config import (ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP, ASSUMPTION_DETERMINISTIC_ONE_SPLIT,
                      ASSUMPTION_DP_ATTENTION_NEEDS_DP, ASSUMPTION_HEADS_DIVISIBLE, ASSUMPTION_MLA_NEVER_PRECOMPUTES,
+                     ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL,
                      ASSUMPTION_PREFILL_CP_NEEDS_CP_SIZE, ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY,
                      ASSUMPTION_SAME_NUM_SPLITS, ASSUMPTION_SAME_SM_COUNT, ASSUMPTION_SHARDED_KV_NEEDS_CP,
                      ASSUMPTION_TP_DIVISIBLE, MODELS, ModelConfig, ServerConfig)
@@ -144,8 +145,10 @@ ASSUMPTIONS: dict[str, str] = {
     ASSUMPTION_PREFILL_CP_NEEDS_CP_SIZE: "enable_prefill_cp comes with attn_cp_size > 1.",
     ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP: "on a non-MLA FA3 model, attn_cp_size > 1 comes with enable_prefill_cp "
                                 "(sglang server-args validation; prefill CP is the only CP path for such models).",
-    ASSUMPTION_HEADS_DIVISIBLE: "num_heads is divisible by tp_size and by attn_tp_size; num_kv_heads is divisible by "
-                       "attn_tp_size, or attn_tp_size by num_kv_heads (sglang attention modules assert it).",
+    ASSUMPTION_HEADS_DIVISIBLE: "num_heads is divisible by attn_tp_size; num_kv_heads is divisible by attn_tp_size, or "
+                       "attn_tp_size by num_kv_heads (sglang attention modules assert it at model load).",
+    ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL: "num_heads is divisible by tp_size (what a precompute with H // tp_size heads "
+                       "would need to be exact; no release checks it: spec/assumption_facts.json).",
     ASSUMPTION_MLA_NEVER_PRECOMPUTES: "MLA models never precompute FA3 scheduler metadata (flashattention_backend.py: non-MLA only).",
     ASSUMPTION_DETERMINISTIC_ONE_SPLIT: "deterministic inference passes num_splits=1 on both sides (flashattention_backend.py).",
     ASSUMPTION_SAME_NUM_SPLITS: "the precompute and the call get the same num_splits argument (self.num_splits).",
@@ -172,9 +175,11 @@ def violations(cfg: Config, dropped: frozenset = frozenset()) -> list[tuple[str,
     need(ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP, m.is_mla or s.attn_cp_size == 1 or s.enable_prefill_cp,
          f"attn_cp_size={s.attn_cp_size} without enable_prefill_cp on non-MLA {m.name}")
     t = cfg.attn_tp_size
-    heads_ok = (t >= 1 and m.num_heads % s.tp_size == 0 and m.num_heads % t == 0
+    heads_ok = (t >= 1 and m.num_heads % t == 0
                 and (m.num_kv_heads % t == 0 if m.num_kv_heads >= t else t % m.num_kv_heads == 0))
-    need(ASSUMPTION_HEADS_DIVISIBLE, heads_ok, f"{m.name} heads {m.num_heads}/{m.num_kv_heads} vs tp={s.tp_size}, attn_tp={t}")
+    need(ASSUMPTION_HEADS_DIVISIBLE, heads_ok, f"{m.name} heads {m.num_heads}/{m.num_kv_heads} vs attn_tp={t}")
+    need(ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL, m.num_heads % s.tp_size == 0,
+         f"{m.name} heads {m.num_heads} not divisible by tp={s.tp_size}")
     need(ASSUMPTION_SHARDED_KV_NEEDS_CP, not s.cp_decode_sharded_kv or s.attn_cp_size > 1, "cp_decode_sharded_kv with attn_cp_size=1")
     need(ASSUMPTION_DETERMINISTIC_ONE_SPLIT, not (s.enable_deterministic_inference and s.num_splits not in (0, 1)),
          "deterministic inference with a num_splits other than 1")

@@ -62,9 +62,12 @@ def test_vllm_probes_are_its_facts_own_and_break_exactly_their_assumption():
 
 def test_what_each_release_makes_the_prover_drop():
     drops = {r: F.prover_drops(F.facts_for("sglang", r)) for r in RELEASES}
-    assert drops["0.5.13"] == {"ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP", "ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY"}  # no cp_strategy field
-    assert {drops[r] for r in RELEASES[3:]} == {frozenset({"ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP"})}
-    # ASSUMPTION_HEADS_DIVISIBLE holds two assumptions enforced at model load and one that is not: it stays
+    # num_heads % tp_size: no release checks it (the model-load asserts use attn_tp_size), so every profile drops it
+    integral = "ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL"
+    assert drops["0.5.13"] == {"ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP", "ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY",
+                               integral}  # no cp_strategy field
+    assert {drops[r] for r in RELEASES[3:]} == {frozenset({"ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP", integral})}
+    # ASSUMPTION_HEADS_DIVISIBLE holds the two head splits enforced at model load: it stays
     assert all("ASSUMPTION_HEADS_DIVISIBLE" not in d and "ASSUMPTION_TP_DIVISIBLE" not in d for d in drops.values())
     assert F.prover_drops({}) == frozenset()  # a system that describes nothing keeps every assumption
     from fa3verify.strategies.vllm import NOT_ASSUMED_BY_VLLM
@@ -95,9 +98,10 @@ def test_prove_engine_profile_drops_what_the_release_does_not_enforce(tmp_path, 
     assert cli.main(base + ["--engine-profile", "sglang==0.5.17"]) == 1
     out = capsys.readouterr().out
     assert "assumptions sglang 0.5.17 enforces: ASSUMPTION_TP_DIVISIBLE" in out
-    assert "the prover drops: ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP" in out
+    assert "the prover drops: ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP, ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL" in out
     data = json.loads((tmp_path / "p.json").read_text())
-    assert data["policy"]["dropped_assumptions"] == ["ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP"]
+    assert data["policy"]["dropped_assumptions"] == ["ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP",
+                                                     "ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL"]
     (finding,) = data["findings"]
     case = json.loads(open(finding["case_file"]).read())
     assert case["server"]["attn_cp_size"] > 1 and not case["server"]["enable_prefill_cp"]
@@ -157,3 +161,16 @@ def test_gate_on_a_release_says_what_it_does_not_enforce_and_fails_where_it_acce
     data = json.loads((tmp_path / "g.json").read_text())
     assert code == 1 and "ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP" in data["policy"]["not_enforced_assumptions"]
     assert any(c["name"].startswith("witness search (guard 'fixed'") for c in data["checks"])
+
+
+def test_the_prover_searches_heads_that_tp_size_does_not_divide_only_when_dropped():
+    """falcon-7b's 71 heads on tp 2 with attn_cp 2 (attn_tp_size 1): every release accepts it (ServerArgs and the
+    model-load split), so a release's profile drops ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL and the prover's domain holds
+    it; negative control: with every assumption kept it is excluded, under that name alone."""
+    from spec import domain
+    from spec.config import MODELS, ServerConfig
+
+    cfg = domain.Config(ServerConfig(tp_size=2, attn_cp_size=2, enable_prefill_cp=True, cp_strategy="zigzag"),
+                        MODELS["falcon-7b"])
+    assert [name for name, _ in domain.violations(cfg)] == ["ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL"]
+    assert domain.valid(cfg, F.prover_drops(F.facts_for("sglang", "0.5.23")))
