@@ -7,11 +7,14 @@
 
 Every function validates its arguments first and raises :class:`fa3verify.errors.UsageError` (a
 ``ValueError``) naming the argument and what is allowed; the CLI turns the same errors into exit code 2.
-Results carry the :class:`~fa3verify.summary.RunSummary` the CLI prints and writes with ``--json``.
+Results carry the :class:`~fa3verify.summary.RunSummary` the CLI prints and writes with ``--json``; their findings
+are the summary's :class:`~fa3verify.summary.Finding` (``api.Finding`` is that class, kept as a name for API users)
+with ``case``, the case file's JSON, filled in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Union
@@ -19,7 +22,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 from . import exitcodes
 from .errors import UsageError
 from .policy import METADATA_HEADS, Policy
-from .summary import RunSummary, verdict_line, write_json, write_junit
+from .summary import Finding, RunSummary, verdict_line, write_json, write_junit
 
 __all__ = ["Finding", "RunResult", "GateResult", "ReplayResult", "gate", "prove", "fuzz", "replay", "UsageError",
            "DEFAULT_CASES_DIR"]
@@ -28,39 +31,6 @@ DEFAULT_CASES_DIR = "fa3verify-out/cases"
 KERNELS = ("emulated", "fa3")
 
 GuardLike = Union[str, Callable[[Any], Any]]
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One violation: the invariant, which engine found it, the case file and the command that replays it.
-
-    ``case`` is the case file's JSON (server configuration, model, batches, expected outcome) when the file
-    is readable, else None.
-    """
-
-    invariant: str
-    engine: str
-    message: str = ""
-    case_file: Optional[str] = None
-    replay: Optional[str] = None
-    case: Optional[dict] = None
-    #: the run summary's finding (fa3verify.summary.Finding: the backend terms), when it came from a run
-    summary: Any = field(default=None, compare=False, repr=False)
-
-    def to_dict(self) -> dict:
-        from dataclasses import asdict
-
-        base = asdict(self.summary) if self.summary is not None else {}
-        return {**base, "invariant": self.invariant, "engine": self.engine, "message": self.message,
-                "case_file": self.case_file, "replay": self.replay, "case": self.case}
-
-    def __str__(self) -> str:
-        from .summary import finding_lines
-
-        lines = finding_lines(self.to_dict())
-        if self.case_file and self.replay:
-            lines.insert(-1, f"    case file: {self.case_file}")
-        return "\n".join(lines)
 
 
 def _read_case(path: Optional[str]) -> Optional[dict]:
@@ -86,8 +56,7 @@ class RunResult:
 
     @classmethod
     def from_summary(cls, summary: RunSummary, **extra) -> "RunResult":
-        findings = [Finding(invariant=f.invariant, engine=f.engine, message=f.message, case_file=f.case_file,
-                            replay=f.replay, case=_read_case(f.case_file), summary=f) for f in summary.findings]
+        findings = [dataclasses.replace(f, case=_read_case(f.case_file)) for f in summary.findings]
         return cls(verdict=summary.verdict, exit_code=summary.exit_code, checks=list(summary.checks),
                    findings=findings, summary=summary, **extra)
 

@@ -188,7 +188,7 @@ def probe_assumptions(sut, profile_policy: dict, cases_dir: str, report: Conform
 
     for assumption, description, fields, model in ASSUMPTION_PROBES:
         server = ServerConfig(**fields)
-        broken = {v.assumption for v in config_violations(model, server)}
+        broken = {v.invariant for v in config_violations(model, server)}
         if assumption not in broken:
             continue  # the probe no longer breaks it: nothing to learn
         ok, _ = _validate(sut, server, model)

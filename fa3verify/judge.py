@@ -1,4 +1,4 @@
-"""The one judge: run a scenario on a system under test and say what it did, in one Finding type.
+"""The one judge: run a scenario on a system under test and say what it did, in one violation type.
 
 Invariant: every harness path that runs a scenario (fuzz and its shrinking, replay, run-ranks in-process,
 prove's witness replay, conform, the multi-rank simulation and the finding terms) turns the run into a
@@ -13,8 +13,8 @@ prove's witness replay, conform, the multi-rank simulation and the finding terms
 - any other exception is re-raised, or with ``crash_is_finding`` is a ``NO_CRASH`` violation; a worker that missed
   its deadline (``spec.worker_client.WorkerError``) is always re-raised (inconclusive, never a finding).
 
-Every finding is a :class:`gpu_impl.scenario.Finding`; a fault's finding has no step and no DP rank
-(``step`` None) and its signature is its invariant alone.
+Every finding is a :class:`spec.invariants.Violation` located in the run (``Violation.at_step``); a fault's
+finding has no step and no DP rank (``step`` None) and its signature is its invariant alone.
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ class Verdict:
 
 def fault_finding(invariant: str, message: str):
     """The finding of a fault that ended a run: no step, no DP rank; its signature is the invariant."""
-    from gpu_impl.scenario import Finding
+    from spec.invariants import Violation
 
-    return Finding(invariant=invariant, step=None, dp_rank=None, message=message, signature_key=invariant)
+    return Violation.at_step(invariant=invariant, step=None, dp_rank=None, message=message, signature_key=invariant)
 
 
 def judge(sut, scenario, kernel=None, numerics: bool = False, device: str = "cpu",

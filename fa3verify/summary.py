@@ -41,7 +41,8 @@ class Check:
 class Finding:
     """A violation worth a case file: which invariant, where it was saved, how to replay it, and what it means for
     the backend (fa3verify.finding_terms: read from one run of the saved case). Rendered by :func:`finding_lines`
-    on every surface."""
+    on every surface; the one finding type of the project, which the Python API (``fa3verify.api``) returns with
+    ``case`` filled in."""
 
     invariant: str
     case_file: Optional[str]
@@ -58,6 +59,26 @@ class Finding:
     s_c: Optional[int] = None           # the call's own split count
     guard: str = ""                     # the guard's decision
     hint: str = ""                      # a one-line fix hint
+    #: the case file's JSON (server configuration, model, batches, expected outcome) when the Python API returns
+    #: this finding and the file is readable, else None; the run summary's JSON (``--json``) leaves it out
+    case: Optional[dict] = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready form: every field, ``case`` last (the Python API's ``RunResult.to_dict``)."""
+        return asdict(self)
+
+    def report_dict(self) -> dict:
+        """The run summary's form (schema fa3verify.run/1): every field but ``case``."""
+        d = asdict(self)
+        del d["case"]
+        return d
+
+    def __str__(self) -> str:
+        """:func:`finding_lines`, with the case file named before the replay command when both are known."""
+        lines = finding_lines(self.to_dict())
+        if self.case_file and self.replay:
+            lines.insert(-1, f"    case file: {self.case_file}")
+        return "\n".join(lines)
 
 
 @dataclass
@@ -96,7 +117,7 @@ class RunSummary:
             "cases_per_s": round(self.cases / self.elapsed_s, 2) if self.elapsed_s > 0 else 0.0,
             "first_failure_s": None if self.first_failure_s is None else round(self.first_failure_s, 4),
             "seed": self.seed, "policy": self.policy, "interrupted": self.interrupted,
-            "checks": [asdict(c) for c in self.checks], "findings": [asdict(f) for f in self.findings],
+            "checks": [asdict(c) for c in self.checks], "findings": [f.report_dict() for f in self.findings],
             **({"shard": self.shard} if self.shard is not None else {}),
             **({"domain": self.domain} if self.domain is not None else {}),
         }

@@ -37,11 +37,13 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from spec.invariants import Violation
+
 from .rank_placement import (RankPlacement, attention_world_size, case_to_dict, kernel_spec, loopback_interface,
                              rank_placement, scenario_from_case)
 from .rank_verdict import VERDICT_SCHEMA, RankRecord, StepRecord, assemble
 from .rank_verdict import json_safe  # noqa: F401 - fa3verify.multirank reads it from here
-from .scenario import Finding, Scenario, Step
+from .scenario import Scenario, Step
 
 __all__ = [
     "ENV_FAULT",
@@ -236,24 +238,25 @@ def _decode_step(scn: Scenario, backend, placement: RankPlacement, comm: RankCom
     rec.entry = {"step": index, "mode": "decode", **verdict.to_dict()}
     detail = {"mode": "decode", "path": call.path, "s_p": verdict.s_p, "s_c": verdict.s_c, "seq_lens": call.seq_lens}
     if verdict.shape_error:
-        rec.shape_errors.append(Finding("SHAPE", index, call.dp_rank, verdict.shape_error, detail))
+        rec.shape_errors.append(Violation.at_step("SHAPE", index, call.dp_rank, verdict.shape_error, detail))
         return rec
     if not numerics:
         for v in verdict.violations:
             d = v.to_dict() if hasattr(v, "to_dict") else dict(v)
-            rec.findings.append(Finding(d.get("invariant", "UNKNOWN"), index, call.dp_rank,
-                                        d.get("message", str(d)), {**detail, **d}))
+            rec.findings.append(Violation.at_step(d.get("invariant", "UNKNOWN"), index, call.dp_rank,
+                                                  d.get("message", str(d)), {**detail, **d}))
         return rec
     tensors = decode_tensors(backend, call, seed=rank_seed(scn.seed, index, call.dp_rank), device=device)
     for sliding in [False] + ([True] if scn.model.has_sliding_window_layers else []):
         try:
             out, _ = backend.forward_decode(kernel, call, *tensors, sliding_window=sliding)
         except OutOfBoundsAccess as exc:
-            rec.layers.append(("finding", Finding(exc.invariant, index, call.dp_rank, str(exc),
-                                                  {**detail, "batch": exc.batch, "indices": jsonable(exc.indices)})))
+            rec.layers.append(("finding", Violation.at_step(
+                exc.invariant, index, call.dp_rank, str(exc),
+                {**detail, "batch": exc.batch, "indices": jsonable(exc.indices)})))
             break
         except MetadataShapeError as exc:
-            rec.layers.append(("shape", Finding("SHAPE", index, call.dp_rank, str(exc), detail)))
+            rec.layers.append(("shape", Violation.at_step("SHAPE", index, call.dp_rank, str(exc), detail)))
             break
         rec.layers.append(("out", sliding, out.detach().cpu()))
     return rec

@@ -48,9 +48,9 @@ class OutOfBoundsAccess(RuntimeError):
         itself out of range -- ``indices["virtual_batch"]`` always says which);
       * ``indices`` -- the offending indices and the bounds they break (e.g. ``{"virtual_batch": 0, "splits":
         [29, ..., 85], "buffer_splits": 29, "metadata_splits": 86}``);
-      * ``violations`` -- every violation found in the same call (this one first), as
-        ``(invariant, batch, indices, detail)`` records; a single fault usually breaks several invariants
-        (a split count above the capacity is also above the buffers).
+      * ``violations`` -- every violation found in the same call (this one first), as ``spec.invariants.Violation``
+        records (the indices in ``detail``, the sentence in ``message``); a single fault usually breaks several
+        invariants (a split count above the capacity is also above the buffers).
     """
 
     def __init__(self, invariant: str, batch: Optional[int], indices: Mapping[str, Any], detail: str = "",

@@ -205,9 +205,7 @@ def deep_check(pre: Optional[PrecomputeRecord], call: CallRecord, metadata=None)
         return [Violation("SHAPE", None, {"produced": int(metadata.numel()), "expected": C.metadata_size},
                           f"{exc}: FA3 raises, a loud and safe error")]
     out = [] if pre is not None else [_origin_violation(call)]
-    for v in check_plan(plan):
-        out.append(Violation(v.invariant, v.batch, dict(v.indices), v.detail))
-    return out
+    return out + check_plan(plan)
 
 
 def pair_summary(pre: Optional[PrecomputeRecord], call: CallRecord) -> dict:
@@ -273,10 +271,10 @@ def graph_replay_check(pre: PrecomputeRecord, call: CallRecord) -> list[Violatio
     out = []
     for v in quick_check(pre, call):
         if v.invariant == "SHAPE":
-            v = Violation("SHAPE", None, dict(v.indices, replay=True),
-                          f"the recompute wrote {v.indices.get('produced')} int32 values (metadata of {pre.batch_size} "
+            v = Violation("SHAPE", None, dict(v.detail, replay=True),
+                          f"the recompute wrote {v.detail.get('produced')} int32 values (metadata of {pre.batch_size} "
                           f"sequences) into the buffer of a graph captured for {call.batch_size}, which reads "
-                          f"{v.indices.get('expected')}: at a replay FA3 checks nothing, so the captured kernel reads "
+                          f"{v.detail.get('expected')}: at a replay FA3 checks nothing, so the captured kernel reads "
                           f"the vectors at the captured layout's offsets (a silent layout mismatch)")
         elif v.invariant == "BATCH_PERMUTATION" and call.batch_size > pre.batch_size:
             continue

@@ -13,7 +13,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .scenario import Finding, Scenario
+from spec.invariants import Violation
+
+from .scenario import Scenario
 from .rank_placement import rank_placement, scenario_from_case
 
 
@@ -38,7 +40,7 @@ class StepRecord:
     cp_call: Optional[dict] = None             # this rank's own CP varlen call (extend, CP path)
     extend: Optional[dict] = None              # {"mode", "path", "seq_lens", "extend_lens", "out"}
     call: Any = None                           # the DecodeCall (decode)
-    layers: list = field(default_factory=list)  # decode numerics: ("out", sliding, out) | ("finding", Finding)
+    layers: list = field(default_factory=list)  # decode numerics: ("out", sliding, out) | ("finding", Violation)
 
 
 @dataclass
@@ -61,7 +63,7 @@ class RankRecord:
 
 
 def _judge_decode(scn: Scenario, backend, index: int, call, sliding: bool, out: torch.Tensor,
-                  detail: dict) -> Optional[Finding]:
+                  detail: dict) -> Optional[Violation]:
     """Oracle comparison of one gathered decode output (the comparison of scenario._run_decode_numerics)."""
     from refmodel.tolerance import fa3_output_close, reference_outputs
 
@@ -76,12 +78,14 @@ def _judge_decode(scn: Scenario, backend, index: int, call, sliding: bool, out: 
     out_rows = out[:rows]
     if torch.isnan(out_rows.float()).any() and not torch.isnan(ref[:rows]).any():
         bad = sorted({int(i) for i in torch.nonzero(torch.isnan(out_rows.float()))[:, 0].tolist()})
-        return Finding("NO_NAN", index, call.dp_rank, f"NaN in output rows {bad[:8]} where the oracle has none",
-                       {**detail, "rows": bad[:32], "sliding_window": sliding})
+        return Violation.at_step("NO_NAN", index, call.dp_rank,
+                                 f"NaN in output rows {bad[:8]} where the oracle has none",
+                                 {**detail, "rows": bad[:32], "sliding_window": sliding})
     ok, err, bound = fa3_output_close(out_rows, ref[:rows], low[:rows])
     if not ok:
-        return Finding("MATCHES_ORACLE", index, call.dp_rank, f"max error {err:.3e} exceeds FA3's bound {bound:.3e}",
-                       {**detail, "max_error": err, "bound": bound, "sliding_window": sliding})
+        return Violation.at_step("MATCHES_ORACLE", index, call.dp_rank,
+                                 f"max error {err:.3e} exceeds FA3's bound {bound:.3e}",
+                                 {**detail, "max_error": err, "bound": bound, "sliding_window": sliding})
     return None
 
 
@@ -99,15 +103,15 @@ def assemble(case: Any, records: Sequence[RankRecord], numerics: bool = True) ->
     scn = scenario_from_case(case)
     server = scn.server
     by_place = {(r.dp_rank, r.cp_rank): r for r in records}
-    findings: list[Finding] = []
-    shape_errors: list[Finding] = []
+    findings: list[Violation] = []
+    shape_errors: list[Violation] = []
     trace: list[dict] = []
     outputs: list[torch.Tensor] = []
     rank_findings: dict[int, list[str]] = {r.rank: [] for r in records}
     guard = [r for r in records if r.guard_raised]
     if guard:
-        findings.append(Finding(guard[0].guard_fault, None, None, guard[0].guard_raised, {},
-                                signature_key=guard[0].guard_fault))
+        findings.append(Violation.at_step(guard[0].guard_fault, None, None, guard[0].guard_raised, {},
+                                          signature_key=guard[0].guard_fault))
     else:
         backend = FlashAttentionBackend(server, scn.model, scn.guard, scn.metadata_heads,
                                         graph_replay_seqlen_k=scn.graph_replay_seqlen_k)
@@ -122,9 +126,9 @@ def assemble(case: Any, records: Sequence[RankRecord], numerics: bool = True) ->
                     rank_findings[g.rank].extend(own)
                     if s.entry != lead.entry and (s.entry is None or lead.entry is None
                                                   or _strip(s.entry) != _strip(lead.entry)):
-                        findings.append(Finding("CP_RANKS_AGREE", index, d,
-                                                f"rank {g.rank} recorded {s.entry}, its CP leader {lead.entry}",
-                                                {"mode": scn.steps[index].mode, "rank": g.rank}))
+                        findings.append(Violation.at_step(
+                            "CP_RANKS_AGREE", index, d, f"rank {g.rank} recorded {s.entry}, its CP leader {lead.entry}",
+                            {"mode": scn.steps[index].mode, "rank": g.rank}))
                 if lead.entry is None:
                     continue
                 entry = dict(lead.entry)
@@ -187,7 +191,7 @@ def _rank_entry(s: StepRecord) -> dict:
     return entry
 
 
-def _jsonable_finding(f: Finding) -> dict:
+def _jsonable_finding(f: Violation) -> dict:
     return json_safe(f.to_dict())
 
 

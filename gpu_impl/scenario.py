@@ -16,6 +16,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from spec.invariants import Violation
+
 from .backend import DecodeCall, FlashAttentionBackend
 from .config import ModelConfig, ServerConfig
 from .runner import Batch, EagerRunner, ForwardMode
@@ -70,35 +72,11 @@ class Scenario:
 
 
 @dataclass
-class Finding:
-    """A property the scenario broke: which invariant, at which step and DP rank, with the evidence."""
-
-    invariant: str
-    step: Optional[int]  #: None for a fault that ended the run (fa3verify.judge)
-    dp_rank: Optional[int]
-    message: str
-    detail: dict = field(default_factory=dict)
-    #: the signature of a finding that is not a step's (a fault that ended the run: its invariant alone)
-    signature_key: Optional[str] = field(default=None, compare=False, repr=False)
-
-    @property
-    def signature(self) -> str:
-        """What makes two findings 'the same violation': invariant and step mode, not the lengths."""
-        if self.signature_key is not None:
-            return self.signature_key
-        return f"{self.invariant}:{self.detail.get('mode', '')}:{self.detail.get('path', '')}"
-
-    def to_dict(self) -> dict:
-        return {"invariant": self.invariant, "step": self.step, "dp_rank": self.dp_rank, "message": self.message,
-                "detail": self.detail}
-
-
-@dataclass
 class ScenarioResult:
     """Findings, the per-step trace of every metadata computation and call, and outputs (numerics only)."""
 
-    findings: list[Finding] = field(default_factory=list)
-    shape_errors: list[Finding] = field(default_factory=list)
+    findings: list[Violation] = field(default_factory=list)
+    shape_errors: list[Violation] = field(default_factory=list)
     trace: list[dict] = field(default_factory=list)
     outputs: list[Any] = field(default_factory=list)
 
@@ -223,7 +201,7 @@ def _run_extend_step(run: ScenarioRun, index: int, step: Step, result: ScenarioR
             _run_extend_numerics(scn, index, dp_rank, batch, trace.took_cp_path, entry, result, device)
 
 
-def cp_path_finding(batch_steps: dict, index: int, mode: str, dp_rank: int, trace) -> Optional[Finding]:
+def cp_path_finding(batch_steps: dict, index: int, mode: str, dp_rank: int, trace) -> Optional[Violation]:
     """CP_PATH_MATCHES_ACTIVITY when the backend's CP path choice differs from CP-v2 activity (the runner fix of
     PR #30439, eager_runner.py), naming the step the attached CP metadata was built at; else None."""
     if trace.took_cp_path == trace.cp_v2_active:
@@ -232,7 +210,7 @@ def cp_path_finding(batch_steps: dict, index: int, mode: str, dp_rank: int, trac
         batch_steps.get(trace.metadata_built_for)
     source = "no CP metadata" if trace.metadata_built_for is None else (
         f"CP metadata built at step {built}" if built is not None else "CP metadata built outside this scenario")
-    return Finding(
+    return Violation.at_step(
         "CP_PATH_MATCHES_ACTIVITY", index, dp_rank,
         f"step {index} ({mode}): backend took the CP path={trace.took_cp_path} but CP-v2 active="
         f"{trace.cp_v2_active}; {source}, this is step {index}",
@@ -268,14 +246,14 @@ def extend_tensors(scn: Scenario, index: int, dp_rank: int, batch: Batch, device
                            seed=rank_seed(scn.seed, index, dp_rank), dtype=dtype, device=device)
 
 
-def layout_mismatch_finding(index: int, dp_rank: int, mode: str, exc) -> Finding:
+def layout_mismatch_finding(index: int, dp_rank: int, mode: str, exc) -> Violation:
     """The finding for a stale CP layout on a batch it was not built for (prepare_cp_forward, cp/utils.py)."""
-    return Finding("CP_LAYOUT_MATCHES_BATCH", index, dp_rank, str(exc),
-                   {"mode": mode, "path": "cp", **exc.detail})
+    return Violation.at_step("CP_LAYOUT_MATCHES_BATCH", index, dp_rank, str(exc),
+                             {"mode": mode, "path": "cp", **exc.detail})
 
 
 def judge_extend_output(index: int, dp_rank: int, mode: str, path: str, batch: Batch, q, k, v,
-                        out: torch.Tensor) -> Optional[Finding]:
+                        out: torch.Tensor) -> Optional[Violation]:
     """Compare an extend output with the oracle (full causal attention, no CP) under FA3's tolerance rule;
     None when it matches, else a MATCHES_ORACLE finding (refmodel/tolerance.py)."""
     from refmodel.tolerance import fa3_output_close, reference_outputs
@@ -289,10 +267,10 @@ def judge_extend_output(index: int, dp_rank: int, mode: str, path: str, batch: B
         return None
     rows = ((out.double().cpu() - exact).abs().amax(dim=(1, 2)) > bound).nonzero()[:, 0].tolist() \
         if out.shape == exact.shape else []
-    return Finding("MATCHES_ORACLE", index, dp_rank,
-                   f"step {index} ({mode}, {path} path): max error {err:.3e} exceeds FA3's bound {bound:.3e}",
-                   {"mode": mode, "path": path, "max_error": err, "bound": bound, "rows": rows[:32],
-                    "seq_lens": list(batch.seq_lens), "extend_lens": list(batch.extend_lens)})
+    return Violation.at_step("MATCHES_ORACLE", index, dp_rank,
+                             f"step {index} ({mode}, {path} path): max error {err:.3e} exceeds FA3's bound {bound:.3e}",
+                             {"mode": mode, "path": path, "max_error": err, "bound": bound, "rows": rows[:32],
+                              "seq_lens": list(batch.seq_lens), "extend_lens": list(batch.extend_lens)})
 
 
 def _run_extend_numerics(scn: Scenario, index: int, dp_rank: int, batch: Batch, took_cp_path: bool, entry: dict,
@@ -333,15 +311,15 @@ def _run_decode_step(backend: FlashAttentionBackend, scn: Scenario, index: int, 
         detail = {"mode": "decode", "path": call.path, "s_p": verdict.s_p, "s_c": verdict.s_c,
                   "seq_lens": call.seq_lens}
         if verdict.shape_error:
-            result.shape_errors.append(Finding("SHAPE", index, call.dp_rank, verdict.shape_error, detail))
+            result.shape_errors.append(Violation.at_step("SHAPE", index, call.dp_rank, verdict.shape_error, detail))
             continue
         if numerics and backend.metadata_only:
             entry["numerics"] = backend.metadata_only
         if not numerics or backend.metadata_only:
             for v in verdict.violations:
                 d = v.to_dict() if hasattr(v, "to_dict") else dict(v)
-                result.findings.append(Finding(d.get("invariant", "UNKNOWN"), index, call.dp_rank,
-                                               d.get("message", str(d)), {**detail, **d}))
+                result.findings.append(Violation.at_step(d.get("invariant", "UNKNOWN"), index, call.dp_rank,
+                                                         d.get("message", str(d)), {**detail, **d}))
             continue
         _run_decode_numerics(backend, scn, index, call, result, kernel, device, detail)
 
@@ -358,11 +336,11 @@ def _run_decode_numerics(backend: FlashAttentionBackend, scn: Scenario, index: i
         try:
             out, lse = backend.forward_decode(kernel, call, *tensors, sliding_window=sliding)
         except OutOfBoundsAccess as exc:
-            result.findings.append(Finding(exc.invariant, index, call.dp_rank, str(exc),
-                                           {**detail, "batch": exc.batch, "indices": jsonable(exc.indices)}))
+            result.findings.append(Violation.at_step(exc.invariant, index, call.dp_rank, str(exc),
+                                                     {**detail, "batch": exc.batch, "indices": jsonable(exc.indices)}))
             return
         except MetadataShapeError as exc:
-            result.shape_errors.append(Finding("SHAPE", index, call.dp_rank, str(exc), detail))
+            result.shape_errors.append(Violation.at_step("SHAPE", index, call.dp_rank, str(exc), detail))
             return
         q, k_cache, v_cache, page_table = tensors
         seqlens = torch.tensor(call.seq_lens, dtype=torch.int32, device=q.device)
@@ -372,15 +350,16 @@ def _run_decode_numerics(backend: FlashAttentionBackend, scn: Scenario, index: i
         out_rows = out[: call.real_rows]
         if torch.isnan(out_rows.float()).any() and not torch.isnan(ref[: call.real_rows]).any():
             bad = sorted({int(i) for i in torch.nonzero(torch.isnan(out_rows.float()))[:, 0].tolist()})
-            result.findings.append(Finding("NO_NAN", index, call.dp_rank,
-                                           f"NaN in output rows {bad[:8]} where the oracle has none",
-                                           {**detail, "rows": bad[:32], "sliding_window": sliding}))
+            result.findings.append(Violation.at_step("NO_NAN", index, call.dp_rank,
+                                                     f"NaN in output rows {bad[:8]} where the oracle has none",
+                                                     {**detail, "rows": bad[:32], "sliding_window": sliding}))
             return
         ok, err, bound = fa3_output_close(out_rows, ref[: call.real_rows], low[: call.real_rows])
         if not ok:
-            result.findings.append(Finding("MATCHES_ORACLE", index, call.dp_rank,
-                                           f"max error {err:.3e} exceeds FA3's bound {bound:.3e}",
-                                           {**detail, "max_error": err, "bound": bound, "sliding_window": sliding}))
+            result.findings.append(Violation.at_step("MATCHES_ORACLE", index, call.dp_rank,
+                                                     f"max error {err:.3e} exceeds FA3's bound {bound:.3e}",
+                                                     {**detail, "max_error": err, "bound": bound,
+                                                      "sliding_window": sliding}))
             return
         result.outputs.append(out_rows.detach().cpu())
 

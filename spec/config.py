@@ -34,6 +34,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Collection, Mapping, NamedTuple, Optional
 
+from .invariants import Violation
+
 DTYPES = ("bfloat16", "float16", "float8_e4m3")
 CP_STRATEGIES = (None, "zigzag")
 MAX_NUM_SPLITS = 256  # FA3 enforces num_splits <= 256 at call time (hopper/flash_api.cpp)
@@ -141,12 +143,10 @@ def check_dropped_assumptions(dropped: Collection[str]) -> frozenset[str]:
     return dropped
 
 
-class Violation(NamedTuple):
-    """One broken domain assumption: which rule, which field, and why."""
-
-    assumption: str
-    field: str
-    message: str
+def assumption_violation(assumption: str, field: str, message: str) -> Violation:
+    """One broken domain assumption: the rule (``invariant``, an ``ASSUMPTION_*`` name), its field
+    (``detail["field"]``) and why (``message``)."""
+    return Violation(assumption, None, {"field": field}, message)
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,24 +232,24 @@ class ModelConfig:
             if not _is_int(getattr(self, name)):
                 raise ValueError(f"ModelConfig.{name}: expected int, got {getattr(self, name)!r}")
         if self.num_heads < 1:
-            out.append(Violation(ASSUMPTION_HEADS_POSITIVE, "num_heads",
+            out.append(assumption_violation(ASSUMPTION_HEADS_POSITIVE, "num_heads",
                                  f"num_heads must be >= 1, got {self.num_heads}"))
         if not 1 <= self.num_kv_heads <= max(self.num_heads, 1):
-            out.append(Violation(
+            out.append(assumption_violation(
                 ASSUMPTION_HEADS_POSITIVE, "num_kv_heads",
                 f"num_kv_heads must be in [1, num_heads={self.num_heads}], got {self.num_kv_heads}"))
         elif self.num_heads >= 1 and self.num_heads % self.num_kv_heads != 0:
-            out.append(Violation(
+            out.append(assumption_violation(
                 ASSUMPTION_GQA_GROUPS, "num_kv_heads",
                 f"num_heads={self.num_heads} must be divisible by num_kv_heads={self.num_kv_heads}"))
         for name, limit in (("head_dim", MAX_HEAD_DIM), ("head_dim_v", MAX_HEAD_DIM_V)):
             value = getattr(self, name)
             if not (8 <= value <= limit and value % 8 == 0):
-                out.append(Violation(
+                out.append(assumption_violation(
                     ASSUMPTION_HEAD_DIM_SUPPORTED, name,
                     f"{name} must be a multiple of 8 in [8, {limit}], got {value}"))
         if self.dtype not in DTYPES:
-            out.append(Violation(ASSUMPTION_DTYPE_SUPPORTED, "dtype",
+            out.append(assumption_violation(ASSUMPTION_DTYPE_SUPPORTED, "dtype",
                                  f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}"))
         return out
 
@@ -388,25 +388,25 @@ class ServerConfig:
             value = getattr(self, name)
             if value < 1:
                 sizes_ok = False
-                out.append(Violation(ASSUMPTION_POSITIVE_SIZES, name,
+                out.append(assumption_violation(ASSUMPTION_POSITIVE_SIZES, name,
                                      f"{name} must be >= 1, got {value}"))
         if not 0 <= self.num_splits <= MAX_NUM_SPLITS:
-            out.append(Violation(
+            out.append(assumption_violation(
                 ASSUMPTION_NUM_SPLITS_RANGE, "num_splits",
                 f"num_splits must be 0 (heuristic) or in [1, {MAX_NUM_SPLITS}], got {self.num_splits}"))
         if self.cp_strategy not in CP_STRATEGIES:
-            out.append(Violation(ASSUMPTION_CP_STRATEGY_KNOWN, "cp_strategy",
+            out.append(assumption_violation(ASSUMPTION_CP_STRATEGY_KNOWN, "cp_strategy",
                                  f"cp_strategy must be one of {list(CP_STRATEGIES)}, "
                                  f"got {self.cp_strategy!r}"))
         if self.enable_prefill_cp and self.cp_strategy is None:
-            out.append(Violation(ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY, "cp_strategy",
+            out.append(assumption_violation(ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY, "cp_strategy",
                                  "enable_prefill_cp=True requires cp_strategy='zigzag', got None"))
         if not sizes_ok:
             return out + (model.violations() if model is not None else [])
         group = self.attn_dp_size * self.attn_cp_size
         tp_ok = self.tp_size % group == 0
         if not tp_ok:
-            out.append(Violation(
+            out.append(assumption_violation(
                 ASSUMPTION_TP_DIVISIBLE, "tp_size",
                 f"tp_size={self.tp_size} must be divisible by attn_dp_size*attn_cp_size="
                 f"{self.attn_dp_size}*{self.attn_cp_size}={group}"))
@@ -415,29 +415,29 @@ class ServerConfig:
         model_out = model.violations()
         out.extend(model_out)
         if self.attn_cp_size > 1 and not self.enable_prefill_cp and not model.is_mla:
-            out.append(Violation(
+            out.append(assumption_violation(
                 ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP, "enable_prefill_cp",
                 f"attn_cp_size={self.attn_cp_size} > 1 requires enable_prefill_cp=True for the "
                 f"non-MLA model {model.name!r}"))
-        if any(v.assumption == ASSUMPTION_HEADS_POSITIVE for v in model_out) or not tp_ok:
+        if any(v.invariant == ASSUMPTION_HEADS_POSITIVE for v in model_out) or not tp_ok:
             return out
         attn_tp = self.attn_tp_size
         H, Hk = model.num_heads, model.num_kv_heads
         if H % attn_tp != 0:
-            out.append(Violation(
+            out.append(assumption_violation(
                 ASSUMPTION_HEADS_DIVISIBLE_ATTN_TP, "num_heads",
                 f"num_heads={H} of {model.name!r} must be divisible by attn_tp_size={attn_tp}"))
         if Hk >= attn_tp and Hk % attn_tp != 0:
-            out.append(Violation(
+            out.append(assumption_violation(
                 ASSUMPTION_KV_HEADS_SPLIT_ATTN_TP, "num_kv_heads",
                 f"num_kv_heads={Hk} >= attn_tp_size={attn_tp} must be divisible by it"))
         if Hk < attn_tp and attn_tp % Hk != 0:
-            out.append(Violation(
+            out.append(assumption_violation(
                 ASSUMPTION_KV_HEADS_SPLIT_ATTN_TP, "num_kv_heads",
                 f"attn_tp_size={attn_tp} > num_kv_heads={Hk} must be divisible by it "
                 f"(KV heads are replicated)"))
         if H % self.tp_size != 0:
-            out.append(Violation(
+            out.append(assumption_violation(
                 ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL, "tp_size",
                 f"num_heads={H} of {model.name!r} must be divisible by tp_size={self.tp_size}"))
         return out
@@ -481,7 +481,7 @@ def config_violations(model: Optional[ModelConfig], server: ServerConfig,
                       dropped: Collection[str] = ()) -> list[Violation]:
     """Every broken domain assumption of (model, server) whose name is not in ``dropped``."""
     dropped = check_dropped_assumptions(dropped)
-    return [v for v in server.violations(model) if v.assumption not in dropped]
+    return [v for v in server.violations(model) if v.invariant not in dropped]
 
 
 def validate_config(model: Optional[ModelConfig], server: ServerConfig,
@@ -491,7 +491,7 @@ def validate_config(model: Optional[ModelConfig], server: ServerConfig,
     if found:
         v = found[0]
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise ValueError(f"{v.field}: {v.message} [{v.assumption}]{more}")
+        raise ValueError(f"{v.detail['field']}: {v.message} [{v.invariant}]{more}")
 
 
 def is_valid_config(model: Optional[ModelConfig], server: ServerConfig,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpu_impl.scenario import Finding, ScenarioResult, run_scenario
+from gpu_impl.scenario import ScenarioResult, run_scenario
 import gpu_impl.sut as sut_mod
 from gpu_impl.sut import EngineSpec, SystemUnderTest
+from spec.invariants import Violation
 
 
 class ProfileSUT(SystemUnderTest):
@@ -70,8 +71,8 @@ class ProfileSUT(SystemUnderTest):
             found = config_violations(model_config, server_config, dropped)
         else:
             found = [v for v in config_violations(MODELS["llama-3-8b"], server_config, dropped)
-                     if v.assumption in server_rules]
-        return (not found), (f"{found[0].field}: {found[0].message}" if found else "")
+                     if v.invariant in server_rules]
+        return (not found), (f"{found[0].detail['field']}: {found[0].message}" if found else "")
 
     def close(self):
         self.closed = True
@@ -91,8 +92,8 @@ class ViolatingSUT(ProfileSUT):
         result = ScenarioResult()
         for i, step in enumerate(scenario.steps):
             if step.mode == "decode":
-                result.findings.append(Finding("SPLIT_BOUND", i, 0, "fake engine: 9 splits > S_c=4",
-                                               {"mode": "decode", "path": "eager"}))
+                result.findings.append(Violation.at_step("SPLIT_BOUND", i, 0, "fake engine: 9 splits > S_c=4",
+                                                          {"mode": "decode", "path": "eager"}))
         return result
 
 

@@ -85,6 +85,8 @@ def test_gate_returns_structured_result(stub_gate):
     assert isinstance(result.summary, RunSummary) and len(result.checks) == 1
     [finding] = result.findings
     assert isinstance(finding, api.Finding) and finding.invariant == "SPLIT_BOUND"
+    assert api.Finding is Finding  # one finding type: the run summary's, with the case file's JSON filled in
+    assert "case" not in result.summary.to_dict()["findings"][0] and result.summary.findings[0].case is None
     assert finding.case["server"]["attn_cp_size"] == 4 and finding.replay.startswith("fa3verify replay ")
     data = result.to_dict()
     assert data["schema"] == "fa3verify.run/1" and data["findings"][0]["case"]["schema"] == "fa3verify.case/1"

@@ -34,7 +34,7 @@ def test_each_probe_breaks_exactly_the_assumption_it_probes():
     probes = F.probes()
     assert probes
     for p in probes:
-        broken = {v.assumption for v in config_violations(p.model, ServerConfig(**p.server))}
+        broken = {v.invariant for v in config_violations(p.model, ServerConfig(**p.server))}
         assert p.assumption in broken, (p.assumption, broken)
     # every fact checked in ServerArgs or at model load has a probe to put to the release
     # (tests/test_assumption_facts_real.py), and so has every unenforced one the release can be asked about
@@ -50,7 +50,7 @@ def test_vllm_probes_are_its_facts_own_and_break_exactly_their_assumption():
     probes = F.probes("vllm")
     assert [p.assumption for p in probes] == sorted(F.facts_for("vllm", "0.33.0"))
     for p in probes:
-        broken = {v.assumption for v in config_violations(p.model, ServerConfig(**p.server))}
+        broken = {v.invariant for v in config_violations(p.model, ServerConfig(**p.server))}
         assert broken == {p.assumption}, (p.assumption, broken)
     (dcp,) = probes
     assert dcp.model.num_kv_heads < dcp.server["tp_size"]  # vLLM's DCP needs tp_size above the KV heads

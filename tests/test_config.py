@@ -122,8 +122,8 @@ def test_each_assumption_fires_names_field_and_can_be_dropped(case):
     assumption, field, model, server, *rest = case
     also = rest[0] if rest else set()
     found = C.config_violations(model, server)
-    assert found[0].assumption == assumption, found
-    assert {v.assumption for v in found} == {assumption} | also, found
+    assert found[0].invariant == assumption, found
+    assert {v.invariant for v in found} == {assumption} | also, found
     with pytest.raises(ValueError) as err:
         C.validate_config(model, server)
     assert str(err.value).startswith(f"{field}:") and assumption in str(err.value)

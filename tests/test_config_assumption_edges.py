@@ -13,7 +13,13 @@ from spec.config import (ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP, ASSUMPTION_CP_STRA
                          ASSUMPTION_HEADS_POSITIVE, ASSUMPTION_KV_HEADS_SPLIT_ATTN_TP, ASSUMPTION_NUM_SPLITS_RANGE,
                          ASSUMPTION_POSITIVE_SIZES, ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL,
                          ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY, ASSUMPTION_TP_DIVISIBLE, ModelConfig, ServerConfig,
-                         Violation, validate_config)
+                         validate_config)
+from spec.invariants import Violation
+
+
+def broken(assumption, field, message):
+    """The whole violation spec.config reports for a broken assumption: its name, the field, the sentence."""
+    return Violation(assumption, None, {"field": field}, message)
 
 
 def model(h=32, hk=8, d=128, dv=None, dtype="bfloat16", name="m", mla=False):
@@ -22,19 +28,19 @@ def model(h=32, hk=8, d=128, dv=None, dtype="bfloat16", name="m", mla=False):
 
 @pytest.mark.parametrize("m, want", [
     (model(h=1, hk=1), []),                                                    # one head is a valid model
-    (model(h=0, hk=1), [Violation(ASSUMPTION_HEADS_POSITIVE, "num_heads", "num_heads must be >= 1, got 0")]),  # hk in [1, max(0, 1)]
-    (model(h=1, hk=2), [Violation(ASSUMPTION_HEADS_POSITIVE, "num_kv_heads",
+    (model(h=0, hk=1), [broken(ASSUMPTION_HEADS_POSITIVE, "num_heads", "num_heads must be >= 1, got 0")]),  # hk in [1, max(0, 1)]
+    (model(h=1, hk=2), [broken(ASSUMPTION_HEADS_POSITIVE, "num_kv_heads",
                                   "num_kv_heads must be in [1, num_heads=1], got 2")]),
-    (model(h=3, hk=2), [Violation(ASSUMPTION_GQA_GROUPS, "num_kv_heads",
+    (model(h=3, hk=2), [broken(ASSUMPTION_GQA_GROUPS, "num_kv_heads",
                                   "num_heads=3 must be divisible by num_kv_heads=2")]),
     (model(d=8, dv=8), []), (model(d=256, dv=512), []),
-    (model(d=0), [Violation(ASSUMPTION_HEAD_DIM_SUPPORTED, "head_dim", "head_dim must be a multiple of 8 in [8, 256], got 0"),
-                  Violation(ASSUMPTION_HEAD_DIM_SUPPORTED, "head_dim_v", "head_dim_v must be a multiple of 8 in [8, 512], got 0")]),
-    (model(d=12, dv=8), [Violation(ASSUMPTION_HEAD_DIM_SUPPORTED, "head_dim",
+    (model(d=0), [broken(ASSUMPTION_HEAD_DIM_SUPPORTED, "head_dim", "head_dim must be a multiple of 8 in [8, 256], got 0"),
+                  broken(ASSUMPTION_HEAD_DIM_SUPPORTED, "head_dim_v", "head_dim_v must be a multiple of 8 in [8, 512], got 0")]),
+    (model(d=12, dv=8), [broken(ASSUMPTION_HEAD_DIM_SUPPORTED, "head_dim",
                                    "head_dim must be a multiple of 8 in [8, 256], got 12")]),
-    (model(d=128, dv=520), [Violation(ASSUMPTION_HEAD_DIM_SUPPORTED, "head_dim_v",
+    (model(d=128, dv=520), [broken(ASSUMPTION_HEAD_DIM_SUPPORTED, "head_dim_v",
                                       "head_dim_v must be a multiple of 8 in [8, 512], got 520")]),
-    (model(dtype="float32"), [Violation(ASSUMPTION_DTYPE_SUPPORTED, "dtype",
+    (model(dtype="float32"), [broken(ASSUMPTION_DTYPE_SUPPORTED, "dtype",
                                         "dtype must be one of ['bfloat16', 'float16', 'float8_e4m3'], got 'float32'")]),
 ])
 def test_model_assumptions_at_their_edges(m, want):
@@ -52,46 +58,46 @@ def test_a_non_int_model_field_is_refused_by_name():
 
 @pytest.mark.parametrize("server, m, want", [
     (ServerConfig(num_splits=256), None, []),
-    (ServerConfig(num_splits=257), None, [Violation(ASSUMPTION_NUM_SPLITS_RANGE, "num_splits",
+    (ServerConfig(num_splits=257), None, [broken(ASSUMPTION_NUM_SPLITS_RANGE, "num_splits",
                                                     "num_splits must be 0 (heuristic) or in [1, 256], got 257")]),
-    (ServerConfig(page_size=0), model(), [Violation(ASSUMPTION_POSITIVE_SIZES, "page_size", "page_size must be >= 1, got 0")]),
+    (ServerConfig(page_size=0), model(), [broken(ASSUMPTION_POSITIVE_SIZES, "page_size", "page_size must be >= 1, got 0")]),
     (ServerConfig(page_size=0), model(h=3, hk=2),     # sizes broken: the model's own violations still come back
-     [Violation(ASSUMPTION_POSITIVE_SIZES, "page_size", "page_size must be >= 1, got 0"),
-      Violation(ASSUMPTION_GQA_GROUPS, "num_kv_heads", "num_heads=3 must be divisible by num_kv_heads=2")]),
-    (ServerConfig(cp_strategy="ring"), None, [Violation(ASSUMPTION_CP_STRATEGY_KNOWN, "cp_strategy",
+     [broken(ASSUMPTION_POSITIVE_SIZES, "page_size", "page_size must be >= 1, got 0"),
+      broken(ASSUMPTION_GQA_GROUPS, "num_kv_heads", "num_heads=3 must be divisible by num_kv_heads=2")]),
+    (ServerConfig(cp_strategy="ring"), None, [broken(ASSUMPTION_CP_STRATEGY_KNOWN, "cp_strategy",
                                                        "cp_strategy must be one of [None, 'zigzag'], got 'ring'")]),
-    (ServerConfig(enable_prefill_cp=True), None, [Violation(ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY, "cp_strategy",
+    (ServerConfig(enable_prefill_cp=True), None, [broken(ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY, "cp_strategy",
                                                            "enable_prefill_cp=True requires cp_strategy='zigzag', got None")]),
     (ServerConfig(tp_size=6, dp_size=4, enable_dp_attention=True), None,
-     [Violation(ASSUMPTION_TP_DIVISIBLE, "tp_size", "tp_size=6 must be divisible by attn_dp_size*attn_cp_size=4*1=4")]),
+     [broken(ASSUMPTION_TP_DIVISIBLE, "tp_size", "tp_size=6 must be divisible by attn_dp_size*attn_cp_size=4*1=4")]),
     (ServerConfig(tp_size=8, dp_size=2, attn_cp_size=2, enable_dp_attention=True, enable_prefill_cp=True,
                   cp_strategy="zigzag"), model(), []),          # group 2 * 2 = 4 divides 8: attn_tp 2
     (ServerConfig(tp_size=6, dp_size=2, attn_cp_size=2, enable_dp_attention=True, enable_prefill_cp=True,
                   cp_strategy="zigzag"), None,
-     [Violation(ASSUMPTION_TP_DIVISIBLE, "tp_size", "tp_size=6 must be divisible by attn_dp_size*attn_cp_size=2*2=4")]),
-    (ServerConfig(tp_size=2, attn_cp_size=2), model(), [Violation(
+     [broken(ASSUMPTION_TP_DIVISIBLE, "tp_size", "tp_size=6 must be divisible by attn_dp_size*attn_cp_size=2*2=4")]),
+    (ServerConfig(tp_size=2, attn_cp_size=2), model(), [broken(
         ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP, "enable_prefill_cp",
         "attn_cp_size=2 > 1 requires enable_prefill_cp=True for the non-MLA model 'm'")]),
     (ServerConfig(tp_size=2, attn_cp_size=2), model(mla=True), []),
     (ServerConfig(tp_size=4), model(h=6, hk=2), [   # attn_tp 4: 6 % 4, and 4 > 2 KV heads replicated twice: fine
-        Violation(ASSUMPTION_HEADS_DIVISIBLE_ATTN_TP, "num_heads", "num_heads=6 of 'm' must be divisible by attn_tp_size=4"),
-        Violation(ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL, "tp_size", "num_heads=6 of 'm' must be divisible by tp_size=4")]),
+        broken(ASSUMPTION_HEADS_DIVISIBLE_ATTN_TP, "num_heads", "num_heads=6 of 'm' must be divisible by attn_tp_size=4"),
+        broken(ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL, "tp_size", "num_heads=6 of 'm' must be divisible by tp_size=4")]),
     (ServerConfig(tp_size=4), model(h=32, hk=4), []),           # Hk == attn_tp: one KV head a rank
-    (ServerConfig(tp_size=4), model(h=24, hk=6), [Violation(
+    (ServerConfig(tp_size=4), model(h=24, hk=6), [broken(
         ASSUMPTION_KV_HEADS_SPLIT_ATTN_TP, "num_kv_heads", "num_kv_heads=6 >= attn_tp_size=4 must be divisible by it")]),
-    (ServerConfig(tp_size=4), model(h=24, hk=3), [Violation(
+    (ServerConfig(tp_size=4), model(h=24, hk=3), [broken(
         ASSUMPTION_KV_HEADS_SPLIT_ATTN_TP, "num_kv_heads",
         "attn_tp_size=4 > num_kv_heads=3 must be divisible by it (KV heads are replicated)")]),
-    (ServerConfig(tp_size=8, dp_size=2, enable_dp_attention=True), model(h=12, hk=4), [Violation(
+    (ServerConfig(tp_size=8, dp_size=2, enable_dp_attention=True), model(h=12, hk=4), [broken(
         ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL, "tp_size", "num_heads=12 of 'm' must be divisible by tp_size=8")]),
     (ServerConfig(tp_size=2), model(h=0, hk=3), [    # heads broken: the TP-split rules (3 % 2 != 0) are skipped
-        Violation(ASSUMPTION_HEADS_POSITIVE, "num_heads", "num_heads must be >= 1, got 0"),
-        Violation(ASSUMPTION_HEADS_POSITIVE, "num_kv_heads", "num_kv_heads must be in [1, num_heads=0], got 3")]),
+        broken(ASSUMPTION_HEADS_POSITIVE, "num_heads", "num_heads must be >= 1, got 0"),
+        broken(ASSUMPTION_HEADS_POSITIVE, "num_kv_heads", "num_kv_heads must be in [1, num_heads=0], got 3")]),
     (ServerConfig(tp_size=4), model(h=6, hk=2, dtype="float32"), [   # another model violation: the split rules run
-        Violation(ASSUMPTION_DTYPE_SUPPORTED, "dtype",
+        broken(ASSUMPTION_DTYPE_SUPPORTED, "dtype",
                   "dtype must be one of ['bfloat16', 'float16', 'float8_e4m3'], got 'float32'"),
-        Violation(ASSUMPTION_HEADS_DIVISIBLE_ATTN_TP, "num_heads", "num_heads=6 of 'm' must be divisible by attn_tp_size=4"),
-        Violation(ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL, "tp_size", "num_heads=6 of 'm' must be divisible by tp_size=4")]),
+        broken(ASSUMPTION_HEADS_DIVISIBLE_ATTN_TP, "num_heads", "num_heads=6 of 'm' must be divisible by attn_tp_size=4"),
+        broken(ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL, "tp_size", "num_heads=6 of 'm' must be divisible by tp_size=4")]),
 ])
 def test_server_assumptions_at_their_edges(server, m, want):
     assert server.violations(m) == want

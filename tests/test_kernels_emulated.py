@@ -328,6 +328,10 @@ def test_worked_example_gpu_like_poisons_batch_zero(worked_paged):
     assert not torch.isnan(out[1:]).any() and not torch.isnan(lse[1:]).any()
     assert kern.last_trace["poisoned_batches"] == [0]
     assert [v["invariant"] for v in kern.last_trace["verdicts"]][0] == "SPLIT_BOUND"
+    # a verdict is spec's Violation: the offending indices under "detail", the sentence under "message"
+    first = kern.last_trace["verdicts"][0]
+    assert list(first) == ["invariant", "batch", "detail", "message"] and first["batch"] == 0
+    assert first["detail"]["splits"] == list(range(29, 86)) and "splits 29..85" in first["message"]
     assert kern.last_trace["numerics"] == "computed (poisoned batches skipped)"  # no work on batch 0
     # the other seven sequences are still right: compare them with the oracle on their own
     sub = dict(cache_seqlens=cs[1:], page_table=table[1:], causal=True)

@@ -106,3 +106,42 @@ def test_a_name_match_is_detected(tmp_path):
                    "b = any(c.__name__ in ('X', 'Y') for c in type(exc).__mro__)\n"
                    "c = isinstance(exc, ValueError)\n")
     assert names_matched_by_string(bad) == ["line 2", "line 3"]
+
+
+#: The project's one type for "a check found this broken" (spec.invariants.Violation) and one for "a reported
+#: violation worth a case file" (fa3verify.summary.Finding); a class whose name ends in either is a second one.
+ONE_CLASS_EACH = ("Violation", "Finding")
+
+
+def classes_by_suffix(root: Path) -> dict:
+    """{suffix: ["path:line Name", ...]} of the classes in the project packages under ``root`` whose name ends in
+    a suffix of :data:`ONE_CLASS_EACH`."""
+    found = {suffix: [] for suffix in ONE_CLASS_EACH}
+    for package in ALLOWED:
+        for path in sorted((root / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    for suffix in ONE_CLASS_EACH:
+                        if node.name.endswith(suffix):
+                            found[suffix].append(f"{path.relative_to(root)}:{node.lineno} {node.name}")
+    return found
+
+
+def test_one_violation_class_and_one_finding_class():
+    found = classes_by_suffix(ROOT)
+    assert {suffix: len(where) for suffix, where in found.items()} == {"Violation": 1, "Finding": 1}, found
+
+
+def test_a_second_violation_or_finding_class_is_detected(tmp_path):
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "spec" / "invariants.py").write_text("class Violation:\n    pass\n")
+    (tmp_path / "gpu_impl" / "kernels").mkdir(parents=True)
+    (tmp_path / "gpu_impl" / "kernels" / "plan_checks.py").write_text(
+        "from dataclasses import dataclass\n\n\n@dataclass\nclass PlanViolation:\n    invariant: str\n")
+    (tmp_path / "gpu_impl" / "scenario.py").write_text("class StepFinding:\n    pass\n")
+    (tmp_path / "fa3verify").mkdir()
+    (tmp_path / "fa3verify" / "summary.py").write_text("class Finding:\n    pass\n\n\nclass FindingTerms:\n    pass\n")
+    found = classes_by_suffix(tmp_path)
+    assert found == {"Violation": ["spec/invariants.py:1 Violation", "gpu_impl/kernels/plan_checks.py:5 PlanViolation"],
+                     "Finding": ["gpu_impl/scenario.py:1 StepFinding", "fa3verify/summary.py:1 Finding"]}
+    assert {suffix: len(where) for suffix, where in found.items()} != {"Violation": 1, "Finding": 1}

@@ -38,13 +38,12 @@ def scenario_from_wire(data: dict):
 
 def result_from_wire(data: dict):
     """A gpu_impl.scenario.ScenarioResult from the worker's answer."""
-    from ..scenario import Finding, ScenarioResult
+    from spec.invariants import Violation
 
-    def finding(d):
-        return Finding(d["invariant"], d["step"], d.get("dp_rank"), d["message"], d.get("detail", {}))
+    from ..scenario import ScenarioResult
 
-    return ScenarioResult(findings=[finding(d) for d in data.get("findings", [])],
-                          shape_errors=[finding(d) for d in data.get("shape_errors", [])],
+    return ScenarioResult(findings=[Violation.from_dict(d) for d in data.get("findings", [])],
+                          shape_errors=[Violation.from_dict(d) for d in data.get("shape_errors", [])],
                           trace=list(data.get("trace", [])))
 
 

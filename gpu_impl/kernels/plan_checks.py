@@ -1,9 +1,9 @@
 """The checks on a tile plan: ``spec.invariants``' verdicts on what the call reads, and the damage a GPU shows.
 
-Invariant: every access the plan makes out of bounds is named (:class:`Violation`, in :data:`INVARIANTS`
-order) before any numerics, by ``spec.invariants.check_all`` bridged from a metadata tensor
-(:func:`spec_verdicts`); :func:`poison_of` marks the batches and rows whose result is garbage on a GPU
-(``hopper/epilogue_fwd.hpp``, ``hopper/flash_fwd_combine_kernel.h``).
+Invariant: every access the plan makes out of bounds is named (a ``spec.invariants.Violation``: the offending
+indices in ``detail``, the sentence in ``message``; in :data:`INVARIANTS` order) before any numerics, by
+``spec.invariants.check_all`` bridged from a metadata tensor (:func:`spec_verdicts`); :func:`poison_of` marks the
+batches and rows whose result is garbage on a GPU (``hopper/epilogue_fwd.hpp``, ``hopper/flash_fwd_combine_kernel.h``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from refmodel.metadata import UNWRITTEN
+from spec.invariants import Violation
 
 from ..errors import OutOfBoundsAccess
 from .tile_plan import TilePlan
@@ -26,19 +27,6 @@ INVARIANTS = ("BATCH_PERMUTATION", "SPLIT_BOUND", "QUERY_COVER", "COMBINE_CAPACI
 # ----------------------------------------------------------------------------------------------------------
 # The checks: spec.invariants' verdicts on what the call reads
 # ----------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One access out of bounds: the invariant, the batch, the offending indices, and a sentence."""
-
-    invariant: str
-    batch: Optional[int]
-    indices: dict = field(default_factory=dict)
-    detail: str = ""
-
-    def to_dict(self) -> dict:
-        return {"invariant": self.invariant, "batch": self.batch, "indices": dict(self.indices), "detail": self.detail}
 
 
 def uncovered_rows(plan: TilePlan, vb: int) -> Optional[tuple[int, int, int]]:
@@ -99,7 +87,7 @@ def check_plan(plan: TilePlan) -> list[Violation]:
     found = spec_verdicts(plan)
     rank = {name: i for i, name in enumerate(INVARIANTS)}
     order = sorted(range(len(found)), key=lambda i: (rank.get(found[i].invariant, len(rank)),
-                                                     found[i].indices.get("virtual_batch", plan.shape.batch_size), i))
+                                                     found[i].detail.get("virtual_batch", plan.shape.batch_size), i))
     return [found[i] for i in order]
 
 
@@ -107,7 +95,7 @@ def raise_first(violations: Sequence[Violation]) -> None:
     """Raise :class:`OutOfBoundsAccess` for the first violation (all of them attached)."""
     if violations:
         v = violations[0]
-        raise OutOfBoundsAccess(v.invariant, v.batch, v.indices, v.detail, violations=list(violations))
+        raise OutOfBoundsAccess(v.invariant, v.batch, v.detail, v.message, violations=list(violations))
 
 
 @dataclass
@@ -135,14 +123,14 @@ def poison_of(plan: TilePlan, violations: Sequence[Violation]) -> Poison:
     b = plan.shape.batch_size
     for v in violations:
         if v.invariant in ("SPLIT_BOUND", "COMBINE_CAPACITY") and v.batch is not None:
-            bb = plan.valid_batch(v.indices["virtual_batch"])
+            bb = plan.valid_batch(v.detail["virtual_batch"])
             if bb is not None:
                 p.batches.add(bb)
         elif v.invariant == "BATCH_PERMUTATION":
-            if "missing" in v.indices:
-                p.batches.update(v.indices["missing"])
-            elif "vector" in v.indices:
-                bb = plan.valid_batch(v.indices["virtual_batch"])
+            if "missing" in v.detail:
+                p.batches.update(v.detail["missing"])
+            elif "vector" in v.detail:
+                bb = plan.valid_batch(v.detail["virtual_batch"])
                 if bb is not None:
                     p.batches.add(bb)
     visits: dict = {}

@@ -109,7 +109,7 @@ class GraphMetadataNewBuffer:
             return DecodeVerdict(call, None, call_sched.num_splits, None, str(exc))
         stale = (f"[graph metadata buffer left by the batch-{CUDA_GRAPH_BATCH_SIZES[0]} capture, read for graph "
                  f"batch {b}] ")
-        found = [Violation(v.invariant, v.batch, dict(v.indices), stale + v.detail) for v in check_plan(plan)]
+        found = [Violation(v.invariant, v.batch, dict(v.detail), stale + v.message) for v in check_plan(plan)]
         return DecodeVerdict(call, None, call_sched.num_splits, list(plan.num_splits), None, found)
 
 
