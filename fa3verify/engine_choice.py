@@ -1,14 +1,17 @@
 """The ``--engine`` option: the one place where a command line turns an engine name into a system under test.
 
 Every command that runs scenarios (fuzz, gate, replay, run-ranks, prove's witness replay, conform) takes
-``--engine model|sglang==V|sglang-src=PATH|vllm==V|vllm-src=PATH`` and opens it here, through :func:`gpu_impl.sut.open_sut` only.
+``--engine model|sglang==V|sglang-src=PATH|vllm==V|vllm-src=PATH|sut=MODULE:CLASS`` and opens it here, through
+:func:`gpu_impl.sut.open_sut` only. What this module needs to know about an engine it asks the spec (its row of
+``gpu_impl.sut.ENGINE_REGISTRY``) or the system under test, never the engine's kind.
 A malformed name or an engine that cannot be opened (no environment, no ``gpu_impl.engines`` in this
 checkout, a checkout that does not import) is a :class:`fa3verify.errors.UsageError` naming ``--engine``:
 exit 2, never a traceback.
 
 Policy options on a real engine (decided here, documented in docs/engines.md): ``--guard``,
 ``--metadata-heads``, ``--keep-stale-cp-metadata`` and ``--cp-decode-sharded-kv`` describe *our model's*
-policy; a real engine's guard, head counts and runner are whatever its code does. Giving any of them a
+policy; where the spec says the engine's own code runs (``EngineSpec.runs_scenario_policy`` False) its guard,
+head counts and runner are whatever its code does. Giving any of them a
 non-default value together with a real engine is refused (exit 2) rather than silently ignored.
 """
 
@@ -18,11 +21,10 @@ from typing import Optional
 
 from .errors import UsageError
 
-ENGINE_HELP = ("system under test: 'model' (our model of sglang's backend, default), 'sglang==V' (release V's "
-               "own FlashAttentionBackend in its engine environment, see `fa3verify engine setup`), "
-               "'sglang-src=PATH' (an sglang checkout's python/ or a wheel), 'vllm==V' (vLLM release V's "
-               "FlashAttention metadata builder and impl; fuzz draws vLLM's configuration families) or "
-               "'vllm-src=PATH' (a vLLM checkout's root or a wheel, beside its nearest release)")
+from gpu_impl.sut import ENGINE_HELP  # every form's words, from the registry (gpu_impl/engine_forms.json)
+
+#: ``--engine``'s default: what a command runs on when the option is not given.
+DEFAULT_ENGINE = "model"
 
 #: (argparse dest, option, default) of the model-policy options a real engine does not take.
 POLICY_OPTIONS = (("guard", "--guard", "fixed"), ("metadata_heads", "--metadata-heads", "tp"),
@@ -47,7 +49,7 @@ def engine_validation(sut, server, model=None) -> tuple:
     return (None if ok is None else bool(ok)), str(message or "")
 
 
-def add_engine_argument(parser, default: Optional[str] = "model", help_extra: str = "") -> None:
+def add_engine_argument(parser, default: Optional[str] = DEFAULT_ENGINE, help_extra: str = "") -> None:
     """Add ``--engine`` to a subcommand parser (default ``model``; None: the command picks, e.g. the case's)."""
     parser.add_argument("--engine", default=default, metavar="ENGINE", help=ENGINE_HELP + help_extra)
 
@@ -71,7 +73,7 @@ def start_engine(sut, command: str) -> None:
 
     from .progress import stage
 
-    if sut.spec.is_model or not callable(getattr(sut, "start", None)):
+    if not getattr(sut, "has_worker", False):
         return
     with stage(command, f"start {sut.spec} (its worker imports the engine)"), contextlib.redirect_stdout(sys.stderr):
         sut.start()
@@ -99,8 +101,9 @@ def open_engine(spec_or_text):
 
 
 def refuse_policy_options(args, spec) -> None:
-    """With a real engine, a model-policy option set away from its default is a UsageError (exit 2)."""
-    if spec.is_model:
+    """Where the engine's own code decides (not the scenario's policy), a model-policy option set away from its
+    default is a UsageError (exit 2)."""
+    if spec.runs_scenario_policy:
         return
     for dest, option, default in POLICY_OPTIONS:
         value = getattr(args, dest, default)
@@ -110,50 +113,29 @@ def refuse_policy_options(args, spec) -> None:
 
 
 def spec_from_identity(identity: Optional[dict]):
-    """The EngineSpec a case file's ``engine`` object names (None or absent: the model)."""
-    from gpu_impl.sut import EngineSpec, parse_engine
+    """The EngineSpec a case file's ``engine`` object names (None or absent: the model), by the registry."""
+    from gpu_impl.sut import spec_from_identity as from_registry
 
-    if not identity or identity.get("name") in (None, "model"):
-        return EngineSpec("model")
-    name = identity["name"]
-    if name == "sglang" and identity.get("release"):
-        return parse_engine(f"sglang=={identity['release']}")
-    if name == "sglang-src" and identity.get("path"):
-        return parse_engine(f"sglang-src={identity['path']}")
-    if name == "vllm-src" and identity.get("path"):
-        return parse_engine(f"vllm-src={identity['path']}")
-    if name == "vllm" and identity.get("release"):
-        return parse_engine(f"vllm=={identity['release']}")
-    return parse_engine(name)  # a full spec string, e.g. "sglang==0.5.23"
+    return from_registry(identity)
 
 
 def fa3_build_of(spec) -> str:
-    """The FA3 build (refmodel.fa3_builds) that judges runs of this engine spec: recorded per release, else upstream.
+    """The FA3 build (refmodel.fa3_builds) that judges runs of this engine spec (``EngineSpec.fa3_build``):
+    recorded per release, else upstream; no spec (numerics on the emulator) is judged under upstream's."""
+    from refmodel.fa3_builds import UPSTREAM
 
-    The model, a source tree, and releases the table does not list (sglang before 0.5.11 has no precompute)
-    are judged under upstream's build.
-    """
-    from refmodel.fa3_builds import UPSTREAM, build_for_engine
-
-    if spec is None or spec.is_model or spec.kind not in ("sglang", "vllm") or not spec.release:
-        return UPSTREAM
-    try:
-        return build_for_engine(spec.kind, spec.release)
-    except ValueError:
-        return UPSTREAM
+    return UPSTREAM if spec is None else spec.fa3_build()
 
 
 def identity_of(sut) -> dict:
-    """What a case file records about a system under test: ``{name, release|path, revision}``, normalised."""
+    """What a case file records about a system under test: ``{name, release|path|target, revision}``, normalised
+    (the field is the one the spec's registry row takes; the model records its name only)."""
     spec = sut.spec
     ident = dict(sut.identity() or {})
-    if spec.is_model:
-        return {"name": "model"}
     out = {"name": spec.kind}
-    if spec.kind in ("sglang", "vllm"):
-        out["release"] = spec.release
-    else:
-        out["path"] = spec.path
+    if spec.identity_field is None:
+        return out
+    out[spec.identity_field] = getattr(spec, spec.identity_field)
     for key in ("release", "path", "revision"):
         if ident.get(key) is not None and key not in out:
             out[key] = str(ident[key])
@@ -164,7 +146,7 @@ def profile_of(spec):
     """The model profile (spec.engine_profiles) of the release an engine spec runs, or None (model, unknown)."""
     from spec.engine_profiles import ProfileError, profile_for
 
-    if spec is None or spec.is_model or not spec.release:
+    if spec is None or not spec.release:
         return None
     try:
         return profile_for(spec.release)
@@ -175,7 +157,7 @@ def profile_of(spec):
 def case_policy(policy, sut=None) -> dict:
     """The ``policy`` object a case file records: the model's policy, or for a real release the policy of its
     profile (so the case replays on ``--engine model`` as that release); a checkout records the model's policy."""
-    if sut is None or sut.spec.is_model:
+    if sut is None or sut.spec.runs_scenario_policy:
         return policy.to_dict()
     profile = profile_of(sut.spec)
     if profile is None:
@@ -183,7 +165,7 @@ def case_policy(policy, sut=None) -> dict:
         if release:
             from gpu_impl.sut import EngineSpec
 
-            profile = profile_of(EngineSpec("sglang", release=release))
+            profile = profile_of(EngineSpec(sut.spec.kind, release=release))
     return profile.policy() if profile is not None else policy.to_dict()
 
 
@@ -197,9 +179,8 @@ def sut_from_args(args):
 def engine_for_case(case, override: Optional[str] = None):
     """The EngineSpec a replay runs on: ``--engine`` if given, else the case's own engine (absent: the model).
 
-    A case file never makes the tool run code the user did not name: a case found on a source checkout
-    replays on it only when ``--engine sglang-src=PATH`` (``vllm-src=PATH``) names that checkout on the command
-    line.
+    A case file never makes the tool run code the user did not name: a case found on a source checkout (or a
+    ``sut=MODULE:CLASS``) replays on it only when ``--engine`` names it on the command line (``EngineSpec.named_only``).
     """
     if override:
         return parse_engine_option(override)
@@ -207,8 +188,8 @@ def engine_for_case(case, override: Optional[str] = None):
         spec = spec_from_identity(case.engine)
     except Exception as exc:  # a malformed engine object already fails case validation; belt and braces
         raise UsageError(f"engine: {exc}") from None
-    if spec.is_source:
-        raise UsageError(f"engine: the case was found on the source checkout {spec.path}; replay runs code only "
+    if spec.named_only:
+        raise UsageError(f"engine: the case was found on {spec.found_on}; replay runs code only "
                          f"you name: pass --engine {spec} (or --engine model)")
     return spec
 
@@ -224,19 +205,19 @@ def add_profile_argument(parser) -> None:
 
 def profile_policy_args(args):
     """(guard, metadata_heads, profile) for ``--engine-profile`` (None when not given); UsageError otherwise."""
-    from spec.engine_profiles import ProfileError, profile_for
+    from spec.engine_profiles import ProfileError, profile_for, release_named
 
     text = getattr(args, "engine_profile", None)
     if not text:
         return args.guard, args.metadata_heads, None
-    if not text.startswith("sglang=="):
+    if release_named(text) is None:
         raise UsageError(f"--engine-profile: want sglang==V (or, for prove, vllm==V) with V in a profiled release, "
                          f"got {text!r}")
     for dest, option, default in POLICY_OPTIONS[:2]:
         if getattr(args, dest, default) != default:
             raise UsageError(f"{option}: cannot be combined with --engine-profile (the profile sets it)")
     try:
-        profile = profile_for(text[len("sglang=="):])
+        profile = profile_for(release_named(text))
     except ProfileError as exc:
         raise UsageError(f"--engine-profile: {exc}") from None
     return profile.guard_spec, profile.precompute_heads, profile
@@ -245,10 +226,10 @@ def profile_policy_args(args):
 def vllm_profile_arg(args):
     """The vLLM profile ``--engine-profile vllm==V`` names (None for anything else); UsageError when it is combined
     with a policy option (the profile sets both sides) or names no profiled release."""
-    from spec.engine_profiles import ProfileError, engine_profile_for
+    from spec.engine_profiles import ProfileError, engine_profile_for, release_named
 
     text = getattr(args, "engine_profile", None)
-    if not text or not text.startswith("vllm=="):
+    if release_named(text, "vllm") is None:
         return None
     for dest, option, default in POLICY_OPTIONS:
         if getattr(args, dest, default) != default:
@@ -263,13 +244,13 @@ def vllm_profile_arg(args):
 def conform_profile(text: Optional[str], sut):
     """The profile conformance checks: ``--engine-profile`` if given, else the engine's release (a checkout:
     the release its identity names); UsageError when there is none."""
-    from spec.engine_profiles import ProfileError, profile_for
+    from spec.engine_profiles import ProfileError, profile_for, release_named
 
     release = None
     if text:
-        if not text.startswith("sglang=="):
+        release = release_named(text)
+        if release is None:
             raise UsageError(f"--engine-profile: want sglang==V, got {text!r}")
-        release = text[len("sglang=="):]
     else:
         release = sut.spec.release or (identity_of(sut) or {}).get("release")
     if not release:

@@ -53,7 +53,7 @@ def release_profile(sut):
 
     from .engine_choice import identity_of
 
-    release = (identity_of(sut) or {}).get("release") if sut is not None and not sut.spec.is_model else None
+    release = (identity_of(sut) or {}).get("release") if sut is not None else None  # the model records none
     try:
         return profile_for(release) if release else None
     except ProfileError:
@@ -252,7 +252,7 @@ def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s:
             checks, findings = replay_witnesses(sut, [r.case_file for r in rows], cases_dir, kernel=kernel)
         summary.checks.extend(checks)
         summary.findings.extend(findings)
-        if sut.spec.engine == "vllm":
+        if sut.spec.flow_theorem:
             flow = RunSummary(command="gate")
             with stage("gate", "vllm-flow theorem (z3 under the release's profile)", lines,
                        result=lambda: failed(flow.checks)):

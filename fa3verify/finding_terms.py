@@ -66,7 +66,7 @@ def config_label(server, model) -> str:
 
 def ran_on(spec, scenario=None) -> str:
     """Which system under test ran: ``sglang==0.5.23``, or ``the model (guard 'pre-fix', heads tp)``."""
-    if spec is not None and not spec.is_model:
+    if spec is not None and not spec.runs_scenario_policy:
         return str(spec)
     if scenario is None:
         return "the model"
@@ -78,7 +78,7 @@ def ran_on(spec, scenario=None) -> str:
 def replay_line(case_file: Optional[str], guard: Optional[str] = None, engine=None) -> Optional[str]:
     """The replay command of a case file, with what it needs to run as typed: ``--guard`` when the case names a
     guard that is the user's code (a case file cannot make the tool run it, ``fa3verify.trust``), ``--engine`` when
-    it was found on a source checkout (replay runs a checkout only when the command line names it)."""
+    it was found on code replay runs only when the command line names it (a checkout, a ``sut=MODULE:CLASS``)."""
     from spec.guards import is_builtin_guard
 
     if not case_file:
@@ -86,14 +86,14 @@ def replay_line(case_file: Optional[str], guard: Optional[str] = None, engine=No
     parts = ["fa3verify", "replay", str(case_file)]
     if guard and not is_builtin_guard(guard):
         parts += ["--guard", guard]
-    if engine is not None and getattr(engine, "is_source", False):
+    if engine is not None and getattr(engine, "named_only", False):
         parts += ["--engine", str(engine)]
     return shlex.join(parts)
 
 
 def _pairs(scenario, result, spec) -> list:
     trace = list(getattr(result, "trace", None) or [])
-    if spec is None or spec.is_model:
+    if spec is None or spec.runs_scenario_policy:
         from gpu_impl.model_pairs import model_pairs
 
         try:
@@ -132,7 +132,7 @@ def _differs(pair: dict) -> dict:
 
 
 def _guard_decision(scenario, spec, pair: Optional[dict]) -> str:
-    who = f"guard {scenario.guard_spec!r}" if spec is None or spec.is_model else f"{spec}'s own guard"
+    who = f"guard {scenario.guard_spec!r}" if spec is None or spec.runs_scenario_policy else f"{spec}'s own guard"
     if pair is None:
         return ""
     return f"{who} kept the precompute" if pair.get("precomputed") else f"{who} disabled the precompute"

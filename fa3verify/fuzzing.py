@@ -105,7 +105,7 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
     from .strategies import domain_strategy, family
 
     budget = Budget(seconds=budget_s, cases=max_cases).validate()
-    if defects and sut is not None and sut.spec.engine not in ("model", "vllm"):
+    if defects and sut is not None and not sut.spec.seeds_defects:
         raise ValueError(f"defects: {sorted(defects)} cannot be seeded into {sut.spec} (its driver applies none; "
                          f"seeded defects run on the model or on vllm==V)")
     target = ScenarioTarget(policy, kernel, numerics_always, sut, defects=defects)
@@ -170,7 +170,7 @@ def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str
     writes the same bytes on any machine."""
     from .case_files import scenario_case
 
-    engine = None if sut is None or sut.spec.is_model else identity_of(sut)
+    engine = identity_of(sut) if sut is not None and sut.spec.case_records_engine else None
     partial = shrink_note(failure) if failure.shrink_ended in ("steps", "deadline") else ""
     c = scenario_case(case, source="fuzz", policy=case_policy(policy, sut), engine=engine,
                       kernel={"name": kernel_name, "mode": "strict"},
@@ -211,7 +211,7 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
     ``defects`` are seeded into every case (and written into each case file); ``strategy`` names the family
     (default: the engine's own); ``shard`` runs one shard of the campaign (:mod:`fa3verify.sharding`).
     """
-    on_engine = sut is not None and not sut.spec.is_model
+    on_engine = sut is not None and not sut.spec.runs_scenario_policy
     summary = RunSummary(command="fuzz", seed=seed, policy=case_policy(policy, sut))
     try:
         from gpu_impl.kernels import load

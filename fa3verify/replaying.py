@@ -145,12 +145,12 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     does not model."""
     from gpu_impl.kernels import load
 
-    from .engine_choice import engine_for_case, open_engine
+    from .engine_choice import DEFAULT_ENGINE, engine_for_case, open_engine
     from .judge import judge
 
     if _is_kernel_file(path):
         options = {"--kernel": kernel_name not in (None, "emulated"), "--guard": guard,
-                   "--metadata-heads": metadata_heads, "--numerics": numerics, "--engine": engine not in (None, "model"),
+                   "--metadata-heads": metadata_heads, "--numerics": numerics, "--engine": engine not in (None, DEFAULT_ENGINE),
                    "--keep-stale-cp-metadata": keep_stale}
         bad = next((o for o, v in options.items() if v), None)
         if bad or sut is not None:
@@ -163,13 +163,13 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     if why_not:
         return _not_modelled(path, case, why_not)
     spec = sut.spec if sut is not None else engine_for_case(case, engine)
-    if not spec.is_model:
+    if not spec.runs_scenario_policy:
         for option, value in (("--guard", guard), ("--metadata-heads", metadata_heads),
                               ("--keep-stale-cp-metadata", keep_stale)):
             if value:
                 raise UsageError(f"{option}: does not apply when replaying on {spec} (the engine's own code "
                                  f"decides); use --engine model to replay on the model under another policy")
-    if case.vllm is not None and spec.engine != "vllm":
+    if case.vllm is not None and not spec.runs_vllm_cases:
         raise UsageError(f"vllm: the case carries vLLM options (a vLLM configuration); {spec} does not run them: "
                          f"replay it with --engine vllm==V (the case names {case.engine or 'no engine'})")
     scn = scenario_from_case(case, guard, metadata_heads, keep_stale, trust_case_guard, defects)
@@ -208,7 +208,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     msg = "; ".join(f"{f['invariant']} at step {f['step']} rank {f['dp_rank']}: {f['message']}" for f in findings[:3])
     # numerics run on the emulator, which models upstream's kernel: such a run is judged under upstream's build
     judged = f" [FA3 build {fa3_build_of(None if use_numerics else spec)}]"
-    summary.checks.append(Check(name=f"replay {path}" + ("" if spec.is_model else f" on {spec}"), kind="replay",
+    summary.checks.append(Check(name=f"replay {path}" + ("" if spec.runs_scenario_policy else f" on {spec}"), kind="replay",
                                 verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,
                                 message=(msg or f"outcome {outcome} (expected {observed.expected_outcome})") + judged))
     if fails:
@@ -216,7 +216,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
         engine_findings = list(getattr(result, "findings", None) or []) if result is not None else []
         for i, f in enumerate(findings):
             finding = Finding(invariant=f["invariant"], case_file=path, check=summary.checks[-1].name,
-                              engine="replay" if spec.is_model else f"replay on {spec}", message=f["message"],
+                              engine="replay" if spec.runs_scenario_policy else f"replay on {spec}", message=f["message"],
                               hint=hint_for(f["invariant"]))
             if i < len(engine_findings):
                 terms_i = {**terms, **terms_of_finding(scn, result, engine_findings[i], spec)}

@@ -23,6 +23,13 @@ Engines are named by a spec string (:func:`parse_engine`):
 - ``vllm-src=PATH``: a vLLM source checkout (its root, holding ``vllm/``, or a wheel file), run in the environment
   of the nearest vLLM release; what a plain clone lacks until it is built (``vllm/vllm_flash_attn/``, compiled
   extensions) comes from that release.
+- ``sut=MODULE:CLASS[@ARG]``: any :class:`SystemUnderTest` subclass the user names (:func:`open_named_sut`);
+  like a checkout, a case found on it replays on it only when ``--engine`` names it again.
+
+The forms are one table (``gpu_impl/engine_forms.json``, :data:`ENGINE_REGISTRY`): its prefix, the field its value
+fills, the factory that opens it and every answer the harness needs about it (whose policy runs, whether a case
+replays on it unasked, which FA3 build judges it, what conform and the gate run), so the harness asks the spec and
+never compares an engine's kind.
 
 Real engines are imported lazily: nothing here imports sglang or creates an environment.
 """
@@ -35,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["EngineSpec", "EngineSpecError", "ModelSUT", "ScenarioUnsupported", "SystemUnderTest", "open_sut",
-           "parse_engine"]
+__all__ = ["ENGINE_REGISTRY", "EngineSpec", "EngineSpecError", "ModelSUT", "ScenarioUnsupported", "SystemUnderTest",
+           "open_named_sut", "open_sut", "parse_engine", "spec_from_identity"]
 
 _RELEASE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
 
@@ -50,22 +57,38 @@ class ScenarioUnsupported(EngineSpecError):
     the harness skips and counts it, never a pass and never a violation (``fa3verify.judge``)."""
 
 
+def _load_forms() -> dict:
+    import json
+
+    rows = json.loads((Path(__file__).with_name("engine_forms.json")).read_text())["forms"]
+    return {row["kind"]: row for row in rows}
+
+
+#: Every engine form ``--engine`` accepts, by kind (gpu_impl/engine_forms.json): a new engine is a row there plus
+#: the module its ``factory`` names.
+ENGINE_REGISTRY = _load_forms()
+
+
 @dataclass(frozen=True)
 class EngineSpec:
-    """Which system under test: ``kind`` is "model", "sglang" / "vllm" (a release) or "sglang-src" / "vllm-src"
-    (a checkout)."""
+    """Which system under test: ``kind`` names a row of :data:`ENGINE_REGISTRY` ("model", a release "sglang" /
+    "vllm", a checkout "sglang-src" / "vllm-src", or "sut", a SystemUnderTest class the user names), and the
+    field that row ``takes`` holds its value; every question the harness asks about it is answered from that row."""
 
     kind: str
     release: Optional[str] = None
     path: Optional[str] = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+    target: Optional[str] = None
 
     def __str__(self) -> str:
-        if self.kind == "model":
-            return "model"
-        if self.kind in SOURCE_KINDS:
-            return f"{self.kind}={self.path}"
-        return f"{self.kind}=={self.release}"
+        form = self.form
+        return form["prefix"] + (str(getattr(self, form["takes"])) if form["takes"] else "")
+
+    @property
+    def form(self) -> dict:
+        """This spec's row of :data:`ENGINE_REGISTRY`."""
+        return ENGINE_REGISTRY[self.kind]
 
     @property
     def is_model(self) -> bool:
@@ -81,38 +104,116 @@ class EngineSpec:
         """A checkout or wheel (``sglang-src=PATH``, ``vllm-src=PATH``): code that is not a registered release."""
         return self.kind in SOURCE_KINDS
 
+    @property
+    def identity_field(self) -> Optional[str]:
+        """The field a case file records beside the engine's name ("release", "path", "target"; None: the model)."""
+        return self.form["takes"]
+
+    @property
+    def case_records_engine(self) -> bool:
+        """Whether a case found on it records an ``engine`` object (the model's cases carry none)."""
+        return self.form["takes"] is not None
+
+    @property
+    def runs_scenario_policy(self) -> bool:
+        """Whether the scenario's policy (guard, metadata heads, runner hygiene, seeded defects) is what runs, so the
+        model-policy options apply and "guard 'X'" decides; False: the engine's own code decides."""
+        return self.form["policy"] == "scenario"
+
+    @property
+    def named_only(self) -> bool:
+        """Whether a case found on it replays on it only when ``--engine`` names it (a case file never makes the
+        tool run code the user did not name)."""
+        return bool(self.form["named_only"])
+
+    @property
+    def found_on(self) -> str:
+        """Where a case was found, in a message: "the source checkout PATH", "sglang==0.5.23", ..."""
+        return self.form["found_on"].format(release=self.release, path=self.path, target=self.target)
+
+    @property
+    def seeds_defects(self) -> bool:
+        """Whether its driver applies seeded defects (the model's and vLLM's drivers do; sglang's applies none)."""
+        return bool(self.form["seeds_defects"])
+
+    @property
+    def runs_vllm_cases(self) -> bool:
+        """Whether it runs a case's vLLM options (sliding windows, KV dtype, piecewise graphs)."""
+        return bool(self.form["vllm_cases"])
+
+    @property
+    def conform(self) -> Optional[str]:
+        """What conform checks it against: "model-profile", "own-profile", or None (nothing: it is the model)."""
+        return self.form["conform"]
+
+    @property
+    def gate(self) -> str:
+        """Which gate runs on it: "policy" (theorems under the model's policy, then fuzz) or "engine"."""
+        return self.form["gate"]
+
+    @property
+    def flow_theorem(self) -> bool:
+        """Whether its gate proves vLLM's flow theorem under the release's profile."""
+        return bool(self.form["flow_theorem"])
+
+    def fa3_build(self) -> str:
+        """The FA3 build (refmodel.fa3_builds) that judges its runs: recorded per release, else upstream's (the
+        model, a checkout, a named SUT, and releases the table does not list are judged under upstream's)."""
+        from refmodel.fa3_builds import UPSTREAM, build_for_engine
+
+        engine = self.form["fa3_builds"]
+        if not engine or not self.release:
+            return UPSTREAM
+        try:
+            return build_for_engine(engine, self.release)
+        except ValueError:
+            return UPSTREAM
+
 
 #: The checkout forms: kind -> what PATH names (the message of a missing path).
-SOURCE_KINDS = {"sglang-src": "an sglang checkout's python/ or a wheel",
-                "vllm-src": "a vLLM checkout's root (holding vllm/) or a wheel"}
+SOURCE_KINDS = {kind: row["what"] for kind, row in ENGINE_REGISTRY.items() if row["takes"] == "path"}
 
+ENGINE_FORMS = ", ".join(f"'{row['example']}'" for row in ENGINE_REGISTRY.values())
 
-ENGINE_FORMS = ("'model', 'sglang==V' (a release, e.g. sglang==0.5.23), 'sglang-src=PATH' (a checkout or wheel), "
-                "'vllm==V' (a vLLM release, e.g. vllm==0.33.0) or 'vllm-src=PATH' (a vLLM checkout or wheel)")
+#: ``--engine``'s help: every form's words, from the registry.
+ENGINE_HELP = "system under test: " + ", ".join(row["help"] for row in ENGINE_REGISTRY.values())
 
 
 def parse_engine(text: str) -> EngineSpec:
-    """Parse an ``--engine`` value; raises :class:`EngineSpecError` naming the allowed forms."""
+    """Parse an ``--engine`` value by the registry's forms; raises :class:`EngineSpecError` naming them."""
     text = (text or "").strip()
-    if text == "model":
-        return EngineSpec("model")
-    if text.startswith("sglang=="):
-        release = text[len("sglang=="):]
-        if not _RELEASE.match(release):
-            raise EngineSpecError(f"--engine: {text!r} is not a release number (want e.g. sglang==0.5.23)")
-        return EngineSpec("sglang", release=release)
-    if text.startswith("vllm=="):
-        release = text[len("vllm=="):]
-        if not _RELEASE.match(release):
-            raise EngineSpecError(f"--engine: {text!r} is not a release number (want e.g. vllm==0.33.0)")
-        return EngineSpec("vllm", release=release)
-    for kind, what in SOURCE_KINDS.items():
-        if text.startswith(kind + "="):
-            path = text[len(kind) + 1:]
-            if not path:
-                raise EngineSpecError(f"--engine: {kind}= needs a path ({what})")
-            return EngineSpec(kind, path=str(Path(path).expanduser().resolve()))
+    for kind, row in ENGINE_REGISTRY.items():
+        prefix, takes = row["prefix"], row["takes"]
+        if takes is None:
+            if text == prefix:
+                return EngineSpec(kind)
+            continue
+        if not text.startswith(prefix):
+            continue
+        value = text[len(prefix):]
+        if takes == "release":
+            if not _RELEASE.match(value):
+                raise EngineSpecError(f"--engine: {text!r} is not a release number (want e.g. {row['example']})")
+            return EngineSpec(kind, release=value)
+        if not value:
+            raise EngineSpecError(f"--engine: {prefix} needs a {'path' if takes == 'path' else 'value'} "
+                                  f"({row['what']})")
+        if takes == "path":
+            return EngineSpec(kind, path=str(Path(value).expanduser().resolve()))
+        return EngineSpec(kind, **{takes: value})
     raise EngineSpecError(f"--engine: unknown engine {text!r}; allowed: {ENGINE_FORMS}")
+
+
+def spec_from_identity(identity: Optional[dict]) -> EngineSpec:
+    """The EngineSpec a case file's ``engine`` object names (None or absent: the model): its ``name`` is a
+    registry kind and the field that kind takes holds the value, or ``name`` is a full spec string."""
+    if not identity or identity.get("name") in (None, "model"):
+        return EngineSpec("model")
+    name = identity["name"]
+    row = ENGINE_REGISTRY.get(name)
+    if row is not None and row["takes"] and identity.get(row["takes"]):
+        return parse_engine(row["prefix"] + str(identity[row["takes"]]))
+    return parse_engine(name)
 
 
 class SystemUnderTest(abc.ABC):
@@ -146,6 +247,9 @@ class SystemUnderTest(abc.ABC):
         prover assumptions it does not enforce."""
         return {}
 
+    #: whether it has a worker to start before the first scenario (a real engine's process); the model has none
+    has_worker = False
+
     def start(self):
         """Start what the engine runs in (its worker process, the engine's import) before the first scenario, so a
         time budget measures scenarios, not start-up; the model has nothing to start. Idempotent."""
@@ -173,16 +277,47 @@ class ModelSUT(SystemUnderTest):
                              "modelled by the model of sglang's backend; run it on vllm==V")
         return run_scenario(scenario, kernel=kernel, numerics=numerics, device=device)
 
+    def __init__(self, spec: Optional[EngineSpec] = None):
+        self.spec = spec or EngineSpec("model")
+
     def identity(self) -> dict:
         return {"name": "model"}
+
+
+def _factory(text: str):
+    import importlib
+
+    module, _, name = text.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def open_named_sut(spec: EngineSpec) -> SystemUnderTest:
+    """``sut=MODULE:CLASS[@ARG]``: import the module and class the user named (a :class:`SystemUnderTest`
+    subclass) and construct it with ARG (or nothing); anything else is an :class:`EngineSpecError` naming --engine."""
+    import importlib
+
+    target, _, arg = spec.target.partition("@")
+    module, sep, name = target.partition(":")
+    if not sep or not module or not name:
+        raise EngineSpecError(f"--engine: sut={spec.target}: want sut=MODULE:CLASS or sut=MODULE:CLASS@ARG")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise EngineSpecError(f"--engine: sut={spec.target}: cannot import module {module!r} ({exc})") from None
+    cls = getattr(mod, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, SystemUnderTest)):
+        raise EngineSpecError(f"--engine: sut={spec.target}: {module}.{name} is not a SystemUnderTest subclass")
+    try:
+        sut = cls(arg) if arg else cls()
+    except Exception as exc:  # the user's constructor: its failure is bad input, not the harness's crash
+        called = f"{module}.{name}({arg!r})" if arg else f"{module}.{name}()"
+        raise EngineSpecError(f"--engine: sut={spec.target}: {called} failed: {type(exc).__name__}: {exc}") from None
+    sut.spec = spec
+    return sut
 
 
 def open_sut(spec) -> SystemUnderTest:
     """The system under test an engine spec (or its text) names; real engines load from ``gpu_impl.engines``."""
     if isinstance(spec, str):
         spec = parse_engine(spec)
-    if spec.is_model:
-        return ModelSUT()
-    from .engines import open_engine  # lazy: real engines need their environments
-
-    return open_engine(spec)
+    return _factory(spec.form["factory"])(spec)  # lazy: real engines need their environments

@@ -79,7 +79,10 @@ def check_defect_names(value: Any, path: str = "defects") -> list:
         raise CaseFormatError(path, "a list of seeded-defect names such as 'graph-split-count-from-capture'",
                               _short(value))
     return sorted(set(value))
-ENGINE_NAMES = ("model", "sglang", "sglang-src", "vllm", "vllm-src")
+
+ENGINE_NAMES = ("model", "sglang", "sglang-src", "vllm", "vllm-src", "sut")
+#: The fields of a case's ``engine`` object, in the order a case file writes them.
+ENGINE_FIELDS = ("name", "release", "path", "target", "revision")
 _RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
 
 
@@ -242,14 +245,15 @@ def _check_kernel(kernel: Any) -> dict:
 
 
 def _check_engine(engine: Any) -> Optional[dict]:
-    """The system under test a case was found on: ``{name, release|path, revision}`` (None: the model)."""
+    """The system under test a case was found on: ``{name, release|path|target, revision}`` (None: the model;
+    ``target``: the ``MODULE:CLASS[@ARG]`` of a ``sut=`` engine)."""
     if engine is None:
         return None
     if not isinstance(engine, dict):
         raise CaseFormatError("engine", "a JSON object with name and release or path", engine)
-    unknown = sorted(set(engine) - {"name", "release", "path", "revision"})
+    unknown = sorted(set(engine) - set(ENGINE_FIELDS))
     if unknown:
-        raise CaseFormatError(f"engine.{unknown[0]}", "one of name, release, path, revision", unknown[0])
+        raise CaseFormatError(f"engine.{unknown[0]}", "one of " + ", ".join(ENGINE_FIELDS), unknown[0])
     name = engine.get("name", "<missing>")
     if name not in ENGINE_NAMES:
         raise CaseFormatError("engine.name", "one of " + ", ".join(repr(n) for n in ENGINE_NAMES), name)
@@ -262,11 +266,16 @@ def _check_engine(engine: Any) -> Optional[dict]:
         raise CaseFormatError("engine.path", "a non-empty path string", path)
     if name in ("sglang-src", "vllm-src") and path is None:
         raise CaseFormatError("engine.path", f"the checkout's path for engine {name!r}", path)
+    target = engine.get("target")
+    if target is not None and (not isinstance(target, str) or ":" not in target):
+        raise CaseFormatError("engine.target", "MODULE:CLASS or MODULE:CLASS@ARG", target)
+    if name == "sut" and target is None:
+        raise CaseFormatError("engine.target", "MODULE:CLASS for engine 'sut'", target)
     if revision is not None and not isinstance(revision, str):
         raise CaseFormatError("engine.revision", "null or a string (a git revision)", revision)
     if name == "model":
         return {"name": "model"}
-    return {k: engine[k] for k in ("name", "release", "path", "revision") if engine.get(k) is not None}
+    return {k: engine[k] for k in ENGINE_FIELDS if engine.get(k) is not None}
 
 
 def _check_expected(expected: Any) -> dict:

@@ -132,6 +132,13 @@ def profiles_markdown() -> str:
     return "\n".join(out)
 
 
+def release_named(text: Optional[str], engine: str = "sglang") -> Optional[str]:
+    """The V of a profile name ``ENGINE==V`` for ``engine`` ("sglang" or "vllm"), or None when ``text`` is another
+    form (empty, the other engine's, anything else); V itself is not checked here (:func:`profile_for` does)."""
+    prefix = f"{engine}=="
+    return text[len(prefix):] if text and text.startswith(prefix) else None
+
+
 def engine_profile_for(text: str) -> tuple:
     """``("sglang", EngineProfile)`` for ``sglang==V``, ``("vllm", VllmProfile)`` for ``vllm==V``; ProfileError
     naming the allowed forms and releases otherwise."""

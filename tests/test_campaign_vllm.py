@@ -22,12 +22,9 @@ DEFECT = "graph-split-count-from-capture"
 
 
 def test_the_vllm_family_covers_every_configuration_family():
-    from fa3verify.strategies import family, family_for_engine
+    from fa3verify.strategies import family
     from fa3verify.strategies.vllm import vllm_family_label
-    from gpu_impl.sut import parse_engine
 
-    assert family_for_engine(parse_engine("vllm==0.33.0")) == "vllm"
-    assert family_for_engine(parse_engine("model")) == family_for_engine(parse_engine("sglang==0.5.23")) == "scenario"
     cases = [family("vllm")(random.Random(i)) for i in range(600)]
     labels = {vllm_family_label(c) for c in cases}
     for part in ("cg=none", "cg=piecewise", "cg=full", "bi=0", "bi=1", "kv=auto", "kv=fp8", "sw=none", "sw=one",

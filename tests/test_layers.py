@@ -145,3 +145,57 @@ def test_a_second_violation_or_finding_class_is_detected(tmp_path):
     assert found == {"Violation": ["spec/invariants.py:1 Violation", "gpu_impl/kernels/plan_checks.py:5 PlanViolation"],
                      "Finding": ["gpu_impl/scenario.py:1 StepFinding", "fa3verify/summary.py:1 Finding"]}
     assert {suffix: len(where) for suffix, where in found.items()} != {"Violation": 1, "Finding": 1}
+
+
+#: What names an engine's kind in text: the registry's kinds (gpu_impl/engine_forms.json).
+ENGINE_NAMES = {"model", "sglang", "vllm", "sglang-src", "vllm-src", "sut"}
+KIND_FLAGS = {"is_model", "is_source"}
+
+
+def engine_kind_branches(path: Path) -> list:
+    """Where the harness asks what kind of engine it holds instead of asking the engine (issue 26): a ``.kind`` or
+    ``.engine`` compared with an engine's name, ``.is_model`` / ``.is_source`` (also through ``getattr``), or
+    ``startswith("sglang...")`` / ``startswith("vllm...")`` on engine text. The system under test and its
+    registry row (``gpu_impl.sut.EngineSpec``) answer every such question."""
+    def names_engine(node) -> bool:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value in ENGINE_NAMES
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(names_engine(e) for e in node.elts)
+        return False
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr in ("kind", "engine") for s in sides) \
+                    and any(names_engine(s) for s in sides):
+                found.append(f"line {node.lineno}: compares an engine's kind")
+        elif isinstance(node, ast.Attribute) and node.attr in KIND_FLAGS:
+            found.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
+                and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value in KIND_FLAGS:
+            found.append(f"line {node.lineno}: getattr {node.args[1].value}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "startswith" \
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str) \
+                and node.args[0].value.startswith(("sglang", "vllm")):
+            found.append(f"line {node.lineno}: startswith({node.args[0].value!r})")
+    return found
+
+
+def test_the_harness_has_no_engine_kind_branches():
+    bad = [f"{path.relative_to(ROOT)} {where}" for path in sorted((ROOT / "fa3verify").rglob("*.py"))
+           for where in engine_kind_branches(path)]
+    assert not bad, "\n".join(bad)
+
+
+def test_an_engine_kind_branch_is_detected(tmp_path):
+    bad = tmp_path / "x.py"
+    bad.write_text("a = spec.kind == 'sglang'\n"
+                   "b = sut.spec.is_model\n"
+                   "c = text.startswith('vllm==')\n"
+                   "d = sut.spec.engine in ('vllm', 'sglang')\n"
+                   "e = getattr(engine, 'is_source', False)\n"
+                   "ok = panel.kind == 'dp' or res.kind == 'timeout' or spec.runs_scenario_policy\n"
+                   "ok2 = name.startswith('gpu_impl.engines')\n")
+    assert [w.split(":")[0] for w in engine_kind_branches(bad)] == ["line 1", "line 2", "line 3", "line 4", "line 5"]

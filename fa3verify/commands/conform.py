@@ -58,9 +58,9 @@ def run(args) -> int:
     shard = parse_shard(args.shard)
     check_cases(shard, args.cases)
     spec = parse_engine_option(args.engine)
-    if spec.is_model:
-        raise UsageError("--engine: conform compares the model with a real engine; 'model' is the model itself")
-    if spec.engine == "vllm":
+    if spec.conform is None:
+        raise UsageError(f"--engine: conform compares the model with a real engine; '{spec}' is the model itself")
+    if spec.conform == "own-profile":
         if shard is not None:
             raise UsageError(f"--shard: {spec} conforms claim by claim, not over drawn configurations; "
                              f"--shard applies to sglang engines")
@@ -116,7 +116,7 @@ def _conform_vllm(args, spec) -> int:
     from ..engine_choice import open_engine
     from ..errors import UsageError
     from ..summary import print_table
-    from spec.engine_profiles import ProfileError, engine_profile_for
+    from spec.engine_profiles import ProfileError, engine_profile_for, release_named
 
     if not args.engine_profile and spec.release is None:
         from ..engine_choice import open_engine as _open
@@ -126,7 +126,7 @@ def _conform_vllm(args, spec) -> int:
     else:
         release = spec.release
     text = args.engine_profile or f"vllm=={release}"
-    if not text.startswith("vllm=="):
+    if release_named(text, "vllm") is None:
         raise UsageError(f"--engine-profile: {spec} runs vLLM's code; want vllm==V, got {text!r}")
     try:
         profile = engine_profile_for(text)[1]

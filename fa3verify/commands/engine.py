@@ -55,14 +55,14 @@ def _no_action(parser) -> int:
 
 
 def _release_of(text: str, option: str) -> str:
-    from spec.engine_profiles import ProfileError, profile_for
+    from spec.engine_profiles import ProfileError, profile_for, release_named
 
     from ..errors import UsageError
 
-    if not text.startswith("sglang=="):
+    release = release_named(text)
+    if release is None:
         want = "sglang==V or vllm==V (e.g. sglang==0.5.23)" if option == "ENGINE==V" else "sglang==V (e.g. sglang==0.5.23)"
         raise UsageError(f"{option}: want {want}, got {text!r}")
-    release = text[len("sglang=="):]
     try:
         profile_for(release)
     except ProfileError as exc:
@@ -74,8 +74,11 @@ def run_setup(args) -> int:
     from .. import exitcodes
     from ..errors import UsageError
 
-    if args.release.startswith("vllm=="):
-        engine, release = "vllm", args.release[len("vllm=="):]
+    from spec.engine_profiles import release_named
+
+    vllm_release = release_named(args.release, "vllm")
+    if vllm_release is not None:
+        engine, release = "vllm", vllm_release
     else:
         engine, release = "sglang", _release_of(args.release, "ENGINE==V")
     try:
@@ -87,7 +90,7 @@ def run_setup(args) -> int:
                              f"(no module {exc.name})") from None
         raise
     try:
-        extra = {"engine": engine} if engine != "sglang" else {}
+        extra = {} if vllm_release is None else {"engine": engine}
         path = envs.ensure_env(release, progress=lambda line: print(line, flush=True), **extra)
     except Exception as exc:
         if isinstance(exc, (EngineUnavailable, ValueError)):  # unknown release, failed set-up, bad name

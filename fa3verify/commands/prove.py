@@ -88,7 +88,7 @@ def run(args) -> int:
 
         summary.policy.update(enforced_assumptions=enforced(facts), not_enforced_assumptions=not_enforced(facts),
                               dropped_assumptions=dropped)
-    if not spec.is_model:
+    if not spec.runs_scenario_policy:  # the model's witnesses are its own runs already
         with open_engine(spec) as sut:
             start_engine(sut, "prove")
             with stage("prove", f"witnesses replayed on {spec}"):
@@ -101,12 +101,13 @@ def run(args) -> int:
 
 def _prove_vllm(args, profile) -> int:
     """``--engine-profile vllm==V``: the vLLM flow theorem; sglang-only options are refused (exit 2)."""
+    from ..engine_choice import DEFAULT_ENGINE
     from ..errors import UsageError
     from ..progress import stage
     from ..proving import prove_vllm
 
     for option, given in (("--drop-assumption", args.drop_assumption), ("--only", args.only),
-                          ("--engine", args.engine not in (None, "model"))):
+                          ("--engine", args.engine not in (None, DEFAULT_ENGINE))):
         if given:
             raise UsageError(f"{option}: does not apply to --engine-profile vllm=={profile.release} (one theorem, "
                              f"vllm-flow; a counterexample is written into --cases-dir and replays on vllm==V)")

@@ -65,7 +65,9 @@ def run(args) -> int:
     from ..multirank import compare_with_simulation, load_case, resolve_world, run_ranks
     from ..summary import Check, Finding, RunSummary, write_json
 
-    if args.engine != "model":
+    from ..engine_choice import parse_engine_option
+
+    if not parse_engine_option(args.engine).runs_scenario_policy:
         from ..engine_ranks import run_on_engine
 
         return run_on_engine(args)

@@ -8,8 +8,8 @@ A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign
 * the catalogue's scenario families (:mod:`.families`: ``prefill-cp``, ``dp-attention``, ...): focused corners,
   each a ``FuzzCase`` run on a scenario system under test;
 * ``vllm`` / ``vllm-full-graph`` / ``vllm-decode-tile`` -- vLLM's configuration families (:mod:`.vllm`; the last
-  draws around the fork's decode-tile boundary, theorem 9), the default family of a
-  ``vllm==V`` engine (:func:`family_for_engine`);
+  draws around the fork's decode-tile boundary, theorem 9), the family a ``vllm==V`` engine's own domain
+  names (``gpu_impl.engines.vllm.VllmSUT.domain``);
 * a system under test's own domain (:mod:`.engine_domain`, ``domain_strategy(sut.domain())``): what a campaign
   on a system draws when no family is named -- a family the domain names, or the configurations an sglang
   release's own checks accept (``gpu_impl.engines.sglang_domain``);
@@ -29,7 +29,7 @@ from .scenarios import (CONTEXT_LENGTHS, NUM_SPLITS_POLICIES, NUMERICS_MAX_LEN, 
                         STEP_KINDS, FuzzCase, decode_step, extend_step, gpu_decode_case, random_fuzz_case,
                         random_server_config, release_fuzz_case, random_steps, rank_layouts)
 
-__all__ = ["FAMILIES", "KERNEL_FAMILIES", "family", "family_for_engine", "domain_strategy", "is_kernel_family", "FuzzCase",
+__all__ = ["FAMILIES", "KERNEL_FAMILIES", "family", "domain_strategy", "is_kernel_family", "FuzzCase",
            "random_fuzz_case", "gpu_decode_case", "release_fuzz_case",
            "random_server_config", "random_steps", "rank_layouts", "decode_step", "extend_step", "SM_COUNTS",
            "PAGE_SIZES", "CONTEXT_LENGTHS", "NUM_SPLITS_POLICIES", "NUMERICS_SHARE", "NUMERICS_MAX_LEN", "STEP_KINDS"]
@@ -74,11 +74,3 @@ def family(name: str) -> Callable:
         return FAMILIES[name]
     known = sorted(FAMILIES) + [f"kernel:{k}" for k in sorted(KERNEL_FAMILIES)]
     raise ValueError(f"strategy family: unknown {name!r}; known: {', '.join(known)}")
-
-
-def family_for_engine(spec) -> str:
-    """The suite family an engine spec's configurations are shaped by: ``vllm`` for vLLM (graph modes,
-    windows, KV dtype, DCP), ``scenario`` for the model and sglang (issue 5's space). A campaign does not choose
-    by it: it draws from the system under test's own domain (``sut.domain()``, :func:`domain_strategy`), which
-    for a real sglang release is that release's accepted configurations instead."""
-    return "vllm" if getattr(spec, "engine", None) == "vllm" else "scenario"

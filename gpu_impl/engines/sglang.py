@@ -45,6 +45,8 @@ class SglangSUT(SystemUnderTest):
     #: the worker's main module (the engine driver); a harness may name another that serves the same protocol
     DEFAULT_WORKER = "gpu_impl.engines.sglang_driver"
 
+    has_worker = True
+
     def __init__(self, spec: EngineSpec, progress: Callable[[str], None] = print, root: Optional[Path] = None,
                  worker: Optional[str] = None, worker_env: Optional[dict] = None, timeout_s: Optional[float] = None):
         """``worker``: the module run as the worker (default :data:`DEFAULT_WORKER`; ``fa3verify.sanitize

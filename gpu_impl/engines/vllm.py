@@ -184,6 +184,8 @@ class VllmSUT(SystemUnderTest):
     """vLLM release ``V`` (``vllm==V``), or a checkout or wheel (``vllm-src=PATH``) beside its nearest release,
     driven in that release's engine environment."""
 
+    has_worker = True
+
     def __init__(self, release: Optional[str] = None, progress=print, root=None, timeout_s: Optional[float] = None,
                  spec: Optional[EngineSpec] = None):
         """``spec``: ``vllm-src=PATH`` (the checkout is resolved now: a path that holds no vLLM is refused here);
