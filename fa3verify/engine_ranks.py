@@ -19,7 +19,7 @@ NOTE = ("note: one process per attention rank is not available for real engines;
 
 def run_on_engine(args) -> int:
     """Replay each case in-process on ``args.engine``; exit 1 if any still fails, 0 if all pass."""
-    from .engine_choice import open_engine, parse_engine_option
+    from .engine_choice import open_engine, parse_engine_option, start_engine
     from .replaying import replay
     from .summary import RunSummary, write_json
 
@@ -36,6 +36,7 @@ def run_on_engine(args) -> int:
     total = RunSummary(command="run-ranks")
     codes = []
     with open_engine(spec) as sut:
+        start_engine(sut, "run-ranks")  # its own progress line on stderr, as the other commands' engines
         for path in args.cases:
             summary, observed = replay(path, sut=sut, numerics=False if args.metadata_only else None)
             print(f"case: {path}  (in-process on {spec})")
