@@ -331,8 +331,19 @@ def summarise(report: ConformReport) -> RunSummary:
     for index, diffs, path in report.differences:
         summary.findings.append(Finding(invariant="CONFORMANCE", case_file=path, engine=f"conform {report.engine}",
                                         message=f"configuration {index}: " + "; ".join(diffs[:3]),
-                                        replay=f"fa3verify replay {path} --engine model; fa3verify replay {path}"))
+                                        replay=conform_replay_line(path, report.engine)))
     for name, desc, path in a:
         summary.findings.append(Finding(invariant=name, case_file=path, engine=f"conform {report.engine}",
                                         message=f"the release accepts {desc}, which spec assumes away"))
     return summary
+
+
+def conform_replay_line(path: str, engine: str) -> str:
+    """The two replays of a conformance difference, each as typed (``finding_terms.replay_line``): the model's side
+    (``--engine model``) and the engine's (with ``--engine PATH-SPEC`` when the case was found on a checkout, which a
+    case file alone never makes replay run)."""
+    from gpu_impl.sut import parse_engine
+
+    from .finding_terms import replay_line
+
+    return f"{replay_line(path)} --engine model; {replay_line(path, engine=parse_engine(engine))}"

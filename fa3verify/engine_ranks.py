@@ -19,7 +19,8 @@ NOTE = ("note: one process per attention rank is not available for real engines;
 
 def run_on_engine(args) -> int:
     """Replay each case in-process on ``args.engine``; exit 1 if any still fails, 0 if all pass."""
-    from .engine_choice import open_engine, parse_engine_option
+    from .engine_choice import open_engine, parse_engine_option, start_engine
+    from .observed_terms import print_backend_terms
     from .replaying import replay
     from .summary import RunSummary, write_json
 
@@ -36,6 +37,7 @@ def run_on_engine(args) -> int:
     total = RunSummary(command="run-ranks")
     codes = []
     with open_engine(spec) as sut:
+        start_engine(sut, "run-ranks")  # its own progress line on stderr, as the other commands' engines
         for path in args.cases:
             summary, observed = replay(path, sut=sut, numerics=False if args.metadata_only else None)
             print(f"case: {path}  (in-process on {spec})")
@@ -43,6 +45,8 @@ def run_on_engine(args) -> int:
                                                        if observed.invariants else ""))
             for f in observed.findings[:5]:
                 print(f"  {f['invariant']} at step {f['step']}, dp rank {f['dp_rank']}: {str(f['message'])[:160]}")
+            if summary.findings:
+                print_backend_terms(summary.findings[0])
             codes.append(exitcodes.VIOLATION if observed.findings else exitcodes.PASS)
             total.merge(summary)
     total.cases = len(args.cases)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 __all__ = ["TERM_FIELDS", "terms_from_run", "terms_of_finding", "run_terms", "case_file_terms", "apply_terms", "replay_line",
-           "ran_on", "hint_for", "config_label", "WITNESS_SUBDIR"]
+           "ran_on", "hint_for", "config_label", "WITNESS_SUBDIR", "differing_arguments"]
 
 #: Fields of :class:`fa3verify.summary.Finding` this module fills.
 TERM_FIELDS = ("ran_on", "config", "path", "differs", "seq_lens", "s_p", "s_c", "guard", "hint")
@@ -240,3 +240,9 @@ def apply_terms(finding, terms: Optional[dict], keep_message: bool = False, note
     if terms.get("message") and not keep_message:
         finding.message = terms["message"] + (f" ({note})" if note else "")
     return finding
+
+
+def differing_arguments(pair: dict) -> dict:
+    """The FA3 arguments that differ between a normalised pair's precompute and call
+    (``gpu_impl.fa3_calls.pair_summary``): name -> [precompute's, call's]; {} without a precompute."""
+    return _differs(pair)

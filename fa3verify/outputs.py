@@ -165,6 +165,17 @@ def output_paths(command: str, args) -> list:
     return [values[d] for d in kinds if isinstance(values.get(d), str)]
 
 
+def shown_path(path: str) -> str:
+    """A path as a command prints it: relative to the working directory when it lies under it (as the user
+    typed it, ``fa3verify-out/...``), else absolute; the reports themselves keep whatever path they record."""
+    full = os.path.abspath(path)
+    try:
+        rel = os.path.relpath(full)
+    except ValueError:  # another drive (Windows): no relative form
+        return full
+    return full if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+
+
 def fresh_dir(base: str, patterns: Iterable[str]) -> str:
     """`base`, or the first `base/run-N` (N = 2, 3, ...) holding no file matching `patterns` (for default
     output folders, so a second run neither deletes nor mixes with the first run's files)."""

@@ -145,7 +145,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     does not model."""
     from gpu_impl.kernels import load
 
-    from .engine_choice import DEFAULT_ENGINE, engine_for_case, open_engine
+    from .engine_choice import DEFAULT_ENGINE, engine_for_case, open_engine, start_engine
     from .judge import judge
 
     if _is_kernel_file(path):
@@ -186,6 +186,9 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     sut = open_engine(spec) if own else sut
     start = time.perf_counter()
     try:
+        if own:
+            start_engine(sut, "replay")  # its own progress line: a release's import takes tens of seconds
+            start = time.perf_counter()
         verdict = judge(sut, scn, kernel=kernel, numerics=use_numerics, device=device)
     finally:
         if own:

@@ -391,6 +391,7 @@ class CheckingFA3:
         self._calls: dict = {}          # call_key -> CallRecord
         self.unrecordable: list = []    # (function, error type, message) of calls the recorder could not bind
         self._memo: dict = {}           # (id(pre), id(call)) -> (pre, call, quick violations)
+        self.violation_path = "eager"   # see _handle
 
     # -- bookkeeping --------------------------------------------------------------------------------------
     def note_copy(self, dst, src) -> None:
@@ -580,6 +581,10 @@ class CheckingFA3:
 
     def _handle(self, pre, call, violations, where: str = "call") -> None:
         case_path = None
+        #: the path of the violation being handled, for ``on_violation``: a CUDA graph's "replay" (a recompute
+        #: copied into a captured call's buffer), its "capture", or an "eager" call
+        self.violation_path = "replay" if where == "CUDA-graph replay" else (
+            "capture" if self.capturing() else "eager")
         if self.on_violation is not None:
             returned = self.on_violation((pre, call, violations))
             case_path = returned if isinstance(returned, str) else None

@@ -160,3 +160,41 @@ def test_hypothesis_is_a_test_dependency_that_no_runtime_module_imports():
                          else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
                 assert not any(n.split(".")[0] == "hypothesis" for n in names), path
     assert "is Hypothesis" not in _doc("performance.md")
+
+
+#: An absolute path into a run's output folder, as a command's printed line would show the machine it ran on.
+_ABSOLUTE_OUTPUT = re.compile(r"(?<![\w.~-])/[^\s'\"]*fa3verify-out/")
+
+
+def absolute_output_paths(text: str) -> list:
+    """The lines of the example runs in commands.md (the blocks starting `$ fa3verify`) naming an absolute path
+    into an output folder: the example must read the same on any machine, as the commands given relative paths."""
+    found, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("$ fa3verify "):
+            inside = True
+        elif line.startswith("```"):
+            inside = False
+        elif inside and _ABSOLUTE_OUTPUT.search(line):
+            found.append(line)
+    return found
+
+
+def test_command_examples_print_output_paths_relative_to_the_working_directory():
+    assert absolute_output_paths(_doc("commands.md")) == []
+    # negative control: gpu-check's line as it printed it before (the absolute out folder) is caught
+    before = ("$ fa3verify gpu-check --dry-run --out fa3verify-out/docs-run/gpu-check\n"
+              "[gpu-check    0.0s] DRY RUN (CPU, emulated FA3); out /work/main/fa3verify-out/docs-run/gpu-check\n```")
+    assert len(absolute_output_paths(before)) == 1
+
+
+def test_gpu_check_prints_its_folders_as_given_under_the_working_directory(tmp_path, monkeypatch):
+    import os
+
+    from fa3verify.outputs import shown_path
+
+    monkeypatch.chdir(tmp_path)
+    assert shown_path("out/gpu") == os.path.join("out", "gpu")
+    assert shown_path(str(tmp_path / "out" / "gpu")) == os.path.join("out", "gpu")
+    elsewhere = tmp_path.parent / "other"
+    assert shown_path(str(elsewhere)) == str(elsewhere)  # outside the working directory: absolute, never ../..

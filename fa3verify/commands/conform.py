@@ -46,7 +46,7 @@ def run(args) -> int:
     from ..engine_choice import conform_profile, open_engine, parse_engine_option, start_engine
     from ..errors import UsageError
     from ..progress import stage
-    from ..summary import print_table
+    from ..summary import finding_text, print_table
 
     if args.engine is None:
         raise UsageError("--engine: required (sglang==V, sglang-src=PATH or vllm==V): conform compares the model "
@@ -86,7 +86,7 @@ def run(args) -> int:
           f"by the release" + (f" {report.rejected_reasons}" if report.rejected_reasons else "")
           + f"; sliding-window calls not compared: {report.sliding_window_calls}")
     for f in summary.findings[:10]:
-        print(f"  {f.invariant}: {f.message[:300]}\n    case: {f.case_file}")
+        print(finding_text(f))  # the one renderer: evidence, case file and the replay lines as typed
     if args.json:
         from ..output_writer import write_output
 

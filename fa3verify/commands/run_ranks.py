@@ -63,7 +63,8 @@ def run(args) -> int:
     from .. import exitcodes
     from ..errors import UsageError
     from ..multirank import compare_with_simulation, load_case, resolve_world, run_ranks
-    from ..summary import Check, Finding, RunSummary, write_json
+    from ..observed_terms import print_backend_terms
+    from ..summary import Check, RunSummary, write_json
 
     from ..engine_choice import parse_engine_option
 
@@ -110,9 +111,10 @@ def run(args) -> int:
                                     inconclusive=code == exitcodes.INCONCLUSIVE, case_file=path, message=message))
         if code == exitcodes.VIOLATION:
             summary.failures += 1
-            for f in res.findings:
-                summary.findings.append(Finding(invariant=f["invariant"], case_file=path, engine="run-ranks",
-                                                message=f["message"]))
+            found = rank_findings(path, res)
+            if found:
+                print_backend_terms(found[0])  # fa3verify.observed_terms
+            summary.findings += found
     if args.json:
         write_json(summary, args.json)
     return exitcodes.combine(codes)
@@ -167,3 +169,21 @@ def _run_under_torchrun(args, cases, numerics: bool) -> int:
             print(f"  {f['invariant']} at step {f['step']}, dp rank {f['dp_rank']}: {f['message'][:160]}")
         codes.append(exitcodes.PASS if verdict["outcome"] == "pass" else exitcodes.VIOLATION)
     return exitcodes.combine(codes)
+
+
+def rank_findings(path: str, res) -> list:
+    """The summary findings of one run-ranks result, each in backend terms (``fa3verify.observed_terms``: one
+    model run of the case per invariant, shared by the ranks' findings of that invariant)."""
+    from ..finding_terms import apply_terms
+    from ..observed_terms import run_ranks_terms
+    from ..summary import Finding
+
+    terms: dict = {}
+    out = []
+    for f in res.findings:
+        inv = f["invariant"]
+        if inv not in terms:
+            terms[inv] = run_ranks_terms(path, inv, res.world, res.backend)
+        out.append(apply_terms(Finding(invariant=inv, case_file=path, engine="run-ranks", message=f["message"]),
+                               terms[inv], keep_message=True))
+    return out

@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+from ..outputs import shown_path
 from .environment import gpu_problem, print_environment, probe_environment
 from .plan import Plan
 from .tasks import worker_init
@@ -150,7 +151,7 @@ class GpuCheck:
     def run(self) -> int:
         os.makedirs(self.out_dir, exist_ok=True)
         mode = "DRY RUN (CPU, emulated FA3)" if self.plan.dry_run else "GPU (real FA3)"
-        self.say(f"{mode}; out {self.out_dir}; total budget {self.plan.total_budget_s:.0f}s")
+        self.say(f"{mode}; out {shown_path(self.out_dir)}; total budget {self.plan.total_budget_s:.0f}s")
         self.environment = probe_environment()
         print_environment(self.say, self.environment)
         gpu = self.environment.get("gpu") or {}
@@ -207,7 +208,7 @@ class GpuCheck:
             print(f"  {name:<16} {s.status.upper():<12} {s.seconds:7.1f}s  {nums}")
         code = self.exit_code()
         print(f"verdict: {self.summary()['verdict'].upper()} (exit {code}) | findings {len(self.findings)} | "
-              f"{time.perf_counter() - self.started:.1f}s | summary {path}", flush=True)
+              f"{time.perf_counter() - self.started:.1f}s | summary {shown_path(path)}", flush=True)
 
 
 def junit_counts(path: str) -> dict:

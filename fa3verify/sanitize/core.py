@@ -177,7 +177,8 @@ class Sanitizer:
             self._seen_paths[signature] = (pair_path, case_path)
         else:
             pair_path, case_path = self._seen_paths.get(signature, (None, None))
-        self.log.violation(signature, pre, call, violations, pair_path, case_path)
+        self.log.violation(signature, pre, call, violations, pair_path, case_path,
+                           path=getattr(self.checker, "violation_path", None))
         return str(case_path or pair_path) if (case_path or pair_path) else None
 
     # -- reporting ----------------------------------------------------------------------------------------

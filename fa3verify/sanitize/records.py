@@ -177,7 +177,8 @@ class SanitizeLog:
         with open(self.path, "a") as fh:
             fh.write(json.dumps(record, default=str) + "\n")
 
-    def violation(self, signature, pre, call, violations, pair_path=None, case_path=None, where="call") -> None:
+    def violation(self, signature, pre, call, violations, pair_path=None, case_path=None, where="call",
+                  path=None) -> None:
         key = _digest(repr(signature))
         seen = self.signatures.get(key)
         self.signatures[key] = (seen or 0) + 1
@@ -185,6 +186,7 @@ class SanitizeLog:
             return
         self.violation_lines += 1
         self._write({"schema": LOG_SCHEMA, "type": "violation", "signature": key, "where": where,
+                     **({"path": path} if path else {}),
                      "pair_file": None if pair_path is None else str(pair_path),
                      "case_file": None if case_path is None else str(case_path), **_event_dict(pre, call, violations)})
 
@@ -207,6 +209,8 @@ def is_log(path) -> bool:
 def log_to_run_summary(path) -> dict:
     """A sanitizer log as a run summary (schema fa3verify.run/1) for ``fa3verify report``: one check per distinct
     mismatch signature, one finding per signature with its case or pair file and replay command."""
+    from ..finding_terms import apply_terms
+    from ..observed_terms import sanitizer_terms
     from ..summary import Check, Finding, RunSummary
 
     lines = []
@@ -238,8 +242,9 @@ def log_to_run_summary(path) -> dict:
         run.checks.append(Check(name=f"{v['invariant']} {sig}", kind="property", verdict="fail", seconds=0.0,
                                 failed=True, case_file=case or pair, message=msg))
         replay = (f"fa3verify replay {case}" if case else f"fa3verify sanitize replay {pair}" if pair else None)
-        run.findings.append(Finding(invariant=v["invariant"], case_file=case or pair, engine="sanitize",
-                                    message=v["message"], replay=replay))
+        run.findings.append(apply_terms(Finding(invariant=v["invariant"], case_file=case or pair, engine="sanitize",
+                                                message=v["message"], replay=replay),
+                                        sanitizer_terms(x, start.get("mode")), keep_message=True))
     run.cases = int(stats.get("checked_calls", 0)) + int(stats.get("graph_checks", 0))
     run.failures = sum(counts.values()) if counts else len(first)
     if not first:
