@@ -71,6 +71,13 @@ def _data() -> dict:
 
 def builds() -> dict:
     """Every named build, by name (fa3_builds.json)."""
+    return dict(_builds())
+
+
+@functools.lru_cache(maxsize=1)
+def _builds() -> dict:
+    # read once (every ScheduleInputs names its build: a prover's length scan checks the name thousands of times);
+    # callers get a copy of the dict, and a Build is frozen
     return {name: Build(name=name, repo=b["repo"], commit=b["commit"], files=tuple(b["files"]),
                         compile_definitions=tuple(b["compile_definitions"]), note=b.get("note", ""))
             for name, b in _data()["builds"].items()}
