@@ -81,6 +81,18 @@ def _modules():
             yield path, ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
+def snippet(tmp_path, *lines: str) -> Path:
+    """A module holding ``lines``: the input of a rule's negative control."""
+    path = tmp_path / "x.py"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def offences(rule, paths) -> list:
+    """"path where" for every place a rule (a function of one file's path) finds in ``paths``."""
+    return [f"{path.relative_to(ROOT)} {where}" for path in paths for where in rule(path)]
+
+
 def test_no_module_imports_another_modules_private_names():
     bad = [f"{path.relative_to(ROOT)} imports {name}" for path, module in _modules()
            for name in private_imports(path, module)]
@@ -88,23 +100,19 @@ def test_no_module_imports_another_modules_private_names():
 
 
 def test_a_private_import_across_modules_is_detected(tmp_path):
-    bad = tmp_path / "x.py"
-    bad.write_text("from .scenario import _seed, jsonable\nfrom spec.guards import _load\nfrom . import _own\n"
-                   "from typing import _T\n")
+    bad = snippet(tmp_path, "from .scenario import _seed, jsonable", "from spec.guards import _load",
+                  "from . import _own", "from typing import _T")
     assert private_imports(bad, "gpu_impl.x") == ["gpu_impl.scenario._seed", "spec.guards._load", "gpu_impl._own"]
 
 
 def test_no_exception_or_type_is_matched_by_its_name():
-    bad = [f"{path.relative_to(ROOT)} {where}" for path, _ in _modules() for where in names_matched_by_string(path)]
+    bad = offences(names_matched_by_string, [path for path, _ in _modules()])
     assert not bad, "\n".join(bad)
 
 
 def test_a_name_match_is_detected(tmp_path):
-    bad = tmp_path / "x.py"
-    bad.write_text("ok = __name__ == '__main__'\n"
-                   "a = type(exc).__name__ == 'EngineUnavailable'\n"
-                   "b = any(c.__name__ in ('X', 'Y') for c in type(exc).__mro__)\n"
-                   "c = isinstance(exc, ValueError)\n")
+    bad = snippet(tmp_path, "ok = __name__ == '__main__'", "a = type(exc).__name__ == 'EngineUnavailable'",
+                  "b = any(c.__name__ in ('X', 'Y') for c in type(exc).__mro__)", "c = isinstance(exc, ValueError)")
     assert names_matched_by_string(bad) == ["line 2", "line 3"]
 
 
@@ -184,18 +192,13 @@ def engine_kind_branches(path: Path) -> list:
 
 
 def test_the_harness_has_no_engine_kind_branches():
-    bad = [f"{path.relative_to(ROOT)} {where}" for path in sorted((ROOT / "fa3verify").rglob("*.py"))
-           for where in engine_kind_branches(path)]
+    bad = offences(engine_kind_branches, sorted((ROOT / "fa3verify").rglob("*.py")))
     assert not bad, "\n".join(bad)
 
 
 def test_an_engine_kind_branch_is_detected(tmp_path):
-    bad = tmp_path / "x.py"
-    bad.write_text("a = spec.kind == 'sglang'\n"
-                   "b = sut.spec.is_model\n"
-                   "c = text.startswith('vllm==')\n"
-                   "d = sut.spec.engine in ('vllm', 'sglang')\n"
-                   "e = getattr(engine, 'is_source', False)\n"
-                   "ok = panel.kind == 'dp' or res.kind == 'timeout' or spec.runs_scenario_policy\n"
-                   "ok2 = name.startswith('gpu_impl.engines')\n")
+    bad = snippet(tmp_path, "a = spec.kind == 'sglang'", "b = sut.spec.is_model", "c = text.startswith('vllm==')",
+                  "d = sut.spec.engine in ('vllm', 'sglang')", "e = getattr(engine, 'is_source', False)",
+                  "ok = panel.kind == 'dp' or res.kind == 'timeout' or spec.runs_scenario_policy",
+                  "ok2 = name.startswith('gpu_impl.engines')")
     assert [w.split(":")[0] for w in engine_kind_branches(bad)] == ["line 1", "line 2", "line 3", "line 4", "line 5"]
