@@ -156,6 +156,25 @@ def test_a_stuck_vllm_worker_is_killed_at_its_deadline(tmp_path, mode):
     sut.close()
 
 
+def test_a_vllm_worker_killed_at_its_deadline_is_replaced_on_the_next_use(tmp_path):
+    """The next scenario after a missed deadline gets a fresh driver (as sglang's start() does): before, VllmSUT
+    kept the killed worker and every later request failed on it."""
+    from gpu_impl.engines.errors import DriverError
+    from gpu_impl.engines.vllm import VllmSUT
+
+    root = fake_engine_home(tmp_path, "vllm", "0.33.0", "stall")
+    sut = VllmSUT("0.33.0", progress=lambda line: None, root=root, timeout_s=2)
+    first = sut.worker
+    _, exc, _ = within(2 + SLACK_S, lambda: first.request({"op": "hello"}))
+    assert isinstance(exc, DriverError) and exc.timed_out and not first.running
+    second = sut.worker
+    assert second is not first and second.running and second.pid != first.pid
+    _, exc, _ = within(2 + SLACK_S, lambda: second.request({"op": "hello"}))
+    assert isinstance(exc, DriverError) and exc.timed_out  # the fresh one has the same deadline
+    sut.close()
+    assert gone(first.pid) and gone(second.pid)
+
+
 def test_a_stuck_vllm_worker_through_the_cli_is_inconclusive_and_named(tmp_path):
     root = fake_engine_home(tmp_path / "home", "vllm", "0.33.0", "stall")
     proc = cli(["fuzz", "--engine", "vllm==0.33.0", "--cases", "1", "--out", str(tmp_path / "cases")],

@@ -94,6 +94,11 @@ class VllmWorker:
     def pid(self) -> int:
         return self._worker.pid
 
+    @property
+    def running(self) -> bool:
+        """Whether the driver process still runs (False once it exited or was killed at a missed deadline)."""
+        return self._worker.running
+
     def request(self, obj: dict) -> dict:
         return self._worker.request(obj)
 
@@ -204,6 +209,10 @@ class VllmSUT(SystemUnderTest):
 
     @property
     def worker(self) -> VllmWorker:
+        """The running driver; one that died or was killed at a missed deadline is replaced by a fresh one (as
+        ``SglangSUT.start`` does), so an API caller's next scenario does not meet a dead worker."""
+        if self._worker is not None and not self._worker.running:
+            self.close()
         if self._worker is None:
             self._worker = VllmWorker(self.release, progress=self._progress, root=self._root,
                                       timeout=self.timeout_s, source=self.source, label=str(self.spec))
