@@ -156,7 +156,7 @@ def terms_from_run(scenario, result, invariant: Optional[str] = None, spec=None,
 
 
 def terms_of_finding(scenario, result, pick, spec=None) -> dict:
-    """The terms of one finding (a ``spec.invariants.Violation`` of ``result``), without the configuration."""
+    """The terms of one finding (a ``spec.violation.Violation`` of ``result``), without the configuration."""
     pair = _pair_for(_pairs(scenario, result, spec), pick) if pick.detail.get("mode") == "decode" else None
     differs = _differs(pair) if pair else {}
     path = (pair or {}).get("path") or _PATHS.get(pick.detail.get("path"), pick.detail.get("path")) or ""

@@ -13,7 +13,7 @@ prove's witness replay, conform, the multi-rank simulation and the finding terms
 - any other exception is re-raised, or with ``crash_is_finding`` is a ``NO_CRASH`` violation; a worker that missed
   its deadline (``spec.worker_client.WorkerError``) is always re-raised (inconclusive, never a finding).
 
-Every finding is a :class:`spec.invariants.Violation` located in the run (``Violation.at_step``); a fault's
+Every finding is a :class:`spec.violation.Violation` located in the run (``Violation.at_step``); a fault's
 finding has no step and no DP rank (``step`` None) and its signature is its invariant alone.
 """
 
@@ -79,7 +79,7 @@ class Verdict:
 
 def fault_finding(invariant: str, message: str):
     """The finding of a fault that ended a run: no step, no DP rank; its signature is the invariant."""
-    from spec.invariants import Violation
+    from spec.violation import Violation
 
     return Violation.at_step(invariant=invariant, step=None, dp_rank=None, message=message, signature_key=invariant)
 

@@ -37,7 +37,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from spec.invariants import Violation
+from spec.violation import Violation
 
 from .rank_placement import (RankPlacement, attention_world_size, case_to_dict, kernel_spec, loopback_interface,
                              rank_placement, scenario_from_case)

@@ -48,7 +48,7 @@ class OutOfBoundsAccess(RuntimeError):
         itself out of range -- ``indices["virtual_batch"]`` always says which);
       * ``indices`` -- the offending indices and the bounds they break (e.g. ``{"virtual_batch": 0, "splits":
         [29, ..., 85], "buffer_splits": 29, "metadata_splits": 86}``);
-      * ``violations`` -- every violation found in the same call (this one first), as ``spec.invariants.Violation``
+      * ``violations`` -- every violation found in the same call (this one first), as ``spec.violation.Violation``
         records (the indices in ``detail``, the sentence in ``message``); a single fault usually breaks several
         invariants (a split count above the capacity is also above the buffers).
     """

@@ -41,7 +41,7 @@ from refmodel.fa3_builds import UPSTREAM, check_build_name
 from refmodel.fa3_scheduler import PREPARE_MAX_BATCH_ONE_CTA, Schedule, combine_capacity
 from refmodel.metadata import get_scheduler_metadata as ref_get_scheduler_metadata
 from refmodel.prepare import m_blocks_for
-from spec.invariants import Violation
+from spec.violation import Violation
 
 from .errors import MetadataShapeError
 from .fa3_records import (CALL_SIGNATURE, DEFAULT_ARCH, DEFAULT_NUM_SM, PRECOMPUTE_SIGNATURES, VARLEN_POSITIONAL,

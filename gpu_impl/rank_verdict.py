@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from spec.invariants import Violation
+from spec.violation import Violation
 
 from .scenario import Scenario
 from .rank_placement import rank_placement, scenario_from_case

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from spec.invariants import Violation
+from spec.violation import Violation
 
 from .backend import DecodeCall, FlashAttentionBackend
 from .config import ModelConfig, ServerConfig

@@ -34,7 +34,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Collection, Mapping, NamedTuple, Optional
 
-from .invariants import Violation
+from .violation import Violation
 
 DTYPES = ("bfloat16", "float16", "float8_e4m3")
 CP_STRATEGIES = (None, "zigzag")

@@ -8,7 +8,7 @@ import dataclasses
 from gpu_impl.scenario import ScenarioResult, run_scenario
 import gpu_impl.sut as sut_mod
 from gpu_impl.sut import EngineSpec, SystemUnderTest
-from spec.invariants import Violation
+from spec.violation import Violation
 
 
 class ProfileSUT(SystemUnderTest):

@@ -14,7 +14,7 @@ from spec.config import (ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP, ASSUMPTION_CP_STRA
                          ASSUMPTION_POSITIVE_SIZES, ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL,
                          ASSUMPTION_PREFILL_CP_NEEDS_STRATEGY, ASSUMPTION_TP_DIVISIBLE, ModelConfig, ServerConfig,
                          validate_config)
-from spec.invariants import Violation
+from spec.violation import Violation
 
 
 def broken(assumption, field, message):

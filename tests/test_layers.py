@@ -116,7 +116,7 @@ def test_a_name_match_is_detected(tmp_path):
     assert names_matched_by_string(bad) == ["line 2", "line 3"]
 
 
-#: The project's one type for "a check found this broken" (spec.invariants.Violation) and one for "a reported
+#: The project's one type for "a check found this broken" (spec.violation.Violation) and one for "a reported
 #: violation worth a case file" (fa3verify.summary.Finding); a class whose name ends in either is a second one.
 ONE_CLASS_EACH = ("Violation", "Finding")
 

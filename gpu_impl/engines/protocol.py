@@ -38,7 +38,7 @@ def scenario_from_wire(data: dict):
 
 def result_from_wire(data: dict):
     """A gpu_impl.scenario.ScenarioResult from the worker's answer."""
-    from spec.invariants import Violation
+    from spec.violation import Violation
 
     from ..scenario import ScenarioResult
 

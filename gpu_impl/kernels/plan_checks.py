@@ -1,6 +1,6 @@
 """The checks on a tile plan: ``spec.invariants``' verdicts on what the call reads, and the damage a GPU shows.
 
-Invariant: every access the plan makes out of bounds is named (a ``spec.invariants.Violation``: the offending
+Invariant: every access the plan makes out of bounds is named (a ``spec.violation.Violation``: the offending
 indices in ``detail``, the sentence in ``message``; in :data:`INVARIANTS` order) before any numerics, by
 ``spec.invariants.check_all`` bridged from a metadata tensor (:func:`spec_verdicts`); :func:`poison_of` marks the
 batches and rows whose result is garbage on a GPU (``hopper/epilogue_fwd.hpp``, ``hopper/flash_fwd_combine_kernel.h``).
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from refmodel.metadata import UNWRITTEN
-from spec.invariants import Violation
+from spec.violation import Violation
 
 from ..errors import OutOfBoundsAccess
 from .tile_plan import TilePlan

@@ -90,7 +90,7 @@ class GraphMetadataNewBuffer:
 
     def _check_stale_buffer(self, call: DecodeCall, call_sched) -> DecodeVerdict:
         """The call against the captured buffer's stale content, through the kernel model's tile plan."""
-        from spec.invariants import Violation
+        from spec.violation import Violation
 
         from ..errors import MetadataShapeError
         from ..kernels.base import CallShape, build_tile_plan, check_plan

@@ -27,7 +27,7 @@ from gpu_impl.domain import ConfigDomain, DomainDraw
 from gpu_impl.scenario import ScenarioResult, jsonable
 from gpu_impl.sut import ModelSUT, ScenarioUnsupported, SystemUnderTest
 from spec.config import ModelConfig, ServerConfig
-from spec.invariants import Violation
+from spec.violation import Violation
 
 HERE = Path(__file__).resolve().parent
 LOG = HERE / "recorded_log.json"
