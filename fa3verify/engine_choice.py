@@ -22,6 +22,7 @@ from typing import Optional
 from .errors import UsageError
 
 from gpu_impl.sut import ENGINE_HELP  # every form's words, from the registry (gpu_impl/engine_forms.json)
+from gpu_impl.sut import spec_from_identity  # the EngineSpec a case file's engine object names, by the registry
 
 #: ``--engine``'s default: what a command runs on when the option is not given.
 DEFAULT_ENGINE = "model"
@@ -110,13 +111,6 @@ def refuse_policy_options(args, spec) -> None:
         if value is not None and value != default:
             raise UsageError(f"{option}: does not apply to --engine {spec}: a real engine's guard, head counts "
                              f"and runner are its own code; drop {option} (or use --engine model)")
-
-
-def spec_from_identity(identity: Optional[dict]):
-    """The EngineSpec a case file's ``engine`` object names (None or absent: the model), by the registry."""
-    from gpu_impl.sut import spec_from_identity as from_registry
-
-    return from_registry(identity)
 
 
 def fa3_build_of(spec) -> str:

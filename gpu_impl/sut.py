@@ -95,16 +95,6 @@ class EngineSpec:
         return self.kind == "model"
 
     @property
-    def engine(self) -> str:
-        """Whose code runs: "model", "sglang" or "vllm" (a release and a checkout of one engine alike)."""
-        return self.kind.split("-")[0]
-
-    @property
-    def is_source(self) -> bool:
-        """A checkout or wheel (``sglang-src=PATH``, ``vllm-src=PATH``): code that is not a registered release."""
-        return self.kind in SOURCE_KINDS
-
-    @property
     def identity_field(self) -> Optional[str]:
         """The field a case file records beside the engine's name ("release", "path", "target"; None: the model)."""
         return self.form["takes"]
@@ -169,9 +159,6 @@ class EngineSpec:
         except ValueError:
             return UPSTREAM
 
-
-#: The checkout forms: kind -> what PATH names (the message of a missing path).
-SOURCE_KINDS = {kind: row["what"] for kind, row in ENGINE_REGISTRY.items() if row["takes"] == "path"}
 
 ENGINE_FORMS = ", ".join(f"'{row['example']}'" for row in ENGINE_REGISTRY.values())
 
