@@ -115,7 +115,9 @@ def _pair_for(pairs: list, finding) -> Optional[dict]:
     return None
 
 
-def _differs(pair: dict) -> dict:
+def differing_arguments(pair: dict) -> dict:
+    """The FA3 arguments that differ between a normalised pair's precompute and call
+    (``gpu_impl.fa3_calls.pair_summary``): name -> [precompute's, call's]; {} without a precompute."""
     pre, call = pair.get("precompute"), pair.get("call") or {}
     if not pre:
         return {}
@@ -158,7 +160,7 @@ def terms_from_run(scenario, result, invariant: Optional[str] = None, spec=None,
 def terms_of_finding(scenario, result, pick, spec=None) -> dict:
     """The terms of one finding (a ``spec.violation.Violation`` of ``result``), without the configuration."""
     pair = _pair_for(_pairs(scenario, result, spec), pick) if pick.detail.get("mode") == "decode" else None
-    differs = _differs(pair) if pair else {}
+    differs = differing_arguments(pair) if pair else {}
     path = (pair or {}).get("path") or _PATHS.get(pick.detail.get("path"), pick.detail.get("path")) or ""
     if pick.detail.get("mode") in ("extend", "mixed"):
         path = f"eager {pick.detail['mode']}"
@@ -240,9 +242,3 @@ def apply_terms(finding, terms: Optional[dict], keep_message: bool = False, note
     if terms.get("message") and not keep_message:
         finding.message = terms["message"] + (f" ({note})" if note else "")
     return finding
-
-
-def differing_arguments(pair: dict) -> dict:
-    """The FA3 arguments that differ between a normalised pair's precompute and call
-    (``gpu_impl.fa3_calls.pair_summary``): name -> [precompute's, call's]; {} without a precompute."""
-    return _differs(pair)
