@@ -145,11 +145,12 @@ def engine_profile_for(text: str) -> tuple:
     from .engine_profiles_vllm import VLLM_RELEASES, VllmProfileError, vllm_profile_for
 
     text = text or ""
-    if text.startswith("sglang=="):
-        return "sglang", profile_for(text[len("sglang=="):])
-    if text.startswith("vllm=="):
+    sglang, vllm = release_named(text), release_named(text, "vllm")
+    if sglang is not None:
+        return "sglang", profile_for(sglang)
+    if vllm is not None:
         try:
-            return "vllm", vllm_profile_for(text[len("vllm=="):])
+            return "vllm", vllm_profile_for(vllm)
         except VllmProfileError as exc:
             raise ProfileError(str(exc)) from None
     raise ProfileError(f"want sglang==V ({RELEASES[0]} .. {RELEASES[-1]}) or vllm==V ({', '.join(VLLM_RELEASES)}), "
