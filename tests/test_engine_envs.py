@@ -312,3 +312,51 @@ def test_driver_environment_per_engine():
     vl = envs.driver_environ(base={"PATH": "/bin"}, engine="vllm")
     assert vl["VLLM_LOGGING_LEVEL"] == "ERROR" and "SGLANG_USE_SGL_FA3_KERNEL" not in vl
     assert envs.driver_environ(base=base, engine="vllm")["VLLM_LOGGING_LEVEL"] == "DEBUG"  # the user's wins
+
+
+def test_main_builds_the_targets_side_by_side_and_reports_in_their_order(monkeypatch, capsys):
+    """``python -m gpu_impl.engines.envs A B C`` builds up to FA3VERIFY_ENV_JOBS at once; the result lines keep
+    the targets' order; a failing build is exit 2 after the others have ended. Negative control: with one job at
+    a time no two builds overlap."""
+    import threading
+    import time as _time
+
+    from gpu_impl.engines.errors import EnvSetupError
+
+    running, most, done = [0], [0], []
+    lock = threading.Lock()
+
+    def fake_ensure(release, engine="sglang", **_):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        _time.sleep(0.2 if release == "0.5.13" else 0.05)  # the first target ends last
+        with lock:
+            running[0] -= 1
+            done.append(release)
+        if release == "0.5.14":
+            raise EnvSetupError(f"{engine}=={release}: environment set-up step 'import probe' failed (exit 1)")
+        return f"/envs/{engine}-{release}"
+
+    monkeypatch.setattr(envs, "ensure_env", fake_ensure)
+    monkeypatch.setattr(envs, "setup_times", lambda release, engine="sglang": {"total": 1.0})
+    monkeypatch.setenv("FA3VERIFY_ENV_JOBS", "3")
+    assert envs.main(["0.5.13", "0.5.23", "vllm==0.33.0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == ["sglang==0.5.13", "sglang==0.5.23", "vllm==0.33.0"]
+    assert most[0] == 3 and done[-1] == "0.5.13"
+    most[0], done[:] = 0, []
+    assert envs.main(["0.5.13", "0.5.14", "0.5.23"]) == 2
+    captured = capsys.readouterr()
+    assert "import probe" in captured.err and set(done) == {"0.5.13", "0.5.14", "0.5.23"}
+    # negative control: one at a time
+    most[0] = 0
+    monkeypatch.setenv("FA3VERIFY_ENV_JOBS", "1")
+    assert envs.main(["0.5.13", "0.5.23"]) == 0 and most[0] == 1
+    capsys.readouterr()
+    # bad values name the variable; an unknown target is refused before anything is built
+    monkeypatch.setenv("FA3VERIFY_ENV_JOBS", "0")
+    done[:] = []
+    assert envs.main(["0.5.13"]) == 2 and "FA3VERIFY_ENV_JOBS" in capsys.readouterr().err and done == []
+    monkeypatch.setenv("FA3VERIFY_ENV_JOBS", "2")
+    assert envs.main(["0.5.13", "trt==1.0"]) == 2 and done == []

@@ -376,29 +376,64 @@ def parse_target(text: str) -> tuple:
     return engine, release
 
 
+def build_jobs() -> int:
+    """How many environments ``main`` builds at once: ``$FA3VERIFY_ENV_JOBS``, else one per core (a build's longest
+    steps, the torch check and the import probe, compile bytecode on one core each)."""
+    text = os.environ.get("FA3VERIFY_ENV_JOBS", "")
+    if text:
+        try:
+            jobs = int(text)
+        except ValueError:
+            jobs = 0
+        if jobs < 1:
+            raise EnvSetupError(f"FA3VERIFY_ENV_JOBS: want a whole number >= 1, got {text!r}")
+        return jobs
+    return max(1, os.cpu_count() or 1)
+
+
 def main(argv=None) -> int:
     """``python -m gpu_impl.engines.envs TARGET...``: build (or reuse) the environments, print seconds per step.
-    A target is an sglang release (``0.5.23``) or ``ENGINE==V`` (``sglang==0.5.23``, ``vllm==0.33.0``)."""
+    A target is an sglang release (``0.5.23``) or ``ENGINE==V`` (``sglang==0.5.23``, ``vllm==0.33.0``).
+
+    Every target is checked before anything is built; the builds then run side by side (:func:`build_jobs`), and
+    the result lines come in the targets' order. Any failure is exit 2, after the other builds have ended."""
     import argparse
+    from concurrent.futures import ThreadPoolExecutor
 
     parser = argparse.ArgumentParser(prog="python -m gpu_impl.engines.envs",
-                                     description="Build or reuse cached engine environments.")
+                                     description="Build or reuse cached engine environments, side by side "
+                                                 "(FA3VERIFY_ENV_JOBS at a time; default one per core).")
     parser.add_argument("targets", nargs="+", metavar="TARGET",
                         help="sglang release (0.5.23) or ENGINE==V (sglang==0.5.23, vllm==0.33.0)")
     args = parser.parse_args(argv)
     from .errors import EngineUnavailable
 
-    for target in args.targets:
+    try:
+        targets = [parse_target(t) for t in dict.fromkeys(args.targets)]
+        for engine, release in targets:
+            _kind(engine).check(release)
+        jobs = build_jobs()
+    except EngineUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    def one(target: tuple) -> str:
+        engine, release = target
         start = time.monotonic()
+        d = ensure_env(release, engine=engine)
+        return (f"{engine}=={release}: {d} ({time.monotonic() - start:.1f}s now; built in "
+                f"{(setup_times(release, engine=engine) or {}).get('total', '?')}s)")
+
+    with ThreadPoolExecutor(max_workers=min(jobs, len(targets))) as pool:
+        futures = [pool.submit(one, t) for t in targets]
+    code = 0
+    for future in futures:
         try:
-            engine, release = parse_target(target)
-            d = ensure_env(release, engine=engine)
+            print(future.result())
         except EngineUnavailable as exc:
             print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print(f"{engine}=={release}: {d} ({time.monotonic() - start:.1f}s now; built in "
-              f"{(setup_times(release, engine=engine) or {}).get('total', '?')}s)")
-    return 0
+            code = 2
+    return code
 
 
 if __name__ == "__main__":
