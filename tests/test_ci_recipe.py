@@ -40,8 +40,13 @@ def _table_rows(markdown: str) -> list:
             if line.startswith("| ") and not line.startswith("| check |")]
 
 
+#: The command the script runs for a whole gate: the real command line with its prove stage cut to the theorems that
+#: evaluate the guard (tests/gate_guard_theorems.py); the subject here is the script's rows, artifacts and exit code.
+GUARD_THEOREMS_BIN = f"{sys.executable} {ROOT / 'tests' / 'gate_guard_theorems.py'}"
+
+
 def test_a_failing_gate_through_the_script_exits_1_with_the_failing_rows_and_every_artifact(tmp_path):
-    proc = _run(tmp_path, "all", FA3VERIFY_GUARD="pre-fix", FA3VERIFY_CASES="20")
+    proc = _run(tmp_path, "all", FA3VERIFY_GUARD="pre-fix", FA3VERIFY_CASES="20", FA3VERIFY_BIN=GUARD_THEOREMS_BIN)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = tmp_path / "fa3verify-out"
     for name in ("gate.json", "report.xml", "gate.html", "summary.md", "gate.log"):

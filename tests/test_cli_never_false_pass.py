@@ -138,11 +138,8 @@ def test_a_guard_that_exits_at_import_is_a_usage_error(tmp_path, kind, command, 
 
 
 #: The gate's command line with its prove stage cut to the theorems that evaluate the guard (3 and 4), to keep
-#: the test short; everything else is the real gate.
-GATE_WITH_GUARD_THEOREMS = (
-    "import sys, fa3verify.proving as p; orig = p.theorem_results; "
-    "p.theorem_results = lambda pol, t, d, only, dropped: orig(pol, t, d, ['3-hazard', '4-guard'], dropped); "
-    "from fa3verify.cli import main; sys.exit(main(sys.argv[1:]))")
+#: the test short; everything else is the real gate (tests/gate_guard_theorems.py).
+GATE_WITH_GUARD_THEOREMS = REPO / "tests" / "gate_guard_theorems.py"
 
 
 @pytest.mark.parametrize("kind", ["sys_exit", "os_exit"])
@@ -151,15 +148,15 @@ def test_gate_with_a_guard_that_exits_fails(tmp_path, kind, monkeypatch, capfd):
             "--json", str(tmp_path / "gate.json")]
     if kind == "os_exit":  # a child process, as in run_guarded
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        proc = subprocess.run([sys.executable, "-c", GATE_WITH_GUARD_THEOREMS, *argv], capture_output=True, text=True,
-                              env=env, timeout=300)
+        proc = subprocess.run([sys.executable, str(GATE_WITH_GUARD_THEOREMS), *argv], capture_output=True,
+                              text=True, env=env, timeout=300)
         rc, out, err = proc.returncode, proc.stdout, proc.stderr
-    else:  # the same cut of the prove stage as GATE_WITH_GUARD_THEOREMS, in this process
+    else:  # the same cut of the prove stage, in this process
         import fa3verify.proving as p
+        from gate_guard_theorems import cut_prove_stage
 
-        orig = p.theorem_results
-        monkeypatch.setattr(p, "theorem_results",
-                            lambda pol, t, d, only, dropped: orig(pol, t, d, ["3-hazard", "4-guard"], dropped))
+        monkeypatch.setattr(p, "theorem_results", p.theorem_results)  # undone after the test
+        cut_prove_stage()
         rc = main(argv)
         out, err = capfd.readouterr()
     assert rc == 1, (out, err)
