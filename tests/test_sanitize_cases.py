@@ -5,16 +5,16 @@ pair file replays them (fake FA3 modules over the emulator, a 16-SM device; test
 
 from __future__ import annotations
 
-import json
-import os
+import contextlib
+import io
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import fa3verify.sanitize as sanitize
+from fa3verify.cli import main
 from fa3verify.sanitize.records import case_for_pair, load_pair
 from gpu_impl.fa3_calls import MetadataMismatch
 from spec.cases import Case
@@ -22,15 +22,17 @@ from spec.cases import Case
 from sanitize_fakes import fakes, forget_fakes, write_fakes  # noqa: F401 - fakes is a fixture
 from test_sanitize import HEADS, LENS, STALE, install, tensors
 
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 
 
 def fa3verify(*args):
-    return subprocess.run([sys.executable, "-m", "fa3verify", *args], env=ENV, capture_output=True, text=True,
-                          timeout=600)
+    """The command line, run in this process (what it prints and its exit code): the replay reads the files the
+    sanitizer wrote, not the fake FA3 modules the test installed."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(["fa3verify", *args], code, out.getvalue(), err.getvalue())
 
 
 def only_pair(tmp_path):
