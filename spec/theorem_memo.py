@@ -7,8 +7,10 @@ Invariant: a remembered value is given back only when it is certainly what the p
 - nothing the parts run has been replaced since: every module attribute and class attribute of refmodel, spec and
   z3 is the object it was (:func:`fingerprint`), so a monkeypatched or counterfactual function, a seeded defect
   swapped in, or a patched solver is a miss;
-- a value with anything but proved results is given back only to a run with the same cases directory, while its
-  case files are there (a refutation writes its case file there, or none without a directory);
+- a value with anything but proved results is given back only while its case files are there, to a run with the
+  same cases directory, or to a run with another one once those files are written there at the same names, as the
+  part writes them (:func:`relocated`; never when a directory is None or another string of the value names the
+  first directory);
 - the caller gets a deep copy (callers annotate results), and results keep the seconds of the run that computed
   them.
 
@@ -25,7 +27,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 __all__ = ["enable", "disable", "enabled", "suspended", "state", "fingerprint", "after_run", "lookup", "store",
-           "stats"]
+           "stats", "relocated"]
 
 MEMO: Optional[dict] = None
 _PAUSED = 0
@@ -127,15 +129,72 @@ def lookup(key: Optional[tuple], cases_dir: Optional[str], fp: int) -> tuple[boo
         return False, None
     _, stored_dir, value = entry
     results = _results(value)
+    value = copy.deepcopy(value)
     # only proved results are the same whatever the cases directory (a refutation writes its case there, or
-    # has none without one): anything else is given back for the same directory, its case files still there
+    # has none without one): anything else is given back for the same directory, its case files still there, or
+    # for another directory once its case files are written there as the part would write them (relocated)
     if any(r.verdict != "proved" or r.case_file for r in results):
         files = [r.case_file for r in results if r.case_file]
-        if stored_dir != cases_dir or not all(os.path.isfile(f) for f in files):
+        if not all(os.path.isfile(f) for f in files):
             _STATS["misses"] += 1
             return False, None
+        if stored_dir != cases_dir:
+            value = relocated(value, stored_dir, cases_dir)
+            if value is None:
+                _STATS["misses"] += 1
+                return False, None
     _STATS["hits"] += 1
-    return True, copy.deepcopy(value)
+    return True, value
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a part's value: its results' fields, and lists, tuples and dicts, searched."""
+    import dataclasses
+
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            yield v
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            stack.extend(getattr(v, f.name) for f in dataclasses.fields(v))
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+
+
+def relocated(value: Any, stored_dir: Optional[str], cases_dir: Optional[str]) -> Optional[Any]:
+    """``value`` (a copy, changed in place) as the part computes it for ``cases_dir``: each case file it wrote
+    into ``stored_dir`` is written at the same name under ``cases_dir`` (an existing file there is kept, as
+    ``spec.cases.Case.save`` keeps it) and its result names that path; None when that is not certainly the same:
+    either directory is None, a case file lies outside ``stored_dir``, or any other string of the value names
+    ``stored_dir`` (a message with a path in it)."""
+    if stored_dir is None or cases_dir is None:
+        return None
+    results = _results(value)
+    moves = []
+    for r in results:
+        if r.case_file:
+            rel = os.path.relpath(r.case_file, stored_dir)
+            if rel.startswith(os.pardir) or os.path.isabs(rel):
+                return None
+            moves.append((r, rel))
+    if any(stored_dir in text for text in _strings(value) if text not in {r.case_file for r, _ in moves}):
+        return None
+    for r, rel in moves:
+        target = os.path.join(cases_dir, rel)
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        with open(r.case_file, "rb") as src:
+            data = src.read()
+        try:  # "x": never replaces a file already there (its first finder's notes win), as a save does
+            with open(target, "xb") as dst:
+                dst.write(data)
+        except FileExistsError:
+            pass
+        r.case_file = target
+    return value
 
 
 def store(key: Optional[tuple], cases_dir: Optional[str], fp: Optional[int], value: Any) -> None:

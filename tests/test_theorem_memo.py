@@ -66,19 +66,55 @@ def test_a_replaced_function_is_a_miss(memo, monkeypatch):
     assert theorem_memo.stats()["misses"] == misses + 1
 
 
-def test_a_value_with_case_files_is_only_given_back_for_its_directory(memo, tmp_path):
+def test_a_value_with_case_files_is_given_back_while_they_are_there_and_relocated_for_another_directory(memo,
+                                                                                                     tmp_path):
+    calls = []
+    case = tmp_path / "a" / "case.json"
+    case.parent.mkdir()
+    case.write_text('{"id": 1}')
+    run_jobs([_counting_job(calls, case_file=str(case), cases_dir=str(case.parent))])
+    run_jobs([_counting_job(calls, case_file=str(case), cases_dir=str(case.parent))])
+    assert len(calls) == 1
+    # another directory: the case file is written there at its name, byte for byte, and the result names it
+    (moved,) = run_jobs([_counting_job(calls, case_file=str(case), cases_dir=str(tmp_path / "b"))]).results
+    assert len(calls) == 1 and moved.case_file == str(tmp_path / "b" / "case.json")
+    assert (tmp_path / "b" / "case.json").read_bytes() == case.read_bytes()
+    # a file already at that name is kept, as a part's save keeps it
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "case.json").write_text('{"first": true}')
+    run_jobs([_counting_job(calls, case_file=str(case), cases_dir=str(tmp_path / "c"))])
+    assert len(calls) == 1 and (tmp_path / "c" / "case.json").read_text() == '{"first": true}'
+    case.unlink()  # its case file is gone: computed again
+    run_jobs([_counting_job(calls, case_file=str(case), cases_dir=str(case.parent))])
+    assert len(calls) == 2
+
+
+def test_a_value_that_names_its_directory_elsewhere_or_a_file_outside_it_is_not_relocated(memo, tmp_path):
+    """Negative controls of the relocation: a message with the first directory's path in it, a case file outside
+    the cases directory, and no cases directory on the asking side are computed again."""
     calls = []
     case = tmp_path / "a" / "case.json"
     case.parent.mkdir()
     case.write_text("{}")
-    run_jobs([_counting_job(calls, case_file=str(case), cases_dir=str(case.parent))])
-    run_jobs([_counting_job(calls, case_file=str(case), cases_dir=str(case.parent))])
-    assert len(calls) == 1
-    run_jobs([_counting_job(calls, case_file=str(case), cases_dir=str(tmp_path / "b"))])
-    assert len(calls) == 2
-    case.unlink()
-    run_jobs([_counting_job(calls, case_file=str(case), cases_dir=str(case.parent))])
-    assert len(calls) == 3
+
+    def naming_job(key):
+        def part():
+            calls.append(1)
+            return [TheoremResult("t", "refuted", 0.0, {}, str(case), f"see {case.parent}")]
+        return Job(("t",), (part,), key=key, cases_dir=str(case.parent))
+
+    run_jobs([naming_job(("naming",))])
+    job = naming_job(("naming",))
+    run_jobs([Job(job.names, job.parts, key=job.key, cases_dir=str(tmp_path / "b"))])
+    assert len(calls) == 2 and not (tmp_path / "b").exists()
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text("{}")
+    run_jobs([_counting_job(calls, key=("outside",), case_file=str(outside), cases_dir=str(case.parent))])
+    run_jobs([_counting_job(calls, key=("outside",), case_file=str(outside), cases_dir=str(tmp_path / "d"))])
+    assert len(calls) == 4
+    run_jobs([_counting_job(calls, key=("none",), case_file=str(case), cases_dir=str(case.parent))])
+    run_jobs([_counting_job(calls, key=("none",), case_file=str(case), cases_dir=None)])
+    assert len(calls) == 6
 
 
 def test_a_refutation_without_a_case_file_is_not_given_back_for_another_directory(memo, tmp_path):
