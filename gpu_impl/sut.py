@@ -28,7 +28,7 @@ Engines are named by a spec string (:func:`parse_engine`):
 
 The forms are one table (``gpu_impl/engine_forms.json``, :data:`ENGINE_REGISTRY`): its prefix, the field its value
 fills, the factory that opens it and every answer the harness needs about it (whose policy runs, whether a case
-replays on it unasked, which FA3 build judges it, what conform and the gate run), so the harness asks the spec and
+replays on it unasked, which FA3 build judges it, what conform checks), so the harness asks the spec and
 never compares an engine's kind.
 
 Real engines are imported lazily: nothing here imports sglang or creates an environment.
@@ -137,11 +137,6 @@ class EngineSpec:
         return self.form["conform"]
 
     @property
-    def gate(self) -> str:
-        """Which gate runs on it: "policy" (theorems under the model's policy, then fuzz) or "engine"."""
-        return self.form["gate"]
-
-    @property
     def flow_theorem(self) -> bool:
         """Whether its gate proves vLLM's flow theorem under the release's profile."""
         return bool(self.form["flow_theorem"])
@@ -234,6 +229,16 @@ class SystemUnderTest(abc.ABC):
         prover assumptions it does not enforce."""
         return {}
 
+    #: the model policy it runs (guard, metadata heads, runner hygiene: a ``fa3verify.policy.Policy``), given to its
+    #: constructor; None: its own code decides, and the harness's default policy fills a scenario's policy fields
+    policy = None
+
+    def proof_plan(self) -> tuple:
+        """The proof stages its gate runs before fuzz, as data (``fa3verify.gating.STAGES`` runs them): by default
+        the witness searches on the model, replayed on it (``"witnesses"``), and its registry row's flow theorem
+        under its release's profile (``"flow-theorem"``); the model's is every theorem under its policy."""
+        return ("witnesses", "flow-theorem") if self.spec.flow_theorem else ("witnesses",)
+
     #: whether it has a worker to start before the first scenario (a real engine's process); the model has none
     has_worker = False
 
@@ -252,9 +257,16 @@ class SystemUnderTest(abc.ABC):
 
 
 class ModelSUT(SystemUnderTest):
-    """Our model of sglang's backend (``gpu_impl.backend``), driven by ``gpu_impl.scenario.run_scenario``."""
+    """Our model of sglang's backend (``gpu_impl.backend``), driven by ``gpu_impl.scenario.run_scenario``, under
+    the policy it is constructed with (``policy``: guard, metadata heads, runner hygiene; ``defects``: seeded
+    defects, ``gpu_impl.defects``), which fuzz and the gate read from it; without one, a scenario's own policy
+    fields run (replay: the case's)."""
 
     spec = EngineSpec("model")
+
+    def proof_plan(self) -> tuple:
+        """Every theorem (spec.theorems) under its policy."""
+        return ("theorems",)
 
     def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
         from .scenario import run_scenario
@@ -264,8 +276,9 @@ class ModelSUT(SystemUnderTest):
                              "modelled by the model of sglang's backend; run it on vllm==V")
         return run_scenario(scenario, kernel=kernel, numerics=numerics, device=device)
 
-    def __init__(self, spec: Optional[EngineSpec] = None):
+    def __init__(self, spec: Optional[EngineSpec] = None, policy=None, defects=frozenset()):
         self.spec = spec or EngineSpec("model")
+        self.policy, self.defects = policy, frozenset(defects)
 
     def identity(self) -> dict:
         return {"name": "model"}
@@ -303,8 +316,13 @@ def open_named_sut(spec: EngineSpec) -> SystemUnderTest:
     return sut
 
 
-def open_sut(spec) -> SystemUnderTest:
-    """The system under test an engine spec (or its text) names; real engines load from ``gpu_impl.engines``."""
+def open_sut(spec, policy=None) -> SystemUnderTest:
+    """The system under test an engine spec (or its text) names; real engines load from ``gpu_impl.engines``.
+    ``policy`` (the model policy it runs) is given to the factory of a form whose scenario policy runs
+    (``EngineSpec.runs_scenario_policy``); a form whose own code decides takes none."""
     if isinstance(spec, str):
         spec = parse_engine(spec)
-    return _factory(spec.form["factory"])(spec)  # lazy: real engines need their environments
+    factory = _factory(spec.form["factory"])  # lazy: real engines need their environments
+    if policy is not None and spec.runs_scenario_policy:
+        return factory(spec, policy=policy)
+    return factory(spec)

@@ -450,12 +450,11 @@ def test_profiles_follow_engines_md_section_1():
 def test_scenarios_the_engine_does_not_run_are_skipped_and_counted(monkeypatch, tmp_path):
     from fa3verify.conformance import conform
     from fa3verify.fuzzing import fuzz
-    from fa3verify.policy import load_policy
     from spec.engine_profiles import profile_for
 
     from fake_engines import NoMlaSUT
 
-    summary = fuzz(load_policy(), max_cases=80, budget_s=None, out_dir=str(tmp_path), sut=NoMlaSUT("0.5.23"),
+    summary = fuzz(max_cases=80, budget_s=None, out_dir=str(tmp_path), sut=NoMlaSUT("0.5.23"),
                    show_progress=False)
     assert summary.exit_code == 0 and 0 < summary.cases < 80
     assert "the engine does not run were skipped" in summary.checks[-1].message

@@ -107,7 +107,7 @@ def test_fuzz_of_a_defect_that_makes_fa3_abort_reports_process_abort(tmp_path):
     from fa3verify.policy import load_policy
 
     policy = load_policy("gpu_impl.defects:graph_metadata_before_padding")
-    summary = fuzz(policy, max_cases=200, seed=0, budget_s=None, out_dir=str(tmp_path), show_progress=False)
+    summary = fuzz(ModelSUT(policy=policy), max_cases=200, seed=0, budget_s=None, out_dir=str(tmp_path), show_progress=False)
     assert "PROCESS_ABORT" in {f.invariant for f in summary.findings}, [f.invariant for f in summary.findings]
     assert summary.exit_code == 1
 
