@@ -243,8 +243,9 @@ def vllm_profile_arg(args):
 
 
 def conform_profile(text: Optional[str], sut):
-    """The profile conformance checks: ``--engine-profile`` if given, else the engine's release (a checkout:
-    the release its identity names); UsageError when there is none."""
+    """The profile conformance checks: ``--engine-profile`` if given, else the one the system under test says it
+    conforms to (``sut.conformance_profile()``: by default its release; a checkout: the release its identity
+    names); UsageError when there is none."""
     from spec.engine_profiles import ProfileError, profile_for, release_named
 
     release = None
@@ -253,7 +254,8 @@ def conform_profile(text: Optional[str], sut):
         if release is None:
             raise UsageError(f"--engine-profile: want sglang==V, got {text!r}")
     else:
-        release = sut.spec.release or (identity_of(sut) or {}).get("release")
+        named = sut.conformance_profile()
+        release = release_named(named) if named else None
     if not release:
         raise UsageError(f"--engine-profile: {sut.spec} names no release; say which profile to check "
                          f"(e.g. --engine-profile sglang==0.5.23)")

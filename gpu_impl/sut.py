@@ -239,6 +239,18 @@ class SystemUnderTest(abc.ABC):
         under its release's profile (``"flow-theorem"``); the model's is every theorem under its policy."""
         return ("witnesses", "flow-theorem") if self.spec.flow_theorem else ("witnesses",)
 
+    def conformance_profile(self) -> Optional[str]:
+        """The release profile conform compares it with (``sglang==V``, spec/engine_profiles.json: the model under
+        that profile must make the FA3 events it makes), or None when it names none. By default the release it
+        runs or stands beside (a checkout's identity names its nearest release)."""
+        release = self.spec.release or (self.identity() or {}).get("release")
+        return f"sglang=={release}" if release else None
+
+    def conformance_family(self) -> Optional[str]:
+        """The strategy family (``fa3verify.strategies``) conform draws its configurations from: by default
+        ``release`` (sglang's server arguments); None: its own domain (:meth:`domain`)."""
+        return "release"
+
     #: whether it has a worker to start before the first scenario (a real engine's process); the model has none
     has_worker = False
 
