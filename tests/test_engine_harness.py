@@ -499,3 +499,17 @@ def test_engine_setup_builds_a_vllm_environment_through_the_one_builder(monkeypa
     monkeypatch.setitem(sys.modules, "gpu_impl.engines", pkg)
     assert cli.main(["engine", "setup", "vllm==0.33.0"]) == 0
     assert calls == [("vllm", "0.33.0")] and "/cache/vllm-0.33.0" in capsys.readouterr().out
+
+
+def test_open_engine_opens_by_the_opener_its_row_names_and_refuses_any_other_row():
+    """Every real engine row of gpu_impl/engine_forms.json names an opener of gpu_impl.engines; a row naming none
+    (the model, a named SUT) is EngineUnavailable, never opened by a guess at its kind."""
+    from gpu_impl.engines import OPENERS, EngineUnavailable, open_engine
+    from gpu_impl.sut import ENGINE_REGISTRY, EngineSpec
+
+    named = [row["factory"].partition(":")[2] for row in ENGINE_REGISTRY.values()
+             if row["factory"].startswith("gpu_impl.engines:")]
+    assert named and set(named) <= set(OPENERS)
+    for spec in (EngineSpec("model"), EngineSpec("sut", target="a.b:C")):
+        with pytest.raises(EngineUnavailable, match=f"no real engine of kind {spec.kind!r}"):
+            open_engine(spec)
