@@ -243,7 +243,9 @@ class ConformanceTarget:
         if ok is None:
             report.unvalidated += 1
         scn = scenario_for(case, self.policy)
-        model = judge(ModelSUT(), scn)  # a fault of the model's guard is its finding, compared as a verdict
+        # the model under the release's profile (ModelSUT(policy=...)); a fault of its guard is its finding,
+        # compared as a verdict
+        model = judge(ModelSUT(policy=self.policy), scn)
         engine = judge(sut, scn)
         if engine.unsupported:
             report.skipped_unsupported += 1

@@ -12,8 +12,9 @@ the harness draws a campaign's configurations from it and never branches on the 
 Engines are named by a spec string (:func:`parse_engine`):
 
 - ``model``: :class:`ModelSUT`, our model (``gpu_impl.backend`` through ``gpu_impl.scenario.run_scenario``);
-  the default, fast, and the only engine that honours a scenario's policy fields (guard, metadata heads,
-  runner hygiene, seeded defects).
+  the default, fast, and the only engine whose policy (guard, metadata heads, runner hygiene, seeded defects)
+  is the harness's: given to its constructor (``ModelSUT(policy=...)``: the policy options, a case's policy on
+  replay), else a scenario's policy fields.
 - ``sglang==V``: sglang release V's own ``FlashAttentionBackend``, run in that release's cached engine
   environment (``gpu_impl.engines``). The guard is whatever that release's code does.
 - ``vllm==V``: vLLM release V's FlashAttention metadata builder and impl (``gpu_impl.engines.vllm``), in its
@@ -271,8 +272,8 @@ class SystemUnderTest(abc.ABC):
 class ModelSUT(SystemUnderTest):
     """Our model of sglang's backend (``gpu_impl.backend``), driven by ``gpu_impl.scenario.run_scenario``, under
     the policy it is constructed with (``policy``: guard, metadata heads, runner hygiene; ``defects``: seeded
-    defects, ``gpu_impl.defects``), which fuzz and the gate read from it; without one, a scenario's own policy
-    fields run (replay: the case's)."""
+    defects, ``gpu_impl.defects``), which fuzz and the gate read from it and which runs (:meth:`under_policy`);
+    without one, a scenario's own policy fields run."""
 
     spec = EngineSpec("model")
 
@@ -286,7 +287,22 @@ class ModelSUT(SystemUnderTest):
         if getattr(scenario, "vllm", None) is not None:
             raise ValueError("vllm: a vLLM configuration (sliding windows, KV dtype, piecewise graphs) is not "
                              "modelled by the model of sglang's backend; run it on vllm==V")
-        return run_scenario(scenario, kernel=kernel, numerics=numerics, device=device)
+        return run_scenario(self.under_policy(scenario), kernel=kernel, numerics=numerics, device=device)
+
+    def under_policy(self, scenario):
+        """``scenario`` with this model's policy (guard, metadata heads, runner hygiene, the graph replay's
+        ``max_seqlen_k``) and its seeded defects in force; unchanged when it was constructed with neither."""
+        import dataclasses
+
+        if self.policy is None and not self.defects:
+            return scenario
+        changes = {"defects": frozenset(scenario.defects) | self.defects}
+        policy = self.policy
+        if policy is not None:
+            changes.update(guard=policy.guard, guard_spec=policy.guard_spec, metadata_heads=policy.metadata_heads,
+                           clear_stale_cp_metadata=policy.clear_stale_cp_metadata,
+                           graph_replay_seqlen_k=policy.graph_replay_seqlen_k)
+        return dataclasses.replace(scenario, **changes)
 
     def __init__(self, spec: Optional[EngineSpec] = None, policy=None, defects=frozenset()):
         self.spec = spec or EngineSpec("model")

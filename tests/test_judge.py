@@ -53,6 +53,17 @@ def test_a_defect_the_run_reports_is_its_finding():
     assert verdict.findings[0].step == 0
 
 
+def test_the_policy_the_model_is_constructed_with_is_what_runs():
+    """ModelSUT(policy=...) runs its own policy over a scenario's policy fields; without one, the scenario's run."""
+    from fa3verify.policy import load_policy
+
+    scn = _scenario(pcp=True)  # built under the fixed guard: the precompute is skipped, nothing found
+    assert judge(ModelSUT(), scn).outcome == "pass"
+    assert judge(ModelSUT(policy=load_policy("fixed")), scn).outcome == "pass"
+    verdict = judge(ModelSUT(policy=load_policy("none")), scn)  # negative control: its guard, not the scenario's
+    assert verdict.outcome == "violation" and verdict.invariants
+
+
 def test_a_guard_timeout_is_guard_timeout_not_guard_raised():
     verdict = judge(ModelSUT(), _scenario(_timing_out))
     assert verdict.invariants == ["GUARD_TIMEOUT"]
