@@ -216,3 +216,42 @@ def test_gate_passes_the_policy_and_reports_each_stage(monkeypatch):
     monkeypatch.setattr(fa3verify.gating.time, "perf_counter", lambda: 0.0)
     gate(ModelSUT(policy=policy), budget_s=5.0, kernel_name="fa3")
     assert [x[1:3] for x in seen] == [("prove (z3 theorems)", None), ("fuzz (fa3 kernel, 5 s)", None)]
+
+
+def test_the_gate_runs_the_proof_stages_the_system_under_test_names(monkeypatch):
+    """One gate: the model's plan is every theorem under its policy, an engine's the witness searches (plus the
+    flow theorem where it names it), then fuzz on the same system; witnesses=False runs fuzz only."""
+    import fa3verify.engine_gate
+    import fa3verify.fuzzing
+    import fa3verify.proving
+    from fa3verify.gating import gate
+    from fa3verify.policy import Policy
+    from gpu_impl.sut import EngineSpec, ModelSUT, SystemUnderTest
+
+    calls = []
+    monkeypatch.setattr(fa3verify.proving, "prove", lambda policy, **k: calls.append("theorems") or RunSummary("prove"))
+    monkeypatch.setattr(fa3verify.engine_gate, "witness_stages", lambda sut, summary, **k: calls.append("witnesses"))
+    monkeypatch.setattr(fa3verify.engine_gate, "flow_stage", lambda sut, summary, **k: calls.append("flow-theorem"))
+    monkeypatch.setattr(fa3verify.fuzzing, "fuzz", lambda sut, **k: calls.append(("fuzz", sut)) or
+                        RunSummary("fuzz", checks=[check()], cases=1))
+
+    class Own(SystemUnderTest):
+        spec = EngineSpec("sut", target="x:Own")
+        plan = ("witnesses",)
+
+        def run(self, scenario, kernel=None, numerics=False, device="cpu"):
+            raise AssertionError("not run: fuzz is stubbed")
+
+        def proof_plan(self):
+            return self.plan
+
+    model, own, flow = ModelSUT(policy=Policy("fixed", None)), Own(), Own()
+    flow.plan = ("witnesses", "flow-theorem")
+    for sut, expected in ((model, ["theorems"]), (own, ["witnesses"]), (flow, ["witnesses", "flow-theorem"])):
+        calls.clear()
+        summary = gate(sut, show_progress=False)
+        assert calls == [*expected, ("fuzz", sut)], calls
+        assert ("engine" in summary.policy) is (sut is not model)  # an engine's own code decided: named
+    calls.clear()
+    gate(own, show_progress=False, witnesses=False)
+    assert calls == [("fuzz", own)]
