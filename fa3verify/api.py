@@ -186,13 +186,15 @@ def gate(guard: GuardLike = "fixed", metadata_heads: str = "tp", keep_stale_cp_m
     and case files; the proofs come before it); `cases` (a case count) replaces it and reads no clock, so the same
     `cases` and `seed` save the same case files on any machine.
     """
+    from gpu_impl.sut import ModelSUT
+
     from .gating import gate as run_gate
 
     policy = _policy(guard, metadata_heads, keep_stale_cp_metadata)
     budget, max_cases = _budget(budget_s, cases)
     timeout = _positive("timeout_s", timeout_s)
     _kernel(kernel, device)
-    summary = run_gate(policy, budget_s=budget, seed=_seed(seed), timeout_s=timeout,
+    summary = run_gate(ModelSUT(policy=policy), budget_s=budget, seed=_seed(seed), timeout_s=timeout,
                        cases_dir=_cases_dir(cases_dir), kernel_name=kernel, device=device, max_cases=max_cases,
                        show_progress=show_progress)
     return GateResult.from_summary(summary)
@@ -228,6 +230,8 @@ def fuzz(guard: GuardLike = "fixed", metadata_heads: str = "tp", keep_stale_cp_m
 
     `budget_s` bounds the whole campaign, shrinking and case files included; `cases` replaces it with a case count
     (no clock: the same case files on any machine)."""
+    from gpu_impl.sut import ModelSUT
+
     from .fuzzing import fuzz as run_fuzz
 
     policy = _policy(guard, metadata_heads, keep_stale_cp_metadata)
@@ -235,7 +239,7 @@ def fuzz(guard: GuardLike = "fixed", metadata_heads: str = "tp", keep_stale_cp_m
     _kernel(kernel, device)
     if not isinstance(out_dir, str) or not out_dir:
         raise UsageError(f"out_dir: must be a non-empty path string, got {out_dir!r}")
-    summary = run_fuzz(policy, kernel_name=kernel, device=device, seed=_seed(seed), budget_s=budget,
+    summary = run_fuzz(ModelSUT(policy=policy), kernel_name=kernel, device=device, seed=_seed(seed), budget_s=budget,
                        max_cases=max_cases, out_dir=out_dir, show_progress=show_progress)
     return RunResult.from_summary(summary)
 

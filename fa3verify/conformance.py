@@ -7,7 +7,8 @@ page-table width, page size, num_splits, causal, softcap, dtype, whether metadat
 replay) and the same split counts -- and reach the same verdict (the same violated invariants). That is the
 link that lets ``prove --engine-profile`` speak about the real code.
 
-The configurations are the strategy family ``release`` (``fa3verify.strategies``), drawn and run by the one
+The configurations are the strategy family the system under test names (``sut.conformance_family()``: by default
+``release``, ``fa3verify.strategies``; None: its own domain), drawn and run by the one
 campaign (:func:`fa3verify.campaign.run_campaign`) on :class:`ConformanceTarget`. The model's events come from
 :func:`gpu_impl.model_pairs.model_pairs`; the engine's from its trace (entries shaped by
 ``gpu_impl.fa3_calls.pair_summary``). Each configuration with a difference is a fidelity finding saved as a case
@@ -242,7 +243,9 @@ class ConformanceTarget:
         if ok is None:
             report.unvalidated += 1
         scn = scenario_for(case, self.policy)
-        model = judge(ModelSUT(), scn)  # a fault of the model's guard is its finding, compared as a verdict
+        # the model under the release's profile (ModelSUT(policy=...)); a fault of its guard is its finding,
+        # compared as a verdict
+        model = judge(ModelSUT(policy=self.policy), scn)
         engine = judge(sut, scn)
         if engine.unsupported:
             report.skipped_unsupported += 1
@@ -266,7 +269,7 @@ class ConformanceTarget:
 
 def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3verify-out/cases",
             probes: bool = True, progress=None, shard=None) -> ConformReport:
-    """Run ``cases`` configurations of the strategy family ``release`` on the model (under ``profile``) and on the
+    """Run ``cases`` configurations of the system's conformance family (default ``release``) on the model (under ``profile``) and on the
     engine through the one campaign (:func:`fa3verify.campaign.run_campaign`, seeded by ``seed``); compare.
 
     ``progress(report)`` is called every 25 compared configurations. An interrupt (SIGINT) ends the run as before
@@ -280,7 +283,7 @@ def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3
 
     from .campaign import Budget, run_campaign
     from .policy import load_policy
-    from .strategies import family
+    from .strategies import domain_strategy, family
 
     start = time.perf_counter()
     policy = (load_policy(profile.guard_spec, profile.precompute_heads,
@@ -288,7 +291,8 @@ def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3
     report = ConformReport(engine=str(sut.spec), profile=profile.release if profile else None)
     load_guard(policy.guard_spec)
     target = ConformanceTarget(sut, policy, report)
-    generate = family("release")
+    drawn_from = sut.conformance_family()  # what the system says its configurations are drawn from
+    generate = family(drawn_from) if drawn_from else domain_strategy(sut.domain())
     if shard is not None:
         owned, draw = itertools.count(), generate
 

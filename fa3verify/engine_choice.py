@@ -80,8 +80,9 @@ def start_engine(sut, command: str) -> None:
         sut.start()
 
 
-def open_engine(spec_or_text):
-    """Open the system under test an ``--engine`` value (or EngineSpec) names; unavailable -> UsageError."""
+def open_engine(spec_or_text, policy=None):
+    """Open the system under test an ``--engine`` value (or EngineSpec) names (``policy``: the model policy it is
+    constructed with, where the scenario's policy runs); unavailable -> UsageError."""
     from gpu_impl.sut import EngineSpecError, open_sut
 
     import contextlib
@@ -90,7 +91,7 @@ def open_engine(spec_or_text):
     spec = parse_engine_option(spec_or_text) if isinstance(spec_or_text, str) else spec_or_text
     try:
         with contextlib.redirect_stdout(sys.stderr):  # an environment build's lines are progress: stderr
-            return open_sut(spec)
+            return open_sut(spec) if policy is None else open_sut(spec, policy=policy)
     except EngineSpecError as exc:
         msg = str(exc)
         raise UsageError(msg if msg.startswith("--engine") else f"--engine: {msg}") from None
@@ -163,11 +164,17 @@ def case_policy(policy, sut=None) -> dict:
     return profile.policy() if profile is not None else policy.to_dict()
 
 
-def sut_from_args(args):
-    """The system under test of a command's ``--engine`` (policy options checked), opened; use it as a context."""
+def sut_from_args(args, policy=None):
+    """The system under test of a command's ``--engine`` (policy options checked), opened; use it as a context.
+    Where the scenario's policy runs (the model) it is constructed with ``policy`` (default: the one the options
+    name; ``ModelSUT(policy=...)``), which fuzz and the gate read from it."""
+    from .policy import load_policy
+
+    if policy is None:
+        policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     spec = parse_engine_option(args.engine)
     refuse_policy_options(args, spec)
-    return open_engine(spec)
+    return open_engine(spec, policy=policy if spec.runs_scenario_policy else None)
 
 
 def engine_for_case(case, override: Optional[str] = None):
@@ -236,8 +243,9 @@ def vllm_profile_arg(args):
 
 
 def conform_profile(text: Optional[str], sut):
-    """The profile conformance checks: ``--engine-profile`` if given, else the engine's release (a checkout:
-    the release its identity names); UsageError when there is none."""
+    """The profile conformance checks: ``--engine-profile`` if given, else the one the system under test says it
+    conforms to (``sut.conformance_profile()``: by default its release; a checkout: the release its identity
+    names); UsageError when there is none."""
     from spec.engine_profiles import ProfileError, profile_for, release_named
 
     release = None
@@ -246,7 +254,8 @@ def conform_profile(text: Optional[str], sut):
         if release is None:
             raise UsageError(f"--engine-profile: want sglang==V, got {text!r}")
     else:
-        release = sut.spec.release or (identity_of(sut) or {}).get("release")
+        named = sut.conformance_profile()
+        release = release_named(named) if named else None
     if not release:
         raise UsageError(f"--engine-profile: {sut.spec} names no release; say which profile to check "
                          f"(e.g. --engine-profile sglang==0.5.23)")

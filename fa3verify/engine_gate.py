@@ -1,8 +1,8 @@
 """Gating real engine code: the prover's witnesses replayed on the engine, and the fuzz campaign run on it.
 
 Invariant: on a real engine every verdict comes from running that engine's own code; the model only supplies
-inputs. The gate's rows are (1) the z3 theorems that search for hazardous configurations, run on the model
-with sglang's ``tp`` head counts under no guard and under the release's own guard, with and without the
+inputs. The stages of an engine's gate (``fa3verify.gating.gate`` runs what ``sut.proof_plan()`` names) give
+these rows: (1) the z3 theorems that search for hazardous configurations, run on the model with sglang's ``tp`` head counts under no guard and under the release's own guard, with and without the
 assumptions the system under test says its code does not enforce (:func:`witness_plan`; so every configuration
 the release accepts where reusing metadata can overflow has a witness), shown for information; (2) each distinct
 witness put to the engine's own validation (rejected: counted with the release's message, not run) and replayed on
@@ -213,57 +213,44 @@ def save_engine_case(case, finding: dict, sut, cases_dir: str) -> str:
     return str(c.save(cases_dir))
 
 
-def gate_engine(sut, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: float = 10.0,
-                cases_dir: str = "fa3verify-out/cases", kernel_name: str = "emulated", device: str = "cpu",
-                max_cases: Optional[int] = None, show_progress: Optional[bool] = None,
-                witnesses: bool = True, witness_cache: Optional[dict] = None) -> RunSummary:
-    """The gate on a real engine: witness searches (model, :func:`witness_plan`), witnesses replayed on the engine,
-    fuzz on the engine. ``witness_cache`` shares searches between gates (the engine matrix: one per search)."""
+def _failed(rows) -> str:
+    return f"{len(rows)} rows, {sum(c.failed for c in rows)} failed"
+
+
+def witness_stages(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/cases",
+                   kernel_name: str = "emulated", device: str = "cpu", witness_cache: Optional[dict] = None,
+                   lines: Optional[bool] = None) -> None:
+    """The gate's ``"witnesses"`` stage (``fa3verify.gating``): the witness searches of :func:`witness_plan` (z3 on
+    the model; ``witness_cache``, keyed by search, shares them between gates) and each witness replayed on ``sut``,
+    added to ``summary``."""
     from gpu_impl.kernels import load
 
-    from spec.assumption_facts import not_enforced
-
-    from .engine_choice import case_policy
-    from .fuzzing import fuzz
-    from .policy import load_policy
     from .progress import stage
 
-    start = time.perf_counter()
-    default = load_policy()
+    kernel = load(kernel_name, mode="strict", device=device)
+    rows: list = []
+    with stage("gate", f"witness searches (z3 on the model, {len(witness_plan(sut))} searches)", lines,
+               result=lambda: _failed(rows)):
+        rows = plan_rows(sut, timeout_s, os.path.join(cases_dir, WITNESS_SUBDIR), witness_cache)
+    summary.checks.extend(rows)
+    checks: list = []
+    with stage("gate", f"witness replay on {sut.spec}", lines, result=lambda: _failed(checks)):
+        checks, findings = replay_witnesses(sut, [r.case_file for r in rows], cases_dir, kernel=kernel)
+    summary.checks.extend(checks)
+    summary.findings.extend(findings)
 
-    summary = RunSummary(command="gate", seed=seed, policy={**case_policy(default, sut), "engine": str(sut.spec)})
-    facts = sut.assumption_facts()
-    if facts:  # what the system under test says about itself: the assumptions its own code lets through
-        summary.policy["not_enforced_assumptions"] = not_enforced(facts)
-    lines = None if show_progress is None else False  # API callers choose; the CLI prints on logs
 
-    def failed(rows) -> str:
-        return f"{len(rows)} rows, {sum(c.failed for c in rows)} failed"
+def flow_stage(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/cases",
+               kernel_name: str = "emulated", device: str = "cpu", witness_cache: Optional[dict] = None,
+               lines: Optional[bool] = None) -> None:
+    """The gate's ``"flow-theorem"`` stage: :func:`vllm_flow_rows`, merged into ``summary``."""
+    from gpu_impl.kernels import load
 
-    if witnesses:
-        kernel = load(kernel_name, mode="strict", device=device)
-        rows: list = []
-        with stage("gate", f"witness searches (z3 on the model, {len(witness_plan(sut))} searches)", lines,
-                   result=lambda: failed(rows)):
-            rows = plan_rows(sut, timeout_s, os.path.join(cases_dir, WITNESS_SUBDIR), witness_cache)
-        summary.checks.extend(rows)
-        checks: list = []
-        with stage("gate", f"witness replay on {sut.spec}", lines, result=lambda: failed(checks)):
-            checks, findings = replay_witnesses(sut, [r.case_file for r in rows], cases_dir, kernel=kernel)
-        summary.checks.extend(checks)
-        summary.findings.extend(findings)
-        if sut.spec.flow_theorem:
-            flow = RunSummary(command="gate")
-            with stage("gate", "vllm-flow theorem (z3 under the release's profile)", lines,
-                       result=lambda: failed(flow.checks)):
-                flow = vllm_flow_rows(sut, timeout_s, cases_dir, kernel=kernel)
-            summary.merge(flow)
-    what = f"{max_cases} cases" if max_cases else f"{budget_s:g} s"
-    fuzzed = RunSummary(command="gate")
-    with stage("gate", f"fuzz on {sut.spec} ({kernel_name} kernel, {what})", lines,
-               result=lambda: f"{fuzzed.cases} cases, {fuzzed.failures} failing"):
-        fuzzed = fuzz(default, kernel_name=kernel_name, device=device, seed=seed, budget_s=budget_s,
-                      max_cases=max_cases, out_dir=cases_dir, show_progress=show_progress, sut=sut)
-    summary.merge(fuzzed)
-    summary.elapsed_s = time.perf_counter() - start
-    return summary
+    from .progress import stage
+
+    kernel = load(kernel_name, mode="strict", device=device)
+    flow = RunSummary(command="gate")
+    with stage("gate", "vllm-flow theorem (z3 under the release's profile)", lines,
+               result=lambda: _failed(flow.checks)):
+        flow = vllm_flow_rows(sut, timeout_s, cases_dir, kernel=kernel)
+    summary.merge(flow)

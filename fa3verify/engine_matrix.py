@@ -171,7 +171,7 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
     """Gate every release (``open_sut(release)`` opens it; a UsageError there makes an 'unavailable' row)."""
     from spec.engine_profiles import profile_for
 
-    from .engine_gate import gate_engine
+    from .gating import gate
     from .errors import UsageError
 
     say = progress or (lambda line: None)
@@ -195,9 +195,9 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
             with sut:
                 say(f"sglang {release}: gate (witness searches, witness replay, fuzz) ...")
                 searched = len(witness_cache)
-                summary = gate_engine(sut, budget_s=budget_s, seed=seed, timeout_s=timeout_s,
-                                      cases_dir=f"{cases_dir}/{release}", max_cases=max_cases, show_progress=False,
-                                      witness_cache=witness_cache)
+                summary = gate(sut, budget_s=budget_s, seed=seed, timeout_s=timeout_s,
+                               cases_dir=f"{cases_dir}/{release}", max_cases=max_cases, show_progress=False,
+                               witness_cache=witness_cache)
                 say(f"sglang {release}: witness search done ({len(witness_cache) - searched} searches run now, "
                     f"{len(witness_cache)} in all, shared by the releases that need them)")
                 if with_probes:

@@ -195,15 +195,25 @@ def saved_case_terms(failure: Failure, case: FuzzCase, policy: Policy, kernel, n
     return terms
 
 
-def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", seed: int = 0,
+def sut_policy(sut) -> Policy:
+    """The model policy a scenario for ``sut`` is built under: the one its constructor was given
+    (``ModelSUT(policy=...)``), else the harness's default (``load_policy()``: on a real engine its own code
+    decides, and the case file records its release's profile, ``engine_choice.case_policy``)."""
+    from .policy import load_policy
+
+    policy = getattr(sut, "policy", None)
+    return policy if policy is not None else load_policy()
+
+
+def fuzz(sut=None, kernel_name: str = "emulated", device: str = "cpu", seed: int = 0,
          budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None, out_dir: str = "fa3verify-out/cases",
-         show_progress: Optional[bool] = None, sut=None, defects=frozenset(),
+         show_progress: Optional[bool] = None, defects=None,
          strategy: Optional[str] = None, clock: Optional[Callable[[], float]] = None,
          shrink_steps: Optional[int] = None, shard=None) -> RunSummary:
-    """The fuzz subcommand's work: campaign on the system under test (default the model), shrink each distinct
-    failure as it is found, save cases (carrying the engine), summarise. ``budget_s`` covers all of it (module
-    docstring), on ``clock`` (default ``time.perf_counter``); ``shrink_steps`` bounds each shrinking (default
-    ``shrinking.MAX_SHRINK_STEPS``).
+    """The fuzz subcommand's work: campaign on the system under test (default ``ModelSUT()`` under the default
+    policy) under its policy (:func:`sut_policy`), shrink each distinct failure as it is found, save cases
+    (carrying the engine), summarise. ``budget_s`` covers all of it (module docstring), on ``clock`` (default
+    ``time.perf_counter``); ``shrink_steps`` bounds each shrinking (default ``shrinking.MAX_SHRINK_STEPS``).
 
     An interrupt (SIGINT) ends the campaign: the failures found so far are saved (one whose shrinking it
     interrupted, unshrunk) and the summary is marked interrupted (exit 3); an interrupt before the campaign
@@ -211,7 +221,12 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
     ``defects`` are seeded into every case (and written into each case file); ``strategy`` names the family
     (default: the engine's own); ``shard`` runs one shard of the campaign (:mod:`fa3verify.sharding`).
     """
-    on_engine = sut is not None and not sut.spec.runs_scenario_policy
+    from gpu_impl.sut import ModelSUT
+
+    policy = sut_policy(sut)
+    sut = ModelSUT(policy=policy) if sut is None else sut
+    defects = frozenset(getattr(sut, "defects", frozenset()) if defects is None else defects)
+    on_engine = not sut.spec.runs_scenario_policy
     summary = RunSummary(command="fuzz", seed=seed, policy=case_policy(policy, sut))
     try:
         from gpu_impl.kernels import load
@@ -231,9 +246,7 @@ def fuzz(policy: Policy, kernel_name: str = "emulated", device: str = "cpu", see
 
         domain = None
         if not strategy:
-            from gpu_impl.sut import ModelSUT
-
-            domain = (sut or ModelSUT()).domain()
+            domain = sut.domain()
             domain.reset_counts()
         with _progress_line(show) as progress:
             camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s, max_cases=max_cases,

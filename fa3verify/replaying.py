@@ -105,34 +105,51 @@ def case_defects(case, override: Optional[Iterable[str]] = None) -> frozenset:
         raise UsageError(f"{exc}") from None
 
 
-def scenario_from_case(case, guard_override: Optional[str] = None, metadata_heads: Optional[str] = None,
-                       keep_stale: Optional[bool] = None, trust_case_guard: bool = False,
-                       defects: Optional[Iterable[str]] = None):
-    """The gpu_impl Scenario a case file describes; the CLI may override the policy (trust: fa3verify.trust)
-    and the seeded defects."""
-    from gpu_impl.config import ModelConfig, ServerConfig
+def case_model_policy(case, guard_override: Optional[str] = None, metadata_heads: Optional[str] = None,
+                      keep_stale: Optional[bool] = None, trust_case_guard: bool = False):
+    """The model policy a case file records (its ``policy`` object: guard, metadata heads, runner hygiene, the
+    graph replay's ``max_seqlen_k``), with the CLI's overrides (trust: fa3verify.trust): what builds the
+    ``ModelSUT`` a case replays on."""
     from gpu_impl.guards import GuardSpecError, load_guard
-    from gpu_impl.scenario import Scenario, Step
 
+    from .policy import Policy
     from .trust import guard_to_run
 
     policy = dict(case.policy)
     guard_spec = guard_to_run(policy.get("guard", "fixed"), guard_override, trust_case_guard)
     try:
         guard = load_guard(guard_spec)
-        server = ServerConfig.from_dict(case.server)
-        model = ModelConfig.from_dict(case.model)
-        steps = [Step(mode=b["mode"], seq_lens=list(b["seq_lens"]), extend_lens=b.get("extend_lens"))
-                 for b in case.batches]
     except GuardSpecError as exc:
         raise UsageError(f"guard: {exc}") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"case: {exc}") from None
     clear = policy.get("clear_stale_cp_metadata", True) if keep_stale is None else not keep_stale
-    return Scenario(server=server, model=model, guard=guard, steps=steps, guard_spec=guard_spec,
-                    metadata_heads=metadata_heads or policy.get("metadata_heads", "tp"),
-                    clear_stale_cp_metadata=clear, seed=int(case.seed), defects=case_defects(case, defects),
-                    graph_replay_seqlen_k=str(policy.get("graph_replay_seqlen_k", "max_seq_len")), vllm=case.vllm)
+    return Policy(guard_spec=guard_spec, guard=guard, metadata_heads=metadata_heads or policy.get("metadata_heads", "tp"),
+                  clear_stale_cp_metadata=clear,
+                  graph_replay_seqlen_k=str(policy.get("graph_replay_seqlen_k", "max_seq_len")))
+
+
+def scenario_from_case(case, guard_override: Optional[str] = None, metadata_heads: Optional[str] = None,
+                       keep_stale: Optional[bool] = None, trust_case_guard: bool = False,
+                       defects: Optional[Iterable[str]] = None, policy=None):
+    """The gpu_impl Scenario a case file describes, under ``policy`` (default: :func:`case_model_policy`, the
+    case's own with the CLI's overrides) and the seeded defects (the case's, or ``defects``)."""
+    from gpu_impl.config import ModelConfig, ServerConfig
+    from gpu_impl.scenario import Scenario, Step
+
+    if policy is None:
+        policy = case_model_policy(case, guard_override, metadata_heads, keep_stale, trust_case_guard)
+    try:
+        server = ServerConfig.from_dict(case.server)
+        model = ModelConfig.from_dict(case.model)
+        steps = [Step(mode=b["mode"], seq_lens=list(b["seq_lens"]), extend_lens=b.get("extend_lens"))
+                 for b in case.batches]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"case: {exc}") from None
+    return Scenario(server=server, model=model, guard=policy.guard, steps=steps, guard_spec=policy.guard_spec,
+                    metadata_heads=policy.metadata_heads, clear_stale_cp_metadata=policy.clear_stale_cp_metadata,
+                    seed=int(case.seed), defects=case_defects(case, defects),
+                    graph_replay_seqlen_k=policy.graph_replay_seqlen_k, vllm=case.vllm)
 
 
 def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", guard: Optional[str] = None,
@@ -172,7 +189,8 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     if case.vllm is not None and not spec.runs_vllm_cases:
         raise UsageError(f"vllm: the case carries vLLM options (a vLLM configuration); {spec} does not run them: "
                          f"replay it with --engine vllm==V (the case names {case.engine or 'no engine'})")
-    scn = scenario_from_case(case, guard, metadata_heads, keep_stale, trust_case_guard, defects)
+    policy = case_model_policy(case, guard, metadata_heads, keep_stale, trust_case_guard)
+    scn = scenario_from_case(case, defects=defects, policy=policy)
     name = kernel_name or case.kernel.get("name", "emulated")
     use_numerics = (name != "emulated") if numerics is None else numerics
     if use_numerics:
@@ -183,7 +201,8 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
                                  f"replay without --numerics to check the metadata only")
     kernel = load(name, mode=case.kernel.get("mode", "strict"), device=device)
     own = sut is None
-    sut = open_engine(spec) if own else sut
+    # the case's policy builds the model it replays on (ModelSUT(policy=...)); an engine's own code decides
+    sut = (open_engine(spec, policy=policy if spec.runs_scenario_policy else None)) if own else sut
     start = time.perf_counter()
     try:
         if own:

@@ -12,8 +12,9 @@ the harness draws a campaign's configurations from it and never branches on the 
 Engines are named by a spec string (:func:`parse_engine`):
 
 - ``model``: :class:`ModelSUT`, our model (``gpu_impl.backend`` through ``gpu_impl.scenario.run_scenario``);
-  the default, fast, and the only engine that honours a scenario's policy fields (guard, metadata heads,
-  runner hygiene, seeded defects).
+  the default, fast, and the only engine whose policy (guard, metadata heads, runner hygiene, seeded defects)
+  is the harness's: given to its constructor (``ModelSUT(policy=...)``: the policy options, a case's policy on
+  replay), else a scenario's policy fields.
 - ``sglang==V``: sglang release V's own ``FlashAttentionBackend``, run in that release's cached engine
   environment (``gpu_impl.engines``). The guard is whatever that release's code does.
 - ``vllm==V``: vLLM release V's FlashAttention metadata builder and impl (``gpu_impl.engines.vllm``), in its
@@ -28,7 +29,7 @@ Engines are named by a spec string (:func:`parse_engine`):
 
 The forms are one table (``gpu_impl/engine_forms.json``, :data:`ENGINE_REGISTRY`): its prefix, the field its value
 fills, the factory that opens it and every answer the harness needs about it (whose policy runs, whether a case
-replays on it unasked, which FA3 build judges it, what conform and the gate run), so the harness asks the spec and
+replays on it unasked, which FA3 build judges it, what conform checks), so the harness asks the spec and
 never compares an engine's kind.
 
 Real engines are imported lazily: nothing here imports sglang or creates an environment.
@@ -137,11 +138,6 @@ class EngineSpec:
         return self.form["conform"]
 
     @property
-    def gate(self) -> str:
-        """Which gate runs on it: "policy" (theorems under the model's policy, then fuzz) or "engine"."""
-        return self.form["gate"]
-
-    @property
     def flow_theorem(self) -> bool:
         """Whether its gate proves vLLM's flow theorem under the release's profile."""
         return bool(self.form["flow_theorem"])
@@ -234,6 +230,28 @@ class SystemUnderTest(abc.ABC):
         prover assumptions it does not enforce."""
         return {}
 
+    #: the model policy it runs (guard, metadata heads, runner hygiene: a ``fa3verify.policy.Policy``), given to its
+    #: constructor; None: its own code decides, and the harness's default policy fills a scenario's policy fields
+    policy = None
+
+    def proof_plan(self) -> tuple:
+        """The proof stages its gate runs before fuzz, as data (``fa3verify.gating.STAGES`` runs them): by default
+        the witness searches on the model, replayed on it (``"witnesses"``), and its registry row's flow theorem
+        under its release's profile (``"flow-theorem"``); the model's is every theorem under its policy."""
+        return ("witnesses", "flow-theorem") if self.spec.flow_theorem else ("witnesses",)
+
+    def conformance_profile(self) -> Optional[str]:
+        """The release profile conform compares it with (``sglang==V``, spec/engine_profiles.json: the model under
+        that profile must make the FA3 events it makes), or None when it names none. By default the release it
+        runs or stands beside (a checkout's identity names its nearest release)."""
+        release = self.spec.release or (self.identity() or {}).get("release")
+        return f"sglang=={release}" if release else None
+
+    def conformance_family(self) -> Optional[str]:
+        """The strategy family (``fa3verify.strategies``) conform draws its configurations from: by default
+        ``release`` (sglang's server arguments); None: its own domain (:meth:`domain`)."""
+        return "release"
+
     #: whether it has a worker to start before the first scenario (a real engine's process); the model has none
     has_worker = False
 
@@ -252,9 +270,16 @@ class SystemUnderTest(abc.ABC):
 
 
 class ModelSUT(SystemUnderTest):
-    """Our model of sglang's backend (``gpu_impl.backend``), driven by ``gpu_impl.scenario.run_scenario``."""
+    """Our model of sglang's backend (``gpu_impl.backend``), driven by ``gpu_impl.scenario.run_scenario``, under
+    the policy it is constructed with (``policy``: guard, metadata heads, runner hygiene; ``defects``: seeded
+    defects, ``gpu_impl.defects``), which fuzz and the gate read from it and which runs (:meth:`under_policy`);
+    without one, a scenario's own policy fields run."""
 
     spec = EngineSpec("model")
+
+    def proof_plan(self) -> tuple:
+        """Every theorem (spec.theorems) under its policy."""
+        return ("theorems",)
 
     def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
         from .scenario import run_scenario
@@ -262,10 +287,26 @@ class ModelSUT(SystemUnderTest):
         if getattr(scenario, "vllm", None) is not None:
             raise ValueError("vllm: a vLLM configuration (sliding windows, KV dtype, piecewise graphs) is not "
                              "modelled by the model of sglang's backend; run it on vllm==V")
-        return run_scenario(scenario, kernel=kernel, numerics=numerics, device=device)
+        return run_scenario(self.under_policy(scenario), kernel=kernel, numerics=numerics, device=device)
 
-    def __init__(self, spec: Optional[EngineSpec] = None):
+    def under_policy(self, scenario):
+        """``scenario`` with this model's policy (guard, metadata heads, runner hygiene, the graph replay's
+        ``max_seqlen_k``) and its seeded defects in force; unchanged when it was constructed with neither."""
+        import dataclasses
+
+        if self.policy is None and not self.defects:
+            return scenario
+        changes = {"defects": frozenset(scenario.defects) | self.defects}
+        policy = self.policy
+        if policy is not None:
+            changes.update(guard=policy.guard, guard_spec=policy.guard_spec, metadata_heads=policy.metadata_heads,
+                           clear_stale_cp_metadata=policy.clear_stale_cp_metadata,
+                           graph_replay_seqlen_k=policy.graph_replay_seqlen_k)
+        return dataclasses.replace(scenario, **changes)
+
+    def __init__(self, spec: Optional[EngineSpec] = None, policy=None, defects=frozenset()):
         self.spec = spec or EngineSpec("model")
+        self.policy, self.defects = policy, frozenset(defects)
 
     def identity(self) -> dict:
         return {"name": "model"}
@@ -303,8 +344,13 @@ def open_named_sut(spec: EngineSpec) -> SystemUnderTest:
     return sut
 
 
-def open_sut(spec) -> SystemUnderTest:
-    """The system under test an engine spec (or its text) names; real engines load from ``gpu_impl.engines``."""
+def open_sut(spec, policy=None) -> SystemUnderTest:
+    """The system under test an engine spec (or its text) names; real engines load from ``gpu_impl.engines``.
+    ``policy`` (the model policy it runs) is given to the factory of a form whose scenario policy runs
+    (``EngineSpec.runs_scenario_policy``); a form whose own code decides takes none."""
     if isinstance(spec, str):
         spec = parse_engine(spec)
-    return _factory(spec.form["factory"])(spec)  # lazy: real engines need their environments
+    factory = _factory(spec.form["factory"])  # lazy: real engines need their environments
+    if policy is not None and spec.runs_scenario_policy:
+        return factory(spec, policy=policy)
+    return factory(spec)

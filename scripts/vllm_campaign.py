@@ -14,7 +14,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fa3verify.fuzzing import fuzz  # noqa: E402
-from fa3verify.policy import load_policy  # noqa: E402
 from fa3verify.strategies import FAMILIES  # noqa: E402
 from fa3verify.strategies.vllm import vllm_case, vllm_family_label  # noqa: E402
 from gpu_impl.sut import open_sut  # noqa: E402
@@ -57,7 +56,7 @@ def main(argv=None) -> int:
     FAMILIES["vllm-counted"] = counted
     with open_sut(f"vllm=={a.release}") as sut:
         t = time.monotonic()
-        summary = fuzz(load_policy(), sut=ShapeCounting(sut, shapes), seed=a.seed, max_cases=a.cases, budget_s=None, out_dir=a.out,
+        summary = fuzz(sut=ShapeCounting(sut, shapes), seed=a.seed, max_cases=a.cases, budget_s=None, out_dir=a.out,
                        strategy="vllm-counted", show_progress=False)
         total = time.monotonic() - t
     for label, n in sorted(tally.items()):

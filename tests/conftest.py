@@ -70,10 +70,10 @@ def cli_on_engine_pool(monkeypatch, engine_sut):
 
     real = engine_choice.open_engine
 
-    def pooled(spec_or_text):
+    def pooled(spec_or_text, **options):  # options: the model's policy
         spec = engine_choice.parse_engine_option(spec_or_text) if isinstance(spec_or_text, str) else spec_or_text
         if spec.kind in ("sglang", "vllm") and envs.env_ready(spec.release, engine=spec.kind):
             return engine_sut(str(spec))
-        return real(spec_or_text)
+        return real(spec_or_text, **options)
 
     monkeypatch.setattr(engine_choice, "open_engine", pooled)

@@ -69,8 +69,8 @@ def route_opens(pool: EnginePool, monkeypatch) -> None:
 
     real = sut_mod.open_sut
 
-    def open_pooled(spec):
+    def open_pooled(spec, **options):  # options: the model's policy (gpu_impl.sut.open_sut)
         parsed = sut_mod.parse_engine(spec) if isinstance(spec, str) else spec
-        return real(parsed) if parsed.is_model else pool.sut(str(parsed))
+        return real(parsed, **options) if parsed.is_model else pool.sut(str(parsed))
 
     monkeypatch.setattr(sut_mod, "open_sut", open_pooled)

@@ -133,11 +133,11 @@ def install(monkeypatch, factory):
     real = sut_mod.open_sut
     opened = []
 
-    def fake_open(spec):
+    def fake_open(spec, **options):  # options: the model's policy (gpu_impl.sut.open_sut)
         if isinstance(spec, str):
             spec = sut_mod.parse_engine(spec)
         if spec.is_model:
-            return real(spec)
+            return real(spec, **options)
         s = factory(spec)
         opened.append(s)
         return s

@@ -63,8 +63,8 @@ def stub_gate(monkeypatch, tmp_path):
     class Stub:
         failed = True
 
-        def __call__(self, policy, **kwargs):
-            calls.append((policy, kwargs))
+        def __call__(self, sut, **kwargs):
+            calls.append((sut.policy, kwargs))  # the policy the model under test was constructed with
             return _summary(self.failed, tmp_path)
 
     stub = Stub()

@@ -9,6 +9,7 @@ import pytest
 
 from fa3verify.campaign import Budget, Observation, run_campaign
 from fa3verify.cli import main
+from gpu_impl.sut import ModelSUT
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
@@ -169,7 +170,7 @@ def test_fuzz_reports_the_shape_errors_it_met(monkeypatch):
         return camp
 
     monkeypatch.setattr(fuzzing, "run_campaign", fake_campaign)
-    summary = fuzzing.fuzz(load_policy(), max_cases=10, budget_s=None, show_progress=False)
+    summary = fuzzing.fuzz(ModelSUT(policy=load_policy()), max_cases=10, budget_s=None, show_progress=False)
     [row] = summary.checks
     assert row.verdict == "pass" and summary.exit_code == 0
     assert row.message == ("10 cases, no violation; 3 cases raised FA3's shape check (loud and safe: the call is "

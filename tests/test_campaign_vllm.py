@@ -146,12 +146,11 @@ def test_negative_control_the_seeded_pr20301_defect_is_found_saved_and_replays(v
     CUDA-graph 32): the campaign finds SPLIT_BOUND, saves a case naming vllm==0.33.0 and the defect; it replays as
     still failing, and as passing with --without-defects."""
     from fa3verify.fuzzing import fuzz
-    from fa3verify.policy import load_policy
 
     case_file, case = find_seeded_split(vllm_sut, tmp_path / "cases", DEFECT, "vllm-full-graph", 200, RELEASE)
     assert case.server["cuda_graph"] and case.vllm is not None
     assert_cli_replays_as_seeded(case_file, capsys)  # the CLI's replay, on the shared worker
-    control = fuzz(load_policy(), sut=vllm_sut, max_cases=200, budget_s=None, out_dir=str(tmp_path / "off"),
+    control = fuzz(sut=vllm_sut, max_cases=200, budget_s=None, out_dir=str(tmp_path / "off"),
                    strategy="vllm-full-graph", show_progress=False)
     assert control.exit_code == 0 and control.cases == 200  # silent when off: the same draws without the defect
 

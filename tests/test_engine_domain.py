@@ -177,7 +177,6 @@ class _DomainSUT(ProfileSUT):
 
 def test_the_campaign_draws_from_the_systems_domain_and_reports_reach_and_rejections(tmp_path):
     from fa3verify.fuzzing import fuzz
-    from fa3verify.policy import load_policy
 
     def no_dp_attention(server, model):
         if server.tp_size % (server.attn_dp_size * server.attn_cp_size):
@@ -185,7 +184,7 @@ def test_the_campaign_draws_from_the_systems_domain_and_reports_reach_and_reject
         return (False, "AssertionError: no DP attention") if server.enable_dp_attention else (True, "ok")
 
     sut = _DomainSUT(no_dp_attention, release="0.5.23")
-    summary = fuzz(load_policy(), sut=sut, max_cases=40, out_dir=str(tmp_path), show_progress=False)
+    summary = fuzz(sut=sut, max_cases=40, out_dir=str(tmp_path), show_progress=False)
     dom = summary.domain
     assert dom is not None and dom["name"] == "sglang==0.5.23" and summary.cases > 0
     assert dom["rejected"]["ServerArgs: AssertionError: no DP attention"] > 0
@@ -197,10 +196,9 @@ def test_the_campaign_draws_from_the_systems_domain_and_reports_reach_and_reject
 
 def test_a_domain_the_release_rejects_entirely_runs_nothing_and_passes_nothing(tmp_path):
     from fa3verify.fuzzing import fuzz
-    from fa3verify.policy import load_policy
 
     sut = _DomainSUT(lambda s, m: (False, "ValueError: nothing is accepted"), release="0.5.23")
-    summary = fuzz(load_policy(), sut=sut, max_cases=10, out_dir=str(tmp_path), show_progress=False)
+    summary = fuzz(sut=sut, max_cases=10, out_dir=str(tmp_path), show_progress=False)
     assert summary.cases == 0 and summary.checks[-1].verdict == "inconclusive" and summary.exit_code == 3
     assert summary.domain["accepted"] == 0 and summary.domain["rejected"]["ServerArgs: ValueError: nothing is accepted"]
 

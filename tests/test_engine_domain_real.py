@@ -53,9 +53,8 @@ def test_the_one_path_regression_shows_on_the_replay_only(regressed):
 
 def test_the_gates_fuzz_stage_finds_the_replay_only_regression_within_its_default_budget(regressed, tmp_path):
     from fa3verify.fuzzing import fuzz
-    from fa3verify.policy import load_policy
 
-    summary = fuzz(load_policy(), sut=regressed, seed=0, budget_s=GATE_BUDGET_S, out_dir=str(tmp_path),
+    summary = fuzz(sut=regressed, seed=0, budget_s=GATE_BUDGET_S, out_dir=str(tmp_path),
                    show_progress=False)
     assert summary.exit_code == 1 and any(f.invariant == "SPLIT_BOUND" for f in summary.findings)
     reach = summary.domain["reach"]

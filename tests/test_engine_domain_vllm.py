@@ -25,9 +25,8 @@ def test_vllm_rejects_with_its_own_message_and_accepts_what_it_accepts(vllm_sut)
 
 def test_a_vllm_campaign_draws_only_what_vllm_accepts_and_reports_reach_per_graph_mode(vllm_sut, tmp_path):
     from fa3verify.fuzzing import fuzz
-    from fa3verify.policy import load_policy
 
-    summary = fuzz(load_policy(), sut=vllm_sut, max_cases=40, out_dir=str(tmp_path), show_progress=False)
+    summary = fuzz(sut=vllm_sut, max_cases=40, out_dir=str(tmp_path), show_progress=False)
     dom = summary.domain
     assert dom["name"] == "vllm==0.33.0" and dom["accepted"] >= summary.cases > 0
     assert any("Decode context parallelism" in r for r in dom["rejected"])

@@ -450,12 +450,11 @@ def test_profiles_follow_engines_md_section_1():
 def test_scenarios_the_engine_does_not_run_are_skipped_and_counted(monkeypatch, tmp_path):
     from fa3verify.conformance import conform
     from fa3verify.fuzzing import fuzz
-    from fa3verify.policy import load_policy
     from spec.engine_profiles import profile_for
 
     from fake_engines import NoMlaSUT
 
-    summary = fuzz(load_policy(), max_cases=80, budget_s=None, out_dir=str(tmp_path), sut=NoMlaSUT("0.5.23"),
+    summary = fuzz(max_cases=80, budget_s=None, out_dir=str(tmp_path), sut=NoMlaSUT("0.5.23"),
                    show_progress=False)
     assert summary.exit_code == 0 and 0 < summary.cases < 80
     assert "the engine does not run were skipped" in summary.checks[-1].message
@@ -500,3 +499,17 @@ def test_engine_setup_builds_a_vllm_environment_through_the_one_builder(monkeypa
     monkeypatch.setitem(sys.modules, "gpu_impl.engines", pkg)
     assert cli.main(["engine", "setup", "vllm==0.33.0"]) == 0
     assert calls == [("vllm", "0.33.0")] and "/cache/vllm-0.33.0" in capsys.readouterr().out
+
+
+def test_open_engine_opens_by_the_opener_its_row_names_and_refuses_any_other_row():
+    """Every real engine row of gpu_impl/engine_forms.json names an opener of gpu_impl.engines; a row naming none
+    (the model, a named SUT) is EngineUnavailable, never opened by a guess at its kind."""
+    from gpu_impl.engines import OPENERS, EngineUnavailable, open_engine
+    from gpu_impl.sut import ENGINE_REGISTRY, EngineSpec
+
+    named = [row["factory"].partition(":")[2] for row in ENGINE_REGISTRY.values()
+             if row["factory"].startswith("gpu_impl.engines:")]
+    assert named and set(named) <= set(OPENERS)
+    for spec in (EngineSpec("model"), EngineSpec("sut", target="a.b:C")):
+        with pytest.raises(EngineUnavailable, match=f"no real engine of kind {spec.kind!r}"):
+            open_engine(spec)

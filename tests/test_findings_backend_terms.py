@@ -114,14 +114,15 @@ def numbers_differ_from_replay(summary) -> list:
 def test_fuzz_findings_describe_the_saved_shrunk_case(tmp_path, monkeypatch):
     import fa3verify.fuzzing as fz
     from fa3verify.policy import load_policy
+    from gpu_impl.sut import ModelSUT
 
-    summary = fz.fuzz(load_policy("pre-fix"), seed=0, max_cases=200, out_dir=str(tmp_path / "a"))
+    summary = fz.fuzz(ModelSUT(policy=load_policy("pre-fix")), seed=0, max_cases=200, out_dir=str(tmp_path / "a"))
     assert summary.findings and all(f.config and f.s_c is not None for f in summary.findings)
     assert numbers_differ_from_replay(summary) == []
     # negative control: terms (and the message) read from the case before shrinking, as the gate did before
     real = fz.saved_case_terms
     monkeypatch.setattr(fz, "saved_case_terms", lambda failure, case, *a, **k: real(failure, failure.case, *a, **k))
-    before = fz.fuzz(load_policy("pre-fix"), seed=0, max_cases=200, out_dir=str(tmp_path / "b"))
+    before = fz.fuzz(ModelSUT(policy=load_policy("pre-fix")), seed=0, max_cases=200, out_dir=str(tmp_path / "b"))
     assert numbers_differ_from_replay(before)  # "15 splits" in the finding, 10 in its replay
 
 

@@ -61,11 +61,10 @@ def vllm_sut(engine_sut):
 def test_negative_control_the_off_by_one_is_found_within_100_cases_and_replays(vllm_sut, cli_on_engine_pool,
                                                                               tmp_path, capsys):
     from fa3verify.fuzzing import fuzz
-    from fa3verify.policy import load_policy
 
     case_file, _ = find_seeded_split(vllm_sut, tmp_path / "cases", DEFECT, "vllm-decode-tile", 100, RELEASE)
     assert_cli_replays_as_seeded(case_file, capsys)  # the CLI's replay, on the shared worker
-    control = fuzz(load_policy(), sut=vllm_sut, max_cases=100, budget_s=None, out_dir=str(tmp_path / "off"),
+    control = fuzz(sut=vllm_sut, max_cases=100, budget_s=None, out_dir=str(tmp_path / "off"),
                    strategy="vllm-decode-tile", show_progress=False)
     assert control.exit_code == 0 and control.cases == 100  # silent when off: the same draws without the defect
 

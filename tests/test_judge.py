@@ -53,6 +53,17 @@ def test_a_defect_the_run_reports_is_its_finding():
     assert verdict.findings[0].step == 0
 
 
+def test_the_policy_the_model_is_constructed_with_is_what_runs():
+    """ModelSUT(policy=...) runs its own policy over a scenario's policy fields; without one, the scenario's run."""
+    from fa3verify.policy import load_policy
+
+    scn = _scenario(pcp=True)  # built under the fixed guard: the precompute is skipped, nothing found
+    assert judge(ModelSUT(), scn).outcome == "pass"
+    assert judge(ModelSUT(policy=load_policy("fixed")), scn).outcome == "pass"
+    verdict = judge(ModelSUT(policy=load_policy("none")), scn)  # negative control: its guard, not the scenario's
+    assert verdict.outcome == "violation" and verdict.invariants
+
+
 def test_a_guard_timeout_is_guard_timeout_not_guard_raised():
     verdict = judge(ModelSUT(), _scenario(_timing_out))
     assert verdict.invariants == ["GUARD_TIMEOUT"]
@@ -107,7 +118,7 @@ def test_fuzz_of_a_defect_that_makes_fa3_abort_reports_process_abort(tmp_path):
     from fa3verify.policy import load_policy
 
     policy = load_policy("gpu_impl.defects:graph_metadata_before_padding")
-    summary = fuzz(policy, max_cases=200, seed=0, budget_s=None, out_dir=str(tmp_path), show_progress=False)
+    summary = fuzz(ModelSUT(policy=policy), max_cases=200, seed=0, budget_s=None, out_dir=str(tmp_path), show_progress=False)
     assert "PROCESS_ABORT" in {f.invariant for f in summary.findings}, [f.invariant for f in summary.findings]
     assert summary.exit_code == 1
 

@@ -3,8 +3,9 @@
 The system under test here (tests/third_engine/recorded_sut.py) answers from a recorded FA3 event log with one
 seeded defect (its configuration llama-3.2-1b/tp8/cp8+pcp answers as under the pre-fix guard): fuzz and gate must
 find it (exit 1), a case found on it replays on it only when ``--engine`` names it again (exit 2 otherwise, with
-the command to type), a scenario its log does not hold is unsupported (never a pass), and conform has no profile to
-conform it to (exit 2 naming --engine-profile). No file of the harness or of gpu_impl names it.
+the command to type), a scenario its log does not hold is unsupported (never a pass), and conform compares it with
+the profile it says it conforms to and finds the defect (a system naming no profile: exit 2 naming
+--engine-profile). No file of the harness or of gpu_impl names it.
 """
 
 from __future__ import annotations
@@ -75,10 +76,31 @@ def test_an_unrecorded_scenario_is_unsupported_never_a_pass(capsys):
     assert "is not in its recorded log" in out and "cannot run this case" in out
 
 
-def test_conform_has_nothing_to_conform_it_to(tmp_path, capsys):
-    rc, out = cli(["conform", "--engine", ENGINE, "--cases", "3", "--cases-dir", str(tmp_path / "k")], capsys)
+@pytest.mark.parametrize("profile_option", [[], ["--engine-profile", "sglang==0.5.15"]])
+def test_conform_compares_it_with_the_profile_it_names_and_finds_the_seeded_defect(tmp_path, capsys,
+                                                                                   profile_option):
+    """conform asks the system what it conforms to (its conformance_profile(): sglang 0.5.15, which its log was
+    recorded under) and draws from its own domain; its FA3 events are compared (none reads "event only in the
+    model"), the clean configurations agree and every difference is on the defective configuration."""
+    defective = json.loads((ROOT / "tests/third_engine/configurations.json").read_text())["defective"]
+    report = tmp_path / "conform.json"
+    rc, out = cli(["conform", "--engine", ENGINE, *profile_option, "--cases", "12", "--seed", "0",
+                   "--cases-dir", str(tmp_path / "k"), "--json", str(report)], capsys)
+    assert rc == 1, out
+    assert "profile: sglang 0.5.15" in out and "event only in the model" not in out
+    counts = json.loads(report.read_text())["conform"]
+    assert counts["compared"] == 12 and counts["events_compared"] > 0, counts
+    assert 0 < len(counts["differences"]) < counts["compared"], counts
+    for path in (tmp_path / "k").glob("conform-*.json"):
+        case = json.loads(path.read_text())
+        assert [{"server": case["server"], "model": case["model"]}] == defective, path
+
+
+def test_conform_on_a_system_that_names_no_profile_is_a_usage_error(tmp_path, capsys):
+    engine = "sut=third_engine.recorded_sut:UnprofiledRecordedSUT"
+    rc, out = cli(["conform", "--engine", engine, "--cases", "3", "--cases-dir", str(tmp_path / "k")], capsys)
     assert rc == 2, out
-    assert "--engine-profile" in out and f"{ENGINE} names no release" in out
+    assert "--engine-profile" in out and f"{engine} names no release" in out
 
 
 @pytest.mark.parametrize("engine, words", [

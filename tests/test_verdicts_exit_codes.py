@@ -68,7 +68,7 @@ def fake_gate(monkeypatch, prove_summary, fuzz_summary, calls):
             raise prove_summary
         return prove_summary
 
-    def fuzz(policy, **kw):
+    def fuzz(sut, **kw):
         calls.append(("fuzz", kw))
         return fuzz_summary
 
@@ -79,12 +79,13 @@ def fake_gate(monkeypatch, prove_summary, fuzz_summary, calls):
 def test_gate_merges_prove_then_fuzz(monkeypatch):
     from fa3verify.gating import gate
     from fa3verify.policy import Policy
+    from gpu_impl.sut import ModelSUT
 
     calls = []
     proved = RunSummary("prove", checks=[check("proved")])
     fuzzed = RunSummary("fuzz", checks=[check(failed=True)], cases=40, failures=2)
     fake_gate(monkeypatch, proved, fuzzed, calls)
-    s = gate(Policy("fixed", None), budget_s=5.0, seed=7, timeout_s=2.5, cases_dir="out/cases", kernel_name="emulated",
+    s = gate(ModelSUT(policy=Policy("fixed", None)), budget_s=5.0, seed=7, timeout_s=2.5, cases_dir="out/cases", kernel_name="emulated",
              max_cases=40, show_progress=False)
     assert [c[0] for c in calls] == ["prove", "fuzz"]
     assert calls[0] == ("prove", 2.5, "out/cases")
@@ -97,35 +98,38 @@ def test_gate_merges_prove_then_fuzz(monkeypatch):
 def test_gate_passes_only_when_both_pass(monkeypatch):
     from fa3verify.gating import gate
     from fa3verify.policy import Policy
+    from gpu_impl.sut import ModelSUT
 
     fake_gate(monkeypatch, RunSummary("prove", checks=[check("proved")]),
               RunSummary("fuzz", checks=[check()], cases=10), [])
-    assert gate(Policy("fixed", None), show_progress=False).exit_code == 0
+    assert gate(ModelSUT(policy=Policy("fixed", None)), show_progress=False).exit_code == 0
     fake_gate(monkeypatch, RunSummary("prove", checks=[check("refuted", failed=True)]),
               RunSummary("fuzz", checks=[check()], cases=10), [])
-    assert gate(Policy("fixed", None), show_progress=False).exit_code == 1
+    assert gate(ModelSUT(policy=Policy("fixed", None)), show_progress=False).exit_code == 1
     fake_gate(monkeypatch, RunSummary("prove", checks=[check("inconclusive", inconclusive=True)]),
               RunSummary("fuzz", checks=[check()], cases=10), [])
-    assert gate(Policy("fixed", None), show_progress=False).exit_code == 3
+    assert gate(ModelSUT(policy=Policy("fixed", None)), show_progress=False).exit_code == 3
 
 
 def test_an_interrupted_prove_skips_fuzz_and_is_inconclusive(monkeypatch):
     from fa3verify.gating import gate
     from fa3verify.policy import Policy
+    from gpu_impl.sut import ModelSUT
 
     calls = []
     fake_gate(monkeypatch, KeyboardInterrupt(), RunSummary("fuzz", checks=[check()]), calls)
-    s = gate(Policy("fixed", None), show_progress=False)
+    s = gate(ModelSUT(policy=Policy("fixed", None)), show_progress=False)
     assert [c[0] for c in calls] == ["prove"] and s.interrupted and s.exit_code == 3
 
 
 def test_gate_defaults(monkeypatch):
     from fa3verify.gating import gate
     from fa3verify.policy import Policy
+    from gpu_impl.sut import ModelSUT
 
     calls = []
     fake_gate(monkeypatch, RunSummary("prove", checks=[check()]), RunSummary("fuzz", checks=[check()]), calls)
-    gate(Policy("fixed", None))
+    gate(ModelSUT(policy=Policy("fixed", None)))
     assert calls[0] == ("prove", 10.0, "fa3verify-out/cases")
     assert calls[1][1] == {"kernel_name": "emulated", "device": "cpu", "seed": 0, "budget_s": 20.0,
                            "max_cases": None, "out_dir": "fa3verify-out/cases", "show_progress": None}
@@ -185,6 +189,7 @@ def test_gate_passes_the_policy_and_reports_each_stage(monkeypatch):
     import fa3verify.proving
     from fa3verify.gating import gate
     from fa3verify.policy import Policy
+    from gpu_impl.sut import ModelSUT
 
     policy = Policy("fixed", None)
     got = {}
@@ -193,8 +198,8 @@ def test_gate_passes_the_policy_and_reports_each_stage(monkeypatch):
         got["prove"] = p
         return RunSummary("prove", checks=[check("proved"), check("refuted", failed=True)])
 
-    def fuzz(p, **kw):
-        got["fuzz"] = p
+    def fuzz(sut, **kw):
+        got["fuzz"] = sut.policy  # the policy reaches fuzz through the system under test
         return RunSummary("fuzz", checks=[check()], cases=12, failures=3)
 
     monkeypatch.setattr(fa3verify.proving, "prove", prove)
@@ -202,12 +207,51 @@ def test_gate_passes_the_policy_and_reports_each_stage(monkeypatch):
     clock = iter([10.0, 12.5])
     monkeypatch.setattr(fa3verify.gating.time, "perf_counter", lambda: next(clock))
     seen = record_stages(monkeypatch)
-    s = gate(policy, max_cases=40, show_progress=True)
+    s = gate(ModelSUT(policy=policy), max_cases=40, show_progress=True)
     assert got == {"prove": policy, "fuzz": policy}
     assert s.elapsed_s == 2.5
     assert seen == [("gate", "prove (z3 theorems)", False, "2 theorems, 1 failed"),
                     ("gate", "fuzz (emulated kernel, 40 cases)", False, "12 cases, 3 failing")]
     seen.clear()
     monkeypatch.setattr(fa3verify.gating.time, "perf_counter", lambda: 0.0)
-    gate(policy, budget_s=5.0, kernel_name="fa3")
+    gate(ModelSUT(policy=policy), budget_s=5.0, kernel_name="fa3")
     assert [x[1:3] for x in seen] == [("prove (z3 theorems)", None), ("fuzz (fa3 kernel, 5 s)", None)]
+
+
+def test_the_gate_runs_the_proof_stages_the_system_under_test_names(monkeypatch):
+    """One gate: the model's plan is every theorem under its policy, an engine's the witness searches (plus the
+    flow theorem where it names it), then fuzz on the same system; witnesses=False runs fuzz only."""
+    import fa3verify.engine_gate
+    import fa3verify.fuzzing
+    import fa3verify.proving
+    from fa3verify.gating import gate
+    from fa3verify.policy import Policy
+    from gpu_impl.sut import EngineSpec, ModelSUT, SystemUnderTest
+
+    calls = []
+    monkeypatch.setattr(fa3verify.proving, "prove", lambda policy, **k: calls.append("theorems") or RunSummary("prove"))
+    monkeypatch.setattr(fa3verify.engine_gate, "witness_stages", lambda sut, summary, **k: calls.append("witnesses"))
+    monkeypatch.setattr(fa3verify.engine_gate, "flow_stage", lambda sut, summary, **k: calls.append("flow-theorem"))
+    monkeypatch.setattr(fa3verify.fuzzing, "fuzz", lambda sut, **k: calls.append(("fuzz", sut)) or
+                        RunSummary("fuzz", checks=[check()], cases=1))
+
+    class Own(SystemUnderTest):
+        spec = EngineSpec("sut", target="x:Own")
+        plan = ("witnesses",)
+
+        def run(self, scenario, kernel=None, numerics=False, device="cpu"):
+            raise AssertionError("not run: fuzz is stubbed")
+
+        def proof_plan(self):
+            return self.plan
+
+    model, own, flow = ModelSUT(policy=Policy("fixed", None)), Own(), Own()
+    flow.plan = ("witnesses", "flow-theorem")
+    for sut, expected in ((model, ["theorems"]), (own, ["witnesses"]), (flow, ["witnesses", "flow-theorem"])):
+        calls.clear()
+        summary = gate(sut, show_progress=False)
+        assert calls == [*expected, ("fuzz", sut)], calls
+        assert ("engine" in summary.policy) is (sut is not model)  # an engine's own code decided: named
+    calls.clear()
+    gate(own, show_progress=False, witnesses=False)
+    assert calls == [("fuzz", own)]

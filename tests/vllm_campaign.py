@@ -11,10 +11,9 @@ def find_seeded_split(sut, out_dir, defect: str, strategy: str, max_cases: int, 
     """Fuzz ``strategy`` on ``sut`` with ``defect`` seeded: the campaign fails with SPLIT_BOUND and saves a case
     naming ``vllm==release`` and the defect; returns (the case file, the loaded case)."""
     from fa3verify.fuzzing import fuzz
-    from fa3verify.policy import load_policy
     from spec.cases import Case
 
-    summary = fuzz(load_policy(), sut=sut, max_cases=max_cases, budget_s=None, out_dir=str(out_dir),
+    summary = fuzz(sut=sut, max_cases=max_cases, budget_s=None, out_dir=str(out_dir),
                    defects={defect}, strategy=strategy, show_progress=False)
     assert summary.exit_code == 1
     split = [f for f in summary.findings if f.invariant == "SPLIT_BOUND"]

@@ -18,6 +18,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from gpu_impl.sut import ModelSUT
+
     from ..errors import UsageError
     from ..gating import gate
     from ..policy import load_policy
@@ -25,7 +27,7 @@ def run(args) -> int:
 
     if args.budget_s <= 0:
         raise UsageError(f"--budget-s: must be > 0, got {args.budget_s}")
-    summary = gate(load_policy("fixed"), budget_s=args.budget_s, seed=args.seed)
+    summary = gate(ModelSUT(policy=load_policy("fixed")), budget_s=args.budget_s, seed=args.seed)
     code = write_reports(summary, args)
     print(f"fa3verify check: {verdict_line(summary)}")
     return code

@@ -46,36 +46,15 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _policy_gate(sut, policy, **options):
-    """The model's gate: every theorem under ``policy``, then fuzz on the model (``fa3verify.gating.gate``)."""
-    from ..gating import gate
-
-    return gate(policy, **options)
-
-
-def _engine_gate(sut, policy, **options):
-    """An engine's gate: witness searches replayed on it, then fuzz on it (``fa3verify.engine_gate``); its own
-    code is its policy."""
-    from ..engine_gate import gate_engine
-
-    return gate_engine(sut, **options)
-
-
-#: The stages each system under test's gate runs, by its registry row's ``gate`` (gpu_impl/engine_forms.json).
-GATES = {"policy": _policy_gate, "engine": _engine_gate}
-
-
 def run(args) -> int:
     from ..engine_choice import start_engine, sut_from_args
-    from ..policy import load_policy
+    from ..gating import gate
     from ..summary import write_reports
     from .fuzz import budget_from_args
 
     budget, cases = budget_from_args(args)
-    policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
-    with sut_from_args(args) as sut:
+    with sut_from_args(args) as sut:  # the model is opened under the policy options (ModelSUT(policy=...))
         start_engine(sut, "gate")  # its own line: a release's import takes tens of seconds
-        summary = GATES[sut.spec.gate](sut, policy, budget_s=budget, seed=args.seed, timeout_s=args.timeout_s,
-                                       cases_dir=args.cases_dir, kernel_name=args.kernel, device=args.device,
-                                       max_cases=cases)
+        summary = gate(sut, budget_s=budget, seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
+                       kernel_name=args.kernel, device=args.device, max_cases=cases)
     return write_reports(summary, args)

@@ -1,8 +1,10 @@
 """Real serving engines as systems under test (``gpu_impl.sut``): sglang and vLLM releases and checkouts on CPU.
 
-``open_engine(spec)`` is what ``gpu_impl.sut.open_sut`` calls for a non-model spec. It checks the spec (a
-registered release from 0.5.11, or a checkout / wheel), builds or reuses the release's cached environment
-(``envs.ensure_env``) and returns a :class:`~gpu_impl.engines.sglang.SglangSUT` whose worker starts on first use.
+Each real engine form's row of ``gpu_impl/engine_forms.json`` names its opener here (``open_sglang``,
+``open_vllm_release``, ``open_vllm_checkout``), which ``gpu_impl.sut.open_sut`` calls; ``open_engine(spec)`` opens
+any of them by its row. An opener checks the spec (a registered release from 0.5.11, or a checkout / wheel),
+builds or reuses the release's cached environment (``envs.ensure_env``) and returns the system under test (e.g.
+a :class:`~gpu_impl.engines.sglang.SglangSUT`) whose worker starts on first use.
 Errors are :class:`~gpu_impl.engines.errors.EngineUnavailable` (a ``gpu_impl.sut.EngineSpecError``): unknown
 release, release without the precompute (< 0.5.11), a checkout that does not import, a failed set-up.
 
@@ -20,29 +22,49 @@ from typing import Callable
 from .errors import (CheckoutImportError, DriverError, EngineUnavailable, EnvSetupError, NoPrecompute,
                      UnknownRelease)
 
-__all__ = ["open_engine", "EngineUnavailable", "UnknownRelease", "NoPrecompute", "EnvSetupError",
+__all__ = ["open_engine", "open_sglang", "open_vllm_release", "open_vllm_checkout", "OPENERS", "EngineUnavailable", "UnknownRelease", "NoPrecompute", "EnvSetupError",
            "CheckoutImportError", "DriverError"]
 
 
+def open_sglang(spec, progress: Callable[[str], None] = print):
+    """An sglang release or checkout (rows ``sglang`` and ``sglang-src`` of gpu_impl/engine_forms.json): its
+    :class:`~gpu_impl.engines.sglang.SglangSUT`, whose worker starts on first use."""
+    from .sglang import SglangSUT
+
+    return SglangSUT(spec, progress=progress)
+
+
+def open_vllm_release(spec, progress: Callable[[str], None] = print):
+    """A vLLM release (row ``vllm``): an unknown release is refused now, not at the first run."""
+    from .envs import check_release
+    from .vllm import VllmSUT  # lazy: the worker starts on the first run
+
+    check_release(spec.release, engine="vllm")
+    return VllmSUT(spec.release)
+
+
+def open_vllm_checkout(spec, progress: Callable[[str], None] = print):
+    """A vLLM checkout or wheel (row ``vllm-src``): a path holding no vLLM is refused now (CheckoutImportError)."""
+    from .vllm import VllmSUT
+
+    return VllmSUT(spec=spec)
+
+
+#: The openers of this package, by the name a registry row's ``factory`` gives (``gpu_impl.engines:NAME``).
+OPENERS = {"open_sglang": open_sglang, "open_vllm_release": open_vllm_release,
+           "open_vllm_checkout": open_vllm_checkout}
+
+
 def open_engine(spec, progress: Callable[[str], None] = print):
-    """The system under test a real engine spec names: sglang or vLLM, a release or a checkout."""
+    """The system under test a real engine spec names, opened by the factory its registry row names (one of
+    :data:`OPENERS`); a spec whose row names none of them is :class:`EngineUnavailable`."""
     from ..sut import parse_engine
 
     if isinstance(spec, str):
         spec = parse_engine(spec)
-    if spec.kind == "vllm":
-        from .envs import check_release
-        from .vllm import VllmSUT  # lazy: the worker starts on the first run
-
-        check_release(spec.release, engine="vllm")  # an unknown release is refused now, not at the first run
-        return VllmSUT(spec.release)
-    if spec.kind == "vllm-src":
-        from .vllm import VllmSUT
-
-        return VllmSUT(spec=spec)  # a path holding no vLLM is refused now (CheckoutImportError)
-    if spec.kind not in ("sglang", "sglang-src"):
+    module, _, name = spec.form["factory"].partition(":")
+    opener = OPENERS.get(name) if module == __name__ else None
+    if opener is None:
         raise EngineUnavailable(f"engine {spec}: no real engine of kind {spec.kind!r} (allowed: sglang==V, "
                                 f"sglang-src=PATH, vllm==V, vllm-src=PATH)")
-    from .sglang import SglangSUT
-
-    return SglangSUT(spec, progress=progress)
+    return opener(spec, progress=progress)

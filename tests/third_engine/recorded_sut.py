@@ -6,7 +6,9 @@ each), draws its configurations only from the log's own list (``domain()``), and
 seeded defect: the answers for the configurations listed under ``"defective"`` were recorded from our model under
 the guard before sglang PR #30439 ("pre-fix"), so a check of it must find the hazard there.
 
-It is opened as ``--engine sut=third_engine.recorded_sut:RecordedSUT`` (``@PATH``: another log file) through the
+It says what it conforms to (``conformance_profile()``: sglang 0.5.15's profile, which its log was recorded under,
+and its own domain as conform's draws), and its log holds each answer's FA3 events in the engine shape, so conform
+compares them. It is opened as ``--engine sut=third_engine.recorded_sut:RecordedSUT`` (``@PATH``: another log file) through the
 generic registry form ``sut=MODULE:CLASS`` only; ``@record`` (or ``@record=PATH``) runs our model instead (its
 own guard: the fixed one, "pre-fix" on the defective configurations) and writes what it answered into the log.
 ``recorded_log.json`` was made so, from the repository root: ``PYTHONPATH=. python tests/third_engine/recorded_sut.py``
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from gpu_impl.domain import ConfigDomain, DomainDraw
+from gpu_impl.model_pairs import model_pairs
 from gpu_impl.scenario import ScenarioResult, jsonable
 from gpu_impl.sut import ModelSUT, ScenarioUnsupported, SystemUnderTest
 from spec.config import ModelConfig, ServerConfig
@@ -89,7 +92,17 @@ class RecordedSUT(SystemUnderTest):
             raise ScenarioUnsupported(f"engine {self.spec}: scenario {key} is not in its recorded log")
         return ScenarioResult(findings=[Violation.from_dict({**f, "detail": dict(f["detail"])})
                                         for f in entry["findings"]],
-                              trace=[dict(e) for e in entry["trace"]])
+                              trace=[dict(e) for e in entry["trace"]] + [dict(e) for e in entry["events"]])
+
+    def conformance_profile(self) -> str:
+        """What it conforms to: its log was recorded from our model under the fixed guard, H // tp_size heads and
+        the graph replay's ``max_seq_len`` -- sglang 0.5.15's profile (spec/engine_profiles.json) -- except on the
+        defective configurations (the seeded defect conform must find)."""
+        return "sglang==0.5.15"
+
+    def conformance_family(self) -> None:
+        """conform draws from its own domain (the configurations its log holds), as fuzz does."""
+        return None
 
     def _record(self, scenario, kernel) -> dict:
         from spec.guards import load_guard
@@ -99,7 +112,11 @@ class RecordedSUT(SystemUnderTest):
         guard = "pre-fix" if config_key(scenario.server, scenario.model) in defective else "fixed"
         scenario = dataclasses.replace(scenario, guard=load_guard(guard), guard_spec=guard)
         result = ModelSUT().run(scenario, kernel=kernel)
-        return {"findings": [f.to_dict() for f in result.findings], "trace": jsonable(result.trace)}
+        # the model's own trace, and its FA3 events in the engine shape (gpu_impl.fa3_calls.pair_summary, what a
+        # real engine's trace holds and conform compares); without the events conform finds every model event
+        # missing on this engine ("event only in the model")
+        return {"findings": [f.to_dict() for f in result.findings], "trace": jsonable(result.trace),
+                "events": jsonable(model_pairs(scenario, result))}
 
     def identity(self) -> dict:
         return {"name": str(self.spec), "log": self.path.name}
@@ -107,6 +124,13 @@ class RecordedSUT(SystemUnderTest):
     def close(self) -> None:
         if self.recording:
             self.path.write_text(json.dumps({"scenarios": dict(sorted(self.log.items()))}, sort_keys=True) + "\n")
+
+
+class UnprofiledRecordedSUT(RecordedSUT):
+    """The same log, naming no profile it conforms to (conform then needs ``--engine-profile``)."""
+
+    def conformance_profile(self) -> None:
+        return None
 
 
 def record(cases_dir: str) -> None:
@@ -118,6 +142,7 @@ def record(cases_dir: str) -> None:
     engine = f"sut={TARGET}@record"
     main(["fuzz", "--engine", engine, "--cases", "12", "--seed", "0", "--cases-dir", f"{cases_dir}/fuzz"])
     main(["gate", "--engine", engine, "--cases", "12", "--seed", "0", "--cases-dir", f"{cases_dir}/gate"])
+    main(["conform", "--engine", engine, "--cases", "12", "--seed", "0", "--cases-dir", f"{cases_dir}/conform"])
 
 
 if __name__ == "__main__":
