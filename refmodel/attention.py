@@ -21,6 +21,8 @@ from typing import Sequence
 
 import torch
 
+from .kv_blocks import resolve_window  # the window resolution, in plain ints
+
 __all__ = [
     "AttentionBatch",
     "AttentionCall",
@@ -41,20 +43,6 @@ def _fail(argument: str, message: str) -> None:
 # ----------------------------------------------------------------------------------------------------------
 # Masks and the softmax formula
 # ----------------------------------------------------------------------------------------------------------
-
-
-def resolve_window(causal: bool, window_size: Sequence[int]) -> tuple[int | None, int | None]:
-    """Resolve ``(causal, window_size)`` into (left, right) key reach, ``None`` meaning unbounded, as mha_fwd does.
-
-    Follows ``hopper/flash_api.cpp`` (``mha_fwd``): any negative window side is unbounded, and ``causal``
-    forces the right side to 0 while keeping a given left window (causal + left window is FA3's "local").
-    """
-    if len(window_size) != 2:
-        _fail("window_size", f"must be a pair (left, right), got {window_size!r}")
-    left, right = (int(w) for w in window_size)
-    reach_left = left if left >= 0 else None
-    reach_right = 0 if causal else (right if right >= 0 else None)
-    return reach_left, reach_right
 
 
 def visibility_mask(

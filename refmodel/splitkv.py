@@ -1,6 +1,6 @@
 """FA3's split-KV decomposition: per-split KV block ranges and the per-split partial outputs.
 
-``split_block_range`` and ``kv_block_bounds`` restate ``hopper/block.h`` (``BlockMN::get_n_block_min_max``);
+``split_block_range`` and ``kv_block_bounds`` (refmodel.kv_blocks) restate ``hopper/block.h`` (``BlockMN::get_n_block_min_max``);
 ``split_kv`` produces what FA3's split kernel leaves in its ``out_accum`` / ``softmax_lse_accum`` buffers
 (``hopper/epilogue_fwd.hpp``), in the layout ``flash_attn_combine`` consumes. The softmax itself is
 ``refmodel.attention.attention_rows``: the formula exists once.
@@ -17,63 +17,12 @@ from typing import Callable, Sequence
 
 import torch
 
-from .cint import c_ceil_div, c_div  # C++ int division, one source (FA3's block.h computes in int)
-from .attention import AttentionBatch, attention_rows, resolve_attention_call, resolve_window
+from .attention import AttentionBatch, attention_rows, resolve_attention_call
+from .kv_blocks import kv_block_bounds, split_block_range  # the ranges, in plain ints (no torch)
 
 __all__ = ["kv_block_bounds", "split_block_range", "split_kv", "RangeFn"]
 
 RangeFn = Callable[[int, int, int, int], tuple[int, int]]
-
-
-def split_block_range(n_block_min: int, n_block_max: int, num_splits: int, split_idx: int) -> tuple[int, int]:
-    """KV block range ``[lo, hi)`` that split ``split_idx`` of ``num_splits`` covers, as ``hopper/block.h`` computes it.
-
-    ``P = ceil((n_max - n_min) / S)`` (0 when the range is empty); split ``s`` covers
-    ``[n_min + s*P, min(n_min + (s+1)*P, n_max))``, which may be empty (``hi <= lo``).
-    """
-    if num_splits < 1:
-        raise ValueError(f"num_splits: must be >= 1, got {num_splits}")
-    if not 0 <= split_idx < num_splits:
-        raise ValueError(f"split_idx: must lie in [0, {num_splits}), got {split_idx}")
-    per_split = 0 if n_block_max <= n_block_min else c_ceil_div(n_block_max - n_block_min, num_splits)
-    lo = n_block_min + split_idx * per_split
-    return lo, min(lo + per_split, n_block_max)
-
-
-def kv_block_bounds(
-    m_block: int,
-    seqlen_q: int,
-    seqlen_k: int,
-    block_m: int,
-    block_n: int,
-    causal: bool = False,
-    window_size: Sequence[int] = (-1, -1),
-    qhead_per_khead: int = 1,
-) -> tuple[int, int]:
-    """KV block range ``[n_min, n_max)`` a query m-block must visit before splitting, as in ``hopper/block.h``.
-
-    ``n_max = ceil(Lk / kBN)``, clipped under causal/local by the right edge of the m-block's last row;
-    ``n_min = 0``, raised under a left window by the left edge of its first row. With PackGQA
-    (``qhead_per_khead > 1``) an m-block indexes packed rows ``row * qhpk + head_in_group``, so its
-    sequence-row span is divided by ``qhpk``. The m-block's last row is not clipped to ``Lq`` (FA3 doesn't).
-    """
-    if block_m < 1 or block_n < 1 or qhead_per_khead < 1:
-        raise ValueError(
-            f"block_m/block_n/qhead_per_khead: must be >= 1, got {block_m}, {block_n}, {qhead_per_khead}")
-    reach_left, reach_right = resolve_window(causal, window_size)
-    n_block_max = c_ceil_div(seqlen_k, block_n)
-    if reach_right is not None:
-        row_end = (m_block + 1) * block_m
-        if qhead_per_khead > 1:
-            row_end = c_div(row_end - 1, qhead_per_khead) + 1
-        n_block_max = min(n_block_max, c_ceil_div(row_end + seqlen_k - seqlen_q + reach_right, block_n))
-    n_block_min = 0
-    if reach_left is not None:
-        row_start = m_block * block_m
-        if qhead_per_khead > 1:
-            row_start = c_div(row_start, qhead_per_khead)
-        n_block_min = max(0, c_div(row_start + seqlen_k - seqlen_q - reach_left, block_n))
-    return n_block_min, n_block_max
 
 
 def _split_counts(num_splits, batch_size: int) -> list[int]:

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from refmodel.fa3_scheduler import Schedule, ScheduleInputs, ceil_div, combine_capacity, resolve_schedule
-from refmodel.metadata import UNWRITTEN, DecodedMetadata, decode_for_schedule, encode_metadata
+from refmodel.kv_blocks import kv_block_bounds, split_block_range
+from refmodel.metadata_layout import UNWRITTEN, DecodedMetadata, decode_values_for_schedule, encode_metadata_values
 from refmodel.prepare import PrepareResult, prepare_scheduler
-from refmodel.splitkv import kv_block_bounds, split_block_range
 
 from .violation import Violation
 
@@ -105,13 +105,15 @@ class _Ctx:
 
 
 def read_metadata(P_sched: Schedule, P_result: PrepareResult, C_sched: Schedule) -> DecodedMetadata:
-    """The vectors the call reads: P's tensor (unwritten slots UNWRITTEN) decoded with C's layout (flash_api.cpp)."""
-    tensor = encode_metadata(P_sched, P_result)
+    """The vectors the call reads: P's tensor (unwritten slots UNWRITTEN) decoded with C's layout (flash_api.cpp).
+
+    The tensor is read as its int32 values (refmodel.metadata_layout: slot for slot refmodel.metadata's tensor).
+    """
+    values = encode_metadata_values(P_sched, P_result)
     need = C_sched.num_vectors * C_sched.b4
-    if tensor.numel() < need:  # only reachable when SHAPE fails; pad so decoding never raises
-        import torch
-        tensor = torch.cat([tensor, torch.full((need - tensor.numel(),), UNWRITTEN, dtype=torch.int32)])
-    return decode_for_schedule(tensor, C_sched)   # C's layout, under C's FA3 build (refmodel.fa3_builds)
+    if len(values) < need:  # only reachable when SHAPE fails; pad so decoding never raises
+        values = values + [UNWRITTEN] * (need - len(values))
+    return decode_values_for_schedule(values, C_sched)   # C's layout, under C's FA3 build (refmodel.fa3_builds)
 
 
 def _ctx(P_sched, P_result, C_sched, call_lengths) -> _Ctx:

@@ -22,9 +22,10 @@ Encoding choices (issue 3, "Encoding advice", measured):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -320,9 +321,9 @@ class SideParams:
     table: tuple
     tail: int
 
-    @property
+    @cached_property
     def key(self) -> tuple:
-        """Hashable identity (everything the encodings read)."""
+        """Hashable identity (everything the encodings read); computed once per object (its fields are frozen)."""
         return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
 
     def metadata_size(self, batch_size: int) -> int:
@@ -339,13 +340,25 @@ def _schedule_fields(s) -> dict:
         "metadata_size": s.metadata_size, "is_causal": s.masking.is_causal, "is_local": s.masking.is_local}
 
 
+def _with_seqlen_k(inputs: ScheduleInputs, seqlen_k: int) -> ScheduleInputs:
+    """``dataclasses.replace(inputs, seqlen_k=seqlen_k)``: the same object, without running ``__init__`` again
+    (ScheduleInputs is a frozen dataclass of plain fields with no ``__post_init__``; one that had one is replaced)."""
+    if hasattr(inputs, "__post_init__"):
+        return dataclasses.replace(inputs, seqlen_k=seqlen_k)
+    out = copy.copy(inputs)
+    object.__setattr__(out, "seqlen_k", seqlen_k)
+    return out
+
+
 @lru_cache(maxsize=4096)
 def _split_table(inputs: ScheduleInputs, heuristic: Heuristic, block_n: int) -> tuple[tuple, int]:
     """(table, tail): the split count for static n-blocks 0..cap, and the value beyond (checked at far points)."""
     cap = min(HEURISTIC_MAX_SPLITS, inputs.num_sm)
 
+    base = dataclasses.replace(inputs, num_splits=0)
+
     def at(n_blocks: int) -> int:
-        return int(heuristic(dataclasses.replace(inputs, seqlen_k=n_blocks * block_n, num_splits=0)))
+        return int(heuristic(_with_seqlen_k(base, n_blocks * block_n)))
 
     table = tuple(at(n) for n in range(cap + 1))
     tail = table[-1]

@@ -45,7 +45,7 @@ from .z3ctx import checked
 
 __all__ = ["THEOREMS", "DEFECTS", "TileInstance", "TILE_INSTANCES", "VllmTilePoint", "vllm_tile_points",
            "sym_tile", "SideVars", "side_vars", "fork_tile_jobs", "run_fork_tile_theorems", "split_bound_case",
-           "OFF_BY_ONE_DEFECT", "MAX_SEQLEN_Q", "MAX_HEADS"]
+           "scan_length_key", "OFF_BY_ONE_DEFECT", "MAX_SEQLEN_Q", "MAX_HEADS"]
 
 THEOREMS = ("9-fork-tile-agree", "9-fork-tile-drift")
 #: Seeded defects of the encoding (negative controls of ``9-fork-tile-agree``).
@@ -279,11 +279,15 @@ def _drift_witness(point: VllmTilePoint, build: str, timeout_s: float):
         m = s.model()
 
 
-def split_bound_case(point: VllmTilePoint, q: int, build: str = VLLM_FORK) -> Optional[dict]:
+def split_bound_case(point: VllmTilePoint, q: int, build: str = VLLM_FORK, length_key=None) -> Optional[dict]:
     """Lengths at which the off-by-one precompute's metadata overflows the call (refmodel decides), or None.
 
     The batch: one sequence of L <= 32768 keys with ``q`` new query tokens and up to 7 one-token decodes; the precompute sees
     ``max_seqlen_q = q + 1``, the call ``q`` (both ``max_seqlen_k = L``: the fork's call reads ``max_seqlen_k``).
+    The lengths are scanned in ascending order and the first that overflows is returned; a length whose
+    :func:`scan_length_key` was already seen is skipped (the outcome is a function of that key, so it is the
+    outcome already found there: no overflow). ``length_key`` replaces that key (tests: the identity is the full
+    scan).
     """
     from refmodel.fa3_scheduler import call_inputs, get_num_splits, precompute_inputs, resolve_schedule
 
@@ -294,7 +298,14 @@ def split_bound_case(point: VllmTilePoint, q: int, build: str = VLLM_FORK) -> Op
     dtype = "float8_e4m3fn" if point.element_size == 1 else "bfloat16"
     common = dict(headdim_v=inst.headdim_v, qkv_dtype=dtype, varlen_q=True, page_size=point.block, causal=True,
                   num_sm=point.num_sm, build=build)
-    for L in range(max(q, 16), MAX_SCAN_KV + 1, 16):
+    first = max(q, 16)
+    key = scan_length_key(point, q, build, first) if length_key is None else length_key
+    seen = set()
+    for L in range(first, MAX_SCAN_KV + 1, 16):
+        k = key(L)
+        if k in seen:
+            continue
+        seen.add(k)
         # the static split counts do not read the batch size (varlen: total_mblocks pretends b = 1)
         if get_num_splits(precompute_inputs(1, q + 1, L, h, hk, inst.headdim, **common)) <= \
                 get_num_splits(call_inputs(1, q, L, h, hk, inst.headdim, **common)):
@@ -310,6 +321,33 @@ def split_bound_case(point: VllmTilePoint, q: int, build: str = VLLM_FORK) -> Op
                         "invariant": found[0].invariant, "message": found[0].detail,
                         "tiles": [P.block_m, P.block_n, C.block_m, C.block_n]}
     return None
+
+
+def scan_length_key(point: VllmTilePoint, q: int, build: str = VLLM_FORK, at: int = 16):
+    """L -> (ceil(L / kBlockN of the precompute), ceil(L / kBlockN of the call)): what :func:`split_bound_case`'s
+    outcome at length L depends on, for every batch size it tries.
+
+    Why (refmodel, on this domain: causal, window (-1, -1), no chunk, paged, no left padding, no appended KV):
+    ``resolve_masking`` gives flags that do not read ``seqlen_k``, so neither side's tile does (``build_tile``,
+    ``pagedkv_tma`` read seqlen_q, heads and the page size); ``get_num_splits`` reads L as ``c_ceil_div(L,
+    kBlockN)`` and as ``size_one_kv_head``, which only its L2 branch reads, above 50 MiB (so the key is L itself
+    when the longest length can pass that); the prepare step reads it as ``n_blocks_for`` = ceil(L / kBlockN);
+    every invariant of ``check_all`` reads the split counts, tiles, batch sizes and query lengths, except
+    KV_COVER, which reads L and never fails for a split count >= 1 (theorem ``0-kv-cover``). The tiles are read
+    from refmodel at length ``at``.
+    """
+    from refmodel.fa3_scheduler import L2_SPLIT_BYTES, call_inputs, precompute_inputs, resolve_schedule
+
+    h, hk = point.heads()
+    inst = point.instance()
+    if MAX_SCAN_KV * (inst.headdim + inst.headdim_v) * point.element_size > L2_SPLIT_BYTES:
+        return lambda L: L
+    dtype = "float8_e4m3fn" if point.element_size == 1 else "bfloat16"
+    common = dict(headdim_v=inst.headdim_v, qkv_dtype=dtype, varlen_q=True, page_size=point.block, causal=True,
+                  num_sm=point.num_sm, build=build)
+    bn_p = resolve_schedule(precompute_inputs(1, q + 1, at, h, hk, inst.headdim, **common)).block_n
+    bn_c = resolve_schedule(call_inputs(1, q, at, h, hk, inst.headdim, **common)).block_n
+    return lambda L: (-(-L // bn_p), -(-L // bn_c))
 
 
 def write_drift_case(cases_dir, point: VllmTilePoint, found: dict, release: str = "0.33.0") -> Optional[str]:

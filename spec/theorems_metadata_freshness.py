@@ -258,7 +258,7 @@ def _concrete_multirow(inp: ScheduleInputs, w: dict, own: bool = False):
                               num_splits=int(w["num_splits"]))
     C = resolve_schedule(dataclasses.replace(pin, precompute=False, uses_prepare=True))
     if own:
-        from refmodel.metadata import call_own_metadata  # loads torch: only a witness's replay needs it
+        from refmodel.metadata_layout import call_own_metadata
 
         P, R = call_own_metadata(C, [lq + 1], seqlens_q=[lq])
     else:

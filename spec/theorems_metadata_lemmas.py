@@ -34,7 +34,7 @@ def kv_cover_lemma(timeout_s: float = 10.0, sym_range=sym_split_block_range,
     `split_block_range`).
     """
     if concrete_range is None:
-        from refmodel.splitkv import split_block_range as concrete_range  # refmodel.splitkv loads torch
+        from refmodel.kv_blocks import split_block_range as concrete_range
     start = time.perf_counter()
     c = IntVal
     n_min, n_max, S, sv = Ints("n_min n_max S s")

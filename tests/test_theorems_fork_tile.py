@@ -57,6 +57,43 @@ def test_control_upstream_has_no_off_by_one_drift_on_vllms_domain():
     assert r.verdict == "proved" and r.details["points"] == len(ft.vllm_tile_points())
 
 
+def _witness_q(point):
+    verdict, q, _ = isolated(lambda: ft._drift_witness(point, VLLM_FORK, 10.0))
+    assert verdict == "sat"
+    return q
+
+
+def _point(label):
+    return next(p for p in ft.vllm_tile_points() if p.label == label)
+
+
+#: the drift's first replayable point, and two points before it whose scans find no overflow up to 32768 keys
+_SCAN_POINTS = ("llama-3.2-1b tp=1 block_size=16 kv=auto num_sm=132",
+                "falcon-7b tp=1 block_size=16 kv=auto num_sm=132",
+                "llama-2-7b tp=1 block_size=16 kv=fp8 num_sm=132")
+
+
+@pytest.mark.parametrize("label", _SCAN_POINTS)
+def test_the_length_scan_that_skips_seen_block_counts_finds_the_full_scans_first_overflow(label):
+    point = _point(label)
+    q = _witness_q(point)
+    full = ft.split_bound_case(point, q, length_key=lambda L: L)  # every length, as the scan was written
+    assert ft.split_bound_case(point, q) == full
+    if label == _SCAN_POINTS[0]:
+        assert full is not None and full["invariant"] == "SPLIT_BOUND"
+    else:
+        assert full is None
+
+
+def test_negative_control_a_scan_key_coarser_than_the_block_counts_misses_the_first_overflow():
+    point = _point(_SCAN_POINTS[0])
+    q = _witness_q(point)
+    full = ft.split_bound_case(point, q, length_key=lambda L: L)
+    exact = ft.scan_length_key(point, q)
+    coarse = ft.split_bound_case(point, q, length_key=lambda L: exact(L)[0] // 4)  # skips 3 of 4 breakpoints
+    assert full is not None and coarse != full
+
+
 def _inputs_for(inst, seqlen_q, h, hk, side):
     """ScheduleInputs whose resolved masking is the instance's (a local window is (W, 0) with W < seqlen_k - 1)."""
     seqlen_k = 4096
