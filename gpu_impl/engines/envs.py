@@ -377,8 +377,8 @@ def parse_target(text: str) -> tuple:
 
 
 def build_jobs() -> int:
-    """How many environments ``main`` builds at once: ``$FA3VERIFY_ENV_JOBS``, else one per core (a build's longest
-    steps, the torch check and the import probe, compile bytecode on one core each)."""
+    """How many environments ``main`` builds at once: ``$FA3VERIFY_ENV_JOBS``, else 1 (side-by-side builds are
+    opt-in: a fresh clone's first side-by-side run raced in uv's ``find_uv_bin`` over ``sysconfig``)."""
     text = os.environ.get("FA3VERIFY_ENV_JOBS", "")
     if text:
         try:
@@ -388,7 +388,7 @@ def build_jobs() -> int:
         if jobs < 1:
             raise EnvSetupError(f"FA3VERIFY_ENV_JOBS: want a whole number >= 1, got {text!r}")
         return jobs
-    return max(1, os.cpu_count() or 1)
+    return 1
 
 
 def main(argv=None) -> int:
@@ -402,7 +402,7 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m gpu_impl.engines.envs",
                                      description="Build or reuse cached engine environments, side by side "
-                                                 "(FA3VERIFY_ENV_JOBS at a time; default one per core).")
+                                                 "(FA3VERIFY_ENV_JOBS at a time; default 1).")
     parser.add_argument("targets", nargs="+", metavar="TARGET",
                         help="sglang release (0.5.23) or ENGINE==V (sglang==0.5.23, vllm==0.33.0)")
     args = parser.parse_args(argv)
@@ -424,6 +424,9 @@ def main(argv=None) -> int:
         return (f"{engine}=={release}: {d} ({time.monotonic() - start:.1f}s now; built in "
                 f"{(setup_times(release, engine=engine) or {}).get('total', '?')}s)")
 
+    import sysconfig
+
+    sysconfig.get_config_vars()  # filled once here, not by the builds' threads at once (uv's find_uv_bin reads it)
     with ThreadPoolExecutor(max_workers=min(jobs, len(targets))) as pool:
         futures = [pool.submit(one, t) for t in targets]
     code = 0
