@@ -351,19 +351,54 @@ def get_num_splits(inp: ScheduleInputs, masking: Optional[Masking] = None) -> in
         return effective_num_splits_argument(inp.num_splits)
     masking = masking or resolve_masking(inp.seqlen_q, inp.seqlen_k, inp.causal, inp.window_size,
                                          inp.attention_chunk, inp.headdim, inp.paged)
+    return _heuristic_at(inp, inp.seqlen_k, masking, _split_tiles(inp, masking))
+
+
+def num_splits_over_lengths(inp: ScheduleInputs, seqlen_ks) -> tuple[int, ...]:
+    """`get_num_splits` of `inp` at each static seqlen_k of `seqlen_ks`, in one pass.
+
+    The same function as ``get_num_splits(replace(inp, seqlen_k=L))`` for every L (the same two helpers): only
+    the masking's window and the lengths read seqlen_k; the tiles, TMA choice and m-blocks read the masking's
+    causal/local flags alone (`_split_tiles`), so they are worked out once per flag pair instead of per length.
+    """
+    if inp.num_splits > 0:
+        return tuple(effective_num_splits_argument(inp.num_splits) for _ in seqlen_ks)
+    per_flags: dict = {}
+    out = []
+    for seqlen_k in seqlen_ks:
+        masking = resolve_masking(inp.seqlen_q, seqlen_k, inp.causal, inp.window_size, inp.attention_chunk,
+                                  inp.headdim, inp.paged)
+        flags = (masking.is_causal, masking.is_local)
+        tiles = per_flags.get(flags)
+        if tiles is None:
+            tiles = per_flags[flags] = _split_tiles(inp, masking)
+        out.append(_heuristic_at(inp, seqlen_k, masking, tiles))
+    return tuple(out)
+
+
+def _split_tiles(inp: ScheduleInputs, masking: Masking) -> tuple[int, int, int, int]:
+    """(kBlockM, kBlockN, m_blocks, total_mblocks) of `get_num_splits` (flash_api.cpp 456-466): they read the
+    masking's causal/local flags, never seqlen_k or the window."""
     d_r, dv_r = rounded_headdims(inp.headdim, inp.headdim_v)
     tma = pagedkv_tma(inp, masking, d_r, dv_r)
     bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=inp.paged and not tma)
     qhpk = c_div(inp.num_heads, inp.num_heads_k)
+    m_blocks = c_ceil_div(to_int32(inp.seqlen_q * qhpk), bm)
+    total_mblocks = to_int32((1 if inp.uses_prepare else inp.batch_size) * inp.num_heads_k * m_blocks)
+    return bm, bn, m_blocks, total_mblocks
+
+
+def _heuristic_at(inp: ScheduleInputs, seqlen_k: int, masking: Masking, tiles: tuple[int, int, int, int]) -> int:
+    """The heuristic's call of `get_num_splits` at static length `seqlen_k` under `masking` (flash_api.cpp
+    459-468): the loaded length (a local window caps it), its block count and the KV head's byte size."""
+    bm, bn, m_blocks, total_mblocks = tiles
     if masking.is_local:
         window = to_int32(to_int32(to_int32(masking.window_right + masking.window_left) + 1) + bm)
-        seqlen_k_loaded = max(0, min(inp.seqlen_k, window))
+        seqlen_k_loaded = max(0, min(seqlen_k, window))
     else:
-        seqlen_k_loaded = inp.seqlen_k
+        seqlen_k_loaded = seqlen_k
     n_blocks = c_ceil_div(seqlen_k_loaded, bn)
-    m_blocks = c_ceil_div(to_int32(inp.seqlen_q * qhpk), bm)
-    size_one_kv_head = to_int32(inp.seqlen_k * (inp.headdim + inp.headdim_v) * inp.element_size)
-    total_mblocks = to_int32((1 if inp.uses_prepare else inp.batch_size) * inp.num_heads_k * m_blocks)
+    size_one_kv_head = to_int32(seqlen_k * (inp.headdim + inp.headdim_v) * inp.element_size)
     return num_splits_heuristic(total_mblocks, inp.num_sm, n_blocks, m_blocks, size_one_kv_head,
                                 masking.is_causal or masking.is_local, HEURISTIC_MAX_SPLITS)
 

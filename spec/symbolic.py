@@ -42,6 +42,7 @@ from refmodel.fa3_scheduler import (
     ScheduleInputs,
     combine_capacity,
     get_num_splits,
+    num_splits_over_lengths,
     resolve_schedule,
 )
 
@@ -356,15 +357,18 @@ def _split_table(inputs: ScheduleInputs, heuristic: Heuristic, block_n: int) -> 
     cap = min(HEURISTIC_MAX_SPLITS, inputs.num_sm)
 
     base = dataclasses.replace(inputs, num_splits=0)
-
-    def at(n_blocks: int) -> int:
-        return int(heuristic(_with_seqlen_k(base, n_blocks * block_n)))
-
-    table = tuple(at(n) for n in range(cap + 1))
+    far_points = (cap + 1, cap + 7, (2 ** 20) // block_n)
+    n_blocks = [*range(cap + 1), *far_points]
+    if heuristic is get_num_splits:
+        # refmodel's one-pass form of the same function (tiles and masking flags resolved once, not per length)
+        values = num_splits_over_lengths(base, [n * block_n for n in n_blocks])
+    else:
+        values = tuple(int(heuristic(_with_seqlen_k(base, n * block_n))) for n in n_blocks)
+    table = tuple(int(v) for v in values[:cap + 1])
     tail = table[-1]
-    for far in (cap + 1, cap + 7, (2 ** 20) // block_n):
+    for far in values[cap + 1:]:
         # beyond the cap the heuristic must not depend on seqlen_k (it would through the 50 MiB L2 branch)
-        if at(far) != tail:
+        if int(far) != tail:
             raise NotImplementedError(
                 f"split heuristic depends on seqlen_k beyond its cap (L2 branch active) for {inputs}")
     return table, tail
