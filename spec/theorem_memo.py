@@ -100,20 +100,29 @@ def after_run(before: dict) -> Optional[int]:
     return fingerprint(now)
 
 
-def _results(value: Any) -> list:
-    """The TheoremResults in a part's value (lists, tuples and dicts are searched)."""
-    from .results import TheoremResult
+def _nodes(value: Any) -> Iterator[Any]:
+    """Every object in a part's value: the value, and what dataclasses (their fields), dicts (keys and values),
+    lists, tuples and sets hold, searched depth first in a fixed order."""
+    import dataclasses
 
-    found, stack = [], [value]
+    stack = [value]
     while stack:
         v = stack.pop()
-        if isinstance(v, TheoremResult):
-            found.append(v)
+        yield v
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            stack.extend(getattr(v, f.name) for f in dataclasses.fields(v))
         elif isinstance(v, dict):
+            stack.extend(v.keys())
             stack.extend(v.values())
-        elif isinstance(v, (list, tuple)):
+        elif isinstance(v, (list, tuple, set, frozenset)):
             stack.extend(v)
-    return found
+
+
+def _results(value: Any) -> list:
+    """The TheoremResults in a part's value, in :func:`_nodes` order."""
+    from .results import TheoremResult
+
+    return [v for v in _nodes(value) if isinstance(v, TheoremResult)]
 
 
 def lookup(key: Optional[tuple], cases_dir: Optional[str], fp: int) -> tuple[bool, Any]:
@@ -127,63 +136,52 @@ def lookup(key: Optional[tuple], cases_dir: Optional[str], fp: int) -> tuple[boo
     if entry is None or entry[0] != fp:
         _STATS["misses"] += 1
         return False, None
-    _, stored_dir, value = entry
-    results = _results(value)
-    value = copy.deepcopy(value)
+    _, stored_dir, stored = entry
     # only proved results are the same whatever the cases directory (a refutation writes its case there, or
     # has none without one): anything else is given back for the same directory, its case files still there, or
     # for another directory once its case files are written there as the part would write them (relocated)
+    results = _results(stored)
+    moves = None
     if any(r.verdict != "proved" or r.case_file for r in results):
-        files = [r.case_file for r in results if r.case_file]
-        if not all(os.path.isfile(f) for f in files):
+        if not all(os.path.isfile(r.case_file) for r in results if r.case_file):
             _STATS["misses"] += 1
             return False, None
         if stored_dir != cases_dir:
-            value = relocated(value, stored_dir, cases_dir)
-            if value is None:
+            moves = _moves(stored, stored_dir, cases_dir)
+            if moves is None:
                 _STATS["misses"] += 1
                 return False, None
+    value = copy.deepcopy(stored)  # only for a hit
+    if moves is not None:
+        _write_moves(value, moves, cases_dir)
     _STATS["hits"] += 1
     return True, value
 
 
-def _strings(value: Any) -> Iterator[str]:
-    """Every string in a part's value: its results' fields, and lists, tuples and dicts, searched."""
-    import dataclasses
-
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            yield v
-        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
-            stack.extend(getattr(v, f.name) for f in dataclasses.fields(v))
-        elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple, set, frozenset)):
-            stack.extend(v)
-
-
-def relocated(value: Any, stored_dir: Optional[str], cases_dir: Optional[str]) -> Optional[Any]:
-    """``value`` (a copy, changed in place) as the part computes it for ``cases_dir``: each case file it wrote
-    into ``stored_dir`` is written at the same name under ``cases_dir`` (an existing file there is kept, as
-    ``spec.cases.Case.save`` keeps it) and its result names that path; None when that is not certainly the same:
-    either directory is None, a case file lies outside ``stored_dir``, or any other string of the value names
-    ``stored_dir`` (a message with a path in it)."""
+def _moves(value: Any, stored_dir: Optional[str], cases_dir: Optional[str]) -> Optional[list]:
+    """Each result's case file as a path relative to ``stored_dir`` (None for a result without one), in
+    :func:`_results` order; None when the value cannot be relocated (see :func:`relocated`)."""
     if stored_dir is None or cases_dir is None:
         return None
-    results = _results(value)
-    moves = []
-    for r in results:
+    rels = []
+    for r in _results(value):
+        rel = None
         if r.case_file:
             rel = os.path.relpath(r.case_file, stored_dir)
             if rel.startswith(os.pardir) or os.path.isabs(rel):
                 return None
-            moves.append((r, rel))
-    if any(stored_dir in text for text in _strings(value) if text not in {r.case_file for r, _ in moves}):
+        rels.append(rel)
+    paths = {r.case_file for r in _results(value) if r.case_file}
+    if any(stored_dir in v for v in _nodes(value) if isinstance(v, str) and v not in paths):
         return None
-    for r, rel in moves:
+    return rels
+
+
+def _write_moves(value: Any, rels: list, cases_dir: str) -> None:
+    """Write each case file of ``value`` at its relative path under ``cases_dir`` and point its result there."""
+    for r, rel in zip(_results(value), rels):
+        if rel is None:
+            continue
         target = os.path.join(cases_dir, rel)
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
         with open(r.case_file, "rb") as src:
@@ -194,6 +192,18 @@ def relocated(value: Any, stored_dir: Optional[str], cases_dir: Optional[str]) -
         except FileExistsError:
             pass
         r.case_file = target
+
+
+def relocated(value: Any, stored_dir: Optional[str], cases_dir: Optional[str]) -> Optional[Any]:
+    """``value`` (a copy, changed in place) as the part computes it for ``cases_dir``: each case file it wrote
+    into ``stored_dir`` is written at the same name under ``cases_dir`` (an existing file there is kept, as
+    ``spec.cases.Case.save`` keeps it) and its result names that path; None when that is not certainly the same:
+    either directory is None, a case file lies outside ``stored_dir``, or any other string of the value names
+    ``stored_dir`` (a message with a path in it)."""
+    rels = _moves(value, stored_dir, cases_dir)
+    if rels is None:
+        return None
+    _write_moves(value, rels, cases_dir)
     return value
 
 
