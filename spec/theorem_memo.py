@@ -163,15 +163,16 @@ def _moves(value: Any, stored_dir: Optional[str], cases_dir: Optional[str]) -> O
     :func:`_results` order; None when the value cannot be relocated (see :func:`relocated`)."""
     if stored_dir is None or cases_dir is None:
         return None
+    results = _results(value)
     rels = []
-    for r in _results(value):
+    for r in results:
         rel = None
         if r.case_file:
             rel = os.path.relpath(r.case_file, stored_dir)
             if rel.startswith(os.pardir) or os.path.isabs(rel):
                 return None
         rels.append(rel)
-    paths = {r.case_file for r in _results(value) if r.case_file}
+    paths = {r.case_file for r in results if r.case_file}
     if any(stored_dir in v for v in _nodes(value) if isinstance(v, str) and v not in paths):
         return None
     return rels
