@@ -48,6 +48,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from spec.interrupts import raise_if_swallowed
+
 __all__ = ["Budget", "Observation", "Failure", "Campaign", "run_campaign", "shrink_failure", "single_threaded_torch",
            "all_findings", "COST_WINDOW", "now"]
 
@@ -240,6 +242,7 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
         while True:
             if camp.exhausted(starting=not pending):  # a new case (batch) starts with this draw
                 raise _CampaignDone()
+            raise_if_swallowed()  # a Ctrl-C dropped in a callback stops the campaign here
             camp.draws += 1
             draw_seed = draws.getrandbits(64)
             if shard is not None and not shard.owns(camp.draws - 1):

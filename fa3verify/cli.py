@@ -83,11 +83,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return exitcodes.USAGE
+    import spec.guard_isolation as isolation
+    from spec import interrupts
+
+    with interrupts.watching():
+        try:
+            rc = _run_command(args, isolation)
+        except KeyboardInterrupt:
+            rc = exitcodes.INCONCLUSIVE
+            print(f"fa3verify {args.command}: interrupted", file=sys.stderr)
+        if interrupts.seen():
+            if rc == exitcodes.PASS:  # a Ctrl-C that some callback swallowed: the run did not pass, it was stopped
+                print(f"fa3verify {args.command}: interrupted", file=sys.stderr)
+                rc = exitcodes.INCONCLUSIVE
+            interrupts.forget_handled_interrupt()  # the exit status is `rc`, not death by SIGINT
+    return rc
+
+
+def _run_command(args, isolation) -> int:
+    """The command's exit status; every failure but Ctrl-C is turned into its exit status here."""
     from .output_writer import stdout_reserved_for
     from .outputs import check_outputs, output_paths
     from .validation import check_args
-
-    import spec.guard_isolation as isolation
 
     saved_timeout = isolation.GUARD_TIMEOUT_S
     try:
@@ -103,9 +120,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KernelUnavailable as exc:
         print(f"fa3verify {args.command}: error: --kernel: {exc}", file=sys.stderr)
         return exitcodes.USAGE
-    except KeyboardInterrupt:
-        print(f"fa3verify {args.command}: interrupted", file=sys.stderr)
-        return exitcodes.INCONCLUSIVE
     except WorkerError as exc:  # a worker missed its deadline (killed), died or garbled: named, never 0 or 1
         print(f"fa3verify {args.command}: inconclusive: {exc}", file=sys.stderr)
         return exitcodes.INCONCLUSIVE

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from . import theorem_memo
+from .interrupts import raise_if_swallowed
 from .results import TheoremResult
 from .theorem_pool import Crashed as _Crashed
 from .z3ctx import isolated
@@ -203,6 +204,7 @@ def _run_sequential(jobs: list, start: float, known: dict) -> tuple[JobRun, dict
         values, timing = [], []
         for p, part in enumerate(job.parts):
             t0 = time.perf_counter() - start
+            raise_if_swallowed()  # a Ctrl-C dropped in a callback stops the run here (spec/interrupts.py)
             if (j, p) in known:
                 values.append(known[(j, p)])
             else:

@@ -25,7 +25,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from .interrupts import raise_if_swallowed
+
 _HEADER = struct.Struct("!Q")
+_POLL_S = 0.25  # how often the caller looks for a swallowed Ctrl-C while every worker is busy
 
 
 @dataclass
@@ -47,8 +50,8 @@ class _Worker:
 
 
 def _worker_main(jobs: list, run_part: Callable, task_fd: int, result_fd: int) -> None:
-    """A worker: run the parts the caller names, answer each, leave at the end of the task pipe."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides on Ctrl-C (it kills the workers)
+    """A worker (SIGINT ignored since its fork): run the parts the caller names, answer each, leave at the end of
+    the task pipe."""
     code = 0
     try:
         pending = b""
@@ -111,20 +114,28 @@ def run_parallel(jobs: list, workers: int, preload: Optional[Callable[[], None]]
         result_r, result_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child leaves through os._exit
-            os.close(task_w)
-            os.close(result_r)
-            for other in pool.values():  # another worker's pipes: its end of file must not wait for this one
-                os.close(other.task_fd)
-                os.close(other.result_fd)
-            _worker_main(jobs, run_part, task_r, result_w)
-        os.close(task_r)
-        os.close(result_w)
-        os.set_blocking(result_r, False)
-        w = _Worker(pid, task_w, result_r, heavy)
-        pool[result_r] = w
-        sel.register(result_r, selectors.EVENT_READ)
+        # SIGINT waits until the worker is in `pool`: a Ctrl-C between the fork and that would leave a worker
+        # nobody kills (the child ignores SIGINT before it unblocks it)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child leaves through os._exit
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides on Ctrl-C (it kills the workers)
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+                os.close(task_w)
+                os.close(result_r)
+                for other in pool.values():  # another worker's pipes: its end of file must not wait for this one
+                    os.close(other.task_fd)
+                    os.close(other.result_fd)
+                _worker_main(jobs, run_part, task_r, result_w)
+            os.close(task_r)
+            os.close(result_w)
+            os.set_blocking(result_r, False)
+            w = _Worker(pid, task_w, result_r, heavy)
+            pool[result_r] = w
+            sel.register(result_r, selectors.EVENT_READ)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return w
 
     def send(w: _Worker, key) -> None:
@@ -202,8 +213,9 @@ def run_parallel(jobs: list, workers: int, preload: Optional[Callable[[], None]]
 
     try:
         while pending or any(w.queue for w in pool.values()):
+            raise_if_swallowed()  # a Ctrl-C dropped in a callback stops the run here (spec/interrupts.py)
             fill()
-            for sk, _ in sel.select():
+            for sk, _ in sel.select(timeout=_POLL_S):
                 w = pool.get(sk.fd)
                 if w is None:
                     continue  # removed by a stop while this round's events were gathered
