@@ -10,6 +10,9 @@ BYTECODE := $(VENV)/.bytecode
 ENGINE_RELEASES ?= 0.5.13 0.5.23
 #: vLLM releases likewise (tests/test_engine_vllm.py).
 VLLM_RELEASES ?= 0.33.0
+#: engine environments built side by side on a first run (measured, 3 envs into an empty home, uv's cache warm:
+#: 64 s with 3, 102 s one at a time; docs/performance.md).
+ENV_JOBS ?= 3
 #: test processes (pytest-xdist): one per core; each test file runs whole in one process, so a module's
 #: engine worker or multi-rank launch is started once. Files are handed out longest first (tests/file_seconds.json,
 #: ordered by tests/conftest.py; --no-loadscope-reorder keeps xdist from reordering them by test count). TEST_JOBS=0 runs the suite in this process.
@@ -41,12 +44,17 @@ check: $(STAMP)
 # Builds (first time: minutes with uv, which `setup` installs; pip without it) or reuses the engine environments
 # the engine tests use.
 engines: $(STAMP)
-	$(PY) -m gpu_impl.engines.envs $(ENGINE_RELEASES) $(addprefix vllm==,$(VLLM_RELEASES))
+	FA3VERIFY_ENV_JOBS=$(ENV_JOBS) $(PY) -m gpu_impl.engines.envs $(ENGINE_RELEASES) $(addprefix vllm==,$(VLLM_RELEASES))
 
 # The suite's real-release sweeps run on ENGINE_RELEASES (tests/engine_releases.py); FA3VERIFY_ALL_RELEASES=1 runs
 # them on every release whose environment exists.
+# The project's own modules are compiled first and the suite runs with bytecode writing on: where the environment
+# sets PYTHONDONTWRITEBYTECODE=1, every CLI run, guard sandbox and rank the suite starts compiled the project's 200
+# modules again (0.25 s each), and each test process rewrote and compiled every test file (collection 13.1 s,
+# 5.7 s with the cache). Only __pycache__ folders (ignored by git) are written.
 test: $(STAMP) $(BYTECODE) engines
-	FA3VERIFY_ENGINE_RELEASES="$(ENGINE_RELEASES)" $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15
+	@$(PY) -m compileall -q -j 0 refmodel spec gpu_impl fa3verify >/dev/null
+	FA3VERIFY_ENGINE_RELEASES="$(ENGINE_RELEASES)" PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15
 
 bench: $(STAMP)
 	$(VENV)/bin/fa3verify bench

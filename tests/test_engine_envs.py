@@ -309,6 +309,9 @@ def test_driver_environment_per_engine():
     assert sg["SGLANG_USE_SGL_FA3_KERNEL"] == "1" and "PYTHONDONTWRITEBYTECODE" not in sg and "PYTHONHOME" not in sg
     assert sg["PYTHONPATH"].split(":")[-2:] == [str(envs.FAKES_DIR), str(envs.PROJECT_ROOT)]
     assert envs.driver_environ(["/co"], base=base)["PYTHONDONTWRITEBYTECODE"] == "1"  # nothing written in a checkout
+    for value in ("", None):  # a caller with bytecode writing on (`make test`) writes none in a checkout either
+        caller = {k: v for k, v in {**base, "PYTHONDONTWRITEBYTECODE": value}.items() if v is not None}
+        assert envs.driver_environ(["/co"], base=caller)["PYTHONDONTWRITEBYTECODE"] == "1"
     vl = envs.driver_environ(base={"PATH": "/bin"}, engine="vllm")
     assert vl["VLLM_LOGGING_LEVEL"] == "ERROR" and "SGLANG_USE_SGL_FA3_KERNEL" not in vl
     assert envs.driver_environ(base=base, engine="vllm")["VLLM_LOGGING_LEVEL"] == "DEBUG"  # the user's wins

@@ -170,8 +170,10 @@ def driver_environ(extra_paths=(), base: Optional[dict] = None, engine: str = "s
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONNOUSERSITE"] = "1"
     env.pop("PYTHONHOME", None)
-    if not extra_paths:  # the environment keeps the bytecode of what the engine imports (never in a checkout)
+    if not extra_paths:  # the environment keeps the bytecode of what the engine imports
         env.pop("PYTHONDONTWRITEBYTECODE", None)
+    else:  # never in a user's checkout, whatever the caller's environment says
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 
