@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Iterable, Optional
 
+from .errors import UsageError
 from .finding_terms import apply_terms, case_file_terms, hint_for, replay_line
 from .policy import Policy
 from .summary import Check, Finding, RunSummary
@@ -43,6 +44,12 @@ def run_theorems(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[st
     """
     import spec.invariants  # noqa: F401
     from spec.theorem_jobs import default_workers, run_jobs
+    from spec.theorem_pool import part_deadline_s
+
+    try:
+        part_deadline_s()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
     workers = default_workers() if jobs is None else int(jobs)
     return run_jobs(theorem_jobs(policy, timeout_s, cases_dir, only, dropped_assumptions), workers=workers)

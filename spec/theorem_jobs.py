@@ -19,7 +19,9 @@ the longest parts first (spec.theorem_pool). In parallel:
 - an exception in a part is raised in the caller, as in a sequential run;
 - Ctrl-C (KeyboardInterrupt in the caller) kills every worker at once and is raised; workers ignore SIGINT
   themselves (the terminal sends it to the whole process group) so only the caller decides;
-- per-query z3 timeouts are the part's own, as in a sequential run.
+- per-query z3 timeouts are the part's own, as in a sequential run, and a part that runs past
+  ``$FA3VERIFY_THEOREM_PART_TIMEOUT`` (default 600 s) has its worker killed: its job's theorems are inconclusive,
+  named, never a hang. In order, a part runs in the caller and only its z3 queries are bounded.
 """
 
 from __future__ import annotations

@@ -28,7 +28,28 @@ from typing import Any, Callable, Optional
 from .interrupts import raise_if_swallowed
 
 _HEADER = struct.Struct("!Q")
-_POLL_S = 0.25  # how often the caller looks for a swallowed Ctrl-C while every worker is busy
+_POLL_S = 0.25  # how often the caller looks for a swallowed Ctrl-C, or a part past its deadline
+
+#: A part's deadline in a worker (seconds); ``$FA3VERIFY_THEOREM_PART_TIMEOUT`` sets it (a number in (0, 3600]).
+#: Each z3 query is bounded by the part's own timeout; this bounds everything else a part does (its Python-side
+#: replays), so that a worker that stops answering is killed and its theorems are inconclusive, never a hang.
+PART_DEADLINE_S = 600.0
+ENV_PART_DEADLINE = "FA3VERIFY_THEOREM_PART_TIMEOUT"
+
+
+def part_deadline_s(environ=None) -> float:
+    """The deadline of one theorem part in a worker: ``$FA3VERIFY_THEOREM_PART_TIMEOUT`` or
+    :data:`PART_DEADLINE_S`; a value that is not a finite number in (0, 3600] raises ValueError naming it."""
+    text = (os.environ if environ is None else environ).get(ENV_PART_DEADLINE, "").strip()
+    if not text:
+        return PART_DEADLINE_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds <= 3600:  # also false for nan
+        raise ValueError(f"{ENV_PART_DEADLINE}: want a number of seconds in (0, 3600], got {text!r}")
+    return seconds
 
 
 @dataclass
@@ -95,6 +116,7 @@ def run_parallel(jobs: list, workers: int, preload: Optional[Callable[[], None]]
     every worker is killed.
     """
     known = known or {}
+    deadline = part_deadline_s()
     values: dict = dict(known)
     timing: dict = {k: (0.0, 0.0) for k in known}
     stops = {}  # job -> the first known part its `stop` accepts: later parts are not needed
@@ -214,6 +236,9 @@ def run_parallel(jobs: list, workers: int, preload: Optional[Callable[[], None]]
     try:
         while pending or any(w.queue for w in pool.values()):
             raise_if_swallowed()  # a Ctrl-C dropped in a callback stops the run here (spec/interrupts.py)
+            late = time.perf_counter() - start - deadline
+            for w in [w for w in pool.values() if w.queue and w.started < late]:
+                remove_late(w, deadline, pool, sel, pending, answered)
             fill()
             for sk, _ in sel.select(timeout=_POLL_S):
                 w = pool.get(sk.fd)
@@ -248,6 +273,18 @@ def run_parallel(jobs: list, workers: int, preload: Optional[Callable[[], None]]
 
 def remove_dead(w: _Worker, status: int, pool: dict, sel, pending: list, answered) -> None:
     """A worker that died: its running part is Crashed, the parts queued behind it go back to pending."""
+    _retire(w, _death(status), pool, sel, pending, answered)
+
+
+def remove_late(w: _Worker, deadline: float, pool: dict, sel, pending: list, answered) -> None:
+    """A worker whose running part is past its deadline: killed, and then as one that died."""
+    _kill(w.pid)
+    _retire(w, f"the worker process (pid {w.pid}) missed its deadline of {deadline:g} s ({ENV_PART_DEADLINE}) "
+               f"and was killed",
+            pool, sel, pending, answered)
+
+
+def _retire(w: _Worker, why: str, pool: dict, sel, pending: list, answered) -> None:
     sel.unregister(w.result_fd)
     del pool[w.result_fd]
     os.close(w.result_fd)
@@ -255,7 +292,7 @@ def remove_dead(w: _Worker, status: int, pool: dict, sel, pending: list, answere
     if w.queue:
         rest = w.queue[1:]
         w.queue = w.queue[:1]
-        answered(w, Crashed(_death(status)))
+        answered(w, Crashed(why))
         pending[:0] = rest
 
 

@@ -2,7 +2,7 @@
 and comes back as an inconclusive result naming it (exit 3 at the command line), never a hang.
 
 One test per kind of worker: the shared pipe client, the sglang engine worker, the vLLM engine worker, the
-sanitizer's engine worker, the guard sandbox, a multi-rank rank and the crash-isolating pool. Engines are faked
+sanitizer's engine worker, the guard sandbox, a multi-rank rank, the crash-isolating pool and a theorem worker. Engines are faked
 (tests/fake_workers.py: an engine environment whose python is a stuck worker), so nothing here needs an engine
 environment. Deadlines are 1-3 s; elapsed times are checked only against generous bounds (deadline + 20 s or
 more), and every call that could hang on a client without a deadline runs under a watchdog, so such a client
@@ -53,7 +53,7 @@ def named_pid(message: str, name: str) -> int:
 
 
 def cli(args, env, timeout_s):
-    full = dict(os.environ, PYTHONPATH=str(REPO), **env)
+    full = {**os.environ, "PYTHONPATH": str(REPO), **env}
     try:
         return subprocess.run([sys.executable, "-m", "fa3verify", *args], cwd=REPO, env=full, capture_output=True,
                               text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
@@ -321,3 +321,56 @@ def test_a_build_lock_held_past_the_deadline_is_inconclusive_and_names_the_holde
         wait_for_build_lock(lock, "sglang==0.5.13", deadline_s=5)
         fcntl.flock(lock, fcntl.LOCK_UN)
     assert path.read_text().strip() == str(os.getpid())
+
+
+# -- a theorem worker (spec.theorem_pool) ------------------------------------------------------------------------
+
+def _part_that_sleeps():
+    time.sleep(300)
+    return []
+
+
+def _part_that_answers():
+    from spec.results import TheoremResult
+
+    return [TheoremResult("quick", "proved", 0.0, {}, None, "")]
+
+
+def test_a_theorem_part_that_sleeps_is_killed_at_its_deadline_and_named(monkeypatch):
+    from spec.theorem_jobs import Job, run_jobs
+
+    monkeypatch.setenv("FA3VERIFY_THEOREM_PART_TIMEOUT", "2")
+    jobs = [Job(("stuck",), (_part_that_sleeps,), weight=9.0), Job(("quick",), (_part_that_answers,))]
+    run, exc, seconds = within(2 + 60, lambda: run_jobs(jobs, workers=2))
+    assert exc is None, exc
+    by = {r.name: r for r in run.results}
+    assert by["quick"].verdict == "proved"
+    stuck = by["stuck"]
+    assert stuck.verdict == "inconclusive" and stuck.inconclusive and not stuck.expected
+    assert "missed its deadline of 2 s (FA3VERIFY_THEOREM_PART_TIMEOUT)" in stuck.message
+    assert gone(int(re.search(r"pid (\d+)", stuck.message).group(1)))
+
+
+def test_a_stuck_theorem_worker_through_the_cli_is_inconclusive_and_named(tmp_path):
+    """`prove` with every part stuck (a test-only sitecustomize replaces spec.theorem_jobs.run_part): exit 3 at
+    the deadline, the theorems named inconclusive."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import time\nimport spec.theorem_jobs as jobs\n\n"
+                                           "def run_part(fn):\n    time.sleep(300)\n\njobs.run_part = run_part\n")
+    proc = cli(["prove", "--only", "zigzag", "--jobs", "2", "--cases-dir", str(tmp_path / "cases")],
+               {"FA3VERIFY_THEOREM_PART_TIMEOUT": "2", "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}, 2 + 90)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "missed its deadline of 2 s" in proc.stdout + proc.stderr
+
+
+def test_a_bad_theorem_part_deadline_names_the_variable(tmp_path):
+    from spec.theorem_pool import part_deadline_s
+
+    for value in ("x", "0", "nan", "5000"):
+        with pytest.raises(ValueError, match=r"FA3VERIFY_THEOREM_PART_TIMEOUT: .*\(0, 3600\]"):
+            part_deadline_s({"FA3VERIFY_THEOREM_PART_TIMEOUT": value})
+    assert part_deadline_s({}) == 600.0
+    proc = cli(["prove", "--only", "combine"], {"FA3VERIFY_THEOREM_PART_TIMEOUT": "soon"}, 120)
+    assert proc.returncode == 2 and "FA3VERIFY_THEOREM_PART_TIMEOUT" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
