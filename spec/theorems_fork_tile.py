@@ -45,7 +45,7 @@ from .z3ctx import checked
 
 __all__ = ["THEOREMS", "DEFECTS", "TileInstance", "TILE_INSTANCES", "VllmTilePoint", "vllm_tile_points",
            "sym_tile", "SideVars", "side_vars", "fork_tile_jobs", "run_fork_tile_theorems", "split_bound_case",
-           "scan_length_key", "OFF_BY_ONE_DEFECT", "MAX_SEQLEN_Q", "MAX_HEADS"]
+           "scan_length_key", "DriftQuery", "OFF_BY_ONE_DEFECT", "MAX_SEQLEN_Q", "MAX_HEADS"]
 
 THEOREMS = ("9-fork-tile-agree", "9-fork-tile-drift")
 #: Seeded defects of the encoding (negative controls of ``9-fork-tile-agree``).
@@ -257,7 +257,8 @@ def vllm_tile_points(num_sm: int = 132) -> list:
 
 
 def _drift_witness(point: VllmTilePoint, build: str, timeout_s: float):
-    """(verdict, call seqlen_q, tiles) of the off-by-one query at one point: z3 sat/unsat/unknown."""
+    """(verdict, call seqlen_q, tiles) of the off-by-one query at one point on its own solver: z3 sat/unsat/unknown
+    (the reference :class:`DriftQuery` is compared with)."""
     h, hk = point.heads()
     inst = point.instance()
     p, c = side_vars("p", VLLM_MAX_QUERY + 1), side_vars("c", VLLM_MAX_QUERY)
@@ -266,6 +267,47 @@ def _drift_witness(point: VllmTilePoint, build: str, timeout_s: float):
           p.seqlen_q == c.seqlen_q + bv(1))
     (pm, pn), (cm, cn) = sym_tile(inst, p, build), sym_tile(inst, c, build)
     s.add(z3.Or(pm != cm, pn != cn))
+    return _smallest_call_seqlen_q(s, c, (pm, pn, cm, cn))
+
+
+class DriftQuery:
+    """The off-by-one query of :func:`_drift_witness` for many points on one incremental solver.
+
+    The sides' variables, their domains and ``p.seqlen_q == c.seqlen_q + 1`` are asserted once; each instance's
+    tiles are built once (they read the sides' variables, not the point's heads); a point pins the heads and asks
+    for another tile under push/pop. The same query as :func:`_drift_witness`'s own solver, point by point (each
+    check has the same ``timeout_s`` bound): ``tests/test_theorems_fork_tile.py`` compares the two on every point.
+    """
+
+    def __init__(self, build: str, timeout_s: float):
+        self.build = build
+        self.p, self.c = side_vars("p", VLLM_MAX_QUERY + 1), side_vars("c", VLLM_MAX_QUERY)
+        self.solver = solver(timeout_s)
+        self.solver.add(self.p.domain, self.c.domain, self.p.seqlen_q == self.c.seqlen_q + bv(1))
+        self._tiles: dict = {}
+
+    def _tiles_of(self, inst: TileInstance) -> tuple:
+        got = self._tiles.get(inst)
+        if got is None:
+            (pm, pn), (cm, cn) = sym_tile(inst, self.p, self.build), sym_tile(inst, self.c, self.build)
+            got = self._tiles[inst] = ((pm, pn, cm, cn), z3.Or(pm != cm, pn != cn))
+        return got
+
+    def witness(self, point: VllmTilePoint):
+        """:func:`_drift_witness` of ``point`` under this query's build and timeout."""
+        h, hk = point.heads()
+        terms, differ = self._tiles_of(point.instance())
+        p, c, s = self.p, self.c, self.solver
+        s.push()
+        try:
+            s.add(p.h == bv(h), p.h_k == bv(hk), c.h == bv(h), c.h_k == bv(hk), differ)
+            return _smallest_call_seqlen_q(s, c, terms)
+        finally:
+            s.pop()
+
+
+def _smallest_call_seqlen_q(s, c: SideVars, terms: tuple):
+    """(verdict, call seqlen_q, tiles) of the query asserted on ``s``: the smallest call seqlen_q z3 finds."""
     r = checked(s)
     if r != z3.sat:
         return ("unknown" if r == z3.unknown else "unsat"), None, None
@@ -273,7 +315,7 @@ def _drift_witness(point: VllmTilePoint, build: str, timeout_s: float):
     # the smallest such call seqlen_q (deterministic): walk down while z3 still finds one
     while True:
         q = m.eval(c.seqlen_q, model_completion=True).as_long()
-        tiles = [m.eval(t, model_completion=True).as_long() for t in (pm, pn, cm, cn)]
+        tiles = [m.eval(t, model_completion=True).as_long() for t in terms]
         if q <= 1 or checked(s, z3.ULT(c.seqlen_q, bv(q))) != z3.sat:
             return "sat", q, tiles
         m = s.model()
@@ -289,7 +331,7 @@ def split_bound_case(point: VllmTilePoint, q: int, build: str = VLLM_FORK, lengt
     outcome already found there: no overflow). ``length_key`` replaces that key (tests: the identity is the full
     scan).
     """
-    from refmodel.fa3_scheduler import call_inputs, get_num_splits, precompute_inputs, resolve_schedule
+    from refmodel.fa3_scheduler import call_inputs, num_splits_over_lengths, precompute_inputs, resolve_schedule
 
     from .invariants import CallLengths, check_all, metadata_for
 
@@ -300,15 +342,18 @@ def split_bound_case(point: VllmTilePoint, q: int, build: str = VLLM_FORK, lengt
                   num_sm=point.num_sm, build=build)
     first = max(q, 16)
     key = scan_length_key(point, q, build, first) if length_key is None else length_key
-    seen = set()
+    seen, lengths = set(), []
     for L in range(first, MAX_SCAN_KV + 1, 16):
         k = key(L)
-        if k in seen:
-            continue
-        seen.add(k)
-        # the static split counts do not read the batch size (varlen: total_mblocks pretends b = 1)
-        if get_num_splits(precompute_inputs(1, q + 1, L, h, hk, inst.headdim, **common)) <= \
-                get_num_splits(call_inputs(1, q, L, h, hk, inst.headdim, **common)):
+        if k not in seen:
+            seen.add(k)
+            lengths.append(L)
+    # the static split counts do not read the batch size (varlen: total_mblocks pretends b = 1); refmodel's
+    # one-pass form is get_num_splits at each length (tests/test_split_table_one_pass.py)
+    splits_p = num_splits_over_lengths(precompute_inputs(1, q + 1, first, h, hk, inst.headdim, **common), lengths)
+    splits_c = num_splits_over_lengths(call_inputs(1, q, first, h, hk, inst.headdim, **common), lengths)
+    for L, s_p, s_c in zip(lengths, splits_p, splits_c):
+        if s_p <= s_c:
             continue
         for b in (1, 2, 4, 8):
             pin = precompute_inputs(b, q + 1, L, h, hk, inst.headdim, **common)
@@ -383,8 +428,9 @@ def _drift(timeout_s: float, cases_dir: Optional[str] = None, build: str = VLLM_
     start = time.perf_counter()
     points = vllm_tile_points() if points is None else points
     witnesses, unknown = [], []
+    query = DriftQuery(build, timeout_s)
     for point in points:
-        verdict, q, tiles = _drift_witness(point, build, timeout_s)
+        verdict, q, tiles = query.witness(point)
         if verdict == "unknown":
             unknown.append(point.label)
         elif verdict == "sat":
