@@ -273,17 +273,19 @@ def _drift_witness(point: VllmTilePoint, build: str, timeout_s: float):
 class DriftQuery:
     """The off-by-one query of :func:`_drift_witness` for many points on one incremental solver.
 
-    The sides' variables, their domains and ``p.seqlen_q == c.seqlen_q + 1`` are asserted once; each instance's
-    tiles are built once (they read the sides' variables, not the point's heads); a point pins the heads and asks
-    for another tile under push/pop. The same query as :func:`_drift_witness`'s own solver, point by point (each
-    check has the same ``timeout_s`` bound): ``tests/test_theorems_fork_tile.py`` compares the two on every point.
+    ``p.seqlen_q == c.seqlen_q + 1`` is asserted once; each instance's tiles are built once (they read the sides'
+    variables, not the point's heads); a point asks, under push/pop, for another tile with its heads substituted
+    for both sides' ``h`` and ``h_k`` in the domains and the tiles (the query of :func:`_drift_witness`, whose
+    equalities ``h == H`` pin those variables, with them substituted: z3 then folds ``h / h_k`` to a constant
+    instead of bit-blasting a divider per point). Each check has the same ``timeout_s`` bound;
+    ``tests/test_theorems_fork_tile.py`` compares the answers with :func:`_drift_witness`'s on every point.
     """
 
     def __init__(self, build: str, timeout_s: float):
         self.build = build
         self.p, self.c = side_vars("p", VLLM_MAX_QUERY + 1), side_vars("c", VLLM_MAX_QUERY)
         self.solver = solver(timeout_s)
-        self.solver.add(self.p.domain, self.c.domain, self.p.seqlen_q == self.c.seqlen_q + bv(1))
+        self.solver.add(self.p.seqlen_q == self.c.seqlen_q + bv(1))
         self._tiles: dict = {}
 
     def _tiles_of(self, inst: TileInstance) -> tuple:
@@ -298,10 +300,11 @@ class DriftQuery:
         h, hk = point.heads()
         terms, differ = self._tiles_of(point.instance())
         p, c, s = self.p, self.c, self.solver
+        heads = [(p.h, bv(h)), (p.h_k, bv(hk)), (c.h, bv(h)), (c.h_k, bv(hk))]
         s.push()
         try:
-            s.add(p.h == bv(h), p.h_k == bv(hk), c.h == bv(h), c.h_k == bv(hk), differ)
-            return _smallest_call_seqlen_q(s, c, terms)
+            s.add(*(z3.simplify(z3.substitute(t, *heads)) for t in (p.domain, c.domain, differ)))
+            return _smallest_call_seqlen_q(s, c, [z3.substitute(t, *heads) for t in terms])
         finally:
             s.pop()
 
