@@ -41,8 +41,16 @@ from .theorems_algebra_z3 import (
 # --------------------------------------------------------------------------------------------
 
 
-def exact_merge_terms(n: int, defects: frozenset) -> dict[str, Any]:
-    """The terms of :func:`exact_merge_case`'s queries for ``n`` splits, built in the current z3 context."""
+def exact_merge_case(n: int, defects: frozenset, timeout_s: float) -> dict[str, Any]:
+    """Prove (or refute) the exact-merge claim for ``n`` splits; returns a dict with ``result`` and details.
+
+    The claim is split into lemmas; each is checked with the previous ones as assumptions (they were proved
+    on the same variables, so assuming them adds nothing): ``structure`` (kinds, selection of splits, the
+    output as a linear form in the outputs, ``inv * Z = 1``, the exp laws' premises hold), ``mass``
+    (``exp(LSE) = T``), ``bounded`` (weights in (0, 1], the max one 1), ``coefficients``
+    (``w_s * inv = S_s / T``) and ``output`` (``O = sum_s S_s O_s / T``). If a lemma is not proved, the whole
+    claim is checked in one query, which yields the witness (a failed lemma alone refutes nothing).
+    """
     A = Z3Arith(f"x{n}")
     states, cons = [], []
     for s in range(n):
@@ -84,23 +92,6 @@ def exact_merge_terms(n: int, defects: frozenset) -> dict[str, Any]:
          ["core", "coefficients"], False),
     ]
     claim = z3.If(total > 0, z3.And(o.fin(), o_v == reference, lse.fin(), cb.mass == total, bounded), empty_result)
-    return {"states": states, "o": o, "lse": lse, "base": base, "cons": cons, "reference_def": reference_def,
-            "lemmas": lemmas, "claim": claim}
-
-
-def exact_merge_case(n: int, defects: frozenset, timeout_s: float) -> dict[str, Any]:
-    """Prove (or refute) the exact-merge claim for ``n`` splits; returns a dict with ``result`` and details.
-
-    The claim is split into lemmas; each is checked with the previous ones as assumptions (they were proved
-    on the same variables, so assuming them adds nothing): ``structure`` (kinds, selection of splits, the
-    output as a linear form in the outputs, ``inv * Z = 1``, the exp laws' premises hold), ``mass``
-    (``exp(LSE) = T``), ``bounded`` (weights in (0, 1], the max one 1), ``coefficients``
-    (``w_s * inv = S_s / T``) and ``output`` (``O = sum_s S_s O_s / T``). If a lemma is not proved, the whole
-    claim is checked in one query, which yields the witness (a failed lemma alone refutes nothing).
-    """
-    t = exact_merge_terms(n, defects)
-    states, o, lse, base, cons = t["states"], t["o"], t["lse"], t["base"], t["cons"]
-    reference_def, lemmas, claim = t["reference_def"], t["lemmas"], t["claim"]
     steps: dict[str, Any] = {}
     proved: dict[str, Any] = {}
     for name, lemma, hints, deps, preprocess in lemmas:
@@ -198,19 +189,6 @@ def _theorem_exact_merge(timeout_s: float, defects: frozenset, split_counts: Seq
 # --------------------------------------------------------------------------------------------
 
 
-def all_empty_terms(n: int, defects: frozenset) -> tuple:
-    """(states, O, LSE, query) of :func:`theorem_all_empty` for ``n`` splits, in the current z3 context."""
-    A = Z3Arith(f"e{n}")
-    states, cons = [], []
-    for s in range(n):
-        st, c = input_state(A, f"e{n}s{s}")
-        states.append(st)
-        cons += [c, st.mass == 0]
-    o, lse = combine_rows([st.lse for st in states], [st.out for st in states], A, defects)
-    prop = z3.And(o.fin(), o.v == 0, lse.is_kind(NINF))
-    return states, o, lse, cons + A.facts + exp_facts(A.exp_atoms + A.log_atoms) + [z3.Not(prop)]
-
-
 def theorem_all_empty(timeout_s: float, defects: frozenset, split_counts: Sequence[int]) -> TheoremResult:
     name = "combine_all_empty"
     split_counts = _counts(split_counts)
@@ -219,8 +197,15 @@ def theorem_all_empty(timeout_s: float, defects: frozenset, split_counts: Sequen
     verdict, witness, message = "proved", {}, ""
     for n in split_counts:
         tq = time.perf_counter()
-        states, o, lse, query = all_empty_terms(n, defects)
-        res, model = _solve(query, timeout_s)
+        A = Z3Arith(f"e{n}")
+        states, cons = [], []
+        for s in range(n):
+            st, c = input_state(A, f"e{n}s{s}")
+            states.append(st)
+            cons += [c, st.mass == 0]
+        o, lse = combine_rows([st.lse for st in states], [st.out for st in states], A, defects)
+        prop = z3.And(o.fin(), o.v == 0, lse.is_kind(NINF))
+        res, model = _solve(cons + A.facts + exp_facts(A.exp_atoms + A.log_atoms) + [z3.Not(prop)], timeout_s)
         per_n[n] = {"result": res, "seconds": round(time.perf_counter() - tq, 3)}
         if res == "sat":
             splits = [state_witness(model, st) for st in states]

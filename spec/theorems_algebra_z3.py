@@ -8,13 +8,11 @@ a witness always carries its concrete float replay (:func:`replay_row`).
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Iterable, Sequence
 
 import z3
-from z3.z3 import _to_expr_ref  # the ExprRef subclass of a raw AST, as z3.If returns it
 
 from spec.theorems import theorem_result
 from spec.z3ctx import Int as _Int
@@ -45,123 +43,11 @@ class XV:
 
     def fin(self):
         """z3 condition: the value is finite."""
-        return self.is_kind(FIN)
+        return self.k == FIN
 
     def is_kind(self, kind: int):
         """z3 condition: the value has the given kind."""
-        k = self.k
-        if RAW_TERMS and isinstance(k, z3.ArithRef):  # k == kind: the int is coerced to k's sort (Int)
-            ctx = k.ctx
-            return z3.BoolRef(_mk_eq(ctx.ref(), k.as_ast(), _kinds(ctx)[kind].as_ast()), ctx)
-        return k == kind
-
-
-# Term construction. z3's Python operators coerce and check every argument (a numeral is built anew each time);
-# the helpers below make the same terms with the same z3 calls (mk_eq, mk_gt, mk_lt, mk_le, mk_ge, mk_ite, mk_not,
-# mk_implies, mk_or, mk_and on the same arguments, so z3's hash-consing returns the identical AST), with the
-# numerals built once per context. They take what the operator would: a Python int is the numeral z3's coercion
-# makes of it (of the other operand's sort), and a comparison whose right operand's class is a subclass of the
-# left's is built reflected, as Python asks the right operand first (``x < 0.5`` vs ``x < y``). A sort mismatch
-# is z3's error, never another term. RAW_TERMS = False builds through z3's operators instead:
-# tests/test_theorems_algebra_terms.py checks that both give every query's terms identically, with a seeded
-# defect in a raw call as its negative control.
-
-#: True: the raw z3 calls below; False: z3's Python operators (the reference the raw calls are tested against).
-RAW_TERMS = True
-_mk_eq, _mk_gt, _mk_lt, _mk_ite, _mk_not = z3.Z3_mk_eq, z3.Z3_mk_gt, z3.Z3_mk_lt, z3.Z3_mk_ite, z3.Z3_mk_not
-_mk_or, _mk_and = z3.Z3_mk_or, z3.Z3_mk_and
-_mk_le, _mk_ge, _mk_implies = z3.Z3_mk_le, z3.Z3_mk_ge, z3.Z3_mk_implies
-
-
-def _kinds(ctx: z3.Context) -> tuple:
-    """The kind numerals FIN, PINF, NINF, NAN (Int) of ``ctx``, built once."""
-    try:
-        return ctx.fa3_combine_kinds
-    except AttributeError:
-        ctx.fa3_combine_kinds = tuple(z3.IntVal(k, ctx) for k in (FIN, PINF, NINF, NAN))
-        return ctx.fa3_combine_kinds
-
-
-def _numeral(ctx: z3.Context, real: bool, value: int):
-    """``IntVal(value)`` or ``RealVal(value)`` of ``ctx``, built once."""
-    try:
-        cache = ctx.fa3_combine_numerals
-    except AttributeError:
-        cache = ctx.fa3_combine_numerals = {}
-    key = (real, value)
-    got = cache.get(key)
-    if got is None:
-        got = cache[key] = z3.RealVal(value, ctx) if real else z3.IntVal(value, ctx)
-    return got
-
-
-def _cmp(mk, mk_reflected, op, a, b):
-    if not RAW_TERMS:
-        return op(a, b)
-    ctx = a.ctx
-    if isinstance(b, int):
-        b = _numeral(ctx, not a.is_int(), b)
-    elif type(b) is not type(a) and isinstance(b, type(a)):
-        a, b, mk = b, a, mk_reflected
-    return z3.BoolRef(mk(ctx.ref(), a.as_ast(), b.as_ast()), ctx)
-
-
-def _eq(a, b):
-    return _cmp(_mk_eq, _mk_eq, operator.eq, a, b)
-
-
-def _gt(a, b):
-    return _cmp(_mk_gt, _mk_lt, operator.gt, a, b)
-
-
-def _lt(a, b):
-    return _cmp(_mk_lt, _mk_gt, operator.lt, a, b)
-
-
-def _le(a, b):
-    return _cmp(_mk_le, _mk_ge, operator.le, a, b)
-
-
-def _ge(a, b):
-    return _cmp(_mk_ge, _mk_le, operator.ge, a, b)
-
-
-def _ite(c, a, b):
-    """``z3.If(c, a, b)`` for a z3 condition ``c`` and branches of one sort (kind numerals from :func:`_kinds`)."""
-    if not RAW_TERMS:
-        return z3.If(c, a, b)
-    ctx = c.ctx
-    return _to_expr_ref(_mk_ite(ctx.ref(), c.as_ast(), a.as_ast(), b.as_ast()), ctx)
-
-
-def _not(a):
-    if not RAW_TERMS:
-        return z3.Not(a)
-    ctx = a.ctx
-    return z3.BoolRef(_mk_not(ctx.ref(), a.as_ast()), ctx)
-
-
-def _implies(a, b):
-    if not RAW_TERMS:
-        return z3.Implies(a, b)
-    ctx = a.ctx
-    return z3.BoolRef(_mk_implies(ctx.ref(), a.as_ast(), b.as_ast()), ctx)
-
-
-def _nary(mk, args):
-    ctx = args[0].ctx
-    arr = (z3.Ast * len(args))()
-    for i, a in enumerate(args):
-        arr[i] = a.as_ast()
-    return z3.BoolRef(mk(ctx.ref(), len(args), arr), ctx)
-
-
-def _or(*args):
-    return _nary(_mk_or, args) if RAW_TERMS else z3.Or(*args)
-
-
-def _and(*args):
-    return _nary(_mk_and, args) if RAW_TERMS else z3.And(*args)
+        return self.k == kind
 
 
 def _simp(term: Any) -> Any:
@@ -212,16 +98,15 @@ class Z3Arith:
     # -- IEEE operations (kinds and finite values are built as terms; only exp/log/inv add variables) --
     def add(self, a: XV, b: XV) -> XV:
         """IEEE addition: NaN if either is NaN or inf + -inf; else an infinity dominates."""
-        K = _kinds(a.k.ctx)
-        a_pinf, a_ninf, b_pinf, b_ninf = a.is_kind(PINF), a.is_kind(NINF), b.is_kind(PINF), b.is_kind(NINF)
-        nan = _or(a.is_kind(NAN), b.is_kind(NAN), _and(a_pinf, b_ninf), _and(a_ninf, b_pinf))
-        kind = _ite(nan, K[NAN], _ite(_or(a_pinf, b_pinf), K[PINF], _ite(_or(a_ninf, b_ninf), K[NINF], K[FIN])))
+        nan = z3.Or(a.is_kind(NAN), b.is_kind(NAN), z3.And(a.is_kind(PINF), b.is_kind(NINF)),
+                    z3.And(a.is_kind(NINF), b.is_kind(PINF)))
+        kind = z3.If(nan, NAN, z3.If(z3.Or(a.is_kind(PINF), b.is_kind(PINF)), PINF,
+                                     z3.If(z3.Or(a.is_kind(NINF), b.is_kind(NINF)), NINF, FIN)))
         return XV(_simp(kind), _simp(a.v + b.v))
 
     def neg(self, a: XV) -> XV:
         """IEEE negation."""
-        K = _kinds(a.k.ctx)
-        return XV(_simp(_ite(a.is_kind(PINF), K[NINF], _ite(a.is_kind(NINF), K[PINF], a.k))), _simp(-a.v))
+        return XV(_simp(z3.If(a.is_kind(PINF), NINF, z3.If(a.is_kind(NINF), PINF, a.k))), _simp(-a.v))
 
     def sub(self, a: XV, b: XV) -> XV:
         """IEEE subtraction ``a + (-b)``."""
@@ -229,51 +114,43 @@ class Z3Arith:
 
     def mul(self, a: XV, b: XV) -> XV:
         """IEEE multiplication: NaN if either is NaN or 0 * inf; inf * nonzero/inf by sign; finite product."""
-        ctx = a.k.ctx
-        K = _kinds(ctx)
-        one, minus_one, zero = _numeral(ctx, False, 1), _numeral(ctx, False, -1), _numeral(ctx, False, 0)
 
         def sign(x: XV):  # +1, -1 or 0 for non-NaN values
-            return _ite(x.is_kind(PINF), one, _ite(x.is_kind(NINF), minus_one,
-                                                   _ite(_gt(x.v, 0), one, _ite(_lt(x.v, 0), minus_one, zero))))
+            return z3.If(x.is_kind(PINF), 1, z3.If(x.is_kind(NINF), -1,
+                                                   z3.If(x.v > 0, 1, z3.If(x.v < 0, -1, 0))))
 
-        sign_a, sign_b = sign(a), sign(b)  # each built once: the same term wherever it is read
-        inf_a = _or(a.is_kind(PINF), a.is_kind(NINF))
-        inf_b = _or(b.is_kind(PINF), b.is_kind(NINF))
-        nan = _or(a.is_kind(NAN), b.is_kind(NAN), _and(inf_a, _eq(sign_b, 0)),
-                  _and(inf_b, _eq(sign_a, 0)))
-        kind = _ite(nan, K[NAN], _ite(_or(inf_a, inf_b), _ite(_gt(sign_a * sign_b, 0), K[PINF], K[NINF]),
-                                      K[FIN]))
+        inf_a = z3.Or(a.is_kind(PINF), a.is_kind(NINF))
+        inf_b = z3.Or(b.is_kind(PINF), b.is_kind(NINF))
+        nan = z3.Or(a.is_kind(NAN), b.is_kind(NAN), z3.And(inf_a, sign(b) == 0), z3.And(inf_b, sign(a) == 0))
+        kind = z3.If(nan, NAN, z3.If(z3.Or(inf_a, inf_b),
+                                     z3.If(sign(a) * sign(b) > 0, PINF, NINF), FIN))
         return XV(_simp(kind), _simp(a.v * b.v))
 
     def _less(self, a: XV, b: XV):
         """``a < b`` for non-NaN values (order -inf < finite < +inf)."""
-        return _or(_and(a.is_kind(NINF), _not(b.is_kind(NINF))),
-                   _and(a.fin(), b.is_kind(PINF)),
-                   _and(a.fin(), b.fin(), _lt(a.v, b.v)))
+        return z3.Or(z3.And(a.is_kind(NINF), z3.Not(b.is_kind(NINF))),
+                     z3.And(a.fin(), b.is_kind(PINF)),
+                     z3.And(a.fin(), b.fin(), a.v < b.v))
 
     def fmax(self, a: XV, b: XV) -> XV:
         """CUDA ``fmaxf``: ignores a NaN operand."""
-        pick_b = _or(a.is_kind(NAN), _and(_not(b.is_kind(NAN)), self._less(a, b)))
+        pick_b = z3.Or(a.is_kind(NAN), z3.And(z3.Not(b.is_kind(NAN)), self._less(a, b)))
         return self.ite(pick_b, b, a)
 
     def exp(self, a: XV) -> XV:
         """``exp``: exp(-inf) = 0, exp(+inf) = +inf, exp(NaN) = NaN, finite -> fresh positive atom."""
-        K = _kinds(a.k.ctx)
         y = self.fresh_real("exp")
         self.exp_atoms.append(Atom(a.v, y, a.fin()))
-        self.facts += [z3.Implies(a.fin(), _gt(y, 0)), z3.Implies(a.is_kind(NINF), _eq(y, 0))]
-        kind = _ite(_or(a.fin(), a.is_kind(NINF)), K[FIN], _ite(a.is_kind(PINF), K[PINF], K[NAN]))
+        self.facts += [z3.Implies(a.fin(), y > 0), z3.Implies(a.is_kind(NINF), y == 0)]
+        kind = z3.If(z3.Or(a.fin(), a.is_kind(NINF)), FIN, z3.If(a.is_kind(PINF), PINF, NAN))
         return XV(_simp(kind), y)
 
     def log(self, a: XV) -> XV:
         """``log``: log 0 = -inf, log(negative or -inf or NaN) = NaN, log(+inf) = +inf, finite > 0 -> atom."""
-        K = _kinds(a.k.ctx)
         ell = self.fresh_real("log")
-        pos = _and(a.fin(), _gt(a.v, 0))
+        pos = z3.And(a.fin(), a.v > 0)
         self.log_atoms.append(Atom(ell, a.v, pos))  # exp(ell) = a.v
-        kind = _ite(pos, K[FIN], _ite(_and(a.fin(), _eq(a.v, 0)), K[NINF],
-                                      _ite(a.is_kind(PINF), K[PINF], K[NAN])))
+        kind = z3.If(pos, FIN, z3.If(z3.And(a.fin(), a.v == 0), NINF, z3.If(a.is_kind(PINF), PINF, NAN)))
         return XV(kind, ell)
 
     def inv_or_zero(self, z: XV) -> XV:
@@ -286,7 +163,7 @@ class Z3Arith:
 
     def gt0(self, a: XV):
         """``a > 0`` (False for NaN)."""
-        return _or(a.is_kind(PINF), _and(a.fin(), _gt(a.v, 0)))
+        return z3.Or(a.is_kind(PINF), z3.And(a.fin(), a.v > 0))
 
     def is_ninf(self, a: XV):
         """``a == -inf``."""
@@ -296,7 +173,7 @@ class Z3Arith:
         """``a if c else b``."""
         if isinstance(c, bool):
             return a if c else b
-        return XV(_simp(_ite(c, a.k, b.k)), _simp(_ite(c, a.v, b.v)))
+        return XV(_simp(z3.If(c, a.k, b.k)), _simp(z3.If(c, a.v, b.v)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -393,11 +270,10 @@ def product_instances(cb: _Combine, total: Any, u: Any, r: Any) -> list[Any]:
     """
     hints: list[Any] = []
     e, z_v = cb.exp_m, cb.z.v
-    positive = total > 0  # one term, read by every hint
     for w, st in zip(cb.weights, cb.states):
         terms = [w.y * r * (u * total - 1), w.y * e * u * (r * z_v - 1), u * (w.y * e - st.mass)]
         terms += [w.y * r * u * (wj.y * e - other.mass) for wj, other in zip(cb.weights, cb.states)]
-        hints += [z3.Implies(positive, t == 0) for t in terms]
+        hints += [z3.Implies(total > 0, t == 0) for t in terms]
     return hints
 
 
@@ -407,19 +283,19 @@ def exp_facts(atoms: Sequence[Atom], pairwise: Sequence[Atom] = ()) -> list[Any]
     facts: list[Any] = []
     for a in atoms:
         facts += [
-            _implies(a.guard, _gt(a.y, 0)),
-            _implies(_and(a.guard, _le(a.x, 0)), _le(a.y, 1)),
-            _implies(_and(a.guard, _ge(a.x, 0)), _ge(a.y, 1)),
-            _implies(_and(a.guard, _eq(a.x, 0)), _eq(a.y, 1)),
+            z3.Implies(a.guard, a.y > 0),
+            z3.Implies(z3.And(a.guard, a.x <= 0), a.y <= 1),
+            z3.Implies(z3.And(a.guard, a.x >= 0), a.y >= 1),
+            z3.Implies(z3.And(a.guard, a.x == 0), a.y == 1),
         ]
     pw = list(pairwise)
     for i, a in enumerate(pw):
         for b in pw[i + 1:]:
-            both = _and(a.guard, b.guard)
+            both = z3.And(a.guard, b.guard)
             facts += [
-                _implies(_and(both, _eq(a.x, b.x)), _eq(a.y, b.y)),
-                _implies(_and(both, _lt(a.x, b.x)), _lt(a.y, b.y)),
-                _implies(_and(both, _lt(b.x, a.x)), _lt(b.y, a.y)),
+                z3.Implies(z3.And(both, a.x == b.x), a.y == b.y),
+                z3.Implies(z3.And(both, a.x < b.x), a.y < b.y),
+                z3.Implies(z3.And(both, b.x < a.x), b.y < a.y),
             ]
     return facts
 
