@@ -29,6 +29,7 @@ turn paged TMA off or do not reach these tiles); window and chunk are resolved f
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
 from typing import Optional
@@ -111,8 +112,10 @@ def side_vars(prefix: str, max_seqlen_q: int = MAX_SEQLEN_Q) -> SideVars:
     return SideVars(sq, h, hk, dom)
 
 
+@functools.lru_cache(maxsize=None)
 def _table(inst: TileInstance, build: str) -> dict:
-    """(causal, one_wg, non_tma) -> (kBlockM, kBlockN), from refmodel's tile functions for this build."""
+    """(causal, one_wg, non_tma) -> (kBlockM, kBlockN), from refmodel's tile functions for this build (a pure
+    function of its arguments: computed once per instance and build; callers only read it)."""
     d_r, dv_r = rounded_headdims(inst.headdim, inst.headdim_v)
     out = {}
     for causal, wg, non_tma in itertools.product((False, True), repeat=3):
@@ -132,13 +135,15 @@ def _pick(table: dict, causal, wg, non_tma) -> tuple:
     the term has one If per distinct choice instead of a chain over all eight rows (the same function of the flags).
     """
     flags = (causal, wg, non_tma)
+    # each flag's constant value (True / False) or None, looked at once per call, not once per node
+    consts = tuple(True if z3.is_true(f) else False if z3.is_false(f) else None for f in flags)
 
     def node(i, fixed):
         if len(fixed) == 3:
             return table[fixed][i]
-        flag = flags[len(fixed)]
-        if z3.is_true(flag) or z3.is_false(flag):
-            return node(i, fixed + (z3.is_true(flag),))
+        flag, const = flags[len(fixed)], consts[len(fixed)]
+        if const is not None:
+            return node(i, fixed + (const,))
         yes, no = node(i, fixed + (True,)), node(i, fixed + (False,))
         if isinstance(yes, int) and isinstance(no, int) and yes == no:
             return yes
