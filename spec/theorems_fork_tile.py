@@ -282,14 +282,14 @@ class DriftQuery:
     variables, not the point's heads); a point asks, under push/pop, for another tile with its heads substituted
     for both sides' ``h`` and ``h_k`` in the domains and the tiles (the query of :func:`_drift_witness`, whose
     equalities ``h == H`` pin those variables, with them substituted: z3 then folds ``h / h_k`` to a constant
-    instead of bit-blasting a divider per point). Each check has the same ``timeout_s`` bound;
+    instead of bit-blasting a divider per point), on z3's QF_BV solver. Each check has the same ``timeout_s`` bound;
     ``tests/test_theorems_fork_tile.py`` compares the answers with :func:`_drift_witness`'s on every point.
     """
 
     def __init__(self, build: str, timeout_s: float):
         self.build = build
         self.p, self.c = side_vars("p", VLLM_MAX_QUERY + 1), side_vars("c", VLLM_MAX_QUERY)
-        self.solver = solver(timeout_s)
+        self.solver = solver(timeout_s, logic="QF_BV")  # every term is a bit-vector one: z3's QF_BV solver
         self.solver.add(self.p.seqlen_q == self.c.seqlen_q + bv(1))
         self._tiles: dict = {}
 
