@@ -475,9 +475,10 @@ def evaluate_term(term, assignment: dict):
     raise ValueError(f"term did not simplify to a value: {out}")
 
 
-def solver(timeout_s: float, seed: int = 0) -> z3.Solver:
-    """A z3 solver with a fixed seed and each check bounded by `timeout_s` of work (deterministic under load)."""
-    s = z3.Solver(ctx=_ctx())
+def solver(timeout_s: float, seed: int = 0, logic: Optional[str] = None) -> z3.Solver:
+    """A z3 solver with a fixed seed and each check bounded by `timeout_s` of work (deterministic under load);
+    ``logic`` (e.g. "QF_BV") asks for z3's solver for that logic instead of its default one."""
+    s = z3.SolverFor(logic, ctx=_ctx()) if logic else z3.Solver(ctx=_ctx())
     s.set("ctrl_c", False)  # SIGINT reaches Python (the run stops, exit 3), never an "unknown" read as an answer
     bound(s, timeout_s)
     s.set("random_seed", seed)

@@ -29,6 +29,7 @@ turn paged TMA off or do not reach these tiles); window and chunk are resolved f
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
 from typing import Optional
@@ -45,7 +46,7 @@ from .z3ctx import checked
 
 __all__ = ["THEOREMS", "DEFECTS", "TileInstance", "TILE_INSTANCES", "VllmTilePoint", "vllm_tile_points",
            "sym_tile", "SideVars", "side_vars", "fork_tile_jobs", "run_fork_tile_theorems", "split_bound_case",
-           "scan_length_key", "OFF_BY_ONE_DEFECT", "MAX_SEQLEN_Q", "MAX_HEADS"]
+           "scan_length_key", "DriftQuery", "OFF_BY_ONE_DEFECT", "MAX_SEQLEN_Q", "MAX_HEADS"]
 
 THEOREMS = ("9-fork-tile-agree", "9-fork-tile-drift")
 #: Seeded defects of the encoding (negative controls of ``9-fork-tile-agree``).
@@ -111,8 +112,10 @@ def side_vars(prefix: str, max_seqlen_q: int = MAX_SEQLEN_Q) -> SideVars:
     return SideVars(sq, h, hk, dom)
 
 
+@functools.lru_cache(maxsize=None)
 def _table(inst: TileInstance, build: str) -> dict:
-    """(causal, one_wg, non_tma) -> (kBlockM, kBlockN), from refmodel's tile functions for this build."""
+    """(causal, one_wg, non_tma) -> (kBlockM, kBlockN), from refmodel's tile functions for this build (a pure
+    function of its arguments: computed once per instance and build; callers only read it)."""
     d_r, dv_r = rounded_headdims(inst.headdim, inst.headdim_v)
     out = {}
     for causal, wg, non_tma in itertools.product((False, True), repeat=3):
@@ -132,13 +135,15 @@ def _pick(table: dict, causal, wg, non_tma) -> tuple:
     the term has one If per distinct choice instead of a chain over all eight rows (the same function of the flags).
     """
     flags = (causal, wg, non_tma)
+    # each flag's constant value (True / False) or None, looked at once per call, not once per node
+    consts = tuple(True if z3.is_true(f) else False if z3.is_false(f) else None for f in flags)
 
     def node(i, fixed):
         if len(fixed) == 3:
             return table[fixed][i]
-        flag = flags[len(fixed)]
-        if z3.is_true(flag) or z3.is_false(flag):
-            return node(i, fixed + (z3.is_true(flag),))
+        flag, const = flags[len(fixed)], consts[len(fixed)]
+        if const is not None:
+            return node(i, fixed + (const,))
         yes, no = node(i, fixed + (True,)), node(i, fixed + (False,))
         if isinstance(yes, int) and isinstance(no, int) and yes == no:
             return yes
@@ -257,7 +262,8 @@ def vllm_tile_points(num_sm: int = 132) -> list:
 
 
 def _drift_witness(point: VllmTilePoint, build: str, timeout_s: float):
-    """(verdict, call seqlen_q, tiles) of the off-by-one query at one point: z3 sat/unsat/unknown."""
+    """(verdict, call seqlen_q, tiles) of the off-by-one query at one point on its own solver: z3 sat/unsat/unknown
+    (the reference :class:`DriftQuery` is compared with)."""
     h, hk = point.heads()
     inst = point.instance()
     p, c = side_vars("p", VLLM_MAX_QUERY + 1), side_vars("c", VLLM_MAX_QUERY)
@@ -266,6 +272,50 @@ def _drift_witness(point: VllmTilePoint, build: str, timeout_s: float):
           p.seqlen_q == c.seqlen_q + bv(1))
     (pm, pn), (cm, cn) = sym_tile(inst, p, build), sym_tile(inst, c, build)
     s.add(z3.Or(pm != cm, pn != cn))
+    return _smallest_call_seqlen_q(s, c, (pm, pn, cm, cn))
+
+
+class DriftQuery:
+    """The off-by-one query of :func:`_drift_witness` for many points on one incremental solver.
+
+    ``p.seqlen_q == c.seqlen_q + 1`` is asserted once; each instance's tiles are built once (they read the sides'
+    variables, not the point's heads); a point asks, under push/pop, for another tile with its heads substituted
+    for both sides' ``h`` and ``h_k`` in the domains and the tiles (the query of :func:`_drift_witness`, whose
+    equalities ``h == H`` pin those variables, with them substituted: z3 then folds ``h / h_k`` to a constant
+    instead of bit-blasting a divider per point), on z3's QF_BV solver. Each check has the same ``timeout_s`` bound;
+    ``tests/test_theorems_fork_tile.py`` compares the answers with :func:`_drift_witness`'s on every point.
+    """
+
+    def __init__(self, build: str, timeout_s: float):
+        self.build = build
+        self.p, self.c = side_vars("p", VLLM_MAX_QUERY + 1), side_vars("c", VLLM_MAX_QUERY)
+        self.solver = solver(timeout_s, logic="QF_BV")  # every term is a bit-vector one: z3's QF_BV solver
+        self.solver.add(self.p.seqlen_q == self.c.seqlen_q + bv(1))
+        self._tiles: dict = {}
+
+    def _tiles_of(self, inst: TileInstance) -> tuple:
+        got = self._tiles.get(inst)
+        if got is None:
+            (pm, pn), (cm, cn) = sym_tile(inst, self.p, self.build), sym_tile(inst, self.c, self.build)
+            got = self._tiles[inst] = ((pm, pn, cm, cn), z3.Or(pm != cm, pn != cn))
+        return got
+
+    def witness(self, point: VllmTilePoint):
+        """:func:`_drift_witness` of ``point`` under this query's build and timeout."""
+        h, hk = point.heads()
+        terms, differ = self._tiles_of(point.instance())
+        p, c, s = self.p, self.c, self.solver
+        heads = [(p.h, bv(h)), (p.h_k, bv(hk)), (c.h, bv(h)), (c.h_k, bv(hk))]
+        s.push()
+        try:
+            s.add(*(z3.simplify(z3.substitute(t, *heads)) for t in (p.domain, c.domain, differ)))
+            return _smallest_call_seqlen_q(s, c, [z3.substitute(t, *heads) for t in terms])
+        finally:
+            s.pop()
+
+
+def _smallest_call_seqlen_q(s, c: SideVars, terms: tuple):
+    """(verdict, call seqlen_q, tiles) of the query asserted on ``s``: the smallest call seqlen_q z3 finds."""
     r = checked(s)
     if r != z3.sat:
         return ("unknown" if r == z3.unknown else "unsat"), None, None
@@ -273,7 +323,7 @@ def _drift_witness(point: VllmTilePoint, build: str, timeout_s: float):
     # the smallest such call seqlen_q (deterministic): walk down while z3 still finds one
     while True:
         q = m.eval(c.seqlen_q, model_completion=True).as_long()
-        tiles = [m.eval(t, model_completion=True).as_long() for t in (pm, pn, cm, cn)]
+        tiles = [m.eval(t, model_completion=True).as_long() for t in terms]
         if q <= 1 or checked(s, z3.ULT(c.seqlen_q, bv(q))) != z3.sat:
             return "sat", q, tiles
         m = s.model()
@@ -289,7 +339,7 @@ def split_bound_case(point: VllmTilePoint, q: int, build: str = VLLM_FORK, lengt
     outcome already found there: no overflow). ``length_key`` replaces that key (tests: the identity is the full
     scan).
     """
-    from refmodel.fa3_scheduler import call_inputs, get_num_splits, precompute_inputs, resolve_schedule
+    from refmodel.fa3_scheduler import call_inputs, num_splits_over_lengths, precompute_inputs, resolve_schedule
 
     from .invariants import CallLengths, check_all, metadata_for
 
@@ -300,15 +350,18 @@ def split_bound_case(point: VllmTilePoint, q: int, build: str = VLLM_FORK, lengt
                   num_sm=point.num_sm, build=build)
     first = max(q, 16)
     key = scan_length_key(point, q, build, first) if length_key is None else length_key
-    seen = set()
+    seen, lengths = set(), []
     for L in range(first, MAX_SCAN_KV + 1, 16):
         k = key(L)
-        if k in seen:
-            continue
-        seen.add(k)
-        # the static split counts do not read the batch size (varlen: total_mblocks pretends b = 1)
-        if get_num_splits(precompute_inputs(1, q + 1, L, h, hk, inst.headdim, **common)) <= \
-                get_num_splits(call_inputs(1, q, L, h, hk, inst.headdim, **common)):
+        if k not in seen:
+            seen.add(k)
+            lengths.append(L)
+    # the static split counts do not read the batch size (varlen: total_mblocks pretends b = 1); refmodel's
+    # one-pass form is get_num_splits at each length (tests/test_split_table_one_pass.py)
+    splits_p = num_splits_over_lengths(precompute_inputs(1, q + 1, first, h, hk, inst.headdim, **common), lengths)
+    splits_c = num_splits_over_lengths(call_inputs(1, q, first, h, hk, inst.headdim, **common), lengths)
+    for L, s_p, s_c in zip(lengths, splits_p, splits_c):
+        if s_p <= s_c:
             continue
         for b in (1, 2, 4, 8):
             pin = precompute_inputs(b, q + 1, L, h, hk, inst.headdim, **common)
@@ -383,8 +436,9 @@ def _drift(timeout_s: float, cases_dir: Optional[str] = None, build: str = VLLM_
     start = time.perf_counter()
     points = vllm_tile_points() if points is None else points
     witnesses, unknown = [], []
+    query = DriftQuery(build, timeout_s)
     for point in points:
-        verdict, q, tiles = _drift_witness(point, build, timeout_s)
+        verdict, q, tiles = query.witness(point)
         if verdict == "unknown":
             unknown.append(point.label)
         elif verdict == "sat":

@@ -139,3 +139,31 @@ def test_the_catalogue_lists_both_theorems():
     from spec.theorems import THEOREMS
 
     assert set(ft.THEOREMS) <= set(THEOREMS) and all(THEOREMS[t][0] == "9" for t in ft.THEOREMS)
+
+
+def _witnesses_both_ways(build, query_cls=ft.DriftQuery):
+    def run():
+        query = query_cls(build, 10.0)
+        return [(query.witness(p), ft._drift_witness(p, build, 10.0)) for p in ft.vllm_tile_points()]
+
+    return isolated(run)
+
+
+@pytest.mark.parametrize("build", [VLLM_FORK, UPSTREAM])
+def test_the_shared_incremental_drift_query_answers_every_point_as_its_own_solver_does(build):
+    pairs = _witnesses_both_ways(build)
+    assert all(shared == own for shared, own in pairs)
+    assert any(own[0] == "sat" for _, own in pairs) == (build == VLLM_FORK)
+    assert all(own[0] in ("sat", "unsat") for _, own in pairs)
+
+
+def test_negative_control_a_shared_query_that_keeps_a_points_heads_disagrees():
+    class Leaky(ft.DriftQuery):
+        """Seeded defect: a point's heads stay asserted for the next point (no pop)."""
+
+        def witness(self, point):
+            self.solver.pop = lambda: None
+            return super().witness(point)
+
+    pairs = _witnesses_both_ways(VLLM_FORK, Leaky)
+    assert any(shared != own for shared, own in pairs)
