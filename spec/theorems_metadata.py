@@ -37,7 +37,7 @@ from typing import Any, Iterable, Optional
 
 import z3
 
-from refmodel.fa3_scheduler import ceil_div, get_num_splits, resolve_schedule
+from refmodel.fa3_scheduler import ceil_div, get_num_splits, resolve_schedule, with_inputs
 from refmodel.fa3_scheduler import call_inputs, precompute_inputs  # noqa: F401 - reached through this module by tests
 from refmodel.prepare import prepare_scheduler
 
@@ -196,8 +196,8 @@ def group_configs(configs: Iterable[D.Config], metadata_heads: str, heuristic_p:
         pin = cfg.precompute_inputs(metadata_heads)
         cin = cfg.call_inputs()
         if fixed:
-            pin = dataclasses.replace(pin, num_splits=D.FIXED_SPLITS_REPRESENTATIVE)
-            cin = dataclasses.replace(cin, num_splits=D.FIXED_SPLITS_REPRESENTATIVE)
+            pin = with_inputs(pin, num_splits=D.FIXED_SPLITS_REPRESENTATIVE)
+            cin = with_inputs(cin, num_splits=D.FIXED_SPLITS_REPRESENTATIVE)
         P = side_params(pin, heuristic_p)
         C = side_params(cin, heuristic_c)
         sharded = cfg.server.attn_cp_size if cfg.sharded_kv else 0
