@@ -17,6 +17,7 @@ and refmodel.fastmath says where its <= 2-ulp division can change a split count.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Optional
@@ -261,6 +262,30 @@ class ScheduleInputs:
     def appends_kv(self) -> bool:
         """Whether new KV is appended (FA3's ``params.knew_ptr``; refmodel.validation ``appends_kv``)."""
         return appends_kv(self)
+
+
+#: ScheduleInputs' field names (``with_inputs`` accepts exactly these, as ``dataclasses.replace`` does).
+_INPUT_FIELDS = frozenset(f.name for f in dataclasses.fields(ScheduleInputs))
+
+
+def with_inputs(inp: ScheduleInputs, **changes) -> ScheduleInputs:
+    """``dataclasses.replace(inp, **changes)`` for ScheduleInputs, without running ``__init__`` again.
+
+    ScheduleInputs is a frozen dataclass of plain fields (no ``__post_init__``, no cached properties), so the copy
+    with the changed fields set is the object ``replace`` builds: equal, with the same hash. The provers build
+    tens of thousands of these (one per table point, per side, per query class); ``replace`` was most of their cost.
+    tests/test_with_inputs.py checks the two agree.
+    """
+    if type(inp) is not ScheduleInputs or hasattr(inp, "__post_init__"):
+        return dataclasses.replace(inp, **changes)
+    unknown = changes.keys() - _INPUT_FIELDS
+    if unknown:
+        raise TypeError(f"with_inputs: ScheduleInputs has no field(s) {sorted(unknown)}")
+    out = object.__new__(ScheduleInputs)
+    state = out.__dict__
+    state.update(inp.__dict__)
+    state.update(changes)
+    return out
 
 
 @dataclass(frozen=True)

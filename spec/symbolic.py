@@ -22,7 +22,6 @@ Encoding choices (issue 3, "Encoding advice", measured):
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -44,6 +43,7 @@ from refmodel.fa3_scheduler import (
     get_num_splits,
     num_splits_over_lengths,
     resolve_schedule,
+    with_inputs,
 )
 
 __all__ = [
@@ -342,13 +342,8 @@ def _schedule_fields(s) -> dict:
 
 
 def _with_seqlen_k(inputs: ScheduleInputs, seqlen_k: int) -> ScheduleInputs:
-    """``dataclasses.replace(inputs, seqlen_k=seqlen_k)``: the same object, without running ``__init__`` again
-    (ScheduleInputs is a frozen dataclass of plain fields with no ``__post_init__``; one that had one is replaced)."""
-    if hasattr(inputs, "__post_init__"):
-        return dataclasses.replace(inputs, seqlen_k=seqlen_k)
-    out = copy.copy(inputs)
-    object.__setattr__(out, "seqlen_k", seqlen_k)
-    return out
+    """``dataclasses.replace(inputs, seqlen_k=seqlen_k)`` without running ``__init__`` again (refmodel `with_inputs`)."""
+    return with_inputs(inputs, seqlen_k=seqlen_k)
 
 
 @lru_cache(maxsize=4096)
@@ -356,7 +351,7 @@ def _split_table(inputs: ScheduleInputs, heuristic: Heuristic, block_n: int) -> 
     """(table, tail): the split count for static n-blocks 0..cap, and the value beyond (checked at far points)."""
     cap = min(HEURISTIC_MAX_SPLITS, inputs.num_sm)
 
-    base = dataclasses.replace(inputs, num_splits=0)
+    base = with_inputs(inputs, num_splits=0)
     far_points = (cap + 1, cap + 7, (2 ** 20) // block_n)
     n_blocks = [*range(cap + 1), *far_points]
     if heuristic is get_num_splits:
@@ -376,8 +371,8 @@ def _split_table(inputs: ScheduleInputs, heuristic: Heuristic, block_n: int) -> 
 
 @lru_cache(maxsize=4096)
 def _side_params_cached(inputs: ScheduleInputs, heuristic: Heuristic) -> SideParams:
-    s1 = resolve_schedule(dataclasses.replace(inputs, num_splits=1))
-    s2 = resolve_schedule(dataclasses.replace(inputs, num_splits=2))
+    s1 = resolve_schedule(with_inputs(inputs, num_splits=1))
+    s2 = resolve_schedule(with_inputs(inputs, num_splits=2))
     if _schedule_fields(s1) != _schedule_fields(s2):
         raise NotImplementedError(f"FA3 decisions other than pack depend on the split count here: {inputs}")
     cap = min(HEURISTIC_MAX_SPLITS, inputs.num_sm)
@@ -385,9 +380,9 @@ def _side_params_cached(inputs: ScheduleInputs, heuristic: Heuristic) -> SidePar
         table, tail = (inputs.num_splits,), inputs.num_splits
     else:
         # get_num_splits does not read the precompute flag: both sides share one table
-        table, tail = _split_table(dataclasses.replace(inputs, precompute=True), heuristic, s1.block_n)
+        table, tail = _split_table(with_inputs(inputs, precompute=True), heuristic, s1.block_n)
         for n in (1, cap + 1, (2 ** 20) // s1.block_n):
-            far_sched = resolve_schedule(dataclasses.replace(inputs, seqlen_k=n * s1.block_n, num_splits=1))
+            far_sched = resolve_schedule(with_inputs(inputs, seqlen_k=n * s1.block_n, num_splits=1))
             if _schedule_fields(far_sched) != _schedule_fields(s1):
                 raise NotImplementedError(f"FA3 decisions depend on seqlen_k for {inputs}")
     return SideParams(
@@ -410,7 +405,7 @@ def side_params(inputs: ScheduleInputs, heuristic: Heuristic = get_num_splits) -
 
 @lru_cache(maxsize=65536)
 def _side_params_of(inputs: ScheduleInputs, heuristic: Heuristic) -> SideParams:
-    return _side_params_cached(dataclasses.replace(inputs, seqlen_k=0), heuristic)
+    return _side_params_cached(with_inputs(inputs, seqlen_k=0), heuristic)
 
 
 def clear_caches() -> None:

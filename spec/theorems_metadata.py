@@ -37,7 +37,7 @@ from typing import Any, Iterable, Optional
 
 import z3
 
-from refmodel.fa3_scheduler import ceil_div, get_num_splits, resolve_schedule
+from refmodel.fa3_scheduler import ceil_div, get_num_splits, resolve_schedule, with_inputs
 from refmodel.fa3_scheduler import call_inputs, precompute_inputs  # noqa: F401 - reached through this module by tests
 from refmodel.prepare import prepare_scheduler
 
@@ -196,8 +196,8 @@ def group_configs(configs: Iterable[D.Config], metadata_heads: str, heuristic_p:
         pin = cfg.precompute_inputs(metadata_heads)
         cin = cfg.call_inputs()
         if fixed:
-            pin = dataclasses.replace(pin, num_splits=D.FIXED_SPLITS_REPRESENTATIVE)
-            cin = dataclasses.replace(cin, num_splits=D.FIXED_SPLITS_REPRESENTATIVE)
+            pin = with_inputs(pin, num_splits=D.FIXED_SPLITS_REPRESENTATIVE)
+            cin = with_inputs(cin, num_splits=D.FIXED_SPLITS_REPRESENTATIVE)
         P = side_params(pin, heuristic_p)
         C = side_params(cin, heuristic_c)
         sharded = cfg.server.attn_cp_size if cfg.sharded_kv else 0
@@ -255,13 +255,36 @@ def _local_len(s: z3.Solver, name: str, L, cp: int):
     return x
 
 
+def stage1_reads(groups: list, fresh: bool) -> tuple:
+    """Everything the stage-1 query of `groups` reads: the first group's shared fields and each member's split
+    counts. Two families with the same reads pose the same query (tests/test_stage1_reads.py builds both)."""
+    g = groups[0]
+    P, C = g.P, g.C
+    return (fresh, g.sharded_cp, g.p_static_free, P.block_n, C.block_n, P.pack_s1, P.pack_split, P.qhpk, P.block_m,
+            C.kernel_pack_s1, C.kernel_pack_split, C.qhpk, C.kernel_block_m,
+            tuple((x.fixed, x.P.fixed_splits, x.P.table, x.P.tail, x.C.fixed_splits, x.C.table, x.C.tail)
+                  for x in groups))
+
+
 def stage1_search(family, budget: Budget, fresh: bool = False) -> tuple[str, Optional[dict]]:
     """Can S_p > S_c > 1, or a QUERY_COVER violation, happen? ('unsat'|'sat'|'unknown', model).
 
     `family` is a Group or a list of Groups that differ only in SM count and split tables (a symbolic index picks
-    one): one query then covers all of them.
+    one): one query then covers all of them. Families whose groups differ only in what the query does not read
+    (`stage1_reads`: head counts behind the same tiles and tables, layout fields) pose the same query: it is asked
+    once per budget cache and its answer reused (callers read only the verdict; an unknown is asked again).
     """
     groups = family if isinstance(family, list) else [family]
+    query = ("stage1 query", stage1_reads(groups, fresh))
+    if query in budget.cache:
+        return budget.cache[query]
+    out = _stage1_ask(groups, budget, fresh)
+    if out[0] != "unknown":
+        budget.cache[query] = out
+    return out
+
+
+def _stage1_ask(groups: list, budget: Budget, fresh: bool) -> tuple[str, Optional[dict]]:
     g = groups[0]
     s = solver(budget.timeout_s, SEED)
     lmax = var("Lmax")

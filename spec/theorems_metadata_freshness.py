@@ -14,7 +14,7 @@ from typing import Optional
 
 import z3
 
-from refmodel.fa3_scheduler import ScheduleInputs, precompute_inputs, resolve_schedule
+from refmodel.fa3_scheduler import ScheduleInputs, precompute_inputs, resolve_schedule, with_inputs
 from refmodel.prepare import prepare_scheduler
 
 from . import domain as D
@@ -70,9 +70,10 @@ def _multirow_groups() -> list[tuple]:
             for page in (None, 1, 128):
                 for causal in (True, False):
                     for pack_arg in (None, False):
-                        for lo, hi in _q_classes(qhpk, d, dv, page, causal, pack_arg):
-                            inp = precompute_inputs(1, lo, 0, qhpk, 1, d, headdim_v=dv, varlen_q=True, page_size=page,
-                                                    causal=causal, pack_gqa=pack_arg, num_splits=2)
+                        base = precompute_inputs(1, 1, 0, qhpk, 1, d, headdim_v=dv, varlen_q=True,
+                                                 page_size=page, causal=causal, pack_gqa=pack_arg, num_splits=2)
+                        for lo, hi in _q_classes(base):
+                            inp = with_inputs(base, seqlen_q=lo)
                             sp = qc_params(inp)
                             # the query only reads sp and Lq <= hi: keep the widest range per sp (a superset)
                             if sp not in out or out[sp][3] < hi:
@@ -86,14 +87,18 @@ def qc_params(inp: ScheduleInputs) -> tuple:
 
     Tiles and pack do not read the precompute flag (`resolve_schedule`), so one side's schedule serves both.
     """
-    s1 = resolve_schedule(dataclasses.replace(inp, num_splits=1))
-    s2 = resolve_schedule(dataclasses.replace(inp, num_splits=2))
+    s1 = resolve_schedule(with_inputs(inp, num_splits=1))
+    s2 = resolve_schedule(with_inputs(inp, num_splits=2))
     return (s1.qhead_per_khead, s1.block_m, s1.kernel_block_m, s1.pack_gqa, s2.pack_gqa, s1.kernel_pack_gqa,
             s2.kernel_pack_gqa)
 
 
-def _q_classes(qhpk, d, dv, page, causal, pack_arg) -> list[tuple[int, int]]:
-    """Intervals of max_seqlen_q on which every FA3 decision is constant (checked at both ends with refmodel)."""
+def _q_classes(base: ScheduleInputs) -> list[tuple[int, int]]:
+    """Intervals of max_seqlen_q on which every FA3 decision is constant (checked at both ends with refmodel).
+
+    `base`: the precompute's inputs (one batch, qhpk query heads over one KV head, num_splits 2) at any seqlen_q.
+    """
+    qhpk, page = base.num_heads, base.page_size
     points = {1, 2, Q_MAX}
     if page is not None and page % 64 == 0:
         # paged KV may use TMA when seqlen_q * qhpk > kBlockM (flash_api.cpp get_pagedkv_tma): split there too
@@ -105,11 +110,10 @@ def _q_classes(qhpk, d, dv, page, causal, pack_arg) -> list[tuple[int, int]]:
         lo, hi = a, b - 1
         if lo > hi:
             continue
-        ends = {qc_params(precompute_inputs(1, q, 0, qhpk, 1, d, headdim_v=dv, varlen_q=True, page_size=page,
-                                             causal=causal, pack_gqa=pack_arg, num_splits=2)) for q in (lo, hi)}
+        ends = {qc_params(with_inputs(base, seqlen_q=q)) for q in (lo, hi)}
         if len(ends) != 1:
             raise NotImplementedError(f"FA3 decisions vary inside max_seqlen_q in [{lo}, {hi}] "
-                                      f"(qhpk={qhpk}, d={d}, dv={dv})")
+                                      f"(qhpk={qhpk}, d={base.headdim}, dv={base.headdim_v})")
         if classes and classes[-1][2] == next(iter(ends)):
             classes[-1] = (classes[-1][0], hi, classes[-1][2])
         else:

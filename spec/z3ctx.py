@@ -6,6 +6,9 @@ in the process; outside a run, terms are built in z3's main context.
 
 from __future__ import annotations
 
+import os
+import queue
+import signal
 import threading
 from contextlib import contextmanager
 from typing import Callable, TypeVar
@@ -111,30 +114,56 @@ def checked(solver: z3.Solver, *assumptions) -> z3.CheckSatResult:
     a user's Ctrl-C) runs during a long query: it raises KeyboardInterrupt here, the query is interrupted, and
     the KeyboardInterrupt goes on to the caller. z3's reason strings decide nothing: a timed-out repeated check
     says "canceled", which is a timeout (unknown), never a signal. Solvers are built with ``ctrl_c`` off, so
-    z3 never takes SIGINT from Python.
+    z3 never takes SIGINT from Python. The helper is one long-lived thread per process (`_helper`; starting a
+    thread per check cost more than most checks), which never takes SIGINT itself.
     """
     if threading.current_thread() is not threading.main_thread():
         return solver.check(*assumptions)  # signals are only delivered to the main thread: nothing to wait for
     box: list = []
-
-    def run() -> None:
-        try:
-            box.append(("ok", solver.check(*assumptions)))
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as is
-            box.append(("raised", exc))
-
-    worker = threading.Thread(target=run, name="z3-check", daemon=True)
-    worker.start()
+    done = threading.Lock()
+    done.acquire()
+    _helper().put((solver, assumptions, box, done))
     try:
-        worker.join()
+        done.acquire()
     except KeyboardInterrupt:
-        solver.ctx.interrupt()
-        worker.join()
+        if not box:  # still running (the helper fills box before it releases done)
+            solver.ctx.interrupt()
+            done.acquire()
         raise
     kind, value = box[0]
     if kind == "raised":
         raise value
     return value
+
+
+#: (pid, queue) of this process's check helper; a forked child starts its own (threads do not survive fork).
+_HELPER: list = []
+
+
+def _helper():
+    """The queue of this process's check helper thread, started on first use."""
+    pid = os.getpid()
+    if _HELPER and _HELPER[0][0] == pid:
+        return _HELPER[0][1]
+    jobs: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_serve, args=(jobs,), name="z3-check", daemon=True).start()
+    _HELPER[:] = [(pid, jobs)]
+    return jobs
+
+
+def _serve(jobs) -> None:
+    """Run each (solver, assumptions, box, done) check; the result or exception goes in box, then done is released."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # SIGINT is the main thread's to take
+    while True:
+        solver, assumptions, box, done = jobs.get()
+        try:
+            box.append(("ok", solver.check(*assumptions)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as is
+            box.append(("raised", exc))
+        finally:
+            del solver, assumptions
+            done.release()
 
 
 #: Tactics for a one-shot proof obligation whose equalities define most of its variables: simplify, substitute
