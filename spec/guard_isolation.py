@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import atexit
 import json
-import math
 import os
 import sys
 import weakref
 from typing import Any
 
+from .deadlines import seconds_from_env
 from .worker_client import WorkerClient, WorkerError
 
 #: Seconds one guard call may take (the command line's --guard-timeout-s sets it).
@@ -48,16 +48,7 @@ def import_timeout_s(environ=None) -> float:
     a value that is not a finite number in (0, 3600] raises GuardSpecError naming the variable."""
     from .guards import GuardSpecError
 
-    text = (os.environ if environ is None else environ).get(ENV_IMPORT_TIMEOUT, "").strip()
-    if not text:
-        return GUARD_IMPORT_TIMEOUT_S
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and 0 < seconds <= 3600):
-        raise GuardSpecError(f"{ENV_IMPORT_TIMEOUT}: must be a finite number of seconds in (0, 3600], got {text!r}")
-    return seconds
+    return seconds_from_env(ENV_IMPORT_TIMEOUT, GUARD_IMPORT_TIMEOUT_S, environ, GuardSpecError)
 
 
 class IsolatedGuard:

@@ -25,6 +25,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from .deadlines import seconds_from_env
 from .interrupts import raise_if_swallowed
 
 _HEADER = struct.Struct("!Q")
@@ -40,16 +41,7 @@ ENV_PART_DEADLINE = "FA3VERIFY_THEOREM_PART_TIMEOUT"
 def part_deadline_s(environ=None) -> float:
     """The deadline of one theorem part in a worker: ``$FA3VERIFY_THEOREM_PART_TIMEOUT`` or
     :data:`PART_DEADLINE_S`; a value that is not a finite number in (0, 3600] raises ValueError naming it."""
-    text = (os.environ if environ is None else environ).get(ENV_PART_DEADLINE, "").strip()
-    if not text:
-        return PART_DEADLINE_S
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not 0 < seconds <= 3600:  # also false for nan
-        raise ValueError(f"{ENV_PART_DEADLINE}: want a number of seconds in (0, 3600], got {text!r}")
-    return seconds
+    return seconds_from_env(ENV_PART_DEADLINE, PART_DEADLINE_S, environ)
 
 
 @dataclass
