@@ -91,12 +91,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             rc = _run_command(args, isolation)
         except KeyboardInterrupt:
-            rc = exitcodes.INCONCLUSIVE
+            rc = None
+        # a pass after a Ctrl-C is one that some callback swallowed: the run did not pass, it was stopped
+        if rc is None or (rc == exitcodes.PASS and interrupts.seen()):
             print(f"fa3verify {args.command}: interrupted", file=sys.stderr)
+            rc = exitcodes.INCONCLUSIVE
         if interrupts.seen():
-            if rc == exitcodes.PASS:  # a Ctrl-C that some callback swallowed: the run did not pass, it was stopped
-                print(f"fa3verify {args.command}: interrupted", file=sys.stderr)
-                rc = exitcodes.INCONCLUSIVE
             interrupts.forget_handled_interrupt()  # the exit status is `rc`, not death by SIGINT
     return rc
 

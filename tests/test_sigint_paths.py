@@ -16,6 +16,7 @@ tests/test_cli_never_loses_files.py::test_sigint_stops_prove sent its SIGINT at 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -59,7 +60,7 @@ def _prove_with_sigint(tmp_path: Path, where: str, jobs: int) -> subprocess.Comp
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
     return subprocess.run([sys.executable, "-m", "fa3verify", "prove", "--only", "combine", "--jobs", str(jobs),
                            "--json", "p.json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-                          preexec_fn=lambda: __import__("signal").signal(2, __import__("signal").SIG_DFL))
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
