@@ -163,13 +163,15 @@ def test_a_vllm_worker_killed_at_its_deadline_is_replaced_on_the_next_use(tmp_pa
     from gpu_impl.engines.vllm import VllmSUT
 
     root = fake_engine_home(tmp_path, "vllm", "0.33.0", "stall")
-    sut = VllmSUT("0.33.0", progress=lambda line: None, root=root, timeout_s=2)
+    # the deadline also bounds each fake worker's start (its hello); 2 s was missed by the second start on a
+    # loaded fresh clone, so the start has room here while the stalls are still killed at the deadline
+    sut = VllmSUT("0.33.0", progress=lambda line: None, root=root, timeout_s=5)
     first = sut.worker
-    _, exc, _ = within(2 + SLACK_S, lambda: first.request({"op": "hello"}))
+    _, exc, _ = within(5 + SLACK_S, lambda: first.request({"op": "hello"}))
     assert isinstance(exc, DriverError) and exc.timed_out and not first.running
     second = sut.worker
     assert second is not first and second.running and second.pid != first.pid
-    _, exc, _ = within(2 + SLACK_S, lambda: second.request({"op": "hello"}))
+    _, exc, _ = within(5 + SLACK_S, lambda: second.request({"op": "hello"}))
     assert isinstance(exc, DriverError) and exc.timed_out  # the fresh one has the same deadline
     sut.close()
     assert gone(first.pid) and gone(second.pid)
