@@ -49,6 +49,7 @@ guard keeps it safe; fuzzes a backend model against an exact oracle; and gates b
 exit codes: 0 pass, 1 violation found, 2 bad input or usage, 3 inconclusive (solver timeout, budget)
 
 deadlines: FA3VERIFY_ENGINE_TIMEOUT=S (default 900) bounds each answer of an engine worker,
+FA3VERIFY_ENGINE_START_TIMEOUT=S (default 900) its start (the engine's import, up to its hello),
 FA3VERIFY_GUARD_IMPORT_TIMEOUT=S (default 120) the import of a guard, FA3VERIFY_THEOREM_PART_TIMEOUT=S
 (default 600) a theorem part in a prove worker; a worker past its deadline is killed and named, and the
 run is inconclusive (exit 3)

@@ -109,21 +109,26 @@ class WorkerClient:
                           timed_out=timed_out, returncode=code)
 
     # -- exchanges ----------------------------------------------------------------------------------------------
-    def request(self, obj: Any, timeout_s: float) -> Any:
-        """Send ``obj`` and return the answer, the two within ``timeout_s`` seconds together."""
+    def request(self, obj: Any, timeout_s: float, hint: str = "") -> Any:
+        """Send ``obj`` and return the answer, the two within ``timeout_s`` seconds together (``hint``: what a
+        missed deadline's message adds, in parentheses: which deadline it was and how to change it)."""
         deadline = time.monotonic() + float(timeout_s)
-        self._send(obj, deadline, timeout_s)
-        return self._receive(deadline, timeout_s)
+        self._send(obj, deadline, timeout_s, hint)
+        return self._receive(deadline, timeout_s, hint)
 
-    def send(self, obj: Any, timeout_s: float) -> None:
+    def send(self, obj: Any, timeout_s: float, hint: str = "") -> None:
         """Write one request line within ``timeout_s`` (a worker that stopped reading is killed)."""
-        self._send(obj, time.monotonic() + float(timeout_s), timeout_s)
+        self._send(obj, time.monotonic() + float(timeout_s), timeout_s, hint)
 
-    def receive(self, timeout_s: float) -> Any:
+    def receive(self, timeout_s: float, hint: str = "") -> Any:
         """The next answer line, decoded, within ``timeout_s`` (the worker's first line: its hello)."""
-        return self._receive(time.monotonic() + float(timeout_s), timeout_s)
+        return self._receive(time.monotonic() + float(timeout_s), timeout_s, hint)
 
-    def _send(self, obj: Any, deadline: float, timeout_s: float) -> None:
+    @staticmethod
+    def _missed(what: str, hint: str) -> str:
+        return f"{what}; killed" + (f" ({hint})" if hint else "")
+
+    def _send(self, obj: Any, deadline: float, timeout_s: float, hint: str = "") -> None:
         if not self._mine():
             raise self.error(f"{self.label}: belongs to process {self._owner}, not to this one", worker=self.name,
                              pid=self.pid)
@@ -136,7 +141,8 @@ class WorkerClient:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.kill()
-                    raise self._fail(f"did not read its request within {timeout_s:g} s; killed", timed_out=True)
+                    raise self._fail(self._missed(f"did not read its request within {timeout_s:g} s", hint),
+                                     timed_out=True)
                 if not sel.select(timeout=min(left, POLL_S)):
                     continue
                 try:
@@ -147,7 +153,7 @@ class WorkerClient:
                     code = self._wait_exit()
                     raise self._fail(f"cannot send ({exc.strerror or exc}); exit code {code}", code=code) from None
 
-    def _receive(self, deadline: float, timeout_s: float) -> Any:
+    def _receive(self, deadline: float, timeout_s: float, hint: str = "") -> Any:
         if not self._mine():
             raise self.error(f"{self.label}: belongs to process {self._owner}, not to this one", worker=self.name,
                              pid=self.pid)
@@ -158,7 +164,7 @@ class WorkerClient:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.kill()
-                    raise self._fail(f"no answer within {timeout_s:g} s; killed", timed_out=True)
+                    raise self._fail(self._missed(f"no answer within {timeout_s:g} s", hint), timed_out=True)
                 if not sel.select(timeout=min(left, POLL_S)):
                     if self.proc.poll() is not None:
                         break  # exited; a child of its may still hold the pipe open

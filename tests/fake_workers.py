@@ -13,13 +13,20 @@ from pathlib import Path
 
 LIFETIME_S = 300
 
+#: Seconds a ``slow`` fake takes to start (longer than the 1 s answer deadline its test sets).
+SLOW_START_S = 3
+
 #: What a fake worker does: ``silent`` never says hello; ``stall`` says hello, reads requests, never answers;
-#: ``deaf`` says hello and never reads its stdin (a large request fills the pipe).
-MODES = ("silent", "stall", "deaf")
+#: ``deaf`` says hello and never reads its stdin (a large request fills the pipe); ``slow`` says hello after
+#: SLOW_START_S seconds (a slow import), then stalls as ``stall`` does.
+MODES = ("silent", "stall", "deaf", "slow")
 
 _SCRIPT = """#!{python}
 import sys, time
 MODE, LIFETIME = {mode!r}, {lifetime}
+if MODE == "slow":
+    time.sleep({slow_start})
+    MODE = "stall"
 if MODE != "silent":
     sys.stdout.write('{{"ok": true, "hello": {{"release": "{release}", "fake": "stuck worker"}}}}\\n')
     sys.stdout.flush()
@@ -41,7 +48,8 @@ def fake_engine_home(root: Path, engine: str, release: str, mode: str) -> Path:
     d = envs.env_dir(release, root, engine)
     (d / "bin").mkdir(parents=True)
     python = d / "bin" / "python"
-    python.write_text(_SCRIPT.format(python=sys.executable, mode=mode, lifetime=LIFETIME_S, release=release))
+    python.write_text(_SCRIPT.format(python=sys.executable, mode=mode, lifetime=LIFETIME_S, release=release,
+                                      slow_start=SLOW_START_S))
     python.chmod(0o755)
     (d / envs.STAMP).write_text(json.dumps({"recipe": envs.recipe_hash(release, engine), "engine": engine}))
     assert envs.env_ready(release, root, engine)

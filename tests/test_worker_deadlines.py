@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_workers import fake_engine_home, gone
+from fake_workers import SLOW_START_S, fake_engine_home, gone
 
 REPO = Path(__file__).resolve().parents[1]
 CASE = str(REPO / "tests" / "corpus" / "worked_example_fixed_guard.json")
@@ -98,7 +98,8 @@ def test_a_stuck_sglang_worker_is_killed_at_its_deadline(tmp_path, mode, what):
     from gpu_impl.sut import parse_engine
 
     root = fake_engine_home(tmp_path, "sglang", "0.5.13", mode)
-    sut = SglangSUT(parse_engine("sglang==0.5.13"), progress=lambda line: None, root=root, timeout_s=2)
+    sut = SglangSUT(parse_engine("sglang==0.5.13"), progress=lambda line: None, root=root, timeout_s=2,
+                    start_timeout_s=2)
     # a request larger than a pipe's buffer: a worker that never reads blocks the write, not only the answer
     request = {"op": "hello", "padding": "x" * (1 << 20)}
     _, exc, seconds = within(2 * 2 + SLACK_S, lambda: sut.request(request))
@@ -113,11 +114,12 @@ def test_a_stuck_sglang_worker_through_the_cli_is_inconclusive_and_named(tmp_pat
     root = fake_engine_home(tmp_path / "home", "sglang", "0.5.13", "silent")
     start = time.monotonic()
     proc = cli(["replay", CASE, "--engine", "sglang==0.5.13"],
-               {"FA3VERIFY_ENGINE_HOME": str(root), "FA3VERIFY_ENGINE_TIMEOUT": "2"}, 2 + 60)
+               {"FA3VERIFY_ENGINE_HOME": str(root), "FA3VERIFY_ENGINE_START_TIMEOUT": "2"}, 2 + 60)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert time.monotonic() - start < 2 + 60
     assert "inconclusive: engine worker sglang==0.5.13 (pid" in proc.stderr
     assert "no answer within 2 s; killed" in proc.stderr and "Traceback" not in proc.stderr
+    assert "the start deadline, FA3VERIFY_ENGINE_START_TIMEOUT" in proc.stderr  # the message says which one
     assert gone(named_pid(proc.stderr, "engine worker sglang==0.5.13"))
 
 
@@ -139,6 +141,64 @@ def test_a_bad_engine_deadline_is_a_usage_error_naming_the_variable(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_bad_engine_start_deadline_is_a_usage_error_naming_the_variable(tmp_path):
+    from gpu_impl.engines.errors import EngineUnavailable
+    from gpu_impl.engines.worker_client import engine_start_timeout_s
+
+    for value in ("abc", "0", "-5", "nan", "inf", "1e9"):
+        with pytest.raises(EngineUnavailable, match=r"FA3VERIFY_ENGINE_START_TIMEOUT: .*\(0, 86400\]"):
+            engine_start_timeout_s(environ={"FA3VERIFY_ENGINE_START_TIMEOUT": value})
+    with pytest.raises(EngineUnavailable, match=r"start_timeout_s: "):
+        engine_start_timeout_s(-1)
+    assert engine_start_timeout_s(environ={}) == 900.0
+    assert engine_start_timeout_s(environ={"FA3VERIFY_ENGINE_START_TIMEOUT": "7"}) == 7
+    root = fake_engine_home(tmp_path / "home", "sglang", "0.5.13", "silent")
+    proc = cli(["replay", CASE, "--engine", "sglang==0.5.13"],
+               {"FA3VERIFY_ENGINE_HOME": str(root), "FA3VERIFY_ENGINE_START_TIMEOUT": "nan"}, 60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "FA3VERIFY_ENGINE_START_TIMEOUT" in proc.stderr and "(0, 86400]" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_start_slower_than_the_answer_deadline_is_not_a_stalled_answer(tmp_path, engine):
+    """A worker whose start (the engine's import) takes longer than the answer deadline is not killed: its hello
+    has the start deadline. Negative control: the same worker under a start deadline shorter than its start is
+    killed at that deadline, and after its hello a stalled answer is still killed at the answer deadline. (Before,
+    one deadline bounded both, and a slow start on a loaded machine read as a stalled answer.)"""
+    from gpu_impl.engines.errors import DriverError
+    from gpu_impl.engines.sglang import SglangSUT
+    from gpu_impl.engines.vllm import VllmSUT
+    from gpu_impl.sut import parse_engine
+
+    def make(root, start_timeout_s):
+        if engine == "sglang":
+            return SglangSUT(parse_engine("sglang==0.5.13"), progress=lambda line: None, root=root, timeout_s=1,
+                             start_timeout_s=start_timeout_s)
+        return VllmSUT("0.33.0", progress=lambda line: None, root=root, timeout_s=1, start_timeout_s=start_timeout_s)
+
+    release = "0.5.13" if engine == "sglang" else "0.33.0"
+    root = fake_engine_home(tmp_path / "ok", engine, release, "slow")
+    sut = make(root, None)
+    hello, exc, seconds = within(SLOW_START_S + SLACK_S, sut.start)
+    assert exc is None and hello["fake"] == "stuck worker", exc
+    assert seconds >= SLOW_START_S  # its start took longer than the 1 s answer deadline, and it was kept
+    _, exc, _ = within(1 + SLACK_S, lambda: sut.request({"op": "hello"}) if engine == "sglang"
+                       else sut.worker.request({"op": "hello"}))
+    assert isinstance(exc, DriverError) and exc.timed_out and "no answer within 1 s; killed" in str(exc), exc
+    assert "the answer deadline, FA3VERIFY_ENGINE_TIMEOUT" in str(exc)
+    sut.close()
+
+    root = fake_engine_home(tmp_path / "short", engine, release, "slow")
+    sut = make(root, 1)
+    _, exc, seconds = within(1 + SLACK_S, sut.start)
+    assert isinstance(exc, DriverError) and exc.timed_out, exc
+    assert "no answer within 1 s; killed (the start deadline, FA3VERIFY_ENGINE_START_TIMEOUT)" in str(exc)
+    assert seconds < SLOW_START_S + SLACK_S
+    assert gone(named_pid(str(exc), f"engine worker {engine}=={release}"))
+    sut.close()
+
+
 # -- vLLM --------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["silent", "stall"])
@@ -147,7 +207,7 @@ def test_a_stuck_vllm_worker_is_killed_at_its_deadline(tmp_path, mode):
     from gpu_impl.engines.vllm import VllmSUT
 
     root = fake_engine_home(tmp_path, "vllm", "0.33.0", mode)
-    sut = VllmSUT("0.33.0", progress=lambda line: None, root=root, timeout_s=2)
+    sut = VllmSUT("0.33.0", progress=lambda line: None, root=root, timeout_s=2, start_timeout_s=2)
     _, exc, seconds = within(2 + SLACK_S, lambda: sut.worker.request({"op": "hello"}))
     assert isinstance(exc, DriverError) and exc.timed_out, exc
     assert seconds < 2 + SLACK_S
@@ -163,15 +223,15 @@ def test_a_vllm_worker_killed_at_its_deadline_is_replaced_on_the_next_use(tmp_pa
     from gpu_impl.engines.vllm import VllmSUT
 
     root = fake_engine_home(tmp_path, "vllm", "0.33.0", "stall")
-    # the deadline also bounds each fake worker's start (its hello); 2 s was missed by the second start on a
-    # loaded fresh clone, so the start has room here while the stalls are still killed at the deadline
-    sut = VllmSUT("0.33.0", progress=lambda line: None, root=root, timeout_s=5)
+    # the answer deadline does not bound a worker's start (its hello has the start deadline, 900 s by default):
+    # a slow start of the fresh worker on a loaded machine is not read as a stalled answer
+    sut = VllmSUT("0.33.0", progress=lambda line: None, root=root, timeout_s=2)
     first = sut.worker
-    _, exc, _ = within(5 + SLACK_S, lambda: first.request({"op": "hello"}))
+    _, exc, _ = within(2 + SLACK_S, lambda: first.request({"op": "hello"}))
     assert isinstance(exc, DriverError) and exc.timed_out and not first.running
     second = sut.worker
     assert second is not first and second.running and second.pid != first.pid
-    _, exc, _ = within(5 + SLACK_S, lambda: second.request({"op": "hello"}))
+    _, exc, _ = within(2 + SLACK_S, lambda: second.request({"op": "hello"}))
     assert isinstance(exc, DriverError) and exc.timed_out  # the fresh one has the same deadline
     sut.close()
     assert gone(first.pid) and gone(second.pid)
@@ -194,7 +254,7 @@ def test_a_stuck_sanitized_engine_worker_is_killed_at_its_deadline(tmp_path, mon
     from gpu_impl.engines.errors import DriverError
 
     root = fake_engine_home(tmp_path, "sglang", "0.5.13", "silent")
-    monkeypatch.setenv("FA3VERIFY_ENGINE_TIMEOUT", "2")
+    monkeypatch.setenv("FA3VERIFY_ENGINE_START_TIMEOUT", "2")
     sut = open_sanitized_sglang("0.5.13", out_dir=tmp_path / "out", progress=lambda line: None, root=root)
     _, exc, seconds = within(2 + SLACK_S, sut.start)
     assert isinstance(exc, DriverError) and exc.timed_out, exc

@@ -20,7 +20,7 @@ from . import envs, recipes
 from .checkouts import resolve_checkout
 from .errors import CheckoutImportError, DriverError, EngineUnavailable
 from .protocol import result_from_wire, scenario_to_wire
-from .worker_client import EngineWorker, engine_timeout_s
+from .worker_client import EngineWorker, engine_start_timeout_s, engine_timeout_s
 
 __all__ = ["SglangSUT", "ScenarioUnsupported", "resolve_source"]
 
@@ -48,11 +48,13 @@ class SglangSUT(SystemUnderTest):
     has_worker = True
 
     def __init__(self, spec: EngineSpec, progress: Callable[[str], None] = print, root: Optional[Path] = None,
-                 worker: Optional[str] = None, worker_env: Optional[dict] = None, timeout_s: Optional[float] = None):
+                 worker: Optional[str] = None, worker_env: Optional[dict] = None, timeout_s: Optional[float] = None,
+                 start_timeout_s: Optional[float] = None):
         """``worker``: the module run as the worker (default :data:`DEFAULT_WORKER`; ``fa3verify.sanitize
         .engine_worker`` runs the same driver under the runtime sanitizer); ``worker_env``: extra environment
-        variables for it; ``timeout_s``: the deadline of each answer, the hello included (default
-        ``$FA3VERIFY_ENGINE_TIMEOUT`` or 900 s, ``worker_client.engine_timeout_s``)."""
+        variables for it; ``timeout_s``: the deadline of each answer (default ``$FA3VERIFY_ENGINE_TIMEOUT`` or
+        900 s, ``worker_client.engine_timeout_s``); ``start_timeout_s``: the deadline of the worker's start, its
+        hello (default ``$FA3VERIFY_ENGINE_START_TIMEOUT`` or 900 s). Both are checked here."""
         self.spec = spec
         self.worker = worker or self.DEFAULT_WORKER
         self.worker_env = dict(worker_env or {})
@@ -69,6 +71,7 @@ class SglangSUT(SystemUnderTest):
         else:
             raise EngineUnavailable(f"engine {spec}: not an sglang engine")
         self.timeout_s = engine_timeout_s(timeout_s)
+        self.start_timeout_s = engine_start_timeout_s(start_timeout_s)
         self.env = envs.ensure_env(self.release, progress=progress, root=root)
         self._worker: Optional[EngineWorker] = None
         self.hello: Optional[dict] = None
@@ -86,7 +89,8 @@ class SglangSUT(SystemUnderTest):
         env.update(self.worker_env)
         t = time.monotonic()
         self._worker = EngineWorker([str(self.env / "bin" / "python"), "-m", self.worker], f"engine worker {self.spec}",
-                                    env=env, cwd=str(envs.PROJECT_ROOT), timeout_s=self.timeout_s)
+                                    env=env, cwd=str(envs.PROJECT_ROOT), timeout_s=self.timeout_s,
+                                    start_timeout_s=self.start_timeout_s)
         first = self._worker.first
         if not first.get("ok"):
             self.close()

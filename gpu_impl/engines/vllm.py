@@ -26,7 +26,7 @@ from ..sut import EngineSpec, SystemUnderTest
 from . import envs, vllm_recipes
 from .checkouts import resolve_checkout
 from .errors import CheckoutImportError, DriverError
-from .worker_client import EngineWorker, engine_timeout_s
+from .worker_client import EngineWorker, engine_start_timeout_s, engine_timeout_s
 
 __all__ = ["VllmWorker", "VllmSUT", "scenario_to_vllm", "resolve_vllm_source", "VLLM_DEFECTS"]
 
@@ -59,15 +59,18 @@ def nearest_vllm_release(version: Optional[str]) -> str:
 
 
 class VllmWorker:
-    """One driver process (``python -m gpu_impl.engines.vllm_driver``) speaking JSON lines, every answer within
-    the engine deadline (``timeout``: seconds, default ``$FA3VERIFY_ENGINE_TIMEOUT`` or 900; ``worker_client``)."""
+    """One driver process (``python -m gpu_impl.engines.vllm_driver``) speaking JSON lines: its hello within the
+    start deadline (``start_timeout``: seconds, default ``$FA3VERIFY_ENGINE_START_TIMEOUT`` or 900), every answer
+    within the engine deadline (``timeout``: seconds, default ``$FA3VERIFY_ENGINE_TIMEOUT`` or 900;
+    ``worker_client``)."""
 
     def __init__(self, release: str, progress=print, root=None, timeout: Optional[float] = None,
-                 source: Optional[Path] = None, label: Optional[str] = None):
+                 source: Optional[Path] = None, label: Optional[str] = None, start_timeout: Optional[float] = None):
         """``source``: a checkout's root (from :func:`resolve_vllm_source`), imported instead of the release's vLLM
         (the hello must show it was); ``label``: the engine's name in messages (default ``vllm==release``)."""
         self.release = envs.check_release(release, engine="vllm")
         self.timeout = engine_timeout_s(timeout)
+        self.start_timeout = engine_start_timeout_s(start_timeout)
         self.label = label or f"vllm=={self.release}"
         d = envs.ensure_env(release, progress=progress, root=root, engine="vllm")
         env = envs.driver_environ(extra_paths=[str(source)] if source else (), engine="vllm")
@@ -75,7 +78,8 @@ class VllmWorker:
             env[SOURCE_VARIABLE] = str(source)
         self._worker = EngineWorker([str(d / "bin" / "python"), "-m", "gpu_impl.engines.vllm_driver"],
                                     f"engine worker {self.label}", env=env,
-                                    cwd=str(envs.PROJECT_ROOT), timeout_s=self.timeout)
+                                    cwd=str(envs.PROJECT_ROOT), timeout_s=self.timeout,
+                                    start_timeout_s=self.start_timeout)
         first = self._worker.first
         if not first.get("ok"):
             self.close()
@@ -192,10 +196,11 @@ class VllmSUT(SystemUnderTest):
     has_worker = True
 
     def __init__(self, release: Optional[str] = None, progress=print, root=None, timeout_s: Optional[float] = None,
-                 spec: Optional[EngineSpec] = None):
+                 spec: Optional[EngineSpec] = None, start_timeout_s: Optional[float] = None):
         """``spec``: ``vllm-src=PATH`` (the checkout is resolved now: a path that holds no vLLM is refused here);
         else release ``release``. ``timeout_s``: the deadline of each answer of the worker (default
-        ``$FA3VERIFY_ENGINE_TIMEOUT`` or 900 s); checked here, before any worker starts."""
+        ``$FA3VERIFY_ENGINE_TIMEOUT`` or 900 s); ``start_timeout_s``: the deadline of its start, the hello
+        (default ``$FA3VERIFY_ENGINE_START_TIMEOUT`` or 900 s); both checked here, before any worker starts."""
         self.spec = spec or EngineSpec("vllm", release=release)
         self.source = self.version = self.revision = None
         if self.spec.kind == "vllm-src":
@@ -204,6 +209,7 @@ class VllmSUT(SystemUnderTest):
         else:
             self.release = self.spec.release
         self.timeout_s = engine_timeout_s(timeout_s)
+        self.start_timeout_s = engine_start_timeout_s(start_timeout_s)
         self._worker: Optional[VllmWorker] = None
         self._progress, self._root = progress, root
 
@@ -215,7 +221,8 @@ class VllmSUT(SystemUnderTest):
             self.close()
         if self._worker is None:
             self._worker = VllmWorker(self.release, progress=self._progress, root=self._root,
-                                      timeout=self.timeout_s, source=self.source, label=str(self.spec))
+                                      timeout=self.timeout_s, source=self.source, label=str(self.spec),
+                                      start_timeout=self.start_timeout_s)
         return self._worker
 
     def start(self) -> dict:

@@ -2,12 +2,15 @@
 engine worker (sglang's driver, vLLM's driver, sglang under the runtime sanitizer), on the one deadline policy of
 :mod:`spec.worker_client`.
 
-Invariant: every answer an engine client acts on came from its worker within the engine deadline
-(:func:`engine_timeout_s`: ``$FA3VERIFY_ENGINE_TIMEOUT`` seconds, default 900, or the client's ``timeout_s``),
-the worker's hello included; a worker past it is killed with what it started and raises
-:class:`~gpu_impl.engines.errors.DriverError` naming it (``engine worker sglang==0.5.13 (pid N): no answer within
-900 s; killed``), as does a worker that exits or answers something that is not a response -- never a pass or a
-violation (the command line: inconclusive, exit 3).
+Invariant: every answer an engine client acts on came from its worker within its deadline -- the worker's
+first line (its hello: starting a worker imports the engine) within the start deadline
+(:func:`engine_start_timeout_s`: ``$FA3VERIFY_ENGINE_START_TIMEOUT`` seconds, default 900, or the client's
+``start_timeout_s``), every later answer within the engine deadline (:func:`engine_timeout_s`:
+``$FA3VERIFY_ENGINE_TIMEOUT`` seconds, default 900, or the client's ``timeout_s``); the two are separate, so a
+slow start is never read as a stalled answer, nor a short answer deadline paid by the import. A worker past its
+deadline is killed with what it started and raises :class:`~gpu_impl.engines.errors.DriverError` naming it
+(``engine worker sglang==0.5.13 (pid N): no answer within 900 s; killed``), as does a worker that exits or answers
+something that is not a response -- never a pass or a violation (the command line: inconclusive, exit 3).
 """
 
 from __future__ import annotations
@@ -21,48 +24,69 @@ from spec.worker_client import WorkerClient
 from .errors import DriverError, EngineUnavailable
 from .protocol import encode
 
-__all__ = ["ENV_TIMEOUT", "DEFAULT_TIMEOUT_S", "MAX_TIMEOUT_S", "EngineWorker", "engine_timeout_s"]
+__all__ = ["ENV_TIMEOUT", "ENV_START_TIMEOUT", "DEFAULT_TIMEOUT_S", "DEFAULT_START_TIMEOUT_S", "MAX_TIMEOUT_S",
+           "EngineWorker", "engine_timeout_s", "engine_start_timeout_s"]
 
-#: The variable that sets the engine deadline (seconds one answer of an engine worker may take).
+#: The variable that sets the engine deadline (seconds one answer of an engine worker may take, its hello aside).
 ENV_TIMEOUT = "FA3VERIFY_ENGINE_TIMEOUT"
-#: Its default: starting a worker imports the engine (seconds to a minute); a 32k-token scenario takes under 10 s.
+#: Its default: a 32k-token scenario takes under 10 s; a real engine's first scenario compiles for minutes on a
+#: busy machine.
 DEFAULT_TIMEOUT_S = 900.0
+#: The variable that sets the start deadline (seconds from starting a worker to its hello: the engine's import).
+ENV_START_TIMEOUT = "FA3VERIFY_ENGINE_START_TIMEOUT"
+#: Its default: importing sglang or vLLM takes seconds to a minute, several minutes on a loaded machine.
+DEFAULT_START_TIMEOUT_S = 900.0
 MAX_TIMEOUT_S = 86400.0
 
 
-def engine_timeout_s(value=None, environ=None) -> float:
-    """The engine deadline: ``value`` if given, else ``$FA3VERIFY_ENGINE_TIMEOUT``, else 900 s; anything but a
-    finite number in (0, 86400] raises EngineUnavailable naming where it came from and the allowed range."""
-    source = "timeout_s"
+def _deadline_s(value, environ, variable: str, argument: str, default: float, what: str) -> float:
+    """``value`` if given, else ``$variable``, else ``default``; anything but a finite number in (0, 86400] raises
+    EngineUnavailable naming where it came from and the allowed range."""
+    source = argument
     if value is None:
-        text = (os.environ if environ is None else environ).get(ENV_TIMEOUT, "").strip()
+        text = (os.environ if environ is None else environ).get(variable, "").strip()
         if not text:
-            return DEFAULT_TIMEOUT_S
-        source, value = ENV_TIMEOUT, text
+            return default
+        source, value = variable, text
     try:
         seconds = float(value)
     except (TypeError, ValueError):
         seconds = math.nan
     if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
-        raise EngineUnavailable(f"{source}: the engine deadline must be a finite number of seconds in "
+        raise EngineUnavailable(f"{source}: the {what} must be a finite number of seconds in "
                                 f"(0, {MAX_TIMEOUT_S:g}], got {value!r}")
     return seconds
 
 
+def engine_timeout_s(value=None, environ=None) -> float:
+    """The engine deadline of each answer: ``value`` if given, else ``$FA3VERIFY_ENGINE_TIMEOUT``, else 900 s;
+    anything but a finite number in (0, 86400] raises EngineUnavailable naming where it came from and the range."""
+    return _deadline_s(value, environ, ENV_TIMEOUT, "timeout_s", DEFAULT_TIMEOUT_S, "engine deadline")
+
+
+def engine_start_timeout_s(value=None, environ=None) -> float:
+    """The start deadline (a worker's hello): ``value`` if given, else ``$FA3VERIFY_ENGINE_START_TIMEOUT``, else
+    900 s; anything but a finite number in (0, 86400] raises EngineUnavailable naming where it came from and the
+    range."""
+    return _deadline_s(value, environ, ENV_START_TIMEOUT, "start_timeout_s", DEFAULT_START_TIMEOUT_S,
+                       "engine start deadline")
+
+
 class EngineWorker:
-    """One engine worker process: started, its first line read (``first``: the hello, or the import failure),
-    then one answer per request, each within ``timeout_s``.
+    """One engine worker process: started, its first line read within ``start_timeout_s`` (``first``: the hello,
+    or the import failure), then one answer per request, each within ``timeout_s``.
 
     ``argv``: the worker's command (the environment's python, ``-m``, the driver module); ``name``: what errors
     call it (``engine worker sglang==0.5.13``).
     """
 
     def __init__(self, argv: Sequence[str], name: str, env: Optional[dict] = None, cwd: Optional[str] = None,
-                 timeout_s: Optional[float] = None):
+                 timeout_s: Optional[float] = None, start_timeout_s: Optional[float] = None):
         self.name = name
         self.timeout_s = engine_timeout_s(timeout_s)
+        self.start_timeout_s = engine_start_timeout_s(start_timeout_s)
         self.client = WorkerClient(argv, name, env=env, cwd=cwd, error=DriverError, encode=encode)
-        self.first = self._checked(self.client.receive(self.timeout_s))
+        self.first = self._checked(self.client.receive(self.start_timeout_s, hint=f"the start deadline, {ENV_START_TIMEOUT}"))
 
     @property
     def pid(self) -> int:
@@ -80,7 +104,7 @@ class EngineWorker:
                               f"{self.client.stderr_tail()}", worker=self.name, pid=self.pid,
                               returncode=self.client.returncode)
         limit = self.timeout_s if timeout_s is None else engine_timeout_s(timeout_s)
-        return self._checked(self.client.request(obj, limit))
+        return self._checked(self.client.request(obj, limit, hint=f"the answer deadline, {ENV_TIMEOUT}"))
 
     def _checked(self, resp) -> dict:
         if not isinstance(resp, dict) or "ok" not in resp:
