@@ -3,7 +3,9 @@
 Invariant: when stdout is not a terminal (CI logs, pipes), every stage a command runs (the gate's prove and
 fuzz; on a real engine its worker's start, the witness search, the witness replay and the fuzz campaign on it;
 a standalone prove, fuzz or conform; the engine worker's start of replay and run-ranks) writes `fa3verify COMMAND: STAGE ...` to stderr as it starts and
-`fa3verify COMMAND: STAGE done in N.Ns (...)` as it ends, so a log shows what runs and how long it took;
+`fa3verify COMMAND: STAGE done in N.Ns (...)` as it ends (`interrupted in` after a Ctrl-C, `stopped in` after
+any other exception: a usage error or a crash is never labelled an interrupt), so a log shows what runs and how
+long it took;
 on a terminal the live rich display (fa3verify.fuzzing) is used instead and these lines are not printed.
 Progress is never written to stdout, which may carry a report (`--json -`).
 """
@@ -34,10 +36,13 @@ def stage(command: str, name: str, show: Optional[bool] = None,
     start = time.perf_counter()
     if enabled:
         print(f"fa3verify {command}: {name} ...", file=sys.stderr, flush=True)
-    outcome = "interrupted"
+    outcome = "stopped"
     try:
         yield
         outcome = "done"
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+        raise
     finally:
         if enabled:
             extra = ""

@@ -47,12 +47,13 @@ def run_theorems(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[st
     from spec.theorem_pool import part_deadline_s
 
     try:
-        part_deadline_s()
+        deadline = part_deadline_s()  # read once: a bad value is a usage error before any part runs
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
     workers = default_workers() if jobs is None else int(jobs)
-    return run_jobs(theorem_jobs(policy, timeout_s, cases_dir, only, dropped_assumptions), workers=workers)
+    return run_jobs(theorem_jobs(policy, timeout_s, cases_dir, only, dropped_assumptions), workers=workers,
+                    part_deadline_s=deadline)
 
 
 def theorem_results(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = None,

@@ -113,8 +113,10 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def run_jobs(jobs: Sequence[Job], workers: int = 1, preload: Optional[Callable[[], None]] = None) -> JobRun:
-    """Every job's results in job order; `workers` > 1 runs parts in forked processes (see the module docstring).
+def run_jobs(jobs: Sequence[Job], workers: int = 1, preload: Optional[Callable[[], None]] = None,
+             part_deadline_s: Optional[float] = None) -> JobRun:
+    """Every job's results in job order; `workers` > 1 runs parts in forked processes (see the module docstring);
+    `part_deadline_s` bounds each part there (None: ``$FA3VERIFY_THEOREM_PART_TIMEOUT`` or its default).
 
     `preload` is what the parts that are not light will import (torch, for the replays). In parallel it is called
     in this process once the first light parts are running, before any other part starts, so the workers forked
@@ -144,7 +146,7 @@ def run_jobs(jobs: Sequence[Job], workers: int = 1, preload: Optional[Callable[[
             if loader is not None:
                 loader.join()
     else:
-        run, computed = _run_parallel(jobs, min(workers, len(parts)), preload, start, known)
+        run, computed = _run_parallel(jobs, min(workers, len(parts)), preload, start, known, part_deadline_s)
     if before is not None:
         remember = theorem_memo.after_run(before)
         for (j, p), value in computed.items():
@@ -219,10 +221,11 @@ def _run_sequential(jobs: list, start: float, known: dict) -> tuple[JobRun, dict
     return run, computed
 
 
-def _run_parallel(jobs: list, workers: int, preload, start: float, known: dict) -> tuple[JobRun, dict]:
+def _run_parallel(jobs: list, workers: int, preload, start: float, known: dict,
+                  deadline_s: Optional[float] = None) -> tuple[JobRun, dict]:
     from .theorem_pool import run_parallel
 
-    values, timing = run_parallel(jobs, workers, preload, start, run_part, known)
+    values, timing = run_parallel(jobs, workers, preload, start, run_part, known, deadline_s)
     computed = {k: v for k, v in values.items() if k not in known and not isinstance(v, _Crashed)}
     run = JobRun(workers=workers)
     for j, job in enumerate(jobs):

@@ -100,15 +100,19 @@ def _worker_main(jobs: list, run_part: Callable, task_fd: int, result_fd: int) -
 
 
 def run_parallel(jobs: list, workers: int, preload: Optional[Callable[[], None]], start: float,
-                 run_part: Callable, known: Optional[dict] = None) -> tuple[dict, dict]:
+                 run_part: Callable, known: Optional[dict] = None,
+                 deadline_s: Optional[float] = None) -> tuple[dict, dict]:
     """Run every needed part of `jobs` on up to `workers` forked workers: ({key: value}, {key: (t0, t1)}).
+
+    `deadline_s`: seconds a part may run before its worker is killed (None: :func:`part_deadline_s`, from the
+    environment).
 
     Keys are (job, part); `known` values (remembered ones) are not run. A part that a `stop` made unnecessary has
     no value; a part whose worker died has a Crashed value; an exception raised in a part is raised here after
     every worker is killed.
     """
     known = known or {}
-    deadline = part_deadline_s()
+    deadline = part_deadline_s() if deadline_s is None else deadline_s
     values: dict = dict(known)
     timing: dict = {k: (0.0, 0.0) for k in known}
     stops = {}  # job -> the first known part its `stop` accepts: later parts are not needed

@@ -260,6 +260,32 @@ def test_negative_control_stage_lines_are_what_the_check_reads(monkeypatch, tmp_
     assert not _stage_lines(capsys.readouterr().err, "gate")
 
 
+def test_a_stage_ended_by_an_error_says_stopped_and_only_a_ctrl_c_says_interrupted(monkeypatch, capsys):
+    """The end line names how the stage ended: `done`, `interrupted` (a KeyboardInterrupt) or `stopped` (any other
+    exception). Negative control: the line a usage error printed before (`interrupted`), read by the same check."""
+    from fa3verify.progress import stage
+
+    def ended(exc) -> str:
+        try:
+            with stage("prove", "z3 theorems", show=True):
+                if exc is not None:
+                    raise exc
+        except BaseException:  # noqa: BLE001 - the outcome is what the line says
+            pass
+        [line] = [x for x in capsys.readouterr().err.splitlines() if not x.endswith("...")]
+        return line.split("z3 theorems ", 1)[1].split(" in ", 1)[0]
+
+    assert [ended(None), ended(KeyboardInterrupt()), ended(ValueError("bad"))] == ["done", "interrupted", "stopped"]
+    # through the CLI: a bad deadline is a usage error (exit 2), and its stage line does not call it an interrupt
+    monkeypatch.setenv("FA3VERIFY_THEOREM_PART_TIMEOUT", "nan")
+    assert cli.main(["prove", "--only", "combine"]) == 2
+    err = capsys.readouterr().err
+    lines = _stage_lines(err, "prove")
+    assert any(" stopped in " in line for line in lines) and not any(" interrupted" in line for line in lines), err
+    before = "fa3verify prove: prove (z3 theorems) interrupted in 0.1s"  # the defect's line
+    assert " interrupted" in before and " stopped in " not in before
+
+
 def test_conform_and_the_engine_matrix_print_progress_on_stderr(monkeypatch, tmp_path, capsys):
     install(monkeypatch, lambda spec: ProfileSUT(spec.release))
     assert cli.main(["conform", "--engine", "sglang==0.5.23", "--cases", "30", "--cases-dir", str(tmp_path),
