@@ -401,6 +401,11 @@ def num_splits_over_lengths(inp: ScheduleInputs, seqlen_ks) -> tuple[int, ...]:
     return tuple(out)
 
 
+#: `get_num_splits` carries its own one-pass form (spec.symbolic `splits_over_lengths` reads it; a heuristic
+#: without the attribute is called once per length).
+get_num_splits.over_lengths = num_splits_over_lengths
+
+
 def _split_tiles(inp: ScheduleInputs, masking: Masking) -> tuple[int, int, int, int]:
     """(kBlockM, kBlockN, m_blocks, total_mblocks) of `get_num_splits` (flash_api.cpp 456-466): they read the
     masking's causal/local flags, never seqlen_k or the window."""

@@ -41,7 +41,6 @@ from refmodel.fa3_scheduler import (
     ScheduleInputs,
     combine_capacity,
     get_num_splits,
-    num_splits_over_lengths,
     resolve_schedule,
     with_inputs,
 )
@@ -50,13 +49,14 @@ __all__ = [
     "BV", "bv", "smin", "smax", "ceil_div_const", "ceil_div_sym", "f32_val", "sym_blocks_per_sm",
     "sym_blocks_per_sm_range", "sym_l2_split_count", "sym_dynamic_split", "sym_m_blocks", "sym_n_blocks", "run_table", "table_lookup", "sym_combine_capacity",
     "sym_split_block_range", "SideParams", "side_params", "Heuristic", "sym_split_count", "sym_pack",
-    "sym_prepare_splits", "evaluate_term", "solver", "var", "boolval", "clear_caches",
+    "sym_prepare_splits", "splits_over_lengths", "evaluate_term", "solver", "var", "boolval", "clear_caches",
 ]
 
 #: Bit width of every integer term (FA3 computes in C++ int).
 BV = 32
 
-#: A split-count function over one side's inputs, `get_num_splits`-shaped (tests inject defective ones).
+#: A split-count function over one side's inputs, `get_num_splits`-shaped (tests inject defective ones). It may
+#: carry `over_lengths(inputs, seqlen_ks)`, its own one-pass form at many static seqlen_k (`splits_over_lengths`).
 Heuristic = Callable[[ScheduleInputs], int]
 
 
@@ -346,6 +346,19 @@ def _with_seqlen_k(inputs: ScheduleInputs, seqlen_k: int) -> ScheduleInputs:
     return with_inputs(inputs, seqlen_k=seqlen_k)
 
 
+def splits_over_lengths(heuristic: Heuristic, inputs: ScheduleInputs, seqlen_ks: Sequence[int]) -> tuple[int, ...]:
+    """`heuristic` of `inputs` at each static seqlen_k of `seqlen_ks`: by the heuristic's own `over_lengths` when it
+    carries one, else one call per length (the two must agree; tests/test_split_table_one_pass.py checks both).
+
+    An `over_lengths` copied from a wrapped function (``functools.wraps`` copies ``__dict__``) is not the
+    wrapper's own: such a wrapper is called per length, so a defect it seeds is seen.
+    """
+    over = getattr(heuristic, "over_lengths", None)
+    if over is not None and over is not getattr(getattr(heuristic, "__wrapped__", None), "over_lengths", None):
+        return tuple(int(v) for v in over(inputs, seqlen_ks))
+    return tuple(int(heuristic(_with_seqlen_k(inputs, L))) for L in seqlen_ks)
+
+
 @lru_cache(maxsize=4096)
 def _split_table(inputs: ScheduleInputs, heuristic: Heuristic, block_n: int) -> tuple[tuple, int]:
     """(table, tail): the split count for static n-blocks 0..cap, and the value beyond (checked at far points)."""
@@ -354,11 +367,7 @@ def _split_table(inputs: ScheduleInputs, heuristic: Heuristic, block_n: int) -> 
     base = with_inputs(inputs, num_splits=0)
     far_points = (cap + 1, cap + 7, (2 ** 20) // block_n)
     n_blocks = [*range(cap + 1), *far_points]
-    if heuristic is get_num_splits:
-        # refmodel's one-pass form of the same function (tiles and masking flags resolved once, not per length)
-        values = num_splits_over_lengths(base, [n * block_n for n in n_blocks])
-    else:
-        values = tuple(int(heuristic(_with_seqlen_k(base, n * block_n))) for n in n_blocks)
+    values = splits_over_lengths(heuristic, base, [n * block_n for n in n_blocks])
     table = tuple(int(v) for v in values[:cap + 1])
     tail = table[-1]
     for far in values[cap + 1:]:

@@ -2,9 +2,12 @@
 `get_num_splits`: both give the same split count at every static seqlen_k, and group_configs the same groups.
 
 The oracle is the per-length construction as it was (`get_num_splits` at each length); a seeded defect (each
-length given its neighbour's split count) must be caught by the same comparison.
+length given its neighbour's split count) must be caught by the same comparison. Which form a table is built by
+is the heuristic's own choice (spec.symbolic `splits_over_lengths`: its `over_lengths` if it carries one, else a
+call per length), never the identity of `get_num_splits`; an `over_lengths` off at one length must be caught.
 """
 import dataclasses
+import functools
 
 import pytest
 
@@ -94,4 +97,91 @@ def test_negative_control_group_comparison_sees_one_wrong_table_entry():
 
     new = _group_rows(group_configs(configs, "tp", get_num_splits, get_num_splits))
     assert _group_rows(group_configs(configs, "tp", defective, defective)) != new
+    symbolic.clear_caches()
+
+
+def _counting(over_lengths=None):
+    """A heuristic equal to get_num_splits that counts its calls; with `over_lengths`, it carries that one-pass form."""
+    calls = {"per_length": 0, "over_lengths": 0}
+
+    def heuristic(inp):
+        calls["per_length"] += 1
+        return get_num_splits(inp)
+
+    if over_lengths is not None:
+        def over(inp, lengths):
+            calls["over_lengths"] += 1
+            return over_lengths(inp, lengths)
+        heuristic.over_lengths = over
+    return heuristic, calls
+
+
+def _heuristic_inputs(table_inputs) -> list:
+    """A few table inputs whose split count comes from the heuristic (no positive num_splits argument)."""
+    out = [inp for inp in table_inputs if inp.num_splits <= 0][:6]
+    assert len(out) == 6
+    return out
+
+
+def _table_size(inp) -> int:
+    return min(HEURISTIC_MAX_SPLITS, inp.num_sm) + 1 + 3   # n-blocks 0..cap and the three far points
+
+
+def test_refmodel_get_num_splits_carries_its_one_pass_form():
+    assert get_num_splits.over_lengths is num_splits_over_lengths
+
+
+def test_a_heuristic_carrying_over_lengths_builds_its_table_in_one_pass(table_inputs):
+    heuristic, calls = _counting(num_splits_over_lengths)
+    inputs = _heuristic_inputs(table_inputs)
+    for inp in inputs:
+        assert symbolic.side_params(inp, heuristic).table == symbolic.side_params(inp, get_num_splits).table
+    assert calls == {"per_length": 0, "over_lengths": len(inputs)}
+
+
+def test_a_plain_heuristic_is_called_per_length_and_gives_the_same_table(table_inputs):
+    heuristic, calls = _counting()
+    inputs = _heuristic_inputs(table_inputs)
+    for inp in inputs:
+        side = symbolic.side_params(inp, heuristic)
+        assert (side.table, side.tail) == (symbolic.side_params(inp, get_num_splits).table,
+                                           symbolic.side_params(inp, get_num_splits).tail)
+    assert calls == {"per_length": sum(_table_size(inp) for inp in inputs), "over_lengths": 0}
+
+
+def test_splits_over_lengths_gives_get_num_splits_by_either_form(table_inputs):
+    one_pass, _ = _counting(num_splits_over_lengths)
+    per_length, _ = _counting()
+    for heuristic in (get_num_splits, one_pass, per_length):
+        assert _disagreements(functools.partial(symbolic.splits_over_lengths, heuristic), table_inputs) == []
+
+
+def _off_at_one_length(inp, lengths):
+    # the defect: the one-pass form answers one length (the fifth, n-block 5 of a table) one split too many
+    values = list(num_splits_over_lengths(inp, lengths))
+    values[5] += 1
+    return tuple(values)
+
+
+def test_negative_control_an_over_lengths_off_at_one_length_is_caught(table_inputs):
+    defective, calls = _counting(_off_at_one_length)
+    assert _disagreements(functools.partial(symbolic.splits_over_lengths, defective), table_inputs) != []
+    configs = tuple(D.enumerate_configs(frozenset()))
+    per_length, _ = _counting()
+    old = _group_rows(group_configs(configs, "tp", per_length, per_length))
+    assert _group_rows(group_configs(configs, "tp", defective, defective)) != old
+    assert calls["over_lengths"] > 0 and calls["per_length"] == 0
+    symbolic.clear_caches()
+
+
+def test_negative_control_a_wrapper_of_get_num_splits_is_not_given_its_one_pass_form(table_inputs):
+    @functools.wraps(get_num_splits)   # copies get_num_splits.__dict__, over_lengths included
+    def defective(inp):
+        s = get_num_splits(inp)
+        return s + 1 if inp.seqlen_k > 0 and inp.num_splits <= 0 else s
+
+    assert defective.over_lengths is num_splits_over_lengths
+    inputs = _heuristic_inputs(table_inputs)
+    assert any(symbolic.side_params(inp, defective).table != symbolic.side_params(inp, get_num_splits).table
+               for inp in inputs)
     symbolic.clear_caches()
