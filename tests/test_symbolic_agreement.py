@@ -4,6 +4,7 @@ exhaustive small domain). z3 terms are evaluated with concrete values by substit
 import dataclasses
 import random
 
+import pytest
 import z3
 
 from refmodel.fa3_scheduler import call_inputs, ceil_div, combine_capacity, get_num_splits, precompute_inputs, resolve_schedule
@@ -30,6 +31,14 @@ REAL_HEADS = sorted({(h // t, max(1, hk // t)) for h, hk in ((32, 8), (32, 4), (
                      for t in (1, 2, 4, 8) if h % t == 0})
 V = {name: z3.BitVec(name, 32) for name in ("a", "b", "c", "d")}
 counter = {"points": 0}
+#: the tests of this module that finished in this process (the point count below is theirs)
+finished: set = set()
+
+
+@pytest.fixture(autouse=True)
+def _record_finished(request):
+    yield
+    finished.add(request.node.originalname)
 
 
 def _ev(term, **values):
@@ -145,6 +154,17 @@ def test_pack_decision_matches_refmodel():
                 assert z3.is_true(z3.simplify(sym_pack(side, s, kernel=True))) == sched.kernel_pack_gqa
 
 
+#: the tests whose evaluations the count adds up
+COUNTED = ("test_blocks_per_sm_float32_random", "test_per_batch_formulas_random",
+           "test_split_range_and_capacity_random", "test_split_table_exhaustive_small_domain",
+           "test_full_prepare_step_random_and_exhaustive")
+
+
 def test_at_least_ten_thousand_points_checked():
-    # runs last in this module (pytest keeps file order): the random and exhaustive checks above evaluated >= 10k points
+    # runs last in this module (pytest keeps file order): the random and exhaustive checks above evaluated >= 10k
+    # points. Where they did not all run in this process first (-k, or xdist handing out single tests), there is
+    # nothing to count: a skip naming them, never a failure of a run that checked nothing wrong, nor a pass.
+    missing = [name for name in COUNTED if name not in finished]
+    if missing:
+        pytest.skip(f"the counted tests did not all run before this one in this process: {', '.join(missing)}")
     assert counter["points"] >= 10_000, counter
