@@ -123,40 +123,27 @@ def test_a_stuck_sglang_worker_through_the_cli_is_inconclusive_and_named(tmp_pat
     assert gone(named_pid(proc.stderr, "engine worker sglang==0.5.13"))
 
 
-def test_a_bad_engine_deadline_is_a_usage_error_naming_the_variable(tmp_path):
+@pytest.mark.parametrize("variable, function, argument, bad_argument, bad_value", [
+    ("FA3VERIFY_ENGINE_TIMEOUT", "engine_timeout_s", "timeout_s", 0, "abc"),
+    ("FA3VERIFY_ENGINE_START_TIMEOUT", "engine_start_timeout_s", "start_timeout_s", -1, "nan"),
+])
+def test_a_bad_engine_deadline_is_a_usage_error_naming_the_variable(tmp_path, variable, function, argument,
+                                                                     bad_argument, bad_value):
+    from gpu_impl.engines import worker_client
     from gpu_impl.engines.errors import EngineUnavailable
-    from gpu_impl.engines.worker_client import engine_timeout_s
 
+    deadline_s = getattr(worker_client, function)
     for value in ("abc", "0", "-5", "nan", "inf", "1e9"):
-        with pytest.raises(EngineUnavailable, match=r"FA3VERIFY_ENGINE_TIMEOUT: .*\(0, 86400\]"):
-            engine_timeout_s(environ={"FA3VERIFY_ENGINE_TIMEOUT": value})
-    with pytest.raises(EngineUnavailable, match=r"timeout_s: "):
-        engine_timeout_s(0)
-    assert engine_timeout_s(environ={}) == 900.0 and engine_timeout_s(environ={"FA3VERIFY_ENGINE_TIMEOUT": "2"}) == 2
+        with pytest.raises(EngineUnavailable, match=variable + r": .*\(0, 86400\]"):
+            deadline_s(environ={variable: value})
+    with pytest.raises(EngineUnavailable, match=argument + ": "):
+        deadline_s(bad_argument)
+    assert deadline_s(environ={}) == 900.0 and deadline_s(environ={variable: "2"}) == 2
     root = fake_engine_home(tmp_path / "home", "sglang", "0.5.13", "silent")
     proc = cli(["replay", CASE, "--engine", "sglang==0.5.13"],
-               {"FA3VERIFY_ENGINE_HOME": str(root), "FA3VERIFY_ENGINE_TIMEOUT": "abc"}, 60)
+               {"FA3VERIFY_ENGINE_HOME": str(root), variable: bad_value}, 60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "FA3VERIFY_ENGINE_TIMEOUT" in proc.stderr and "(0, 86400]" in proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
-def test_a_bad_engine_start_deadline_is_a_usage_error_naming_the_variable(tmp_path):
-    from gpu_impl.engines.errors import EngineUnavailable
-    from gpu_impl.engines.worker_client import engine_start_timeout_s
-
-    for value in ("abc", "0", "-5", "nan", "inf", "1e9"):
-        with pytest.raises(EngineUnavailable, match=r"FA3VERIFY_ENGINE_START_TIMEOUT: .*\(0, 86400\]"):
-            engine_start_timeout_s(environ={"FA3VERIFY_ENGINE_START_TIMEOUT": value})
-    with pytest.raises(EngineUnavailable, match=r"start_timeout_s: "):
-        engine_start_timeout_s(-1)
-    assert engine_start_timeout_s(environ={}) == 900.0
-    assert engine_start_timeout_s(environ={"FA3VERIFY_ENGINE_START_TIMEOUT": "7"}) == 7
-    root = fake_engine_home(tmp_path / "home", "sglang", "0.5.13", "silent")
-    proc = cli(["replay", CASE, "--engine", "sglang==0.5.13"],
-               {"FA3VERIFY_ENGINE_HOME": str(root), "FA3VERIFY_ENGINE_START_TIMEOUT": "nan"}, 60)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "FA3VERIFY_ENGINE_START_TIMEOUT" in proc.stderr and "(0, 86400]" in proc.stderr
+    assert variable in proc.stderr and "(0, 86400]" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
