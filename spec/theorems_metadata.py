@@ -43,7 +43,7 @@ from refmodel.prepare import prepare_scheduler
 
 from . import domain as D
 from .results import TheoremResult
-from .z3ctx import checked, checked_alone
+from .z3ctx import checked
 from .symbolic import (
     BV,
     Heuristic,
@@ -116,18 +116,6 @@ class Budget:
         if r == z3.unknown:
             self.unknowns.append(f"{label}: {s.reason_unknown()}")
         return r
-
-    def check_alone(self, s: z3.Solver, label: str):
-        """Ask `s` in a z3 context of its own (`z3ctx.checked_alone`): (result, model or None).
-
-        For witness queries: the model (which becomes a case file) is a function of the query alone, not of the
-        checks that ran before it in the theorem's context. An unknown is recorded as in :meth:`check`.
-        """
-        self.queries += 1
-        r, model, why = checked_alone(s, self.timeout_s, SEED)
-        if r == z3.unknown:
-            self.unknowns.append(f"{label}: {why}")
-        return r, model
 
 
 def val(model: z3.ModelRef, term) -> int:
@@ -383,17 +371,19 @@ def _stage2(g: Group, budget: Budget, b: int, eager: bool, fresh: bool = False,
     s.add(bps >= bps_lo, bps <= bps_hi)
     splits = [z3.If(Sp == 1, bv(1), smax(smin(_ceil_small(x, bps), Sp), 1)) for x in n]
     s.add(Sc > 1, z3.Or([x > Sc for x in splits]))
-    r, m = budget.check_alone(s, f"stage2 b={b}")
+    r = budget.check(s, f"stage2 b={b}")
     if r != z3.sat:
         return ("unsat" if r == z3.unsat else "unknown"), None
+    m = s.model()
     if val(m, bps_lo) != val(m, bps_hi):
         # the witness sits where fast math decides: ask for one the division's rounding cannot change (a new
-        # solver with the same assertions, in a context of its own like every witness query)
+        # solver with the same assertions: a second check on this one runs z3's incremental core, which took
+        # minutes where a fresh one takes seconds)
         first = s
         s = solver(budget.timeout_s, SEED)
         s.add(first.assertions())
         s.add(bps_lo == bps_hi)
-        r, m2 = budget.check_alone(s, f"stage2 b={b} fast-math-robust")
+        r = budget.check(s, f"stage2 b={b} fast-math-robust")
         if r != z3.sat:
             if r == z3.unsat:
                 budget.unknowns.append(
@@ -401,7 +391,7 @@ def _stage2(g: Group, budget: Budget, b: int, eager: bool, fresh: bool = False,
                     f"blocks_per_sm (e.g. lengths {[val(m, x) for x in L]}, blocks_per_sm {val(m, bps_lo)} or "
                     f"{val(m, bps_hi)}): inconclusive")
             return "unknown", None
-        m = m2
+        m = s.model()
     return "sat", {"b": b, "seq_lens": [val(m, x) for x in L], "call_seq_lens": [val(m, x) for x in local],
                    "call_seqlen_k": val(m, kc), "precompute_seqlen_k": val(m, p_static),
                    "num_splits": val(m, k) if g.fixed else None, "S_p": val(m, Sp), "S_c": val(m, Sc),
@@ -454,9 +444,10 @@ def _stage1_query_cover_only(g: Group, budget: Budget, fresh: bool) -> tuple[str
     m_p = sym_m_blocks(bv(1), g.P.qhpk, sym_pack(g.P, Sp), g.P.block_m)
     rows_c = z3.If(sym_pack(g.C, Sc, kernel=True), bv(g.C.qhpk), bv(1))
     s.add(m_p * bv(g.C.kernel_block_m) < rows_c)
-    r, m = budget.check_alone(s, "stage1 query-cover")
+    r = budget.check(s, "stage1 query-cover")
     if r != z3.sat:
         return ("unsat" if r == z3.unsat else "unknown"), None
+    m = s.model()
     lm = val(m, lmax)
     return "sat", {"b": 1, "seq_lens": [lm], "call_seq_lens": [val(m, lcall)], "call_seqlen_k": val(m, kc),
                    "precompute_seqlen_k": val(m, p_static), "num_splits": val(m, k) if g.fixed else None,

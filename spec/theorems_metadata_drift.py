@@ -17,7 +17,7 @@ from refmodel.fa3_scheduler import call_inputs, precompute_inputs, resolve_sched
 from refmodel.prepare import prepare_scheduler
 
 from .results import TheoremResult
-from .z3ctx import checked_alone
+from .z3ctx import checked
 from .symbolic import Heuristic, boolval, bv, ceil_div_const, side_params, solver, sym_m_blocks, var
 from .theorems_metadata import B_MAX, Group, SEED, Budget, evaluate_metadata, find_witness, prove_groups, val
 from .theorems_metadata_freshness import fresh_decode_groups, qc_params
@@ -148,10 +148,11 @@ def _drift_rows(name, timeout_s, pack_p) -> TheoremResult:
         m_p = sym_m_blocks(lq_p, P[0], pack, P[1])
         rows = z3.If(kpack, lq_c * bv(C[0]), lq_c)
         s.add(m_p * bv(C[2]) < rows)
-        r, m, _ = checked_alone(s, timeout_s, SEED)
+        r = checked(s)
         saw_unknown |= r == z3.unknown
         if r != z3.sat:
             continue
+        m = s.model()
         w = {"seqlen_q_precompute": val(m, lq_p), "seqlen_q_call": val(m, lq_c), "num_splits": val(m, S)}
         Pin = dataclasses.replace(pin, seqlen_q=max(q_p, w["seqlen_q_precompute"]), seqlen_k=64,
                                   num_splits=w["num_splits"])
@@ -177,12 +178,13 @@ def _drift_batch(name, timeout_s) -> TheoremResult:
     s = solver(timeout_s, SEED)
     bp, bc = var("b_p"), var("b_c")
     s.add(bp >= 1, bp <= B_MAX, bc >= 1, bc <= B_MAX, ceil_div_const(bp, 4) == ceil_div_const(bc, 4), bc > bp)
-    r, m, _ = checked_alone(s, timeout_s, SEED)
+    r = checked(s)
     if r == z3.unknown:
         return TheoremResult(name, "inconclusive", time.perf_counter() - start, {}, None,
                              f"z3 returned unknown (timeout {timeout_s}s)", expected=False)
     if r != z3.sat:
         return TheoremResult(name, "proved", time.perf_counter() - start, {}, None, "no witness", expected=False)
+    m = s.model()
     b_p, b_c = val(m, bp), val(m, bc)
     pin = _decode_inputs(True, 32, 4)
     P = resolve_schedule(dataclasses.replace(pin, batch_size=b_p, seqlen_k=4096))

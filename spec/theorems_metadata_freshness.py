@@ -138,8 +138,9 @@ def _multirow_query(sp: tuple, q_hi: int, budget: Budget) -> tuple[str, Optional
         s.add(m_p >= 0, m_p <= 2 ** 23, (m_p - 1) * bv(bm) < rows_p, rows_p <= m_p * bv(bm))
         rows = z3.If(kpack, lq * bv(qhpk), lq)
         s.add(m_p * bv(kbm) < rows)
-        r, m = budget.check_alone(s, "freshness multi-row")
+        r = budget.check(s, "freshness multi-row")
         if r == z3.sat:
+            m = s.model()
             return "sat", {"seqlen_q": val(m, lq), "num_splits": val(m, S), "m_blocks": val(m, m_p),
                            "rows": val(m, rows)}
         if r == z3.unknown:

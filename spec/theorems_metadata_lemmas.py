@@ -14,7 +14,7 @@ import z3
 from .results import TheoremResult
 from .symbolic import bv, solver, sym_dynamic_split, sym_split_block_range, var
 from .theorems_metadata import SEED
-from .z3ctx import Bool, IntVal, Ints, checked, checked_alone
+from .z3ctx import Bool, IntVal, Ints, checked
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -52,18 +52,18 @@ def kv_cover_lemma(timeout_s: float = 10.0, sym_range=sym_split_block_range,
     for label, neg in obligations:
         s = solver(timeout_s, SEED)
         s.add(*base, *neg)
-        r, m, why = checked_alone(s, timeout_s, SEED)  # a refutation's model: a function of the obligation alone
+        r = checked(s)
         if r == z3.unknown:
             return TheoremResult(name, "inconclusive", time.perf_counter() - start, {"obligation": label}, None,
-                                 f"z3 {why} on obligation {label}", expected=False)
+                                 f"z3 {s.reason_unknown()} on obligation {label}", expected=False)
         if r == z3.sat:
+            m = s.model()
             w = {k: m.eval(v, model_completion=True).as_long() for k, v in
                  (("n_min", n_min), ("n_max", n_max), ("num_splits", S))}
             if w["n_max"] - w["n_min"] > 2 ** 16:  # replay on a small instance of the same failure if possible
                 s.add(n_max - n_min <= 2 ** 12)
-                r2, m2, _ = checked_alone(s, timeout_s, SEED)
-                if r2 == z3.sat:
-                    m = m2
+                if checked(s) == z3.sat:
+                    m = s.model()
                     w = {k: m.eval(v, model_completion=True).as_long() for k, v in
                          (("n_min", n_min), ("n_max", n_max), ("num_splits", S))}
             covered = set()

@@ -136,32 +136,6 @@ def checked(solver: z3.Solver, *assumptions) -> z3.CheckSatResult:
     return value
 
 
-def checked_alone(solver: z3.Solver, timeout_s: float, seed: int = 0) -> tuple:
-    """Check `solver`'s assertions in a z3 context of their own: (result, model or None, reason_unknown or "").
-
-    Invariant: the answer and the model are a function of the assertions alone, not of what the caller's context
-    holds or has checked before. In a shared context z3's search (and so its model) moves whenever an earlier
-    check there changes. The assertions are therefore written out as SMT-LIB text and parsed into a new context
-    that holds nothing else, then checked by a new solver there with the same bounds (:func:`bound` with
-    `timeout_s`, seed `seed`, ``ctrl_c`` off) through :func:`checked` (a real SIGINT still stops it at once); the
-    model is translated back into the caller's context, where callers evaluate their own terms in it. Text, not
-    ``translate``: a translated copy of the same query (same term ids, same declarations) still searched
-    differently after checks in the source context (tests/test_witness_alone.py). An unknown stays unknown, with
-    z3's reason; the caller decides what it means (never a proof). Only for solvers made by ``z3.Solver`` /
-    ``spec.symbolic.solver`` with that timeout and seed: a tactic or logic is not carried over.
-    """
-    target = z3.Context()
-    own = z3.Solver(ctx=target)
-    own.set("ctrl_c", False)
-    bound(own, timeout_s)
-    own.set("random_seed", seed)
-    own.from_string(solver.sexpr())
-    res = checked(own)
-    if res == z3.sat:
-        return res, own.model().translate(solver.ctx), ""
-    return res, None, own.reason_unknown() if res == z3.unknown else ""
-
-
 #: (pid, queue) of this process's check helper; a forked child starts its own (threads do not survive fork).
 _HELPER: list = []
 
