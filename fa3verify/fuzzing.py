@@ -10,9 +10,11 @@ later failures with a known signature are counted, not saved again.
 
 Budgets. ``max_cases`` (``--cases N``) bounds the campaign by draws and each shrinking by steps
 (:data:`fa3verify.shrinking.MAX_SHRINK_STEPS`), so the same seed saves byte-identical case files on any machine.
-``budget_s`` (``--budget-s N``) bounds the whole stage -- the campaign, shrinking every distinct failure and
-writing its case file, and the summary -- to N seconds, from the first case (after the kernel is loaded and an
-engine's worker has started). Each new failure is shrunk when the campaign finds it, so shrinking takes the time
+``budget_s`` (``--budget-s N``) bounds the whole stage -- loading the kernel adapter (torch's import, about a
+second), the campaign, shrinking every distinct failure and writing its case file, and the summary -- to N
+seconds; only an engine worker's start is not counted (it is a stage of its own, and usually started before).
+The campaign gets what is left of N once the kernel is loaded, and never less than half of N
+(:data:`MIN_CAMPAIGN_SHARE`). Each new failure is shrunk when the campaign finds it, so shrinking takes the time
 it needs, no more; no case and no shrinking step is started when the clock plus its expected cost would pass N
 less :data:`FINISH_SHARE` of N (kept for writing). A failure that could not be shrunk to its end in time is saved
 as far as it got, and its finding says "shrunk partially".
@@ -153,6 +155,20 @@ def shrink_note(failure: Failure) -> str:
     return "shrunk" if failure.shrunk else ""
 
 
+#: The least share of a fuzz budget its campaign is given, however long setting up took: a machine so loaded that
+#: torch's import takes most of the budget still runs cases (the stage then ends past N, by what setting up took
+#: beyond the other half).
+MIN_CAMPAIGN_SHARE = 0.5
+
+
+def campaign_budget(budget_s: Optional[float], setup_s: float) -> Optional[float]:
+    """The campaign's part of a fuzz budget: what is left of ``budget_s`` once setting up (the kernel adapter's
+    load) took ``setup_s`` seconds, at least :data:`MIN_CAMPAIGN_SHARE` of it; None (no time bound) stays None."""
+    if budget_s is None:
+        return None
+    return max(budget_s - max(setup_s, 0.0), MIN_CAMPAIGN_SHARE * budget_s)
+
+
 def budget_reserve(budget_s: Optional[float]) -> Optional[Callable[[Campaign], float]]:
     """The campaign's reserve under a time budget: :data:`FINISH_SHARE` of it, for writing."""
     return None if budget_s is None else (lambda camp: FINISH_SHARE * budget_s)
@@ -228,30 +244,36 @@ def fuzz(sut=None, kernel_name: str = "emulated", device: str = "cpu", seed: int
     defects = frozenset(getattr(sut, "defects", frozenset()) if defects is None else defects)
     on_engine = not sut.spec.runs_scenario_policy
     summary = RunSummary(command="fuzz", seed=seed, policy=case_policy(policy, sut))
+    clock = clock or now
+    entered, engine_start_s = clock(), 0.0
     try:
         from gpu_impl.kernels import load
 
         kernel = load(kernel_name, mode="strict", device=device)
         numerics_always = kernel_name != "emulated"
         if callable(getattr(sut, "start", None)):
-            sut.start()  # an engine's worker starts before the budget does
+            started = clock()
+            sut.start()  # an engine's worker start is not the budget's (its own stage; usually done before)
+            engine_start_s = clock() - started
         show = sys.stdout.isatty() if show_progress is None else show_progress
         shrunk: dict = {}
-
-        def shrink_new(camp: Campaign, failure: Failure) -> None:  # an interrupt here ends the campaign
-            deadline = None if budget_s is None else camp.started + budget_s * (1 - FINISH_SHARE)
-            shrunk[failure.signature] = shrink(failure, policy, kernel, numerics_always, sut=sut, defects=defects,
-                                               max_steps=shrink_steps, deadline=deadline, clock=camp.clock,
-                                               step_cost=camp.expected_cost())
 
         domain = None
         if not strategy:
             domain = sut.domain()
             domain.reset_counts()
+        campaign_s = campaign_budget(budget_s, clock() - entered - engine_start_s)
+
+        def shrink_new(camp: Campaign, failure: Failure) -> None:  # an interrupt here ends the campaign
+            deadline = None if campaign_s is None else camp.started + campaign_s * (1 - FINISH_SHARE)
+            shrunk[failure.signature] = shrink(failure, policy, kernel, numerics_always, sut=sut, defects=defects,
+                                               max_steps=shrink_steps, deadline=deadline, clock=camp.clock,
+                                               step_cost=camp.expected_cost())
+
         with _progress_line(show) as progress:
-            camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s, max_cases=max_cases,
+            camp = run_campaign(policy, kernel, seed=seed, budget_s=campaign_s, max_cases=max_cases,
                                 numerics_always=numerics_always, progress=progress, sut=sut, defects=defects,
-                                strategy=strategy, clock=clock or now, reserve=budget_reserve(budget_s),
+                                strategy=strategy, clock=clock, reserve=budget_reserve(campaign_s),
                                 on_failure=shrink_new, shard=shard, domain=domain)
     except KeyboardInterrupt:
         summary.interrupted = True
@@ -271,16 +293,17 @@ def fuzz(sut=None, kernel_name: str = "emulated", device: str = "cpu", seed: int
                                              sut.spec if on_engine else None),
                           check=check_name)
         summary.findings.append(apply_terms(finding, terms, keep_message=True))
+    own_s = clock() - entered - engine_start_s  # the stage's own time: setting up, the campaign, the case files
     summary.cases = camp.cases
     summary.failures = camp.failing_cases
-    summary.elapsed_s = camp.elapsed
+    summary.elapsed_s = own_s
     if camp.failures:
         summary.first_failure_s = min(f.found_at_s for f in camp.failures.values())
     verdict_failed = bool(camp.failures)
     summary.interrupted = camp.interrupted
     summary.checks.append(Check(
         name=check_name, kind="property",
-        verdict="fail" if verdict_failed else ("pass" if camp.cases else "inconclusive"), seconds=camp.elapsed,
+        verdict="fail" if verdict_failed else ("pass" if camp.cases else "inconclusive"), seconds=own_s,
         failed=verdict_failed, inconclusive=camp.cases == 0,
         case_file=next(iter(camp.failures.values())).case_file if camp.failures else None,
         message=f"{camp.cases} cases, {camp.failing_cases} failing, {len(camp.failures)} distinct signatures: "
