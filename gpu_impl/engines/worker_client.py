@@ -15,10 +15,9 @@ something that is not a response -- never a pass or a violation (the command lin
 
 from __future__ import annotations
 
-import math
-import os
 from typing import Optional, Sequence
 
+from spec.deadlines import checked_seconds, seconds_from_env
 from spec.worker_client import WorkerClient
 
 from .errors import DriverError, EngineUnavailable
@@ -41,27 +40,16 @@ MAX_TIMEOUT_S = 86400.0
 
 def _deadline_s(value, environ, variable: str, argument: str, default: float, what: str) -> float:
     """``value`` if given, else ``$variable``, else ``default``; anything but a finite number in (0, 86400] raises
-    EngineUnavailable naming where it came from and the allowed range."""
-    source = argument
-    if value is None:
-        text = (os.environ if environ is None else environ).get(variable, "").strip()
-        if not text:
-            return default
-        source, value = variable, text
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
-        raise EngineUnavailable(f"{source}: the {what} must be a finite number of seconds in "
-                                f"(0, {MAX_TIMEOUT_S:g}], got {value!r}")
-    return seconds
+    EngineUnavailable naming where it came from and the allowed range (spec.deadlines, the one parser)."""
+    if value is not None:
+        return checked_seconds(value, argument, MAX_TIMEOUT_S, EngineUnavailable, what)
+    return seconds_from_env(variable, default, environ, EngineUnavailable, MAX_TIMEOUT_S, what)
 
 
 def engine_timeout_s(value=None, environ=None) -> float:
     """The engine deadline of each answer: ``value`` if given, else ``$FA3VERIFY_ENGINE_TIMEOUT``, else 900 s;
     anything but a finite number in (0, 86400] raises EngineUnavailable naming where it came from and the range."""
-    return _deadline_s(value, environ, ENV_TIMEOUT, "timeout_s", DEFAULT_TIMEOUT_S, "engine deadline")
+    return _deadline_s(value, environ, ENV_TIMEOUT, "timeout_s", DEFAULT_TIMEOUT_S, "the engine deadline")
 
 
 def engine_start_timeout_s(value=None, environ=None) -> float:
@@ -69,7 +57,7 @@ def engine_start_timeout_s(value=None, environ=None) -> float:
     900 s; anything but a finite number in (0, 86400] raises EngineUnavailable naming where it came from and the
     range."""
     return _deadline_s(value, environ, ENV_START_TIMEOUT, "start_timeout_s", DEFAULT_START_TIMEOUT_S,
-                       "engine start deadline")
+                       "the engine start deadline")
 
 
 class EngineWorker:
@@ -86,7 +74,8 @@ class EngineWorker:
         self.timeout_s = engine_timeout_s(timeout_s)
         self.start_timeout_s = engine_start_timeout_s(start_timeout_s)
         self.client = WorkerClient(argv, name, env=env, cwd=cwd, error=DriverError, encode=encode)
-        self.first = self._checked(self.client.receive(self.start_timeout_s, hint=f"the start deadline, {ENV_START_TIMEOUT}"))
+        self.first = self._checked(self.client.receive(self.start_timeout_s,
+                                                       hint=f"the start deadline, {ENV_START_TIMEOUT}"))
 
     @property
     def pid(self) -> int:
