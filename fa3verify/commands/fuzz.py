@@ -18,9 +18,9 @@ violation is shrunk and saved once as a case file in --cases-dir (--out is its o
 Budgets: --budget-s N covers the whole fuzz stage -- running cases, shrinking each failure, writing case files
 and reports -- loading the kernel included (process start-up and an engine's worker start are not counted;
 the cases get at least half of N); a case is not started when its expected cost would pass N, and a failure
-that cannot be shrunk in time is saved partially shrunk (its finding says so). How many cases fit depends on the machine. --cases N reads no clock: the
-campaign runs N draws and each shrinking a bounded number of steps, so the same --cases N --seed S writes
-byte-identical case files on any machine.
+that cannot be shrunk in time is saved partially shrunk (its finding says so). How many cases fit depends on
+the machine. --cases N reads no clock: the campaign runs N draws and each shrinking a bounded number of steps,
+so the same --cases N --seed S writes byte-identical case files on any machine.
 
 examples:
   fa3verify fuzz --budget-s 20                       # fixed guard, emulated kernel, 20 s
