@@ -212,7 +212,7 @@ def prove(guard: GuardLike = "fixed", metadata_heads: str = "tp", keep_stale_cp_
         only = [only]
     dropped = [drop_assumptions] if isinstance(drop_assumptions, str) else list(drop_assumptions)
     if dropped:
-        from spec.domain import assumption_name_error
+        from spec.model.domain import assumption_name_error
 
         message = assumption_name_error(dropped, "drop_assumptions")
         if message:

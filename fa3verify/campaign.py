@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from spec.interrupts import raise_if_swallowed
+from spec.process.interrupts import raise_if_swallowed
 
 __all__ = ["Budget", "Observation", "Failure", "Campaign", "run_campaign", "shrink_failure", "single_threaded_torch",
            "all_findings", "COST_WINDOW", "now"]

@@ -3,7 +3,7 @@
 Exit codes (every subcommand): 0 pass, 1 violation found, 2 bad input or usage, 3 inconclusive.
 Before any subcommand runs, `main` checks the shared options (fa3verify.validation) and every output path
 (fa3verify.outputs); an interrupt is exit 3; a worker that missed its deadline (it was killed), died or garbled
-its answers is exit 3 naming it (spec.worker_client.WorkerError); an unexpected error is exit 3 ("internal
+its answers is exit 3 naming it (spec.process.worker_client.WorkerError); an unexpected error is exit 3 ("internal
 error"), never 0 or 1.
 """
 
@@ -16,7 +16,7 @@ import sys
 from typing import Optional, Sequence
 
 from gpu_impl.errors import KernelUnavailable
-from spec.worker_client import WorkerError
+from spec.process.worker_client import WorkerError
 
 from . import __version__, exitcodes
 from .errors import UsageError
@@ -85,8 +85,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return exitcodes.USAGE
-    import spec.guard_isolation as isolation
-    from spec import interrupts
+    import spec.model.guard_isolation as isolation
+    from spec.process import interrupts
 
     with interrupts.watching():
         try:

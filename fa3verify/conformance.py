@@ -1,7 +1,7 @@
 """Model-vs-real conformance: on the same random configurations, does our model pass FA3 what the engine does?
 
 Invariant: for every random configuration (``fa3verify.strategies``) the release's ``ServerArgs`` accepts, the
-model under that release's profile (``spec.engine_profiles``) and the real engine make the same FA3 events
+model under that release's profile (``spec.model.engine_profiles``) and the real engine make the same FA3 events
 -- per (step, DP rank, path) the same precompute arguments and call arguments (heads, batch, max_seqlen_k,
 page-table width, page size, num_splits, causal, softcap, dtype, whether metadata is passed, capture vs
 replay) and the same split counts -- and reach the same verdict (the same violated invariants). That is the
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from spec import assumption_facts
+from spec.model import assumption_facts
 
 from .summary import Check, Finding, RunSummary
 
@@ -38,7 +38,7 @@ CALL_FIELDS = ("batch_size", "num_heads", "num_heads_k", "headdim", "headdim_v",
                "page_size", "num_splits", "causal", "softcap", "dtype", "metadata_passed")
 
 #: Configurations spec assumes away, put to the release's own validation: (assumption, description, fields, model),
-#: one per assumption that has a probe (``spec.assumption_facts``, the one source of the probes).
+#: one per assumption that has a probe (``spec.model.assumption_facts``, the one source of the probes).
 ASSUMPTION_PROBES = tuple((p.assumption, p.description, p.server, p.model) for p in assumption_facts.probes())
 
 
@@ -183,7 +183,7 @@ def _save(sut, profile_policy: dict, case, notes: str, cases_dir: str, engine_re
 
 def probe_assumptions(sut, profile_policy: dict, cases_dir: str, report: ConformReport) -> None:
     """Put configurations spec assumes away to the release's validation; an accepted one is a finding."""
-    from spec.config import ServerConfig, config_violations
+    from spec.model.config import ServerConfig, config_violations
 
     from .strategies import FuzzCase
 

@@ -2,7 +2,7 @@
 
 Invariant: a profile passes conformance only if, on every probe scenario run through vLLM's own metadata builder
 and attention impl (``gpu_impl.engines.vllm_driver``), the FA3 hand-off is what the profile says the prover plays
-(``spec/engine_profiles_vllm.json``, block ``model``): the builder precomputes in exactly the profile's CUDA-graph
+(``spec/model/engine_profiles_vllm.json``, block ``model``): the builder precomputes in exactly the profile's CUDA-graph
 modes; the precompute's heads equal the call's (``layer`` on both sides); the precompute's ``max_seqlen_k`` is the
 batch's longest sequence and the call's KV extent (block-table width x block size) is at least that; each side
 passes the profile's ``num_splits`` for the mode; ``headdim_v`` is passed or not as the profile says; and the

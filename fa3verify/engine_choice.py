@@ -138,8 +138,8 @@ def identity_of(sut) -> dict:
 
 
 def profile_of(spec):
-    """The model profile (spec.engine_profiles) of the release an engine spec runs, or None (model, unknown)."""
-    from spec.engine_profiles import ProfileError, profile_for
+    """The model profile (spec.model.engine_profiles) of the release an engine spec runs, or None (model, unknown)."""
+    from spec.model.engine_profiles import ProfileError, profile_for
 
     if spec is None or not spec.release:
         return None
@@ -196,17 +196,17 @@ def engine_for_case(case, override: Optional[str] = None):
 
 
 def add_profile_argument(parser) -> None:
-    """``--engine-profile sglang==V``: run the model as release V's backend (spec/engine_profiles.json)."""
+    """``--engine-profile sglang==V``: run the model as release V's backend (spec/model/engine_profiles.json)."""
     parser.add_argument("--engine-profile", metavar="sglang==V|vllm==V",
                         help="model policy of an sglang release (0.5.11 .. 0.5.23): its precompute heads and guard "
-                             "from spec/engine_profiles.json, instead of --guard/--metadata-heads (prove also drops the assumptions the "
-                             "release does not enforce: spec/assumption_facts.json); vllm==V (prove, "
-                             "conform): vLLM's flow from spec/engine_profiles_vllm.json")
+                             "from spec/model/engine_profiles.json, instead of --guard/--metadata-heads (prove also drops the assumptions the "
+                             "release does not enforce: spec/model/assumption_facts.json); vllm==V (prove, "
+                             "conform): vLLM's flow from spec/model/engine_profiles_vllm.json")
 
 
 def profile_policy_args(args):
     """(guard, metadata_heads, profile) for ``--engine-profile`` (None when not given); UsageError otherwise."""
-    from spec.engine_profiles import ProfileError, profile_for, release_named
+    from spec.model.engine_profiles import ProfileError, profile_for, release_named
 
     text = getattr(args, "engine_profile", None)
     if not text:
@@ -227,7 +227,7 @@ def profile_policy_args(args):
 def vllm_profile_arg(args):
     """The vLLM profile ``--engine-profile vllm==V`` names (None for anything else); UsageError when it is combined
     with a policy option (the profile sets both sides) or names no profiled release."""
-    from spec.engine_profiles import ProfileError, engine_profile_for, release_named
+    from spec.model.engine_profiles import ProfileError, engine_profile_for, release_named
 
     text = getattr(args, "engine_profile", None)
     if release_named(text, "vllm") is None:
@@ -246,7 +246,7 @@ def conform_profile(text: Optional[str], sut):
     """The profile conformance checks: ``--engine-profile`` if given, else the one the system under test says it
     conforms to (``sut.conformance_profile()``: by default its release; a checkout: the release its identity
     names); UsageError when there is none."""
-    from spec.engine_profiles import ProfileError, profile_for, release_named
+    from spec.model.engine_profiles import ProfileError, profile_for, release_named
 
     release = None
     if text:

@@ -8,7 +8,7 @@ the release accepts where reusing metadata can overflow has a witness), shown fo
 witness put to the engine's own validation (rejected: counted with the release's message, not run) and replayed on
 the engine (fails if the engine's calls break an invariant there); on vLLM also (2') its own theorem,
 ``vllm-flow`` under the release's profile, counting like a prove row; (3) the fuzz campaign on the engine.
-Findings are case files carrying the engine (``spec.cases`` ``engine``), which replay on it.
+Findings are case files carrying the engine (``spec.model.cases`` ``engine``), which replay on it.
 
 ``prove --engine X`` uses :func:`replay_witnesses` too: the theorems run under the chosen model policy, and
 each refuted theorem's witness is replayed on X.
@@ -47,9 +47,9 @@ class WitnessSearch(NamedTuple):
 
 
 def release_profile(sut):
-    """The profile (spec.engine_profiles) of the release ``sut`` runs or stands beside (a checkout: its nearest
+    """The profile (spec.model.engine_profiles) of the release ``sut`` runs or stands beside (a checkout: its nearest
     release), or None (the model, vLLM, an unprofiled release)."""
-    from spec.engine_profiles import ProfileError, profile_for
+    from spec.model.engine_profiles import ProfileError, profile_for
 
     from .engine_choice import identity_of
 
@@ -65,9 +65,9 @@ def witness_plan(sut) -> list:
     metadata can overflow) and, for a profiled release, the release's own guard (the configurations that guard leaves
     precomputing, so a release or checkout whose heads are ``H // tp_size`` gets a witness there); each with every
     assumption kept and again with the prover assumptions the system's own code does not enforce dropped
-    (``sut.assumption_facts()``, ``spec.assumption_facts.prover_drops``), so a configuration the release accepts is
+    (``sut.assumption_facts()``, ``spec.model.assumption_facts.prover_drops``), so a configuration the release accepts is
     never assumed away and a checkout whose validation is stricter than its release's still gets the old witnesses."""
-    from spec.assumption_facts import prover_drops
+    from spec.model.assumption_facts import prover_drops
 
     dropped = prover_drops(sut.assumption_facts()) if sut is not None else frozenset()
     guards = [WITNESS_POLICY[0]]
@@ -175,7 +175,7 @@ def vllm_flow_rows(sut, timeout_s: float, cases_dir: str, kernel=None) -> RunSum
     """vLLM's own theorem for the gate: ``vllm-flow`` under the release's profile (``prove --engine-profile
     vllm==V``, a failed row when refuted), its counterexample replayed on the engine; a release without a profile
     is an inconclusive row (the theorem cannot run), never a pass."""
-    from spec.engine_profiles_vllm import VllmProfileError, vllm_profile_for
+    from spec.model.engine_profiles_vllm import VllmProfileError, vllm_profile_for
 
     from .proving import prove_vllm
 
@@ -186,7 +186,7 @@ def vllm_flow_rows(sut, timeout_s: float, cases_dir: str, kernel=None) -> RunSum
         out.checks.append(Check(name="vllm-flow", kind="theorem", verdict="inconclusive", seconds=0.0,
                                 inconclusive=True,
                                 message=f"{exc}: the flow theorem needs the release's profile "
-                                        f"(spec/engine_profiles_vllm.json; `conform --engine {sut.spec}` checks one)"))
+                                        f"(spec/model/engine_profiles_vllm.json; `conform --engine {sut.spec}` checks one)"))
         return out
     out = prove_vllm(profile, timeout_s=timeout_s, cases_dir=cases_dir)
     refuted = [c.case_file for c in out.checks if c.verdict == "refuted" and c.case_file]
@@ -199,7 +199,7 @@ def vllm_flow_rows(sut, timeout_s: float, cases_dir: str, kernel=None) -> RunSum
 
 def save_engine_case(case, finding: dict, sut, cases_dir: str) -> str:
     """The witness as a case found on the engine: same scenario, the engine's identity, the release's profile."""
-    from spec.cases import Case
+    from spec.model.cases import Case
 
     from .engine_choice import identity_of, profile_of
 

@@ -2,8 +2,8 @@
 
 Invariant: each row is the verdict of ``gate --engine sglang==V`` on that release's own code (witnesses and a
 fuzz campaign, ``fa3verify.engine_gate``), next to what facts about the release's code predict
-(:func:`expected_verdict`: the witness theorems under its profile, ``spec/engine_profiles.json``, with the
-assumptions it does not enforce dropped, ``spec/assumption_facts.json``): a release that accepts some configuration
+(:func:`expected_verdict`: the witness theorems under its profile, ``spec/model/engine_profiles.json``, with the
+assumptions it does not enforce dropped, ``spec/model/assumption_facts.json``): a release that accepts some configuration
 in which its guard leaves the precompute on with ``H // tp_size`` heads differing from the call's must fail; one
 with attention-TP heads must pass. A row that disagrees with its prediction is flagged, not hidden.
 
@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
-from spec.worker_client import WorkerError
+from spec.process.worker_client import WorkerError
 
 from . import exitcodes
 
@@ -105,9 +105,9 @@ def expected_verdict(profile, facts: Optional[dict] = None, timeout_s: float = 1
                      cases_dir: Optional[str] = None) -> str:
     """What the release's code predicts, derived from facts about it rather than written down: the witness theorems
     (``3-hazard``, ``4-guard-soundness``) under the release's profile (its heads and guard) with the prover assumptions
-    the release does not enforce dropped (``facts``, ``spec.assumption_facts``): ``fail`` when one is refuted (some
+    the release does not enforce dropped (``facts``, ``spec.model.assumption_facts``): ``fail`` when one is refuted (some
     configuration the release accepts overflows), ``pass`` when all are proved, ``inconclusive`` otherwise."""
-    from spec.assumption_facts import facts_for, prover_drops
+    from spec.model.assumption_facts import facts_for, prover_drops
 
     from .engine_gate import WITNESS_THEOREMS
     from .policy import load_policy
@@ -141,7 +141,7 @@ def family_of(server: dict) -> tuple[str, str]:
 
 def row_from_summary(release: str, profile, summary, seconds: float, expected: str = "") -> MatrixRow:
     """A matrix row from one release's gate summary (findings' case files give families and paths)."""
-    from spec.cases import Case
+    from spec.model.cases import Case
 
     invariants, families, paths, files = set(), set(), set(), []
     for f in summary.findings:
@@ -169,7 +169,7 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
                seed: int = 0, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/engine-matrix",
                progress: Optional[Callable[[str], None]] = None, with_probes: bool = True) -> list:
     """Gate every release (``open_sut(release)`` opens it; a UsageError there makes an 'unavailable' row)."""
-    from spec.engine_profiles import profile_for
+    from spec.model.engine_profiles import profile_for
 
     from .gating import gate
     from .errors import UsageError

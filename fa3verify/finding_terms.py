@@ -1,6 +1,6 @@
 """Findings in a backend engineer's terms, read from one run of the case file that is saved.
 
-Invariant: every term a finding carries -- the configuration (``spec.domain.Config.label``), the path (eager, or
+Invariant: every term a finding carries -- the configuration (``spec.model.domain.Config.label``), the path (eager, or
 a CUDA graph's capture or replay), the FA3 arguments that differ between ``get_scheduler_metadata`` and the call,
 S_p and S_c, the guard's decision, the evidence message and the fix hint -- comes from running the saved case
 once on the system under test that found it, so a finding and the replay of its case file show the same numbers.
@@ -55,8 +55,8 @@ def hint_for(invariant: str, differs: Optional[dict] = None) -> str:
 
 
 def config_label(server, model) -> str:
-    """model/tp/dp/cp/SM count/split policy of a configuration (``spec.domain.Config.label``), or ''."""
-    from spec.domain import Config
+    """model/tp/dp/cp/SM count/split policy of a configuration (``spec.model.domain.Config.label``), or ''."""
+    from spec.model.domain import Config
 
     try:
         return Config(server=server, model=model).label()
@@ -79,7 +79,7 @@ def replay_line(case_file: Optional[str], guard: Optional[str] = None, engine=No
     """The replay command of a case file, with what it needs to run as typed: ``--guard`` when the case names a
     guard that is the user's code (a case file cannot make the tool run it, ``fa3verify.trust``), ``--engine`` when
     it was found on code replay runs only when the command line names it (a checkout, a ``sut=MODULE:CLASS``)."""
-    from spec.guards import is_builtin_guard
+    from spec.model.guards import is_builtin_guard
 
     if not case_file:
         return None
@@ -223,7 +223,7 @@ def case_file_terms(path: str, guard: Optional[str] = None, invariant: Optional[
 
 def config_label_of_case(case) -> str:
     """The configuration label of a case file's server and model ('' when they are not an sglang configuration)."""
-    from spec.config import ModelConfig, ServerConfig
+    from spec.model.config import ModelConfig, ServerConfig
 
     try:
         return config_label(ServerConfig.from_dict(case.server), ModelConfig.from_dict(case.model))

@@ -181,7 +181,7 @@ def _size(case: FuzzCase) -> tuple:
 
 def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str, out_dir: str, sut=None,
               defects=frozenset()) -> str:
-    """Write a replayable case file for a failure (spec.cases schema), carrying the engine it was found on and the
+    """Write a replayable case file for a failure (spec.model.cases schema), carrying the engine it was found on and the
     seeded defects it ran with. Nothing in it is measured (no times, no host): under ``--cases N`` the same seed
     writes the same bytes on any machine."""
     from .case_files import scenario_case

@@ -58,7 +58,7 @@ def gate(sut=None, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: f
     """
     from gpu_impl.sut import ModelSUT
 
-    from spec.assumption_facts import not_enforced
+    from spec.model.assumption_facts import not_enforced
 
     from .engine_choice import case_policy
     from .fuzzing import fuzz, sut_policy

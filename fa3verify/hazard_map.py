@@ -401,7 +401,7 @@ def int32_split_hazard(model: ModelConfig, num_sm: int, call_heads: tuple) -> di
     checked through refmodel's get_num_splits (the band edges and the query threshold, each side of it).
     """
     from refmodel.fa3_scheduler import element_size, get_num_splits
-    from spec.theorems_edges import int32_split_band
+    from spec.theorems.edges import int32_split_band
 
     h, hk = call_heads
     d, dv, dtype = model.head_dim, model.head_dim_v, model.dtype

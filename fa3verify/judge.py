@@ -5,13 +5,13 @@ prove's witness replay, conform, the multi-rank simulation and the finding terms
 :class:`Verdict` here, so a fault reads the same on every surface:
 
 - a guard that raises (or exits, or returns a non-bool) is a ``GUARD_RAISED`` violation, a guard past its deadline
-  (``--guard-timeout-s``) a ``GUARD_TIMEOUT`` violation (``spec.guards.GUARD_FAULTS``);
+  (``--guard-timeout-s``) a ``GUARD_TIMEOUT`` violation (``spec.model.guards.GUARD_FAULTS``);
 - FA3 ending the process (a modelled ``refmodel.errors.ProcessAbort``: a zero-block prepare launch, a host SIGFPE)
   is a ``PROCESS_ABORT`` violation: loud, but every request on a server's process is lost;
 - a scenario the system under test does not run (``gpu_impl.sut.ScenarioUnsupported``) is the outcome
   "unsupported": skipped and counted, never a pass and never a violation;
 - any other exception is re-raised, or with ``crash_is_finding`` is a ``NO_CRASH`` violation; a worker that missed
-  its deadline (``spec.worker_client.WorkerError``) is always re-raised (inconclusive, never a finding).
+  its deadline (``spec.process.worker_client.WorkerError``) is always re-raised (inconclusive, never a finding).
 
 Every finding is a :class:`spec.violation.Violation` located in the run (``Violation.at_step``); a fault's
 finding has no step and no DP rank (``step`` None) and its signature is its invariant alone.
@@ -90,7 +90,7 @@ def judge(sut, scenario, kernel=None, numerics: bool = False, device: str = "cpu
     from gpu_impl.guards import GuardRaised
     from gpu_impl.sut import ModelSUT, ScenarioUnsupported
     from refmodel.errors import ProcessAbort
-    from spec.worker_client import WorkerError
+    from spec.process.worker_client import WorkerError
 
     sut = ModelSUT() if sut is None else sut
     try:

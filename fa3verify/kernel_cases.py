@@ -68,7 +68,7 @@ def kernel_case(source: str, call: dict, defects: Iterable[str], outcome: str = 
                 invariants: Iterable[str] = (), messages: Iterable[str] = (), notes: str = "",
                 case_id: Optional[str] = None) -> dict:
     """A kernel-level case (schema ``fa3verify.case/1``, field ``call``) as a JSON-ready dict."""
-    from spec.cases import SCHEMA
+    from spec.model.cases import SCHEMA
 
     invs = list(invariants)
     ident = case_id or (f"catalogue-{source.split(':', 1)[1]}" if source.startswith("catalogue:") else source)
@@ -81,7 +81,7 @@ def kernel_case(source: str, call: dict, defects: Iterable[str], outcome: str = 
 
 def is_kernel_case(data) -> bool:
     """True for a kernel-level case: the legacy schema, or ``fa3verify.case/1`` with a ``call``."""
-    from spec.cases import SCHEMA
+    from spec.model.cases import SCHEMA
 
     return isinstance(data, dict) and (data.get("schema") == LEGACY_KERNEL_SCHEMA
                                        or (data.get("schema") == SCHEMA and "call" in data))
@@ -89,7 +89,7 @@ def is_kernel_case(data) -> bool:
 
 def load_kernel_case(path) -> dict:
     """Read a kernel-level case; ValueError names what is wrong."""
-    from spec.kernel_cases import check_kernel_case
+    from spec.model.kernel_cases import check_kernel_case
 
     data = json.loads(Path(path).read_text())
     if not is_kernel_case(data):

@@ -83,9 +83,9 @@ class MultiRankResult:
 
 
 def load_case(path: str, trust_case_guard: bool = False) -> dict:
-    """A case file as a dict (read by fa3verify.outputs, validated by ``spec.cases``); a bad file, or a guard
+    """A case file as a dict (read by fa3verify.outputs, validated by ``spec.model.cases``); a bad file, or a guard
     that names code without ``trust_case_guard`` (fa3verify.trust), is a UsageError."""
-    from spec.cases import Case, CaseFormatError
+    from spec.model.cases import Case, CaseFormatError
 
     from .outputs import read_text
     from .trust import guard_to_run

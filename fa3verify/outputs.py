@@ -197,7 +197,7 @@ def read_json(path: str, field: str, max_depth: int = 64):
     `field` for anything malformed."""
     import json
 
-    from spec.cases import json_nesting
+    from spec.model.cases import json_nesting
 
     text = read_text(path, field)
     depth = json_nesting(text)

@@ -20,7 +20,7 @@ class Policy:
     clear_stale_cp_metadata: bool = True
     cp_decode_sharded_kv: bool = False
     #: the ``max_seqlen_k`` of a CUDA-graph replay's precompute (``gpu_impl.backend.GRAPH_REPLAY_SEQLEN_K``); set
-    #: by a release profile (``spec.engine_profiles``), not by a command-line option
+    #: by a release profile (``spec.model.engine_profiles``), not by a command-line option
     graph_replay_seqlen_k: str = "max_seq_len"
 
     def to_dict(self) -> dict:
@@ -55,7 +55,7 @@ def load_policy(guard: str = "fixed", metadata_heads: str = "tp", keep_stale_cp_
 
 
 def add_guard_timeout_argument(parser) -> None:
-    """--guard-timeout-s: the deadline of one guard call (spec.guard_isolation.GUARD_TIMEOUT_S)."""
+    """--guard-timeout-s: the deadline of one guard call (spec.model.guard_isolation.GUARD_TIMEOUT_S)."""
     parser.add_argument("--guard-timeout-s", type=float, default=None, metavar="S",
                         help="deadline of one call of your guard in seconds (default 10); a guard past it is "
                              "reported as GUARD_TIMEOUT")

@@ -17,21 +17,13 @@ SHARDED_KV_THEOREM = "4-sharded-kv-decode"
 
 def theorem_jobs(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = None,
                  only: Optional[Iterable[str]] = None, dropped_assumptions: Iterable[str] = ()) -> list:
-    """Every theorem of spec for this policy as jobs (spec.theorem_jobs), in catalogue order."""
-    from spec.theorems_algebra import algebra_jobs
-    from spec.theorems_cp import cp_jobs
-    from spec.theorems_edges import edge_jobs
-    from spec.theorems_fork_tile import fork_tile_jobs
-    from spec.theorems_metadata_jobs import metadata_jobs
+    """Every theorem of spec for this policy as jobs (spec.theorems.jobs), in catalogue order."""
+    from spec.theorems import ProveRequest, jobs_for
 
-    only = list(only) if only else None
-    return (metadata_jobs(guard=policy.guard, metadata_heads=policy.metadata_heads, timeout_s=timeout_s,
-                          dropped_assumptions=frozenset(dropped_assumptions), cases_dir=cases_dir, only=only,
-                          guard_spec=policy.guard_spec)
-            + algebra_jobs(timeout_s=timeout_s, only=only)
-            + cp_jobs(timeout_s=timeout_s, clear_stale=policy.clear_stale_cp_metadata, only=only, cases_dir=cases_dir)
-            + edge_jobs(timeout_s=timeout_s, only=only)
-            + fork_tile_jobs(timeout_s=timeout_s, only=only, cases_dir=cases_dir))
+    return jobs_for(ProveRequest(guard=policy.guard, metadata_heads=policy.metadata_heads, guard_spec=policy.guard_spec,
+                                 clear_stale_cp_metadata=policy.clear_stale_cp_metadata, timeout_s=timeout_s,
+                                 cases_dir=cases_dir, only=tuple(only) if only else None,
+                                 dropped_assumptions=frozenset(dropped_assumptions)))
 
 
 def run_theorems(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = None,
@@ -43,8 +35,8 @@ def run_theorems(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[st
     loaded here once, so forked workers share it; no part waits for a preload, the longest start first.
     """
     import spec.invariants  # noqa: F401
-    from spec.theorem_jobs import default_workers, run_jobs
-    from spec.theorem_pool import part_deadline_s
+    from spec.theorems.jobs import default_workers, run_jobs
+    from spec.theorems.pool import part_deadline_s
 
     try:
         deadline = part_deadline_s()  # read once: a bad value is a usage error before any part runs
@@ -145,12 +137,12 @@ def move_witnesses(summary: RunSummary, cases_dir: Optional[str]) -> None:
 
 
 def prove_vllm(profile, timeout_s: float = 10.0, cases_dir: Optional[str] = None) -> RunSummary:
-    """``prove --engine-profile vllm==V``: the ``vllm-flow`` theorem under the release's profile (spec.theorems_vllm).
+    """``prove --engine-profile vllm==V``: the ``vllm-flow`` theorem under the release's profile (spec.theorems.vllm).
 
     A refutation is a failed check with its counterexample, written as a case file into ``cases_dir`` (replayable
-    on ``vllm==V``: ``spec.theorems_vllm.write_vllm_case``); an unknown is inconclusive.
+    on ``vllm==V``: ``spec.theorems.vllm.write_vllm_case``); an unknown is inconclusive.
     """
-    from spec.theorems_vllm import run_vllm_theorems
+    from spec.theorems.vllm import run_vllm_theorems
 
     start = time.perf_counter()
     summary = RunSummary(command="prove", policy={"engine_profile": f"vllm=={profile.release}",

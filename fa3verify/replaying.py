@@ -57,7 +57,7 @@ MAX_NUMERICS_KV_TOKENS = 1 << 20
 
 def known_invariants() -> list:
     """Every invariant name a case's expected.invariant may name."""
-    from spec.guards import GUARD_FAULTS
+    from spec.model.guards import GUARD_FAULTS
     from spec.invariants import INVARIANTS
 
     return sorted(set(INVARIANTS) | set(GUARD_FAULTS) | set(SCENARIO_FINDINGS))
@@ -78,7 +78,7 @@ def unmodelled(case) -> Optional[str]:
 
 def load_case(path: str):
     """Load a case file; a missing or malformed file is a usage error naming the problem."""
-    from spec.cases import Case, CaseFormatError
+    from spec.model.cases import Case, CaseFormatError
 
     from .outputs import read_text
 
@@ -274,7 +274,7 @@ def _is_kernel_file(path: str) -> bool:
 
 def _replay_kernel(path: str, defects: Optional[Iterable[str]]) -> tuple[RunSummary, ReplayOutcome]:
     """Replay a kernel-level case on the emulated kernel (fa3verify.kernel_cases); exit 1 unless it passes."""
-    from spec.cases import CaseFormatError
+    from spec.model.cases import CaseFormatError
 
     from .kernel_cases import replay_kernel_case
 

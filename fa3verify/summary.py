@@ -51,7 +51,7 @@ class Finding:
     replay: Optional[str] = None
     check: str = ""                     # the row (Check.name) this finding fails
     ran_on: str = ""                    # the system under test that ran the saved case
-    config: str = ""                    # model/tp/dp/cp/SM count/split policy (spec.domain.Config.label)
+    config: str = ""                    # model/tp/dp/cp/SM count/split policy (spec.model.domain.Config.label)
     path: str = ""                      # "eager" | "capture" | "replay" (a CUDA graph's) | "eager extend"
     differs: dict = field(default_factory=dict)  # FA3 argument -> [precompute, call], those that differ
     seq_lens: Optional[list] = None     # the offending call's cache lengths

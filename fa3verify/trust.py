@@ -2,9 +2,9 @@
 
 Invariant: the guard a replay runs is (1) the `--guard` the user gave on the command line, else (2) the case's
 `policy.guard` when it names only this project's code (`fixed`, `pre-fix`, `none`, or a function in
-spec.guards.PROJECT_GUARD_MODULES), else (3) the case's guard only with `--trust-case-guard`; anything else is
+spec.model.guards.PROJECT_GUARD_MODULES), else (3) the case's guard only with `--trust-case-guard`; anything else is
 exit 2 naming `policy.guard`. Even a trusted guard runs in a child process with a deadline
-(spec.guard_isolation). Used by `replay` and `run-ranks`.
+(spec.model.guard_isolation). Used by `replay` and `run-ranks`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .errors import UsageError
 
 def guard_to_run(case_guard: str, cli_guard: Optional[str] = None, trust_case_guard: bool = False) -> str:
     """The guard spec a run over a case may load (see the module invariant)."""
-    from spec.guards import is_builtin_guard
+    from spec.model.guards import is_builtin_guard
 
     if cli_guard:
         return cli_guard

@@ -101,7 +101,7 @@ class DecodeVerdict:
 #: What a CUDA-graph replay passes as the precompute's ``max_seqlen_k``: "max_seq_len" (the replayed rows' longest
 #: length, from the runner's CPU mirror) or "context_length" (the backend's ``max_context_len`` bound, when the
 #: graph runner hands the backend no CPU lengths, e.g. 0.5.23's sync-free replay, ``needs_cpu_seq_lens = False``).
-#: Which release does which: ``graph_replay_seqlen_k`` in spec/engine_profiles.json.
+#: Which release does which: ``graph_replay_seqlen_k`` in spec/model/engine_profiles.json.
 GRAPH_REPLAY_SEQLEN_K = ("max_seq_len", "context_length")
 
 

@@ -1,10 +1,10 @@
-"""The backend's server and model configuration, re-exported from spec.config.
+"""The backend's server and model configuration, re-exported from spec.model.config.
 
 The configuration domain lives in spec (the layer below), where the theorems quantify over it; the backend
 uses the same classes, so the prover and the system under test cannot disagree on what a configuration is.
 """
 
-from spec.config import (  # noqa: F401
+from spec.model.config import (  # noqa: F401
     Assumption,
     check_dropped_assumptions,
     Violation,

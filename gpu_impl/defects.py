@@ -166,7 +166,7 @@ class SeededPolicy:
         self.__module__ = __name__
 
     def _guard(self) -> Callable[[Any], Any]:
-        from spec.guards import BUILTIN_GUARDS
+        from spec.model.guards import BUILTIN_GUARDS
 
         return BUILTIN_GUARDS[self.base_guard]
 
@@ -206,14 +206,14 @@ def apply_policy_defects(scn: Any, defects: Iterable[str]) -> Any:
     """A copy of a ``gpu_impl.scenario.Scenario`` with its policy-layer switches applied (guard, runner hygiene)."""
     import dataclasses
 
-    from spec.guards import prefix_guard_dp_only
+    from spec.model.guards import prefix_guard_dp_only
 
     policy = defects_in_layer(defects, "policy")
     if not policy:
         return scn
     changes: dict = {}
     if "guard-without-prefill-cp-clause" in policy and "guard-without-dp-attention-clause" in policy:
-        from spec.guards import no_guard
+        from spec.model.guards import no_guard
 
         changes["guard"] = no_guard
     elif "guard-without-prefill-cp-clause" in policy:

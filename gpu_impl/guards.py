@@ -1,7 +1,7 @@
-"""Precompute guards and their loading, re-exported from spec.guards (the theorems evaluate the same guards).
+"""Precompute guards and their loading, re-exported from spec.model.guards (the theorems evaluate the same guards).
 """
 
-from spec.guards import (  # noqa: F401
+from spec.model.guards import (  # noqa: F401
     GuardSpecError,
     GuardRaised,
     should_disable_scheduler_metadata_precompute,

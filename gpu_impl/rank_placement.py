@@ -55,11 +55,11 @@ def rank_placement(server: ServerConfig, rank: int) -> RankPlacement:
 
 
 def case_to_dict(case: Any) -> dict:
-    """Plain-dict form of a case (a ``spec.cases.Case``, a mapping, or a JSON file path): the fields this
+    """Plain-dict form of a case (a ``spec.model.cases.Case``, a mapping, or a JSON file path): the fields this
     worker reads (server, model, policy, batches, kernel, seed, expected)."""
     if isinstance(case, (str, os.PathLike)):
         try:
-            from spec.cases import Case  # the project's case-file reader, when present
+            from spec.model.cases import Case  # the project's case-file reader, when present
         except ImportError:
             with open(case, encoding="utf-8") as fh:
                 return json.load(fh)

@@ -52,7 +52,7 @@ class RankRecord:
     cp_rank: int
     steps: list = field(default_factory=list)
     guard_raised: Optional[str] = None
-    #: the guard fault's invariant (``spec.guards.GUARD_FAULTS``: GUARD_RAISED, or GUARD_TIMEOUT past its deadline)
+    #: the guard fault's invariant (``spec.model.guards.GUARD_FAULTS``: GUARD_RAISED, or GUARD_TIMEOUT past its deadline)
     guard_fault: str = "GUARD_RAISED"
     elapsed_s: float = 0.0
 

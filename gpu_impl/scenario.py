@@ -1,6 +1,6 @@
 """One entry point that runs a scenario: a configuration plus a sequence of batches, end to end.
 
-A scenario is what a case file describes (spec.cases): server and model, the backend policy (guard,
+A scenario is what a case file describes (spec.model.cases): server and model, the backend policy (guard,
 metadata head counts, runner hygiene), and steps (decode, extend, mixed, idle). `run_scenario` drives the
 eager runner (CP-v2 metadata lifetime), distributes decode batches over attention DP ranks, lets the backend
 precompute (or skip) FA3 metadata, and checks every call: at the metadata level always (spec's invariants),
@@ -61,7 +61,7 @@ class Scenario:
     #: seeded defects (names in gpu_impl.defects.DEFECTS, applied by gpu_impl.defects.seed_run); a SeededPolicy
     #: guard adds its own
     defects: frozenset = frozenset()
-    #: vLLM options (``spec.case_vllm``) of a case drawn for vLLM (family ``vllm``); only ``vllm==V`` runs them
+    #: vLLM options (``spec.model.case_vllm``) of a case drawn for vLLM (family ``vllm``); only ``vllm==V`` runs them
     vllm: Optional[dict] = None
 
     def all_defects(self) -> frozenset:

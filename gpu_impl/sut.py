@@ -225,7 +225,7 @@ class SystemUnderTest(abc.ABC):
 
     def assumption_facts(self) -> dict:
         """Which of spec's domain assumptions this system's own code enforces: ``{ASSUMPTION_*: AssumptionFact}``
-        (``spec.assumption_facts``). Empty (the default, and the model's) means it describes none, so the harness
+        (``spec.model.assumption_facts``). Empty (the default, and the model's) means it describes none, so the harness
         keeps every assumption; a release returns its facts, and the gate's witness search and ``prove`` drop the
         prover assumptions it does not enforce."""
         return {}
@@ -241,7 +241,7 @@ class SystemUnderTest(abc.ABC):
         return ("witnesses", "flow-theorem") if self.spec.flow_theorem else ("witnesses",)
 
     def conformance_profile(self) -> Optional[str]:
-        """The release profile conform compares it with (``sglang==V``, spec/engine_profiles.json: the model under
+        """The release profile conform compares it with (``sglang==V``, spec/model/engine_profiles.json: the model under
         that profile must make the FA3 events it makes), or None when it names none. By default the release it
         runs or stands beside (a checkout's identity names its nearest release)."""
         release = self.spec.release or (self.identity() or {}).get("release")

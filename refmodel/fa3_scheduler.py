@@ -401,7 +401,7 @@ def num_splits_over_lengths(inp: ScheduleInputs, seqlen_ks) -> tuple[int, ...]:
     return tuple(out)
 
 
-#: `get_num_splits` carries its own one-pass form (spec.symbolic `splits_over_lengths` reads it; a heuristic
+#: `get_num_splits` carries its own one-pass form (spec.theorems.symbolic `splits_over_lengths` reads it; a heuristic
 #: without the attribute is called once per length).
 get_num_splits.over_lengths = num_splits_over_lengths
 

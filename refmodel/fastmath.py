@@ -9,7 +9,7 @@ an FMA), so the division is the only departure from IEEE round-to-nearest that r
 A 2-ulp error changes ``ceilf`` only when the IEEE quotient q lies within 2 ulp of an integer k: then the GPU
 may use k or k + 1. The split count ``ceil(n_blocks / blocks_per_sm)`` (clamped to [1, S]) changes with it for
 some n. This module lists the candidate values and says whether a concrete batch's split counts depend on
-which one the GPU picks; the prover treats such inputs as inconclusive (spec.symbolic `sym_blocks_per_sm_range`).
+which one the GPU picks; the prover treats such inputs as inconclusive (spec.theorems.symbolic `sym_blocks_per_sm_range`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the call's b, Sort, Swizzle), for virtual batches `0 .. b_c-1`.
 `SHAPE` is special: a size mismatch makes FA3 raise (loud and safe), so it is reported as the outcome
 "shape_error", never as a Violation; when the shapes differ no other invariant is evaluated.
 
-Relations between the invariants (proved in `spec.theorems_metadata`, cheap to state here):
+Relations between the invariants (proved in `spec.theorems.metadata`, cheap to state here):
 `kMax(S_c, dv) >= S_c` for every S_c in 1..256, so SPLIT_BOUND implies COMBINE_CAPACITY; KV_COVER holds by
 FA3's design for every split count >= 1 (lemma "kv-cover").
 """
@@ -29,7 +29,7 @@ from refmodel.kv_blocks import kv_block_bounds, split_block_range
 from refmodel.metadata_layout import UNWRITTEN, DecodedMetadata, decode_values_for_schedule, encode_metadata_values
 from refmodel.prepare import PrepareResult, prepare_scheduler
 
-from .violation import Violation
+from spec.violation import Violation
 
 __all__ = [
     "Violation", "CallLengths", "Evaluation", "InvariantInfo", "INVARIANTS", "SILENT_INVARIANTS",

@@ -1,7 +1,7 @@
 """The project's one violation type: a check found this broken (spec's invariants, the domain assumptions, the
 kernel model's plan checks and a scenario run's findings all report one).
 
-Its own module, with no imports beyond the standard library, so that what only needs the type (``spec.config``'s
+Its own module, with no imports beyond the standard library, so that what only needs the type (``spec.model.config``'s
 assumption checks, case validation, the command line's input checks) does not import ``spec.invariants``, which
 pulls in refmodel's metadata and with it torch (5.6 s of import on this machine). ``spec.invariants`` re-exports it.
 """
@@ -19,7 +19,7 @@ class Violation:
     """A check found this broken: the invariant, the (actual) batch it concerns, the offending values and indices
     (``detail``), a sentence (``message``), and where a run found it (``step``, ``dp_rank``: None outside a run).
 
-    The one violation type of the project: spec's invariants and domain assumptions (``spec.config``: the
+    The one violation type of the project: spec's invariants and domain assumptions (``spec.model.config``: the
     ``ASSUMPTION_*`` name, ``detail`` {"field": ...}), the kernel model's plan checks (``gpu_impl.kernels``) and
     a scenario run's findings (:meth:`at_step`, ``gpu_impl.scenario``) all report one.
     """

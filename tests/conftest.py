@@ -1,5 +1,5 @@
 """Test-suite settings: torch on one thread (the suite's tensors are small; threads only add contention), and the
-memo of theorem parts (spec.theorem_memo): a theorem part run again with the same arguments, while nothing in
+memo of theorem parts (spec.theorems.memo): a theorem part run again with the same arguments, while nothing in
 refmodel, spec or z3 has been replaced (a monkeypatch, a counterfactual), is answered from the first run
 (FA3VERIFY_THEOREM_MEMO=0 turns it off). Test files run longest first, by tests/file_seconds.json (a file missing
 from it counts as the table's median; ``scripts/file_seconds.py`` refreshes it, docs/performance.md); a file's own
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spec import theorem_memo
+from spec.theorems import memo as theorem_memo
 
 torch.set_num_threads(1)
 if os.environ.get("FA3VERIFY_THEOREM_MEMO", "1") != "0":

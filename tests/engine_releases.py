@@ -1,6 +1,6 @@
 """Which sglang releases the suite's real-release sweeps run on: the Makefile's ``ENGINE_RELEASES`` (``make test``
 exports them as ``$FA3VERIFY_ENGINE_RELEASES``; a bare ``pytest`` reads the Makefile's default), or every release
-on spec.engine_profiles.RELEASES when ``FA3VERIFY_ALL_RELEASES=1``.
+on spec.model.engine_profiles.RELEASES when ``FA3VERIFY_ALL_RELEASES=1``.
 
 A sweep keeps one parameter per release, so its test ids do not depend on the machine; a release outside the
 selection skips, naming the variable that runs it. A release inside it still needs its engine environment (the

@@ -15,7 +15,7 @@ class ProfileSUT(SystemUnderTest):
     """Our model under a release's profile (or the given heads/guard), presented as ``sglang==release``."""
 
     def __init__(self, release: str = "0.5.14", heads=None, guard=None, kind: str = "sglang", path=None):
-        from spec.engine_profiles import profile_for
+        from spec.model.engine_profiles import profile_for
 
         self.spec = EngineSpec(kind, release=release if kind == "sglang" else None, path=path)
         prof = profile_for(release)
@@ -48,8 +48,8 @@ class ProfileSUT(SystemUnderTest):
         return ident
 
     def assumption_facts(self):
-        """The facts of the release this fake presents as (spec/assumption_facts.json)."""
-        from spec.assumption_facts import facts_for
+        """The facts of the release this fake presents as (spec/model/assumption_facts.json)."""
+        from spec.model.assumption_facts import facts_for
 
         return facts_for("sglang", self.release)
 
@@ -59,8 +59,8 @@ class ProfileSUT(SystemUnderTest):
     def validate(self, server_config, model_config=None):
         """Accept what spec's domain accepts (a stand-in for the release's own ServerArgs validation, stricter than
         the release's facts); :class:`FactsSUT` accepts what the facts say the release accepts."""
-        from spec.assumption_facts import not_enforced
-        from spec.config import MODELS, config_violations
+        from spec.model.assumption_facts import not_enforced
+        from spec.model.config import MODELS, config_violations
 
         dropped = not_enforced(self.assumption_facts()) if self.accepts_unenforced else ()
 
@@ -79,7 +79,7 @@ class ProfileSUT(SystemUnderTest):
 
 
 class FactsSUT(ProfileSUT):
-    """A release whose validation accepts what its assumption facts say it accepts (spec/assumption_facts.json)."""
+    """A release whose validation accepts what its assumption facts say it accepts (spec/model/assumption_facts.json)."""
 
     accepts_unenforced = True
 

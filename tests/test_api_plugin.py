@@ -24,7 +24,7 @@ PREFIX_GUARD = str(REPO / "examples" / "guards" / "prefix_guard.py") + ":should_
 FIXED_GUARD = str(REPO / "examples" / "guards" / "fixed_guard.py") + ":should_disable"
 
 #: Modules the real gate imports (fa3verify.proving / fuzzing / gpu_impl.scenario).
-GATE_MODULES = ("spec.theorems_metadata", "spec.theorems_algebra", "spec.theorems_cp", "spec.cases",
+GATE_MODULES = ("spec.theorems.metadata", "spec.theorems.algebra", "spec.theorems.cp", "spec.model.cases",
                 "spec.invariants", "gpu_impl.scenario", "gpu_impl.kernels", "fa3verify.strategies")
 
 
@@ -111,8 +111,8 @@ def test_gate_accepts_a_module_level_callable(stub_gate):
     from gpu_impl.guards import prefix_guard_dp_only
 
     api.gate(guard=prefix_guard_dp_only, cases=1)
-    # recorded where the function is defined (gpu_impl.guards re-exports spec.guards), so it loads back
-    assert stub_gate.calls[0][0].guard_spec == "spec.guards:prefix_guard_dp_only"
+    # recorded where the function is defined (gpu_impl.guards re-exports spec.model.guards), so it loads back
+    assert stub_gate.calls[0][0].guard_spec == "spec.model.guards:prefix_guard_dp_only"
 
 
 @pytest.mark.parametrize("kwargs,field", [

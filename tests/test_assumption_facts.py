@@ -1,4 +1,4 @@
-"""spec's assumptions as per-release facts (``spec/assumption_facts.json``): the data's schema, what it makes the
+"""spec's assumptions as per-release facts (``spec/model/assumption_facts.json``): the data's schema, what it makes the
 prover drop, ``prove --engine-profile`` and the gate's witness stage on fakes. The facts against the releases' own
 code are in tests/test_assumption_facts_real.py."""
 
@@ -9,9 +9,9 @@ import json
 import pytest
 
 from fa3verify import cli
-from spec import assumption_facts as F
-from spec.config import ASSUMPTION_NAMES, ServerConfig, config_violations
-from spec.engine_profiles import RELEASES
+from spec.model import assumption_facts as F
+from spec.model.config import ASSUMPTION_NAMES, ServerConfig, config_violations
+from spec.model.engine_profiles import RELEASES
 
 from fake_engines import FactsSUT, ProfileSUT
 
@@ -167,8 +167,8 @@ def test_the_prover_searches_heads_that_tp_size_does_not_divide_only_when_droppe
     """falcon-7b's 71 heads on tp 2 with attn_cp 2 (attn_tp_size 1): every release accepts it (ServerArgs and the
     model-load split), so a release's profile drops ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL and the prover's domain holds
     it; negative control: with every assumption kept it is excluded, under that name alone."""
-    from spec import domain
-    from spec.config import MODELS, ServerConfig
+    from spec.model import domain
+    from spec.model.config import MODELS, ServerConfig
 
     cfg = domain.Config(ServerConfig(tp_size=2, attn_cp_size=2, enable_prefill_cp=True, cp_strategy="zigzag"),
                         MODELS["falcon-7b"])

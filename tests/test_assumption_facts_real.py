@@ -1,4 +1,4 @@
-"""spec/assumption_facts.json against the releases' own code (marked ``engine``).
+"""spec/model/assumption_facts.json against the releases' own code (marked ``engine``).
 
 For every sglang release the suite's sweeps select (tests/engine_releases.py: the Makefile's ENGINE_RELEASES, 0.5.13
 and 0.5.23, which ``make engines`` builds; FA3VERIFY_ALL_RELEASES=1 selects all 13, each run when its environment
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from engine_releases import need, sweep
-from spec import assumption_facts as F
-from spec.engine_profiles import RELEASES
+from spec.model import assumption_facts as F
+from spec.model.engine_profiles import RELEASES
 
 pytestmark = pytest.mark.engine
 

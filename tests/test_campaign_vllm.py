@@ -1,5 +1,5 @@
 """vLLM through the one campaign: family ``vllm`` (fa3verify/strategies/vllm.py), case files with a ``vllm`` object
-(spec/case_vllm.py), replay on ``vllm==V``; the seeded vLLM #20301 defect found by the campaign and replayed.
+(spec/model/case_vllm.py), replay on ``vllm==V``; the seeded vLLM #20301 defect found by the campaign and replayed.
 
 Unit tests need nothing; those marked ``engine`` run vLLM 0.33.0's own builder and impl in the cached environment
 and skip without it (see tests/test_engine_vllm.py).
@@ -40,7 +40,7 @@ def test_the_vllm_family_covers_every_configuration_family():
 def test_a_vllm_case_round_trips_through_the_one_schema_and_names_bad_fields(tmp_path):
     from fa3verify.case_files import scenario_case
     from fa3verify.strategies import family
-    from spec.cases import Case, CaseFormatError
+    from spec.model.cases import Case, CaseFormatError
 
     fc = family("vllm")(random.Random(3))
     case = scenario_case(fc, source="fuzz", policy={"guard": "fixed", "metadata_heads": "tp",

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from spec.cases import SCHEMA, Case, CaseFormatError
+from spec.model.cases import SCHEMA, Case, CaseFormatError
 
 
 def _case(**over):

@@ -1,4 +1,4 @@
-"""spec.z3ctx `checked` runs each check on one long-lived helper thread per process: the same answers as a direct
+"""spec.theorems.z3ctx `checked` runs each check on one long-lived helper thread per process: the same answers as a direct
 check, one thread for many checks, a fresh helper in a forked child, and SIGINT left to the main thread.
 (tests/test_prover_interrupts.py and tests/test_sigint_paths.py cover Ctrl-C during a check.)
 """
@@ -8,7 +8,7 @@ import threading
 
 import z3
 
-from spec import z3ctx
+from spec.theorems import z3ctx
 
 
 def _query(ctx, n):

@@ -15,8 +15,8 @@ from refmodel.cint import INT32_MAX, c_ceil_div, c_div, f32_to_int_sat, to_int32
 from refmodel.errors import FA3Rejected
 from refmodel.fa3_scheduler import L2_SPLIT_BYTES, num_splits_heuristic
 from refmodel.prepare import blocks_per_sm, dynamic_split, total_blocks
-from spec.symbolic import BV, evaluate_term, sym_l2_split_count
-from spec.theorems_edges import int32_split_band, replay_rows, run_edge_theorems
+from spec.theorems.symbolic import BV, evaluate_term, sym_l2_split_count
+from spec.theorems.edges import int32_split_band, replay_rows, run_edge_theorems
 
 ROWS = replay_rows(132)  # enough query rows for 2 x 132 m-blocks (heuristics.h:33)
 

@@ -28,8 +28,8 @@ def test_an_unavailable_real_kernel_is_a_usage_error_not_a_traceback(capsys):
 
 
 def test_an_old_short_assumption_name_is_exit_2_naming_its_current_name_and_the_allowed_ones(capsys):
-    """spec.config and spec.domain spell the assumptions one way (ASSUMPTION_*); the old short spelling is refused."""
-    from spec.domain import ASSUMPTIONS
+    """spec.model.config and spec.model.domain spell the assumptions one way (ASSUMPTION_*); the old short spelling is refused."""
+    from spec.model.domain import ASSUMPTIONS
 
     assert all(name.startswith("ASSUMPTION_") for name in ASSUMPTIONS)
     assert main(["prove", "--drop-assumption", "TP_DIVISIBLE"]) == 2
@@ -39,9 +39,9 @@ def test_an_old_short_assumption_name_is_exit_2_naming_its_current_name_and_the_
 
 
 def test_the_prover_and_the_config_share_the_names_of_their_common_assumptions():
-    """A prover assumption that is also a spec.config validation rule has the same name (one source: spec.config)."""
-    import spec.config as config
-    from spec.domain import ASSUMPTIONS
+    """A prover assumption that is also a spec.model.config validation rule has the same name (one source: spec.model.config)."""
+    import spec.model.config as config
+    from spec.model.domain import ASSUMPTIONS
 
     constants = {v for k, v in vars(config).items() if k.startswith("ASSUMPTION_")}
     assert set(ASSUMPTIONS) <= constants

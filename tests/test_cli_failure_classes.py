@@ -92,7 +92,7 @@ def test_z3_does_not_swallow_sigint():
     """z3's own Ctrl-C handler would turn an interrupt into "unknown" and let prove run on (class 4)."""
     import z3
 
-    import spec.symbolic  # noqa: F401 - sets the parameter at import
+    import spec.theorems.symbolic  # noqa: F401 - sets the parameter at import
 
     assert z3.get_param("ctrl_c") == "false"
 
@@ -101,7 +101,7 @@ def test_guard_results_are_bools_in_process_too():
     """A callable guard handed to the engines directly (not a spec) is held to the same rule (class 1)."""
     from types import SimpleNamespace
 
-    from spec.guards import GuardRaised, evaluate_guard
+    from spec.model.guards import GuardRaised, evaluate_guard
 
     with pytest.raises(GuardRaised, match="not a bool"):
         evaluate_guard(lambda a: "False", SimpleNamespace())
@@ -110,7 +110,7 @@ def test_guard_results_are_bools_in_process_too():
 
 def test_saving_a_case_never_follows_a_planted_symlink(tmp_path):
     """A dangling symlink at a case file's name must not make the writer create its target (class 4)."""
-    from spec.cases import Case
+    from spec.model.cases import Case
 
     data = json.loads((REPO / "tests" / "corpus" / "worked_example_prefix_guard.json").read_text())
     case = Case.from_dict(data)
@@ -126,7 +126,7 @@ def test_a_forked_worker_gets_its_own_guard_process(tmp_path):
     """A guard loaded before a fork must not share its pipes with the forked worker (class 1: crossed answers)."""
     from types import SimpleNamespace
 
-    from spec.guards import evaluate_guard, load_guard
+    from spec.model.guards import evaluate_guard, load_guard
 
     path = tmp_path / "g.py"
     path.write_text("def g(a):\n    return bool(a.enable_dp_attention)\n")

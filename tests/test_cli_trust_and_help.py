@@ -64,7 +64,7 @@ def test_builtin_and_project_guards_stay_allowed_in_case_files(spec):
     assert guard_to_run(spec) == spec
 
 
-@pytest.mark.parametrize("spec", ["os:system", "gpu_impl.defects_evil:g", "x.py:g", "spec.guards.x:y"])
+@pytest.mark.parametrize("spec", ["os:system", "gpu_impl.defects_evil:g", "x.py:g", "spec.model.guards.x:y"])
 def test_other_guards_in_case_files_need_trust(spec):
     from fa3verify.errors import UsageError
     from fa3verify.trust import guard_to_run

@@ -1,11 +1,11 @@
-"""Tests of spec.config (re-exported as gpu_impl.config): model shapes, derived head counts, domain assumptions, JSON round trips."""
+"""Tests of spec.model.config (re-exported as gpu_impl.config): model shapes, derived head counts, domain assumptions, JSON round trips."""
 
 import json
 
 import pytest
 
-from spec import config as C
-from spec.config import MODELS, ModelConfig, ServerConfig
+from spec.model import config as C
+from spec.model.config import MODELS, ModelConfig, ServerConfig
 
 
 def test_registry_shapes_are_the_documented_ones():

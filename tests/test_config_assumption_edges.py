@@ -1,4 +1,4 @@
-"""Pins of spec.config (issue 20): the domain assumptions, each at its edge, with the whole violation it reports.
+"""Pins of spec.model.config (issue 20): the domain assumptions, each at its edge, with the whole violation it reports.
 
 Sources: sglang's ServerArgs checks and ``compute_dp_attention_world_info`` (python/sglang/srt/server_args.py,
 layers/dp_attention.py: attn_tp = tp // attn_dp // attn_cp), its attention modules' head splits (KV heads
@@ -8,7 +8,7 @@ partitioned when Hk >= attn_tp, replicated when Hk < attn_tp), and FA3's limits 
 
 import pytest
 
-from spec.config import (ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP, ASSUMPTION_CP_STRATEGY_KNOWN, ASSUMPTION_DTYPE_SUPPORTED,
+from spec.model.config import (ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP, ASSUMPTION_CP_STRATEGY_KNOWN, ASSUMPTION_DTYPE_SUPPORTED,
                          ASSUMPTION_GQA_GROUPS, ASSUMPTION_HEAD_DIM_SUPPORTED, ASSUMPTION_HEADS_DIVISIBLE_ATTN_TP,
                          ASSUMPTION_HEADS_POSITIVE, ASSUMPTION_KV_HEADS_SPLIT_ATTN_TP, ASSUMPTION_NUM_SPLITS_RANGE,
                          ASSUMPTION_POSITIVE_SIZES, ASSUMPTION_PRECOMPUTE_HEADS_INTEGRAL,
@@ -18,7 +18,7 @@ from spec.violation import Violation
 
 
 def broken(assumption, field, message):
-    """The whole violation spec.config reports for a broken assumption: its name, the field, the sentence."""
+    """The whole violation spec.model.config reports for a broken assumption: its name, the field, the sentence."""
     return Violation(assumption, None, {"field": field}, message)
 
 

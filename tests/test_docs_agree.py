@@ -76,7 +76,7 @@ def test_the_cli_help_example_case_file_has_the_name_case_save_writes():
 
 
 def test_the_case_format_error_examples_are_what_the_loader_says():
-    from spec.cases import Case, CaseFormatError
+    from spec.model.cases import Case, CaseFormatError
 
     base = json.loads((ROOT / "tests" / "corpus" / "worked_example_prefix_guard.json").read_text())
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import spec.cases as cases
+import spec.model.cases as cases
 from fa3verify import exitcodes, replaying, validation
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -53,7 +53,7 @@ def test_the_exit_code_table_is_the_code_table():
 
 
 def test_the_trust_model_names_the_project_guard_modules():
-    from spec.guards import PROJECT_GUARD_MODULES
+    from spec.model.guards import PROJECT_GUARD_MODULES
 
     trust = _section(CASE_DOC, "Trust model")
     for module in PROJECT_GUARD_MODULES:

@@ -2,9 +2,9 @@
 
 import dataclasses
 
-from spec import domain as D
-from spec.cases import MODEL_FIELDS, SERVER_FIELDS
-from spec.config import MODELS, ModelConfig, ServerConfig, config_violations
+from spec.model import domain as D
+from spec.model.cases import MODEL_FIELDS, SERVER_FIELDS
+from spec.model.config import MODELS, ModelConfig, ServerConfig, config_violations
 
 
 def test_case_format_fields_are_the_configuration_fields():
@@ -21,6 +21,6 @@ def test_every_configuration_the_prover_quantifies_over_is_one_the_backend_accep
 
 def test_the_prover_uses_the_backend_model_registry_and_guards():
     assert D.MODELS is MODELS
-    from spec.guards import BUILTIN_GUARDS
+    from spec.model.guards import BUILTIN_GUARDS
 
     assert D.GUARDS == BUILTIN_GUARDS

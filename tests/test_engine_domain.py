@@ -231,7 +231,7 @@ def test_a_family_domain_keeps_only_the_cases_its_system_accepts_and_counts_the_
 def test_a_matrix_row_carries_its_releases_reach_and_rejections():
     from fa3verify.engine_matrix import row_from_summary
     from fa3verify.summary import RunSummary
-    from spec.engine_profiles import profile_for
+    from spec.model.engine_profiles import profile_for
 
     summary = RunSummary(command="gate", cases=3)
     summary.domain = {"reach": {"eager": 2, "replay": 1}, "rejected": {"ServerArgs: AssertionError: x": 4}}

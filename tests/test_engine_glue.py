@@ -14,7 +14,7 @@ import types
 import pytest
 
 from gpu_impl.engines import sglang_glue
-from spec.config import ServerConfig
+from spec.model.config import ServerConfig
 
 TOPOLOGY = frozenset({"tp_size", "tp_rank", "attn_tp_size", "attn_tp_rank", "attn_cp_size", "attn_cp_rank",
                       "attn_dp_size", "attn_dp_rank"})

@@ -11,7 +11,7 @@ import pytest
 from fa3verify import cli
 from fa3verify.engine_choice import engine_for_case, identity_of, spec_from_identity
 from fa3verify.errors import UsageError
-from spec.cases import Case, CaseFormatError
+from spec.model.cases import Case, CaseFormatError
 
 from fake_engines import ProfileSUT, ViolatingSUT, install
 
@@ -284,7 +284,7 @@ def test_conform_reports_a_wrong_guard_as_a_difference(monkeypatch, tmp_path):
 
 def test_conform_skips_and_counts_rejected_configurations(monkeypatch, tmp_path):
     from fa3verify.conformance import conform
-    from spec.engine_profiles import profile_for
+    from spec.model.engine_profiles import profile_for
 
     from fake_engines import NoGraphSUT
 
@@ -357,7 +357,7 @@ def test_engine_matrix_rows_follow_the_profiles(monkeypatch, tmp_path, capsys):
     assert rows["0.5.14"]["verdict"] == "fail" and "SPLIT_BOUND" in rows["0.5.14"]["invariants"]
     assert any("prefill CP" in f for f in rows["0.5.14"]["families"])
     # 0.5.15's guard leaves attention CP without prefill CP precomputing with tp heads, and 0.5.15 accepts it
-    # (spec/assumption_facts.json): the facts predict a failure there and the gate's witness finds it
+    # (spec/model/assumption_facts.json): the facts predict a failure there and the gate's witness finds it
     assert rows["0.5.15"]["verdict"] == "fail" and rows["0.5.15"]["expected"] == "fail"
     assert any("attention CP without prefill CP" in f for f in rows["0.5.15"]["families"])
     assert all(r["agrees"] for r in rows.values()) and data["disagreeing"] == []
@@ -427,7 +427,7 @@ def test_run_ranks_on_a_real_engine_runs_in_process_and_says_so(monkeypatch, cap
 
 
 def test_docs_profile_table_is_generated_from_the_profiles():
-    from spec.engine_profiles import profiles_markdown
+    from spec.model.engine_profiles import profiles_markdown
 
     text = open("docs/engines.md", encoding="utf-8").read()
     inside = text.split("<!-- profiles:begin -->\n", 1)[1].split("\n<!-- profiles:end -->", 1)[0]
@@ -435,7 +435,7 @@ def test_docs_profile_table_is_generated_from_the_profiles():
 
 
 def test_profiles_follow_engines_md_section_1():
-    from spec.engine_profiles import RELEASES, profile_for
+    from spec.model.engine_profiles import RELEASES, profile_for
 
     assert RELEASES[0] == "0.5.11" and RELEASES[-1] == "0.5.23" and len(RELEASES) == 13
     guards = {r: profile_for(r).guard_spec for r in RELEASES}
@@ -450,7 +450,7 @@ def test_profiles_follow_engines_md_section_1():
 def test_scenarios_the_engine_does_not_run_are_skipped_and_counted(monkeypatch, tmp_path):
     from fa3verify.conformance import conform
     from fa3verify.fuzzing import fuzz
-    from spec.engine_profiles import profile_for
+    from spec.model.engine_profiles import profile_for
 
     from fake_engines import NoMlaSUT
 
@@ -478,7 +478,7 @@ def test_engine_matrix_no_setup_reports_missing_environments_unavailable(monkeyp
 def test_a_matrix_row_that_ran_nothing_is_inconclusive_and_agrees_with_nothing():
     from fa3verify.engine_matrix import row_from_summary
     from fa3verify.summary import Check, RunSummary
-    from spec.engine_profiles import profile_for
+    from spec.model.engine_profiles import profile_for
 
     summary = RunSummary(command="gate")
     summary.checks.append(Check(name="fuzz", kind="property", verdict="inconclusive", seconds=0.0,

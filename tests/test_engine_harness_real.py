@@ -9,7 +9,7 @@ import json
 import pytest
 
 from fa3verify import cli
-from spec.cases import Case
+from spec.model.cases import Case
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("shared_workers")]
 

@@ -1,4 +1,4 @@
-"""The CUDA-graph replay's precompute ``max_seqlen_k`` as a release profile states it (``spec/engine_profiles.json``).
+"""The CUDA-graph replay's precompute ``max_seqlen_k`` as a release profile states it (``spec/model/engine_profiles.json``).
 
 sglang 0.5.16+ give the decode CUDA-graph replay no CPU lengths (``FlashAttentionBackend.needs_cpu_seq_lens =
 False``; ``init_forward_metadata_out_graph`` passes ``seq_lens_cpu=None``), so the replay precomputes with the
@@ -13,7 +13,7 @@ import pytest
 from gpu_impl.config import ServerConfig, get_model
 from gpu_impl.model_pairs import model_pairs
 from gpu_impl.scenario import Scenario, Step, run_scenario
-from spec.engine_profiles import profile_for
+from spec.model.engine_profiles import profile_for
 
 FALCON = get_model("falcon-7b")
 
@@ -79,7 +79,7 @@ def test_a_case_policy_carries_the_replay_bound_to_every_runner(tmp_path):
     """The case file's ``policy.graph_replay_seqlen_k`` reaches the in-process replay and the multi-rank runner."""
     from fa3verify.replaying import load_case, scenario_from_case as replay_scenario
     from gpu_impl.distributed import scenario_from_case as ranks_scenario
-    from spec.cases import Case
+    from spec.model.cases import Case
 
     scn = _scenario("context_length")
     case = Case.from_parts(source="manual", server=scn.server.to_dict(), model=scn.model.to_dict(),
@@ -93,7 +93,7 @@ def test_a_case_policy_carries_the_replay_bound_to_every_runner(tmp_path):
 
 
 def test_a_bad_replay_bound_in_a_case_file_names_the_field():
-    from spec.cases import Case, CaseFormatError
+    from spec.model.cases import Case, CaseFormatError
 
     scn = _scenario("max_seq_len")
     with pytest.raises(CaseFormatError, match="policy.graph_replay_seqlen_k"):

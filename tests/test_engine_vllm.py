@@ -42,7 +42,7 @@ def test_unknown_release_is_refused_naming_the_registered_ones():
 def test_scenario_mapping_from_the_suite_vocabulary():
     from gpu_impl.engines.vllm import scenario_to_vllm
     from gpu_impl.scenario import Step
-    from spec.config import ModelConfig, ServerConfig
+    from spec.model.config import ModelConfig, ServerConfig
 
     class Scn:
         server = ServerConfig(tp_size=4, attn_cp_size=2, cuda_graph=True, page_size=1)
@@ -197,7 +197,7 @@ def test_case_sliding_window_short_batch_replays(vllm_worker):
 
     from fa3verify.replaying import replay
     from gpu_impl.engines.vllm import VllmSUT
-    from spec.cases import Case
+    from spec.model.cases import Case
 
     path = Path(__file__).parent / "corpus_vllm" / "sliding-window-short-batch-causal-vs-local.json"
     case = Case.load(path)

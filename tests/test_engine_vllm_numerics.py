@@ -92,9 +92,9 @@ def test_negative_control_the_seeded_pr20301_defect_gives_nan_on_the_real_code_p
 @pytest.mark.engine
 def test_replay_numerics_runs_the_prover_counterexample_on_the_emulator(tmp_path):
     from fa3verify.replaying import replay
-    from spec.config import MODELS
-    from spec.engine_profiles_vllm import vllm_profile_from_dict
-    from spec.theorems_vllm import run_vllm_theorems
+    from spec.model.config import MODELS
+    from spec.model.engine_profiles_vllm import vllm_profile_from_dict
+    from spec.theorems.vllm import run_vllm_theorems
 
     variant = vllm_profile_from_dict("0.33.0+pr20301", {"precompute_modes": ["full"],
                                                         "num_splits": {"precompute": {"full": 0}, "call": {"full": 32}}})

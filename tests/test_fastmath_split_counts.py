@@ -18,8 +18,8 @@ from gpu_impl.kernels import load
 from refmodel.fastmath import DIV_ULPS, blocks_per_sm_candidates, fast_math_split_change, quotient
 from refmodel.metadata import encode_metadata, schedule_and_prepare
 from refmodel.prepare import blocks_per_sm, prepare_scheduler
-from spec import theorems_metadata as tm
-from spec.symbolic import BV, evaluate_term, sym_blocks_per_sm_range
+from spec.theorems import metadata as tm
+from spec.theorems.symbolic import BV, evaluate_term, sym_blocks_per_sm_range
 
 
 def _example():

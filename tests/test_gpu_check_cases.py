@@ -53,7 +53,7 @@ def fuzz_stage_run(tmp_path_factory):
 
 
 def test_a_failing_fuzz_case_is_written_as_a_replayable_case(fuzz_stage_run, capsys):
-    from spec.cases import SCHEMA, Case
+    from spec.model.cases import SCHEMA, Case
 
     check, stage = fuzz_stage_run
     assert stage.status == "fail" and stage.numbers["failures"] >= 1, (stage.message, stage.numbers)

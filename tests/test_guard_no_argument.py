@@ -1,6 +1,6 @@
 """A guard that takes no argument (sglang 0.5.18+'s ``_should_disable_scheduler_metadata_precompute()``, which reads
 ``get_parallel()``) is refused as bad input (exit 2) with a pointer to ``gate --engine sglang-src=PATH``, instead of
-an import error or a GUARD_RAISED on every check (spec/guards.py ``check_guard_signature``,
+an import error or a GUARD_RAISED on every check (spec/model/guards.py ``check_guard_signature``,
 ``call_signature_problem``). A file guard is refused from its source, before anything of it runs."""
 
 import os
@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from spec import guards
-from spec.guards import GuardSpecError, call_signature_problem, engine_hint, load_guard
+from spec.model import guards
+from spec.model.guards import GuardSpecError, call_signature_problem, engine_hint, load_guard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FUNC = "_should_disable_scheduler_metadata_precompute"

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from spec.config import ServerConfig
-from spec.guards import (
+from spec.model.config import ServerConfig
+from spec.model.guards import (
     BUILTIN_GUARDS,
     GUARD_FLAGS,
     GuardRaised,

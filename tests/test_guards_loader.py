@@ -1,4 +1,4 @@
-"""Pins of spec/guards.py (issue 20's mutation follow-up): what a user of the guard loader sees.
+"""Pins of spec/model/guards.py (issue 20's mutation follow-up): what a user of the guard loader sees.
 
 Each test pins one observable: the verdict a guard gives on a configuration (the built-in guards against sglang's
 own released code, read from the cached engine environments), the exact exit-2 message a bad ``--guard`` spec
@@ -22,8 +22,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from spec.config import ServerConfig
-from spec.guards import (
+from spec.model.config import ServerConfig
+from spec.model.guards import (
     GuardRaised,
     GuardSpecError,
     evaluate_guard,
@@ -269,7 +269,7 @@ def raises_value_error(server_args):
 
 
 #: A user's exception class that only shares the builtin's name (not an AttributeError subclass). The guard child
-#: reports a fault by its class name across the process boundary (spec/guard_child.py), so the in-process report
+#: reports a fault by its class name across the process boundary (spec/model/guard_child.py), so the in-process report
 #: keys on the name too: both give the same message.
 LookalikeAttributeError = type("AttributeError", (Exception,), {})
 
@@ -358,5 +358,5 @@ def test_only_strings_can_name_a_builtin_guard():
     assert is_builtin_guard(None) is False
     assert is_builtin_guard(3) is False
     assert is_builtin_guard(" fixed ") is True
-    assert is_builtin_guard("spec.guards:no_guard") is True
-    assert is_builtin_guard("spec.guards:no_guard:x") is False
+    assert is_builtin_guard("spec.model.guards:no_guard") is True
+    assert is_builtin_guard("spec.model.guards:no_guard:x") is False

@@ -7,8 +7,8 @@ import pytest
 from gpu_impl.config import ServerConfig, get_model
 from gpu_impl.scenario import Scenario, Step
 from gpu_impl.sut import ModelSUT, ScenarioUnsupported, SystemUnderTest, EngineSpec
-from spec.guards import GuardTimeout
-from spec.worker_client import WorkerError
+from spec.model.guards import GuardTimeout
+from spec.process.worker_client import WorkerError
 
 from fa3verify.judge import judge
 

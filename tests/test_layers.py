@@ -100,9 +100,9 @@ def test_no_module_imports_another_modules_private_names():
 
 
 def test_a_private_import_across_modules_is_detected(tmp_path):
-    bad = snippet(tmp_path, "from .scenario import _seed, jsonable", "from spec.guards import _load",
+    bad = snippet(tmp_path, "from .scenario import _seed, jsonable", "from spec.model.guards import _load",
                   "from . import _own", "from typing import _T")
-    assert private_imports(bad, "gpu_impl.x") == ["gpu_impl.scenario._seed", "spec.guards._load", "gpu_impl._own"]
+    assert private_imports(bad, "gpu_impl.x") == ["gpu_impl.scenario._seed", "spec.model.guards._load", "gpu_impl._own"]
 
 
 def test_no_exception_or_type_is_matched_by_its_name():

@@ -36,7 +36,7 @@ def case(name, server, batches, guard="fixed", clear=True, expected=None, seed=0
             "kernel": {"name": "emulated", "mode": "strict"}, "seed": seed,
             "expected": expected or {"outcome": "pass", "invariant": None, "detail": {}}}
     try:
-        from spec.cases import Case
+        from spec.model.cases import Case
     except ImportError:
         return data
     return Case.from_dict(data).to_dict()  # the project's validation of the schema

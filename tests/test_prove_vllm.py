@@ -1,6 +1,6 @@
 """``prove --engine-profile vllm==V`` and ``conform --engine vllm==V``: vLLM's FA3 flow from its release profile.
 
-The prover plays the profile (spec.theorems_vllm): vLLM 0.33.0 passes the same heads and the same num_splits on
+The prover plays the profile (spec.theorems.vllm): vLLM 0.33.0 passes the same heads and the same num_splits on
 both sides, with the call's KV extent at least the precompute's max_seqlen_k, so the flow is proved. The negative
 control is a profile variant with vLLM #20301's pattern (the precompute's max_num_splits differs from the call's):
 refuted with a concrete counterexample. Conformance checks each claim on the released code (engine env needed).
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from spec.config import MODELS
-from spec.engine_profiles import ProfileError, engine_profile_for
-from spec.engine_profiles_vllm import VllmProfileError, vllm_profile_for, vllm_profile_from_dict
-from spec.theorems_vllm import run_vllm_theorems
+from spec.model.config import MODELS
+from spec.model.engine_profiles import ProfileError, engine_profile_for
+from spec.model.engine_profiles_vllm import VllmProfileError, vllm_profile_for, vllm_profile_from_dict
+from spec.theorems.vllm import run_vllm_theorems
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN = [MODELS["qwen3-30b-a3b"]]
@@ -129,7 +129,7 @@ def test_conform_the_profile_holds_on_the_released_code(vllm_sut):
 # -- the counterexample as a case file, replayed on the released code -----------------------------------------
 
 def test_a_refuted_variant_writes_its_counterexample_as_a_vllm_case(tmp_path):
-    from spec.cases import Case
+    from spec.model.cases import Case
 
     (r,) = run_vllm_theorems(variant({"full": 0}, {"full": 32}), models=QWEN, cases_dir=str(tmp_path))
     assert r.verdict == "refuted" and r.case_file and "case file" in r.message

@@ -1,6 +1,6 @@
 """A theorem query is bounded by work, not by the clock, so its answer is the same on a quiet and a loaded machine.
 
-spec.z3ctx.bound gives each check of a solver z3's resource limit (``rlimit``: timeout_s * RLIMIT_PER_SECOND
+spec.theorems.z3ctx.bound gives each check of a solver z3's resource limit (``rlimit``: timeout_s * RLIMIT_PER_SECOND
 units, counted by z3 per check) and keeps a wall-clock timeout of WALL_FACTOR * timeout_s only as the outer
 deadline. Bounded in seconds alone, a stage-2 query of the pre-fix run answered unknown under load in one run and
 not in the other, and the witness search moved on to another batch size (tests/test_prover_parallel.py).
@@ -11,8 +11,8 @@ from __future__ import annotations
 import z3
 from z3_puzzles import pigeonhole
 
-from spec import z3ctx
-from spec.symbolic import solver
+from spec.theorems import z3ctx
+from spec.theorems.symbolic import solver
 
 
 class _Recorder:

@@ -15,9 +15,9 @@ import pytest
 import z3
 from z3_puzzles import pigeonhole
 
-from spec.symbolic import solver
-from spec.theorems_metadata import Budget
-from spec.z3ctx import checked
+from spec.theorems.symbolic import solver
+from spec.theorems.metadata import Budget
+from spec.theorems.z3ctx import checked
 
 
 class _CanceledSolver:

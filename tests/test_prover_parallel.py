@@ -1,4 +1,4 @@
-"""Theorem jobs (spec.theorem_jobs): a parallel prove run gives the sequential run's results byte for byte, in the
+"""Theorem jobs (spec.theorems.jobs): a parallel prove run gives the sequential run's results byte for byte, in the
 same order; a crashed worker is inconclusive, never a pass; an exception and Ctrl-C reach the caller at once."""
 
 from __future__ import annotations
@@ -15,19 +15,19 @@ import z3
 
 from fa3verify.policy import load_policy
 from fa3verify.proving import prove, theorem_jobs, theorem_results
-from spec import theorem_memo
-from spec.results import TheoremResult
-from spec.theorem_jobs import Job, fork_available, run_jobs, run_part
-from spec.theorems_algebra import algebra_jobs
-from spec.theorems_cp import cp_jobs
-from spec.z3ctx import Int, ctx
+from spec.theorems import memo as theorem_memo
+from spec.theorems.results import TheoremResult
+from spec.theorems.jobs import Job, fork_available, run_jobs, run_part
+from spec.theorems.algebra import algebra_jobs
+from spec.theorems.cp import cp_jobs
+from spec.theorems.z3ctx import Int, ctx
 
 pytestmark = pytest.mark.skipif(not fork_available(), reason="parallel parts need os.fork")
 
 
 @pytest.fixture(autouse=True)
 def _real_runs():
-    """Every run here is computed (the suite's memo, spec.theorem_memo, would answer the second run of a pair)."""
+    """Every run here is computed (the suite's memo, spec.theorems.memo, would answer the second run of a pair)."""
     with theorem_memo.suspended():
         yield
 
@@ -90,7 +90,7 @@ def test_the_stale_runner_refutations_are_the_same_in_parallel(tmp_path):
 
 
 def test_a_part_does_not_depend_on_what_ran_before_it():
-    def part():  # terms in the theorem's context (spec.z3ctx), as every theorem module builds them
+    def part():  # terms in the theorem's context (spec.theorems.z3ctx), as every theorem module builds them
         s = z3.Solver(ctx=ctx())
         x, y = Int("x"), Int("y")
         s.add(x + 2 * y == 17, x > 3, y > 1)

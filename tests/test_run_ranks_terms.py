@@ -23,7 +23,7 @@ WORKED = str(Path(__file__).resolve().parent / "corpus" / "worked_example_prefix
 
 def _dp2_case(tmp_path) -> str:
     """Two DP ranks, no guard: the rank holding the 32768-token sequence overflows its splits (SPLIT_BOUND)."""
-    from spec.cases import Case
+    from spec.model.cases import Case
 
     data = {"schema": "fa3verify.case/1", "id": "dp2", "source": "manual",
             "server": {"tp_size": 4, "dp_size": 2, "enable_dp_attention": True},

@@ -21,7 +21,7 @@ import torch
 import fa3verify.sanitize as sanitize
 from fa3verify.sanitize.records import load_pair
 from gpu_impl.fa3_calls import MetadataMismatch
-from spec.cases import Case
+from spec.model.cases import Case
 
 from sanitize_fakes import fakes, forget_fakes, write_fakes  # noqa: F401 - fakes is a fixture
 

@@ -17,7 +17,7 @@ import fa3verify.sanitize as sanitize
 from fa3verify.cli import main
 from fa3verify.sanitize.records import case_for_pair, load_pair
 from gpu_impl.fa3_calls import MetadataMismatch
-from spec.cases import Case
+from spec.model.cases import Case
 
 from sanitize_fakes import fakes, forget_fakes, write_fakes  # noqa: F401 - fakes is a fixture
 from test_sanitize import HEADS, LENS, STALE, install, tensors

@@ -1,4 +1,4 @@
-"""Ctrl-C at the two places where CPython's own handling goes wrong, made deterministic (spec/interrupts.py).
+"""Ctrl-C at the two places where CPython's own handling goes wrong, made deterministic (spec/process/interrupts.py).
 
 Each test runs `python -m fa3verify prove` as a user does, with a ``sitecustomize`` (on PYTHONPATH, test-only)
 that sends the process a real SIGINT just before the theorems start, from inside the code shape that breaks
@@ -9,7 +9,7 @@ Python's default handling:
 - inside a ``__del__`` (how the import system's module-lock callbacks run): the KeyboardInterrupt was printed as
   "Exception ignored" and dropped, and the run went on to pass (exit 0).
 
-Both failed on the code before spec/interrupts.py; both are what a loaded machine produced when
+Both failed on the code before spec/process/interrupts.py; both are what a loaded machine produced when
 tests/test_cli_never_loses_files.py::test_sigint_stops_prove sent its SIGINT at the start of the stage.
 """
 
@@ -47,7 +47,7 @@ def _prove_with_sigint(tmp_path: Path, where: str, jobs: int) -> subprocess.Comp
     site.mkdir()
     (site / "sitecustomize.py").write_text(textwrap.dedent('''
         import os, signal
-        import spec.theorem_jobs as jobs
+        import spec.theorems.jobs as jobs
 
         _run_jobs = jobs.run_jobs
 

@@ -1,9 +1,9 @@
-"""The split tables of spec.symbolic come from refmodel `num_splits_over_lengths`, the one-pass form of
+"""The split tables of spec.theorems.symbolic come from refmodel `num_splits_over_lengths`, the one-pass form of
 `get_num_splits`: both give the same split count at every static seqlen_k, and group_configs the same groups.
 
 The oracle is the per-length construction as it was (`get_num_splits` at each length); a seeded defect (each
 length given its neighbour's split count) must be caught by the same comparison. Which form a table is built by
-is the heuristic's own choice (spec.symbolic `splits_over_lengths`: its `over_lengths` if it carries one, else a
+is the heuristic's own choice (spec.theorems.symbolic `splits_over_lengths`: its `over_lengths` if it carries one, else a
 call per length), never the identity of `get_num_splits`; an `over_lengths` off at one length must be caught.
 """
 import dataclasses
@@ -13,9 +13,9 @@ import pytest
 
 import refmodel.fa3_scheduler as fs
 from refmodel.fa3_scheduler import HEURISTIC_MAX_SPLITS, get_num_splits, num_splits_over_lengths, resolve_schedule
-from spec import domain as D
-from spec import symbolic
-from spec.theorems_metadata import group_configs
+from spec.model import domain as D
+from spec.theorems import symbolic
+from spec.theorems.metadata import group_configs
 
 
 def _table_inputs() -> list:

@@ -1,4 +1,4 @@
-"""spec.theorems_metadata `stage1_reads` names everything a stage-1 query reads: families with the same reads pose
+"""spec.theorems.metadata `stage1_reads` names everything a stage-1 query reads: families with the same reads pose
 the same query (stage1_search asks it once per budget cache and reuses the answer).
 
 The oracle is the query itself: for every family of the theorems' domains (guard soundness, the pre-fix hazard
@@ -14,10 +14,10 @@ import pytest
 import z3
 
 from refmodel.fa3_scheduler import get_num_splits
-from spec import domain as D
-from spec import theorems_metadata as M
-from spec import z3ctx
-from spec.theorems_metadata_freshness import fresh_decode_groups
+from spec.model import domain as D
+from spec.theorems import metadata as M
+from spec.theorems import z3ctx
+from spec.theorems.metadata_freshness import fresh_decode_groups
 
 
 class _Recording(M.Budget):

@@ -1,4 +1,4 @@
-"""spec.symbolic's z3 encodings agree with refmodel's concrete formulas (issue 3: >= 10,000 random points, plus an
+"""spec.theorems.symbolic's z3 encodings agree with refmodel's concrete formulas (issue 3: >= 10,000 random points, plus an
 exhaustive small domain). z3 terms are evaluated with concrete values by substitute + simplify."""
 
 import dataclasses
@@ -10,8 +10,8 @@ import z3
 from refmodel.fa3_scheduler import call_inputs, ceil_div, combine_capacity, get_num_splits, precompute_inputs, resolve_schedule
 from refmodel.prepare import blocks_per_sm, dynamic_split, m_blocks_for, n_blocks_for, prepare_scheduler
 from refmodel.splitkv import split_block_range
-from spec.domain import NUM_SMS
-from spec.symbolic import (
+from spec.model.domain import NUM_SMS
+from spec.theorems.symbolic import (
     ceil_div_const,
     evaluate_term,
     side_params,

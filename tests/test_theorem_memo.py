@@ -1,14 +1,14 @@
-"""The suite's memo of theorem parts (spec.theorem_memo): answers only what a part would compute again."""
+"""The suite's memo of theorem parts (spec.theorems.memo): answers only what a part would compute again."""
 
 from __future__ import annotations
 
 import pytest
 
 import refmodel.fa3_scheduler as fs
-from spec import theorem_memo
-from spec.results import TheoremResult
-from spec.theorem_jobs import Job, run_jobs
-from spec.theorems_metadata import run_metadata_theorems
+from spec.theorems import memo as theorem_memo
+from spec.theorems.results import TheoremResult
+from spec.theorems.jobs import Job, run_jobs
+from spec.theorems.metadata_jobs import run_metadata_theorems
 
 
 @pytest.fixture

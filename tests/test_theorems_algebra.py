@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from spec import theorems_algebra as ta
-from spec import theorem_memo
-from spec.results import TheoremResult
+from spec.theorems import algebra as ta
+from spec.theorems import memo as theorem_memo
+from spec.theorems.results import TheoremResult
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import itertools
 import pytest
 import z3
 
-from spec import theorems_cp as tc
-from spec import theorem_memo
-from spec.results import TheoremResult
+from spec.theorems import cp as tc
+from spec.theorems import memo as theorem_memo
+from spec.theorems.results import TheoremResult
 
 CP_V2, NON_CP, MIXED, DECODE = range(4)
 FRESH, CARRIED, BUILT = range(3)
@@ -145,7 +145,7 @@ def test_defect_and_name_validation():
     # `only` is shared by every theorem group: names matching nothing here select nothing
     assert tc.run_cp_theorems(only=["no_such_theorem"]) == []
     assert tc.run_cp_theorems(only=["combine_all_empty"], defects={"no-neg-inf-guard"}) == []
-    # numbers and substrings select as in theorems_metadata
+    # numbers and substrings select as in the metadata group
     assert [r.name for r in tc.run_cp_theorems(only=["7"])] == ["runner_hygiene", "runner_freshness"]
     assert [r.name for r in tc.run_cp_theorems(only=["zigzag"])] == ["zigzag_partition", "zigzag_balance"]
     with pytest.raises(ValueError):
@@ -157,7 +157,7 @@ def test_defect_and_name_validation():
 def test_refuted_runner_theorem_writes_a_case_that_replays(tmp_path):
     (r,) = tc.run_cp_theorems(clear_stale=False, only=["runner_hygiene"], cases_dir=str(tmp_path))
     assert r.verdict == "refuted" and r.case_file
-    from spec.cases import Case
+    from spec.model.cases import Case
 
     case = Case.load(r.case_file)
     assert case.policy["clear_stale_cp_metadata"] is False

@@ -1,4 +1,4 @@
-"""Theorem 9 (spec/theorems_fork_tile.py): the vLLM fork's tile choice across the metadata hand-off.
+"""Theorem 9 (spec/theorems/fork_tile.py): the vLLM fork's tile choice across the metadata hand-off.
 
 The agreement theorem is proved; its negative control (an encoding whose one-MMA-WG predicate reads h instead of
 h / h_k) is refuted. The drift companion is an expected refutation under the fork with a replayable vLLM case, and
@@ -14,9 +14,9 @@ import z3
 from refmodel.errors import FA3Rejected
 from refmodel.fa3_builds import UPSTREAM, VLLM_FORK
 from refmodel.fa3_scheduler import call_inputs, precompute_inputs, resolve_masking, resolve_schedule
-from spec import theorems_fork_tile as ft
-from spec.cases import Case
-from spec.z3ctx import isolated
+from spec.theorems import fork_tile as ft
+from spec.model.cases import Case
+from spec.theorems.z3ctx import isolated
 
 
 def _one(**kw):

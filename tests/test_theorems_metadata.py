@@ -9,10 +9,12 @@ import pytest
 import z3
 
 import refmodel.fa3_scheduler as fs
-from spec import domain as D
-from spec.cases import Case
-from spec.results import TheoremResult
-from spec.theorems_metadata import THEOREMS, kv_cover_lemma, run_metadata_theorems
+from spec.model import domain as D
+from spec.model.cases import Case
+from spec.theorems.results import TheoremResult
+from spec.theorems.metadata import THEOREMS
+from spec.theorems.metadata_lemmas import kv_cover_lemma
+from spec.theorems.metadata_jobs import run_metadata_theorems
 
 
 def _by_name(results):

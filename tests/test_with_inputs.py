@@ -10,7 +10,7 @@ import pytest
 
 import refmodel.fa3_scheduler as fs
 from refmodel.fa3_scheduler import ScheduleInputs, call_inputs, precompute_inputs, with_inputs
-from spec import domain as D
+from spec.model import domain as D
 
 #: The changes the provers make (symbolic tables, query classes, fixed split counts, replays), and a few more.
 CHANGES = ({"seqlen_k": 0}, {"seqlen_k": 4096}, {"num_splits": 0}, {"num_splits": 1}, {"num_splits": 2},

@@ -64,7 +64,7 @@ def cli(args, env, timeout_s):
 # -- the shared client -------------------------------------------------------------------------------------------
 
 def test_the_shared_client_kills_a_silent_worker_and_names_it():
-    from spec.worker_client import WorkerClient, WorkerError
+    from spec.process.worker_client import WorkerClient, WorkerError
 
     client = WorkerClient([sys.executable, "-c", "import time; time.sleep(300)"], "test worker")
     _, exc, seconds = within(1 + SLACK_S, lambda: client.receive(1.0))
@@ -77,7 +77,7 @@ def test_the_shared_client_kills_a_silent_worker_and_names_it():
 def test_a_command_past_its_deadline_is_killed_with_what_it_started():
     """subprocess.run's timeout kills only the command: what it started (a test runner's workers) goes on
     running. run_command kills the command's process group."""
-    from spec.worker_client import run_command
+    from spec.process.worker_client import run_command
 
     script = "sleep 300 & echo $!; sleep 300"
     _, exc, seconds = within(1 + SLACK_S, lambda: run_command(["sh", "-c", script], 1.0, text=True))
@@ -255,8 +255,8 @@ def test_a_stuck_sanitized_engine_worker_is_killed_at_its_deadline(tmp_path, mon
 def test_a_guard_that_sleeps_is_killed_at_its_deadline_and_named(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    import spec.guard_isolation as isolation
-    from spec.guards import GuardTimeout, load_guard
+    import spec.model.guard_isolation as isolation
+    from spec.model.guards import GuardTimeout, load_guard
 
     path = tmp_path / "sleepy.py"
     path.write_text("import time\ndef g(a):\n    time.sleep(300)\n    return True\n")
@@ -284,8 +284,8 @@ def test_a_guard_whose_import_hangs_is_inconclusive_at_the_import_deadline(tmp_p
 
 
 def test_a_bad_guard_import_deadline_names_the_variable(monkeypatch):
-    from spec.guard_isolation import import_timeout_s
-    from spec.guards import GuardSpecError
+    from spec.model.guard_isolation import import_timeout_s
+    from spec.model.guards import GuardSpecError
 
     for value in ("x", "0", "nan", "5000"):
         with pytest.raises(GuardSpecError, match=r"FA3VERIFY_GUARD_IMPORT_TIMEOUT: .*\(0, 3600\]"):
@@ -347,7 +347,7 @@ def test_a_build_lock_held_past_the_deadline_is_inconclusive_and_names_the_holde
     import fcntl
 
     from gpu_impl.engines.envs import BuildLockTimeout, wait_for_build_lock
-    from spec.worker_client import WorkerError
+    from spec.process.worker_client import WorkerError
 
     path = tmp_path / "sglang-0.5.13.lock"
     holder = subprocess.Popen([sys.executable, "-c", (
@@ -372,7 +372,7 @@ def test_a_build_lock_held_past_the_deadline_is_inconclusive_and_names_the_holde
     assert path.read_text().strip() == str(os.getpid())
 
 
-# -- a theorem worker (spec.theorem_pool) ------------------------------------------------------------------------
+# -- a theorem worker (spec.theorems.pool) ------------------------------------------------------------------------
 
 def _part_that_sleeps():
     time.sleep(300)
@@ -380,13 +380,13 @@ def _part_that_sleeps():
 
 
 def _part_that_answers():
-    from spec.results import TheoremResult
+    from spec.theorems.results import TheoremResult
 
     return [TheoremResult("quick", "proved", 0.0, {}, None, "")]
 
 
 def test_a_theorem_part_that_sleeps_is_killed_at_its_deadline_and_named(monkeypatch):
-    from spec.theorem_jobs import Job, run_jobs
+    from spec.theorems.jobs import Job, run_jobs
 
     monkeypatch.setenv("FA3VERIFY_THEOREM_PART_TIMEOUT", "2")
     jobs = [Job(("stuck",), (_part_that_sleeps,), weight=9.0), Job(("quick",), (_part_that_answers,))]
@@ -401,11 +401,11 @@ def test_a_theorem_part_that_sleeps_is_killed_at_its_deadline_and_named(monkeypa
 
 
 def test_a_stuck_theorem_worker_through_the_cli_is_inconclusive_and_named(tmp_path):
-    """`prove` with every part stuck (a test-only sitecustomize replaces spec.theorem_jobs.run_part): exit 3 at
+    """`prove` with every part stuck (a test-only sitecustomize replaces spec.theorems.jobs.run_part): exit 3 at
     the deadline, the theorems named inconclusive."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text("import time\nimport spec.theorem_jobs as jobs\n\n"
+    (site / "sitecustomize.py").write_text("import time\nimport spec.theorems.jobs as jobs\n\n"
                                            "def run_part(fn):\n    time.sleep(300)\n\njobs.run_part = run_part\n")
     proc = cli(["prove", "--only", "zigzag", "--jobs", "2", "--cases-dir", str(tmp_path / "cases")],
                {"FA3VERIFY_THEOREM_PART_TIMEOUT": "2", "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}, 2 + 90)
@@ -414,7 +414,7 @@ def test_a_stuck_theorem_worker_through_the_cli_is_inconclusive_and_named(tmp_pa
 
 
 def test_a_bad_theorem_part_deadline_names_the_variable(tmp_path):
-    from spec.theorem_pool import part_deadline_s
+    from spec.theorems.pool import part_deadline_s
 
     for value in ("x", "0", "nan", "5000"):
         with pytest.raises(ValueError, match=r"FA3VERIFY_THEOREM_PART_TIMEOUT: .*\(0, 3600\]"):

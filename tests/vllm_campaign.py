@@ -11,7 +11,7 @@ def find_seeded_split(sut, out_dir, defect: str, strategy: str, max_cases: int, 
     """Fuzz ``strategy`` on ``sut`` with ``defect`` seeded: the campaign fails with SPLIT_BOUND and saves a case
     naming ``vllm==release`` and the defect; returns (the case file, the loaded case)."""
     from fa3verify.fuzzing import fuzz
-    from spec.cases import Case
+    from spec.model.cases import Case
 
     summary = fuzz(sut=sut, max_cases=max_cases, budget_s=None, out_dir=str(out_dir),
                    defects={defect}, strategy=strategy, show_progress=False)

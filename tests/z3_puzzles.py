@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from spec import z3ctx
+from spec.theorems import z3ctx
 
 
 def pigeonhole(s, pigeons: int, tag: str = "") -> None:
     """Add pigeons-into-(pigeons - 1)-holes to `s`: unsat, and far more work than a few milliseconds of z3's search.
-    Terms are built in the current theorem context (spec.z3ctx), so a fresh context gives a fresh copy."""
+    Terms are built in the current theorem context (spec.theorems.z3ctx), so a fresh context gives a fresh copy."""
     import z3
 
     holes = pigeons - 1

@@ -40,7 +40,7 @@ def replay_corpus_file(path) -> dict:
 def _extra_corpus() -> dict:
     """The corpus cases that are not catalogue entries: docs/facts-fa3.md's worked example (both guards), MIXED after
     CP-v2."""
-    from spec.cases import Case
+    from spec.model.cases import Case
 
     server = {"tp_size": 4, "dp_size": 1, "attn_cp_size": 4, "enable_dp_attention": False, "enable_prefill_cp": True,
               "cp_strategy": "zigzag", "page_size": 1, "num_splits": 0, "enable_deterministic_inference": False,

@@ -53,7 +53,7 @@ class Policy:
 
 
 def _scenario_case(case, policy: Policy, obs, entry_id: str, note: str, invariant: Optional[str] = None):
-    """The spec.cases.Case of a scenario the fuzz engine found (seeded defects in its ``defects`` field)."""
+    """The spec.model.cases.Case of a scenario the fuzz engine found (seeded defects in its ``defects`` field)."""
     from ..case_files import scenario_case
 
     inv = invariant or (obs.invariants[0] if obs.invariants else None)

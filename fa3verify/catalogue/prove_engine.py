@@ -31,7 +31,7 @@ def _verdict(r, on: bool, secs: float, text: str, caught: bool, invariants: list
 
 def _guard(spec: str):
     """A built-in guard stays its name; any other spec loads (``gpu_impl.defects:...``) and labels itself."""
-    from spec.guards import is_builtin_guard
+    from spec.model.guards import is_builtin_guard
 
     if is_builtin_guard(spec):
         return spec, None
@@ -41,8 +41,8 @@ def _guard(spec: str):
 
 
 def _metadata_theorem(run: dict, on: bool, b: dict) -> EngineOutcome:
-    """A metadata theorem (spec.theorems_metadata) under the policy's guard; caught by a witness of the invariant."""
-    from spec.theorems_metadata import run_metadata_theorems
+    """A metadata theorem (spec.theorems.metadata) under the policy's guard; caught by a witness of the invariant."""
+    from spec.theorems.metadata_jobs import run_metadata_theorems
 
     guard, label = _guard((run["on"] if on else run["off"])["guard"])
     start = time.perf_counter()
@@ -63,12 +63,12 @@ def _metadata_theorem(run: dict, on: bool, b: dict) -> EngineOutcome:
 
 
 def _cp_theorem(run: dict, on: bool, b: dict) -> EngineOutcome:
-    """A CP-runner theorem (spec.theorems_cp, bounded model checking) with the runner's hygiene on or off."""
+    """A CP-runner theorem (spec.theorems.cp, bounded model checking) with the runner's hygiene on or off."""
     start = time.perf_counter()
     try:
-        from spec.theorems_cp import run_cp_theorems
+        from spec.theorems.cp import run_cp_theorems
     except ImportError as exc:
-        return EngineOutcome("prove", "n/a", 0.0, detail=f"spec.theorems_cp is not available ({exc})")
+        return EngineOutcome("prove", "n/a", 0.0, detail=f"spec.theorems.cp is not available ({exc})")
     side = run["on"] if on else run["off"]
     results = run_cp_theorems(timeout_s=b["timeout_s"], clear_stale=side["clear_stale_cp_metadata"],
                               only=[run["theorem"]])
@@ -83,8 +83,8 @@ def _cp_theorem(run: dict, on: bool, b: dict) -> EngineOutcome:
 
 
 def _algebra_theorem(run: dict, on: bool, b: dict) -> EngineOutcome:
-    """A combine-algebra theorem (spec.theorems_algebra) with the combine defects of the side."""
-    from spec.theorems_algebra import run_algebra_theorems
+    """A combine-algebra theorem (spec.theorems.algebra) with the combine defects of the side."""
+    from spec.theorems.algebra import run_algebra_theorems
 
     defects = frozenset((run["on"] if on else run["off"])["defects"])
     start = time.perf_counter()
@@ -99,10 +99,11 @@ def _algebra_theorem(run: dict, on: bool, b: dict) -> EngineOutcome:
 def _kernel_uses_host_tiles():
     """Counterfactual FA3 whose kernel template dims are the host's rounded dims (entry 11 'off'); caches cleared."""
     import refmodel.fa3_scheduler as fs
-    from spec import symbolic, theorems_metadata
+    from spec.theorems import symbolic
+    from spec.theorems import metadata_freshness
 
     def clear():
-        theorems_metadata.qc_params.cache_clear()
+        metadata_freshness.qc_params.cache_clear()
         symbolic.clear_caches()
 
     original = fs.kernel_headdims
@@ -121,7 +122,7 @@ COUNTERFACTUALS: dict[str, Callable] = {"kernel-uses-host-tiles": _kernel_uses_h
 def _freshness_corner(run: dict, on: bool, b: dict) -> EngineOutcome:
     """Theorem 1's expected corner (FA3's own inconsistency): caught when the corner's witness replays as a
     violation; off is a counterfactual FA3 without it, where neither the corner nor a refutation may appear."""
-    from spec.theorems_metadata import run_metadata_theorems
+    from spec.theorems.metadata_jobs import run_metadata_theorems
 
     side = run["on"] if on else run["off"]
     ctx = COUNTERFACTUALS[side["counterfactual"]]() if side.get("counterfactual") else contextlib.nullcontext()
@@ -149,7 +150,7 @@ def _freshness_corner(run: dict, on: bool, b: dict) -> EngineOutcome:
 def _int32_split(run: dict, on: bool, b: dict) -> EngineOutcome:
     """Theorem 8 (FA3's int L2 split branch): with 32-bit sizes an expected refutation whose witness, replayed on
     the emulated kernel, is FA3's own rejection (the case); with 64-bit sizes proved."""
-    from spec.theorems_edges import replay_rows, run_edge_theorems
+    from spec.theorems.edges import replay_rows, run_edge_theorems
 
     from ..kernel_cases import kernel_case
 

@@ -25,7 +25,7 @@ class EngineOutcome:
     invariants: list = field(default_factory=list)
     cases: int = 0
     detail: str = ""
-    case: Any = None            # a spec.cases.Case or a kernel-level case dict, when one was found
+    case: Any = None            # a spec.model.cases.Case or a kernel-level case dict, when one was found
     case_file: Optional[str] = None
 
     def to_dict(self) -> dict:

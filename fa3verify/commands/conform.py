@@ -11,7 +11,7 @@ from ..sharding import add_shard_argument
 HELP = "compare the model (under a release's profile) with the real engine, FA3 call by FA3 call"
 EPILOG = """\
 Draws random configurations and batches (the fuzzer's strategies), skips those the release's own ServerArgs
-validation rejects (counted), runs the rest on the model under the release's profile (spec/engine_profiles.json:
+validation rejects (counted), runs the rest on the model under the release's profile (spec/model/engine_profiles.json:
 precompute heads and guard) and on the real engine, and compares per (step, DP rank, eager|capture|replay)
 what each passes to get_scheduler_metadata and flash_attn_with_kvcache (heads, batch, max_seqlen_k,
 page-table width, page size, num_splits, causal, softcap, dtype, whether metadata is passed), the split
@@ -116,7 +116,7 @@ def _conform_vllm(args, spec) -> int:
     from ..engine_choice import open_engine
     from ..errors import UsageError
     from ..summary import print_table
-    from spec.engine_profiles import ProfileError, engine_profile_for, release_named
+    from spec.model.engine_profiles import ProfileError, engine_profile_for, release_named
 
     if not args.engine_profile and spec.release is None:
         from ..engine_choice import open_engine as _open

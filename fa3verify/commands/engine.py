@@ -55,7 +55,7 @@ def _no_action(parser) -> int:
 
 
 def _release_of(text: str, option: str) -> str:
-    from spec.engine_profiles import ProfileError, profile_for, release_named
+    from spec.model.engine_profiles import ProfileError, profile_for, release_named
 
     from ..errors import UsageError
 
@@ -74,7 +74,7 @@ def run_setup(args) -> int:
     from .. import exitcodes
     from ..errors import UsageError
 
-    from spec.engine_profiles import release_named
+    from spec.model.engine_profiles import release_named
 
     vllm_release = release_named(args.release, "vllm")
     if vllm_release is not None:
@@ -102,7 +102,7 @@ def run_setup(args) -> int:
 
 def parse_releases(text):
     """The releases an ``A..B`` range (or one release) names, among the profiled ones; UsageError otherwise."""
-    from spec.engine_profiles import ProfileError, profile_for, releases_between
+    from spec.model.engine_profiles import ProfileError, profile_for, releases_between
 
     from ..errors import UsageError
 

@@ -22,16 +22,16 @@ def register(sub) -> None:
 
 
 def catalogue() -> dict:
-    """Invariants (spec.invariants), theorems (spec.theorems) and named assumptions (spec.domain, spec.config)."""
-    from spec.config import DOMAIN_ASSUMPTIONS
-    from spec.domain import ASSUMPTIONS
+    """Invariants (spec.invariants), theorems (spec.theorems) and named assumptions (spec.model.domain, spec.model.config)."""
+    from spec.model.config import DOMAIN_ASSUMPTIONS
+    from spec.model.domain import ASSUMPTIONS
     from spec.invariants import INVARIANTS
     from spec.theorems import THEOREMS
 
     return {
         "invariants": [{"name": i.name, "statement": i.statement, "fa3_source": i.fa3_source, "silent": i.silent}
                        for i in INVARIANTS.values()],
-        "theorems": [{"name": n, "number": num, "statement": st} for n, (num, st) in THEOREMS.items()],
+        "theorems": [{"name": t.name, "number": t.number, "statement": t.statement, "models": list(t.models)} for t in THEOREMS.values()],
         "prover_assumptions": [{"name": n, "description": d} for n, d in ASSUMPTIONS.items()],
         "configuration_rules": [{"name": a.name, "description": a.description} for a in DOMAIN_ASSUMPTIONS],
     }

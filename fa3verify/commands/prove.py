@@ -84,7 +84,7 @@ def run(args) -> int:
         summary = prove(policy, timeout_s=args.timeout_s, cases_dir=args.cases_dir, only=args.only,
                         dropped_assumptions=dropped, jobs=args.jobs)
     if facts is not None:
-        from spec.assumption_facts import enforced, not_enforced
+        from spec.model.assumption_facts import enforced, not_enforced
 
         summary.policy.update(enforced_assumptions=enforced(facts), not_enforced_assumptions=not_enforced(facts),
                               dropped_assumptions=dropped)
@@ -118,9 +118,9 @@ def _prove_vllm(args, profile) -> int:
 
 
 def _release_assumptions(release: str) -> tuple:
-    """(facts, prover assumptions to drop) of sglang ``release`` (spec/assumption_facts.json), printed: which
+    """(facts, prover assumptions to drop) of sglang ``release`` (spec/model/assumption_facts.json), printed: which
     assumptions the release enforces, which it does not, and what the prover therefore drops."""
-    from spec.assumption_facts import enforced, facts_for, not_enforced, prover_drops
+    from spec.model.assumption_facts import enforced, facts_for, not_enforced, prover_drops
 
     facts = facts_for("sglang", release)
     drops = prover_drops(facts)
@@ -132,7 +132,7 @@ def _release_assumptions(release: str) -> tuple:
 
 def check_assumptions(names) -> None:
     from ..errors import UsageError
-    from spec.domain import assumption_name_error
+    from spec.model.domain import assumption_name_error
 
     message = assumption_name_error(names, "--drop-assumption")
     if message:
@@ -145,6 +145,6 @@ def check_only(only) -> None:
     from spec.theorems import THEOREMS, select
 
     for name in only or []:
-        if not select([name], list(THEOREMS), lambda t: THEOREMS[t][0]):
+        if not select([name], list(THEOREMS), lambda t: THEOREMS[t].number):
             raise UsageError(f"--only: {name!r} matches no theorem; names (or a number or part of a name): "
                              f"{', '.join(THEOREMS)}")

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
-from spec.worker_client import run_command
+from spec.process.worker_client import run_command
 
 from .runner import repo_root, tail, junit_counts, junit_failures
 

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from spec.worker_client import run_command
+from spec.process.worker_client import run_command
 
 from .runner import repo_root, tail, parse_memcheck
 

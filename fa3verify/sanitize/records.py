@@ -9,7 +9,7 @@ user chose (``FA3VERIFY_SANITIZE_DIR``, ``--fa3verify-sanitize-dir`` or ``instal
   ``fa3verify report LOG.jsonl --html`` renders it.
 * pair file ``pair-<invariant>-<hash>.json`` (schema ``fa3verify.sanitize-pair/1``): both sides' records, the
   violations and the pair summary; ``fa3verify sanitize replay PAIR.json`` re-runs the checks on it.
-* case file (``spec.cases`` schema ``fa3verify.case/1``) when the pair is a head-count mismatch of a paged
+* case file (``spec.model.cases`` schema ``fa3verify.case/1``) when the pair is a head-count mismatch of a paged
   decode with known lengths -- the PR #30439 shape: model heads = the call's, ``tp_size`` = the factor the
   precompute divided them by, ``attn_cp_size = tp_size`` (so the layer keeps every head), guard "none"
   (sglang precomputes), one decode batch with the recorded lengths, eager or (the call's KV extent wider than
@@ -90,8 +90,8 @@ def load_pair(path) -> tuple:
 
 
 def case_for_pair(pre: Optional[PrecomputeRecord], call: CallRecord, violations):
-    """A ``spec.cases.Case`` reproducing a head-count mismatch of a paged decode, or None when the pair is not one."""
-    from spec.cases import Case, CaseFormatError
+    """A ``spec.model.cases.Case`` reproducing a head-count mismatch of a paged decode, or None when the pair is not one."""
+    from spec.model.cases import Case, CaseFormatError
 
     if pre is None or not violations or pre.cache_seqlens is None or call.page_size is None:
         return None

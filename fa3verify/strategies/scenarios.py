@@ -41,7 +41,7 @@ class FuzzCase:
     steps: tuple
     numerics: bool
     seed: int
-    #: vLLM options the sglang-shaped server and model cannot say (``spec.case_vllm``; family ``vllm``), else None
+    #: vLLM options the sglang-shaped server and model cannot say (``spec.model.case_vllm``; family ``vllm``), else None
     vllm: Optional[dict] = None
 
 
@@ -130,7 +130,7 @@ def random_fuzz_case(rng: random.Random, numerics_share: float = NUMERICS_SHARE)
 def release_fuzz_case(rng: random.Random) -> FuzzCase:
     """A configuration a real release can be run with (family ``release``, what ``conform`` draws): a metadata-level
     case of the ``scenario`` space with ``num_splits`` 0. A fixed ``num_splits`` > 0 is the model's what-if
-    (spec.config.ServerConfig): sglang has no such server option and passes 0 (1 under deterministic inference)."""
+    (spec.model.config.ServerConfig): sglang has no such server option and passes 0 (1 under deterministic inference)."""
     case = random_fuzz_case(rng, numerics_share=0.0)
     return dataclasses.replace(case, server=dataclasses.replace(case.server, num_splits=0))
 

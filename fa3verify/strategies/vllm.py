@@ -1,7 +1,7 @@
 """vLLM's configuration families (family ``vllm``): the knobs vLLM's FlashAttention builder reads, x skewed batches.
 
 A case is a ``FuzzCase`` whose ``vllm`` options say what the sglang-shaped server and model cannot
-(``spec/case_vllm.py`` validates them; ``gpu_impl.engines.vllm.scenario_to_vllm`` maps the whole case onto the
+(``spec/model/case_vllm.py`` validates them; ``gpu_impl.engines.vllm.scenario_to_vllm`` maps the whole case onto the
 driver). The families, as ``vllm/v1/attention/backends/flash_attn.py`` (0.33.0) branches on them:
 
 * CUDA graph: none, piecewise (attention runs eagerly between captured pieces) or full (``server.cuda_graph``:
@@ -24,8 +24,8 @@ from __future__ import annotations
 import random
 from typing import Optional
 
-from spec.assumption_facts import facts_for, not_enforced
-from spec.engine_profiles_vllm import VLLM_RELEASES
+from spec.model.assumption_facts import facts_for, not_enforced
+from spec.model.engine_profiles_vllm import VLLM_RELEASES
 
 from .scenarios import SM_COUNTS, FuzzCase
 
@@ -33,8 +33,8 @@ __all__ = ["NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SI
            "vllm_decode_tile_case",
            "vllm_family_label", "model_tp_points"]
 
-#: sglang's domain assumptions (``spec.config``) a vLLM case need not meet, from the vLLM releases' facts
-#: (``spec/assumption_facts.json``): under vLLM ``server.attn_cp_size`` is decode context parallel, which needs no
+#: sglang's domain assumptions (``spec.model.config``) a vLLM case need not meet, from the vLLM releases' facts
+#: (``spec/model/assumption_facts.json``): under vLLM ``server.attn_cp_size`` is decode context parallel, which needs no
 #: prefill CP (the family draws DCP 2 without it).
 NOT_ASSUMED_BY_VLLM = tuple(sorted({name for release in VLLM_RELEASES
                                     for name in not_enforced(facts_for("vllm", release))}))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from spec.worker_client import WorkerError, run_command
+from spec.process.worker_client import WorkerError, run_command
 
 from . import installers, recipes, torch_build, vllm_recipes
 from .errors import EnvSetupError, NoPrecompute, UnknownRelease

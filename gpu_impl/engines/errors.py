@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spec.worker_client import WorkerError
+from spec.process.worker_client import WorkerError
 
 from ..sut import EngineSpecError
 
@@ -30,4 +30,4 @@ class CheckoutImportError(EngineUnavailable):
 
 class DriverError(WorkerError):
     """The engine worker missed its deadline (``timed_out``; it was killed), died, or answered something that is not
-    a response, or the engine's code crashed: inconclusive, never a pass or a violation (``spec.worker_client``)."""
+    a response, or the engine's code crashed: inconclusive, never a pass or a violation (``spec.process.worker_client``)."""

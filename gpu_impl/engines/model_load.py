@@ -27,7 +27,7 @@ from typing import Optional
 
 __all__ = ["CHECK", "LAYOUT_READERS", "STOP_AT", "attention_tp_size", "head_split"]
 
-#: The release check this runs (as ``spec/assumption_facts.json`` names it).
+#: The release check this runs (as ``spec/model/assumption_facts.json`` names it).
 CHECK = "srt/models/qwen3.py Qwen3Attention.__init__"
 MODULE, CLASS = "sglang.srt.models.qwen3", "Qwen3Attention"
 

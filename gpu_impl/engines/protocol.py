@@ -1,7 +1,7 @@
 """The engine worker's wire format (one JSON object per line each way: scenarios out, results back) and the one
 worker loop every engine driver runs (:func:`serve`).
 
-Invariant: a scenario crosses the process boundary as plain data (server and model fields of spec.config, the
+Invariant: a scenario crosses the process boundary as plain data (server and model fields of spec.model.config, the
 steps, the seed) and nothing else; the engine's own code decides the guard and the head counts, so the policy
 fields of a :class:`gpu_impl.scenario.Scenario` (guard, metadata_heads, seeded defects) are not sent.
 """

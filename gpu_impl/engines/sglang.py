@@ -155,10 +155,10 @@ class SglangSUT(SystemUnderTest):
         return self._domain
 
     def assumption_facts(self) -> dict:
-        """The release's facts (``spec/assumption_facts.json``); a checkout has those of its nearest release (a
+        """The release's facts (``spec/model/assumption_facts.json``); a checkout has those of its nearest release (a
         simplification: a checkout whose validation differs is caught where the gate replays a witness, since each
         witness is put to the checkout's own validation first)."""
-        from spec.assumption_facts import facts_for
+        from spec.model.assumption_facts import facts_for
 
         return facts_for("sglang", self.release)
 

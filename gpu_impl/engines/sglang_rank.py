@@ -4,7 +4,7 @@ built through the release's own test kit, and the decode paths driven on it (eag
 Invariant: the backend sees only what the release's own code builds: the kit's ``MockModelRunner`` and forward
 batches, the layout set where the release reads it (``sglang_glue``), and sglang's own ``ModelConfig
 .get_num_kv_heads``; the layer's q/k/v carry the heads an attention module of the model holds on that rank,
-``H // attn_tp_size`` and ``max(1, Hk // attn_tp_size)`` (``spec.config.ServerConfig.layer_heads``, as
+``H // attn_tp_size`` and ``max(1, Hk // attn_tp_size)`` (``spec.model.config.ServerConfig.layer_heads``, as
 ``python/sglang/srt/models/qwen3_moe.py`` computes them). Runs inside an engine environment.
 """
 

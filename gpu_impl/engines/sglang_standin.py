@@ -12,7 +12,7 @@ these releases carries the pools), ``ForwardMode``, ``RadixAttention``, the ``fa
 Written from reading those files; nothing of sglang's later test kit or backend is copied.
 
 What is ours (a stand-in, listed): the runner object (only the attributes the backend reads), the model
-config (the attention shapes of ``spec.config.ModelConfig``; no softcap field), and ``ServerArgs`` built
+config (the attention shapes of ``spec.model.config.ModelConfig``; no softcap field), and ``ServerArgs`` built
 without its ``__post_init__`` (which resolves a model from disk and probes the device). It exposes the names
 ``sglang_rank.RankBackend`` reads from a kit (``DenseAttentionCase``, ``TinyModelConfig``, ``MockModelRunner``,
 ``MHATokenToKVPool``, ``_make_forward_batch``, ``ATTENTION_BACKENDS``, ``RadixAttention``, ``ForwardMode``) plus

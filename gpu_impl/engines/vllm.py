@@ -7,12 +7,12 @@ vLLM passed to FA3; a worker that dies, misses the engine deadline (it is killed
 :class:`~gpu_impl.engines.errors.DriverError` naming it (``worker_client``: inconclusive, never a pass). Models
 ``vllm/v1/attention/backends/flash_attn.py`` by running it.
 
-:func:`scenario_to_vllm` maps the suite's Scenario (sglang-shaped: ``spec.config.ServerConfig`` and
+:func:`scenario_to_vllm` maps the suite's Scenario (sglang-shaped: ``spec.model.config.ServerConfig`` and
 ``ModelConfig``) onto the driver's fields: ``tp_size`` -> tp, ``attn_cp_size`` -> decode context parallel,
 ``cuda_graph`` -> full CUDA graph (vLLM's default mode for FA3 is FULL_AND_PIECEWISE; decode batches take the full
 graph), ``enable_deterministic_inference`` -> ``VLLM_BATCH_INVARIANT``, ``context_length`` -> max_model_len,
 ``page_size`` -> block size (vLLM's FA3 needs a multiple of 16: smaller sizes are raised to 16); the scenario's
-``vllm`` options (``spec.case_vllm``: piecewise graphs, KV dtype, layers and windows) go as they are. Policy fields
+``vllm`` options (``spec.model.case_vllm``: piecewise graphs, KV dtype, layers and windows) go as they are. Policy fields
 (guard, metadata heads) do not apply: vLLM's code decides. A seeded defect is a transformation the driver applies
 from outside vLLM's code (:data:`VLLM_DEFECTS`).
 """
@@ -149,7 +149,7 @@ def _unsupported(message: str):
 def scenario_to_vllm(scn) -> dict:
     """The driver fields for a gpu_impl.scenario.Scenario (see the module doc for the mapping).
 
-    The scenario's ``vllm`` options (``spec.case_vllm``) add what the server/model cannot say: piecewise graphs,
+    The scenario's ``vllm`` options (``spec.model.case_vllm``) add what the server/model cannot say: piecewise graphs,
     the KV cache dtype, layers and their sliding windows, capture sizes, the CUDA-graph split count; its seeded
     defects become the driver's transformation (:data:`VLLM_DEFECTS`). A feature the driver does not run (MLA,
     another head dim for V, a defect it cannot seed) raises ``ScenarioUnsupported``."""
@@ -297,9 +297,9 @@ class VllmSUT(SystemUnderTest):
         return self._verdicts[key]
 
     def assumption_facts(self) -> dict:
-        """The release's facts where spec's assumptions apply to vLLM (``spec/assumption_facts.json``); a checkout
+        """The release's facts where spec's assumptions apply to vLLM (``spec/model/assumption_facts.json``); a checkout
         has those of its nearest release."""
-        from spec.assumption_facts import facts_for
+        from spec.model.assumption_facts import facts_for
 
         return facts_for("vllm", self.release)
 

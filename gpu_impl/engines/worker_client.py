@@ -1,6 +1,6 @@
 """The harness side of the engine worker protocol (:func:`gpu_impl.engines.protocol.serve`): one client for every
 engine worker (sglang's driver, vLLM's driver, sglang under the runtime sanitizer), on the one deadline policy of
-:mod:`spec.worker_client`.
+:mod:`spec.process.worker_client`.
 
 Invariant: every answer an engine client acts on came from its worker within its deadline -- the worker's
 first line (its hello: starting a worker imports the engine) within the start deadline
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from spec.deadlines import checked_seconds, seconds_from_env
-from spec.worker_client import WorkerClient
+from spec.process.deadlines import checked_seconds, seconds_from_env
+from spec.process.worker_client import WorkerClient
 
 from .errors import DriverError, EngineUnavailable
 from .protocol import encode
@@ -40,7 +40,7 @@ MAX_TIMEOUT_S = 86400.0
 
 def _deadline_s(value, environ, variable: str, argument: str, default: float, what: str) -> float:
     """``value`` if given, else ``$variable``, else ``default``; anything but a finite number in (0, 86400] raises
-    EngineUnavailable naming where it came from and the allowed range (spec.deadlines, the one parser)."""
+    EngineUnavailable naming where it came from and the allowed range (spec.process.deadlines, the one parser)."""
     if value is not None:
         return checked_seconds(value, argument, MAX_TIMEOUT_S, EngineUnavailable, what)
     return seconds_from_env(variable, default, environ, EngineUnavailable, MAX_TIMEOUT_S, what)

@@ -29,7 +29,7 @@ from gpu_impl.domain import ConfigDomain, DomainDraw
 from gpu_impl.model_pairs import model_pairs
 from gpu_impl.scenario import ScenarioResult, jsonable
 from gpu_impl.sut import ModelSUT, ScenarioUnsupported, SystemUnderTest
-from spec.config import ModelConfig, ServerConfig
+from spec.model.config import ModelConfig, ServerConfig
 from spec.violation import Violation
 
 HERE = Path(__file__).resolve().parent
@@ -96,7 +96,7 @@ class RecordedSUT(SystemUnderTest):
 
     def conformance_profile(self) -> str:
         """What it conforms to: its log was recorded from our model under the fixed guard, H // tp_size heads and
-        the graph replay's ``max_seq_len`` -- sglang 0.5.15's profile (spec/engine_profiles.json) -- except on the
+        the graph replay's ``max_seq_len`` -- sglang 0.5.15's profile (spec/model/engine_profiles.json) -- except on the
         defective configurations (the seeded defect conform must find)."""
         return "sglang==0.5.15"
 
@@ -105,7 +105,7 @@ class RecordedSUT(SystemUnderTest):
         return None
 
     def _record(self, scenario, kernel) -> dict:
-        from spec.guards import load_guard
+        from spec.model.guards import load_guard
 
         defective = {config_key(ServerConfig.from_dict(c["server"]), ModelConfig.from_dict(c["model"]))
                      for c in self.data["defective"]}

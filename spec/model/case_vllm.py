@@ -1,0 +1,68 @@
+"""The ``vllm`` object of a case file (schema fa3verify.case/1): what a vLLM configuration adds to the server/model.
+
+Invariant: a case's ``vllm`` object names only knobs that vLLM's FlashAttention backend reads and the sglang-shaped
+``server``/``model`` cannot say (``vllm/v1/attention/backends/flash_attn.py``, 0.33.0; ``vllm/config``), each in
+the range vLLM accepts; everything else of the configuration stays in ``server``/``model`` (one truth per knob):
+``server.tp_size`` is vLLM's tensor parallel size, ``server.attn_cp_size`` its decode context parallel (DCP) size,
+``server.cuda_graph`` full CUDA graph, ``server.enable_deterministic_inference`` ``VLLM_BATCH_INVARIANT``,
+``server.page_size`` the block size, ``server.context_length`` ``max_model_len``, ``server.num_sm`` the GPU.
+
+Fields (all optional): ``piecewise`` (bool: piecewise CUDA graphs, attention eager; not with ``server.cuda_graph``),
+``kv_cache_dtype`` (``"auto"`` or ``"fp8"``), ``num_layers`` (1..64), ``sliding_window`` (null, an integer >= 1 for
+every layer, or one null-or-integer per layer), ``capture_sizes`` (1..64 integers in [1, 4096]),
+``max_num_splits_for_cuda_graph`` (1..256). ``check_vllm_options`` raises ``CaseFormatError`` naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from spec.model.case_bounds import MAX_LEN, CaseFormatError
+
+__all__ = ["VLLM_FIELDS", "check_vllm_options"]
+
+VLLM_FIELDS = ("piecewise", "kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes",
+               "max_num_splits_for_cuda_graph")
+MAX_LAYERS = 64
+MAX_CAPTURE_SIZE = 4096
+
+
+def _int_in(v: Any, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def check_vllm_options(value: Any, server: dict) -> Optional[dict]:
+    """The validated ``vllm`` object (None when absent); CaseFormatError names the first bad field."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise CaseFormatError("vllm", "a JSON object with fields " + ", ".join(VLLM_FIELDS), value)
+    unknown = sorted(set(value) - set(VLLM_FIELDS))
+    if unknown:
+        raise CaseFormatError(f"vllm.{unknown[0]}", "one of the fields " + ", ".join(VLLM_FIELDS), unknown[0])
+    out = dict(value)
+    pw = out.get("piecewise", False)
+    if not isinstance(pw, bool):
+        raise CaseFormatError("vllm.piecewise", "true or false", pw)
+    if pw and server.get("cuda_graph", False):
+        raise CaseFormatError("vllm.piecewise", "false when server.cuda_graph is true (full CUDA graph)", pw)
+    if out.get("kv_cache_dtype", "auto") not in ("auto", "fp8"):
+        raise CaseFormatError("vllm.kv_cache_dtype", "'auto' or 'fp8'", out["kv_cache_dtype"])
+    layers = out.get("num_layers", 1)
+    if not _int_in(layers, 1, MAX_LAYERS):
+        raise CaseFormatError("vllm.num_layers", f"an integer in [1, {MAX_LAYERS}]", layers)
+    sw = out.get("sliding_window")
+    if sw is not None:
+        ok = _int_in(sw, 1, MAX_LEN) or (isinstance(sw, list) and len(sw) == layers
+                                         and all(w is None or _int_in(w, 1, MAX_LEN) for w in sw))
+        if not ok:
+            raise CaseFormatError("vllm.sliding_window", f"null, an integer in [1, 2^31) or a list of {layers} "
+                                                         f"(null | integer) entries, one per layer", sw)
+    sizes = out.get("capture_sizes")
+    if sizes is not None and not (isinstance(sizes, list) and 1 <= len(sizes) <= 64
+                                  and all(_int_in(x, 1, MAX_CAPTURE_SIZE) for x in sizes)):
+        raise CaseFormatError("vllm.capture_sizes", f"a list of 1..64 integers in [1, {MAX_CAPTURE_SIZE}]", sizes)
+    splits = out.get("max_num_splits_for_cuda_graph")
+    if splits is not None and not _int_in(splits, 1, 256):
+        raise CaseFormatError("vllm.max_num_splits_for_cuda_graph", "an integer in [1, 256]", splits)
+    return out

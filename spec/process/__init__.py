@@ -1,0 +1,1 @@
+"""Process plumbing: worker processes with deadlines, user-set deadlines, interrupts."""
