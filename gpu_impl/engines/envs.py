@@ -56,15 +56,36 @@ def _check_sglang(release: str) -> str:
                            f"{recipes.FIRST_PRECOMPUTE}): nothing to gate")
     base = release.split(".post")[0]
     if base not in recipes.RELEASES:
-        raise UnknownRelease(f"sglang=={release}: not a release this suite knows (registered: {registered})")
+        raise UnknownRelease(f"sglang=={release}: not a release this suite knows (registered: {registered}); "
+                             + next_step("sglang", release))
     return base
 
 
 def _check_vllm(release: str) -> str:
     if release not in vllm_recipes.RECIPES:
         raise UnknownRelease(f"vllm=={release}: not a vLLM release this suite knows (registered: "
-                             f"{', '.join(vllm_recipes.RELEASES)})")
+                             f"{', '.join(vllm_recipes.RELEASES)}); " + next_step("vllm", release))
     return release
+
+
+#: Per engine: the source form that runs code of any version, and what its PATH names.
+_SOURCE_FORMS = {"sglang": ("sglang-src=PATH", "its checkout's python/ or its wheel"),
+                 "vllm": ("vllm-src=PATH", "its checkout's root or its wheel")}
+
+
+def next_step(engine: str, release: str) -> str:
+    """What to do about an unregistered ``engine==release``: the nearest registered release, and the source form
+    that runs that version's own code beside it (``recipes.nearest_release`` / ``vllm.nearest_vllm_release``: the
+    newest registered release at or before it, else the oldest)."""
+    if engine == "vllm":
+        from .vllm import nearest_vllm_release
+
+        nearest = nearest_vllm_release(release)
+    else:
+        nearest = recipes.nearest_release(release)
+    form, what = _SOURCE_FORMS[engine]
+    return (f"the nearest supported release is {engine}=={nearest}; to run {engine} {release}'s own code, use "
+            f"{form} ({what}), which runs beside {engine}=={nearest}'s environment")
 
 
 def _sglang_pins(release: str, requires: list) -> dict:
