@@ -5,11 +5,13 @@ option the user passed named (``gpu_impl.engines.envs.next_step``)."""
 import pytest
 
 from fa3verify.cli import main
+from gpu_impl.engines import recipes, vllm_recipes
 
+#: Releases past (or before) every registered one: the nearest is the newest (or the oldest) registered release.
 CASES = {
-    "vllm==0.34.0": ("vllm==0.33.0", "vllm-src=PATH"),
-    "vllm==0.1.0": ("vllm==0.33.0", "vllm-src=PATH"),
-    "sglang==9.9.9": ("sglang==0.5.23", "sglang-src=PATH"),
+    "vllm==0.99.0": (f"vllm=={vllm_recipes.RELEASES[-1]}", "vllm-src=PATH"),
+    "vllm==0.1.0": (f"vllm=={vllm_recipes.RELEASES[0]}", "vllm-src=PATH"),
+    "sglang==9.9.9": (f"sglang=={recipes.RELEASES[-1]}", "sglang-src=PATH"),
 }
 
 
@@ -29,20 +31,23 @@ def test_a_registered_release_is_accepted_by_the_same_check():
     from gpu_impl.engines import envs
 
     assert envs.check_release("0.5.23") == "0.5.23" and envs.check_release("0.33.0", engine="vllm") == "0.33.0"
+    with pytest.raises(envs.UnknownRelease, match="nearest supported release"):
+        envs.check_release("0.99.0", engine="vllm")
 
 
 def test_engine_setup_of_an_unknown_release_gives_the_next_step(capsys):
     assert main(["engine", "setup", "sglang==9.9.9"]) == 2
     err = capsys.readouterr().err
-    assert "the nearest supported release is sglang==0.5.23" in err and "sglang-src=PATH" in err
-    assert main(["engine", "setup", "vllm==0.34.0"]) == 2
+    assert f"the nearest supported release is sglang=={recipes.RELEASES[-1]}" in err and "sglang-src=PATH" in err
+    assert main(["engine", "setup", "vllm==0.99.0"]) == 2
     err = capsys.readouterr().err
-    assert "the nearest supported release is vllm==0.33.0" in err and "vllm-src=PATH" in err
+    assert f"the nearest supported release is vllm=={vllm_recipes.RELEASES[-1]}" in err and "vllm-src=PATH" in err
 
 
 def test_the_nearest_release_is_the_newest_at_or_before_the_version_else_the_oldest():
     from gpu_impl.engines.envs import next_step
 
-    assert "sglang==0.5.23" in next_step("sglang", "0.6.0")
-    assert "sglang==0.5.11" in next_step("sglang", "0.5.1")
-    assert "vllm==0.33.0" in next_step("vllm", "0.40.2")
+    assert f"nearest supported release is sglang=={recipes.RELEASES[-1]};" in next_step("sglang", "0.6.0")
+    assert f"nearest supported release is sglang=={recipes.RELEASES[0]};" in next_step("sglang", "0.5.1")
+    assert "nearest supported release is sglang==0.5.14;" in next_step("sglang", "0.5.14.post3")
+    assert f"nearest supported release is vllm=={vllm_recipes.RELEASES[-1]};" in next_step("vllm", "0.99.2")

@@ -255,11 +255,16 @@ def test_an_engine_gate_runs_from_the_installed_package(installed, tmp_path):
     ready, pythonpath = json.loads(proc.stdout)
     for entry in pythonpath.split(os.pathsep):
         assert not (Path(entry) / "numpy").exists() and not (Path(entry) / "torch").exists(), entry
-    assert sorted(os.listdir(pythonpath.split(os.pathsep)[-1])) == sorted(PACKAGES)
+    links = Path(pythonpath.split(os.pathsep)[-1])
+    assert sorted(os.listdir(links)) == sorted(PACKAGES)
     if not ready:
+        shutil.rmtree(links)
         pytest.skip("no ready sglang 0.5.23 environment under the engine home (make engines builds it)")
     t = time.monotonic()
-    proc = _run(installed, "gate", "--engine", "sglang==0.5.23", "--cases", "5", cwd=tmp_path)
+    try:
+        proc = _run(installed, "gate", "--engine", "sglang==0.5.23", "--cases", "5", cwd=tmp_path)
+    finally:
+        shutil.rmtree(links)  # this installation's links (its folder is a temporary one)
     print(f"gate --engine sglang==0.5.23 --cases 5: {time.monotonic() - t:.1f}s")
     assert proc.returncode == 0 and "verdict: PASS" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "sglang==0.5.23" in proc.stdout
