@@ -294,3 +294,121 @@ def test_the_recipe_installs_gates_and_reports_for_real_from_the_workspace_root(
     assert summary.startswith("## fa3verify gate: NOT RUN (the install step failed)"), summary
     assert "no-such-python" in summary  # the install log's last lines
     print("run-gate.sh steps from the workspace root (s):", seconds)
+
+
+# --- the workflows' path filters cover what the backend reads ----------------------------------------------------
+
+#: Per engine: the backend files whose imports the filter must cover (paths inside the installed package), the
+#: folder of the package inside the engine's repository, and files read one hop further (with where from).
+BACKENDS = {
+    "sglang": (["sglang/srt/layers/attention/flashattention_backend.py"], "python/",
+               {"python/sglang/srt/layers/dp_attention.py": "model_runner's get_attention_tp_size (attention TP)",
+                "python/sglang/srt/runtime_context.py": "get_parallel(): the guard and attn_tp_size (0.5.18+)"}),
+    "vllm": (["vllm/v1/attention/backends/flash_attn.py", "vllm/v1/attention/backends/fa_utils.py"], "",
+             {"vllm/v1/worker/gpu_model_runner.py": "builds the common attention metadata the builder reads",
+              "vllm/config/model.py": "get_num_attention_heads / get_num_kv_heads"}),
+}
+
+#: The filters as they were (a negative control: they miss what a pull request can break the guard through).
+OLD_FILTERS = {"sglang": ["python/sglang/srt/layers/attention/**", "python/sglang/srt/model_executor/**",
+                          "python/sglang/srt/server_args.py"],
+               "vllm": ["vllm/v1/attention/**", "vllm/attention/**", "vllm/config/**"]}
+
+
+def _filters(engine: str) -> list:
+    text = WORKFLOWS[engine].read_text()
+    block = re.search(r"^    paths:\n((?:      - .*\n)+)", text, re.M).group(1)
+    return re.findall(r'^      - "([^"]+)"', block, re.M)
+
+
+def _glob(pattern: str) -> "re.Pattern":
+    """A GitHub path filter as a regex: ``**`` any characters, ``*`` any but ``/``, ``?`` one but ``/``."""
+    out = ""
+    for part in re.split(r"(\*\*|\*|\?)", pattern):
+        out += {"**": ".*", "*": "[^/]*", "?": "[^/]"}.get(part, re.escape(part))
+    return re.compile(out)
+
+
+def _uncovered(paths, filters) -> list:
+    globs = [_glob(f) for f in filters]
+    return sorted(p for p in paths if not any(g.fullmatch(p) for g in globs))
+
+
+def _imported_files(site: Path, backend_files: list, package: str) -> set:
+    """Every file of ``package`` that the backend files import (module-level and in functions), as paths under
+    ``site``: ``a.b`` as a/b.py or a/b/__init__.py; ``from a import b`` also a/b.py when b is a module."""
+    import ast
+
+    found = set()
+
+    def add(module: str) -> bool:
+        base = site / module.replace(".", "/")
+        for cand in (base.with_suffix(".py"), base / "__init__.py"):
+            if cand.is_file():
+                found.add(str(cand.relative_to(site)))
+                return True
+        return False
+
+    for rel in backend_files:
+        found.add(rel)
+        for node in ast.walk(ast.parse((site / rel).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == package:
+                add(node.module)
+                for alias in node.names:
+                    add(f"{node.module}.{alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == package:
+                        add(alias.name)
+    return found
+
+
+def _ready_sites(engine: str) -> dict:
+    from gpu_impl.engines import envs, recipes, vllm_recipes
+
+    releases = recipes.RELEASES if engine == "sglang" else vllm_recipes.RELEASES
+    sites = {}
+    for release in releases:
+        if envs.env_ready(release, engine=engine):
+            found = list(envs.env_dir(release, engine=engine).glob("lib/python3*/site-packages"))
+            if found:
+                sites[release] = found[0]
+    return sites
+
+
+@pytest.mark.parametrize("engine", sorted(WORKFLOWS))
+def test_the_path_filter_covers_every_file_the_backend_reads(engine):
+    """Derived from the code of every release whose engine environment is built: the backend files and every module
+    of the engine they import, plus the files read one hop further (BACKENDS)."""
+    backend_files, prefix, extra = BACKENDS[engine]
+    filters = _filters(engine)
+    assert ".github/workflows/fa3-verify.yml" in filters and _uncovered(extra, filters) == []
+    sites = _ready_sites(engine)
+    if not sites:
+        pytest.skip(f"no built {engine} engine environment to read the releases' code from (make engines)")
+    for release, site in sites.items():
+        files = [prefix + f for f in _imported_files(site, backend_files, engine)]
+        assert len(files) > len(backend_files) + 5, (release, files)  # the derivation found the imports
+        assert _uncovered(files, filters) == [], (engine, release)
+
+
+@pytest.mark.parametrize("engine", sorted(WORKFLOWS))
+def test_the_old_path_filter_misses_what_the_derivation_finds(engine):
+    """Negative control: the filters before they were derived miss files the backend reads (for sglang 0.5.23,
+    runtime_context.py, where the guard and the head counts read attn_tp_size; and dp_attention.py)."""
+    backend_files, prefix, extra = BACKENDS[engine]
+    missed = _uncovered(extra, OLD_FILTERS[engine])
+    if engine == "sglang":
+        assert missed == ["python/sglang/srt/layers/dp_attention.py", "python/sglang/srt/runtime_context.py"]
+    sites = _ready_sites(engine)
+    for release, site in sites.items():
+        missed += _uncovered([prefix + f for f in _imported_files(site, backend_files, engine)], OLD_FILTERS[engine])
+    if engine == "vllm" and not sites:
+        pytest.skip("no built vllm engine environment to read the releases' code from (make engines)")
+    assert missed
+
+
+def test_the_filter_glob_follows_github_semantics():
+    assert _glob("a/**").fullmatch("a/b/c.py") and not _glob("a/*").fullmatch("a/b/c.py")
+    assert _glob("a/*.py").fullmatch("a/x.py") and not _glob("a/*.py").fullmatch("a/b/x.py")
+    assert _glob("f*.py").fullmatch("flash_attention_v4.py") and not _glob("a.py").fullmatch("axpy")
