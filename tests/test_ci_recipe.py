@@ -303,7 +303,9 @@ def test_the_recipe_installs_gates_and_reports_for_real_from_the_workspace_root(
 BACKENDS = {
     "sglang": (["sglang/srt/layers/attention/flashattention_backend.py"], "python/",
                {"python/sglang/srt/layers/dp_attention.py": "model_runner's get_attention_tp_size (attention TP)",
-                "python/sglang/srt/runtime_context.py": "get_parallel(): the guard and attn_tp_size (0.5.18+)"}),
+                "python/sglang/srt/runtime_context.py": "get_parallel(): the guard and attn_tp_size (0.5.18+)",
+                "python/sglang/srt/distributed/parallel_state_wrapper.py":
+                    "ParallelState, model_runner.ps: the precompute's tp_size (0.5.16 - 0.5.20)"}),
     "vllm": (["vllm/v1/attention/backends/flash_attn.py", "vllm/v1/attention/backends/fa_utils.py"], "",
              {"vllm/v1/worker/gpu_model_runner.py": "builds the common attention metadata the builder reads",
               "vllm/config/model.py": "get_num_attention_heads / get_num_kv_heads"}),
@@ -399,7 +401,8 @@ def test_the_old_path_filter_misses_what_the_derivation_finds(engine):
     backend_files, prefix, extra = BACKENDS[engine]
     missed = _uncovered(extra, OLD_FILTERS[engine])
     if engine == "sglang":
-        assert missed == ["python/sglang/srt/layers/dp_attention.py", "python/sglang/srt/runtime_context.py"]
+        assert missed == ["python/sglang/srt/distributed/parallel_state_wrapper.py",
+                          "python/sglang/srt/layers/dp_attention.py", "python/sglang/srt/runtime_context.py"]
     sites = _ready_sites(engine)
     for release, site in sites.items():
         missed += _uncovered([prefix + f for f in _imported_files(site, backend_files, engine)], OLD_FILTERS[engine])
