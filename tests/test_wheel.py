@@ -144,6 +144,21 @@ def test_the_audit_catches_a_data_file_left_out(tmp_path):
     assert any(m.endswith(".dist-info/METADATA") and "/fakes/" in m for m in missing), missing
 
 
+def test_the_torch_requirement_is_loose_as_written_and_the_readme_installs_the_cpu_build_before_it(wheel):
+    """torch stays `torch>=2.1` in the wheel (a GPU machine keeps its CUDA build); so the README installs the
+    package without dependencies, then torch's CPU build, and only then the dependencies (which torch satisfies)."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    torch = [line for line in meta.splitlines() if re.match(r"Requires-Dist: torch\b", line)]
+    assert torch == ["Requires-Dist: torch>=2.1"]
+    assert '"torch>=2.1",' in (ROOT / "pyproject.toml").read_text()
+    lines = _readme_install_lines()
+    first_with_deps = next(i for i, line in enumerate(lines) if ".whl" in line and "--no-deps" not in line)
+    torch_line = next(i for i, line in enumerate(lines) if "-m gpu_impl.engines.torch_build" in line)
+    no_deps = next(i for i, line in enumerate(lines) if ".whl" in line and "--no-deps" in line)
+    assert no_deps < torch_line < first_with_deps and "uv" in lines[no_deps].split()
+
+
 def test_a_broken_installation_is_exit_3_naming_the_error_not_a_traceback(tmp_path):
     """The console script's launcher: a package without engine_forms.json (the wheel before its package-data was
     fixed) fails every command with exit 3 and one line, never a traceback with exit 1 ("violation found")."""
