@@ -178,7 +178,7 @@ def test_a_broken_installation_is_exit_3_naming_the_error_not_a_traceback(tmp_pa
 
 def _readme_install_lines() -> list:
     text = README.read_text()
-    section = text.split("### Install without a clone", 1)[1]
+    section = text.split("## Install without a clone", 1)[1]
     block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
 
