@@ -83,7 +83,9 @@ def replay_line(case_file: Optional[str], guard: Optional[str] = None, engine=No
 
     if not case_file:
         return None
-    parts = ["fa3verify", "replay", str(case_file)]
+    from .invocation import command_words
+
+    parts = [*command_words(), "replay", str(case_file)]  # as typed: the script the user ran, or `fa3verify`
     if guard and not is_builtin_guard(guard):
         parts += ["--guard", guard]
     if engine is not None and getattr(engine, "named_only", False):

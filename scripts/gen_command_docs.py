@@ -56,6 +56,8 @@ RUNS = [
 
 def run(args: list[str]) -> tuple[int, str, float]:
     env = dict(os.environ, COLUMNS="110", PYTHONUNBUFFERED="1", TERM="dumb")
+    # as in an activated environment (the docs show `$ fa3verify ...`): the replay lines printed read `fa3verify`
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     start = time.perf_counter()
     proc = subprocess.run(EXE + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     return proc.returncode, (proc.stdout + proc.stderr).rstrip(), time.perf_counter() - start

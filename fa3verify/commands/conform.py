@@ -125,13 +125,23 @@ def _conform_vllm(args, spec) -> int:
             release = probe.release
     else:
         release = spec.release
+    if not args.engine_profile and spec.release is not None:  # the release named by --engine must be one we drive
+        from gpu_impl.engines.envs import check_release
+        from gpu_impl.engines.errors import UnknownRelease
+
+        try:
+            check_release(spec.release, engine="vllm")
+        except UnknownRelease as exc:
+            raise UsageError(f"--engine: {exc}") from None
+    # the profile comes from --engine-profile when given, else from the release --engine names: errors name that one
+    option = "--engine-profile" if args.engine_profile else "--engine"
     text = args.engine_profile or f"vllm=={release}"
     if release_named(text, "vllm") is None:
         raise UsageError(f"--engine-profile: {spec} runs vLLM's code; want vllm==V, got {text!r}")
     try:
         profile = engine_profile_for(text)[1]
     except ProfileError as exc:
-        raise UsageError(f"--engine-profile: {exc}") from None
+        raise UsageError(f"{option}: {exc}") from None
     from ..engine_choice import start_engine
     from ..progress import stage
 

@@ -66,7 +66,11 @@ def _release_of(text: str, option: str) -> str:
     try:
         profile_for(release)
     except ProfileError as exc:
-        raise UsageError(f"{option}: {exc}") from None
+        try:
+            from gpu_impl.engines.envs import next_step
+        except ModuleNotFoundError:  # real engines are not available: the profile's message alone
+            raise UsageError(f"{option}: {exc}") from None
+        raise UsageError(f"{option}: {exc}; {next_step('sglang', release)}") from None
     return release
 
 

@@ -31,7 +31,7 @@ from spec.process.worker_client import WorkerError, run_command
 from . import installers, recipes, torch_build, vllm_recipes
 from .errors import EnvSetupError, NoPrecompute, UnknownRelease
 
-__all__ = ["FAKES_DIR", "KINDS", "PROJECT_ROOT", "check_release", "engine_home", "ensure_env", "env_dir",
+__all__ = ["FAKES_DIR", "KINDS", "PROJECT_ROOT", "PACKAGES", "project_path", "check_release", "engine_home", "ensure_env", "env_dir",
            "env_python", "env_ready", "driver_environ", "recipe_hash", "setup_times", "install_steps",
            "BuildLockTimeout", "wait_for_build_lock"]
 
@@ -56,15 +56,36 @@ def _check_sglang(release: str) -> str:
                            f"{recipes.FIRST_PRECOMPUTE}): nothing to gate")
     base = release.split(".post")[0]
     if base not in recipes.RELEASES:
-        raise UnknownRelease(f"sglang=={release}: not a release this suite knows (registered: {registered})")
+        raise UnknownRelease(f"sglang=={release}: not a release this suite knows (registered: {registered}); "
+                             + next_step("sglang", release))
     return base
 
 
 def _check_vllm(release: str) -> str:
     if release not in vllm_recipes.RECIPES:
         raise UnknownRelease(f"vllm=={release}: not a vLLM release this suite knows (registered: "
-                             f"{', '.join(vllm_recipes.RELEASES)})")
+                             f"{', '.join(vllm_recipes.RELEASES)}); " + next_step("vllm", release))
     return release
+
+
+#: Per engine: the source form that runs code of any version, and what its PATH names.
+_SOURCE_FORMS = {"sglang": ("sglang-src=PATH", "its checkout's python/ or its wheel"),
+                 "vllm": ("vllm-src=PATH", "its checkout's root or its wheel")}
+
+
+def next_step(engine: str, release: str) -> str:
+    """What to do about an unregistered ``engine==release``: the nearest registered release, and the source form
+    that runs that version's own code beside it (``recipes.nearest_release`` / ``vllm.nearest_vllm_release``: the
+    newest registered release at or before it, else the oldest)."""
+    if engine == "vllm":
+        from .vllm import nearest_vllm_release
+
+        nearest = nearest_vllm_release(release)
+    else:
+        nearest = recipes.nearest_release(release)
+    form, what = _SOURCE_FORMS[engine]
+    return (f"the nearest supported release is {engine}=={nearest}; to run {engine} {release}'s own code, use "
+            f"{form} ({what}), which runs beside {engine}=={nearest}'s environment")
 
 
 def _sglang_pins(release: str, requires: list) -> dict:
@@ -101,6 +122,46 @@ def _kind(engine: str) -> EngineKind:
         return KINDS[engine]
     except KeyError:
         raise UnknownRelease(f"engine {engine!r}: no environment recipe (allowed: {', '.join(KINDS)})") from None
+
+
+#: This project's packages: what a driver process imports of it.
+PACKAGES = ("spec", "refmodel", "gpu_impl", "fa3verify")
+
+
+def project_path() -> Path:
+    """The folder a driver process imports this project's packages from (first on its ``PYTHONPATH``, and its
+    working directory). From a source tree (``pyproject.toml`` beside the packages) the tree itself. Installed as a
+    package, ``PROJECT_ROOT`` is the installing environment's site-packages, which also holds its own torch, numpy
+    and the rest: on the path they would shadow the engine environment's pinned packages, so the driver gets a
+    folder under the engine home that holds links to the four packages alone (one per installation, made once,
+    atomically)."""
+    if (PROJECT_ROOT / "pyproject.toml").is_file():
+        return PROJECT_ROOT
+    import hashlib
+    import tempfile
+
+    home = engine_home()
+    farm = home / f"project-{hashlib.sha256(str(PROJECT_ROOT).encode()).hexdigest()[:16]}"
+
+    def linked() -> bool:
+        return all(os.path.islink(farm / p) and os.path.realpath(farm / p) == os.path.realpath(PROJECT_ROOT / p)
+                   for p in PACKAGES) and sorted(os.listdir(farm)) == sorted(PACKAGES)
+
+    if farm.is_dir() and linked():
+        return farm
+    home.mkdir(parents=True, exist_ok=True)
+    if farm.is_dir():  # links of another shape (never expected: the name hashes the installation's path)
+        shutil.rmtree(farm, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=home, prefix=".project-"))
+    for p in PACKAGES:
+        os.symlink(PROJECT_ROOT / p, tmp / p)
+    try:
+        os.rename(tmp, farm)
+    except OSError:  # another process made it first: its links are the same
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not linked():
+        raise EnvSetupError(f"{farm}: could not make the folder of links to fa3-verify's packages")
+    return farm
 
 
 def engine_home() -> Path:
@@ -162,7 +223,7 @@ def driver_environ(extra_paths=(), base: Optional[dict] = None, engine: str = "s
     compiles what the engine imports on first import; a user's checkout is not written to)."""
     kind = _kind(engine)
     env = dict(os.environ if base is None else base)
-    paths = [str(p) for p in extra_paths] + [str(FAKES_DIR), str(PROJECT_ROOT)]
+    paths = [str(p) for p in extra_paths] + [str(FAKES_DIR), str(project_path())]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.update(kind.environ)
     for key, value in kind.environ_defaults.items():

@@ -89,7 +89,7 @@ class SglangSUT(SystemUnderTest):
         env.update(self.worker_env)
         t = time.monotonic()
         self._worker = EngineWorker([str(self.env / "bin" / "python"), "-m", self.worker], f"engine worker {self.spec}",
-                                    env=env, cwd=str(envs.PROJECT_ROOT), timeout_s=self.timeout_s,
+                                    env=env, cwd=str(envs.project_path()), timeout_s=self.timeout_s,
                                     start_timeout_s=self.start_timeout_s)
         first = self._worker.first
         if not first.get("ok"):

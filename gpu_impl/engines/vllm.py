@@ -78,7 +78,7 @@ class VllmWorker:
             env[SOURCE_VARIABLE] = str(source)
         self._worker = EngineWorker([str(d / "bin" / "python"), "-m", "gpu_impl.engines.vllm_driver"],
                                     f"engine worker {self.label}", env=env,
-                                    cwd=str(envs.PROJECT_ROOT), timeout_s=self.timeout,
+                                    cwd=str(envs.project_path()), timeout_s=self.timeout,
                                     start_timeout_s=self.start_timeout)
         first = self._worker.first
         if not first.get("ok"):
