@@ -44,6 +44,7 @@ from refmodel.prepare import m_blocks_for
 from spec.violation import Violation
 
 from .errors import MetadataShapeError
+from .fa3_arguments import ARGUMENTS_INVARIANT, argument_check, argument_differences, worst_case
 from .fa3_records import (CALL_SIGNATURE, DEFAULT_ARCH, DEFAULT_NUM_SM, PRECOMPUTE_SIGNATURES, VARLEN_POSITIONAL,
                           CallRecord, PrecomputeRecord, bind_call, bind_precompute, call_key, call_schedule_of,
                           precompute_schedule, record_bound_call, record_bound_precompute, record_call,
@@ -56,7 +57,8 @@ __all__ = [
     "record_bound_call", "bind_precompute", "record_bound_precompute", "translate_precompute",
     "quick_check", "deep_check", "pair_summary", "CheckingFA3", "MetadataMismatch", "MetadataRegistry",
     "precompute_schedule", "call_schedule_of", "violation_signature", "captured_call_for", "graph_replay_check", "DEFAULT_NUM_SM", "DEFAULT_ARCH",
-    "PRECOMPUTE_SIGNATURES", "CALL_SIGNATURE", "VARLEN_POSITIONAL",
+    "PRECOMPUTE_SIGNATURES", "CALL_SIGNATURE", "VARLEN_POSITIONAL", "ARGUMENTS_INVARIANT", "argument_check",
+    "argument_differences", "worst_case",
 ]
 
 
@@ -230,9 +232,16 @@ def pair_summary(pre: Optional[PrecomputeRecord], call: CallRecord) -> dict:
 
 
 def violation_signature(pre: Optional[PrecomputeRecord], call: CallRecord, violations: Sequence[Violation]) -> tuple:
-    """A key that is equal for the same mismatch seen again (invariants + both sides' scalars, not lengths)."""
-    return (tuple(sorted({v.invariant for v in violations})), None if pre is None else pre.schedule_key()[1:],
-            call.schedule_key()[1:])
+    """A key that is equal for the same mismatch seen again (invariants + both sides' scalars, not lengths).
+
+    A cause alone (PRECOMPUTE_ARGUMENTS, no overflow on the call) is keyed by the arguments that differ, not by
+    the step's lengths (``max_seqlen_k``, the page table's width), so it is warned about and written once."""
+    names = tuple(sorted({v.invariant for v in violations}))
+    if names == (ARGUMENTS_INVARIANT,):
+        diffs = violations[0].detail.get("differences", [])
+        return names, tuple((d["argument"],) if d["argument"] in ("max_seqlen_k", "causal/window_size")
+                            else (d["argument"], str(d["precompute"]), str(d["call"])) for d in diffs)
+    return (names, None if pre is None else pre.schedule_key()[1:], call.schedule_key()[1:])
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -305,6 +314,9 @@ class MetadataMismatch(RuntimeError):
                     f"\n  S_p={summary['s_p']} S_c={summary['s_c']}")
         if len(self.violations) > 1:
             msg += "\n  also: " + ", ".join(sorted({v.invariant for v in self.violations[1:]}))
+        cause = next((v for v in self.violations[1:] if v.invariant == ARGUMENTS_INVARIANT), None)
+        if cause is not None:
+            msg += f"\n  cause: {cause.message}"
         if case_path:
             msg += f"\n  case file: {case_path}"
         super().__init__(msg)
@@ -355,7 +367,7 @@ class CheckingFA3:
                  num_sm: Optional[int] = None, arch: Optional[int] = None, record_all: bool = False,
                  max_events: Optional[int] = None, signature: Optional[str] = None,
                  impl_signature: Optional[str] = None, capturing: Optional[Callable[[], bool]] = None,
-                 build: str = UPSTREAM):
+                 build: str = UPSTREAM, report_causes: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
         self.impl = impl
@@ -364,10 +376,23 @@ class CheckingFA3:
         self.build = check_build_name(build)
         self.deep = bool(deep)
         self.on_violation = on_violation
-        dev_sm, dev_arch = _device_num_sm_arch(impl) if num_sm is None or arch is None else (num_sm, arch)
+        #: with neither an implementation that knows its device nor num_sm/arch given, the device is read from the
+        #: first FA3 tensor seen (:meth:`_settle_device`): a CUDA tensor's device, else the defaults, said so
+        self._device_pending = impl is None and (num_sm is None or arch is None)
+        if self._device_pending:
+            dev_sm, dev_arch = DEFAULT_NUM_SM, DEFAULT_ARCH
+        else:
+            dev_sm, dev_arch = _device_num_sm_arch(impl) if num_sm is None or arch is None else (num_sm, arch)
         self.num_sm = int(num_sm if num_sm is not None else dev_sm)
         self.arch = int(arch if arch is not None else dev_arch)
+        self._given = (num_sm is not None, arch is not None)
+        #: where num_sm came from: "given", "the implementation", "read from cuda:N (name)" or the default's reason
+        self.num_sm_source = "given" if num_sm is not None else (
+            "not read yet (from the first FA3 tensor's device)" if self._device_pending else "the implementation")
         self.record_all = record_all
+        #: also report the cause (:func:`gpu_impl.fa3_arguments.argument_check`: a precompute whose arguments differ
+        #: from the call's), whether or not the call overflows; the runtime sanitizer turns it on
+        self.report_causes = bool(report_causes)
         self.max_events = max_events
         self.signature = signature
         if impl_signature is None and isinstance(impl, KernelAdapter):
@@ -394,6 +419,23 @@ class CheckingFA3:
         self.violation_path = "eager"   # see _handle
 
     # -- bookkeeping --------------------------------------------------------------------------------------
+    def _settle_device(self, args: tuple, kwargs: dict) -> None:
+        """Read num_sm/arch (those not given) from the device of the first tensor argument of the first FA3 call:
+        ``torch.cuda.get_device_properties`` of a CUDA tensor's device; on the CPU the defaults (132, sm90)."""
+        self._device_pending = False
+        t = next((x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)), None)
+        if t is not None and t.is_cuda:
+            index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+            props = torch.cuda.get_device_properties(index)
+            if not self._given[0]:
+                self.num_sm = int(props.multi_processor_count)
+                self.num_sm_source = f"read from cuda:{index} ({props.name})"
+            if not self._given[1]:
+                self.arch = int(props.major * 10 + props.minor)
+        elif not self._given[0]:
+            self.num_sm_source = (f"default {DEFAULT_NUM_SM} (an H100's or H200's): the FA3 tensors are not on a "
+                                  f"CUDA device")
+
     def note_copy(self, dst, src) -> None:
         """Tell the checker ``dst.copy_(src)`` happened (a persistent CUDA-graph metadata buffer).
 
@@ -415,6 +457,8 @@ class CheckingFA3:
             if padded:
                 self.graph_padded += 1
             violations = graph_replay_check(pre, call)
+            if self.report_causes:
+                violations = violations + argument_check(pre, call, replay=True)
             self._event(pre, call, violations)
             if violations:
                 self._handle(pre, call, violations, where="CUDA-graph replay")
@@ -443,6 +487,8 @@ class CheckingFA3:
         """
         if names is not None and args:
             kwargs, args = {**dict(zip(names, args)), **kwargs}, ()
+        if self._device_pending:
+            self._settle_device(args, kwargs)
         try:
             sig, bound = bind_precompute(*args, signature=self.signature, **kwargs)
             pre = record_bound_precompute(sig, bound, num_sm=self.num_sm, arch=self.arch,
@@ -478,6 +524,8 @@ class CheckingFA3:
         call_args, call_kwargs = args, kwargs
         if names is not None and args:
             kwargs, args = {**dict(zip(names, args)), **kwargs}, ()
+        if self._device_pending:
+            self._settle_device(args, kwargs)
         try:
             call, md, record = self._record_call(args, kwargs, varlen, deep)
         except (TypeError, ValueError) as exc:
@@ -554,6 +602,8 @@ class CheckingFA3:
             violations = memo[2]            # every layer of a step: same precompute, same call record
         else:
             violations = quick_check(pre, call)
+            if self.report_causes:
+                violations = violations + argument_check(pre, call)
             if len(self._memo) > 4096:
                 self._memo.clear()
             self._memo[(id(pre), id(call))] = (pre, call, violations)
@@ -563,7 +613,8 @@ class CheckingFA3:
         # (on a real tensor, unwritten slots hold garbage the exact check may not recognise)
         exact = deep_check(pre, call, metadata.detach().to("cpu") if isinstance(metadata, torch.Tensor) else metadata)
         names = {v.invariant for v in exact}
-        exact += [v for v in violations if v.invariant == "BATCH_PERMUTATION" and v.invariant not in names]
+        exact += [v for v in violations if v.invariant in ("BATCH_PERMUTATION", ARGUMENTS_INVARIANT)
+                  and v.invariant not in names]
         return pre, exact
 
     def _check(self, call: CallRecord, md, deep: Optional[bool] = None, reread: Optional[Callable] = None) -> None:
