@@ -34,7 +34,7 @@ from spec.violation import Violation
 from .fa3_records import CallRecord, PrecomputeRecord, call_schedule_of, precompute_schedule
 
 __all__ = ["ARGUMENTS_INVARIANT", "SCAN_STEP", "SCAN_MAX_TOKENS", "argument_differences", "worst_case",
-           "argument_check"]
+           "argument_check", "forget_worst_cases"]
 
 ARGUMENTS_INVARIANT = "PRECOMPUTE_ARGUMENTS"
 #: the longest-sequence lengths the consequence scan tries: every SCAN_STEP tokens up to SCAN_MAX_TOKENS (or the
@@ -125,6 +125,11 @@ def _first_overflow(pre_inputs: ScheduleInputs, call_inputs_: ScheduleInputs, pa
         if b > 1 and a > b:
             return L, a, b
     return None
+
+
+def forget_worst_cases() -> None:
+    """Empty the cache of the consequence scan (the overhead measurement times a first scan with it)."""
+    _first_overflow.cache_clear()
 
 
 def worst_case(pre: PrecomputeRecord, call: CallRecord) -> dict:

@@ -99,7 +99,7 @@ def _cause_costs(kernel, empty, q, k, v, pt, cs, cu, lens, calls: int) -> dict:
     """The same call given metadata precomputed with the pre-fix head counts (8, 1): the cause is reported
     (PRECOMPUTE_ARGUMENTS, record mode). Repeated (memoised verdict), first call of the pair (the worst-case scan
     cached: the same arguments seen before), and the scan itself once (``gpu_impl.fa3_arguments``, uncached)."""
-    from gpu_impl.fa3_arguments import _first_overflow
+    from gpu_impl.fa3_arguments import forget_worst_cases
     from gpu_impl.fa3_calls import CheckingFA3
 
     from .targets import make_wrapper
@@ -111,7 +111,7 @@ def _cause_costs(kernel, empty, q, k, v, pt, cs, cu, lens, calls: int) -> dict:
     call_wrapper = make_wrapper(empty, "call", checker)
     kw = dict(q=q, k_cache=k, v_cache=v, page_table=pt, cache_seqlens=cs, cu_seqlens_q=cu, max_seqlen_q=1,
               causal=True, scheduler_metadata=md, num_splits=0)
-    _first_overflow.cache_clear()
+    forget_worst_cases()
     t0 = time.perf_counter_ns()
     call_wrapper(**kw)
     scan_ms = (time.perf_counter_ns() - t0) / 1e6
