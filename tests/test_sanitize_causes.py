@@ -365,3 +365,15 @@ def test_the_docs_example_fails_on_the_pre_fix_heads_and_passes_on_the_layers(tm
     plain = subprocess.run([argv[0], "-m", "pytest", "examples/sanitize/test_my_backend.py"], cwd=REPO,
                            capture_output=True, text=True, timeout=300, env=env)
     assert plain.returncode == 0 and "2 passed" in plain.stdout, plain.stdout + plain.stderr
+
+
+def test_the_start_hook_refuses_a_bad_sm_count_before_anything_runs(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FA3VERIFY_SANITIZE": "raise", "FA3VERIFY_SANITIZE_NUM_SM": "0"}
+    out = subprocess.run([sys.executable, "-c", "import fa3verify.sanitize.hook as h; h.start(); print('ran')"],
+                         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 2 and "ran" not in out.stdout
+    assert "FA3VERIFY_SANITIZE_NUM_SM: must be an integer from 1 to 1024" in out.stderr
+    env["FA3VERIFY_SANITIZE_NUM_SM"] = "78"                           # a good value: the hook starts
+    ok = subprocess.run([sys.executable, "-c", "import fa3verify.sanitize.hook as h; h.start(); print('ran')"],
+                        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert ok.returncode == 0 and ok.stdout.strip() == "ran", ok.stderr

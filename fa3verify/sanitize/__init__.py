@@ -69,7 +69,8 @@ def install(mode: str = "raise", deep: bool = False, out_dir=None, **options):
     ``out_dir``: where case, pair and log files go (default ``$FA3VERIFY_SANITIZE_DIR`` or
     ``./fa3verify-sanitize``); options as :class:`Sanitizer` (``num_sm``: the device's SM count, 1..1024, default
     ``$FA3VERIFY_SANITIZE_NUM_SM`` or read from the first FA3 tensor's CUDA device, 132 on the CPU; ``arch``, ``follow_copies``,
-    ``import_hook``, ``write_files``, ``max_events``). Installing again with the same mode returns the
+    ``import_hook``, ``write_files``, ``max_events``, ``causes``: False reports only what the call's own metadata
+    overflows, not a precompute whose arguments differ from the call's). Installing again with the same mode returns the
     installed sanitizer; with another mode it raises ValueError (uninstall first).
     """
     global _current

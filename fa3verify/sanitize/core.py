@@ -35,7 +35,7 @@ class Sanitizer:
     def __init__(self, mode: str = "raise", deep: bool = False, out_dir=None, num_sm: Optional[int] = None,
                  arch: Optional[int] = None, follow_copies: bool = True, import_hook: bool = True,
                  write_files: bool = True, max_events: int = 1000, entry_points: Optional[dict] = None,
-                 capturing=None, num_sm_source: Optional[str] = None):
+                 capturing=None, num_sm_source: Optional[str] = None, causes: bool = True):
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
         self.mode = mode
@@ -46,7 +46,8 @@ class Sanitizer:
         self.import_hook = bool(import_hook)
         self.entry_points = dict(ENTRY_POINTS if entry_points is None else entry_points)
         self.checker = CheckingFA3(None, mode=mode, deep=deep, on_violation=self._on_violation, num_sm=num_sm,
-                                   arch=arch, max_events=max_events, capturing=capturing, report_causes=True)
+                                   arch=arch, max_events=max_events, capturing=capturing,
+                                   report_causes=causes)
         if num_sm_source is not None:
             self.checker.num_sm_source = num_sm_source
         self.log = records.SanitizeLog(self.out_dir, mode)
