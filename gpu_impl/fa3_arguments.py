@@ -175,6 +175,9 @@ def argument_check(pre: Optional[PrecomputeRecord], call: CallRecord, replay: bo
     reported whether or not this call overflows), with the worst case; [] otherwise, or without a precompute."""
     if pre is None or not call.metadata_passed:
         return []
+    C = call_schedule_of(call)
+    if C.metadata_size == 0 or not call.kernel_runs or not C.inputs.uses_prepare:
+        return []   # FA3 reads no per-batch vector of this metadata (fa3_checks.quick_check's same rule)
     diffs = argument_differences(pre, call, replay=replay)
     if not diffs:
         return []

@@ -307,9 +307,13 @@ def _replay(path) -> str:
 
 
 def test_a_written_case_names_the_runs_layout_not_the_models_stand_in(example, tmp_path):
-    sanitize.install(mode="raise", out_dir=tmp_path / "out")
+    s = sanitize.install(mode="raise", out_dir=tmp_path / "out")
     with pytest.raises(MetadataMismatch) as info:
         decode(PRE_FIX, [32768, 100, 100, 100])
+    from fa3verify.sanitize.records import log_to_run_summary
+
+    (finding,) = log_to_run_summary(s.log.path)["findings"]          # `fa3verify report LOG.jsonl` says the same
+    assert finding["config"].startswith("run layout: none recorded (the case replays")
     case = json.loads(Path(info.value.case_path).read_text())
     assert case["expected"]["detail"]["run_layout"] is None and case["server"]["tp_size"] == 4
     text = _replay(info.value.case_path)
@@ -377,3 +381,16 @@ def test_the_start_hook_refuses_a_bad_sm_count_before_anything_runs(tmp_path):
     ok = subprocess.run([sys.executable, "-c", "import fa3verify.sanitize.hook as h; h.start(); print('ran')"],
                         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert ok.returncode == 0 and ok.stdout.strip() == "ran", ok.stderr
+
+
+def test_a_call_that_reads_no_per_batch_metadata_has_no_cause():
+    """Without cache_seqlens the call runs no prepare step and reads none of md's vectors (quick_check's rule):
+    different arguments cannot matter there; the same pair with cache_seqlens is reported."""
+    from gpu_impl.fa3_calls import argument_check
+
+    pre, call = pair(PRE_FIX)
+    assert [v.invariant for v in argument_check(pre, call)] == [ARGUMENTS_INVARIANT]
+    q = torch.zeros(2, 1, 32, 128, dtype=torch.bfloat16)
+    k = torch.zeros(2, 4000, 4, 128, dtype=torch.bfloat16)
+    dense = record_call(q, k, k, causal=True, scheduler_metadata=torch.zeros(17, dtype=torch.int32))
+    assert argument_differences(pre, dense) and argument_check(pre, dense) == []
