@@ -10,7 +10,8 @@ fa3-verify never changes another suite.
 With ``--fa3verify-sanitize=MODE`` the sanitizer (:mod:`fa3verify.sanitize`) is installed before collection and
 uninstalled at the end: in mode "raise" a test whose FA3 call consumes mismatched scheduler metadata fails with
 :class:`~gpu_impl.fa3_calls.MetadataMismatch`; the terminal summary gives the calls checked, the violations and
-the files written (``--fa3verify-sanitize-dir``, default ``fa3verify-sanitize``).
+the files written (``--fa3verify-sanitize-dir``, default ``fa3verify-sanitize``), and the device's SM count with
+where it came from (``--fa3verify-sanitize-num-sm N``, 1..1024, else read from the device; 132 on the CPU).
 
 The plugin is registered through the ``pytest11`` entry point of the fa3-verify distribution; in a checkout
 that is not installed, load it with ``-p fa3verify.pytest_plugin``.
