@@ -49,8 +49,11 @@ def _case_config(path: Optional[str]) -> str:
 
     if not path:
         return ""
+    from .sanitize.records import recorded_layout_text
+
     try:
-        return config_label_of_case(load_case(path))
+        case = load_case(path)
+        return recorded_layout_text(case) or config_label_of_case(case)
     except (UsageError, ValueError, KeyError, TypeError, OSError):
         return ""
 

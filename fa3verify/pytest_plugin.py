@@ -10,7 +10,8 @@ fa3-verify never changes another suite.
 With ``--fa3verify-sanitize=MODE`` the sanitizer (:mod:`fa3verify.sanitize`) is installed before collection and
 uninstalled at the end: in mode "raise" a test whose FA3 call consumes mismatched scheduler metadata fails with
 :class:`~gpu_impl.fa3_calls.MetadataMismatch`; the terminal summary gives the calls checked, the violations and
-the files written (``--fa3verify-sanitize-dir``, default ``fa3verify-sanitize``).
+the files written (``--fa3verify-sanitize-dir``, default ``fa3verify-sanitize``), and the device's SM count with
+where it came from (``--fa3verify-sanitize-num-sm N``, 1..1024, else read from the device; 132 on the CPU).
 
 The plugin is registered through the ``pytest11`` entry point of the fa3-verify distribution; in a checkout
 that is not installed, load it with ``-p fa3verify.pytest_plugin``.
@@ -52,6 +53,9 @@ def pytest_addoption(parser):
                     help="where the sanitizer writes its log, pair and case files (default fa3verify-sanitize)")
     group.addoption("--fa3verify-sanitize-deep", action="store_true", default=False,
                     help="deep sanitizer checks (every spec invariant; a device sync per checked call)")
+    group.addoption("--fa3verify-sanitize-num-sm", action="store", default=None, metavar="N",
+                    help="the device's SM count, 1..1024 (default: $FA3VERIFY_SANITIZE_NUM_SM, else read from the "
+                         "first FA3 tensor's CUDA device; 132 on the CPU)")
 
 
 def _options(config) -> dict:
@@ -73,8 +77,16 @@ def _configure_sanitizer(config) -> None:
         raise pytest.UsageError(f"--fa3verify-sanitize: must be one of {', '.join(SANITIZE_MODES)}, got {mode!r}")
     import fa3verify.sanitize as sanitize
 
-    config._fa3verify_sanitizer = sanitize.install(mode=mode, deep=config.getoption("fa3verify_sanitize_deep"),
-                                                   out_dir=config.getoption("fa3verify_sanitize_dir"))
+    options = {}
+    num_sm = config.getoption("fa3verify_sanitize_num_sm", None)
+    try:
+        if num_sm is not None:
+            options = {"num_sm": sanitize.checked_num_sm(num_sm, "--fa3verify-sanitize-num-sm"),
+                       "num_sm_source": "given (--fa3verify-sanitize-num-sm)"}
+        config._fa3verify_sanitizer = sanitize.install(mode=mode, deep=config.getoption("fa3verify_sanitize_deep"),
+                                                       out_dir=config.getoption("fa3verify_sanitize_dir"), **options)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_unconfigure(config):
@@ -95,6 +107,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(f"mode {st['mode']}: {st['checked_calls']} FA3 calls with scheduler metadata checked, "
                                 f"{st['graph_checks']} CUDA-graph recomputes checked, {st['violation_events']} "
                                 f"violations; wrapped: {', '.join(st['wrapped']) or 'no FA3 entry point was imported'}")
+    terminalreporter.write_line(f"device: {st['num_sm']} SMs, sm{st['arch']} ({st['num_sm_source']})")
     for text in st["unreachable"]:
         terminalreporter.write_line(f"NOT CHECKED (bound before install): {text}")
     for path in st["files"]:

@@ -233,8 +233,11 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     summary.checks.append(Check(name=f"replay {path}" + ("" if spec.runs_scenario_policy else f" on {spec}"), kind="replay",
                                 verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,
                                 message=(msg or f"outcome {outcome} (expected {observed.expected_outcome})") + judged))
+    from .sanitize.records import recorded_layout_text
+
+    run_layout = recorded_layout_text(case)     # a sanitizer's case: the run's layout, not the model's stand-in
     if fails:
-        terms = {"ran_on": ran_on(spec, scn), "config": config_label(scn.server, scn.model)}
+        terms = {"ran_on": ran_on(spec, scn), "config": run_layout or config_label(scn.server, scn.model)}
         engine_findings = list(getattr(result, "findings", None) or []) if result is not None else []
         for i, f in enumerate(findings):
             finding = Finding(invariant=f["invariant"], case_file=path, check=summary.checks[-1].name,
@@ -242,11 +245,13 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
                               hint=hint_for(f["invariant"]))
             if i < len(engine_findings):
                 terms_i = {**terms, **terms_of_finding(scn, result, engine_findings[i], spec)}
+                if run_layout:
+                    terms_i["config"] = run_layout
             else:
                 guard_fault = f["step"] is None and f["invariant"] in ("GUARD_RAISED", "GUARD_TIMEOUT")
                 terms_i = {**terms, "guard": f"the guard raised: {f['message']}"} if guard_fault else terms
             summary.findings.append(apply_terms(finding, terms_i))
-    observed.ran_on = ran_on(spec, scn)
+    observed.ran_on = ran_on(spec, scn) + (f"; {run_layout}" if run_layout else "")
     return summary, observed
 
 

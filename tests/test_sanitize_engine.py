@@ -42,20 +42,22 @@ def scenario(server: ServerConfig, *batches) -> Scenario:
     return Scenario(server=server, model=QWEN, guard=None, steps=[Step("decode", list(b)) for b in batches])
 
 
-def _sanitized(release: str, out_dir: Path, install: str = "start"):
+def _sanitized(release: str, out_dir: Path, install: str = "start", causes: bool = True):
     if not envs.env_ready(release):
         pytest.skip(f"the engine environment of sglang {release} is not built ({envs.env_dir(release)}); "
                     f"build it with `python -m gpu_impl.engines.envs {release}`")
     from fa3verify.sanitize.engine import open_sanitized_sglang
 
-    sut = open_sanitized_sglang(release, "raise", out_dir=out_dir, install=install)
+    sut = open_sanitized_sglang(release, "raise", out_dir=out_dir, install=install, causes=causes)
     sut.start()
     return sut
 
 
 @pytest.fixture(scope="module")
 def san_old(tmp_path_factory):
-    sut = _sanitized(OLD, tmp_path_factory.mktemp("san-old"))
+    """The old release under the sanitizer's overflow checks alone (no cause check): what each of sglang's paths
+    overflows, eager and at a CUDA-graph replay (the cause: test_old_release_the_cause_is_reported_...)."""
+    sut = _sanitized(OLD, tmp_path_factory.mktemp("san-old"), causes=False)
     yield sut
     sut.close()
 
@@ -156,6 +158,27 @@ def test_installed_late_the_sanitizer_replaces_the_dispatchers_binding_and_still
         sut.close()
     (finding,) = _sanitizer_findings(result)
     assert finding.invariant == "SPLIT_BOUND" and "S_p=109 S_c=29" in finding.message
+
+
+def test_old_release_the_cause_is_reported_on_a_batch_that_does_not_overflow(tmp_path):
+    """The default sanitizer (cause check on) on the old release: under prefill CP a batch of [4000, 100] gives
+    S_p = S_c = 28 -- no overflow -- and is reported as PRECOMPUTE_ARGUMENTS with the heads (8, 1) vs (32, 4),
+    eager and at a CUDA graph's capture; plain TP (the precompute's heads are the layer's) passes."""
+    sut = _sanitized(OLD, tmp_path / "causes")
+    try:
+        eager = sut.run(scenario(prefill_cp(), [4000, 100]))
+        graph = sut.run(scenario(prefill_cp(cuda_graph=True), [4000, 100]))
+        plain = sut.run(scenario(plain_tp(), [4000, 100]))
+    finally:
+        sut.close()
+    for result, path in ((eager, "eager"), (graph, "capture")):
+        (finding,) = _sanitizer_findings(result)
+        assert finding.invariant == "PRECOMPUTE_ARGUMENTS" and finding.detail["path"] == path, finding
+        (v,) = finding.detail["violations"]
+        diffs = {d["argument"]: (d["precompute"], d["call"]) for d in v["detail"]["differences"]}
+        assert diffs == {"num_heads": (8, 32), "num_heads_k": (1, 4)}
+    assert (eager.findings[0].detail["s_p"], eager.findings[0].detail["s_c"]) == (28, 28)
+    assert plain.ok, plain.findings
 
 
 def test_a_bad_sanitizer_option_is_refused_before_anything_starts():

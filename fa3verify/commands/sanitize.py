@@ -96,7 +96,7 @@ def _check_importable(python: str, add_paths) -> None:
 
 
 def _replay(path: str) -> int:
-    from gpu_impl.fa3_calls import deep_check, pair_summary, quick_check
+    from gpu_impl.fa3_calls import argument_check, deep_check, pair_summary, quick_check
 
     from ..errors import UsageError
     from ..sanitize.records import load_pair
@@ -107,10 +107,11 @@ def _replay(path: str) -> int:
         pre, call, recorded = load_pair(path)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    found = quick_check(pre, call)
+    cause = argument_check(pre, call)      # the precompute's arguments against the call's, in both checks
+    found = quick_check(pre, call) + cause
     exact = None
     if call.lengths_known() and (pre is None or pre.lengths_known()) and call.metadata_passed:
-        exact = deep_check(pre, call)
+        exact = deep_check(pre, call) + cause
     summary = pair_summary(pre, call)
     print(f"pair: {path}")
     print(f"recorded: {', '.join(sorted({v['invariant'] for v in recorded})) or 'none'}")

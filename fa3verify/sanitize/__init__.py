@@ -38,11 +38,27 @@ def __getattr__(name):
 
 
 __all__ = ["install", "uninstall", "sanitizing", "current", "status", "MetadataMismatch", "Sanitizer", "MODES",
-           "DEFAULT_DIR", "ENV_MODE", "ENV_DIR", "ENV_DEEP"]
+           "DEFAULT_DIR", "ENV_MODE", "ENV_DIR", "ENV_DEEP", "ENV_NUM_SM", "NUM_SM_RANGE", "checked_num_sm"]
 
 ENV_MODE = "FA3VERIFY_SANITIZE"
 ENV_DIR = "FA3VERIFY_SANITIZE_DIR"
 ENV_DEEP = "FA3VERIFY_SANITIZE_DEEP"
+ENV_NUM_SM = "FA3VERIFY_SANITIZE_NUM_SM"
+#: the SM counts a device may be given with (num_sm=, FA3VERIFY_SANITIZE_NUM_SM, --fa3verify-sanitize-num-sm)
+NUM_SM_RANGE = (1, 1024)
+
+
+def checked_num_sm(value, name: str = "num_sm") -> int:
+    """``value`` as an SM count, or ValueError naming ``name`` and the allowed range (1..1024)."""
+    lo, hi = NUM_SM_RANGE
+    try:
+        n = int(str(value).strip()) if not isinstance(value, bool) else None
+    except ValueError:
+        n = None
+    if n is None or not lo <= n <= hi or (isinstance(value, float) and value != int(value)):
+        raise ValueError(f"{name}: must be an integer from {lo} to {hi} (the device's SM count, e.g. 132 for an "
+                         f"H100 SXM or H200, 78 for an H20), got {value!r}")
+    return n
 
 _current = None
 
@@ -51,8 +67,10 @@ def install(mode: str = "raise", deep: bool = False, out_dir=None, **options):
     """Wrap every importable FA3 entry point (and every binding of it) and start checking.
 
     ``out_dir``: where case, pair and log files go (default ``$FA3VERIFY_SANITIZE_DIR`` or
-    ``./fa3verify-sanitize``); options as :class:`Sanitizer` (``num_sm``, ``arch``, ``follow_copies``,
-    ``import_hook``, ``write_files``, ``max_events``). Installing again with the same mode returns the
+    ``./fa3verify-sanitize``); options as :class:`Sanitizer` (``num_sm``: the device's SM count, 1..1024, default
+    ``$FA3VERIFY_SANITIZE_NUM_SM`` or read from the first FA3 tensor's CUDA device, 132 on the CPU; ``arch``, ``follow_copies``,
+    ``import_hook``, ``write_files``, ``max_events``, ``causes``: False reports only what the call's own metadata
+    overflows, not a precompute whose arguments differ from the call's). Installing again with the same mode returns the
     installed sanitizer; with another mode it raises ValueError (uninstall first).
     """
     global _current
@@ -65,6 +83,12 @@ def install(mode: str = "raise", deep: bool = False, out_dir=None, **options):
                          f"(deep={_current.deep}); uninstall() before installing mode {mode!r}")
     if out_dir is None:
         out_dir = os.environ.get(ENV_DIR) or DEFAULT_DIR
+    if options.get("num_sm") is not None:
+        options["num_sm"] = checked_num_sm(options["num_sm"], "num_sm")
+        options.setdefault("num_sm_source", "given (num_sm=)")
+    elif os.environ.get(ENV_NUM_SM, "").strip():
+        options["num_sm"] = checked_num_sm(os.environ[ENV_NUM_SM], ENV_NUM_SM)
+        options.setdefault("num_sm_source", f"given ({ENV_NUM_SM})")
     from .core import Sanitizer
 
     _current = Sanitizer(mode=mode, deep=deep, out_dir=out_dir, **options).install()

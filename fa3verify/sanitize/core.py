@@ -35,7 +35,7 @@ class Sanitizer:
     def __init__(self, mode: str = "raise", deep: bool = False, out_dir=None, num_sm: Optional[int] = None,
                  arch: Optional[int] = None, follow_copies: bool = True, import_hook: bool = True,
                  write_files: bool = True, max_events: int = 1000, entry_points: Optional[dict] = None,
-                 capturing=None):
+                 capturing=None, num_sm_source: Optional[str] = None, causes: bool = True):
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
         self.mode = mode
@@ -46,7 +46,10 @@ class Sanitizer:
         self.import_hook = bool(import_hook)
         self.entry_points = dict(ENTRY_POINTS if entry_points is None else entry_points)
         self.checker = CheckingFA3(None, mode=mode, deep=deep, on_violation=self._on_violation, num_sm=num_sm,
-                                   arch=arch, max_events=max_events, capturing=capturing)
+                                   arch=arch, max_events=max_events, capturing=capturing,
+                                   report_causes=causes)
+        if num_sm_source is not None:
+            self.checker.num_sm_source = num_sm_source
         self.log = records.SanitizeLog(self.out_dir, mode)
         self.patches: list[Patch] = []
         self.unreachable: list[str] = []
@@ -172,7 +175,7 @@ class Sanitizer:
         pair_path = case_path = None
         if first_time:
             pair_path = records.write_pair(self.out_dir, pre, call, violations)
-            case_path = records.write_case(self.out_dir, pre, call, violations)
+            case_path = records.write_case(self.out_dir, pre, call, violations, layout=records.run_layout())
             self.files_written.extend(p for p in (pair_path, case_path) if p is not None)
             self._seen_paths[signature] = (pair_path, case_path)
         else:
@@ -186,7 +189,8 @@ class Sanitizer:
         return {"mode": self.mode, "deep": self.deep, "checked_calls": self.checker.checked_calls,
                 "unrecordable_calls": len(self.checker.unrecordable),
                 "graph_checks": self.checker.graph_checks, "graph_unmatched": self.checker.graph_unmatched,
-                "graph_padded": self.checker.graph_padded,
+                "graph_padded": self.checker.graph_padded, "num_sm": self.checker.num_sm,
+                "num_sm_source": self.checker.num_sm_source, "arch": self.checker.arch,
                 "violation_events": sum(1 for e in self.checker.events if e[2]),
                 "wrapped": sorted(self.wrapped), "unreachable": list(self.unreachable)}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import ENV_DEEP, ENV_DIR, ENV_MODE, MODES
-from .engine_worker import ENV_INSTALL, INSTALL_WHEN
+from .engine_worker import ENV_CAUSES, ENV_INSTALL, INSTALL_WHEN
 
 WORKER = "fa3verify.sanitize.engine_worker"
 
@@ -23,11 +23,12 @@ __all__ = ["WORKER", "open_sanitized_sglang"]
 
 
 def open_sanitized_sglang(release: str, mode: str = "raise", out_dir=None, deep: bool = False,
-                          install: str = "start", progress=print, root: Optional[Path] = None):
+                          install: str = "start", progress=print, root: Optional[Path] = None, causes: bool = True):
     """A ``SglangSUT`` for ``sglang==release`` whose worker runs under the sanitizer (not started yet).
 
     ``install``: "start" (before sglang is imported, as the ``.pth`` hook does) or "late" (after: the bindings
-    sglang made are found and replaced through ``gc``). ValueError names a bad argument.
+    sglang made are found and replaced through ``gc``). ``causes``: False runs the sanitizer without the cause
+    check (overflows only). ValueError names a bad argument.
     """
     from gpu_impl.engines.sglang import SglangSUT
     from gpu_impl.sut import parse_engine
@@ -36,7 +37,7 @@ def open_sanitized_sglang(release: str, mode: str = "raise", out_dir=None, deep:
         raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
     if install not in INSTALL_WHEN:
         raise ValueError(f"install: must be one of {', '.join(INSTALL_WHEN)}, got {install!r}")
-    env = {ENV_MODE: mode, ENV_INSTALL: install, ENV_DEEP: "1" if deep else "0"}
+    env = {ENV_MODE: mode, ENV_INSTALL: install, ENV_DEEP: "1" if deep else "0", ENV_CAUSES: "1" if causes else "0"}
     if out_dir is not None:
         env[ENV_DIR] = str(Path(out_dir).resolve())
     spec = parse_engine(f"sglang=={release}")

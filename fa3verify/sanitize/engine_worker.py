@@ -25,13 +25,15 @@ import sys
 
 INSTALL_WHEN = ("start", "late")
 ENV_INSTALL = "FA3VERIFY_SANITIZE_INSTALL"
+#: "0": the worker's sanitizer reports overflows only, not causes (the harness's tests of the replay-time check)
+ENV_CAUSES = "FA3VERIFY_SANITIZE_CAUSES"
 
 
 class SanitizerObserver:
     """What the driver calls back: the engine once imported (late install happens then), and the status."""
 
-    def __init__(self, mode: str, deep: bool, out_dir: str, when: str):
-        self.mode, self.deep, self.out_dir, self.when = mode, deep, out_dir, when
+    def __init__(self, mode: str, deep: bool, out_dir: str, when: str, causes: bool = True):
+        self.mode, self.deep, self.out_dir, self.when, self.causes = mode, deep, out_dir, when, causes
         self.engine = None
 
     def capturing(self) -> bool:
@@ -40,7 +42,8 @@ class SanitizerObserver:
     def install(self) -> None:
         import fa3verify.sanitize as sanitize
 
-        sanitize.install(mode=self.mode, deep=self.deep, out_dir=self.out_dir, capturing=self.capturing)
+        sanitize.install(mode=self.mode, deep=self.deep, out_dir=self.out_dir, capturing=self.capturing,
+                         causes=self.causes)
 
     def engine_started(self, engine) -> None:
         self.engine = engine
@@ -76,7 +79,7 @@ def main() -> int:
     except ValueError as exc:
         sys.stderr.write(f"fa3verify: {exc}\n")
         return 2
-    observer = SanitizerObserver(mode, deep, out_dir, when)
+    observer = SanitizerObserver(mode, deep, out_dir, when, causes=os.environ.get(ENV_CAUSES, "1").strip() != "0")
     if when == "start":
         observer.install()
     from gpu_impl.engines import sglang_driver

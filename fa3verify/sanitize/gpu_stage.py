@@ -61,7 +61,7 @@ def sanitize_worked_example_task(adapter: dict, long_len: int, num_sm: Optional[
     q = torch.randn(b, H, d, generator=gen).to(torch.bfloat16).to(device)
     k = (torch.randn(b, long_len, Hk, d, generator=gen) * 0.5).to(torch.bfloat16).to(device)
     v = torch.randn(b, long_len, Hk, d, generator=gen).to(torch.bfloat16).to(device)
-    out = {"module": name, "device": device, "lens": lens, "num_sm": san.checker.num_sm}
+    out = {"module": name, "device": device, "lens": lens}
 
     def precompute(heads):
         return module.get_scheduler_metadata(b, 1, long_len, heads[0], heads[1], d, cs, torch.bfloat16,
@@ -82,6 +82,8 @@ def sanitize_worked_example_task(adapter: dict, long_len: int, num_sm: Optional[
         fresh = precompute((H, Hk))
         o = call(fresh)
         _sync(device)
+        # read from the device of the first call's tensors unless given (CheckingFA3._settle_device)
+        out["num_sm"], out["num_sm_source"] = san.checker.num_sm, san.checker.num_sm_source
         out["fresh"] = {"ran": True, "finite": bool(torch.isfinite(o.float()).all()),
                         "violations": len(san.checker.violations()) - int(out["stale"]["caught"])}
         original = module.flash_attn_with_kvcache.__fa3verify_original__

@@ -12,7 +12,8 @@ different file of that name. At start only a tiny import watcher is registered; 
 refmodel) loads when the first FA3 entry-point module is imported.
 
 Variables: ``FA3VERIFY_SANITIZE`` (mode), ``FA3VERIFY_SANITIZE_DIR`` (output folder, default
-``./fa3verify-sanitize``), ``FA3VERIFY_SANITIZE_DEEP=1`` (deep checks: a device sync per call).
+``./fa3verify-sanitize``), ``FA3VERIFY_SANITIZE_DEEP=1`` (deep checks: a device sync per call),
+``FA3VERIFY_SANITIZE_NUM_SM`` (the device's SM count, 1..1024; default: read from the device).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from . import DEFAULT_DIR, ENV_DEEP, ENV_DIR, ENV_MODE, MODES
+from . import DEFAULT_DIR, ENV_DEEP, ENV_DIR, ENV_MODE, ENV_NUM_SM, MODES, checked_num_sm
 
 PTH_NAME = "fa3verify_sanitize.pth"
 PTH_LINE = ("import os; os.environ.get('FA3VERIFY_SANITIZE') and "
@@ -45,6 +46,13 @@ def _settings() -> tuple:
         sys.stderr.flush()
         os._exit(2)   # at interpreter start (site), SystemExit would become a site-import failure
     deep = os.environ.get(ENV_DEEP, "").strip().lower() in ("1", "true", "yes")
+    if os.environ.get(ENV_NUM_SM, "").strip():
+        try:
+            checked_num_sm(os.environ[ENV_NUM_SM], ENV_NUM_SM)
+        except ValueError as exc:
+            sys.stderr.write(f"fa3verify: {exc}; not starting without the checks it asks for\n")
+            sys.stderr.flush()
+            os._exit(2)
     return mode, deep, os.environ.get(ENV_DIR) or DEFAULT_DIR
 
 

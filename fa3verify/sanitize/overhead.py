@@ -3,7 +3,9 @@
 Invariant measured: the wrapper's added host time per ``flash_attn_with_kvcache`` call that passes metadata
 (median over many calls), against an empty function with the same arguments and against the emulated FA3 call.
 The call is a paged decode like sglang's (8 sequences of 1024 and 16 tokens, H=32, Hk=4, d=128, bf16, page 16),
-metadata from a recorded precompute. Each mode runs the same call; ``follow_copies`` is on as installed.
+metadata from a recorded precompute. Each mode runs the same call; ``follow_copies`` is on as installed, and the
+cause check (``report_causes``) as the sanitizer runs it; the ``cause`` figures give the same call a precompute
+with the pre-fix head counts (8, 1), which the sanitizer reports.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def measure_overhead(calls: int = 2000, emulated_calls: int = 20) -> dict:
 
     out = {"shape": {"batch": len(lens), "lens": lens, "heads": [32, 4], "headdim": 128, "page_size": 16}}
     for deep in (False, True):
-        checker = CheckingFA3(None, mode="record", deep=deep, max_events=100)
+        checker = CheckingFA3(None, mode="record", deep=deep, max_events=100, report_causes=True)  # as installed
         pre_wrapper = make_wrapper(kernel.get_scheduler_metadata, "precompute", checker)
         md = pre_wrapper(batch_size=8, max_seqlen_q=1, max_seqlen_k=max(lens), num_heads_q=32, num_heads_kv=4,
                          headdim=128, cache_seqlens=cs, cu_seqlens_q=cu, page_size=16, causal=True)
@@ -82,9 +84,44 @@ def measure_overhead(calls: int = 2000, emulated_calls: int = 20) -> dict:
                        headdim=128, cache_seqlens=cs, cu_seqlens_q=cu, page_size=16, causal=True)
             out["wrapped_empty_precompute_us"] = _median_us(lambda: empty_pre(**pkw), calls)
             out["emulated_precompute_us"] = _median_us(lambda: kernel.get_scheduler_metadata(**pkw), emulated_calls)
+    out.update(_cause_costs(kernel, empty, q, k, v, pt, cs, cu, lens, calls))
     out["overhead_quick_us"] = out["wrapped_empty_quick_us"] - out["empty_us"]
+    out["overhead_cause_us"] = out["wrapped_empty_cause_us"] - out["empty_us"]
+    out["overhead_cause_first_us"] = out["wrapped_empty_cause_first_us"] - out["empty_us"]
     out["overhead_quick_first_us"] = out["wrapped_empty_quick_first_us"] - out["empty_us"]
     out["overhead_deep_us"] = out["wrapped_empty_deep_us"] - out["empty_us"]
     out["overhead_precompute_us"] = out["wrapped_empty_precompute_us"] - out["empty_us"]
     out["overhead_vs_emulated_call"] = out["overhead_quick_us"] / out["emulated_call_us"]
     return out
+
+
+def _cause_costs(kernel, empty, q, k, v, pt, cs, cu, lens, calls: int) -> dict:
+    """The same call given metadata precomputed with the pre-fix head counts (8, 1): the cause is reported
+    (PRECOMPUTE_ARGUMENTS, record mode). Repeated (memoised verdict), first call of the pair (the worst-case scan
+    cached: the same arguments seen before), and the scan itself once (``gpu_impl.fa3_arguments``, uncached)."""
+    from gpu_impl.fa3_arguments import forget_worst_cases
+    from gpu_impl.fa3_calls import CheckingFA3
+
+    from .targets import make_wrapper
+
+    checker = CheckingFA3(None, mode="record", max_events=100, report_causes=True)
+    md = make_wrapper(kernel.get_scheduler_metadata, "precompute", checker)(
+        batch_size=8, max_seqlen_q=1, max_seqlen_k=max(lens), num_heads_q=8, num_heads_kv=1, headdim=128,
+        cache_seqlens=cs, cu_seqlens_q=cu, page_size=16, causal=True)
+    call_wrapper = make_wrapper(empty, "call", checker)
+    kw = dict(q=q, k_cache=k, v_cache=v, page_table=pt, cache_seqlens=cs, cu_seqlens_q=cu, max_seqlen_q=1,
+              causal=True, scheduler_metadata=md, num_splits=0)
+    forget_worst_cases()
+    t0 = time.perf_counter_ns()
+    call_wrapper(**kw)
+    scan_ms = (time.perf_counter_ns() - t0) / 1e6
+    assert [v.invariant for v in checker.violations()[-1][2]] == ["PRECOMPUTE_ARGUMENTS"], checker.violations()[-1]
+
+    def first_call():
+        checker._calls.clear()
+        checker._memo.clear()
+        return call_wrapper(**kw)
+
+    return {"wrapped_empty_cause_us": _median_us(lambda: call_wrapper(**kw), calls),
+            "wrapped_empty_cause_first_us": _median_us(first_call, calls // 2),
+            "cause_first_seen_ms": scan_ms}

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from gpu_impl.fa3_calls import CallRecord, PrecomputeRecord, pair_summary
+from gpu_impl.fa3_calls import ARGUMENTS_INVARIANT, CallRecord, PrecomputeRecord, pair_summary
 
 LOG_SCHEMA = "fa3verify.sanitize/1"
 PAIR_SCHEMA = "fa3verify.sanitize-pair/1"
@@ -89,10 +89,43 @@ def load_pair(path) -> tuple:
     return pre, call, list(data.get("violations", []))
 
 
-def case_for_pair(pre: Optional[PrecomputeRecord], call: CallRecord, violations):
-    """A ``spec.model.cases.Case`` reproducing a head-count mismatch of a paged decode, or None when the pair is not one."""
+def run_layout() -> Optional[str]:
+    """The layout of the sanitized run as far as this process can tell: ``"torch.distributed world N, rank R"``
+    when a default process group is up, else None (unknown: a single process, or a group not started yet). How
+    an engine splits that world into attention TP/CP/DP ranks is not visible to the sanitizer and not guessed."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return f"torch.distributed world {dist.get_world_size()}, rank {dist.get_rank()}"
+    except Exception:  # a half-started group: the layout is unknown, never a crash in the user's process
+        return None
+    return None
+
+
+def recorded_layout_text(case) -> Optional[str]:
+    """For a case the sanitizer wrote (``expected.detail.run_layout`` present): what the run's layout was -- or
+    that none was recorded -- next to the layout the model replays it with, which only reproduces the head
+    counts. None for any other case (its configuration is the run's own)."""
+    from fa3verify.finding_terms import config_label_of_case
+
+    detail = (case.expected or {}).get("detail") or {}
+    if "run_layout" not in detail:
+        return None
+    layout = detail.get("run_layout") or "none recorded"
+    return (f"run layout: {layout} (the case replays the run's head counts as "
+            f"{config_label_of_case(case) or 'the model'}, a layout the run did not have)")
+
+
+def case_for_pair(pre: Optional[PrecomputeRecord], call: CallRecord, violations, layout: Optional[str] = None):
+    """A ``spec.model.cases.Case`` reproducing a head-count mismatch of a paged decode, or None when the pair is not one.
+
+    ``layout``: the run's own layout (:func:`run_layout`; None: unknown), kept in ``expected.detail.run_layout``
+    so that a replay says which layout the run had rather than the model's stand-in (``tp = attn_cp``)."""
     from spec.model.cases import Case, CaseFormatError
 
+    violations = [v for v in violations if v.invariant != ARGUMENTS_INVARIANT]   # the cause alone: its pair file
     if pre is None or not violations or pre.cache_seqlens is None or call.page_size is None:
         return None
     if call.seqlen_q != 1 or pre.max_seqlen_q != 1 or pre.batch_size != call.batch_size:
@@ -124,10 +157,13 @@ def case_for_pair(pre: Optional[PrecomputeRecord], call: CallRecord, violations)
             batches=[{"mode": "decode", "seq_lens": list(pre.cache_seqlens), "extend_lens": None}],
             expected={"outcome": "violation", "invariant": first.invariant,
                       "detail": {"S_p": pair_summary(pre, call)["s_p"], "S_c": pair_summary(pre, call)["s_c"],
-                                 "message": first.message, "pair": _event_dict(pre, call, violations)}},
+                                 "message": first.message, "pair": _event_dict(pre, call, violations),
+                                 "run_layout": layout}},
             notes="written by fa3verify.sanitize: a call was given scheduler metadata precomputed with "
                   f"heads ({pre.num_heads}, {pre.num_heads_k}) while the layer has ({H}, {Hk}); this case "
-                  "replays that decode batch through the backend model with the same head-count mismatch")
+                  "replays that decode batch through the backend model with the same head-count mismatch "
+                  f"(server tp_size = attn_cp_size = {tp} only reproduces those head counts; the run's layout: "
+                  f"{layout or 'none recorded'})")
     except CaseFormatError:
         return None
 
@@ -149,9 +185,9 @@ def case_width(pre: PrecomputeRecord, call: CallRecord) -> Optional[bool]:
     return None
 
 
-def write_case(directory, pre, call, violations) -> Optional[Path]:
+def write_case(directory, pre, call, violations, layout: Optional[str] = None) -> Optional[Path]:
     """Save the replayable case for this pair into ``directory/cases`` (None when the pair has no case form)."""
-    case = case_for_pair(pre, call, violations)
+    case = case_for_pair(pre, call, violations, layout=layout)
     if case is None:
         return None
     return case.save(Path(directory) / "cases")
