@@ -34,7 +34,15 @@ def catalogue() -> dict:
         "theorems": [{"name": t.name, "number": t.number, "statement": t.statement, "models": list(t.models)} for t in THEOREMS.values()],
         "prover_assumptions": [{"name": n, "description": d} for n, d in ASSUMPTIONS.items()],
         "configuration_rules": [{"name": a.name, "description": a.description} for a in DOMAIN_ASSUMPTIONS],
+        "metadata_lifecycle_facts": lifecycle_facts(),
     }
+
+
+def lifecycle_facts() -> list:
+    """Who writes, reads and resets each metadata slot (refmodel/metadata_lifecycle_facts.json, read from the sources)."""
+    from importlib.resources import files
+
+    return json.loads(files("refmodel").joinpath("metadata_lifecycle_facts.json").read_text())["facts"]
 
 
 def to_markdown(cat: dict) -> str:
@@ -59,6 +67,12 @@ def to_markdown(cat: dict) -> str:
     lines += ["", "## Configuration rules (case files, `ServerConfig.validate`)", "", "| name | rule |", "|---|---|"]
     for a in cat["configuration_rules"]:
         lines.append(f"| `{a['name']}` | {a['description']} |")
+    lines += ["", "## The metadata's lifecycle: who writes, reads and resets each slot", "",
+              "Read from FA3's `hopper/` at commit 0251105a and the engines' released wheels "
+              "(refmodel/metadata_lifecycle_facts.json; modelled by refmodel.metadata_lifecycle).", "",
+              "| who | slots | what | source |", "|---|---|---|---|"]
+    for f in cat["metadata_lifecycle_facts"]:
+        lines.append(f"| {f['actor']} | {f['slots']} | {f['what']} | {f['source']} |")
     return "\n".join(lines) + "\n"
 
 
