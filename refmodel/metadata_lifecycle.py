@@ -391,8 +391,9 @@ def run_sequence(engine: EngineModel, steps: Sequence[Step], fa3: FA3Behaviour =
             raise ValueError(f"cache_seqlens: a graph step of {b} rows exceeds max_graph_batch {engine.max_graph_batch}")
         pre_b = b if engine.precompute_padded_batch else real
         if step.mode == "capture":
-            # sglang captures with max_seq_len_k = the whole context (flashattention_backend.py 0.5.23 ~708-716)
-            last_graph = precompute(engine.precompute_inputs(pre_b, engine.context_len), lens[:pre_b], step=t)
+            # the capture's precompute sees the capture batch's lengths (sglang 0.5.23 710-716: max(max_seq_len_k, 1));
+            # the captured call's page table is the whole context (2432: max_num_pages)
+            last_graph = precompute(engine.precompute_inputs(pre_b, max(lens[:pre_b])), lens[:pre_b], step=t)
             view = copy_into(trace.buffer, last_graph, engine.zero_tail, t)
             width = engine.capture_width if engine.capture_width is not None else engine.context_len
             trace.graphs[b] = [capture(view, engine.call_inputs(layer, b, width), i, t)
