@@ -41,6 +41,7 @@ from .prepare import prepare_scheduler
 
 __all__ = ["Origin", "MetadataTensor", "View", "Precomputed", "FA3Behaviour", "Read", "LaunchRecord",
            "CapturedLaunch", "precompute", "allocate_persistent", "copy_into", "launch", "capture", "tile_fetches",
+           "semaphore_after_launch", "skipped_tiles",
            "LayerShape", "EngineModel", "Step", "Trace", "run_sequence", "METADATA_INPUT_FIELDS"]
 
 _tensor_ids = itertools.count(1)
@@ -191,6 +192,25 @@ def tile_fetches(tiles: int, start: int, num_sm: int) -> int:
     return min(num_sm, tiles) + max(0, tiles - start - num_sm)
 
 
+def semaphore_after_launch(start: int, tiles: int, num_sm: int, num_splits: int, kernel_runs: bool,
+                           reset_after_reuse: bool = True) -> tuple:
+    """(after the main kernel, when the call returns) for a launch given metadata whose semaphore holds ``start``.
+
+    The scheduler adds its fetches (:func:`tile_fetches`, tile_scheduler.hpp 763-788); then the combine (S_c > 1,
+    flash_fwd_combine_kernel.h 439-441) or the host (flash_api.cpp 1186-1188, from 1a58058a on) writes 0. No kernel
+    (flash_api.cpp 1167): nothing changes. spec.theorems.lifecycle's z3 encoding is checked against this function.
+    """
+    if not kernel_runs:
+        return start, start
+    end = start + tile_fetches(tiles, max(start, 0), num_sm)
+    return end, 0 if (num_splits > 1 or reset_after_reuse) else end
+
+
+def skipped_tiles(tiles: int, start: int, num_sm: int) -> int:
+    """Tiles the scheduler never hands out when it starts from ``start`` > 0: [num_sm, min(T, num_sm + start))."""
+    return max(0, min(tiles, num_sm + max(start, 0)) - num_sm)
+
+
 def _reads(values: list, offset: int, schedule: Schedule, tensor: MetadataTensor) -> tuple:
     """The per-batch slots the main kernel and the combine read, for virtual batches below the call's b."""
     layout = MetadataLayout.for_schedule(schedule)
@@ -238,13 +258,11 @@ def launch(md: View, call: Schedule, seqused_k: Sequence[int], step: int, layer:
         tiles += m * heads * s
     sem_end = sem_after = sem_start
     skipped = 0
+    if sem_slot is not None:
+        sem_end, sem_after = semaphore_after_launch(sem_start, tiles, call.inputs.num_sm, call.num_splits, runs,
+                                                    fa3.reset_after_reuse)
+        skipped = skipped_tiles(tiles, sem_start, call.inputs.num_sm) if runs else 0
     if runs and sem_slot is not None:
-        start = max(sem_start, 0)
-        num_sm = call.inputs.num_sm
-        sem_end = sem_start + tile_fetches(tiles, start, num_sm)
-        skipped = max(0, min(tiles, num_sm + start) - num_sm)
-        reset = call.num_splits > 1 or fa3.reset_after_reuse   # combine kernel 439-441; host 1186-1188
-        sem_after = 0 if reset else sem_end
         md.tensor.values[sem_slot] = sem_after
         md.tensor.origins[sem_slot] = Origin("kernel", step)
     return LaunchRecord(shape_error=False, kernel_ran=runs, semaphore_start=sem_start, semaphore_origin=sem_origin,

@@ -35,7 +35,16 @@ def catalogue() -> dict:
         "prover_assumptions": [{"name": n, "description": d} for n, d in ASSUMPTIONS.items()],
         "configuration_rules": [{"name": a.name, "description": a.description} for a in DOMAIN_ASSUMPTIONS],
         "metadata_lifecycle_facts": lifecycle_facts(),
+        "lifecycle_invariants": lifecycle_invariants(),
     }
+
+
+def lifecycle_invariants() -> list:
+    """Invariants over sequences of launches (spec.lifecycle_invariants), with their FA3 lines and negative controls."""
+    from spec.lifecycle_invariants import DEFECTS, LIFECYCLE_INVARIANTS
+
+    return [{"name": i.name, "statement": i.statement, "models": i.models, "checked": i.checked,
+             "negative_control": i.defect, "defect": DEFECTS[i.defect]} for i in LIFECYCLE_INVARIANTS.values()]
 
 
 def lifecycle_facts() -> list:
@@ -67,6 +76,16 @@ def to_markdown(cat: dict) -> str:
     lines += ["", "## Configuration rules (case files, `ServerConfig.validate`)", "", "| name | rule |", "|---|---|"]
     for a in cat["configuration_rules"]:
         lines.append(f"| `{a['name']}` | {a['description']} |")
+    lines += ["", "## Invariants over the metadata's life (`spec.lifecycle_invariants`)", "",
+              "Over a sequence of launches (layers x steps, eager and captured/replayed) of refmodel.metadata_lifecycle's "
+              "engine model. Each has a seeded defect of that model which only it catches on its control sequence "
+              "(tests/test_lifecycle_invariants.py). Simplified: the main kernel is not run (a launch's effect on the "
+              "semaphore is its count of tile fetches); a capture records a launch without running it; the engine "
+              "model is sglang 0.5.23's and vLLM 0.33.0's metadata path as read, not their code.", "",
+              "| invariant | statement | FA3 (and engine) lines | checked | negative control |", "|---|---|---|---|---|"]
+    for i in cat["lifecycle_invariants"]:
+        lines.append(f"| `{i['name']}` | {i['statement']} | {i['models']} | {i['checked']} | "
+                     f"`{i['negative_control']}`: {i['defect']} |")
     lines += ["", "## The metadata's lifecycle: who writes, reads and resets each slot", "",
               "Read from FA3's `hopper/` at commit 0251105a and the engines' released wheels "
               "(refmodel/metadata_lifecycle_facts.json; modelled by refmodel.metadata_lifecycle).", "",
