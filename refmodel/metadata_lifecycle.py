@@ -309,6 +309,7 @@ class LayerShape:
     num_heads: int
     num_heads_k: int
     headdim: int = 128
+    headdim_v: Optional[int] = None   #: None: headdim
 
 
 @dataclass(frozen=True)
@@ -340,14 +341,15 @@ class EngineModel:
 
     def precompute_inputs(self, batch: int, max_seqlen_k: int) -> ScheduleInputs:
         h, hk = self.heads_for_precompute()
-        d = self.layers[self.precompute_layer or 0].headdim
-        return precompute_inputs(batch, 1, max(max_seqlen_k, 1), h, hk, d, qkv_dtype=self.qkv_dtype, varlen_q=True,
+        layer = self.layers[self.precompute_layer or 0]
+        return precompute_inputs(batch, 1, max(max_seqlen_k, 1), h, hk, layer.headdim, headdim_v=layer.headdim_v,
+                                 qkv_dtype=self.qkv_dtype, varlen_q=True,
                                  page_size=self.page_size, causal=True, num_splits=self.precompute_num_splits,
                                  num_sm=self.num_sm, build=self.build)
 
     def call_inputs(self, layer: LayerShape, batch: int, width: int) -> ScheduleInputs:
         return call_inputs(batch, 1, width, layer.num_heads, layer.num_heads_k, layer.headdim,
-                           qkv_dtype=self.qkv_dtype, varlen_q=True, page_size=self.page_size, causal=True,
+                           headdim_v=layer.headdim_v, qkv_dtype=self.qkv_dtype, varlen_q=True, page_size=self.page_size, causal=True,
                            num_splits=self.call_num_splits, num_sm=self.num_sm, build=self.build)
 
     def page_width(self, max_len: int) -> int:

@@ -188,7 +188,7 @@ def violated(trace: Trace) -> set:
 
 def _halve_last_layer_kv_heads(engine: EngineModel) -> EngineModel:
     last = engine.layers[-1]
-    layers = engine.layers[:-1] + (LayerShape(last.num_heads, max(1, last.num_heads_k // 2), last.headdim),)
+    layers = engine.layers[:-1] + (dataclasses.replace(last, num_heads_k=max(1, last.num_heads_k // 2)),)
     return dataclasses.replace(engine, layers=layers, precompute_layer=0)
 
 
