@@ -32,7 +32,7 @@ from spec.violation import Violation
 from .fa3_records import call_schedule_of
 from .fa3_registry import tensor_address
 
-__all__ = ["semaphore_violation", "LifecycleWatch"]
+__all__ = ["semaphore_violation", "replay_freshness", "LifecycleWatch"]
 
 
 def semaphore_violation(metadata, arch: int = 90) -> Optional[Violation]:
@@ -46,6 +46,18 @@ def semaphore_violation(metadata, arch: int = 90) -> Optional[Violation]:
                      f"the metadata's tile-count semaphore holds {value} before the launch: FA3 does not zero it when "
                      f"metadata is given (flash_api.cpp 1015-1016), so the dynamic scheduler skips up to {value} "
                      "tiles")
+
+
+def replay_freshness(pre, made_at: dict, where) -> list:
+    """READS_OWN_STEP_METADATA for a replayed call whose metadata is ``pre``'s: ``made_at`` maps id(precompute) to
+    (precompute, the (step, dp_rank) it was made at); a replay at ``where`` must read one made there (an engine
+    driver's replay, gpu_impl.engines.sglang_driver). Unknown metadata is METADATA_ORIGIN's, not reported here."""
+    entry = made_at.get(id(pre)) if pre is not None else None
+    if entry is None or entry[0] is not pre or tuple(entry[1]) == tuple(where):
+        return []
+    return [Violation("READS_OWN_STEP_METADATA", None, {"made_at": list(entry[1]), "replayed_at": list(where)},
+                      f"the replayed call reads metadata precomputed at step {entry[1][0]} (DP rank {entry[1][1]}), "
+                      f"not for this step {where[0]}: the replay-time recompute did not rewrite the graph's buffer")]
 
 
 class LifecycleWatch:
