@@ -49,6 +49,7 @@ def lifecycle_sequences(scn: Scenario) -> list:
                     precompute_num_splits=call.num_splits, call_num_splits=call.launch_num_splits,
                     precompute_heads=tuple(call.precompute_heads),
                     precompute_padded_batch=call.precompute_rows is None,
+                    replay_max_seqlen_k=call.precompute_seqlen_k if call.path == "cuda_graph" else None,
                     max_graph_batch=CUDA_GRAPH_BATCH_SIZES[-1], qkv_dtype=model.dtype)
                 per_rank[call.dp_rank] = (engine, [])
             steps = per_rank[call.dp_rank][1]

@@ -329,6 +329,8 @@ class EngineModel:
     zero_tail: bool = True           #: the engine's copy zeroes buf[n:]
     precompute_padded_batch: bool = True  #: graph steps precompute over the padded batch (False: the real rows)
     capture_width: Optional[int] = None   #: page-table width at capture (None: context_len)
+    replay_max_seqlen_k: Optional[int] = None  #: max_seqlen_k of a replay's recompute (None: the rows' longest;
+    #: sglang 0.5.16+ under CUDA graph without host lengths: the context length, spec/model/engine_profiles.json)
     max_graph_batch: int = 16
     build: str = fa3_builds.UPSTREAM
     qkv_dtype: str = "bfloat16"
@@ -423,7 +425,8 @@ def run_sequence(engine: EngineModel, steps: Sequence[Step], fa3: FA3Behaviour =
         if graph is None:
             raise ValueError(f"steps: a replay of batch {b} before any capture of that batch size")
         if step.refresh or last_graph is None:
-            last_graph = precompute(engine.precompute_inputs(pre_b, max(lens[:pre_b])), lens[:pre_b], step=t)
+            bound = engine.replay_max_seqlen_k if engine.replay_max_seqlen_k is not None else max(lens[:pre_b])
+            last_graph = precompute(engine.precompute_inputs(pre_b, bound), lens[:pre_b], step=t)
             copy_into(trace.buffer, last_graph, engine.zero_tail, t)
         for cap in graph:
             trace.launches.append(launch(cap.md, cap.call, lens, t, cap.layer, "replay", real, fa3, last_graph, cap))

@@ -40,3 +40,19 @@ def test_seeded_backend_defects_are_found_by_their_lifecycle_invariant(defect, f
 def test_a_case_without_a_precompute_is_unsupported_not_a_pass():
     camp = lifecycle_campaign(load_policy("fixed"), Budget(cases=30), seed=1, family="dp-attention-graph")
     assert camp.cases == 0 and camp.unsupported == 30
+
+
+def test_a_release_that_replays_with_the_context_bound_is_followed():
+    """sglang 0.5.16+ recompute at replay with max_seqlen_k = the context length (no host lengths): the lifecycle
+    takes the backend's bound, and the fixed policy still keeps every invariant."""
+    policy = load_policy("fixed", graph_replay_seqlen_k="context_length")
+    camp = lifecycle_campaign(policy, CASES, seed=3, family="graph-tp")
+    assert camp.cases >= 50 and camp.failures == {}
+    from fa3verify.fuzzing import scenario_for
+    from fa3verify.strategies import family
+    import random
+
+    from gpu_impl.lifecycle import lifecycle_sequences
+    case = next(c for c in (family("graph-tp")(random.Random(i)) for i in range(20)) if c is not None)
+    (_, engine, _), = lifecycle_sequences(scenario_for(case, policy))
+    assert engine.replay_max_seqlen_k == case.server.context_length
