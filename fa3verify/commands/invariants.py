@@ -79,9 +79,15 @@ def to_markdown(cat: dict) -> str:
     lines += ["", "## Invariants over the metadata's life (`spec.lifecycle_invariants`)", "",
               "Over a sequence of launches (layers x steps, eager and captured/replayed) of refmodel.metadata_lifecycle's "
               "engine model. Each has a seeded defect of that model which only it catches on its control sequence "
-              "(tests/test_lifecycle_invariants.py). Simplified: the main kernel is not run (a launch's effect on the "
-              "semaphore is its count of tile fetches); a capture records a launch without running it; the engine "
-              "model is sglang 0.5.23's and vLLM 0.33.0's metadata path as read, not their code.", "",
+              "(tests/test_lifecycle_invariants.py). Modelled from the sources (the table below this one): which "
+              "slots the precompute and the prepare kernel write, which the kernels read (virtual batches below the "
+              "call's b; the split vector only with Split), who zeroes the semaphore and when, the persistent "
+              "buffers' copy and zeroed tail, what a capture fixes. Simplified: the main kernel is not run (a "
+              "launch's effect on the semaphore is its count of tile fetches, min(num_sm, T) + max(0, T - s - "
+              "num_sm) for T = the sum of m-blocks x heads x splits it reads and a start s >= 0); a capture records "
+              "a launch without running it; an engine's layers share one shape; the engine model is sglang 0.5.23's "
+              "and vLLM 0.33.0's metadata path as read, not their code (real sglang 0.5.23 is driven for "
+              "READS_OWN_STEP_METADATA only).", "",
               "| invariant | statement | FA3 (and engine) lines | checked | negative control |", "|---|---|---|---|---|"]
     for i in cat["lifecycle_invariants"]:
         lines.append(f"| `{i['name']}` | {i['statement']} | {i['models']} | {i['checked']} | "
