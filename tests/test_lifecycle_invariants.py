@@ -4,6 +4,7 @@ The engine model without defects violates none of them over generated sequences 
 steps); each seeded defect is caught by its invariant, and only by it, on its control sequence.
 """
 
+import dataclasses
 import re
 
 import pytest
@@ -111,3 +112,29 @@ def test_violations_are_capped_per_invariant():
     trace, found = run_and_check(engine, steps, defect="no-semaphore-reset-after-reuse")
     assert len(found) == 9 and found[-1].detail == {"more": 11 - 8}
     assert violated(trace) == {"SEMAPHORE_STARTS_AT_ZERO"}
+
+
+@SETTINGS
+@given(sequences())
+def test_every_generated_sequence_that_reuses_metadata_with_one_split_is_caught_before_the_fix(seq):
+    """Negative control over generated sequences: FA3 before 1a58058a, one split on both sides, two or more layers,
+    any launch that runs: the second layer starts from the first one's count."""
+    engine, steps = seq
+    engine = dataclasses.replace(engine, precompute_num_splits=1, call_num_splits=1,
+                                 layers=engine.layers + engine.layers[:1])
+    trace, found = run_and_check(engine, steps, defect="no-semaphore-reset-after-reuse")
+    if any(r.kernel_ran for r in trace.launches):
+        assert "SEMAPHORE_STARTS_AT_ZERO" in {v.invariant for v in found}
+
+
+@SETTINGS
+@given(sequences())
+def test_every_generated_second_replay_without_a_recompute_is_caught(seq):
+    engine, steps = seq
+    replayed = [len(s.cache_seqlens) for s in steps if s.mode == "replay"]
+    trace, found = run_and_check(engine, steps, defect="replay-skips-metadata-refresh")
+    names = {v.invariant for v in found}
+    if len(replayed) != len(set(replayed)):
+        assert "READS_OWN_STEP_METADATA" in names
+    else:
+        assert names == set()      # no second replay of a batch size: the defect changes nothing
