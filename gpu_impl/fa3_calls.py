@@ -405,6 +405,12 @@ class CheckingFA3:
         if violations:
             self._handle(pre, call, violations)
 
+    def report(self, pre, call, violations, where: str = "call") -> None:
+        """Record and handle violations found outside a call (gpu_impl.lifecycle_checks: before a graph replay)."""
+        self._event(pre, call, violations)
+        if violations:
+            self._handle(pre, call, violations, where=where)
+
     def _handle(self, pre, call, violations, where: str = "call") -> None:
         case_path = None
         #: the path of the violation being handled, for ``on_violation``: a CUDA graph's "replay" (a recompute

@@ -458,6 +458,22 @@ def get_pack_gqa(inp: ScheduleInputs, num_splits: int, masking: Masking, tma: bo
     return should_pack_gqa(inp.varlen_q, inp.seqlen_q, inp.num_heads // inp.num_heads_k, bm)
 
 
+def scheduler_needs_semaphore(arch: int, precompute: bool, is_causal: bool, is_local: bool, num_splits: int,
+                              varlen: bool) -> bool:
+    """Whether the metadata ends in the tile-count semaphore slot (flash_api.cpp@0251105a 623 and 990-992).
+
+    The precompute: ``arch >= 90 || num_splits > 1``. The call: on sm90 ``((causal || local) && num_splits == 1) ||
+    varlen``; on sm8x ``(causal && !varlen) || (varlen && num_splits > 1)``. So on sm90 a varlen call's metadata size
+    never depends on the split count, and on sm8x both sides' sizes do (only sm90 is modelled otherwise:
+    refmodel.validation).
+    """
+    if precompute:
+        return arch >= 90 or num_splits > 1
+    if arch >= 90:
+        return ((is_causal or is_local) and num_splits == 1) or bool(varlen)
+    return (is_causal and not varlen) or (bool(varlen) and num_splits > 1)
+
+
 def resolve_schedule(inp: ScheduleInputs) -> Schedule:
     """All of FA3's host-side decisions for one side of the hand-off, in FA3's order (flash_api.cpp)."""
     validate_schedule_inputs(inp)
@@ -476,11 +492,8 @@ def resolve_schedule(inp: ScheduleInputs) -> Schedule:
     bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=non_tma)
     kd, kdv = kernel_headdims(inp.headdim, inp.headdim_v, inp.element_size)
     kbm, kbn = build_tile(inp, masking, kd, kdv, paged_kv_non_tma=non_tma)
-    if inp.precompute:
-        needs_sem = inp.arch >= 90 or num_splits > 1
-    else:
-        needs_sem = (((masking.is_causal or masking.is_local) and num_splits == 1) or inp.uses_prepare) \
-            if inp.arch >= 90 else False
+    needs_sem = scheduler_needs_semaphore(inp.arch, inp.precompute, masking.is_causal, masking.is_local, num_splits,
+                                          inp.uses_prepare)
     kernel_pack = pack or forced_pack_gqa(inp.arch, non_tma, num_splits)
     if not inp.precompute:
         check_call_split_count(num_splits, kernel_runs=inp.batch_size > 0 and inp.seqlen_q > 0)

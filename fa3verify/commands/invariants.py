@@ -34,7 +34,24 @@ def catalogue() -> dict:
         "theorems": [{"name": t.name, "number": t.number, "statement": t.statement, "models": list(t.models)} for t in THEOREMS.values()],
         "prover_assumptions": [{"name": n, "description": d} for n, d in ASSUMPTIONS.items()],
         "configuration_rules": [{"name": a.name, "description": a.description} for a in DOMAIN_ASSUMPTIONS],
+        "metadata_lifecycle_facts": lifecycle_facts(),
+        "lifecycle_invariants": lifecycle_invariants(),
     }
+
+
+def lifecycle_invariants() -> list:
+    """Invariants over sequences of launches (spec.lifecycle_invariants), with their FA3 lines and negative controls."""
+    from spec.lifecycle_invariants import DEFECTS, LIFECYCLE_INVARIANTS
+
+    return [{"name": i.name, "statement": i.statement, "models": i.models, "checked": i.checked,
+             "negative_control": i.defect, "defect": DEFECTS[i.defect]} for i in LIFECYCLE_INVARIANTS.values()]
+
+
+def lifecycle_facts() -> list:
+    """Who writes, reads and resets each metadata slot (refmodel/metadata_lifecycle_facts.json, read from the sources)."""
+    from importlib.resources import files
+
+    return json.loads(files("refmodel").joinpath("metadata_lifecycle_facts.json").read_text())["facts"]
 
 
 def to_markdown(cat: dict) -> str:
@@ -59,6 +76,28 @@ def to_markdown(cat: dict) -> str:
     lines += ["", "## Configuration rules (case files, `ServerConfig.validate`)", "", "| name | rule |", "|---|---|"]
     for a in cat["configuration_rules"]:
         lines.append(f"| `{a['name']}` | {a['description']} |")
+    lines += ["", "## Invariants over the metadata's life (`spec.lifecycle_invariants`)", "",
+              "Over a sequence of launches (layers x steps, eager and captured/replayed) of refmodel.metadata_lifecycle's "
+              "engine model. Each has a seeded defect of that model which only it catches on its control sequence "
+              "(tests/test_lifecycle_invariants.py). Modelled from the sources (the table below this one): which "
+              "slots the precompute and the prepare kernel write, which the kernels read (virtual batches below the "
+              "call's b; the split vector only with Split), who zeroes the semaphore and when, the persistent "
+              "buffers' copy and zeroed tail, what a capture fixes. Simplified: the main kernel is not run (a "
+              "launch's effect on the semaphore is its count of tile fetches, min(num_sm, T) + max(0, T - s - "
+              "num_sm) for T = the sum of m-blocks x heads x splits it reads and a start s >= 0); a capture records "
+              "a launch without running it; an engine's layers share one shape; the engine model is sglang 0.5.23's "
+              "and vLLM 0.33.0's metadata path as read, not their code (real sglang 0.5.23 is driven for "
+              "READS_OWN_STEP_METADATA only).", "",
+              "| invariant | statement | FA3 (and engine) lines | checked | negative control |", "|---|---|---|---|---|"]
+    for i in cat["lifecycle_invariants"]:
+        lines.append(f"| `{i['name']}` | {i['statement']} | {i['models']} | {i['checked']} | "
+                     f"`{i['negative_control']}`: {i['defect']} |")
+    lines += ["", "## The metadata's lifecycle: who writes, reads and resets each slot", "",
+              "Read from FA3's `hopper/` at commit 0251105a and the engines' released wheels "
+              "(refmodel/metadata_lifecycle_facts.json; modelled by refmodel.metadata_lifecycle).", "",
+              "| who | slots | what | source |", "|---|---|---|---|"]
+    for f in cat["metadata_lifecycle_facts"]:
+        lines.append(f"| {f['actor']} | {f['slots']} | {f['what']} | {f['source']} |")
     return "\n".join(lines) + "\n"
 
 

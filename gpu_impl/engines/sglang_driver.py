@@ -102,6 +102,9 @@ class EngineFA3:
         self.checker = CheckingFA3(impl, mode="record", deep=True, num_sm=num_sm, arch=90, record_all=True)
         self.last_md = None
         self.last_pre = None
+        #: (step, dp_rank) the driver is at (set by Engine._run_steps), and id(precompute) -> (its record, where)
+        self.where = (0, 0)
+        self.made_at: dict = {}
         self.capturing = False
         self.captured: list = []
         #: "eager" | "capture" | "replay": the path of the calls being made now (set by RankBackend)
@@ -121,6 +124,7 @@ class EngineFA3:
     def get_scheduler_metadata(self, *args, **kwargs):
         md = self.checker.get_scheduler_metadata(*args, **kwargs)
         self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
+        self.made_at[id(self.last_pre)] = (self.last_pre, self.where)
         return md
 
     def flash_attn_with_kvcache(self, *args, **kwargs):
@@ -138,6 +142,7 @@ class EngineFA3:
     def replay(self, args, kwargs) -> None:
         """The captured call replayed: its tensors as they are now, its shapes and scalars as captured."""
         from ..fa3_calls import bind_call, record_call
+        from ..lifecycle_checks import replay_freshness
 
         md = bind_call(*args, **kwargs)["scheduler_metadata"]
         self._attribute(md)
@@ -146,6 +151,7 @@ class EngineFA3:
             pre, violations = None, []
         else:
             pre, violations = self.checker.check(call, md)
+            violations = list(violations) + replay_freshness(pre, self.made_at, self.where)
         self.checker.events.append((pre, call, violations))
         self.tags.append("replay")
 
