@@ -97,10 +97,8 @@ def wheel_builds() -> list[str]:
 
 
 def _wheel_model(build_name: str) -> dict:
-    from dataclasses import replace
-
     from refmodel import fa3_builds
-    from refmodel.fa3_scheduler import Masking, ScheduleInputs, _heuristic_at, _split_tiles
+    from refmodel.fa3_scheduler import Masking, ScheduleInputs, get_num_splits_resolved
 
     def tile(d, dv, c, l, e, vc, pg, sc, wg):
         return fa3_builds.tile_size_fwd_sm90_build(build_name, d, dv, bool(c), bool(l), e, bool(pg), bool(sc),
@@ -112,8 +110,7 @@ def _wheel_model(build_name: str) -> dict:
         inp = ScheduleInputs(batch_size=b, seqlen_q=sq, seqlen_k=sk, num_heads=h, num_heads_k=hk, headdim=d,
                              headdim_v=dv, page_size=1 if paged else None, uses_prepare=bool(varlen),
                              precompute=False, num_sm=132, arch=90, build=build_name, total_q=tq)
-        inp = replace(inp)
-        return _heuristic_at(inp, sk, masking, _split_tiles(inp, masking, tma=bool(tma) if paged else False))
+        return get_num_splits_resolved(inp, masking, tma=bool(tma) if paged else False)
 
     return {"tile": tile, "get_num_splits": splits}
 

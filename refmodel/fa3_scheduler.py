@@ -410,6 +410,12 @@ def num_splits_over_lengths(inp: ScheduleInputs, seqlen_ks) -> tuple[int, ...]:
 get_num_splits.over_lengths = num_splits_over_lengths
 
 
+def get_num_splits_resolved(inp: ScheduleInputs, masking: Masking, tma: bool) -> int:
+    """`get_num_splits`'s heuristic on already-resolved masking and a given paged-KV TMA choice (FA3's
+    ``params`` fields as the function reads them: the form a wheel's compiled get_num_splits is called in)."""
+    return _heuristic_at(inp, inp.seqlen_k, masking, _split_tiles(inp, masking, tma=tma))
+
+
 def _split_tiles(inp: ScheduleInputs, masking: Masking, tma: Optional[bool] = None) -> tuple[int, int, int, int]:
     """(kBlockM, kBlockN, m_blocks, total_mblocks) of `get_num_splits` (flash_api.cpp 456-466): they read the
     masking's causal/local flags, never seqlen_k or the window. ``tma`` replaces the paged-KV TMA choice (a
