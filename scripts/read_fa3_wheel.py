@@ -193,19 +193,21 @@ def function_body(text: str) -> str:
     return "\n".join(out)
 
 
-def rodata_floats(so: Path, body: str, segments: list) -> list[float]:
-    """float32 constants a listing loads RIP-relative (movss/mulss/comiss ADDR(%rip))."""
-    out = []
+def rodata_constants(so: Path, body: str, segments: list) -> dict:
+    """Finite float32 and float64 constants a listing loads RIP-relative (``movss``/``mulsd``/... ADDR(%rip))."""
+    out = {"float32": set(), "float64": set()}
     with so.open("rb") as f:
-        for m in re.finditer(r"(?:movss|mulss|comiss|ucomiss|divss|addss|subss)\s+0x[0-9a-f]+\(%rip\),%xmm\d+\s+# ([0-9a-f]+)",
-                             body):
-            addr = int(m.group(1), 16)
+        for m in re.finditer(r"\b(\w+?)(ss|sd)\s+0x[0-9a-f]+\(%rip\),%xmm\d+\s+# ([0-9a-f]+)", body):
+            addr = int(m.group(3), 16)
             off = next((o + addr - v for v, o, fs, _ in segments if v <= addr < v + fs), None)
             if off is None:
                 continue
             f.seek(off)
-            out.append(round(struct.unpack("<f", f.read(4))[0], 6))
-    return out
+            kind, fmt = ("float32", "<f") if m.group(2) == "ss" else ("float64", "<d")
+            value = struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+            if value == value and abs(value) != float("inf"):
+                out[kind].add(round(value, 6))
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def load_segments(so: Path) -> list:
@@ -236,7 +238,8 @@ def host_rules(so: Path, syms: dict) -> dict:
         "tile_size_arguments": tile_args.count(",") + 1,
         "get_num_splits": run(["c++filt", ns_name]).strip(),
         "get_pack_gqa": run(["c++filt", pk_name]).strip(),
-        "get_num_splits_floats": sorted(set(rodata_floats(so, ns_body, segs))),
+        "get_num_splits_constants": rodata_constants(so, ns_body, segs),
+        "get_num_splits_max_splits_128": "$0x7f," in ns_body,
         "get_num_splits_50MiB": "$0x3200000" in ns_body,
         "get_num_splits_reads": sorted(f for f, r in reads.items() if r),
         "get_num_splits_reads_total_q": reads["total_q"],
@@ -396,7 +399,26 @@ def vectors(lib: Mapped, rules: dict) -> dict:
                                              pagedkv_tma=tma, arch=90, num_sm=132)
                                     splits.append([b, sq, tq, sk, h, hk, d, dv, causal, local, varlen, paged,
                                                    tma, call(**f)])
-    return {"tiles": tiles, "get_num_splits": splits,
+    pack = []
+    call = params_caller(lib, "get_pack_gqa")
+    for h, hk in ((8, 8), (32, 4), (32, 1), (64, 8)):
+        for sq in (1, 2, 4, 8, 9, 16, 17, 64, 100, 300):
+            for d in (64, 128, 256):
+                for causal, local in ((0, 0), (1, 0), (0, 1)):
+                    for varlen in (0, 1):
+                        for num_splits in (1, 2):
+                            for paged, tma in ((0, 0), (1, 0), (1, 1)):
+                                f = dict(b=2, seqlen_q=sq, seqlen_k=4096, h=h, h_k=hk, d=d, dv=d,
+                                         d_rounded=round_up_headdim(d), dv_rounded=round_up_headdim(d),
+                                         is_causal=causal, is_local=local, window_size_left=1000 if local else -1,
+                                         window_size_right=0 if (causal or local) else -1, cu_seqlens_q=varlen,
+                                         num_splits_dynamic_ptr=varlen, total_q=2 * sq, page_table=paged,
+                                         pagedkv_tma=tma, arch=90, num_sm=132, num_splits=num_splits)
+                                pack.append([sq, h, hk, d, causal, local, varlen, num_splits, paged, tma,
+                                             int(call(**f) & 0xFF != 0)])
+    return {"tiles": tiles, "get_num_splits": splits, "get_pack_gqa": pack,
+            "get_pack_gqa_columns": ["seqlen_q", "h", "h_k", "d", "causal", "local", "varlen", "num_splits", "paged",
+                                     "pagedkv_tma", "pack_gqa"],
             "get_num_splits_columns": ["b", "seqlen_q", "total_q", "seqlen_k", "h", "h_k", "d", "dv", "causal",
                                        "local", "varlen", "paged", "pagedkv_tma", "num_splits"],
             "get_num_splits_fixed": {"num_splits_dynamic_ptr": "non-null when varlen (as both entry points set it)","arch": 90, "num_sm": 132, "window_size_left": "1000 when local, else -1",
@@ -447,7 +469,8 @@ def main(argv=None) -> int:
             print(f"  {dtype:12s} d {d:3d} dv {dv:3d} causal {int(c)} local {int(loc)} paged_non_tma {int(pg)} "
                   f"softcap {int(sc)}: {tiles}")
     if vec:
-        print(f"tile_size_fwd_sm90 called on {len(vec['tiles'])} inputs; get_num_splits on {len(vec['get_num_splits'])}")
+        print(f"tile_size_fwd_sm90 called on {len(vec['tiles'])} inputs; get_num_splits on "
+              f"{len(vec['get_num_splits'])}; get_pack_gqa on {len(vec['get_pack_gqa'])}")
     summary = {**w, "host_rules": rules, "instances": inst}
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")

@@ -34,8 +34,8 @@ def test_every_sglang_release_maps_to_the_build_read_from_its_kernel_wheel():
 @pytest.mark.parametrize("name", WHEEL_BUILDS)
 def test_refmodel_matches_each_wheel_on_every_vector(name):
     r = compare_wheel_build(name)
-    assert r["mismatches"] == {"tile": 0, "get_num_splits": 0}, r["examples"]
-    assert r["compared"] == {"tile": 3840, "get_num_splits": 3024}
+    assert r["mismatches"] == {"tile": 0, "get_num_splits": 0, "get_pack_gqa": 0}, r["examples"]
+    assert r["compared"] == {"tile": 3840, "get_num_splits": 3024, "get_pack_gqa": 4320}
     assert r["sha256"] == load_vectors(name)["same_vectors_from"][0]["sha256"]
 
 
@@ -66,6 +66,11 @@ def test_negative_control_seeded_defects_are_caught(monkeypatch):
                                                 bool(vc), bool(wg))
         return (192, 128) if t == (192, 192) and l and not c else t
     assert compare_wheel_build(SGLANG_KERNEL_045, model={"tile": tile})["mismatches"]["tile"] > 0
+
+    # PackGQA without the forced cases (paged non-TMA, Split)
+    def pack(sq, h, hk, d, causal, local, varlen, num_splits, paged, tma):
+        return int(h != hk and bool(varlen))
+    assert compare_wheel_build(SGLANG_KERNEL_042, model={"get_pack_gqa": pack})["mismatches"]["get_pack_gqa"] > 0
 
 
 @pytest.mark.parametrize("arch, d, local, sq, qhpk, expected", [
