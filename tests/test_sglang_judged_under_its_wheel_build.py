@@ -1,0 +1,43 @@
+"""sglang's FA3 stand-in judges under the build read from its release's kernel wheel (refmodel/fa3_builds.json).
+
+Runs without an engine environment: the stand-in's FA3 front (``EngineFA3``) and the call records it makes.
+"""
+
+import torch
+
+from gpu_impl.engines.sglang_driver import EngineFA3
+from gpu_impl.fa3_records import call_schedule_of, record_call, record_precompute, precompute_schedule
+from refmodel.fa3_builds import SGLANG_KERNEL_042, SGLANG_KERNEL_045, UPSTREAM, build_for_engine
+
+
+def test_the_front_records_and_checks_under_the_build_it_is_given():
+    front = EngineFA3(132, numerics=False, build=build_for_engine("sglang", "0.5.23"))
+    assert front.build == front.checker.build == SGLANG_KERNEL_045
+    # numerics run on the emulator, which models upstream's kernel: judged under upstream's build
+    assert EngineFA3(132, numerics=True, build=SGLANG_KERNEL_045).build == UPSTREAM
+
+
+def _decode_call(batch: int, build: str):
+    # varlen decode as sglang makes it: q (b, 1, h, d) rows through cu_seqlens_q, paged KV, 32 query / 4 KV heads
+    q = torch.zeros(batch, 32, 128, dtype=torch.bfloat16)
+    kc = torch.zeros(64, 1, 4, 128, dtype=torch.bfloat16)
+    return record_call(q, kc, kc, cache_seqlens=torch.full((batch,), 32768, dtype=torch.int32),
+                       page_table=torch.zeros(batch, 40960, dtype=torch.int32),
+                       cu_seqlens_q=torch.arange(batch + 1, dtype=torch.int32), max_seqlen_q=1, causal=True,
+                       read_tensors=True, build=build)
+
+
+def test_a_call_record_carries_its_real_rows_under_a_build_that_reads_them():
+    # the worked example's call side at batch 64: 0.4.5 counts 64 rows (S_c 4), 0.4.2 and upstream one sequence (29)
+    assert call_schedule_of(_decode_call(64, SGLANG_KERNEL_045)).num_splits == 4
+    assert call_schedule_of(_decode_call(64, SGLANG_KERNEL_042)).num_splits == 29
+    assert call_schedule_of(_decode_call(64, UPSTREAM)).num_splits == 29
+    # the key holds total_q only where it is read (violation signatures stay length-free elsewhere)
+    assert _decode_call(64, SGLANG_KERNEL_045).schedule_key()[-1] == 64
+    assert _decode_call(64, SGLANG_KERNEL_042).schedule_key()[-1] is None
+
+
+def test_the_precompute_bounds_by_batch_times_max_seqlen_q():
+    pre = record_precompute(64, 1, 40960, 8, 1, 128, torch.full((64,), 32768, dtype=torch.int32), page_size=1,
+                            causal=True, build=SGLANG_KERNEL_045, read_tensors=True)
+    assert precompute_schedule(pre).num_splits == 15
