@@ -366,7 +366,8 @@ def pagedkv_tma(inp: ScheduleInputs, masking: Masking, d_rounded: int, dv_rounde
     if inp.build == fa3_builds.VLLM_FORK and masking.is_local:
         return False
     bm, bn = build_tile(inp, masking, d_rounded, dv_rounded, paged_kv_non_tma=False)
-    return inp.page_size % bn == 0 and inp.seqlen_q * (inp.num_heads // inp.num_heads_k) > bm
+    # `params.seqlen_q * (params.h / params.h_k)` is a C++ int product: it wraps past 2^31 - 1
+    return inp.page_size % bn == 0 and to_int32(inp.seqlen_q * (inp.num_heads // inp.num_heads_k)) > bm
 
 
 def get_num_splits(inp: ScheduleInputs, masking: Optional[Masking] = None) -> int:

@@ -97,3 +97,22 @@ def test_the_varlen_total_q_bound_splits_precompute_and_call_apart():
     assert old.num_splits == resolve_schedule(precompute_inputs(8, 4, 32768, 32, 1, 64,
                                                                 build=SGLANG_KERNEL_042)).num_splits
     assert pre.num_splits != call.num_splits
+
+
+def test_the_paged_tma_choice_multiplies_in_32_bit_int():
+    # get_pagedkv_tma: `params.seqlen_q * (params.h / params.h_k) > kBlockM` on C++ ints; 2^28 * 16 = 2^32 wraps to 0
+    from refmodel.fa3_scheduler import Masking, pagedkv_tma
+
+    masking = Masking(is_causal=False, is_local=False, window_left=-1, window_right=-1)
+    for name in (UPSTREAM, VLLM_FORK, *WHEEL_BUILDS):
+        inp = fa3_builds_inputs(name, seqlen_q=2**28, num_heads=16)
+        assert pagedkv_tma(inp, masking, 128, 128) is False
+        inp = fa3_builds_inputs(name, seqlen_q=2**24, num_heads=16)   # 2^28: no wrap, above kBlockM
+        assert pagedkv_tma(inp, masking, 128, 128) is True
+
+
+def fa3_builds_inputs(name, seqlen_q, num_heads):
+    from refmodel.fa3_scheduler import ScheduleInputs
+
+    return ScheduleInputs(batch_size=1, seqlen_q=seqlen_q, seqlen_k=4096, num_heads=num_heads, num_heads_k=1,
+                          headdim=128, headdim_v=128, page_size=176 * 160, precompute=False, build=name)
