@@ -26,7 +26,9 @@ What it prints, and how each part is read (nothing is guessed from a version num
    but ``operator new``/``delete`` aborts the process (exit 134), never a wrong number.
 
 ``--vectors OUT`` writes the call results as test vectors (JSON, with the wheel's name, version and sha256).
-Exit codes: 0 read, 2 bad input (no such wheel, no FA3 library in it, a tool missing, an unexpected layout).
+``--check-build BUILD`` checks that every tile refmodel picks under BUILD for an instantiated shape is instantiated.
+Exit codes: 0 read (and checked), 1 a model tile not instantiated, 2 bad input (no such wheel, no FA3 library in it,
+a tool missing, an unexpected layout).
 """
 
 from __future__ import annotations
@@ -428,6 +430,33 @@ def vectors(lib: Mapped, rules: dict) -> dict:
                               "softcap", "one_mma_wg", "block_m", "block_n"]}
 
 
+def tiles_not_instantiated(instances: list[dict], build_name: str) -> tuple[int, list]:
+    """Every tile the model picks under ``build_name`` for an instantiated sm90 shape must be instantiated too.
+
+    For each (dtype, d, dv, causal, local, paged non-TMA, softcap) the library instantiates, the model's tile
+    (refmodel.fa3_builds ``tile_size_fwd_sm90_build``; with the one-warp-group decode tile too, for d 64 or 128,
+    where the build has one and, for the fork, not local) must be among that shape's instantiated tiles. Returns
+    (tiles checked, the ones missing).
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from refmodel import fa3_builds
+
+    kind = fa3_builds.build(build_name).one_mma_wg
+    table = tile_table(instances)
+    checked, missing = 0, []
+    for (dtype, d, dv, c, loc, pg, sc), tiles in sorted(table.items()):
+        e = 1 if dtype.startswith("float_e4m3") else 2
+        for wg in (False, True):
+            if wg and (kind is None or d not in (64, 128) or (kind == "fork" and loc)):
+                continue
+            t = fa3_builds.tile_size_fwd_sm90_build(build_name, d, dv, c, loc, e, pg, sc, False, wg)
+            checked += 1
+            if t not in tiles:
+                missing.append({"shape": [dtype, d, dv, c, loc, pg, sc], "one_mma_wg": wg, "model": list(t),
+                                "instantiated": sorted(tiles)})
+    return checked, missing
+
+
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -437,6 +466,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write everything read as JSON")
     ap.add_argument("--vectors", type=Path, default=None, help="write the call results as test vectors (JSON)")
     ap.add_argument("--no-instances", action="store_true", help="skip the kernel-instance scan (the slow part)")
+    ap.add_argument("--check-build", default=None, metavar="BUILD",
+                    help="check that every tile the model picks under BUILD is instantiated (exit 1 if not)")
     args = ap.parse_args(argv)
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
@@ -474,6 +505,13 @@ def main(argv=None) -> int:
     summary = {**w, "host_rules": rules, "instances": inst}
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")
+    status = 0
+    if args.check_build and inst:
+        checked, missing = tiles_not_instantiated(inst, args.check_build)
+        print(f"model tiles under {args.check_build}: {checked} checked, {len(missing)} not instantiated")
+        for m in missing[:20]:
+            print(f"  {m}")
+        status = 1 if missing else 0
     if args.vectors and vec is None:
         fail("--vectors: this wheel exports no host function to call")
     if args.vectors:
@@ -482,7 +520,7 @@ def main(argv=None) -> int:
                "library": w["library"], "host_rules": rules, **vec}
         args.vectors.write_text(json.dumps(out, separators=(",", ":")) + "\n")
         print(f"wrote {args.vectors}")
-    return 0
+    return status
 
 
 if __name__ == "__main__":
