@@ -5,7 +5,7 @@ here, keyed by build, and everything else is shared (refmodel.fa3_scheduler).
 
 Builds, engine releases and the FA3 source each release ships are data (``fa3_builds.json`` beside this module).
 Each build's sm90 tile table is data too (``tile_size_sm90.json``), read by ``tile_size_fwd_sm90_build``.
-Two builds are modelled:
+Four builds are modelled:
 
 * ``upstream-0251105a``: Dao-AILab/flash-attention ``hopper/`` at 0251105a (the rest of refmodel).
 * ``vllm-fork-617264c1``: vllm-project/flash-attention ``hopper/`` at 617264c1, compiled by the fork's
@@ -18,6 +18,13 @@ Two builds are modelled:
   Sort always off (689, 1079); the metadata vectors ``prepare_seqlen_q`` [+ dynamic splits when b <= 992 and
   S > 1] [+ heads-in-L2 when Swizzle] (692-699, 1068, 1083-1090), checked by CHECK_SHAPE (1096); a varlen call
   of more than 992 batches runs with one split (1070).
+
+* ``sglang-kernel-0.4.2`` and ``sglang-kernel-0.4.5``: read from sglang's kernel wheels (0.4.2-0.4.4 and
+  0.4.5-0.4.10) by scripts/read_fa3_wheel.py, which calls their compiled ``tile_size_fwd_sm90``,
+  ``get_num_splits`` and ``get_pack_gqa`` (docs/fa3-builds.md). They differ from upstream in the tile table
+  (``tile_size_sm90.json``), the decode tile choice ``use_one_mma_wg`` (no local test: ``Build.one_mma_wg``
+  "sglang"), and, from 0.4.5, a varlen ``get_num_splits`` bounded by ``params.total_q``
+  (``Build.varlen_total_q_bound``; ``ScheduleInputs.total_q``). Their other host rules are taken as upstream's.
 
 The fork's prepare kernel (``prepare_seqlen_q`` instead of m-blocks, a 32 MiB / qhpk L2 budget) is modelled in
 refmodel.prepare, its layout in refmodel.metadata (``MetadataLayout``, ``decode_for_schedule``).
