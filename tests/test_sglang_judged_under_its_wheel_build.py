@@ -41,3 +41,35 @@ def test_the_precompute_bounds_by_batch_times_max_seqlen_q():
     pre = record_precompute(64, 1, 40960, 8, 1, 128, torch.full((64,), 32768, dtype=torch.int32), page_size=1,
                             causal=True, build=SGLANG_KERNEL_045, read_tensors=True)
     assert precompute_schedule(pre).num_splits == 15
+
+
+def _total_q_bound_case(build: str):
+    # same heads on both sides (h 16 / h_k 2, d 64, paged, causal); the precompute's bound is b * max_seqlen_q =
+    # 16 * 64 rows, the call's its real 772 rows (15 x 48 + 52); one 4096-key sequence, fifteen of 100
+    import itertools
+
+    from refmodel.metadata import schedule_and_prepare
+    from spec.invariants import check_split_bound
+
+    lq = [48] * 15 + [52]
+    lk = [4096] + [100] * 15
+    cu = torch.tensor([0] + list(itertools.accumulate(lq)), dtype=torch.int32)
+    P, R = schedule_and_prepare(16, 64, 4096, 16, 2, 64, torch.tensor(lk, dtype=torch.int32), cu_seqlens_q=cu,
+                                page_size=1, causal=True, build=build)
+    from refmodel.fa3_scheduler import call_inputs, resolve_schedule
+
+    C = resolve_schedule(call_inputs(16, 64, 4096, 16, 2, 64, page_size=1, causal=True, varlen_q=True,
+                                     total_q=sum(lq), build=build))
+    return P, R, C, check_split_bound(P, R, C, {"seqused_k": lk, "seqlens_q": lq})
+
+
+def test_the_varlen_total_q_bound_can_overflow_the_call_s_split_buffers():
+    # the split heuristic is not monotone in m-blocks: the precompute's 16 m-blocks per KV head give S_p 3, the
+    # call's 13 give S_c 2, and the long sequence's 3 splits overflow the call's 2 partial buffers (SPLIT_BOUND)
+    P, R, C, violations = _total_q_bound_case(SGLANG_KERNEL_045)
+    assert (P.num_splits, C.num_splits, R.num_splits[0]) == (3, 2, 3)
+    assert [v.invariant for v in violations] == ["SPLIT_BOUND"]
+    # negative control: the builds that bound a varlen call by one sequence schedule both sides alike
+    for build in (SGLANG_KERNEL_042, UPSTREAM):
+        P, R, C, violations = _total_q_bound_case(build)
+        assert P.num_splits == C.num_splits and violations == []
