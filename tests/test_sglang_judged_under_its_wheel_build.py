@@ -1,6 +1,8 @@
-"""sglang's FA3 stand-in judges under the build read from its release's kernel wheel (refmodel/fa3_builds.json).
+"""sglang's FA3 stand-in can judge under the build read from its release's kernel wheel (refmodel/fa3_builds.json).
 
-Runs without an engine environment: the stand-in's FA3 front (``EngineFA3``) and the call records it makes.
+The worker judges under the build its SUT names (``FA3VERIFY_FA3_BUILD``, from ``EngineSpec.fa3_build``), so the
+reports' build and the judging build are one. Runs without an engine environment: the stand-in's FA3 front
+(``EngineFA3``), the worker's build choice, and the call records it makes.
 """
 
 import torch
@@ -15,6 +17,24 @@ def test_the_front_records_and_checks_under_the_build_it_is_given():
     assert front.build == front.checker.build == SGLANG_KERNEL_045
     # numerics run on the emulator, which models upstream's kernel: judged under upstream's build
     assert EngineFA3(132, numerics=True, build=SGLANG_KERNEL_045).build == UPSTREAM
+
+
+def test_the_worker_judges_under_the_build_its_sut_names(monkeypatch):
+    import pytest
+
+    from gpu_impl.engines.sglang_driver import Engine
+    from gpu_impl.sut import parse_engine
+
+    for release in ("0.5.13", "0.5.23"):
+        monkeypatch.setenv("FA3VERIFY_FA3_BUILD", parse_engine(f"sglang=={release}").fa3_build())
+        assert Engine.fa3_build(None) == parse_engine(f"sglang=={release}").fa3_build()
+    monkeypatch.setenv("FA3VERIFY_FA3_BUILD", SGLANG_KERNEL_045)
+    assert Engine.fa3_build(None) == SGLANG_KERNEL_045
+    monkeypatch.delenv("FA3VERIFY_FA3_BUILD")
+    assert Engine.fa3_build(None) == UPSTREAM
+    monkeypatch.setenv("FA3VERIFY_FA3_BUILD", "nope")
+    with pytest.raises(ValueError, match="build: must be one of"):
+        Engine.fa3_build(None)
 
 
 def _decode_call(batch: int, build: str):

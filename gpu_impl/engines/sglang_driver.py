@@ -242,14 +242,12 @@ class Engine:
         self.front = None
 
     def fa3_build(self) -> str:
-        """The FA3 build this release ships (refmodel/fa3_builds.json, read from its kernel wheel); upstream's for a
-        checkout or a release not recorded."""
-        from refmodel.fa3_builds import UPSTREAM, build_for_engine
+        """The FA3 build this worker judges under: ``FA3VERIFY_FA3_BUILD`` (set by ``gpu_impl.engines.sglang`` from
+        ``EngineSpec.fa3_build``, so the run is judged under the build its reports name), else upstream's."""
+        from refmodel.fa3_builds import UPSTREAM, check_build_name
 
-        try:
-            return build_for_engine("sglang", self.release)
-        except ValueError:
-            return UPSTREAM
+        name = os.environ.get("FA3VERIFY_FA3_BUILD")
+        return check_build_name(name) if name else UPSTREAM
 
     def hello(self) -> dict:
         return {"release": self.release, "version": getattr(self.sglang, "__version__", None),
