@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 VECTORS = Path(__file__).with_name("fidelity_vectors")
 
-__all__ = ["VECTORS", "load_vectors", "compare_build", "available_builds"]
+__all__ = ["VECTORS", "load_vectors", "compare_build", "available_builds", "wheel_builds", "compare_wheel_build"]
 
 
 def available_builds() -> list[str]:
@@ -82,3 +82,73 @@ def compare_build(build_name: str, vectors: Optional[dict] = None, model: Option
         check("one_mma_wg", vectors["one_mma_wg"], lambda r: int(m["one_mma_wg"](*r[:6])), lambda r: r[6])
     return {"build": build_name, "commit": vectors.get("commit"), "compared": compared, "mismatches": mismatches,
             "examples": examples}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Builds read from a kernel wheel (scripts/read_fa3_wheel.py --vectors): the wheel's own compiled
+# tile_size_fwd_sm90 and get_num_splits, called on fixed grids.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def wheel_builds() -> list[str]:
+    """Builds whose stored vectors were read from a kernel wheel."""
+    return sorted(p.stem for p in VECTORS.glob("*.json")
+                  if json.loads(p.read_text()).get("schema") == "fa3verify.wheel_vectors/1")
+
+
+def _wheel_model(build_name: str) -> dict:
+    from refmodel import fa3_builds
+    from refmodel.fa3_scheduler import Masking, ScheduleInputs, get_num_splits_resolved, get_pack_gqa
+
+    def tile(d, dv, c, l, e, vc, pg, sc, wg):
+        return fa3_builds.tile_size_fwd_sm90_build(build_name, d, dv, bool(c), bool(l), e, bool(pg), bool(sc),
+                                                   bool(vc), bool(wg))
+
+    def splits(b, sq, tq, sk, h, hk, d, dv, causal, local, varlen, paged, tma):
+        masking = Masking(is_causal=bool(causal), is_local=bool(local), window_left=1000 if local else -1,
+                          window_right=0 if (causal or local) else -1)
+        inp = ScheduleInputs(batch_size=b, seqlen_q=sq, seqlen_k=sk, num_heads=h, num_heads_k=hk, headdim=d,
+                             headdim_v=dv, page_size=1 if paged else None, uses_prepare=bool(varlen),
+                             precompute=False, num_sm=132, arch=90, build=build_name, total_q=tq)
+        return get_num_splits_resolved(inp, masking, tma=bool(tma) if paged else False)
+
+    def pack(sq, h, hk, d, causal, local, varlen, num_splits, paged, tma):
+        masking = Masking(is_causal=bool(causal), is_local=bool(local), window_left=1000 if local else -1,
+                          window_right=0 if (causal or local) else -1)
+        inp = ScheduleInputs(batch_size=2, seqlen_q=sq, seqlen_k=4096, num_heads=h, num_heads_k=hk, headdim=d,
+                             headdim_v=d, page_size=1 if paged else None, varlen_q=bool(varlen),
+                             uses_prepare=bool(varlen), precompute=False, num_sm=132, arch=90, build=build_name,
+                             total_q=2 * sq)
+        return int(get_pack_gqa(inp, num_splits, masking, bool(tma) if paged else False))
+
+    return {"tile": tile, "get_num_splits": splits, "get_pack_gqa": pack}
+
+
+def compare_wheel_build(build_name: str, vectors: Optional[dict] = None, model: Optional[dict] = None,
+                        max_examples: int = 5) -> dict:
+    """Mismatches of refmodel under ``build_name`` against the vectors read from one of its wheels.
+
+    Compared: the sm90 tile of every (rounded d, dv, flags, one_mma_wg), get_num_splits and get_pack_gqa on the
+    stored grids (their rows give ``params`` fields directly: resolved causal/local, window, varlen, total_q, paged
+    and TMA, and for get_pack_gqa the split count).
+    ``model`` replaces refmodel's functions (a negative control passes a seeded defect here).
+    """
+    vectors = vectors if vectors is not None else load_vectors(build_name)
+    m = {**_wheel_model(build_name), **(model or {})}
+    compared, mismatches, examples = {}, {}, []
+    checks = [("tile", vectors["tiles"], 9), ("get_num_splits", vectors["get_num_splits"], 13)]
+    if "get_pack_gqa" in vectors:
+        checks.append(("get_pack_gqa", vectors["get_pack_gqa"], 10))
+    for fn, rows, n_in in checks:
+        compared[fn] = mismatches[fn] = 0
+        for row in rows:
+            compared[fn] += 1
+            want = tuple(row[n_in:]) if fn == "tile" else row[n_in]
+            got = m[fn](*row[:n_in])
+            got = tuple(got) if fn == "tile" else int(got)
+            if want != got:
+                mismatches[fn] += 1
+                if len(examples) < max_examples:
+                    examples.append({"function": fn, "input": row[:n_in], "wheel": want, "refmodel": got})
+    return {"build": build_name, "wheel": vectors.get("wheel"), "version": vectors.get("version"),
+            "sha256": vectors.get("sha256"), "compared": compared, "mismatches": mismatches, "examples": examples}

@@ -430,12 +430,16 @@ class CallRecord:
                 and (self.leftpad is not None or not self.has_leftpad))
 
     def schedule_key(self) -> tuple:
-        """The scalars the call's schedule depends on (refmodel ``call_inputs``)."""
+        """The scalars the call's schedule depends on (refmodel ``call_inputs``); ``total_q`` only under a build whose
+        get_num_splits reads it (refmodel.fa3_builds ``varlen_total_q_bound``), else None."""
+        from refmodel.fa3_builds import build as fa3_build
+
+        total_q = self.total_q if fa3_build(self.build).varlen_total_q_bound else None
         return (self.batch_size, self.seqlen_q, self.seqlen_k, self.num_heads, self.num_heads_k, self.headdim,
                 self.headdim_v, self.dtype, self.varlen_q, self.has_cache_seqlens, self.has_leftpad, self.page_size,
                 self.seqlen_k_new, self.causal, tuple(self.window_size), self.attention_chunk, self.softcap > 0,
                 self.num_splits, self.pack_gqa, self.sm_margin, self.num_sm, self.arch, self.has_k_new,
-                self.build)
+                self.build, total_q)
 
     def call_shape(self) -> CallShape:
         """gpu_impl.kernels.base's :class:`CallShape` of this call (needs the host lengths)."""
@@ -455,12 +459,12 @@ class CallRecord:
 @functools.lru_cache(maxsize=4096)
 def _call_schedule(key: tuple) -> Schedule:
     (b, sq, sk, h, hk, d, dv, dtype, varlen_q, has_cs, leftpad, page, knew, causal, window, chunk, softcap, splits,
-     pack, margin, num_sm, arch, has_k_new, build) = key
+     pack, margin, num_sm, arch, has_k_new, build, total_q) = key
     return resolve_schedule(call_inputs(
         b, sq, sk, h, hk, d, headdim_v=dv, qkv_dtype=schedule_dtype(getattr(torch, dtype)), varlen_q=varlen_q,
         has_cache_seqlens=has_cs, has_leftpad=leftpad, page_size=page, seqlen_knew=knew, causal=causal,
         window_size=window, attention_chunk=chunk, has_softcap=softcap, num_splits=splits, pack_gqa=pack,
-        sm_margin=margin, num_sm=num_sm, arch=arch, has_k_new=has_k_new, build=build))
+        sm_margin=margin, num_sm=num_sm, arch=arch, has_k_new=has_k_new, build=build, total_q=total_q))
 
 
 def call_schedule_of(call: CallRecord) -> Schedule:

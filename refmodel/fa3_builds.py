@@ -5,7 +5,7 @@ here, keyed by build, and everything else is shared (refmodel.fa3_scheduler).
 
 Builds, engine releases and the FA3 source each release ships are data (``fa3_builds.json`` beside this module).
 Each build's sm90 tile table is data too (``tile_size_sm90.json``), read by ``tile_size_fwd_sm90_build``.
-Two builds are modelled:
+Four builds are modelled:
 
 * ``upstream-0251105a``: Dao-AILab/flash-attention ``hopper/`` at 0251105a (the rest of refmodel).
 * ``vllm-fork-617264c1``: vllm-project/flash-attention ``hopper/`` at 617264c1, compiled by the fork's
@@ -18,6 +18,13 @@ Two builds are modelled:
   Sort always off (689, 1079); the metadata vectors ``prepare_seqlen_q`` [+ dynamic splits when b <= 992 and
   S > 1] [+ heads-in-L2 when Swizzle] (692-699, 1068, 1083-1090), checked by CHECK_SHAPE (1096); a varlen call
   of more than 992 batches runs with one split (1070).
+
+* ``sglang-kernel-0.4.2`` and ``sglang-kernel-0.4.5``: read from sglang's kernel wheels (0.4.2-0.4.4 and
+  0.4.5-0.4.10) by scripts/read_fa3_wheel.py, which calls their compiled ``tile_size_fwd_sm90``,
+  ``get_num_splits`` and ``get_pack_gqa`` (docs/fa3-builds.md). They differ from upstream in the tile table
+  (``tile_size_sm90.json``), the decode tile choice ``use_one_mma_wg`` (no local test: ``Build.one_mma_wg``
+  "sglang"), and, from 0.4.5, a varlen ``get_num_splits`` bounded by ``params.total_q``
+  (``Build.varlen_total_q_bound``; ``ScheduleInputs.total_q``). Their other host rules are taken as upstream's.
 
 The fork's prepare kernel (``prepare_seqlen_q`` instead of m-blocks, a 32 MiB / qhpk L2 budget) is modelled in
 refmodel.prepare, its layout in refmodel.metadata (``MetadataLayout``, ``decode_for_schedule``).
@@ -37,7 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["UPSTREAM", "VLLM_FORK", "Build", "builds", "build", "engine_sources", "build_for_engine",
+from .cint import to_int32
+
+__all__ = ["UPSTREAM", "VLLM_FORK", "SGLANG_KERNEL_042", "SGLANG_KERNEL_045", "Build", "builds", "build", "engine_sources", "build_for_engine",
            "use_one_mma_wg", "tile_rules", "rule_matches", "tile_size_fwd_sm90_build", "tile_size_fwd_sm90_vllm_fork",
            "fork_packgqa_override", "fork_packgqa",
            "fork_metadata_vectors", "fork_uses_dynamic_split", "engine_sources_markdown", "check_build_name",
@@ -45,6 +54,10 @@ __all__ = ["UPSTREAM", "VLLM_FORK", "Build", "builds", "build", "engine_sources"
 
 UPSTREAM = "upstream-0251105a"
 VLLM_FORK = "vllm-fork-617264c1"
+#: The sglang kernel wheels' builds, read from the wheels (scripts/read_fa3_wheel.py): 0.4.2 to 0.4.4, and 0.4.5 to
+#: 0.4.10 (whose get_num_splits bounds a varlen call by params.total_q).
+SGLANG_KERNEL_042 = "sglang-kernel-0.4.2"
+SGLANG_KERNEL_045 = "sglang-kernel-0.4.5"
 DATA = Path(__file__).with_name("fa3_builds.json")
 #: Each build's sm90 tile table, as ordered rules (read by ``tile_size_fwd_sm90_build``).
 TILE_DATA = Path(__file__).with_name("tile_size_sm90.json")
@@ -62,6 +75,11 @@ class Build:
     files: tuple
     compile_definitions: tuple
     note: str = ""
+    #: which decode-tile predicate the build compiles: None (upstream: none), "fork" (vLLM's fork: not local),
+    #: "sglang" (the sglang kernel wheels: no local test)
+    one_mma_wg: Optional[str] = None
+    #: get_num_splits bounds a varlen call by params.total_q (when > 0) instead of batch 1
+    varlen_total_q_bound: bool = False
 
 
 @functools.lru_cache(maxsize=1)
@@ -79,7 +97,8 @@ def _builds() -> dict:
     # read once (every ScheduleInputs names its build: a prover's length scan checks the name thousands of times);
     # callers get a copy of the dict, and a Build is frozen
     return {name: Build(name=name, repo=b["repo"], commit=b["commit"], files=tuple(b["files"]),
-                        compile_definitions=tuple(b["compile_definitions"]), note=b.get("note", ""))
+                        compile_definitions=tuple(b["compile_definitions"]), note=b.get("note", ""),
+                        one_mma_wg=b.get("one_mma_wg"), varlen_total_q_bound=bool(b.get("varlen_total_q_bound")))
             for name, b in _data()["builds"].items()}
 
 
@@ -97,8 +116,11 @@ def engine_sources() -> list[dict]:
     rows = []
     for e in data["engines"]:
         src = data["sources"][e["kernel_package"]]
-        rows.append({**e, "fa3_repo": src["fa3_repo"], "fa3_commit": src["fa3_commit"], "build": src["build"],
-                     "verified": src["verified"], "interface": src["interface"]})
+        by_version = src.get("builds_by_version") or {}
+        name = by_version.get(e["kernel_version"], src["build"])
+        rows.append({**e, "fa3_repo": src["fa3_repo"], "fa3_commit": src["fa3_commit"], "build": name,
+                     "verified": src["verified"], "interface": src["interface"],
+                     "wheel": (src.get("wheels") or {}).get(e["kernel_version"])})
     return rows
 
 
@@ -111,14 +133,19 @@ def build_for_engine(engine: str, release: str) -> str:
 
 
 def use_one_mma_wg(build_name: str, arch: int, headdim: int, is_local: bool, seqlen_q: int, qhpk: int) -> bool:
-    """The fork's decode tile choice: sm90+, d 64 or 128 (unrounded), not local, seqlen_q * h/h_k <= 64.
+    """The build's decode tile choice: sm90+, d 64 or 128 (unrounded), seqlen_q * h/h_k <= 64, and for the fork not local.
 
-    vllm-project/flash-attention@617264c1 hopper/heuristics.h 10-14; ``h / h_k`` is C++ int division (exact: both
-    sides reject h % h_k != 0 first). Always False for upstream, which has no such choice.
+    The fork: vllm-project/flash-attention@617264c1 hopper/heuristics.h 10-14. The sglang kernel wheels (0.4.2 to
+    0.4.10): read from their compiled get_num_splits (scripts/read_fa3_wheel.py; docs/fa3-builds.md), which tests
+    arch > 89, d in {64, 128} and (h / h_k) * seqlen_q <= 64 as 32-bit ints and has no local test. ``h / h_k`` is
+    C++ int division (exact: both sides reject h % h_k != 0 first). Always False for upstream, which has no such choice.
     """
-    if build_name != VLLM_FORK:
+    kind = build(build_name).one_mma_wg
+    if kind is None:
         return False
-    return int(arch) >= 90 and int(headdim) in (64, 128) and not is_local and int(seqlen_q) * int(qhpk) <= 64
+    if kind == "fork" and is_local:
+        return False
+    return int(arch) >= 90 and int(headdim) in (64, 128) and to_int32(int(seqlen_q) * int(qhpk)) <= 64
 
 
 @functools.lru_cache(maxsize=1)
@@ -199,11 +226,15 @@ def check_build_name(name: Optional[str]) -> str:
 
 
 def engine_sources_markdown() -> str:
-    """The docs table (docs/fa3-builds.md): engine release, kernel package, FA3 source and commit, build."""
-    lines = ["| engine release | kernel package | FA3 source | FA3 commit | build | pin read |",
+    """The docs table (docs/fa3-builds.md): engine release, kernel package, FA3 source, build and its evidence."""
+    lines = ["| engine release | kernel package | FA3 source | FA3 commit | build | evidence |",
              "|---|---|---|---|---|---|"]
     for r in engine_sources():
         commit = r["fa3_commit"][:12] if r["fa3_commit"] else "not recorded"
+        if r.get("wheel"):
+            evidence = f"wheel {r['wheel']['wheel']}, sha256 {r['wheel']['sha256'][:12]}"
+        else:
+            evidence = "source pin read" if r["verified"] else "pin not read"
         lines.append(f"| {r['engine']}=={r['release']} | {r['kernel_package']} {r['kernel_version']} | "
-                     f"{r['fa3_repo']} | {commit} | `{r['build']}` | {'yes' if r['verified'] else 'no'} |")
+                     f"{r['fa3_repo']} | {commit} | `{r['build']}` | {evidence} |")
     return "\n".join(lines)

@@ -253,6 +253,10 @@ class ScheduleInputs:
     has_seqused_k: bool = True
     has_k_new: bool = False
     build: str = fa3_builds.UPSTREAM
+    #: FA3's ``params.total_q``: the call's query rows (b * seqlen_q, or q.size(0) when varlen); the precompute
+    #: (``mha_fwd_get_scheduler_metadata``) leaves it 0. Read only by builds whose get_num_splits bounds a varlen
+    #: call by it (refmodel.fa3_builds ``varlen_total_q_bound``); None means 0.
+    total_q: Optional[int] = None
 
     @property
     def paged(self) -> bool:
@@ -362,7 +366,8 @@ def pagedkv_tma(inp: ScheduleInputs, masking: Masking, d_rounded: int, dv_rounde
     if inp.build == fa3_builds.VLLM_FORK and masking.is_local:
         return False
     bm, bn = build_tile(inp, masking, d_rounded, dv_rounded, paged_kv_non_tma=False)
-    return inp.page_size % bn == 0 and inp.seqlen_q * (inp.num_heads // inp.num_heads_k) > bm
+    # `params.seqlen_q * (params.h / params.h_k)` is a C++ int product: it wraps past 2^31 - 1
+    return inp.page_size % bn == 0 and to_int32(inp.seqlen_q * (inp.num_heads // inp.num_heads_k)) > bm
 
 
 def get_num_splits(inp: ScheduleInputs, masking: Optional[Masking] = None) -> int:
@@ -406,15 +411,31 @@ def num_splits_over_lengths(inp: ScheduleInputs, seqlen_ks) -> tuple[int, ...]:
 get_num_splits.over_lengths = num_splits_over_lengths
 
 
-def _split_tiles(inp: ScheduleInputs, masking: Masking) -> tuple[int, int, int, int]:
+def get_num_splits_resolved(inp: ScheduleInputs, masking: Masking, tma: bool) -> int:
+    """`get_num_splits`'s heuristic on already-resolved masking and a given paged-KV TMA choice (FA3's
+    ``params`` fields as the function reads them: the form a wheel's compiled get_num_splits is called in)."""
+    return _heuristic_at(inp, inp.seqlen_k, masking, _split_tiles(inp, masking, tma=tma))
+
+
+def _split_tiles(inp: ScheduleInputs, masking: Masking, tma: Optional[bool] = None) -> tuple[int, int, int, int]:
     """(kBlockM, kBlockN, m_blocks, total_mblocks) of `get_num_splits` (flash_api.cpp 456-466): they read the
-    masking's causal/local flags, never seqlen_k or the window."""
+    masking's causal/local flags, never seqlen_k or the window. ``tma`` replaces the paged-KV TMA choice (a
+    vector that gives ``params.pagedkv_tma`` directly)."""
     d_r, dv_r = rounded_headdims(inp.headdim, inp.headdim_v)
-    tma = pagedkv_tma(inp, masking, d_r, dv_r)
+    if tma is None:
+        tma = pagedkv_tma(inp, masking, d_r, dv_r)
     bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=inp.paged and not tma)
     qhpk = c_div(inp.num_heads, inp.num_heads_k)
     m_blocks = c_ceil_div(to_int32(inp.seqlen_q * qhpk), bm)
-    total_mblocks = to_int32((1 if inp.uses_prepare else inp.batch_size) * inp.num_heads_k * m_blocks)
+    if inp.uses_prepare and fa3_builds.build(inp.build).varlen_total_q_bound:
+        # the sglang kernels from 0.4.5: h_k * ceil(rows * qhpk / kBlockM), rows = params.total_q when > 0, else
+        # b * seqlen_q (read from their compiled get_num_splits; 32-bit int products)
+        rows = int(inp.total_q or 0)
+        if rows <= 0:
+            rows = to_int32(inp.batch_size * inp.seqlen_q)
+        total_mblocks = to_int32(c_ceil_div(to_int32(rows * qhpk), bm) * inp.num_heads_k)
+    else:
+        total_mblocks = to_int32((1 if inp.uses_prepare else inp.batch_size) * inp.num_heads_k * m_blocks)
     return bm, bn, m_blocks, total_mblocks
 
 
@@ -536,7 +557,8 @@ def call_inputs(batch_size: int, seqlen_q: int, seqlen_k: int, num_heads: int, n
                 seqlen_knew: int = 0, causal: bool = False, window_size=(-1, -1), attention_chunk: int = 0,
                 has_softcap: bool = False, num_splits: int = 0, pack_gqa: Optional[bool] = None,
                 sm_margin: int = 0, num_sm: int = 132, arch: int = 90,
-                has_k_new: Optional[bool] = None, build: str = fa3_builds.UPSTREAM) -> ScheduleInputs:
+                has_k_new: Optional[bool] = None, build: str = fa3_builds.UPSTREAM,
+                total_q: Optional[int] = None) -> ScheduleInputs:
     """ScheduleInputs for a `flash_attn_with_kvcache` call, from its shapes (flash_api.cpp `mha_fwd`).
 
     `seqlen_k` is the cache's size(1), or page_table.size(1) * page_size when paged; the call is varlen
@@ -554,7 +576,8 @@ def call_inputs(batch_size: int, seqlen_q: int, seqlen_k: int, num_heads: int, n
         num_splits=int(num_splits), pack_gqa=pack_gqa, num_sm=int(num_sm) - int(sm_margin), arch=int(arch),
         uses_prepare=uses_prepare, precompute=False, has_seqused_k=bool(has_cache_seqlens),
         has_k_new=bool(int(seqlen_knew) > 0 if has_k_new is None else has_k_new),
-        build=fa3_builds.check_build_name(build))
+        build=fa3_builds.check_build_name(build),
+        total_q=int(batch_size) * int(seqlen_q) if total_q is None and not varlen_q else total_q)
 
 
 def combine_capacity(num_splits_call: int, headdim_v: int) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from .cint import fits_int32, to_int32
 from .errors import FA3Rejected, OutsideModel, ProcessAbort
 
-__all__ = ["MODELLED_ARCH", "appends_kv", "check_model_range", "check_precompute", "check_call", "check_call_split_count",
+__all__ = ["MODELLED_ARCH", "appends_kv", "seqused_k_passed", "check_model_range", "check_precompute", "check_call", "check_call_split_count",
            "effective_num_splits_argument", "SRC"]
 
 #: The only architecture modelled: sm90 (Hopper). FA3's sm8x path (tile_size_fwd_sm8x in tile_size.h, the sm8x
@@ -41,6 +41,17 @@ def appends_kv(inp) -> bool:
     there); the model counts any passed ``k_new`` as appending. Inputs without a ``has_k_new`` field pass none.
     """
     return bool(getattr(inp, "has_k_new", False)) or int(inp.seqlen_knew) > 0
+
+
+def seqused_k_passed(inp) -> bool:
+    """Whether the call passed ``seqused_k`` (``cache_seqlens``), as ``mha_fwd`` line 932 tests it.
+
+    A passed ``seqused_k`` makes the call varlen (``is_varlen``, line 849), and a varlen call runs the prepare step
+    (``use_prepare_varlen = is_varlen``, line 976): a call without the prepare step (``uses_prepare`` False) has
+    passed none, whatever ``has_seqused_k`` says (its default, True, is for inputs that do not say). Inputs without
+    either field count as passing it.
+    """
+    return bool(getattr(inp, "has_seqused_k", True)) and bool(getattr(inp, "uses_prepare", True))
 
 
 def effective_num_splits_argument(num_splits: int) -> int:
@@ -100,7 +111,7 @@ def check_call(inp) -> None:
     if dv % alignment:
         raise FA3Rejected("headdim_v", f"head_size_v should be a multiple of {alignment}", f"{SRC}:856", dv)
     if appends_kv(inp):  # `k_new_.has_value()`: also a varlen or empty k_new, whose seqlen_knew is 0
-        if not getattr(inp, "has_seqused_k", True):
+        if not seqused_k_passed(inp):
             raise FA3Rejected("cache_seqlens", "If k_new is supplied, seqlens_k must also be passed in", f"{SRC}:932")
         # FA3's test compares seqlen_q (not k_new's length) with the cache's seqlen_k, whatever its message says
         if int(inp.seqlen_q) > int(inp.seqlen_k):

@@ -10,12 +10,13 @@ build (or judged the fork with upstream's rules) fails it.
 import pytest
 
 from refmodel import call_inputs, precompute_inputs, resolve_schedule
-from refmodel.fa3_builds import (UPSTREAM, VLLM_FORK, build, build_for_engine, builds, engine_sources,
-                                 fork_metadata_vectors, tile_size_fwd_sm90_vllm_fork, use_one_mma_wg)
+from refmodel.fa3_builds import (SGLANG_KERNEL_042, SGLANG_KERNEL_045, UPSTREAM, VLLM_FORK, build, build_for_engine,
+                                 builds, engine_sources, fork_metadata_vectors, tile_size_fwd_sm90_vllm_fork,
+                                 use_one_mma_wg)
 
 
 def test_builds_are_named_with_their_source_commit():
-    assert set(builds()) == {UPSTREAM, VLLM_FORK}
+    assert set(builds()) == {UPSTREAM, VLLM_FORK, SGLANG_KERNEL_042, SGLANG_KERNEL_045}
     assert build(UPSTREAM).commit.startswith("0251105a") and build(UPSTREAM).repo == "Dao-AILab/flash-attention"
     assert build(VLLM_FORK).commit.startswith("617264c1") and "FLASHATTENTION_PACKGQA_ONLY" in \
         build(VLLM_FORK).compile_definitions
@@ -30,7 +31,8 @@ def test_every_engine_release_the_suite_drives_has_a_recorded_fa3_source():
     sglang = [r["release"] for r in rows if r["engine"] == "sglang"]
     assert sglang == [f"0.5.{n}" for n in range(11, 24)]
     assert build_for_engine("vllm", "0.33.0") == VLLM_FORK
-    assert build_for_engine("sglang", "0.5.14") == UPSTREAM
+    assert build_for_engine("sglang", "0.5.14") == SGLANG_KERNEL_042   # read from sglang-kernel 0.4.4's wheel
+    assert build_for_engine("sglang", "0.5.16") == SGLANG_KERNEL_045   # read from sglang-kernel 0.4.5's wheel
     assert {r["kernel_version"] for r in rows if r["release"] in ("0.5.14", "0.5.15")} == {"0.4.4"}
     with pytest.raises(ValueError, match="no FA3 source recorded"):
         build_for_engine("sglang", "0.5.10")

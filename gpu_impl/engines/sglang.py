@@ -85,7 +85,9 @@ class SglangSUT(SystemUnderTest):
         self.close()
         extra = [str(self.source)] if self.source is not None else []
         env = envs.driver_environ(extra_paths=extra)
-        env.update({"FA3VERIFY_ENGINE_RELEASE": self.release, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        env.update({"FA3VERIFY_ENGINE_RELEASE": self.release, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                    # the FA3 build the worker judges under: the one this SUT says judges it (EngineSpec.fa3_build)
+                    "FA3VERIFY_FA3_BUILD": self.spec.fa3_build()})
         env.update(self.worker_env)
         t = time.monotonic()
         self._worker = EngineWorker([str(self.env / "bin" / "python"), "-m", self.worker], f"engine worker {self.spec}",

@@ -52,15 +52,16 @@ class ShapeOnlyFA3:
     """FA3 without numerics: the metadata from refmodel (``get_scheduler_metadata``), calls return zeros of the
     output's shape. Enough for record mode: every check reads shapes, scalars and the metadata tensor."""
 
-    def __init__(self, num_sm: int, arch: int = 90):
-        self.num_sm, self.arch = num_sm, arch
+    def __init__(self, num_sm: int, arch: int = 90, build: str = "upstream-0251105a"):
+        self.num_sm, self.arch, self.build = num_sm, arch, build
 
     def get_scheduler_metadata(self, *args, **kwargs):
         from refmodel.metadata import get_scheduler_metadata
 
         from ..fa3_calls import record_precompute
 
-        pre = record_precompute(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=True, **kwargs)
+        pre = record_precompute(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=True, build=self.build,
+                                **kwargs)
         return get_scheduler_metadata(**pre.scheduler_kwargs())
 
     def flash_attn_with_kvcache(self, *args, **kwargs):
@@ -90,16 +91,22 @@ class EngineFA3:
     contents updated in place by the replay-time metadata init) with its frozen shapes and scalars.
     """
 
-    def __init__(self, num_sm: int, numerics: bool):
+    def __init__(self, num_sm: int, numerics: bool, build: str = "upstream-0251105a"):
+        from refmodel.fa3_builds import UPSTREAM
+
         from ..fa3_calls import CheckingFA3
 
+        #: the FA3 build that judges this run: the release's (refmodel/fa3_builds.json), or upstream's for
+        #: numerics (the emulator models upstream's kernel)
+        self.build = UPSTREAM if numerics else build
         if numerics:
             from ..kernels.emulated import EmulatedKernel
 
             impl = EmulatedKernel(mode="gpu-like", num_sm=num_sm)
         else:
-            impl = ShapeOnlyFA3(num_sm)
-        self.checker = CheckingFA3(impl, mode="record", deep=True, num_sm=num_sm, arch=90, record_all=True)
+            impl = ShapeOnlyFA3(num_sm, build=self.build)
+        self.checker = CheckingFA3(impl, mode="record", deep=True, num_sm=num_sm, arch=90, record_all=True,
+                                   build=self.build)
         self.last_md = None
         self.last_pre = None
         #: (step, dp_rank) the driver is at (set by Engine._run_steps), and id(precompute) -> (its record, where)
@@ -146,7 +153,7 @@ class EngineFA3:
 
         md = bind_call(*args, **kwargs)["scheduler_metadata"]
         self._attribute(md)
-        call = record_call(*args, num_sm=self.checker.num_sm, arch=90, read_tensors=True, **kwargs)
+        call = record_call(*args, num_sm=self.checker.num_sm, arch=90, read_tensors=True, build=self.build, **kwargs)
         if md is None:
             pre, violations = None, []
         else:
@@ -240,6 +247,14 @@ class Engine:
         self.import_s = time.monotonic() - t
         self.front = None
 
+    def fa3_build(self) -> str:
+        """The FA3 build this worker judges under: ``FA3VERIFY_FA3_BUILD`` (set by ``gpu_impl.engines.sglang`` from
+        ``EngineSpec.fa3_build``, so the run is judged under the build its reports name), else upstream's."""
+        from refmodel.fa3_builds import UPSTREAM, check_build_name
+
+        name = os.environ.get("FA3VERIFY_FA3_BUILD")
+        return check_build_name(name) if name else UPSTREAM
+
     def hello(self) -> dict:
         return {"release": self.release, "version": getattr(self.sglang, "__version__", None),
                 "path": os.path.dirname(self.sglang.__file__), "import_s": round(self.import_s, 2),
@@ -262,11 +277,12 @@ class Engine:
         if self.fa3 == "emulator":
             self.front = SanitizedFront(server.num_sm, numerics)
         else:
-            self.front = EngineFA3(server.num_sm, numerics)
+            self.front = EngineFA3(server.num_sm, numerics, build=self.fa3_build())
         import importlib
 
         importlib.import_module("sgl_kernel.flash_attn").install(self.front)
-        out = {"findings": [], "shape_errors": [], "trace": [], "notes": []}
+        out = {"findings": [], "shape_errors": [], "trace": [], "notes": [],
+               "fa3_build": getattr(self.front, "build", "upstream-0251105a")}
         ranks: dict = {}
         from refmodel.errors import FA3Rejected
 
