@@ -19,7 +19,7 @@ from gpu_impl.errors import KernelUnavailable
 from spec.worker_client import WorkerError
 
 from . import __version__, exitcodes
-from .errors import UsageError
+from .errors import OutputNotWritten, UsageError
 
 #: (subcommand, module under fa3verify.commands). Each module has `register(subparsers)` and `run(args) -> int`.
 COMMANDS = [
@@ -122,6 +122,9 @@ def _run_command(args, isolation) -> int:
     except KernelUnavailable as exc:
         print(f"fa3verify {args.command}: error: --kernel: {exc}", file=sys.stderr)
         return exitcodes.USAGE
+    except OutputNotWritten as exc:  # an output that is the command's product (no verdict to keep): inconclusive
+        print(f"fa3verify {args.command}: error: {exc} (exit 3, inconclusive)", file=sys.stderr)
+        return exitcodes.INCONCLUSIVE
     except WorkerError as exc:  # a worker missed its deadline (killed), died or garbled: named, never 0 or 1
         print(f"fa3verify {args.command}: inconclusive: {exc}", file=sys.stderr)
         return exitcodes.INCONCLUSIVE

@@ -199,5 +199,5 @@ def write_html(data: dict, path: str, source: Optional[str] = None) -> str:
     """Render and write the page; returns the path."""
     from .summary import write_atomic
 
-    write_atomic(path, render_html(data, source))
+    write_atomic(path, render_html(data, source), "--html")
     return path

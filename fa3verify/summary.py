@@ -136,22 +136,22 @@ class RunSummary:
             self.domain = other.domain
 
 
-def write_json(summary: RunSummary, path: str) -> None:
-    """Write the run summary as JSON (schema fa3verify.run/1), atomically."""
-    write_atomic(path, json.dumps(summary.to_dict(), indent=2) + "\n")
+def write_json(summary: RunSummary, path: str, field: str = "--json") -> None:
+    """Write the run summary as JSON (schema fa3verify.run/1), atomically; ``field`` names the option in an
+    error (:class:`fa3verify.errors.OutputNotWritten`)."""
+    write_atomic(path, json.dumps(summary.to_dict(), indent=2) + "\n", field)
 
 
-def write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text: str, field: str = "output") -> None:
     """Write a report to `path` (``-`` is stdout; regular files atomically, special files written through:
-    :func:`fa3verify.output_writer.write_output`)."""
+    :func:`fa3verify.output_writer.write_output`); ``field`` names the option in an error."""
     from .output_writer import write_output
 
-    write_output(path, text)
+    write_output(path, text, field)
 
 
-def write_junit(summary: RunSummary, path: str) -> None:
+def write_junit(summary: RunSummary, path: str, field: str = "--junit") -> None:
     """Write JUnit XML: one testcase per check, failures with the finding's message and case file."""
-    _ensure_parent(path)
     suite = ET.Element("testsuite", name=f"fa3verify.{summary.command}", tests=str(len(summary.checks)),
                        failures=str(sum(c.failed for c in summary.checks)),
                        skipped=str(sum(c.inconclusive and not c.failed for c in summary.checks)),
@@ -170,7 +170,7 @@ def write_junit(summary: RunSummary, path: str) -> None:
                                                       if check.expected else "") + text
     root = ET.Element("testsuites")
     root.append(suite)
-    write_atomic(path, "<?xml version='1.0' encoding='utf-8'?>\n" + ET.tostring(root, encoding="unicode"))
+    write_atomic(path, "<?xml version='1.0' encoding='utf-8'?>\n" + ET.tostring(root, encoding="unicode"), field)
 
 
 def print_table(summary: RunSummary, console=None) -> None:
@@ -202,16 +202,18 @@ def print_table(summary: RunSummary, console=None) -> None:
 def write_reports(summary: RunSummary, args, finding_line: Optional[Callable[[Finding], str]] = None) -> int:
     """The end of a run command (check, fuzz, gate, prove), in one place: the verdict table, each finding
     (``finding_line``, default :func:`finding_text`), then the JSON report (``args.json``) and the JUnit XML
-    (``args.junit``) when asked. Returns the run's exit code."""
+    (``args.junit``) when asked. Returns the run's exit code: the verdict's, also when a report cannot be written
+    then (named on stderr), except a PASS with a missing report, which is 3 (:func:`fa3verify.output_writer.deliver`)."""
+    from .output_writer import deliver
+
     print_table(summary)
     render = finding_text if finding_line is None else finding_line
     for finding in summary.findings:
         print(render(finding))
-    if getattr(args, "json", None):
-        write_json(summary, args.json)
-    if getattr(args, "junit", None):
-        write_junit(summary, args.junit)
-    return summary.exit_code
+    json_path, junit_path = getattr(args, "json", None), getattr(args, "junit", None)
+    return deliver(summary.exit_code, [("--json", json_path, lambda: write_json(summary, json_path)),
+                                       ("--junit", junit_path, lambda: write_junit(summary, junit_path))],
+                   summary.command)
 
 
 def verdict_label(check) -> str:
@@ -356,7 +358,3 @@ def verdict_line(summary: RunSummary) -> str:
     parts.append(f"{summary.elapsed_s:.1f}s")
     return " | ".join(parts)
 
-
-def _ensure_parent(path: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)

@@ -74,6 +74,6 @@ def run(args) -> int:
         print(f"verdict: INCONCLUSIVE ({summary.checks[0].message})")
     else:
         print(f"verdict: {observed.verdict}")
-    if args.json:
-        write_json(summary, args.json)
-    return summary.exit_code
+    from ..output_writer import deliver
+
+    return deliver(summary.exit_code, [("--json", args.json, lambda: write_json(summary, args.json))], "replay")
