@@ -79,12 +79,45 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
+def command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` names, down to the innermost (``engine matrix``): its usage is the
+    one an error in that command's options prints."""
+    current = parser
+    while True:
+        action = next((a for a in current._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, action.dest, None) if action is not None else None
+        if name is None or name not in action.choices:
+            return current
+        current = action.choices[name]
+
+
+def typed_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set:
+    """The options of ``parser`` typed on the command line (``--guard``, also as ``--guard=X`` or an unambiguous
+    prefix), whatever their value: an option typed with its default value is still typed."""
+    known = parser._option_string_actions
+    typed = set()
+    for token in argv:
+        if token == "--":
+            break
+        if not token.startswith("--"):
+            continue
+        name = token.split("=", 1)[0]
+        matches = [name] if name in known else [k for k in known if k.startswith(name)]
+        if len(matches) == 1:
+            typed.update(known[matches[0]].option_strings)
+    return typed
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # a mistyped option: the usage of the command it was given to, not the top-level one
+        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "command", None):
         parser.print_help()
         return exitcodes.USAGE
+    args.typed_options = typed_options(command_parser(parser, args), argv)
     import spec.guard_isolation as isolation
     from spec import interrupts
 
@@ -106,11 +139,12 @@ def _run_command(args, isolation) -> int:
     """The command's exit status; every failure but Ctrl-C is turned into its exit status here."""
     from .output_writer import stdout_reserved_for
     from .outputs import check_outputs, output_paths
-    from .validation import check_args
+    from .validation import check_args, check_typed_policy_options
 
     saved_timeout = isolation.GUARD_TIMEOUT_S
     try:
         check_args(args)
+        check_typed_policy_options(args)
         check_outputs(args.command, args)
         if getattr(args, "guard_timeout_s", None) is not None:
             isolation.GUARD_TIMEOUT_S = args.guard_timeout_s
