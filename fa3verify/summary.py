@@ -9,7 +9,6 @@ JSON schema "fa3verify.run/1" (documented in docs/reports.md):
 from __future__ import annotations
 
 import json
-import os
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
@@ -52,7 +51,12 @@ class Finding:
     check: str = ""                     # the row (Check.name) this finding fails
     ran_on: str = ""                    # the system under test that ran the saved case
     config: str = ""                    # model/tp/dp/cp/SM count/split policy (spec.domain.Config.label)
+    #: [token, meaning] for every token of ``config`` (fa3verify.config_terms.config_terms)
+    config_terms: list = field(default_factory=list)
     path: str = ""                      # "eager" | "capture" | "replay" (a CUDA graph's) | "eager extend"
+    #: where a real engine's code made each side: {"precompute": "Class.function (sglang/.../file.py:line), from
+    #: ...", "call": ...} (gpu_impl.engines.sglang_driver.caller_location); {} on the model
+    source: dict = field(default_factory=dict)
     differs: dict = field(default_factory=dict)  # FA3 argument -> [precompute, call], those that differ
     seq_lens: Optional[list] = None     # the offending call's cache lengths
     s_p: Optional[int] = None           # the precompute's split count
@@ -174,29 +178,11 @@ def write_junit(summary: RunSummary, path: str, field: str = "--junit") -> None:
 
 
 def print_table(summary: RunSummary, console=None) -> None:
-    """Print the verdict table (check, verdict, seconds, case file) and the one-line verdict."""
-    from rich.console import Console
-    from rich.table import Table
+    """Print the verdict table in the form that fits the terminal's width or the log
+    (:func:`fa3verify.run_table.print_table`), the domain's reach, and the one-line verdict."""
+    from .run_table import print_table as print_run_table
 
-    if console is None:
-        console = Console()
-        if not console.is_terminal:  # logs and CI: print whole rows rather than crop at 80 columns
-            console = Console(width=max(console.width, 160))
-    from rich.markup import escape
-
-    table = Table(title=f"fa3verify {summary.command}")
-    table.add_column("check", no_wrap=True, overflow="ellipsis", max_width=44)
-    table.add_column("kind", no_wrap=True, min_width=8)
-    table.add_column("verdict", no_wrap=True, min_width=19)
-    table.add_column("seconds", justify="right", no_wrap=True, min_width=7)
-    table.add_column("case file / note", no_wrap=True, overflow="ellipsis", max_width=80)
-    for c in summary.checks:
-        style = "red" if c.failed else ("yellow" if c.inconclusive else "green")
-        note = c.case_file or c.message.splitlines()[0] if (c.case_file or c.message) else ""
-        table.add_row(escape(c.name), c.kind, f"[{style}]{escape(verdict_label(c))}[/{style}]", f"{c.seconds:.2f}",
-                      escape(note))
-    console.print(table)
-    console.print(verdict_line(summary))
+    print_run_table(summary, console)
 
 
 def write_reports(summary: RunSummary, args, finding_line: Optional[Callable[[Finding], str]] = None) -> int:
@@ -273,6 +259,13 @@ def finding_lines(f) -> list:
     lines = [f"[{stage}] {d.get('invariant')}: {sentence or d.get('message', '')}"]
     if sentence and d.get("message"):
         lines.append(f"    evidence: {d['message']}")
+    source = d.get("source") or {}
+    for side in ("precompute", "call"):
+        if source.get(side):
+            lines.append(f"    {side} made in: {source[side]}")
+    if d.get("config_terms"):
+        lines.append(f"    configuration {d.get('config') or ''}:".replace(" :", ":"))
+        lines += [f"      {token}: {meaning}" for token, meaning in d["config_terms"]]
     if d.get("ran_on"):
         lines.append(f"    ran on: {d['ran_on']}")
     if d.get("hint"):
