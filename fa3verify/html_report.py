@@ -32,7 +32,7 @@ _CHECK = {"name": (str,), "kind": (str,), "verdict": (str,), "seconds": (int, fl
 _FINDING = {"invariant": (str,), "case_file": (str, type(None)), "engine": (str,), "message": (str,),
             "replay": (str, type(None)), "check": (str,), "ran_on": (str,), "config": (str,), "path": (str,),
             "differs": (dict,), "seq_lens": (list, type(None)), "s_p": (int, type(None)), "s_c": (int, type(None)),
-            "guard": (str,), "hint": (str,)}
+            "guard": (str,), "hint": (str,), "config_terms": (list,), "source": (dict,)}
 
 
 def _type_names(types) -> str:

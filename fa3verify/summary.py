@@ -259,13 +259,14 @@ def finding_lines(f) -> list:
     lines = [f"[{stage}] {d.get('invariant')}: {sentence or d.get('message', '')}"]
     if sentence and d.get("message"):
         lines.append(f"    evidence: {d['message']}")
-    source = d.get("source") or {}
+    source = d.get("source") if isinstance(d.get("source"), dict) else {}
     for side in ("precompute", "call"):
         if source.get(side):
             lines.append(f"    {side} made in: {source[side]}")
     if d.get("config_terms"):
         lines.append(f"    configuration {d.get('config') or ''}:".replace(" :", ":"))
-        lines += [f"      {token}: {meaning}" for token, meaning in d["config_terms"]]
+        lines += [f"      {item[0]}: {item[1]}" for item in d["config_terms"]
+                  if isinstance(item, (list, tuple)) and len(item) == 2]
     if d.get("ran_on"):
         lines.append(f"    ran on: {d['ran_on']}")
     if d.get("hint"):

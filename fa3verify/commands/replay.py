@@ -68,6 +68,11 @@ def run(args) -> int:
         sentence = finding_sentence(first)
         if sentence:
             print(f"  in backend terms: {sentence}")
+        for token, meaning in first.config_terms or []:
+            print(f"    {token}: {meaning}")
+        for side in ("precompute", "call"):
+            if (first.source or {}).get(side):
+                print(f"  {side} made in: {first.source[side]}")
         if first.hint:
             print(f"  fix: {first.hint}")
     if observed.outcome == "not-modelled":

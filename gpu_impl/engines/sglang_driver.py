@@ -35,6 +35,7 @@ import io
 import os
 import sys
 import time
+from typing import Optional
 
 from . import protocol
 from .protocol import Unsupported
@@ -109,6 +110,11 @@ class EngineFA3:
         self.tags: list = []
         #: numerics: real rows whose output had NaN, per call (RankBackend)
         self.nan_rows: list = []
+        #: where the engine's code made each side (:func:`caller_location`): per call, as ``tags``; per precompute
+        #: record (by id, the record kept alive beside it); per captured call, as ``captured``
+        self.call_sources: list = []
+        self.pre_sources: dict = {}
+        self.captured_sources: list = []
 
     def _attribute(self, md) -> None:
         import torch
@@ -121,15 +127,20 @@ class EngineFA3:
     def get_scheduler_metadata(self, *args, **kwargs):
         md = self.checker.get_scheduler_metadata(*args, **kwargs)
         self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
+        if self.last_pre is not None:
+            self.pre_sources[id(self.last_pre)] = (self.last_pre, caller_location("get_scheduler_metadata"))
         return md
 
     def flash_attn_with_kvcache(self, *args, **kwargs):
         from ..fa3_calls import bind_call
 
         self._attribute(bind_call(*args, **kwargs)["scheduler_metadata"])
+        where = caller_location("flash_attn_with_kvcache")
         if self.capturing:
             self.captured.append((args, kwargs))
+            self.captured_sources.append(where)
         self.tags.append(self.path)
+        self.call_sources.append(where)
         return self.checker.flash_attn_with_kvcache(*args, **kwargs)
 
     def flash_attn_varlen_func(self, *args, **kwargs):
@@ -148,14 +159,72 @@ class EngineFA3:
             pre, violations = self.checker.check(call, md)
         self.checker.events.append((pre, call, violations))
         self.tags.append("replay")
+        at = next((i for i, (a, _) in enumerate(self.captured) if a is args), None)
+        self.call_sources.append(self.captured_sources[at] if at is not None and at < len(self.captured_sources)
+                                 else None)
+
+    def source_of(self, pre) -> Optional[str]:
+        """Where the engine's code made the precompute ``pre`` (None when unknown)."""
+        kept = self.pre_sources.get(id(pre)) if pre is not None else None
+        return kept[1] if kept is not None and kept[0] is pre else None
 
     def drain(self) -> list:
-        """(precompute, call, violations, path) of every call since the last drain."""
+        """(precompute, call, violations, path) of every call since the last drain; where each side was made
+        comes with :meth:`drain_sources` (call it right after)."""
         events, self.checker.events = self.checker.events, []
         tags, self.tags = self.tags, []
         if len(tags) != len(events):
             raise RuntimeError(f"engine driver: {len(events)} FA3 events but {len(tags)} calls seen")
+        sources, self.call_sources = self.call_sources, []
+        sources = (sources + [None] * len(events))[:len(events)]
+        self._drained_sources = [{"precompute": self.source_of(ev[0]), "call": src}
+                                 for ev, src in zip(events, sources)]
         return [(*ev, tag) for ev, tag in zip(events, tags)]
+
+    def drain_sources(self) -> list:
+        """{"precompute", "call"} source locations of the events the last :meth:`drain` returned, in order."""
+        return getattr(self, "_drained_sources", [])
+
+
+#: Files of this project's own FA3 fronts and drivers, skipped when looking for the engine's calling code.
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+#: Innermost frames searched for FA3 wrappers (the fake front, sglang's dispatcher and its helper).
+_WRAPPER_FRAMES = 8
+
+
+def caller_location(entry: str, depth: int = 2) -> Optional[str]:
+    """Where the engine's own code called FA3's ``entry``: the first ``depth`` frames past the outermost wrapper
+    named ``entry`` among the innermost :data:`_WRAPPER_FRAMES` (the fake ``sgl_kernel`` front; sglang's FA3
+    dispatcher ``jit_kernel/flash_attention_v3.py`` and its helpers), in the engine's package (``sglang/``), as
+    ``Class.function (sglang/srt/.../file.py:line)``, joined by ``, from ``; None when no such frame is found."""
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    wrappers = [i for i, f in enumerate(frames[:_WRAPPER_FRAMES]) if f.f_code.co_name == entry]
+    found: list = []
+    for f in frames[(wrappers[-1] + 1) if wrappers else 0:]:
+        path = os.path.abspath(f.f_code.co_filename)
+        shown = _package_path(path)
+        if path.startswith(_OWN_DIR + os.sep) or shown == path:  # this project's driver, runpy, ...: not the engine
+            continue
+        found.append(f"{getattr(f.f_code, 'co_qualname', f.f_code.co_name)} ({shown}:{f.f_lineno})")
+        if len(found) == depth:
+            break
+    return ", from ".join(found) or None
+
+
+def _package_path(path: str) -> str:
+    """A source path from its package folder on (``sglang/srt/layers/attention/flashattention_backend.py``), the
+    same for an installed release and a checkout; the path itself when no known package folder is in it."""
+    parts = path.split(os.sep)
+    for name in ("sglang", "vllm"):
+        if name in parts:
+            return "/".join(parts[len(parts) - 1 - parts[::-1].index(name):])
+    return path
 
 
 class SanitizedFront:
@@ -351,10 +420,14 @@ class Engine:
             for plan in self.front.drain():
                 out["trace"].append({"step": index, "dp_rank": dp_rank, "mode": "decode", **plan})
             return
-        for pre, call, violations, ev_path in self.front.drain():
+        drained = self.front.drain()
+        sources = self.front.drain_sources()
+        for i, (pre, call, violations, ev_path) in enumerate(drained):
             summary = pair_summary(pre, call)
             entry = {"step": index, "dp_rank": dp_rank, "mode": "decode", "path": ev_path, "idle": idle,
                      **summary}
+            if i < len(sources) and any(sources[i].values()):
+                entry["source"] = sources[i]
             out["trace"].append(entry)
             lens = list(call.cache_seqlens) if call.cache_seqlens is not None else list(rows)
             detail = {"mode": "decode", "path": ev_path, "s_p": summary["s_p"], "s_c": summary["s_c"],
