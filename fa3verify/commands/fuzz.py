@@ -101,7 +101,8 @@ def run(args) -> int:
                        result=lambda: f"{summary.cases} cases, {summary.failures} failing") as end:
                 summary = fuzz(sut, kernel_name=args.kernel, device=args.device, seed=args.seed,
                                budget_s=budget, max_cases=cases, out_dir=cases_dir_of(args), shard=shard)
-                end.interrupted = summary.interrupted
+                if end is not None:  # a stand-in stage may hand the block nothing
+                    end.interrupted = summary.interrupted
     except KeyboardInterrupt:  # before the campaign began: nothing found, the reports still say so (exit 3)
         summary = RunSummary(command="fuzz", seed=args.seed, policy=policy.to_dict(), interrupted=True)
     if shard is not None:
