@@ -55,7 +55,7 @@ class Finding:
     config_terms: list = field(default_factory=list)
     path: str = ""                      # "eager" | "capture" | "replay" (a CUDA graph's) | "eager extend"
     #: where a real engine's code made each side: {"precompute": "Class.function (sglang/.../file.py:line), from
-    #: ...", "call": ...} (gpu_impl.engines.sglang_driver.caller_location); {} on the model
+    #: ...", "call": ...} (gpu_impl.engines.call_sites.caller_location); {} on the model
     source: dict = field(default_factory=dict)
     differs: dict = field(default_factory=dict)  # FA3 argument -> [precompute, call], those that differ
     seq_lens: Optional[list] = None     # the offending call's cache lengths

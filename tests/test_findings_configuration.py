@@ -1,6 +1,6 @@
 """A finding explains its configuration and gives a fix hint that fits it (fa3verify/config_terms.py,
 fa3verify/finding_terms.py), and on a real engine names where the engine's code made each side
-(gpu_impl/engines/sglang_driver.py ``caller_location``):
+(gpu_impl/engines/call_sites.py ``caller_location``):
 
 * every token of the configuration label (``llama-3-8b/tp2/cp2+pcp/sm78/splits=0``) is explained, in order, with
   the configuration's own numbers;
@@ -147,3 +147,30 @@ def test_a_finding_on_a_checkout_names_the_function_that_made_each_side(tmp_path
     out = capsys.readouterr().out
     assert "  precompute made in: FlashAttentionBackend._compute_scheduler_metadata (" in out
     assert any(line.startswith("    precompute made in: ") for line in finding_lines(found))
+
+
+def test_caller_location_names_the_engines_function_past_its_fa3_wrappers():
+    """Stand-in engine modules (named ``sglang.*``, as the engine's are): the backend's function calls the
+    engine's dispatcher of FA3's own name, which goes through a module outside the engine (as torch's dispatch);
+    the location names the backend's function and its caller, never the dispatcher nor the outside module."""
+    from gpu_impl.engines.call_sites import caller_location
+
+    seen = []
+
+    def fake_front(*a):  # this project's fake FA3 front
+        seen.append(caller_location("flash_attn_with_kvcache"))
+
+    outside = {"__name__": "torch._ops", "fake_front": fake_front}
+    exec("def dispatch():\n    fake_front()\n", outside)
+    dispatcher = {"__name__": "sglang.jit_kernel.flash_attention_v3", "dispatch": outside["dispatch"]}
+    exec("def flash_attn_with_kvcache():\n    dispatch()\n", dispatcher)
+    backend = {"__name__": "sglang.srt.layers.attention.flashattention_backend",
+               "flash_attn_with_kvcache": dispatcher["flash_attn_with_kvcache"]}
+    exec("class FlashAttentionBackend:\n    def forward_decode(self):\n        flash_attn_with_kvcache()\n"
+         "def run():\n    FlashAttentionBackend().forward_decode()\n", backend)
+    backend["run"]()
+    assert re.fullmatch(r"FlashAttentionBackend\.forward_decode \(sglang/srt/layers/attention/flashattention_backend"
+                        r"\.py:3\), from run \(sglang/srt/layers/attention/flashattention_backend\.py:5\)", seen[0]), seen
+    # negative control: from code outside any engine package there is nothing to name
+    fake_front()
+    assert seen[1] is None

@@ -40,6 +40,7 @@ from typing import Optional
 from . import protocol
 from .protocol import Unsupported
 from .protocol import quiet as _quiet
+from .call_sites import caller_location
 from .sglang_rank import RankBackend
 
 _PROTOCOL_OUT = sys.stdout
@@ -186,45 +187,6 @@ class EngineFA3:
         return getattr(self, "_drained_sources", [])
 
 
-#: Files of this project's own FA3 fronts and drivers, skipped when looking for the engine's calling code.
-_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-#: Innermost frames searched for FA3 wrappers (the fake front, sglang's dispatcher and its helper).
-_WRAPPER_FRAMES = 8
-
-
-def caller_location(entry: str, depth: int = 2) -> Optional[str]:
-    """Where the engine's own code called FA3's ``entry``: the first ``depth`` frames past the outermost wrapper
-    named ``entry`` among the innermost :data:`_WRAPPER_FRAMES` (the fake ``sgl_kernel`` front; sglang's FA3
-    dispatcher ``jit_kernel/flash_attention_v3.py`` and its helpers), in the engine's package (``sglang/``), as
-    ``Class.function (sglang/srt/.../file.py:line)``, joined by ``, from ``; None when no such frame is found."""
-    frames = []
-    frame = sys._getframe(1)
-    while frame is not None:
-        frames.append(frame)
-        frame = frame.f_back
-    wrappers = [i for i, f in enumerate(frames[:_WRAPPER_FRAMES]) if f.f_code.co_name == entry]
-    found: list = []
-    for f in frames[(wrappers[-1] + 1) if wrappers else 0:]:
-        path = os.path.abspath(f.f_code.co_filename)
-        shown = _package_path(path)
-        if path.startswith(_OWN_DIR + os.sep) or shown == path:  # this project's driver, runpy, ...: not the engine
-            continue
-        found.append(f"{getattr(f.f_code, 'co_qualname', f.f_code.co_name)} ({shown}:{f.f_lineno})")
-        if len(found) == depth:
-            break
-    return ", from ".join(found) or None
-
-
-def _package_path(path: str) -> str:
-    """A source path from its package folder on (``sglang/srt/layers/attention/flashattention_backend.py``), the
-    same for an installed release and a checkout; the path itself when no known package folder is in it."""
-    parts = path.split(os.sep)
-    for name in ("sglang", "vllm"):
-        if name in parts:
-            return "/".join(parts[len(parts) - 1 - parts[::-1].index(name):])
-    return path
 
 
 class SanitizedFront:
