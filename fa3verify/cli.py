@@ -62,9 +62,20 @@ examples:
 """
 
 
+class CommandLineParser(argparse.ArgumentParser):
+    """The top-level parser: an option its command does not know is reported with that command's usage (the
+    innermost one, ``engine matrix``), not the top-level usage."""
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command_parser(self, parsed).error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fa3verify", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandLineParser(prog="fa3verify", description=DESCRIPTION,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"fa3verify {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS:
@@ -111,13 +122,12 @@ def typed_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # a mistyped option: the usage of the command it was given to, not the top-level one
-        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return exitcodes.USAGE
-    args.typed_options = typed_options(command_parser(parser, args), argv)
+    if isinstance(parser, argparse.ArgumentParser):
+        args.typed_options = typed_options(command_parser(parser, args), argv)
     import spec.guard_isolation as isolation
     from spec import interrupts
 

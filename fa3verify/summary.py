@@ -9,6 +9,7 @@ JSON schema "fa3verify.run/1" (documented in docs/reports.md):
 from __future__ import annotations
 
 import json
+import os  # noqa: F401 - os.replace, reached through this module, is how tests make a report's rename fail
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional

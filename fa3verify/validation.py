@@ -92,8 +92,8 @@ POLICY_CHOOSES_WITH_ENGINE = ("prove",)
 
 
 def check_typed_policy_options(args) -> None:
-    """A model-policy option (``--guard``, ``--metadata-heads``, ...) typed together with a real engine is a
-    UsageError naming both, even when its value is the default (``--guard fixed``): a real engine runs its own
+    """A model-policy option (``--guard``, ``--metadata-heads``, ...) typed at its default value together with a
+    real engine is a UsageError naming both (``--guard fixed``): a real engine runs its own
     guard, head counts and runner, so the option would be ignored, and a user who typed it expects it to count.
     ``args.typed_options`` (set by the command line) holds the options typed; the values set away from their
     defaults are refused again when the engine opens (:func:`fa3verify.engine_choice.refuse_policy_options`)."""
@@ -103,7 +103,10 @@ def check_typed_policy_options(args) -> None:
         return
     from .engine_choice import POLICY_OPTIONS, parse_engine_option
 
-    given = [(dest, option) for dest, option, _ in POLICY_OPTIONS if option in typed and hasattr(args, dest)]
+    # typed at the default value only: a value away from the default is refused when the engine opens, with its
+    # own words (fa3verify.engine_choice.refuse_policy_options)
+    given = [(dest, option) for dest, option, default in POLICY_OPTIONS
+             if option in typed and hasattr(args, dest) and getattr(args, dest) == default]
     if not given:
         return
     spec = parse_engine_option(engine)
