@@ -51,10 +51,11 @@ engines: $(STAMP)
 # The project's own modules are compiled first and the suite runs with bytecode writing on: where the environment
 # sets PYTHONDONTWRITEBYTECODE=1, every CLI run, guard sandbox and rank the suite starts compiled the project's 200
 # modules again (0.25 s each), and each test process rewrote and compiled every test file (collection 13.1 s,
-# 5.7 s with the cache). Only __pycache__ folders (ignored by git) are written.
+# 5.7 s with the cache). Only __pycache__ folders (ignored by git) are written. -rs lists every skipped test with
+# its reason in the summary.
 test: $(STAMP) $(BYTECODE) engines
 	@$(PY) -m compileall -q -j 0 refmodel spec gpu_impl fa3verify >/dev/null
-	FA3VERIFY_ENGINE_RELEASES="$(ENGINE_RELEASES)" PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15
+	FA3VERIFY_ENGINE_RELEASES="$(ENGINE_RELEASES)" PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15
 
 bench: $(STAMP)
 	$(VENV)/bin/fa3verify bench

@@ -19,7 +19,7 @@ from gpu_impl.errors import KernelUnavailable
 from spec.process.worker_client import WorkerError
 
 from . import __version__, exitcodes
-from .errors import UsageError
+from .errors import OutputNotWritten, UsageError
 
 #: (subcommand, module under fa3verify.commands). Each module has `register(subparsers)` and `run(args) -> int`.
 COMMANDS = [
@@ -62,9 +62,20 @@ examples:
 """
 
 
+class CommandLineParser(argparse.ArgumentParser):
+    """The top-level parser: an option its command does not know is reported with that command's usage (the
+    innermost one, ``engine matrix``), not the top-level usage."""
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command_parser(self, parsed).error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fa3verify", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandLineParser(prog="fa3verify", description=DESCRIPTION,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"fa3verify {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS:
@@ -79,12 +90,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
+def command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` names, down to the innermost (``engine matrix``): its usage is the
+    one an error in that command's options prints."""
+    current = parser
+    while True:
+        action = next((a for a in current._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, action.dest, None) if action is not None else None
+        if name is None or name not in action.choices:
+            return current
+        current = action.choices[name]
+
+
+def typed_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set:
+    """The options of ``parser`` typed on the command line (``--guard``, also as ``--guard=X`` or an unambiguous
+    prefix), whatever their value: an option typed with its default value is still typed."""
+    known = parser._option_string_actions
+    typed = set()
+    for token in argv:
+        if token == "--":
+            break
+        if not token.startswith("--"):
+            continue
+        name = token.split("=", 1)[0]
+        matches = [name] if name in known else [k for k in known if k.startswith(name)]
+        if len(matches) == 1:
+            typed.update(known[matches[0]].option_strings)
+    return typed
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return exitcodes.USAGE
+    if isinstance(parser, argparse.ArgumentParser):
+        args.typed_options = typed_options(command_parser(parser, args), argv)
     import spec.model.guard_isolation as isolation
     from spec.process import interrupts
 
@@ -106,11 +149,12 @@ def _run_command(args, isolation) -> int:
     """The command's exit status; every failure but Ctrl-C is turned into its exit status here."""
     from .output_writer import stdout_reserved_for
     from .outputs import check_outputs, output_paths
-    from .validation import check_args
+    from .validation import check_args, check_typed_policy_options
 
     saved_timeout = isolation.GUARD_TIMEOUT_S
     try:
         check_args(args)
+        check_typed_policy_options(args)
         check_outputs(args.command, args)
         if getattr(args, "guard_timeout_s", None) is not None:
             isolation.GUARD_TIMEOUT_S = args.guard_timeout_s
@@ -122,6 +166,9 @@ def _run_command(args, isolation) -> int:
     except KernelUnavailable as exc:
         print(f"fa3verify {args.command}: error: --kernel: {exc}", file=sys.stderr)
         return exitcodes.USAGE
+    except OutputNotWritten as exc:  # an output that is the command's product (no verdict to keep): inconclusive
+        print(f"fa3verify {args.command}: error: {exc} (exit 3, inconclusive)", file=sys.stderr)
+        return exitcodes.INCONCLUSIVE
     except WorkerError as exc:  # a worker missed its deadline (killed), died or garbled: named, never 0 or 1
         print(f"fa3verify {args.command}: inconclusive: {exc}", file=sys.stderr)
         return exitcodes.INCONCLUSIVE

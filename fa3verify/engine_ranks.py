@@ -50,6 +50,7 @@ def run_on_engine(args) -> int:
             codes.append(exitcodes.VIOLATION if observed.findings else exitcodes.PASS)
             total.merge(summary)
     total.cases = len(args.cases)
-    if args.json:
-        write_json(total, args.json)
-    return exitcodes.combine(codes)
+    from .output_writer import deliver
+
+    return deliver(exitcodes.combine(codes), [("--json", args.json, lambda: write_json(total, args.json))],
+                   "run-ranks")

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Optional
 
 __all__ = ["TERM_FIELDS", "terms_from_run", "terms_of_finding", "run_terms", "case_file_terms", "apply_terms", "replay_line",
-           "ran_on", "hint_for", "config_label", "WITNESS_SUBDIR", "differing_arguments"]
+           "ran_on", "hint_for", "config_label", "configuration_terms", "WITNESS_SUBDIR", "differing_arguments"]
 
 #: Fields of :class:`fa3verify.summary.Finding` this module fills.
-TERM_FIELDS = ("ran_on", "config", "path", "differs", "seq_lens", "s_p", "s_c", "guard", "hint")
+TERM_FIELDS = ("ran_on", "config", "config_terms", "path", "source", "differs", "seq_lens", "s_p", "s_c", "guard",
+               "hint")
 
 #: Where case files of rows whose refutation is expected go, under a run's case folder (informational).
 WITNESS_SUBDIR = "witnesses"
@@ -42,14 +43,24 @@ def _hints() -> dict:
     return json.loads((Path(__file__).with_name("finding_hints.json")).read_text(encoding="utf-8"))
 
 
-def hint_for(invariant: str, differs: Optional[dict] = None) -> str:
-    """The one-line fix hint: by the first differing argument (for metadata invariants), else by invariant."""
+def hint_for(invariant: str, differs: Optional[dict] = None, server=None, model=None,
+             guard_kept: Optional[str] = None) -> str:
+    """The one-line fix hint: by the first differing argument (for metadata invariants), else by invariant. With
+    the witness's ``server`` and ``model``, a head-count hint is made for that configuration and the guard that
+    kept the precompute (``guard_kept``; :func:`fa3verify.config_terms.heads_hint`)."""
     from spec.invariants import INVARIANTS
 
     hints = _hints()
     if invariant in INVARIANTS or invariant in ("NO_NAN", "MATCHES_ORACLE"):
         for name, text in hints["arguments"]:
             if name in (differs or {}):
+                if name == "heads" and server is not None and model is not None:
+                    from .config_terms import heads_hint
+
+                    try:
+                        return heads_hint(server, model, guard_kept)
+                    except Exception:  # a configuration the hint cannot read: the general words
+                        return text
                 return text
     return hints["invariants"].get(invariant, hints["default"])
 
@@ -62,6 +73,14 @@ def config_label(server, model) -> str:
         return Config(server=server, model=model).label()
     except Exception:  # a configuration the label cannot read (e.g. a vLLM case): no label, never a crash
         return ""
+
+
+def configuration_terms(server, model) -> dict:
+    """``{"config": label, "config_terms": [[token, meaning], ...]}`` of a configuration (both empty when it is not
+    an sglang configuration): the one place a finding's configuration is written."""
+    from .config_terms import config_terms
+
+    return {"config": config_label(server, model), "config_terms": config_terms(server, model)}
 
 
 def ran_on(spec, scenario=None) -> str:
@@ -135,8 +154,12 @@ def differing_arguments(pair: dict) -> dict:
     return out
 
 
+def _guard_who(scenario, spec) -> str:
+    return f"guard {scenario.guard_spec!r}" if spec is None or spec.runs_scenario_policy else f"{spec}'s own guard"
+
+
 def _guard_decision(scenario, spec, pair: Optional[dict]) -> str:
-    who = f"guard {scenario.guard_spec!r}" if spec is None or spec.runs_scenario_policy else f"{spec}'s own guard"
+    who = _guard_who(scenario, spec)
     if pair is None:
         return ""
     return f"{who} kept the precompute" if pair.get("precomputed") else f"{who} disabled the precompute"
@@ -147,7 +170,7 @@ def terms_from_run(scenario, result, invariant: Optional[str] = None, spec=None,
     """The terms of one run of a case (``result``: its ScenarioResult; ``guard_raised``: the message when the
     guard raised instead): the first finding with ``signature`` (else ``invariant``, else the first), its
     configuration, path, differing arguments, S_p/S_c, guard decision, message and hint."""
-    terms = {"ran_on": ran_on(spec, scenario), "config": config_label(scenario.server, scenario.model)}
+    terms = {"ran_on": ran_on(spec, scenario), **configuration_terms(scenario.server, scenario.model)}
     if guard_raised is not None:
         return {**terms, "guard": f"the guard raised: {guard_raised}", "message": guard_raised,
                 "hint": hint_for(invariant or "GUARD_RAISED")}
@@ -169,9 +192,12 @@ def terms_of_finding(scenario, result, pick, spec=None) -> dict:
     s_p = pick.detail.get("s_p", (pair or {}).get("s_p"))
     s_c = pick.detail.get("s_c", (pair or {}).get("s_c"))
     lens = pick.detail.get("seq_lens")
-    return {"path": path, "differs": differs, "seq_lens": list(lens) if lens is not None else None,
+    source = {k: v for k, v in ((pair or {}).get("source") or {}).items() if v}
+    return {"path": path, "source": source, "differs": differs, "seq_lens": list(lens) if lens is not None else None,
             "s_p": s_p, "s_c": s_c, "guard": _guard_decision(scenario, spec, pair), "message": pick.message,
-            "invariant": pick.invariant, "hint": hint_for(pick.invariant, differs)}
+            "invariant": pick.invariant,
+            "hint": hint_for(pick.invariant, differs, getattr(scenario, "server", None), getattr(scenario, "model", None),
+                             _guard_who(scenario, spec) if (pair or {}).get("precomputed") else None)}
 
 
 def run_terms(sut, scenario, kernel=None, numerics: bool = False, invariant: Optional[str] = None,
@@ -197,7 +223,7 @@ def terms_of_verdict(scenario, verdict, invariant: Optional[str] = None, spec=No
         fault = verdict.findings[0]
         if fault.invariant in ("GUARD_RAISED", "GUARD_TIMEOUT"):
             return terms_from_run(scenario, None, fault.invariant, spec, guard_raised=fault.message)
-        return {"ran_on": ran_on(spec, scenario), "config": config_label(scenario.server, scenario.model),
+        return {"ran_on": ran_on(spec, scenario), **configuration_terms(scenario.server, scenario.model),
                 "message": fault.message, "invariant": fault.invariant, "hint": hint_for(fault.invariant)}
     return terms_from_run(scenario, verdict.result, invariant, spec, signature)
 

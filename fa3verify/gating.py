@@ -87,9 +87,11 @@ def gate(sut=None, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: f
         on = f" on {sut.spec}" if own_code else ""
         fuzzed = RunSummary(command="gate")
         with stage("gate", f"fuzz{on} ({kernel_name} kernel, {what})", lines,
-                   result=lambda: f"{fuzzed.cases} cases, {fuzzed.failures} failing"):
+                   result=lambda: f"{fuzzed.cases} cases, {fuzzed.failures} failing") as end:
             fuzzed = fuzz(sut, kernel_name=kernel_name, device=device, seed=seed, budget_s=budget_s,
                           max_cases=max_cases, out_dir=cases_dir, show_progress=show_progress)
+            if end is not None:  # a stand-in stage may hand the block nothing
+                end.interrupted = fuzzed.interrupted
         summary.merge(fuzzed)
     summary.elapsed_s = time.perf_counter() - start
     return summary

@@ -32,7 +32,7 @@ _CHECK = {"name": (str,), "kind": (str,), "verdict": (str,), "seconds": (int, fl
 _FINDING = {"invariant": (str,), "case_file": (str, type(None)), "engine": (str,), "message": (str,),
             "replay": (str, type(None)), "check": (str,), "ran_on": (str,), "config": (str,), "path": (str,),
             "differs": (dict,), "seq_lens": (list, type(None)), "s_p": (int, type(None)), "s_c": (int, type(None)),
-            "guard": (str,), "hint": (str,)}
+            "guard": (str,), "hint": (str,), "config_terms": (list,), "source": (dict,)}
 
 
 def _type_names(types) -> str:
@@ -199,5 +199,5 @@ def write_html(data: dict, path: str, source: Optional[str] = None) -> str:
     """Render and write the page; returns the path."""
     from .summary import write_atomic
 
-    write_atomic(path, render_html(data, source))
+    write_atomic(path, render_html(data, source), "--html")
     return path

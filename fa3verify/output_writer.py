@@ -24,7 +24,7 @@ import tempfile
 import time
 from typing import Iterator, Optional, Union
 
-from .errors import UsageError
+from .errors import OutputNotWritten, UsageError
 
 #: The path that names standard output.
 STDOUT = "-"
@@ -90,8 +90,18 @@ def stdout_reserved_for(paths) -> Iterator[None]:
 
 def write_output(path: str, data: Union[str, bytes], field: str = "output") -> None:
     """Write ``data`` (text as UTF-8) to the output ``path`` as the module invariant says; ``field`` names the
-    option in an error."""
+    option in an error. A write the system refuses raises :class:`fa3verify.errors.OutputNotWritten` naming
+    ``field`` and ``path`` (not the temporary file); the previous file at ``path``, if any, is kept."""
     raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    try:
+        _write_output(path, raw, field)
+    except OSError as exc:
+        from .outputs import os_reason
+
+        raise OutputNotWritten(field, path, os_reason(exc)) from None
+
+
+def _write_output(path: str, raw: bytes, field: str) -> None:
     if is_stdout(path):
         _write_stdout(raw)
         return
@@ -173,3 +183,34 @@ def _write_atomic(path: str, raw: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def deliver(rc: int, outputs, command: str = "") -> int:
+    """Write the outputs of a run whose verdict is ``rc`` (its exit code), each ``(field, path, write)`` with
+    ``path`` None when not asked; a write that fails is named on stderr (option, path, reason) and the others
+    are still written. The exit code: the verdict's (a FAIL stays 1, an inconclusive run 3), except that a PASS
+    whose asked-for output is missing is 3 (inconclusive), never a clean 0: a CI job that reads the report
+    would find none."""
+    from . import exitcodes
+
+    missing = []
+    for field, path, write in outputs:
+        if path is None or path is False:
+            continue
+        try:
+            write()
+        except OutputNotWritten as exc:
+            missing.append(exc)
+    if not missing:
+        return rc
+    who = f"fa3verify {command}" if command else "fa3verify"
+    for exc in missing:
+        print(f"{who}: error: {exc}", file=sys.stderr)
+    names = ", ".join(f"{e.field} {e.path}" for e in missing)
+    verdict = exitcodes.verdict_name(rc).upper()
+    if rc == exitcodes.PASS:
+        print(f"{who}: the verdict was PASS, but {names} was not written: exit 3 (inconclusive), not a clean "
+              f"pass", file=sys.stderr)
+        return exitcodes.INCONCLUSIVE
+    print(f"{who}: the verdict {verdict} stands (exit {rc}); not written: {names}", file=sys.stderr)
+    return rc

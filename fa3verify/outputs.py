@@ -26,6 +26,10 @@ MAX_INPUT_BYTES = 16 * 1024 * 1024
 OUTPUT_OPTIONS = {"json": "file", "junit": "file", "html": "file", "markdown": "file", "write_docs": "file",
                   "cases_dir": "dir", "write_corpus": "dir", "out_dir": "dir", "out": "dir"}
 COMMAND_OUTPUTS = {"hazard-map": {"out": "file"}}
+#: command -> (dest, the folder the command writes when neither that option nor ``also`` is given, ``also``):
+#: outputs whose default is decided after parsing, checked like a given path.
+DEFAULT_OUTPUTS = {"fuzz": ("cases_dir", "fa3verify-out/cases", "out"),
+                   "run-ranks": ("out_dir", "fa3verify-out/ranks", None)}
 #: argparse dest -> the argument name used in messages, for inputs.
 INPUT_OPTIONS = {"case": "CASE", "cases": "CASE", "run_json": "RUN.json"}  # report merge: its REPORT.json too
 
@@ -65,7 +69,14 @@ def _why(exc: OSError) -> str:
         return "symbolic link loop"
     if exc.errno == errno.EACCES:
         return "permission denied"
-    return exc.strerror or type(exc).__name__
+    if exc.errno == errno.EROFS:
+        return "read-only file system"
+    return exc.strerror or (str(exc) if exc.args else "") or type(exc).__name__
+
+
+def os_reason(exc: OSError) -> str:
+    """The system's reason for a failed read or write, in words (no file name: the caller names the path)."""
+    return _why(exc)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -75,9 +86,15 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def _check_ancestors(flag: str, path: str) -> None:
-    """The nearest existing ancestor of `path` must be a directory (else the write fails at the end)."""
-    parent = os.path.dirname(os.path.abspath(path))
+def _check_ancestors(flag: str, path: str, kind: str = "file") -> None:
+    """The nearest existing ancestor of `path` must be a directory (else the write fails at the end), and one the
+    run can create files in: a file output is written through a temporary file in its folder, a folder output
+    gets files (and the folders leading to it are created). Probed by creating and removing a temporary file, as
+    permission bits say nothing under root, on a read-only mount or in /proc."""
+    start = os.path.abspath(path) if kind == "dir" else os.path.dirname(os.path.abspath(path))
+    if kind == "file" and os.path.islink(path) and os.path.isfile(path):
+        start = os.path.dirname(os.path.realpath(path))  # a link to a regular file: written at its target
+    parent = start
     while parent and not os.path.lexists(parent):
         up = os.path.dirname(parent)
         if up == parent:
@@ -85,6 +102,21 @@ def _check_ancestors(flag: str, path: str) -> None:
         parent = up
     if os.path.lexists(parent) and not os.path.isdir(parent):
         raise UsageError(f"{flag}: cannot write {path}: {parent} is not a directory")
+    if not os.path.isdir(parent):
+        return
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".fa3verify-probe-", dir=parent)
+    except OSError as exc:
+        where = f"{parent} (the working directory)" if parent == os.getcwd() else parent
+        raise UsageError(f"{flag}: cannot write {path}: no file can be created in {where}: {_why(exc)}; "
+                         f"give {flag} a writable path") from None
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError:
+        pass
 
 
 def check_output(flag: str, path: str, kind: str, inputs: Iterable[tuple[str, str]] = ()) -> None:
@@ -112,10 +144,14 @@ def check_output(flag: str, path: str, kind: str, inputs: Iterable[tuple[str, st
         for name, inp in inputs:
             if os.path.exists(path) and _same_file(path, inp):
                 raise UsageError(f"{flag}: {path} is the run's input {name}; a run never overwrites a file it reads")
+        if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+            if not os.access(path, os.W_OK):  # a FIFO or character device: written through, never replaced
+                raise UsageError(f"{flag}: cannot write {path}: permission denied")
+            return
     else:
         if os.path.lexists(path) and not os.path.isdir(path):
             raise UsageError(f"{flag}: {path} exists and is not a directory")
-    _check_ancestors(flag, path)
+    _check_ancestors(flag, path, kind)
 
 
 def run_inputs(args) -> list[tuple[str, str]]:
@@ -137,8 +173,12 @@ def run_inputs(args) -> list[tuple[str, str]]:
 
 def check_outputs(command: str, args) -> None:
     """Check every output option of the parsed command before the run (see the module invariants)."""
-    values = vars(args)
+    values = dict(vars(args))
     kinds = {**OUTPUT_OPTIONS, **COMMAND_OUTPUTS.get(command, {})}
+    if command in DEFAULT_OUTPUTS:
+        dest, default, also = DEFAULT_OUTPUTS[command]
+        if values.get(dest) is None and (also is None or values.get(also) is None):
+            values[dest] = default
     inputs = run_inputs(args)
     seen: dict[str, str] = {}
     for dest, kind in kinds.items():

@@ -15,7 +15,7 @@ from typing import Iterable, Optional
 
 from . import verdicts
 from .errors import UsageError
-from .finding_terms import apply_terms, config_label, hint_for, ran_on, terms_of_finding
+from .finding_terms import apply_terms, configuration_terms, hint_for, ran_on, terms_of_finding
 from .summary import Check, Finding, RunSummary
 
 
@@ -237,7 +237,9 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
 
     run_layout = recorded_layout_text(case)     # a sanitizer's case: the run's layout, not the model's stand-in
     if fails:
-        terms = {"ran_on": ran_on(spec, scn), "config": run_layout or config_label(scn.server, scn.model)}
+        terms = {"ran_on": ran_on(spec, scn), **configuration_terms(scn.server, scn.model)}
+        if run_layout:
+            terms["config"] = run_layout
         engine_findings = list(getattr(result, "findings", None) or []) if result is not None else []
         for i, f in enumerate(findings):
             finding = Finding(invariant=f["invariant"], case_file=path, check=summary.checks[-1].name,

@@ -182,7 +182,7 @@ def merge(paths, json_out: Optional[str] = None, junit_out: Optional[str] = None
     returns the joined exit code."""
     from .engine_matrix import SCHEMA as MATRIX_SCHEMA
     from .engine_matrix import matrix_exit_code, matrix_json, matrix_table, matrix_verdict_line
-    from .output_writer import write_output
+    from .output_writer import deliver, write_output
     from .summary import print_table, write_junit
 
     if not paths:
@@ -195,11 +195,10 @@ def merge(paths, json_out: Optional[str] = None, junit_out: Optional[str] = None
         print(matrix_table(rows))
         print(matrix_verdict_line(rows, code) + f" | merged from {n} shards")
         data = {**matrix_json(rows), "exit_code": code, "shards": n, "merged_from": merged_from(paths, reports)}
-        if json_out:
-            write_output(json_out, json.dumps(data, indent=2) + "\n", "--json")
-        if junit_out:
-            write_junit(matrix_as_summary(rows), junit_out)
-        return code
+        return deliver(code, [("--json", json_out,
+                               lambda: write_output(json_out, json.dumps(data, indent=2) + "\n", "--json")),
+                              ("--junit", junit_out, lambda: write_junit(matrix_as_summary(rows), junit_out))],
+                       "report merge")
     summary = merge_run_reports(paths, reports)
     own = summary.exit_code
     code = merged_exit_code(own, reports)
@@ -210,10 +209,8 @@ def merge(paths, json_out: Optional[str] = None, junit_out: Optional[str] = None
     if code != own:  # a shard's own verdict is worse than what its rows say: the merge never reads better
         print(f"verdict: {exitcodes.verdict_name(code).upper()} (a shard's own verdict; its rows alone read "
               f"{exitcodes.verdict_name(own)})")
-    if json_out:
-        data = {**summary.to_dict(), "exit_code": code, "verdict": exitcodes.verdict_name(code), "shards": n,
-                "merged_from": merged_from(paths, reports)}
-        write_output(json_out, json.dumps(data, indent=2) + "\n", "--json")
-    if junit_out:
-        write_junit(summary, junit_out)
-    return code
+    data = {**summary.to_dict(), "exit_code": code, "verdict": exitcodes.verdict_name(code), "shards": n,
+            "merged_from": merged_from(paths, reports)}
+    return deliver(code, [("--json", json_out,
+                           lambda: write_output(json_out, json.dumps(data, indent=2) + "\n", "--json")),
+                          ("--junit", junit_out, lambda: write_junit(summary, junit_out))], "report merge")

@@ -9,7 +9,7 @@ JSON schema "fa3verify.run/1" (documented in docs/reports.md):
 from __future__ import annotations
 
 import json
-import os
+import os  # noqa: F401 - os.replace, reached through this module, is how tests make a report's rename fail
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
@@ -52,7 +52,12 @@ class Finding:
     check: str = ""                     # the row (Check.name) this finding fails
     ran_on: str = ""                    # the system under test that ran the saved case
     config: str = ""                    # model/tp/dp/cp/SM count/split policy (spec.model.domain.Config.label)
+    #: [token, meaning] for every token of ``config`` (fa3verify.config_terms.config_terms)
+    config_terms: list = field(default_factory=list)
     path: str = ""                      # "eager" | "capture" | "replay" (a CUDA graph's) | "eager extend"
+    #: where a real engine's code made each side: {"precompute": "Class.function (sglang/.../file.py:line), from
+    #: ...", "call": ...} (gpu_impl.engines.call_sites.caller_location); {} on the model
+    source: dict = field(default_factory=dict)
     differs: dict = field(default_factory=dict)  # FA3 argument -> [precompute, call], those that differ
     seq_lens: Optional[list] = None     # the offending call's cache lengths
     s_p: Optional[int] = None           # the precompute's split count
@@ -136,22 +141,22 @@ class RunSummary:
             self.domain = other.domain
 
 
-def write_json(summary: RunSummary, path: str) -> None:
-    """Write the run summary as JSON (schema fa3verify.run/1), atomically."""
-    write_atomic(path, json.dumps(summary.to_dict(), indent=2) + "\n")
+def write_json(summary: RunSummary, path: str, field: str = "--json") -> None:
+    """Write the run summary as JSON (schema fa3verify.run/1), atomically; ``field`` names the option in an
+    error (:class:`fa3verify.errors.OutputNotWritten`)."""
+    write_atomic(path, json.dumps(summary.to_dict(), indent=2) + "\n", field)
 
 
-def write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text: str, field: str = "output") -> None:
     """Write a report to `path` (``-`` is stdout; regular files atomically, special files written through:
-    :func:`fa3verify.output_writer.write_output`)."""
+    :func:`fa3verify.output_writer.write_output`); ``field`` names the option in an error."""
     from .output_writer import write_output
 
-    write_output(path, text)
+    write_output(path, text, field)
 
 
-def write_junit(summary: RunSummary, path: str) -> None:
+def write_junit(summary: RunSummary, path: str, field: str = "--junit") -> None:
     """Write JUnit XML: one testcase per check, failures with the finding's message and case file."""
-    _ensure_parent(path)
     suite = ET.Element("testsuite", name=f"fa3verify.{summary.command}", tests=str(len(summary.checks)),
                        failures=str(sum(c.failed for c in summary.checks)),
                        skipped=str(sum(c.inconclusive and not c.failed for c in summary.checks)),
@@ -170,48 +175,32 @@ def write_junit(summary: RunSummary, path: str) -> None:
                                                       if check.expected else "") + text
     root = ET.Element("testsuites")
     root.append(suite)
-    write_atomic(path, "<?xml version='1.0' encoding='utf-8'?>\n" + ET.tostring(root, encoding="unicode"))
+    write_atomic(path, "<?xml version='1.0' encoding='utf-8'?>\n" + ET.tostring(root, encoding="unicode"), field)
 
 
 def print_table(summary: RunSummary, console=None) -> None:
-    """Print the verdict table (check, verdict, seconds, case file) and the one-line verdict."""
-    from rich.console import Console
-    from rich.table import Table
+    """Print the verdict table in the form that fits the terminal's width or the log
+    (:func:`fa3verify.run_table.print_table`), the domain's reach, and the one-line verdict."""
+    from .run_table import print_table as print_run_table
 
-    if console is None:
-        console = Console()
-        if not console.is_terminal:  # logs and CI: print whole rows rather than crop at 80 columns
-            console = Console(width=max(console.width, 160))
-    from rich.markup import escape
-
-    table = Table(title=f"fa3verify {summary.command}")
-    table.add_column("check", no_wrap=True, overflow="ellipsis", max_width=44)
-    table.add_column("kind", no_wrap=True, min_width=8)
-    table.add_column("verdict", no_wrap=True, min_width=19)
-    table.add_column("seconds", justify="right", no_wrap=True, min_width=7)
-    table.add_column("case file / note", no_wrap=True, overflow="ellipsis", max_width=80)
-    for c in summary.checks:
-        style = "red" if c.failed else ("yellow" if c.inconclusive else "green")
-        note = c.case_file or c.message.splitlines()[0] if (c.case_file or c.message) else ""
-        table.add_row(escape(c.name), c.kind, f"[{style}]{escape(verdict_label(c))}[/{style}]", f"{c.seconds:.2f}",
-                      escape(note))
-    console.print(table)
-    console.print(verdict_line(summary))
+    print_run_table(summary, console)
 
 
 def write_reports(summary: RunSummary, args, finding_line: Optional[Callable[[Finding], str]] = None) -> int:
     """The end of a run command (check, fuzz, gate, prove), in one place: the verdict table, each finding
     (``finding_line``, default :func:`finding_text`), then the JSON report (``args.json``) and the JUnit XML
-    (``args.junit``) when asked. Returns the run's exit code."""
+    (``args.junit``) when asked. Returns the run's exit code: the verdict's, also when a report cannot be written
+    then (named on stderr), except a PASS with a missing report, which is 3 (:func:`fa3verify.output_writer.deliver`)."""
+    from .output_writer import deliver
+
     print_table(summary)
     render = finding_text if finding_line is None else finding_line
     for finding in summary.findings:
         print(render(finding))
-    if getattr(args, "json", None):
-        write_json(summary, args.json)
-    if getattr(args, "junit", None):
-        write_junit(summary, args.junit)
-    return summary.exit_code
+    json_path, junit_path = getattr(args, "json", None), getattr(args, "junit", None)
+    return deliver(summary.exit_code, [("--json", json_path, lambda: write_json(summary, json_path)),
+                                       ("--junit", junit_path, lambda: write_junit(summary, junit_path))],
+                   summary.command)
 
 
 def verdict_label(check) -> str:
@@ -271,6 +260,14 @@ def finding_lines(f) -> list:
     lines = [f"[{stage}] {d.get('invariant')}: {sentence or d.get('message', '')}"]
     if sentence and d.get("message"):
         lines.append(f"    evidence: {d['message']}")
+    source = d.get("source") if isinstance(d.get("source"), dict) else {}
+    for side in ("precompute", "call"):
+        if source.get(side):
+            lines.append(f"    {side} made in: {source[side]}")
+    if d.get("config_terms"):
+        lines.append(f"    configuration {d.get('config') or ''}:".replace(" :", ":"))
+        lines += [f"      {item[0]}: {item[1]}" for item in d["config_terms"]
+                  if isinstance(item, (list, tuple)) and len(item) == 2]
     if d.get("ran_on"):
         lines.append(f"    ran on: {d['ran_on']}")
     if d.get("hint"):
@@ -356,7 +353,3 @@ def verdict_line(summary: RunSummary) -> str:
     parts.append(f"{summary.elapsed_s:.1f}s")
     return " | ".join(parts)
 
-
-def _ensure_parent(path: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)

@@ -84,3 +84,37 @@ def check_args(args) -> None:
             check_number(option_name(dest), values[dest], kind, lo, hi, lo_inc)
     if "device" in values:
         check_device("--device", values["device"])
+
+
+#: commands where the model policy still counts with a real engine: prove chooses the model theorems under it and
+#: replays their witnesses on the engine
+POLICY_CHOOSES_WITH_ENGINE = ("prove",)
+
+
+def check_typed_policy_options(args) -> None:
+    """A model-policy option (``--guard``, ``--metadata-heads``, ...) typed at its default value together with a
+    real engine is a UsageError naming both (``--guard fixed``): a real engine runs its own
+    guard, head counts and runner, so the option would be ignored, and a user who typed it expects it to count.
+    ``args.typed_options`` (set by the command line) holds the options typed; the values set away from their
+    defaults are refused again when the engine opens (:func:`fa3verify.engine_choice.refuse_policy_options`)."""
+    typed = getattr(args, "typed_options", None) or ()
+    engine = getattr(args, "engine", None)
+    if not typed or not isinstance(engine, str) or getattr(args, "command", None) in POLICY_CHOOSES_WITH_ENGINE:
+        return
+    from .engine_choice import POLICY_OPTIONS, parse_engine_option
+
+    # typed at the default value only: a value away from the default is refused when the engine opens, with its
+    # own words (fa3verify.engine_choice.refuse_policy_options)
+    given = [(dest, option) for dest, option, default in POLICY_OPTIONS
+             if option in typed and hasattr(args, dest) and getattr(args, dest) == default]
+    if not given:
+        return
+    spec = parse_engine_option(engine)
+    if spec.runs_scenario_policy:
+        return
+    dest, option = given[0]
+    value = getattr(args, dest)
+    shown = option if isinstance(value, bool) else f"{option} {value}"
+    raise UsageError(f"{shown}: conflicts with --engine {spec}: a real engine's guard, head counts and runner are "
+                     f"its own code, so {option} would be ignored; drop {option}, or use --engine model to run "
+                     f"the model under it")

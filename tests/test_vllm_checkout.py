@@ -6,6 +6,7 @@ vLLM #20301's pattern seeded into its own builder fails (exit 1): the negative c
 """
 
 import json
+import re
 
 import pytest
 
@@ -79,6 +80,11 @@ def test_gate_on_a_vllm_checkout_clean_passes_and_seeded_pr20301_fails(tmp_path,
     assert rc == 1
     failed = [c for c in summary["checks"] if c.get("failed")]
     assert failed and any("SPLIT_BOUND" in json.dumps(c) for c in failed), failed
+    # the findings name where the checkout's code made each side (gpu_impl/engines/call_sites.py): the seeded
+    # builder's precompute, read from the engine's stack
+    sourced = [f for f in summary["findings"] if f.get("source")]
+    assert sourced and all(re.match(r"FlashAttentionMetadataBuilder\.\w+ \(vllm/v1/attention/backends/flash_attn\.py:\d+\)",
+                                    f["source"]["precompute"]) and f["source"].get("call") for f in sourced), sourced
     # the case replays on the seeded checkout only when named, as the printed replay line names it
     case = next(c["case_file"] for c in failed if c.get("case_file"))
     assert main(["replay", case]) == 2

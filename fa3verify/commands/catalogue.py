@@ -65,9 +65,10 @@ def run(args) -> int:
                             if show else None)
     summary = summarise(results, mode)
     print_catalogue(results)
-    if args.json:
-        write_catalogue_json(summary, results, args.json)
-    return summary.exit_code
+    from ..output_writer import deliver
+
+    return deliver(summary.exit_code, [("--json", args.json,
+                                        lambda: write_catalogue_json(summary, results, args.json))], "catalogue")
 
 
 def summarise(results, mode: str):

@@ -87,12 +87,11 @@ def run(args) -> int:
           + f"; sliding-window calls not compared: {report.sliding_window_calls}")
     for f in summary.findings[:10]:
         print(finding_text(f))  # the one renderer: evidence, case file and the replay lines as typed
-    if args.json:
-        from ..output_writer import write_output
+    from ..output_writer import deliver, write_output
 
-        write_output(args.json, json.dumps({**summary.to_dict(), "conform": report.to_dict()}, indent=2) + "\n",
-                     "--json")
-    return summary.exit_code
+    return deliver(summary.exit_code, [("--json", args.json, lambda: write_output(
+        args.json, json.dumps({**summary.to_dict(), "conform": report.to_dict()}, indent=2) + "\n", "--json"))],
+        "conform")
 
 
 def _progress_every_25(total: int):
@@ -153,8 +152,7 @@ def _conform_vllm(args, spec) -> int:
     print_table(summary)
     for f in summary.findings[:10]:
         print(f"  {f.message[:300]}")
-    if args.json:
-        from ..output_writer import write_output
+    from ..output_writer import deliver, write_output
 
-        write_output(args.json, json.dumps(summary.to_dict(), indent=2) + "\n", "--json")
-    return summary.exit_code
+    return deliver(summary.exit_code, [("--json", args.json, lambda: write_output(
+        args.json, json.dumps(summary.to_dict(), indent=2) + "\n", "--json"))], "conform")

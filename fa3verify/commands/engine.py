@@ -155,18 +155,18 @@ def run_matrix(args) -> int:
                   seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
                   progress=_progress_line, with_probes=not args.no_probes)
     print(matrix_markdown(rows) if args.markdown else matrix_table(rows))
-    if args.json:
-        from ..output_writer import write_output
+    from ..output_writer import deliver, write_output
 
-        data = matrix_json(rows)
-        if shard is not None:
-            data["shard"] = shard.to_dict({"command": "engine matrix", "releases": everything, "seed": args.seed,
-                                           "cases": cases, "budget_s": budget, "timeout_s": args.timeout_s,
-                                           "probes": not args.no_probes})
-        write_output(args.json, json.dumps(data, indent=2) + "\n", "--json")
+    data = matrix_json(rows)
+    if shard is not None:
+        data["shard"] = shard.to_dict({"command": "engine matrix", "releases": everything, "seed": args.seed,
+                                       "cases": cases, "budget_s": budget, "timeout_s": args.timeout_s,
+                                       "probes": not args.no_probes})
     code = matrix_exit_code(rows)
     print(matrix_verdict_line(rows, code) + (f" | shard {shard}" if shard is not None else ""))
-    return code
+    return deliver(code, [("--json", args.json,
+                           lambda: write_output(args.json, json.dumps(data, indent=2) + "\n", "--json"))],
+                   "engine matrix")
 
 
 def _progress_line(line: str) -> None:

@@ -97,9 +97,12 @@ def run(args) -> int:
         with sut_from_args(args, policy) as sut:  # the model is opened under the policy options (ModelSUT(policy=...))
             start_engine(sut, "fuzz")  # its own line: the worker's start-up is not part of the fuzz budget
             with stage("fuzz", f"fuzz ({args.kernel} kernel, {f'{cases} cases' if cases else f'{budget:g} s'}"
-                               f"{f', shard {shard}' if shard else ''})"):
+                               f"{f', shard {shard}' if shard else ''})",
+                       result=lambda: f"{summary.cases} cases, {summary.failures} failing") as end:
                 summary = fuzz(sut, kernel_name=args.kernel, device=args.device, seed=args.seed,
                                budget_s=budget, max_cases=cases, out_dir=cases_dir_of(args), shard=shard)
+                if end is not None:  # a stand-in stage may hand the block nothing
+                    end.interrupted = summary.interrupted
     except KeyboardInterrupt:  # before the campaign began: nothing found, the reports still say so (exit 3)
         summary = RunSummary(command="fuzz", seed=args.seed, policy=policy.to_dict(), interrupted=True)
     if shard is not None:

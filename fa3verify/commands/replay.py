@@ -68,12 +68,17 @@ def run(args) -> int:
         sentence = finding_sentence(first)
         if sentence:
             print(f"  in backend terms: {sentence}")
+        for token, meaning in first.config_terms or []:
+            print(f"    {token}: {meaning}")
+        for side in ("precompute", "call"):
+            if (first.source or {}).get(side):
+                print(f"  {side} made in: {first.source[side]}")
         if first.hint:
             print(f"  fix: {first.hint}")
     if observed.outcome == "not-modelled":
         print(f"verdict: INCONCLUSIVE ({summary.checks[0].message})")
     else:
         print(f"verdict: {observed.verdict}")
-    if args.json:
-        write_json(summary, args.json)
-    return summary.exit_code
+    from ..output_writer import deliver
+
+    return deliver(summary.exit_code, [("--json", args.json, lambda: write_json(summary, args.json))], "replay")

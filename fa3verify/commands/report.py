@@ -119,7 +119,7 @@ def _no_result(args, reason: str) -> int:
     parent = os.path.dirname(os.path.abspath(args.markdown))
     if not os.path.isdir(parent):
         raise UsageError(f"--markdown: directory does not exist: {parent}")
-    write_atomic(args.markdown, no_result_markdown(command, args.exit_code, reason[:300], tail))
+    write_atomic(args.markdown, no_result_markdown(command, args.exit_code, reason[:300], tail), "--markdown")
     print(f"wrote {args.markdown}: NO RESULT ({reason[:200]})", file=sys.stderr)
     return 2
 
@@ -152,6 +152,6 @@ def render(args) -> int:
         write_html(data, args.html, source=args.run_json)
         print(f"wrote {args.html}: {counts}")
     if args.markdown:
-        write_atomic(args.markdown, summary_markdown(data, exit_code=args.exit_code))
+        write_atomic(args.markdown, summary_markdown(data, exit_code=args.exit_code), "--markdown")
         print(f"wrote {args.markdown}: {counts}")
     return 0

@@ -115,9 +115,10 @@ def run(args) -> int:
             if found:
                 print_backend_terms(found[0])  # fa3verify.observed_terms
             summary.findings += found
-    if args.json:
-        write_json(summary, args.json)
-    return exitcodes.combine(codes)
+    from ..output_writer import deliver
+
+    return deliver(exitcodes.combine(codes), [("--json", args.json, lambda: write_json(summary, args.json))],
+                   "run-ranks")
 
 
 def _print_result(path: str, case: dict, res) -> None:

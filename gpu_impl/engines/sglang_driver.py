@@ -35,10 +35,12 @@ import io
 import os
 import sys
 import time
+from typing import Optional
 
 from . import protocol
 from .protocol import Unsupported
 from .protocol import quiet as _quiet
+from .call_sites import caller_location
 from .sglang_rank import RankBackend
 
 _PROTOCOL_OUT = sys.stdout
@@ -119,6 +121,11 @@ class EngineFA3:
         self.tags: list = []
         #: numerics: real rows whose output had NaN, per call (RankBackend)
         self.nan_rows: list = []
+        #: where the engine's code made each side (:func:`caller_location`): per call, as ``tags``; per precompute
+        #: record (by id, the record kept alive beside it); per captured call, as ``captured``
+        self.call_sources: list = []
+        self.pre_sources: dict = {}
+        self.captured_sources: list = []
 
     def _attribute(self, md) -> None:
         import torch
@@ -132,15 +139,20 @@ class EngineFA3:
         md = self.checker.get_scheduler_metadata(*args, **kwargs)
         self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
         self.made_at[id(self.last_pre)] = (self.last_pre, self.where)
+        if self.last_pre is not None:
+            self.pre_sources[id(self.last_pre)] = (self.last_pre, caller_location("get_scheduler_metadata"))
         return md
 
     def flash_attn_with_kvcache(self, *args, **kwargs):
         from ..fa3_calls import bind_call
 
         self._attribute(bind_call(*args, **kwargs)["scheduler_metadata"])
+        where = caller_location("flash_attn_with_kvcache")
         if self.capturing:
             self.captured.append((args, kwargs))
+            self.captured_sources.append(where)
         self.tags.append(self.path)
+        self.call_sources.append(where)
         return self.checker.flash_attn_with_kvcache(*args, **kwargs)
 
     def flash_attn_varlen_func(self, *args, **kwargs):
@@ -161,14 +173,33 @@ class EngineFA3:
             violations = list(violations) + replay_freshness(pre, self.made_at, self.where)
         self.checker.events.append((pre, call, violations))
         self.tags.append("replay")
+        at = next((i for i, (a, _) in enumerate(self.captured) if a is args), None)
+        self.call_sources.append(self.captured_sources[at] if at is not None and at < len(self.captured_sources)
+                                 else None)
+
+    def source_of(self, pre) -> Optional[str]:
+        """Where the engine's code made the precompute ``pre`` (None when unknown)."""
+        kept = self.pre_sources.get(id(pre)) if pre is not None else None
+        return kept[1] if kept is not None and kept[0] is pre else None
 
     def drain(self) -> list:
-        """(precompute, call, violations, path) of every call since the last drain."""
+        """(precompute, call, violations, path) of every call since the last drain; where each side was made
+        comes with :meth:`drain_sources` (call it right after)."""
         events, self.checker.events = self.checker.events, []
         tags, self.tags = self.tags, []
         if len(tags) != len(events):
             raise RuntimeError(f"engine driver: {len(events)} FA3 events but {len(tags)} calls seen")
+        sources, self.call_sources = self.call_sources, []
+        sources = (sources + [None] * len(events))[:len(events)]
+        self._drained_sources = [{"precompute": self.source_of(ev[0]), "call": src}
+                                 for ev, src in zip(events, sources)]
         return [(*ev, tag) for ev, tag in zip(events, tags)]
+
+    def drain_sources(self) -> list:
+        """{"precompute", "call"} source locations of the events the last :meth:`drain` returned, in order."""
+        return getattr(self, "_drained_sources", [])
+
+
 
 
 class SanitizedFront:
@@ -373,10 +404,14 @@ class Engine:
             for plan in self.front.drain():
                 out["trace"].append({"step": index, "dp_rank": dp_rank, "mode": "decode", **plan})
             return
-        for pre, call, violations, ev_path in self.front.drain():
+        drained = self.front.drain()
+        sources = self.front.drain_sources()
+        for i, (pre, call, violations, ev_path) in enumerate(drained):
             summary = pair_summary(pre, call)
             entry = {"step": index, "dp_rank": dp_rank, "mode": "decode", "path": ev_path, "idle": idle,
                      **summary}
+            if i < len(sources) and any(sources[i].values()):
+                entry["source"] = sources[i]
             out["trace"].append(entry)
             lens = list(call.cache_seqlens) if call.cache_seqlens is not None else list(rows)
             detail = {"mode": "decode", "path": ev_path, "s_p": summary["s_p"], "s_c": summary["s_c"],

@@ -167,6 +167,10 @@ class FrontFA3:
         self.last_pre = None
         #: calls that consume no metadata and are not checked (DCP's varlen-K call over the new tokens)
         self.unchecked_calls = 0
+        #: where vLLM's code made each side (``call_sites.caller_location``): per checked call, in event order; per
+        #: precompute record (by id, the record kept alive beside it)
+        self.call_sources: list = []
+        self.pre_sources: dict = {}
 
     def c_get_scheduler_metadata(self, **a):
         for name in ("cu_seqlens_k", "seqused_q"):
@@ -181,6 +185,10 @@ class FrontFA3:
             window_size=(a["window_size_left"], a["window_size_right"]), has_softcap=a["has_softcap"],
             num_splits=a["num_splits"], pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"])
         self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
+        if self.last_pre is not None:
+            from .call_sites import caller_location
+
+            self.pre_sources[id(self.last_pre)] = (self.last_pre, caller_location("get_scheduler_metadata"))
         return md
 
     def _attribute(self, md) -> None:
@@ -205,12 +213,17 @@ class FrontFA3:
             if a[name] is not None:
                 raise Unsupported(f"fwd({name}=...): not modelled by the shim")
         self._attribute(md)
+        from .call_sites import caller_location
+
+        where = caller_location("flash_attn_varlen_func")
+        events = len(self.checker.events)
         self.checker.flash_attn_varlen_func(
             q=q, k=a["k"], v=a["v"], max_seqlen_q=a["max_seqlen_q"], cu_seqlens_q=a["cu_seqlens_q"],
             max_seqlen_k=a["max_seqlen_k"], seqused_k=a["seqused_k"], block_table=a["page_table"],
             causal=a["is_causal"], window_size=(a["window_size_left"], a["window_size_right"]),
             softcap=a["softcap"], scheduler_metadata=md, num_splits=a["num_splits"],
             **({"softmax_scale": a["softmax_scale"]} if self.numerics else {}))
+        self.call_sources += [where] * (len(self.checker.events) - events)
         if not self.numerics:
             return self._outputs(q, a["v"])
         return self._judged(a)
@@ -238,8 +251,22 @@ class FrontFA3:
         return [out, lse, lse.new_zeros(0), lse.new_zeros(0)]
 
     def drain(self) -> list:
+        """(precompute, call, violations) of every checked call since the last drain; where each side was made
+        comes with :meth:`drain_sources` (call it right after)."""
         events, self.checker.events = self.checker.events, []
+        sources, self.call_sources = self.call_sources, []
+        sources = (sources + [None] * len(events))[:len(events)]
+        self._drained_sources = [{"precompute": self._source_of(ev[0]), "call": src}
+                                 for ev, src in zip(events, sources)]
         return events
+
+    def _source_of(self, pre):
+        kept = self.pre_sources.get(id(pre)) if pre is not None else None
+        return kept[1] if kept is not None and kept[0] is pre else None
+
+    def drain_sources(self) -> list:
+        """{"precompute", "call"} source locations of the events the last :meth:`drain` returned, in order."""
+        return getattr(self, "_drained_sources", [])
 
     def drain_outputs(self) -> list:
         found, self.output_findings = self.output_findings, []
@@ -505,11 +532,15 @@ class Engine:
             cam = cfg.batch(st["query_lens"], st["seq_lens"])
             md = cfg.builder.build(0, cam)
             cfg.forward(md, cam.num_actual_tokens)
-            for pre, call, violations in front.drain():
+            drained = front.drain()
+            sources = front.drain_sources() if hasattr(front, "drain_sources") else []
+            for i, (pre, call, violations) in enumerate(drained):
                 summary = pair_summary(pre, call)
                 entry = {"step": index, "mode": "decode" if max(st["query_lens"]) == 1 else "mixed",
                          "path": s["cuda_graph"], "max_num_splits": md.max_num_splits,
                          "aot": md.scheduler_metadata is not None, **summary}
+                if i < len(sources) and any(sources[i].values()):
+                    entry["source"] = sources[i]
                 out["trace"].append(entry)
                 for v in violations:
                     d = v.to_dict() if hasattr(v, "to_dict") else {"invariant": v.invariant, "message": str(v)}
