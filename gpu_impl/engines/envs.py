@@ -91,6 +91,7 @@ KINDS = {
     "sglang": EngineKind("sglang", _check_sglang, recipes.recipe, PROBE, pins=_sglang_pins,
                          environ={"SGLANG_USE_SGL_FA3_KERNEL": "1"}),
     "vllm": EngineKind("vllm", _check_vllm, vllm_recipes.recipe, vllm_recipes.PROBE,
+                       pins=vllm_recipes.wheel_requirements,
                        environ_defaults={"VLLM_LOGGING_LEVEL": "ERROR"},
                        wheel_variable=vllm_recipes.WHEEL_VARIABLE),
 }
@@ -223,7 +224,14 @@ def _norm(name: str) -> str:
 
 
 def _requirements(names, pins: dict) -> list:
-    return [f"{n}=={pins[_norm(n)]}" if _norm(n) in pins else n for n in names]
+    """Bare names with their pins: a version (``5.8.1``) as ``==``, a specifier (``<5.23.0,>=5.16.1``) as is."""
+    def pinned(n: str) -> str:
+        pin = pins.get(_norm(n))
+        if pin is None:
+            return n
+        return f"{n}{pin}" if pin[0] in "<>=!~" else f"{n}=={pin}"
+
+    return [pinned(n) for n in names]
 
 
 def package_steps(release: str, engine: str = "sglang", wheel: Optional[str] = None,

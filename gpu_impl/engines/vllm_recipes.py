@@ -25,6 +25,19 @@ RECIPES = {
                   "apache-tvm-ffi==0.1.11"],
         "no_deps": ["xgrammar==0.2.8", "triton==3.9.0"],
     },
+    # 0.34.0: the same packages by name; their versions are the wheel's own specifiers (``wheel_pins``: read from
+    # the installed vllm's Requires-Dist by ``wheel_requirements``), so a new release's row is its name and list.
+    "0.34.0": {
+        "torch": "torch==2.13.0",
+        "constraints": ["torch==2.13.0", "torchvision==0.0.0", "torchaudio==0.0.0", "torchcodec==0.0.0"],
+        "light": ["numpy", "packaging", "regex", "cachetools", "psutil", "tqdm", "pyyaml", "pydantic", "msgspec",
+                  "cloudpickle", "blake3", "py-cpuinfo", "pyzmq", "einops", "typing_extensions", "filelock",
+                  "requests", "cbor2", "pybase64", "orjson", "transformers", "aiohttp", "oss-harmony", "openai",
+                  "pillow", "uvloop", "prometheus_client", "opentelemetry-api", "starlette", "partial_json_parser",
+                  "fastapi", "llguidance", "apache-tvm-ffi"],
+        "no_deps": ["xgrammar", "triton==3.9.0"],
+        "wheel_pins": True,
+    },
 }
 RELEASES = tuple(RECIPES)
 
@@ -38,6 +51,30 @@ PROBE = ("from gpu_impl.engines import vllm_glue; vllm_glue.install(); "
 
 #: A local copy of the release's wheel, installed instead of asking the registry, when this variable names one.
 WHEEL_VARIABLE = "FA3VERIFY_VLLM_WHEEL"
+
+
+def _marker_applies(marker: str) -> bool:
+    """Whether a Requires-Dist environment marker holds in an engine environment (Linux x86_64, CPython 3.11, no
+    extras): no marker, or one that names ``platform_machine == "x86_64"``; any other marker (extras, other
+    machines, ``python_version > "3.11"``) is taken not to hold."""
+    marker = marker.strip()
+    return not marker or ('platform_machine == "x86_64"' in marker and "extra" not in marker)
+
+
+def wheel_requirements(release: str, requires: list) -> dict:
+    """The wheel's own version specifiers (``transformers<5.23.0,>=5.16.1``) for the names the recipe installs, by
+    normalised name, when the recipe asks for them (``wheel_pins``); {} otherwise (0.33.0's recipe pins by hand)."""
+    import re
+
+    if not RECIPES[release].get("wheel_pins"):
+        return {}
+    out = {}
+    for line in requires or ():
+        text, _, marker = line.partition(";")
+        m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(\[[^\]]*\])?\s*([<>=!~][^;]*)?$", text)
+        if m and m.group(3) and _marker_applies(marker):
+            out[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(3).replace(" ", "")
+    return out
 
 
 def recipe(release: str) -> dict:
