@@ -37,7 +37,12 @@ from .protocol import Unsupported, serve
 
 _PROTOCOL_OUT = sys.stdout
 
-CUDA_GRAPH_MODES = ("none", "piecewise", "full")
+#: ``full_and_piecewise`` (vLLM's default for FA3: FULL graphs for uniform decode, PIECEWISE otherwise) is driven by
+#: the second generation only (``vllm_driver_v2``)
+CUDA_GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise")
+#: the driver generation this worker runs: ``v1`` (the V1 model runner's conventions, vLLM <= 0.33) or ``v2`` (the
+#: V2 runner's own code, ``vllm_driver_v2``); set by the client from ``vllm_recipes.DRIVER_GENERATIONS``
+GENERATION_VARIABLE = "FA3VERIFY_VLLM_DRIVER"
 #: the fields a seeded defect may set (``seed_defect``)
 DEFECT_FIELDS = frozenset({"precompute_num_splits", "precompute_max_seqlen_q_delta"})
 #: the FA3 build vLLM 0.33.0 ships (refmodel/fa3_builds.json; refmodel.fa3_builds.build_for_engine)
@@ -167,6 +172,10 @@ class FrontFA3:
         self.last_pre = None
         #: calls that consume no metadata and are not checked (DCP's varlen-K call over the new tokens)
         self.unchecked_calls = 0
+        #: a list while a FULL CUDA graph is captured (the second generation): every call's arguments, re-issued
+        #: at each replay; the capture's own checked pairs go to ``capture_events``
+        self.recording = None
+        self.capture_events: list = []
 
     def c_get_scheduler_metadata(self, **a):
         for name in ("cu_seqlens_k", "seqused_q"):
@@ -194,6 +203,8 @@ class FrontFA3:
     def c_fwd(self, **a):
         import torch
 
+        if self.recording is not None:
+            self.recording.append(dict(a))
         md = a["scheduler_metadata"]
         q = a["q"]
         if a["cu_seqlens_k"] is not None and md is None and a["page_table"] is None:
@@ -317,7 +328,8 @@ class Config:
         os.environ["VLLM_BATCH_INVARIANT"] = "1" if s["batch_invariant"] else "0"
         dtype = getattr(torch, s["dtype"])
         vc = VllmConfig(compilation_config=CompilationConfig(max_cudagraph_capture_size=max(s["capture_sizes"])))
-        mode = {"none": CUDAGraphMode.NONE, "piecewise": CUDAGraphMode.PIECEWISE, "full": CUDAGraphMode.FULL}
+        mode = {"none": CUDAGraphMode.NONE, "piecewise": CUDAGraphMode.PIECEWISE, "full": CUDAGraphMode.FULL,
+                "full_and_piecewise": CUDAGraphMode.FULL_AND_PIECEWISE}
         vc.compilation_config.cudagraph_mode = mode[s["cuda_graph"]]
         vc.compilation_config.cudagraph_capture_sizes = list(s["capture_sizes"])
         vc.compilation_config.max_cudagraph_capture_size = max(s["capture_sizes"])
@@ -354,6 +366,7 @@ class Config:
                 layer.layer_name = f"model.layers.{i}.self_attn.attn"
                 for name in ("_q_scale", "_k_scale", "_v_scale"):
                     setattr(layer, name, torch.ones((), dtype=torch.float32))
+                    setattr(layer, name + "_float", 1.0)  # 0.34.0's impl reads the float mirror (_descale)
                 vc.compilation_config.static_forward_context[layer.layer_name] = layer
                 self.layers[layer.layer_name] = layer
             kv_dtype = torch.uint8 if s["kv_cache_dtype"] == "fp8" else dtype
@@ -366,12 +379,17 @@ class Config:
                                          dtype=kv_dtype)
             self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
         self.kv_cache = torch.zeros(1, self.hk, s["block_size"], 2 * s["head_dim"], dtype=kv_dtype)
+        self.spec = spec
+        self.max_blocks = self.table_width(spec)
+        self.steps_built = 0
+
+    def table_width(self, spec) -> int:
+        """The model runner's per-rank block-table width (gpu_model_runner -> BlockTable): the spec's blocks per
+        request (under DCP a sharded cache holds max_model_len / dcp tokens per rank), aligned to 128 tokens."""
         from vllm.v1.worker.block_table import get_block_table_width
 
-        # the model runner's per-rank block-table width (gpu_model_runner -> BlockTable): the spec's blocks per
-        # request (under DCP a sharded cache holds max_model_len / dcp tokens per rank), aligned to 128 tokens
-        self.max_blocks = get_block_table_width(spec.max_num_blocks_per_req(vc, s["max_model_len"]), s["block_size"])
-        self.steps_built = 0
+        return get_block_table_width(spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"]),
+                                     self.s["block_size"])
 
     def batch(self, query_lens, seq_lens):
         """vLLM's CommonAttentionMetadata for one batch (padded to a capture size under full CUDA graph)."""
@@ -398,6 +416,15 @@ class Config:
             block_table_tensor=table,
             slot_mapping=torch.zeros(int(sum(q)), dtype=torch.int64), causal=True,
             seq_lens_cpu_upper_bound=torch.tensor(k, dtype=torch.int32))
+
+    def step(self, query_lens, seq_lens, front):
+        """One batch the first generation's way: (metadata, path label, None)."""
+        if self.s["cuda_graph"] == "full_and_piecewise":
+            raise Unsupported("cuda_graph: full_and_piecewise is driven through the V2 runner only (driver v2)")
+        cam = self.batch(query_lens, seq_lens)
+        md = self.builder.build(0, cam)
+        self.forward(md, cam.num_actual_tokens)
+        return md, self.s["cuda_graph"], None
 
     def padded_tokens(self, num_tokens: int) -> int:
         """The tokens the layers see: under piecewise CUDA graphs the hidden states are padded to the capture size
@@ -454,6 +481,15 @@ class Engine:
         import vllm.v1.attention.backends.fa_utils as fa_utils
 
         self.vllm, self.fa, self.glue = vllm, fa, vllm_glue
+        self.generation = os.environ.get(GENERATION_VARIABLE) or "v1"
+        if self.generation == "v2":
+            from .vllm_driver_v2 import ConfigV2
+
+            self.config_class = ConfigV2
+        elif self.generation == "v1":
+            self.config_class = Config
+        else:
+            raise ValueError(f"{GENERATION_VARIABLE}: v1 or v2, got {self.generation!r}")
         self.fa_version = fa_utils.get_flash_attn_version()
         self.import_s = time.monotonic() - t
         self._patch_dcp_combine()
@@ -473,7 +509,8 @@ class Engine:
 
     def hello(self) -> dict:
         return {"release": getattr(self.vllm, "__version__", None), "path": os.path.dirname(self.vllm.__file__),
-                "import_s": round(self.import_s, 2), "fa_version": self.fa_version, "faked": list(self.glue.FAKED)}
+                "import_s": round(self.import_s, 2), "fa_version": self.fa_version, "faked": list(self.glue.FAKED),
+                "driver": self.generation}
 
     def validate(self, scenario: dict) -> dict:
         """vLLM's own config validation of a scenario's configuration (``vllm_validation``)."""
@@ -496,20 +533,24 @@ class Engine:
         front = seed_defect(FrontFA3(s["num_sm"], numerics=bool(numerics)), s["defect"])
         self.glue.front.target = front
         t = time.monotonic()
-        cfg = Config(self, s, numerics=bool(numerics))
+        cfg = self.config_class(self, s, numerics=bool(numerics))
         out = {"findings": [], "shape_errors": [], "trace": [], "setup_s": round(time.monotonic() - t, 3),
                "fa3_build": front.build}
         out["unchecked_calls"] = 0
         for index, st in enumerate(s["steps"]):
             t = time.monotonic()
-            cam = cfg.batch(st["query_lens"], st["seq_lens"])
-            md = cfg.builder.build(0, cam)
-            cfg.forward(md, cam.num_actual_tokens)
-            for pre, call, violations in front.drain():
+            md, path, desc = cfg.step(st["query_lens"], st["seq_lens"], front)
+            captured, front.capture_events = front.capture_events, []
+            for origin, (pre, call, violations) in ([("capture", e) for e in captured]
+                                                    + [(None, e) for e in front.drain()]):
                 summary = pair_summary(pre, call)
                 entry = {"step": index, "mode": "decode" if max(st["query_lens"]) == 1 else "mixed",
-                         "path": s["cuda_graph"], "max_num_splits": md.max_num_splits,
+                         "path": f"{path}: capture" if origin else path, "max_num_splits": md.max_num_splits,
                          "aot": md.scheduler_metadata is not None, **summary}
+                if desc is not None:
+                    entry["graph"] = {"num_tokens": desc.num_tokens, "num_reqs": desc.num_reqs,
+                                      "max_query_len": desc.max_query_len,
+                                      "uniform_token_count": desc.uniform_token_count}
                 out["trace"].append(entry)
                 for v in violations:
                     d = v.to_dict() if hasattr(v, "to_dict") else {"invariant": v.invariant, "message": str(v)}

@@ -41,6 +41,28 @@ RECIPES = {
 }
 RELEASES = tuple(RECIPES)
 
+#: Which driver generation drives each release (not hashed into the environment): ``v1`` imitates the V1 model
+#: runner (``vllm/v1/worker/gpu_model_runner.py``, ``block_table.py``), ``v2`` runs the V2 runner's own input and
+#: CUDA-graph code (``vllm/v1/worker/gpu/``; 0.34.0 deleted the V1 runner). ``GENERATION_MODULES``: what each
+#: generation imports from the release beyond the backend (``vllm_driver.py``, ``vllm_driver_v2.py``): an
+#: unregistered release is tried against them (``probe_generation``).
+DRIVER_GENERATIONS = {"0.33.0": "v1", "0.34.0": "v2"}
+GENERATION_MODULES = {
+    "v1": {"vllm.v1.worker.block_table": ["get_block_table_width"],
+           "vllm.v1.attention.backend": ["CommonAttentionMetadata"]},
+    "v2": {"vllm.v1.kv_cache_interface": ["get_block_table_width", "KVCacheConfig", "KVCacheGroupSpec"],
+           "vllm.v1.worker.gpu.cudagraph_utils": ["CudaGraphManager", "BatchExecutionDescriptor",
+                                                  "prepare_inputs_to_capture"],
+           "vllm.v1.worker.gpu.input_batch": ["InputBatch", "InputBuffers"],
+           "vllm.v1.worker.gpu.model_states.default": ["DefaultModelState"],
+           "vllm.v1.worker.utils": ["AttentionGroup"]},
+}
+COMMON_MODULES = {"vllm.v1.attention.backends.flash_attn": ["FlashAttentionMetadataBuilder", "FlashAttentionImpl",
+                                                            "FlashAttentionBackend"],
+                  "vllm.v1.attention.backends.fa_utils": ["get_flash_attn_version"],
+                  "vllm.v1.kv_cache_interface": ["FullAttentionSpec", "SlidingWindowSpec"],
+                  "vllm.config": ["VllmConfig", "CompilationConfig"]}
+
 #: Bumped when the way a vLLM environment is built changes (invalidates every cached vLLM environment).
 LAYOUT_VERSION = 1
 
