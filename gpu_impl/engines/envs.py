@@ -63,7 +63,7 @@ def _check_sglang(release: str) -> str:
 def _check_vllm(release: str) -> str:
     if release not in vllm_recipes.RECIPES:
         raise UnknownRelease(f"vllm=={release}: not a vLLM release this suite knows (registered: "
-                             f"{', '.join(vllm_recipes.RELEASES)})")
+                             f"{', '.join(vllm_recipes.RELEASES)}); {vllm_recipes.unregistered_message(release)}")
     return release
 
 

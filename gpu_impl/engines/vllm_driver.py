@@ -295,6 +295,7 @@ class _ModelStandIn:
         self.is_diffusion = False
         self.dtype = torch_dtype
         self._heads = s["num_heads"]
+        self.max_model_len = s["max_model_len"]  # 0.34.0's build reads it under VLLM_BATCH_INVARIANT
 
     def get_num_attention_heads(self, parallel_config) -> int:
         return self._heads // parallel_config.tensor_parallel_size
@@ -482,6 +483,13 @@ class Engine:
 
         self.vllm, self.fa, self.glue = vllm, fa, vllm_glue
         self.generation = os.environ.get(GENERATION_VARIABLE) or "v1"
+        from .vllm_recipes import GENERATION_MODULES, missing_for_generation
+
+        if self.generation in GENERATION_MODULES:
+            missing = missing_for_generation(self.generation)
+            if missing:
+                raise ImportError(f"vllm {getattr(vllm, '__version__', '?')} lacks what driver generation "
+                                  f"{self.generation} drives: {'; '.join(missing)}")
         if self.generation == "v2":
             from .vllm_driver_v2 import ConfigV2
 

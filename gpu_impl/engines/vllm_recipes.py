@@ -75,6 +75,48 @@ PROBE = ("from gpu_impl.engines import vllm_glue; vllm_glue.install(); "
 WHEEL_VARIABLE = "FA3VERIFY_VLLM_WHEEL"
 
 
+def nearest_generation(release: str) -> tuple:
+    """(registered release, its driver generation) nearest to ``release``: the newest registered release at or
+    before it, else the oldest; ValueError for a string that is no release number."""
+    from .recipes import release_key
+
+    key = release_key(release)
+    older = [r for r in RELEASES if release_key(r) <= key]
+    nearest = older[-1] if older else RELEASES[0]
+    return nearest, DRIVER_GENERATIONS[nearest]
+
+
+def unregistered_message(release: str) -> str:
+    """What a user of an unregistered ``vllm==release`` is told: the nearest driver generation, how to try the
+    release's own code with it, and the data a new release needs (docs/engines-vllm.md, "Adding a release")."""
+    try:
+        nearest, generation = nearest_generation(release)
+    except ValueError:
+        return "not a release number"
+    return (f"the nearest driver generation is {generation} (vllm=={nearest}'s); try the release's own code with it: "
+            f"--engine vllm-src=<the vllm {release} wheel> (it runs in vllm=={nearest}'s environment under its profile, "
+            f"and names every module the generation needs that the release lacks); to register it: a row in "
+            f"gpu_impl/engines/vllm_recipes.py (RECIPES, DRIVER_GENERATIONS) and a profile in "
+            f"spec/model/engine_profiles_vllm.json")
+
+
+def missing_for_generation(generation: str) -> list:
+    """The ``module.name`` entries of ``GENERATION_MODULES[generation]`` and ``COMMON_MODULES`` that the imported
+    vllm lacks (an import that fails names its module once, with the error). Run inside an engine environment."""
+    import importlib
+
+    missing = []
+    for table in (COMMON_MODULES, GENERATION_MODULES[generation]):
+        for module, names in table.items():
+            try:
+                mod = importlib.import_module(module)
+            except Exception as exc:  # noqa: BLE001 - what the release lacks is the answer
+                missing.append(f"{module} ({type(exc).__name__}: {exc})")
+                continue
+            missing.extend(f"{module}.{n}" for n in names if not hasattr(mod, n))
+    return missing
+
+
 def _marker_applies(marker: str) -> bool:
     """Whether a Requires-Dist environment marker holds in an engine environment (Linux x86_64, CPython 3.11, no
     extras): no marker, or one that names ``platform_machine == "x86_64"``; any other marker (extras, other
