@@ -92,12 +92,13 @@ def vllm_patched_copy(release: str, dest: Path, patches=(), module: Path = VLLM_
 #: the call passes half the split bound the precompute was given (16 for 32); eager, piecewise, batch invariance and
 #: the DCP calls are the release's own.
 CALL_HALF_SPLITS_0_34_0 = (
-    (r"(\n\s+)num_splits = attn_metadata\.max_num_splits\n(\s+if self\.fa4_hd256:)",
+    (r"(\n[ ]+)num_splits = attn_metadata\.max_num_splits\n([ ]+if self\.fa4_hd256:)",
      r"\1num_splits = attn_metadata.max_num_splits\1if num_splits > 1:\1    num_splits //= 2\n\2"),
 )
 
-#: The same regression with the precompute aligned to it: the builder's full-graph split bound halved too, so both
-#: sides pass 16 -- call and precompute agree again (a copy that must pass).
+#: The same one-path regression with the precompute aligned to its call: ``_get_scheduler_metadata`` asks FA3 for
+#: the same halved bound whenever it is > 1 (both sides 16 on the full-graph path), a copy that must pass.
 ALIGNED_HALF_SPLITS_0_34_0 = CALL_HALF_SPLITS_0_34_0 + (
-    (r"(\n\s+)max_num_splits = self\.max_num_splits\n", r"\1max_num_splits = self.max_num_splits // 2\n"),
+    (r"(\n[ ]+)num_splits=max_num_splits,\n([ ]+\)\n)",
+     r"\1num_splits=max_num_splits // 2 if max_num_splits > 1 else max_num_splits,\n\2"),
 )

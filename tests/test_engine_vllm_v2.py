@@ -154,3 +154,31 @@ def test_profile_claims_hold_on_the_released_code(worker):
             assert pre["headdim_v"] == pre["headdim"]
         assert resp["findings"] == []
     assert json.loads(json.dumps(prof))["driver"].startswith("v2")
+
+
+def _gate_copy(root, tmp_path, name, cases):
+    from fa3verify.cli import main
+
+    out = tmp_path / f"{name}.json"
+    rc = main(["gate", "--engine", f"vllm-src={root}", "--cases", str(cases), "--cases-dir",
+               str(tmp_path / f"cases-{name}"), "--json", str(out)])
+    return rc, json.loads(out.read_text())
+
+
+@pytest.mark.engine
+def test_negative_controls_one_path_split_regression_fails_the_gate_and_aligned_sides_pass(tmp_path):
+    """Copies of the 0.34.0 wheel's package (tests/release_copies.py): on the full-graph path only, the call passes
+    half the split bound the precompute was given (16 vs 32): the gate fails (SPLIT_BOUND, exit 1); the same copy with
+    the builder's bound halved too (both sides 16) passes (exit 0). The same draws (--cases) on both."""
+    if not envs.env_ready(RELEASE, engine="vllm"):
+        pytest.skip(f"no environment for vllm {RELEASE} under {envs.env_dir(RELEASE, engine='vllm')}")
+    from release_copies import ALIGNED_HALF_SPLITS_0_34_0, CALL_HALF_SPLITS_0_34_0, vllm_patched_copy
+
+    seeded = vllm_patched_copy(RELEASE, tmp_path / "seeded", CALL_HALF_SPLITS_0_34_0)
+    rc, summary = _gate_copy(seeded, tmp_path, "seeded", 200)
+    failed = [c for c in summary["checks"] if c.get("failed")]
+    assert rc == 1 and failed and any("SPLIT_BOUND" in json.dumps(c) for c in failed), failed
+    assert all(f.get("case_file") for f in summary["findings"])
+    aligned = vllm_patched_copy(RELEASE, tmp_path / "aligned", ALIGNED_HALF_SPLITS_0_34_0)
+    rc, summary = _gate_copy(aligned, tmp_path, "aligned", 200)
+    assert rc == 0, [c.get("message") for c in summary["checks"] if c.get("failed") or c.get("inconclusive")]
