@@ -486,7 +486,7 @@ class Engine:
         from .vllm_recipes import GENERATION_MODULES, missing_for_generation
 
         if self.generation in GENERATION_MODULES:
-            missing = missing_for_generation(self.generation)
+            missing = missing_for_generation(self.generation, os.environ.get("FA3VERIFY_VLLM_SOURCE"))
             if missing:
                 raise ImportError(f"vllm {getattr(vllm, '__version__', '?')} lacks what driver generation "
                                   f"{self.generation} drives: {'; '.join(missing)}")

@@ -100,10 +100,13 @@ def unregistered_message(release: str) -> str:
             f"spec/model/engine_profiles_vllm.json")
 
 
-def missing_for_generation(generation: str) -> list:
+def missing_for_generation(generation: str, source=None) -> list:
     """The ``module.name`` entries of ``GENERATION_MODULES[generation]`` and ``COMMON_MODULES`` that the imported
-    vllm lacks (an import that fails names its module once, with the error). Run inside an engine environment."""
+    vllm lacks (an import that fails names its module once, with the error). ``source``: a checkout put first on the
+    path; a module it does not hold itself (so the release's copy would be imported in its place) counts as missing.
+    Run inside an engine environment."""
     import importlib
+    import os
 
     missing = []
     for table in (COMMON_MODULES, GENERATION_MODULES[generation]):
@@ -112,6 +115,10 @@ def missing_for_generation(generation: str) -> list:
                 mod = importlib.import_module(module)
             except Exception as exc:  # noqa: BLE001 - what the release lacks is the answer
                 missing.append(f"{module} ({type(exc).__name__}: {exc})")
+                continue
+            where = os.path.realpath(getattr(mod, "__file__", "") or "")
+            if source and not os.path.abspath(getattr(mod, "__file__", "") or "").startswith(os.path.abspath(source)):
+                missing.append(f"{module} (not in the checkout: the release's {where} would stand in)")
                 continue
             missing.extend(f"{module}.{n}" for n in names if not hasattr(mod, n))
     return missing
