@@ -82,6 +82,8 @@ class EngineKind:
     probe: str                      #: Python source run in the new environment with the driver's environment
     #: (release, the wheel's Requires-Dist) -> pins for names in light / no_deps; None: the wheel is not read
     pins: Optional[Callable[[str, list], dict]] = None
+    #: release -> whether its build reads the wheel's pins at all (vLLM: only rows with ``wheel_pins``)
+    reads_pins: Callable[[str], bool] = lambda release: True
     environ: dict = field(default_factory=dict)           #: set in the driver's environment
     environ_defaults: dict = field(default_factory=dict)  #: set there unless already set
     wheel_variable: Optional[str] = None                  #: names a local wheel to install instead of the release
@@ -91,7 +93,7 @@ KINDS = {
     "sglang": EngineKind("sglang", _check_sglang, recipes.recipe, PROBE, pins=_sglang_pins,
                          environ={"SGLANG_USE_SGL_FA3_KERNEL": "1"}),
     "vllm": EngineKind("vllm", _check_vllm, vllm_recipes.recipe, vllm_recipes.PROBE,
-                       pins=vllm_recipes.wheel_requirements,
+                       pins=vllm_recipes.wheel_requirements, reads_pins=vllm_recipes.reads_wheel_pins,
                        environ_defaults={"VLLM_LOGGING_LEVEL": "ERROR"},
                        wheel_variable=vllm_recipes.WHEEL_VARIABLE),
 }
@@ -349,7 +351,7 @@ def _build(kind: EngineKind, release: str, d: Path, progress: Callable[[str], No
     for name, args in package_steps(release, kind.name, wheel, torch=torch_plan.requirement):
         install(name, args)
     pins: dict = {}
-    if kind.pins is not None:
+    if kind.pins is not None and kind.reads_pins(release):
         requires = json.loads(step(f"read {kind.name}'s pins", [py, "-c", "import importlib.metadata as m, json; "
                                                                 f"print(json.dumps(m.requires({kind.name!r})))"]))
         pins = kind.pins(release, requires)

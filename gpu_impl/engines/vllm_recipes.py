@@ -132,12 +132,17 @@ def _marker_applies(marker: str) -> bool:
     return not marker or ('platform_machine == "x86_64"' in marker and "extra" not in marker)
 
 
+def reads_wheel_pins(release: str) -> bool:
+    """Whether the release's build reads the installed wheel's Requires-Dist (its row says ``wheel_pins``)."""
+    return bool(RECIPES[release].get("wheel_pins"))
+
+
 def wheel_requirements(release: str, requires: list) -> dict:
     """The wheel's own version specifiers (``transformers<5.23.0,>=5.16.1``) for the names the recipe installs, by
     normalised name, when the recipe asks for them (``wheel_pins``); {} otherwise (0.33.0's recipe pins by hand)."""
     import re
 
-    if not RECIPES[release].get("wheel_pins"):
+    if not reads_wheel_pins(release):
         return {}
     out = {}
     for line in requires or ():
