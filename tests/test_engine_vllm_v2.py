@@ -79,7 +79,7 @@ def test_eager_piecewise_and_above_the_largest_graph_use_the_heuristic_on_both_s
     # FULL graphs captured only up to 4 requests: 8 decodes dispatch eagerly (CudaGraphManager.dispatch)
     above = worker.run({"tp": 4, "cuda_graph": "full", "capture_sizes": [1, 2, 4], "steps": [{"seq_lens": SKEWED}]})
     (p,) = _pairs(above)
-    assert p["path"].startswith("eager") and p["max_num_splits"] == 0 and p["s_p"] == p["s_c"] == 109
+    assert p["path"] == "none: above the captured graphs" and p["max_num_splits"] == 0 and p["s_p"] == p["s_c"] == 109
     pw = worker.run({"tp": 4, "cuda_graph": "piecewise", "steps": [{"seq_lens": [300, 100, 5]}]})
     (p,) = _pairs(pw)
     assert p["path"] == "piecewise" and p["call"]["batch_size"] == 3 and p["graph"]["num_reqs"] is None

@@ -32,7 +32,7 @@ def test_the_vllm_profile_is_read_from_its_json():
     assert kind == "vllm" and p is vllm_profile_for("0.33.0")
     assert p.modes == ("none", "piecewise", "full") and p.splits("full") == (32, 32) and p.splits("none") == (0, 0)
     assert p.heads == ("layer", "layer") and not p.headdim_v_passed
-    raw = json.loads((REPO / "spec" / "engine_profiles_vllm.json").read_text())["releases"][0]
+    raw = json.loads((REPO / "spec" / "model" / "engine_profiles_vllm.json").read_text())["releases"][0]
     assert raw["same_num_splits_both_sides"] == all(p.splits(m)[0] == p.splits(m)[1] for m in p.modes)
     with pytest.raises(ProfileError, match=r"no profile for vllm 0\.1\.0; releases with a profile: 0\.33\.0"):
         engine_profile_for("vllm==0.1.0")

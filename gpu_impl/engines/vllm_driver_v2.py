@@ -29,7 +29,12 @@ import types
 from .protocol import Unsupported
 from .vllm_driver import Config
 
-__all__ = ["ConfigV2", "GRAPH_MODES_V2"]
+__all__ = ["ConfigV2", "GRAPH_MODES_V2", "PATHS_V2", "ABOVE_GRAPHS"]
+
+#: the path of a batch no captured graph takes under a CUDA-graph mode (dispatched eagerly)
+ABOVE_GRAPHS = "none: above the captured graphs"
+#: every path label a second-generation trace carries (a FULL graph's capture-time pair is "full: capture")
+PATHS_V2 = ("none", "piecewise", "full", "full: capture", ABOVE_GRAPHS)
 
 #: the driver's ``cuda_graph`` field -> vLLM's CUDAGraphMode name: ``full`` is FULL (every batch that fits takes a
 #: FULL graph, as the first generation drives it), ``full_and_piecewise`` vLLM's default for FA3 (uniform decode
@@ -231,7 +236,7 @@ class ConfigV2(Config):
             self._forward_tokens(md, tokens)
             path = {CUDAGraphMode.PIECEWISE: "piecewise"}.get(desc.cg_mode, "none")
             if path == "none" and self.mode != CUDAGraphMode.NONE:
-                path = "eager (no captured graph takes the batch)"
+                path = ABOVE_GRAPHS
         return md, path, desc
 
     def _slots(self, num_tokens: int):
