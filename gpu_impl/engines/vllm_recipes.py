@@ -96,8 +96,8 @@ def unregistered_message(release: str) -> str:
     return (f"the nearest driver generation is {generation} (vllm=={nearest}'s); try the release's own code with it: "
             f"--engine vllm-src=<the vllm {release} wheel> (it runs in vllm=={nearest}'s environment under its profile, "
             f"and names every module the generation needs that the release lacks); to register it: a row in "
-            f"gpu_impl/engines/vllm_recipes.py (RECIPES, DRIVER_GENERATIONS) and a profile in "
-            f"spec/model/engine_profiles_vllm.json")
+            f"gpu_impl/engines/vllm_recipes.py (RECIPES, DRIVER_GENERATIONS), a profile in "
+            f"spec/model/engine_profiles_vllm.json and its FA3 source in refmodel/fa3_builds.json")
 
 
 def missing_for_generation(generation: str, source=None) -> list:
