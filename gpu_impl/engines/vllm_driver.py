@@ -7,6 +7,12 @@ real Python wrapper (``vllm/vllm_flash_attn/flash_attn_interface.py``); only the
 faked (``vllm_glue``), and they hand both sides to ``gpu_impl.fa3_calls.CheckingFA3`` (record mode, deep checks)
 over a shape-only FA3 whose metadata comes from refmodel.
 
+Two driver generations share this worker: ``v1`` (here: the V1 model runner's conventions -- padding, block-table
+width, one ``build`` per step -- written from vLLM <= 0.33.0's ``gpu_model_runner.py``) and ``v2``
+(``vllm_driver_v2``: the V2 runner's own dispatch, capture and metadata code, vLLM 0.34.0 on); the client names
+which (``vllm_recipes.DRIVER_GENERATIONS``, environment variable ``FA3VERIFY_VLLM_DRIVER``), and a release that lacks
+what its generation drives is refused at start with the list (``vllm_recipes.missing_for_generation``).
+
 Run as ``python -m gpu_impl.engines.vllm_driver`` inside the vLLM engine environment (``envs``, recipe
 ``vllm_recipes``), project root and fakes on PYTHONPATH; the loop is ``protocol.serve``: one JSON request per stdin
 line, one JSON response per stdout line. Requests:
@@ -518,7 +524,15 @@ class Engine:
     def hello(self) -> dict:
         return {"release": getattr(self.vllm, "__version__", None), "path": os.path.dirname(self.vllm.__file__),
                 "import_s": round(self.import_s, 2), "fa_version": self.fa_version, "faked": list(self.glue.FAKED),
-                "driver": self.generation}
+                "driver": self.generation, "stood_in": list(self._stood_in())}
+
+    def _stood_in(self) -> tuple:
+        """What the driver generation itself stands in for (the second generation's runner pieces)."""
+        if self.generation != "v2":
+            return ()
+        from .vllm_driver_v2 import STOOD_IN
+
+        return STOOD_IN
 
     def validate(self, scenario: dict) -> dict:
         """vLLM's own config validation of a scenario's configuration (``vllm_validation``)."""

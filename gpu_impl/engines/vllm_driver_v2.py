@@ -29,7 +29,19 @@ import types
 from .protocol import Unsupported
 from .vllm_driver import Config
 
-__all__ = ["ConfigV2", "GRAPH_MODES_V2", "PATHS_V2", "ABOVE_GRAPHS"]
+__all__ = ["ConfigV2", "GRAPH_MODES_V2", "PATHS_V2", "ABOVE_GRAPHS", "STOOD_IN"]
+
+#: What this generation stands in for, besides ``vllm_glue.FAKED`` (reported in the driver's hello).
+STOOD_IN = (
+    "the V2 runner's fill of its input buffers (prepare_inputs and its Triton kernel prepare_pos_seq_lens): query "
+    "starts, padded starts = the token count, padded seq_lens = 0, the CPU upper bound, written in the same layout",
+    "the model state's self for DefaultModelState.prepare_attn (max_model_len, supports_mm_inputs=False, "
+    "encoder_cache=None, model_config)",
+    "the runner's BlockTables: one persistent table as wide as the runner's (get_dummy_block_tables, "
+    "get_dummy_slot_mappings, cp_size, cp_interleave, block_sizes)",
+    "cudagraph_utils.get_pp_group (first and last rank), the platform's global graph pool (none), and the Triton "
+    "kernel of cp_utils.prepare_dcp_local_seq_lens (vLLM's get_dcp_local_seq_lens in torch)",
+)
 
 #: the path of a batch no captured graph takes under a CUDA-graph mode (dispatched eagerly)
 ABOVE_GRAPHS = "none: above the captured graphs"
