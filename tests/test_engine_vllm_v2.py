@@ -25,7 +25,7 @@ def test_each_release_has_a_driver_generation_and_the_generations_name_their_mod
 def test_the_recipe_takes_the_wheel_own_specifiers():
     requires = ["transformers<5.23.0,>=5.16.1", "xgrammar==0.2.8; platform_machine == \"x86_64\" or platform_machine "
                 "== \"aarch64\"", "protobuf==7.36.1; platform_machine == \"s390x\"", "zentorch==2.14.0.2; extra == \"zen\"",
-                "filelock>=4.2.4"]
+                "filelock>=4.2.4", "numba==0.65.0"]  # numba: pinned by the wheel, not installed by the recipe
     pins = vllm_recipes.wheel_requirements(RELEASE, requires)
     assert pins == {"transformers": "<5.23.0,>=5.16.1", "xgrammar": "==0.2.8", "filelock": ">=4.2.4"}
     assert vllm_recipes.wheel_requirements("0.33.0", requires) == {}  # 0.33.0's row pins by hand, hash unchanged

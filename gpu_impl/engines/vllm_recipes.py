@@ -144,12 +144,17 @@ def wheel_requirements(release: str, requires: list) -> dict:
 
     if not reads_wheel_pins(release):
         return {}
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    row = RECIPES[release]
+    wanted = {norm(re.split(r"[=<>!~ ]", n)[0]) for n in list(row["light"]) + list(row["no_deps"])}
     out = {}
     for line in requires or ():
         text, _, marker = line.partition(";")
         m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(\[[^\]]*\])?\s*([<>=!~][^;]*)?$", text)
-        if m and m.group(3) and _marker_applies(marker):
-            out[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(3).replace(" ", "")
+        if m and m.group(3) and _marker_applies(marker) and norm(m.group(1)) in wanted:
+            out[norm(m.group(1))] = m.group(3).replace(" ", "")
     return out
 
 
