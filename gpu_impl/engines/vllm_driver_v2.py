@@ -108,7 +108,7 @@ class ConfigV2(Config):
         vc.compilation_config.decode_cudagraph_capture_request_sizes = sorted({min(x, s["max_num_seqs"])
                                                                                 for x in sizes})
         vc.scheduler_config.max_num_batched_tokens = s["max_num_batched_tokens"]
-        group = AttentionGroup(engine.fa.FlashAttentionBackend, list(self.layers), self.spec, 0)
+        group = AttentionGroup(self.backend, list(self.layers), self.spec, 0)
         from vllm.config import set_current_vllm_config
 
         with set_current_vllm_config(vc):
