@@ -209,3 +209,20 @@ def test_negative_controls_one_path_split_regression_fails_the_gate_and_aligned_
     found = {f["invariant"] for f in summary["findings"]}
     assert rc in (0, 1) and not found & {"SPLIT_BOUND", "COMBINE_CAPACITY"} and found <= {"SHAPE"}, found
     assert not any(c.get("inconclusive") for c in summary["checks"])
+
+
+@pytest.mark.engine
+def test_the_finding_case_file_replays_still_failing(worker):
+    """tests/corpus_vllm/full-graph-replay-window-dropped-at-recompute.json (found by the gate on 0.34.0, seed 0):
+    `fa3verify replay` on the release it names says STILL FAILS (exit 1), SHAPE at the FULL graph replay."""
+    from pathlib import Path
+
+    from fa3verify.replaying import replay
+    from gpu_impl.engines.vllm import VllmSUT
+
+    path = Path(__file__).parent / "corpus_vllm" / "full-graph-replay-window-dropped-at-recompute.json"
+    sut = VllmSUT(RELEASE)
+    sut._worker = worker  # the module's worker: no second import
+    summary, seen = replay(str(path), sut=sut)
+    assert summary.exit_code == 1 and seen.outcome == "violation"
+    assert {f["invariant"] for f in seen.findings} == {"SHAPE"}
