@@ -86,3 +86,19 @@ def vllm_patched_copy(release: str, dest: Path, patches=(), module: Path = VLLM_
     shutil.copytree(site, root / "vllm", copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
     patch_linked_module(root / "vllm" / module, patches, f"vllm {release}: {module}")
     return root
+
+
+#: vLLM 0.34.0 with one path regressed: on the full-CUDA-graph path only (the one path where ``max_num_splits`` > 1)
+#: the call passes half the split bound the precompute was given (16 for 32); eager, piecewise, batch invariance and
+#: the DCP calls are the release's own.
+CALL_HALF_SPLITS_0_34_0 = (
+    (r"(\n[ ]+)num_splits = attn_metadata\.max_num_splits\n([ ]+if self\.fa4_hd256:)",
+     r"\1num_splits = attn_metadata.max_num_splits\1if num_splits > 1:\1    num_splits //= 2\n\2"),
+)
+
+#: The same one-path regression with the precompute aligned to its call: ``_get_scheduler_metadata`` asks FA3 for
+#: the same halved bound whenever it is > 1 (both sides 16 on the full-graph path), a copy that must pass.
+ALIGNED_HALF_SPLITS_0_34_0 = CALL_HALF_SPLITS_0_34_0 + (
+    (r"(\n[ ]+)num_splits=max_num_splits,\n([ ]+\)\n)",
+     r"\1num_splits=max_num_splits // 2 if max_num_splits > 1 else max_num_splits,\n\2"),
+)

@@ -7,8 +7,9 @@ A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign
   ``gpu-decode`` -- its decode corner on a real GPU's SM count, every call on tensors (gpu-check's fuzz stage);
 * the catalogue's scenario families (:mod:`.families`: ``prefill-cp``, ``dp-attention``, ...): focused corners,
   each a ``FuzzCase`` run on a scenario system under test;
-* ``vllm`` / ``vllm-full-graph`` / ``vllm-decode-tile`` -- vLLM's configuration families (:mod:`.vllm`; the last
-  draws around the fork's decode-tile boundary, theorem 9), the family a ``vllm==V`` engine's own domain
+* ``vllm`` / ``vllm-full-graph`` / ``vllm-decode-tile`` / ``vllm-v2`` -- vLLM's configuration families
+  (:mod:`.vllm`; ``vllm-decode-tile`` draws around the fork's decode-tile boundary, theorem 9; ``vllm-v2`` adds
+  vLLM's FULL_AND_PIECEWISE mode for releases the V2 runner drives), the family a ``vllm==V`` engine's own domain
   names (``gpu_impl.engines.vllm.VllmSUT.domain``);
 * a system under test's own domain (:mod:`.engine_domain`, ``domain_strategy(sut.domain())``): what a campaign
   on a system draws when no family is named -- a family the domain names, or the configurations an sglang
@@ -50,6 +51,7 @@ FAMILIES: dict[str, Callable] = {
     "vllm": vllm.vllm_case,
     "vllm-full-graph": vllm.vllm_full_graph_case,
     "vllm-decode-tile": vllm.vllm_decode_tile_case,
+    "vllm-v2": vllm.vllm_v2_case,
 }
 
 #: Kernel-level call families, by name (spelled ``kernel:<name>`` where a family name must say its kind).

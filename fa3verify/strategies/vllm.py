@@ -30,6 +30,7 @@ from spec.model.engine_profiles_vllm import VLLM_RELEASES
 from .scenarios import SM_COUNTS, FuzzCase
 
 __all__ = ["NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
+           "vllm_v2_case",
            "vllm_decode_tile_case",
            "vllm_family_label", "model_tp_points"]
 
@@ -100,6 +101,18 @@ def vllm_full_graph_case(rng: random.Random) -> Optional[FuzzCase]:
     return vllm_case(rng, graph_modes=("full",))
 
 
+def vllm_v2_case(rng: random.Random) -> Optional[FuzzCase]:
+    """Family ``vllm-v2``: the ``vllm`` families for a release the V2 runner drives (0.34.0 on); half the
+    full-graph draws take vLLM's default FULL_AND_PIECEWISE mode (``vllm.full_and_piecewise``: FULL graphs for
+    uniform decode batches, PIECEWISE for the rest), half its FULL mode."""
+    import dataclasses
+
+    case = vllm_case(rng)
+    if case is None or not case.server.cuda_graph:
+        return case
+    return dataclasses.replace(case, vllm={**case.vllm, "full_and_piecewise": rng.random() < 0.5})
+
+
 def vllm_decode_tile_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-decode-tile``: the fork's decode-tile boundary (theorem 9, ``use_one_mma_wg``).
 
@@ -132,7 +145,8 @@ def vllm_decode_tile_case(rng: random.Random) -> Optional[FuzzCase]:
 def vllm_family_label(case: FuzzCase) -> str:
     """The configuration family of a ``vllm`` case: ``cg=none|piecewise|full bi=0|1 kv=auto|fp8 sw=... dcp=N``."""
     opts = case.vllm or {}
-    graph = "full" if case.server.cuda_graph else ("piecewise" if opts.get("piecewise") else "none")
+    graph = (("full_and_piecewise" if opts.get("full_and_piecewise") else "full") if case.server.cuda_graph
+             else ("piecewise" if opts.get("piecewise") else "none"))
     sw = opts.get("sliding_window")
     window = "none" if sw is None else ("mixed" if isinstance(sw, list) and len(set(sw)) > 1 else "one")
     return (f"cg={graph} bi={int(case.server.enable_deterministic_inference)} kv={opts.get('kv_cache_dtype', 'auto')} "

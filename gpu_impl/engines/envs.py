@@ -84,8 +84,11 @@ def next_step(engine: str, release: str) -> str:
     else:
         nearest = recipes.nearest_release(release)
     form, what = _SOURCE_FORMS[engine]
-    return (f"the nearest supported release is {engine}=={nearest}; to run {engine} {release}'s own code, use "
+    text = (f"the nearest supported release is {engine}=={nearest}; to run {engine} {release}'s own code, use "
             f"{form} ({what}), which runs beside {engine}=={nearest}'s environment")
+    if engine == "vllm":  # which driver generation that runs it, and what registering the release takes
+        text += "; " + vllm_recipes.unregistered_message(release)
+    return text
 
 
 def _sglang_pins(release: str, requires: list) -> dict:
@@ -103,6 +106,8 @@ class EngineKind:
     probe: str                      #: Python source run in the new environment with the driver's environment
     #: (release, the wheel's Requires-Dist) -> pins for names in light / no_deps; None: the wheel is not read
     pins: Optional[Callable[[str, list], dict]] = None
+    #: release -> whether its build reads the wheel's pins at all (vLLM: only rows with ``wheel_pins``)
+    reads_pins: Callable[[str], bool] = lambda release: True
     environ: dict = field(default_factory=dict)           #: set in the driver's environment
     environ_defaults: dict = field(default_factory=dict)  #: set there unless already set
     wheel_variable: Optional[str] = None                  #: names a local wheel to install instead of the release
@@ -112,6 +117,7 @@ KINDS = {
     "sglang": EngineKind("sglang", _check_sglang, recipes.recipe, PROBE, pins=_sglang_pins,
                          environ={"SGLANG_USE_SGL_FA3_KERNEL": "1"}),
     "vllm": EngineKind("vllm", _check_vllm, vllm_recipes.recipe, vllm_recipes.PROBE,
+                       pins=vllm_recipes.wheel_requirements, reads_pins=vllm_recipes.reads_wheel_pins,
                        environ_defaults={"VLLM_LOGGING_LEVEL": "ERROR"},
                        wheel_variable=vllm_recipes.WHEEL_VARIABLE),
 }
@@ -284,7 +290,14 @@ def _norm(name: str) -> str:
 
 
 def _requirements(names, pins: dict) -> list:
-    return [f"{n}=={pins[_norm(n)]}" if _norm(n) in pins else n for n in names]
+    """Bare names with their pins: a version (``5.8.1``) as ``==``, a specifier (``<5.23.0,>=5.16.1``) as is."""
+    def pinned(n: str) -> str:
+        pin = pins.get(_norm(n))
+        if pin is None:
+            return n
+        return f"{n}{pin}" if pin[0] in "<>=!~" else f"{n}=={pin}"
+
+    return [pinned(n) for n in names]
 
 
 def package_steps(release: str, engine: str = "sglang", wheel: Optional[str] = None,
@@ -402,7 +415,7 @@ def _build(kind: EngineKind, release: str, d: Path, progress: Callable[[str], No
     for name, args in package_steps(release, kind.name, wheel, torch=torch_plan.requirement):
         install(name, args)
     pins: dict = {}
-    if kind.pins is not None:
+    if kind.pins is not None and kind.reads_pins(release):
         requires = json.loads(step(f"read {kind.name}'s pins", [py, "-c", "import importlib.metadata as m, json; "
                                                                 f"print(json.dumps(m.requires({kind.name!r})))"]))
         pins = kind.pins(release, requires)

@@ -74,6 +74,9 @@ class VllmWorker:
         self.label = label or f"vllm=={self.release}"
         d = envs.ensure_env(release, progress=progress, root=root, engine="vllm")
         env = envs.driver_environ(extra_paths=[str(source)] if source else (), engine="vllm")
+        from .vllm_driver import GENERATION_VARIABLE
+
+        env[GENERATION_VARIABLE] = vllm_recipes.DRIVER_GENERATIONS[self.release]
         if source:
             env[SOURCE_VARIABLE] = str(source)
         self._worker = EngineWorker([str(d / "bin" / "python"), "-m", "gpu_impl.engines.vllm_driver"],
@@ -172,7 +175,8 @@ def scenario_to_vllm(scn) -> dict:
             ext = list(st.extend_lens or [1] * len(st.seq_lens))
             steps.append({"seq_lens": list(st.seq_lens), "query_lens": ext})
     opts = dict(getattr(scn, "vllm", None) or {})
-    graph = "full" if server.cuda_graph else ("piecewise" if opts.get("piecewise") else "none")
+    graph = (("full_and_piecewise" if opts.get("full_and_piecewise") else "full") if server.cuda_graph
+             else ("piecewise" if opts.get("piecewise") else "none"))
     fp8 = model.dtype == "float8_e4m3"  # sglang's vocabulary: the KV cache (and so FA3's qkv dtype) is fp8
     out = {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
            "dtype": "bfloat16" if fp8 else model.dtype, **({"kv_cache_dtype": "fp8"} if fp8 else {}),
@@ -261,15 +265,20 @@ class VllmSUT(SystemUnderTest):
                  "max_model_len")
 
     def domain(self):
-        """vLLM's configuration families (the suite's ``vllm`` family: graph modes, windows, KV dtype, DCP), each
-        drawn case kept only where vLLM's own config validation accepts it (:meth:`check_case`); reach per
-        CUDA-graph mode. One per SUT."""
+        """vLLM's configuration families (the suite's ``vllm`` family: graph modes, windows, KV dtype, DCP; ``vllm-v2``
+        for a release driven by the second generation, which adds vLLM's FULL_AND_PIECEWISE mode), each drawn case
+        kept only where vLLM's own config validation accepts it (:meth:`check_case`); reach per path. One per SUT."""
         if getattr(self, "_domain", None) is None:
             from ..domain import ConfigDomain
 
             self._verdicts: dict = {}
-            self._domain = ConfigDomain(str(self.spec), family="vllm", check=self.check_case,
-                                        reach_keys=("none", "piecewise", "full"))
+            if vllm_recipes.DRIVER_GENERATIONS.get(self.release) == "v2":
+                from .vllm_driver_v2 import PATHS_V2
+
+                family, keys = "vllm-v2", PATHS_V2
+            else:
+                family, keys = "vllm", ("none", "piecewise", "full")
+            self._domain = ConfigDomain(str(self.spec), family=family, check=self.check_case, reach_keys=keys)
         return self._domain
 
     def check_case(self, case) -> Optional[str]:

@@ -7,6 +7,12 @@ real Python wrapper (``vllm/vllm_flash_attn/flash_attn_interface.py``); only the
 faked (``vllm_glue``), and they hand both sides to ``gpu_impl.fa3_calls.CheckingFA3`` (record mode, deep checks)
 over a shape-only FA3 whose metadata comes from refmodel.
 
+Two driver generations share this worker: ``v1`` (here: the V1 model runner's conventions -- padding, block-table
+width, one ``build`` per step -- written from vLLM <= 0.33.0's ``gpu_model_runner.py``) and ``v2``
+(``vllm_driver_v2``: the V2 runner's own dispatch, capture and metadata code, vLLM 0.34.0 on); the client names
+which (``vllm_recipes.DRIVER_GENERATIONS``, environment variable ``FA3VERIFY_VLLM_DRIVER``), and a release that lacks
+what its generation drives is refused at start with the list (``vllm_recipes.missing_for_generation``).
+
 Run as ``python -m gpu_impl.engines.vllm_driver`` inside the vLLM engine environment (``envs``, recipe
 ``vllm_recipes``), project root and fakes on PYTHONPATH; the loop is ``protocol.serve``: one JSON request per stdin
 line, one JSON response per stdout line. Requests:
@@ -34,20 +40,25 @@ import sys
 import time
 
 from .protocol import Unsupported, serve
+from .vllm_front import VLLM_BUILD, FrontFA3, ShapeOnlyFA3, seed_defect  # noqa: F401 - re-exported (tests, clients)
 
 _PROTOCOL_OUT = sys.stdout
 
-CUDA_GRAPH_MODES = ("none", "piecewise", "full")
+#: ``full_and_piecewise`` (vLLM's default for FA3: FULL graphs for uniform decode, PIECEWISE otherwise) is driven by
+#: the second generation only (``vllm_driver_v2``)
+CUDA_GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise")
+#: the driver generation this worker runs: ``v1`` (the V1 model runner's conventions, vLLM <= 0.33) or ``v2`` (the
+#: V2 runner's own code, ``vllm_driver_v2``); set by the client from ``vllm_recipes.DRIVER_GENERATIONS``
+GENERATION_VARIABLE = "FA3VERIFY_VLLM_DRIVER"
 #: the fields a seeded defect may set (``seed_defect``)
 DEFECT_FIELDS = frozenset({"precompute_num_splits", "precompute_max_seqlen_q_delta"})
-#: the FA3 build vLLM 0.33.0 ships (refmodel/fa3_builds.json; refmodel.fa3_builds.build_for_engine)
-VLLM_BUILD = "vllm-fork-617264c1"
 KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 def scenario_defaults() -> dict:
     """Every scenario field and its default (a request may give any subset)."""
-    return {"num_heads": 32, "num_kv_heads": 4, "head_dim": 128, "num_layers": 1, "sliding_window": None,
+    return {"num_heads": 32, "num_kv_heads": 4, "head_dim": 128, "head_dim_v": None, "num_layers": 1,
+            "sliding_window": None,
             "logits_soft_cap": 0.0, "dtype": "bfloat16", "tp": 1, "dcp": 1, "cuda_graph": "none",
             "capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "max_num_seqs": 256, "batch_invariant": False,
             "kv_cache_dtype": "auto", "block_size": 16, "max_model_len": 40960, "num_sm": 132,
@@ -71,6 +82,10 @@ def check_scenario(s: dict) -> dict:
                          f"({out['num_kv_heads']}), got {out['num_heads']}")
     if out["head_dim"] > 256:
         raise ValueError(f"head_dim: FA3 takes 1..256, got {out['head_dim']}")
+    dv = out["head_dim_v"]
+    if dv is not None and (not isinstance(dv, int) or isinstance(dv, bool) or not 1 <= dv <= 512):
+        raise ValueError(f"head_dim_v: null (= head_dim) or an integer in 1..512 (V's head size: vLLM's DiffKV "
+                         f"backend), got {dv!r}")
     if out["cuda_graph"] not in CUDA_GRAPH_MODES:
         raise ValueError(f"cuda_graph: must be one of {CUDA_GRAPH_MODES}, got {out['cuda_graph']!r}")
     if out["kv_cache_dtype"] not in KV_CACHE_DTYPES:
@@ -116,185 +131,6 @@ def check_scenario(s: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# FA3 under the faked ops
-# ------------------------------------------------------------------------------------------------------------
-
-
-class ShapeOnlyFA3:
-    """FA3 without numerics: metadata from refmodel, calls return nothing but shapes (record mode)."""
-
-    name = "shape-only"
-
-    def __init__(self, num_sm: int, arch: int = 90, build: str = VLLM_BUILD):
-        self.num_sm, self.arch, self.build = num_sm, arch, build
-
-    def get_scheduler_metadata(self, *args, **kwargs):
-        from refmodel.metadata import get_scheduler_metadata
-
-        from ..fa3_calls import record_precompute
-
-        pre = record_precompute(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=True, build=self.build,
-                                **kwargs)
-        return get_scheduler_metadata(**pre.scheduler_kwargs())
-
-    def flash_attn_varlen_func(self, *args, **kwargs):
-        return None
-
-
-class FrontFA3:
-    """The target of the faked ``_vllm_fa3_C`` ops: C++-order arguments back to FA3 names, into the checker.
-
-    vLLM copies the metadata into a persistent buffer under full CUDA graphs (``buf[:n] = md``), which the
-    checker's address registry cannot follow; a tensor of unknown origin whose contents equal the latest
-    precompute's output is attributed to that precompute (the bytes FA3 reads are exactly those).
-    """
-
-    def __init__(self, num_sm: int, numerics: bool = False):
-        from ..fa3_calls import CheckingFA3
-        from .vllm_numerics import EmulatorVarlenFA3
-
-        from refmodel.fa3_builds import UPSTREAM
-
-        self.numerics = bool(numerics)
-        #: the FA3 build that judges this run (the emulator models upstream's kernel)
-        self.build = UPSTREAM if numerics else VLLM_BUILD
-        self.impl = EmulatorVarlenFA3(num_sm) if numerics else ShapeOnlyFA3(num_sm, build=self.build)
-        #: numerics: (invariant, message, detail) of every call whose output failed the oracle, since the last drain
-        self.output_findings: list = []
-        self.checker = CheckingFA3(self.impl, mode="record", deep=True, num_sm=num_sm, arch=90,
-                                   record_all=True, impl_signature="fa3", signature="fa3", build=self.build)
-        self.last_md = None
-        self.last_pre = None
-        #: calls that consume no metadata and are not checked (DCP's varlen-K call over the new tokens)
-        self.unchecked_calls = 0
-        #: where vLLM's code made each side (``call_sites.caller_location``): per checked call, in event order; per
-        #: precompute record (by id, the record kept alive beside it)
-        self.call_sources: list = []
-        self.pre_sources: dict = {}
-
-    def c_get_scheduler_metadata(self, **a):
-        for name in ("cu_seqlens_k", "seqused_q"):
-            if a[name] is not None:
-                raise Unsupported(f"get_scheduler_metadata({name}=...): not modelled by refmodel")
-        md = self.checker.get_scheduler_metadata(
-            batch_size=a["batch_size"], max_seqlen_q=a["max_seqlen_q"], max_seqlen_k=a["max_seqlen_k"],
-            num_heads_q=a["num_heads"], num_heads_kv=a["num_heads_k"], headdim=a["headdim"],
-            cache_seqlens=a["seqused_k"], qkv_dtype=a["qkv_dtype"], headdim_v=a["headdim_v"],
-            cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_k_new=a["cu_seqlens_k_new"], cache_leftpad=a["leftpad_k"],
-            page_size=a["page_size"], max_seqlen_k_new=a["max_seqlen_k_new"], causal=a["is_causal"],
-            window_size=(a["window_size_left"], a["window_size_right"]), has_softcap=a["has_softcap"],
-            num_splits=a["num_splits"], pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"])
-        self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
-        if self.last_pre is not None:
-            from .call_sites import caller_location
-
-            self.pre_sources[id(self.last_pre)] = (self.last_pre, caller_location("get_scheduler_metadata"))
-        return md
-
-    def _attribute(self, md) -> None:
-        import torch
-
-        if md is None or self.last_md is None or self.checker.origin_of(md) is self.last_pre:
-            return
-        if md.shape == self.last_md.shape and torch.equal(md, self.last_md):
-            self.checker.registry.remember(md, self.last_pre)
-
-    def c_fwd(self, **a):
-        import torch
-
-        md = a["scheduler_metadata"]
-        q = a["q"]
-        if a["cu_seqlens_k"] is not None and md is None and a["page_table"] is None:
-            # varlen K without a cache (DCP's attention over the new tokens): consumes no metadata
-            self.unchecked_calls += 1
-            return self._outputs(q, a["v"])
-        for name in ("k_new", "v_new", "q_v", "cu_seqlens_k", "cu_seqlens_k_new", "seqused_q", "kv_batch_idx",
-                     "leftpad_k", "rotary_cos", "s_aux", "cp_tot_seqused_k"):
-            if a[name] is not None:
-                raise Unsupported(f"fwd({name}=...): not modelled by the shim")
-        self._attribute(md)
-        from .call_sites import caller_location
-
-        where = caller_location("flash_attn_varlen_func")
-        events = len(self.checker.events)
-        self.checker.flash_attn_varlen_func(
-            q=q, k=a["k"], v=a["v"], max_seqlen_q=a["max_seqlen_q"], cu_seqlens_q=a["cu_seqlens_q"],
-            max_seqlen_k=a["max_seqlen_k"], seqused_k=a["seqused_k"], block_table=a["page_table"],
-            causal=a["is_causal"], window_size=(a["window_size_left"], a["window_size_right"]),
-            softcap=a["softcap"], scheduler_metadata=md, num_splits=a["num_splits"],
-            **({"softmax_scale": a["softmax_scale"]} if self.numerics else {}))
-        self.call_sources += [where] * (len(self.checker.events) - events)
-        if not self.numerics:
-            return self._outputs(q, a["v"])
-        return self._judged(a)
-
-    def _judged(self, a: dict) -> list:
-        """Numerics: the emulator's output into vLLM's ``out``, judged against the oracle (vllm_numerics.judge)."""
-        from .vllm_numerics import judge
-
-        out, lse = self.impl.last
-        if a["out"] is not None:
-            a["out"].copy_(out.to(a["out"].dtype))
-        bad = judge(out, a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["max_seqlen_q"], a["seqused_k"],
-                    a["page_table"], a["is_causal"], (a["window_size_left"], a["window_size_right"]), a["softcap"],
-                    a["softmax_scale"])
-        if bad is not None:
-            self.output_findings.append(bad)
-        return [a["out"] if a["out"] is not None else out, lse, lse.new_zeros(0), lse.new_zeros(0)]
-
-    @staticmethod
-    def _outputs(q, v):
-        import torch
-
-        out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=torch.bfloat16 if q.element_size() == 1 else q.dtype)
-        lse = torch.zeros(q.shape[-2], q.shape[0], dtype=torch.float32)
-        return [out, lse, lse.new_zeros(0), lse.new_zeros(0)]
-
-    def drain(self) -> list:
-        """(precompute, call, violations) of every checked call since the last drain; where each side was made
-        comes with :meth:`drain_sources` (call it right after)."""
-        events, self.checker.events = self.checker.events, []
-        sources, self.call_sources = self.call_sources, []
-        sources = (sources + [None] * len(events))[:len(events)]
-        self._drained_sources = [{"precompute": self._source_of(ev[0]), "call": src}
-                                 for ev, src in zip(events, sources)]
-        return events
-
-    def _source_of(self, pre):
-        kept = self.pre_sources.get(id(pre)) if pre is not None else None
-        return kept[1] if kept is not None and kept[0] is pre else None
-
-    def drain_sources(self) -> list:
-        """{"precompute", "call"} source locations of the events the last :meth:`drain` returned, in order."""
-        return getattr(self, "_drained_sources", [])
-
-    def drain_outputs(self) -> list:
-        found, self.output_findings = self.output_findings, []
-        return found
-
-
-def seed_defect(front: "FrontFA3", defect) -> "FrontFA3":
-    """``front`` with a seeded defect applied from outside; None: unchanged.
-
-    ``{"precompute_num_splits": N}``: the metadata vLLM asks for is computed with ``num_splits=N`` whatever vLLM
-    passed (vLLM #20301's pattern); ``{"precompute_max_seqlen_q_delta": K}``: with ``max_seqlen_q + K`` (theorem 9's
-    drift under the fork's decode tile)."""
-    if not defect:
-        return front
-    plain = front.c_get_scheduler_metadata
-
-    def seeded(**a):
-        if "precompute_num_splits" in defect:
-            a = {**a, "num_splits": defect["precompute_num_splits"]}
-        if "precompute_max_seqlen_q_delta" in defect:
-            a = {**a, "max_seqlen_q": a["max_seqlen_q"] + defect["precompute_max_seqlen_q_delta"]}
-        return plain(**a)
-
-    front.c_get_scheduler_metadata = seeded
-    return front
-
-
-# ------------------------------------------------------------------------------------------------------------
 # vLLM objects for one configuration
 # ------------------------------------------------------------------------------------------------------------
 
@@ -311,6 +147,7 @@ class _ModelStandIn:
         self.is_diffusion = False
         self.dtype = torch_dtype
         self._heads = s["num_heads"]
+        self.max_model_len = s["max_model_len"]  # 0.34.0's build reads it under VLLM_BATCH_INVARIANT
 
     def get_num_attention_heads(self, parallel_config) -> int:
         return self._heads // parallel_config.tensor_parallel_size
@@ -344,7 +181,8 @@ class Config:
         os.environ["VLLM_BATCH_INVARIANT"] = "1" if s["batch_invariant"] else "0"
         dtype = getattr(torch, s["dtype"])
         vc = VllmConfig(compilation_config=CompilationConfig(max_cudagraph_capture_size=max(s["capture_sizes"])))
-        mode = {"none": CUDAGraphMode.NONE, "piecewise": CUDAGraphMode.PIECEWISE, "full": CUDAGraphMode.FULL}
+        mode = {"none": CUDAGraphMode.NONE, "piecewise": CUDAGraphMode.PIECEWISE, "full": CUDAGraphMode.FULL,
+                "full_and_piecewise": CUDAGraphMode.FULL_AND_PIECEWISE}
         vc.compilation_config.cudagraph_mode = mode[s["cuda_graph"]]
         vc.compilation_config.cudagraph_capture_sizes = list(s["capture_sizes"])
         vc.compilation_config.max_cudagraph_capture_size = max(s["capture_sizes"])
@@ -369,9 +207,18 @@ class Config:
                 workspace.init_workspace_manager(torch.device("cpu"))
         windows = s["sliding_window"] or [None] * s["num_layers"]
         self.layers = {}
+        # V's head size other than K's: vLLM's DiffKV backend (flash_attn_diffkv.py), the same metadata builder
+        self.dv = s["head_dim_v"] or s["head_dim"]
+        self.backend, impl_class = fa.FlashAttentionBackend, fa.FlashAttentionImpl
+        if self.dv != s["head_dim"]:
+            import vllm.v1.attention.backends.flash_attn_diffkv as diffkv
+
+            self.backend, impl_class = diffkv.FlashAttentionDiffKVBackend, diffkv.FlashAttentionDiffKVImpl
+            self.backend.set_head_size_v(self.dv)
+        v_size = {"head_size_v": self.dv} if self.dv != s["head_dim"] else {}
         with set_current_vllm_config(vc):
             for i, w in enumerate(windows):
-                impl = fa.FlashAttentionImpl(num_heads=self.h, head_size=s["head_dim"],
+                impl = impl_class(num_heads=self.h, head_size=s["head_dim"],
                                              scale=s["head_dim"] ** -0.5, num_kv_heads=self.hk, alibi_slopes=None,
                                              sliding_window=w, kv_cache_dtype=s["kv_cache_dtype"],
                                              logits_soft_cap=s["logits_soft_cap"] or None)
@@ -381,24 +228,30 @@ class Config:
                 layer.layer_name = f"model.layers.{i}.self_attn.attn"
                 for name in ("_q_scale", "_k_scale", "_v_scale"):
                     setattr(layer, name, torch.ones((), dtype=torch.float32))
+                    setattr(layer, name + "_float", 1.0)  # 0.34.0's impl reads the float mirror (_descale)
                 vc.compilation_config.static_forward_context[layer.layer_name] = layer
                 self.layers[layer.layer_name] = layer
             kv_dtype = torch.uint8 if s["kv_cache_dtype"] == "fp8" else dtype
             w0 = windows[0]
             if w0 is not None and len(set(windows)) == 1:
                 spec = SlidingWindowSpec(block_size=s["block_size"], num_kv_heads=self.hk, head_size=s["head_dim"],
-                                         dtype=kv_dtype, sliding_window=w0)
+                                         dtype=kv_dtype, sliding_window=w0, **v_size)
             else:
                 spec = FullAttentionSpec(block_size=s["block_size"], num_kv_heads=self.hk, head_size=s["head_dim"],
-                                         dtype=kv_dtype)
+                                         dtype=kv_dtype, **v_size)
             self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
-        self.kv_cache = torch.zeros(1, self.hk, s["block_size"], 2 * s["head_dim"], dtype=kv_dtype)
+        self.kv_cache = torch.zeros(1, self.hk, s["block_size"], s["head_dim"] + self.dv, dtype=kv_dtype)
+        self.spec = spec
+        self.max_blocks = self.table_width(spec)
+        self.steps_built = 0
+
+    def table_width(self, spec) -> int:
+        """The model runner's per-rank block-table width (gpu_model_runner -> BlockTable): the spec's blocks per
+        request (under DCP a sharded cache holds max_model_len / dcp tokens per rank), aligned to 128 tokens."""
         from vllm.v1.worker.block_table import get_block_table_width
 
-        # the model runner's per-rank block-table width (gpu_model_runner -> BlockTable): the spec's blocks per
-        # request (under DCP a sharded cache holds max_model_len / dcp tokens per rank), aligned to 128 tokens
-        self.max_blocks = get_block_table_width(spec.max_num_blocks_per_req(vc, s["max_model_len"]), s["block_size"])
-        self.steps_built = 0
+        return get_block_table_width(spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"]),
+                                     self.s["block_size"])
 
     def batch(self, query_lens, seq_lens):
         """vLLM's CommonAttentionMetadata for one batch (padded to a capture size under full CUDA graph)."""
@@ -426,6 +279,15 @@ class Config:
             slot_mapping=torch.zeros(int(sum(q)), dtype=torch.int64), causal=True,
             seq_lens_cpu_upper_bound=torch.tensor(k, dtype=torch.int32))
 
+    def step(self, query_lens, seq_lens, front):
+        """One batch the first generation's way: (metadata, path label, None)."""
+        if self.s["cuda_graph"] == "full_and_piecewise":
+            raise Unsupported("cuda_graph: full_and_piecewise is driven through the V2 runner only (driver v2)")
+        cam = self.batch(query_lens, seq_lens)
+        md = self.builder.build(0, cam)
+        self.forward(md, cam.num_actual_tokens)
+        return md, self.s["cuda_graph"], None
+
     def padded_tokens(self, num_tokens: int) -> int:
         """The tokens the layers see: under piecewise CUDA graphs the hidden states are padded to the capture size
         (``gpu_model_runner``: ``num_tokens_padded``) while the attention metadata is not (``pad_attn`` only under
@@ -451,8 +313,9 @@ class Config:
                 else:
                     query = torch.zeros(num_tokens, self.h, s["head_dim"], dtype=qd)
                 key = torch.zeros(num_tokens, self.hk, s["head_dim"], dtype=self.dtype)
-                out = torch.zeros(num_tokens, self.h, s["head_dim"], dtype=self.dtype)
-                layer.impl.forward(layer, query, key, key, self.kv_cache, md, out)
+                value = torch.zeros(num_tokens, self.hk, self.dv, dtype=self.dtype)
+                out = torch.zeros(num_tokens, self.h, self.dv, dtype=self.dtype)
+                layer.impl.forward(layer, query, key, value, self.kv_cache, md, out)
 
 
 def _cumsum(xs):
@@ -481,6 +344,22 @@ class Engine:
         import vllm.v1.attention.backends.fa_utils as fa_utils
 
         self.vllm, self.fa, self.glue = vllm, fa, vllm_glue
+        self.generation = os.environ.get(GENERATION_VARIABLE) or "v1"
+        from .vllm_recipes import GENERATION_MODULES, missing_for_generation
+
+        if self.generation in GENERATION_MODULES:
+            missing = missing_for_generation(self.generation, os.environ.get("FA3VERIFY_VLLM_SOURCE"))
+            if missing:
+                raise ImportError(f"vllm {getattr(vllm, '__version__', '?')} lacks what driver generation "
+                                  f"{self.generation} drives: {'; '.join(missing)}")
+        if self.generation == "v2":
+            from .vllm_driver_v2 import ConfigV2
+
+            self.config_class = ConfigV2
+        elif self.generation == "v1":
+            self.config_class = Config
+        else:
+            raise ValueError(f"{GENERATION_VARIABLE}: v1 or v2, got {self.generation!r}")
         self.fa_version = fa_utils.get_flash_attn_version()
         self.import_s = time.monotonic() - t
         self._patch_dcp_combine()
@@ -500,7 +379,16 @@ class Engine:
 
     def hello(self) -> dict:
         return {"release": getattr(self.vllm, "__version__", None), "path": os.path.dirname(self.vllm.__file__),
-                "import_s": round(self.import_s, 2), "fa_version": self.fa_version, "faked": list(self.glue.FAKED)}
+                "import_s": round(self.import_s, 2), "fa_version": self.fa_version, "faked": list(self.glue.FAKED),
+                "driver": self.generation, "stood_in": list(self._stood_in())}
+
+    def _stood_in(self) -> tuple:
+        """What the driver generation itself stands in for (the second generation's runner pieces)."""
+        if self.generation != "v2":
+            return ()
+        from .vllm_driver_v2 import STOOD_IN
+
+        return STOOD_IN
 
     def validate(self, scenario: dict) -> dict:
         """vLLM's own config validation of a scenario's configuration (``vllm_validation``)."""
@@ -523,24 +411,29 @@ class Engine:
         front = seed_defect(FrontFA3(s["num_sm"], numerics=bool(numerics)), s["defect"])
         self.glue.front.target = front
         t = time.monotonic()
-        cfg = Config(self, s, numerics=bool(numerics))
+        cfg = self.config_class(self, s, numerics=bool(numerics))
         out = {"findings": [], "shape_errors": [], "trace": [], "setup_s": round(time.monotonic() - t, 3),
                "fa3_build": front.build}
         out["unchecked_calls"] = 0
         for index, st in enumerate(s["steps"]):
             t = time.monotonic()
-            cam = cfg.batch(st["query_lens"], st["seq_lens"])
-            md = cfg.builder.build(0, cam)
-            cfg.forward(md, cam.num_actual_tokens)
+            md, path, desc = cfg.step(st["query_lens"], st["seq_lens"], front)
+            captured, front.capture_events = front.capture_events, []
             drained = front.drain()
             sources = front.drain_sources() if hasattr(front, "drain_sources") else []
-            for i, (pre, call, violations) in enumerate(drained):
+            pairs = ([("capture", e, None) for e in captured]
+                     + [(None, e, sources[i] if i < len(sources) else None) for i, e in enumerate(drained)])
+            for origin, (pre, call, violations), source in pairs:
                 summary = pair_summary(pre, call)
                 entry = {"step": index, "mode": "decode" if max(st["query_lens"]) == 1 else "mixed",
-                         "path": s["cuda_graph"], "max_num_splits": md.max_num_splits,
+                         "path": f"{path}: capture" if origin else path, "max_num_splits": md.max_num_splits,
                          "aot": md.scheduler_metadata is not None, **summary}
-                if i < len(sources) and any(sources[i].values()):
-                    entry["source"] = sources[i]
+                if source is not None and any(source.values()):
+                    entry["source"] = source
+                if desc is not None:
+                    entry["graph"] = {"num_tokens": desc.num_tokens, "num_reqs": desc.num_reqs,
+                                      "max_query_len": desc.max_query_len,
+                                      "uniform_token_count": desc.uniform_token_count}
                 out["trace"].append(entry)
                 for v in violations:
                     d = v.to_dict() if hasattr(v, "to_dict") else {"invariant": v.invariant, "message": str(v)}
@@ -549,6 +442,14 @@ class Engine:
                                "detail": {"s_p": summary["s_p"], "s_c": summary["s_c"], "mode": entry["mode"],
                                           "path": entry["path"],
                                           "seq_lens": list(st["seq_lens"]), **d}}
+                    if finding["invariant"] == "SHAPE" and desc is not None and origin is None and path == "full":
+                        finding["message"] = ("at a CUDA-graph replay FA3 checks nothing, so the captured kernel reads "
+                                              "the recompute at the captured layout (a silent layout mismatch): "
+                                              + finding["message"].replace(": FA3 raises, a loud and safe error",
+                                                                           ""))
+                        finding["detail"]["replay"] = True
+                        out["findings"].append(finding)
+                        continue
                     (out["shape_errors"] if finding["invariant"] == "SHAPE" else out["findings"]).append(finding)
             mode = "decode" if max(st["query_lens"]) == 1 else "mixed"
             for invariant, message, detail in front.drain_outputs():

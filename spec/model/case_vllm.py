@@ -10,7 +10,9 @@ the range vLLM accepts; everything else of the configuration stays in ``server``
 Fields (all optional): ``piecewise`` (bool: piecewise CUDA graphs, attention eager; not with ``server.cuda_graph``),
 ``kv_cache_dtype`` (``"auto"`` or ``"fp8"``), ``num_layers`` (1..64), ``sliding_window`` (null, an integer >= 1 for
 every layer, or one null-or-integer per layer), ``capture_sizes`` (1..64 integers in [1, 4096]),
-``max_num_splits_for_cuda_graph`` (1..256). ``check_vllm_options`` raises ``CaseFormatError`` naming the field.
+``max_num_splits_for_cuda_graph`` (1..256), ``full_and_piecewise`` (bool, only with ``server.cuda_graph``: vLLM's
+FULL_AND_PIECEWISE mode, FULL graphs for uniform decode batches and PIECEWISE for the rest; driven by the V2
+runner's driver generation). ``check_vllm_options`` raises ``CaseFormatError`` naming the field.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from spec.model.case_bounds import MAX_LEN, CaseFormatError
 __all__ = ["VLLM_FIELDS", "check_vllm_options"]
 
 VLLM_FIELDS = ("piecewise", "kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes",
-               "max_num_splits_for_cuda_graph")
+               "max_num_splits_for_cuda_graph", "full_and_piecewise")
 MAX_LAYERS = 64
 MAX_CAPTURE_SIZE = 4096
 
@@ -46,6 +48,12 @@ def check_vllm_options(value: Any, server: dict) -> Optional[dict]:
         raise CaseFormatError("vllm.piecewise", "true or false", pw)
     if pw and server.get("cuda_graph", False):
         raise CaseFormatError("vllm.piecewise", "false when server.cuda_graph is true (full CUDA graph)", pw)
+    fp = out.get("full_and_piecewise", False)
+    if not isinstance(fp, bool):
+        raise CaseFormatError("vllm.full_and_piecewise", "true or false", fp)
+    if fp and not server.get("cuda_graph", False):
+        raise CaseFormatError("vllm.full_and_piecewise", "true only with server.cuda_graph (vLLM's FULL_AND_PIECEWISE "
+                                                         "mode: FULL graphs for uniform decode batches)", fp)
     if out.get("kv_cache_dtype", "auto") not in ("auto", "fp8"):
         raise CaseFormatError("vllm.kv_cache_dtype", "'auto' or 'fp8'", out["kv_cache_dtype"])
     layers = out.get("num_layers", 1)

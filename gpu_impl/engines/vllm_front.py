@@ -1,0 +1,202 @@
+"""The vLLM driver's FA3 front: what the faked ``_vllm_fa3_C`` ops call (``vllm_glue``), handing both sides of every
+FA3 hand-off vLLM makes to ``gpu_impl.fa3_calls.CheckingFA3`` (record mode, deep checks) over a shape-only FA3 whose
+metadata comes from refmodel, or over the emulator with numerics; and the seeded defects applied from outside vLLM's
+code. Split from ``vllm_driver`` (the worker), which re-exports these names.
+
+Invariant: a call is judged against the precompute whose output it consumed: the checker's address registry, or,
+for a persistent CUDA-graph buffer vLLM copies the metadata into, the latest precompute whose bytes the buffer holds
+(a captured graph's longer view of it counts when the rest is the zeroed tail).
+"""
+
+from __future__ import annotations
+
+from .protocol import Unsupported
+
+#: the FA3 build vLLM 0.33.0 and 0.34.0 ship, as modelled (refmodel/fa3_builds.json; refmodel.fa3_builds.build_for_engine)
+VLLM_BUILD = "vllm-fork-617264c1"
+
+class ShapeOnlyFA3:
+    """FA3 without numerics: metadata from refmodel, calls return nothing but shapes (record mode)."""
+
+    name = "shape-only"
+
+    def __init__(self, num_sm: int, arch: int = 90, build: str = VLLM_BUILD):
+        self.num_sm, self.arch, self.build = num_sm, arch, build
+
+    def get_scheduler_metadata(self, *args, **kwargs):
+        from refmodel.metadata import get_scheduler_metadata
+
+        from ..fa3_calls import record_precompute
+
+        pre = record_precompute(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=True, build=self.build,
+                                **kwargs)
+        return get_scheduler_metadata(**pre.scheduler_kwargs())
+
+    def flash_attn_varlen_func(self, *args, **kwargs):
+        return None
+
+
+class FrontFA3:
+    """The target of the faked ``_vllm_fa3_C`` ops: C++-order arguments back to FA3 names, into the checker.
+
+    vLLM copies the metadata into a persistent buffer under full CUDA graphs (``buf[:n] = md``), which the
+    checker's address registry cannot follow; a tensor of unknown origin whose contents equal the latest
+    precompute's output is attributed to that precompute (the bytes FA3 reads are exactly those).
+    """
+
+    def __init__(self, num_sm: int, numerics: bool = False):
+        from ..fa3_calls import CheckingFA3
+        from .vllm_numerics import EmulatorVarlenFA3
+
+        from refmodel.fa3_builds import UPSTREAM
+
+        self.numerics = bool(numerics)
+        #: the FA3 build that judges this run (the emulator models upstream's kernel)
+        self.build = UPSTREAM if numerics else VLLM_BUILD
+        self.impl = EmulatorVarlenFA3(num_sm) if numerics else ShapeOnlyFA3(num_sm, build=self.build)
+        #: numerics: (invariant, message, detail) of every call whose output failed the oracle, since the last drain
+        self.output_findings: list = []
+        self.checker = CheckingFA3(self.impl, mode="record", deep=True, num_sm=num_sm, arch=90,
+                                   record_all=True, impl_signature="fa3", signature="fa3", build=self.build)
+        self.last_md = None
+        self.last_pre = None
+        #: calls that consume no metadata and are not checked (DCP's varlen-K call over the new tokens)
+        self.unchecked_calls = 0
+        #: a list while a FULL CUDA graph is captured (the second generation): every call's arguments, re-issued
+        #: at each replay; the capture's own checked pairs go to ``capture_events``
+        self.recording = None
+        self.capture_events: list = []
+        #: where vLLM's code made each side (``call_sites.caller_location``): per checked call, in event order; per
+        #: precompute record (by id, the record kept alive beside it)
+        self.call_sources: list = []
+        self.pre_sources: dict = {}
+
+    def c_get_scheduler_metadata(self, **a):
+        for name in ("cu_seqlens_k", "seqused_q"):
+            if a[name] is not None:
+                raise Unsupported(f"get_scheduler_metadata({name}=...): not modelled by refmodel")
+        md = self.checker.get_scheduler_metadata(
+            batch_size=a["batch_size"], max_seqlen_q=a["max_seqlen_q"], max_seqlen_k=a["max_seqlen_k"],
+            num_heads_q=a["num_heads"], num_heads_kv=a["num_heads_k"], headdim=a["headdim"],
+            cache_seqlens=a["seqused_k"], qkv_dtype=a["qkv_dtype"], headdim_v=a["headdim_v"],
+            cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_k_new=a["cu_seqlens_k_new"], cache_leftpad=a["leftpad_k"],
+            page_size=a["page_size"], max_seqlen_k_new=a["max_seqlen_k_new"], causal=a["is_causal"],
+            window_size=(a["window_size_left"], a["window_size_right"]), has_softcap=a["has_softcap"],
+            num_splits=a["num_splits"], pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"])
+        self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
+        if self.last_pre is not None:
+            from .call_sites import caller_location
+
+            self.pre_sources[id(self.last_pre)] = (self.last_pre, caller_location("get_scheduler_metadata"))
+        return md
+
+    def _attribute(self, md) -> None:
+        import torch
+
+        if md is None or self.last_md is None or self.checker.origin_of(md) is self.last_pre:
+            return
+        n = self.last_md.numel()
+        if md.shape == self.last_md.shape and torch.equal(md, self.last_md):
+            self.checker.registry.remember(md, self.last_pre)
+        elif md.numel() > n and torch.equal(md[:n], self.last_md) and not bool(md[n:].any()):
+            # a captured graph's view of the persistent buffer, longer than the recompute vLLM copied into it
+            # (``_store_scheduler_metadata`` zeroes the tail): the replay reads that recompute at its own layout
+            self.checker.registry.remember(md, self.last_pre)
+
+    def c_fwd(self, **a):
+        import torch
+
+        if self.recording is not None:
+            self.recording.append(dict(a))
+        md = a["scheduler_metadata"]
+        q = a["q"]
+        if a["cu_seqlens_k"] is not None and md is None and a["page_table"] is None:
+            # varlen K without a cache (DCP's attention over the new tokens): consumes no metadata
+            self.unchecked_calls += 1
+            return self._outputs(q, a["v"])
+        for name in ("k_new", "v_new", "q_v", "cu_seqlens_k", "cu_seqlens_k_new", "seqused_q", "kv_batch_idx",
+                     "leftpad_k", "rotary_cos", "s_aux", "cp_tot_seqused_k"):
+            if a[name] is not None:
+                raise Unsupported(f"fwd({name}=...): not modelled by the shim")
+        self._attribute(md)
+        from .call_sites import caller_location
+
+        where = caller_location("flash_attn_varlen_func")
+        events = len(self.checker.events)
+        self.checker.flash_attn_varlen_func(
+            q=q, k=a["k"], v=a["v"], max_seqlen_q=a["max_seqlen_q"], cu_seqlens_q=a["cu_seqlens_q"],
+            max_seqlen_k=a["max_seqlen_k"], seqused_k=a["seqused_k"], block_table=a["page_table"],
+            causal=a["is_causal"], window_size=(a["window_size_left"], a["window_size_right"]),
+            softcap=a["softcap"], scheduler_metadata=md, num_splits=a["num_splits"],
+            **({"softmax_scale": a["softmax_scale"]} if self.numerics else {}))
+        self.call_sources += [where] * (len(self.checker.events) - events)
+        if not self.numerics:
+            return self._outputs(q, a["v"])
+        return self._judged(a)
+
+    def _judged(self, a: dict) -> list:
+        """Numerics: the emulator's output into vLLM's ``out``, judged against the oracle (vllm_numerics.judge)."""
+        from .vllm_numerics import judge
+
+        out, lse = self.impl.last
+        if a["out"] is not None:
+            a["out"].copy_(out.to(a["out"].dtype))
+        bad = judge(out, a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["max_seqlen_q"], a["seqused_k"],
+                    a["page_table"], a["is_causal"], (a["window_size_left"], a["window_size_right"]), a["softcap"],
+                    a["softmax_scale"])
+        if bad is not None:
+            self.output_findings.append(bad)
+        return [a["out"] if a["out"] is not None else out, lse, lse.new_zeros(0), lse.new_zeros(0)]
+
+    @staticmethod
+    def _outputs(q, v):
+        import torch
+
+        out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=torch.bfloat16 if q.element_size() == 1 else q.dtype)
+        lse = torch.zeros(q.shape[-2], q.shape[0], dtype=torch.float32)
+        return [out, lse, lse.new_zeros(0), lse.new_zeros(0)]
+
+    def drain(self) -> list:
+        """(precompute, call, violations) of every checked call since the last drain; where each side was made
+        comes with :meth:`drain_sources` (call it right after)."""
+        events, self.checker.events = self.checker.events, []
+        sources, self.call_sources = self.call_sources, []
+        sources = (sources + [None] * len(events))[:len(events)]
+        self._drained_sources = [{"precompute": self._source_of(ev[0]), "call": src}
+                                 for ev, src in zip(events, sources)]
+        return events
+
+    def _source_of(self, pre):
+        kept = self.pre_sources.get(id(pre)) if pre is not None else None
+        return kept[1] if kept is not None and kept[0] is pre else None
+
+    def drain_sources(self) -> list:
+        """{"precompute", "call"} source locations of the events the last :meth:`drain` returned, in order."""
+        return getattr(self, "_drained_sources", [])
+
+    def drain_outputs(self) -> list:
+        found, self.output_findings = self.output_findings, []
+        return found
+
+
+def seed_defect(front: "FrontFA3", defect) -> "FrontFA3":
+    """``front`` with a seeded defect applied from outside; None: unchanged.
+
+    ``{"precompute_num_splits": N}``: the metadata vLLM asks for is computed with ``num_splits=N`` whatever vLLM
+    passed (vLLM #20301's pattern); ``{"precompute_max_seqlen_q_delta": K}``: with ``max_seqlen_q + K`` (theorem 9's
+    drift under the fork's decode tile)."""
+    if not defect:
+        return front
+    plain = front.c_get_scheduler_metadata
+
+    def seeded(**a):
+        if "precompute_num_splits" in defect:
+            a = {**a, "num_splits": defect["precompute_num_splits"]}
+        if "precompute_max_seqlen_q_delta" in defect:
+            a = {**a, "max_seqlen_q": a["max_seqlen_q"] + defect["precompute_max_seqlen_q_delta"]}
+        return plain(**a)
+
+    front.c_get_scheduler_metadata = seeded
+    return front
+
+
