@@ -17,7 +17,7 @@ __all__ = ["config_terms", "heads_hint", "witness_features"]
 
 
 def _hints() -> dict:
-    from .finding_terms import _hints as hints
+    from .finding_terms import finding_hints as hints
 
     return hints()
 

@@ -39,7 +39,7 @@ _PATHS = {"cuda_graph": "replay"}
 
 
 @lru_cache(maxsize=1)
-def _hints() -> dict:
+def finding_hints() -> dict:
     return json.loads((Path(__file__).with_name("finding_hints.json")).read_text(encoding="utf-8"))
 
 
@@ -50,7 +50,7 @@ def hint_for(invariant: str, differs: Optional[dict] = None, server=None, model=
     kept the precompute (``guard_kept``; :func:`fa3verify.config_terms.heads_hint`)."""
     from spec.invariants import INVARIANTS
 
-    hints = _hints()
+    hints = finding_hints()
     if invariant in INVARIANTS or invariant in ("NO_NAN", "MATCHES_ORACLE"):
         for name, text in hints["arguments"]:
             if name in (differs or {}):
