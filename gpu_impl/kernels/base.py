@@ -56,7 +56,8 @@ def check_cache_strides(k_cache, v_cache) -> None:
     """The interface's own asserts (``hopper/flash_attn_interface.py`` ``flash_attn_with_kvcache``, before ``mha_fwd``)."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if isinstance(t, torch.Tensor):
-            assert t.stride(-1) == 1, f"{name} must have contiguous last dimension"
+            if t.stride(-1) != 1:   # FA3's `assert` (raised explicitly: it must hold under python -O too)
+                raise AssertionError(f"{name} must have contiguous last dimension")
 
 
 # ----------------------------------------------------------------------------------------------------------
