@@ -499,7 +499,7 @@ def main(argv=None) -> int:
                           "pass": counts["pass"], "fail": counts["fail"], "unsupported": counts["unsupported"],
                           "undefined_in_fa3": counts["undefined"],
                           "calls_passed": calls, "unsupported_features": dict(unsupported),
-                          "runnable_share": round(counts["pass"] / len(items), 3) if items else None,
+                          "runnable_share": round(1 - counts["unsupported"] / len(items), 3) if items else None,
                           "cpu_s": round(time.process_time() - start, 1)}))
         for item, detail in failures[:5]:
             print(f"  FAIL {item}: {detail}")

@@ -216,14 +216,41 @@ def test_metadata_for_other_head_counts_fails_like_fa3():
 '''
 
 
-@pytest.mark.parametrize("install", [["-p", "gpu_impl.emulate_fa3"],
-                                     ["-p", "fa3verify.pytest_plugin", "--fa3verify-emulate-fa3"]])
-def test_one_line_install_runs_a_users_tests_on_cpu(tmp_path, install):
+SANITIZED_TEST = '''
+import torch
+from flash_attn_interface import flash_attn_with_kvcache, get_scheduler_metadata
+
+
+def test_decode_reuses_metadata_precomputed_for_one_kv_head():
+    lens = torch.tensor([8192] + [100] * 7, dtype=torch.int32)
+    cu = torch.arange(9, dtype=torch.int32)
+    md = get_scheduler_metadata(8, 1, 8192, 32, 1, 128, lens, cu_seqlens_q=cu, causal=True)
+    q, k = torch.zeros(8, 32, 128, dtype=torch.bfloat16), torch.zeros(8, 8192, 4, 128, dtype=torch.bfloat16)
+    flash_attn_with_kvcache(q, k, k, cache_seqlens=lens, cu_seqlens_q=cu, max_seqlen_q=1, causal=True,
+                            scheduler_metadata=md)
+'''
+
+
+def test_one_line_install_runs_a_users_tests_on_cpu(tmp_path):
     (tmp_path / "test_user_attention.py").write_text(USER_TESTS)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *install, "test_user_attention.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "gpu_impl.emulate_fa3",
+           "test_user_attention.py"]
     ran = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0 and "2 passed" in ran.stdout, ran.stdout + ran.stderr
+
+
+def test_pytest_option_with_the_sanitizer_catches_stale_metadata_on_cpu(tmp_path):
+    """docs/sanitize.md's CPU example: the emulated FA3 registered by the option, the sanitizer wrapping it."""
+    (tmp_path / "test_user_attention.py").write_text(USER_TESTS)
+    (tmp_path / "test_sanitized.py").write_text(SANITIZED_TEST)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "fa3verify.pytest_plugin",
+           "--fa3verify-emulate-fa3", "--fa3verify-sanitize=raise", "--fa3verify-sanitize-dir", str(tmp_path / "out"),
+           "test_user_attention.py", "test_sanitized.py"]
+    ran = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 1 and "1 failed, 2 passed" in ran.stdout, ran.stdout + ran.stderr
+    assert "MetadataMismatch: SPLIT_BOUND" in ran.stdout and "wrapped: flash_attn_interface." in ran.stdout
 
 
 
