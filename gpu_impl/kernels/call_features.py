@@ -255,9 +255,8 @@ class _Features:
             local = schedule.masking.is_causal or schedule.masking.is_local
             q = q.clone()
             for bb in range(b):
-                rows = q[rows_of(bb)]
-                flat = rows if shape.varlen_q else rows
-                q[rows_of(bb)] = self._rotate(flat, rotary_positions_q(seqlen_rotary[bb], flat.shape[0], local), "q")
+                rows = q[rows_of(bb)]            # (Lq, h, d)
+                q[rows_of(bb)] = self._rotate(rows, rotary_positions_q(seqlen_rotary[bb], rows.shape[0], local), "q")
         out_dtype = out_dtype_for(args.q.dtype)
         if f["descales"] is not None:
             q, k_cache, v_cache, page_table = self._dequantize(q, k_cache, v_cache, page_table, rows_of)

@@ -20,6 +20,11 @@ tile visits, are NaN; rows no tile covers are NaN (``torch.empty`` garbage model
 result is certainly garbage are not computed at all (their KV length is set to 0 for the numerics pass), so a
 32768-token faulty batch costs nothing.
 
+The call's features (appended KV with rotary, ``cache_batch_idx``, ``qv``, ``attention_chunk``, FP8 descales
+with a bfloat16 output) are checked as ``mha_fwd`` checks them and applied to the numerics' inputs by
+:mod:`gpu_impl.kernels.call_features`; :mod:`gpu_impl.kernels.fa3_interface` is FA3's Python interface over
+this kernel (docs/emulator.md).
+
 Emulator-only extension: float32/float64 inputs are accepted (scheduled as bfloat16) so tests can compare
 at tight tolerances; FA3 itself takes bf16/fp16/fp8 only.
 """
