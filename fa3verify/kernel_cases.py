@@ -201,7 +201,7 @@ def _evaluate_kernel_case(kc: dict, defects: Optional[Iterable[str]] = None) -> 
                     call["head_dim"], torch.tensor(m["cache_seqlens"], dtype=torch.int32),
                     headdim_v=call["head_dim_v"], cu_seqlens_q=torch.tensor(m["cu_seqlens_q"], dtype=torch.int32),
                     causal=bool(m.get("causal", call["causal"])), num_splits=int(m.get("num_splits", 0)))
-            out, lse = kernel.flash_attn_with_kvcache(q, k, v, scheduler_metadata=md, return_softmax_lse=True,
+            out, lse, *_ = kernel.flash_attn_with_kvcache(q, k, v, scheduler_metadata=md, return_softmax_lse=True,
                                                       **kwargs)
     except MetadataShapeError as exc:
         return "shape_error", [], [str(exc)]

@@ -1,5 +1,6 @@
 """pytest plugin: `pytest --fa3verify-guard module:function` adds the fa3-verify gate as a test;
-`pytest --fa3verify-sanitize=raise|warn|record` runs the suite under the runtime metadata sanitizer.
+`pytest --fa3verify-sanitize=raise|warn|record` runs the suite under the runtime metadata sanitizer;
+`pytest --fa3verify-emulate-fa3` makes `import flash_attn_interface` give the CPU emulated FA3 (gpu_impl.emulate_fa3).
 
 With the option, one test item, ``fa3verify_gate[<guard>]``, is appended to the collected suite. It runs
 :func:`fa3verify.api.gate` (prove + fuzz) on the guard and fails with the verdict, the failed checks and
@@ -56,6 +57,9 @@ def pytest_addoption(parser):
     group.addoption("--fa3verify-sanitize-num-sm", action="store", default=None, metavar="N",
                     help="the device's SM count, 1..1024 (default: $FA3VERIFY_SANITIZE_NUM_SM, else read from the "
                          "first FA3 tensor's CUDA device; 132 on the CPU)")
+    group.addoption("--fa3verify-emulate-fa3", action="store_true", default=False,
+                    help="register the CPU emulated FA3 as flash_attn_interface (and sgl_kernel.flash_attn where "
+                         "no real sgl_kernel exists) before collection; see docs/emulator.md")
 
 
 def _options(config) -> dict:
@@ -116,6 +120,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{MARKER}: the fa3-verify gate added by --fa3verify-guard")
+    if config.getoption("fa3verify_emulate_fa3", False):
+        import gpu_impl.emulate_fa3  # noqa: F401  (registers on import, before the sanitizer wraps FA3)
     _configure_sanitizer(config)
     guard = config.getoption("fa3verify_guard", None)
     if guard is None:

@@ -239,10 +239,11 @@ class FlashAttentionBackend:
         cache_seqlens = torch.tensor(call.seq_lens, dtype=torch.int32, device=q.device)
         cu_seqlens_q = torch.arange(bs + 1, dtype=torch.int32, device=q.device)
         metadata = self.decode_metadata(kernel, call, q, cache_seqlens, cu_seqlens_q, sliding_window)
-        return kernel.flash_attn_with_kvcache(
+        out, lse, *_ = kernel.flash_attn_with_kvcache(
             q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, cu_seqlens_q=cu_seqlens_q,
             max_seqlen_q=1, softmax_scale=softmax_scale, causal=True, scheduler_metadata=metadata,
             num_splits=call.launch_num_splits, return_softmax_lse=True)
+        return out, lse
 
     def decode_metadata(self, kernel, call: DecodeCall, q: torch.Tensor, cache_seqlens: torch.Tensor,
                         cu_seqlens_q: torch.Tensor, sliding_window: bool = False) -> Optional[torch.Tensor]:

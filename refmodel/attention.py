@@ -9,8 +9,8 @@ Everything here is computed in float64. The module has three layers:
 
 Conventions follow ``hopper/flash_attn_interface.py`` (``flash_attn_with_kvcache``), ``hopper/flash_api.cpp``
 (``mha_fwd``), ``hopper/seqlen.h`` (``cache_leftpad``), ``hopper/paged_kv.h`` (page lookup) and
-``hopper/mask.h`` (masks). No attention_chunk, rotary, appended KV, ``qv``, ``cache_batch_idx`` or FP8
-descaling: those features are outside this model.
+``hopper/mask.h`` (masks, ``attention_chunk``). Rotary, appended KV, ``qv``, ``cache_batch_idx`` and FP8
+descaling are transformations of a call's inputs (``refmodel.call_inputs``), applied before this model runs.
 """
 
 from __future__ import annotations
@@ -46,12 +46,15 @@ def _fail(argument: str, message: str) -> None:
 
 
 def visibility_mask(
-    seqlen_q: int, seqlen_k: int, causal: bool = False, window_size: Sequence[int] = (-1, -1)
+    seqlen_q: int, seqlen_k: int, causal: bool = False, window_size: Sequence[int] = (-1, -1),
+    attention_chunk: int = 0,
 ) -> torch.Tensor:
     """Boolean ``(seqlen_q, seqlen_k)`` mask of the keys each query row sees, bottom-right aligned (``hopper/mask.h``).
 
     Row ``i`` sees key ``j`` iff ``i + (Lk - Lq) - left <= j <= i + (Lk - Lq) + right`` (unbounded sides
-    dropped); causal is ``right = 0`` with an unbounded left side.
+    dropped); causal is ``right = 0`` with an unbounded left side. ``attention_chunk > 0`` also keeps row ``i`` to
+    the chunk of its aligned key ``p = i + Lk - Lq``: ``c <= j < c + chunk`` with ``c = floor(p / chunk) * chunk``
+    (``hopper/mask.h``, ``flash::round_down``).
     """
     if seqlen_q < 0 or seqlen_k < 0:
         _fail("seqlen", f"lengths must be >= 0, got seqlen_q={seqlen_q}, seqlen_k={seqlen_k}")
@@ -64,6 +67,11 @@ def visibility_mask(
         visible &= cols <= diagonal + reach_right
     if reach_left is not None:
         visible &= cols >= diagonal - reach_left
+    if attention_chunk:
+        if attention_chunk < 0:
+            _fail("attention_chunk", f"must be >= 0 (0 disables), got {attention_chunk}")
+        chunk_start = torch.div(diagonal, attention_chunk, rounding_mode="floor") * attention_chunk
+        visible &= (cols >= chunk_start) & (cols < chunk_start + attention_chunk)
     return visible
 
 
@@ -144,6 +152,7 @@ class AttentionCall:
     window_size: tuple[int, int]
     q_dtype: torch.dtype
     no_keys_in_call: bool  # FA3's total_k == 0 case: out 0, lse +inf
+    attention_chunk: int = 0
 
     @property
     def qhead_per_khead(self) -> int:
@@ -271,6 +280,7 @@ def resolve_attention_call(
     softcap: float = 0.0,
     softmax_scale: float | None = None,
     cache_leftpad=None,
+    attention_chunk: int = 0,
 ) -> AttentionCall:
     """Validate a ``flash_attn_with_kvcache`` call and cut it into per-sequence float64 views (``flash_api.cpp``).
 
@@ -303,7 +313,7 @@ def resolve_attention_call(
             q=q_b.double().permute(1, 0, 2).cpu(),
             k=k_b.double().permute(1, 0, 2).repeat_interleave(qhpk, dim=0).cpu(),
             v=v_b.double().permute(1, 0, 2).repeat_interleave(qhpk, dim=0).cpu(),
-            visible=visibility_mask(lq, end - start, causal, window_size),
+            visible=visibility_mask(lq, end - start, causal, window_size, int(attention_chunk)),
             row_start=row_start,
         ))
     total_q = q.shape[0] if varlen else batch_size * seqlen_q
@@ -311,7 +321,7 @@ def resolve_attention_call(
         batches=tuple(batches), varlen=varlen, batch_size=batch_size, seqlen_q=seqlen_q, total_q=total_q,
         num_heads=num_heads, num_heads_k=num_heads_k, head_dim=head_dim, head_dim_v=head_dim_v,
         scale=scale, softcap=float(softcap), causal=bool(causal), window_size=tuple(int(w) for w in window_size),
-        q_dtype=q.dtype,
+        q_dtype=q.dtype, attention_chunk=int(attention_chunk),
         # mha_fwd tests total_k = b * k.size(1) (the cache tensor, not cache_seqlens) before launching.
         no_keys_in_call=batch_size * k_cache.shape[1] == 0,
     )
@@ -339,6 +349,7 @@ def attention(
     softcap: float = 0.0,
     softmax_scale: float | None = None,
     cache_leftpad=None,
+    attention_chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact float64 attention with FA3 ``flash_attn_with_kvcache``'s conventions (``hopper/flash_attn_interface.py``).
 
@@ -355,7 +366,8 @@ def attention(
         ``leftpad`` (``hopper/seqlen.h``: ``seqlen_k = seqused_k - leftpad_k``, K offset by ``leftpad_k``).
       * Masks are bottom-right aligned per sequence (``hopper/mask.h``): row ``i`` of ``Lq`` sees key ``j`` of
         ``Lk`` iff ``i + Lk - Lq - left <= j <= i + Lk - Lq + right``; any negative window side is unbounded;
-        ``causal`` sets ``right = 0`` and keeps a given ``left``.
+        ``causal`` sets ``right = 0`` and keeps a given ``left``; ``attention_chunk > 0`` keeps each row to its
+        chunk (:func:`visibility_mask`).
       * ``softcap > 0``: scores become ``softcap * tanh(scale * q.k / softcap)``. ``softmax_scale`` defaults to
         ``1 / sqrt(d)``.
 
@@ -374,7 +386,7 @@ def attention(
     call = resolve_attention_call(
         q, k_cache, v_cache, cache_seqlens=cache_seqlens, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
         page_table=page_table, causal=causal, window_size=window_size, softcap=softcap,
-        softmax_scale=softmax_scale, cache_leftpad=cache_leftpad,
+        softmax_scale=softmax_scale, cache_leftpad=cache_leftpad, attention_chunk=attention_chunk,
     )
     h, dv = call.num_heads, call.head_dim_v
     if call.varlen:

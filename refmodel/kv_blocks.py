@@ -53,6 +53,7 @@ def kv_block_bounds(
     causal: bool = False,
     window_size: Sequence[int] = (-1, -1),
     qhead_per_khead: int = 1,
+    attention_chunk: int = 0,
 ) -> tuple[int, int]:
     """KV block range ``[n_min, n_max)`` a query m-block must visit before splitting, as in ``hopper/block.h``.
 
@@ -60,21 +61,37 @@ def kv_block_bounds(
     ``n_min = 0``, raised under a left window by the left edge of its first row. With PackGQA
     (``qhead_per_khead > 1``) an m-block indexes packed rows ``row * qhpk + head_in_group``, so its
     sequence-row span is divided by ``qhpk``. The m-block's last row is not clipped to ``Lq`` (FA3 doesn't).
+    ``attention_chunk > 0`` (a local kernel) also clips both ends to the chunk of the aligned key: the right edge
+    ``n_idx`` to ``round_up(n_idx, chunk)``, the left edge to ``round_down(n_idx, chunk)`` (floor division, as
+    ``flash::round_up``/``round_down`` in ``hopper/utils.h``).
     """
     if block_m < 1 or block_n < 1 or qhead_per_khead < 1:
         raise ValueError(
             f"block_m/block_n/qhead_per_khead: must be >= 1, got {block_m}, {block_n}, {qhead_per_khead}")
+    if attention_chunk < 0:
+        raise ValueError(f"attention_chunk: must be >= 0 (0 disables), got {attention_chunk}")
     reach_left, reach_right = resolve_window(causal, window_size)
+    chunk = int(attention_chunk)
     n_block_max = c_ceil_div(seqlen_k, block_n)
-    if reach_right is not None:
+    if reach_right is not None or chunk:
         row_end = (m_block + 1) * block_m
         if qhead_per_khead > 1:
             row_end = c_div(row_end - 1, qhead_per_khead) + 1
-        n_block_max = min(n_block_max, c_ceil_div(row_end + seqlen_k - seqlen_q + reach_right, block_n))
+        n_idx = row_end + seqlen_k - seqlen_q
+        right = n_idx + reach_right if reach_right is not None else None
+        if chunk:
+            chunk_end = ((n_idx - 1) // chunk) * chunk + chunk        # flash::round_up (floor division)
+            right = chunk_end if right is None else min(right, chunk_end)
+        n_block_max = min(n_block_max, c_ceil_div(right, block_n))
     n_block_min = 0
-    if reach_left is not None:
+    if reach_left is not None or chunk:
         row_start = m_block * block_m
         if qhead_per_khead > 1:
             row_start = c_div(row_start, qhead_per_khead)
-        n_block_min = max(0, c_div(row_start + seqlen_k - seqlen_q - reach_left, block_n))
+        n_idx = row_start + seqlen_k - seqlen_q
+        left = n_idx - reach_left if reach_left is not None else None
+        if chunk:
+            chunk_start = (n_idx // chunk) * chunk                     # flash::round_down (floor division)
+            left = chunk_start if left is None else max(left, chunk_start)
+        n_block_min = max(0, c_div(left, block_n))
     return n_block_min, n_block_max

@@ -5,7 +5,7 @@
 (``hopper/epilogue_fwd.hpp``), in the layout ``flash_attn_combine`` consumes. The softmax itself is
 ``refmodel.attention.attention_rows``: the formula exists once.
 
-Simplifications (documented, deliberate): no ``attention_chunk``; window sides given as ``-1`` are treated as
+Simplifications (documented, deliberate): window sides given as ``-1`` are treated as
 unbounded instead of being replaced by ``seqlen - 1`` (the block bounds come out identical for every m-block
 that holds a row); appended KV (``k``/``v`` new) is not modelled.
 """
@@ -49,7 +49,7 @@ def _row_m_blocks(num_heads: int, seqlen_q: int, qhpk: int, block_m: int, pack_g
 
 def _split_key_ranges(
     batch: AttentionBatch, count: int, block_m: int, block_n: int, causal: bool, window_size, qhpk: int,
-    pack_gqa: bool, range_fn: RangeFn,
+    pack_gqa: bool, range_fn: RangeFn, attention_chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Key range ``[lo, hi)`` split ``s`` gives each m-block: ``(count, num_m_blocks)`` tensors, plus the
     ``(h, Lq)`` m-block index of every (query head, row)."""
@@ -60,7 +60,7 @@ def _split_key_ranges(
     key_hi = torch.zeros_like(key_lo)
     for m in range(num_m_blocks):
         n_min, n_max = kv_block_bounds(m, lq, lk, block_m, block_n, causal, window_size,
-                                       qhpk if pack_gqa else 1)
+                                       qhpk if pack_gqa else 1, attention_chunk)
         for s in range(count):
             lo, hi = range_fn(n_min, n_max, count, s)
             key_lo[s, m], key_hi[s, m] = lo * block_n, hi * block_n
@@ -102,6 +102,7 @@ def split_kv(
     softcap: float = 0.0,
     softmax_scale: float | None = None,
     cache_leftpad=None,
+    attention_chunk: int = 0,
     *,
     block_m: int = 128,
     pack_gqa: bool = True,
@@ -127,7 +128,7 @@ def split_kv(
     call = resolve_attention_call(
         q, k_cache, v_cache, cache_seqlens=cache_seqlens, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
         page_table=page_table, causal=causal, window_size=window_size, softcap=softcap,
-        softmax_scale=softmax_scale, cache_leftpad=cache_leftpad,
+        softmax_scale=softmax_scale, cache_leftpad=cache_leftpad, attention_chunk=attention_chunk,
     )
     if block_n < 1 or block_m < 1:
         raise ValueError(f"block_n/block_m: tile sizes must be >= 1, got block_n={block_n}, block_m={block_m}")
@@ -143,7 +144,7 @@ def split_kv(
     if not call.no_keys_in_call:
         for batch, count in zip(call.batches, counts):
             ranges = _split_key_ranges(batch, count, block_m, block_n, call.causal, call.window_size,
-                                       call.qhead_per_khead, pack_gqa, range_fn)
+                                       call.qhead_per_khead, pack_gqa, range_fn, call.attention_chunk)
             rows = slice(batch.row_start, batch.row_start + batch.seqlen_q)
             for s, out_s, lse_s in _split_partials(batch, *ranges, call.scale, call.softcap):
                 out_s = out_s.float().permute(1, 0, 2)  # (Lq, h, dv)

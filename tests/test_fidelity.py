@@ -167,7 +167,7 @@ class _Accumulators:
         self.adapter, self.extra = adapter, extra
 
     def flash_attn_with_kvcache(self, q, k_cache, v_cache, return_softmax_lse=False, **kw):
-        out, lse = EmulatedKernel.flash_attn_with_kvcache(self.adapter, q, k_cache, v_cache, return_softmax_lse=True, **kw)
+        out, lse, *_ = EmulatedKernel.flash_attn_with_kvcache(self.adapter, q, k_cache, v_cache, return_softmax_lse=True, **kw)
         s = self.adapter.last_trace["schedule"]["num_splits"] + self.extra
         accum = torch.zeros(s, 1) if s > 1 else torch.tensor([])
         return out, lse, accum, accum

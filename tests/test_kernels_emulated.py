@@ -120,10 +120,12 @@ def test_registry_accepts_new_adapter():
                                        ("cache_batch_idx", torch.zeros(1, dtype=torch.int32)),
                                        ("attention_chunk", 4), ("q_descale", torch.ones(1))])
 def test_unsupported_arguments_name_themselves(arg, value):
-    q = queries(1, 1, 4, 64, torch.bfloat16)
-    k, v = contiguous_cache([8], 1, 64, torch.bfloat16)
+    """The real-kernel adapter's refusal (the emulated adapter models these: tests/test_fa3_interface.py)."""
+    from gpu_impl.kernels.base import reject_unsupported
+
     with pytest.raises(NotImplementedError, match=rf"^{arg}:"):
-        load("emulated").flash_attn_with_kvcache(q, k, v, **{arg: value})
+        reject_unsupported("fa3", {arg: value})
+    reject_unsupported("fa3", {"rotary_seqlens": torch.zeros(1, dtype=torch.int32)})   # FA3 ignores it alone
 
 
 def test_fa3_unavailable_without_cuda():
@@ -201,7 +203,7 @@ def test_emulated_matches_oracle_on_fresh_metadata(case):
             page_size=None if kw["page_table"] is None else k.shape[1], causal=case["causal"],
             window_size=kw["window_size"], has_softcap=kw["softcap"] > 0, num_splits=case["num_splits"])
         call_kw["scheduler_metadata"] = md
-    out, lse = kern.flash_attn_with_kvcache(q, k, v, return_softmax_lse=True, **call_kw)
+    out, lse, *_ = kern.flash_attn_with_kvcache(q, k, v, return_softmax_lse=True, **call_kw)
     trace = kern.last_trace
     event(f"S_c > 1: {trace['schedule']['num_splits'] > 1}; "
           f"per-batch splits > 1: {max(trace['metadata']['num_splits'], default=1) > 1}")
@@ -219,7 +221,7 @@ def test_emulated_splits_for_real_in_the_random_domain():
     kern = load("emulated")
     md = kern.get_scheduler_metadata(2, 1, kw["page_table"].shape[1] * 16, 8, 2, 128, kw["cache_seqlens"],
                                      page_size=16, causal=True)
-    out, lse = kern.flash_attn_with_kvcache(q, k, v, scheduler_metadata=md, return_softmax_lse=True, **kw)
+    out, lse, *_ = kern.flash_attn_with_kvcache(q, k, v, scheduler_metadata=md, return_softmax_lse=True, **kw)
     schedule = kern.last_trace["schedule"]
     assert schedule["num_splits"] > 1
     assert max(kern.last_trace["metadata"]["num_splits"]) > 1
@@ -231,7 +233,7 @@ def test_non_varlen_call_without_metadata():
     q = queries(2, 2, 8, 128, torch.float32)
     k, v = contiguous_cache([700, 700], 2, 128, torch.float32)
     kern = load("emulated")
-    out, lse = kern.flash_attn_with_kvcache(q, k, v, num_splits=4, return_softmax_lse=True)
+    out, lse, *_ = kern.flash_attn_with_kvcache(q, k, v, num_splits=4, return_softmax_lse=True)
     assert kern.last_trace["metadata"]["source"] == "static" and kern.last_trace["schedule"]["num_splits"] == 4
     assert_matches_oracle(out, lse, q, k, v)
 
@@ -245,7 +247,7 @@ def test_split_count_one_ignores_metadata_split_counts():
     kern = load("emulated")
     md = kern.get_scheduler_metadata(2, 1, table.shape[1] * 64, 8, 1, 128, cs, page_size=64, causal=True)
     assert decode_metadata(md, 2, True, True).num_splits[0] > 1
-    out, lse = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
+    out, lse, *_ = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
                                             scheduler_metadata=md, num_splits=1, return_softmax_lse=True)
     assert kern.last_trace["ok"] and kern.last_trace["schedule"]["num_splits"] == 1
     assert_matches_oracle(out, lse, q, k, v, cache_seqlens=cs, page_table=table, causal=True)
@@ -259,7 +261,7 @@ def test_stale_cache_seqlens_are_harmless():
     old = torch.tensor([880, 390, 9], dtype=torch.int32)
     new = torch.tensor([900, 400, 10], dtype=torch.int32)
     md = kern.get_scheduler_metadata(3, 1, table.shape[1] * 16, 8, 2, 128, old, page_size=16, causal=True)
-    out, lse = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=new, page_table=table, causal=True,
+    out, lse, *_ = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=new, page_table=table, causal=True,
                                             scheduler_metadata=md, return_softmax_lse=True)
     assert kern.last_trace["ok"]
     assert_matches_oracle(out, lse, q, k, v, cache_seqlens=new, page_table=table, causal=True)
@@ -322,7 +324,7 @@ def test_worked_example_gpu_like_poisons_batch_zero(worked_paged):
     q, k, v, table, cs = worked_paged
     kern = load("emulated", mode="gpu-like")
     md = worked_metadata(kern, cs, 8, 1)
-    out, lse = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
+    out, lse, *_ = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
                                             scheduler_metadata=md, return_softmax_lse=True)
     assert torch.isnan(out[0]).all() and torch.isnan(lse[0]).all()
     assert not torch.isnan(out[1:]).any() and not torch.isnan(lse[1:]).any()
@@ -343,7 +345,7 @@ def test_worked_example_fresh_metadata_matches_oracle(worked_paged):
     kern = load("emulated")
     md = worked_metadata(kern, cs, H, HK)  # the call's own head counts (the fix)
     try:
-        out, lse = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
+        out, lse, *_ = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
                                                 scheduler_metadata=md, return_softmax_lse=True)
     except MemoryError as exc:
         # the metadata check passed before the numerics were refused
@@ -404,7 +406,7 @@ def test_reduced_m_blocks_is_query_cover():
     exc = info.value
     assert exc.invariant == "QUERY_COVER" and exc.batch in (0, 1)
     # gpu-like: packed rows >= 128 (rows 16.. of the 8-heads-per-KV-head packing... ) are NaN, covered rows exact
-    out, lse = load("emulated", mode="gpu-like").flash_attn_with_kvcache(
+    out, lse, *_ = load("emulated", mode="gpu-like").flash_attn_with_kvcache(
         q, k, v, cache_seqlens=cs, page_table=table, causal=True, scheduler_metadata=md, return_softmax_lse=True)
     qhpk = 4
     covered_rows = 128 // qhpk  # one m-block of 128 packed rows = 32 query rows for every head
@@ -567,7 +569,7 @@ def fake_fa3(monkeypatch):
     def flash_attn_with_kvcache(q, k_cache, v_cache, **kw):
         assert kw.get("page_table") is None, "fa3-fwd has no paged KV: the adapter must gather"
         calls.append(kw)
-        out, lse = backend.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
+        out, lse, *_ = backend.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)
         s_c = backend.last_trace["schedule"]["num_splits"]
         accum = torch.empty(s_c, 1) if s_c > 1 else None
         return (out, lse, accum, None) if kw.get("return_softmax_lse") else out
@@ -596,7 +598,7 @@ def test_fa3_adapter_plumbing_with_fake_module(fake_fa3):
     assert "pages gathered" in kern.describe()
     q, k, v, table, cs = small_decode([900, 300, 40], heads=(8, 2), page_size=16)
     md = kern.get_scheduler_metadata(3, 1, table.shape[1] * 16, 8, 2, 128, cs, page_size=16, causal=True)
-    out, lse = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
+    out, lse, *_ = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
                                             scheduler_metadata=md, return_softmax_lse=True)
     trace = kern.last_trace
     assert trace["ok"] and trace["launched"] and trace["gathered_paged_kv"]

@@ -69,8 +69,10 @@ def _plan_only_class():
         name = "emulated (plan only)"
 
         def _numerics(self, args, plan, poison):
+            from ..kernels.call_features import out_dtype_for
+
             q, dv = args.q, args.v_cache.shape[-1]
-            out = torch.zeros(q.shape[:-1] + (dv,), dtype=q.dtype, device=q.device)
+            out = torch.zeros(q.shape[:-1] + (dv,), dtype=out_dtype_for(q.dtype), device=q.device)
             lse_shape = (q.shape[0], q.shape[1], q.shape[2]) if q.dim() == 4 else (q.shape[0], q.shape[1])
             lse = torch.zeros(lse_shape, dtype=torch.float32, device=q.device)
             lse = lse.transpose(1, 2) if q.dim() == 4 else lse.transpose(0, 1)

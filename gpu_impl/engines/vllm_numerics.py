@@ -73,7 +73,7 @@ class EmulatorVarlenFA3:
                                scheduler_metadata=None, num_splits=0, softmax_scale=None, **_ignored):
         """``mha_fwd`` for a paged varlen call: FA3's ``flash_attn_with_kvcache`` path with ``cache_seqlens =
         seqused_k`` and ``page_table = block_table`` (the same C++ entry point)."""
-        out, lse = self.kernel.flash_attn_with_kvcache(
+        out, lse, *_ = self.kernel.flash_attn_with_kvcache(
             q, k, v, cache_seqlens=seqused_k, page_table=block_table, cu_seqlens_q=cu_seqlens_q,
             max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
             softcap=softcap or 0.0, scheduler_metadata=scheduler_metadata, num_splits=num_splits,

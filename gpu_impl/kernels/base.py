@@ -48,7 +48,16 @@ __all__ = [
     "UNSUPPORTED_ARGUMENTS", "call_shape", "call_schedule", "build_tile_plan", "check_plan",
     "spec_verdicts", "own_metadata_comparison",
     "poison_of", "raise_first", "schedule_summary", "reject_unsupported", "call_schedule_inputs", "schedule_dtype",
+    "check_cache_strides",
 ]
+
+
+def check_cache_strides(k_cache, v_cache) -> None:
+    """The interface's own asserts (``hopper/flash_attn_interface.py`` ``flash_attn_with_kvcache``, before ``mha_fwd``)."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if isinstance(t, torch.Tensor):
+            if t.stride(-1) != 1:   # FA3's `assert` (raised explicitly: it must hold under python -O too)
+                raise AssertionError(f"{name} must have contiguous last dimension")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -64,8 +73,10 @@ class KernelAdapter(abc.ABC):
     * ``name``: registry name; ``mode``: ``"strict"`` (faults raise :class:`~gpu_impl.errors.OutOfBoundsAccess`)
       or ``"gpu-like"`` (faults poison the result as on a GPU);
     * ``get_scheduler_metadata(...)`` / ``flash_attn_with_kvcache(...)``: FA3's signatures
-      (``hopper/flash_attn_interface.py``); arguments in :data:`UNSUPPORTED_ARGUMENTS` raise
-      ``NotImplementedError`` naming the argument; ``return_softmax_lse=True`` returns ``(out, lse)``;
+      (``hopper/flash_attn_interface.py``); the real-kernel adapter refuses the arguments in
+      :data:`UNSUPPORTED_ARGUMENTS` with ``NotImplementedError`` naming the argument (the emulated one models
+      them); ``return_softmax_lse=True`` returns FA3's ``(out, softmax_lse, out_accum, softmax_lse_accum)``
+      (the accumulators ``None`` when the call does not split), as the interface at 0251105a does;
     * ``effective_call_inputs(...)``: the refmodel ``ScheduleInputs`` the kernel will schedule this call from
       (differs from the call's own when the adapter reshapes the call, e.g. gathers paged KV);
     * ``describe()``: which implementation/build runs;
@@ -84,6 +95,8 @@ class KernelAdapter(abc.ABC):
         self.arch = int(arch)
         self.last_trace: Optional[dict] = None
         self.last_metadata_trace: Optional[dict] = None
+        #: (out_accum, softmax_lse_accum) of the most recent call: FA3's split buffers, None when it did not split
+        self.last_accum: tuple = (None, None)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.describe()}>"
@@ -107,10 +120,11 @@ class KernelAdapter(abc.ABC):
                                 window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
                                 scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
                                 return_softmax_lse=False):
-        """FA3's ``flash_attn_with_kvcache``; returns ``out`` or ``(out, softmax_lse)``."""
+        """FA3's ``flash_attn_with_kvcache``; returns ``out`` or ``(out, softmax_lse, out_accum, softmax_lse_accum)``."""
+        check_cache_strides(k_cache, v_cache)
         reject_unsupported(self.name, dict(k=k, v=v, qv=qv, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                                            cache_batch_idx=cache_batch_idx, cu_seqlens_k_new=cu_seqlens_k_new,
-                                           rotary_seqlens=rotary_seqlens, q_descale=q_descale, k_descale=k_descale,
+                                           q_descale=q_descale, k_descale=k_descale,
                                            v_descale=v_descale, attention_chunk=attention_chunk))
         if len(tuple(window_size)) != 2:
             raise ValueError(f"window_size: must be a pair (left, right), got {window_size!r}")
@@ -120,12 +134,13 @@ class KernelAdapter(abc.ABC):
                         window_size=(int(window_size[0]), int(window_size[1])), softcap=float(softcap or 0.0),
                         scheduler_metadata=scheduler_metadata, num_splits=int(num_splits), pack_gqa=pack_gqa,
                         sm_margin=int(sm_margin), return_softmax_lse=bool(return_softmax_lse))
+        self.last_accum = (None, None)
         out, lse = self._run(args)
-        return (out, lse) if return_softmax_lse else out
+        return (out, lse, *self.last_accum) if return_softmax_lse else out
 
     @abc.abstractmethod
     def _run(self, args: CallArgs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Execute one call; return (out, lse) in FA3's layouts."""
+        """Execute one call; return (out, lse) in FA3's layouts (and set ``last_accum`` when it splits)."""
 
     def effective_call_inputs(self, q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, page_table=None,
                               cu_seqlens_q=None, max_seqlen_q=None, causal=False, window_size=(-1, -1), softcap=0.0,

@@ -17,10 +17,12 @@ import torch
 from refmodel.fa3_scheduler import Schedule, ScheduleInputs, call_inputs, resolve_schedule
 
 
-#: FA3 arguments neither adapter models, with the value meaning "not used".
+#: FA3 arguments the real-kernel adapter does not pass on, with the value meaning "not used". ``rotary_seqlens``
+#: is not among them: FA3 reads it only with ``rotary_cos`` (``mha_fwd``), so alone it is ignored, not refused.
+#: The emulated adapter models every one of them (gpu_impl.kernels.call_features).
 UNSUPPORTED_ARGUMENTS = {
     "k": None, "v": None, "qv": None, "rotary_cos": None, "rotary_sin": None, "cache_batch_idx": None,
-    "cu_seqlens_k_new": None, "rotary_seqlens": None, "q_descale": None, "k_descale": None, "v_descale": None,
+    "cu_seqlens_k_new": None, "q_descale": None, "k_descale": None, "v_descale": None,
     "attention_chunk": 0,
 }
 
@@ -36,9 +38,9 @@ def reject_unsupported(adapter: str, given: dict) -> None:
         if value is unused or (unused is not None and not isinstance(value, torch.Tensor) and value == unused):
             continue
         raise NotImplementedError(
-            f"{name}: not supported by the {adapter!r} kernel adapter (it models decode/prefill over an existing "
-            f"KV cache: no appended KV, rotary, qv, cache_batch_idx, FP8 descaling or attention_chunk); "
-            f"got {type(value).__name__}")
+            f"{name}: not supported by the {adapter!r} kernel adapter (it passes decode/prefill over an existing "
+            f"KV cache on: no appended KV, rotary, qv, cache_batch_idx, FP8 descaling or attention_chunk; the "
+            f"'emulated' adapter models them); got {type(value).__name__}")
 
 
 def schedule_dtype(dtype: torch.dtype) -> str:
@@ -79,6 +81,12 @@ class CallArgs:
     pack_gqa: Optional[bool] = None
     sm_margin: int = 0
     return_softmax_lse: bool = False
+    attention_chunk: int = 0
+    #: what the numerics read when it is not the call's own tensors (appended KV, rotary, qv, cache_batch_idx,
+    #: FP8 descales, packed varlen K): a gpu_impl.kernels.call_features.NumericsView
+    numerics: Any = None
+    #: the call's CallShape when the caller has read it already (with new-KV lengths, packed K's total_k)
+    shape: Any = None
 
     def replace(self, **changes) -> "CallArgs":
         return dataclasses.replace(self, **changes)
@@ -117,6 +125,10 @@ class CallShape:
     cache_seqlens: Optional[tuple]   # per batch; None when the call has no cache_seqlens
     cache_leftpad: Optional[tuple]
     cache_slots: int         # k_cache.size(1): mha_fwd's total_k = b * k.size(1)
+    seqlen_knew: int = 0     # k_new.size(1) (0 when varlen k_new or none)
+    has_k_new: bool = False  # k_new passed (FA3's params.knew_ptr)
+    seqlens_new: Optional[tuple] = None  # per batch new-KV lengths (None: seqlen_knew for every batch)
+    total_k: Optional[int] = None        # mha_fwd's total_k + total_knew when not b * cache_slots (packed K, new KV)
 
     @property
     def uses_prepare(self) -> bool:
@@ -134,11 +146,12 @@ class CallShape:
     @property
     def kernel_runs(self) -> bool:
         """``mha_fwd`` launches the kernels only when total_q > 0 and total_k > 0."""
-        return self.total_q > 0 and self.batch_size * self.cache_slots > 0 and self.num_heads_k > 0
+        total_k = self.batch_size * self.cache_slots if self.total_k is None else self.total_k
+        return self.total_q > 0 and total_k > 0 and self.num_heads_k > 0
 
 
 def call_shape(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, page_table=None, cu_seqlens_q=None,
-               max_seqlen_q=None) -> CallShape:
+               max_seqlen_q=None, kv_batch_idx=None) -> CallShape:
     """The static shape of a ``flash_attn_with_kvcache`` call (``mha_fwd``), with light argument checks.
 
     Reads only sizes and the small int32 index vectors; never the q/k/v data.
@@ -174,12 +187,13 @@ def call_shape(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, page
         seqlens_q, total_q = (seqlen_q,) * batch_size, batch_size * seqlen_q
     paged = page_table is not None
     if paged:
-        if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2 or page_table.shape[0] != batch_size:
+        if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2 or \
+                (kv_batch_idx is None and page_table.shape[0] != batch_size):
             raise ValueError(f"page_table: must be an int32 tensor (b={batch_size}, max_pages_per_seq)")
         page_size = k_cache.shape[1]
         seqlen_k = page_table.shape[1] * page_size
     else:
-        if k_cache.shape[0] != batch_size:
+        if kv_batch_idx is None and k_cache.shape[0] != batch_size:
             raise ValueError(f"k_cache: batch dim must equal the batch size {batch_size}, got {k_cache.shape[0]}")
         page_size, seqlen_k = None, k_cache.shape[1]
     cs = _int_list(cache_seqlens, "cache_seqlens", batch_size)
@@ -192,20 +206,21 @@ def call_shape(q, k_cache, v_cache, cache_seqlens=None, cache_leftpad=None, page
 
 
 def call_schedule_inputs(shape: CallShape, causal=False, window_size=(-1, -1), softcap=0.0, num_splits=0,
-                         pack_gqa=None, sm_margin=0, num_sm=132, arch=90) -> ScheduleInputs:
+                         pack_gqa=None, sm_margin=0, num_sm=132, arch=90, attention_chunk=0) -> ScheduleInputs:
     """refmodel's ``call_inputs`` for a call of this shape (``mha_fwd``'s scheduling inputs)."""
     return call_inputs(
         shape.batch_size, shape.seqlen_q, shape.seqlen_k, shape.num_heads, shape.num_heads_k, shape.headdim,
         headdim_v=shape.headdim_v, qkv_dtype=schedule_dtype(shape.dtype), varlen_q=shape.varlen_q,
         has_cache_seqlens=shape.cache_seqlens is not None, has_leftpad=shape.cache_leftpad is not None,
         page_size=shape.page_size, causal=causal, window_size=window_size, has_softcap=float(softcap) > 0,
-        num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin, num_sm=num_sm, arch=arch)
+        num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin, num_sm=num_sm, arch=arch,
+        seqlen_knew=shape.seqlen_knew, has_k_new=shape.has_k_new, attention_chunk=attention_chunk)
 
 
 def call_schedule(shape: CallShape, args: CallArgs, num_sm: int = 132, arch: int = 90) -> Schedule:
     """The call's own resolved schedule (S_c, pack, tiles, Sort/Swizzle, metadata size) via refmodel."""
     return resolve_schedule(call_schedule_inputs(shape, args.causal, args.window_size, args.softcap, args.num_splits,
-                                                 args.pack_gqa, args.sm_margin, num_sm, arch))
+                                                 args.pack_gqa, args.sm_margin, num_sm, arch, args.attention_chunk))
 
 
 def schedule_summary(schedule: Schedule) -> dict:

@@ -20,6 +20,11 @@ tile visits, are NaN; rows no tile covers are NaN (``torch.empty`` garbage model
 result is certainly garbage are not computed at all (their KV length is set to 0 for the numerics pass), so a
 32768-token faulty batch costs nothing.
 
+The call's features (appended KV with rotary, ``cache_batch_idx``, ``qv``, ``attention_chunk``, FP8 descales
+with a bfloat16 output) are checked as ``mha_fwd`` checks them and applied to the numerics' inputs by
+:mod:`gpu_impl.kernels.call_features`; :mod:`gpu_impl.kernels.fa3_interface` is FA3's Python interface over
+this kernel (docs/emulator.md).
+
 Emulator-only extension: float32/float64 inputs are accepted (scheduled as bfloat16) so tests can compare
 at tight tolerances; FA3 itself takes bf16/fp16/fp8 only.
 """
@@ -39,9 +44,27 @@ from refmodel.metadata import get_scheduler_metadata as ref_get_scheduler_metada
 from refmodel.splitkv import split_kv
 
 from .base import (CallArgs, KernelAdapter, Poison, TilePlan, build_tile_plan, call_schedule, call_shape,
-                   check_plan, own_metadata_comparison, poison_of, raise_first, schedule_summary)
+                   check_cache_strides, check_plan, own_metadata_comparison, poison_of, raise_first, schedule_summary)
+from .call_features import NumericsView, plain_view, prepare_kvcache_call
 
 __all__ = ["EmulatedKernel", "split_kv_working_set"]
+
+
+def _accumulators(out_partial, lse_partial, num_splits: int, varlen: bool, device):
+    """FA3's ``out_accum`` / ``softmax_lse_accum`` from the split partials, in ``mha_fwd``'s layouts: ``(S_c, b, h,
+    sq, dv)`` / ``(S_c, b, h, sq)``, varlen ``(S_c, h, total_q, dv)`` / ``(S_c, h, total_q)``, float32. Splits a
+    batch does not use hold ``(0, -inf)`` here where FA3 leaves them unwritten."""
+    shape_o = list(out_partial.shape)
+    shape_o[0] = num_splits
+    oa = torch.zeros(shape_o, dtype=torch.float32)
+    la = torch.full(shape_o[:-1], -math.inf, dtype=torch.float32)
+    used = min(num_splits, out_partial.shape[0])
+    oa[:used], la[:used] = out_partial[:used].cpu(), lse_partial[:used].cpu()
+    if varlen:   # (S, total_q, h, dv) -> (S, h, total_q, dv)
+        oa, la = oa.transpose(1, 2), la.transpose(1, 2)
+    else:        # (S, b, sq, h, dv) -> (S, b, h, sq, dv)
+        oa, la = oa.transpose(2, 3), la.transpose(2, 3)
+    return oa.contiguous().to(device), la.contiguous().to(device)
 
 _COMBINE_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -133,9 +156,43 @@ class EmulatedKernel(KernelAdapter):
         return md
 
     # ------------------------------------------------------------------------------------------------------
+    def flash_attn_with_kvcache(self, q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
+                                cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
+                                cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                                q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
+                                window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
+                                scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
+                                return_softmax_lse=False, **internal):
+        """FA3's ``flash_attn_with_kvcache`` with every argument modelled (gpu_impl.kernels.call_features).
+
+        Returns ``out``, or ``(out, softmax_lse, out_accum, softmax_lse_accum)`` with ``return_softmax_lse``.
+        ``internal`` (``total_k``) is for the interface's varlen entry point only.
+        """
+        check_cache_strides(k_cache, v_cache)
+        if softmax_scale is None and isinstance(q, torch.Tensor):
+            softmax_scale = (q.shape[-1] + (qv.shape[-1] if isinstance(qv, torch.Tensor) else 0)) ** (-0.5)
+        if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and isinstance(q, torch.Tensor):
+            cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=k_cache.device)
+        shape, args = prepare_kvcache_call(
+            q, k_cache, v_cache, k=k, v=v, qv=qv, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+            cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+            page_table=page_table, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new,
+            max_seqlen_q=max_seqlen_q, rotary_seqlens=rotary_seqlens, q_descale=q_descale, k_descale=k_descale,
+            v_descale=v_descale, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            attention_chunk=attention_chunk, softcap=softcap, rotary_interleaved=rotary_interleaved,
+            scheduler_metadata=scheduler_metadata, num_splits=num_splits, pack_gqa=pack_gqa, sm_margin=sm_margin,
+            return_softmax_lse=return_softmax_lse, total_k=internal.pop("total_k", None))
+        if internal:
+            raise TypeError(f"flash_attn_with_kvcache() got unexpected keyword arguments {sorted(internal)}")
+        self.last_accum = (None, None)
+        out, lse = self._run(args.replace(shape=shape))
+        return (out, lse, *self.last_accum) if return_softmax_lse else out
+
     def _run(self, args: CallArgs):
-        shape = call_shape(args.q, args.k_cache, args.v_cache, args.cache_seqlens, args.cache_leftpad,
-                           args.page_table, args.cu_seqlens_q, args.max_seqlen_q)
+        shape = args.shape
+        if shape is None:
+            shape = call_shape(args.q, args.k_cache, args.v_cache, args.cache_seqlens, args.cache_leftpad,
+                               args.page_table, args.cu_seqlens_q, args.max_seqlen_q)
         schedule = self._schedule(shape, args)
         trace = self._trace(shape, None, [], numerics="not started")
         trace["schedule"] = schedule_summary(schedule)
@@ -157,13 +214,18 @@ class EmulatedKernel(KernelAdapter):
         return call_schedule(shape, args, self.num_sm, self.arch)
 
     # ------------------------------------------------------------------------------------------------------
+    def _view(self, args: CallArgs, plan: TilePlan) -> NumericsView:
+        """What the numerics read: the call's own tensors, or the features applied (appended KV written now)."""
+        return args.numerics(plan.schedule) if args.numerics is not None else plain_view(args, plan.shape)
+
     def _numerics(self, args: CallArgs, plan: TilePlan, poison: Poison):
         shape = plan.shape
         b = shape.batch_size
-        cache_seqlens, cache_leftpad = args.cache_seqlens, args.cache_leftpad
+        view = self._view(args, plan)
+        cache_seqlens, cache_leftpad = view.cache_seqlens, view.cache_leftpad
         if poison.batches:
             # Garbage is certain for these batches: give them no keys, so the numerics pass costs nothing.
-            lens = list(shape.seqused_k)
+            lens = list(view.kv_lengths)
             pads = list(shape.cache_leftpad) if shape.cache_leftpad is not None else None
             for bb in poison.batches:
                 lens[bb] = 0
@@ -172,13 +234,15 @@ class EmulatedKernel(KernelAdapter):
             cache_seqlens = torch.tensor(lens, dtype=torch.int32, device=args.q.device)
             if pads is not None:
                 cache_leftpad = torch.tensor(pads, dtype=torch.int32, device=args.q.device)
-        common = dict(cache_seqlens=cache_seqlens, cu_seqlens_q=args.cu_seqlens_q, max_seqlen_q=args.max_seqlen_q,
-                      page_table=args.page_table, causal=args.causal, window_size=args.window_size,
-                      softcap=args.softcap, softmax_scale=args.softmax_scale, cache_leftpad=cache_leftpad)
+        common = dict(cache_seqlens=cache_seqlens, cu_seqlens_q=view.cu_seqlens_q, max_seqlen_q=view.max_seqlen_q,
+                      page_table=view.page_table, causal=args.causal, window_size=args.window_size,
+                      softcap=args.softcap, softmax_scale=view.softmax_scale, cache_leftpad=cache_leftpad,
+                      attention_chunk=args.attention_chunk)
         schedule = plan.schedule
+        out_dtype = view.out_dtype
         if not plan.split or not shape.kernel_runs:
-            out, lse = attention(args.q, args.k_cache, args.v_cache, **common)
-            lse = lse.float()
+            out, lse = attention(view.q, view.k_cache, view.v_cache, **common)
+            out, lse = out.to(out_dtype), lse.float()
         else:
             counts = [1] * b
             for vb in range(b):
@@ -186,7 +250,7 @@ class EmulatedKernel(KernelAdapter):
                 if bb is not None and bb not in poison.batches:
                     counts[bb] = max(1, int(plan.num_splits[vb]))
             kv_lengths = [k - (shape.cache_leftpad[i] if shape.cache_leftpad else 0)
-                          for i, k in enumerate(shape.seqused_k)]
+                          for i, k in enumerate(view.kv_lengths)]
             need = split_kv_working_set(counts, shape.num_heads, kv_lengths, shape.headdim_v)
             limit = self.max_numerics_bytes if self.max_numerics_bytes is not None else _available_memory_bytes() // 2
             if need > limit:
@@ -195,17 +259,18 @@ class EmulatedKernel(KernelAdapter):
                     f"(splits x heads x keys x dv x 8 bytes for the largest batch), above the {limit / 2**30:.1f} GiB "
                     f"limit; the metadata was checked and is consistent (no fault), only the numerics are too large")
             out_partial, lse_partial = split_kv(
-                args.q, args.k_cache, args.v_cache, counts, schedule.kernel_block_n, **common,
+                view.q, view.k_cache, view.v_cache, counts, schedule.kernel_block_n, **common,
                 block_m=schedule.kernel_block_m, pack_gqa=schedule.kernel_pack_gqa)
             batch_of_row = None
             if shape.varlen_q:
                 batch_of_row = torch.repeat_interleave(torch.arange(b), torch.tensor(shape.seqlens_q, dtype=torch.int64))
-            out_dtype = args.q.dtype if args.q.dtype in _COMBINE_OUT_DTYPES else torch.float32
-            out, lse = self._combine(out_partial, lse_partial, out_dtype=out_dtype, num_splits_per_batch=counts,
+            combine_dtype = out_dtype if out_dtype in _COMBINE_OUT_DTYPES else torch.float32
+            out, lse = self._combine(out_partial, lse_partial, out_dtype=combine_dtype, num_splits_per_batch=counts,
                                      capacity=plan.capacity, batch_of_row=batch_of_row)
             # combine returns lse as (b, sq, h) / (total_q, h); FA3 returns (b, h, sq) / (h, total_q)
             lse = lse.transpose(1, 2) if not shape.varlen_q else lse.transpose(0, 1)
-            out, lse = out.to(args.q.dtype).contiguous(), lse.float().contiguous()
+            out, lse = out.to(out_dtype).contiguous(), lse.float().contiguous()
+            self.last_accum = _accumulators(out_partial, lse_partial, schedule.num_splits, shape.varlen_q, args.q.device)
         if poison.any:
             out, lse = out.clone(), lse.clone()
             self._apply_poison(out, lse, plan, poison)

@@ -206,6 +206,8 @@ class FA3Kernel(KernelAdapter):
         out, lse = result[0], result[1]
         # mha_fwd also returns out_accum (S_c, ...) when it split: the observed S_c, to compare with refmodel's
         accum = result[2] if isinstance(result, (tuple, list)) and len(result) > 2 else None
+        if isinstance(result, (tuple, list)) and len(result) > 3:
+            self.last_accum = (result[2], result[3])
         trace["observed_num_splits"] = (int(accum.shape[0]) if isinstance(accum, torch.Tensor) and accum.dim() > 0
                                         and accum.numel() > 0 else None)
         return out, lse

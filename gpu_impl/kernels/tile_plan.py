@@ -120,7 +120,8 @@ def build_tile_plan(shape: CallShape, schedule: Schedule, scheduler_metadata=Non
         source = "metadata"
     else:
         own, result = call_own_metadata(schedule, shape.seqused_k, seqlens_q=list(shape.seqlens_q),
-                                        leftpad_k=None if shape.cache_leftpad is None else list(shape.cache_leftpad))
+                                        leftpad_k=None if shape.cache_leftpad is None else list(shape.cache_leftpad),
+                                        seqlens_new=None if shape.seqlens_new is None else list(shape.seqlens_new))
         decoded = decode_for_schedule(encode_metadata(own, result), own)
         source = "prepare"
     return TilePlan(
@@ -143,7 +144,8 @@ def own_metadata_comparison(plan: TilePlan) -> Optional[dict]:
         return None
     shape, schedule = plan.shape, plan.schedule
     _, own = call_own_metadata(schedule, shape.seqused_k, seqlens_q=list(shape.seqlens_q),
-                               leftpad_k=None if shape.cache_leftpad is None else list(shape.cache_leftpad))
+                               leftpad_k=None if shape.cache_leftpad is None else list(shape.cache_leftpad),
+                               seqlens_new=None if shape.seqlens_new is None else list(shape.seqlens_new))
     b = shape.batch_size
     own_order = own.batch_idx if own.batch_idx is not None else list(range(b))
     own_by_batch = {bb: (own.num_splits[vb] if plan.split else 1, own.num_m_blocks[vb]) for vb, bb in enumerate(own_order)}

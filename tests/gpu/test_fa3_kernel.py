@@ -99,7 +99,7 @@ def _worked_call(seed=0):
 def test_worked_example_fresh_metadata_matches_oracle(fa3_strict):
     q, k, v, table, cs = _worked_call()
     md = fa3_strict.get_scheduler_metadata(8, 1, max(WORKED_LENS), 32, 4, 128, cs, page_size=1, causal=True)
-    out, lse = fa3_strict.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
+    out, lse, *_ = fa3_strict.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
                                                   scheduler_metadata=md, return_softmax_lse=True)
     torch.cuda.synchronize()
     trace = fa3_strict.last_trace
@@ -143,7 +143,7 @@ _HAZARD_SCRIPT = textwrap.dedent("""
     q, k, v, table, cs = _worked_call()
     md = kern.get_scheduler_metadata(8, 1, max(WORKED_LENS), 8, 1, 128, cs, page_size=1, causal=True)
     try:
-        out, lse = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
+        out, lse, *_ = kern.flash_attn_with_kvcache(q, k, v, cache_seqlens=cs, page_table=table, causal=True,
                                                 scheduler_metadata=md, return_softmax_lse=True)
         torch.cuda.synchronize()
     except Exception as exc:
