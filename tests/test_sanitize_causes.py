@@ -5,8 +5,8 @@ run's layout (none when unknown); and the CPU example of the pytest flow in docs
 
 The head-count case is the pre-fix one: precompute (8, 1), call (32, 4), d=128, bf16, page 16, on one rank of
 Qwen3-30B-A3B, with a batch of lengths [4000, 100]: S_p = S_c = 28 on 132 SMs, so no split count overflows on
-that call. FA3 is the example's CPU stand-in (examples/sanitize/flash_attn_interface.py: the emulated kernel,
-132 SMs, trusting its metadata as the real kernel does).
+that call. FA3 is the emulated drop-in the example registers with --fa3verify-emulate-fa3 (gpu_impl.emulate_fa3,
+132 SMs).
 """
 
 from __future__ import annotations
@@ -353,7 +353,8 @@ def docs_command() -> str:
 
 def test_the_docs_example_fails_on_the_pre_fix_heads_and_passes_on_the_layers(tmp_path):
     command = docs_command()
-    assert command == ".venv/bin/python -m pytest --fa3verify-sanitize=raise examples/sanitize/test_my_backend.py"
+    assert command == (".venv/bin/python -m pytest --fa3verify-emulate-fa3 --fa3verify-sanitize=raise "
+                       "examples/sanitize/test_my_backend.py")
     argv = shlex.split(command)
     if not (REPO / argv[0]).exists():                  # a checkout whose tests run from another environment
         argv[0] = sys.executable
@@ -366,7 +367,7 @@ def test_the_docs_example_fails_on_the_pre_fix_heads_and_passes_on_the_layers(tm
     assert "1 failed, 1 passed" in text and "PRECOMPUTE_ARGUMENTS" in text
     assert "num_heads 8 vs 32, num_heads_k 1 vs 4" in text and "device: 132 SMs, sm90" in text
     # negative control: the same file without the sanitizer is green -- the bug stays hidden on these lengths
-    plain = subprocess.run([argv[0], "-m", "pytest", "examples/sanitize/test_my_backend.py"], cwd=REPO,
+    plain = subprocess.run([argv[0], "-m", "pytest", "--fa3verify-emulate-fa3", "examples/sanitize/test_my_backend.py"], cwd=REPO,
                            capture_output=True, text=True, timeout=300, env=env)
     assert plain.returncode == 0 and "2 passed" in plain.stdout, plain.stdout + plain.stderr
 

@@ -2,7 +2,7 @@
 
 Run from the repository root (the sanitizer ships as a pytest plugin of fa3-verify):
 
-    .venv/bin/python -m pytest --fa3verify-sanitize=raise examples/sanitize/test_my_backend.py
+    .venv/bin/python -m pytest --fa3verify-emulate-fa3 --fa3verify-sanitize=raise examples/sanitize/test_my_backend.py
 
 ``MyBackend`` precomputes FA3's scheduler metadata once per batch and hands it to the attention call, as sglang's
 FA3 backend does. One test precomputes with the layer's own head counts (32, 4) and passes; the other with the
@@ -14,7 +14,7 @@ arguments that differ and the shortest batch at which the same arguments overflo
 
 import torch
 
-import flash_attn_interface as fa3   # FA3's module; on the CPU the stand-in next to this file
+import flash_attn_interface as fa3   # FA3's module; on the CPU: pytest --fa3verify-emulate-fa3
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE = 32, 4, 128, 16       # one rank of Qwen3-30B-A3B (tp 4, attention tp 1)
 
