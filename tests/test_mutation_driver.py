@@ -174,3 +174,23 @@ def test_a_report_path_holding_something_else_is_bad_input_and_is_left_alone(tmp
     assert "MUTATION_REPORT:" in err and "is not a mutation report" in err
     assert report.read_text() == "my notes, not a report\n"
     assert not (tmp_path / "mutmut.log").exists()
+
+
+def test_every_refmodel_module_and_the_build_theorems_are_in_the_mapping():
+    targets = drv.load_targets()
+    assert drv.unmapped_modules(targets) == []
+    assert {"refmodel/__init__.py", "refmodel/fa3_builds.py", "refmodel/metadata_layout.py", "refmodel/kv_blocks.py", "spec/invariants.py",
+            "spec/theorems_fork_tile.py"} <= set(targets)
+
+
+def test_a_refmodel_module_missing_from_the_mapping_is_named(tmp_path):
+    # negative control: a mapping without one module, and a new module with a function that nobody mapped
+    targets = drv.load_targets()
+    fewer = {m: t for m, t in targets.items() if m != "refmodel/metadata_layout.py"}  # a module with functions
+    assert drv.unmapped_modules(fewer) == ["refmodel/metadata_layout.py"]
+    (tmp_path / "refmodel").mkdir()
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "refmodel" / "__init__.py").write_text("from .new import f\n")
+    (tmp_path / "refmodel" / "new.py").write_text("def f():\n    return 1\n")
+    (tmp_path / "refmodel" / "data_only.py").write_text("TABLE = {1: 2}\n")
+    assert drv.unmapped_modules({}, root=tmp_path) == ["refmodel/new.py"]
