@@ -156,6 +156,7 @@ def test_the_upstream_encoding_slot_by_slot_and_its_decoding(b, causal, window):
         assert dec.batch_idx == (want[2 * b4:3 * b4] if sched.sort else None)
         assert dec.nheads_in_l2 == (want[off["l2"]:off["l2"] + b4] if sched.swizzle else None)
         assert dec.semaphore == 0 and dec.prepare_seqlen_q is None
+        assert dec.layout == MetadataLayout(batch_size=b, b4=b4, sort=sched.sort, swizzle=sched.swizzle)
         assert dec.to_dict() == {"num_splits": dec.num_splits, "num_m_blocks": dec.num_m_blocks,
                                  "batch_idx": dec.batch_idx, "nheads_in_l2": dec.nheads_in_l2, "semaphore": 0}
 
@@ -242,10 +243,14 @@ def test_the_forks_dynamic_vector_needs_the_prepare_step_and_a_split():
 
 
 def test_call_own_schedule_takes_the_kernels_tiles_and_pack_and_refuses_a_precompute():
-    call = resolve_schedule(call_inputs(4, 1, 8192, 32, 4, 64, headdim_v=256, has_cache_seqlens=True))
+    # d 64, dv 128: the host tiles from (64, 128), the kernel runs the (64, 256) instance (flash_api.cpp
+    # run_mha_fwd); pack_gqa=False passed, paged non-TMA: the kernel forces PackGQA (flash_api.cpp 377)
+    call = resolve_schedule(call_inputs(4, 1, 8192, 32, 4, 64, headdim_v=128, has_cache_seqlens=True,
+                                        pack_gqa=False, page_size=16))
+    assert (call.block_m, call.block_n, call.pack_gqa) == (192, 128, False)
     own = call_own_schedule(call)
-    assert (own.block_m, own.block_n, own.pack_gqa) == (call.kernel_block_m, call.kernel_block_n,
-                                                         call.kernel_pack_gqa)
+    assert (own.block_m, own.block_n, own.pack_gqa) == (128, 96, True) == (call.kernel_block_m, call.kernel_block_n,
+                                                                           call.kernel_pack_gqa)
     assert dataclasses.replace(own, block_m=call.block_m, block_n=call.block_n, pack_gqa=call.pack_gqa) == call
     pre = resolve_schedule(precompute_inputs(4, 1, 8192, 32, 4, 128))
     with pytest.raises(ValueError) as info:
@@ -264,5 +269,7 @@ def test_call_own_metadata_passes_every_length_and_refuses_a_call_without_the_pr
         rest = {k: v for k, v in lengths.items() if k != dropped}
         assert res != prepare_scheduler(own, [10000, 10000], **rest), dropped
     plain = resolve_schedule(call_inputs(2, 3, 8192, 32, 4, 128, has_cache_seqlens=False))
-    with pytest.raises(ValueError, match="call_schedule: the call is not varlen"):
+    with pytest.raises(ValueError) as info:
         call_own_metadata(plain, [10000, 10000])
+    assert str(info.value) == ("call_schedule: the call is not varlen (no cache_seqlens/cu_seqlens_q/leftpad), so "
+                               "FA3 runs no prepare step and reads no per-batch metadata")
