@@ -119,3 +119,14 @@ def test_a_range_function_reaching_below_key_zero_or_past_the_last_key_reads_onl
         return (lo + 1 if split_idx == 0 else lo), hi
     bad_o, _ = split_kv(q, k, v, 3, 8, block_m=4, range_fn=late)
     assert not torch.equal(bad_o, want_o)
+
+
+def test_a_left_window_of_zero_is_a_bound_not_unbounded():
+    # mha_fwd: a side is bounded when it is >= 0 (flash_api.cpp 588: is_local = window_size_left >= 0 || ...); a left
+    # window of 0 lets a row see no key before its diagonal, so block.h raises n_block_min to the row's own block
+    from refmodel.kv_blocks import kv_block_bounds, resolve_window
+    assert resolve_window(False, (0, -1)) == (0, None) and resolve_window(True, (0, 7)) == (0, 0)
+    assert resolve_window(False, (-1, 0)) == (None, 0)
+    # Lq = Lk = 16, kBlockM = kBlockN = 4, window (0, 0): m-block 1 (rows 4..7) reads KV block 1 only
+    assert kv_block_bounds(1, 16, 16, 4, 4, False, (0, 0)) == (1, 2)
+    assert kv_block_bounds(1, 16, 16, 4, 4, False, (-1, 0)) == (0, 2)
