@@ -10,7 +10,7 @@ off (flash_api.cpp 689), so nothing is reordered and no batch order is stored. U
 
 from refmodel.fa3_builds import VLLM_FORK
 from refmodel.fa3_scheduler import precompute_inputs, resolve_schedule
-from refmodel.prepare import prepare_scheduler
+from refmodel.prepare import fork_l2_budget, prepare_scheduler
 
 
 def _fork(**kw):
@@ -44,3 +44,28 @@ def test_the_forks_heads_in_l2_use_its_32_mib_budget_in_batch_order():
     assert res.blocks_per_sm == 37 and res.num_splits == [2, 1, 7]
     assert res.nheads_in_l2 == [16, 16, 8]
     assert res.prepare_seqlen_q == [1, 1, 1] and res.batch_idx is None and res.num_m_blocks == [1, 1, 1]
+
+
+def test_control_upstream_budgets_8_mib_and_sorts_the_same_batch():
+    # the same causal batch under upstream (0251105a, line 225: 8 MiB = 128 blocks of 128 x 256 x 2 bytes): n per
+    # split 20 -> 4 (20 * 8 = 160 > 128), 1 -> 16, 34 -> 2 (34 * 4 = 136 > 128); Sort (descending n * kBlockN -
+    # m * kBlockM: 34, 20, 1) puts batch 2 first
+    s = resolve_schedule(precompute_inputs(3, 1, 30000, 16, 16, 128, varlen_q=True, page_size=16, causal=True))
+    res = prepare_scheduler(s, [5120, 100, 30000])
+    assert res.batch_idx == [2, 0, 1] and res.num_splits == [7, 2, 1] and res.nheads_in_l2 == [2, 4, 16]
+    assert res.prepare_seqlen_q is None
+
+
+def test_upstream_without_sort_stores_no_seqlen_vector():
+    # local (Sort off upstream, flash_api.cpp: varlen_sort_batches = !is_local): m-blocks, heads-in-L2, no seqlen_q.
+    # One split (S 1): n per split = n-blocks 40, 1, 235 (the prepare step does not clip by the window); 8 MiB = 128
+    # blocks: 40 * 2 = 80 -> 2, 1 -> 16, 235 * 2 > 128 -> 1; h == h_k, so no PackGQA and qhpk 1
+    s = resolve_schedule(precompute_inputs(3, 4, 30000, 16, 16, 128, varlen_q=True, window_size=(100, 0)))
+    assert s.sort is False and s.swizzle is True
+    res = prepare_scheduler(s, [5120, 100, 30000])
+    assert res.prepare_seqlen_q is None and res.batch_idx is None and res.nheads_in_l2 == [2, 16, 1]
+
+
+def test_the_forks_l2_budget_is_a_cpp_int():
+    for qhpk in (1, 2, 3, 8, 9, 32):
+        assert type(fork_l2_budget(qhpk)) is int
