@@ -83,9 +83,9 @@ def test_the_size_threshold_picks_the_path_and_either_side_gives_the_same_bits(m
 
 
 @pytest.mark.parametrize("rows, dv, splits, per_split", [
-    (1 << 15, 1, 64, True),                  # rows * dv at the row threshold, S * rows * dv = 2^21
+    (1 << 14, 2, 64, True),                  # rows * dv at the row threshold 2^15, S * rows * dv = 2^21
     ((1 << 15) - 1, 1, 128, False),          # one element under the row threshold
-    (1 << 15, 1, 63, False),                 # S * rows * dv one split under 2^21
+    (1 << 14, 2, 63, False),                 # S * rows * dv one split under 2^21
 ])
 def test_the_thresholds_on_both_sides_of_each_boundary(monkeypatch, rows, dv, splits, per_split):
     # the per-split path is the one that multiplies into a reused buffer (torch.mul(..., out=product)) once a split
