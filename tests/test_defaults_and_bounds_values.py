@@ -16,6 +16,8 @@ Every default below is the value FA3 itself uses where the caller passes nothing
   blocks is an invalid launch that CHECK_CUDA_KERNEL_LAUNCH turns into exit(1) (flash_api.cpp 659, cuda_check.h 12-21).
 """
 
+import itertools
+
 import pytest
 import torch
 
@@ -130,3 +132,40 @@ def test_a_left_window_of_zero_is_a_bound_not_unbounded():
     # Lq = Lk = 16, kBlockM = kBlockN = 4, window (0, 0): m-block 1 (rows 4..7) reads KV block 1 only
     assert kv_block_bounds(1, 16, 16, 4, 4, False, (0, 0)) == (1, 2)
     assert kv_block_bounds(1, 16, 16, 4, 4, False, (-1, 0)) == (0, 2)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(seqlen_q=1, causal=True, page_size=16),                    # decode: causal kept (paged, d 128), flash_api 579
+    dict(seqlen_q=1, causal=True, page_size=16, headdim=192),       # d 192: causal dropped
+    dict(seqlen_q=64, window_size=(3000, 0)),                       # local until the window covers every key
+    dict(seqlen_q=64, attention_chunk=512),                         # a chunk: local
+])
+def test_the_one_pass_split_table_is_get_num_splits_at_every_length(kw):
+    # num_splits_over_lengths reuses tiles per (causal, local) pair: each length's masking must still read the
+    # window, the chunk, the head dim and paging, as get_num_splits does at that length
+    import dataclasses
+
+    from refmodel.fa3_scheduler import get_num_splits, num_splits_over_lengths
+    kw = dict(kw)
+    inp = precompute_inputs(1, kw.pop("seqlen_q"), 0, 32, 4, kw.pop("headdim", 128), varlen_q=True, **kw)
+    lengths = [1, 100, 3001, 3002, 5000, 65536, 400000]
+    want = tuple(get_num_splits(dataclasses.replace(inp, seqlen_k=L)) for L in lengths)
+    assert num_splits_over_lengths(inp, lengths) == want
+    assert len(set(want)) > 1
+
+
+def test_kblockm_never_depends_on_paged_non_tma_in_either_builds_table():
+    # tile_size.h (0251105a lines 13-58; the fork's 10-93): paged-non-TMA changes kBlockN only; get_pack_gqa reads
+    # kBlockM of a tile computed with it
+    from refmodel.fa3_builds import UPSTREAM, VLLM_FORK, tile_size_fwd_sm90_build
+    checked = 0
+    for build in (UPSTREAM, VLLM_FORK):
+        for elem in (1, 2):
+            for d in (64, 96, 128, 192, 256):
+                for dv in (64, 128, 256, 512):
+                    for causal, local, softcap, wg in itertools.product((False, True), repeat=4):
+                        a = tile_size_fwd_sm90_build(build, d, dv, causal, local, elem, False, softcap, False, wg)
+                        b = tile_size_fwd_sm90_build(build, d, dv, causal, local, elem, True, softcap, False, wg)
+                        assert a[0] == b[0], (build, elem, d, dv, causal, local, softcap, wg)
+                        checked += a[1] != b[1]
+    assert checked > 0     # control: paged-non-TMA does change kBlockN somewhere
