@@ -194,3 +194,13 @@ def test_a_refmodel_module_missing_from_the_mapping_is_named(tmp_path):
     (tmp_path / "refmodel" / "new.py").write_text("def f():\n    return 1\n")
     (tmp_path / "refmodel" / "data_only.py").write_text("TABLE = {1: 2}\n")
     assert drv.unmapped_modules({}, root=tmp_path) == ["refmodel/new.py"]
+
+
+def test_mutants_run_without_the_theorem_memo(monkeypatch):
+    # the memo answers by argument and module-attribute identity; a mutmut mutant changes neither, so a memo left on
+    # would hand every mutant the warm parent's theorem results (the first sample of spec/theorems_fork_tile.py kept
+    # a mutant alive that passes the wrong argument to sym_tile)
+    monkeypatch.setenv("FA3VERIFY_THEOREM_MEMO", "1")
+    monkeypatch.setenv("PYTHONPATH", "/somewhere")
+    env = drv.mutmut_env()
+    assert env["FA3VERIFY_THEOREM_MEMO"] == "0" and "PYTHONPATH" not in env
