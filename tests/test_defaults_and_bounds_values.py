@@ -23,7 +23,7 @@ import torch
 
 from refmodel import ProcessAbort
 from refmodel.fa3_scheduler import (call_inputs, kernel_headdims, num_splits_heuristic, precompute_inputs,
-                                    resolve_masking, tile_size_fwd_sm90)
+                                    resolve_masking, resolve_schedule, tile_size_fwd_sm90)
 from refmodel.prepare import L2_SWIZZLE_BYTES, fork_l2_budget, launch_check, max_kvblocks_in_l2
 from refmodel.splitkv import split_block_range, split_kv
 
@@ -169,3 +169,41 @@ def test_kblockm_never_depends_on_paged_non_tma_in_either_builds_table():
                         assert a[0] == b[0], (build, elem, d, dv, causal, local, softcap, wg)
                         checked += a[1] != b[1]
     assert checked > 0     # control: paged-non-TMA does change kBlockN somewhere
+
+
+def test_the_one_pass_table_of_a_positive_split_argument_is_that_argument_at_every_length():
+    from refmodel.fa3_scheduler import num_splits_over_lengths
+    inp = precompute_inputs(1, 1, 0, 32, 4, 128, num_splits=5)
+    assert num_splits_over_lengths(inp, [1, 1000, 100000]) == (5, 5, 5)
+
+
+def test_the_forks_pack_keeps_a_pack_the_caller_asked_for():
+    # fork flash_api.cpp 670-674: pack = pack_gqa_ argument (or get_pack_gqa), then |= Split, |= d == dv; with
+    # d 192 != dv 128 and one split only the argument can make it true
+    from refmodel.fa3_builds import VLLM_FORK
+    kw = dict(headdim_v=128, varlen_q=True, num_splits=1, build=VLLM_FORK)
+    assert resolve_schedule(precompute_inputs(2, 4, 4096, 16, 2, 192, pack_gqa=True, **kw)).pack_gqa is True
+    assert resolve_schedule(precompute_inputs(2, 4, 4096, 16, 2, 192, pack_gqa=False, **kw)).pack_gqa is False
+
+
+def test_with_inputs_names_unknown_fields_and_defers_to_replace_when_a_post_init_exists(monkeypatch):
+    import dataclasses
+
+    from refmodel.fa3_scheduler import ScheduleInputs, with_inputs
+    inp = precompute_inputs(1, 1, 100, 32, 8, 128)
+    with pytest.raises(TypeError) as info:
+        with_inputs(inp, nope=1, also_not=2)
+    assert str(info.value) == "with_inputs: ScheduleInputs has no field(s) ['also_not', 'nope']"
+    real_replace, calls = dataclasses.replace, []
+
+    def spy(obj, **changes):
+        calls.append(changes)
+        return real_replace(obj, **changes)
+
+    assert with_inputs(inp, seqlen_k=4) == real_replace(inp, seqlen_k=4)
+    monkeypatch.setattr(dataclasses, "replace", spy)
+    with_inputs(inp, seqlen_k=4)
+    assert calls == []                       # the fast copy: ScheduleInputs has no __post_init__
+    monkeypatch.setattr(ScheduleInputs, "__post_init__", lambda self: None, raising=False)
+    out = with_inputs(inp, seqlen_k=5)
+    assert calls == [{"seqlen_k": 5}] and out == real_replace(inp, seqlen_k=5)
