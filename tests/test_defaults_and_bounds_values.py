@@ -137,6 +137,8 @@ def test_a_left_window_of_zero_is_a_bound_not_unbounded():
 @pytest.mark.parametrize("kw", [
     dict(seqlen_q=1, causal=True, page_size=16),                    # decode: causal kept (paged, d 128), flash_api 579
     dict(seqlen_q=1, causal=True, page_size=16, headdim=192),       # d 192: causal dropped
+    dict(seqlen_q=1, causal=True, page_size=352, num_heads=256),    # decode kept causal: kBlockN 128, no paged TMA,
+                                                                    # where not causal 352 % 176 == 0 takes TMA
     dict(seqlen_q=64, window_size=(3000, 0)),                       # local until the window covers every key
     dict(seqlen_q=64, attention_chunk=512),                         # a chunk: local
 ])
@@ -147,7 +149,9 @@ def test_the_one_pass_split_table_is_get_num_splits_at_every_length(kw):
 
     from refmodel.fa3_scheduler import get_num_splits, num_splits_over_lengths
     kw = dict(kw)
-    inp = precompute_inputs(1, kw.pop("seqlen_q"), 0, 32, 4, kw.pop("headdim", 128), varlen_q=True, **kw)
+    heads = kw.pop("num_heads", 32)
+    inp = precompute_inputs(1, kw.pop("seqlen_q"), 0, heads, 4 if heads == 32 else 1, kw.pop("headdim", 128),
+                            varlen_q=True, **kw)
     lengths = [1, 100, 3001, 3002, 5000, 65536, 400000]
     want = tuple(get_num_splits(dataclasses.replace(inp, seqlen_k=L)) for L in lengths)
     assert num_splits_over_lengths(inp, lengths) == want
@@ -207,3 +211,9 @@ def test_with_inputs_names_unknown_fields_and_defers_to_replace_when_a_post_init
     monkeypatch.setattr(ScheduleInputs, "__post_init__", lambda self: None, raising=False)
     out = with_inputs(inp, seqlen_k=5)
     assert calls == [{"seqlen_k": 5}] and out == real_replace(inp, seqlen_k=5)
+
+
+def test_a_call_appending_one_key_passes_k_new():
+    # call_inputs: has_k_new defaults to seqlen_knew > 0 (k_new is passed whenever there is new KV)
+    assert call_inputs(2, 1, 100, 8, 8, 128, seqlen_knew=1).has_k_new is True
+    assert call_inputs(2, 1, 100, 8, 8, 128, seqlen_knew=0).has_k_new is False
