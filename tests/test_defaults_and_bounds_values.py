@@ -140,6 +140,8 @@ def test_a_left_window_of_zero_is_a_bound_not_unbounded():
     dict(seqlen_q=1, causal=True, page_size=352, num_heads=256),    # decode kept causal: kBlockN 128, no paged TMA,
                                                                     # where not causal 352 % 176 == 0 takes TMA
     dict(seqlen_q=64, window_size=(3000, 0)),                       # local until the window covers every key
+    dict(seqlen_q=64, window_size=(3000, 0), headdim=192),          # d 192: causal 128 x 112 up to 3001 keys, then
+                                                                    # local 128 x 96: each flag pair has its tiles
     dict(seqlen_q=64, attention_chunk=512),                         # a chunk: local
 ])
 def test_the_one_pass_split_table_is_get_num_splits_at_every_length(kw):
