@@ -219,3 +219,22 @@ def test_a_call_appending_one_key_passes_k_new():
     # call_inputs: has_k_new defaults to seqlen_knew > 0 (k_new is passed whenever there is new KV)
     assert call_inputs(2, 1, 100, 8, 8, 128, seqlen_knew=1).has_k_new is True
     assert call_inputs(2, 1, 100, 8, 8, 128, seqlen_knew=0).has_k_new is False
+
+
+def test_a_split_argument_of_one_is_used_as_is_by_the_one_pass_table():
+    # flash_api.cpp 470: num_splits <= 0 means the heuristic; 1 is a positive argument (the heuristic would give 29)
+    import dataclasses
+
+    from refmodel.fa3_scheduler import get_num_splits, num_splits_over_lengths
+    inp = precompute_inputs(1, 1, 0, 32, 4, 128, num_splits=1)
+    assert num_splits_over_lengths(inp, [1, 100000]) == (1, 1)
+    assert get_num_splits(dataclasses.replace(inp, seqlen_k=100000, num_splits=0)) == 29
+
+
+def test_the_forks_decode_tile_is_not_taken_for_local_attention():
+    # fork heuristics.h 10-14: use_one_mma_wg needs !is_local; a local decode (window (100, 0)) keeps 128 x 128
+    from refmodel.fa3_builds import VLLM_FORK
+    local = resolve_schedule(call_inputs(2, 1, 8192, 8, 1, 128, window_size=(100, 0), build=VLLM_FORK))
+    assert local.masking.is_local and (local.block_m, local.block_n) == (128, 128)
+    plain = resolve_schedule(call_inputs(2, 1, 8192, 8, 1, 128, build=VLLM_FORK))
+    assert plain.block_m == 64          # the one-MMA-WG tile without the window
