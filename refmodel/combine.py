@@ -38,20 +38,34 @@ def _fail(argument: str, message: str) -> None:
     raise ValueError(f"{argument}: {message}")
 
 
-# The in-place per-split loop avoids an (S, N, dv) temporary; it pays off once that temporary outgrows the caches
-# and each split's slice is big enough to hide a launch. Below, one broadcast multiply + sum is cheaper.
+# Two ways to compute the same sum, chosen by size for speed only: below the thresholds one broadcast multiply makes
+# every product at once; above them (where that (S, N, dv) temporary outgrows the caches) each split's products are
+# made in turn. Both round the same way (each product to float32, then each ascending add to float32, from +0), so
+# the oracle's bits do not depend on the path (tests/test_combine_paths.py runs both on one input).
 _LOOP_MIN_ROW_ELEMS = 1 << 15
 _LOOP_MIN_TOTAL_ELEMS = 1 << 21
 
 
-def _accumulate(scales: torch.Tensor, out_partial: torch.Tensor) -> torch.Tensor:
-    """``sum_s scales[s] * out_partial[s]`` over splits in ascending order, float32."""
+def _accumulate(scales: torch.Tensor, out_partial: torch.Tensor, per_split: bool | None = None) -> torch.Tensor:
+    """``sum_s scales[s] * out_partial[s]`` over splits in ascending order, float32 (flash_fwd_combine_kernel.h 669-693).
+
+    Each product is rounded to float32 and added to the float32 accumulator (started at +0) in split order; the
+    kernel's ``tOrO += scale * rOpartial`` is contracted into one fused multiply-add by nvcc (one rounding where
+    this has two; within the combine's tolerance, FA3 being built with fast math). ``per_split`` picks the path
+    (``None``: by size); the result is the same bits either way.
+    """
     num_splits, rows, dv = out_partial.shape
-    if rows * dv < _LOOP_MIN_ROW_ELEMS or num_splits * rows * dv < _LOOP_MIN_TOTAL_ELEMS:
-        return (scales.unsqueeze(-1) * out_partial).sum(dim=0)  # small: one broadcast beats S launches
+    if per_split is None:
+        per_split = rows * dv >= _LOOP_MIN_ROW_ELEMS and num_splits * rows * dv >= _LOOP_MIN_TOTAL_ELEMS
     out = torch.zeros(rows, dv, dtype=torch.float32, device=out_partial.device)
+    if per_split:
+        product = torch.empty_like(out)
+        for s in range(num_splits):
+            out.add_(torch.mul(scales[s].unsqueeze(-1), out_partial[s], out=product))
+        return out
+    products = scales.unsqueeze(-1) * out_partial  # small: one broadcast multiply instead of S
     for s in range(num_splits):
-        out.addcmul_(scales[s].unsqueeze(-1), out_partial[s])
+        out.add_(products[s])
     return out
 
 

@@ -47,7 +47,7 @@ TARGETS = ROOT / "mutation" / "targets.toml"
 EQUIVALENT = ROOT / "mutation" / "equivalent.tsv"
 WORK = ROOT / "build" / "mutation" / "work"
 #: What each scratch copy holds: the packages the tests import, and the tests.
-COPIED = ("refmodel", "spec", "gpu_impl", "fa3verify", "tests", "examples")  # examples: guard files the tests load
+COPIED = ("refmodel", "spec", "gpu_impl", "fa3verify", "tests", "examples", "docs")  # guard files and docs the tests read
 PACKAGES = ("refmodel", "spec", "gpu_impl", "fa3verify")
 
 #: mutmut's exit codes per mutant (mutmut/stats.py) grouped as this report counts them.
@@ -120,6 +120,23 @@ def load_targets(path: Path = TARGETS) -> dict[str, Target]:
         if not tests:
             raise BadInput(f"{path.name}: module {module!r} has no tests")
         out[module] = Target(module, tests, tuple(spec.get("deselect", ())))
+    return out
+
+
+#: What mutation/targets.toml must map: every module of the oracle, spec's verdicts and its build-related theorems.
+REQUIRED = ("refmodel/*.py", "spec/invariants.py", "spec/theorems/fork_tile.py")
+
+
+def unmapped_modules(targets: dict, root: Path = ROOT) -> list[str]:
+    """The modules REQUIRED names that define a function (mutmut mutates functions only) and have no target."""
+    out = []
+    for pattern in REQUIRED:
+        for path in sorted(root.glob(pattern)):
+            module = path.relative_to(root).as_posix()
+            tree = ast.parse(path.read_text())
+            has_function = any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(tree))
+            if has_function and module not in targets:
+                out.append(module)
     return out
 
 
@@ -313,7 +330,7 @@ def write_workdir(target: Target, workdir: Path, exclude: tuple = ()) -> None:
               f"pytest_add_cli_args_test_selection = {json.dumps(selection)}",
               # the project's own pytest plugin adds nothing to these tests and costs start-up time
               'pytest_add_cli_args = ["-p", "no:fa3verify"]',
-              'also_copy = ["examples"]',  # into mutmut's mutants/ tree, where the tests run: guard files they load
+              'also_copy = ["examples", "docs"]',  # into mutmut's mutants/ tree, where the tests run: files they read
               "use_git_change_detection = false", ""]
     (workdir / "pyproject.toml").write_text("\n".join(lines))
 
@@ -341,6 +358,10 @@ def mutmut_env() -> dict:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    # The suite's theorem memo (tests/conftest.py) would answer a forked mutant from the warm parent's results: a
+    # mutant switches code by mutmut's trampoline, not by replacing an attribute, so the memo's fingerprint cannot
+    # see it. Every theorem part a mutant's tests run is computed again.
+    env["FA3VERIFY_THEOREM_MEMO"] = "0"
     return env
 
 

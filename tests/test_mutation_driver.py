@@ -174,3 +174,33 @@ def test_a_report_path_holding_something_else_is_bad_input_and_is_left_alone(tmp
     assert "MUTATION_REPORT:" in err and "is not a mutation report" in err
     assert report.read_text() == "my notes, not a report\n"
     assert not (tmp_path / "mutmut.log").exists()
+
+
+def test_every_refmodel_module_and_the_build_theorems_are_in_the_mapping():
+    targets = drv.load_targets()
+    assert drv.unmapped_modules(targets) == []
+    assert {"refmodel/__init__.py", "refmodel/fa3_builds.py", "refmodel/metadata_layout.py", "refmodel/kv_blocks.py", "spec/invariants.py",
+            "spec/theorems/fork_tile.py"} <= set(targets)
+
+
+def test_a_refmodel_module_missing_from_the_mapping_is_named(tmp_path):
+    # negative control: a mapping without one module, and a new module with a function that nobody mapped
+    targets = drv.load_targets()
+    fewer = {m: t for m, t in targets.items() if m != "refmodel/metadata_layout.py"}  # a module with functions
+    assert drv.unmapped_modules(fewer) == ["refmodel/metadata_layout.py"]
+    (tmp_path / "refmodel").mkdir()
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "refmodel" / "__init__.py").write_text("from .new import f\n")
+    (tmp_path / "refmodel" / "new.py").write_text("def f():\n    return 1\n")
+    (tmp_path / "refmodel" / "data_only.py").write_text("TABLE = {1: 2}\n")
+    assert drv.unmapped_modules({}, root=tmp_path) == ["refmodel/new.py"]
+
+
+def test_mutants_run_without_the_theorem_memo(monkeypatch):
+    # the memo answers by argument and module-attribute identity; a mutmut mutant changes neither, so a memo left on
+    # would hand every mutant the warm parent's theorem results (the first sample of spec/theorems/fork_tile.py kept
+    # a mutant alive that passes the wrong argument to sym_tile)
+    monkeypatch.setenv("FA3VERIFY_THEOREM_MEMO", "1")
+    monkeypatch.setenv("PYTHONPATH", "/somewhere")
+    env = drv.mutmut_env()
+    assert env["FA3VERIFY_THEOREM_MEMO"] == "0" and "PYTHONPATH" not in env

@@ -1,0 +1,136 @@
+"""Pins of refmodel.fa3_builds at each boundary: what each build's FA3 source does on both sides of it.
+
+Sources: upstream Dao-AILab/flash-attention ``hopper/tile_size.h`` at 0251105a (``headdim <= 64`` with
+``headdim_v == 512`` / ``== 256``, ``headdim <= 192`` with ``headdim_v <= 128``); the vLLM fork
+vllm-project/flash-attention ``hopper/flash_api.cpp`` at 617264c1: the PackGQA override (485-487:
+``arch >= 90 && h / h_k == 8 && is_local && d == 64 && dv == d``), PackGQA for Split (671, 1063) and under
+``FLASHATTENTION_PACKGQA_ONLY`` for ``d == dv`` (674, 1065), the dynamic split vector
+(677: ``b <= PREPARE_VARLEN_MAX_BATCHES_1CTA && num_splits > 1``; 1068 adds ``use_prepare_varlen``; line 39: 992).
+
+The tile lookup is memoised (``functools.lru_cache``); every test here clears the memo first, so the rules are
+evaluated on this test's inputs, not recalled from an earlier test's.
+"""
+
+import pytest
+
+from refmodel import fa3_builds
+from refmodel.fa3_builds import (MAX_BATCHES_1CTA, UPSTREAM, VLLM_FORK, build, check_build_name, engine_sources,
+                                 engine_sources_markdown, fork_packgqa, fork_packgqa_override, fork_uses_dynamic_split,
+                                 rule_matches, tile_size_fwd_sm90_build, tile_size_fwd_sm90_vllm_fork)
+
+NO_FLAGS = {"is_causal": False, "is_local": False, "paged_kv_non_tma": False, "softcap": False, "v_colmajor": False,
+            "one_mma_wg": False}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_tile_memo():
+    tile_size_fwd_sm90_build.cache_clear()
+    yield
+    tile_size_fwd_sm90_build.cache_clear()
+
+
+@pytest.mark.parametrize("rule, d, dv, expected", [
+    ({"d_max": 64}, 64, 64, True), ({"d_max": 64}, 65, 64, False),
+    ({"dv_eq": 512}, 64, 512, True), ({"dv_eq": 512}, 64, 256, False), ({"dv_eq": 512}, 64, 511, False),
+    ({"dv_max": 128}, 192, 128, True), ({"dv_max": 128}, 192, 129, False), ({"dv_max": 128}, 192, 127, True),
+    ({}, 256, 512, True),
+    ({"d_max": 64, "dv_eq": 256}, 64, 256, True), ({"d_max": 64, "dv_eq": 256}, 96, 256, False),
+])
+def test_rule_bounds(rule, d, dv, expected):
+    assert rule_matches(rule, d, dv, NO_FLAGS) is expected
+
+
+def test_rule_when_groups_are_any_of_all():
+    rule = {"when": [["is_causal"], ["is_local", "paged_kv_non_tma"]]}
+    assert rule_matches(rule, 64, 64, NO_FLAGS) is False
+    assert rule_matches(rule, 64, 64, {**NO_FLAGS, "is_causal": True}) is True
+    assert rule_matches(rule, 64, 64, {**NO_FLAGS, "is_local": True}) is False        # half a group
+    assert rule_matches(rule, 64, 64, {**NO_FLAGS, "is_local": True, "paged_kv_non_tma": True}) is True
+
+
+@pytest.mark.parametrize("d, dv, tile", [
+    (64, 512, (64, 64)),      # tile_size.h: d <= 64, dv == 512
+    (64, 256, (128, 96)),     # d <= 64, dv == 256
+    (64, 128, (192, 192)),    # neither: the plain d <= 64 tile
+    (192, 128, (128, 128)),   # d <= 192, dv <= 128
+    (192, 96, (128, 128)),
+    (192, 192, (128, 112)),   # dv > 128
+])
+def test_upstream_tiles_on_both_sides_of_the_dv_rules(d, dv, tile):
+    assert tile_size_fwd_sm90_build(UPSTREAM, d, dv, False, False) == tile
+
+
+def test_the_fork_tile_defaults_are_bf16_tma_and_two_warp_groups():
+    # d = dv = 128 under the fork: bf16 (128, 160); fp8 (128, 192); paged non-TMA (128, 128); one MMA WG (64, 176)
+    assert tile_size_fwd_sm90_vllm_fork(128, 128, False, False) == (128, 160)
+    assert tile_size_fwd_sm90_vllm_fork(128, 128, False, False, 2, False, False) == (128, 160)
+    assert tile_size_fwd_sm90_vllm_fork(128, 128, False, False, 1) == (128, 192)
+    assert tile_size_fwd_sm90_vllm_fork(128, 128, False, False, 2, True) == (128, 128)
+    assert tile_size_fwd_sm90_vllm_fork(128, 128, False, False, 2, False, True) == (64, 176)
+    assert tile_size_fwd_sm90_build(UPSTREAM, 128, 128, False, False) == (128, 176)
+
+
+def test_the_build_tile_defaults_are_bf16():
+    assert tile_size_fwd_sm90_build(UPSTREAM, 128, 128, False, False) == \
+        tile_size_fwd_sm90_build(UPSTREAM, 128, 128, False, False, 2)
+    assert tile_size_fwd_sm90_build(UPSTREAM, 128, 128, False, False, 1) != (128, 176)
+
+
+@pytest.mark.parametrize("arch, qhpk, local, d, dv, expected", [
+    (90, 8, True, 64, 64, True),
+    (89, 8, True, 64, 64, False), (100, 8, True, 64, 64, True),        # arch >= 90
+    (90, 7, True, 64, 64, False), (90, 16, True, 64, 64, False),        # h / h_k == 8
+    (90, 8, False, 64, 64, False),                                      # local only
+    (90, 8, True, 128, 64, False), (90, 8, True, 64, 128, False),       # d == 64, dv == d
+    (90, 8, True, 128, 128, False),
+])
+def test_the_forks_packgqa_override_on_both_sides_of_each_condition(arch, qhpk, local, d, dv, expected):
+    assert fork_packgqa_override(arch, qhpk, local, d, dv) is expected
+
+
+@pytest.mark.parametrize("pack, splits, d, dv, expected", [
+    (False, 1, 128, 64, False),
+    (True, 1, 128, 64, True),                                           # the heuristic's or the argument's pack
+    (False, 2, 128, 64, True), (True, 2, 128, 64, True),                # Split (671, 1063)
+    (False, 0, 128, 64, False),
+    (False, 1, 64, 64, True), (False, 1, 128, 128, True),               # PACKGQA_ONLY: d == dv (674, 1065)
+])
+def test_the_forks_packgqa_after_the_heuristic(pack, splits, d, dv, expected):
+    assert fork_packgqa(pack, splits, d, dv) is expected
+
+
+@pytest.mark.parametrize("uses_prepare, b, splits, expected", [
+    (True, MAX_BATCHES_1CTA, 2, True), (True, MAX_BATCHES_1CTA + 1, 2, False), (True, 1, 2, True),
+    (True, 4, 1, False), (False, 4, 2, False),
+])
+def test_the_forks_dynamic_split_vector(uses_prepare, b, splits, expected):
+    assert MAX_BATCHES_1CTA == 992
+    assert fork_uses_dynamic_split(uses_prepare, b, splits) is expected
+
+
+def test_build_names_and_the_refusal_message():
+    assert check_build_name(None) == UPSTREAM and check_build_name(VLLM_FORK) == VLLM_FORK
+    with pytest.raises(ValueError) as info:
+        build("nope")
+    assert str(info.value) == f"build: must be one of {UPSTREAM}, {VLLM_FORK}, got 'nope'"
+    with pytest.raises(ValueError):
+        check_build_name("nope")
+
+
+def test_engine_source_rows_carry_the_sources_fields():
+    data = fa3_builds._data()
+    for row in engine_sources():
+        src = data["sources"][row["kernel_package"]]
+        for key in ("fa3_repo", "fa3_commit", "build", "verified", "interface"):
+            assert row[key] == src[key], key
+
+
+def test_the_docs_table_says_yes_for_a_verified_pin(monkeypatch):
+    data = fa3_builds._data()
+    pkg = data["engines"][0]["kernel_package"]
+    changed = {**data, "sources": {**data["sources"], pkg: {**data["sources"][pkg], "verified": True}}}
+    monkeypatch.setattr(fa3_builds, "_data", lambda: changed)
+    rows = engine_sources_markdown().splitlines()[2:]
+    marks = {r.rsplit("|", 2)[-2].strip() for r in rows}
+    assert marks == {"yes", "no"}
+    assert rows[0].endswith("| yes |")

@@ -1,0 +1,58 @@
+"""Pins of spec/theorems/fork_tile.py's helpers: the drift query's domain, the length key of an fp8 point, the case
+file's expected detail, and the drift theorem's verdict when z3 answers unknown.
+
+The drift query (module doc) bounds the call's seqlen_q by vLLM's per-step budget (8192) and the precompute's by
+one more; an fp8 point reads the fp8 tiles (the fork's tile_size.h 66-93: falcon-7b's d 64, h/h_k 71, page 16
+decode takes kBlockN 128 in fp8, 160 in bf16).
+"""
+
+import json
+
+import z3
+
+import spec.theorems.fork_tile as ft
+from refmodel.fa3_scheduler import call_inputs, resolve_schedule
+
+
+def test_the_drift_query_admits_the_budget_and_one_more_on_the_precompute():
+    q = ft.DriftQuery(ft.VLLM_FORK, 10.0)
+    s = q.solver
+    s.push()
+    s.add(q.p.domain, q.c.domain, q.c.seqlen_q == ft.bv(ft.VLLM_MAX_QUERY))
+    assert s.check() == z3.sat
+    s.pop()
+    s.push()
+    s.add(q.p.domain, q.c.domain, q.c.seqlen_q == ft.bv(ft.VLLM_MAX_QUERY + 1))
+    assert s.check() == z3.unsat
+    s.pop()
+
+
+def test_an_fp8_points_length_key_uses_the_fp8_tile():
+    point = ft.VllmTilePoint("falcon-7b", 1, 16, 1, 132)
+    h, hk = point.heads()
+    bn = {dt: resolve_schedule(call_inputs(1, 1, 16, h, hk, 64, qkv_dtype=dt, varlen_q=True, page_size=16,
+                                           causal=True, build=ft.VLLM_FORK)).block_n
+          for dt in ("float8_e4m3fn", "bfloat16")}
+    assert bn == {"float8_e4m3fn": 128, "bfloat16": 160}
+    key = ft.scan_length_key(point, 1)
+    assert key(1000) == (8, 8) and key(1000) != (7, 7)     # ceil(1000 / 128), not ceil(1000 / 160)
+
+
+def test_the_drift_case_file_carries_the_witness_detail(tmp_path):
+    point = ft.VllmTilePoint("falcon-7b", 1, 16, 1, 132)
+    found = {"seq_lens": [900, 17], "query_lens": [3, 1], "invariant": "SPLIT_BOUND", "S_p": 6, "S_c": 5,
+             "tiles": {"precompute": [192, 160], "call": [64, 192]}, "message": "batch 0: 6 splits > 5"}
+    path = ft.write_drift_case(str(tmp_path), point, found)
+    data = json.loads(open(path).read())
+    text = json.dumps(data)
+    assert '"tiles": {"precompute": [192, 160], "call": [64, 192]}' in text
+    assert '"S_p": 6' in text and '"S_c": 5' in text and "float8_e4m3" in text
+    assert ft.write_drift_case(None, point, found) is None
+
+
+def test_an_unknown_z3_answer_makes_the_drift_inconclusive_naming_the_first_three_points(monkeypatch):
+    points = ft.vllm_tile_points()[:4]
+    monkeypatch.setattr(ft.DriftQuery, "witness", lambda self, point: ("unknown", None, None))
+    r = ft._drift(1.0, points=points)
+    assert r.verdict == "inconclusive" and r.expected is False
+    assert r.message == f"z3 unknown at {[p.label for p in points[:3]]}"
