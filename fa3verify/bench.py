@@ -6,7 +6,7 @@
 4. oracle cost: FA3-semantics combine vs a plain logsumexp combine, and oracle attention vs plain PyTorch;
 5. on a GPU with FA3: the real kernel's time per call vs the harness's overhead per case (skipped elsewhere).
 
-Bars (issue 7) are reported next to each figure; they are never asserted in tests.
+Bars are reported next to each figure; they are never asserted in tests.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-#: issue 27's bars for prove: every theorem under 5 s on 2 cores, the pre-fix refutation under 2 s
+#: the bars for prove: every theorem under 5 s on 2 cores, the pre-fix refutation under 2 s
 BARS = {
     "prove_total_s": ("<", 5.0),
     "prove_max_theorem_s": ("<", 10.0),

@@ -1,4 +1,4 @@
-"""Launch a scenario with one process per attention rank (issue 9): spawn, rendezvous on loopback, timeout, cleanup.
+"""Launch a scenario with one process per attention rank: spawn, rendezvous on loopback, timeout, cleanup.
 
 ``run_ranks(cases, world=None, backend="gloo", timeout_s=...)`` starts ``attn_dp_size * attn_cp_size`` processes
 with ``torch.multiprocessing`` (spawn), each running :func:`gpu_impl.distributed.rank_main`.  The rendezvous is

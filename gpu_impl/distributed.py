@@ -1,4 +1,4 @@
-"""One attention rank of a scenario as a real ``torch.distributed`` process: the per-rank worker of issue 9.
+"""One attention rank of a scenario as a real ``torch.distributed`` process: the per-rank worker.
 
 A deployment runs one process per attention rank: ``attn_dp_size * attn_cp_size`` of them (attention-TP ranks
 only split heads, so one process stands for a whole attention-TP group and holds the layer's per-rank head

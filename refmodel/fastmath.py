@@ -1,4 +1,4 @@
-"""Where FA3's fast-math division can change a split count (issue 16, class 6).
+"""Where FA3's fast-math division can change a split count.
 
 The prepare kernel computes ``blocks_per_sm = ceilf(float(total) * 1.1f * float(H) / float(num_sm))``
 (``hopper/flash_prepare_scheduler.cu`` line 156 at 0251105a) and FA3 builds it with ``--use_fast_math``

@@ -9,7 +9,7 @@ The two sides check very different things (``hopper/flash_api.cpp`` at 0251105a)
 
 A failed check is :class:`~refmodel.errors.FA3Rejected` (loud, safe). ``h % 0`` is a host division by zero:
 :class:`~refmodel.errors.ProcessAbort`. What this model does not cover raises
-:class:`~refmodel.errors.OutsideModel`: an architecture other than sm90 (issue 16, class 4) and values outside
+:class:`~refmodel.errors.OutsideModel`: an architecture other than sm90 and values outside
 C++ ``int``, which FA3's ``int64_t`` -> ``int`` narrowing would silently truncate.
 
 Checks read the ``ScheduleInputs`` fields by name (no import of ``fa3_scheduler``, which calls these).

@@ -1,4 +1,4 @@
-"""Metadata-consistency invariants between a precompute and the call that consumes its metadata (issue 3).
+"""Metadata-consistency invariants between a precompute and the call that consumes its metadata.
 
 Vocabulary: the *precompute* P is a `get_scheduler_metadata(...)` call, modelled by refmodel as a resolved
 `Schedule` (`P_sched`) and the prepare step's `PrepareResult` (`P_result`); the *call* C is the
@@ -420,7 +420,7 @@ def check_all(P_sched: Schedule, P_result: PrepareResult, C_sched: Schedule, cal
 
 def SAFE(P_sched: Schedule, P_result: PrepareResult, C_sched: Schedule, call_lengths,
          range_fn: RangeFn = split_block_range) -> bool:
-    """SAFE(P, C): the conjunction of the silent invariants, or a loud shape error (issue 3)."""
+    """SAFE(P, C): the conjunction of the silent invariants, or a loud shape error."""
     return evaluate(P_sched, P_result, C_sched, call_lengths, range_fn).safe
 
 

@@ -1,4 +1,4 @@
-"""Pins of refmodel.attention (issue 20): every refusal's whole message, and the oracle's conventions at their edges.
+"""Pins of refmodel.attention: every refusal's whole message, and the oracle's conventions at their edges.
 
 Source: `hopper/flash_api.cpp` (mha_fwd's checks; the model is stricter where FA3 would read out of bounds, and
 says so in refmodel/attention.py), `hopper/mask.h` (bottom-right aligned masks), `hopper/seqlen.h` (leftpad).

@@ -1,4 +1,4 @@
-"""Time budgets are honoured within 10 %, shrinking and reporting included (issue 27).
+"""Time budgets are honoured within 10 %, shrinking and reporting included.
 
 The runs are on a simulated clock: ``time.perf_counter`` (the suite's clock, read at each call) is replaced by one
 that moves only when the model runs a scenario, by a fixed cost -- a fuzz case and a shrinking step cost the same

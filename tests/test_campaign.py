@@ -1,4 +1,4 @@
-"""The one campaign loop (issue 18) and the one case schema: what the loop counts, parallel targets, case files
+"""The one campaign loop and the one case schema: what the loop counts, parallel targets, case files
 with a `defects` field and kernel-level cases read by `fa3verify replay`, each with its negative control."""
 
 import json

@@ -1,4 +1,4 @@
-"""The bug catalogue (issue 10): every entry is caught by the engines it names, nothing fires with its defect off,
+"""The bug catalogue: every entry is caught by the engines it names, nothing fires with its defect off,
 the command's exit codes, the defect registry, and docs/catalogue.md is generated from the same data."""
 
 import json
@@ -49,7 +49,7 @@ def test_caught_findings_name_the_expected_invariant(fast_run):
     # prove's witness for entry 2 is a DP-attention configuration, for entry 11 FA3's tile corner
     assert "dpa" in by_id["02"].on["prove"].detail
     assert "host-kernel-tile" in by_id["11"].on["prove"].detail
-    # entry 13 (issue 16): FA3's int L2 split branch, found by theorem 8 and replayed as FA3's own rejection
+    # entry 13: FA3's int L2 split branch, found by theorem 8 and replayed as FA3's own rejection
     assert by_id["13"].on["prove"].invariants == ["SPLIT_COUNT_POSITIVE"]
     assert by_id["13"].on["prove"].case["expected"]["invariant"] == "FA3_REJECTS_NUM_SPLITS"
 

@@ -1,4 +1,4 @@
-"""Issue 16, class 1: FA3 computes in C++ int, and so does refmodel (wraps, truncating division, saturation).
+"""Class 1: FA3 computes in C++ int, and so does refmodel (wraps, truncating division, saturation).
 
 Upstream read: Dao-AILab/flash-attention hopper/ at 0251105a (heuristics.h, flash_api.cpp,
 flash_prepare_scheduler.cu). Every test names the lines it pins.

@@ -1,4 +1,4 @@
-"""Pins of refmodel.cint (issue 20): C++ ``int`` arithmetic at its edges, each value worked out by hand.
+"""Pins of refmodel.cint: C++ ``int`` arithmetic at its edges, each value worked out by hand.
 
 FA3 computes sizes, block and split counts in ``int`` (hopper/flash_api.cpp, heuristics.h,
 flash_prepare_scheduler.cu at 0251105a): sums wrap at 2^31, ``/`` truncates toward zero, and the GPU's

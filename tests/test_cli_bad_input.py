@@ -1,4 +1,4 @@
-"""Issue 17, classes 2 and 3: bad input is exit 2 naming the field and the allowed range, never a traceback; no
+"""Bad input is exit 2 naming the field and the allowed range, never a traceback; no
 input hangs the tool or runs unbounded work (FIFOs, NaN budgets, huge cases, sleeping guards)."""
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 17: classes found beyond the issue's examples (each with the defect it catches)."""
+"""Failure classes of the command line beyond the first ones (each with the defect it catches)."""
 
 import json
 import os

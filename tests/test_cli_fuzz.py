@@ -1,4 +1,4 @@
-"""Issue 17: a Hypothesis fuzz test of the command line itself.
+"""A Hypothesis fuzz test of the command line itself.
 
 Random argument vectors and random mutations of corpus case files must end in exit 0, 1, 2 or 3, never with a
 traceback or an internal error, and must touch no file outside the run's output folder. Bounded (a few dozen

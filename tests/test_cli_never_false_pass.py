@@ -1,4 +1,4 @@
-"""Issue 17, class 1: never a false pass. Any observed violation or guard fault is never exit 0; zero checks run is
+"""Class 1: never a false pass. Any observed violation or guard fault is never exit 0; zero checks run is
 exit 3 or 2, never 0; an unknown name is exit 2. Guards that exit, hang or return non-bools are faults."""
 
 import json

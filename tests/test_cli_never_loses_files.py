@@ -1,4 +1,4 @@
-"""Issue 17, class 4: never a lost file. Outputs are checked before the run, never overwrite an input, and a run
+"""Class 4: never a lost file. Outputs are checked before the run, never overwrite an input, and a run
 deletes nothing it did not create; SIGINT writes what was found and exits 3."""
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 17, classes 5-7: case files never run code the user did not name; a z3 unknown is inconclusive; logs
+"""Case files never run code the user did not name; a z3 unknown is inconclusive; logs
 show progress; --version; the help examples work as printed."""
 
 import json

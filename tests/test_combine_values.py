@@ -1,4 +1,4 @@
-"""Pins of refmodel.combine (issue 20): the combine's per-row math on hand-worked rows, and every refusal's message.
+"""Pins of refmodel.combine: the combine's per-row math on hand-worked rows, and every refusal's message.
 
 Source: Dao-AILab/flash-attention `hopper/flash_fwd_combine_kernel.h` at 0251105a (max over the LSE slots with
 fmaxf, the -inf guard `max_scale = lse_max == -INFINITY ? 0 : lse_max`, `inv_sum = (sum == 0 || sum != sum) ? 0 :

@@ -1,4 +1,4 @@
-"""Pins of spec.model.config (issue 20): the domain assumptions, each at its edge, with the whole violation it reports.
+"""Pins of spec.model.config: the domain assumptions, each at its edge, with the whole violation it reports.
 
 Sources: sglang's ServerArgs checks and ``compute_dp_attention_world_info`` (python/sglang/srt/server_args.py,
 layers/dp_attention.py: attn_tp = tp // attn_dp // attn_cp), its attention modules' head splits (KV heads

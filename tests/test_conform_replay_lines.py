@@ -1,4 +1,4 @@
-"""Issue 28, every printed replay line runs as typed: each replay command `conform` prints (the model's side and
+"""Every printed replay line runs as typed: each replay command `conform` prints (the model's side and
 the engine's side of a conformance difference, ``fa3verify.conformance.conform_replay_line``) runs without a usage
 error, also for a case found on a checkout, where the engine's side names it (``--engine sglang-src=PATH``), as the
 gate's lines do (``fa3verify.finding_terms.replay_line``). The engine is a stand-in (tests/fake_engines.py): the

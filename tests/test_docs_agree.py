@@ -1,4 +1,4 @@
-"""The docs' numbers, names and examples agree with the code they describe (issue 28's list of claims that had
+"""The docs' numbers, names and examples agree with the code they describe (the claims that had
 drifted): the theorem count, the check kinds and JUnit classes, ``policy.engine``, the case file name in the
 CLI's help, the case-format error examples, the CI page's environment variables, the sanitizer's overhead bar,
 an engine without an environment, and Hypothesis as a test dependency only."""

@@ -1,4 +1,4 @@
-"""Issue 17: the bounds, option ranges and exit-code contract stated in docs/case-format.md and docs/reports.md
+"""The bounds, option ranges and exit-code contract stated in docs/case-format.md and docs/reports.md
 are the ones the code enforces (the behaviours are checked in tests/test_cli_*.py and test_cli_fuzz.py)."""
 
 import re

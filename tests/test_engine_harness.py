@@ -64,7 +64,7 @@ def test_case_engine_round_trips_and_changes_the_signature(tmp_path):
 
 @pytest.mark.parametrize("engine, field", [
     ({"name": "trtllm"}, "engine.name"),
-    ({"name": "vllm"}, "engine.release"),  # vLLM cases name their release (issue 15), like sglang ones
+    ({"name": "vllm"}, "engine.release"),  # vLLM cases name their release, like sglang ones
     ({"name": "sglang"}, "engine.release"),
     ({"name": "sglang", "release": "five"}, "engine.release"),
     ({"name": "sglang-src"}, "engine.path"),

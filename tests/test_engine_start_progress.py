@@ -1,4 +1,4 @@
-"""Issue 28, progress for every long command, engines included: `replay --engine` and `run-ranks --engine` start
+"""Progress for every long command, engines included: `replay --engine` and `run-ranks --engine` start
 the engine's worker as their own stage (fa3verify.engine_choice.start_engine), so a CI log shows a line on stderr
 when the start begins and one when it ends, and nothing of it on stdout (which may carry a report). The engine is
 a stand-in (tests/fake_engines.py) whose worker start prints a line, as an environment build does."""

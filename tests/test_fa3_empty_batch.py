@@ -1,4 +1,4 @@
-"""Issue 16, class 2: a precompute of zero batches ends the process in FA3; can a backend reach it?
+"""Class 2: a precompute of zero batches ends the process in FA3; can a backend reach it?
 
 FA3 (hopper/ at 0251105a): flash_prepare_scheduler.cu:222-232 launches ceil_div(b, 992) CTAs, so b == 0 is a
 zero-block grid ("invalid configuration argument"); flash_api.cpp:659 runs CHECK_CUDA_KERNEL_LAUNCH(), and

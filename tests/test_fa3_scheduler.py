@@ -92,7 +92,7 @@ def test_batch_over_992_uses_one_split_everywhere():
 
 def test_fixed_split_count_is_used_as_is():
     assert resolve_schedule(precompute_inputs(8, 1, 32768, 8, 1, 128, num_splits=7)).num_splits == 7
-    # issue 16: the precompute accepts more than 256 splits (flash_api.cpp 548-550 check only dtype and heads);
+    # the precompute accepts more than 256 splits (flash_api.cpp 548-550 check only dtype and heads);
     # the call rejects them (flash_api.cpp 1095)
     assert resolve_schedule(precompute_inputs(8, 1, 32768, 8, 1, 128, num_splits=300)).num_splits == 300
     with pytest.raises(ValueError, match="num_splits"):
@@ -150,6 +150,6 @@ def test_bad_inputs_name_the_field():
         resolve_schedule(precompute_inputs(1, 1, 10, 6, 4, 128))
     with pytest.raises(ValueError, match="cache_seqlens"):
         get_scheduler_metadata(2, 1, 10, 8, 1, 128, torch.tensor([1, 2, 3], dtype=torch.int32))
-    # issue 16: a head dim over 256 is the call's rejection (flash_api.cpp 780), not the precompute's
+    # a head dim over 256 is the call's rejection (flash_api.cpp 780), not the precompute's
     with pytest.raises(ValueError, match="headdim"):
         resolve_schedule(call_inputs(1, 1, 10, 8, 1, 300))

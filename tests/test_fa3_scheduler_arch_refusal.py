@@ -1,4 +1,4 @@
-"""Issue 16, class 4: architectures other than sm90 are refused, never answered with sm90's numbers.
+"""Class 4: architectures other than sm90 are refused, never answered with sm90's numbers.
 
 FA3 (hopper/ at 0251105a) has other rules on sm8x that the model does not implement: its tiles come from
 tile_size_fwd_sm8x (tile_size.h:116-137, used by flash_api.cpp:453-455 and 654-656), the call's semaphore rule

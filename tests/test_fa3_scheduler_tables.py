@@ -1,4 +1,4 @@
-"""Pins of refmodel.fa3_scheduler (issue 20): FA3's host-side tables and heuristics, value by value.
+"""Pins of refmodel.fa3_scheduler: FA3's host-side tables and heuristics, value by value.
 
 Sources: Dao-AILab/flash-attention `hopper/` at 0251105a: `tile_size.h` (tile_size_fwd_sm90, lines 10-54),
 `heuristics.h` (should_pack_gqa 9-17, num_splits_heuristic 25-59), `flash_api.cpp` (run_mha_fwd_constexpr

@@ -1,4 +1,4 @@
-"""Pins of refmodel.fastmath (issue 20): the candidate ``blocks_per_sm`` band of a <= 2-ulp division, by hand.
+"""Pins of refmodel.fastmath: the candidate ``blocks_per_sm`` band of a <= 2-ulp division, by hand.
 
 Source: `hopper/flash_prepare_scheduler.cu` line 156 at 0251105a:
 ``blocks_per_sm = ceilf(float(total) * 1.1f * float(num_head) / float(num_sm))``, built with ``--use_fast_math``

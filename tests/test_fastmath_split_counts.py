@@ -1,4 +1,4 @@
-"""Issue 16, class 6: FA3's fast-math division of blocks_per_sm, and where its <= 2 ulp change a split count.
+"""Class 6: FA3's fast-math division of blocks_per_sm, and where its <= 2 ulp change a split count.
 
 FA3 (hopper/ at 0251105a): flash_prepare_scheduler.cu:156 computes
 ceilf(float(total) * 1.1f * float(num_head) / float(num_sm)); hopper/setup.py:668 builds with --use_fast_math,

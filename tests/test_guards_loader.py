@@ -1,4 +1,4 @@
-"""Pins of spec/model/guards.py (issue 20's mutation follow-up): what a user of the guard loader sees.
+"""Pins of spec/model/guards.py: what a user of the guard loader sees.
 
 Each test pins one observable: the verdict a guard gives on a configuration (the built-in guards against sglang's
 own released code, read from the cached engine environments), the exact exit-2 message a bad ``--guard`` spec

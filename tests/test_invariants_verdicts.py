@@ -1,4 +1,4 @@
-"""Pins of spec.invariants (issue 20): each verdict's details and sentence on hand-worked pairs, the call-lengths
+"""Pins of spec.invariants: each verdict's details and sentence on hand-worked pairs, the call-lengths
 forms, and the outcome mapping (evaluate / evaluate_inputs).
 
 The worked example is docs/facts-fa3.md section 1 (sglang PR #30439): the precompute sees 8 q heads on 1 KV head

@@ -161,7 +161,7 @@ KIND_FLAGS = {"is_model", "is_source"}
 
 
 def engine_kind_branches(path: Path) -> list:
-    """Where the harness asks what kind of engine it holds instead of asking the engine (issue 26): a ``.kind`` or
+    """Where the harness asks what kind of engine it holds instead of asking the engine: a ``.kind`` or
     ``.engine`` compared with an engine's name, ``.is_model`` / ``.is_source`` (also through ``getattr``), or
     ``startswith("sglang...")`` / ``startswith("vllm...")`` on engine text. The system under test and its
     registry row (``gpu_impl.sut.EngineSpec``) answer every such question."""

@@ -1,4 +1,4 @@
-"""Issue 16, class 5: the metadata a call computes for itself, and comparisons against it.
+"""Class 5: the metadata a call computes for itself, and comparisons against it.
 
 FA3 (hopper/ at 0251105a): without scheduler_metadata a varlen call runs the prepare step inside run_flash_fwd
 with the kernel template's tiles and PackGQA (flash_fwd_launch_template.h:40-43, 148-165; flash_api.cpp:377

@@ -1,4 +1,4 @@
-"""Pins of refmodel.metadata (issue 20): the metadata tensor of a hand-worked precompute, value by value, the
+"""Pins of refmodel.metadata: the metadata tensor of a hand-worked precompute, value by value, the
 decoder, the length helpers and the call's own metadata.
 
 Sources: Dao-AILab/flash-attention at 0251105a, `hopper/flash_api.cpp` `mha_fwd_get_scheduler_metadata`

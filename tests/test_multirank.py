@@ -1,4 +1,4 @@
-"""Tests of real multi-rank execution (issue 9): gloo on loopback, one process per attention rank.
+"""Tests of real multi-rank execution: gloo on loopback, one process per attention rank.
 
 Processes are expensive (each imports torch), so every world size is launched once per module with all its
 cases, and the tests read the shared results.  Every launch has its own timeout (the launcher's), so a hang

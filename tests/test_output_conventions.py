@@ -1,4 +1,4 @@
-"""Issue 28, output conventions: `-` is stdout, special files are written through, reports follow the umask, one
+"""Output conventions: `-` is stdout, special files are written through, reports follow the umask, one
 name for the case folder, a progress line per stage on stderr (fa3verify/output_writer.py, fa3verify/outputs.py,
 fa3verify/progress.py). Each convention has a negative control: the defect it replaced, caught by the same
 predicate."""

@@ -1,4 +1,4 @@
-"""Pins of refmodel.prepare (issue 20): values derived by hand from FA3's prepare kernel, each killing mutants.
+"""Pins of refmodel.prepare: values derived by hand from FA3's prepare kernel, each killing mutants.
 
 Source: Dao-AILab/flash-attention `hopper/flash_prepare_scheduler.cu` at 0251105a (line numbers cited per test).
 Every expected value is worked out in the comment next to it from those lines; the model only has to agree.

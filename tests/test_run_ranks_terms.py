@@ -1,4 +1,4 @@
-"""Issue 28, findings in backend terms on every surface, run-ranks included: a finding of one process per
+"""Findings in backend terms on every surface, run-ranks included: a finding of one process per
 attention rank carries the configuration, path, differing FA3 arguments, S_p vs S_c, the guard's decision and a
 fix hint (``fa3verify.observed_terms.run_ranks_terms``: one model run of its case file, the scenario every rank
 ran), and its numbers are the ranks' own; ``run-ranks --engine`` findings are the replay's, with its terms."""

@@ -1,4 +1,4 @@
-"""Issue 28, findings in backend terms on every surface, sanitizer findings included: a finding of a sanitizer log
+"""Findings in backend terms on every surface, sanitizer findings included: a finding of a sanitizer log
 (``fa3verify.sanitize.records.log_to_run_summary``, what ``fa3verify report LOG.jsonl`` renders) carries the
 differing FA3 arguments, S_p vs S_c, the call's lengths, the path (eager, or a CUDA graph's replay), the guard's
 decision, the configuration of its case file and a fix hint, read from the pair the sanitizer recorded

@@ -1,4 +1,4 @@
-"""Issue 28, scale out the way CI does: `--shard K/N` on fuzz, conform and the engine matrix is a partition of the
+"""Scale out the way CI does: `--shard K/N` on fuzz, conform and the engine matrix is a partition of the
 campaign (fa3verify/sharding.py, fa3verify/campaign.py), and `report merge` joins the shard reports into the
 unsplit run's verdict (fa3verify/report_merge.py)."""
 

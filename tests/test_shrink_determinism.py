@@ -1,5 +1,5 @@
 """Shrinking is bounded by steps, not by the clock: the same ``--cases N --seed S`` saves byte-identical case files
-however slow the machine runs (issue 27), and the step bound is kept and reported.
+however slow the machine runs, and the step bound is kept and reported.
 
 The slow machine is a clock that advances one second at every reading (``time.perf_counter``, which the suite
 reads at each call): a time-boxed shrinker stops after a few candidates there and saves another case.

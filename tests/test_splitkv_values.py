@@ -1,4 +1,4 @@
-"""Pins of refmodel.splitkv (issue 20): block ranges and per-split partials on hand-worked cases, and refusals.
+"""Pins of refmodel.splitkv: block ranges and per-split partials on hand-worked cases, and refusals.
 
 Source: Dao-AILab/flash-attention `hopper/block.h` at 0251105a, `get_n_block_min_max` (lines 14-59): n_block_max
 = ceil(Lk / kBlockN) clipped by `ceil((m_idx_max + Lk - Lq [+ right]) / kBlockN)` under causal/local (23-34),

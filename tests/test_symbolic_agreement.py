@@ -1,4 +1,4 @@
-"""spec.theorems.symbolic's z3 encodings agree with refmodel's concrete formulas (issue 3: >= 10,000 random points, plus an
+"""spec.theorems.symbolic's z3 encodings agree with refmodel's concrete formulas (>= 10,000 random points, plus an
 exhaustive small domain). z3 terms are evaluated with concrete values by substitute + simplify."""
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""Theorems 1-4 (issue 3): expected verdicts under the fixed policy, and a seeded defect for each that makes z3
+"""Theorems 1-4: expected verdicts under the fixed policy, and a seeded defect for each that makes z3
 refute it (pre-fix guard, dropped assumption, heuristic change at the precompute, off-by-one split ranges, a guard
 that raises on older ServerArgs)."""
 

@@ -1,4 +1,4 @@
-"""Pins of refmodel.tolerance (issue 20): FA3's output acceptance rule and its two references, on hand-worked rows.
+"""Pins of refmodel.tolerance: FA3's output acceptance rule and its two references, on hand-worked rows.
 
 Source: Dao-AILab/flash-attention `hopper/test_flash_attn.py` at 0251105a (test_flash_attn_output): an output is
 accepted when ``max|out - out_ref| <= rtol * max|out_pt - out_ref| + fwd_atol`` with rtol 2 (3 with softcap) and

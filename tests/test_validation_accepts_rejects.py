@@ -1,4 +1,4 @@
-"""Pins of refmodel.validation and refmodel.errors (issue 20): what FA3 accepts and rejects, at each edge.
+"""Pins of refmodel.validation and refmodel.errors: what FA3 accepts and rejects, at each edge.
 
 Source: Dao-AILab/flash-attention `hopper/flash_api.cpp` at 0251105a. The precompute
 (``mha_fwd_get_scheduler_metadata``, lines 548-550) checks only h % h_k; the call (``mha_fwd``) checks head

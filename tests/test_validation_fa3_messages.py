@@ -1,4 +1,4 @@
-"""Issue 16, class 3: the model accepts and rejects exactly what FA3 does, on each side, with FA3's messages.
+"""Class 3: the model accepts and rejects exactly what FA3 does, on each side, with FA3's messages.
 
 FA3 (hopper/flash_api.cpp at 0251105a): the precompute, mha_fwd_get_scheduler_metadata, checks only the dtype and
 h % h_k (lines 548-550); the call, mha_fwd, checks head dims (780-792), alignment (854-856), appended KV

@@ -1,4 +1,4 @@
-"""Pins of fa3verify's verdict code (issue 20): the exit-code mapping, a summary's exit code, the gate's merge of
+"""Pins of fa3verify's verdict code: the exit-code mapping, a summary's exit code, the gate's merge of
 prove and fuzz, and replay's still-fails / passes-now decision. A mutant here is a false pass waiting to happen,
 so every branch is pinned on a hand-built input (no solver, no campaign runs)."""
 

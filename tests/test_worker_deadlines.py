@@ -1,4 +1,4 @@
-"""Every wait on a worker has a deadline (issue 27): a worker that sleeps forever costs its deadline, is killed,
+"""Every wait on a worker has a deadline: a worker that sleeps forever costs its deadline, is killed,
 and comes back as an inconclusive result naming it (exit 3 at the command line), never a hang.
 
 One test per kind of worker: the shared pipe client, the sglang engine worker, the vLLM engine worker, the

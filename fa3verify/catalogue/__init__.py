@@ -1,4 +1,4 @@
-"""The bug catalogue (issue 10): real historical metadata and combine bugs, re-created as seeded defects.
+"""The bug catalogue: real historical metadata and combine bugs, re-created as seeded defects.
 
 The catalogue is data: ``entries.json`` holds each entry (the bug, its source thread, the defect to seed, the
 strategy family, the engines that must catch it, the invariant expected, "silent when off"), read by

@@ -66,7 +66,7 @@ def to_markdown(cat: dict) -> str:
              "| invariant | silent | statement | FA3 source |", "|---|---|---|---|"]
     for i in cat["invariants"]:
         lines.append(f"| `{i['name']}` | {'yes' if i['silent'] else 'no'} | {i['statement']} | {i['fa3_source']} |")
-    lines += ["", "## Theorems (`fa3verify prove`)", "", "| theorem | issue 3 # | statement |", "|---|---|---|"]
+    lines += ["", "## Theorems (`fa3verify prove`)", "", "| theorem | family | statement |", "|---|---|---|"]
     for t in cat["theorems"]:
         lines.append(f"| `{t['name']}` | {t['number']} | {t['statement']} |")
     lines += ["", "## Prover domain assumptions (`fa3verify prove --drop-assumption NAME`)", "",

@@ -2,7 +2,7 @@
 
 A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign seeds with one 64-bit draw:
 
-* ``scenario`` -- issue 5's whole scenario space (:mod:`.scenarios`): what ``fuzz``, ``gate`` and ``check`` run;
+* ``scenario`` -- the whole scenario space (:mod:`.scenarios`): what ``fuzz``, ``gate`` and ``check`` run;
   ``release`` -- its metadata-level cases with ``num_splits`` 0, configurations a release runs (``conform``);
   ``gpu-decode`` -- its decode corner on a real GPU's SM count, every call on tensors (gpu-check's fuzz stage);
 * the catalogue's scenario families (:mod:`.families`: ``prefill-cp``, ``dp-attention``, ...): focused corners,

@@ -20,7 +20,7 @@ from typing import Optional
 from gpu_impl.config import MODELS, ModelConfig, ServerConfig, is_valid_config
 
 #: SM counts of real GPUs: H100/H200 SXM 132, H100 PCIe 114, A100 108, L40S-class 78
-#: (H200: docs/facts-fa3.md section 1; issue 5).
+#: (H200: docs/facts-fa3.md section 1).
 SM_COUNTS = (132, 114, 108, 78)
 PAGE_SIZES = (1, 16, 64)
 CONTEXT_LENGTHS = (4096, 32768, 131072)
@@ -116,7 +116,7 @@ def random_steps(rng: random.Random, max_len: int, numerics: bool) -> tuple:
 
 
 def random_fuzz_case(rng: random.Random, numerics_share: float = NUMERICS_SHARE) -> FuzzCase:
-    """One scenario of issue 5's space: configuration x model x batch sequence, plus a tensor seed."""
+    """One scenario of the space: configuration x model x batch sequence, plus a tensor seed."""
     model = MODELS[rng.choice(sorted(MODELS))]
     server = random_server_config(rng, model)
     numerics = rng.random() < numerics_share
@@ -138,7 +138,7 @@ def release_fuzz_case(rng: random.Random) -> FuzzCase:
 def gpu_decode_case(rng: random.Random, num_sm: int = 132, max_len: int = 16384,
                     contexts: tuple = (4096, 16384, 32768)) -> FuzzCase:
     """A case for a real GPU (gpu-check's fuzz stage): a valid configuration of a real model on the GPU's SM
-    count, a context from ``contexts``, and one decode batch (skewed half the time, issue 5's overflow shape) of
+    count, a context from ``contexts``, and one decode batch (skewed half the time, the worked example's overflow shape) of
     up to 12 rows per attention-DP rank and lengths up to ``max_len``, every call run on tensors."""
     for _ in range(500):
         model = MODELS[rng.choice(sorted(MODELS))]

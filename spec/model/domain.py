@@ -1,5 +1,5 @@
-"""The serving-backend configuration domain the metadata theorems quantify over (issue 3,
-docs/facts-fa3.md sections 1 and 3).
+"""The serving-backend configuration domain the metadata theorems quantify over (docs/facts-fa3.md
+sections 1 and 3).
 
 A configuration is a discrete server setup (`Server`) and a model's attention shapes (`Model`). From it the
 backend derives the precompute's head counts (`metadata_heads`: "tp" as sglang does, `H // tp_size` and
@@ -189,7 +189,7 @@ def violations(cfg: Config, dropped: frozenset = frozenset()) -> list[tuple[str,
 
 
 def valid(cfg: Config, dropped: frozenset = frozenset()) -> bool:
-    """Whether `cfg` satisfies every assumption not in `dropped` (issue 3: the domain follows sglang's validation)."""
+    """Whether `cfg` satisfies every assumption not in `dropped` (the domain follows sglang's validation)."""
     return not violations(cfg, frozenset(dropped))
 
 

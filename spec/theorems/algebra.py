@@ -1,4 +1,4 @@
-"""Theorem 5 of issue 3: FA3's split-KV combine is the exact merge of partial softmax states.
+"""Theorem 5: FA3's split-KV combine is the exact merge of partial softmax states.
 
 Source modelled: the per-row math of ``hopper/flash_fwd_combine_kernel.h`` (steps 4 and 6 of its
 ``operator()``), the same semantics ``refmodel/combine.py`` implements concretely (docs/facts-fa3.md section 2,
@@ -99,7 +99,7 @@ __all__ = [
 #: Seeded defects of the combine, for negative controls: name -> description.
 DEFECTS: dict[str, str] = SEEDED_DEFECTS["algebra"]
 
-#: Theorem names in the order they run (all of them theorem 5 of issue 3).
+#: Theorem names in the order they run (all of them theorem 5).
 THEOREMS = ("combine_exact_merge", "combine_all_empty", "merge_commutative", "merge_associative")
 THEOREM_NUMBER = "5"
 

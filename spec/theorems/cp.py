@@ -1,4 +1,4 @@
-"""Theorems 6 and 7 of issue 3: the zigzag prefill-CP partition, and the eager runner's CP-metadata hygiene.
+"""Theorems 6 and 7: the zigzag prefill-CP partition, and the eager runner's CP-metadata hygiene.
 
 Sources modelled (read, not copied; docs/facts-fa3.md section 3):
 

@@ -1,4 +1,4 @@
-"""What theorems 6 and 7 of issue 3 share: the CP sizes and batch kinds they range over, and the z3 plumbing.
+"""What theorems 6 and 7 share: the CP sizes and batch kinds they range over, and the z3 plumbing.
 
 Invariant: one definition of the theorem names, the CP sizes (2..8), the batch kinds and arrivals of the
 runner model and their encodings, used by :mod:`spec.theorems.cp_zigzag`, :mod:`spec.theorems.cp_runner` and
@@ -14,7 +14,7 @@ import z3
 from spec.theorems.base import theorem_result
 
 
-#: Theorem names in the order they run, and their numbers in issue 3.
+#: Theorem names in the order they run, and their family numbers.
 THEOREMS = ("zigzag_partition", "zigzag_balance", "runner_hygiene", "runner_freshness")
 
 THEOREM_NUMBERS = {"zigzag_partition": "6", "zigzag_balance": "6", "runner_hygiene": "7", "runner_freshness": "7"}

@@ -1,4 +1,4 @@
-"""Theorem 7 of issue 3: the eager runner's CP-metadata hygiene as a transition system (bounded model checking
+"""Theorem 7: the eager runner's CP-metadata hygiene as a transition system (bounded model checking
 plus a 1-step induction).
 
 Invariant: with PR #30439's fix (clear ``attn_cp_metadata`` when CP-v2 is not active) the backend takes the CP

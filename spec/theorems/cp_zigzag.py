@@ -1,4 +1,4 @@
-"""Theorem 6 of issue 3: sglang's zigzag prefill-CP split (``python/sglang/srt/layers/cp/zigzag.py``,
+"""Theorem 6: sglang's zigzag prefill-CP split (``python/sglang/srt/layers/cp/zigzag.py``,
 ``ZigzagCPStrategy.build_metadata``) as z3 terms.
 
 Invariant: for every cp in 2..8 and every L >= 2cp, the 2cp blocks are non-empty and partition the sequence, the

@@ -1,4 +1,4 @@
-"""Theorem 8 (issue 16): FA3's own int arithmetic at its edges, as z3 queries over C++-width bit-vectors.
+"""Theorem 8: FA3's own int arithmetic at its edges, as z3 queries over C++-width bit-vectors.
 
 ``8-int32-split-heuristic``: for every head-dim instance and dtype FA3 compiles, is there a KV length
 (1 .. 2^31 - 1 tokens) at which the L2 branch of ``num_splits_heuristic`` (``hopper/heuristics.h`` lines 29-34

@@ -1,4 +1,4 @@
-"""Theorem 9 (issue 29): the tile vLLM's FA3 fork chooses, as z3 queries over the sides of the metadata hand-off.
+"""Theorem 9: the tile vLLM's FA3 fork chooses, as z3 queries over the sides of the metadata hand-off.
 
 Invariant (``9-fork-tile-agree``): under the fork's build (refmodel.fa3_builds ``vllm-fork-617264c1``), a
 precompute and a call that agree on ``seqlen_q`` and on ``h / h_k`` choose the same (kBlockM, kBlockN), for every

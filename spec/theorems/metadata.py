@@ -1,4 +1,4 @@
-"""Theorems 1-4 of issue 3 (metadata consistency), as bounded z3 queries over the configuration domain.
+"""Theorems 1-4 (metadata consistency), as bounded z3 queries over the configuration domain.
 
 Bounds (stated once): batch size b in 1..8 (and b > 992 separately: every split is 1), per-sequence lengths in
 1..2^20 (the call's static seqlen_k up to 2^21), query rows per sequence up to 2^16 for multi-row calls, heads and

@@ -1,4 +1,4 @@
-"""Theorem 2 of issue 3 (benign drift) and the single changes that break SAFE.
+"""Theorem 2 (benign drift) and the single changes that break SAFE.
 
 Invariant: decode metadata stays safe when only the sequence lengths drift below what it was computed for,
 and each single change of h_k, seqlen_k, seqlen_q, pack-GQA or b between precompute and call has a concrete

@@ -1,4 +1,4 @@
-"""Theorem 1 of issue 3 (freshness): metadata precomputed with the call's own parameters is what the call needs.
+"""Theorem 1 (freshness): metadata precomputed with the call's own parameters is what the call needs.
 
 Invariant: a precompute with the call's own heads, lengths and split count never overflows the call's buffers
 nor leaves query rows uncovered, except where FA3's precompute and kernel disagree about query tiles

@@ -1,4 +1,4 @@
-"""Theorems 0-4 of issue 3 as jobs (spec.theorems.jobs): what runs together in one z3 context with one query cache.
+"""Theorems 0-4 as jobs (spec.theorems.jobs): what runs together in one z3 context with one query cache.
 
 Invariant: a job holds the theorems that share work -- freshness and benign drift (the same fresh decode groups),
 the hazard, guard soundness and the root-cause alternative (groups of the replicated-KV domain) -- and every other
@@ -160,7 +160,7 @@ def run_metadata_theorems(guard: Any = "fixed", metadata_heads: str = "tp", time
                           guard_spec: Optional[str] = None, heuristic_precompute: Heuristic = get_num_splits,
                           heuristic_call: Heuristic = get_num_splits,
                           kv_range: Optional[tuple] = None) -> list[TheoremResult]:
-    """Theorems 1-4 of issue 3 for a backend policy (guard, metadata_heads); each result names its verdict.
+    """Theorems 1-4 for a backend policy (guard, metadata_heads); each result names its verdict.
 
     `guard`: a callable `guard(server_args) -> bool` or "fixed" / "pre-fix" / "none"; `guard_spec` is the label
     written into case files (defaults to the name or the callable's qualname). `only`: theorem names, numbers

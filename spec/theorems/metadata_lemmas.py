@@ -1,4 +1,4 @@
-"""Theorem 0 of issue 3: the lemmas the metadata theorems rest on (KV cover of the split ranges; every split is 1
+"""Theorem 0: the lemmas the metadata theorems rest on (KV cover of the split ranges; every split is 1
 above 992 batches).
 
 Invariant: the per-split KV block ranges of ``hopper/block.h`` tile the key range exactly, and the prepare step

@@ -1,4 +1,4 @@
-"""Theorems 3 and 4 of issue 3 (the prefill-CP hazard, guard soundness, the root-cause alternative, sharded-KV
+"""Theorems 3 and 4 (the prefill-CP hazard, guard soundness, the root-cause alternative, sharded-KV
 decode): one search over the configuration domain under a backend policy.
 
 Invariant: a policy is reported SAFE only when every group of its configurations is proved by the decode encoding

@@ -1,7 +1,7 @@
 """The result record every theorem in `spec` returns (spec.theorems: the metadata theorems in `metadata`, the others in their group modules).
 
 A theorem is a bounded z3 query (or a small family of queries) about FA3's split-KV scheduler metadata as a
-serving backend reuses it (issue 3). Its verdict is one of:
+serving backend reuses it. Its verdict is one of:
 
 - ``"proved"``: z3 answered ``unsat`` for the negation of the property on the whole stated domain;
 - ``"refuted"``: z3 found a witness (``sat``); the witness is kept in ``witness`` and, for metadata
@@ -26,7 +26,7 @@ VERDICTS = ("proved", "refuted", "inconclusive", "expected-refutation")
 
 @dataclass
 class TheoremResult:
-    """Outcome of one theorem: verdict, wall time, witness and case file (issue 3 "Theorems").
+    """Outcome of one theorem: verdict, wall time, witness and case file.
 
     `failed` is True when a safety property was refuted for the policy under test; `expected` is True when the
     verdict is the one the policy predicts (so a CLI exits 0 iff every result is expected and none unknown).

@@ -5,7 +5,7 @@ docstring) over z3 terms, and `tests/test_symbolic_agreement.py` checks the two 
 points and exhaustively on a small domain. Where FA3's choice depends on a few discrete inputs only, the
 encoding is a lookup table *computed by calling refmodel* (the split heuristic, the combine capacity).
 
-Encoding choices (issue 3, "Encoding advice", measured):
+Encoding choices (measured):
 - integers are 32-bit bit-vectors (FA3's `int`); all values stay in [0, 2^31) under the stated bounds
   (lengths <= 2^20, b <= 8, heads <= 64), so signed and unsigned readings agree and nothing wraps;
 - `blocks_per_sm = ceilf(float(total) * 1.1f * float(H) / float(num_sm))` is float32 with round-to-nearest-even

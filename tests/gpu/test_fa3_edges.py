@@ -1,4 +1,4 @@
-"""Issue 16 on the real FA3 (skipped without CUDA and an FA3 module; see conftest.py).
+"""FA3's own edges on the real FA3 (skipped without CUDA and an FA3 module; see conftest.py).
 
 * a zero-batch precompute is refused by the adapter (FA3 itself would exit(1): hopper/flash_api.cpp:659 at 0251105a);
 * the int L2 branch: a non-causal call just inside the band is rejected by FA3 (heuristics.h:34, flash_api.cpp:371)
