@@ -112,7 +112,8 @@ def test_build_names_and_the_refusal_message():
     assert check_build_name(None) == UPSTREAM and check_build_name(VLLM_FORK) == VLLM_FORK
     with pytest.raises(ValueError) as info:
         build("nope")
-    assert str(info.value) == f"build: must be one of {UPSTREAM}, {VLLM_FORK}, got 'nope'"
+    assert str(info.value) == ("build: must be one of sglang-kernel-0.4.2, sglang-kernel-0.4.5, "
+                               f"{UPSTREAM}, {VLLM_FORK}, got 'nope'")
     with pytest.raises(ValueError):
         check_build_name("nope")
 
@@ -121,16 +122,22 @@ def test_engine_source_rows_carry_the_sources_fields():
     data = fa3_builds._data()
     for row in engine_sources():
         src = data["sources"][row["kernel_package"]]
-        for key in ("fa3_repo", "fa3_commit", "build", "verified", "interface"):
+        for key in ("fa3_repo", "fa3_commit", "verified", "interface"):
             assert row[key] == src[key], key
+        # the build is the kernel version's where the wheels were read (sglang-kernel), else the source's
+        assert row["build"] == (src.get("builds_by_version") or {}).get(row["kernel_version"], src["build"])
+        assert row["wheel"] == (src.get("wheels") or {}).get(row["kernel_version"])
 
 
-def test_the_docs_table_says_yes_for_a_verified_pin(monkeypatch):
+def test_the_docs_table_names_a_read_pin_and_a_wheel_as_evidence(monkeypatch):
     data = fa3_builds._data()
-    pkg = data["engines"][0]["kernel_package"]
+    pinned = [e for e in data["engines"] if not (data["sources"][e["kernel_package"]].get("wheels") or {})]
+    pkg = pinned[0]["kernel_package"]
     changed = {**data, "sources": {**data["sources"], pkg: {**data["sources"][pkg], "verified": True}}}
     monkeypatch.setattr(fa3_builds, "_data", lambda: changed)
     rows = engine_sources_markdown().splitlines()[2:]
     marks = {r.rsplit("|", 2)[-2].strip() for r in rows}
-    assert marks == {"yes", "no"}
-    assert rows[0].endswith("| yes |")
+    assert {m for m in marks if not m.startswith("wheel ")} == {"source pin read", "pin not read"}
+    assert any(m.startswith("wheel sglang_kernel-") and ", sha256 " in m for m in marks)
+    row = next(r for r in rows if r.startswith(f"| {pinned[0]['engine']}=={pinned[0]['release']} |"))
+    assert row.endswith("| source pin read |")

@@ -37,12 +37,20 @@ SHORT = [4000, 100]
 
 @pytest.fixture
 def example(monkeypatch):
-    """The example's directory on sys.path, its modules imported afresh; the sanitizer uninstalled after."""
+    """The example's directory on sys.path, its module imported afresh over the emulated drop-in FA3 (as
+    ``--fa3verify-emulate-fa3`` registers it) in its gpu-like mode, which trusts the metadata it is given as the real
+    kernel does, so the sanitizer is the only checker; the sanitizer uninstalled and the drop-in reset after."""
+    from gpu_impl import emulate_fa3
+    from gpu_impl.kernels import fa3_interface
+
     monkeypatch.syspath_prepend(str(EXAMPLE))
     for name in ("flash_attn_interface", "test_my_backend"):
         sys.modules.pop(name, None)
+    emulate_fa3.install(sgl_kernel=False)
+    fa3_interface.configure(mode="gpu-like")
     yield
     sanitize.uninstall()
+    fa3_interface.configure()
     for name in ("flash_attn_interface", "test_my_backend"):
         sys.modules.pop(name, None)
 

@@ -138,7 +138,7 @@ def test_the_z3_tile_agrees_with_refmodels_schedule_on_a_grid():
 def test_the_catalogue_lists_both_theorems():
     from spec.theorems import THEOREMS
 
-    assert set(ft.THEOREMS) <= set(THEOREMS) and all(THEOREMS[t][0] == "9" for t in ft.THEOREMS)
+    assert set(ft.THEOREMS) <= set(THEOREMS) and all(THEOREMS[t].number == "9" for t in ft.THEOREMS)
 
 
 def _witnesses_both_ways(build, query_cls=ft.DriftQuery):
