@@ -17,24 +17,24 @@ from typing import Optional
 from .summary import RunSummary
 
 
-def _theorems(sut, policy, summary, options, lines) -> None:
+def _theorems(sut, policy, summary, options, lines, command="gate") -> None:
     """Every theorem (spec.theorems) under the system's policy."""
     from .progress import stage
     from .proving import prove
 
-    with stage("gate", "prove (z3 theorems)", lines,
+    with stage(command, "prove (z3 theorems)", lines,
                result=lambda: f"{len(summary.checks)} theorems, {sum(c.failed for c in summary.checks)} failed"):
         summary.merge(prove(policy, timeout_s=options["timeout_s"], cases_dir=options["cases_dir"]))
 
 
-def _witnesses(sut, policy, summary, options, lines) -> None:
+def _witnesses(sut, policy, summary, options, lines, command="gate") -> None:
     """The witness searches of the system's release profile (z3 on the model), replayed on it."""
     from .engine_gate import witness_stages
 
     witness_stages(sut, summary, lines=lines, **options)
 
 
-def _flow_theorem(sut, policy, summary, options, lines) -> None:
+def _flow_theorem(sut, policy, summary, options, lines, command="gate") -> None:
     """vLLM's flow theorem under the release's profile, its counterexample replayed on the engine."""
     from .engine_gate import flow_stage
 
@@ -48,7 +48,7 @@ STAGES = {"theorems": _theorems, "witnesses": _witnesses, "flow-theorem": _flow_
 def gate(sut=None, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: float = 10.0,
          cases_dir: str = "fa3verify-out/cases", kernel_name: str = "emulated", device: str = "cpu",
          max_cases: Optional[int] = None, show_progress: Optional[bool] = None, witnesses: bool = True,
-         witness_cache: Optional[dict] = None) -> RunSummary:
+         witness_cache: Optional[dict] = None, command: str = "gate") -> RunSummary:
     """Run the proof stages ``sut`` names (default ``ModelSUT()`` under the default policy), then fuzz on it, and
     merge them into the gate's summary. ``witnesses=False`` skips the proof stages (fuzz only);
     ``witness_cache`` shares witness searches between gates (the engine matrix: each search runs once).
@@ -68,7 +68,7 @@ def gate(sut=None, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: f
     policy = sut_policy(sut)
     sut = ModelSUT(policy=policy) if sut is None else sut
     own_code = not sut.spec.runs_scenario_policy  # its own code decides: the summary names it
-    summary = RunSummary(command="gate", seed=seed,
+    summary = RunSummary(command=command, seed=seed,
                          policy={**case_policy(policy, sut), "engine": str(sut.spec)} if own_code
                          else case_policy(policy, sut))
     facts = sut.assumption_facts()
@@ -79,14 +79,14 @@ def gate(sut=None, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: f
                    witness_cache=witness_cache)
     try:
         for name in (sut.proof_plan() if witnesses else ()):
-            STAGES[name](sut, policy, summary, options, lines)
+            STAGES[name](sut, policy, summary, options, lines, command)
     except KeyboardInterrupt:
         summary.interrupted = True
     if not summary.interrupted:
         what = f"{max_cases} cases" if max_cases else f"{budget_s:g} s"
         on = f" on {sut.spec}" if own_code else ""
-        fuzzed = RunSummary(command="gate")
-        with stage("gate", f"fuzz{on} ({kernel_name} kernel, {what})", lines,
+        fuzzed = RunSummary(command=command)
+        with stage(command, f"fuzz{on} ({kernel_name} kernel, {what})", lines,
                    result=lambda: f"{fuzzed.cases} cases, {fuzzed.failures} failing") as end:
             fuzzed = fuzz(sut, kernel_name=kernel_name, device=device, seed=seed, budget_s=budget_s,
                           max_cases=max_cases, out_dir=cases_dir, show_progress=show_progress)

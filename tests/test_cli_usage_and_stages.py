@@ -93,6 +93,18 @@ def test_checks_table_is_titled_check(monkeypatch, capsys, tmp_path):
     assert '"command": "check"' in out_json.read_text()
 
 
+
+def test_checks_stage_lines_say_check(monkeypatch, capsys, tmp_path):
+    """The stage lines of `check` name it (they said `fa3verify gate:`); `gate`'s own still say gate."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["check", "--budget-s", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "fa3verify check: prove (z3 theorems) ..." in err and "fa3verify check: fuzz (emulated kernel" in err
+    assert "fa3verify gate:" not in err
+    assert cli.main(["gate", "--budget-s", "1", "--cases-dir", str(tmp_path / "cases")]) == 0
+    err = capsys.readouterr().err
+    assert "fa3verify gate: prove (z3 theorems) ..." in err and "fa3verify check:" not in err
+
 # -- an interrupted fuzz stage -------------------------------------------------------------------------------------
 
 def _interrupt_after(monkeypatch, module, name, calls: int):
