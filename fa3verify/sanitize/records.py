@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import Optional
@@ -245,7 +246,8 @@ def is_log(path) -> bool:
 def log_to_run_summary(path) -> dict:
     """A sanitizer log as a run summary (schema fa3verify.run/1) for ``fa3verify report``: one check per distinct
     mismatch signature, one finding per signature with its case or pair file and replay command."""
-    from ..finding_terms import apply_terms
+    from ..finding_terms import apply_terms, replay_line
+    from ..invocation import command_words
     from ..observed_terms import sanitizer_terms
     from ..summary import Check, Finding, RunSummary
 
@@ -277,7 +279,8 @@ def log_to_run_summary(path) -> dict:
                f"call {s.get('call')}; seen {counts.get(sig, 1)} time(s))")
         run.checks.append(Check(name=f"{v['invariant']} {sig}", kind="property", verdict="fail", seconds=0.0,
                                 failed=True, case_file=case or pair, message=msg))
-        replay = (f"fa3verify replay {case}" if case else f"fa3verify sanitize replay {pair}" if pair else None)
+        replay = (replay_line(case) if case
+                  else shlex.join([*command_words(), "sanitize", "replay", str(pair)]) if pair else None)
         run.findings.append(apply_terms(Finding(invariant=v["invariant"], case_file=case or pair, engine="sanitize",
                                                 message=v["message"], replay=replay),
                                         sanitizer_terms(x, start.get("mode")), keep_message=True))
