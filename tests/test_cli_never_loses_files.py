@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fa3verify.cli import main
+from interrupt_after import interrupt_after
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX_CASE = REPO / "tests" / "corpus" / "worked_example_prefix_guard.json"
@@ -116,23 +117,12 @@ def test_run_ranks_default_folder_moves_on_instead_of_cleaning(tmp_path, monkeyp
 
 # -- interrupts --------------------------------------------------------------------------------------------------
 
-def _interrupt_after(monkeypatch, module, name, calls: int):
-    real = getattr(module, name)
-    count = {"n": 0}
-
-    def wrapper(*a, **k):
-        count["n"] += 1
-        if count["n"] > calls:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(module, name, wrapper)
 
 
 def test_an_interrupted_fuzz_keeps_what_it_found_and_exits_3(tmp_path, capsys, monkeypatch):
     import fa3verify.fuzzing as fuzzing
 
-    _interrupt_after(monkeypatch, fuzzing, "evaluate", 40)
+    interrupt_after(monkeypatch, fuzzing, "evaluate", 40)
     out = tmp_path / "fuzz.json"
     # seed 0 meets the pre-fix guard's failure within its first 40 cases (fuzz --guard pre-fix --cases 40 --seed 0: 2)
     rc = main(["fuzz", "--guard", "pre-fix", "--cases", "100000", "--seed", "0", "--out", str(tmp_path / "cases"),
@@ -150,7 +140,7 @@ def test_an_interrupted_fuzz_keeps_what_it_found_and_exits_3(tmp_path, capsys, m
 def test_an_interrupted_gate_writes_its_summary_and_exits_3(tmp_path, capsys, monkeypatch):
     import fa3verify.proving as proving
 
-    _interrupt_after(monkeypatch, proving, "theorem_results", 0)
+    interrupt_after(monkeypatch, proving, "theorem_results", 0)
     out = tmp_path / "gate.json"
     rc = main(["gate", "--cases", "5", "--cases-dir", str(tmp_path / "cases"), "--json", str(out)])
     assert rc == 3

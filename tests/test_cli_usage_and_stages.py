@@ -12,6 +12,7 @@ import pytest
 
 from fa3verify import cli
 from fa3verify.errors import UsageError
+from interrupt_after import interrupt_after
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,17 +108,6 @@ def test_checks_stage_lines_say_check(monkeypatch, capsys, tmp_path):
 
 # -- an interrupted fuzz stage -------------------------------------------------------------------------------------
 
-def _interrupt_after(monkeypatch, module, name, calls: int):
-    real = getattr(module, name)
-    count = {"n": 0}
-
-    def wrapper(*a, **k):
-        count["n"] += 1
-        if count["n"] > calls:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(module, name, wrapper)
 
 
 @pytest.mark.parametrize("argv,command", [
@@ -134,7 +124,7 @@ def test_an_interrupted_fuzz_stage_says_interrupted_with_what_it_ran(tmp_path, c
         real_prove = proving.prove
         monkeypatch.setattr(proving, "prove", lambda policy, **k: real_prove(policy, **{**k, "only": ["combine"]}))
         assert gating  # the gate imports prove from fa3verify.proving at call time
-    _interrupt_after(monkeypatch, fuzzing, "evaluate", 20)
+    interrupt_after(monkeypatch, fuzzing, "evaluate", 20)
     assert cli.main([*argv, "--cases-dir", str(tmp_path / "cases")]) == 3
     err = capsys.readouterr().err
     [end] = [line for line in err.splitlines() if re.match(rf"fa3verify {command}: fuzz \(.*\) \w+ in ", line)]
