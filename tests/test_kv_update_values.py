@@ -306,3 +306,26 @@ def test_dequantize_multiplies_in_float64():
     x = torch.tensor([[[e]]], dtype=torch.float32)
     y = dequantize(x, torch.tensor([[e]], dtype=torch.float32), torch.tensor([0]), 1)
     assert y.item() == e * e
+
+
+def test_rotate_bfloat16_tables_are_widened_to_float32_before_the_math():
+    # FA3 requires cos/sin in q's dtype (flash_api.cpp 1064) and widens both to float32 (rotary.h 28-32):
+    # x0 = 1 + 2^-7, cos = 1 + 2^-6, x1 = sin = 1: x0 cos - x1 sin = 3 * 2^-7 + 2^-13 in float32, which bfloat16
+    # holds exactly; the same products rounded to bfloat16 first would give 3 * 2^-7.
+    c = torch.tensor([[1.0 + 2.0 ** -6]], dtype=torch.bfloat16)
+    s = torch.tensor([[1.0]], dtype=torch.bfloat16)
+    x = torch.tensor([[[1.0 + 2.0 ** -7, 1.0]]], dtype=torch.bfloat16)
+    y = rotate(x, c, s, torch.tensor([0]), True)
+    assert y.dtype == torch.bfloat16 and y[0, 0, 0].item() == 3 * 2.0 ** -7 + 2.0 ** -13
+
+
+def test_rotate_float8_query_and_tables_are_widened_to_float32():
+    # FP8 e4m3 is one of FA3's q types (flash_api.cpp 548-549) and cos/sin share q's dtype (1064); both are widened
+    # to float32 (rotary.h 28-32): (1 * .5 - 2 * .25, 1 * .25 + 2 * .5) = (0, 1.25), exact in e4m3.
+    f8 = torch.float8_e4m3fn
+    c = torch.tensor([[0.5]]).to(f8)
+    s = torch.tensor([[0.25]]).to(f8)
+    x = torch.tensor([[[1.0, 2.0, 3.0]]]).to(f8)
+    for interleaved in (True, False):
+        y = rotate(x, c, s, torch.tensor([0]), interleaved)
+        assert y.dtype == f8 and y.float().tolist() == [[[0.0, 1.25, 3.0]]]
