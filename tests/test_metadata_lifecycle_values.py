@@ -377,3 +377,16 @@ def test_defaults():
                                  LayerShape, EngineModel, Step])
 def test_frozen_dataclasses(cls):
     assert cls.__dataclass_params__.frozen
+
+
+def test_a_call_without_the_semaphore_reads_and_writes_no_semaphore():
+    """flash_api.cpp 990-992: on sm90 a call that is neither varlen nor causal with one split has no semaphore slot
+    (here an empty batch: metadata_size 0), so a launch reads no start, skips nothing and writes nothing."""
+    call = resolve_schedule(call_inputs(0, 1, 2048, 8, 2, 128, has_cache_seqlens=False, causal=False, num_sm=4,
+                                        num_splits=2))
+    assert (call.needs_semaphore, call.metadata_size) == (False, 0)
+    md = _fresh(3, fill=5)
+    rec = launch(md.view(0, 0), call, [], 3)
+    assert (rec.shape_error, rec.kernel_ran, rec.semaphore_start, rec.semaphore_origin, rec.semaphore_end,
+            rec.semaphore_after, rec.skipped_tiles, rec.tiles) == (False, False, None, None, None, None, 0, 0)
+    assert md.values == [5, 5, 5] and md.origins == [Origin("zero_fill", None)] * 3
