@@ -13,13 +13,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .finding_terms import finding_hints
+
 __all__ = ["config_terms", "heads_hint", "witness_features"]
-
-
-def _hints() -> dict:
-    from .finding_terms import finding_hints as hints
-
-    return hints()
 
 
 def config_terms(server, model) -> list:
@@ -31,7 +27,7 @@ def config_terms(server, model) -> list:
         label = Config(server=server, model=model).label()
     except Exception:  # not an sglang configuration: no label, no terms
         return []
-    words = _hints()["label_tokens"]
+    words = finding_hints()["label_tokens"]
     s = server
     values = {"model": model.name, "H": model.num_heads, "Hk": model.num_kv_heads, "d": model.head_dim,
               "dv": model.head_dim_v, "tp": s.tp_size, "dp": s.dp_size, "cp": s.attn_cp_size, "sm": s.num_sm,
@@ -76,7 +72,7 @@ def heads_hint(server, model, guard_kept: Optional[str] = None) -> str:
     configuration's numbers), or a guard that disables the precompute under this witness's features; whether
     PR #30439's guard covers them. ``guard_kept``: who kept the precompute (``guard 'fixed'``, ``sglang==0.5.23's
     own guard``), named in the hint."""
-    data = _hints()
+    data = finding_hints()
     h, hk = server.layer_heads(model)
     fix = data["heads_fix"].format(H=model.num_heads, Hk=model.num_kv_heads, attn_tp=server.attn_tp_size, h=h,
                                    hk=hk, tp=server.tp_size)

@@ -39,7 +39,9 @@ _PATHS = {"cuda_graph": "replay"}
 
 
 @lru_cache(maxsize=1)
+@lru_cache(maxsize=1)
 def finding_hints() -> dict:
+    """finding_hints.json, read once per process (callers only read it)."""
     return json.loads((Path(__file__).with_name("finding_hints.json")).read_text(encoding="utf-8"))
 
 
