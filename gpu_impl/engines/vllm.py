@@ -305,6 +305,38 @@ class VllmSUT(SystemUnderTest):
                                    if accepted is None else str(answer.get("message")))
         return self._verdicts[key]
 
+    #: a case's CUDA-graph mode (``scenario_to_vllm``'s ``cuda_graph``) as the engine matrix names its path
+    GRAPH_PATHS = {"none": "eager", "piecewise": "piecewise CUDA graph", "full": "full CUDA graph (FULL)",
+                   "full_and_piecewise": "full CUDA graph (FULL_AND_PIECEWISE)"}
+
+    def case_family(self, case) -> tuple:
+        """(configuration family, path) of a case in vLLM's terms: its sliding windows, DCP, KV cache dtype,
+        batch invariance and head size (the family), and its CUDA-graph mode (the path)."""
+        server, model = dict(case.server or {}), dict(case.model or {})
+        opts = dict(getattr(case, "vllm", None) or {})
+        graph = (("full_and_piecewise" if opts.get("full_and_piecewise") else "full") if server.get("cuda_graph")
+                 else ("piecewise" if opts.get("piecewise") else "none"))
+        parts = []
+        window = opts.get("sliding_window")
+        if isinstance(window, list):
+            settings = sorted({w for w in window if w is not None})
+            parts.append("mixed sliding windows" if len(set(window)) > 1 else f"sliding window {settings[0]}"
+                         if settings else "")
+        elif window is not None:
+            parts.append(f"sliding window {window}")
+        if int(server.get("attn_cp_size", 1) or 1) > 1:
+            parts.append(f"DCP {server['attn_cp_size']}")
+        if opts.get("kv_cache_dtype") == "fp8" or model.get("dtype") == "float8_e4m3":
+            parts.append("fp8 KV cache")
+        if server.get("enable_deterministic_inference"):
+            parts.append("batch invariant")
+        parts.append(f"head size {model.get('head_dim')}")
+        return " + ".join(p for p in parts if p), self.GRAPH_PATHS[graph]
+
+    def family_probes(self) -> tuple:
+        """None: vLLM's families are the campaign's own (``vllm`` / ``vllm-v2``), counted per path in its reach."""
+        return ()
+
     def assumption_facts(self) -> dict:
         """The release's facts where spec's assumptions apply to vLLM (``spec/model/assumption_facts.json``); a checkout
         has those of its nearest release."""
