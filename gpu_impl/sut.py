@@ -278,6 +278,10 @@ class SystemUnderTest(abc.ABC):
     #: whether it has a worker to start before the first scenario (a real engine's process); the model has none
     has_worker = False
 
+    def launch(self) -> None:
+        """Start what the engine runs in without waiting for it (its import runs beside the caller's next work; the
+        first use, or :meth:`start`, waits); by default nothing, and :meth:`start` does it all. Idempotent."""
+
     def start(self):
         """Start what the engine runs in (its worker process, the engine's import) before the first scenario, so a
         time budget measures scenarios, not start-up; the model has nothing to start. Idempotent."""
