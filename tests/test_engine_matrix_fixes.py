@@ -49,14 +49,6 @@ def test_negative_control_a_later_release_that_keeps_the_defect_is_no_fix(monkey
     assert "passes on no later release gated" in capsys.readouterr().out
 
 
-def test_no_fixes_skips_the_replays(monkeypatch, tmp_path):
-    install(monkeypatch, lambda spec: FactsSUT(spec.release))
-    out = tmp_path / "m.json"
-    assert cli.main(["engine", "matrix", "--releases", "0.5.20", "--cases", "20", "--no-probes", "--no-fixes",
-                     "--cases-dir", str(tmp_path), "--json", str(out)]) == 1
-    assert "fixes" not in json.loads(out.read_text())
-
-
 def test_the_matrix_takes_the_engine_whose_releases_it_gates(monkeypatch, tmp_path):
     """`--engine vllm` lists vLLM's releases (gpu_impl.sut.releases_of: the registry row's list); a release the
     engine cannot open is an 'unavailable' row with the reason, never dropped; an engine without releases, or a
@@ -73,9 +65,11 @@ def test_the_matrix_takes_the_engine_whose_releases_it_gates(monkeypatch, tmp_pa
 
     monkeypatch.setattr(sut_mod, "open_sut", fail)
     out = tmp_path / "m.json"
-    code = cli.main(["engine", "matrix", "--engine", "vllm", "--releases", listed[-1], "--cases", "5",
+    code = cli.main(["engine", "matrix", "--engine", "vllm", "--releases", listed[-1], "--cases", "5", "--no-fixes",
                      "--cases-dir", str(tmp_path), "--json", str(out)])
-    row = json.loads(out.read_text())["rows"][0]
+    data = json.loads(out.read_text())
+    row = data["rows"][0]
+    assert "fixes" not in data  # --no-fixes: no replays
     assert code == 3 and row["verdict"] == "unavailable" and "no environment here" in row["message"]
     assert row["engine"] == "vllm" and row["release"] == listed[-1]
     assert cli.main(["engine", "matrix", "--engine", "model"]) == 2
