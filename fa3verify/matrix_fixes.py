@@ -37,19 +37,21 @@ class CaseReplays:
 def replay_on_release(case_file: str, sut) -> str:
     """The replay verdict of ``case_file`` on an open system under test: STILL FAILS, PASSES NOW, FAILS
     DIFFERENTLY (:attr:`fa3verify.replaying.ReplayOutcome.verdict`), REJECTED (its own validation refuses the
-    configuration, with its reason) or NOT RUN (it cannot run the case, with why)."""
+    configuration, with its reason) or NOT RUN (it cannot run the case, or its worker failed, with why)."""
     from .engine_choice import engine_validation
     from .errors import UsageError
     from .replaying import replay, scenario_from_case
 
+    from spec.process.worker_client import WorkerError
+
     case = load_case(case_file)
     scn = scenario_from_case(case)
-    accepted, why = engine_validation(sut, scn.server, scn.model)
-    if accepted is False:
-        return f"REJECTED ({' '.join(why.split())[:160]})"
     try:
+        accepted, why = engine_validation(sut, scn.server, scn.model)
+        if accepted is False:
+            return f"REJECTED ({' '.join(why.split())[:160]})"
         _, outcome = replay(case_file, sut=sut)
-    except UsageError as exc:
+    except (UsageError, WorkerError) as exc:  # the engine cannot run it, or its worker failed: never a pass
         return f"NOT RUN ({' '.join(str(exc).split())[:160]})"
     return outcome.verdict
 

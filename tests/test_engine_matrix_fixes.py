@@ -85,3 +85,28 @@ def test_a_vllm_case_is_named_by_its_own_family_and_graph_path():
     case = Case.load("tests/corpus_vllm/full-graph-replay-window-dropped-at-recompute.json")
     family, path = VllmSUT("0.34.0").case_family(case)
     assert family == "sliding window 4096 + head size 256" and path == "full CUDA graph (FULL_AND_PIECEWISE)"
+
+
+def test_a_replay_on_a_release_is_still_fails_passes_now_or_what_stopped_it():
+    from pathlib import Path
+
+    from fa3verify.matrix_fixes import replay_on_release
+
+    from fake_engines import ProfileSUT
+
+    case = str(Path(__file__).parent / "corpus" / "worked_example_prefix_guard.json")
+    assert replay_on_release(case, ProfileSUT("0.5.14")) == "STILL FAILS"
+    assert replay_on_release(case, ProfileSUT("0.5.23")) == "PASSES NOW"
+
+    class Refusing(ProfileSUT):
+        def validate(self, server_config, model_config=None):
+            return False, "ServerArgs: the release refuses it"
+
+    class Dying(ProfileSUT):
+        def run(self, scenario, kernel=None, numerics=False, device="cpu"):
+            from spec.process.worker_client import WorkerError
+
+            raise WorkerError("engine worker (pid 1): no answer within 1 s; killed")
+
+    assert replay_on_release(case, Refusing("0.5.23")) == "REJECTED (ServerArgs: the release refuses it)"
+    assert replay_on_release(case, Dying("0.5.23")).startswith("NOT RUN (engine worker (pid 1)")
