@@ -66,7 +66,7 @@ def parse_engine_option(text: str):
         raise UsageError(msg if msg.startswith("--engine") else f"--engine: {msg}") from None
 
 
-def start_engine(sut, command: str) -> None:
+def start_engine(sut, command: str, lines=None) -> None:
     """Start a real engine's worker (building its environment if needed) as its own progress stage; what it prints
     goes to stderr (progress never goes to stdout, which may carry a report). The model needs no start."""
     import contextlib
@@ -76,8 +76,23 @@ def start_engine(sut, command: str) -> None:
 
     if not getattr(sut, "has_worker", False):
         return
-    with stage(command, f"start {sut.spec} (its worker imports the engine)"), contextlib.redirect_stdout(sys.stderr):
+    with stage(command, f"start {sut.spec} (its worker imports the engine)", lines), \
+            contextlib.redirect_stdout(sys.stderr):
         sut.start()
+
+
+def launch_engine(sut) -> None:
+    """Start a real engine's worker process without waiting for it, where the system under test can
+    (``launch``): its import runs beside the caller's next work and :func:`start_engine` waits for the rest. An
+    environment build's lines go to stderr. Nothing for the model or an engine without ``launch``."""
+    import contextlib
+    import sys
+
+    launch = getattr(sut, "launch", None)
+    if not getattr(sut, "has_worker", False) or launch is None:
+        return
+    with contextlib.redirect_stdout(sys.stderr):
+        launch()
 
 
 def open_engine(spec_or_text, policy=None):

@@ -171,10 +171,11 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
     return checks, findings
 
 
-def vllm_flow_rows(sut, timeout_s: float, cases_dir: str, kernel=None) -> RunSummary:
+def vllm_flow_rows(sut, timeout_s: float, cases_dir: str, kernel=None, replay: bool = True) -> RunSummary:
     """vLLM's own theorem for the gate: ``vllm-flow`` under the release's profile (``prove --engine-profile
-    vllm==V``, a failed row when refuted), its counterexample replayed on the engine; a release without a profile
-    is an inconclusive row (the theorem cannot run), never a pass."""
+    vllm==V``, a failed row when refuted), its counterexample replayed on the engine (``replay`` False: the
+    caller replays it); a release without a profile is an inconclusive row (the theorem cannot run), never a
+    pass."""
     from spec.model.engine_profiles_vllm import VllmProfileError, vllm_profile_for
 
     from .proving import prove_vllm
@@ -190,7 +191,7 @@ def vllm_flow_rows(sut, timeout_s: float, cases_dir: str, kernel=None) -> RunSum
         return out
     out = prove_vllm(profile, timeout_s=timeout_s, cases_dir=cases_dir)
     refuted = [c.case_file for c in out.checks if c.verdict == "refuted" and c.case_file]
-    if refuted:
+    if refuted and replay:
         checks, findings = replay_witnesses(sut, refuted, cases_dir, kernel=kernel)
         out.checks.extend(checks)
         out.findings.extend(findings)
@@ -217,12 +218,23 @@ def _failed(rows) -> str:
     return f"{len(rows)} rows, {sum(c.failed for c in rows)} failed"
 
 
+def _on_engine(summary: RunSummary, deferred: Optional[list], part) -> None:
+    """Run ``part`` (-> (check rows, findings), on the engine) now, adding its rows to ``summary``; or, where the
+    gate defers the engine's parts (``deferred``: a list), queue it with the place its rows go."""
+    if deferred is None:
+        checks, findings = part()
+        summary.checks.extend(checks)
+        summary.findings.extend(findings)
+    else:
+        deferred.append((len(summary.checks), len(summary.findings), part))
+
+
 def witness_stages(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/cases",
                    kernel_name: str = "emulated", device: str = "cpu", witness_cache: Optional[dict] = None,
-                   lines: Optional[bool] = None) -> None:
+                   lines: Optional[bool] = None, deferred: Optional[list] = None) -> None:
     """The gate's ``"witnesses"`` stage (``fa3verify.gating``): the witness searches of :func:`witness_plan` (z3 on
     the model; ``witness_cache``, keyed by search, shares them between gates) and each witness replayed on ``sut``,
-    added to ``summary``."""
+    added to ``summary`` (the replay queued on ``deferred`` when the gate gives one: :func:`_on_engine`)."""
     from gpu_impl.kernels import load
 
     from .progress import stage
@@ -233,24 +245,32 @@ def witness_stages(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir:
                result=lambda: _failed(rows)):
         rows = plan_rows(sut, timeout_s, os.path.join(cases_dir, WITNESS_SUBDIR), witness_cache)
     summary.checks.extend(rows)
-    checks: list = []
-    with stage("gate", f"witness replay on {sut.spec}", lines, result=lambda: _failed(checks)):
-        checks, findings = replay_witnesses(sut, [r.case_file for r in rows], cases_dir, kernel=kernel)
-    summary.checks.extend(checks)
-    summary.findings.extend(findings)
+
+    def replay() -> tuple:
+        checks: list = []
+        with stage("gate", f"witness replay on {sut.spec}", lines, result=lambda: _failed(checks)):
+            checks, findings = replay_witnesses(sut, [r.case_file for r in rows], cases_dir, kernel=kernel)
+        return checks, findings
+
+    _on_engine(summary, deferred, replay)
 
 
 def flow_stage(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/cases",
                kernel_name: str = "emulated", device: str = "cpu", witness_cache: Optional[dict] = None,
-               lines: Optional[bool] = None) -> None:
-    """The gate's ``"flow-theorem"`` stage: :func:`vllm_flow_rows`, merged into ``summary``."""
+               lines: Optional[bool] = None, deferred: Optional[list] = None) -> None:
+    """The gate's ``"flow-theorem"`` stage: :func:`vllm_flow_rows` (z3 under the release's profile), merged into
+    ``summary``; a refutation's counterexample replayed on the engine (queued on ``deferred`` when given)."""
     from gpu_impl.kernels import load
 
     from .progress import stage
 
     kernel = load(kernel_name, mode="strict", device=device)
     flow = RunSummary(command="gate")
+    refuted: list = []
     with stage("gate", "vllm-flow theorem (z3 under the release's profile)", lines,
                result=lambda: _failed(flow.checks)):
-        flow = vllm_flow_rows(sut, timeout_s, cases_dir, kernel=kernel)
+        flow = vllm_flow_rows(sut, timeout_s, cases_dir, kernel=kernel, replay=False)
+        refuted = [c.case_file for c in flow.checks if c.verdict == "refuted" and c.case_file]
     summary.merge(flow)
+    if refuted:
+        _on_engine(summary, deferred, lambda: replay_witnesses(sut, refuted, cases_dir, kernel=kernel))

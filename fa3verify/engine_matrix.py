@@ -1,4 +1,5 @@
-"""The engine matrix: the gate on every sglang release, one row each, explained against the release's profile.
+"""The engine matrix: the gate on every release of one engine (sglang's or vLLM's), one row each, explained
+against the release's profile, and each failing row's cases replayed on every later release (the fix release).
 
 Invariant: each row is the verdict of ``gate --engine sglang==V`` on that release's own code (witnesses and a
 fuzz campaign, ``fa3verify.engine_gate``), next to what facts about the release's code predict
@@ -11,6 +12,12 @@ Beside the gate, each row carries the family probes (:data:`PROBES`): docs/facts
 (Qwen3-30B-A3B shapes, one 32768-token row and seven 100-token rows) run on the release under prefill CP and under
 DP attention, eager and CUDA graph, so a row says which family its heads and guard leave exposed even where a
 short fuzz campaign reached only one. Probes are evidence beside the verdict, never the verdict.
+
+Nothing here branches on the engine: the releases come from the engine's registry row (``gpu_impl.sut
+.releases_of``), a case's family and path from its system under test (``SystemUnderTest.case_family``, else the
+server configuration's families below), the probes from it too (``family_probes``), the prediction from the
+release's profile (a profile the model plays: the witness theorems; one with its own theorem: the gate's own
+row for it), and the fix releases from replays (:mod:`fa3verify.matrix_fixes`).
 """
 
 from __future__ import annotations
@@ -43,23 +50,37 @@ class MatrixRow:
     profile: str = ""
     message: str = ""
     case_files: list = field(default_factory=list)
-    #: family probe name -> "fail: INV, ..." | "pass" | "pass (no precompute)" | "error: ..." (see PROBES)
-    probes: dict = field(default_factory=dict)
+    #: family probe name -> "fail: INV, ..." | "pass" | "pass (no precompute)" | "error: ..." (see PROBES); None:
+    #: the engine has no family probes (its families are its campaign's, counted in ``reach``)
+    probes: Optional[dict] = field(default_factory=dict)
     #: the fuzz stage's domain: cases per metadata path, and configurations the release rejected by its reason
     reach: dict = field(default_factory=dict)
     rejected: dict = field(default_factory=dict)
     #: the FA3 build that judged the row (refmodel/fa3_builds.json; set from the release in __post_init__)
     fa3_build: str = ""
+    #: the engine (a registry kind of gpu_impl/engine_forms.json whose form takes a release)
+    engine: str = "sglang"
+    #: paths the release's domain lists as not covered, each with why (``gpu_impl.domain.reach_report``)
+    not_covered: dict = field(default_factory=dict)
+    #: the release whose row ran this one ("" : itself; another: its driven files are byte-identical)
+    runs_as: str = ""
 
     def __post_init__(self):
         if not self.fa3_build:
             from .engine_choice import fa3_build_of
-            from gpu_impl.sut import parse_engine
 
             try:
-                self.fa3_build = fa3_build_of(parse_engine(f"sglang=={self.release}"))
+                self.fa3_build = fa3_build_of(spec_of(self.engine, self.release))
             except ValueError:
                 self.fa3_build = fa3_build_of(None)
+
+
+def spec_of(engine: str, release: str):
+    """The EngineSpec of ``release`` of ``engine`` (a registry kind), by its form's prefix (EngineSpecError, a
+    ValueError, for a release the form does not take)."""
+    from gpu_impl.sut import ENGINE_REGISTRY, parse_engine
+
+    return parse_engine(ENGINE_REGISTRY[engine]["prefix"] + release)
 
 
 #: The family probes: (name, server configuration) of the worked example; each runs eager and under CUDA graph.
@@ -74,12 +95,14 @@ PROBE_BATCH = (32768,) + (100,) * 7
 
 def run_probes(sut) -> dict:
     """Each family probe on the engine, eager and CUDA graph: ``{"prefill CP, eager": "fail: SPLIT_BOUND", ...}``.
-    A probe the engine cannot run is recorded as an error, never as a pass."""
+    A probe the engine cannot run is recorded as an error, never as a pass. The probes are the engine's own
+    (``sut.family_probes()``) or, when it names none, :data:`PROBES`."""
     from gpu_impl.config import ServerConfig, get_model
     from gpu_impl.scenario import Scenario, Step
 
+    own = getattr(sut, "family_probes", lambda: None)()
     out = {}
-    for name, server in PROBES:
+    for name, server in (PROBES if own is None else own):
         for graph in (False, True):
             key = f"{name}, {'CUDA graph' if graph else 'eager'}"
             scn = Scenario(server=ServerConfig(**server, cuda_graph=graph), model=get_model(PROBE_MODEL), guard=None,
@@ -139,8 +162,19 @@ def family_of(server: dict) -> tuple[str, str]:
     return family, "CUDA graph" if server.get("cuda_graph") else "eager"
 
 
-def row_from_summary(release: str, profile, summary, seconds: float, expected: str = "") -> MatrixRow:
-    """A matrix row from one release's gate summary (findings' case files give families and paths)."""
+def case_family(case, sut=None) -> tuple[str, str]:
+    """(family, path) of a case: the system under test's own terms (``sut.case_family``), else :func:`family_of`
+    its server configuration."""
+    own = getattr(sut, "case_family", None) if sut is not None else None
+    named = own(case) if own is not None else None
+    return tuple(named) if named else family_of(case.server)
+
+
+def row_from_summary(release: str, profile, summary, seconds: float, expected: str = "", sut=None,
+                     engine: str = "sglang") -> MatrixRow:
+    """A matrix row from one release's gate summary (findings' case files give families and paths, named by
+    ``sut`` where it names them). ``expected`` "" on a release whose profile has its own theorem: the gate's row
+    for it predicts (:func:`own_theorem_prediction`)."""
     from spec.model.cases import Case
 
     invariants, families, paths, files = set(), set(), set(), []
@@ -151,73 +185,141 @@ def row_from_summary(release: str, profile, summary, seconds: float, expected: s
                 case = Case.load(f.case_file)
             except (OSError, ValueError):
                 continue
-            fam, path = family_of(case.server)
+            fam, path = case_family(case, sut)
             families.add(fam)
             paths.add(path)
             files.append(f.case_file)
     verdict = exitcodes.verdict_name(summary.exit_code)
+    expected = expected or own_theorem_prediction(summary)
+    domain = summary.domain or {}
     return MatrixRow(release=release, verdict=verdict, exit_code=summary.exit_code, invariants=sorted(invariants),
                      families=sorted(families), paths=sorted(paths), seconds=round(seconds, 2), cases=summary.cases,
-                     expected=expected, agrees=(verdict == expected) if verdict in ("pass", "fail") else None,
-                     profile=profile.describe(),
+                     expected=expected, agrees=(verdict == expected) if verdict in ("pass", "fail") and expected
+                     else None, profile=describe_profile(profile), engine=engine,
                      case_files=sorted(set(files)),
-                     reach=dict((summary.domain or {}).get("reach", {})),
-                     rejected=dict((summary.domain or {}).get("rejected", {})))
+                     reach=dict(domain.get("reach", {})), not_covered=dict(domain.get("not_covered", {})),
+                     rejected=dict(domain.get("rejected", {})))
+
+
+def describe_profile(profile) -> str:
+    return profile.describe() if profile is not None else "no profile (spec/model: none for this release)"
+
+
+def own_theorem_prediction(summary) -> str:
+    """What a release's own profile theorem predicts, read from the gate's row for it (a theorem row that is not
+    a witness search: vLLM's flow theorem): ``pass`` when proved, ``fail`` when refuted, "" when the gate has no
+    such row or it could not decide."""
+    rows = [c for c in summary.checks if c.kind == "theorem" and not c.name.startswith("witness search")]
+    if not rows or any(c.inconclusive or c.verdict not in ("proved", "refuted") for c in rows):
+        return ""
+    return "fail" if any(c.verdict == "refuted" for c in rows) else "pass"
+
+
+def release_profile(engine: str, release: str):
+    """The profile of ``release`` of ``engine`` (``spec.model.engine_profiles.engine_profile_for``), or None."""
+    from spec.model.engine_profiles import engine_profile_for
+
+    try:
+        return engine_profile_for(str(spec_of(engine, release)))[1]
+    except ValueError:
+        return None
+
+
+def predicted_verdict(profile, timeout_s: float, cases_dir: str) -> str:
+    """The prediction made before the gate: a profile the model plays (it names a model ``policy``) by the
+    witness theorems (:func:`expected_verdict`); "" for any other (its own theorem runs in the gate)."""
+    if profile is None or not callable(getattr(profile, "policy", None)):
+        return ""
+    return expected_verdict(profile, timeout_s=timeout_s, cases_dir=cases_dir)
 
 
 def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None,
                seed: int = 0, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/engine-matrix",
-               progress: Optional[Callable[[str], None]] = None, with_probes: bool = True) -> list:
-    """Gate every release (``open_sut(release)`` opens it; a UsageError there makes an 'unavailable' row)."""
-    from spec.model.engine_profiles import profile_for
-
-    from .gating import gate
+               progress: Optional[Callable[[str], None]] = None, with_probes: bool = True, engine: str = "sglang",
+               runs_as: Optional[dict] = None, fixes: Optional[list] = None) -> list:
+    """Gate every release of ``engine`` (``open_sut(release)`` opens it; a UsageError or a worker that cannot start
+    there makes an 'unavailable' row with the reason). ``runs_as``: release -> the release whose row runs it (a
+    release sharing an earlier row copies that row, saying so). ``fixes``: a list that receives the fix-release
+    replays (:class:`fa3verify.matrix_fixes.FixLedger` entries): every failing row's case files replayed on their own
+    release and on every later one, while that release's engine is open."""
     from .errors import UsageError
+    from .gating import gate
+    from .matrix_fixes import FixLedger
 
     say = progress or (lambda line: None)
     say("witness searches on the model are shared by releases with the same guard and assumptions")
     witness_cache: dict = {}
-    rows = []
+    ledger = FixLedger()
+    rows: list = []
+    by_release: dict = {}
     for release in releases:
-        profile = profile_for(release)
+        shared = (runs_as or {}).get(release)
+        if shared and shared != release and shared in by_release:
+            rows.append(_shared_row(by_release[shared], release))
+            say(f"{engine} {release}: runs as {shared} (driven files byte-identical): {rows[-1].verdict}")
+            continue
+        profile = release_profile(engine, release)
         start = time.perf_counter()
-        say(f"sglang {release}: expected verdict from its facts (z3) ...")
-        expected = expected_verdict(profile, timeout_s=timeout_s, cases_dir=f"{cases_dir}/expected/{release}")
-        say(f"sglang {release}: environment ...")
+        if callable(getattr(profile, "policy", None)):
+            say(f"{engine} {release}: expected verdict from its facts (z3) ...")
+        expected = predicted_verdict(profile, timeout_s, f"{cases_dir}/expected/{release}")
+        say(f"{engine} {release}: environment ...")
         try:
             sut = open_sut(release)
-        except UsageError as exc:
+        except (UsageError, WorkerError, ValueError) as exc:
             rows.append(MatrixRow(release=release, verdict="unavailable", exit_code=exitcodes.INCONCLUSIVE,
-                                  expected=expected, profile=profile.describe(), message=str(exc)))
-            say(f"sglang {release}: unavailable ({exc})")
+                                  expected=expected, profile=describe_profile(profile), engine=engine,
+                                  message=str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+            say(f"{engine} {release}: unavailable ({rows[-1].message})")
             continue
         try:
             with sut:
-                say(f"sglang {release}: gate (witness searches, witness replay, fuzz) ...")
+                say(f"{engine} {release}: gate (witness searches, witness replay, fuzz) ...")
                 searched = len(witness_cache)
                 summary = gate(sut, budget_s=budget_s, seed=seed, timeout_s=timeout_s,
                                cases_dir=f"{cases_dir}/{release}", max_cases=max_cases, show_progress=False,
                                witness_cache=witness_cache)
-                say(f"sglang {release}: witness search done ({len(witness_cache) - searched} searches run now, "
+                say(f"{engine} {release}: witness search done ({len(witness_cache) - searched} searches run now, "
                     f"{len(witness_cache)} in all, shared by the releases that need them)")
-                if with_probes:
-                    say(f"sglang {release}: family probes ...")
-                probes = run_probes(sut) if with_probes else {}
+                own_probes = getattr(sut, "family_probes", lambda: None)()
+                probes = {}
+                if with_probes and own_probes != ():
+                    say(f"{engine} {release}: family probes ...")
+                    probes = run_probes(sut)
+                row = row_from_summary(release, profile, summary, time.perf_counter() - start, expected, sut=sut,
+                                       engine=engine)
+                row.probes = None if own_probes == () else probes  # None: the engine has no probes
+                if fixes is not None:
+                    ledger.add_row(row, sut)
+                    if ledger.pending(release):
+                        say(f"{engine} {release}: replaying {ledger.pending(release)} case files of failing rows "
+                            f"(its own and earlier releases') ...")
+                    ledger.replay_on(release, sut)
+                    row.seconds = round(time.perf_counter() - start, 2)
         except Exception as exc:  # noqa: BLE001 - a worker that dies or never answers: this row ran nothing
             if not isinstance(exc, WorkerError):
                 raise
             rows.append(MatrixRow(release=release, verdict="inconclusive", exit_code=exitcodes.INCONCLUSIVE,
-                                  seconds=round(time.perf_counter() - start, 2), expected=expected,
-                                  profile=profile.describe(), message=str(exc).splitlines()[0]))
-            say(f"sglang {release}: inconclusive ({rows[-1].message})")
+                                  seconds=round(time.perf_counter() - start, 2), expected=expected, engine=engine,
+                                  profile=describe_profile(profile), message=str(exc).splitlines()[0]))
+            say(f"{engine} {release}: inconclusive ({rows[-1].message})")
             continue
-        row = row_from_summary(release, profile, summary, time.perf_counter() - start, expected)
-        row.probes = probes
         rows.append(row)
-        say(f"sglang {release}: {row.verdict} (expected {row.expected}) {', '.join(row.invariants) or '-'} "
+        by_release[release] = row
+        say(f"{engine} {release}: {row.verdict} (expected {row.expected or '-'}) {', '.join(row.invariants) or '-'} "
             f"[{'; '.join(row.families) or '-'}] {row.seconds:.1f}s; probes: "
-            f"{'; '.join(f'{k} {v}' for k, v in row.probes.items()) or '-'}")
+            f"{'; '.join(f'{k} {v}' for k, v in (row.probes or {}).items()) or '-'}")
+    if fixes is not None:
+        fixes.extend(ledger.entries([r.release for r in rows]))
     return rows
+
+
+def _shared_row(row: MatrixRow, release: str) -> MatrixRow:
+    """The row of a release whose driven files are byte-identical to ``row``'s release: its verdict, saying so."""
+    import dataclasses
+
+    return dataclasses.replace(row, release=release, runs_as=row.release, seconds=0.0,
+                               message=f"driven files byte-identical to {row.engine} {row.release}: its row")
 
 
 def matrix_exit_code(rows) -> int:
@@ -225,18 +327,38 @@ def matrix_exit_code(rows) -> int:
     return exitcodes.combine([r.exit_code for r in rows]) if rows else exitcodes.INCONCLUSIVE
 
 
-def matrix_json(rows) -> dict:
-    return {"schema": SCHEMA, "exit_code": matrix_exit_code(rows),
+def matrix_json(rows, fixes: Optional[list] = None) -> dict:
+    """The matrix (schema fa3verify.engine-matrix/1); ``fixes``: the fix releases (:mod:`fa3verify.matrix_fixes`)."""
+    data = {"schema": SCHEMA, "exit_code": matrix_exit_code(rows),
             "disagreeing": [r.release for r in rows if r.agrees is False], "rows": [asdict(r) for r in rows]}
+    if fixes is not None:
+        data["fixes"] = list(fixes)
+    return data
+
+
+def _reach_cell(counts: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "-"
 
 
 def matrix_markdown(rows) -> str:
-    """The matrix as a Markdown table (docs/engines.md)."""
+    """The matrix as a Markdown table (docs/engines.md; docs/engines-vllm.md for an engine without family probes,
+    whose rows give the reach per path instead)."""
+    if rows and all(r.probes is None for r in rows):
+        out = ["| release | verdict | expected (profile) | invariants violated | configuration families | path | "
+               "reach (cases per path) | cases | seconds |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            verdict = r.verdict + (f" ({r.message})" if r.verdict in ("unavailable", "inconclusive") and r.message
+                                   else "")
+            out.append(f"| {r.release} | {verdict} | {r.expected or '-'}"
+                       f"{'' if r.agrees is not False else ' (DISAGREES)'} | {', '.join(r.invariants) or '-'} | "
+                       f"{'; '.join(r.families) or '-'} | {', '.join(r.paths) or '-'} | {_reach_cell(r.reach)} | "
+                       f"{r.cases} | {r.seconds:.1f} |")
+        return "\n".join(out)
     out = ["| release | verdict | expected (profile) | invariants violated | configuration families | path | "
            "cases | seconds | probes: prefill CP eager / graph | probes: DP attention eager / graph |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        probe = [_short(r.probes.get(f"{name}, {p}")) for name, _ in PROBES for p in ("eager", "CUDA graph")]
+        probe = [_short((r.probes or {}).get(f"{name}, {p}")) for name, _ in PROBES for p in ("eager", "CUDA graph")]
         out.append(f"| {r.release} | {r.verdict} | {r.expected}{'' if r.agrees is not False else ' (DISAGREES)'} | "
                    f"{', '.join(r.invariants) or '-'} | {'; '.join(r.families) or '-'} | "
                    f"{', '.join(r.paths) or '-'} | {r.cases} | {r.seconds:.1f} | {probe[0]} / {probe[1]} | "
@@ -245,13 +367,21 @@ def matrix_markdown(rows) -> str:
 
 
 def matrix_table(rows) -> str:
-    """The matrix as a plain-text table (one row per release)."""
+    """The matrix as a plain-text table (one row per release; a row that could not run gives its reason, a row
+    with a reach report its cases per path)."""
     head = f"{'release':<8} {'verdict':<12} {'expected':<8} {'invariants':<28} {'path':<18} {'s':>6}  families"
     lines = [head, "-" * len(head)]
     for r in rows:
         flag = "" if r.agrees is not False else " !"
-        lines.append(f"{r.release:<8} {r.verdict + flag:<12} {r.expected:<8} {', '.join(r.invariants) or '-':<28} "
+        lines.append(f"{r.release:<8} {r.verdict + flag:<12} {r.expected or '-':<8} "
+                     f"{', '.join(r.invariants) or '-':<28} "
                      f"{', '.join(r.paths) or '-':<18} {r.seconds:>6.1f}  {'; '.join(r.families) or '-'}")
+        if r.verdict in ("unavailable", "inconclusive") and r.message:
+            lines.append(f"{'':<8} why: {r.message}")
+        if r.runs_as:
+            lines.append(f"{'':<8} {r.message}")
+        if r.probes is None and r.reach:
+            lines.append(f"{'':<8} reach: {_reach_cell(r.reach)}")
     return "\n".join(lines)
 
 

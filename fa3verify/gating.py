@@ -55,12 +55,16 @@ def gate(sut=None, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: f
 
     An interrupt (SIGINT) during the proofs stops the gate there; during fuzz the campaign keeps what it found.
     Either way the summary is marked interrupted (exit 3) and returned, so the command still writes its reports.
+
+    A system under test with a worker is launched first (``launch``: its import runs while the proof stages' z3
+    parts run on the model); the stages' parts that run on the engine (witness replay, a counterexample's replay)
+    wait for it (its ``start`` stage line), then run in the stages' order with their rows where the stage puts them.
     """
     from gpu_impl.sut import ModelSUT
 
     from spec.model.assumption_facts import not_enforced
 
-    from .engine_choice import case_policy
+    from .engine_choice import case_policy, launch_engine, start_engine
     from .fuzzing import fuzz, sut_policy
     from .progress import stage
 
@@ -75,14 +79,33 @@ def gate(sut=None, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: f
     if facts:  # what the system under test says about itself: the assumptions its own code lets through
         summary.policy["not_enforced_assumptions"] = not_enforced(facts)
     lines = None if show_progress is None else False  # API callers choose; the CLI prints on logs
+    deferred: list = []
     options = dict(timeout_s=timeout_s, cases_dir=cases_dir, kernel_name=kernel_name, device=device,
-                   witness_cache=witness_cache)
+                   witness_cache=witness_cache, deferred=deferred)
+    started: list = []
+
+    def ready() -> None:
+        """The engine started (its own stage line) before the first stage that runs on it."""
+        if not started:
+            started.append(True)
+            start_engine(sut, command, lines)
+
+    launch_engine(sut)  # a worker's import runs beside the z3 stages below
     try:
         for name in (sut.proof_plan() if witnesses else ()):
             STAGES[name](sut, policy, summary, options, lines, command)
+        if deferred:  # the stages' parts that run on the engine, in the stages' order, their rows in place
+            ready()
+            checks_added = findings_added = 0
+            for at_check, at_finding, part in deferred:
+                checks, findings = part()
+                summary.checks[at_check + checks_added:at_check + checks_added] = checks
+                summary.findings[at_finding + findings_added:at_finding + findings_added] = findings
+                checks_added, findings_added = checks_added + len(checks), findings_added + len(findings)
     except KeyboardInterrupt:
         summary.interrupted = True
     if not summary.interrupted:
+        ready()
         what = f"{max_cases} cases" if max_cases else f"{budget_s:g} s"
         on = f" on {sut.spec}" if own_code else ""
         fuzzed = RunSummary(command=command)

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Optional
 
 __all__ = ["ENGINE_REGISTRY", "EngineSpec", "EngineSpecError", "ModelSUT", "ScenarioUnsupported", "SystemUnderTest",
-           "open_named_sut", "open_sut", "parse_engine", "spec_from_identity"]
+           "open_named_sut", "open_sut", "parse_engine", "releases_of", "spec_from_identity"]
 
 _RELEASE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
 
@@ -187,6 +187,19 @@ def parse_engine(text: str) -> EngineSpec:
     raise EngineSpecError(f"--engine: unknown engine {text!r}; allowed: {ENGINE_FORMS}")
 
 
+def releases_of(kind: str) -> list:
+    """Every release of engine ``kind`` that the engine matrix gates, oldest first, as ``(release, runs_as)``:
+    ``runs_as`` is the release whose registered row runs it (itself; another release whose driven files are
+    byte-identical; None: known but not runnable here, its open says why). Read from the registry row's
+    ``releases`` callable; EngineSpecError naming the kinds that have one otherwise."""
+    row = ENGINE_REGISTRY.get(kind)
+    if row is None or not row.get("releases"):
+        kinds = ", ".join(k for k, r in ENGINE_REGISTRY.items() if r.get("releases"))
+        raise EngineSpecError(f"--engine: {kind!r} names no engine whose releases are gated by the matrix "
+                              f"(allowed: {kinds})")
+    return list(_factory(row["releases"])())
+
+
 def spec_from_identity(identity: Optional[dict]) -> EngineSpec:
     """The EngineSpec a case file's ``engine`` object names (None or absent: the model): its ``name`` is a
     registry kind and the field that kind takes holds the value, or ``name`` is a full spec string."""
@@ -252,8 +265,22 @@ class SystemUnderTest(abc.ABC):
         ``release`` (sglang's server arguments); None: its own domain (:meth:`domain`)."""
         return "release"
 
+    def case_family(self, case) -> Optional[tuple]:
+        """(configuration family, path) of a case found on it, in its own terms, for the engine matrix; None: the
+        harness names it from the case's server configuration (DP attention, prefill CP, TP only; eager or graph)."""
+        return None
+
+    def family_probes(self) -> Optional[tuple]:
+        """The family probes the engine matrix runs beside its gate (``(name, server configuration)`` pairs of the
+        worked example); None: the harness's own (prefill CP and DP attention); (): none."""
+        return None
+
     #: whether it has a worker to start before the first scenario (a real engine's process); the model has none
     has_worker = False
+
+    def launch(self) -> None:
+        """Start what the engine runs in without waiting for it (its import runs beside the caller's next work; the
+        first use, or :meth:`start`, waits); by default nothing, and :meth:`start` does it all. Idempotent."""
 
     def start(self):
         """Start what the engine runs in (its worker process, the engine's import) before the first scenario, so a

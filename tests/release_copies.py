@@ -102,3 +102,29 @@ ALIGNED_HALF_SPLITS_0_34_0 = CALL_HALF_SPLITS_0_34_0 + (
     (r"(\n[ ]+)num_splits=max_num_splits,\n([ ]+\)\n)",
      r"\1num_splits=max_num_splits // 2 if max_num_splits > 1 else max_num_splits,\n\2"),
 )
+
+#: A passing release (0.33.0, its V1 runner) with the same one-path regression as :data:`CALL_HALF_SPLITS_0_34_0`:
+#: the same lines of ``FlashAttentionImpl.forward`` in both releases.
+CALL_HALF_SPLITS_0_33_0 = CALL_HALF_SPLITS_0_34_0
+
+#: 0.34.0 with its full-graph replay finding fixed by aligning the replay's precompute with the captured call
+#: (docs/engines-vllm.md, "What would fix it"): the builder records the scalars each CUDA graph is captured with
+#: (``build_for_cudagraph_capture``: ``max_query_len`` and ``max_seq_len`` of the capture's padded batch), and a build
+#: whose padded batch is a captured graph's (a FULL replay; DCP 1) precomputes with those scalars, as the replayed
+#: call runs with them. Eager, piecewise and batches above the largest graph keep their own.
+ALIGNED_REPLAY_0_34_0 = (
+    (r"(\n    def _get_scheduler_metadata\(\n)",
+     "\n    def build_for_cudagraph_capture(self, common_attn_metadata):\n"
+     "        captured = self.__dict__.setdefault(\"_captured_scalars\", {})\n"
+     "        captured[(common_attn_metadata.num_reqs, common_attn_metadata.num_actual_tokens)] = (\n"
+     "            common_attn_metadata.max_query_len, common_attn_metadata.max_seq_len)\n"
+     "        return super().build_for_cudagraph_capture(common_attn_metadata)\n"
+     r"\1"),
+    (r"(\n        causal = common_attn_metadata\.causal\n)",
+     r"\1        self._replay_scalars = (\n"
+     r"            self.__dict__.get('_captured_scalars', {}).get((num_reqs, num_actual_tokens))\n"
+     r"            if self.use_full_cuda_graph and self.dcp_world_size == 1 else None)\n"),
+    (r"(\n        return get_scheduler_metadata\(\n            batch_size=batch_size,\n)",
+     r"\n        if self.__dict__.get('_replay_scalars') is not None:\n"
+     r"            max_query_len, max_seq_len = self._replay_scalars\1"),
+)

@@ -467,7 +467,7 @@ def test_engine_matrix_no_setup_reports_missing_environments_unavailable(monkeyp
     import gpu_impl.engines.envs as envs
 
     install(monkeypatch, lambda spec: ProfileSUT(spec.release))
-    monkeypatch.setattr(envs, "env_ready", lambda release, root=None: release == "0.5.15")
+    monkeypatch.setattr(envs, "env_ready", lambda release, root=None, engine="sglang": release == "0.5.15" and engine == "sglang")
     code = cli.main(["engine", "matrix", "--releases", "0.5.15..0.5.16", "--no-setup", "--cases", "30",
                      "--cases-dir", str(tmp_path), "--json", str(tmp_path / "m.json")])
     rows = {r["release"]: r for r in json.loads((tmp_path / "m.json").read_text())["rows"]}

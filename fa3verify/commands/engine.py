@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
-HELP = "engine environments (setup) and the gate over every sglang release (matrix)"
+HELP = "engine environments (setup) and the gate over every release of an engine (matrix)"
 EPILOG = """\
 examples:
   fa3verify engine setup sglang==0.5.23          # create (or reuse) the cached environment for that release
   fa3verify engine setup vllm==0.33.0            # the same for a vLLM release
   fa3verify engine matrix --budget-s 10 --json matrix.json
   fa3verify engine matrix --releases 0.5.12..0.5.16 --cases 100
+  fa3verify engine matrix --engine vllm --json vllm-matrix.json --markdown   # every vLLM release, fix releases
   fa3verify engine matrix --cases 100 --shard 1/4 --json m1.json   # a quarter of the releases; `report merge`
 """
 
@@ -23,9 +24,13 @@ def register(sub) -> None:
     s = inner.add_parser("setup", help="create or reuse the isolated environment of an sglang or vLLM release")
     s.add_argument("release", metavar="ENGINE==V", help="the release, e.g. sglang==0.5.23 or vllm==0.33.0")
     s.set_defaults(func=run_setup)
-    m = inner.add_parser("matrix", help="gate every release and print one row each")
+    m = inner.add_parser("matrix", help="gate every release and print one row each, then each failing row's fix "
+                                        "release")
+    m.add_argument("--engine", default="sglang", metavar="ENGINE",
+                   help="whose releases: an engine form that takes a release (sglang or vllm; default sglang)")
     m.add_argument("--releases", default=None, metavar="A..B",
-                   help="releases to gate, e.g. 0.5.11..0.5.23 (default: every profiled release)")
+                   help="releases to gate, e.g. 0.5.11..0.5.23 or 0.33.0..0.34.0 (default: every release the "
+                        "engine lists: sglang's profiled ones, vLLM's registered, shared and unavailable ones)")
     group = m.add_mutually_exclusive_group()
     group.add_argument("--budget-s", type=float, metavar="N", help="fuzz budget per release in seconds (default 20)")
     group.add_argument("--cases", type=int, metavar="N", help="fuzz case count per release instead")
@@ -43,6 +48,9 @@ def register(sub) -> None:
                         "CUDA graph) run on each release beside its gate")
     m.add_argument("--no-setup", action="store_true",
                    help="report releases without a ready environment as unavailable instead of building them")
+    m.add_argument("--no-fixes", action="store_true",
+                   help="skip the fix releases (each failing row's case files replayed on its own release and on "
+                        "every later one)")
     m.set_defaults(func=run_matrix)
     p.set_defaults(func=lambda args: _no_action(p))
 
@@ -104,24 +112,54 @@ def run_setup(args) -> int:
     return exitcodes.PASS
 
 
-def parse_releases(text):
-    """The releases an ``A..B`` range (or one release) names, among the profiled ones; UsageError otherwise."""
-    from spec.model.engine_profiles import ProfileError, profile_for, releases_between
+def engine_releases(engine: str) -> list:
+    """``(release, runs_as)`` of every release the matrix gates for ``engine`` (``gpu_impl.sut.releases_of``);
+    UsageError naming --engine and the allowed kinds otherwise."""
+    from gpu_impl.sut import EngineSpecError, releases_of
 
     from ..errors import UsageError
 
-    if not text:
-        return releases_between()
-    first, sep, last = text.partition("..")
     try:
-        for r in (first, last) if sep else (first,):
-            profile_for(r)
-        releases = releases_between(first, last if sep else first)
-    except ProfileError as exc:
-        raise UsageError(f"--releases: {exc}") from None
-    if not releases:
-        raise UsageError(f"--releases: {text!r} names no profiled release")
-    return releases
+        return releases_of(engine)
+    except EngineSpecError as exc:
+        raise UsageError(str(exc)) from None
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("gpu_impl.engines"):
+            raise UsageError(f"--engine: {engine}: real engines are not available in this checkout "
+                             f"(no module {exc.name})") from None
+        raise
+
+
+def parse_releases(text, engine: str = "sglang"):
+    """The releases an ``A..B`` range (or one release) names among those the matrix gates for ``engine``; each end
+    must be one of them (a release's profile error explains one that is not); UsageError otherwise."""
+    from gpu_impl.sut import ENGINE_REGISTRY
+
+    from spec.model.engine_profiles import engine_profile_for
+
+    from ..errors import UsageError
+
+    listed = [r for r, _ in engine_releases(engine)]
+    if not text:
+        return listed
+    first, sep, last = text.partition("..")
+    ends = []
+    for r in (first, last) if sep else (first,):
+        if r in listed:
+            ends.append(r)
+            continue
+        try:
+            found = engine_profile_for(ENGINE_REGISTRY[engine]["prefix"] + r)[1].release
+        except ValueError as exc:
+            raise UsageError(f"--releases: {exc}") from None
+        if found not in listed:
+            raise UsageError(f"--releases: {r!r} is not a {engine} release the matrix gates "
+                             f"({', '.join(listed) or 'none'})")
+        ends.append(found)
+    lo, hi = listed.index(ends[0]), listed.index(ends[-1])
+    if lo > hi:
+        raise UsageError(f"--releases: release range {text} is empty (first is after last)")
+    return listed[lo:hi + 1]
 
 
 def run_matrix(args) -> int:
@@ -133,7 +171,8 @@ def run_matrix(args) -> int:
 
     from ..sharding import parse_shard
 
-    releases = parse_releases(args.releases)
+    releases = parse_releases(args.releases, args.engine)
+    runs_as = dict(engine_releases(args.engine))
     shard = parse_shard(args.shard)
     if shard is not None:
         if shard.k > len(releases):
@@ -143,23 +182,34 @@ def run_matrix(args) -> int:
     budget, cases = budget_from_args(args)
     if not args.timeout_s > 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
+    from gpu_impl.sut import ENGINE_REGISTRY
+
+    prefix = ENGINE_REGISTRY[args.engine]["prefix"]
+
     def open_release(release):
         if args.no_setup:
             from gpu_impl.engines import envs
 
-            if not envs.env_ready(release):
-                raise UsageError(f"no ready environment (--no-setup); `fa3verify engine setup sglang=={release}`")
-        return open_engine(f"sglang=={release}")
+            if not envs.env_ready(runs_as.get(release) or release, engine=args.engine):
+                raise UsageError(f"no ready environment (--no-setup); `fa3verify engine setup {prefix}{release}`")
+        return open_engine(f"{prefix}{release}")
 
+    fixes = None if args.no_fixes else []
     rows = matrix(releases, open_release, budget_s=budget, max_cases=cases,
                   seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
-                  progress=_progress_line, with_probes=not args.no_probes)
+                  progress=_progress_line, with_probes=not args.no_probes, engine=args.engine,
+                  runs_as=runs_as, fixes=fixes)
     print(matrix_markdown(rows) if args.markdown else matrix_table(rows))
+    if fixes is not None:
+        from ..matrix_fixes import fixes_markdown, fixes_table
+
+        print(("\n" + fixes_markdown(fixes)) if args.markdown and fixes else fixes_table(fixes))
     from ..output_writer import deliver, write_output
 
-    data = matrix_json(rows)
+    data = matrix_json(rows, fixes)
     if shard is not None:
-        data["shard"] = shard.to_dict({"command": "engine matrix", "releases": everything, "seed": args.seed,
+        data["shard"] = shard.to_dict({"command": "engine matrix", "engine": args.engine, "releases": everything,
+                                       "seed": args.seed,
                                        "cases": cases, "budget_s": budget, "timeout_s": args.timeout_s,
                                        "probes": not args.no_probes})
     code = matrix_exit_code(rows)

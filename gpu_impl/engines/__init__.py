@@ -50,6 +50,35 @@ def open_vllm_checkout(spec, progress: Callable[[str], None] = print):
     return VllmSUT(spec=spec)
 
 
+def _release_order(release: str) -> tuple:
+    """A sort key for any release number (``0.10.1.1``, ``0.5.10.post1``): its numbers in order."""
+    import re
+
+    return tuple(int(n) for n in re.findall(r"\d+", release))
+
+
+def sglang_releases() -> list:
+    """Row ``sglang``'s releases for the engine matrix: every profiled release (spec/model/engine_profiles.json),
+    each run by its own row."""
+    from spec.model.engine_profiles import RELEASES
+
+    return [(r, r) for r in RELEASES]
+
+
+def vllm_releases() -> list:
+    """Row ``vllm``'s releases for the engine matrix: every registered row (``vllm_recipes.RECIPES``), every
+    release that shares a row (``SHARES_ROW``, when the survey names some) and every surveyed release marked
+    unavailable (``UNAVAILABLE``: runs as None, its open says why), oldest first."""
+    from . import vllm_recipes
+
+    shares = dict(getattr(vllm_recipes, "SHARES_ROW", {}) or {})
+    unavailable = dict(getattr(vllm_recipes, "UNAVAILABLE", {}) or {})
+    out = {r: r for r in vllm_recipes.RELEASES}
+    out.update({r: row for r, row in shares.items() if r not in out})
+    out.update({r: None for r in unavailable if r not in out})
+    return sorted(out.items(), key=lambda item: _release_order(item[0]))
+
+
 #: The openers of this package, by the name a registry row's ``factory`` gives (``gpu_impl.engines:NAME``).
 OPENERS = {"open_sglang": open_sglang, "open_vllm_release": open_vllm_release,
            "open_vllm_checkout": open_vllm_checkout}

@@ -83,6 +83,20 @@ def quiet():
         sys.stdout = saved
 
 
+def exit_worker(code: int) -> None:
+    """End a worker process at once with ``code`` once :func:`serve` returned: its answers are flushed and nothing
+    else is left to say, so the interpreter's teardown (seconds with an engine's modules loaded: measured 5-8 s
+    for vLLM's) is skipped."""
+    import os
+
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def serve(engine, stdin, stdout, observer=None) -> int:
     """The worker loop: make the engine once, answer requests until "quit" or end of input; 0, or 3 when the
     engine could not be made (that failure is the one answer, kind "import").

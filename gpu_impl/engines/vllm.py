@@ -58,6 +58,12 @@ def nearest_vllm_release(version: Optional[str]) -> str:
     return older[-1] if older else releases[0]
 
 
+#: The request a launched worker answers right after its hello: vLLM's config validation of a plain configuration,
+#: whose first run imports vLLM's config classes (measured 8 s of a cold worker's first validation under load).
+WARM_UP = {"tp": 1, "dcp": 1, "block_size": 16, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+           "dtype": "bfloat16", "max_model_len": 4096}
+
+
 class VllmWorker:
     """One driver process (``python -m gpu_impl.engines.vllm_driver``) speaking JSON lines: its hello within the
     start deadline (``start_timeout``: seconds, default ``$FA3VERIFY_ENGINE_START_TIMEOUT`` or 900), every answer
@@ -65,9 +71,12 @@ class VllmWorker:
     ``worker_client``)."""
 
     def __init__(self, release: str, progress=print, root=None, timeout: Optional[float] = None,
-                 source: Optional[Path] = None, label: Optional[str] = None, start_timeout: Optional[float] = None):
+                 source: Optional[Path] = None, label: Optional[str] = None, start_timeout: Optional[float] = None,
+                 greet: bool = True):
         """``source``: a checkout's root (from :func:`resolve_vllm_source`), imported instead of the release's vLLM
-        (the hello must show it was); ``label``: the engine's name in messages (default ``vllm==release``)."""
+        (the hello must show it was); ``label``: the engine's name in messages (default ``vllm==release``).
+        ``greet`` False: start the process and queue :data:`WARM_UP` behind its import, and read the hello (and the
+        warm-up's answer) only at :meth:`greet`, so the import runs while the caller does other work."""
         self.release = envs.check_release(release, engine="vllm")
         self.timeout = engine_timeout_s(timeout)
         self.start_timeout = engine_start_timeout_s(start_timeout)
@@ -82,20 +91,38 @@ class VllmWorker:
         self._worker = EngineWorker([str(d / "bin" / "python"), "-m", "gpu_impl.engines.vllm_driver"],
                                     f"engine worker {self.label}", env=env,
                                     cwd=str(envs.project_path()), timeout_s=self.timeout,
-                                    start_timeout_s=self.start_timeout)
-        first = self._worker.first
+                                    start_timeout_s=self.start_timeout, greet=False)
+        self._env_dir, self._source, self.hello = d, source, None
+        self._warming = False
+        if greet:
+            self.greet()
+        else:
+            self._worker.send_ahead({"op": "validate", "scenario": dict(WARM_UP)})
+            self._warming = True
+
+    def greet(self) -> dict:
+        """Read the hello (within the start deadline; a driver that did not start, or a checkout that was not the
+        one imported, raises as a start does) and the queued warm-up's answer; returns the hello. Idempotent."""
+        if self.hello is not None:
+            return self.hello
+        first, source = self._worker.first, self._source
         if not first.get("ok"):
             self.close()
-            error = (CheckoutImportError(f"{self.label}: does not import in the environment of vllm=={release} "
-                                         f"({d}): {first.get('error')}") if source else
+            error = (CheckoutImportError(f"{self.label}: does not import in the environment of vllm=={self.release} "
+                                         f"({self._env_dir}): {first.get('error')}") if source else
                      DriverError(f"{self.label}: the driver did not start: {first.get('error')}",
                                  worker=self._worker.name, pid=self._worker.pid))
             raise error
-        self.hello = first["hello"]
-        if source and not str(self.hello.get("path", "")).startswith(str(source)):
+        hello = first["hello"]
+        if source and not str(hello.get("path", "")).startswith(str(source)):
             self.close()
-            raise CheckoutImportError(f"{self.label}: vllm was imported from {self.hello.get('path')}, not from the "
+            raise CheckoutImportError(f"{self.label}: vllm was imported from {hello.get('path')}, not from the "
                                       f"checkout {source}")
+        if self._warming:
+            self._warming = False
+            self._worker.answer_ahead()  # its verdict is not used: it only imported vLLM's config classes
+        self.hello = hello
+        return hello
 
     @property
     def pid(self) -> int:
@@ -107,6 +134,7 @@ class VllmWorker:
         return self._worker.running
 
     def request(self, obj: dict) -> dict:
+        self.greet()
         return self._worker.request(obj)
 
     def run(self, scenario: dict, numerics: bool = False) -> dict:
@@ -227,11 +255,21 @@ class VllmSUT(SystemUnderTest):
             self._worker = VllmWorker(self.release, progress=self._progress, root=self._root,
                                       timeout=self.timeout_s, source=self.source, label=str(self.spec),
                                       start_timeout=self.start_timeout_s)
+        self._worker.greet()  # a launched one: its hello now
         return self._worker
 
     def start(self) -> dict:
         """Start the driver (import vLLM once); returns its hello. Idempotent."""
-        return self.worker.hello
+        return self.worker.greet()
+
+    def launch(self) -> None:
+        """Start the driver's process without waiting for it (its import, and a warm-up of vLLM's config
+        validation, run beside whatever the caller does next); the first use waits for its hello. Idempotent."""
+        if self._worker is None or not self._worker.running:
+            self.close()
+            self._worker = VllmWorker(self.release, progress=self._progress, root=self._root,
+                                      timeout=self.timeout_s, source=self.source, label=str(self.spec),
+                                      start_timeout=self.start_timeout_s, greet=False)
 
     def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
         from .protocol import result_from_wire
@@ -305,6 +343,38 @@ class VllmSUT(SystemUnderTest):
                                    if accepted is None else str(answer.get("message")))
         return self._verdicts[key]
 
+    #: a case's CUDA-graph mode (``scenario_to_vllm``'s ``cuda_graph``) as the engine matrix names its path
+    GRAPH_PATHS = {"none": "eager", "piecewise": "piecewise CUDA graph", "full": "full CUDA graph (FULL)",
+                   "full_and_piecewise": "full CUDA graph (FULL_AND_PIECEWISE)"}
+
+    def case_family(self, case) -> tuple:
+        """(configuration family, path) of a case in vLLM's terms: its sliding windows, DCP, KV cache dtype,
+        batch invariance and head size (the family), and its CUDA-graph mode (the path)."""
+        server, model = dict(case.server or {}), dict(case.model or {})
+        opts = dict(getattr(case, "vllm", None) or {})
+        graph = (("full_and_piecewise" if opts.get("full_and_piecewise") else "full") if server.get("cuda_graph")
+                 else ("piecewise" if opts.get("piecewise") else "none"))
+        parts = []
+        window = opts.get("sliding_window")
+        if isinstance(window, list):
+            settings = sorted({w for w in window if w is not None})
+            parts.append("mixed sliding windows" if len(set(window)) > 1 else f"sliding window {settings[0]}"
+                         if settings else "")
+        elif window is not None:
+            parts.append(f"sliding window {window}")
+        if int(server.get("attn_cp_size", 1) or 1) > 1:
+            parts.append(f"DCP {server['attn_cp_size']}")
+        if opts.get("kv_cache_dtype") == "fp8" or model.get("dtype") == "float8_e4m3":
+            parts.append("fp8 KV cache")
+        if server.get("enable_deterministic_inference"):
+            parts.append("batch invariant")
+        parts.append(f"head size {model.get('head_dim')}")
+        return " + ".join(p for p in parts if p), self.GRAPH_PATHS[graph]
+
+    def family_probes(self) -> tuple:
+        """None: vLLM's families are the campaign's own (``vllm`` / ``vllm-v2``), counted per path in its reach."""
+        return ()
+
     def assumption_facts(self) -> dict:
         """The release's facts where spec's assumptions apply to vLLM (``spec/model/assumption_facts.json``); a checkout
         has those of its nearest release."""
@@ -321,7 +391,7 @@ class VllmSUT(SystemUnderTest):
                     "version": self.version, "release": self.release}
         ident = {"name": str(self.spec), "release": self.spec.release}
         if self._worker is not None:
-            ident["reported_version"] = self._worker.hello.get("release")
+            ident["reported_version"] = (self._worker.hello or {}).get("release")
         return ident
 
     def close(self) -> None:

@@ -464,4 +464,6 @@ class Engine:
 
 if __name__ == "__main__":
     sys.stdout = sys.stderr  # nothing but responses on the protocol stream
-    raise SystemExit(serve(Engine, sys.stdin, _PROTOCOL_OUT))
+    from .protocol import exit_worker
+
+    exit_worker(serve(Engine, sys.stdin, _PROTOCOL_OUT))

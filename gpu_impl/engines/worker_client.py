@@ -69,13 +69,39 @@ class EngineWorker:
     """
 
     def __init__(self, argv: Sequence[str], name: str, env: Optional[dict] = None, cwd: Optional[str] = None,
-                 timeout_s: Optional[float] = None, start_timeout_s: Optional[float] = None):
+                 timeout_s: Optional[float] = None, start_timeout_s: Optional[float] = None, greet: bool = True):
+        """``greet``: read the first line now; False: only start the process (its import runs while the caller
+        does other work), the first line is read, within the start deadline, when :attr:`first` is asked."""
         self.name = name
         self.timeout_s = engine_timeout_s(timeout_s)
         self.start_timeout_s = engine_start_timeout_s(start_timeout_s)
         self.client = WorkerClient(argv, name, env=env, cwd=cwd, error=DriverError, encode=encode)
-        self.first = self._checked(self.client.receive(self.start_timeout_s,
-                                                       hint=f"the start deadline, {ENV_START_TIMEOUT}"))
+        self._first: Optional[dict] = None
+        if greet:
+            _ = self.first
+
+    @property
+    def first(self) -> dict:
+        """The worker's first line (its hello, or the import failure), read within the start deadline."""
+        if self._first is None:
+            self._first = self._checked(self.client.receive(self.start_timeout_s,
+                                                            hint=f"the start deadline, {ENV_START_TIMEOUT}"))
+        return self._first
+
+    @property
+    def greeted(self) -> bool:
+        """Whether the first line was read."""
+        return self._first is not None
+
+    def send_ahead(self, obj: dict) -> None:
+        """Queue one request before the first line was read (the worker answers it after its hello); its answer is
+        read by :meth:`answer_ahead`."""
+        self.client.send(obj, self.start_timeout_s, hint=f"the start deadline, {ENV_START_TIMEOUT}")
+
+    def answer_ahead(self) -> dict:
+        """The answer to the request :meth:`send_ahead` queued (after :attr:`first`), within the engine deadline."""
+        _ = self.first
+        return self._checked(self.client.receive(self.timeout_s, hint=f"the answer deadline, {ENV_TIMEOUT}"))
 
     @property
     def pid(self) -> int:

@@ -1,0 +1,149 @@
+"""The fix release of every failing matrix row: its case files replayed on their own release and on every later one.
+
+Invariant: a failing row's case file is first replayed on the release it was found on (it must STILL FAIL there,
+else the finding is not reproducible and is said so), then on every later release the matrix gates, while that
+release's engine is open for its own gate (one worker start per release). A family's fix release is the first
+later release on which every case file of that family (found on that row) PASSES NOW; a release whose own
+validation rejects the configuration, that cannot run it, or on which it fails differently is not a fix and is
+named as what it is. A family no later release fixes says so, naming the releases that still fail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .replaying import load_case
+
+__all__ = ["FixLedger", "CaseReplays", "replay_on_release", "fixes_table", "fixes_markdown", "STILL_FAILS",
+           "PASSES_NOW"]
+
+STILL_FAILS = "STILL FAILS"
+PASSES_NOW = "PASSES NOW"
+
+
+@dataclass
+class CaseReplays:
+    """One case file of a failing row and what replaying it on each release said."""
+
+    found_on: str
+    case_file: str
+    family: str
+    path: str
+    invariant: str
+    replays: dict = field(default_factory=dict)   # release -> STILL FAILS | PASSES NOW | FAILS DIFFERENTLY | ...
+
+
+def replay_on_release(case_file: str, sut) -> str:
+    """The replay verdict of ``case_file`` on an open system under test: STILL FAILS, PASSES NOW, FAILS
+    DIFFERENTLY (:attr:`fa3verify.replaying.ReplayOutcome.verdict`), REJECTED (its own validation refuses the
+    configuration, with its reason) or NOT RUN (it cannot run the case, or its worker failed, with why)."""
+    from .engine_choice import engine_validation
+    from .errors import UsageError
+    from .replaying import replay, scenario_from_case
+
+    from spec.process.worker_client import WorkerError
+
+    case = load_case(case_file)
+    scn = scenario_from_case(case)
+    try:
+        accepted, why = engine_validation(sut, scn.server, scn.model)
+        if accepted is False:
+            return f"REJECTED ({' '.join(why.split())[:160]})"
+        _, outcome = replay(case_file, sut=sut)
+    except (UsageError, WorkerError) as exc:  # the engine cannot run it, or its worker failed: never a pass
+        return f"NOT RUN ({' '.join(str(exc).split())[:160]})"
+    return outcome.verdict
+
+
+class FixLedger:
+    """The case files of the failing rows so far, and their replays per release (see the module doc)."""
+
+    def __init__(self):
+        self.cases: list = []
+
+    def add_row(self, row, sut) -> None:
+        """Register a failing row's case files (family and path in ``sut``'s terms)."""
+        from .engine_matrix import case_family
+
+        if row.verdict != "fail":
+            return
+        for path in row.case_files:
+            try:
+                case = load_case(path)
+            except Exception:  # noqa: BLE001 - an unreadable case file is skipped by the row already
+                continue
+            family, where = case_family(case, sut)
+            invariant = str((case.expected or {}).get("invariant") or "")
+            self.cases.append(CaseReplays(row.release, path, family, where, invariant))
+
+    def pending(self, release: str) -> int:
+        return sum(release not in c.replays for c in self.cases)
+
+    def replay_on(self, release: str, sut) -> None:
+        """Replay every registered case file (its own release's and earlier ones') on ``release``'s engine."""
+        for c in self.cases:
+            if release not in c.replays:
+                c.replays[release] = replay_on_release(c.case_file, sut)
+
+    def entries(self, order: list) -> list:
+        """One entry per (release found on, family): its case files, whether they STILL FAIL on their own release,
+        the verdict on each later release, and the first later release where every one PASSES NOW (None: none)."""
+        groups: dict = {}
+        for c in self.cases:
+            groups.setdefault((c.found_on, c.family), []).append(c)
+        out = []
+        for (found_on, family), cases in groups.items():
+            later = [r for r in order[order.index(found_on) + 1:] if all(r in c.replays for c in cases)] \
+                if found_on in order else []
+            per_release = {r: _combined([c.replays[r] for c in cases]) for r in [found_on] + later
+                           if all(r in c.replays for c in cases)}
+            first = next((r for r in later if per_release.get(r) == PASSES_NOW), None)
+            out.append({"found_on": found_on, "family": family, "paths": sorted({c.path for c in cases}),
+                        "invariants": sorted({c.invariant for c in cases if c.invariant}),
+                        "case_files": [c.case_file for c in cases],
+                        "still_fails_on_own_release": per_release.get(found_on) == STILL_FAILS,
+                        "replays": per_release, "first_pass": first,
+                        "still_failing_later": [r for r in later if per_release.get(r) == STILL_FAILS]})
+        return out
+
+
+def _combined(verdicts: list) -> str:
+    """One verdict for a family's case files on one release: the same verdict for all, else each with its count."""
+    distinct = sorted(set(verdicts))
+    if len(distinct) == 1:
+        return distinct[0]
+    return "; ".join(f"{v} ({verdicts.count(v)} of {len(verdicts)})" for v in distinct)
+
+
+def fix_sentence(entry: dict) -> str:
+    """``family (found on V): STILL FAILS on V; passes first on W`` (or: fails on every later release gated)."""
+    own = entry["replays"].get(entry["found_on"], "not replayed")
+    later = [r for r in entry["replays"] if r != entry["found_on"]]
+    if entry["first_pass"]:
+        tail = f"first passes on {entry['first_pass']}"
+    elif later:
+        tail = "passes on no later release gated (" + ", ".join(f"{r}: {entry['replays'][r]}" for r in later) + ")"
+    else:
+        tail = "no later release gated"
+    return f"{entry['family']} [{', '.join(entry['paths'])}] (found on {entry['found_on']}): {own} there; {tail}"
+
+
+def fixes_table(entries: list) -> str:
+    """The fix releases as plain lines (stdout, after the matrix table)."""
+    if not entries:
+        return "fix releases: no failing row"
+    return "\n".join(["fix releases (each failing row's case files replayed on every later release):"]
+                     + [f"  {fix_sentence(e)}" for e in entries])
+
+
+def fixes_markdown(entries: list) -> str:
+    """The fix releases as a Markdown table (docs)."""
+    out = ["| found on | family | path | invariants | own release | first release where it passes | "
+           "later releases |", "|---|---|---|---|---|---|---|"]
+    for e in entries:
+        later = "; ".join(f"{r}: {v}" for r, v in e["replays"].items() if r != e["found_on"]) or "-"
+        out.append(f"| {e['found_on']} | {e['family']} | {', '.join(e['paths'])} | "
+                   f"{', '.join(e['invariants']) or '-'} | {e['replays'].get(e['found_on'], '-')} | "
+                   f"{e['first_pass'] or 'none'} | {later} |")
+    return "\n".join(out)
