@@ -77,8 +77,10 @@ class LifecycleJudge:
             self.made_at[id(pre)] = (pre, tuple(where))
 
     # -- one launch --------------------------------------------------------------------------------------------
-    def before(self, pre, call, md, where, path: str) -> list:
-        """The lifecycle violations of a launch (``path``: "eager", "capture" or "replay") given tensor ``md``."""
+    def before(self, pre, call, md, where, path: str, pair=()) -> list:
+        """The lifecycle violations of a launch (``path``: "eager", "capture" or "replay") given tensor ``md``;
+        ``pair``: the pair check's violations of the same launch (a SHAPE there already names the precompute that
+        does not fit this launch, so the shared-precompute and size checks add nothing to it)."""
         import torch
 
         if call is None or not isinstance(md, torch.Tensor):
@@ -106,7 +108,7 @@ class LifecycleJudge:
                                    {"virtual_batches": undefined, "batch": sched.inputs.batch_size, "path": path},
                                    f"the {path} launch reads metadata slots no precompute wrote, for virtual batches "
                                    f"{undefined[:8]} of {sched.inputs.batch_size} (a precompute over fewer rows)"))
-        if pre is not None:
+        if pre is not None and not any(v.invariant == "SHAPE" for v in pair):
             found += self._shared_and_size(pre, sched, path)
         return found
 

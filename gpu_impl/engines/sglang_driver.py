@@ -175,7 +175,7 @@ class EngineFA3:
         """The lifecycle checks of the launch whose checker event is ``events[index]``, added to its violations;
         then what the launch leaves in the metadata's semaphore slot."""
         pre, call, violations = self.checker.events[index]
-        found = self.judge.before(pre, call, md, self.where, path)
+        found = self.judge.before(pre, call, md, self.where, path, violations)
         if found:
             self.checker.events[index] = (pre, call, list(violations) + found)
         self.judge.after(call, md, path)

@@ -147,7 +147,7 @@ class FrontFA3:
         if len(self.checker.events) > events:
             pre, call, violations = self.checker.events[-1]
             path = "capture" if self.recording is not None else self.path
-            found = self.judge.before(pre, call, md, self.where, path)
+            found = self.judge.before(pre, call, md, self.where, path, violations)
             if found:
                 self.checker.events[-1] = (pre, call, list(violations) + found)
             self.judge.after(call, md, path)
