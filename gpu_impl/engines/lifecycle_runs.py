@@ -35,6 +35,10 @@ VLLM_SEQUENCES = {
     "full-graph-replay-padded": {"cuda_graph": "full", "max_model_len": 8192,
                                  "steps": [{"seq_lens": [3000, 100]}, {"seq_lens": [200, 300]},
                                            {"seq_lens": [1000, 50]}, {"seq_lens": [4000, 100, 20, 30, 40, 50]}]},
+    # decode context parallel 2 under full graphs, then a step whose context is empty (vLLM skips the context
+    # attention's metadata build, skip_dcp_context_attention, while the graph still replays the context call)
+    "dcp-full-graph-empty-context": {"cuda_graph": "full", "tp": 4, "dcp": 2, "max_model_len": 40960,
+                                     "steps": [{"seq_lens": [32768, 100]}, {"seq_lens": [1, 1]}]},
 }
 #: layers per step in every sequence (the metadata's reuse across layers)
 LAYERS = 2
