@@ -158,3 +158,17 @@ def test_the_0_5_13_precompute_heads_case_replays_still_failing(engine_sut):
     assert {"SHARED_PRECOMPUTE_MATCHES_LAYER", "SPLIT_BOUND"} <= set(seen.invariants)
     shared = next(f for f in seen.findings if f["invariant"] == "SHARED_PRECOMPUTE_MATCHES_LAYER")
     assert shared["detail"]["detail"]["fields"] == {"num_heads": [8, 32], "num_heads_k": [1, 4]}
+
+
+@pytest.mark.engine
+def test_the_vllm_0_34_0_dcp_empty_context_case_replays_still_failing(engine_sut):
+    """tests/corpus_lifecycle/vllm-0.34.0-dcp-full-graph-empty-context.json: on the release it names the replayed
+    context call of step 1 still reads the metadata step 0 made, and nothing else is found."""
+    from pathlib import Path
+
+    from fa3verify.replaying import replay
+
+    path = Path(__file__).parent / "corpus_lifecycle" / "vllm-0.34.0-dcp-full-graph-empty-context.json"
+    summary, seen = replay(str(path), sut=engine_sut("vllm==0.34.0"))
+    assert summary.exit_code == 1 and seen.outcome == "violation"
+    assert seen.invariants == ["READS_OWN_STEP_METADATA"]
