@@ -119,3 +119,19 @@ def test_the_sanitizer_overhead_measures_the_lifecycle_checks_quick_and_deep():
         out = _lifecycle_costs(checker, make_wrapper(lambda *a, **kw: None, "call", checker), kw, name, 10)
         assert set(out) == {f"wrapped_empty_{name}_lifecycle_us", f"engine_lifecycle_judge_{name}_us"}
         assert all(x > 0 for x in out.values())
+
+
+def test_conformance_compares_the_pair_verdicts_and_leaves_the_lifecycle_findings_out():
+    from types import SimpleNamespace as NS
+
+    from fa3verify.conformance import verdict_diff
+
+    def run(outcome, *names):
+        return NS(outcome=outcome, findings=[NS(invariant=n) for n in names])
+
+    assert verdict_diff(run("pass"), run("violation", "READS_OWN_STEP_METADATA")) is None
+    assert verdict_diff(run("violation", "SPLIT_BOUND"),
+                        run("violation", "SPLIT_BOUND", "SHARED_PRECOMPUTE_MATCHES_LAYER")) is None
+    assert verdict_diff(run("pass"), run("violation", "SPLIT_BOUND", "SHARED_PRECOMPUTE_MATCHES_LAYER")) == \
+        "verdict: model pass [] vs engine violation ['SPLIT_BOUND']"
+    assert verdict_diff(run("violation", "SPLIT_BOUND"), run("pass")) is not None
