@@ -57,10 +57,12 @@ MAX_NUMERICS_KV_TOKENS = 1 << 20
 
 def known_invariants() -> list:
     """Every invariant name a case's expected.invariant may name."""
+    from spec.lifecycle_invariants import LIFECYCLE_INVARIANTS
     from spec.model.guards import GUARD_FAULTS
     from spec.invariants import INVARIANTS
 
-    return sorted(set(INVARIANTS) | set(GUARD_FAULTS) | set(SCENARIO_FINDINGS))
+    # the lifecycle invariants: what the engine drivers' lifecycle judge reports (gpu_impl.engines.lifecycle_judge)
+    return sorted(set(INVARIANTS) | set(GUARD_FAULTS) | set(SCENARIO_FINDINGS) | set(LIFECYCLE_INVARIANTS))
 
 
 def unmodelled(case) -> Optional[str]:

@@ -48,16 +48,20 @@ def semaphore_violation(metadata, arch: int = 90) -> Optional[Violation]:
                      "tiles")
 
 
-def replay_freshness(pre, made_at: dict, where) -> list:
-    """READS_OWN_STEP_METADATA for a replayed call whose metadata is ``pre``'s: ``made_at`` maps id(precompute) to
-    (precompute, the (step, dp_rank) it was made at); a replay at ``where`` must read one made there (an engine
-    driver's replay, gpu_impl.engines.sglang_driver). Unknown metadata is METADATA_ORIGIN's, not reported here."""
+def replay_freshness(pre, made_at: dict, where, path: str = "replay") -> list:
+    """READS_OWN_STEP_METADATA for a launch (``path``: "replay", or "eager") whose metadata is ``pre``'s: ``made_at``
+    maps id(precompute) to (precompute, the (step, dp_rank) it was made at); a launch at ``where`` must read one made
+    there (an engine driver's launches, gpu_impl.engines.lifecycle_judge). Unknown metadata is METADATA_ORIGIN's,
+    not reported here."""
     entry = made_at.get(id(pre)) if pre is not None else None
     if entry is None or entry[0] is not pre or tuple(entry[1]) == tuple(where):
         return []
-    return [Violation("READS_OWN_STEP_METADATA", None, {"made_at": list(entry[1]), "replayed_at": list(where)},
-                      f"the replayed call reads metadata precomputed at step {entry[1][0]} (DP rank {entry[1][1]}), "
-                      f"not for this step {where[0]}: the replay-time recompute did not rewrite the graph's buffer")]
+    how = ("the replay-time recompute did not rewrite the graph's buffer" if path == "replay"
+           else "the step's precompute did not run before its launches")
+    return [Violation("READS_OWN_STEP_METADATA", None, {"made_at": list(entry[1]), "replayed_at": list(where),
+                                                        "path": path},
+                      f"the {'replayed' if path == 'replay' else path} call reads metadata precomputed at step "
+                      f"{entry[1][0]} (DP rank {entry[1][1]}), not for this step {where[0]}: {how}")]
 
 
 class LifecycleWatch:

@@ -41,7 +41,7 @@ from .prepare import prepare_scheduler
 
 __all__ = ["Origin", "MetadataTensor", "View", "Precomputed", "FA3Behaviour", "Read", "LaunchRecord",
            "CapturedLaunch", "precompute", "allocate_persistent", "copy_into", "launch", "capture", "tile_fetches",
-           "semaphore_after_launch", "skipped_tiles",
+           "semaphore_after_launch", "skipped_tiles", "read_slots", "launch_tiles",
            "LayerShape", "EngineModel", "Step", "Trace", "run_sequence", "METADATA_INPUT_FIELDS"]
 
 _tensor_ids = itertools.count(1)
@@ -211,22 +211,36 @@ def skipped_tiles(tiles: int, start: int, num_sm: int) -> int:
     return max(0, min(tiles, num_sm + max(start, 0)) - num_sm)
 
 
-def _reads(values: list, offset: int, schedule: Schedule, tensor: MetadataTensor) -> tuple:
-    """The per-batch slots the main kernel and the combine read, for virtual batches below the call's b."""
+def read_slots(schedule: Schedule) -> tuple:
+    """(vector, virtual batch, offset in the metadata) of every per-batch slot a launch with this schedule reads: the
+    vectors of its layout for virtual batches below the call's b, the split vector only when it splits
+    (tile_scheduler.hpp 567, 600-603, 624-633, 697)."""
     layout = MetadataLayout.for_schedule(schedule)
     b = schedule.inputs.batch_size
     split = schedule.num_splits > 1
     vectors = [("m_blocks", layout.m_blocks_offset), ("seqlen_q", layout.seqlen_q_offset),
                ("num_splits", layout.splits_offset if split else None), ("batch_idx", layout.batch_idx_offset),
                ("nheads_in_l2", layout.nheads_in_l2_offset)]
-    out = []
-    for name, vo in vectors:
-        if vo is None:
-            continue
-        for vb in range(b):
-            slot = offset + vo + vb
-            out.append(Read(slot, name, vb, values[vo + vb], tensor.origins[slot]))
-    return tuple(out)
+    return tuple((name, vb, vo + vb) for name, vo in vectors if vo is not None for vb in range(b))
+
+
+def launch_tiles(values: Sequence[int], schedule: Schedule) -> int:
+    """T: the work tiles a launch with this schedule takes from metadata ``values`` (m-blocks x heads x splits over
+    its batches; negative values, such as unwritten slots, read as 0)."""
+    decoded = decode_values_for_schedule(list(values), schedule)
+    heads = schedule.inputs.num_heads_k if schedule.kernel_pack_gqa else schedule.inputs.num_heads
+    tiles = 0
+    for vb in range(schedule.inputs.batch_size):
+        m = max(decoded.num_m_blocks[vb], 0)
+        s = max(decoded.num_splits[vb], 0) if schedule.num_splits > 1 else 1
+        tiles += m * heads * s
+    return tiles
+
+
+def _reads(values: list, offset: int, schedule: Schedule, tensor: MetadataTensor) -> tuple:
+    """The per-batch slots the main kernel and the combine read, for virtual batches below the call's b."""
+    return tuple(Read(offset + at, name, vb, values[at], tensor.origins[offset + at])
+                 for name, vb, at in read_slots(schedule))
 
 
 def launch(md: View, call: Schedule, seqused_k: Sequence[int], step: int, layer: int = 0, mode: str = "eager",
@@ -244,18 +258,12 @@ def launch(md: View, call: Schedule, seqused_k: Sequence[int], step: int, layer:
         return LaunchRecord(shape_error=True, kernel_ran=False, semaphore_start=None, semaphore_origin=None,
                             semaphore_end=None, semaphore_after=None, tiles=0, skipped_tiles=0, reads=(), **common)
     values = md.values()
-    decoded = decode_values_for_schedule(values, call)
     reads = _reads(values, md.offset, call, md.tensor)
     runs = b > 0 and call.inputs.seqlen_q > 0 and call.inputs.seqlen_k > 0   # flash_api.cpp 1167
     sem_slot = md.offset + MetadataLayout.for_schedule(call).semaphore_offset if call.needs_semaphore else None
     sem_start = md.tensor.values[sem_slot] if sem_slot is not None else None
     sem_origin = md.tensor.origins[sem_slot] if sem_slot is not None else None
-    heads = call.inputs.num_heads_k if call.kernel_pack_gqa else call.inputs.num_heads
-    tiles = 0
-    for vb in range(b):
-        m = max(decoded.num_m_blocks[vb], 0)
-        s = max(decoded.num_splits[vb], 0) if call.num_splits > 1 else 1
-        tiles += m * heads * s
+    tiles = launch_tiles(values, call)
     sem_end = sem_after = sem_start
     skipped = 0
     if sem_slot is not None:

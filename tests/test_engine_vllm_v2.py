@@ -117,12 +117,17 @@ def test_full_and_piecewise_takes_decode_graphs_and_runs_mixed_batches_piecewise
 @pytest.mark.engine
 def test_dcp_full_graph_step_without_context_replays_on_the_previous_metadata(worker):
     """DCP 2 under FULL graphs: a step whose context is empty builds no metadata (skip_dcp_context_attention) and the
-    replayed context call reads the persistent buffer as the previous build left it: driven and judged."""
+    replayed context call reads the persistent buffer as the previous build left it: driven and judged. The pair
+    invariants hold (shorter lengths over step 0's metadata); the lifecycle judge names the stale read
+    (READS_OWN_STEP_METADATA: precomputed at step 0, replayed at step 1), and nothing else."""
     resp = worker.run({"tp": 4, "dcp": 2, "cuda_graph": "full",
                        "steps": [{"seq_lens": [32768, 100]}, {"seq_lens": [1, 1]}]})
     step1 = [p for p in _pairs(resp, "full") if p["step"] == 1]
     assert step1 and not step1[0]["aot"] and step1[0]["precompute"]["max_seqlen_k"] == 16384
-    assert resp["findings"] == []
+    (stale,) = resp["findings"]
+    assert stale["invariant"] == "READS_OWN_STEP_METADATA" and stale["step"] == 1
+    assert stale["detail"]["detail"]["made_at"] == [0, 0] and stale["detail"]["detail"]["path"] == "replay"
+    assert resp["shape_errors"] == []
 
 
 @pytest.mark.engine

@@ -86,8 +86,12 @@ def to_markdown(cat: dict) -> str:
               "launch's effect on the semaphore is its count of tile fetches, min(num_sm, T) + max(0, T - s - "
               "num_sm) for T = the sum of m-blocks x heads x splits it reads and a start s >= 0); a capture records "
               "a launch without running it; an engine's layers share one shape; the engine model is sglang 0.5.23's "
-              "and vLLM 0.33.0's metadata path as read, not their code (real sglang 0.5.23 is driven for "
-              "READS_OWN_STEP_METADATA only).", "",
+              "and vLLM 0.33.0's metadata path as read, not their code. The real releases' code reaches every "
+              "invariant through the engine drivers (gpu_impl.engines.lifecycle_judge over the sequences of "
+              "gpu_impl.engines.lifecycle_runs: two layers a step, eager and CUDA-graph capture/replay with padded "
+              "rows), each with a seeded defect of the driven sequence as negative control; the matrix over "
+              "releases is `python -m gpu_impl.engines.lifecycle_runs sglang==0.5.13 sglang==0.5.23 vllm==0.33.0 "
+              "vllm==0.34.0` (docs/engines.md).", "",
               "| invariant | statement | FA3 (and engine) lines | checked | negative control |", "|---|---|---|---|---|"]
     for i in cat["lifecycle_invariants"]:
         lines.append(f"| `{i['name']}` | {i['statement']} | {i['models']} | {i['checked']} | "

@@ -70,6 +70,7 @@ def measure_overhead(calls: int = 2000, emulated_calls: int = 20) -> dict:
         name = "deep" if deep else "quick"
         out[f"wrapped_empty_{name}_us"] = _median_us(lambda: call_wrapper(**kw), calls if not deep else calls // 4)
         assert not checker.violations(), checker.violations()[:1]
+        out.update(_lifecycle_costs(checker, call_wrapper, kw, name, calls if not deep else calls // 4))
         if not deep:
             def first_call():
                 checker._calls.clear()     # a new layer shape / a new precompute: record and check afresh
@@ -92,7 +93,34 @@ def measure_overhead(calls: int = 2000, emulated_calls: int = 20) -> dict:
     out["overhead_deep_us"] = out["wrapped_empty_deep_us"] - out["empty_us"]
     out["overhead_precompute_us"] = out["wrapped_empty_precompute_us"] - out["empty_us"]
     out["overhead_vs_emulated_call"] = out["overhead_quick_us"] / out["emulated_call_us"]
+    for name in ("quick", "deep"):
+        out[f"overhead_{name}_lifecycle_us"] = out[f"wrapped_empty_{name}_lifecycle_us"] - out["empty_us"]
     return out
+
+
+def _lifecycle_costs(checker, call_wrapper, kw: dict, name: str, calls: int) -> dict:
+    """The same wrapped call with the lifecycle checks on: the sanitizer's watch (gpu_impl.lifecycle_checks; the
+    semaphore read with deep, as ``watch_lifecycle`` installs it) and, per launch, the engine drivers' judge of all six
+    lifecycle invariants (gpu_impl.engines.lifecycle_judge: before and after the launch, on the call's record)."""
+    from gpu_impl.engines.lifecycle_judge import LifecycleJudge
+    from gpu_impl.lifecycle_checks import LifecycleWatch
+
+    watch = LifecycleWatch(checker, semaphore=name == "deep", graph_cls=None).install()
+    try:
+        wrapped = _median_us(lambda: call_wrapper(**kw), calls)
+    finally:
+        watch.uninstall()
+    assert not checker.violations(), checker.violations()[:1]
+    pre, call, _ = checker.events[-1]
+    md = kw["scheduler_metadata"]
+    judge = LifecycleJudge()
+    judge.note_precompute(pre, (0, 0))
+
+    def judged():
+        assert not judge.before(pre, call, md, (0, 0), "eager")
+        judge.after(call, md, "eager")
+
+    return {f"wrapped_empty_{name}_lifecycle_us": wrapped, f"engine_lifecycle_judge_{name}_us": _median_us(judged, calls)}
 
 
 def _cause_costs(kernel, empty, q, k, v, pt, cs, cu, lens, calls: int) -> dict:

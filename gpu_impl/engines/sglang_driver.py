@@ -93,10 +93,12 @@ class EngineFA3:
     contents updated in place by the replay-time metadata init) with its frozen shapes and scalars.
     """
 
-    def __init__(self, num_sm: int, numerics: bool, build: str = "upstream-0251105a"):
+    def __init__(self, num_sm: int, numerics: bool, build: str = "upstream-0251105a",
+                 lifecycle_defect: Optional[str] = None):
         from refmodel.fa3_builds import UPSTREAM
 
         from ..fa3_calls import CheckingFA3
+        from .lifecycle_judge import LifecycleJudge
 
         #: the FA3 build that judges this run: the release's (refmodel/fa3_builds.json), or upstream's for
         #: numerics (the emulator models upstream's kernel)
@@ -113,7 +115,11 @@ class EngineFA3:
         self.last_pre = None
         #: (step, dp_rank) the driver is at (set by Engine._run_steps), and id(precompute) -> (its record, where)
         self.where = (0, 0)
-        self.made_at: dict = {}
+        #: the metadata-lifecycle checks of every launch (and the seeded defect of the driven sequence, if any)
+        self.judge = LifecycleJudge(lifecycle_defect)
+        self.made_at: dict = self.judge.made_at
+        #: a graph replay's real rows (set by RankBackend; the rest of the graph batch are padding rows)
+        self.real_rows: Optional[int] = None
         self.capturing = False
         self.captured: list = []
         #: "eager" | "capture" | "replay": the path of the calls being made now (set by RankBackend)
@@ -136,9 +142,12 @@ class EngineFA3:
             self.checker.registry.remember(md, self.last_pre)
 
     def get_scheduler_metadata(self, *args, **kwargs):
+        if (self.judge.defect == "precompute-over-real-rows" and self.path == "replay" and not args
+                and self.real_rows is not None and self.real_rows < int(kwargs.get("batch_size", 0))):
+            kwargs = _over_real_rows(kwargs, self.real_rows)
         md = self.checker.get_scheduler_metadata(*args, **kwargs)
         self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
-        self.made_at[id(self.last_pre)] = (self.last_pre, self.where)
+        self.judge.note_precompute(self.last_pre, self.where)
         if self.last_pre is not None:
             self.pre_sources[id(self.last_pre)] = (self.last_pre, caller_location("get_scheduler_metadata"))
         return md
@@ -146,14 +155,30 @@ class EngineFA3:
     def flash_attn_with_kvcache(self, *args, **kwargs):
         from ..fa3_calls import bind_call
 
-        self._attribute(bind_call(*args, **kwargs)["scheduler_metadata"])
+        if self.capturing and self.judge.defect == "capture-width-of-capture-batch" and "page_table" in kwargs:
+            kwargs = _capture_batch_width(kwargs)
+        md = bind_call(*args, **kwargs)["scheduler_metadata"]
+        self._attribute(md)
         where = caller_location("flash_attn_with_kvcache")
         if self.capturing:
             self.captured.append((args, kwargs))
             self.captured_sources.append(where)
         self.tags.append(self.path)
         self.call_sources.append(where)
-        return self.checker.flash_attn_with_kvcache(*args, **kwargs)
+        events = len(self.checker.events)
+        out = self.checker.flash_attn_with_kvcache(*args, **kwargs)
+        if len(self.checker.events) > events:
+            self._judge_launch(-1, md, "capture" if self.capturing else self.path)
+        return out
+
+    def _judge_launch(self, index: int, md, path: str) -> None:
+        """The lifecycle checks of the launch whose checker event is ``events[index]``, added to its violations;
+        then what the launch leaves in the metadata's semaphore slot."""
+        pre, call, violations = self.checker.events[index]
+        found = self.judge.before(pre, call, md, self.where, path, violations)
+        if found:
+            self.checker.events[index] = (pre, call, list(violations) + found)
+        self.judge.after(call, md, path)
 
     def flash_attn_varlen_func(self, *args, **kwargs):
         return self.checker.flash_attn_varlen_func(*args, **kwargs)
@@ -161,7 +186,6 @@ class EngineFA3:
     def replay(self, args, kwargs) -> None:
         """The captured call replayed: its tensors as they are now, its shapes and scalars as captured."""
         from ..fa3_calls import bind_call, record_call
-        from ..lifecycle_checks import replay_freshness
 
         md = bind_call(*args, **kwargs)["scheduler_metadata"]
         self._attribute(md)
@@ -170,8 +194,9 @@ class EngineFA3:
             pre, violations = None, []
         else:
             pre, violations = self.checker.check(call, md)
-            violations = list(violations) + replay_freshness(pre, self.made_at, self.where)
         self.checker.events.append((pre, call, violations))
+        if md is not None:
+            self._judge_launch(-1, md, "replay")
         self.tags.append("replay")
         at = next((i for i, (a, _) in enumerate(self.captured) if a is args), None)
         self.call_sources.append(self.captured_sources[at] if at is not None and at < len(self.captured_sources)
@@ -277,6 +302,7 @@ class Engine:
         self.patched = sglang_glue.patch_for_cpu(fb)
         self.import_s = time.monotonic() - t
         self.front = None
+        self.layers, self.lifecycle_defect = 1, None
 
     def fa3_build(self) -> str:
         """The FA3 build this worker judges under: ``FA3VERIFY_FA3_BUILD`` (set by ``gpu_impl.engines.sglang`` from
@@ -297,9 +323,20 @@ class Engine:
         return bool(self.front is not None and self.front.capturing)
 
     # -- one scenario -------------------------------------------------------------------------------------
-    def run(self, scenario: dict, numerics: bool = False) -> dict:
+    def run(self, scenario: dict, numerics: bool = False, layers: int = 1, lifecycle_defect: Optional[str] = None) -> dict:
+        """One scenario on the release's backend. ``layers``: attention layers per step (1..8), each a
+        ``RadixAttention`` over the same precompute (the metadata's reuse across layers); ``lifecycle_defect``: a
+        seeded defect of the driven sequence (``lifecycle_judge.ENGINE_DEFECTS``), the negative control of a
+        lifecycle check."""
+        from .lifecycle_judge import check_engine_defect
         from .protocol import scenario_from_wire
 
+        if not isinstance(layers, int) or isinstance(layers, bool) or not 1 <= layers <= 8:
+            raise ValueError(f"layers: an integer in 1..8, got {layers!r}")
+        check_engine_defect(lifecycle_defect)
+        if lifecycle_defect is not None and self.fa3 == "emulator":
+            raise ValueError("lifecycle_defect: seeded through the checking FA3 only, not in emulator mode")
+        self.layers, self.lifecycle_defect = layers, lifecycle_defect
         server, model, steps, seed = scenario_from_wire(scenario)
         if model.is_mla:
             raise Unsupported("MLA models: sglang computes no FA3 scheduler metadata for them; not driven")
@@ -308,7 +345,7 @@ class Engine:
         if self.fa3 == "emulator":
             self.front = SanitizedFront(server.num_sm, numerics)
         else:
-            self.front = EngineFA3(server.num_sm, numerics, build=self.fa3_build())
+            self.front = EngineFA3(server.num_sm, numerics, build=self.fa3_build(), lifecycle_defect=lifecycle_defect)
         import importlib
 
         importlib.import_module("sgl_kernel.flash_attn").install(self.front)
@@ -438,6 +475,25 @@ class Engine:
         from .validation import validate_server_args
 
         return validate_server_args(self, server, model)
+
+
+def _over_real_rows(kwargs: dict, rows: int) -> dict:
+    """Seeded defect ``precompute-over-real-rows``: the recompute's keyword arguments cut to the real rows."""
+    out = dict(kwargs, batch_size=rows)
+    if out.get("cache_seqlens") is not None:
+        out["cache_seqlens"] = out["cache_seqlens"][:rows]
+    if out.get("cu_seqlens_q") is not None:
+        out["cu_seqlens_q"] = out["cu_seqlens_q"][:rows + 1]
+    return out
+
+
+def _capture_batch_width(kwargs: dict) -> dict:
+    """Seeded defect ``capture-width-of-capture-batch``: the captured call's page table cut to the pages the
+    capture batch's own longest sequence needs."""
+    table, lens = kwargs["page_table"], kwargs.get("cache_seqlens")
+    page = int(kwargs["k_cache"].shape[1]) if kwargs.get("k_cache") is not None else 1
+    longest = int(lens.max()) if lens is not None and lens.numel() else 1
+    return dict(kwargs, page_table=table[:, :max(1, -(-longest // page))])
 
 
 def _split_counts(pre):

@@ -99,6 +99,16 @@ class RankBackend:
         self.backend = d.ATTENTION_BACKENDS["fa3"](self.runner)
         self.layer = d.RadixAttention(num_heads=self.h, head_dim=self.model.head_dim,
                                       scaling=self.model.head_dim ** -0.5, num_kv_heads=self.hk, layer_id=0)
+        #: the layers each step runs (``Engine.layers``), all over pool layer 0 and the step's one precompute; the
+        #: seeded ``shared-precompute-heterogeneous-heads`` gives the last one half the query heads (the pool's KV
+        #: heads stay: a pool view of other KV heads is refused by sglang's paged_kv_view)
+        self.layers = [self.layer]
+        for i in range(1, getattr(self.engine, "layers", 1)):
+            h = self.h
+            if i == self.engine.layers - 1 and self.engine.lifecycle_defect == "shared-precompute-heterogeneous-heads":
+                h = max(self.hk, self.h // 2)
+            self.layers.append(d.RadixAttention(num_heads=h, head_dim=self.model.head_dim,
+                                                scaling=self.model.head_dim ** -0.5, num_kv_heads=self.hk, layer_id=0))
 
     @contextlib.contextmanager
     def _small_pool(self):
@@ -175,11 +185,17 @@ class RankBackend:
             yield
 
     def _forward(self, fb):
+        """Every layer's ``forward_decode`` over the step's metadata; the first layer's output (the first layer
+        writes the step's K/V into the pool; the others read the pool only)."""
         import torch
 
         q, k, v = self._qkv(int(fb.batch_size))
         with torch.no_grad(), self._forward_context():
-            return self.backend.forward_decode(q, k, v, self.layer, fb)
+            first = self.backend.forward_decode(q, k, v, self.layer, fb)
+            for layer in self.layers[1:]:
+                lq = q if layer.tp_q_head_num == self.h else q[:, :layer.tp_q_head_num * self.model.head_dim]
+                self.backend.forward_decode(lq.contiguous(), None, None, layer, fb, save_kv_cache=False)
+            return first
 
     # -- the decode paths ------------------------------------------------------------------------------
     def eager_decode(self, rows) -> None:
@@ -209,12 +225,17 @@ class RankBackend:
                 front.capturing = False
             if not front.captured:
                 raise RuntimeError("CUDA-graph capture made no FA3 call")
-            self.captured[graph_bs] = front.captured[-1]
+            self.captured[graph_bs] = list(front.captured[-len(self.layers):])
         replay = self.batch(list(rows) + [1] * (graph_bs - len(rows)))
         front.path = "replay"
-        with self._forward_context():
-            self.graph_kit._init_cuda_graph_replay_metadata(self.backend, graph_bs, replay)
-        front.replay(*self.captured[graph_bs])
+        front.real_rows = len(rows)
+        try:
+            with self._forward_context():
+                self.graph_kit._init_cuda_graph_replay_metadata(self.backend, graph_bs, replay)
+        finally:
+            front.real_rows = None
+        for call in self.captured[graph_bs]:
+            front.replay(*call)
 
     def _capture_metadata(self, graph_bs: int, cap) -> None:
         """The capture-time metadata init: the stand-in kit's call (0.5.11 / 0.5.12,

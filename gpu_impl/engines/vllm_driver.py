@@ -63,7 +63,7 @@ def scenario_defaults() -> dict:
             "capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "max_num_seqs": 256, "batch_invariant": False,
             "kv_cache_dtype": "auto", "block_size": 16, "max_model_len": 40960, "num_sm": 132,
             "max_num_splits_for_cuda_graph": 32, "max_num_batched_tokens": 8192, "steps": [], "defect": None,
-            "seed": 0}
+            "lifecycle_defect": None, "seed": 0}
 
 
 def check_scenario(s: dict) -> dict:
@@ -121,6 +121,12 @@ def check_scenario(s: dict) -> dict:
         st["query_lens"] = q
     if not isinstance(out["seed"], int) or isinstance(out["seed"], bool) or not 0 <= out["seed"] < 2 ** 63:
         raise ValueError(f"seed: must be an integer in [0, 2^63), got {out['seed']!r}")
+    from .lifecycle_judge import check_engine_defect
+
+    check_engine_defect(out["lifecycle_defect"])
+    if out["lifecycle_defect"] == "shared-precompute-heterogeneous-heads" and out["num_layers"] < 2:
+        raise ValueError("num_layers: at least 2 with lifecycle_defect shared-precompute-heterogeneous-heads (its last "
+                         f"layer differs from the others), got {out['num_layers']}")
     d = out["defect"]
     if d is not None and (not isinstance(d, dict) or not d or not set(d) <= DEFECT_FIELDS
                           or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1024
@@ -218,7 +224,10 @@ class Config:
         v_size = {"head_size_v": self.dv} if self.dv != s["head_dim"] else {}
         with set_current_vllm_config(vc):
             for i, w in enumerate(windows):
-                impl = impl_class(num_heads=self.h, head_size=s["head_dim"],
+                # the seeded shared-precompute-heterogeneous-heads: the last layer has half the query heads
+                h = (max(self.hk, self.h // 2) if s["lifecycle_defect"] == "shared-precompute-heterogeneous-heads"
+                     and i == len(windows) - 1 else self.h)
+                impl = impl_class(num_heads=h, head_size=s["head_dim"],
                                              scale=s["head_dim"] ** -0.5, num_kv_heads=self.hk, alibi_slopes=None,
                                              sliding_window=w, kv_cache_dtype=s["kv_cache_dtype"],
                                              logits_soft_cap=s["logits_soft_cap"] or None)
@@ -239,7 +248,10 @@ class Config:
             else:
                 spec = FullAttentionSpec(block_size=s["block_size"], num_kv_heads=self.hk, head_size=s["head_dim"],
                                          dtype=kv_dtype, **v_size)
-            self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
+            try:
+                self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
+            except AssertionError as exc:   # the release's own check of its layers (0.34.0: one num_heads per group)
+                raise Unsupported(f"vLLM's metadata builder refuses these layers: {exc}") from exc
         self.kv_cache = torch.zeros(1, self.hk, s["block_size"], s["head_dim"] + self.dv, dtype=kv_dtype)
         self.spec = spec
         self.max_blocks = self.table_width(spec)
@@ -307,14 +319,15 @@ class Config:
             for layer in self.layers.values():
                 qd = torch.float8_e4m3fn if (s["kv_cache_dtype"] == "fp8"
                                              and layer.impl.supports_quant_query_input) else self.dtype
+                h = layer.impl.num_heads
                 if self.numerics:
                     gen = torch.Generator().manual_seed(s["seed"] + 104729 * self.steps_built)
-                    query = torch.randn(num_tokens, self.h, s["head_dim"], generator=gen).to(qd)
+                    query = torch.randn(num_tokens, h, s["head_dim"], generator=gen).to(qd)
                 else:
-                    query = torch.zeros(num_tokens, self.h, s["head_dim"], dtype=qd)
+                    query = torch.zeros(num_tokens, h, s["head_dim"], dtype=qd)
                 key = torch.zeros(num_tokens, self.hk, s["head_dim"], dtype=self.dtype)
                 value = torch.zeros(num_tokens, self.hk, self.dv, dtype=self.dtype)
-                out = torch.zeros(num_tokens, self.h, self.dv, dtype=self.dtype)
+                out = torch.zeros(num_tokens, h, self.dv, dtype=self.dtype)
                 layer.impl.forward(layer, query, key, value, self.kv_cache, md, out)
 
 
@@ -408,7 +421,8 @@ class Engine:
             check_numerics_scenario(s)
         if self.fa_version != 3:
             raise Unsupported(f"vLLM chose FlashAttention {self.fa_version}, not 3: nothing precomputes metadata")
-        front = seed_defect(FrontFA3(s["num_sm"], numerics=bool(numerics)), s["defect"])
+        front = seed_defect(FrontFA3(s["num_sm"], numerics=bool(numerics), lifecycle_defect=s["lifecycle_defect"]),
+                            s["defect"])
         self.glue.front.target = front
         t = time.monotonic()
         cfg = self.config_class(self, s, numerics=bool(numerics))
@@ -417,6 +431,7 @@ class Engine:
         out["unchecked_calls"] = 0
         for index, st in enumerate(s["steps"]):
             t = time.monotonic()
+            front.where, front.real_rows = (index, 0), len(st["seq_lens"])
             md, path, desc = cfg.step(st["query_lens"], st["seq_lens"], front)
             captured, front.capture_events = front.capture_events, []
             drained = front.drain()

@@ -240,8 +240,12 @@ class ConfigV2(Config):
         md = next(iter(metadata.values()))
         self.steps_built += 1
         if full:
-            for call in self.captured[desc]:
-                front.c_fwd(**call)
+            front.path = "replay"
+            try:
+                for call in self.captured[desc]:
+                    front.c_fwd(**call)
+            finally:
+                front.path = "eager"
             path = "full"
         else:
             tokens = desc.num_tokens if desc.cg_mode == CUDAGraphMode.PIECEWISE else ib.num_tokens

@@ -44,8 +44,9 @@ class FrontFA3:
     precompute's output is attributed to that precompute (the bytes FA3 reads are exactly those).
     """
 
-    def __init__(self, num_sm: int, numerics: bool = False):
+    def __init__(self, num_sm: int, numerics: bool = False, lifecycle_defect=None):
         from ..fa3_calls import CheckingFA3
+        from .lifecycle_judge import LifecycleJudge
         from .vllm_numerics import EmulatorVarlenFA3
 
         from refmodel.fa3_builds import UPSTREAM
@@ -70,11 +71,20 @@ class FrontFA3:
         #: precompute record (by id, the record kept alive beside it)
         self.call_sources: list = []
         self.pre_sources: dict = {}
+        #: the metadata-lifecycle checks of every launch (gpu_impl.engines.lifecycle_judge), the (step, 0) the driver
+        #: is at, the path of the calls made now ("eager", "capture", "replay") and the step's real rows
+        self.judge = LifecycleJudge(lifecycle_defect)
+        self.where = (0, 0)
+        self.path = "eager"
+        self.real_rows = None
 
     def c_get_scheduler_metadata(self, **a):
         for name in ("cu_seqlens_k", "seqused_q"):
             if a[name] is not None:
                 raise Unsupported(f"get_scheduler_metadata({name}=...): not modelled by refmodel")
+        if (self.judge.defect == "precompute-over-real-rows" and self.real_rows is not None
+                and self.real_rows < int(a["batch_size"])):
+            a = _over_real_rows(a, self.real_rows)
         md = self.checker.get_scheduler_metadata(
             batch_size=a["batch_size"], max_seqlen_q=a["max_seqlen_q"], max_seqlen_k=a["max_seqlen_k"],
             num_heads_q=a["num_heads"], num_heads_kv=a["num_heads_k"], headdim=a["headdim"],
@@ -84,6 +94,7 @@ class FrontFA3:
             window_size=(a["window_size_left"], a["window_size_right"]), has_softcap=a["has_softcap"],
             num_splits=a["num_splits"], pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"])
         self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
+        self.judge.note_precompute(self.last_pre, self.where)
         if self.last_pre is not None:
             from .call_sites import caller_location
 
@@ -106,6 +117,9 @@ class FrontFA3:
     def c_fwd(self, **a):
         import torch
 
+        if (self.recording is not None and self.judge.defect == "capture-width-of-capture-batch"
+                and a["page_table"] is not None):
+            a = _capture_batch_width(a)
         if self.recording is not None:
             self.recording.append(dict(a))
         md = a["scheduler_metadata"]
@@ -130,6 +144,13 @@ class FrontFA3:
             softcap=a["softcap"], scheduler_metadata=md, num_splits=a["num_splits"],
             **({"softmax_scale": a["softmax_scale"]} if self.numerics else {}))
         self.call_sources += [where] * (len(self.checker.events) - events)
+        if len(self.checker.events) > events:
+            pre, call, violations = self.checker.events[-1]
+            path = "capture" if self.recording is not None else self.path
+            found = self.judge.before(pre, call, md, self.where, path, violations)
+            if found:
+                self.checker.events[-1] = (pre, call, list(violations) + found)
+            self.judge.after(call, md, path)
         if not self.numerics:
             return self._outputs(q, a["v"])
         return self._judged(a)
@@ -177,6 +198,27 @@ class FrontFA3:
     def drain_outputs(self) -> list:
         found, self.output_findings = self.output_findings, []
         return found
+
+
+def _over_real_rows(a: dict, rows: int) -> dict:
+    """Seeded lifecycle defect ``precompute-over-real-rows``: the precompute's arguments cut to the real rows."""
+    out = dict(a, batch_size=rows)
+    if out.get("seqused_k") is not None:
+        out["seqused_k"] = out["seqused_k"][:rows]
+    if out.get("cu_seqlens_q") is not None:
+        out["cu_seqlens_q"] = out["cu_seqlens_q"][:rows + 1]
+    return out
+
+
+def _capture_batch_width(a: dict) -> dict:
+    """Seeded lifecycle defect ``capture-width-of-capture-batch``: the captured call's block table cut to the
+    blocks the capture batch's own longest sequence needs, and its ``max_seqlen_k`` (the fork's KV extent) that
+    length instead of ``max_model_len`` (what the V2 runner's ``prepare_attn`` passes at capture: "capture with
+    worst-case max_seq_len so the graph is valid at any replay")."""
+    table, lens, k = a["page_table"], a.get("seqused_k"), a.get("k")
+    block = int(k.shape[1]) if k is not None and k.dim() == 4 else 1
+    longest = max(1, int(lens.max()) if lens is not None and lens.numel() else 1)
+    return dict(a, page_table=table[:, :max(1, -(-longest // block))], max_seqlen_k=longest)
 
 
 def seed_defect(front: "FrontFA3", defect) -> "FrontFA3":
