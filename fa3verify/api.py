@@ -71,7 +71,7 @@ class RunResult:
     def to_dict(self) -> dict:
         """The run summary's JSON (schema fa3verify.run/1), with each finding's case file inlined."""
         data = self.summary.to_dict()
-        data["findings"] = [f.to_dict() for f in self.findings]
+        data["findings"] = [f.api_dict() for f in self.findings]
         return data
 
     def report(self) -> str:

@@ -227,6 +227,8 @@ class ConformanceTarget:
         from gpu_impl.model_pairs import model_pairs
         from gpu_impl.sut import ModelSUT
 
+        from spec.finding import Outcome
+
         from .campaign import Observation
         from .fuzzing import scenario_for
         from .judge import judge
@@ -262,8 +264,9 @@ class ConformanceTarget:
         report.compared += 1
         report.events_compared += compared
         report.sliding_window_calls += sliding
-        found = [(f"CONFORMANCE#{index}", "CONFORMANCE", " | ".join(diffs[:5]))] if diffs else []
-        return Observation("violation" if diffs else "pass", ["CONFORMANCE"] if diffs else [], diffs, found,
+        found = [Finding("CONFORMANCE", message=" | ".join(diffs[:5]), signature_key=f"CONFORMANCE#{index}")] \
+            if diffs else []
+        return Observation(Outcome.of(found), ["CONFORMANCE"] if diffs else [], diffs, found,
                            detail=(index, diffs, engine_result))
 
 

@@ -23,7 +23,7 @@ def replay_corpus_file(path) -> dict:
     data = json.loads(Path(path).read_text())
     if is_kernel_case(data):
         r = replay_kernel_case(path)
-        return {"kind": "kernel", **r}
+        return {"kind": "kernel", **{k: v for k, v in r.items() if k != "verdict"}}
     from ..replaying import replay
 
     _summary, observed = replay(str(path))
@@ -33,7 +33,7 @@ def replay_corpus_file(path) -> dict:
     else:
         matches = observed.still_fails
     return {"kind": "scenario", "outcome": observed.outcome, "invariants": observed.invariants,
-            "messages": [f["message"] for f in observed.findings[:3]], "expected": exp, "matches": matches,
+            "messages": [f.message for f in observed.findings[:3]], "expected": exp, "matches": matches,
             "still_fails": observed.still_fails}
 
 
