@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from spec.finding import Outcome
 from spec.process.interrupts import raise_if_swallowed
 
 __all__ = ["Budget", "Observation", "Failure", "Campaign", "run_campaign", "shrink_failure", "single_threaded_torch",
@@ -226,7 +227,7 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
             camp.unsupported += 1
             return
         camp.cases += 1
-        camp.loud += obs.outcome == "shape_error"
+        camp.loud += obs.outcome == Outcome.SHAPE_ERROR
         camp.reach.update(set(obs.reached))
         found = checks(obs)
         if found:

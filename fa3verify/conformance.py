@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from spec.finding import Outcome
 from spec.model import assumption_facts
 
 from .summary import Check, Finding, RunSummary
@@ -170,11 +171,11 @@ def _save(sut, profile_policy: dict, case, notes: str, cases_dir: str, engine_re
     from .case_files import scenario_case
     from .engine_choice import identity_of
 
-    expected = {"outcome": "pass", "invariant": None, "detail": {}}
-    if engine_result is not None and engine_result.outcome != "pass":
+    expected = {"outcome": Outcome.PASS, "invariant": None, "detail": {}}
+    if engine_result is not None and engine_result.outcome != Outcome.PASS:
         first = (engine_result.findings or engine_result.shape_errors)[0]
         expected = {"outcome": engine_result.outcome,
-                    "invariant": first.invariant if engine_result.outcome == "violation" else None,
+                    "invariant": first.invariant if engine_result.outcome == Outcome.VIOLATION else None,
                     "detail": {"message": first.message}}
     c = scenario_case(case, source="conform", policy=profile_policy, expected=expected, notes=notes,
                       engine=identity_of(sut))
@@ -226,8 +227,6 @@ class ConformanceTarget:
     def observe(self, case):
         from gpu_impl.model_pairs import model_pairs
         from gpu_impl.sut import ModelSUT
-
-        from spec.finding import Outcome
 
         from .campaign import Observation
         from .fuzzing import scenario_for

@@ -25,6 +25,8 @@ from __future__ import annotations
 import sys
 from typing import Callable, Optional
 
+from spec.finding import Outcome
+
 from .campaign import Budget, Campaign, Failure, Observation, now, shrink_failure, single_threaded_torch
 from .campaign import run_campaign as _run_campaign
 from .engine_choice import case_policy, identity_of
@@ -187,7 +189,7 @@ def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str
     partial = shrink_note(failure) if failure.shrink_ended in ("steps", "deadline") else ""
     c = scenario_case(case, source="fuzz", policy=case_policy(policy, sut), engine=engine,
                       kernel={"name": kernel_name, "mode": "strict"},
-                      expected={"outcome": "violation", "invariant": failure.invariant,
+                      expected={"outcome": Outcome.VIOLATION, "invariant": failure.invariant,
                                 "detail": {"message": failure.message}},
                       notes=f"fuzz signature {failure.signature}; numerics={case.numerics}"
                             + (f"; {partial}" if partial else ""), defects=defects)

@@ -86,10 +86,6 @@ class Verdict:
             return self.findings[0].message
         return None
 
-    def finding_dicts(self) -> list:
-        """The findings as JSON-ready dicts (``Finding.to_dict``)."""
-        return [f.to_dict() for f in self.findings]
-
 
 def fault_finding(invariant: str, message: str) -> Finding:
     """The finding of a fault that ended a run: no step, no DP rank; its signature is the invariant."""

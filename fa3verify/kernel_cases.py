@@ -67,7 +67,7 @@ class KernelCallSUT:
         return Observation(outcome, invs, msgs, list(verdict.findings))
 
 
-def kernel_case(source: str, call: dict, defects: Iterable[str], outcome: str = "pass",
+def kernel_case(source: str, call: dict, defects: Iterable[str], outcome: str = Outcome.PASS,
                 invariants: Iterable[str] = (), messages: Iterable[str] = (), notes: str = "",
                 case_id: Optional[str] = None) -> dict:
     """A kernel-level case (schema ``fa3verify.case/1``, field ``call``) as a JSON-ready dict."""

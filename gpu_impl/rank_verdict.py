@@ -17,6 +17,7 @@ from spec.violation import Violation
 
 from .scenario import Scenario
 from .rank_placement import rank_placement, scenario_from_case
+from spec.finding import Outcome
 
 
 #: Schema tag of the verdict file rank 0 writes.
@@ -136,7 +137,7 @@ def assemble(case: Any, records: Sequence[RankRecord], numerics: bool = True) ->
                             findings.append(bad)
                             break
                         outputs.append(out[:call.real_rows])
-    outcome = "violation" if findings else ("shape_error" if shape_errors else "pass")
+    outcome = Outcome.VIOLATION if findings else (Outcome.SHAPE_ERROR if shape_errors else Outcome.PASS)
     failing_dp = sorted({f.dp_rank for f in findings + shape_errors if f.dp_rank is not None})
     failing = sorted({g for d in failing_dp for g in rank_placement(server, d * server.attn_cp_size).cp_group})
     return {

@@ -38,6 +38,8 @@ class Outcome(enum.StrEnum):
     ERROR = "error"                #: the system under test crashed and the caller asked for the crash, not a finding
     NAN = "nan"                    #: a case file's expectation: NaN in the output (a replay matches it by a violation)
     NOT_MODELLED = "not-modelled"  #: a replayed case needs a path the scenario runner does not model (inconclusive)
+    REJECTED = "rejected"          #: one FA3 call pair evaluated on its inputs: a TORCH_CHECK refused it (safe)
+    PROCESS_ABORT = "process_abort"  #: one FA3 call pair evaluated on its inputs: FA3 ends the process (unsafe)
     INCONCLUSIVE = "inconclusive"  #: no answer: a deadline, a budget, an interrupt, nothing ran
 
     def __repr__(self) -> str:

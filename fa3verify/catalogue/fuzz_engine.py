@@ -21,6 +21,7 @@ from ..campaign import Budget, run_campaign, shrink_failure
 from ..kernel_cases import KernelCallSUT
 from .entries import FUZZ_SEED, Entry
 from .results import EngineOutcome
+from spec.finding import Outcome
 
 __all__ = ["Policy", "targeted_fuzz", "scenario_engine", "kernel_engine", "engine_from_data"]
 
@@ -64,7 +65,7 @@ def _scenario_case(case, policy: Policy, obs, entry_id: str, note: str, invarian
     from ..case_files import scenario_case
 
     inv = invariant or (obs.invariants[0] if obs.invariants else None)
-    expected = {"outcome": obs.outcome, "invariant": inv if obs.outcome == "violation" else None,
+    expected = {"outcome": obs.outcome, "invariant": inv if obs.outcome == Outcome.VIOLATION else None,
                 "detail": {"message": obs.messages[0] if obs.messages else "", "invariants": obs.invariants}}
     return scenario_case(case, source=f"catalogue:{entry_id or 'x'}", policy=policy.to_case(), expected=expected,
                          defects=policy.defects,
@@ -74,8 +75,8 @@ def _scenario_case(case, policy: Policy, obs, entry_id: str, note: str, invarian
 def _kernel_case(target: KernelCallSUT, call: dict, obs, entry_id: str, invariant: Optional[str]) -> dict:
     """The kernel-level case of a call the fuzz engine found."""
     kc = target.case(call)
-    if obs.outcome == "shape_error":
-        kc["expected"] = {"outcome": "shape_error", "invariant": None, "detail": {"message": obs.messages[0]}}
+    if obs.outcome == Outcome.SHAPE_ERROR:
+        kc["expected"] = {"outcome": Outcome.SHAPE_ERROR, "invariant": None, "detail": {"message": obs.messages[0]}}
     else:
         kc["expected"] = {"outcome": obs.outcome, "invariant": invariant,
                           "detail": {"invariants": obs.invariants, "message": obs.messages[0] if obs.messages else ""}}
@@ -137,7 +138,7 @@ def targeted_fuzz(family: Callable, policy: Optional[Policy], expect: tuple, n: 
                                  f"silent violation instead of a shape error: {o.invariants} {o.messages[:1]}")
         if "SHAPE" in camp.failures:
             f = camp.failures["SHAPE"]
-            case, o = shrunk(f.case, lambda x: x.outcome == "shape_error")
+            case, o = shrunk(f.case, lambda x: x.outcome == Outcome.SHAPE_ERROR)
             o = o or f.observation
             shown = o.messages[0][:120] if kernel_level else o.messages[:1]
             return EngineOutcome("fuzz", "caught", secs, ["SHAPE"], cases,
