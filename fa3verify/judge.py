@@ -117,7 +117,7 @@ def judge(sut, scenario, kernel=None, numerics: bool = False, device: str = "cpu
         if not crash_is_finding:
             raise
         return Verdict(Outcome.VIOLATION, [fault_finding("NO_CRASH", f"{type(exc).__name__}: {exc}")])
-    return Verdict(Outcome.of(result.findings, result.shape_errors), list(result.findings), result)
+    return Verdict(Outcome(result.outcome), list(result.findings), result)
 
 
 def judge_call(call: Callable[[], Any], check: Callable[[Any], list]) -> Verdict:
