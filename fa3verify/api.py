@@ -8,8 +8,8 @@
 Every function validates its arguments first and raises :class:`fa3verify.errors.UsageError` (a
 ``ValueError``) naming the argument and what is allowed; the CLI turns the same errors into exit code 2.
 Results carry the :class:`~fa3verify.summary.RunSummary` the CLI prints and writes with ``--json``; their findings
-are the summary's :class:`~fa3verify.summary.Finding` (``api.Finding`` is that class, kept as a name for API users)
-with ``case``, the case file's JSON, filled in.
+are the project's one finding type, :class:`spec.finding.Finding` (``api.Finding`` is that class, kept as a name
+for API users) with ``case``, the case file's JSON, filled in.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class RunResult:
     def to_dict(self) -> dict:
         """The run summary's JSON (schema fa3verify.run/1), with each finding's case file inlined."""
         data = self.summary.to_dict()
-        data["findings"] = [f.to_dict() for f in self.findings]
+        data["findings"] = [f.api_dict() for f in self.findings]
         return data
 
     def report(self) -> str:

@@ -11,13 +11,14 @@ gpu-check's fuzz stage all call it:
   (:mod:`fa3verify.sharding`) builds and runs only the draws it owns; the others still take their seed from the
   generator and count against the case budget, so N shards run exactly the unsplit campaign's cases;
 * **evaluation** -- ``target.observe(case)`` runs the case on a system under test and returns an
-  :class:`Observation` (outcome, invariants, messages, the findings' signatures), or None when the system cannot
+  :class:`Observation` (outcome, invariants, messages, the findings), or None when the system cannot
   run that case (a feature its driver does not run: counted as ``unsupported``, never a pass). A target with
   ``parallel = n > 1`` gets ``observe_many(cases)`` with n cases at a time (gpu-check's crash-isolating worker
   pool); the cases are still recorded in draw order. Targets:
   :class:`fa3verify.fuzzing.ScenarioTarget` (the model and every real engine, ``gpu_impl.sut``),
   :class:`fa3verify.kernel_cases.KernelCallSUT` (kernel-level FA3 calls);
-* **checking** -- ``checks(observation)`` names the failures a case shows, as (signature, invariant, message);
+* **checking** -- ``checks(observation)`` names the failures a case shows, as findings (``spec.finding.Finding``:
+  their ``signature`` groups them);
   the first case of each signature is kept (:class:`Failure`), later ones are counted;
 * **stopping** -- the budget (seconds and/or draws, always bounded), ``stop(campaign)`` after each case, or an
   interrupt (SIGINT: what was found is kept and ``interrupted`` is set). A time budget is honoured with what
@@ -48,6 +49,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from spec.finding import Outcome
 from spec.process.interrupts import raise_if_swallowed
 
 __all__ = ["Budget", "Observation", "Failure", "Campaign", "run_campaign", "shrink_failure", "single_threaded_torch",
@@ -88,8 +90,9 @@ class Budget:
 class Observation:
     """What one case did on a system under test.
 
-    ``outcome``: "pass", "violation", "shape_error" (FA3's loud shape check) or "clear_error" (a rejection
-    naming the argument); ``findings``: (signature, invariant, message) of every violation.
+    ``outcome``: an :class:`spec.finding.Outcome` (PASS, VIOLATION, SHAPE_ERROR: FA3's loud shape check,
+    CLEAR_ERROR: a rejection naming the argument; gpu-check's workers add their own words); ``findings``: the
+    :class:`spec.finding.Finding` of every violation, as the judge made them (:meth:`of`).
     """
 
     outcome: str
@@ -100,6 +103,14 @@ class Observation:
     #: the metadata paths this case reached on the system under test (``gpu_impl.domain.reached_paths``)
     reached: tuple = ()
 
+    @classmethod
+    def of(cls, verdict, reached: tuple = ()) -> "Observation":
+        """A scenario's observation from the judge's verdict (``fa3verify.judge.Verdict``): its outcome, the distinct
+        invariants, the first three findings' messages (or the first shape error's), the findings themselves."""
+        found = verdict.findings
+        msgs = [f.message for f in found[:3]] or [f.message for f in verdict.shape_errors[:1]]
+        return cls(verdict.outcome, verdict.invariants, msgs, list(found), reached=reached)
+
 
 def all_findings(obs: Observation) -> list:
     """The default check: every violation the system under test reported is a failure."""
@@ -108,12 +119,11 @@ def all_findings(obs: Observation) -> list:
 
 @dataclass
 class Failure:
-    """The first case that showed a failure signature, what it showed, and how often the signature recurred."""
+    """The first case that showed a failure signature, its finding (``spec.finding.Finding``, as the judge made it),
+    and how often the signature recurred."""
 
-    signature: str
-    invariant: str
+    finding: Any
     case: Any
-    message: str
     found_at_s: float
     count: int = 1
     case_file: Optional[str] = None
@@ -122,6 +132,18 @@ class Failure:
     #: how its shrinking ended (``fa3verify.shrinking.Shrunk.ended``: "done", "steps", "deadline"), None if not shrunk
     shrink_ended: Optional[str] = None
     shrink_steps: int = 0
+
+    @property
+    def signature(self) -> str:
+        return self.finding.signature
+
+    @property
+    def invariant(self) -> str:
+        return self.finding.invariant
+
+    @property
+    def message(self) -> str:
+        return self.finding.message
 
 
 @dataclass
@@ -205,17 +227,17 @@ def run_campaign(target, strategy: Callable[[random.Random], Any], checks: Calla
             camp.unsupported += 1
             return
         camp.cases += 1
-        camp.loud += obs.outcome == "shape_error"
+        camp.loud += obs.outcome == Outcome.SHAPE_ERROR
         camp.reach.update(set(obs.reached))
         found = checks(obs)
         if found:
             camp.failing_cases += 1
-        for signature, invariant, message in found:
+        for finding in found:
+            signature = finding.signature
             if signature in camp.failures:
                 camp.failures[signature].count += 1
             else:
-                camp.failures[signature] = Failure(signature, invariant, case, message, camp.elapsed,
-                                                   observation=obs)
+                camp.failures[signature] = Failure(finding, case, camp.elapsed, observation=obs)
                 if on_failure is not None:
                     on_failure(camp, camp.failures[signature])
         if stop is not None and stop(camp):

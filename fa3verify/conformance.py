@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from spec.finding import Outcome
 from spec.model import assumption_facts
 
 from .summary import Check, Finding, RunSummary
@@ -180,11 +181,11 @@ def _save(sut, profile_policy: dict, case, notes: str, cases_dir: str, engine_re
     from .case_files import scenario_case
     from .engine_choice import identity_of
 
-    expected = {"outcome": "pass", "invariant": None, "detail": {}}
-    if engine_result is not None and engine_result.outcome != "pass":
+    expected = {"outcome": Outcome.PASS, "invariant": None, "detail": {}}
+    if engine_result is not None and engine_result.outcome != Outcome.PASS:
         first = (engine_result.findings or engine_result.shape_errors)[0]
         expected = {"outcome": engine_result.outcome,
-                    "invariant": first.invariant if engine_result.outcome == "violation" else None,
+                    "invariant": first.invariant if engine_result.outcome == Outcome.VIOLATION else None,
                     "detail": {"message": first.message}}
     c = scenario_case(case, source="conform", policy=profile_policy, expected=expected, notes=notes,
                       engine=identity_of(sut))
@@ -272,8 +273,9 @@ class ConformanceTarget:
         report.compared += 1
         report.events_compared += compared
         report.sliding_window_calls += sliding
-        found = [(f"CONFORMANCE#{index}", "CONFORMANCE", " | ".join(diffs[:5]))] if diffs else []
-        return Observation("violation" if diffs else "pass", ["CONFORMANCE"] if diffs else [], diffs, found,
+        found = [Finding("CONFORMANCE", message=" | ".join(diffs[:5]), signature_key=f"CONFORMANCE#{index}")] \
+            if diffs else []
+        return Observation(Outcome.of(found), ["CONFORMANCE"] if diffs else [], diffs, found,
                            detail=(index, diffs, engine_result))
 
 

@@ -22,8 +22,10 @@ import os
 import time
 from typing import NamedTuple, Optional
 
+from spec.finding import Outcome
+
 from .finding_terms import WITNESS_SUBDIR, apply_terms, replay_line, terms_of_verdict
-from .summary import Check, Finding, RunSummary
+from .summary import Check, RunSummary
 
 #: Theorems whose witnesses are whole scenarios (server configuration, model, batches) an engine can run.
 WITNESS_THEOREMS = ("3-hazard", "4-guard-soundness")
@@ -155,18 +157,18 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
                                 verdict="inconclusive", seconds=time.perf_counter() - start, inconclusive=True,
                                 case_file=path, message=f"the engine does not run this witness: {verdict.reason}"))
             continue
-        found = verdict.finding_dicts()
+        found = verdict.findings
         seconds = time.perf_counter() - start
         saved = save_engine_case(case, found[0], sut, cases_dir) if found else None
-        msg = ("; ".join(f"{f['invariant']} at step {f['step']} dp rank {f['dp_rank']}: {f['message']}"
+        msg = ("; ".join(f"{f.invariant} at step {f.step} dp rank {f.dp_rank}: {f.message}"
                          for f in found[:2]) if found else f"no violation on {sut.spec}")
         checks.append(Check(name=name, kind="replay",
                             verdict="fail" if found else "pass", seconds=seconds, failed=bool(found),
                             case_file=saved or path, message=msg))
         if found:
-            finding = Finding(invariant=found[0]["invariant"], case_file=saved, engine=f"witness on {sut.spec}",
-                              message=found[0]["message"], replay=replay_line(saved, engine=sut.spec), check=name)
-            terms = terms_of_verdict(scn, verdict, found[0]["invariant"], sut.spec)
+            finding = found[0].reported(case_file=saved, engine=f"witness on {sut.spec}",
+                                        replay=replay_line(saved, engine=sut.spec), check=name)
+            terms = terms_of_verdict(scn, verdict, found[0].invariant, sut.spec)
             findings.append(apply_terms(finding, terms))
     return checks, findings
 
@@ -198,7 +200,7 @@ def vllm_flow_rows(sut, timeout_s: float, cases_dir: str, kernel=None, replay: b
     return out
 
 
-def save_engine_case(case, finding: dict, sut, cases_dir: str) -> str:
+def save_engine_case(case, finding, sut, cases_dir: str) -> str:
     """The witness as a case found on the engine: same scenario, the engine's identity, the release's profile."""
     from spec.model.cases import Case
 
@@ -208,8 +210,8 @@ def save_engine_case(case, finding: dict, sut, cases_dir: str) -> str:
     policy = profile.policy() if profile is not None else case.policy
     c = Case.from_parts(source=case.source, server=case.server, model=case.model, policy=policy,
                         batches=case.batches, kernel=case.kernel, seed=case.seed, engine=identity_of(sut),
-                        expected={"outcome": "violation", "invariant": finding["invariant"],
-                                  "detail": {"message": finding["message"]}},
+                        expected={"outcome": Outcome.VIOLATION, "invariant": finding.invariant,
+                                  "detail": {"message": finding.message}},
                         notes=f"model witness {case.id} replayed on {sut.spec}")
     return str(c.save(cases_dir))
 

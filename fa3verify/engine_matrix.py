@@ -94,11 +94,14 @@ PROBE_BATCH = (32768,) + (100,) * 7
 
 
 def run_probes(sut) -> dict:
-    """Each family probe on the engine, eager and CUDA graph: ``{"prefill CP, eager": "fail: SPLIT_BOUND", ...}``.
-    A probe the engine cannot run is recorded as an error, never as a pass. The probes are the engine's own
-    (``sut.family_probes()``) or, when it names none, :data:`PROBES`."""
+    """Each family probe on the engine, eager and CUDA graph: ``{"prefill CP, eager": "fail: SPLIT_BOUND", ...}``,
+    judged by :func:`fa3verify.judge.judge` like every scenario run (an FA3 abort is its PROCESS_ABORT finding).
+    A probe the engine cannot run, or crashes on, is recorded as an error, never as a pass. The probes are the
+    engine's own (``sut.family_probes()``) or, when it names none, :data:`PROBES`."""
     from gpu_impl.config import ServerConfig, get_model
     from gpu_impl.scenario import Scenario, Step
+
+    from .judge import judge
 
     own = getattr(sut, "family_probes", lambda: None)()
     out = {}
@@ -107,17 +110,16 @@ def run_probes(sut) -> dict:
             key = f"{name}, {'CUDA graph' if graph else 'eager'}"
             scn = Scenario(server=ServerConfig(**server, cuda_graph=graph), model=get_model(PROBE_MODEL), guard=None,
                            steps=[Step("decode", list(PROBE_BATCH))])
-            try:
-                result = sut.run(scn)
-            except WorkerError:
-                raise  # a worker past its deadline (or dead): the row is inconclusive, not one probe's result
-            except Exception as exc:  # noqa: BLE001 - the engine's crash is the probe's result
+            # the judge re-raises a worker past its deadline (or dead): the row is inconclusive, not one probe's result
+            verdict = judge(sut, scn, crash_is_error=True)
+            if verdict.error is not None:  # the engine's crash (or refusal to run it) is the probe's result
+                exc = verdict.error
                 out[key] = f"error: {type(exc).__name__}: {str(exc)[:120]}"
                 continue
-            bad = sorted({f.invariant for f in result.findings} | {e.invariant for e in result.shape_errors})
+            bad = sorted({f.invariant for f in verdict.findings} | {e.invariant for e in verdict.shape_errors})
             if bad:
                 out[key] = "fail: " + ", ".join(bad)
-            elif not any(e.get("precomputed") for e in result.trace):
+            elif not any(e.get("precomputed") for e in verdict.trace):
                 out[key] = "pass (no precompute)"
             else:
                 out[key] = "pass"

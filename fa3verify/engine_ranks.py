@@ -44,7 +44,7 @@ def run_on_engine(args) -> int:
             print(f"  observed: {observed.outcome}" + (f" ({', '.join(observed.invariants)})"
                                                        if observed.invariants else ""))
             for f in observed.findings[:5]:
-                print(f"  {f['invariant']} at step {f['step']}, dp rank {f['dp_rank']}: {str(f['message'])[:160]}")
+                print(f"  {f.invariant} at step {f.step}, dp rank {f.dp_rank}: {str(f.message)[:160]}")
             if summary.findings:
                 print_backend_terms(summary.findings[0])
             codes.append(exitcodes.VIOLATION if observed.findings else exitcodes.PASS)

@@ -1,11 +1,15 @@
-"""Exit codes shared by every fa3verify subcommand."""
+"""Exit codes shared by every fa3verify subcommand, and the verdict word of each (the words of
+``spec.finding.Outcome`` where one exists: a run summary's verdict is "pass", "fail", "usage-error" or
+"inconclusive")."""
+
+from spec.finding import Outcome
 
 PASS = 0          #: every check had its expected result
 VIOLATION = 1     #: a violation was found (a refuted safety theorem, a failing fuzz case, a replayed failure)
 USAGE = 2         #: bad input or usage; the message names the field and what is allowed
 INCONCLUSIVE = 3  #: a solver timeout or an exhausted budget before any result
 
-NAMES = {PASS: "pass", VIOLATION: "fail", USAGE: "usage-error", INCONCLUSIVE: "inconclusive"}
+NAMES = {PASS: Outcome.PASS, VIOLATION: "fail", USAGE: "usage-error", INCONCLUSIVE: Outcome.INCONCLUSIVE}
 
 
 def combine(codes) -> int:

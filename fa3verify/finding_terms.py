@@ -262,13 +262,11 @@ def config_label_of_case(case) -> str:
 
 
 def apply_terms(finding, terms: Optional[dict], keep_message: bool = False, note: str = ""):
-    """Copy ``terms`` onto a summary Finding (and its message, with ``note`` after it, unless ``keep_message``);
-    returns the finding."""
+    """The finding with ``terms`` filled in (and its message, with ``note`` after it, unless ``keep_message``):
+    a new :class:`spec.finding.Finding` (findings are values), or ``finding`` itself when there are no terms."""
     if not terms:
         return finding
-    for name in TERM_FIELDS:
-        if terms.get(name) is not None:
-            setattr(finding, name, terms[name])
+    report = {name: terms[name] for name in TERM_FIELDS if terms.get(name) is not None}
     if terms.get("message") and not keep_message:
-        finding.message = terms["message"] + (f" ({note})" if note else "")
-    return finding
+        report["message"] = terms["message"] + (f" ({note})" if note else "")
+    return finding.reported(**report)

@@ -25,13 +25,15 @@ from __future__ import annotations
 import sys
 from typing import Callable, Optional
 
+from spec.finding import Outcome
+
 from .campaign import Budget, Campaign, Failure, Observation, now, shrink_failure, single_threaded_torch
 from .campaign import run_campaign as _run_campaign
 from .engine_choice import case_policy, identity_of
 from .finding_terms import apply_terms, replay_line, run_terms
 from .policy import Policy
 from .strategies import FuzzCase, random_fuzz_case
-from .summary import Check, Finding, RunSummary
+from .summary import Check, RunSummary
 
 __all__ = ["ScenarioTarget", "scenario_for", "evaluate", "run_campaign", "shrink", "save_case", "fuzz",
            "single_threaded_torch", "Campaign", "Failure", "FINISH_SHARE"]
@@ -57,7 +59,7 @@ def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = Fal
     """Run one case on the system under test (default: the model) under the policy and seeded defects, judged by
     :func:`fa3verify.judge.judge` (guard faults, FA3 aborts and, with ``crash_is_finding``, crashes are findings).
 
-    The observation's findings are (signature, invariant, message); None when the engine cannot run the scenario.
+    The observation carries the verdict's findings; None when the engine cannot run the scenario.
     """
     from gpu_impl.domain import reached_paths
 
@@ -67,10 +69,7 @@ def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = Fal
                     numerics=numerics_always or case.numerics, crash_is_finding=crash_is_finding)
     if verdict.unsupported:
         return None
-    found = verdict.findings
-    msgs = [f.message for f in found[:3]] or [f.message for f in verdict.shape_errors[:1]]
-    return Observation(verdict.outcome, verdict.invariants, msgs, [(f.signature, f.invariant, f.message) for f in found],
-                       reached=tuple(sorted(reached_paths(verdict.trace))))
+    return Observation.of(verdict, reached=tuple(sorted(reached_paths(verdict.trace))))
 
 
 class ScenarioTarget:
@@ -136,7 +135,7 @@ def shrink(failure: Failure, policy: Policy, kernel, numerics_always: bool, sut=
 
     def same_violation(case: FuzzCase) -> bool:
         obs = target.observe(case)
-        return any(sig == failure.signature for sig, _, _ in (obs.findings if obs else ()))
+        return any(f.signature == failure.signature for f in (obs.findings if obs else ()))
 
     result = shrink_failure(failure.case, same_violation, max_steps, deadline=deadline, clock=clock,
                             step_cost=step_cost)
@@ -190,7 +189,7 @@ def save_case(failure: Failure, case: FuzzCase, policy: Policy, kernel_name: str
     partial = shrink_note(failure) if failure.shrink_ended in ("steps", "deadline") else ""
     c = scenario_case(case, source="fuzz", policy=case_policy(policy, sut), engine=engine,
                       kernel={"name": kernel_name, "mode": "strict"},
-                      expected={"outcome": "violation", "invariant": failure.invariant,
+                      expected={"outcome": Outcome.VIOLATION, "invariant": failure.invariant,
                                 "detail": {"message": failure.message}},
                       notes=f"fuzz signature {failure.signature}; numerics={case.numerics}"
                             + (f"; {partial}" if partial else ""), defects=defects)
@@ -207,7 +206,7 @@ def saved_case_terms(failure: Failure, case: FuzzCase, policy: Policy, kernel, n
                       numerics=numerics_always or case.numerics, invariant=failure.invariant,
                       signature=failure.signature)
     if terms and terms.get("message") and terms.get("invariant", failure.invariant) == failure.invariant:
-        failure.message = terms["message"]
+        failure.finding = failure.finding.reported(message=terms["message"])
     return terms
 
 
@@ -285,13 +284,13 @@ def fuzz(sut=None, kernel_name: str = "emulated", device: str = "cpu", seed: int
         terms = saved_case_terms(failure, case, policy, kernel, numerics_always, sut, defects)
         failure.case_file = save_case(failure, case, policy, kernel_name, out_dir, sut=sut, defects=defects)
         note = shrink_note(failure)
-        finding = Finding(invariant=failure.invariant, case_file=failure.case_file,
-                          engine=f"fuzz on {sut.spec}" if on_engine else "fuzz",
-                          message=f"{failure.message} (seen {failure.count}x, first at "
-                                  f"{failure.found_at_s:.2f}s{', ' + note if note else ''})",
-                          replay=replay_line(failure.case_file, None if on_engine else policy.guard_spec,
-                                             sut.spec if on_engine else None),
-                          check=check_name)
+        finding = failure.finding.reported(
+            case_file=failure.case_file, engine=f"fuzz on {sut.spec}" if on_engine else "fuzz",
+            message=f"{failure.message} (seen {failure.count}x, first at "
+                    f"{failure.found_at_s:.2f}s{', ' + note if note else ''})",
+            replay=replay_line(failure.case_file, None if on_engine else policy.guard_spec,
+                               sut.spec if on_engine else None),
+            check=check_name)
         summary.findings.append(apply_terms(finding, terms, keep_message=True))
     own_s = clock() - entered - engine_start_s  # the stage's own time: setting up, the campaign, the case files
     summary.cases = camp.cases

@@ -20,14 +20,17 @@ import warnings
 from pathlib import Path
 from typing import Iterable, Optional
 
+from spec.finding import Outcome
+
 from .campaign import Observation
 
 __all__ = ["LEGACY_KERNEL_SCHEMA", "KernelCallSUT", "evaluate_kernel_case", "kernel_case", "load_kernel_case",
-           "replay_kernel_case", "seed_caller_defects", "is_kernel_case"]
+           "replay_kernel_case", "seed_caller_defects", "is_kernel_case", "judge_kernel_case", "verdict_terms"]
 
 #: The schema kernel-level cases had before they joined ``fa3verify.case/1`` (still read).
 LEGACY_KERNEL_SCHEMA = "fa3verify.kernel-case/1"
-OUTCOMES = ("violation", "pass", "shape_error", "clear_error")
+#: The outcomes a kernel-level case may expect.
+OUTCOMES = (Outcome.VIOLATION, Outcome.PASS, Outcome.SHAPE_ERROR, Outcome.CLEAR_ERROR)
 
 
 def seed_caller_defects(call: dict, defects: Iterable[str]) -> dict:
@@ -59,12 +62,12 @@ class KernelCallSUT:
         return kernel_case(self.source, call, self.defects)
 
     def observe(self, call: dict) -> Observation:
-        outcome, invs, msgs = evaluate_kernel_case(self.case(call))
-        return Observation(outcome, invs, msgs, [(i, i, m) for i, m in zip(invs, msgs)] if outcome == "violation"
-                           else [])
+        verdict = judge_kernel_case(self.case(call))
+        outcome, invs, msgs = verdict_terms(verdict)
+        return Observation(outcome, invs, msgs, list(verdict.findings))
 
 
-def kernel_case(source: str, call: dict, defects: Iterable[str], outcome: str = "pass",
+def kernel_case(source: str, call: dict, defects: Iterable[str], outcome: str = Outcome.PASS,
                 invariants: Iterable[str] = (), messages: Iterable[str] = (), notes: str = "",
                 case_id: Optional[str] = None) -> dict:
     """A kernel-level case (schema ``fa3verify.case/1``, field ``call``) as a JSON-ready dict."""
@@ -112,11 +115,12 @@ def replay_kernel_case(path, defects: Optional[Iterable[str]] = None) -> dict:
     among those observed); for an expected "pass" it is False and ``matches`` says whether it passed.
     """
     kc = load_kernel_case(path)
-    outcome, invs, msgs = evaluate_kernel_case(kc, defects)
+    verdict = judge_kernel_case(kc, defects)
+    outcome, invs, msgs = verdict_terms(verdict)
     exp = kc["expected"]
     matches = outcome == exp["outcome"] and (exp.get("invariant") is None or exp["invariant"] in invs)
     return {"outcome": outcome, "invariants": invs, "messages": msgs, "expected": exp, "matches": matches,
-            "still_fails": matches and exp["outcome"] != "pass"}
+            "still_fails": matches and exp["outcome"] != Outcome.PASS, "verdict": verdict}
 
 
 def _kernel_tensors(kc: dict):
@@ -156,27 +160,44 @@ def _kernel_tensors(kc: dict):
 
 
 def evaluate_kernel_case(kc: dict, defects: Optional[Iterable[str]] = None) -> tuple:
-    """Run one kernel-level case: (outcome, invariants, messages).
+    """Run one kernel-level case: (outcome, invariants, messages), from :func:`judge_kernel_case`'s verdict.
 
-    Outcomes: "shape_error" (FA3's loud check), "violation" (an out-of-bounds access, a crash -- NO_CRASH -- or a
-    numerics property: NO_NAN, MASKED_ROW_LSE, MATCHES_ORACLE), "clear_error" (a ValueError naming the argument:
-    allowed), "pass". ``defects`` default to the case's own.
+    Outcomes (``spec.finding.Outcome``): SHAPE_ERROR (FA3's loud check), VIOLATION (an out-of-bounds access, a
+    crash -- NO_CRASH -- or a numerics property: NO_NAN, MASKED_ROW_LSE, MATCHES_ORACLE), CLEAR_ERROR (a ValueError
+    naming the argument, or FA3's own rejection ``FA3_REJECTS_<FIELD>``: allowed), PASS. ``defects`` default to
+    the case's own.
     """
+    return verdict_terms(judge_kernel_case(kc, defects))
+
+
+def verdict_terms(verdict) -> tuple:
+    """A kernel-level verdict as (outcome, invariants, messages): the findings' (or the refusal's named) invariants
+    in the order found, and their messages."""
+    shown = verdict.findings or verdict.refusals
+    return verdict.outcome, [f.invariant for f in shown if f.invariant], [f.message for f in shown]
+
+
+def judge_kernel_case(kc: dict, defects: Optional[Iterable[str]] = None):
+    """Run one kernel-level case on the emulated kernel (its seeded defects applied from outside) and judge it
+    (:func:`fa3verify.judge.judge_call`, the output against the oracle by ``gpu_impl.oracle_check.compare_call``):
+    a :class:`fa3verify.judge.Verdict`."""
     from .campaign import single_threaded_torch
 
     with single_threaded_torch():
-        return _evaluate_kernel_case(kc, defects)
+        return _judge_kernel_case(kc, defects)
 
 
-def _evaluate_kernel_case(kc: dict, defects: Optional[Iterable[str]] = None) -> tuple:
+def _judge_kernel_case(kc: dict, defects: Optional[Iterable[str]] = None):
     import numpy as np
     import torch
 
     from gpu_impl.defects import check_defects, defects_in_layer
-    from gpu_impl.errors import FA3Rejected, MetadataShapeError, OutOfBoundsAccess
     from gpu_impl.kernels import load
+    from gpu_impl.oracle_check import compare_call
     from refmodel.attention import attention
-    from refmodel.tolerance import fa3_output_close, reference_outputs
+    from refmodel.tolerance import reference_outputs
+
+    from .judge import judge_call
 
     defects = check_defects(kc.get("defects", []) if defects is None else defects)
     kernel = load("emulated", mode=kc.get("kernel", {}).get("mode", "strict"))
@@ -190,7 +211,8 @@ def _evaluate_kernel_case(kc: dict, defects: Optional[Iterable[str]] = None) -> 
     if not dense:
         kwargs.update(cache_seqlens=cs, cu_seqlens_q=cu, max_seqlen_q=int(call.get("max_seqlen_q", max(
             call["seqlens_q"] + [0]))))
-    try:
+
+    def run():
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             md = None
@@ -203,33 +225,13 @@ def _evaluate_kernel_case(kc: dict, defects: Optional[Iterable[str]] = None) -> 
                     causal=bool(m.get("causal", call["causal"])), num_splits=int(m.get("num_splits", 0)))
             out, lse, *_ = kernel.flash_attn_with_kvcache(q, k, v, scheduler_metadata=md, return_softmax_lse=True,
                                                       **kwargs)
-    except MetadataShapeError as exc:
-        return "shape_error", [], [str(exc)]
-    except FA3Rejected as exc:  # FA3's own TORCH_CHECK: loud and safe, named by the field it refuses
-        return "clear_error", [f"FA3_REJECTS_{exc.field.upper()}"], [f"{type(exc).__name__}: {exc}"]
-    except OutOfBoundsAccess as exc:
-        return "violation", [exc.invariant], [str(exc)]
-    except (ValueError, NotImplementedError) as exc:
-        return "clear_error", [], [f"{type(exc).__name__}: {exc}"]
-    except Exception as exc:  # noqa: BLE001 - an unhandled exception is the NO_CRASH finding
-        return "violation", ["NO_CRASH"], [f"{type(exc).__name__}: {exc}"]
-    ref_kwargs = {} if dense else dict(cache_seqlens=cs, cu_seqlens_q=cu, max_seqlen_q=kwargs["max_seqlen_q"])
-    ref_out, ref_lse = attention(q.double(), k.double(), v.double(), causal=kwargs["causal"], **ref_kwargs)
-    exact, lowp = reference_outputs(q, k, v, causal=kwargs["causal"], **ref_kwargs)
-    found, msgs = [], []
-    out_f, lse_f = out.float(), lse.float()
-    if (torch.isnan(out_f).any() and not torch.isnan(ref_out).any()) or \
-            (torch.isnan(lse_f).any() and not torch.isnan(ref_lse).any()):
-        found.append("NO_NAN")
-        msgs.append(f"NaN in the output ({int(torch.isnan(out_f).sum())}) or LSE ({int(torch.isnan(lse_f).sum())}) "
-                    f"where the oracle has none")
-    masked = torch.isneginf(ref_lse)
-    if masked.any() and not bool(torch.isneginf(lse_f[masked]).all()):
-        bad = lse_f[masked][~torch.isneginf(lse_f[masked])]
-        found.append("MASKED_ROW_LSE")
-        msgs.append(f"{bad.numel()} fully masked row(s) have LSE {bad[:3].tolist()} instead of -inf")
-    ok, err, bound = fa3_output_close(torch.nan_to_num(out), exact, lowp)
-    if not ok:
-        found.append("MATCHES_ORACLE")
-        msgs.append(f"max error {err:.3e} exceeds FA3's bound {bound:.3e}")
-    return ("violation" if found else "pass"), found, msgs
+            return out, lse
+
+    def check(returned) -> list:
+        out, lse = returned
+        ref_kwargs = {} if dense else dict(cache_seqlens=cs, cu_seqlens_q=cu, max_seqlen_q=kwargs["max_seqlen_q"])
+        ref_out, ref_lse = attention(q.double(), k.double(), v.double(), causal=kwargs["causal"], **ref_kwargs)
+        exact, lowp = reference_outputs(q, k, v, causal=kwargs["causal"], **ref_kwargs)
+        return compare_call(out, lse, ref_out, ref_lse, exact, lowp)
+
+    return judge_call(run, check)

@@ -8,7 +8,10 @@ precomputes has no metadata to follow: the campaign counts it as unsupported, ne
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
+
+from spec.finding import Outcome
 
 from .campaign import Budget, Campaign, Observation, run_campaign
 from .fuzzing import scenario_for
@@ -34,8 +37,8 @@ class LifecycleTarget:
         modes = sorted({f"lifecycle-{r.mode}" for _, t in traces for r in t.launches})
         if not modes:
             return None
-        findings = [(f"lifecycle:{v.invariant}:{v.detail.get('mode', '')}", v.invariant, v.message) for v in found]
-        return Observation("violation" if findings else "pass", sorted({v.invariant for v in found}),
+        findings = [replace(v, signature_key=f"lifecycle:{v.invariant}:{v.detail.get('mode', '')}") for v in found]
+        return Observation(Outcome.of(findings), sorted({v.invariant for v in found}),
                            [v.message for v in found[:3]], findings, reached=tuple(modes))
 
 

@@ -31,6 +31,7 @@ from typing import Any, Optional, Sequence
 
 from . import exitcodes
 from .errors import UsageError
+from spec.finding import Outcome
 
 #: Default wall-clock limit of one launch (seconds).
 DEFAULT_TIMEOUT_S = 120.0
@@ -63,7 +64,7 @@ class MultiRankResult:
     @property
     def exit_code(self) -> int:
         """0 pass, 1 violation / shape error / a failed rank, 3 timeout (inconclusive)."""
-        if self.outcome == "pass":
+        if self.outcome == Outcome.PASS:
             return exitcodes.PASS
         if self.outcome == "timeout":
             return exitcodes.INCONCLUSIVE

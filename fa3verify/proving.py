@@ -94,7 +94,7 @@ def prove(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = No
             finding = Finding(invariant=invariant, case_file=r.case_file, engine="prove", message=r.summary(),
                               replay=replay_line(r.case_file, policy.guard_spec), check=r.name)
             if r.case_file:
-                apply_terms(finding, case_file_terms(r.case_file, policy.guard_spec, invariant))
+                finding = apply_terms(finding, case_file_terms(r.case_file, policy.guard_spec, invariant))
             summary.findings.append(finding)
             at = getattr(r, "finished_s", solver_time)
             if summary.first_failure_s is None or at < summary.first_failure_s:

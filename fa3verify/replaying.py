@@ -16,7 +16,9 @@ from typing import Iterable, Optional
 from . import verdicts
 from .errors import UsageError
 from .finding_terms import apply_terms, configuration_terms, hint_for, ran_on, terms_of_finding
-from .summary import Check, Finding, RunSummary
+from spec.finding import Outcome
+
+from .summary import Check, RunSummary
 
 
 @dataclass
@@ -216,11 +218,11 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
             sut.close()
     if verdict.unsupported:
         raise UsageError(f"--engine: {spec} cannot run this case: {verdict.reason}")
-    result, findings, outcome, trace = verdict.result, verdict.finding_dicts(), verdict.outcome, verdict.trace
+    result, findings, outcome, trace = verdict.result, verdict.findings, verdict.outcome, verdict.trace
     elapsed = time.perf_counter() - start
-    observed = ReplayOutcome(expected_outcome=expected.get("outcome", "violation"),
+    observed = ReplayOutcome(expected_outcome=expected.get("outcome", Outcome.VIOLATION),
                              expected_invariant=expected.get("invariant"), outcome=outcome,
-                             invariants=sorted({f["invariant"] for f in findings}), findings=findings, trace=trace)
+                             invariants=verdict.invariants, findings=findings, trace=trace)
     summary = RunSummary(command="replay", cases=1, failures=int(bool(findings)), elapsed_s=elapsed,
                          policy={"guard": scn.guard_spec, "metadata_heads": scn.metadata_heads,
                                  "clear_stale_cp_metadata": scn.clear_stale_cp_metadata,
@@ -229,7 +231,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     summary.failures = int(fails)
     from .engine_choice import fa3_build_of
 
-    msg = "; ".join(f"{f['invariant']} at step {f['step']} rank {f['dp_rank']}: {f['message']}" for f in findings[:3])
+    msg = "; ".join(f"{f.invariant} at step {f.step} rank {f.dp_rank}: {f.message}" for f in findings[:3])
     # numerics run on the emulator, which models upstream's kernel: such a run is judged under upstream's build
     judged = f" [FA3 build {fa3_build_of(None if use_numerics else spec)}]"
     summary.checks.append(Check(name=f"replay {path}" + ("" if spec.runs_scenario_policy else f" on {spec}"), kind="replay",
@@ -244,16 +246,16 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
             terms["config"] = run_layout
         engine_findings = list(getattr(result, "findings", None) or []) if result is not None else []
         for i, f in enumerate(findings):
-            finding = Finding(invariant=f["invariant"], case_file=path, check=summary.checks[-1].name,
-                              engine="replay" if spec.runs_scenario_policy else f"replay on {spec}", message=f["message"],
-                              hint=hint_for(f["invariant"]))
+            finding = f.reported(case_file=path, check=summary.checks[-1].name,
+                                 engine="replay" if spec.runs_scenario_policy else f"replay on {spec}",
+                                 hint=hint_for(f.invariant))
             if i < len(engine_findings):
                 terms_i = {**terms, **terms_of_finding(scn, result, engine_findings[i], spec)}
                 if run_layout:
                     terms_i["config"] = run_layout
             else:
-                guard_fault = f["step"] is None and f["invariant"] in ("GUARD_RAISED", "GUARD_TIMEOUT")
-                terms_i = {**terms, "guard": f"the guard raised: {f['message']}"} if guard_fault else terms
+                guard_fault = f.step is None and f.invariant in ("GUARD_RAISED", "GUARD_TIMEOUT")
+                terms_i = {**terms, "guard": f"the guard raised: {f.message}"} if guard_fault else terms
             summary.findings.append(apply_terms(finding, terms_i))
     observed.ran_on = ran_on(spec, scn) + (f"; {run_layout}" if run_layout else "")
     return summary, observed
@@ -261,8 +263,8 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
 
 def _not_modelled(path: str, case, why: str) -> tuple[RunSummary, ReplayOutcome]:
     expected = case.expected or {}
-    observed = ReplayOutcome(expected_outcome=expected.get("outcome", "violation"),
-                             expected_invariant=expected.get("invariant"), outcome="not-modelled", invariants=[],
+    observed = ReplayOutcome(expected_outcome=expected.get("outcome", Outcome.VIOLATION),
+                             expected_invariant=expected.get("invariant"), outcome=Outcome.NOT_MODELLED, invariants=[],
                              findings=[], trace=[])
     summary = RunSummary(command="replay", cases=0, policy=dict(case.policy))
     summary.checks.append(Check(name=f"replay {path}", kind="replay", verdict="inconclusive", seconds=0.0,
@@ -295,19 +297,17 @@ def _replay_kernel(path: str, defects: Optional[Iterable[str]]) -> tuple[RunSumm
     except ValueError as exc:
         raise UsageError(f"CASE {path}: {exc}".replace(f"CASE {path}: {path}: ", f"CASE {path}: ")) from None
     elapsed = time.perf_counter() - start
-    exp = r["expected"]
-    findings = [{"invariant": i, "message": m, "step": None, "dp_rank": None, "detail": {}}
-                for i, m in zip(r["invariants"], r["messages"] + [""] * len(r["invariants"]))]
+    exp, verdict = r["expected"], r["verdict"]
+    findings = [f for f in verdict.findings or verdict.refusals if f.invariant]  # a refusal named by FA3's field too
     observed = ReplayOutcome(expected_outcome=exp["outcome"], expected_invariant=exp.get("invariant"),
                              outcome=r["outcome"], invariants=sorted(r["invariants"]), findings=findings, trace=[])
     fails = observed.fails
     summary = RunSummary(command="replay", cases=1, failures=int(fails), elapsed_s=elapsed,
                          policy={"kernel-level": True, "defects": sorted(defects) if defects is not None else None})
-    msg = "; ".join(f"{f['invariant']}: {f['message']}" for f in findings[:3]) or "; ".join(r["messages"][:1])
+    msg = "; ".join(f"{f.invariant}: {f.message}" for f in findings[:3]) or "; ".join(r["messages"][:1])
     summary.checks.append(Check(name=f"replay {path} (kernel-level)", kind="replay",
                                 verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,
                                 message=msg or f"outcome {r['outcome']} (expected {exp['outcome']})"))
     for f in findings if fails else []:
-        summary.findings.append(Finding(invariant=f["invariant"], case_file=path, engine="replay (kernel-level)",
-                                        message=f["message"]))
+        summary.findings.append(f.reported(case_file=path, engine="replay (kernel-level)"))
     return summary, observed

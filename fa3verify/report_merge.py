@@ -107,12 +107,12 @@ def merge_run_reports(paths, reports) -> RunSummary:
         k = r["shard"]["k"]
         try:
             checks = [Check(**_known(Check, c)) for c in r.get("checks", [])]
-            findings = [Finding(**_known(Finding, f)) for f in r.get("findings", [])]
+            findings = [Finding.from_report(f) for f in r.get("findings", [])]
         except TypeError as exc:
             raise UsageError(f"{FIELD}: {_path}: a check or finding lacks a field ({exc})") from None
         rows_by_shard.append((k, checks))
         for f in findings:
-            key = json.dumps(dataclasses.asdict(f), sort_keys=True)
+            key = json.dumps(f.report_dict(), sort_keys=True)
             if key not in findings_seen:
                 findings_seen.add(key)
                 merged.findings.append(f)

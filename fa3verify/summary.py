@@ -14,8 +14,14 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
+from spec.finding import Finding, finding_lines, finding_sentence
+
 from . import exitcodes
 from .verdicts import run_exit_code
+
+__all__ = ["SCHEMA", "Check", "Finding", "RunSummary", "write_json", "write_junit", "write_reports", "print_table",
+           "verdict_label", "finding_sentence", "finding_lines", "finding_text", "summary_markdown",
+           "no_result_markdown", "verdict_line"]
 
 SCHEMA = "fa3verify.run/1"
 
@@ -35,55 +41,6 @@ class Check:
     #: why this row's refutation is expected and not a failure ("" otherwise); the row then reads "refuted
     #: (expected)" on every surface (:func:`verdict_label`) and its case file is a witness, not a failure
     expected: str = ""
-
-
-@dataclass
-class Finding:
-    """A violation worth a case file: which invariant, where it was saved, how to replay it, and what it means for
-    the backend (fa3verify.finding_terms: read from one run of the saved case). Rendered by :func:`finding_lines`
-    on every surface; the one finding type of the project, which the Python API (``fa3verify.api``) returns with
-    ``case`` filled in."""
-
-    invariant: str
-    case_file: Optional[str]
-    engine: str               # "prove" | "fuzz" | "replay" | "catalogue" (and "... on ENGINE")
-    message: str = ""
-    replay: Optional[str] = None
-    check: str = ""                     # the row (Check.name) this finding fails
-    ran_on: str = ""                    # the system under test that ran the saved case
-    config: str = ""                    # model/tp/dp/cp/SM count/split policy (spec.model.domain.Config.label)
-    #: [token, meaning] for every token of ``config`` (fa3verify.config_terms.config_terms)
-    config_terms: list = field(default_factory=list)
-    path: str = ""                      # "eager" | "capture" | "replay" (a CUDA graph's) | "eager extend"
-    #: where a real engine's code made each side: {"precompute": "Class.function (sglang/.../file.py:line), from
-    #: ...", "call": ...} (gpu_impl.engines.call_sites.caller_location); {} on the model
-    source: dict = field(default_factory=dict)
-    differs: dict = field(default_factory=dict)  # FA3 argument -> [precompute, call], those that differ
-    seq_lens: Optional[list] = None     # the offending call's cache lengths
-    s_p: Optional[int] = None           # the precompute's split count
-    s_c: Optional[int] = None           # the call's own split count
-    guard: str = ""                     # the guard's decision
-    hint: str = ""                      # a one-line fix hint
-    #: the case file's JSON (server configuration, model, batches, expected outcome) when the Python API returns
-    #: this finding and the file is readable, else None; the run summary's JSON (``--json``) leaves it out
-    case: Optional[dict] = None
-
-    def to_dict(self) -> dict:
-        """JSON-ready form: every field, ``case`` last (the Python API's ``RunResult.to_dict``)."""
-        return asdict(self)
-
-    def report_dict(self) -> dict:
-        """The run summary's form (schema fa3verify.run/1): every field but ``case``."""
-        d = asdict(self)
-        del d["case"]
-        return d
-
-    def __str__(self) -> str:
-        """:func:`finding_lines`, with the case file named before the replay command when both are known."""
-        lines = finding_lines(self.to_dict())
-        if self.case_file and self.replay:
-            lines.insert(-1, f"    case file: {self.case_file}")
-        return "\n".join(lines)
 
 
 @dataclass
@@ -209,74 +166,6 @@ def verdict_label(check) -> str:
     get = check.get if isinstance(check, dict) else (lambda k, d=None: getattr(check, k, d))
     verdict = get("verdict", "")
     return f"{verdict} (expected)" if get("expected") and verdict == "refuted" else verdict
-
-
-def _fmt(value) -> str:
-    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
-        return f"({value[0]}, {value[1]})"
-    return str(value)
-
-
-def _lens(lens) -> str:
-    lens = list(lens)
-    return str(lens) if len(lens) <= 8 else f"[{', '.join(map(str, lens[:8]))}, ... ({len(lens)} rows)]"
-
-
-def finding_sentence(f) -> str:
-    """The backend-terms sentence of a finding: configuration and path, the arguments that differ between the
-    precompute and the call, the batch, S_p vs S_c, the guard's decision ('' when the finding has no terms)."""
-    d = f if isinstance(f, dict) else asdict(f)
-    parts = []
-    where = " ".join(x for x in (d.get("config"), f"({d['path']} path)" if d.get("path") else "") if x)
-    differs = d.get("differs") or {}
-    if differs:
-        pre = ", ".join(f"{k} {_fmt(v[0])}" for k, v in differs.items())
-        call = ", ".join(f"{k} {_fmt(v[1])}" for k, v in differs.items())
-        parts.append(f"precomputes with {pre} but calls with {call}")
-    elif d.get("s_p") is not None:
-        parts.append("precompute and call agree on every argument")
-    batch = []
-    if d.get("seq_lens") is not None:
-        batch.append(f"b={len(d['seq_lens'])} seq_lens={_lens(d['seq_lens'])}")
-    if d.get("s_p") is not None or d.get("s_c") is not None:
-        batch.append(f"S_p={d.get('s_p')} vs S_c={d.get('s_c')}")
-    if batch:
-        parts.append(": ".join(batch) if len(batch) == 1 else f"{batch[0]} gives {batch[1]}")
-    if d.get("guard"):
-        parts.append(d["guard"])
-    text = "; ".join(parts)
-    return f"{where}: {text}" if where and text else (where or text)
-
-
-def finding_lines(f) -> list:
-    """A finding as every surface prints it (CLI, JUnit, HTML, Markdown, pytest): the invariant with its
-    backend-terms sentence, the evidence, which engine ran it, the fix hint and the replay command. ``f``: a
-    Finding or its JSON."""
-    d = f if isinstance(f, dict) else asdict(f)
-    sentence = finding_sentence(d)
-    stage = d.get("engine", "")
-    if stage == "prove" and d.get("check"):
-        stage = f"prove {d['check']}"  # two theorems may share one witness
-    lines = [f"[{stage}] {d.get('invariant')}: {sentence or d.get('message', '')}"]
-    if sentence and d.get("message"):
-        lines.append(f"    evidence: {d['message']}")
-    source = d.get("source") if isinstance(d.get("source"), dict) else {}
-    for side in ("precompute", "call"):
-        if source.get(side):
-            lines.append(f"    {side} made in: {source[side]}")
-    if d.get("config_terms"):
-        lines.append(f"    configuration {d.get('config') or ''}:".replace(" :", ":"))
-        lines += [f"      {item[0]}: {item[1]}" for item in d["config_terms"]
-                  if isinstance(item, (list, tuple)) and len(item) == 2]
-    if d.get("ran_on"):
-        lines.append(f"    ran on: {d['ran_on']}")
-    if d.get("hint"):
-        lines.append(f"    fix: {d['hint']}")
-    if d.get("replay"):
-        lines.append(f"    replay: {d['replay']}")
-    elif d.get("case_file"):
-        lines.append(f"    case file: {d['case_file']}")
-    return lines
 
 
 def finding_text(f) -> str:

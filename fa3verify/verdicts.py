@@ -11,6 +11,7 @@ them) so that `make mutation` measures them: mutmut does not mutate property bod
 from __future__ import annotations
 
 from . import exitcodes
+from spec.finding import Outcome
 
 __all__ = ["run_exit_code", "replay_still_fails", "replay_fails", "replay_verdict"]
 
@@ -30,10 +31,10 @@ def run_exit_code(summary) -> int:
 
 def replay_still_fails(outcome) -> bool:
     """True when the case fails the way the file says (same outcome, and the same invariant if named)."""
-    if outcome.expected_outcome == "pass":
+    if outcome.expected_outcome == Outcome.PASS:
         return False
     if outcome.outcome != outcome.expected_outcome and not (outcome.expected_outcome == "nan"
-                                                            and outcome.outcome == "violation"):
+                                                            and outcome.outcome == Outcome.VIOLATION):
         return False
     return outcome.expected_invariant is None or outcome.expected_invariant in outcome.invariants
 
@@ -41,11 +42,11 @@ def replay_still_fails(outcome) -> bool:
 def replay_fails(outcome) -> bool:
     """True when the replay observed anything but a clean pass (a violation, NaN, a shape error, a guard fault):
     never exit 0, whatever the case file expected."""
-    return outcome.outcome != "pass" or bool(outcome.findings)
+    return outcome.outcome != Outcome.PASS or bool(outcome.findings)
 
 
 def replay_verdict(outcome) -> str:
     """PASSES NOW / PASSES (as expected) / STILL FAILS / FAILS DIFFERENTLY."""
     if not replay_fails(outcome):
-        return "PASSES (as expected)" if outcome.expected_outcome == "pass" else "PASSES NOW"
+        return "PASSES (as expected)" if outcome.expected_outcome == Outcome.PASS else "PASSES NOW"
     return "STILL FAILS" if replay_still_fails(outcome) else "FAILS DIFFERENTLY (not as the case file expected)"

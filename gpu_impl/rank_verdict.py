@@ -17,6 +17,7 @@ from spec.violation import Violation
 
 from .scenario import Scenario
 from .rank_placement import rank_placement, scenario_from_case
+from spec.finding import Outcome
 
 
 #: Schema tag of the verdict file rank 0 writes.
@@ -62,33 +63,6 @@ class RankRecord:
 # ------------------------------------------------------------------------------------------------
 
 
-def _judge_decode(scn: Scenario, backend, index: int, call, sliding: bool, out: torch.Tensor,
-                  detail: dict) -> Optional[Violation]:
-    """Oracle comparison of one gathered decode output (the comparison of scenario._run_decode_numerics)."""
-    from refmodel.tolerance import fa3_output_close, reference_outputs
-
-    from .scenario import rank_seed, decode_tensors
-
-    q, k_cache, v_cache, page_table = decode_tensors(backend, call, seed=rank_seed(scn.seed, index, call.dp_rank))
-    seqlens = torch.tensor(call.seq_lens, dtype=torch.int32)
-    cu = torch.arange(len(call.seq_lens) + 1, dtype=torch.int32)
-    ref, low = reference_outputs(q, k_cache, v_cache, cache_seqlens=seqlens, cu_seqlens_q=cu, max_seqlen_q=1,
-                                 page_table=page_table, causal=True)
-    rows = call.real_rows
-    out_rows = out[:rows]
-    if torch.isnan(out_rows.float()).any() and not torch.isnan(ref[:rows]).any():
-        bad = sorted({int(i) for i in torch.nonzero(torch.isnan(out_rows.float()))[:, 0].tolist()})
-        return Violation.at_step("NO_NAN", index, call.dp_rank,
-                                 f"NaN in output rows {bad[:8]} where the oracle has none",
-                                 {**detail, "rows": bad[:32], "sliding_window": sliding})
-    ok, err, bound = fa3_output_close(out_rows, ref[:rows], low[:rows])
-    if not ok:
-        return Violation.at_step("MATCHES_ORACLE", index, call.dp_rank,
-                                 f"max error {err:.3e} exceeds FA3's bound {bound:.3e}",
-                                 {**detail, "max_error": err, "bound": bound, "sliding_window": sliding})
-    return None
-
-
 def _strip(entry: dict) -> dict:
     return {k: v for k, v in entry.items() if k != "cp_calls"}
 
@@ -98,7 +72,7 @@ def assemble(case: Any, records: Sequence[RankRecord], numerics: bool = True) ->
     gathered output judged against the oracle; returns the verdict (JSON-ready but for ``outputs``)."""
     from .backend import FlashAttentionBackend
     from .runner import Batch
-    from .scenario import MODES, judge_extend_output, extend_tensors
+    from .scenario import MODES, extend_tensors, judge_decode_output, judge_extend_output
 
     scn = scenario_from_case(case)
     server = scn.server
@@ -158,12 +132,12 @@ def assemble(case: Any, records: Sequence[RankRecord], numerics: bool = True) ->
                             shape_errors.append(layer[1])
                             break
                         _, sliding, out = layer
-                        bad = _judge_decode(scn, backend, index, call, sliding, out, detail)
+                        bad = judge_decode_output(scn, backend, index, call, sliding, out, detail)
                         if bad is not None:
                             findings.append(bad)
                             break
                         outputs.append(out[:call.real_rows])
-    outcome = "violation" if findings else ("shape_error" if shape_errors else "pass")
+    outcome = Outcome.VIOLATION if findings else (Outcome.SHAPE_ERROR if shape_errors else Outcome.PASS)
     failing_dp = sorted({f.dp_rank for f in findings + shape_errors if f.dp_rank is not None})
     failing = sorted({g for d in failing_dp for g in rank_placement(server, d * server.attn_cp_size).cp_group})
     return {

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from spec.finding import Outcome
 from spec.violation import Violation
 
 from .backend import DecodeCall, FlashAttentionBackend
@@ -85,12 +86,9 @@ class ScenarioResult:
         return not self.findings
 
     @property
-    def outcome(self) -> str:
-        if self.findings:
-            return "violation"
-        if self.shape_errors:
-            return "shape_error"
-        return "pass"
+    def outcome(self) -> Outcome:
+        """VIOLATION when the run found something, else SHAPE_ERROR (FA3's loud check), else PASS."""
+        return Outcome.of(self.findings, self.shape_errors)
 
 
 def distribute_over_dp(seq_lens: Sequence[int], attn_dp_size: int) -> list[list[int]]:
@@ -254,22 +252,21 @@ def layout_mismatch_finding(index: int, dp_rank: int, mode: str, exc) -> Violati
 
 def judge_extend_output(index: int, dp_rank: int, mode: str, path: str, batch: Batch, q, k, v,
                         out: torch.Tensor) -> Optional[Violation]:
-    """Compare an extend output with the oracle (full causal attention, no CP) under FA3's tolerance rule;
-    None when it matches, else a MATCHES_ORACLE finding (refmodel/tolerance.py)."""
-    from refmodel.tolerance import fa3_output_close, reference_outputs
+    """Compare an extend output with the oracle (full causal attention, no CP) under FA3's tolerance rule
+    (``gpu_impl.oracle_check``, a NaN output read as a closeness miss); None when it matches, else a
+    MATCHES_ORACLE finding with the rows past the bound."""
+    from refmodel.tolerance import reference_outputs
 
     from .cp_attention import plain_call_args
+    from .oracle_check import compare_output
 
     args = plain_call_args(q, k, v, batch.seq_lens, batch.extend_lens)
     exact, low = reference_outputs(args.pop("q"), args.pop("k_cache"), args.pop("v_cache"), **args)
-    ok, err, bound = fa3_output_close(out, exact, low)
-    if ok:
+    miss = compare_output(out, exact, low, nan_check=False, error_rows=True)
+    if miss is None:
         return None
-    rows = ((out.double().cpu() - exact).abs().amax(dim=(1, 2)) > bound).nonzero()[:, 0].tolist() \
-        if out.shape == exact.shape else []
-    return Violation.at_step("MATCHES_ORACLE", index, dp_rank,
-                             f"step {index} ({mode}, {path} path): max error {err:.3e} exceeds FA3's bound {bound:.3e}",
-                             {"mode": mode, "path": path, "max_error": err, "bound": bound, "rows": rows[:32],
+    return Violation.at_step(miss.invariant, index, dp_rank, f"step {index} ({mode}, {path} path): {miss.message}",
+                             {"mode": mode, "path": path, **miss.detail,
                               "seq_lens": list(batch.seq_lens), "extend_lens": list(batch.extend_lens)})
 
 
@@ -326,8 +323,6 @@ def _run_decode_step(backend: FlashAttentionBackend, scn: Scenario, index: int, 
 
 def _run_decode_numerics(backend: FlashAttentionBackend, scn: Scenario, index: int, call: DecodeCall,
                          result: ScenarioResult, kernel, device: str, detail: dict) -> None:
-    from refmodel.tolerance import fa3_output_close, reference_outputs
-
     from .errors import MetadataShapeError, OutOfBoundsAccess
 
     tensors = decode_tensors(backend, call, seed=rank_seed(scn.seed, index, call.dp_rank), device=device)
@@ -342,26 +337,36 @@ def _run_decode_numerics(backend: FlashAttentionBackend, scn: Scenario, index: i
         except MetadataShapeError as exc:
             result.shape_errors.append(Violation.at_step("SHAPE", index, call.dp_rank, str(exc), detail))
             return
-        q, k_cache, v_cache, page_table = tensors
-        seqlens = torch.tensor(call.seq_lens, dtype=torch.int32, device=q.device)
-        cu = torch.arange(len(call.seq_lens) + 1, dtype=torch.int32, device=q.device)
-        ref, low = reference_outputs(q, k_cache, v_cache, cache_seqlens=seqlens, cu_seqlens_q=cu, max_seqlen_q=1,
-                                     page_table=page_table, causal=True)
-        out_rows = out[: call.real_rows]
-        if torch.isnan(out_rows.float()).any() and not torch.isnan(ref[: call.real_rows]).any():
-            bad = sorted({int(i) for i in torch.nonzero(torch.isnan(out_rows.float()))[:, 0].tolist()})
-            result.findings.append(Violation.at_step("NO_NAN", index, call.dp_rank,
-                                                     f"NaN in output rows {bad[:8]} where the oracle has none",
-                                                     {**detail, "rows": bad[:32], "sliding_window": sliding}))
+        finding = judge_decode_output(scn, backend, index, call, sliding, out, detail, tensors)
+        if finding is not None:
+            result.findings.append(finding)
             return
-        ok, err, bound = fa3_output_close(out_rows, ref[: call.real_rows], low[: call.real_rows])
-        if not ok:
-            result.findings.append(Violation.at_step("MATCHES_ORACLE", index, call.dp_rank,
-                                                     f"max error {err:.3e} exceeds FA3's bound {bound:.3e}",
-                                                     {**detail, "max_error": err, "bound": bound,
-                                                      "sliding_window": sliding}))
-            return
-        result.outputs.append(out_rows.detach().cpu())
+        result.outputs.append(out[: call.real_rows].detach().cpu())
+
+
+def judge_decode_output(scn: Scenario, backend: FlashAttentionBackend, index: int, call: DecodeCall, sliding: bool,
+                        out: torch.Tensor, detail: dict, tensors=None) -> Optional[Violation]:
+    """Compare one decode call's output rows (the real ones, not a CUDA graph's padding) with the oracle over the
+    call's seeded tensors (``tensors``, else made again from the scenario's seed: rank 0 of a multi-process run) under
+    FA3's tolerance rule (``gpu_impl.oracle_check``); None when it matches, else its NO_NAN or MATCHES_ORACLE
+    finding at this step."""
+    from refmodel.tolerance import reference_outputs
+
+    from .oracle_check import compare_output
+
+    if tensors is None:
+        tensors = decode_tensors(backend, call, seed=rank_seed(scn.seed, index, call.dp_rank))
+    q, k_cache, v_cache, page_table = tensors
+    seqlens = torch.tensor(call.seq_lens, dtype=torch.int32, device=q.device)
+    cu = torch.arange(len(call.seq_lens) + 1, dtype=torch.int32, device=q.device)
+    ref, low = reference_outputs(q, k_cache, v_cache, cache_seqlens=seqlens, cu_seqlens_q=cu, max_seqlen_q=1,
+                                 page_table=page_table, causal=True)
+    rows = call.real_rows
+    miss = compare_output(out[:rows], ref[:rows], low[:rows])
+    if miss is None:
+        return None
+    return Violation.at_step(miss.invariant, index, call.dp_rank, miss.message,
+                             {**detail, **miss.detail, "sliding_window": sliding})
 
 
 def decode_tensors(backend: FlashAttentionBackend, call: DecodeCall, seed: int, device: str = "cpu"):

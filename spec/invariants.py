@@ -30,6 +30,7 @@ from refmodel.metadata_layout import UNWRITTEN, DecodedMetadata, decode_values_f
 from refmodel.prepare import PrepareResult, prepare_scheduler
 
 from spec.violation import Violation
+from spec.finding import Outcome
 
 __all__ = [
     "Violation", "CallLengths", "Evaluation", "InvariantInfo", "INVARIANTS", "SILENT_INVARIANTS",
@@ -371,7 +372,7 @@ class Evaluation:
     @property
     def safe(self) -> bool:
         """SAFE(P, C): no silent violation and the process survives (a shape error or a rejection is loud and safe)."""
-        return self.outcome not in ("violation", "process_abort")
+        return self.outcome not in (Outcome.VIOLATION, Outcome.PROCESS_ABORT)
 
 
 def evaluate(P_sched: Schedule, P_result: PrepareResult, C_sched: Schedule, call_lengths,
@@ -379,13 +380,13 @@ def evaluate(P_sched: Schedule, P_result: PrepareResult, C_sched: Schedule, call
     """Evaluate SHAPE then every silent invariant (FA3: hopper/flash_api.cpp, tile_scheduler.hpp, combine kernel)."""
     shape = check_shape(P_sched, P_result, C_sched, call_lengths)
     if shape:
-        return Evaluation("shape_error", [], shape)
+        return Evaluation(Outcome.SHAPE_ERROR, [], shape)
     if C_sched.metadata_size == 0:
-        return Evaluation("pass", [], [])
+        return Evaluation(Outcome.PASS, [], [])
     c = _ctx(P_sched, P_result, C_sched, call_lengths)
     out: list[Violation] = (_check_split_bound(c) + _check_combine_capacity(c) + _check_batch_permutation(c)
                             + _check_query_cover(c) + _check_kv_cover(c, range_fn))
-    return Evaluation("violation" if out else "pass", out, [])
+    return Evaluation(Outcome.VIOLATION if out else Outcome.PASS, out, [])
 
 
 def evaluate_inputs(P_inputs: ScheduleInputs, C_inputs: ScheduleInputs, cache_seqlens: Sequence[int],
@@ -406,9 +407,9 @@ def evaluate_inputs(P_inputs: ScheduleInputs, C_inputs: ScheduleInputs, cache_se
                                      seqlens_q=None if seqlens_q is None else [int(x) for x in seqlens_q])
         C_sched = resolve_schedule(C_inputs)
     except FA3Rejected as exc:
-        return Evaluation("rejected", [], [], str(exc))
+        return Evaluation(Outcome.REJECTED, [], [], str(exc))
     except ProcessAbort as exc:
-        return Evaluation("process_abort", [], [], str(exc))
+        return Evaluation(Outcome.PROCESS_ABORT, [], [], str(exc))
     return evaluate(P_sched, P_result, C_sched, call_lengths, range_fn)
 
 

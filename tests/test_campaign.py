@@ -10,6 +10,7 @@ import pytest
 from fa3verify.campaign import Budget, Observation, run_campaign
 from fa3verify.cli import main
 from gpu_impl.sut import ModelSUT
+from spec.finding import Finding
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
@@ -26,7 +27,8 @@ class _Echo:
 
     def observe_many(self, cases):
         self.batches.append(list(cases))
-        return [Observation("violation", ["ODD"], ["odd"], [(f"ODD:{c % 3}", "ODD", "odd")]) if c % 2 else
+        return [Observation("violation", ["ODD"], ["odd"], [Finding("ODD", message="odd", signature_key=f"ODD:{c % 3}")])
+                if c % 2 else
                 Observation("pass") for c in cases]
 
 

@@ -110,7 +110,7 @@ def test_fuzz_reports_a_guard_timeout_as_guard_timeout():
 
     case = random_fuzz_case(random.Random(0))
     obs = evaluate(case, Policy("tests:slow", _timing_out), kernel=None)
-    assert obs.invariants == ["GUARD_TIMEOUT"] and obs.findings[0][0] == "GUARD_TIMEOUT"
+    assert obs.invariants == ["GUARD_TIMEOUT"] and obs.findings[0].signature == "GUARD_TIMEOUT"
 
 
 def test_fuzz_of_a_defect_that_makes_fa3_abort_reports_process_abort(tmp_path):

@@ -42,9 +42,9 @@ def test_summary_exit_code_priority():
 
 
 def test_merge_folds_every_field():
-    a = RunSummary("gate", checks=[check()], findings=[Finding("A", None, "prove")], cases=2, failures=0,
+    a = RunSummary("gate", checks=[check()], findings=[Finding("A", case_file=None, engine="prove")], cases=2, failures=0,
                    elapsed_s=1.0)
-    b = RunSummary("fuzz", checks=[check(failed=True)], findings=[Finding("B", "f.json", "fuzz")], cases=5,
+    b = RunSummary("fuzz", checks=[check(failed=True)], findings=[Finding("B", case_file="f.json", engine="fuzz")], cases=5,
                    failures=3, elapsed_s=2.5, first_failure_s=0.7, interrupted=True)
     a.merge(b)
     assert [c.failed for c in a.checks] == [False, True]

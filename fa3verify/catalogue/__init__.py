@@ -30,6 +30,7 @@ from .results import EngineOutcome, EntryResult
 from .runner import FUZZ as _FUZZ
 from .runner import PROVE as _PROVE
 from .runner import run_catalogue, run_entry
+from spec.finding import Outcome
 
 __all__ = ["Entry", "ENTRIES", "BUDGETS", "EngineOutcome", "EntryResult", "run_catalogue", "run_entry",
            "resolve_ids", "catalogue_markdown", "write_corpus", "KERNEL_CASE_SCHEMA", "evaluate_kernel_case",
@@ -43,7 +44,7 @@ family_eager_tp = _FAMILIES["eager-tp"]
 family_graph_tp = _FAMILIES["graph-tp"]
 
 
-def _kernel_case(entry_id: str, call: dict, defects, outcome: str = "pass", invariants=(), messages=(),
+def _kernel_case(entry_id: str, call: dict, defects, outcome: str = Outcome.PASS, invariants=(), messages=(),
                  notes: str = "") -> dict:
     """A kernel-level case of catalogue entry ``entry_id``."""
     return kernel_case(f"catalogue:{entry_id}", call, defects, outcome, invariants, messages, notes)

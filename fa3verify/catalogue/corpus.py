@@ -14,6 +14,7 @@ from typing import Iterable, Optional
 from ..case_files import write_case
 from ..kernel_cases import is_kernel_case, replay_kernel_case
 from .entries import CORPUS_DIR
+from spec.finding import Outcome
 
 __all__ = ["replay_corpus_file", "write_corpus", "EXTRA_CORPUS"]
 
@@ -23,17 +24,17 @@ def replay_corpus_file(path) -> dict:
     data = json.loads(Path(path).read_text())
     if is_kernel_case(data):
         r = replay_kernel_case(path)
-        return {"kind": "kernel", **r}
+        return {"kind": "kernel", **{k: v for k, v in r.items() if k != "verdict"}}
     from ..replaying import replay
 
     _summary, observed = replay(str(path))
     exp = {"outcome": observed.expected_outcome, "invariant": observed.expected_invariant}
-    if observed.expected_outcome == "pass":
-        matches = observed.outcome == "pass"
+    if observed.expected_outcome == Outcome.PASS:
+        matches = observed.outcome == Outcome.PASS
     else:
         matches = observed.still_fails
     return {"kind": "scenario", "outcome": observed.outcome, "invariants": observed.invariants,
-            "messages": [f["message"] for f in observed.findings[:3]], "expected": exp, "matches": matches,
+            "messages": [f.message for f in observed.findings[:3]], "expected": exp, "matches": matches,
             "still_fails": observed.still_fails}
 
 
@@ -51,21 +52,21 @@ def _extra_corpus() -> dict:
     prefix = Case.from_parts(
         source="manual", server=server, model=model,
         policy={"guard": "pre-fix", "metadata_heads": "tp", "clear_stale_cp_metadata": True}, batches=decode,
-        expected={"outcome": "violation", "invariant": "SPLIT_BOUND",
+        expected={"outcome": Outcome.VIOLATION, "invariant": "SPLIT_BOUND",
                   "detail": {"S_p": 109, "S_c": 29, "splits": [86, 1, 1, 1, 1, 1, 1, 1]}},
         notes="docs/facts-fa3.md's worked example: Qwen3-30B-A3B, tp 4, attn_cp 4, the pre-fix guard; the long "
               "sequence gets 86 splits against S_c = 29 buffers")
     fixed = Case.from_parts(
         source="manual", server=server, model=model,
         policy={"guard": "fixed", "metadata_heads": "tp", "clear_stale_cp_metadata": True}, batches=decode,
-        expected={"outcome": "pass", "invariant": None, "detail": {}},
+        expected={"outcome": Outcome.PASS, "invariant": None, "detail": {}},
         notes="docs/facts-fa3.md's worked example under the fixed guard (sglang PR #30439): no precompute, nothing fires")
     mixed = Case.from_parts(
         source="manual", server=server, model=model,
         policy={"guard": "fixed", "metadata_heads": "tp", "clear_stale_cp_metadata": False},
         batches=[{"mode": "extend", "seq_lens": [64], "extend_lens": [64]},
                  {"mode": "mixed", "seq_lens": [80, 33], "extend_lens": [16, 1]}],
-        expected={"outcome": "violation", "invariant": "CP_PATH_MATCHES_ACTIVITY", "detail": {}},
+        expected={"outcome": Outcome.VIOLATION, "invariant": "CP_PATH_MATCHES_ACTIVITY", "detail": {}},
         notes="a CP-v2 extend, then a MIXED batch: the runner without the PR #30439 clear leaves the extend's CP-v2 "
               "metadata on the MIXED batch and the backend takes the CP path")
     return {"worked_example_prefix_guard.json": prefix, "worked_example_fixed_guard.json": fixed,

@@ -15,10 +15,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from spec.finding import Finding, Outcome
+
 from ..campaign import Budget, run_campaign, shrink_failure
 from ..kernel_cases import KernelCallSUT
 from .entries import FUZZ_SEED, Entry
 from .results import EngineOutcome
+from spec.finding import Outcome
 
 __all__ = ["Policy", "targeted_fuzz", "scenario_engine", "kernel_engine", "engine_from_data"]
 
@@ -52,12 +55,17 @@ class Policy:
         return ScenarioTarget(policy, defects=self.defects, crash_is_finding=True)
 
 
+def _mark(signature: str, invariant: str) -> Finding:
+    """What the catalogue's checks count: a finding named ``invariant`` grouped under ``signature``."""
+    return Finding(invariant, signature_key=signature)
+
+
 def _scenario_case(case, policy: Policy, obs, entry_id: str, note: str, invariant: Optional[str] = None):
     """The spec.model.cases.Case of a scenario the fuzz engine found (seeded defects in its ``defects`` field)."""
     from ..case_files import scenario_case
 
     inv = invariant or (obs.invariants[0] if obs.invariants else None)
-    expected = {"outcome": obs.outcome, "invariant": inv if obs.outcome == "violation" else None,
+    expected = {"outcome": obs.outcome, "invariant": inv if obs.outcome == Outcome.VIOLATION else None,
                 "detail": {"message": obs.messages[0] if obs.messages else "", "invariants": obs.invariants}}
     return scenario_case(case, source=f"catalogue:{entry_id or 'x'}", policy=policy.to_case(), expected=expected,
                          defects=policy.defects,
@@ -67,8 +75,8 @@ def _scenario_case(case, policy: Policy, obs, entry_id: str, note: str, invarian
 def _kernel_case(target: KernelCallSUT, call: dict, obs, entry_id: str, invariant: Optional[str]) -> dict:
     """The kernel-level case of a call the fuzz engine found."""
     kc = target.case(call)
-    if obs.outcome == "shape_error":
-        kc["expected"] = {"outcome": "shape_error", "invariant": None, "detail": {"message": obs.messages[0]}}
+    if obs.outcome == Outcome.SHAPE_ERROR:
+        kc["expected"] = {"outcome": Outcome.SHAPE_ERROR, "invariant": None, "detail": {"message": obs.messages[0]}}
     else:
         kc["expected"] = {"outcome": obs.outcome, "invariant": invariant,
                           "detail": {"invariants": obs.invariants, "message": obs.messages[0] if obs.messages else ""}}
@@ -83,16 +91,16 @@ def targeted_fuzz(family: Callable, policy: Optional[Policy], expect: tuple, n: 
     ``shrink_steps`` candidates (steps, not seconds: the same case files on any machine)."""
     kernel_level = policy is None
     target = KernelCallSUT(defects, source=f"catalogue:{entry_id}") if kernel_level else policy.target()
-    allowed_off = ("pass", "clear_error") if kernel_level else ("pass",)
+    allowed_off = (Outcome.PASS, Outcome.CLEAR_ERROR) if kernel_level else (Outcome.PASS,)
     if not on:
-        checks, stop = (lambda o: [] if o.outcome in allowed_off else [("fired", o.outcome, "")]), \
+        checks, stop = (lambda o: [] if o.outcome in allowed_off else [_mark("fired", o.outcome)]), \
             (lambda camp: bool(camp.failures))
     elif shape_entry:
-        checks = lambda o: [(k, k, "") for k, hit in (("SHAPE", o.outcome == "shape_error"),  # noqa: E731
-                                                       ("silent", o.outcome == "violation")) if hit]
+        checks = lambda o: [_mark(k, k) for k, hit in (("SHAPE", o.outcome == Outcome.SHAPE_ERROR),  # noqa: E731
+                                                       ("silent", o.outcome == Outcome.VIOLATION)) if hit]
         stop = lambda camp: "silent" in camp.failures  # noqa: E731
     else:
-        checks = lambda o: [(i, i, "") for i in o.invariants]  # noqa: E731
+        checks = lambda o: [_mark(i, i) for i in o.invariants]  # noqa: E731
         stop = lambda camp: any(i in camp.failures for i in expect)  # noqa: E731
     start = time.perf_counter()
     camp = run_campaign(target, family, checks, Budget(cases=n), seed=FUZZ_SEED, stop=stop)
@@ -130,7 +138,7 @@ def targeted_fuzz(family: Callable, policy: Optional[Policy], expect: tuple, n: 
                                  f"silent violation instead of a shape error: {o.invariants} {o.messages[:1]}")
         if "SHAPE" in camp.failures:
             f = camp.failures["SHAPE"]
-            case, o = shrunk(f.case, lambda x: x.outcome == "shape_error")
+            case, o = shrunk(f.case, lambda x: x.outcome == Outcome.SHAPE_ERROR)
             o = o or f.observation
             shown = o.messages[0][:120] if kernel_level else o.messages[:1]
             return EngineOutcome("fuzz", "caught", secs, ["SHAPE"], cases,

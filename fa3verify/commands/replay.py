@@ -59,10 +59,10 @@ def run(args) -> int:
           + (f" ({observed.expected_invariant})" if observed.expected_invariant else ""))
     print(f"observed: {observed.outcome}" + (f" ({', '.join(observed.invariants)})" if observed.invariants else ""))
     for f in observed.findings[:5]:
-        detail = f.get("detail", {})
-        where = f"step {f['step']}, dp rank {f['dp_rank']}"
+        detail = f.detail or {}
+        where = f"step {f.step}, dp rank {f.dp_rank}"
         extra = {k: detail[k] for k in ("batch", "indices", "s_p", "s_c") if k in detail}
-        print(f"  {f['invariant']} at {where}: {f['message']}" + (f" {extra}" if extra else ""))
+        print(f"  {f.invariant} at {where}: {f.message}" + (f" {extra}" if extra else ""))
     if summary.findings:
         first = summary.findings[0]
         sentence = finding_sentence(first)

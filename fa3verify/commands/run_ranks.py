@@ -6,6 +6,8 @@ import argparse
 import json
 import os
 
+from spec.finding import Outcome
+
 HELP = "run a case file with one process per attention rank (real collectives)"
 EPILOG = """\
 Starts attn_dp_size * attn_cp_size processes (torch.multiprocessing spawn; file-store rendezvous, gloo
@@ -168,7 +170,7 @@ def _run_under_torchrun(args, cases, numerics: bool) -> int:
         print(f"case: {path}  ({world} ranks, {args.backend}): {verdict['outcome']}")
         for f in verdict["findings"][:5]:
             print(f"  {f['invariant']} at step {f['step']}, dp rank {f['dp_rank']}: {f['message'][:160]}")
-        codes.append(exitcodes.PASS if verdict["outcome"] == "pass" else exitcodes.VIOLATION)
+        codes.append(exitcodes.PASS if verdict["outcome"] == Outcome.PASS else exitcodes.VIOLATION)
     return exitcodes.combine(codes)
 
 

@@ -14,6 +14,8 @@ import functools
 import time
 from typing import TYPE_CHECKING
 
+from spec.finding import Finding
+
 from ..campaign import Budget, Observation, run_campaign
 from .fuzz_cases import fuzz_case_task, task_case
 
@@ -47,8 +49,9 @@ class WorkerTarget:
         for i, res in self.check.pool.run_many(tasks, timeout_s=p.fuzz_case_timeout_s):
             outcome = res.value["outcome"] if res.ok else _unanswered(res)
             msg = _fuzz_message(res.value) if res.ok else res.summary()
-            found = [] if outcome in NOT_FINDINGS else [(f"{outcome}-{dicts[i]['index']}", outcome, msg)]
-            out[i] = Observation(outcome, [o for _, o, _ in found], [msg], found, detail=(dicts[i], res))
+            found = [] if outcome in NOT_FINDINGS else \
+                [Finding(outcome, message=msg, signature_key=f"{outcome}-{dicts[i]['index']}")]
+            out[i] = Observation(outcome, [f.invariant for f in found], [msg], found, detail=(dicts[i], res))
         return out
 
 

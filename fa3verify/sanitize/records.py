@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from spec.finding import Outcome
 from gpu_impl.fa3_calls import ARGUMENTS_INVARIANT, CallRecord, PrecomputeRecord, pair_summary
 
 LOG_SCHEMA = "fa3verify.sanitize/1"
@@ -156,7 +157,7 @@ def case_for_pair(pre: Optional[PrecomputeRecord], call: CallRecord, violations,
                    "head_dim_v": call.headdim_v, "dtype": dtype},
             policy={"guard": "none", "metadata_heads": "tp", "clear_stale_cp_metadata": True},
             batches=[{"mode": "decode", "seq_lens": list(pre.cache_seqlens), "extend_lens": None}],
-            expected={"outcome": "violation", "invariant": first.invariant,
+            expected={"outcome": Outcome.VIOLATION, "invariant": first.invariant,
                       "detail": {"S_p": pair_summary(pre, call)["s_p"], "S_c": pair_summary(pre, call)["s_c"],
                                  "message": first.message, "pair": _event_dict(pre, call, violations),
                                  "run_layout": layout}},

@@ -86,18 +86,12 @@ def judge(out, q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, block_table, caus
           softmax_scale):
     """(invariant, message, detail) when ``out`` has NaN where the oracle has none or misses FA3's tolerance,
     else None."""
-    import torch
-    from refmodel.tolerance import fa3_output_close, reference_outputs
+    from refmodel.tolerance import reference_outputs
+
+    from ..oracle_check import compare_output
 
     ref, low = reference_outputs(q, k, v, cache_seqlens=seqused_k, cu_seqlens_q=cu_seqlens_q,
                                  max_seqlen_q=max_seqlen_q, page_table=block_table, causal=causal,
                                  window_size=tuple(window_size), softcap=softcap or 0.0, softmax_scale=softmax_scale)
-    nan = torch.isnan(out.float())
-    if nan.any() and not torch.isnan(ref).any():
-        rows = sorted({int(i) for i in torch.nonzero(nan)[:, 0].tolist()})
-        return ("NO_NAN", f"NaN in output rows {rows[:8]} where the oracle has none", {"rows": rows[:32]})
-    ok, err, bound = fa3_output_close(out, ref, low, softcap=softcap or 0.0)
-    if not ok:
-        return ("MATCHES_ORACLE", f"max error {err:.3e} exceeds FA3's bound {bound:.3e}",
-                {"max_error": err, "bound": bound})
-    return None
+    miss = compare_output(out, ref, low, softcap=softcap or 0.0)
+    return None if miss is None else (miss.invariant, miss.message, miss.detail)

@@ -23,11 +23,12 @@ from typing import Any, Optional
 from spec.model.case_bounds import (MAX_BATCH, MAX_HEADS, MAX_LEN, MAX_NUM_SM, MAX_PAGE_SIZE, MAX_RANKS,  # noqa: F401
                                     MAX_SEED, MAX_STEPS, CaseFormatError, is_int)
 from spec.model.case_vllm import check_vllm_options
+from spec.finding import Outcome
 
 __all__ = ["SCHEMA", "Case", "CaseFormatError", "SERVER_FIELDS", "MODEL_FIELDS", "OUTCOMES", "BATCH_MODES"]
 
 SCHEMA = "fa3verify.case/1"
-OUTCOMES = ("violation", "pass", "shape_error", "nan")
+OUTCOMES = (Outcome.VIOLATION, Outcome.PASS, Outcome.SHAPE_ERROR, Outcome.NAN)
 BATCH_MODES = ("decode", "extend", "mixed", "idle")
 KERNEL_NAMES = ("emulated", "fa3")
 KERNEL_MODES = ("strict", "gpu-like")
@@ -264,7 +265,7 @@ def _check_expected(expected: Any) -> dict:
     inv = expected.get("invariant")
     if inv is not None and (not isinstance(inv, str) or not inv):
         raise CaseFormatError("expected.invariant", "null or an invariant name such as 'SPLIT_BOUND'", inv)
-    if expected["outcome"] == "violation" and inv is None:
+    if expected["outcome"] == Outcome.VIOLATION and inv is None:
         raise CaseFormatError("expected.invariant", "an invariant name when outcome is 'violation'", inv)
     detail = expected.get("detail", {})
     if not isinstance(detail, dict):
@@ -311,7 +312,7 @@ class Case:
     batches: list
     kernel: dict = field(default_factory=lambda: {"name": "emulated", "mode": "strict"})
     seed: int = 0
-    expected: dict = field(default_factory=lambda: {"outcome": "pass", "invariant": None, "detail": {}})
+    expected: dict = field(default_factory=lambda: {"outcome": Outcome.PASS, "invariant": None, "detail": {}})
     notes: str = ""
     schema: str = SCHEMA
     #: the system under test the case was found on (``{name, release|path, revision}``); None means the model
@@ -331,7 +332,7 @@ class Case:
         """Build and validate a case; `id` defaults to the signature hash."""
         data = {"schema": SCHEMA, "id": id or "pending", "source": source, "server": server, "model": model,
                 "policy": policy, "batches": batches, "kernel": kernel or {"name": "emulated", "mode": "strict"},
-                "seed": seed, "expected": expected or {"outcome": "pass", "invariant": None, "detail": {}},
+                "seed": seed, "expected": expected or {"outcome": Outcome.PASS, "invariant": None, "detail": {}},
                 "notes": notes}
         if engine is not None:
             data["engine"] = engine
