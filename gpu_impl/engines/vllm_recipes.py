@@ -10,13 +10,34 @@ the sglang fakes' torchvision stand-in is on the driver's path). Built by ``gpu_
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+#: The packages a vLLM environment installs by name (the import chain of the FlashAttention backend, found by the
+#: import probe); a row with ``wheel_pins`` takes their versions from the wheel's own Requires-Dist.
+LIGHT = ["numpy", "packaging", "regex", "cachetools", "psutil", "tqdm", "pyyaml", "pydantic", "msgspec",
+         "cloudpickle", "blake3", "py-cpuinfo", "pyzmq", "einops", "typing_extensions", "filelock", "requests",
+         "cbor2", "pybase64", "orjson", "transformers", "aiohttp", "oss-harmony", "openai", "pillow", "uvloop",
+         "prometheus_client", "opentelemetry-api", "starlette", "partial_json_parser", "fastapi", "llguidance",
+         "apache-tvm-ffi"]
+CONSTRAINTS = ["torch==2.13.0", "torchvision==0.0.0", "torchaudio==0.0.0", "torchcodec==0.0.0"]
+
+
+def _pinned_by_wheel() -> dict:
+    """A row whose packages are :data:`LIGHT` at the wheel's own versions (``wheel_pins``)."""
+    return {"torch": "torch==2.13.0", "constraints": list(CONSTRAINTS), "light": list(LIGHT),
+            "no_deps": ["xgrammar", "triton==3.9.0"], "wheel_pins": True}
+
+
 #: Per release: what its environment installs (hashed into the stamp, with the layout version and the release):
 #: ``light`` with dependencies (under the constraints), ``no_deps`` without. ``apache-tvm-ffi`` is xgrammar's
-#: binding (``tvm_ffi``): found missing by the import probe of a build from nothing.
+#: binding (``tvm_ffi``): found missing by the import probe of a build from nothing. Releases 0.27.1 .. 0.32.0 are
+#: rows of the release survey (``data/vllm_survey.json``, scripts/vllm_survey.py): their wheels pin torch 2.13.0.
 RECIPES = {
+    **{release: _pinned_by_wheel() for release in ("0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")},
     "0.33.0": {
         "torch": "torch==2.13.0",
-        "constraints": ["torch==2.13.0", "torchvision==0.0.0", "torchaudio==0.0.0", "torchcodec==0.0.0"],
+        "constraints": list(CONSTRAINTS),
         "light": ["numpy", "packaging", "regex", "cachetools", "psutil", "tqdm", "pyyaml", "pydantic", "msgspec",
                   "cloudpickle", "blake3", "py-cpuinfo", "pyzmq", "einops", "typing_extensions", "filelock",
                   "requests", "cbor2", "pybase64", "orjson", "transformers>=5.16.1,<5.21.0", "aiohttp",
@@ -27,26 +48,30 @@ RECIPES = {
     },
     # 0.34.0: the same packages by name; their versions are the wheel's own specifiers (``wheel_pins``: read from
     # the installed vllm's Requires-Dist by ``wheel_requirements``), so a new release's row is its name and list.
-    "0.34.0": {
-        "torch": "torch==2.13.0",
-        "constraints": ["torch==2.13.0", "torchvision==0.0.0", "torchaudio==0.0.0", "torchcodec==0.0.0"],
-        "light": ["numpy", "packaging", "regex", "cachetools", "psutil", "tqdm", "pyyaml", "pydantic", "msgspec",
-                  "cloudpickle", "blake3", "py-cpuinfo", "pyzmq", "einops", "typing_extensions", "filelock",
-                  "requests", "cbor2", "pybase64", "orjson", "transformers", "aiohttp", "oss-harmony", "openai",
-                  "pillow", "uvloop", "prometheus_client", "opentelemetry-api", "starlette", "partial_json_parser",
-                  "fastapi", "llguidance", "apache-tvm-ffi"],
-        "no_deps": ["xgrammar", "triton==3.9.0"],
-        "wheel_pins": True,
-    },
+    "0.34.0": _pinned_by_wheel(),
 }
 RELEASES = tuple(RECIPES)
+
+#: The release survey's verdicts (``data/vllm_releases.json``, from ``scripts/vllm_survey.py``'s reading of every
+#: wheel 0.8.5 .. 0.32.x): ``shares_row``: a release whose driven files are byte-identical to a registered row's
+#: release (it runs as that row); ``unavailable``: a release this suite cannot run, with the exact reason.
+RELEASES_FILE = Path(__file__).resolve().parent / "data" / "vllm_releases.json"
+_STATUS = json.loads(RELEASES_FILE.read_text())
+SHARES_ROW = dict(_STATUS["shares_row"])
+UNAVAILABLE = {release: entry["reason"] for release, entry in _STATUS["unavailable"].items()}
+
+
+def row_of(release: str):
+    """The registered row that runs ``release`` (itself, or the row it shares); None if neither."""
+    return release if release in RECIPES else SHARES_ROW.get(release)
+
 
 #: Which driver generation drives each release (not hashed into the environment): ``v1`` imitates the V1 model
 #: runner (``vllm/v1/worker/gpu_model_runner.py``, ``block_table.py``), ``v2`` runs the V2 runner's own input and
 #: CUDA-graph code (``vllm/v1/worker/gpu/``; 0.34.0 deleted the V1 runner). ``GENERATION_MODULES``: what each
 #: generation imports from the release beyond the backend (``vllm_driver.py``, ``vllm_driver_v2.py``): an
 #: unregistered release is tried against them (``probe_generation``).
-DRIVER_GENERATIONS = {"0.33.0": "v1", "0.34.0": "v2"}
+DRIVER_GENERATIONS = {**{r: "v1" for r in RECIPES if r != "0.34.0"}, "0.34.0": "v2"}
 GENERATION_MODULES = {
     "v1": {"vllm.v1.worker.block_table": ["get_block_table_width"],
            "vllm.v1.attention.backend": ["CommonAttentionMetadata"]},
