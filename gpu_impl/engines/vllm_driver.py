@@ -247,11 +247,25 @@ class Config:
 
     def table_width(self, spec) -> int:
         """The model runner's per-rank block-table width (gpu_model_runner -> BlockTable): the spec's blocks per
-        request (under DCP a sharded cache holds max_model_len / dcp tokens per rank), aligned to 128 tokens."""
-        from vllm.v1.worker.block_table import get_block_table_width
+        request (under DCP a sharded cache holds max_model_len / dcp tokens per rank), aligned as the release aligns
+        it: by ``get_block_table_width`` (0.27 on), else by the release's own ``MultiGroupBlockTable``, built here as
+        the runner builds it for one KV-cache group (before 0.27 the alignment lives in its constructor)."""
+        import vllm.v1.worker.block_table as bt
 
-        return get_block_table_width(spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"]),
-                                     self.s["block_size"])
+        blocks = spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"])
+        if hasattr(bt, "get_block_table_width"):
+            return bt.get_block_table_width(blocks, self.s["block_size"])
+        import inspect
+
+        import torch
+
+        given = {"max_num_reqs": self.s["max_num_seqs"], "max_num_batched_tokens": self.s["max_num_batched_tokens"],
+                 "pin_memory": False, "device": torch.device("cpu"), "block_sizes": [self.s["block_size"]],
+                 "kernel_block_sizes": [self.s["block_size"]], "max_num_blocks": [blocks],
+                 "max_model_len": self.s["max_model_len"]}
+        params = inspect.signature(bt.MultiGroupBlockTable).parameters
+        table = bt.MultiGroupBlockTable(**{k: v for k, v in given.items() if k in params})
+        return table.block_tables[0].max_num_blocks_per_req
 
     def batch(self, query_lens, seq_lens):
         """vLLM's CommonAttentionMetadata for one batch (padded to a capture size under full CUDA graph)."""

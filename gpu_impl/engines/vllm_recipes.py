@@ -31,10 +31,12 @@ def _pinned_by_wheel() -> dict:
 
 #: Per release: what its environment installs (hashed into the stamp, with the layout version and the release):
 #: ``light`` with dependencies (under the constraints), ``no_deps`` without. ``apache-tvm-ffi`` is xgrammar's
-#: binding (``tvm_ffi``): found missing by the import probe of a build from nothing. Releases 0.27.1 .. 0.32.0 are
-#: rows of the release survey (``data/vllm_survey.json``, scripts/vllm_survey.py): their wheels pin torch 2.13.0.
+#: binding (``tvm_ffi``): found missing by the import probe of a build from nothing. Releases 0.21.0 .. 0.32.0 are
+#: rows of the release survey (``data/vllm_survey.json``, scripts/vllm_survey.py); their wheels pin torch 2.11.0
+#: (0.21 .. 0.26) or 2.13.0, and run on the project's CPU torch 2.13.0 (vLLM itself is installed without deps).
 RECIPES = {
-    **{release: _pinned_by_wheel() for release in ("0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")},
+    **{release: _pinned_by_wheel() for release in ("0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0",
+                                                   "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")},
     "0.33.0": {
         "torch": "torch==2.13.0",
         "constraints": list(CONSTRAINTS),
@@ -61,6 +63,39 @@ SHARES_ROW = dict(_STATUS["shares_row"])
 UNAVAILABLE = {release: entry["reason"] for release, entry in _STATUS["unavailable"].items()}
 
 
+SURVEY_FILE = Path(__file__).resolve().parent / "data" / "vllm_survey.json"
+
+
+def survey_gaps(survey: dict, recipes=None, shares=None, unavailable=None) -> list:
+    """What the release survey (``data/vllm_survey.json``) and the rows disagree on, as sentences: a surveyed release
+    that is neither a row, nor shares one, nor unavailable with a reason; a release that shares a row whose driven
+    files are not byte-identical to its own; a row or a shared release the survey does not list."""
+    recipes = RECIPES if recipes is None else recipes
+    shares = SHARES_ROW if shares is None else shares
+    unavailable = UNAVAILABLE if unavailable is None else unavailable
+    by_release = {e["release"]: e for e in survey["releases"]}
+    gaps = []
+    for release, entry in by_release.items():
+        if release in recipes:
+            continue
+        if release in shares:
+            row = by_release.get(shares[release])
+            if shares[release] not in recipes:
+                gaps.append(f"{release}: shares row {shares[release]}, which is no row of RECIPES")
+            elif row is None or row["driven"] != entry["driven"]:
+                gaps.append(f"{release}: shares row {shares[release]}, but its driven files differ from that "
+                            f"release's (or the survey lacks it)")
+        elif not str(unavailable.get(release) or "").strip():
+            gaps.append(f"{release}: surveyed, but neither a row, nor sharing one, nor unavailable with a reason")
+    from .recipes import release_key
+
+    newest = max((release_key(r) for r in by_release), default=None)
+    for release in list(shares) + list(recipes):
+        if release not in by_release and newest is not None and release_key(release) <= newest:
+            gaps.append(f"{release}: a row or shared release in the survey's range that the survey does not list")
+    return gaps
+
+
 def row_of(release: str):
     """The registered row that runs ``release`` (itself, or the row it shares); None if neither."""
     return release if release in RECIPES else SHARES_ROW.get(release)
@@ -73,7 +108,7 @@ def row_of(release: str):
 #: unregistered release is tried against them (``probe_generation``).
 DRIVER_GENERATIONS = {**{r: "v1" for r in RECIPES if r != "0.34.0"}, "0.34.0": "v2"}
 GENERATION_MODULES = {
-    "v1": {"vllm.v1.worker.block_table": ["get_block_table_width"],
+    "v1": {"vllm.v1.worker.block_table": ["MultiGroupBlockTable"],
            "vllm.v1.attention.backend": ["CommonAttentionMetadata"]},
     "v2": {"vllm.v1.kv_cache_interface": ["get_block_table_width", "KVCacheConfig", "KVCacheGroupSpec"],
            "vllm.v1.worker.gpu.cudagraph_utils": ["CudaGraphManager", "BatchExecutionDescriptor",
