@@ -47,8 +47,7 @@ DRIVEN = ("vllm/v1/attention/backends/flash_attn.py", "vllm/v1/attention/backend
           "vllm/config/vllm.py", "vllm/config.py", "{vllm/v1/worker/gpu}")
 
 #: names the first generation's Config uses beyond GENERATION_MODULES (checked statically only)
-STATIC_EXTRA = {"v1": {"vllm.model_executor.layers.attention": ["Attention"],
-                       "vllm.config.compilation": ["CUDAGraphMode"],
+STATIC_EXTRA = {"v1": {"vllm.config.compilation": ["CUDAGraphMode"],
                        "vllm.config.attention": ["AttentionConfig"]},
                 "v2": {}}
 
@@ -102,13 +101,15 @@ def static_missing(src: Path, generation: str) -> list:
     tables = (vllm_recipes.COMMON_MODULES, vllm_recipes.GENERATION_MODULES[generation], STATIC_EXTRA[generation])
     missing = []
     for table in tables:
-        for module, names in table.items():
-            f = module_file(src, module)
-            if f is None:
-                missing.append(f"{module} (no such module)")
+        for key, names in table.items():
+            candidates = [m.strip() for m in key.split("|")]
+            files = {m: module_file(src, m) for m in candidates}
+            have = {m: top_level_names(f) for m, f in files.items() if f is not None}
+            module = next((m for m in candidates if m in have and set(names) <= have[m]), candidates[0])
+            if module not in have:
+                missing.append(f"{key} (no such module)")
                 continue
-            have = top_level_names(f)
-            missing.extend(f"{module}.{n}" for n in names if n not in have)
+            missing.extend(f"{module}.{n}" for n in names if n not in have[module])
     return missing
 
 

@@ -172,7 +172,9 @@ class Config:
         import torch
         from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
         from vllm.config.compilation import CUDAGraphMode
-        from vllm.model_executor.layers.attention import Attention
+        from .vllm_recipes import locate
+
+        Attention = locate("Attention")  # noqa: N806 - vLLM's class (moved in 0.16: GENERATION_MODULES)
         from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
         fa = engine.fa
@@ -270,7 +272,9 @@ class Config:
     def batch(self, query_lens, seq_lens):
         """vLLM's CommonAttentionMetadata for one batch (padded to a capture size under full CUDA graph)."""
         import torch
-        from vllm.v1.attention.backend import CommonAttentionMetadata
+        from .vllm_recipes import locate
+
+        CommonAttentionMetadata = locate("CommonAttentionMetadata")  # noqa: N806 - vLLM's class
 
         s = self.s
         q, k = list(query_lens), list(seq_lens)

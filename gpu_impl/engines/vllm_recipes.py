@@ -23,20 +23,30 @@ LIGHT = ["numpy", "packaging", "regex", "cachetools", "psutil", "tqdm", "pyyaml"
 CONSTRAINTS = ["torch==2.13.0", "torchvision==0.0.0", "torchaudio==0.0.0", "torchcodec==0.0.0"]
 
 
-def _pinned_by_wheel() -> dict:
-    """A row whose packages are :data:`LIGHT` at the wheel's own versions (``wheel_pins``)."""
-    return {"torch": "torch==2.13.0", "constraints": list(CONSTRAINTS), "light": list(LIGHT),
+def _pinned_by_wheel(*extra: str) -> dict:
+    """A row whose packages are :data:`LIGHT` (and ``extra``: what the release's import probe found missing) at the
+    wheel's own versions (``wheel_pins``)."""
+    return {"torch": "torch==2.13.0", "constraints": list(CONSTRAINTS), "light": list(LIGHT) + list(extra),
             "no_deps": ["xgrammar", "triton==3.9.0"], "wheel_pins": True}
+
+
+#: Releases whose backend import chain imports ``gguf`` (``vllm/transformers_utils/config.py`` ->
+#: ``gguf_utils``, up to 0.23.0): found by the import probe ("No module named 'gguf'").
+_GGUF = ("0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.2", "0.21.0",
+         "0.22.1", "0.23.0")
 
 
 #: Per release: what its environment installs (hashed into the stamp, with the layout version and the release):
 #: ``light`` with dependencies (under the constraints), ``no_deps`` without. ``apache-tvm-ffi`` is xgrammar's
-#: binding (``tvm_ffi``): found missing by the import probe of a build from nothing. Releases 0.21.0 .. 0.32.0 are
-#: rows of the release survey (``data/vllm_survey.json``, scripts/vllm_survey.py); their wheels pin torch 2.11.0
-#: (0.21 .. 0.26) or 2.13.0, and run on the project's CPU torch 2.13.0 (vLLM itself is installed without deps).
+#: binding (``tvm_ffi``): found missing by the import probe of a build from nothing. Releases 0.16.0 .. 0.32.0 are
+#: rows of the release survey (``data/vllm_survey.json``, scripts/vllm_survey.py); their wheels pin torch 2.9.1
+#: (0.16), 2.10.0 (0.17 .. 0.19), 2.11.0 (0.20 .. 0.26) or 2.13.0; each runs on the project's CPU torch 2.13.0
+#: (vLLM itself is installed without dependencies) as far as its import probe and its gate show.
 RECIPES = {
-    **{release: _pinned_by_wheel() for release in ("0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0",
-                                                   "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")},
+    **{release: _pinned_by_wheel(*(("gguf",) if release in _GGUF else ())) for release in ("0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
+                                                   "0.19.1", "0.20.0", "0.20.2", "0.21.0", "0.22.1", "0.23.0",
+                                                   "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0",
+                                                   "0.30.0", "0.31.0", "0.32.0")},
     "0.33.0": {
         "torch": "torch==2.13.0",
         "constraints": list(CONSTRAINTS),
@@ -96,6 +106,25 @@ def survey_gaps(survey: dict, recipes=None, shares=None, unavailable=None) -> li
     return gaps
 
 
+def survey_markdown(survey: dict) -> str:
+    """The docs table of the release survey (docs/engines-vllm.md, "The release survey"): one line per row of
+    releases with byte-identical driven files: the releases, the row that runs them, the wheel's torch pin, the
+    driver generation or why unavailable, and the backend features the survey read."""
+    lines = ["| releases | row | wheel's torch | status | backend features read |", "|---|---|---|---|---|"]
+    groups: dict = {}
+    for e in survey["releases"]:
+        groups.setdefault(e["row"], []).append(e)
+    for row, entries in groups.items():
+        names = [e["release"] for e in entries]
+        if row_of(row) is not None:
+            status = f"driven, generation {DRIVER_GENERATIONS[row_of(row)]}"
+        else:
+            status = "unavailable: " + "; ".join(sorted({UNAVAILABLE.get(n, "not recorded") for n in names}))
+        lines.append(f"| {', '.join(names)} | {row} | {entries[-1]['torch']} | {status} | "
+                     f"{', '.join(entries[-1]['features'])} |")
+    return "\n".join(lines)
+
+
 def row_of(release: str):
     """The registered row that runs ``release`` (itself, or the row it shares); None if neither."""
     return release if release in RECIPES else SHARES_ROW.get(release)
@@ -107,9 +136,12 @@ def row_of(release: str):
 #: generation imports from the release beyond the backend (``vllm_driver.py``, ``vllm_driver_v2.py``): an
 #: unregistered release is tried against them (``probe_generation``).
 DRIVER_GENERATIONS = {**{r: "v1" for r in RECIPES if r != "0.34.0"}, "0.34.0": "v2"}
+#: A module key ``"a | b"`` means the names live in the first of those modules that has them (a release moved them):
+#: :func:`locate` finds them, :func:`missing_for_generation` counts them missing only where no candidate has them.
 GENERATION_MODULES = {
     "v1": {"vllm.v1.worker.block_table": ["MultiGroupBlockTable"],
-           "vllm.v1.attention.backend": ["CommonAttentionMetadata"]},
+           "vllm.v1.attention.backend | vllm.v1.attention.backends.utils": ["CommonAttentionMetadata"],
+           "vllm.model_executor.layers.attention | vllm.attention.layer": ["Attention"]},
     "v2": {"vllm.v1.kv_cache_interface": ["get_block_table_width", "KVCacheConfig", "KVCacheGroupSpec"],
            "vllm.v1.worker.gpu.cudagraph_utils": ["CudaGraphManager", "BatchExecutionDescriptor",
                                                   "prepare_inputs_to_capture"],
@@ -170,7 +202,9 @@ def missing_for_generation(generation: str, source=None) -> list:
 
     missing = []
     for table in (COMMON_MODULES, GENERATION_MODULES[generation]):
-        for module, names in table.items():
+        for key, names in table.items():
+            candidates = [m.strip() for m in key.split("|")]
+            module = next((m for m in candidates if _has_all(m, names)), candidates[0])
             try:
                 mod = importlib.import_module(module)
             except Exception as exc:  # noqa: BLE001 - what the release lacks is the answer
@@ -182,6 +216,33 @@ def missing_for_generation(generation: str, source=None) -> list:
                 continue
             missing.extend(f"{module}.{n}" for n in names if not hasattr(mod, n))
     return missing
+
+
+def _has_all(module: str, names) -> bool:
+    """Whether ``module`` imports and binds every one of ``names`` (an import error: no)."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - a candidate that does not import is not the one
+        return False
+    return all(hasattr(mod, n) for n in names)
+
+
+def locate(name: str):
+    """The object ``name`` of the imported vllm, from the first module of its ``GENERATION_MODULES`` key that has it
+    (a name a release moved: ``Attention`` lived in ``vllm.attention.layer`` before 0.16); ImportError naming every
+    candidate otherwise. Run inside an engine environment."""
+    import importlib
+
+    for table in GENERATION_MODULES.values():
+        for key, names in table.items():
+            if name in names:
+                for module in (m.strip() for m in key.split("|")):
+                    if _has_all(module, [name]):
+                        return getattr(importlib.import_module(module), name)
+                raise ImportError(f"{name}: in none of {key}")
+    raise KeyError(f"{name}: not a name the driver generations locate (GENERATION_MODULES)")
 
 
 def _marker_applies(marker: str) -> bool:
