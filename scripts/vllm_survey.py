@@ -47,8 +47,7 @@ DRIVEN = ("vllm/v1/attention/backends/flash_attn.py", "vllm/v1/attention/backend
           "vllm/config/vllm.py", "vllm/config.py", "{vllm/v1/worker/gpu}")
 
 #: names the first generation's Config uses beyond GENERATION_MODULES (checked statically only)
-STATIC_EXTRA = {"v1": {"vllm.config.compilation": ["CUDAGraphMode"],
-                       "vllm.config.attention": ["AttentionConfig"]},
+STATIC_EXTRA = {"v1": {"vllm.config.compilation": ["CUDAGraphMode"]},
                 "v2": {}}
 
 #: a backend feature -> a regular expression over ``flash_attn.py`` that shows it

@@ -146,11 +146,22 @@ class _ModelStandIn:
         self.is_mm_prefix_lm = False
         self.is_diffusion = False
         self.dtype = torch_dtype
-        self._heads = s["num_heads"]
+        self.hf_text_config = self.hf_config
+        self.is_hybrid = False
+        self.is_encoder_decoder = False
+        self._heads, self._kv_heads, self._head_size = s["num_heads"], s["num_kv_heads"], s["head_dim"]
         self.max_model_len = s["max_model_len"]  # 0.34.0's build reads it under VLLM_BATCH_INVARIANT
 
     def get_num_attention_heads(self, parallel_config) -> int:
         return self._heads // parallel_config.tensor_parallel_size
+
+    def get_num_kv_heads(self, parallel_config) -> int:
+        """As vLLM's ModelConfig: at least one KV head per rank (the builder of 0.28 and before reads it)."""
+        return max(1, self._kv_heads // parallel_config.tensor_parallel_size)
+
+    def get_head_size(self) -> int:
+        """The model's (K) head size: the precompute's ``headdim`` in the builder of 0.28 and before."""
+        return self._head_size
 
 
 class _DCPGroup:
@@ -193,7 +204,10 @@ class Config:
         vc.parallel_config.decode_context_parallel_size = s["dcp"]
         vc.cache_config.cache_dtype = s["kv_cache_dtype"]
         vc.cache_config.block_size = s["block_size"]
-        vc.attention_config.flash_attn_max_num_splits_for_cuda_graph = s["max_num_splits_for_cuda_graph"]
+        if hasattr(vc, "attention_config"):
+            vc.attention_config.flash_attn_max_num_splits_for_cuda_graph = s["max_num_splits_for_cuda_graph"]
+        else:  # up to 0.12 the builder reads the bound from vLLM's environment variable
+            os.environ["VLLM_FLASH_ATTN_MAX_NUM_SPLITS_FOR_CUDA_GRAPH"] = str(s["max_num_splits_for_cuda_graph"])
         object.__setattr__(vc, "model_config", _ModelStandIn(s, dtype))
         self.vc = vc
         self.h = s["num_heads"] // s["tp"]
@@ -359,11 +373,10 @@ class Engine:
         torch.set_num_threads(1)
         import vllm
         import vllm.v1.attention.backends.flash_attn as fa
-        import vllm.v1.attention.backends.fa_utils as fa_utils
 
         self.vllm, self.fa, self.glue = vllm, fa, vllm_glue
         self.generation = os.environ.get(GENERATION_VARIABLE) or "v1"
-        from .vllm_recipes import GENERATION_MODULES, missing_for_generation
+        from .vllm_recipes import GENERATION_MODULES, locate, missing_for_generation
 
         if self.generation in GENERATION_MODULES:
             missing = missing_for_generation(self.generation, os.environ.get("FA3VERIFY_VLLM_SOURCE"))
@@ -378,7 +391,7 @@ class Engine:
             self.config_class = Config
         else:
             raise ValueError(f"{GENERATION_VARIABLE}: v1 or v2, got {self.generation!r}")
-        self.fa_version = fa_utils.get_flash_attn_version()
+        self.fa_version = locate("get_flash_attn_version")()  # fa_utils moved in 0.14 (COMMON_MODULES)
         self.import_s = time.monotonic() - t
         self._patch_dcp_combine()
 

@@ -31,19 +31,20 @@ def _pinned_by_wheel(*extra: str) -> dict:
 
 
 #: Releases whose backend import chain imports ``gguf`` (``vllm/transformers_utils/config.py`` ->
-#: ``gguf_utils``, up to 0.23.0): found by the import probe ("No module named 'gguf'").
-_GGUF = ("0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.2", "0.21.0",
-         "0.22.1", "0.23.0")
+#: ``gguf_utils``, 0.12.0 .. 0.23.0): found by the import probe ("No module named 'gguf'").
+_GGUF = ("0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1",
+         "0.19.0", "0.19.1", "0.20.0", "0.20.2", "0.21.0", "0.22.1", "0.23.0")
 
 
 #: Per release: what its environment installs (hashed into the stamp, with the layout version and the release):
 #: ``light`` with dependencies (under the constraints), ``no_deps`` without. ``apache-tvm-ffi`` is xgrammar's
-#: binding (``tvm_ffi``): found missing by the import probe of a build from nothing. Releases 0.16.0 .. 0.32.0 are
-#: rows of the release survey (``data/vllm_survey.json``, scripts/vllm_survey.py); their wheels pin torch 2.9.1
-#: (0.16), 2.10.0 (0.17 .. 0.19), 2.11.0 (0.20 .. 0.26) or 2.13.0; each runs on the project's CPU torch 2.13.0
-#: (vLLM itself is installed without dependencies) as far as its import probe and its gate show.
+#: binding (``tvm_ffi``): found missing by the import probe of a build from nothing. Releases 0.11.0 .. 0.32.0 are
+#: rows of the release survey (``data/vllm_survey.json``, scripts/vllm_survey.py); their wheels pin torch 2.8.0
+#: (0.11.0), 2.9.0 (0.11.1 .. 0.13), 2.9.1 (0.14 .. 0.16), 2.10.0 (0.17 .. 0.19), 2.11.0 (0.20 .. 0.26) or
+#: 2.13.0; each runs on the project's CPU torch 2.13.0 (vLLM itself installed without dependencies) as far as its
+#: import probe and its gate show.
 RECIPES = {
-    **{release: _pinned_by_wheel(*(("gguf",) if release in _GGUF else ())) for release in ("0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
+    **{release: _pinned_by_wheel(*(("gguf",) if release in _GGUF else ())) for release in ("0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
                                                    "0.19.1", "0.20.0", "0.20.2", "0.21.0", "0.22.1", "0.23.0",
                                                    "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0",
                                                    "0.30.0", "0.31.0", "0.32.0")},
@@ -151,7 +152,7 @@ GENERATION_MODULES = {
 }
 COMMON_MODULES = {"vllm.v1.attention.backends.flash_attn": ["FlashAttentionMetadataBuilder", "FlashAttentionImpl",
                                                             "FlashAttentionBackend"],
-                  "vllm.v1.attention.backends.fa_utils": ["get_flash_attn_version"],
+                  "vllm.v1.attention.backends.fa_utils | vllm.attention.utils.fa_utils": ["get_flash_attn_version"],
                   "vllm.v1.kv_cache_interface": ["FullAttentionSpec", "SlidingWindowSpec"],
                   "vllm.config": ["VllmConfig", "CompilationConfig"]}
 
@@ -160,8 +161,8 @@ LAYOUT_VERSION = 1
 
 #: The import probe: the backend module with the CPU glue installed, and FA3 (not FA2) chosen by vLLM's own helper.
 PROBE = ("from gpu_impl.engines import vllm_glue; vllm_glue.install(); "
-         "import vllm.v1.attention.backends.fa_utils as u; import vllm.v1.attention.backends.flash_attn; "
-         "v = u.get_flash_attn_version(); assert v == 3, v; print('fa', v)")
+         "from gpu_impl.engines.vllm_recipes import locate; import vllm.v1.attention.backends.flash_attn; "
+         "v = locate('get_flash_attn_version')(); assert v == 3, v; print('fa', v)")
 
 #: A local copy of the release's wheel, installed instead of asking the registry, when this variable names one.
 WHEEL_VARIABLE = "FA3VERIFY_VLLM_WHEEL"
@@ -230,12 +231,13 @@ def _has_all(module: str, names) -> bool:
 
 
 def locate(name: str):
-    """The object ``name`` of the imported vllm, from the first module of its ``GENERATION_MODULES`` key that has it
-    (a name a release moved: ``Attention`` lived in ``vllm.attention.layer`` before 0.16); ImportError naming every
-    candidate otherwise. Run inside an engine environment."""
+    """The object ``name`` of the imported vllm, from the first module of its ``GENERATION_MODULES``
+    or ``COMMON_MODULES`` key that has it (a name a release moved: ``Attention`` lived in ``vllm.attention.layer``
+    before 0.16, ``get_flash_attn_version`` in ``vllm.attention.utils.fa_utils`` before 0.14); ImportError naming
+    every candidate otherwise. Run inside an engine environment."""
     import importlib
 
-    for table in GENERATION_MODULES.values():
+    for table in (COMMON_MODULES, *GENERATION_MODULES.values()):
         for key, names in table.items():
             if name in names:
                 for module in (m.strip() for m in key.split("|")):
