@@ -256,7 +256,19 @@ class Config:
                 spec = FullAttentionSpec(block_size=s["block_size"], num_kv_heads=self.hk, head_size=s["head_dim"],
                                          dtype=kv_dtype, **v_size)
             self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
-        self.kv_cache = torch.zeros(1, self.hk, s["block_size"], s["head_dim"] + self.dv, dtype=kv_dtype)
+        # the KV cache as the release's backend lays it out (``get_kv_cache_shape``: K and V packed in the last
+        # dimension from 0.26, a separate K/V dimension before); the packed layout where the backend does not say
+        shape = packed = (1, self.hk, s["block_size"], s["head_dim"] + self.dv)
+        get_shape = getattr(self.backend, "get_kv_cache_shape", None)
+        if get_shape is not None and self.dv == s["head_dim"]:
+            try:
+                shape = tuple(get_shape(1, s["block_size"], self.hk, s["head_dim"], s["kv_cache_dtype"]))
+            except NotImplementedError:
+                pass
+        if numerics and shape != packed:
+            raise Unsupported(f"numerics: the emulator's KV cache is the packed layout {packed}; this release's "
+                              f"backend lays it out as {shape} (get_kv_cache_shape)")
+        self.kv_cache = torch.zeros(shape, dtype=kv_dtype)
         self.spec = spec
         self.max_blocks = self.table_width(spec)
         self.steps_built = 0
@@ -268,7 +280,7 @@ class Config:
         the runner builds it for one KV-cache group (before 0.27 the alignment lives in its constructor)."""
         import vllm.v1.worker.block_table as bt
 
-        blocks = spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"])
+        blocks = self._blocks_per_request(spec)
         if hasattr(bt, "get_block_table_width"):
             return bt.get_block_table_width(blocks, self.s["block_size"])
         import inspect
@@ -282,6 +294,22 @@ class Config:
         params = inspect.signature(bt.MultiGroupBlockTable).parameters
         table = bt.MultiGroupBlockTable(**{k: v for k, v in given.items() if k in params})
         return table.block_tables[0].max_num_blocks_per_req
+
+    def _blocks_per_request(self, spec) -> int:
+        """KV-cache blocks per request before alignment: the KV-cache spec's ``max_num_blocks_per_req`` (0.26 on);
+        before, the V1 runner's own inline rule (``gpu_model_runner.may_reinitialize_input_batch``, e.g. 0.25.1 line
+        7039): ``cdiv(max_model_len, block_size * total CP world size)``, the world size from vLLM's
+        ``get_total_cp_world_size`` where the release has it (DCP x PCP), else DCP's (releases whose
+        ``MultiGroupBlockTable`` takes ``max_model_len`` compute it themselves and ignore this number)."""
+        if hasattr(spec, "max_num_blocks_per_req"):
+            return spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"])
+        try:
+            from vllm.v1.worker.cp_utils import get_total_cp_world_size
+        except ImportError:
+            world = self.s["dcp"]
+        else:
+            world = get_total_cp_world_size()
+        return -(-self.s["max_model_len"] // (self.s["block_size"] * world))
 
     def batch(self, query_lens, seq_lens):
         """vLLM's CommonAttentionMetadata for one batch (padded to a capture size under full CUDA graph)."""

@@ -30,7 +30,9 @@ FAKED = (
     "fp8 dtype, and device type cpu (vLLM's CUDA platform module imports vllm._C, a CUDA build)",
     "vllm.distributed.parallel_state._DCP: a one-process stand-in group (world size, rank, all_gather by "
     "repetition) when a decode-context-parallel world size > 1 is asked for; the DCP LSE combine and merge_attn_states are "
-    "shape-only stand-ins; torch.accelerator.empty_cache (called by vLLM's workspace manager) is a no-op on CPU",
+    "shape-only stand-ins; torch.accelerator.empty_cache (called by vLLM's workspace manager) is a no-op on CPU; "
+    "torch.cuda.get_device_capability answers (9, 0) on a CPU torch (the fork's FA3 probe in vLLM <= 0.16 asks it "
+    "directly, not through the platform)",
     "vllm.__path__ (vllm-src=PATH only): the release's vllm package appended after the checkout's, so what a plain "
     "clone lacks until it is built (vllm_flash_attn/, the compiled extensions) is the release's; every module the "
     "checkout has is its own",
@@ -160,6 +162,9 @@ def _install_accelerator_stub() -> None:
 
     if not torch.cuda.is_available():
         torch.accelerator.empty_cache = lambda: None
+        # the fork's FA3 probe of vLLM <= 0.16 (``flash_attn_interface._is_fa3_supported``) asks torch.cuda directly
+        # rather than vLLM's platform; on a CPU torch it raises and vLLM falls back to no FlashAttention at all
+        torch.cuda.get_device_capability = lambda device=None: (9, 0)
 
 
 def _install_build_fallback() -> Optional[str]:
