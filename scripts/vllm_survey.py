@@ -36,7 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu_impl.engines import vllm_recipes  # noqa: E402
-from gpu_impl.engines.recipes import release_key  # noqa: E402
 
 #: the files whose code the driver runs or imitates (one hash each); a name in braces: every file under that folder
 DRIVEN = ("vllm/v1/attention/backends/flash_attn.py", "vllm/v1/attention/backends/fa_utils.py",
@@ -171,7 +170,7 @@ def main(argv=None) -> int:
     if not folders:
         print(f"src: {src} holds no vllm-<V>/ folder with an unpacked vllm/ package", file=sys.stderr)
         return 2
-    folders.sort(key=lambda f: release_key(f.name[len("vllm-"):]))
+    folders.sort(key=lambda f: vllm_recipes.version_key(f.name[len("vllm-"):]))
     surveyed = [survey_release(f) for f in folders]
     rows = group_rows(surveyed)
     row_of = {r: row["row"] for row in rows for r in row["releases"]}

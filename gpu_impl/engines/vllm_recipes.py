@@ -38,13 +38,13 @@ _GGUF = ("0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "
 
 #: Per release: what its environment installs (hashed into the stamp, with the layout version and the release):
 #: ``light`` with dependencies (under the constraints), ``no_deps`` without. ``apache-tvm-ffi`` is xgrammar's
-#: binding (``tvm_ffi``): found missing by the import probe of a build from nothing. Releases 0.11.0 .. 0.32.0 are
-#: rows of the release survey (``data/vllm_survey.json``, scripts/vllm_survey.py); their wheels pin torch 2.8.0
-#: (0.11.0), 2.9.0 (0.11.1 .. 0.13), 2.9.1 (0.14 .. 0.16), 2.10.0 (0.17 .. 0.19), 2.11.0 (0.20 .. 0.26) or
+#: binding (``tvm_ffi``): found missing by the import probe of a build from nothing. Releases 0.10.1 .. 0.32.0 are
+#: rows of the release survey (``data/vllm_survey.json``, scripts/vllm_survey.py); their wheels pin torch 2.7.1
+#: (0.10.1), 2.8.0 (0.10.2, 0.11.0), 2.9.0 (0.11.1 .. 0.13), 2.9.1 (0.14 .. 0.16), 2.10.0 (0.17 .. 0.19), 2.11.0 (0.20 .. 0.26) or
 #: 2.13.0; each runs on the project's CPU torch 2.13.0 (vLLM itself installed without dependencies) as far as its
 #: import probe and its gate show.
 RECIPES = {
-    **{release: _pinned_by_wheel(*(("gguf",) if release in _GGUF else ())) for release in ("0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
+    **{release: _pinned_by_wheel(*(("gguf",) if release in _GGUF else ())) for release in ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
                                                    "0.19.1", "0.20.0", "0.20.2", "0.21.0", "0.22.1", "0.23.0",
                                                    "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0",
                                                    "0.30.0", "0.31.0", "0.32.0")},
@@ -77,6 +77,17 @@ UNAVAILABLE = {release: entry["reason"] for release, entry in _STATUS["unavailab
 SURVEY_FILE = Path(__file__).resolve().parent / "data" / "vllm_survey.json"
 
 
+def version_key(release: str) -> tuple:
+    """A vLLM version number as a sortable tuple: ``0.9.0.1`` and ``0.8.5.post1`` included (four parts, a post
+    number); ValueError for anything else."""
+    import re
+
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:\.(\d+))?(?:\.post(\d+))?", str(release))
+    if not m:
+        raise ValueError(f"not a release number: {release!r}")
+    return tuple(int(x or 0) for x in m.groups())
+
+
 def survey_gaps(survey: dict, recipes=None, shares=None, unavailable=None) -> list:
     """What the release survey (``data/vllm_survey.json``) and the rows disagree on, as sentences: a surveyed release
     that is neither a row, nor shares one, nor unavailable with a reason; a release that shares a row whose driven
@@ -98,11 +109,9 @@ def survey_gaps(survey: dict, recipes=None, shares=None, unavailable=None) -> li
                             f"release's (or the survey lacks it)")
         elif not str(unavailable.get(release) or "").strip():
             gaps.append(f"{release}: surveyed, but neither a row, nor sharing one, nor unavailable with a reason")
-    from .recipes import release_key
-
-    newest = max((release_key(r) for r in by_release), default=None)
+    newest = max((version_key(r) for r in by_release), default=None)
     for release in list(shares) + list(recipes):
-        if release not in by_release and newest is not None and release_key(release) <= newest:
+        if release not in by_release and newest is not None and version_key(release) <= newest:
             gaps.append(f"{release}: a row or shared release in the survey's range that the survey does not list")
     return gaps
 
@@ -117,10 +126,11 @@ def survey_markdown(survey: dict) -> str:
         groups.setdefault(e["row"], []).append(e)
     for row, entries in groups.items():
         names = [e["release"] for e in entries]
-        if row_of(row) is not None:
-            status = f"driven, generation {DRIVER_GENERATIONS[row_of(row)]}"
+        registered = next((row_of(n) for n in names if row_of(n) is not None), None)
+        if registered is not None:
+            row, status = registered, f"driven, generation {DRIVER_GENERATIONS[registered]}"
         else:
-            status = "unavailable: " + "; ".join(sorted({UNAVAILABLE.get(n, "not recorded") for n in names}))
+            row, status = "-", "unavailable: " + "; ".join(sorted({UNAVAILABLE.get(n, "not recorded") for n in names}))
         lines.append(f"| {', '.join(names)} | {row} | {entries[-1]['torch']} | {status} | "
                      f"{', '.join(entries[-1]['features'])} |")
     return "\n".join(lines)
