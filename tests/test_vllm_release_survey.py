@@ -85,3 +85,12 @@ def test_setup_and_gate_of_an_unavailable_release_exit_3_naming_the_reason(comma
     err = capsys.readouterr().err
     assert reason in err and "Traceback" not in err
     assert main(command + ["vllm==0.8.4"] + extra) == 2  # before the first precompute: bad input, named
+
+
+def test_the_docs_table_of_the_survey_is_the_data():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "engines-vllm.md").read_text()
+    start = text.index("<!-- vllm-survey-table:")
+    block = text[text.index("\n", start) + 1:text.index("<!-- end vllm-survey-table -->")].strip()
+    assert block == vllm_recipes.survey_markdown(SURVEY)
