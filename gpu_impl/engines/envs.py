@@ -68,9 +68,8 @@ def _check_vllm(release: str) -> str:
     if row is not None:
         return row
     if release in vllm_recipes.UNAVAILABLE:
-        raise ReleaseUnavailable(f"vllm=={release}: unavailable on this suite's CPU torch "
-                                 f"({vllm_recipes.RECIPES[vllm_recipes.RELEASES[-1]]['torch']}): "
-                                 f"{vllm_recipes.UNAVAILABLE[release]} (gpu_impl/engines/data/vllm_releases.json)")
+        raise ReleaseUnavailable(f"vllm=={release}: unavailable: {vllm_recipes.UNAVAILABLE[release]} "
+                                 f"(gpu_impl/engines/data/vllm_releases.json)")
     if release not in vllm_recipes.RECIPES:
         raise UnknownRelease(f"vllm=={release}: not a vLLM release this suite knows (registered: "
                              f"{', '.join(vllm_recipes.RELEASES)}); " + next_step("vllm", release))
