@@ -332,12 +332,18 @@ class Config:
             self.kv_cache, table = numerics_kv(self.hk, s["block_size"], s["head_dim"], self.dtype, k,
                                                self.max_blocks, seed=s["seed"] + 7919 * self.steps_built)
         self.steps_built += 1
-        return CommonAttentionMetadata(
-            query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=torch.tensor(k, dtype=torch.int32),
-            num_reqs=n, num_actual_tokens=int(sum(q)), max_query_len=max(q), max_seq_len=max(k),
-            block_table_tensor=table,
-            slot_mapping=torch.zeros(int(sum(q)), dtype=torch.int64), causal=True,
-            seq_lens_cpu_upper_bound=torch.tensor(k, dtype=torch.int32))
+        import dataclasses
+
+        seq_lens = torch.tensor(k, dtype=torch.int32)
+        given = dict(query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq_lens,
+                     num_reqs=n, num_actual_tokens=int(sum(q)), max_query_len=max(q), max_seq_len=max(k),
+                     block_table_tensor=table, slot_mapping=torch.zeros(int(sum(q)), dtype=torch.int64), causal=True,
+                     # the CPU copies the V1 runner hands over (fields of the release's dataclass, by release:
+                     # seq_lens_cpu / num_computed_tokens_cpu up to 0.12, seq_lens_cpu_upper_bound from 0.20)
+                     seq_lens_cpu=seq_lens.clone(), seq_lens_cpu_upper_bound=seq_lens.clone(),
+                     num_computed_tokens_cpu=seq_lens - torch.tensor(q, dtype=torch.int32))
+        fields = {f.name for f in dataclasses.fields(CommonAttentionMetadata)}
+        return CommonAttentionMetadata(**{name: v for name, v in given.items() if name in fields})
 
     def step(self, query_lens, seq_lens, front):
         """One batch the first generation's way: (metadata, path label, None)."""
