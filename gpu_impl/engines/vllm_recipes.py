@@ -35,6 +35,10 @@ def _pinned_by_wheel(*extra: str) -> dict:
 _GGUF = ("0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1",
          "0.19.0", "0.19.1", "0.20.0", "0.20.2", "0.21.0", "0.22.1", "0.23.0")
 
+#: Releases whose ``vllm/utils/__init__.py`` imports ``setproctitle`` at import: found by the import probe ("No
+#: module named 'setproctitle'").
+_SETPROCTITLE = ("0.10.1", "0.10.2", "0.11.0")
+
 
 #: Per release: what its environment installs (hashed into the stamp, with the layout version and the release):
 #: ``light`` with dependencies (under the constraints), ``no_deps`` without. ``apache-tvm-ffi`` is xgrammar's
@@ -44,7 +48,8 @@ _GGUF = ("0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "
 #: 2.13.0; each runs on the project's CPU torch 2.13.0 (vLLM itself installed without dependencies) as far as its
 #: import probe and its gate show.
 RECIPES = {
-    **{release: _pinned_by_wheel(*(("gguf",) if release in _GGUF else ())) for release in ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
+    **{release: _pinned_by_wheel(*(("gguf",) if release in _GGUF else ()),
+                                 *(("setproctitle",) if release in _SETPROCTITLE else ())) for release in ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
                                                    "0.19.1", "0.20.0", "0.20.2", "0.21.0", "0.22.1", "0.23.0",
                                                    "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0",
                                                    "0.30.0", "0.31.0", "0.32.0")},
