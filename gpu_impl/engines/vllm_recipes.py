@@ -31,9 +31,11 @@ def _pinned_by_wheel(*extra: str) -> dict:
 
 
 #: Releases whose backend import chain imports ``gguf`` (``vllm/transformers_utils/config.py`` ->
-#: ``gguf_utils``, 0.12.0 .. 0.23.0): found by the import probe ("No module named 'gguf'").
-_GGUF = ("0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1",
-         "0.19.0", "0.19.1", "0.20.0", "0.20.2", "0.21.0", "0.22.1", "0.23.0")
+#: ``gguf_utils``, 0.12.0 .. 0.23.0): found by the import probe ("No module named 'gguf'"); 0.10.1 .. 0.11.2 import
+#: it where vLLM's own validation inspects the model class (a subprocess of ``vllm.model_executor.models.registry``).
+_GGUF = ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1",
+         "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.2", "0.21.0",
+         "0.22.1", "0.23.0")
 
 #: Releases whose ``vllm/utils/__init__.py`` imports ``setproctitle`` at import: found by the import probe ("No
 #: module named 'setproctitle'").
