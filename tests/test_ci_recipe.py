@@ -352,6 +352,8 @@ def _imported_files(site: Path, backend_files: list, package: str) -> set:
         return False
 
     for rel in backend_files:
+        if not (site / rel).is_file():  # a release that keeps it elsewhere (vLLM's fa_utils before 0.14)
+            continue
         found.add(rel)
         for node in ast.walk(ast.parse((site / rel).read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == package:

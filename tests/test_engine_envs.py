@@ -120,7 +120,7 @@ def test_targets_and_releases_are_checked_per_engine():
     assert envs.parse_target("vllm==0.33.0") == ("vllm", "0.33.0")
     with pytest.raises(UnknownRelease, match="allowed: sglang==V, vllm==V"):
         envs.parse_target("trt==1.0")
-    with pytest.raises(UnknownRelease, match="registered: 0.33.0"):
+    with pytest.raises(UnknownRelease, match="registered: .*0.33.0, 0.34.0"):
         envs.check_release("0.5.23", engine="vllm")
     assert envs.env_dir("0.33.0", root=envs.Path("/r"), engine="vllm") == envs.Path("/r/vllm-0.33.0")
     assert envs.env_dir("0.5.23", root=envs.Path("/r")) == envs.Path("/r/sglang-0.5.23")

@@ -29,7 +29,7 @@ from typing import Callable, Optional
 from spec.process.worker_client import WorkerError, run_command
 
 from . import installers, recipes, torch_build, vllm_recipes
-from .errors import EnvSetupError, NoPrecompute, UnknownRelease
+from .errors import EnvSetupError, NoPrecompute, ReleaseUnavailable, UnknownRelease
 
 __all__ = ["FAKES_DIR", "KINDS", "PROJECT_ROOT", "PACKAGES", "project_path", "check_release", "engine_home", "ensure_env", "env_dir",
            "env_python", "env_ready", "driver_environ", "recipe_hash", "setup_times", "install_steps",
@@ -62,6 +62,14 @@ def _check_sglang(release: str) -> str:
 
 
 def _check_vllm(release: str) -> str:
+    """The registered row that runs ``release``; ReleaseUnavailable (exit 3) for a surveyed release this suite cannot
+    run, with its reason; UnknownRelease (exit 2) otherwise."""
+    row = vllm_recipes.row_of(release)
+    if row is not None:
+        return row
+    if release in vllm_recipes.UNAVAILABLE:
+        raise ReleaseUnavailable(f"vllm=={release}: unavailable: {vllm_recipes.UNAVAILABLE[release]} "
+                                 f"(gpu_impl/engines/data/vllm_releases.json)")
     if release not in vllm_recipes.RECIPES:
         raise UnknownRelease(f"vllm=={release}: not a vLLM release this suite knows (registered: "
                              f"{', '.join(vllm_recipes.RELEASES)}); " + next_step("vllm", release))

@@ -31,3 +31,9 @@ class CheckoutImportError(EngineUnavailable):
 class DriverError(WorkerError):
     """The engine worker missed its deadline (``timed_out``; it was killed), died, or answered something that is not
     a response, or the engine's code crashed: inconclusive, never a pass or a violation (``spec.process.worker_client``)."""
+
+
+class ReleaseUnavailable(DriverError):
+    """A release on the vLLM release survey (``gpu_impl/engines/data/vllm_survey.json``) that this suite cannot run:
+    the message names the exact reason (the import error, the missing symbol). Inconclusive (exit 3), never a pass, a
+    violation or a usage error: the release is real and known, it just cannot be judged here."""

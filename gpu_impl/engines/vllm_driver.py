@@ -152,11 +152,22 @@ class _ModelStandIn:
         self.is_mm_prefix_lm = False
         self.is_diffusion = False
         self.dtype = torch_dtype
-        self._heads = s["num_heads"]
+        self.hf_text_config = self.hf_config
+        self.is_hybrid = False
+        self.is_encoder_decoder = False
+        self._heads, self._kv_heads, self._head_size = s["num_heads"], s["num_kv_heads"], s["head_dim"]
         self.max_model_len = s["max_model_len"]  # 0.34.0's build reads it under VLLM_BATCH_INVARIANT
 
     def get_num_attention_heads(self, parallel_config) -> int:
         return self._heads // parallel_config.tensor_parallel_size
+
+    def get_num_kv_heads(self, parallel_config) -> int:
+        """As vLLM's ModelConfig: at least one KV head per rank (the builder of 0.28 and before reads it)."""
+        return max(1, self._kv_heads // parallel_config.tensor_parallel_size)
+
+    def get_head_size(self) -> int:
+        """The model's (K) head size: the precompute's ``headdim`` in the builder of 0.28 and before."""
+        return self._head_size
 
 
 class _DCPGroup:
@@ -178,7 +189,9 @@ class Config:
         import torch
         from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
         from vllm.config.compilation import CUDAGraphMode
-        from vllm.model_executor.layers.attention import Attention
+        from .vllm_recipes import locate
+
+        Attention = locate("Attention")  # noqa: N806 - vLLM's class (moved in 0.16: GENERATION_MODULES)
         from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
         fa = engine.fa
@@ -197,7 +210,10 @@ class Config:
         vc.parallel_config.decode_context_parallel_size = s["dcp"]
         vc.cache_config.cache_dtype = s["kv_cache_dtype"]
         vc.cache_config.block_size = s["block_size"]
-        vc.attention_config.flash_attn_max_num_splits_for_cuda_graph = s["max_num_splits_for_cuda_graph"]
+        if hasattr(vc, "attention_config"):
+            vc.attention_config.flash_attn_max_num_splits_for_cuda_graph = s["max_num_splits_for_cuda_graph"]
+        else:  # up to 0.12 the builder reads the bound from vLLM's environment variable
+            os.environ["VLLM_FLASH_ATTN_MAX_NUM_SPLITS_FOR_CUDA_GRAPH"] = str(s["max_num_splits_for_cuda_graph"])
         object.__setattr__(vc, "model_config", _ModelStandIn(s, dtype))
         self.vc = vc
         self.h = s["num_heads"] // s["tp"]
@@ -252,23 +268,67 @@ class Config:
                 self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
             except AssertionError as exc:   # the release's own check of its layers (0.34.0: one num_heads per group)
                 raise Unsupported(f"vLLM's metadata builder refuses these layers: {exc}") from exc
-        self.kv_cache = torch.zeros(1, self.hk, s["block_size"], s["head_dim"] + self.dv, dtype=kv_dtype)
+        # the KV cache as the release's backend lays it out (``get_kv_cache_shape``: K and V packed in the last
+        # dimension from 0.26, a separate K/V dimension before); the packed layout where the backend does not say
+        shape = packed = (1, self.hk, s["block_size"], s["head_dim"] + self.dv)
+        get_shape = getattr(self.backend, "get_kv_cache_shape", None)
+        if get_shape is not None and self.dv == s["head_dim"]:
+            try:
+                shape = tuple(get_shape(1, s["block_size"], self.hk, s["head_dim"], s["kv_cache_dtype"]))
+            except NotImplementedError:
+                pass
+        if numerics and shape != packed:
+            raise Unsupported(f"numerics: the emulator's KV cache is the packed layout {packed}; this release's "
+                              f"backend lays it out as {shape} (get_kv_cache_shape)")
+        self.kv_cache = torch.zeros(shape, dtype=kv_dtype)
         self.spec = spec
         self.max_blocks = self.table_width(spec)
         self.steps_built = 0
 
     def table_width(self, spec) -> int:
         """The model runner's per-rank block-table width (gpu_model_runner -> BlockTable): the spec's blocks per
-        request (under DCP a sharded cache holds max_model_len / dcp tokens per rank), aligned to 128 tokens."""
-        from vllm.v1.worker.block_table import get_block_table_width
+        request (under DCP a sharded cache holds max_model_len / dcp tokens per rank), aligned as the release aligns
+        it: by ``get_block_table_width`` (0.27 on), else by the release's own ``MultiGroupBlockTable``, built here as
+        the runner builds it for one KV-cache group (before 0.27 the alignment lives in its constructor)."""
+        import vllm.v1.worker.block_table as bt
 
-        return get_block_table_width(spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"]),
-                                     self.s["block_size"])
+        blocks = self._blocks_per_request(spec)
+        if hasattr(bt, "get_block_table_width"):
+            return bt.get_block_table_width(blocks, self.s["block_size"])
+        import inspect
+
+        import torch
+
+        given = {"max_num_reqs": self.s["max_num_seqs"], "max_num_batched_tokens": self.s["max_num_batched_tokens"],
+                 "pin_memory": False, "device": torch.device("cpu"), "block_sizes": [self.s["block_size"]],
+                 "kernel_block_sizes": [self.s["block_size"]], "max_num_blocks": [blocks],
+                 "max_model_len": self.s["max_model_len"]}
+        params = inspect.signature(bt.MultiGroupBlockTable).parameters
+        table = bt.MultiGroupBlockTable(**{k: v for k, v in given.items() if k in params})
+        return table.block_tables[0].max_num_blocks_per_req
+
+    def _blocks_per_request(self, spec) -> int:
+        """KV-cache blocks per request before alignment: the KV-cache spec's ``max_num_blocks_per_req`` (0.26 on);
+        before, the V1 runner's own inline rule (``gpu_model_runner.may_reinitialize_input_batch``, e.g. 0.25.1 line
+        7039): ``cdiv(max_model_len, block_size * total CP world size)``, the world size from vLLM's
+        ``get_total_cp_world_size`` where the release has it (DCP x PCP), else DCP's (releases whose
+        ``MultiGroupBlockTable`` takes ``max_model_len`` compute it themselves and ignore this number)."""
+        if hasattr(spec, "max_num_blocks_per_req"):
+            return spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"])
+        try:
+            from vllm.v1.worker.cp_utils import get_total_cp_world_size
+        except ImportError:
+            world = self.s["dcp"]
+        else:
+            world = get_total_cp_world_size()
+        return -(-self.s["max_model_len"] // (self.s["block_size"] * world))
 
     def batch(self, query_lens, seq_lens):
         """vLLM's CommonAttentionMetadata for one batch (padded to a capture size under full CUDA graph)."""
         import torch
-        from vllm.v1.attention.backend import CommonAttentionMetadata
+        from .vllm_recipes import locate
+
+        CommonAttentionMetadata = locate("CommonAttentionMetadata")  # noqa: N806 - vLLM's class
 
         s = self.s
         q, k = list(query_lens), list(seq_lens)
@@ -284,12 +344,18 @@ class Config:
             self.kv_cache, table = numerics_kv(self.hk, s["block_size"], s["head_dim"], self.dtype, k,
                                                self.max_blocks, seed=s["seed"] + 7919 * self.steps_built)
         self.steps_built += 1
-        return CommonAttentionMetadata(
-            query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=torch.tensor(k, dtype=torch.int32),
-            num_reqs=n, num_actual_tokens=int(sum(q)), max_query_len=max(q), max_seq_len=max(k),
-            block_table_tensor=table,
-            slot_mapping=torch.zeros(int(sum(q)), dtype=torch.int64), causal=True,
-            seq_lens_cpu_upper_bound=torch.tensor(k, dtype=torch.int32))
+        import dataclasses
+
+        seq_lens = torch.tensor(k, dtype=torch.int32)
+        given = dict(query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq_lens,
+                     num_reqs=n, num_actual_tokens=int(sum(q)), max_query_len=max(q), max_seq_len=max(k),
+                     block_table_tensor=table, slot_mapping=torch.zeros(int(sum(q)), dtype=torch.int64), causal=True,
+                     # the CPU copies the V1 runner hands over (fields of the release's dataclass, by release:
+                     # seq_lens_cpu / num_computed_tokens_cpu up to 0.12, seq_lens_cpu_upper_bound from 0.20)
+                     seq_lens_cpu=seq_lens.clone(), seq_lens_cpu_upper_bound=seq_lens.clone(),
+                     num_computed_tokens_cpu=seq_lens - torch.tensor(q, dtype=torch.int32))
+        fields = {f.name for f in dataclasses.fields(CommonAttentionMetadata)}
+        return CommonAttentionMetadata(**{name: v for name, v in given.items() if name in fields})
 
     def step(self, query_lens, seq_lens, front):
         """One batch the first generation's way: (metadata, path label, None)."""
@@ -354,11 +420,10 @@ class Engine:
         torch.set_num_threads(1)
         import vllm
         import vllm.v1.attention.backends.flash_attn as fa
-        import vllm.v1.attention.backends.fa_utils as fa_utils
 
         self.vllm, self.fa, self.glue = vllm, fa, vllm_glue
         self.generation = os.environ.get(GENERATION_VARIABLE) or "v1"
-        from .vllm_recipes import GENERATION_MODULES, missing_for_generation
+        from .vllm_recipes import GENERATION_MODULES, locate, missing_for_generation
 
         if self.generation in GENERATION_MODULES:
             missing = missing_for_generation(self.generation, os.environ.get("FA3VERIFY_VLLM_SOURCE"))
@@ -373,7 +438,7 @@ class Engine:
             self.config_class = Config
         else:
             raise ValueError(f"{GENERATION_VARIABLE}: v1 or v2, got {self.generation!r}")
-        self.fa_version = fa_utils.get_flash_attn_version()
+        self.fa_version = locate("get_flash_attn_version")()  # fa_utils moved in 0.14 (COMMON_MODULES)
         self.import_s = time.monotonic() - t
         self._patch_dcp_combine()
 

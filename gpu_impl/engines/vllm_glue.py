@@ -30,10 +30,15 @@ FAKED = (
     "fp8 dtype, and device type cpu (vLLM's CUDA platform module imports vllm._C, a CUDA build)",
     "vllm.distributed.parallel_state._DCP: a one-process stand-in group (world size, rank, all_gather by "
     "repetition) when a decode-context-parallel world size > 1 is asked for; the DCP LSE combine and merge_attn_states are "
-    "shape-only stand-ins; torch.accelerator.empty_cache (called by vLLM's workspace manager) is a no-op on CPU",
+    "shape-only stand-ins; torch.accelerator.empty_cache (called by vLLM's workspace manager) is a no-op on CPU; "
+    "torch.cuda.get_device_capability answers (9, 0) on a CPU torch (the fork's FA3 probe in vLLM <= 0.16 asks it "
+    "directly, not through the platform)",
     "vllm.__path__ (vllm-src=PATH only): the release's vllm package appended after the checkout's, so what a plain "
     "clone lacks until it is built (vllm_flash_attn/, the compiled extensions) is the release's; every module the "
     "checkout has is its own",
+    "torch.ops._C_cache_ops.reshape_and_cache_flash: the KV-cache write of the compiled _C extension (a CUDA build), "
+    "which the impl of vLLM <= 0.15 calls in forward: registered as a no-op only where the extension did not load "
+    "(record mode reads no cache contents; numerics are refused on those releases' layout)",
     "torch.ops._C capability queries (cutlass_scaled_mm_supports_fp8, _block_fp8, _fp4), asked at import by vLLM's "
     "quantization utilities of its compiled _C extension (a CUDA build): registered only where the extension did "
     "not load, answering as a CUDA build does for sm90 (data/vllm_capabilities.json); without them every "
@@ -155,11 +160,33 @@ def _install_capability_queries() -> list[str]:
     return missing
 
 
+_cache_lib = None
+
+
+def _install_cache_write() -> None:
+    """Register ``_C_cache_ops.reshape_and_cache_flash`` (the KV-cache write of vLLM's compiled ``_C`` extension,
+    a CUDA build) as a no-op where the extension did not load: the impl of vLLM <= 0.15 calls it inside ``forward``
+    before the attention; nothing the checks read depends on the cache's contents (numerics, which would, are
+    refused on that releases' KV-cache layout)."""
+    global _cache_lib
+    import torch
+
+    if hasattr(torch.ops._C_cache_ops, "reshape_and_cache_flash"):
+        return
+    _cache_lib = torch.library.Library("_C_cache_ops", "FRAGMENT")
+    _cache_lib.define("reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+                      "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()")
+    _cache_lib.impl("reshape_and_cache_flash", lambda *args: None, "CompositeExplicitAutograd")
+
+
 def _install_accelerator_stub() -> None:
     import torch
 
     if not torch.cuda.is_available():
         torch.accelerator.empty_cache = lambda: None
+        # the fork's FA3 probe of vLLM <= 0.16 (``flash_attn_interface._is_fa3_supported``) asks torch.cuda directly
+        # rather than vLLM's platform; on a CPU torch it raises and vLLM falls back to no FlashAttention at all
+        torch.cuda.get_device_capability = lambda device=None: (9, 0)
 
 
 def _install_build_fallback() -> Optional[str]:
@@ -189,5 +216,6 @@ def install() -> None:
     _install_fa3_ops()
     _install_platform()
     _install_capability_queries()
+    _install_cache_write()
     _install_accelerator_stub()
     _installed = True

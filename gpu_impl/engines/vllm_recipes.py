@@ -10,13 +10,54 @@ the sglang fakes' torchvision stand-in is on the driver's path). Built by ``gpu_
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+#: The packages a vLLM environment installs by name (the import chain of the FlashAttention backend, found by the
+#: import probe); a row with ``wheel_pins`` takes their versions from the wheel's own Requires-Dist.
+LIGHT = ["numpy", "packaging", "regex", "cachetools", "psutil", "tqdm", "pyyaml", "pydantic", "msgspec",
+         "cloudpickle", "blake3", "py-cpuinfo", "pyzmq", "einops", "typing_extensions", "filelock", "requests",
+         "cbor2", "pybase64", "orjson", "transformers", "aiohttp", "oss-harmony", "openai", "pillow", "uvloop",
+         "prometheus_client", "opentelemetry-api", "starlette", "partial_json_parser", "fastapi", "llguidance",
+         "apache-tvm-ffi"]
+CONSTRAINTS = ["torch==2.13.0", "torchvision==0.0.0", "torchaudio==0.0.0", "torchcodec==0.0.0"]
+
+
+def _pinned_by_wheel(*extra: str) -> dict:
+    """A row whose packages are :data:`LIGHT` (and ``extra``: what the release's import probe found missing) at the
+    wheel's own versions (``wheel_pins``)."""
+    return {"torch": "torch==2.13.0", "constraints": list(CONSTRAINTS), "light": list(LIGHT) + list(extra),
+            "no_deps": ["xgrammar", "triton==3.9.0"], "wheel_pins": True}
+
+
+#: Releases whose backend import chain imports ``gguf`` (``vllm/transformers_utils/config.py`` ->
+#: ``gguf_utils``, 0.12.0 .. 0.23.0): found by the import probe ("No module named 'gguf'"); 0.10.1 .. 0.11.2 import
+#: it where vLLM's own validation inspects the model class (a subprocess of ``vllm.model_executor.models.registry``).
+_GGUF = ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1",
+         "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.2", "0.21.0",
+         "0.22.1", "0.23.0")
+
+#: Releases whose ``vllm/utils/__init__.py`` imports ``setproctitle`` at import: found by the import probe ("No
+#: module named 'setproctitle'").
+_SETPROCTITLE = ("0.10.1", "0.10.2", "0.11.0")
+
+
 #: Per release: what its environment installs (hashed into the stamp, with the layout version and the release):
 #: ``light`` with dependencies (under the constraints), ``no_deps`` without. ``apache-tvm-ffi`` is xgrammar's
-#: binding (``tvm_ffi``): found missing by the import probe of a build from nothing.
+#: binding (``tvm_ffi``): found missing by the import probe of a build from nothing. Releases 0.10.1 .. 0.32.0 are
+#: rows of the release survey (``data/vllm_survey.json``, scripts/vllm_survey.py); their wheels pin torch 2.7.1
+#: (0.10.1), 2.8.0 (0.10.2, 0.11.0), 2.9.0 (0.11.1 .. 0.13), 2.9.1 (0.14 .. 0.16), 2.10.0 (0.17 .. 0.19), 2.11.0 (0.20 .. 0.26) or
+#: 2.13.0; each runs on the project's CPU torch 2.13.0 (vLLM itself installed without dependencies) as far as its
+#: import probe and its gate show.
 RECIPES = {
+    **{release: _pinned_by_wheel(*(("gguf",) if release in _GGUF else ()),
+                                 *(("setproctitle",) if release in _SETPROCTITLE else ())) for release in ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
+                                                   "0.19.1", "0.20.0", "0.20.2", "0.21.0", "0.22.1", "0.23.0",
+                                                   "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0",
+                                                   "0.30.0", "0.31.0", "0.32.0")},
     "0.33.0": {
         "torch": "torch==2.13.0",
-        "constraints": ["torch==2.13.0", "torchvision==0.0.0", "torchaudio==0.0.0", "torchcodec==0.0.0"],
+        "constraints": list(CONSTRAINTS),
         "light": ["numpy", "packaging", "regex", "cachetools", "psutil", "tqdm", "pyyaml", "pydantic", "msgspec",
                   "cloudpickle", "blake3", "py-cpuinfo", "pyzmq", "einops", "typing_extensions", "filelock",
                   "requests", "cbor2", "pybase64", "orjson", "transformers>=5.16.1,<5.21.0", "aiohttp",
@@ -27,29 +68,98 @@ RECIPES = {
     },
     # 0.34.0: the same packages by name; their versions are the wheel's own specifiers (``wheel_pins``: read from
     # the installed vllm's Requires-Dist by ``wheel_requirements``), so a new release's row is its name and list.
-    "0.34.0": {
-        "torch": "torch==2.13.0",
-        "constraints": ["torch==2.13.0", "torchvision==0.0.0", "torchaudio==0.0.0", "torchcodec==0.0.0"],
-        "light": ["numpy", "packaging", "regex", "cachetools", "psutil", "tqdm", "pyyaml", "pydantic", "msgspec",
-                  "cloudpickle", "blake3", "py-cpuinfo", "pyzmq", "einops", "typing_extensions", "filelock",
-                  "requests", "cbor2", "pybase64", "orjson", "transformers", "aiohttp", "oss-harmony", "openai",
-                  "pillow", "uvloop", "prometheus_client", "opentelemetry-api", "starlette", "partial_json_parser",
-                  "fastapi", "llguidance", "apache-tvm-ffi"],
-        "no_deps": ["xgrammar", "triton==3.9.0"],
-        "wheel_pins": True,
-    },
+    "0.34.0": _pinned_by_wheel(),
 }
 RELEASES = tuple(RECIPES)
+
+#: The release survey's verdicts (``data/vllm_releases.json``, from ``scripts/vllm_survey.py``'s reading of every
+#: wheel 0.8.5 .. 0.32.x): ``shares_row``: a release whose driven files are byte-identical to a registered row's
+#: release (it runs as that row); ``unavailable``: a release this suite cannot run, with the exact reason.
+RELEASES_FILE = Path(__file__).resolve().parent / "data" / "vllm_releases.json"
+_STATUS = json.loads(RELEASES_FILE.read_text())
+SHARES_ROW = dict(_STATUS["shares_row"])
+UNAVAILABLE = {release: entry["reason"] for release, entry in _STATUS["unavailable"].items()}
+
+
+SURVEY_FILE = Path(__file__).resolve().parent / "data" / "vllm_survey.json"
+
+
+def version_key(release: str) -> tuple:
+    """A vLLM version number as a sortable tuple: ``0.9.0.1`` and ``0.8.5.post1`` included (four parts, a post
+    number); ValueError for anything else."""
+    import re
+
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:\.(\d+))?(?:\.post(\d+))?", str(release))
+    if not m:
+        raise ValueError(f"not a release number: {release!r}")
+    return tuple(int(x or 0) for x in m.groups())
+
+
+def survey_gaps(survey: dict, recipes=None, shares=None, unavailable=None) -> list:
+    """What the release survey (``data/vllm_survey.json``) and the rows disagree on, as sentences: a surveyed release
+    that is neither a row, nor shares one, nor unavailable with a reason; a release that shares a row whose driven
+    files are not byte-identical to its own; a row or a shared release the survey does not list."""
+    recipes = RECIPES if recipes is None else recipes
+    shares = SHARES_ROW if shares is None else shares
+    unavailable = UNAVAILABLE if unavailable is None else unavailable
+    by_release = {e["release"]: e for e in survey["releases"]}
+    gaps = []
+    for release, entry in by_release.items():
+        if release in recipes:
+            continue
+        if release in shares:
+            row = by_release.get(shares[release])
+            if shares[release] not in recipes:
+                gaps.append(f"{release}: shares row {shares[release]}, which is no row of RECIPES")
+            elif row is None or row["driven"] != entry["driven"]:
+                gaps.append(f"{release}: shares row {shares[release]}, but its driven files differ from that "
+                            f"release's (or the survey lacks it)")
+        elif not str(unavailable.get(release) or "").strip():
+            gaps.append(f"{release}: surveyed, but neither a row, nor sharing one, nor unavailable with a reason")
+    newest = max((version_key(r) for r in by_release), default=None)
+    for release in list(shares) + list(recipes):
+        if release not in by_release and newest is not None and version_key(release) <= newest:
+            gaps.append(f"{release}: a row or shared release in the survey's range that the survey does not list")
+    return gaps
+
+
+def survey_markdown(survey: dict) -> str:
+    """The docs table of the release survey (docs/engines-vllm.md, "The release survey"): one line per row of
+    releases with byte-identical driven files: the releases, the row that runs them, the wheel's torch pin, the
+    driver generation or why unavailable, and the backend features the survey read."""
+    lines = ["| releases | row | wheel's torch | status | backend features read |", "|---|---|---|---|---|"]
+    groups: dict = {}
+    for e in survey["releases"]:
+        groups.setdefault(e["row"], []).append(e)
+    for row, entries in groups.items():
+        names = [e["release"] for e in entries]
+        registered = next((row_of(n) for n in names if row_of(n) is not None), None)
+        if registered is not None:
+            row, status = registered, f"driven, generation {DRIVER_GENERATIONS[registered]}"
+        else:
+            row, status = "-", "unavailable: " + "; ".join(sorted({UNAVAILABLE.get(n, "not recorded") for n in names}))
+        lines.append(f"| {', '.join(names)} | {row} | {entries[-1]['torch']} | {status} | "
+                     f"{', '.join(entries[-1]['features'])} |")
+    return "\n".join(lines)
+
+
+def row_of(release: str):
+    """The registered row that runs ``release`` (itself, or the row it shares); None if neither."""
+    return release if release in RECIPES else SHARES_ROW.get(release)
+
 
 #: Which driver generation drives each release (not hashed into the environment): ``v1`` imitates the V1 model
 #: runner (``vllm/v1/worker/gpu_model_runner.py``, ``block_table.py``), ``v2`` runs the V2 runner's own input and
 #: CUDA-graph code (``vllm/v1/worker/gpu/``; 0.34.0 deleted the V1 runner). ``GENERATION_MODULES``: what each
 #: generation imports from the release beyond the backend (``vllm_driver.py``, ``vllm_driver_v2.py``): an
 #: unregistered release is tried against them (``probe_generation``).
-DRIVER_GENERATIONS = {"0.33.0": "v1", "0.34.0": "v2"}
+DRIVER_GENERATIONS = {**{r: "v1" for r in RECIPES if r != "0.34.0"}, "0.34.0": "v2"}
+#: A module key ``"a | b"`` means the names live in the first of those modules that has them (a release moved them):
+#: :func:`locate` finds them, :func:`missing_for_generation` counts them missing only where no candidate has them.
 GENERATION_MODULES = {
-    "v1": {"vllm.v1.worker.block_table": ["get_block_table_width"],
-           "vllm.v1.attention.backend": ["CommonAttentionMetadata"]},
+    "v1": {"vllm.v1.worker.block_table": ["MultiGroupBlockTable"],
+           "vllm.v1.attention.backend | vllm.v1.attention.backends.utils": ["CommonAttentionMetadata"],
+           "vllm.model_executor.layers.attention | vllm.attention.layer": ["Attention"]},
     "v2": {"vllm.v1.kv_cache_interface": ["get_block_table_width", "KVCacheConfig", "KVCacheGroupSpec"],
            "vllm.v1.worker.gpu.cudagraph_utils": ["CudaGraphManager", "BatchExecutionDescriptor",
                                                   "prepare_inputs_to_capture"],
@@ -59,7 +169,7 @@ GENERATION_MODULES = {
 }
 COMMON_MODULES = {"vllm.v1.attention.backends.flash_attn": ["FlashAttentionMetadataBuilder", "FlashAttentionImpl",
                                                             "FlashAttentionBackend"],
-                  "vllm.v1.attention.backends.fa_utils": ["get_flash_attn_version"],
+                  "vllm.v1.attention.backends.fa_utils | vllm.attention.utils.fa_utils": ["get_flash_attn_version"],
                   "vllm.v1.kv_cache_interface": ["FullAttentionSpec", "SlidingWindowSpec"],
                   "vllm.config": ["VllmConfig", "CompilationConfig"]}
 
@@ -68,8 +178,8 @@ LAYOUT_VERSION = 1
 
 #: The import probe: the backend module with the CPU glue installed, and FA3 (not FA2) chosen by vLLM's own helper.
 PROBE = ("from gpu_impl.engines import vllm_glue; vllm_glue.install(); "
-         "import vllm.v1.attention.backends.fa_utils as u; import vllm.v1.attention.backends.flash_attn; "
-         "v = u.get_flash_attn_version(); assert v == 3, v; print('fa', v)")
+         "from gpu_impl.engines.vllm_recipes import locate; import vllm.v1.attention.backends.flash_attn; "
+         "v = locate('get_flash_attn_version')(); assert v == 3, v; print('fa', v)")
 
 #: A local copy of the release's wheel, installed instead of asking the registry, when this variable names one.
 WHEEL_VARIABLE = "FA3VERIFY_VLLM_WHEEL"
@@ -110,7 +220,9 @@ def missing_for_generation(generation: str, source=None) -> list:
 
     missing = []
     for table in (COMMON_MODULES, GENERATION_MODULES[generation]):
-        for module, names in table.items():
+        for key, names in table.items():
+            candidates = [m.strip() for m in key.split("|")]
+            module = next((m for m in candidates if _has_all(m, names)), candidates[0])
             try:
                 mod = importlib.import_module(module)
             except Exception as exc:  # noqa: BLE001 - what the release lacks is the answer
@@ -122,6 +234,34 @@ def missing_for_generation(generation: str, source=None) -> list:
                 continue
             missing.extend(f"{module}.{n}" for n in names if not hasattr(mod, n))
     return missing
+
+
+def _has_all(module: str, names) -> bool:
+    """Whether ``module`` imports and binds every one of ``names`` (an import error: no)."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - a candidate that does not import is not the one
+        return False
+    return all(hasattr(mod, n) for n in names)
+
+
+def locate(name: str):
+    """The object ``name`` of the imported vllm, from the first module of its ``GENERATION_MODULES``
+    or ``COMMON_MODULES`` key that has it (a name a release moved: ``Attention`` lived in ``vllm.attention.layer``
+    before 0.16, ``get_flash_attn_version`` in ``vllm.attention.utils.fa_utils`` before 0.14); ImportError naming
+    every candidate otherwise. Run inside an engine environment."""
+    import importlib
+
+    for table in (COMMON_MODULES, *GENERATION_MODULES.values()):
+        for key, names in table.items():
+            if name in names:
+                for module in (m.strip() for m in key.split("|")):
+                    if _has_all(module, [name]):
+                        return getattr(importlib.import_module(module), name)
+                raise ImportError(f"{name}: in none of {key}")
+    raise KeyError(f"{name}: not a name the driver generations locate (GENERATION_MODULES)")
 
 
 def _marker_applies(marker: str) -> bool:
