@@ -46,7 +46,7 @@ from typing import Optional
 __all__ = ["ENGINE_REGISTRY", "EngineSpec", "EngineSpecError", "ModelSUT", "ScenarioUnsupported", "SystemUnderTest",
            "open_named_sut", "open_sut", "parse_engine", "releases_of", "spec_from_identity"]
 
-_RELEASE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
+_RELEASE = re.compile(r"^\d+\.\d+\.\d+(\.\d+)?(\.post\d+)?$")
 
 
 class EngineSpecError(ValueError):

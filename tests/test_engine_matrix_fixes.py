@@ -53,10 +53,11 @@ def test_the_matrix_takes_the_engine_whose_releases_it_gates(monkeypatch, tmp_pa
     """`--engine vllm` lists vLLM's releases (gpu_impl.sut.releases_of: the registry row's list); a release the
     engine cannot open is an 'unavailable' row with the reason, never dropped; an engine without releases, or a
     release it does not list, is exit 2."""
+    from gpu_impl.engines.vllm_recipes import version_key
     from gpu_impl.sut import releases_of
 
     listed = [r for r, _ in releases_of("vllm")]
-    assert listed and listed == sorted(listed, key=lambda r: tuple(int(n) for n in r.split(".")))
+    assert listed and listed == sorted(listed, key=version_key)
     import gpu_impl.sut as sut_mod
     from gpu_impl.engines.errors import EnvSetupError
 

@@ -50,13 +50,6 @@ def open_vllm_checkout(spec, progress: Callable[[str], None] = print):
     return VllmSUT(spec=spec)
 
 
-def _release_order(release: str) -> tuple:
-    """A sort key for any release number (``0.10.1.1``, ``0.5.10.post1``): its numbers in order."""
-    import re
-
-    return tuple(int(n) for n in re.findall(r"\d+", release))
-
-
 def sglang_releases() -> list:
     """Row ``sglang``'s releases for the engine matrix: every profiled release (spec/model/engine_profiles.json),
     each run by its own row."""
@@ -76,7 +69,7 @@ def vllm_releases() -> list:
     out = {r: r for r in vllm_recipes.RELEASES}
     out.update({r: row for r, row in shares.items() if r not in out})
     out.update({r: None for r in unavailable if r not in out})
-    return sorted(out.items(), key=lambda item: _release_order(item[0]))
+    return sorted(out.items(), key=lambda item: vllm_recipes.version_key(item[0]))
 
 
 #: The openers of this package, by the name a registry row's ``factory`` gives (``gpu_impl.engines:NAME``).
