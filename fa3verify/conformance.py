@@ -287,7 +287,8 @@ def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3
 
     start = time.perf_counter()
     policy = (load_policy(profile.guard_spec, profile.precompute_heads,
-                          graph_replay_seqlen_k=profile.graph_replay_seqlen_k) if profile else load_policy())
+                          graph_replay_seqlen_k=profile.graph_replay_seqlen_k, fa3_build=profile.fa3_build)
+              if profile else load_policy())
     report = ConformReport(engine=str(sut.spec), profile=profile.release if profile else None)
     load_guard(policy.guard_spec)
     target = ConformanceTarget(sut, policy, report)

@@ -126,7 +126,8 @@ def case_model_policy(case, guard_override: Optional[str] = None, metadata_heads
     clear = policy.get("clear_stale_cp_metadata", True) if keep_stale is None else not keep_stale
     return Policy(guard_spec=guard_spec, guard=guard, metadata_heads=metadata_heads or policy.get("metadata_heads", "tp"),
                   clear_stale_cp_metadata=clear,
-                  graph_replay_seqlen_k=str(policy.get("graph_replay_seqlen_k", "max_seq_len")))
+                  graph_replay_seqlen_k=str(policy.get("graph_replay_seqlen_k", "max_seq_len")),
+                  fa3_build=str(policy.get("fa3_build", "upstream-0251105a")))
 
 
 def scenario_from_case(case, guard_override: Optional[str] = None, metadata_heads: Optional[str] = None,
@@ -149,7 +150,7 @@ def scenario_from_case(case, guard_override: Optional[str] = None, metadata_head
     return Scenario(server=server, model=model, guard=policy.guard, steps=steps, guard_spec=policy.guard_spec,
                     metadata_heads=policy.metadata_heads, clear_stale_cp_metadata=policy.clear_stale_cp_metadata,
                     seed=int(case.seed), defects=case_defects(case, defects),
-                    graph_replay_seqlen_k=policy.graph_replay_seqlen_k, vllm=case.vllm)
+                    graph_replay_seqlen_k=policy.graph_replay_seqlen_k, fa3_build=policy.fa3_build, vllm=case.vllm)
 
 
 def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", guard: Optional[str] = None,
