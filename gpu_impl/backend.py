@@ -62,6 +62,9 @@ class DecodeCall:
     #: ``max_seqlen_k`` the precompute passes when it is not the rows' longest length: a CUDA-graph replay of a
     #: release that recomputes with its ``max_context_len`` bound (``GRAPH_REPLAY_SEQLEN_K``); None: max(lens)
     precompute_seqlen_k: Optional[int] = None
+    #: ``max_seqlen_q`` the precompute passes (sglang: 1; another value set from outside, e.g. by the seeded
+    #: defect ``precompute-max-seqlen-q-two``); the call's rows stay one per sequence
+    precompute_max_seqlen_q: int = 1
 
     def precompute_max_seqlen_k(self, lens) -> int:
         """The precompute's ``max_seqlen_k``: the fixed bound when one is set, else the longest row (at least 1)."""
@@ -95,6 +98,7 @@ class DecodeVerdict:
                 **({"launch_num_splits": c.call_num_splits} if c.call_num_splits is not None else {}),
                 **({"precompute_rows": c.precompute_rows} if c.precompute_rows is not None else {}),
                 **({"precompute_seqlen_k": c.precompute_seqlen_k} if c.precompute_seqlen_k is not None else {}),
+                **({"precompute_max_seqlen_q": c.precompute_max_seqlen_q} if c.precompute_max_seqlen_q != 1 else {}),
                 "split_counts": self.split_counts, "shape_error": self.shape_error,
                 "violations": [v.to_dict() if hasattr(v, "to_dict") else dict(v) for v in self.violations]}
 
@@ -214,7 +218,7 @@ class FlashAttentionBackend:
         lens = call.seq_lens if call.precompute_rows is None else call.seq_lens[:call.precompute_rows]
         bs = len(lens)
         return schedule_and_prepare(
-            bs, 1, call.precompute_max_seqlen_k(lens), h, hk, self.model.head_dim,
+            bs, call.precompute_max_seqlen_q, call.precompute_max_seqlen_k(lens), h, hk, self.model.head_dim,
             torch.tensor(lens, dtype=torch.int32), qkv_dtype=self.model.dtype,
             headdim_v=self.model.head_dim_v, cu_seqlens_q=list(range(bs + 1)), page_size=self.server.page_size,
             causal=True, num_splits=call.num_splits, num_sm=self.server.num_sm, build=self.fa3_build)
@@ -260,7 +264,8 @@ class FlashAttentionBackend:
         bs = len(call.seq_lens)
         rows = bs if call.precompute_rows is None else call.precompute_rows
         return kernel.get_scheduler_metadata(
-            rows, 1, call.precompute_max_seqlen_k(call.seq_lens[:rows]), h, hk, self.model.head_dim,
+            rows, call.precompute_max_seqlen_q, call.precompute_max_seqlen_k(call.seq_lens[:rows]), h, hk,
+            self.model.head_dim,
             cache_seqlens[:rows], qkv_dtype=q.dtype, headdim_v=self.model.head_dim_v,
             cu_seqlens_q=cu_seqlens_q[:rows + 1], page_size=self.server.page_size, causal=True,
             num_splits=call.num_splits)

@@ -55,7 +55,7 @@ def decode_call_pair(backend, call, step: int, path: str) -> dict:
         lens = call.seq_lens[:rows]
         # flashattention_backend.py: sglang's arguments; headdim_v is never passed (FA3 then takes headdim)
         pre = record_precompute(
-            batch_size=rows, max_seqlen_q=1, max_seqlen_k=call.precompute_max_seqlen_k(lens), num_heads=h,
+            batch_size=rows, max_seqlen_q=call.precompute_max_seqlen_q, max_seqlen_k=call.precompute_max_seqlen_k(lens), num_heads=h,
             num_heads_k=hk, headdim=model.head_dim, cache_seqlens=torch.tensor(lens, dtype=torch.int32),
             qkv_dtype=dtype, headdim_v=None if model.head_dim_v == model.head_dim else model.head_dim_v,
             cu_seqlens_q=torch.arange(rows + 1, dtype=torch.int32), page_size=page, causal=True,
@@ -95,7 +95,8 @@ def model_pairs(scenario, result) -> list:
                           num_splits=entry["num_splits_arg"], precomputed=entry["precomputed"],
                           skip_reason=entry.get("skip_reason", ""), call_num_splits=entry.get("launch_num_splits"),
                           precompute_rows=entry.get("precompute_rows"),
-                          precompute_seqlen_k=entry.get("precompute_seqlen_k"))
+                          precompute_seqlen_k=entry.get("precompute_seqlen_k"),
+                          precompute_max_seqlen_q=entry.get("precompute_max_seqlen_q", 1))
         if call.path == "cuda_graph":
             key = (call.dp_rank, len(call.seq_lens))
             if key not in captured:
