@@ -124,3 +124,23 @@ def test_a_bad_build_is_refused_naming_the_field_and_the_builds():
 
     with pytest.raises(ValueError, match="build: must be one of"):
         FlashAttentionBackend(scn.server, QWEN, None, fa3_build="nope")
+
+
+def test_a_model_replay_names_the_build_of_its_case(tmp_path):
+    import json
+
+    from fa3verify import cli
+    from spec.model.cases import Case
+
+    scn = _scenario(SGLANG_KERNEL_045)
+    for build in (SGLANG_KERNEL_045, UPSTREAM):
+        policy = {"guard": "none", "metadata_heads": "tp", "clear_stale_cp_metadata": True,
+                  **({"fa3_build": build} if build != UPSTREAM else {})}
+        case = Case.from_parts(source="manual", server=scn.server.to_dict(), model=scn.model.to_dict(), policy=policy,
+                               batches=[{"mode": "decode", "seq_lens": [32768] + [100] * 15}])
+        path = case.save(tmp_path / build)
+        out = tmp_path / build / "r.json"
+        cli.main(["replay", str(path), "--json", str(out)])
+        data = json.loads(out.read_text())
+        (check,) = [c for c in data["checks"] if c["kind"] == "replay"]
+        assert check["message"].endswith(f"[FA3 build {build}]"), check["message"]
