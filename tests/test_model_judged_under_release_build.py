@@ -39,7 +39,7 @@ def test_each_release_profile_names_the_build_of_its_kernel_wheel():
     builds = {f"0.5.{n}": profile_for(f"0.5.{n}").policy()["fa3_build"] for n in range(11, 24)}
     assert {r for r, b in builds.items() if b == SGLANG_KERNEL_042} == {f"0.5.{n}" for n in range(11, 16)}
     assert {r for r, b in builds.items() if b == SGLANG_KERNEL_045} == {f"0.5.{n}" for n in range(16, 24)}
-    assert "FA3 build sglang-kernel-0.4.5" in profile_for("0.5.23").describe()
+    assert profile_for("0.5.23").fa3_build == SGLANG_KERNEL_045
 
 
 def test_the_model_schedules_precompute_and_call_under_the_scenario_s_build():

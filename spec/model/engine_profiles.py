@@ -79,7 +79,7 @@ class EngineProfile:
 
     def describe(self) -> str:
         return (f"sglang {self.release}: precompute heads {self.heads_source} ({self.precompute_heads}); "
-                f"guard {self.guard_source} (model guard '{self.guard_spec}'); FA3 build {self.fa3_build}")
+                f"guard {self.guard_source} (model guard '{self.guard_spec}')")
 
 
 def release_key(release: str) -> tuple:
