@@ -298,8 +298,12 @@ def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3
     from .strategies import domain_strategy, family
 
     start = time.perf_counter()
+    # the model is judged under the FA3 build that judges the engine (EngineSpec.fa3_build: its release's kernel
+    # build, upstream's for a checkout or a named system), so both sides schedule with one build's rules
+    build = sut.spec.fa3_build()
     policy = (load_policy(profile.guard_spec, profile.precompute_heads,
-                          graph_replay_seqlen_k=profile.graph_replay_seqlen_k) if profile else load_policy())
+                          graph_replay_seqlen_k=profile.graph_replay_seqlen_k, fa3_build=build)
+              if profile else load_policy(fa3_build=build))
     report = ConformReport(engine=str(sut.spec), profile=profile.release if profile else None)
     load_guard(policy.guard_spec)
     target = ConformanceTarget(sut, policy, report)

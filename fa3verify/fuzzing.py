@@ -51,6 +51,7 @@ def scenario_for(case: FuzzCase, policy: Policy, defects=frozenset()):
                     steps=[Step(**s) for s in case.steps], metadata_heads=policy.metadata_heads,
                     clear_stale_cp_metadata=policy.clear_stale_cp_metadata, seed=case.seed,
                     defects=frozenset(defects), graph_replay_seqlen_k=policy.graph_replay_seqlen_k,
+                    fa3_build=policy.fa3_build,
                     vllm=case.vllm)
 
 

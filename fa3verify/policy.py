@@ -8,6 +8,8 @@ from typing import Any, Callable
 from .errors import UsageError
 
 METADATA_HEADS = ("tp", "attn_tp")
+#: the build a policy names when no release profile sets one (refmodel.fa3_builds.UPSTREAM)
+UPSTREAM_BUILD = "upstream-0251105a"
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,9 @@ class Policy:
     #: the ``max_seqlen_k`` of a CUDA-graph replay's precompute (``gpu_impl.backend.GRAPH_REPLAY_SEQLEN_K``); set
     #: by a release profile (``spec.model.engine_profiles``), not by a command-line option
     graph_replay_seqlen_k: str = "max_seq_len"
+    #: the FA3 build (refmodel.fa3_builds) whose rules the model's precompute and call are scheduled under; set by
+    #: a release profile (the build its kernel wheel ships, refmodel/fa3_builds.json), else upstream's
+    fa3_build: str = "upstream-0251105a"
 
     def to_dict(self) -> dict:
         d = {"guard": self.guard_spec, "metadata_heads": self.metadata_heads,
@@ -30,16 +35,20 @@ class Policy:
             d["cp_decode_kv"] = "sharded"
         if self.graph_replay_seqlen_k != "max_seq_len":
             d["graph_replay_seqlen_k"] = self.graph_replay_seqlen_k
+        if self.fa3_build != UPSTREAM_BUILD:
+            d["fa3_build"] = self.fa3_build
         return d
 
     @property
     def label(self) -> str:
         stale = "" if self.clear_stale_cp_metadata else ", stale CP metadata kept"
-        return f"guard={self.guard_spec}, metadata_heads={self.metadata_heads}{stale}"
+        build = "" if self.fa3_build == UPSTREAM_BUILD else f", FA3 build {self.fa3_build}"
+        return f"guard={self.guard_spec}, metadata_heads={self.metadata_heads}{stale}{build}"
 
 
 def load_policy(guard: str = "fixed", metadata_heads: str = "tp", keep_stale_cp_metadata: bool = False,
-                cp_decode_sharded_kv: bool = False, graph_replay_seqlen_k: str = "max_seq_len") -> Policy:
+                cp_decode_sharded_kv: bool = False, graph_replay_seqlen_k: str = "max_seq_len",
+                fa3_build: str = "upstream-0251105a") -> Policy:
     """Resolve a guard spec ("fixed", "pre-fix", "none", module:function, file.py:function) into a Policy."""
     from gpu_impl.guards import GuardSpecError, load_guard
 
@@ -49,9 +58,15 @@ def load_policy(guard: str = "fixed", metadata_heads: str = "tp", keep_stale_cp_
         fn = load_guard(guard)
     except GuardSpecError as exc:
         raise UsageError(f"--guard: {exc}") from None
+    from refmodel.fa3_builds import check_build_name
+
+    try:
+        fa3_build = check_build_name(fa3_build)
+    except ValueError as exc:
+        raise UsageError(f"fa3_{exc}") from None
     return Policy(guard_spec=guard, guard=fn, metadata_heads=metadata_heads,
                   clear_stale_cp_metadata=not keep_stale_cp_metadata, cp_decode_sharded_kv=cp_decode_sharded_kv,
-                  graph_replay_seqlen_k=graph_replay_seqlen_k)
+                  graph_replay_seqlen_k=graph_replay_seqlen_k, fa3_build=fa3_build)
 
 
 def add_guard_timeout_argument(parser) -> None:

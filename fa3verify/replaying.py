@@ -15,6 +15,7 @@ from typing import Iterable, Optional
 
 from . import verdicts
 from .errors import UsageError
+from .policy import UPSTREAM_BUILD
 from .finding_terms import apply_terms, configuration_terms, hint_for, ran_on, terms_of_finding
 from spec.finding import Outcome
 
@@ -130,7 +131,8 @@ def case_model_policy(case, guard_override: Optional[str] = None, metadata_heads
     clear = policy.get("clear_stale_cp_metadata", True) if keep_stale is None else not keep_stale
     return Policy(guard_spec=guard_spec, guard=guard, metadata_heads=metadata_heads or policy.get("metadata_heads", "tp"),
                   clear_stale_cp_metadata=clear,
-                  graph_replay_seqlen_k=str(policy.get("graph_replay_seqlen_k", "max_seq_len")))
+                  graph_replay_seqlen_k=str(policy.get("graph_replay_seqlen_k", "max_seq_len")),
+                  fa3_build=str(policy.get("fa3_build", "upstream-0251105a")))
 
 
 def scenario_from_case(case, guard_override: Optional[str] = None, metadata_heads: Optional[str] = None,
@@ -153,7 +155,7 @@ def scenario_from_case(case, guard_override: Optional[str] = None, metadata_head
     return Scenario(server=server, model=model, guard=policy.guard, steps=steps, guard_spec=policy.guard_spec,
                     metadata_heads=policy.metadata_heads, clear_stale_cp_metadata=policy.clear_stale_cp_metadata,
                     seed=int(case.seed), defects=case_defects(case, defects),
-                    graph_replay_seqlen_k=policy.graph_replay_seqlen_k, vllm=case.vllm)
+                    graph_replay_seqlen_k=policy.graph_replay_seqlen_k, fa3_build=policy.fa3_build, vllm=case.vllm)
 
 
 def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", guard: Optional[str] = None,
@@ -226,14 +228,17 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     summary = RunSummary(command="replay", cases=1, failures=int(bool(findings)), elapsed_s=elapsed,
                          policy={"guard": scn.guard_spec, "metadata_heads": scn.metadata_heads,
                                  "clear_stale_cp_metadata": scn.clear_stale_cp_metadata,
-                                 **({"defects": sorted(scn.defects)} if scn.defects else {})})
+                                 **({"defects": sorted(scn.defects)} if scn.defects else {}),
+                                 **({"fa3_build": scn.fa3_build} if scn.fa3_build != UPSTREAM_BUILD else {})})
     fails = observed.fails
     summary.failures = int(fails)
     from .engine_choice import fa3_build_of
 
     msg = "; ".join(f"{f.invariant} at step {f.step} rank {f.dp_rank}: {f.message}" for f in findings[:3])
     # numerics run on the emulator, which models upstream's kernel: such a run is judged under upstream's build
-    judged = f" [FA3 build {fa3_build_of(None if use_numerics else spec)}]"
+    # (the model judges under its scenario's build: the case's policy, e.g. a release profile's)
+    build = fa3_build_of(None) if use_numerics else (scn.fa3_build if spec.runs_scenario_policy else fa3_build_of(spec))
+    judged = f" [FA3 build {build}]"
     summary.checks.append(Check(name=f"replay {path}" + ("" if spec.runs_scenario_policy else f" on {spec}"), kind="replay",
                                 verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,
                                 message=(msg or f"outcome {outcome} (expected {observed.expected_outcome})") + judged))

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from refmodel import fa3_builds
 from refmodel.fa3_scheduler import call_inputs, ceil_div, resolve_schedule
 from refmodel.metadata import schedule_and_prepare
 
@@ -61,6 +62,9 @@ class DecodeCall:
     #: ``max_seqlen_k`` the precompute passes when it is not the rows' longest length: a CUDA-graph replay of a
     #: release that recomputes with its ``max_context_len`` bound (``GRAPH_REPLAY_SEQLEN_K``); None: max(lens)
     precompute_seqlen_k: Optional[int] = None
+    #: ``max_seqlen_q`` the precompute passes (sglang: 1; another value set from outside, e.g. by the seeded
+    #: defect ``precompute-max-seqlen-q-two``); the call's rows stay one per sequence
+    precompute_max_seqlen_q: int = 1
 
     def precompute_max_seqlen_k(self, lens) -> int:
         """The precompute's ``max_seqlen_k``: the fixed bound when one is set, else the longest row (at least 1)."""
@@ -94,6 +98,7 @@ class DecodeVerdict:
                 **({"launch_num_splits": c.call_num_splits} if c.call_num_splits is not None else {}),
                 **({"precompute_rows": c.precompute_rows} if c.precompute_rows is not None else {}),
                 **({"precompute_seqlen_k": c.precompute_seqlen_k} if c.precompute_seqlen_k is not None else {}),
+                **({"precompute_max_seqlen_q": c.precompute_max_seqlen_q} if c.precompute_max_seqlen_q != 1 else {}),
                 "split_counts": self.split_counts, "shape_error": self.shape_error,
                 "violations": [v.to_dict() if hasattr(v, "to_dict") else dict(v) for v in self.violations]}
 
@@ -122,13 +127,16 @@ class FlashAttentionBackend:
     metadata_only: Optional[str] = None
 
     def __init__(self, server: ServerConfig, model: ModelConfig, guard: Callable[[Any], Any],
-                 metadata_heads: str = "tp", graph_replay_seqlen_k: str = "max_seq_len"):
+                 metadata_heads: str = "tp", graph_replay_seqlen_k: str = "max_seq_len",
+                 fa3_build: str = fa3_builds.UPSTREAM):
         if metadata_heads not in ("tp", "attn_tp"):
             raise ValueError(f"metadata_heads: must be 'tp' or 'attn_tp', got {metadata_heads!r}")
         if graph_replay_seqlen_k not in GRAPH_REPLAY_SEQLEN_K:
             raise ValueError(f"graph_replay_seqlen_k: must be one of {', '.join(GRAPH_REPLAY_SEQLEN_K)}, "
                              f"got {graph_replay_seqlen_k!r}")
         self.graph_replay_seqlen_k = graph_replay_seqlen_k
+        #: the FA3 build (refmodel.fa3_builds) both sides are scheduled under: the release's kernel build
+        self.fa3_build = fa3_builds.check_build_name(fa3_build)
         self.server = server
         self.model = model
         self.guard = guard
@@ -210,19 +218,21 @@ class FlashAttentionBackend:
         lens = call.seq_lens if call.precompute_rows is None else call.seq_lens[:call.precompute_rows]
         bs = len(lens)
         return schedule_and_prepare(
-            bs, 1, call.precompute_max_seqlen_k(lens), h, hk, self.model.head_dim,
+            bs, call.precompute_max_seqlen_q, call.precompute_max_seqlen_k(lens), h, hk, self.model.head_dim,
             torch.tensor(lens, dtype=torch.int32), qkv_dtype=self.model.dtype,
             headdim_v=self.model.head_dim_v, cu_seqlens_q=list(range(bs + 1)), page_size=self.server.page_size,
-            causal=True, num_splits=call.num_splits, num_sm=self.server.num_sm)
+            causal=True, num_splits=call.num_splits, num_sm=self.server.num_sm, build=self.fa3_build)
 
     def call_inputs(self, call: DecodeCall):
-        """ScheduleInputs of the layer's flash_attn_with_kvcache call for this decode step."""
+        """ScheduleInputs of the layer's flash_attn_with_kvcache call for this decode step, under the backend's
+        FA3 build; its ``total_q`` (FA3's ``params.total_q``) is q's rows, one per sequence, varlen or not."""
         h, hk = call.call_heads
         varlen = self.call_varlen
         return call_inputs(len(call.seq_lens), 1, call.call_seqlen_k, h, hk, self.model.head_dim,
                            headdim_v=self.model.head_dim_v, qkv_dtype=self.model.dtype, varlen_q=varlen,
                            has_cache_seqlens=varlen, page_size=self.server.page_size, causal=True,
-                           num_splits=call.launch_num_splits, num_sm=self.server.num_sm)
+                           num_splits=call.launch_num_splits, num_sm=self.server.num_sm, build=self.fa3_build,
+                           total_q=len(call.seq_lens))
 
     @staticmethod
     def call_lengths(call: DecodeCall) -> dict:
@@ -254,7 +264,8 @@ class FlashAttentionBackend:
         bs = len(call.seq_lens)
         rows = bs if call.precompute_rows is None else call.precompute_rows
         return kernel.get_scheduler_metadata(
-            rows, 1, call.precompute_max_seqlen_k(call.seq_lens[:rows]), h, hk, self.model.head_dim,
+            rows, call.precompute_max_seqlen_q, call.precompute_max_seqlen_k(call.seq_lens[:rows]), h, hk,
+            self.model.head_dim,
             cache_seqlens[:rows], qkv_dtype=q.dtype, headdim_v=self.model.head_dim_v,
             cu_seqlens_q=cu_seqlens_q[:rows + 1], page_size=self.server.page_size, causal=True,
             num_splits=call.num_splits)

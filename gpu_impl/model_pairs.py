@@ -55,11 +55,12 @@ def decode_call_pair(backend, call, step: int, path: str) -> dict:
         lens = call.seq_lens[:rows]
         # flashattention_backend.py: sglang's arguments; headdim_v is never passed (FA3 then takes headdim)
         pre = record_precompute(
-            batch_size=rows, max_seqlen_q=1, max_seqlen_k=call.precompute_max_seqlen_k(lens), num_heads=h,
+            batch_size=rows, max_seqlen_q=call.precompute_max_seqlen_q, max_seqlen_k=call.precompute_max_seqlen_k(lens), num_heads=h,
             num_heads_k=hk, headdim=model.head_dim, cache_seqlens=torch.tensor(lens, dtype=torch.int32),
             qkv_dtype=dtype, headdim_v=None if model.head_dim_v == model.head_dim else model.head_dim_v,
             cu_seqlens_q=torch.arange(rows + 1, dtype=torch.int32), page_size=page, causal=True,
-            window_size=(-1, -1), has_softcap=False, num_splits=call.num_splits, num_sm=num_sm)
+            window_size=(-1, -1), has_softcap=False, num_splits=call.num_splits, num_sm=num_sm,
+            build=backend.fa3_build)
     h, hk = call.call_heads
     meta = torch.device("meta")
     width = call.call_seqlen_k // page
@@ -71,7 +72,7 @@ def decode_call_pair(backend, call, step: int, path: str) -> dict:
         page_table=torch.empty((bs, width), dtype=torch.int32, device=meta),
         cu_seqlens_q=torch.arange(bs + 1, dtype=torch.int32), max_seqlen_q=1, causal=True, window_size=(-1, -1),
         softcap=0.0, scheduler_metadata=torch.empty(1, dtype=torch.int32, device=meta) if call.precomputed else None,
-        num_splits=call.launch_num_splits, num_sm=num_sm)
+        num_splits=call.launch_num_splits, num_sm=num_sm, build=backend.fa3_build)
     return {"step": step, "dp_rank": call.dp_rank, "mode": "decode", "path": path, **pair_summary(pre, rec)}
 
 
@@ -81,7 +82,8 @@ def model_pairs(scenario, result) -> list:
     from .backend import DecodeCall, FlashAttentionBackend
 
     backend = FlashAttentionBackend(scenario.server, scenario.model, scenario.guard, scenario.metadata_heads,
-                                    graph_replay_seqlen_k=scenario.graph_replay_seqlen_k)
+                                    graph_replay_seqlen_k=scenario.graph_replay_seqlen_k,
+                                    fa3_build=scenario.fa3_build)
     out, captured = [], set()
     for entry in result.trace:
         if entry.get("mode") != "decode" or "call_heads" not in entry:
@@ -93,7 +95,8 @@ def model_pairs(scenario, result) -> list:
                           num_splits=entry["num_splits_arg"], precomputed=entry["precomputed"],
                           skip_reason=entry.get("skip_reason", ""), call_num_splits=entry.get("launch_num_splits"),
                           precompute_rows=entry.get("precompute_rows"),
-                          precompute_seqlen_k=entry.get("precompute_seqlen_k"))
+                          precompute_seqlen_k=entry.get("precompute_seqlen_k"),
+                          precompute_max_seqlen_q=entry.get("precompute_max_seqlen_q", 1))
         if call.path == "cuda_graph":
             key = (call.dp_rank, len(call.seq_lens))
             if key not in captured:

@@ -97,7 +97,8 @@ def scenario_from_case(case: Any) -> Scenario:
                     metadata_heads=policy.get("metadata_heads", "tp"),
                     clear_stale_cp_metadata=bool(policy.get("clear_stale_cp_metadata", True)),
                     seed=int(data.get("seed", 0)),
-                    graph_replay_seqlen_k=str(policy.get("graph_replay_seqlen_k", "max_seq_len")))
+                    graph_replay_seqlen_k=str(policy.get("graph_replay_seqlen_k", "max_seq_len")),
+                    fa3_build=str(policy.get("fa3_build", "upstream-0251105a")))
 
 
 def kernel_spec(case: Any) -> tuple[str, str]:

@@ -88,7 +88,8 @@ def assemble(case: Any, records: Sequence[RankRecord], numerics: bool = True) ->
                                           signature_key=guard[0].guard_fault))
     else:
         backend = FlashAttentionBackend(server, scn.model, scn.guard, scn.metadata_heads,
-                                        graph_replay_seqlen_k=scn.graph_replay_seqlen_k)
+                                        graph_replay_seqlen_k=scn.graph_replay_seqlen_k,
+                                        fa3_build=scn.fa3_build)
         for index in range(len(scn.steps)):
             for d in range(server.attn_dp_size):
                 group = [by_place[(d, c)] for c in range(server.attn_cp_size)]

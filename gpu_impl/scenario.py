@@ -9,6 +9,7 @@ and with tensors through a kernel adapter when `numerics=True`, comparing with t
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from refmodel.fa3_builds import UPSTREAM as UPSTREAM_BUILD
 from spec.finding import Outcome
 from spec.violation import Violation
 
@@ -59,6 +61,9 @@ class Scenario:
     seed: int = 0
     #: the ``max_seqlen_k`` a CUDA-graph replay precomputes with (``gpu_impl.backend.GRAPH_REPLAY_SEQLEN_K``)
     graph_replay_seqlen_k: str = "max_seq_len"
+    #: the FA3 build (refmodel.fa3_builds) the backend's precompute and calls are scheduled and judged under: the
+    #: one the release's kernel wheel ships (spec.model.engine_profiles), upstream's by default
+    fa3_build: str = UPSTREAM_BUILD
     #: seeded defects (names in gpu_impl.defects.DEFECTS, applied by gpu_impl.defects.seed_run); a SeededPolicy
     #: guard adds its own
     defects: frozenset = frozenset()
@@ -136,11 +141,17 @@ def prepare_run(scn: Scenario, kernel=None):
 
 def _backend_of(scn: Scenario) -> FlashAttentionBackend:
     return FlashAttentionBackend(scn.server, scn.model, scn.guard, scn.metadata_heads,
-                                 graph_replay_seqlen_k=scn.graph_replay_seqlen_k)
+                                 graph_replay_seqlen_k=scn.graph_replay_seqlen_k, fa3_build=scn.fa3_build)
 
 
 def run_scenario(scn: Scenario, kernel=None, numerics: bool = False, device: str = "cpu") -> ScenarioResult:
-    """Run every step of a scenario; findings name the invariant, the step and the DP rank."""
+    """Run every step of a scenario; findings name the invariant, the step and the DP rank.
+
+    Numerics run the emulated kernel, which models upstream's FA3: such a run is judged under upstream's build
+    whatever build the scenario names (as the engines' stand-ins do), so metadata and outputs come from one build.
+    """
+    if numerics and scn.fa3_build != UPSTREAM_BUILD:
+        scn = dataclasses.replace(scn, fa3_build=UPSTREAM_BUILD)
     scn, backend, kernel = prepare_run(scn, kernel)
     run = ScenarioRun(scn)
     result = ScenarioResult()

@@ -328,7 +328,7 @@ class ModelSUT(SystemUnderTest):
         if policy is not None:
             changes.update(guard=policy.guard, guard_spec=policy.guard_spec, metadata_heads=policy.metadata_heads,
                            clear_stale_cp_metadata=policy.clear_stale_cp_metadata,
-                           graph_replay_seqlen_k=policy.graph_replay_seqlen_k)
+                           graph_replay_seqlen_k=policy.graph_replay_seqlen_k, fa3_build=policy.fa3_build)
         return dataclasses.replace(scenario, **changes)
 
     def __init__(self, spec: Optional[EngineSpec] = None, policy=None, defects=frozenset()):

@@ -184,13 +184,17 @@ def test_the_vllm_driver_judges_under_the_build_recorded_for_its_release():
     from fa3verify.engine_choice import fa3_build_of
     from gpu_impl.sut import parse_engine
     assert fa3_build_of(parse_engine("vllm==0.33.0")) == VLLM_FORK
-    assert fa3_build_of(parse_engine("sglang==0.5.14")) == UPSTREAM and fa3_build_of(None) == UPSTREAM
+    # an sglang release is judged under the build read from its kernel wheel; no release (the model's default, a
+    # checkout) under upstream's
+    assert fa3_build_of(parse_engine("sglang==0.5.14")) == SGLANG_KERNEL_042 and fa3_build_of(None) == UPSTREAM
+    assert fa3_build_of(parse_engine("sglang==0.5.23")) == SGLANG_KERNEL_045
+    assert fa3_build_of(parse_engine("sglang-src=/tmp/x")) == UPSTREAM
 
 
 def test_an_engine_matrix_row_names_the_build_that_judged_it():
     from fa3verify.engine_matrix import MatrixRow
 
-    assert MatrixRow(release="0.5.14", verdict="pass", exit_code=0).fa3_build == UPSTREAM
+    assert MatrixRow(release="0.5.14", verdict="pass", exit_code=0).fa3_build == SGLANG_KERNEL_042
     assert MatrixRow(release="0.5.14", verdict="pass", exit_code=0, fa3_build=VLLM_FORK).fa3_build == VLLM_FORK
     assert MatrixRow(release="not-a-version", verdict="pass", exit_code=0).fa3_build == UPSTREAM
 

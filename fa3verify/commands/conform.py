@@ -67,7 +67,8 @@ def run(args) -> int:
         return _conform_vllm(args, spec)
     with open_engine(spec) as sut:
         profile = conform_profile(args.engine_profile, sut)
-        print(f"engine: {spec}   profile: {profile.describe()}")
+        # both sides are judged under the build the release's kernel wheel ships (refmodel/fa3_builds.json)
+        print(f"engine: {spec}   profile: {profile.describe()}; both sides judged under FA3 build {spec.fa3_build()}")
         start_engine(sut, "conform")
         with stage("conform", f"conform {args.cases} configurations on {spec}"
                               + (f", shard {shard}" if shard else ""),

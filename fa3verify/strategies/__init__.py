@@ -48,6 +48,7 @@ FAMILIES: dict[str, Callable] = {
     "eager-tp": families.eager_tp,
     "graph-padding": families.graph_padding,
     "tile-corner": families.tile_corner,
+    "large-decode-batch": families.large_decode_batch,
     "vllm": vllm.vllm_case,
     "vllm-full-graph": vllm.vllm_full_graph_case,
     "vllm-decode-tile": vllm.vllm_decode_tile_case,

@@ -168,3 +168,23 @@ def tile_corner(rng: random.Random):
     lens = [rng.randint(1, 8192) for _ in range(rng.randint(1, 4))]
     return _fuzz_case(server, model, [{"mode": "decode", "seq_lens": lens, "extend_lens": None}],
                       rng.randrange(2 ** 31))
+
+
+def large_decode_batch(rng: random.Random):
+    """Decode batches of 16 to 256 rows (one long, the rest short), TP only, eager or CUDA graph: where the sglang
+    kernel builds from 0.4.5 bound a varlen call's split count by its real rows (refmodel.fa3_builds
+    ``varlen_total_q_bound``), so their split counts part from upstream's and a precompute and a call that count
+    rows differently can disagree (theorem ``12-total-q-drift``; hazard control ``precompute-max-seqlen-q-two``)."""
+    from gpu_impl.config import MODELS, ServerConfig
+
+    model = MODELS[rng.choice(_GQA_MODELS)]
+    cuda_graph = rng.random() < 0.5
+
+    def make(r):
+        return ServerConfig(tp_size=r.choice((1, 2, 4, 8)), page_size=r.choice((1, 16, 64)), num_sm=r.choice(_SMS),
+                            context_length=r.choice((32768, 131072)), cuda_graph=cuda_graph)
+    server = _pick_server(rng, model, make)
+    if server is None:
+        return None
+    step = _skewed_decode(rng, min(server.context_length, 65536), rng.choice((16, 24, 32, 64, 128, 256)))
+    return _fuzz_case(server, model, [step], rng.randrange(2 ** 31))

@@ -18,7 +18,7 @@ from ..backend import CUDA_GRAPH_BATCH_SIZES, DecodeCall, DecodeVerdict
 from ..defects import GRAPH_CAPTURE_SEQLEN_K
 
 __all__ = ["BACKEND_SEEDS", "GraphSplitCountFromCapture", "GraphMetadataBeforePadding", "GraphMetadataNewBuffer",
-           "CallNotVarlen", "KernelUsesHostTilesInCheck"]
+           "CallNotVarlen", "KernelUsesHostTilesInCheck", "PrecomputeMaxSeqlenQTwo"]
 
 
 class GraphSplitCountFromCapture:
@@ -49,6 +49,19 @@ class GraphMetadataBeforePadding:
         for call in calls:
             if call.path == "cuda_graph":
                 call.precompute_rows = call.real_rows
+        return calls
+
+
+class PrecomputeMaxSeqlenQTwo:
+    """``precompute-max-seqlen-q-two`` (a hazard control): the decode precompute passes ``max_seqlen_q`` 2 while
+    each sequence has one query row. Under sglang-kernel-0.4.5 the precompute's get_num_splits then bounds by
+    ``2 * b`` rows and the call's by its ``b`` real rows (theorem ``12-total-q-drift``); the prepare step still
+    counts the real rows (``cu_seqlens_q``)."""
+
+    def decode_calls(self, dp_batches):
+        calls = super().decode_calls(dp_batches)
+        for call in calls:
+            call.precompute_max_seqlen_q = 2
         return calls
 
 
@@ -138,4 +151,5 @@ BACKEND_SEEDS = {
     "graph-metadata-new-buffer": GraphMetadataNewBuffer,
     "call-not-varlen": CallNotVarlen,
     "fa3-kernel-uses-host-tiles": KernelUsesHostTilesInCheck,
+    "precompute-max-seqlen-q-two": PrecomputeMaxSeqlenQTwo,
 }

@@ -200,16 +200,23 @@ def _check_policy(policy: Any) -> dict:
     rk = policy.get("graph_replay_seqlen_k", "max_seq_len")
     if rk not in ("max_seq_len", "context_length"):
         raise CaseFormatError("policy.graph_replay_seqlen_k", "'max_seq_len' or 'context_length'", rk)
+    from refmodel.fa3_builds import builds
+
+    fb = policy.get("fa3_build", "upstream-0251105a")
+    if fb not in builds():
+        raise CaseFormatError("policy.fa3_build", "one of " + ", ".join(sorted(builds())), fb)
     out = {"guard": g, "metadata_heads": mh, "clear_stale_cp_metadata": cs}
+    if "fa3_build" in policy:
+        out["fa3_build"] = fb
     if "cp_decode_kv" in policy:
         out["cp_decode_kv"] = kv
     if "graph_replay_seqlen_k" in policy:
         out["graph_replay_seqlen_k"] = rk
-    known = {"guard", "metadata_heads", "clear_stale_cp_metadata", "cp_decode_kv", "graph_replay_seqlen_k"}
+    known = {"guard", "metadata_heads", "clear_stale_cp_metadata", "cp_decode_kv", "graph_replay_seqlen_k", "fa3_build"}
     unknown = sorted(set(policy) - known)
     if unknown:
         raise CaseFormatError(f"policy.{unknown[0]}", "one of guard, metadata_heads, clear_stale_cp_metadata, "
-                                                      "cp_decode_kv, graph_replay_seqlen_k", unknown[0])
+                                                      "cp_decode_kv, graph_replay_seqlen_k, fa3_build", unknown[0])
     return out
 
 

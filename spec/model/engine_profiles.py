@@ -57,6 +57,14 @@ class EngineProfile:
     graph_replay_seqlen_k: str = "max_seq_len"
 
     @property
+    def fa3_build(self) -> str:
+        """The FA3 build the release ships (refmodel/fa3_builds.json: the build read from its kernel wheel), which
+        the model's precompute and calls are scheduled under when it plays this release."""
+        from refmodel.fa3_builds import build_for_engine
+
+        return build_for_engine("sglang", self.release)
+
+    @property
     def guard_spec(self) -> str:
         """The built-in guard (spec.model.guards.BUILTIN_GUARDS) that models this release's guard."""
         return GUARD_OF_KIND[self.guard]
@@ -66,6 +74,7 @@ class EngineProfile:
         policy = {"guard": self.guard_spec, "metadata_heads": self.precompute_heads, "clear_stale_cp_metadata": True}
         if self.graph_replay_seqlen_k != "max_seq_len":
             policy["graph_replay_seqlen_k"] = self.graph_replay_seqlen_k
+        policy["fa3_build"] = self.fa3_build
         return policy
 
     def describe(self) -> str:

@@ -3,7 +3,7 @@
 A theorem is its name, its family number (what ``--only 3`` matches), the one-sentence claim its z3 query decides,
 the FA3 (or engine) source its encoding models, and the group whose module builds its job. The catalogue is data
 (catalogue.json); the queries live in this package's group modules: `metadata` (families 0-4, built by
-`metadata_jobs`), `algebra` (5), `cp` (6-7), `edges` (8), `fork_tile` (9) and `lifecycle` (10-11). Every group module has
+`metadata_jobs`), `algebra` (5), `cp` (6-7), `edges` (8), `fork_tile` (9), `lifecycle` (10-11) and `wheel_builds` (12). Every group module has
 ``group_jobs(request: ProveRequest) -> list[Job]``; :func:`jobs_for` asks each in catalogue order. A test checks
 that the catalogue and the theorems a prove run reports are the same set, so docs/invariants.md (generated from it)
 cannot drift.
@@ -48,7 +48,7 @@ CATALOGUE: tuple = _load()
 THEOREMS: dict = {t.name: t for t in CATALOGUE}
 #: group -> the module (in this package) whose ``group_jobs(request)`` builds its jobs, in run order
 GROUPS: dict = {"metadata": "metadata_jobs", "algebra": "algebra", "cp": "cp", "edges": "edges",
-                "fork_tile": "fork_tile", "lifecycle": "lifecycle"}
+                "fork_tile": "fork_tile", "lifecycle": "lifecycle", "wheel_builds": "wheel_builds"}
 
 
 def jobs_for(request: ProveRequest) -> list:

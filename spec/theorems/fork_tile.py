@@ -36,7 +36,8 @@ from typing import Optional
 
 import z3
 
-from refmodel.fa3_builds import UPSTREAM, VLLM_FORK, tile_size_fwd_sm90_vllm_fork
+from refmodel.fa3_builds import UPSTREAM, VLLM_FORK, build as fa3_build, tile_size_fwd_sm90_build, \
+    tile_size_fwd_sm90_vllm_fork
 from refmodel.fa3_scheduler import rounded_headdims, tile_size_fwd_sm90
 
 from spec.theorems.results import TheoremResult
@@ -45,7 +46,7 @@ from spec.theorems.base import SEEDED_DEFECTS, select
 from spec.theorems.z3ctx import checked
 
 __all__ = ["THEOREMS", "DEFECTS", "TileInstance", "TILE_INSTANCES", "VllmTilePoint", "vllm_tile_points",
-           "sym_tile", "SideVars", "side_vars", "fork_tile_jobs", "run_fork_tile_theorems", "split_bound_case",
+           "sym_tile", "tile_table", "SideVars", "side_vars", "fork_tile_jobs", "run_fork_tile_theorems", "split_bound_case",
            "scan_length_key", "DriftQuery", "OFF_BY_ONE_DEFECT", "MAX_SEQLEN_Q", "MAX_HEADS"]
 
 THEOREMS = ("9-fork-tile-agree", "9-fork-tile-drift")
@@ -112,6 +113,11 @@ def side_vars(prefix: str, max_seqlen_q: int = MAX_SEQLEN_Q) -> SideVars:
     return SideVars(sq, h, hk, dom)
 
 
+def tile_table(inst: TileInstance, build: str) -> dict:
+    """(causal, one_wg, non_tma) -> (kBlockM, kBlockN) of ``inst`` under ``build`` (read it, do not change it)."""
+    return _table(inst, build)
+
+
 @functools.lru_cache(maxsize=None)
 def _table(inst: TileInstance, build: str) -> dict:
     """(causal, one_wg, non_tma) -> (kBlockM, kBlockN), from refmodel's tile functions for this build (a pure
@@ -122,6 +128,9 @@ def _table(inst: TileInstance, build: str) -> dict:
         if build == VLLM_FORK:
             out[(causal, wg, non_tma)] = tile_size_fwd_sm90_vllm_fork(d_r, dv_r, causal, inst.local,
                                                                       inst.element_size, non_tma, wg)
+        elif build != UPSTREAM:  # the sglang wheel builds: their own table (refmodel/tile_size_sm90.json)
+            out[(causal, wg, non_tma)] = tile_size_fwd_sm90_build(build, d_r, dv_r, causal, inst.local,
+                                                                  inst.element_size, non_tma, one_mma_wg=wg)
         else:
             out[(causal, wg, non_tma)] = tile_size_fwd_sm90(d_r, dv_r, causal, inst.local, inst.element_size,
                                                             paged_kv_non_tma=non_tma)
@@ -158,13 +167,16 @@ def _term(v):
     return bv(v) if isinstance(v, int) else v
 
 
-def sym_tile(inst: TileInstance, side: SideVars, build: str = VLLM_FORK, defects=frozenset()) -> tuple:
+def sym_tile(inst: TileInstance, side: SideVars, build: str = VLLM_FORK, defects=frozenset(),
+             wg_rows: int = 64) -> tuple:
     """(kBlockM, kBlockN) of one side as z3 terms: refmodel ``resolve_schedule``'s ``block_m`` / ``block_n``.
 
     Restates ``resolve_masking`` (window (-1, -1) or a resolved local window, no chunk: a decode call drops causal
     unless paged with 64 < d <= 128), ``one_mma_wg`` / ``fa3_builds.use_one_mma_wg`` (sm90, unrounded d 64 or 128,
     not local, ``seqlen_q * (h / h_k) <= 64``), ``pagedkv_tma`` (page % kBlockN == 0 and ``seqlen_q * (h / h_k) >
-    kBlockM`` of the TMA tile; the fork refuses TMA for local) and ``build_tile``.
+    kBlockM`` of the TMA tile; the fork refuses TMA for local) and ``build_tile``. Any named build: the sglang
+    wheel builds test no local in the predicate (``Build.one_mma_wg`` "sglang"); ``wg_rows`` is the predicate's
+    row bound (64 in every build; another value seeds a defect of spec.theorems.wheel_builds).
     """
     d = inst.headdim
     rows = side.seqlen_q * (side.h if "one-wg-reads-num-heads" in defects else side.qhpk)
@@ -175,8 +187,9 @@ def sym_tile(inst: TileInstance, side: SideVars, build: str = VLLM_FORK, defects
     else:
         drops = d <= 64 or d > 128 or inst.page_size is None
         causal = z3.Not(side.seqlen_q == bv(1)) if drops else boolval(True)
-    if build == VLLM_FORK and d in (64, 128) and not inst.local:
-        wg = z3.ULE(rows, bv(64))
+    kind = fa3_build(build).one_mma_wg
+    if kind is not None and d in (64, 128) and not (kind == "fork" and inst.local):
+        wg = z3.ULE(rows, bv(wg_rows))
     else:
         wg = boolval(False)
     table = _table(inst, build)
