@@ -111,7 +111,7 @@ def expected_verdict(profile, facts: Optional[dict] = None, timeout_s: float = 1
 
     from .engine_gate import WITNESS_THEOREMS
     from .policy import load_policy
-    from .proving import theorem_results
+    from .commands.prove import theorem_results
 
     facts = facts_for("sglang", profile.release) if facts is None else facts
     policy = load_policy(profile.guard_spec, profile.precompute_heads)
@@ -171,7 +171,7 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
     """Gate every release (``open_sut(release)`` opens it; a UsageError there makes an 'unavailable' row)."""
     from spec.model.engine_profiles import profile_for
 
-    from .gating import gate
+    from .commands.gate import gate
     from .errors import UsageError
 
     say = progress or (lambda line: None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from .campaign import Budget, Campaign, Observation, run_campaign
-from .fuzzing import scenario_for
+from .commands.fuzz import scenario_for
 from .policy import Policy
 from .strategies import family as strategy_family
 

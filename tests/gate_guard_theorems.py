@@ -8,13 +8,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import fa3verify.proving as proving  # noqa: E402
+import fa3verify.commands.prove as proving  # noqa: E402
 
 GUARD_THEOREMS = ["3-hazard", "4-guard"]
 
 
 def cut_prove_stage() -> None:
-    """Make ``fa3verify.proving.theorem_results`` run only :data:`GUARD_THEOREMS`."""
+    """Make ``fa3verify.commands.prove.theorem_results`` run only :data:`GUARD_THEOREMS`."""
     real = proving.theorem_results
     signature = inspect.signature(real)
 

@@ -152,7 +152,7 @@ def test_gate_with_a_guard_that_exits_fails(tmp_path, kind, monkeypatch, capfd):
                               text=True, env=env, timeout=300)
         rc, out, err = proc.returncode, proc.stdout, proc.stderr
     else:  # the same cut of the prove stage, in this process
-        import fa3verify.proving as p
+        import fa3verify.commands.prove as p
         from gate_guard_theorems import cut_prove_stage
 
         monkeypatch.setattr(p, "theorem_results", p.theorem_results)  # undone after the test

@@ -95,7 +95,7 @@ def test_timeout_s_is_validated_the_same_way_everywhere(capsys, command, value):
 # -- class 7: logs, version, help --------------------------------------------------------------------------------
 
 def test_the_gate_prints_one_line_per_stage_on_a_non_terminal(tmp_path, capsys, monkeypatch):
-    import fa3verify.proving as proving
+    import fa3verify.commands.prove as proving
 
     real = proving.theorem_results
     monkeypatch.setattr(proving, "theorem_results",

@@ -283,7 +283,7 @@ def test_conform_reports_a_wrong_guard_as_a_difference(monkeypatch, tmp_path):
 
 
 def test_conform_skips_and_counts_rejected_configurations(monkeypatch, tmp_path):
-    from fa3verify.conformance import conform
+    from fa3verify.commands.conform import conform
     from spec.model.engine_profiles import profile_for
 
     from fake_engines import NoGraphSUT
@@ -317,7 +317,7 @@ def test_conform_bad_usage_is_exit_2(monkeypatch, argv):
 def test_model_pairs_go_through_pair_summary_and_agree_with_the_model_trace():
     import random
 
-    from fa3verify.fuzzing import scenario_for
+    from fa3verify.commands.fuzz import scenario_for
     from fa3verify.policy import load_policy
     from fa3verify.strategies import random_fuzz_case
     from gpu_impl.model_pairs import PAIR_KEYS, model_pairs
@@ -448,8 +448,8 @@ def test_profiles_follow_engines_md_section_1():
 
 
 def test_scenarios_the_engine_does_not_run_are_skipped_and_counted(monkeypatch, tmp_path):
-    from fa3verify.conformance import conform
-    from fa3verify.fuzzing import fuzz
+    from fa3verify.commands.conform import conform
+    from fa3verify.commands.fuzz import fuzz
     from spec.model.engine_profiles import profile_for
 
     from fake_engines import NoMlaSUT

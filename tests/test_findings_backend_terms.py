@@ -98,7 +98,7 @@ def test_markdown_summary_lists_the_failed_rows_first(tmp_path, capsys):
 def numbers_differ_from_replay(summary) -> list:
     """Findings whose S_p, S_c, lengths or message differ from a replay of their saved case file (or whose case
     file's expected message does)."""
-    from fa3verify.replaying import replay
+    from fa3verify.commands.replay import replay
 
     bad = []
     for f in summary.findings:
@@ -112,7 +112,7 @@ def numbers_differ_from_replay(summary) -> list:
 
 
 def test_fuzz_findings_describe_the_saved_shrunk_case(tmp_path, monkeypatch):
-    import fa3verify.fuzzing as fz
+    import fa3verify.commands.fuzz as fz
     from fa3verify.policy import load_policy
     from gpu_impl.sut import ModelSUT
 
@@ -153,7 +153,7 @@ def _top_level_cases(folder: Path) -> list:
 
 
 def test_a_passing_prove_shows_expected_refutations_and_keeps_witnesses_apart(tmp_path, monkeypatch, capsys):
-    import fa3verify.proving as proving
+    import fa3verify.commands.prove as proving
 
     cases = tmp_path / "cases"
     # the root-cause fix passes; the sharded-KV theorem (a fork's path this backend lacks) is still refuted

@@ -14,7 +14,7 @@ import pytest
 import z3
 
 from fa3verify.policy import load_policy
-from fa3verify.proving import prove, theorem_jobs, theorem_results
+from fa3verify.commands.prove import prove, theorem_jobs, theorem_results
 from spec.theorems import memo as theorem_memo
 from spec.theorems.results import TheoremResult
 from spec.theorems.jobs import Job, fork_available, run_jobs, run_part

@@ -164,9 +164,9 @@ def test_refuted_runner_theorem_writes_a_case_that_replays(tmp_path):
     assert [b["mode"] for b in case.batches] == ["extend", "mixed"]
     assert case.expected["invariant"] == "CP_PATH_MATCHES_ACTIVITY"
     try:
-        from fa3verify.replaying import replay
+        from fa3verify.commands.replay import replay
     except ImportError as exc:  # pragma: no cover
-        pytest.skip(f"fa3verify.replaying is not importable yet ({exc})")
+        pytest.skip(f"fa3verify.commands.replay is not importable yet ({exc})")
     _, observed = replay(r.case_file)
     assert "CP_PATH_MATCHES_ACTIVITY" in observed.invariants
     # with the fix the same batches pass

@@ -129,7 +129,7 @@ def run_matrix(args) -> int:
     from ..engine_matrix import matrix_exit_code, matrix_json, matrix_markdown, matrix_table, matrix_verdict_line
     from ..engine_matrix import run_matrix as matrix
     from ..errors import UsageError
-    from .fuzz import budget_from_args
+    from .arguments import budget_from_args
 
     from ..sharding import parse_shard
 
@@ -155,7 +155,7 @@ def run_matrix(args) -> int:
                   seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
                   progress=_progress_line, with_probes=not args.no_probes)
     print(matrix_markdown(rows) if args.markdown else matrix_table(rows))
-    from ..output_writer import deliver, write_output
+    from ..outputs import deliver, write_output
 
     data = matrix_json(rows)
     if shard is not None:
