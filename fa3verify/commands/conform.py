@@ -36,16 +36,13 @@ from spec.model import assumption_facts
 
 from ..campaign import Budget, Observation, run_campaign
 from ..case_files import scenario_case
-from .fuzz import scenario_for
 from ..conformance_vllm import conform_vllm
-from ..engine_choice import (add_engine_argument, add_profile_argument, conform_profile, engine_validation,
-    identity_of, open_engine, open_engine as _open, parse_engine_option, start_engine)
+from ..engine_choice import add_engine_argument, add_profile_argument
 from ..errors import UsageError
 from ..finding_terms import replay_line
 from ..judge import judge
 from ..outputs import deliver, write_output
 from ..policy import load_policy
-from ..progress import log_lines_enabled, stage
 from ..sharding import add_shard_argument, check_cases, parse_shard
 from ..summary import Check, Finding, finding_text, print_table, RunSummary
 
@@ -176,6 +173,8 @@ def verdict_diff(model_result, engine_result) -> Optional[str]:
 
 def _validate(sut, server, model=None) -> tuple:
     """(accepted, message) from the release's own validation (:func:`fa3verify.engine_choice.engine_validation`)."""
+    from ..engine_choice import engine_validation
+
     return engine_validation(sut, server, model)
 
 
@@ -183,6 +182,8 @@ def _save(sut, profile_policy: dict, case, notes: str, cases_dir: str, engine_re
     """A finding's case file (``fa3verify.case_files``): the configuration, the engine, the release's profile as
     policy, and as expected outcome what the engine itself showed (so ``replay`` reproduces the engine's side and
     ``replay --engine model`` the model's); the difference is in the notes."""
+    from ..engine_choice import identity_of
+
     expected = {"outcome": "pass", "invariant": None, "detail": {}}
     if engine_result is not None and engine_result.outcome != "pass":
         first = (engine_result.findings or engine_result.shape_errors)[0]
@@ -239,6 +240,8 @@ class ConformanceTarget:
     def observe(self, case):
         from gpu_impl.model_pairs import model_pairs
         from gpu_impl.sut import ModelSUT
+
+        from .fuzz import scenario_for
 
         report, sut = self.report, self.sut
         index = report.cases if self.index is None else self.index
@@ -390,6 +393,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..engine_choice import conform_profile, open_engine, parse_engine_option, start_engine
+    from ..progress import stage
+
     if args.engine is None:
         raise UsageError("--engine: required (sglang==V, sglang-src=PATH or vllm==V): conform compares the model "
                          "(or vLLM's profile) with it")
@@ -436,6 +442,8 @@ def run(args) -> int:
 
 def _progress_every_25(total: int):
     """conform's progress callback: a line on stderr every 25 compared configurations, on logs only."""
+    from ..progress import log_lines_enabled
+
     if not log_lines_enabled():
         return None
 
@@ -447,9 +455,12 @@ def _progress_every_25(total: int):
 
 def _conform_vllm(args, spec) -> int:
     """``--engine vllm==V``: the release's vLLM profile checked claim by claim on its own code."""
+    from ..engine_choice import open_engine
     from spec.model.engine_profiles import ProfileError, engine_profile_for, release_named
 
     if not args.engine_profile and spec.release is None:
+        from ..engine_choice import open_engine as _open
+
         with _open(spec) as probe:  # a checkout conforms to its nearest release's profile unless told otherwise
             release = probe.release
     else:
@@ -471,6 +482,8 @@ def _conform_vllm(args, spec) -> int:
         profile = engine_profile_for(text)[1]
     except ProfileError as exc:
         raise UsageError(f"{option}: {exc}") from None
+    from ..engine_choice import start_engine
+    from ..progress import stage
 
     with open_engine(spec) as sut:
         print(f"engine: {spec}   profile: {profile.describe()}")

@@ -30,12 +30,11 @@ from ..campaign import (Budget, Campaign, Failure, now, Observation, run_campaig
     single_threaded_torch)
 from ..case_files import scenario_case
 from .arguments import add_cases_dir_argument, budget_from_args, cases_dir_of
-from ..engine_choice import add_engine_argument, case_policy, identity_of, start_engine, sut_from_args
+from ..engine_choice import add_engine_argument, case_policy, identity_of
 from ..errors import UsageError
 from ..finding_terms import apply_terms, replay_line, run_terms
 from ..judge import judge
 from ..policy import add_policy_arguments, load_policy, Policy
-from ..progress import stage
 from ..sharding import add_shard_argument, check_cases, parse_shard
 from ..summary import Check, Finding, RunSummary, write_reports
 
@@ -403,6 +402,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..engine_choice import start_engine, sut_from_args
+    from ..progress import stage
+
     budget, cases = budget_from_args(args)
     shard = parse_shard(args.shard)
     check_cases(shard, cases)

@@ -15,18 +15,17 @@ import argparse
 import time
 from typing import Optional
 
+from ..engine_choice import add_engine_argument
 from .arguments import budget_from_args
-from .fuzz import fuzz, sut_policy
-from .prove import prove
-from ..engine_choice import add_engine_argument, case_policy, start_engine, sut_from_args
-from ..engine_gate import flow_stage, witness_stages
 from ..policy import add_policy_arguments
-from ..progress import stage
 from ..summary import RunSummary, write_reports
 
 
 def _theorems(sut, policy, summary, options, lines, command="gate") -> None:
     """Every theorem (spec.theorems) under the system's policy."""
+    from ..progress import stage
+    from .prove import prove
+
     with stage(command, "prove (z3 theorems)", lines,
                result=lambda: f"{len(summary.checks)} theorems, {sum(c.failed for c in summary.checks)} failed"):
         summary.merge(prove(policy, timeout_s=options["timeout_s"], cases_dir=options["cases_dir"]))
@@ -34,11 +33,15 @@ def _theorems(sut, policy, summary, options, lines, command="gate") -> None:
 
 def _witnesses(sut, policy, summary, options, lines, command="gate") -> None:
     """The witness searches of the system's release profile (z3 on the model), replayed on it."""
+    from ..engine_gate import witness_stages
+
     witness_stages(sut, summary, lines=lines, **options)
 
 
 def _flow_theorem(sut, policy, summary, options, lines, command="gate") -> None:
     """vLLM's flow theorem under the release's profile, its counterexample replayed on the engine."""
+    from ..engine_gate import flow_stage
+
     flow_stage(sut, summary, lines=lines, **options)
 
 
@@ -60,6 +63,10 @@ def gate(sut=None, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: f
     from gpu_impl.sut import ModelSUT
 
     from spec.model.assumption_facts import not_enforced
+
+    from ..engine_choice import case_policy
+    from .fuzz import fuzz, sut_policy
+    from ..progress import stage
 
     start = time.perf_counter()
     policy = sut_policy(sut)
@@ -134,6 +141,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..engine_choice import start_engine, sut_from_args
+
     budget, cases = budget_from_args(args)
     with sut_from_args(args) as sut:  # the model is opened under the policy options (ModelSUT(policy=...))
         start_engine(sut, "gate")  # its own line: a release's import takes tens of seconds

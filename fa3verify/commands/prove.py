@@ -10,13 +10,10 @@ import os
 import time
 from typing import Iterable, Optional
 
-from ..engine_choice import (DEFAULT_ENGINE, add_engine_argument, add_profile_argument, open_engine,
-    parse_engine_option, profile_policy_args, start_engine, vllm_profile_arg)
-from ..engine_gate import replay_witnesses
+from ..engine_choice import add_engine_argument, add_profile_argument
 from ..errors import UsageError
 from ..finding_terms import WITNESS_SUBDIR, apply_terms, case_file_terms, hint_for, replay_line
 from ..policy import add_policy_arguments, load_policy, Policy
-from ..progress import stage
 from ..summary import Check, Finding, RunSummary, write_reports
 
 
@@ -215,10 +212,16 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..progress import stage
+
     if not args.timeout_s > 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
+    from ..engine_choice import open_engine, parse_engine_option, profile_policy_args, start_engine
+    from ..engine_gate import replay_witnesses
+
+    from ..engine_choice import vllm_profile_arg
 
     vprofile = vllm_profile_arg(args)
     if vprofile is not None:
@@ -255,6 +258,9 @@ def run(args) -> int:
 
 def _prove_vllm(args, profile) -> int:
     """``--engine-profile vllm==V``: the vLLM flow theorem; sglang-only options are refused (exit 2)."""
+    from ..engine_choice import DEFAULT_ENGINE
+    from ..progress import stage
+
     for option, given in (("--drop-assumption", args.drop_assumption), ("--only", args.only),
                           ("--engine", args.engine not in (None, DEFAULT_ENGINE))):
         if given:

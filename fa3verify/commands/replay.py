@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from .. import verdicts
-from ..engine_choice import (DEFAULT_ENGINE, add_engine_argument, engine_for_case, fa3_build_of, open_engine,
-    start_engine)
+from ..engine_choice import add_engine_argument
 from ..errors import UsageError
 from ..finding_terms import apply_terms, configuration_terms, hint_for, ran_on, terms_of_finding
 from ..judge import judge
@@ -165,6 +164,8 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     does not model."""
     from gpu_impl.kernels import load
 
+    from ..engine_choice import DEFAULT_ENGINE, engine_for_case, open_engine, start_engine
+
     if _is_kernel_file(path):
         options = {"--kernel": kernel_name not in (None, "emulated"), "--guard": guard,
                    "--metadata-heads": metadata_heads, "--numerics": numerics, "--engine": engine not in (None, DEFAULT_ENGINE),
@@ -225,6 +226,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
                                  **({"defects": sorted(scn.defects)} if scn.defects else {})})
     fails = observed.fails
     summary.failures = int(fails)
+    from ..engine_choice import fa3_build_of
 
     msg = "; ".join(f"{f['invariant']} at step {f['step']} rank {f['dp_rank']}: {f['message']}" for f in findings[:3])
     # numerics run on the emulator, which models upstream's kernel: such a run is judged under upstream's build
