@@ -26,7 +26,7 @@ from .finding_terms import WITNESS_SUBDIR, apply_terms, replay_line, terms_of_ve
 from .summary import Check, Finding, RunSummary
 
 #: Theorems whose witnesses are whole scenarios (server configuration, model, batches) an engine can run.
-WITNESS_THEOREMS = ("3-hazard", "4-guard-soundness")
+WITNESS_THEOREMS = ("prefill-cp-hazard", "guard-soundness")
 #: The model policy the witness search runs under: no guard, precompute heads H // tp_size.
 WITNESS_POLICY = ("none", "tp")
 #: What a witness-search row's refutation means (its case file goes to ``CASES/witnesses/``).

@@ -104,7 +104,7 @@ def run_probes(sut) -> dict:
 def expected_verdict(profile, facts: Optional[dict] = None, timeout_s: float = 10.0,
                      cases_dir: Optional[str] = None) -> str:
     """What the release's code predicts, derived from facts about it rather than written down: the witness theorems
-    (``3-hazard``, ``4-guard-soundness``) under the release's profile (its heads and guard) with the prover assumptions
+    (``prefill-cp-hazard``, ``guard-soundness``) under the release's profile (its heads and guard) with the prover assumptions
     the release does not enforce dropped (``facts``, ``spec.model.assumption_facts``): ``fail`` when one is refuted (some
     configuration the release accepts overflows), ``pass`` when all are proved, ``inconclusive`` otherwise."""
     from spec.model.assumption_facts import facts_for, prover_drops

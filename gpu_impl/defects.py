@@ -123,7 +123,7 @@ _ALL = (
     Defect("precompute-max-seqlen-q-off-by-one", "caller",
            "vLLM's metadata builder asks get_scheduler_metadata for max_seqlen_q one more than the call's "
            "max_seqlen_q; under vLLM's FA3 fork the decode tile reads seqlen_q * (h / h_k) <= 64, so the two sides "
-           "can choose different tiles (theorem 9-fork-tile-drift); applied by the vLLM driver",
+           "can choose different tiles (theorem fork-tile-drift); applied by the vLLM driver",
            "none (a hazard control for vllm-project/flash-attention hopper/heuristics.h use_one_mma_wg)",
            "https://github.com/vllm-project/flash-attention/blob/main/hopper/heuristics.h", kind="hazard-control"),
 )

@@ -19,7 +19,7 @@ from ..summary import Check, Finding, RunSummary, write_reports
 
 #: The theorem about a fork's CP decode over sharded KV (docs/facts-fa3.md section 1, second path). It is a safety theorem
 #: only for a backend that has that path (--cp-decode-sharded-kv); otherwise its refutation is reported, not failed.
-SHARDED_KV_THEOREM = "4-sharded-kv-decode"
+SHARDED_KV_THEOREM = "sharded-kv-decode"
 
 
 def theorem_jobs(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = None,
@@ -194,7 +194,9 @@ def register(sub) -> None:
     add_profile_argument(p)
     add_engine_argument(p, help_extra="; each refuted theorem's witness is also replayed on it")
     p.add_argument("--only", action="append", metavar="NAME",
-                   help="run only theorems whose name contains NAME (repeatable), e.g. --only freshness")
+                   help="run only theorems whose name contains NAME, of family NAME (--only 2), or with the "
+                        "former id NAME (--only 3-hazard; docs/invariants.md lists them) (repeatable), e.g. "
+                        "--only freshness")
     p.add_argument("--timeout-s", type=float, default=10.0, metavar="N",
                    help="the work one z3 query may do, in seconds of a quiet core (default 10): N * 10M resource "
                         "units, and a wall-clock deadline of 3N s; running out is inconclusive")
@@ -299,5 +301,5 @@ def check_only(only) -> None:
 
     for name in only or []:
         if not select([name], list(THEOREMS), lambda t: THEOREMS[t].number):
-            raise UsageError(f"--only: {name!r} matches no theorem; names (or a number or part of a name): "
+            raise UsageError(f"--only: {name!r} matches no theorem; names (or a family number, part of a name, or a former id such as 3-hazard): "
                              f"{', '.join(THEOREMS)}")
