@@ -188,7 +188,7 @@ def gate(guard: GuardLike = "fixed", metadata_heads: str = "tp", keep_stale_cp_m
     """
     from gpu_impl.sut import ModelSUT
 
-    from .gating import gate as run_gate
+    from .commands.gate import gate as run_gate
 
     policy = _policy(guard, metadata_heads, keep_stale_cp_metadata)
     budget, max_cases = _budget(budget_s, cases)
@@ -204,7 +204,7 @@ def prove(guard: GuardLike = "fixed", metadata_heads: str = "tp", keep_stale_cp_
           timeout_s: float = 10.0, cases_dir: str = DEFAULT_CASES_DIR, only: Optional[Iterable[str]] = None,
           drop_assumptions: Iterable[str] = ()) -> RunResult:
     """``fa3verify prove``: the z3 theorems for one policy (a solver timeout is inconclusive, never proved)."""
-    from .proving import prove as run_prove
+    from .commands.prove import prove as run_prove
 
     policy = _policy(guard, metadata_heads, keep_stale_cp_metadata)
     timeout = _positive("timeout_s", timeout_s)
@@ -232,7 +232,7 @@ def fuzz(guard: GuardLike = "fixed", metadata_heads: str = "tp", keep_stale_cp_m
     (no clock: the same case files on any machine)."""
     from gpu_impl.sut import ModelSUT
 
-    from .fuzzing import fuzz as run_fuzz
+    from .commands.fuzz import fuzz as run_fuzz
 
     policy = _policy(guard, metadata_heads, keep_stale_cp_metadata)
     budget, max_cases = _budget(budget_s, cases)
@@ -250,7 +250,7 @@ def replay(path: str, kernel: Optional[str] = None, device: str = "cpu", guard: 
     """``fa3verify replay``: run a case file again; ``still_fails`` (and verdict "fail") when it fails as recorded."""
     import os
 
-    from .replaying import replay as run_replay
+    from .commands.replay import replay as run_replay
 
     if not isinstance(path, (str, os.PathLike)):
         raise UsageError(f"path: must be a case file path, got {path!r}")

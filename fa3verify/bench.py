@@ -72,7 +72,7 @@ def bench_prove() -> list[Figure]:
     import resource
 
     from .policy import load_policy
-    from .proving import prove
+    from .commands.prove import prove
 
     def cpu() -> float:
         return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
@@ -93,9 +93,9 @@ def bench_time_to_first_failure(seeds=(0, 1, 2, 3, 4), fuzz_budget_s: float = 30
     """Median time to the first failure of the pre-fix guard, for prove alone and for fuzz alone."""
     from gpu_impl.kernels import load
 
-    from .fuzzing import run_campaign
+    from .commands.fuzz import run_campaign
     from .policy import load_policy
-    from .proving import prove
+    from .commands.prove import prove
 
     policy = load_policy("pre-fix")
     prove_times = []
@@ -117,7 +117,7 @@ def bench_fuzz_throughput(budget_s: float = 10.0, seed: int = 0) -> list[Figure]
     """Cases per second at the default mix under the fixed guard; then a profiled run splits the time."""
     from gpu_impl.kernels import load
 
-    from .fuzzing import run_campaign
+    from .commands.fuzz import run_campaign
     from .policy import load_policy
 
     kernel, policy = load("emulated", mode="strict"), load_policy("fixed")
@@ -203,7 +203,7 @@ def _attention_ratio(gen) -> float:
 
 def run_all(quick: bool = False) -> list[Figure]:
     """Every figure, with torch on one thread as the fuzzer runs it; `quick` shortens budgets and seeds."""
-    from .fuzzing import single_threaded_torch
+    from .commands.fuzz import single_threaded_torch
 
     with single_threaded_torch():
         return _run_all(quick)

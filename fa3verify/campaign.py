@@ -1,7 +1,7 @@
 """The one campaign loop: generate cases, run each on a system under test, check, record distinct failures.
 
 ``run_campaign(target, strategy, checks, budget)`` is the only fuzz loop in the suite. ``fuzz``, ``gate`` and
-``check`` (through :mod:`fa3verify.fuzzing`), the bug catalogue's fuzz engine (:mod:`fa3verify.catalogue`) and
+``check`` (through :mod:`fa3verify.commands.fuzz`), the bug catalogue's fuzz engine (:mod:`fa3verify.catalogue`) and
 gpu-check's fuzz stage all call it:
 
 * **generation** -- one mechanism: a generator keyed by the campaign seed supplies one 64-bit seed per draw, and
@@ -15,7 +15,7 @@ gpu-check's fuzz stage all call it:
   run that case (a feature its driver does not run: counted as ``unsupported``, never a pass). A target with
   ``parallel = n > 1`` gets ``observe_many(cases)`` with n cases at a time (gpu-check's crash-isolating worker
   pool); the cases are still recorded in draw order. Targets:
-  :class:`fa3verify.fuzzing.ScenarioTarget` (the model and every real engine, ``gpu_impl.sut``),
+  :class:`fa3verify.commands.fuzz.ScenarioTarget` (the model and every real engine, ``gpu_impl.sut``),
   :class:`fa3verify.kernel_cases.KernelCallSUT` (kernel-level FA3 calls);
 * **checking** -- ``checks(observation)`` names the failures a case shows, as findings (``spec.finding.Finding``:
   their ``signature`` groups them);
@@ -24,7 +24,7 @@ gpu-check's fuzz stage all call it:
   interrupt (SIGINT: what was found is kept and ``interrupted`` is set). A time budget is honoured with what
   comes after the loop: no case (for a parallel target, no batch) is started when the clock plus the expected
   cost of one (the mean of the last :data:`COST_WINDOW`) plus ``reserve(campaign)`` (the seconds the caller
-  keeps at the end, e.g. ``fa3verify.fuzzing`` for writing case files and reports) would pass the budget. The
+  keeps at the end, e.g. ``fa3verify.commands.fuzz`` for writing case files and reports) would pass the budget. The
   clock is ``clock`` (default ``time.perf_counter``, looked up at each call, so a test can run the campaign on
   a simulated clock);
 * **shrinking** -- :func:`shrink_failure` (greedy structural shrinking, :mod:`fa3verify.shrinking`), bounded by
@@ -35,7 +35,7 @@ gpu-check's fuzz stage all call it:
   (``Observation.reached``); a strategy with an ``observe(case, observation)`` method is told what each of its
   cases did (None: not run), in draw order, so it can weight later draws (an engine's domain does).
 
-Case saving and the run summary are the callers' (``fa3verify.case_files``, ``fa3verify.fuzzing``): a campaign
+Case saving and the run summary are the callers' (``fa3verify.case_files``, ``fa3verify.commands.fuzz``): a campaign
 returns what it found.
 """
 

@@ -147,7 +147,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _run_command(args, isolation) -> int:
     """The command's exit status; every failure but Ctrl-C is turned into its exit status here."""
-    from .output_writer import stdout_reserved_for
+    from .outputs import stdout_reserved_for
     from .outputs import check_outputs, output_paths
     from .validation import check_args, check_typed_policy_options
 

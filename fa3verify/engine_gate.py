@@ -1,7 +1,7 @@
 """Gating real engine code: the prover's witnesses replayed on the engine, and the fuzz campaign run on it.
 
 Invariant: on a real engine every verdict comes from running that engine's own code; the model only supplies
-inputs. The stages of an engine's gate (``fa3verify.gating.gate`` runs what ``sut.proof_plan()`` names) give
+inputs. The stages of an engine's gate (``fa3verify.commands.gate.gate`` runs what ``sut.proof_plan()`` names) give
 these rows: (1) the z3 theorems that search for hazardous configurations, run on the model with sglang's ``tp`` head counts under no guard and under the release's own guard, with and without the
 assumptions the system under test says its code does not enforce (:func:`witness_plan`; so every configuration
 the release accepts where reusing metadata can overflow has a witness), shown for information; (2) each distinct
@@ -28,7 +28,7 @@ from .finding_terms import WITNESS_SUBDIR, apply_terms, replay_line, terms_of_ve
 from .summary import Check, RunSummary
 
 #: Theorems whose witnesses are whole scenarios (server configuration, model, batches) an engine can run.
-WITNESS_THEOREMS = ("3-hazard", "4-guard-soundness")
+WITNESS_THEOREMS = ("prefill-cp-hazard", "guard-soundness")
 #: The model policy the witness search runs under: no guard, precompute heads H // tp_size.
 WITNESS_POLICY = ("none", "tp")
 #: What a witness-search row's refutation means (its case file goes to ``CASES/witnesses/``).
@@ -90,7 +90,7 @@ def witness_search(timeout_s: float, cases_dir: str, search: Optional[WitnessSea
     ``search`` defaults to :data:`WITNESS_POLICY` with every assumption kept; the rows of a search under another
     guard name it."""
     from .policy import load_policy
-    from .proving import theorem_results
+    from .commands.prove import theorem_results
 
     search = search or WitnessSearch(*WITNESS_POLICY, frozenset())
     policy = load_policy(search.guard, search.heads)
@@ -130,7 +130,7 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
     violation on the engine fails its row and is saved as a case file carrying the engine."""
     from .engine_choice import engine_validation
     from .judge import judge
-    from .replaying import load_case, scenario_from_case
+    from .commands.replay import load_case, scenario_from_case
 
     checks, findings, seen = [], [], set()
     for path in case_files:
@@ -180,7 +180,7 @@ def vllm_flow_rows(sut, timeout_s: float, cases_dir: str, kernel=None, replay: b
     pass."""
     from spec.model.engine_profiles_vllm import VllmProfileError, vllm_profile_for
 
-    from .proving import prove_vllm
+    from .commands.prove import prove_vllm
 
     try:
         profile = vllm_profile_for(getattr(sut, "release", None) or sut.spec.release)  # a checkout: its nearest
@@ -234,7 +234,7 @@ def _on_engine(summary: RunSummary, deferred: Optional[list], part) -> None:
 def witness_stages(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/cases",
                    kernel_name: str = "emulated", device: str = "cpu", witness_cache: Optional[dict] = None,
                    lines: Optional[bool] = None, deferred: Optional[list] = None) -> None:
-    """The gate's ``"witnesses"`` stage (``fa3verify.gating``): the witness searches of :func:`witness_plan` (z3 on
+    """The gate's ``"witnesses"`` stage (``fa3verify.commands.gate``): the witness searches of :func:`witness_plan` (z3 on
     the model; ``witness_cache``, keyed by search, shares them between gates) and each witness replayed on ``sut``,
     added to ``summary`` (the replay queued on ``deferred`` when the gate gives one: :func:`_on_engine`)."""
     from gpu_impl.kernels import load

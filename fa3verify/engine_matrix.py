@@ -129,14 +129,14 @@ def run_probes(sut) -> dict:
 def expected_verdict(profile, facts: Optional[dict] = None, timeout_s: float = 10.0,
                      cases_dir: Optional[str] = None) -> str:
     """What the release's code predicts, derived from facts about it rather than written down: the witness theorems
-    (``3-hazard``, ``4-guard-soundness``) under the release's profile (its heads and guard) with the prover assumptions
+    (``prefill-cp-hazard``, ``guard-soundness``) under the release's profile (its heads and guard) with the prover assumptions
     the release does not enforce dropped (``facts``, ``spec.model.assumption_facts``): ``fail`` when one is refuted (some
     configuration the release accepts overflows), ``pass`` when all are proved, ``inconclusive`` otherwise."""
     from spec.model.assumption_facts import facts_for, prover_drops
 
     from .engine_gate import WITNESS_THEOREMS
     from .policy import load_policy
-    from .proving import theorem_results
+    from .commands.prove import theorem_results
 
     facts = facts_for("sglang", profile.release) if facts is None else facts
     policy = load_policy(profile.guard_spec, profile.precompute_heads)
@@ -245,7 +245,7 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
     replays (:class:`fa3verify.matrix_fixes.FixLedger` entries): every failing row's case files replayed on their own
     release and on every later one, while that release's engine is open."""
     from .errors import UsageError
-    from .gating import gate
+    from .commands.gate import gate
     from .matrix_fixes import FixLedger
 
     say = progress or (lambda line: None)

@@ -4,7 +4,7 @@ Invariant: run-ranks never reports a multi-process result it did not produce. On
 (``fa3verify.multirank``) drives our model only; a real engine's worker runs every attention rank of a
 scenario in one process (``gpu_impl.engines``: the per-rank parallel layout is set through the release's own
 API, collectives are not exercised). So with a real engine each case is replayed in-process on it
-(``fa3verify.replaying.replay``) and every line of output names that.
+(``fa3verify.commands.replay.replay``) and every line of output names that.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ NOTE = ("note: one process per attention rank is not available for real engines;
 def run_on_engine(args) -> int:
     """Replay each case in-process on ``args.engine``; exit 1 if any still fails, 0 if all pass."""
     from .engine_choice import open_engine, parse_engine_option, start_engine
-    from .observed_terms import print_backend_terms
-    from .replaying import replay
+    from .finding_terms import print_backend_terms
+    from .commands.replay import replay
     from .summary import RunSummary, write_json
 
     spec = parse_engine_option(args.engine)
@@ -50,7 +50,7 @@ def run_on_engine(args) -> int:
             codes.append(exitcodes.VIOLATION if observed.findings else exitcodes.PASS)
             total.merge(summary)
     total.cases = len(args.cases)
-    from .output_writer import deliver
+    from .outputs import deliver
 
     return deliver(exitcodes.combine(codes), [("--json", args.json, lambda: write_json(total, args.json))],
                    "run-ranks")

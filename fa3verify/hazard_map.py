@@ -393,7 +393,7 @@ def compute_hazard_map(model: str, num_sm: int, page_size: int = 1, tp: int = 4,
 
 
 def int32_split_hazard(model: ModelConfig, num_sm: int, call_heads: tuple) -> dict:
-    """Where FA3's int L2 split branch rejects a call of this model (theorem 8-int32-split-heuristic).
+    """Where FA3's int L2 split branch rejects a call of this model (theorem int32-split-heuristic).
 
     A non-causal, non-local call whose KV head holds between 2^31 - 50 MiB and 2^31 - 1 bytes gets a negative
     split count (hopper/heuristics.h:34 wraps) once it has at least 2 x num_SMs m-blocks of queries; mha_fwd then

@@ -4,7 +4,7 @@ A kernel-level case (schema ``fa3verify.case/1`` with a ``call`` instead of ``ba
 the older ``fa3verify.kernel-case/1`` is still read) is what the catalogue's kernel families generate
 (``fa3verify.strategies.kernel_calls``): a combine, masking, heuristic or caller defect lives below the backend.
 :class:`KernelCallSUT` is the system under test the campaign drives for them, behind the same ``observe``
-interface as the scenario systems (``fa3verify.fuzzing.ScenarioTarget``). Seeded defects are applied from
+interface as the scenario systems (``fa3verify.commands.fuzz.ScenarioTarget``). Seeded defects are applied from
 outside: ``kernel``-layer switches through ``EmulatedKernel.with_defects``, ``caller``-layer switches by
 :func:`seed_caller_defects` (the caller here is vLLM's cascade attention, vllm/v1/attention/backends/flash_attn.py).
 

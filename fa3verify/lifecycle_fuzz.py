@@ -14,7 +14,7 @@ from typing import Optional
 from spec.finding import Outcome
 
 from .campaign import Budget, Campaign, Observation, run_campaign
-from .fuzzing import scenario_for
+from .commands.fuzz import scenario_for
 from .policy import Policy
 from .strategies import family as strategy_family
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .replaying import load_case
+from .commands.replay import load_case
 
 __all__ = ["FixLedger", "CaseReplays", "replay_on_release", "fixes_table", "fixes_markdown", "STILL_FAILS",
            "PASSES_NOW"]
@@ -36,11 +36,11 @@ class CaseReplays:
 
 def replay_on_release(case_file: str, sut) -> str:
     """The replay verdict of ``case_file`` on an open system under test: STILL FAILS, PASSES NOW, FAILS
-    DIFFERENTLY (:attr:`fa3verify.replaying.ReplayOutcome.verdict`), REJECTED (its own validation refuses the
+    DIFFERENTLY (:attr:`fa3verify.commands.replay.ReplayOutcome.verdict`), REJECTED (its own validation refuses the
     configuration, with its reason) or NOT RUN (it cannot run the case, or its worker failed, with why)."""
     from .engine_choice import engine_validation
     from .errors import UsageError
-    from .replaying import replay, scenario_from_case
+    from .commands.replay import replay, scenario_from_case
 
     from spec.process.worker_client import WorkerError
 

@@ -7,7 +7,7 @@ a standalone prove, fuzz or conform; the engine worker's start of replay and run
 caught and turned into a partial result, such as a fuzz campaign that keeps what it found; `stopped in` after any
 other exception: a usage error or a crash is never labelled an interrupt), so a log shows what runs and how long it
 took;
-on a terminal the live rich display (fa3verify.fuzzing) is used instead and these lines are not printed.
+on a terminal the live rich display (fa3verify.commands.fuzz) is used instead and these lines are not printed.
 Progress is never written to stdout, which may carry a report (`--json -`).
 """
 

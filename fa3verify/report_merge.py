@@ -182,7 +182,7 @@ def merge(paths, json_out: Optional[str] = None, junit_out: Optional[str] = None
     returns the joined exit code."""
     from .engine_matrix import SCHEMA as MATRIX_SCHEMA
     from .engine_matrix import matrix_exit_code, matrix_json, matrix_table, matrix_verdict_line
-    from .output_writer import deliver, write_output
+    from .outputs import deliver, write_output
     from .summary import print_table, write_junit
 
     if not paths:

@@ -106,8 +106,8 @@ def write_json(summary: RunSummary, path: str, field: str = "--json") -> None:
 
 def write_atomic(path: str, text: str, field: str = "output") -> None:
     """Write a report to `path` (``-`` is stdout; regular files atomically, special files written through:
-    :func:`fa3verify.output_writer.write_output`); ``field`` names the option in an error."""
-    from .output_writer import write_output
+    :func:`fa3verify.outputs.write_output`); ``field`` names the option in an error."""
+    from .outputs import write_output
 
     write_output(path, text, field)
 
@@ -147,8 +147,8 @@ def write_reports(summary: RunSummary, args, finding_line: Optional[Callable[[Fi
     """The end of a run command (check, fuzz, gate, prove), in one place: the verdict table, each finding
     (``finding_line``, default :func:`finding_text`), then the JSON report (``args.json``) and the JUnit XML
     (``args.junit``) when asked. Returns the run's exit code: the verdict's, also when a report cannot be written
-    then (named on stderr), except a PASS with a missing report, which is 3 (:func:`fa3verify.output_writer.deliver`)."""
-    from .output_writer import deliver
+    then (named on stderr), except a PASS with a missing report, which is 3 (:func:`fa3verify.outputs.deliver`)."""
+    from .outputs import deliver
 
     print_table(summary)
     render = finding_text if finding_line is None else finding_line

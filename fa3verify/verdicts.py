@@ -5,7 +5,7 @@ them) so that `make mutation` measures them: mutmut does not mutate property bod
 
 * :func:`run_exit_code` -- a run summary's exit code (``fa3verify.summary.RunSummary.exit_code``);
 * :func:`replay_still_fails`, :func:`replay_fails`, :func:`replay_verdict` -- replay's comparison of what it
-  observed with what the case file expected (``fa3verify.replaying.ReplayOutcome``).
+  observed with what the case file expected (``fa3verify.commands.replay.ReplayOutcome``).
 """
 
 from __future__ import annotations

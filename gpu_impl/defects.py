@@ -123,13 +123,13 @@ _ALL = (
     Defect("precompute-max-seqlen-q-off-by-one", "caller",
            "vLLM's metadata builder asks get_scheduler_metadata for max_seqlen_q one more than the call's "
            "max_seqlen_q; under vLLM's FA3 fork the decode tile reads seqlen_q * (h / h_k) <= 64, so the two sides "
-           "can choose different tiles (theorem 9-fork-tile-drift); applied by the vLLM driver",
+           "can choose different tiles (theorem fork-tile-drift); applied by the vLLM driver",
            "none (a hazard control for vllm-project/flash-attention hopper/heuristics.h use_one_mma_wg)",
            "https://github.com/vllm-project/flash-attention/blob/main/hopper/heuristics.h", kind="hazard-control"),
     Defect("precompute-max-seqlen-q-two", "backend",
            "the decode precompute passes max_seqlen_q 2 for one-row sequences; from sglang-kernel 0.4.5 get_num_splits "
            "bounds a varlen call by its real rows (params.total_q) and the precompute by b * max_seqlen_q, so the "
-           "two sides can choose different split counts (theorem 12-total-q-drift)",
+           "two sides can choose different split counts (theorem total-q-drift)",
            "none (a hazard control for the sglang kernel wheels' get_num_splits, read by scripts/read_fa3_wheel.py)",
            "https://github.com/sgl-project/sgl-attn", kind="hazard-control"),
 )

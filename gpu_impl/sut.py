@@ -248,7 +248,7 @@ class SystemUnderTest(abc.ABC):
     policy = None
 
     def proof_plan(self) -> tuple:
-        """The proof stages its gate runs before fuzz, as data (``fa3verify.gating.STAGES`` runs them): by default
+        """The proof stages its gate runs before fuzz, as data (``fa3verify.commands.gate.STAGES`` runs them): by default
         the witness searches on the model, replayed on it (``"witnesses"``), and its registry row's flow theorem
         under its release's profile (``"flow-theorem"``); the model's is every theorem under its policy."""
         return ("witnesses", "flow-theorem") if self.spec.flow_theorem else ("witnesses",)

@@ -28,7 +28,7 @@ RUNS = [
      ["replay", "@FIRST_FUZZ_CASE"]),
     ("replay", "", ["replay", "@FIRST_FUZZ_CASE", "--guard", "fixed"]),
     ("prove", "The model playing sglang 0.5.14 (its profile: pre-fix guard, tp heads): the hazard is found (exit 1).",
-     ["prove", "--engine-profile", "sglang==0.5.14", "--only", "3-hazard", "--only", "4-guard-soundness",
+     ["prove", "--engine-profile", "sglang==0.5.14", "--only", "prefill-cp-hazard", "--only", "guard-soundness",
       "--cases-dir", f"{OUT}/cases"]),
     ("gate", "The CI gate on a guard file holding the pre-fix guard (exit 1, JUnit and JSON written).",
      ["gate", "--guard", "examples/guards/prefix_guard.py:should_disable", "--budget-s", "5",

@@ -2,7 +2,7 @@
 a tally of the configuration families drawn (``fa3verify.strategies.vllm.vllm_family_label``).
 
 Usage: python scripts/vllm_campaign.py [--release 0.33.0] [--seed N] [--cases N]. The loop, the generator and case
-saving are the campaign's (``fa3verify.fuzzing.fuzz``); this only counts what was drawn and prints it per family.
+saving are the campaign's (``fa3verify.commands.fuzz.fuzz``); this only counts what was drawn and prints it per family.
 """
 
 import argparse
@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fa3verify.fuzzing import fuzz  # noqa: E402
+from fa3verify.commands.fuzz import fuzz  # noqa: E402
 from fa3verify.strategies import FAMILIES  # noqa: E402
 from fa3verify.strategies.vllm import vllm_case, vllm_family_label  # noqa: E402
 from gpu_impl.sut import open_sut  # noqa: E402

@@ -1,5 +1,5 @@
 """``python tests/gate_guard_theorems.py ARGS...``: the command line with every prove stage cut to the theorems
-that evaluate the guard (3-hazard and 4-guard-*), for tests whose subject is what surrounds the proofs (a guard
+that evaluate the guard (prefill-cp-hazard and 4-guard-*), for tests whose subject is what surrounds the proofs (a guard
 that ends its process, the CI script's artifacts), not the other theorems: everything else is the real command."""
 
 import inspect
@@ -8,13 +8,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import fa3verify.proving as proving  # noqa: E402
+import fa3verify.commands.prove as proving  # noqa: E402
 
-GUARD_THEOREMS = ["3-hazard", "4-guard"]
+GUARD_THEOREMS = ["prefill-cp-hazard", "4-guard"]
 
 
 def cut_prove_stage() -> None:
-    """Make ``fa3verify.proving.theorem_results`` run only :data:`GUARD_THEOREMS`."""
+    """Make ``fa3verify.commands.prove.theorem_results`` run only :data:`GUARD_THEOREMS`."""
     real = proving.theorem_results
     signature = inspect.signature(real)
 

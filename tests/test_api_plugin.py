@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 PREFIX_GUARD = str(REPO / "examples" / "guards" / "prefix_guard.py") + ":should_disable"
 FIXED_GUARD = str(REPO / "examples" / "guards" / "fixed_guard.py") + ":should_disable"
 
-#: Modules the real gate imports (fa3verify.proving / fuzzing / gpu_impl.scenario).
+#: Modules the real gate imports (fa3verify.commands.prove / fuzzing / gpu_impl.scenario).
 GATE_MODULES = ("spec.theorems.metadata", "spec.theorems.algebra", "spec.theorems.cp", "spec.model.cases",
                 "spec.invariants", "gpu_impl.scenario", "gpu_impl.kernels", "fa3verify.strategies")
 
@@ -57,7 +57,7 @@ def _summary(failed: bool, tmp_path: Path) -> RunSummary:
 
 @pytest.fixture
 def stub_gate(monkeypatch, tmp_path):
-    """Replace fa3verify.gating.gate; records its arguments; `stub_gate.failed` chooses the outcome."""
+    """Replace fa3verify.commands.gate.gate; records its arguments; `stub_gate.failed` chooses the outcome."""
     calls = []
 
     class Stub:
@@ -69,7 +69,7 @@ def stub_gate(monkeypatch, tmp_path):
 
     stub = Stub()
     stub.calls = calls
-    monkeypatch.setattr("fa3verify.gating.gate", stub)
+    monkeypatch.setattr("fa3verify.commands.gate.gate", stub)
     return stub
 
 

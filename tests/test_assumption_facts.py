@@ -94,7 +94,7 @@ def test_facts_data_that_breaks_the_schema_is_refused(monkeypatch, tmp_path):
 
 
 def test_prove_engine_profile_drops_what_the_release_does_not_enforce(tmp_path, capsys):
-    base = ["prove", "--only", "4-guard-soundness", "--cases-dir", str(tmp_path), "--json", str(tmp_path / "p.json")]
+    base = ["prove", "--only", "guard-soundness", "--cases-dir", str(tmp_path), "--json", str(tmp_path / "p.json")]
     assert cli.main(base + ["--engine-profile", "sglang==0.5.17"]) == 1
     out = capsys.readouterr().out
     assert "assumptions sglang 0.5.17 enforces: ASSUMPTION_TP_DIVISIBLE" in out
@@ -106,7 +106,7 @@ def test_prove_engine_profile_drops_what_the_release_does_not_enforce(tmp_path, 
     case = json.loads(open(finding["case_file"]).read())
     assert case["server"]["attn_cp_size"] > 1 and not case["server"]["enable_prefill_cp"]
     # negative control: the same heads and guard with every assumption kept prove (the hole the facts close)
-    assert cli.main(["prove", "--only", "4-guard-soundness", "--cases-dir", str(tmp_path), "--guard", "fixed",
+    assert cli.main(["prove", "--only", "guard-soundness", "--cases-dir", str(tmp_path), "--guard", "fixed",
                      "--metadata-heads", "tp"]) == 0
 
 

@@ -2,7 +2,8 @@
 
 import time
 
-from fa3verify import bench, proving
+from fa3verify import bench
+from fa3verify.commands import prove as proving
 from fa3verify.summary import Check, RunSummary
 
 

@@ -89,7 +89,7 @@ def test_a_failure_that_cannot_be_shrunk_in_time_is_saved_partially_shrunk_and_r
 
 
 def test_the_gates_fuzz_budget_covers_shrinking_and_reporting(sim, tmp_path, monkeypatch):
-    from fa3verify import proving
+    from fa3verify.commands import prove as proving
     from fa3verify.summary import RunSummary
 
     monkeypatch.setattr(proving, "prove", lambda *a, **k: RunSummary(command="prove"))  # only the fuzz stage here

@@ -162,7 +162,7 @@ def test_shape_errors_are_counted_as_loud_not_as_failures_and_fuzz_says_how_many
 
 def test_fuzz_reports_the_shape_errors_it_met(monkeypatch):
     """fuzz's row says how many cases ended in the shape check, and still passes on them (loud and safe)."""
-    import fa3verify.fuzzing as fuzzing
+    import fa3verify.commands.fuzz as fuzzing
     from fa3verify.campaign import Campaign
     from fa3verify.policy import load_policy
 

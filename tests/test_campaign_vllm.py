@@ -76,7 +76,7 @@ def test_a_vllm_case_is_refused_by_the_model_naming_the_engine(tmp_path, capsys)
 
 
 def test_the_mapping_carries_the_vllm_options_and_seeds_only_what_the_driver_can():
-    from fa3verify.fuzzing import scenario_for
+    from fa3verify.commands.fuzz import scenario_for
     from fa3verify.policy import load_policy
     from fa3verify.strategies import family
     from gpu_impl.engines import vllm_driver
@@ -145,7 +145,7 @@ def test_negative_control_the_seeded_pr20301_defect_is_found_saved_and_replays(v
     """vLLM #20301's pattern seeded into the real code path (the precompute with the heuristic, the call with the
     CUDA-graph 32): the campaign finds SPLIT_BOUND, saves a case naming vllm==0.33.0 and the defect; it replays as
     still failing, and as passing with --without-defects."""
-    from fa3verify.fuzzing import fuzz
+    from fa3verify.commands.fuzz import fuzz
 
     case_file, case = find_seeded_split(vllm_sut, tmp_path / "cases", DEFECT, "vllm-full-graph", 200, RELEASE)
     assert case.server["cuda_graph"] and case.vllm is not None
@@ -156,7 +156,7 @@ def test_negative_control_the_seeded_pr20301_defect_is_found_saved_and_replays(v
 
 
 def test_seeded_defects_on_an_engine_whose_driver_applies_none_are_refused_not_ignored():
-    from fa3verify.fuzzing import run_campaign
+    from fa3verify.commands.fuzz import run_campaign
     from fa3verify.policy import load_policy
     from gpu_impl.sut import parse_engine
 

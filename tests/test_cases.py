@@ -9,7 +9,7 @@ from spec.model.cases import SCHEMA, Case, CaseFormatError
 
 def _case(**over):
     parts = dict(
-        source="prove:3-hazard",
+        source="prove:prefill-cp-hazard",
         server={"tp_size": 4, "dp_size": 1, "attn_cp_size": 4, "enable_dp_attention": False, "enable_prefill_cp": True,
                 "cp_strategy": "zigzag", "page_size": 1, "num_splits": 0, "enable_deterministic_inference": False,
                 "cuda_graph": False, "num_sm": 132, "context_length": 32768},

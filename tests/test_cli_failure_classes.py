@@ -17,7 +17,7 @@ WORLD_ONE_CASE = REPO / "tests" / "corpus" / "catalogue-04-graph-split-count-at-
                                           (None, 0)])
 def test_a_fuzz_campaign_is_always_bounded(budget, cases):
     """API callers too: a NaN budget would never be reached (class 3)."""
-    from fa3verify.fuzzing import run_campaign
+    from fa3verify.commands.fuzz import run_campaign
     from fa3verify.policy import load_policy
 
     with pytest.raises(ValueError, match="budget_s|max_cases"):

@@ -120,15 +120,15 @@ def test_fuzz_with_a_faulty_guard_is_exit_1(tmp_path, kind, capfd):
 
 @pytest.mark.parametrize("kind", ["sys_exit", "os_exit", "string_false"])
 def test_prove_with_a_faulty_guard_fails(tmp_path, kind, capfd):
-    rc, out, err = run_guarded(kind, capfd, "prove", "--guard", write_guard(tmp_path, kind), "--only", "3-hazard",
+    rc, out, err = run_guarded(kind, capfd, "prove", "--guard", write_guard(tmp_path, kind), "--only", "prefill-cp-hazard",
                                "--only",
-                       "4-guard-soundness", "--cases-dir", str(tmp_path / "cases"))
+                       "guard-soundness", "--cases-dir", str(tmp_path / "cases"))
     assert rc == 1, (out, err)
     assert "verdict: FAIL" in out
 
 
 @pytest.mark.parametrize("kind", sorted(IMPORT_EXITS))
-@pytest.mark.parametrize("command", [["fuzz", "--cases", "2"], ["prove", "--only", "3-hazard"],
+@pytest.mark.parametrize("command", [["fuzz", "--cases", "2"], ["prove", "--only", "prefill-cp-hazard"],
                                      ["gate", "--cases", "2"]])
 def test_a_guard_that_exits_at_import_is_a_usage_error(tmp_path, kind, command, capfd):
     rc, out, err = run_guarded(kind, capfd, *command, "--guard", write_guard(tmp_path, kind),
@@ -152,7 +152,7 @@ def test_gate_with_a_guard_that_exits_fails(tmp_path, kind, monkeypatch, capfd):
                               text=True, env=env, timeout=300)
         rc, out, err = proc.returncode, proc.stdout, proc.stderr
     else:  # the same cut of the prove stage, in this process
-        import fa3verify.proving as p
+        import fa3verify.commands.prove as p
         from gate_guard_theorems import cut_prove_stage
 
         monkeypatch.setattr(p, "theorem_results", p.theorem_results)  # undone after the test
@@ -169,7 +169,7 @@ def test_gate_with_a_guard_that_exits_fails(tmp_path, kind, monkeypatch, capfd):
 def test_prove_only_an_unknown_theorem_is_exit_2(name, capsys):
     assert main(["prove", "--only", name]) == 2
     err = capsys.readouterr().err
-    assert "--only" in err and "1-freshness" in err
+    assert "--only" in err and "freshness" in err
 
 
 def test_a_summary_with_no_checks_is_inconclusive():

@@ -59,7 +59,7 @@ def test_an_output_never_overwrites_the_runs_input(tmp_path, capsys, case, guard
 @pytest.mark.parametrize("option", ["--json", "--junit"])
 @pytest.mark.parametrize("where", ["directory", "under_a_file", "same_as_other"])
 def test_output_paths_are_checked_before_the_run(tmp_path, capsys, monkeypatch, option, where):
-    import fa3verify.gating as gating
+    import fa3verify.commands.gate as gating
 
     def never(*a, **k):
         raise AssertionError("the gate ran although an output path was bad")
@@ -120,7 +120,7 @@ def test_run_ranks_default_folder_moves_on_instead_of_cleaning(tmp_path, monkeyp
 
 
 def test_an_interrupted_fuzz_keeps_what_it_found_and_exits_3(tmp_path, capsys, monkeypatch):
-    import fa3verify.fuzzing as fuzzing
+    import fa3verify.commands.fuzz as fuzzing
 
     interrupt_after(monkeypatch, fuzzing, "evaluate", 40)
     out = tmp_path / "fuzz.json"
@@ -138,7 +138,7 @@ def test_an_interrupted_fuzz_keeps_what_it_found_and_exits_3(tmp_path, capsys, m
 
 
 def test_an_interrupted_gate_writes_its_summary_and_exits_3(tmp_path, capsys, monkeypatch):
-    import fa3verify.proving as proving
+    import fa3verify.commands.prove as proving
 
     interrupt_after(monkeypatch, proving, "theorem_results", 0)
     out = tmp_path / "gate.json"

@@ -95,11 +95,11 @@ def test_timeout_s_is_validated_the_same_way_everywhere(capsys, command, value):
 # -- class 7: logs, version, help --------------------------------------------------------------------------------
 
 def test_the_gate_prints_one_line_per_stage_on_a_non_terminal(tmp_path, capsys, monkeypatch):
-    import fa3verify.proving as proving
+    import fa3verify.commands.prove as proving
 
     real = proving.theorem_results
     monkeypatch.setattr(proving, "theorem_results",
-                        lambda pol, t, d, only, dropped: real(pol, t, d, ["0-kv-cover"], dropped))
+                        lambda pol, t, d, only, dropped: real(pol, t, d, ["kv-cover"], dropped))
     rc = main(["gate", "--cases", "3", "--cases-dir", str(tmp_path / "c")])
     assert rc == 0
     err = capsys.readouterr().err

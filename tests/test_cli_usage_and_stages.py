@@ -80,7 +80,7 @@ def test_typed_options_knows_prefixes_and_equals_forms():
 # -- check's table -------------------------------------------------------------------------------------------------
 
 def test_checks_table_is_titled_check(monkeypatch, capsys, tmp_path):
-    import fa3verify.gating as gating
+    import fa3verify.commands.gate as gating
     from fa3verify.summary import Check, RunSummary
 
     def small_gate(*a, **k):
@@ -115,15 +115,15 @@ def test_checks_stage_lines_say_check(monkeypatch, capsys, tmp_path):
     (["gate", "--cases", "100000", "--seed", "0"], "gate"),
 ])
 def test_an_interrupted_fuzz_stage_says_interrupted_with_what_it_ran(tmp_path, capsys, monkeypatch, argv, command):
-    import fa3verify.fuzzing as fuzzing
+    import fa3verify.commands.fuzz as fuzzing
 
     if command == "gate":  # the proofs are not the point here: one theorem
-        import fa3verify.gating as gating
-        import fa3verify.proving as proving
+        import fa3verify.commands.gate as gating
+        import fa3verify.commands.prove as proving
 
         real_prove = proving.prove
         monkeypatch.setattr(proving, "prove", lambda policy, **k: real_prove(policy, **{**k, "only": ["combine"]}))
-        assert gating  # the gate imports prove from fa3verify.proving at call time
+        assert gating  # the gate imports prove from fa3verify.commands.prove at call time
     interrupt_after(monkeypatch, fuzzing, "evaluate", 20)
     assert cli.main([*argv, "--cases-dir", str(tmp_path / "cases")]) == 3
     err = capsys.readouterr().err

@@ -1,5 +1,5 @@
 """Every printed replay line runs as typed: each replay command `conform` prints (the model's side and
-the engine's side of a conformance difference, ``fa3verify.conformance.conform_replay_line``) runs without a usage
+the engine's side of a conformance difference, ``fa3verify.commands.conform.conform_replay_line``) runs without a usage
 error, also for a case found on a checkout, where the engine's side names it (``--engine sglang-src=PATH``), as the
 gate's lines do (``fa3verify.finding_terms.replay_line``). The engine is a stand-in (tests/fake_engines.py): the
 model under 0.5.14's profile, with attn_tp heads, presented as a checkout."""

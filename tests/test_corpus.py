@@ -1,6 +1,6 @@
 """The regression corpus (tests/corpus/): every case still fails the way it says, or passes when it says "pass".
 
-Scenario cases (schema fa3verify.case/1) replay through fa3verify.replaying.replay; kernel-level cases (schema
+Scenario cases (schema fa3verify.case/1) replay through fa3verify.commands.replay.replay; kernel-level cases (schema
 fa3verify.kernel-case/1, the catalogue's kernel defects) through fa3verify.catalogue.replay_kernel_case. Each
 defect-carrying case also passes once its defect is removed, so it fails *because of* the defect.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fa3verify import catalogue as cat
-from fa3verify.replaying import replay
+from fa3verify.commands.replay import replay
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 FILES = sorted(CORPUS.glob("*.json"))

@@ -58,8 +58,9 @@ def test_reports_page_names_every_check_kind_and_junit_class():
 
 
 def test_reports_page_documents_policy_engine_where_the_code_sets_it():
-    setters = [p.name for p in (ROOT / "fa3verify").glob("*.py") if re.search(r'policy=\{[^}]*"engine"', p.read_text())]
-    assert sorted(setters) == ["conformance.py", "conformance_vllm.py", "gating.py"]  # the one gate sets it
+    setters = [p.relative_to(ROOT / "fa3verify").as_posix() for p in (ROOT / "fa3verify").rglob("*.py")
+               if re.search(r'policy=\{[^}]*"engine"', p.read_text())]
+    assert sorted(setters) == ["commands/conform.py", "commands/gate.py", "conformance_vllm.py"]  # the one gate sets it
     row = next(line for line in _doc("reports.md").splitlines() if line.startswith("| `policy` |"))
     assert "`gate --engine X` adds `engine: X`" in row and "`conform` has `engine`" in row
 

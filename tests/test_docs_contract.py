@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import spec.model.cases as cases
-from fa3verify import exitcodes, replaying, validation
+from fa3verify import exitcodes, validation
+from fa3verify.commands import replay as replaying
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 CASE_DOC = (DOCS / "case-format.md").read_text()

@@ -176,7 +176,7 @@ class _DomainSUT(ProfileSUT):
 
 
 def test_the_campaign_draws_from_the_systems_domain_and_reports_reach_and_rejections(tmp_path):
-    from fa3verify.fuzzing import fuzz
+    from fa3verify.commands.fuzz import fuzz
 
     def no_dp_attention(server, model):
         if server.tp_size % (server.attn_dp_size * server.attn_cp_size):
@@ -195,7 +195,7 @@ def test_the_campaign_draws_from_the_systems_domain_and_reports_reach_and_reject
 
 
 def test_a_domain_the_release_rejects_entirely_runs_nothing_and_passes_nothing(tmp_path):
-    from fa3verify.fuzzing import fuzz
+    from fa3verify.commands.fuzz import fuzz
 
     sut = _DomainSUT(lambda s, m: (False, "ValueError: nothing is accepted"), release="0.5.23")
     summary = fuzz(sut=sut, max_cases=10, out_dir=str(tmp_path), show_progress=False)

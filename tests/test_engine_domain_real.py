@@ -52,7 +52,7 @@ def test_the_one_path_regression_shows_on_the_replay_only(regressed):
 
 
 def test_the_gates_fuzz_stage_finds_the_replay_only_regression_within_its_default_budget(regressed, tmp_path):
-    from fa3verify.fuzzing import fuzz
+    from fa3verify.commands.fuzz import fuzz
 
     summary = fuzz(sut=regressed, seed=0, budget_s=GATE_BUDGET_S, out_dir=str(tmp_path),
                    show_progress=False)

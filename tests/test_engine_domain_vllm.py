@@ -24,7 +24,7 @@ def test_vllm_rejects_with_its_own_message_and_accepts_what_it_accepts(vllm_sut)
 
 
 def test_a_vllm_campaign_draws_only_what_vllm_accepts_and_reports_reach_per_graph_mode(vllm_sut, tmp_path):
-    from fa3verify.fuzzing import fuzz
+    from fa3verify.commands.fuzz import fuzz
 
     summary = fuzz(sut=vllm_sut, max_cases=40, out_dir=str(tmp_path), show_progress=False)
     dom = summary.domain

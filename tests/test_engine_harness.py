@@ -210,8 +210,8 @@ def test_gate_on_engines_follows_their_code(monkeypatch, tmp_path):
     assert fixed == 0
     data = _gate_json(tmp_path, "a.json")
     rows = {c["name"]: c for c in data["checks"]}
-    assert rows["witness search: 3-hazard"]["verdict"] == "refuted" and not rows["witness search: 3-hazard"]["failed"]
-    assert any(n.startswith("witness 3-hazard on sglang==0.5.23") and not r["failed"] for n, r in rows.items())
+    assert rows["witness search: prefill-cp-hazard"]["verdict"] == "refuted" and not rows["witness search: prefill-cp-hazard"]["failed"]
+    assert any(n.startswith("witness prefill-cp-hazard on sglang==0.5.23") and not r["failed"] for n, r in rows.items())
     old = cli.main(["gate", "--engine", "sglang==0.5.14", "--cases", "100", "--cases-dir", str(tmp_path / "b"),
                     "--json", str(tmp_path / "b.json")])
     assert old == 1
@@ -230,7 +230,7 @@ def test_gate_on_a_real_engine_needs_no_guard_and_refuses_one(monkeypatch, tmp_p
 
 
 def test_prove_engine_profile_maps_onto_the_builtin_policies(tmp_path, capsys):
-    base = ["prove", "--only", "3-hazard", "--only", "4-guard-soundness", "--cases-dir", str(tmp_path)]
+    base = ["prove", "--only", "prefill-cp-hazard", "--only", "guard-soundness", "--cases-dir", str(tmp_path)]
     assert cli.main(base + ["--engine-profile", "sglang==0.5.14"]) == 1  # pre-fix guard, tp heads
     assert "guard 'pre-fix'" in capsys.readouterr().out
     assert cli.main(base + ["--engine-profile", "sglang==0.5.23"]) == 0  # both fixes
@@ -242,7 +242,7 @@ def test_prove_engine_profile_maps_onto_the_builtin_policies(tmp_path, capsys):
 
 def test_prove_replays_its_witnesses_on_the_engine(monkeypatch, tmp_path):
     install(monkeypatch, lambda spec: ProfileSUT(spec.release))
-    base = ["prove", "--guard", "pre-fix", "--only", "3-hazard", "--cases-dir", str(tmp_path),
+    base = ["prove", "--guard", "pre-fix", "--only", "prefill-cp-hazard", "--cases-dir", str(tmp_path),
             "--json", str(tmp_path / "p.json")]
     assert cli.main(base + ["--engine", "sglang==0.5.23"]) == 1  # the model's pre-fix theorem is still refuted
     rows = _gate_json(tmp_path, "p.json")["checks"]
@@ -283,7 +283,7 @@ def test_conform_reports_a_wrong_guard_as_a_difference(monkeypatch, tmp_path):
 
 
 def test_conform_skips_and_counts_rejected_configurations(monkeypatch, tmp_path):
-    from fa3verify.conformance import conform
+    from fa3verify.commands.conform import conform
     from spec.model.engine_profiles import profile_for
 
     from fake_engines import NoGraphSUT
@@ -317,7 +317,7 @@ def test_conform_bad_usage_is_exit_2(monkeypatch, argv):
 def test_model_pairs_go_through_pair_summary_and_agree_with_the_model_trace():
     import random
 
-    from fa3verify.fuzzing import scenario_for
+    from fa3verify.commands.fuzz import scenario_for
     from fa3verify.policy import load_policy
     from fa3verify.strategies import random_fuzz_case
     from gpu_impl.model_pairs import PAIR_KEYS, model_pairs
@@ -448,8 +448,8 @@ def test_profiles_follow_engines_md_section_1():
 
 
 def test_scenarios_the_engine_does_not_run_are_skipped_and_counted(monkeypatch, tmp_path):
-    from fa3verify.conformance import conform
-    from fa3verify.fuzzing import fuzz
+    from fa3verify.commands.conform import conform
+    from fa3verify.commands.fuzz import fuzz
     from spec.model.engine_profiles import profile_for
 
     from fake_engines import NoMlaSUT

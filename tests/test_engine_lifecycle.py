@@ -150,7 +150,7 @@ def test_the_0_5_13_precompute_heads_case_replays_still_failing(engine_sut):
     names still fails, the shared precompute not matching the layers (and the split overflow it causes)."""
     from pathlib import Path
 
-    from fa3verify.replaying import replay
+    from fa3verify.commands.replay import replay
 
     path = Path(__file__).parent / "corpus_lifecycle" / "sglang-0.5.13-prefill-cp-precompute-heads.json"
     summary, seen = replay(str(path), sut=engine_sut("sglang==0.5.13"))
@@ -166,7 +166,7 @@ def test_the_vllm_0_34_0_dcp_empty_context_case_replays_still_failing(engine_sut
     context call of step 1 still reads the metadata step 0 made, and nothing else is found."""
     from pathlib import Path
 
-    from fa3verify.replaying import replay
+    from fa3verify.commands.replay import replay
 
     path = Path(__file__).parent / "corpus_lifecycle" / "vllm-0.34.0-dcp-full-graph-empty-context.json"
     summary, seen = replay(str(path), sut=engine_sut("vllm==0.34.0"))

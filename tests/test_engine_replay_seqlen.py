@@ -77,7 +77,7 @@ def test_conformance_tells_a_release_that_replays_with_host_lengths_from_its_pro
 
 def test_a_case_policy_carries_the_replay_bound_to_every_runner(tmp_path):
     """The case file's ``policy.graph_replay_seqlen_k`` reaches the in-process replay and the multi-rank runner."""
-    from fa3verify.replaying import load_case, scenario_from_case as replay_scenario
+    from fa3verify.commands.replay import load_case, scenario_from_case as replay_scenario
     from gpu_impl.distributed import scenario_from_case as ranks_scenario
     from spec.model.cases import Case
 

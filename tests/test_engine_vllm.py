@@ -195,7 +195,7 @@ def test_case_sliding_window_short_batch_replays(vllm_worker):
     835), so both sides resolve causal and the sizes agree; replayed by ``fa3verify replay`` on vllm==0.33.0."""
     from pathlib import Path
 
-    from fa3verify.replaying import replay
+    from fa3verify.commands.replay import replay
     from gpu_impl.engines.vllm import VllmSUT
     from spec.model.cases import Case
 

@@ -91,7 +91,7 @@ def test_negative_control_the_seeded_pr20301_defect_gives_nan_on_the_real_code_p
 
 @pytest.mark.engine
 def test_replay_numerics_runs_the_prover_counterexample_on_the_emulator(tmp_path):
-    from fa3verify.replaying import replay
+    from fa3verify.commands.replay import replay
     from spec.model.config import MODELS
     from spec.model.engine_profiles_vllm import vllm_profile_from_dict
     from spec.theorems.vllm import run_vllm_theorems

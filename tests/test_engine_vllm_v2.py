@@ -224,7 +224,7 @@ def test_the_finding_case_file_replays_still_failing(worker):
     `fa3verify replay` on the release it names says STILL FAILS (exit 1), SHAPE at the FULL graph replay."""
     from pathlib import Path
 
-    from fa3verify.replaying import replay
+    from fa3verify.commands.replay import replay
     from gpu_impl.engines.vllm import VllmSUT
 
     path = Path(__file__).parent / "corpus_vllm" / "full-graph-replay-window-dropped-at-recompute.json"

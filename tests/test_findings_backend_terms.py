@@ -29,7 +29,7 @@ WORKED = str(REPO / "tests" / "corpus" / "worked_example_prefix_guard.json")
 def _finding() -> Finding:
     return Finding(invariant="SPLIT_BOUND", case_file="cases/c.json", engine="prove",
                    message="batch 0 (virtual 0) has 17 splits in the metadata but the call's partial buffers hold S_c=9",
-                   replay="fa3verify replay cases/c.json --guard my_guard.py:should_disable", check="3-hazard",
+                   replay="fa3verify replay cases/c.json --guard my_guard.py:should_disable", check="prefill-cp-hazard",
                    ran_on="the model (guard 'my_guard.py:should_disable', heads tp)",
                    config="llama-3-8b/tp2/cp2+pcp/sm78/splits=0", path="eager", differs={"heads": [[16, 4], [32, 8]]},
                    seq_lens=[14858], s_p=17, s_c=9, guard="guard 'my_guard.py:should_disable' kept the precompute",
@@ -38,9 +38,9 @@ def _finding() -> Finding:
 
 def _summary() -> RunSummary:
     s = RunSummary(command="gate", cases=1, failures=1, elapsed_s=1.0, seed=0)
-    s.checks.append(Check(name="2-drift-breaks-h_k", kind="theorem", verdict="refuted", seconds=0.1,
+    s.checks.append(Check(name="drift-breaks-h_k", kind="theorem", verdict="refuted", seconds=0.1,
                           expected="the policy predicts this witness"))
-    s.checks.append(Check(name="3-hazard", kind="theorem", verdict="refuted", seconds=0.5, failed=True,
+    s.checks.append(Check(name="prefill-cp-hazard", kind="theorem", verdict="refuted", seconds=0.5, failed=True,
                           case_file="cases/c.json", message="prefill-CP hazard"))
     s.findings.append(_finding())
     return s
@@ -76,7 +76,7 @@ def test_every_surface_renders_the_finding_in_backend_terms(tmp_path, capsys):
     assert result.to_dict()["findings"][0]["hint"] == _finding().hint
     # the expected refutation reads so on the table, in HTML and in Markdown; it is no failed row
     assert "refuted (expected)" in cli_out and "refuted (expected)" in html and "refuted (expected)" in surfaces["markdown"]
-    assert "| 2-drift-breaks-h_k |" not in summary_markdown(data).split("### All rows")[0]
+    assert "| drift-breaks-h_k |" not in summary_markdown(data).split("### All rows")[0]
     # negative control: the line the CLI printed before (invariant and message only) has none of the terms
     assert not shows_terms(f"  [prove] SPLIT_BOUND: {_finding().message}\n    replay: {_finding().replay}")
 
@@ -87,7 +87,7 @@ def test_markdown_summary_lists_the_failed_rows_first(tmp_path, capsys):
     assert cli.main(["report", str(path), "--markdown", str(tmp_path / "summary.md")]) == 0
     md = (tmp_path / "summary.md").read_text()
     failed_part = md.split("### All rows")[0]
-    assert "### Rows that failed or were inconclusive (1)" in failed_part and "| 3-hazard |" in failed_part
+    assert "### Rows that failed or were inconclusive (1)" in failed_part and "| prefill-cp-hazard |" in failed_part
     assert shows_terms(md.replace("`", ""))
     assert cli.main(["report", str(path)]) == 2  # no output named: a usage error naming both options
     assert "--html or --markdown" in capsys.readouterr().err
@@ -98,7 +98,7 @@ def test_markdown_summary_lists_the_failed_rows_first(tmp_path, capsys):
 def numbers_differ_from_replay(summary) -> list:
     """Findings whose S_p, S_c, lengths or message differ from a replay of their saved case file (or whose case
     file's expected message does)."""
-    from fa3verify.replaying import replay
+    from fa3verify.commands.replay import replay
 
     bad = []
     for f in summary.findings:
@@ -112,7 +112,7 @@ def numbers_differ_from_replay(summary) -> list:
 
 
 def test_fuzz_findings_describe_the_saved_shrunk_case(tmp_path, monkeypatch):
-    import fa3verify.fuzzing as fz
+    import fa3verify.commands.fuzz as fz
     from fa3verify.policy import load_policy
     from gpu_impl.sut import ModelSUT
 
@@ -153,16 +153,16 @@ def _top_level_cases(folder: Path) -> list:
 
 
 def test_a_passing_prove_shows_expected_refutations_and_keeps_witnesses_apart(tmp_path, monkeypatch, capsys):
-    import fa3verify.proving as proving
+    import fa3verify.commands.prove as proving
 
     cases = tmp_path / "cases"
     # the root-cause fix passes; the sharded-KV theorem (a fork's path this backend lacks) is still refuted
-    base = ["prove", "--guard", "pre-fix", "--metadata-heads", "attn_tp", "--only", "3-hazard",
-            "--only", "4-sharded-kv-decode", "--cases-dir", str(cases), "--json", str(tmp_path / "p.json")]
+    base = ["prove", "--guard", "pre-fix", "--metadata-heads", "attn_tp", "--only", "prefill-cp-hazard",
+            "--only", "sharded-kv-decode", "--cases-dir", str(cases), "--json", str(tmp_path / "p.json")]
     assert cli.main(base) == 0
     out = capsys.readouterr().out
     rows = {c["name"]: c for c in json.loads((tmp_path / "p.json").read_text())["checks"]}
-    hazard = rows["4-sharded-kv-decode"]
+    hazard = rows["sharded-kv-decode"]
     assert hazard["verdict"] == "refuted" and not hazard["failed"] and hazard["expected"]
     assert not any(c["verdict"] == "refuted" and not c["expected"] for c in rows.values())
     assert "refuted (expected)" in out

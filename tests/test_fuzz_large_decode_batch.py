@@ -1,4 +1,4 @@
-"""Family ``large-decode-batch`` and the hazard control of theorem ``12-total-q-drift`` on the model.
+"""Family ``large-decode-batch`` and the hazard control of theorem ``total-q-drift`` on the model.
 
 The model plays a release under its kernel build (the profile's ``fa3_build``). With the seeded backend defect
 ``precompute-max-seqlen-q-two`` the precompute bounds by ``2 * b`` rows under sglang-kernel-0.4.5 while the call
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from fa3verify.fuzzing import fuzz
+from fa3verify.commands.fuzz import fuzz
 from fa3verify.policy import load_policy
 from fa3verify.strategies import family
 from gpu_impl.sut import ModelSUT

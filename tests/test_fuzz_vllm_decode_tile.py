@@ -60,7 +60,7 @@ def vllm_sut(engine_sut):
 @pytest.mark.engine
 def test_negative_control_the_off_by_one_is_found_within_100_cases_and_replays(vllm_sut, cli_on_engine_pool,
                                                                               tmp_path, capsys):
-    from fa3verify.fuzzing import fuzz
+    from fa3verify.commands.fuzz import fuzz
 
     case_file, _ = find_seeded_split(vllm_sut, tmp_path / "cases", DEFECT, "vllm-decode-tile", 100, RELEASE)
     assert_cli_replays_as_seeded(case_file, capsys)  # the CLI's replay, on the shared worker
@@ -73,6 +73,6 @@ def test_negative_control_the_off_by_one_is_found_within_100_cases_and_replays(v
 def test_the_drift_theorems_case_replays_on_vllms_builder(vllm_sut, cli_on_engine_pool, tmp_path, capsys):
     from spec.theorems.fork_tile import run_fork_tile_theorems
 
-    (r,) = run_fork_tile_theorems(only=["9-fork-tile-drift"], cases_dir=str(tmp_path))
+    (r,) = run_fork_tile_theorems(only=["fork-tile-drift"], cases_dir=str(tmp_path))
     assert r.case_file
     assert_cli_replays_as_seeded(r.case_file, capsys)

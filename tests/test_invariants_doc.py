@@ -4,7 +4,7 @@ from pathlib import Path
 
 from fa3verify.commands.invariants import catalogue, to_markdown
 from fa3verify.policy import load_policy
-from fa3verify.proving import theorem_jobs
+from fa3verify.commands.prove import theorem_jobs
 from spec.theorems import THEOREMS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "invariants.md"

@@ -102,7 +102,7 @@ def test_a_worker_past_its_deadline_is_never_a_finding():
 
 
 def test_fuzz_reports_a_guard_timeout_as_guard_timeout():
-    from fa3verify.fuzzing import evaluate
+    from fa3verify.commands.fuzz import evaluate
     from fa3verify.policy import Policy
     from fa3verify.strategies import random_fuzz_case
 
@@ -114,7 +114,7 @@ def test_fuzz_reports_a_guard_timeout_as_guard_timeout():
 
 
 def test_fuzz_of_a_defect_that_makes_fa3_abort_reports_process_abort(tmp_path):
-    from fa3verify.fuzzing import fuzz
+    from fa3verify.commands.fuzz import fuzz
     from fa3verify.policy import load_policy
 
     policy = load_policy("gpu_impl.defects:graph_metadata_before_padding")
@@ -124,7 +124,7 @@ def test_fuzz_of_a_defect_that_makes_fa3_abort_reports_process_abort(tmp_path):
 
 
 def test_conform_reports_a_timing_out_model_guard_as_guard_timeout():
-    from fa3verify.conformance import ConformanceTarget, ConformReport
+    from fa3verify.commands.conform import ConformanceTarget, ConformReport
     from fa3verify.policy import Policy
     from fa3verify.strategies import random_fuzz_case
     from tests.fake_engines import ProfileSUT

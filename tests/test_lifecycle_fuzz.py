@@ -48,7 +48,7 @@ def test_a_release_that_replays_with_the_context_bound_is_followed():
     policy = load_policy("fixed", graph_replay_seqlen_k="context_length")
     camp = lifecycle_campaign(policy, CASES, seed=3, family="graph-tp")
     assert camp.cases >= 50 and camp.failures == {}
-    from fa3verify.fuzzing import scenario_for
+    from fa3verify.commands.fuzz import scenario_for
     from fa3verify.strategies import family
     import random
 

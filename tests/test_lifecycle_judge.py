@@ -124,7 +124,7 @@ def test_the_sanitizer_overhead_measures_the_lifecycle_checks_quick_and_deep():
 def test_conformance_compares_the_pair_verdicts_and_leaves_the_lifecycle_findings_out():
     from types import SimpleNamespace as NS
 
-    from fa3verify.conformance import verdict_diff
+    from fa3verify.commands.conform import verdict_diff
 
     def run(outcome, *names):
         return NS(outcome=outcome, findings=[NS(invariant=n) for n in names])

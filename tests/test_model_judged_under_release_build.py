@@ -94,7 +94,7 @@ def test_numerics_runs_are_judged_under_upstream_s_build():
 
 def test_the_policy_carries_the_build_to_labels_cases_and_replays(tmp_path):
     from fa3verify.policy import load_policy
-    from fa3verify.replaying import load_case, scenario_from_case
+    from fa3verify.commands.replay import load_case, scenario_from_case
     from spec.model.cases import Case
 
     p = load_policy("fixed", "tp", fa3_build=SGLANG_KERNEL_042)

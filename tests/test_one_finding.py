@@ -64,7 +64,7 @@ def test_the_judges_finding_is_the_object_the_campaign_keeps():
 
 
 def test_a_judged_scenario_has_an_enum_outcome():
-    from fa3verify.fuzzing import scenario_for
+    from fa3verify.commands.fuzz import scenario_for
     from fa3verify.policy import load_policy
     from fa3verify.strategies import random_fuzz_case
 

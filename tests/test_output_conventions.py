@@ -1,5 +1,5 @@
 """Output conventions: `-` is stdout, special files are written through, reports follow the umask, one
-name for the case folder, a progress line per stage on stderr (fa3verify/output_writer.py, fa3verify/outputs.py,
+name for the case folder, a progress line per stage on stderr (fa3verify/outputs.py,
 fa3verify/progress.py). Each convention has a negative control: the defect it replaced, caught by the same
 predicate."""
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from fa3verify import cli
-from fa3verify import output_writer
-from fa3verify.output_writer import write_output
+from fa3verify import outputs as output_writer
+from fa3verify.outputs import write_output
 
 from fake_engines import ProfileSUT, install
 

@@ -1,7 +1,7 @@
 """Every output path of every subcommand is checked writable before any work (exit 2 naming the option and the
 path), the default case folders included when the working directory is read-only; a write that still fails after
 the verdict keeps the verdict's exit code (a PASS with a missing report is 3) and names the option and the path the
-user gave, never a temporary file (fa3verify/outputs.py, fa3verify/output_writer.py).
+user gave, never a temporary file (fa3verify/outputs.py).
 
 The suite runs as root, where permission bits stop nothing: the unwritable places are a folder under /proc (no
 file can be created there), a path under a regular file, and a path that is a folder."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fa3verify import cli, output_writer
+from fa3verify import cli, outputs as output_writer
 
 REPO = Path(__file__).resolve().parents[1]
 CASE = REPO / "tests" / "corpus" / "worked_example_prefix_guard.json"

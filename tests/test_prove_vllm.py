@@ -66,7 +66,7 @@ def test_negative_control_pr20301_split_counts_that_differ_are_refuted_with_a_co
 
 
 def test_prove_vllm_summary_fails_on_the_variant():
-    from fa3verify.proving import prove_vllm
+    from fa3verify.commands.prove import prove_vllm
 
     bad = prove_vllm(variant({"full": 0}, {"full": 32}))
     assert bad.exit_code == 1 and bad.findings and bad.findings[0].invariant == "SPLIT_BOUND"
@@ -151,7 +151,7 @@ def test_the_counterexample_replays_on_vllm_with_the_seeded_defect_and_passes_wi
     """The prover's #20301 counterexample is only meaningful under the seeded defect: with it the real builder and
     impl give SPLIT_BOUND; without it (the released code) the same batch passes."""
     from fa3verify.cli import main
-    from fa3verify.replaying import replay
+    from fa3verify.commands.replay import replay
 
     (r,) = run_vllm_theorems(variant({"full": 0}, {"full": 32}), models=QWEN, cases_dir=str(tmp_path))
     summary, observed = replay(r.case_file, sut=vllm_sut)

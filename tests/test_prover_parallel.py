@@ -14,7 +14,7 @@ import pytest
 import z3
 
 from fa3verify.policy import load_policy
-from fa3verify.proving import prove, theorem_jobs, theorem_results
+from fa3verify.commands.prove import prove, theorem_jobs, theorem_results
 from spec.theorems import memo as theorem_memo
 from spec.theorems.results import TheoremResult
 from spec.theorems.jobs import Job, fork_available, run_jobs, run_part
@@ -63,7 +63,7 @@ def test_the_pre_fix_run_is_the_same_in_parallel(tmp_path):
     assert [r.name for r in par] == [r.name for r in seq]
     # the results are the theorems the jobs name (tests/test_invariants_doc.py checks those names are THEOREMS)
     assert [r.name for r in seq] == [n for job in theorem_jobs(policy, cases_dir=None) for n in job.names]
-    assert {r.name for r in seq if r.verdict == "refuted"} >= {"3-hazard", "4-guard-soundness"}
+    assert {r.name for r in seq if r.verdict == "refuted"} >= {"prefill-cp-hazard", "guard-soundness"}
     assert _canonical(par, tmp_path / "par") == _canonical(seq, tmp_path / "seq")
 
 
@@ -72,7 +72,7 @@ def test_the_pre_fix_run_is_the_same_in_parallel(tmp_path):
 def test_seeded_combine_defects_give_the_same_witnesses_in_parallel(defects):
     """The exact-merge theorem split over its split counts stops at the first refuted one in both runs."""
     def run(workers):
-        return run_jobs(algebra_jobs(only=["combine_exact_merge", "combine_all_empty"], defects=defects,
+        return run_jobs(algebra_jobs(only=["combine-exact-merge", "combine-all-empty"], defects=defects,
                                      split_counts=(1, 2, 3, 4)), workers=workers).results
 
     seq, par = run(1), run(2)
@@ -224,6 +224,6 @@ def test_ctrl_c_stops_a_parallel_run_at_once_and_leaves_no_worker(tmp_path):
 
 
 def test_prove_reports_when_the_first_failure_was_known():
-    s = prove(load_policy("pre-fix"), cases_dir=None, only=["3-hazard"], jobs=1)
+    s = prove(load_policy("pre-fix"), cases_dir=None, only=["prefill-cp-hazard"], jobs=1)
     assert s.first_failure_s is not None and 0 < s.first_failure_s <= s.elapsed_s
-    assert [c.name for c in s.checks] == ["3-hazard"] and s.checks[0].failed
+    assert [c.name for c in s.checks] == ["prefill-cp-hazard"] and s.checks[0].failed

@@ -1,6 +1,6 @@
 """Findings in backend terms on every surface, run-ranks included: a finding of one process per
 attention rank carries the configuration, path, differing FA3 arguments, S_p vs S_c, the guard's decision and a
-fix hint (``fa3verify.observed_terms.run_ranks_terms``: one model run of its case file, the scenario every rank
+fix hint (``fa3verify.finding_terms.run_ranks_terms``: one model run of its case file, the scenario every rank
 ran), and its numbers are the ranks' own; ``run-ranks --engine`` findings are the replay's, with its terms."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_a_run_ranks_finding_is_in_backend_terms_with_the_ranks_numbers(tmp_path
 
 
 def test_negative_control_without_terms_a_rank_finding_says_nothing_of_the_backend(monkeypatch):
-    import fa3verify.observed_terms as observed_terms
+    import fa3verify.finding_terms as observed_terms
     from fa3verify.commands.run_ranks import rank_findings
 
     res = types.SimpleNamespace(world=4, backend="gloo", findings=[

@@ -18,7 +18,7 @@ TABLE_MIN_WIDTH = 120
 
 #: two names sharing their first 44 characters (the old table cut both to the same 43 characters and an ellipsis)
 NAME_A = "fuzz on sglang-src=/work/checkouts/sglang/python: no OOB, matches FA3's rules"
-NAME_B = "fuzz on sglang-src=/work/checkouts/sglang/python: witness replay of 4-guard-soundness"
+NAME_B = "fuzz on sglang-src=/work/checkouts/sglang/python: witness replay of guard-soundness"
 CASE = "fa3verify-out/cases/fuzz-combine-capacity-15d9e33a43c46b68.json"
 CASE_LONG = "fa3verify-out/engine-matrix/sglang-0.5.23/cases/prove-split-bound-f44120159389662a.json"
 MESSAGE = ("guard soundness: no witness over 6192 configurations (1392 precompute, 4800 call), every model, SM count "
@@ -34,12 +34,12 @@ DOMAIN = {"name": "sglang==0.5.23", "family": None, "drawn": 310, "accepted": 25
 
 def _summary() -> RunSummary:
     return RunSummary(command="gate", cases=250, failures=3, elapsed_s=12.5, domain=DOMAIN, checks=[
-        Check("4-guard-soundness", "theorem", "proved", 2.77, message=MESSAGE + "\nsecond line of the message"),
-        Check("2-drift-breaks-h_k", "theorem", "refuted", 1.56, case_file=CASE_LONG, message="changing only h_k",
+        Check("guard-soundness", "theorem", "proved", 2.77, message=MESSAGE + "\nsecond line of the message"),
+        Check("drift-breaks-h_k", "theorem", "refuted", 1.56, case_file=CASE_LONG, message="changing only h_k",
               expected="the hazard class"),
         Check(NAME_B, "replay", "pass", 3.1, message="the witness passes on the release"),
         Check(NAME_A, "property", "fail", 19.6, failed=True, case_file=CASE, message="250 cases, 3 failing"),
-        Check("8-int32-split-heuristic", "theorem", "expected-refutation", 0.2, inconclusive=False,
+        Check("int32-split-heuristic", "theorem", "expected-refutation", 0.2, inconclusive=False,
               message="FA3's int L2 split branch gives -40 splits"),
     ])
 
@@ -64,7 +64,7 @@ def test_a_terminal_table_fits_its_width_and_keeps_names_and_case_files_whole(wi
     lines = _render(width)
     assert lines and max(len(line) for line in lines) <= width
     text = "\n".join(lines)
-    for whole in ("4-guard-soundness", "2-drift-breaks-h_k", "8-int32-split-heuristic"):
+    for whole in ("guard-soundness", "drift-breaks-h_k", "int32-split-heuristic"):
         assert whole in text  # short names on one line
     for whole in (NAME_A, NAME_B, CASE, CASE_LONG):  # long ones whole, wrapped over lines when they must be
         assert whole.replace(" ", "") in _column_text(lines, 1 if whole in (NAME_A, NAME_B) else 5), (width, whole)

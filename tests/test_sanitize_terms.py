@@ -2,7 +2,7 @@
 (``fa3verify.sanitize.records.log_to_run_summary``, what ``fa3verify report LOG.jsonl`` renders) carries the
 differing FA3 arguments, S_p vs S_c, the call's lengths, the path (eager, or a CUDA graph's replay), the guard's
 decision, the configuration of its case file and a fix hint, read from the pair the sanitizer recorded
-(``fa3verify.observed_terms``). The FA3 modules are the fakes of tests/sanitize_fakes.py (the worked example at
+(``fa3verify.finding_terms``). The FA3 modules are the fakes of tests/sanitize_fakes.py (the worked example at
 CPU size: heads (8, 4) precomputed as (2, 1), S_p=7 vs S_c=4)."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_a_sanitizer_finding_is_in_backend_terms_on_every_surface(fakes, tmp_pat
 
     assert "precomputes with heads (2, 1) but calls with heads (8, 4)" in render_html(data)
     # negative control: the finding as the log gave it before (no terms) says none of it
-    import fa3verify.observed_terms as observed_terms
+    import fa3verify.finding_terms as observed_terms
 
     monkeypatch.setattr(observed_terms, "sanitizer_terms", lambda line, mode=None: {})
     (bare,) = log_to_run_summary(log)["findings"]
@@ -93,7 +93,7 @@ def test_a_graph_replay_finding_names_the_replay_path(fakes, tmp_path):
     ({"violations": [{"invariant": "UNCHECKED_CALL"}]}, None),
 ])
 def test_a_line_without_a_precompute_has_no_made_up_arguments(line, want):
-    from fa3verify.observed_terms import sanitizer_terms
+    from fa3verify.finding_terms import sanitizer_terms
 
     terms = sanitizer_terms(line)
     assert terms["differs"] == {} and "config" not in terms and terms["hint"]

@@ -224,7 +224,7 @@ class _AdaptingDomain:
 def test_a_domain_that_adapts_to_earlier_cases_is_never_sharded():
     """Its shards would not together run the unsplit campaign's cases: refused, naming --shard."""
     from fa3verify.errors import UsageError
-    from fa3verify.fuzzing import run_campaign as fuzz_campaign
+    from fa3verify.commands.fuzz import run_campaign as fuzz_campaign
     from fa3verify.policy import load_policy
 
     with pytest.raises(UsageError, match="--shard: sglang==0.5.23's domain weights each draw"):

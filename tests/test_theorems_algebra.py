@@ -26,7 +26,7 @@ def test_every_theorem_proved(results):
 
 
 def test_exact_merge_covers_one_to_eight_and_sixteen_splits_by_lemma_chain(results):
-    per_n = results["combine_exact_merge"].details["per_n"]
+    per_n = results["combine-exact-merge"].details["per_n"]
     assert sorted(per_n) == [1, 2, 3, 4, 5, 6, 7, 8, 16]
     for n, lemmas in per_n.items():
         assert list(lemmas) == ["kinds", "core", "coefficients", "output"], n
@@ -34,7 +34,7 @@ def test_exact_merge_covers_one_to_eight_and_sixteen_splits_by_lemma_chain(resul
 
 
 def test_merge_theorems_rest_on_the_two_split_exact_merge(results):
-    for name in ("merge_commutative", "merge_associative"):
+    for name in ("merge-commutative", "merge-associative"):
         assert results[name].details["uses_exact_merge_n2"] is True
 
 
@@ -44,7 +44,7 @@ def test_merge_theorems_rest_on_the_two_split_exact_merge(results):
 
 
 def test_negative_control_no_neg_inf_guard_refutes_all_empty():
-    (r,) = ta.run_algebra_theorems(only=["combine_all_empty"], defects={"no-neg-inf-guard"})
+    (r,) = ta.run_algebra_theorems(only=["combine-all-empty"], defects={"no-neg-inf-guard"})
     assert r.verdict == "refuted" and r.failed and not r.expected
     w = r.witness
     assert all(s["lse"] == "-inf" and s["mass"] == 0 for s in w["splits"])
@@ -57,7 +57,7 @@ def test_negative_control_no_neg_inf_guard_refutes_all_empty():
 
 
 def test_negative_control_no_skip_nonpositive_reads_garbage():
-    (r,) = ta.run_algebra_theorems(only=["combine_exact_merge"], defects={"no-skip-nonpositive"})
+    (r,) = ta.run_algebra_theorems(only=["combine-exact-merge"], defects={"no-skip-nonpositive"})
     assert r.verdict == "refuted" and r.failed
     w = r.witness
     garbage = [s for s in w["splits"] if s["mass"] == 0]
@@ -67,7 +67,7 @@ def test_negative_control_no_skip_nonpositive_reads_garbage():
 
 @pytest.mark.parametrize("defect", ["wrong-normalisation", "lse-missing-max"])
 def test_negative_control_wrong_normalisation_is_refuted(defect):
-    (r,) = ta.run_algebra_theorems(only=["combine_exact_merge"], defects={defect})
+    (r,) = ta.run_algebra_theorems(only=["combine-exact-merge"], defects={defect})
     assert r.verdict == "refuted" and r.failed
     replay = r.witness["replay"]
     assert replay["violates"]
@@ -76,7 +76,7 @@ def test_negative_control_wrong_normalisation_is_refuted(defect):
 
 
 def test_negative_control_lse_missing_max_breaks_associativity():
-    (r,) = ta.run_algebra_theorems(only=["merge_associative"], defects={"lse-missing-max"})
+    (r,) = ta.run_algebra_theorems(only=["merge-associative"], defects={"lse-missing-max"})
     assert r.verdict == "refuted"
     assert r.witness["replay"]["violates"]
 
@@ -86,19 +86,19 @@ def test_defect_and_name_validation():
         ta.run_algebra_theorems(defects={"no-such-defect"})
     # `only` is shared by every theorem group: names matching nothing here select nothing
     assert ta.run_algebra_theorems(only=["no_such_theorem"]) == []
-    assert [r.name for r in ta.run_algebra_theorems(only=["merge_"])] == ["merge_commutative", "merge_associative"]
+    assert [r.name for r in ta.run_algebra_theorems(only=["merge_"])] == ["merge-commutative", "merge-associative"]
     with pytest.raises(ValueError):
         ta.run_algebra_theorems(split_counts=[0])
     # names owned by the CP module are accepted and ignored here
-    assert ta.run_algebra_theorems(only=["zigzag_partition"], defects={"zigzag-off-by-one"}) == []
-    (r,) = ta.run_algebra_theorems(only=["combine_all_empty"], defects={"zigzag-off-by-one"}, split_counts=[2])
+    assert ta.run_algebra_theorems(only=["zigzag-partition"], defects={"zigzag-off-by-one"}) == []
+    (r,) = ta.run_algebra_theorems(only=["combine-all-empty"], defects={"zigzag-off-by-one"}, split_counts=[2])
     assert r.verdict == "proved"
 
 
 def test_deterministic_witness():
     with theorem_memo.suspended():  # two real runs, not a remembered one
-        a = ta.run_algebra_theorems(only=["combine_exact_merge"], defects={"wrong-normalisation"})[0].witness
-        b = ta.run_algebra_theorems(only=["combine_exact_merge"], defects={"wrong-normalisation"})[0].witness
+        a = ta.run_algebra_theorems(only=["combine-exact-merge"], defects={"wrong-normalisation"})[0].witness
+        b = ta.run_algebra_theorems(only=["combine-exact-merge"], defects={"wrong-normalisation"})[0].witness
     assert a == b
 
 
@@ -163,5 +163,5 @@ def test_replay_helpers_on_hand_made_rows():
     assert not ta.replay_row(good)["violates"]
     assert ta.replay_row(good, {"no-skip-nonpositive"})["violates"]
     states = {"a": good[0], "b": {"mass": 1.0, "lse": 0.0, "out": -2.0}, "c": good[1]}
-    assert not ta.replay_merges("merge_associative", states)["violates"]
-    assert not ta.replay_merges("merge_commutative", states)["violates"]
+    assert not ta.replay_merges("merge-associative", states)["violates"]
+    assert not ta.replay_merges("merge-commutative", states)["violates"]

@@ -22,7 +22,7 @@ def fixed_results():
 @pytest.fixture(scope="module")
 def prefix_results():
     return {r.name: r for r in tc.run_cp_theorems(timeout_s=10, clear_stale=False,
-                                                  only=["runner_hygiene", "runner_freshness"])}
+                                                  only=["runner-hygiene", "runner-freshness"])}
 
 
 # --------------------------------------------------------------------------------------------
@@ -37,7 +37,7 @@ def test_all_theorems_run_with_results(fixed_results):
 
 
 def test_zigzag_partition_proved(fixed_results):
-    r = fixed_results["zigzag_partition"]
+    r = fixed_results["zigzag-partition"]
     assert r.verdict == "proved", r.message
     assert not r.failed and r.expected
     assert set(r.details["per_cp"]) == set(tc.CP_SIZES)
@@ -45,7 +45,7 @@ def test_zigzag_partition_proved(fixed_results):
 
 
 def test_zigzag_balance_proved_with_findings(fixed_results):
-    r = fixed_results["zigzag_balance"]
+    r = fixed_results["zigzag-balance"]
     assert r.verdict == "proved", r.message
     f = r.details["findings"]
     assert f["per_sequence_bound"] == 1
@@ -57,7 +57,7 @@ def test_zigzag_balance_proved_with_findings(fixed_results):
 
 
 def test_runner_hygiene_proved_by_induction(fixed_results):
-    r = fixed_results["runner_hygiene"]
+    r = fixed_results["runner-hygiene"]
     assert r.verdict == "proved", r.message
     assert r.details["induction"] == "unsat"
     assert set(r.details["bmc"]["per_k"].values()) == {"unsat"}
@@ -65,7 +65,7 @@ def test_runner_hygiene_proved_by_induction(fixed_results):
 
 
 def test_runner_freshness_proved_and_inheritance_finding(fixed_results):
-    r = fixed_results["runner_freshness"]
+    r = fixed_results["runner-freshness"]
     assert r.verdict == "proved", r.message
     assert r.details["induction"] == "unsat"
     # The finding: if a CP-v2 extend could arrive on a reused batch object, the fix would not be enough...
@@ -77,7 +77,7 @@ def test_runner_freshness_proved_and_inheritance_finding(fixed_results):
 
 
 def test_runner_freshness_refuted_when_cp_v2_steps_may_inherit():
-    hyg, fresh = tc.run_cp_theorems(only=["runner_hygiene", "runner_freshness"], cp_v2_may_inherit=True)
+    hyg, fresh = tc.run_cp_theorems(only=["runner-hygiene", "runner-freshness"], cp_v2_may_inherit=True)
     assert hyg.verdict == "proved"  # the fix still gives hygiene
     assert fresh.verdict == "refuted" and fresh.failed
     assert fresh.witness["sequence"] == ["CP_V2_EXTEND", "CP_V2_EXTEND"]
@@ -90,7 +90,7 @@ def test_runner_freshness_refuted_when_cp_v2_steps_may_inherit():
 
 
 def test_negative_control_no_clear_refutes_hygiene_with_short_mixed_witness(prefix_results):
-    r = prefix_results["runner_hygiene"]
+    r = prefix_results["runner-hygiene"]
     assert r.verdict == "refuted" and r.failed and not r.expected
     assert r.witness["length"] <= 3
     assert r.witness["sequence"][-1] == "MIXED"
@@ -106,7 +106,7 @@ def test_negative_control_no_clear_refutes_hygiene_with_short_mixed_witness(pref
 
 
 def test_negative_control_no_clear_also_fails_freshness(prefix_results):
-    r = prefix_results["runner_freshness"]
+    r = prefix_results["runner-freshness"]
     assert r.verdict == "refuted" and r.failed
     assert r.witness["length"] <= 3
 
@@ -117,7 +117,7 @@ def test_negative_control_no_clear_also_fails_freshness(prefix_results):
     ("zigzag-kvlen-off-by-one", "kv_next_causal"),
 ])
 def test_negative_control_zigzag_off_by_one_is_refuted(defect, violated):
-    (r,) = tc.run_cp_theorems(only=["zigzag_partition"], defects={defect})
+    (r,) = tc.run_cp_theorems(only=["zigzag-partition"], defects={defect})
     assert r.verdict == "refuted" and r.failed
     assert violated in r.witness["violated"]
     w = r.witness
@@ -134,7 +134,7 @@ def test_negative_control_zigzag_off_by_one_is_refuted(defect, violated):
 
 
 def test_negative_control_owner_off_by_one_breaks_balance():
-    (r,) = tc.run_cp_theorems(only=["zigzag_balance"], defects={"zigzag-owner-off-by-one"})
+    (r,) = tc.run_cp_theorems(only=["zigzag-balance"], defects={"zigzag-owner-off-by-one"})
     assert r.verdict == "refuted"
     assert r.witness["spread"] > 1
 
@@ -144,10 +144,10 @@ def test_defect_and_name_validation():
         tc.run_cp_theorems(defects={"no-such-defect"})
     # `only` is shared by every theorem group: names matching nothing here select nothing
     assert tc.run_cp_theorems(only=["no_such_theorem"]) == []
-    assert tc.run_cp_theorems(only=["combine_all_empty"], defects={"no-neg-inf-guard"}) == []
+    assert tc.run_cp_theorems(only=["combine-all-empty"], defects={"no-neg-inf-guard"}) == []
     # numbers and substrings select as in the metadata group
-    assert [r.name for r in tc.run_cp_theorems(only=["7"])] == ["runner_hygiene", "runner_freshness"]
-    assert [r.name for r in tc.run_cp_theorems(only=["zigzag"])] == ["zigzag_partition", "zigzag_balance"]
+    assert [r.name for r in tc.run_cp_theorems(only=["7"])] == ["runner-hygiene", "runner-freshness"]
+    assert [r.name for r in tc.run_cp_theorems(only=["zigzag"])] == ["zigzag-partition", "zigzag-balance"]
     with pytest.raises(ValueError):
         tc.run_cp_theorems(max_k=0)
     for name, text in tc.DEFECTS.items():
@@ -155,7 +155,7 @@ def test_defect_and_name_validation():
 
 
 def test_refuted_runner_theorem_writes_a_case_that_replays(tmp_path):
-    (r,) = tc.run_cp_theorems(clear_stale=False, only=["runner_hygiene"], cases_dir=str(tmp_path))
+    (r,) = tc.run_cp_theorems(clear_stale=False, only=["runner-hygiene"], cases_dir=str(tmp_path))
     assert r.verdict == "refuted" and r.case_file
     from spec.model.cases import Case
 
@@ -164,9 +164,9 @@ def test_refuted_runner_theorem_writes_a_case_that_replays(tmp_path):
     assert [b["mode"] for b in case.batches] == ["extend", "mixed"]
     assert case.expected["invariant"] == "CP_PATH_MATCHES_ACTIVITY"
     try:
-        from fa3verify.replaying import replay
+        from fa3verify.commands.replay import replay
     except ImportError as exc:  # pragma: no cover
-        pytest.skip(f"fa3verify.replaying is not importable yet ({exc})")
+        pytest.skip(f"fa3verify.commands.replay is not importable yet ({exc})")
     _, observed = replay(r.case_file)
     assert "CP_PATH_MATCHES_ACTIVITY" in observed.invariants
     # with the fix the same batches pass
@@ -183,8 +183,8 @@ def test_runner_step_rejects_built_metadata_on_inactive_kinds():
 
 def test_deterministic_witness():
     with theorem_memo.suspended():  # two real runs, not a remembered one
-        a = tc.run_cp_theorems(clear_stale=False, only=["runner_hygiene"])[0].witness
-        b = tc.run_cp_theorems(clear_stale=False, only=["runner_hygiene"])[0].witness
+        a = tc.run_cp_theorems(clear_stale=False, only=["runner-hygiene"])[0].witness
+        b = tc.run_cp_theorems(clear_stale=False, only=["runner-hygiene"])[0].witness
     assert a == b
 
 

@@ -25,12 +25,12 @@ def _one(**kw):
 
 
 def test_agreeing_sides_choose_the_same_tile_under_the_fork():
-    r = _one(only=["9-fork-tile-agree"])
+    r = _one(only=["fork-tile-agree"])
     assert r.verdict == "proved" and not r.failed and r.details["instances"] == len(ft.TILE_INSTANCES)
 
 
 def test_negative_control_an_encoding_reading_h_is_refuted():
-    r = _one(only=["9-fork-tile-agree"], defects={"one-wg-reads-num-heads"})
+    r = _one(only=["fork-tile-agree"], defects={"one-wg-reads-num-heads"})
     assert r.verdict == "refuted" and r.failed
     w = r.witness
     assert w["h_p"] // w["h_k_p"] == w["h_c"] // w["h_k_c"] and w["h_p"] != w["h_c"]
@@ -40,7 +40,7 @@ def test_negative_control_an_encoding_reading_h_is_refuted():
 
 
 def test_the_off_by_one_precompute_drifts_under_the_fork_with_a_replayable_case(tmp_path):
-    r = _one(only=["9-fork-tile-drift"], cases_dir=str(tmp_path))
+    r = _one(only=["fork-tile-drift"], cases_dir=str(tmp_path))
     assert r.verdict == "expected-refutation" and r.expected and not r.failed
     w = r.witness
     assert w["invariant"] == "SPLIT_BOUND" and w["S_p"] > w["S_c"]

@@ -42,13 +42,13 @@ def test_fixed_policy_has_every_expected_verdict(fixed_run):
     for r in res.values():
         assert isinstance(r, TheoremResult)
         assert r.expected and not r.failed and not r.inconclusive, r.summary()
-    for name in ("0-kv-cover", "0-batch-over-992", "2-benign-drift", "3-hazard", "4-guard-soundness",
-                 "4-root-cause-alternative", "4-sharded-kv-decode", "4-guard-robustness"):
+    for name in ("kv-cover", "batch-over-992", "benign-drift", "prefill-cp-hazard", "guard-soundness",
+                 "root-cause-alternative", "sharded-kv-decode", "guard-robustness"):
         assert res[name].verdict == "proved", res[name].summary()
 
 
 def test_freshness_is_an_expected_refutation_at_fa3s_tile_corner(fixed_run):
-    r = fixed_run[0]["1-freshness"]
+    r = fixed_run[0]["freshness"]
     assert r.verdict == "expected-refutation"
     w = r.witness
     assert w["kind"] == "host-kernel-tile" and w["headdim"] <= 64 and 64 < w["headdim_v"] <= 192
@@ -61,39 +61,39 @@ def test_drift_breaking_changes_each_have_a_witness(fixed_run):
     expect = {"h_k": "SPLIT_BOUND", "seqlen_k": "SPLIT_BOUND", "seqlen_q": "QUERY_COVER", "pack": "QUERY_COVER",
               "b": "BATCH_PERMUTATION"}
     for change, inv in expect.items():
-        r = res[f"2-drift-breaks-{change}"]
+        r = res[f"drift-breaks-{change}"]
         assert r.verdict == "refuted" and r.expected and not r.failed, r.summary()
         assert r.witness["invariant"] == inv
 
 
 def test_prefix_guard_hazard_is_found_and_written_as_a_case(prefix_run):
     res, cases = prefix_run
-    hazard = res["3-hazard"]
+    hazard = res["prefill-cp-hazard"]
     assert hazard.verdict == "refuted" and hazard.failed and hazard.expected
     w = hazard.witness
     assert w["invariant"] == "SPLIT_BOUND" and w["S_p"] > w["S_c"] > 1 and max(w["splits"]) > w["S_c"]
     assert "pcp" in w["config"]
     case = Case.load(hazard.case_file)
-    assert case.source == "prove:3-hazard" and case.policy["guard"] == "pre-fix"
+    assert case.source == "prove:prefill-cp-hazard" and case.policy["guard"] == "pre-fix"
     assert case.server["enable_prefill_cp"] and not case.server["enable_dp_attention"]
     assert case.batches[0]["seq_lens"] == w["seq_lens"] and max(w["seq_lens"]) <= case.server["context_length"]
     assert case.expected == Case.from_json(case.to_json()).expected
-    assert res["4-guard-soundness"].verdict == "refuted" and res["4-guard-soundness"].failed
-    assert res["4-root-cause-alternative"].verdict == "proved"
+    assert res["guard-soundness"].verdict == "refuted" and res["guard-soundness"].failed
+    assert res["root-cause-alternative"].verdict == "proved"
 
 
 def test_root_cause_fix_alone_misses_the_sharded_kv_path():
-    res = _by_name(run_metadata_theorems(guard="pre-fix", metadata_heads="attn_tp", only=["3-hazard", "4-sharded"]))
-    assert res["3-hazard"].verdict == "proved"
-    sharded = res["4-sharded-kv-decode"]
+    res = _by_name(run_metadata_theorems(guard="pre-fix", metadata_heads="attn_tp", only=["prefill-cp-hazard", "4-sharded"]))
+    assert res["prefill-cp-hazard"].verdict == "proved"
+    sharded = res["sharded-kv-decode"]
     assert sharded.verdict == "refuted" and sharded.witness["precompute_heads"] == sharded.witness["call_heads"]
     assert sharded.witness["call_seqlen_k"] < sharded.witness["precompute_seqlen_k"]
 
 
 def test_dropped_assumption_yields_a_witness_for_the_fixed_guard():
-    res = _by_name(run_metadata_theorems(guard="fixed", only=["4-guard-soundness"],
+    res = _by_name(run_metadata_theorems(guard="fixed", only=["guard-soundness"],
                                          dropped_assumptions={"ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP"}))
-    r = res["4-guard-soundness"]
+    r = res["guard-soundness"]
     assert r.verdict == "refuted" and r.failed and not r.expected
     assert r.witness["server"]["attn_cp_size"] > 1 and not r.witness["server"]["enable_prefill_cp"]
     with pytest.raises(ValueError, match="NO_SUCH"):
@@ -123,9 +123,9 @@ def precompute_heuristic_090(inp):
 
 
 def test_heuristic_changed_at_the_precompute_refutes_freshness_and_drift():
-    res = _by_name(run_metadata_theorems(only=["1-freshness", "2-benign-drift"],
+    res = _by_name(run_metadata_theorems(only=["freshness", "benign-drift"],
                                          heuristic_precompute=precompute_heuristic_090))
-    for name in ("1-freshness", "2-benign-drift"):
+    for name in ("freshness", "benign-drift"):
         r = res[name]
         assert r.verdict == "refuted" and r.failed, r.summary()
         assert r.witness["invariant"] == "SPLIT_BOUND"
@@ -142,7 +142,7 @@ def test_off_by_one_split_range_refutes_kv_cover():
         lo = n_min + i * per
         return lo, min(lo + per, n_max)
 
-    r = run_metadata_theorems(only=["0-kv-cover"], kv_range=(sym_floor, floor_range))[0]
+    r = run_metadata_theorems(only=["kv-cover"], kv_range=(sym_floor, floor_range))[0]
     assert r.verdict == "refuted" and r.failed and r.witness["invariant"] == "KV_COVER"
     assert kv_cover_lemma().verdict == "proved"
 
@@ -151,7 +151,7 @@ def test_a_guard_that_raises_on_older_server_args_is_reported():
     def strict_guard(server_args):
         return server_args.enable_prefill_cp or server_args.enable_dp_attention
 
-    r = run_metadata_theorems(guard=strict_guard, only=["4-guard-robustness"])[0]
+    r = run_metadata_theorems(guard=strict_guard, only=["guard-robustness"])[0]
     assert r.verdict == "refuted" and r.failed
     assert r.witness["missing_attribute"] == "enable_prefill_cp" and "getattr" in r.message
 

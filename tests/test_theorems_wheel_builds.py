@@ -1,7 +1,7 @@
 """Theorem 12: the decode-tile drift and the varlen total-q bound of the sglang kernel wheels' builds.
 
-Each theorem with its negative control: ``12-sglang-tile-cover`` is proved on a sample of instances and refuted under
-the seeded defect ``call-one-wg-rows-128``; ``12-total-q-drift`` finds its SPLIT_BOUND witness under 0.4.5 (checked
+Each theorem with its negative control: ``sglang-tile-cover`` is proved on a sample of instances and refuted under
+the seeded defect ``call-one-wg-rows-128``; ``total-q-drift`` finds its SPLIT_BOUND witness under 0.4.5 (checked
 again with refmodel and spec.invariants) and nothing under 0.4.2, upstream, or with ``total-q-read-by-both``.
 The full domains run in ``fa3verify prove --only 12``.
 """

@@ -5,7 +5,7 @@ so every branch is pinned on a hand-built input (no solver, no campaign runs).""
 import pytest
 
 from fa3verify import exitcodes
-from fa3verify.replaying import ReplayOutcome
+from fa3verify.commands.replay import ReplayOutcome
 from fa3verify.summary import Check, Finding, RunSummary
 
 
@@ -59,8 +59,8 @@ def test_merge_folds_every_field():
 
 
 def fake_gate(monkeypatch, prove_summary, fuzz_summary, calls):
-    import fa3verify.fuzzing
-    import fa3verify.proving
+    import fa3verify.commands.fuzz
+    import fa3verify.commands.prove
 
     def prove(policy, timeout_s, cases_dir):
         calls.append(("prove", timeout_s, cases_dir))
@@ -72,12 +72,12 @@ def fake_gate(monkeypatch, prove_summary, fuzz_summary, calls):
         calls.append(("fuzz", kw))
         return fuzz_summary
 
-    monkeypatch.setattr(fa3verify.proving, "prove", prove)
-    monkeypatch.setattr(fa3verify.fuzzing, "fuzz", fuzz)
+    monkeypatch.setattr(fa3verify.commands.prove, "prove", prove)
+    monkeypatch.setattr(fa3verify.commands.fuzz, "fuzz", fuzz)
 
 
 def test_gate_merges_prove_then_fuzz(monkeypatch):
-    from fa3verify.gating import gate
+    from fa3verify.commands.gate import gate
     from fa3verify.policy import Policy
     from gpu_impl.sut import ModelSUT
 
@@ -96,7 +96,7 @@ def test_gate_merges_prove_then_fuzz(monkeypatch):
 
 
 def test_gate_passes_only_when_both_pass(monkeypatch):
-    from fa3verify.gating import gate
+    from fa3verify.commands.gate import gate
     from fa3verify.policy import Policy
     from gpu_impl.sut import ModelSUT
 
@@ -112,7 +112,7 @@ def test_gate_passes_only_when_both_pass(monkeypatch):
 
 
 def test_an_interrupted_prove_skips_fuzz_and_is_inconclusive(monkeypatch):
-    from fa3verify.gating import gate
+    from fa3verify.commands.gate import gate
     from fa3verify.policy import Policy
     from gpu_impl.sut import ModelSUT
 
@@ -123,7 +123,7 @@ def test_an_interrupted_prove_skips_fuzz_and_is_inconclusive(monkeypatch):
 
 
 def test_gate_defaults(monkeypatch):
-    from fa3verify.gating import gate
+    from fa3verify.commands.gate import gate
     from fa3verify.policy import Policy
     from gpu_impl.sut import ModelSUT
 
@@ -184,10 +184,10 @@ def record_stages(monkeypatch):
 
 
 def test_gate_passes_the_policy_and_reports_each_stage(monkeypatch):
-    import fa3verify.fuzzing
-    import fa3verify.gating
-    import fa3verify.proving
-    from fa3verify.gating import gate
+    import fa3verify.commands.fuzz
+    import fa3verify.commands.gate
+    import fa3verify.commands.prove
+    from fa3verify.commands.gate import gate
     from fa3verify.policy import Policy
     from gpu_impl.sut import ModelSUT
 
@@ -202,10 +202,10 @@ def test_gate_passes_the_policy_and_reports_each_stage(monkeypatch):
         got["fuzz"] = sut.policy  # the policy reaches fuzz through the system under test
         return RunSummary("fuzz", checks=[check()], cases=12, failures=3)
 
-    monkeypatch.setattr(fa3verify.proving, "prove", prove)
-    monkeypatch.setattr(fa3verify.fuzzing, "fuzz", fuzz)
+    monkeypatch.setattr(fa3verify.commands.prove, "prove", prove)
+    monkeypatch.setattr(fa3verify.commands.fuzz, "fuzz", fuzz)
     clock = iter([10.0, 12.5])
-    monkeypatch.setattr(fa3verify.gating.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(fa3verify.commands.gate.time, "perf_counter", lambda: next(clock))
     seen = record_stages(monkeypatch)
     s = gate(ModelSUT(policy=policy), max_cases=40, show_progress=True)
     assert got == {"prove": policy, "fuzz": policy}
@@ -213,7 +213,7 @@ def test_gate_passes_the_policy_and_reports_each_stage(monkeypatch):
     assert seen == [("gate", "prove (z3 theorems)", False, "2 theorems, 1 failed"),
                     ("gate", "fuzz (emulated kernel, 40 cases)", False, "12 cases, 3 failing")]
     seen.clear()
-    monkeypatch.setattr(fa3verify.gating.time, "perf_counter", lambda: 0.0)
+    monkeypatch.setattr(fa3verify.commands.gate.time, "perf_counter", lambda: 0.0)
     gate(ModelSUT(policy=policy), budget_s=5.0, kernel_name="fa3")
     assert [x[1:3] for x in seen] == [("prove (z3 theorems)", None), ("fuzz (fa3 kernel, 5 s)", None)]
 
@@ -222,17 +222,17 @@ def test_the_gate_runs_the_proof_stages_the_system_under_test_names(monkeypatch)
     """One gate: the model's plan is every theorem under its policy, an engine's the witness searches (plus the
     flow theorem where it names it), then fuzz on the same system; witnesses=False runs fuzz only."""
     import fa3verify.engine_gate
-    import fa3verify.fuzzing
-    import fa3verify.proving
-    from fa3verify.gating import gate
+    import fa3verify.commands.fuzz
+    import fa3verify.commands.prove
+    from fa3verify.commands.gate import gate
     from fa3verify.policy import Policy
     from gpu_impl.sut import EngineSpec, ModelSUT, SystemUnderTest
 
     calls = []
-    monkeypatch.setattr(fa3verify.proving, "prove", lambda policy, **k: calls.append("theorems") or RunSummary("prove"))
+    monkeypatch.setattr(fa3verify.commands.prove, "prove", lambda policy, **k: calls.append("theorems") or RunSummary("prove"))
     monkeypatch.setattr(fa3verify.engine_gate, "witness_stages", lambda sut, summary, **k: calls.append("witnesses"))
     monkeypatch.setattr(fa3verify.engine_gate, "flow_stage", lambda sut, summary, **k: calls.append("flow-theorem"))
-    monkeypatch.setattr(fa3verify.fuzzing, "fuzz", lambda sut, **k: calls.append(("fuzz", sut)) or
+    monkeypatch.setattr(fa3verify.commands.fuzz, "fuzz", lambda sut, **k: calls.append(("fuzz", sut)) or
                         RunSummary("fuzz", checks=[check()], cases=1))
 
     class Own(SystemUnderTest):

@@ -38,7 +38,7 @@ def _copy_sut(root):
 
 
 def _started_as_the_gate_starts_it(sut):
-    """Launched and started as ``gate`` does (``fa3verify.gating``: the worker's import and its warm-up of vLLM's
+    """Launched and started as ``gate`` does (``fa3verify.commands.gate``: the worker's import and its warm-up of vLLM's
     config validation come before the fuzz stage, whose budget they are not part of)."""
     sut.launch()
     sut.start()
@@ -48,7 +48,7 @@ def _started_as_the_gate_starts_it(sut):
 def _first_failure(sut, seed: int, budget_s=None, max_cases=None):
     """(invariant, cases run, seconds to it) of the first failure of the gate's fuzz campaign on ``sut`` with
     ``seed``, or None."""
-    from fa3verify.fuzzing import run_campaign
+    from fa3verify.commands.fuzz import run_campaign
     from fa3verify.policy import load_policy
     from gpu_impl.kernels import load
 
@@ -63,7 +63,7 @@ def _first_failure(sut, seed: int, budget_s=None, max_cases=None):
 @pytest.mark.engine
 def test_a_passing_release_with_a_one_path_split_regression_is_found_within_the_gate_budget_on_five_seeds(tmp_path):
     _needs("0.33.0")
-    from fa3verify.gating import gate
+    from fa3verify.commands.gate import gate
     from release_copies import CALL_HALF_SPLITS_0_33_0, vllm_patched_copy
 
     budget = inspect.signature(gate).parameters["budget_s"].default  # the gate's default fuzz budget
@@ -76,8 +76,8 @@ def test_a_passing_release_with_a_one_path_split_regression_is_found_within_the_
 @pytest.mark.engine
 def test_a_failing_release_with_its_replay_precompute_aligned_to_the_captured_call_passes(tmp_path):
     _needs("0.34.0")
-    from fa3verify.gating import gate
-    from fa3verify.replaying import replay
+    from fa3verify.commands.gate import gate
+    from fa3verify.commands.replay import replay
     from release_copies import ALIGNED_REPLAY_0_34_0, vllm_patched_copy
 
     case = Path(__file__).parent / "corpus_vllm" / "full-graph-replay-window-dropped-at-recompute.json"

@@ -10,7 +10,7 @@ from fa3verify.cli import main
 def find_seeded_split(sut, out_dir, defect: str, strategy: str, max_cases: int, release: str):
     """Fuzz ``strategy`` on ``sut`` with ``defect`` seeded: the campaign fails with SPLIT_BOUND and saves a case
     naming ``vllm==release`` and the defect; returns (the case file, the loaded case)."""
-    from fa3verify.fuzzing import fuzz
+    from fa3verify.commands.fuzz import fuzz
     from spec.model.cases import Case
 
     summary = fuzz(sut=sut, max_cases=max_cases, budget_s=None, out_dir=str(out_dir),

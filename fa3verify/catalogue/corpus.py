@@ -1,6 +1,6 @@
 """The regression corpus (tests/corpus/): replaying any case the suite writes, and refreshing the corpus.
 
-:func:`replay_corpus_file` replays a scenario case through ``fa3verify.replaying.replay`` and a kernel-level case
+:func:`replay_corpus_file` replays a scenario case through ``fa3verify.commands.replay.replay`` and a kernel-level case
 (``fa3verify.case/1`` with a ``call``, or the older ``fa3verify.kernel-case/1``) through
 ``fa3verify.kernel_cases.replay_kernel_case``.
 """
@@ -25,7 +25,7 @@ def replay_corpus_file(path) -> dict:
     if is_kernel_case(data):
         r = replay_kernel_case(path)
         return {"kind": "kernel", **{k: v for k, v in r.items() if k != "verdict"}}
-    from ..replaying import replay
+    from ..commands.replay import replay
 
     _summary, observed = replay(str(path))
     exp = {"outcome": observed.expected_outcome, "invariant": observed.expected_invariant}

@@ -112,7 +112,7 @@ def catalogue_markdown() -> str:
         "  stale CP metadata: CP_PATH_MATCHES_ACTIVITY.",
         "",
         "`tests/test_corpus.py` replays every file (`fa3verify replay` reads both kinds: scenario cases through",
-        "`fa3verify.replaying.replay`, kernel-level cases through `fa3verify.kernel_cases.replay_kernel_case`) and",
+        "`fa3verify.commands.replay.replay`, kernel-level cases through `fa3verify.kernel_cases.replay_kernel_case`) and",
         "checks it still fails the way it says, or passes when it says so.",
         "",
         f"### Kernel-level cases (`{KERNEL_CASE_FORM}` with a `call`)",

@@ -1,7 +1,7 @@
 """The catalogue's fuzz engine: an entry's strategy family through the one campaign, defect on and off.
 
 The campaign (``fa3verify.campaign.run_campaign``) runs the family's cases on a system under test with the
-entry's policy and seeded defects: scenario families on the model (``fa3verify.fuzzing.ScenarioTarget``),
+entry's policy and seeded defects: scenario families on the model (``fa3verify.commands.fuzz.ScenarioTarget``),
 kernel-level families on the emulated kernel (``fa3verify.kernel_cases.KernelCallSUT``). What counts:
 
 * defect **on**: stop at the first case showing an expected invariant (caught); a SHAPE entry instead runs the
@@ -47,7 +47,7 @@ class Policy:
         """The model under this policy, as the campaign drives it (a crash of the model is NO_CRASH)."""
         from gpu_impl.guards import load_guard
 
-        from ..fuzzing import ScenarioTarget
+        from ..commands.fuzz import ScenarioTarget
         from ..policy import Policy as BackendPolicy
 
         policy = BackendPolicy(guard_spec=self.guard, guard=load_guard(self.guard), metadata_heads=self.metadata_heads,

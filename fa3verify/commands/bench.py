@@ -43,7 +43,7 @@ def run(args) -> int:
     for f in figs:
         if f.detail:
             print(f"{f.name}: {json.dumps(f.detail)}")
-    from ..output_writer import write_output
+    from ..outputs import write_output
 
     if args.json:
         write_output(args.json, json.dumps(to_json(figs), indent=2), "--json")

@@ -50,7 +50,7 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     mode = "full" if args.full else "fast"
     if args.write_docs:
-        from ..output_writer import write_output
+        from ..outputs import write_output
 
         write_output(args.write_docs, catalogue_markdown(), "--write-docs")
         print(f"wrote {args.write_docs}")
@@ -65,7 +65,7 @@ def run(args) -> int:
                             if show else None)
     summary = summarise(results, mode)
     print_catalogue(results)
-    from ..output_writer import deliver
+    from ..outputs import deliver
 
     return deliver(summary.exit_code, [("--json", args.json,
                                         lambda: write_catalogue_json(summary, results, args.json))], "catalogue")
@@ -139,7 +139,7 @@ def print_catalogue(results, console=None) -> None:
 def write_catalogue_json(summary, results, path: str) -> None:
     import json
 
-    from ..output_writer import write_output
+    from ..outputs import write_output
 
     data = summary.to_dict()
     data["catalogue"] = [r.to_dict() for r in results]

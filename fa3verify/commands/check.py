@@ -21,7 +21,7 @@ def run(args) -> int:
     from gpu_impl.sut import ModelSUT
 
     from ..errors import UsageError
-    from ..gating import gate
+    from .gate import gate
     from ..policy import load_policy
     from ..summary import verdict_line, write_reports
 

@@ -167,7 +167,7 @@ def run_matrix(args) -> int:
     from ..engine_matrix import matrix_exit_code, matrix_json, matrix_markdown, matrix_table, matrix_verdict_line
     from ..engine_matrix import run_matrix as matrix
     from ..errors import UsageError
-    from .fuzz import budget_from_args
+    from .arguments import budget_from_args
 
     from ..sharding import parse_shard
 
@@ -204,7 +204,7 @@ def run_matrix(args) -> int:
         from ..matrix_fixes import fixes_markdown, fixes_table
 
         print(("\n" + fixes_markdown(fixes)) if args.markdown and fixes else fixes_table(fixes))
-    from ..output_writer import deliver, write_output
+    from ..outputs import deliver, write_output
 
     data = matrix_json(rows, fixes)
     if shard is not None:

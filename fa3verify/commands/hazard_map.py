@@ -63,7 +63,7 @@ def run(args) -> int:
                 raise UsageError(f"{flag}: directory does not exist: {parent}")
     import io
 
-    from ..output_writer import write_output
+    from ..outputs import write_output
 
     png = io.BytesIO()
     render(hmap, png)

@@ -31,7 +31,8 @@ def catalogue() -> dict:
     return {
         "invariants": [{"name": i.name, "statement": i.statement, "fa3_source": i.fa3_source, "silent": i.silent}
                        for i in INVARIANTS.values()],
-        "theorems": [{"name": t.name, "number": t.number, "statement": t.statement, "models": list(t.models)} for t in THEOREMS.values()],
+        "theorems": [{"name": t.name, "aliases": list(t.aliases), "number": t.number, "statement": t.statement,
+                      "models": list(t.models)} for t in THEOREMS.values()],
         "prover_assumptions": [{"name": n, "description": d} for n, d in ASSUMPTIONS.items()],
         "configuration_rules": [{"name": a.name, "description": a.description} for a in DOMAIN_ASSUMPTIONS],
         "metadata_lifecycle_facts": lifecycle_facts(),
@@ -66,9 +67,14 @@ def to_markdown(cat: dict) -> str:
              "| invariant | silent | statement | FA3 source |", "|---|---|---|---|"]
     for i in cat["invariants"]:
         lines.append(f"| `{i['name']}` | {'yes' if i['silent'] else 'no'} | {i['statement']} | {i['fa3_source']} |")
-    lines += ["", "## Theorems (`fa3verify prove`)", "", "| theorem | family | statement |", "|---|---|---|"]
+    lines += ["", "## Theorems (`fa3verify prove`)", "",
+              "`--only NAME` selects by name, part of a name, family (`--only 2`) or former id (the id a theorem had "
+              "when names began with the family number; the former id `3-hazard` selects `prefill-cp-hazard`); "
+              "case files that carry a former id load and replay as before.", "",
+              "| theorem | former id | family | statement |", "|---|---|---|---|"]
     for t in cat["theorems"]:
-        lines.append(f"| `{t['name']}` | {t['number']} | {t['statement']} |")
+        former = ", ".join(f"`{a}`" for a in t["aliases"]) or "-"
+        lines.append(f"| `{t['name']}` | {former} | {t['number']} | {t['statement']} |")
     lines += ["", "## Prover domain assumptions (`fa3verify prove --drop-assumption NAME`)", "",
               "| name | assumption |", "|---|---|"]
     for a in cat["prover_assumptions"]:

@@ -65,7 +65,7 @@ def run(args) -> int:
     from .. import exitcodes
     from ..errors import UsageError
     from ..multirank import compare_with_simulation, load_case, resolve_world, run_ranks
-    from ..observed_terms import print_backend_terms
+    from ..finding_terms import print_backend_terms
     from ..summary import Check, RunSummary, write_json
 
     from ..engine_choice import parse_engine_option
@@ -115,9 +115,9 @@ def run(args) -> int:
             summary.failures += 1
             found = rank_findings(path, res)
             if found:
-                print_backend_terms(found[0])  # fa3verify.observed_terms
+                print_backend_terms(found[0])  # fa3verify.finding_terms
             summary.findings += found
-    from ..output_writer import deliver
+    from ..outputs import deliver
 
     return deliver(exitcodes.combine(codes), [("--json", args.json, lambda: write_json(summary, args.json))],
                    "run-ranks")
@@ -175,10 +175,10 @@ def _run_under_torchrun(args, cases, numerics: bool) -> int:
 
 
 def rank_findings(path: str, res) -> list:
-    """The summary findings of one run-ranks result, each in backend terms (``fa3verify.observed_terms``: one
+    """The summary findings of one run-ranks result, each in backend terms (``fa3verify.finding_terms``: one
     model run of the case per invariant, shared by the ranks' findings of that invariant)."""
     from ..finding_terms import apply_terms
-    from ..observed_terms import run_ranks_terms
+    from ..finding_terms import run_ranks_terms
     from ..summary import Finding
 
     terms: dict = {}

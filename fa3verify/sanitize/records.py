@@ -249,7 +249,7 @@ def log_to_run_summary(path) -> dict:
     mismatch signature, one finding per signature with its case or pair file and replay command."""
     from ..finding_terms import apply_terms, replay_line
     from ..invocation import command_words
-    from ..observed_terms import sanitizer_terms
+    from ..finding_terms import sanitizer_terms
     from ..summary import Check, Finding, RunSummary
 
     lines = []

@@ -174,7 +174,7 @@ def large_decode_batch(rng: random.Random):
     """Decode batches of 16 to 256 rows (one long, the rest short), TP only, eager or CUDA graph: where the sglang
     kernel builds from 0.4.5 bound a varlen call's split count by its real rows (refmodel.fa3_builds
     ``varlen_total_q_bound``), so their split counts part from upstream's and a precompute and a call that count
-    rows differently can disagree (theorem ``12-total-q-drift``; hazard control ``precompute-max-seqlen-q-two``)."""
+    rows differently can disagree (theorem ``total-q-drift``; hazard control ``precompute-max-seqlen-q-two``)."""
     from gpu_impl.config import MODELS, ServerConfig
 
     model = MODELS[rng.choice(_GQA_MODELS)]

@@ -20,7 +20,7 @@ from .protocol import Unsupported
 
 __all__ = ["MAX_NUMERICS_KV_TOKENS", "EmulatorVarlenFA3", "check_numerics_scenario", "numerics_kv", "judge"]
 
-#: Most KV tokens in one step with numerics (the replay command's bound, fa3verify.replaying.MAX_NUMERICS_KV_TOKENS).
+#: Most KV tokens in one step with numerics (the replay command's bound, fa3verify.commands.replay.MAX_NUMERICS_KV_TOKENS).
 MAX_NUMERICS_KV_TOKENS = 1 << 20
 
 

@@ -55,7 +55,7 @@ class GraphMetadataBeforePadding:
 class PrecomputeMaxSeqlenQTwo:
     """``precompute-max-seqlen-q-two`` (a hazard control): the decode precompute passes ``max_seqlen_q`` 2 while
     each sequence has one query row. Under sglang-kernel-0.4.5 the precompute's get_num_splits then bounds by
-    ``2 * b`` rows and the call's by its ``b`` real rows (theorem ``12-total-q-drift``); the prepare step still
+    ``2 * b`` rows and the call's by its ``b`` real rows (theorem ``total-q-drift``); the prepare step still
     counts the real rows (``cu_seqlens_q``)."""
 
     def decode_calls(self, dp_batches):

@@ -1,6 +1,7 @@
 """The theorem catalogue: every theorem `fa3verify prove` runs, as :class:`Theorem` values, in the order they run.
 
-A theorem is its name, its family number (what ``--only 3`` matches), the one-sentence claim its z3 query decides,
+A theorem is its name (what it proves; its former id, which began with its family number, is an alias),
+its family number (what ``--only 3`` matches), the one-sentence claim its z3 query decides,
 the FA3 (or engine) source its encoding models, and the group whose module builds its job. The catalogue is data
 (catalogue.json); the queries live in this package's group modules: `metadata` (families 0-4, built by
 `metadata_jobs`), `algebra` (5), `cp` (6-7), `edges` (8), `fork_tile` (9), `lifecycle` (10-11) and `wheel_builds` (12). Every group module has
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from spec.theorems.base import ProveRequest, known_defects, own_defects, select, theorem_result
 
-__all__ = ["Theorem", "CATALOGUE", "THEOREMS", "GROUPS", "ProveRequest", "jobs_for", "known_defects",
+__all__ = ["Theorem", "CATALOGUE", "THEOREMS", "ALIASES", "canonical_name", "GROUPS", "ProveRequest", "jobs_for", "known_defects",
            "own_defects", "select", "theorem_result"]
 
 
@@ -34,18 +35,29 @@ class Theorem:
     group: str         #: the module of spec.theorems that builds its job (a key of GROUPS)
     statement: str     #: the claim its z3 query decides
     models: tuple      #: the FA3 (or engine) sources the encoding is written from
+    aliases: tuple = ()  #: former ids (``3-hazard`` for ``prefill-cp-hazard``), still accepted by ``--only``
 
 
 def _load() -> tuple:
     data = json.loads(Path(__file__).with_name("catalogue.json").read_text())
     return tuple(Theorem(name=t["name"], number=t["number"], group=t["group"], statement=t["statement"],
-                         models=tuple(t["models"])) for t in data["theorems"])
+                         models=tuple(t["models"]), aliases=tuple(t.get("aliases", ()))) for t in data["theorems"])
 
 
 #: every theorem, in the order a prove run reports them
 CATALOGUE: tuple = _load()
 #: name -> Theorem
 THEOREMS: dict = {t.name: t for t in CATALOGUE}
+#: former id -> name (``3-hazard`` -> ``prefill-cp-hazard``): the ids theorems had when their names began with
+#: their family number
+ALIASES: dict = {a: t.name for t in CATALOGUE for a in t.aliases}
+
+
+def canonical_name(name: str) -> str:
+    """A theorem's name for ``name``, which may be a former id (``3-hazard``); other names are returned as given."""
+    return ALIASES.get(name, name)
+
+
 #: group -> the module (in this package) whose ``group_jobs(request)`` builds its jobs, in run order
 GROUPS: dict = {"metadata": "metadata_jobs", "algebra": "algebra", "cp": "cp", "edges": "edges",
                 "fork_tile": "fork_tile", "lifecycle": "lifecycle", "wheel_builds": "wheel_builds"}

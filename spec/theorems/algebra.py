@@ -16,7 +16,7 @@ Per row, for splits ``s = 0..n-1`` with partial log-sum-exp ``lse_s`` and partia
 
 What is proved (quantifier-free z3 queries, ``unsat`` of each negation):
 
-* ``combine_exact_merge``: for every n in ``split_counts`` (default 1..8 and 16) and every assignment in which each
+* ``combine-exact-merge``: for every n in ``split_counts`` (default 1..8 and 16) and every assignment in which each
   split is either *empty* (``lse_s = -inf``, ``O_s`` arbitrary: any real, +-inf or NaN, because FA3 never
   writes it) or *non-empty* with unnormalised mass ``S_s > 0``, ``lse_s = log S_s`` and a finite ``O_s``:
   with ``T = sum_s S_s`` and ``u = 1/T``, (a) if ``T > 0``: O is finite and ``O = sum_s S_s * u * O_s``
@@ -26,12 +26,12 @@ What is proved (quantifier-free z3 queries, ``unsat`` of each negation):
   ``T = 0``: ``O = 0`` and ``LSE = -inf``. The kernel always combines ``kMax`` slots (16 at least) and fills
   those past a row's split count with ``-inf``, i.e. empty splits: n = 16 therefore covers every row of the
   16-slot kernel; 1..8 are checked on their own as well (n = 32 also proves, in about 2 s).
-* ``combine_all_empty``: all ``n`` splits empty (outputs of any kind) gives ``(O, LSE) = (0, -inf)``.
-* ``merge_commutative`` / ``merge_associative``: the two-way merge (the combine with two splits) of states
+* ``combine-all-empty``: all ``n`` splits empty (outputs of any kind) gives ``(O, LSE) = (0, -inf)``.
+* ``merge-commutative`` / ``merge-associative``: the two-way merge (the combine with two splits) of states
   ``(O, LSE)`` is commutative and associative, as states: both results empty (``LSE = -inf``, ``O = 0``) or
   both non-empty with equal LSE and equal O.
 
-How (so that each query stays within seconds): ``combine_exact_merge`` is a chain of lemmas, each a z3 query
+How (so that each query stays within seconds): ``combine-exact-merge`` is a chain of lemmas, each a z3 query
 that assumes only the lemmas proved before it on the same variables (see :func:`_exact_merge_case`); a query
 that leaves constraints out is weaker, so its ``unsat`` is still a proof. Its nonlinear steps get *implied
 product instances*: an equality already entailed (an exp-law instance, ``inv * Z = 1``, ``u * T = 1``)
@@ -100,10 +100,10 @@ __all__ = [
 DEFECTS: dict[str, str] = SEEDED_DEFECTS["algebra"]
 
 #: Theorem names in the order they run (all of them theorem 5).
-THEOREMS = ("combine_exact_merge", "combine_all_empty", "merge_commutative", "merge_associative")
+THEOREMS = ("combine-exact-merge", "combine-all-empty", "merge-commutative", "merge-associative")
 THEOREM_NUMBER = "5"
 
-#: Split counts ``combine_exact_merge`` and ``combine_all_empty`` check by default (16 = the smallest kMax).
+#: Split counts ``combine-exact-merge`` and ``combine-all-empty`` check by default (16 = the smallest kMax).
 DEFAULT_SPLIT_COUNTS = (1, 2, 3, 4, 5, 6, 7, 8, 16)
 
 
@@ -124,7 +124,7 @@ def run_algebra_theorems(timeout_s: float = 10, only: Optional[Iterable[str]] = 
     ``timeout_s`` bounds each z3 query; ``only`` selects theorems by name, number ("5") or substring (entries
     matching nothing here are ignored); ``defects`` seeds entries of :data:`DEFECTS`
     (names from ``spec.theorems.cp.DEFECTS`` are accepted and ignored here); ``split_counts`` are the row split
-    counts ``combine_exact_merge`` and ``combine_all_empty`` check (each >= 1; n = 64 times out).
+    counts ``combine-exact-merge`` and ``combine-all-empty`` check (each >= 1; n = 64 times out).
     ``cases_dir`` is accepted for a uniform call signature; no case file is written: a refutation here exists
     only under a seeded combine defect, which a server scenario cannot replay (the witness carries its own
     float replay instead).
@@ -140,14 +140,14 @@ def algebra_jobs(timeout_s: float = 10, only: Optional[Iterable[str]] = None, de
     if not split_counts or any(not isinstance(n, int) or n < 1 for n in split_counts):
         raise ValueError(f"split_counts: must be a non-empty sequence of ints >= 1, got {split_counts!r}")
     runners: dict[str, Callable[[], TheoremResult]] = {
-        "combine_all_empty": lambda: theorem_all_empty(timeout_s, active, split_counts),
-        "merge_commutative": lambda: merge_theorem("merge_commutative", timeout_s, active),
-        "merge_associative": lambda: merge_theorem("merge_associative", timeout_s, active),
+        "combine-all-empty": lambda: theorem_all_empty(timeout_s, active, split_counts),
+        "merge-commutative": lambda: merge_theorem("merge-commutative", timeout_s, active),
+        "merge-associative": lambda: merge_theorem("merge-associative", timeout_s, active),
     }
-    weights = {"combine_all_empty": 0.35, "merge_commutative": 0.1, "merge_associative": 0.25}
+    weights = {"combine-all-empty": 0.35, "merge-commutative": 0.1, "merge-associative": 0.25}
     jobs = []
     for name in _select(only):
-        if name == "combine_exact_merge":
+        if name == "combine-exact-merge":
             jobs.append(exact_merge_job(timeout_s, active, split_counts))
         else:
             jobs.append(Job((name,), (lambda fn=runners[name]: [fn()],), weight=weights[name], light=True,

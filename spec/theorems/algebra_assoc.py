@@ -45,7 +45,7 @@ from spec.theorems.algebra_z3 import (
 
 
 def _merge_spec(x: State, y: State, z: State) -> list[Any]:
-    """The exact-merge relation for a two-way merge ``z = merge(x, y)`` (``combine_exact_merge`` at n = 2).
+    """The exact-merge relation for a two-way merge ``z = merge(x, y)`` (``combine-exact-merge`` at n = 2).
 
     Multiplying the proved ``O = sum_s S_s * u * O_s`` by the total ``T = S_x + S_y`` gives
     ``O * T = S_x * O_x + S_y * O_y``, the form used here; ``z.mass`` is ``exp(LSE)`` (0 when LSE = -inf).
@@ -60,7 +60,7 @@ def _merge_spec(x: State, y: State, z: State) -> list[Any]:
 def merge_theorem(name: str, timeout_s: float, defects: frozenset) -> TheoremResult:
     """Commutativity / associativity of the two-way merge.
 
-    When ``combine_exact_merge`` is proved for n = 2 under the same defects, every merge call is replaced by
+    When ``combine-exact-merge`` is proved for n = 2 under the same defects, every merge call is replaced by
     a state related to its inputs by that proved relation (:func:`_merge_spec`): the combine satisfies it on
     every input of the theorem's domain, and merged states are again in that domain (empty: mass 0, LSE
     -inf; non-empty: finite LSE with exp(LSE) = mass, finite O), so the identity proved for any merge
@@ -70,9 +70,9 @@ def merge_theorem(name: str, timeout_s: float, defects: frozenset) -> TheoremRes
     t0 = time.perf_counter()
     pre = exact_merge_case(2, defects, timeout_s)
     use_spec = pre["result"] == "unsat"
-    tag = "mc" if name == "merge_commutative" else "ma"
+    tag = "mc" if name == "merge-commutative" else "ma"
     A = Z3Arith(tag)
-    labels = ["a", "b"] if name == "merge_commutative" else ["a", "b", "c"]
+    labels = ["a", "b"] if name == "merge-commutative" else ["a", "b", "c"]
     states, cons = [], []
     for lab in labels:
         st, c = input_state(A, f"{tag}_{lab}")
@@ -96,7 +96,7 @@ def merge_theorem(name: str, timeout_s: float, defects: frozenset) -> TheoremRes
         merged.append((x, y, z))
         return z
 
-    if name == "merge_commutative":
+    if name == "merge-commutative":
         a, b = states
         left, right = merge(a, b), merge(b, a)
         shape = "merge(a, b) == merge(b, a)"
@@ -148,7 +148,7 @@ def merge_theorem(name: str, timeout_s: float, defects: frozenset) -> TheoremRes
     else:
         verdict = "inconclusive"
         message = f"z3 returned unknown (timeout {timeout_s}s)" + (
-            "" if use_spec else "; combine_exact_merge is not proved for n = 2 under these defects")
+            "" if use_spec else "; combine-exact-merge is not proved for n = 2 under these defects")
     return theorem_result(name, verdict, t0, witness, message, details)
 
 
@@ -163,7 +163,7 @@ def replay_merges(name: str, states: dict[str, dict[str, Any]], defects: Iterabl
         return o, lse
 
     st = {k: (float(v["out"]), float(v["lse"])) for k, v in states.items()}
-    if name == "merge_commutative":
+    if name == "merge-commutative":
         left, right = merge(st["a"], st["b"]), merge(st["b"], st["a"])
     else:
         left = merge(merge(st["a"], st["b"]), st["c"])

@@ -139,7 +139,7 @@ def _exact_merge_part(n: int, defects: frozenset, timeout_s: float) -> dict[str,
 def _exact_merge_result(cases: Sequence[dict], split_counts: Sequence[int], defects: frozenset,
                         timeout_s: float) -> TheoremResult:
     """Theorem 5a from its per-n cases in order: the first n not proved decides (refuted or inconclusive)."""
-    name = "combine_exact_merge"
+    name = "combine-exact-merge"
     split_counts = _counts(split_counts)
     t0 = time.perf_counter() - sum(c["seconds"] for c in cases)  # the theorem's seconds: its parts' together
     per_n: dict[int, Any] = {}
@@ -171,10 +171,10 @@ def exact_merge_job(timeout_s: float, defects: frozenset, split_counts: Sequence
 
     counts = _counts(split_counts)
     parts = tuple((lambda n=n: _exact_merge_part(n, defects, timeout_s)) for n in counts)
-    return Job(("combine_exact_merge",), parts,
+    return Job(("combine-exact-merge",), parts,
                finish=lambda cases: [_exact_merge_result(cases, counts, defects, timeout_s)],
                stop=lambda case: case["result"] != "unsat", weight=tuple(0.02 * n + 0.05 for n in counts), light=True,
-               key=("combine_exact_merge", timeout_s, frozenset(defects), counts))
+               key=("combine-exact-merge", timeout_s, frozenset(defects), counts))
 
 
 def _theorem_exact_merge(timeout_s: float, defects: frozenset, split_counts: Sequence[int]) -> TheoremResult:
@@ -190,7 +190,7 @@ def _theorem_exact_merge(timeout_s: float, defects: frozenset, split_counts: Seq
 
 
 def theorem_all_empty(timeout_s: float, defects: frozenset, split_counts: Sequence[int]) -> TheoremResult:
-    name = "combine_all_empty"
+    name = "combine-all-empty"
     split_counts = _counts(split_counts)
     t0 = time.perf_counter()
     per_n: dict[int, Any] = {}

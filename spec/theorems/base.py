@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
@@ -36,15 +37,30 @@ def own_defects(defects, own) -> frozenset:
     return defects & frozenset(own)
 
 
-def select(only, names, number_of) -> list:
-    """Theorems among `names` matching `only`: exact names, the family number or substrings; None selects all.
+@lru_cache(maxsize=1)
+def catalogue_tags() -> dict:
+    """name -> (family, former ids) of every catalogued theorem (catalogue.json, read once)."""
+    rows = json.loads(Path(__file__).with_name("catalogue.json").read_text())["theorems"]
+    return {t["name"]: (t["number"], tuple(t.get("aliases", ()))) for t in rows}
+
+
+def select(only, names, number_of=None) -> list:
+    """Theorems among `names` matching `only`: exact names, the family number, substrings, or a former id (the
+    catalogue's ``aliases``: exactly, or a part of one, as the id matched before it was renamed); None selects all.
+    A theorem the catalogue does not hold is matched by name and by ``number_of(name)``.
 
     Names that match nothing are not an error: the command line passes one `only` list to every group.
     """
     if only is None:
         return list(names)
+    tags = catalogue_tags()
     wanted = [str(o) for o in only]
-    return [t for t in names if any(o == t or o == number_of(t) or o in t for o in wanted)]
+
+    def matches(t: str, o: str) -> bool:
+        family, former = tags.get(t, (number_of(t) if number_of else None, ()))
+        return o == t or o == family or o in t or any(o in a for a in former)
+
+    return [t for t in names if any(matches(t, o) for o in wanted)]
 
 
 def theorem_result(name: str, verdict: str, t0: float, witness: dict, message: str, details: dict,

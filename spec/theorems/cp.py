@@ -13,7 +13,7 @@ Sources modelled (read, not copied; docs/facts-fa3.md section 3):
   ``forward_batch_info.py`` -- EXTEND and MIXED -- and the FA3 backend's CP gate), with PR #30439's fix:
   clear ``attn_cp_metadata`` when CP-v2 is not active for the batch.
 
-Theorem 6 (``zigzag_partition``, ``zigzag_balance``), for every ``cp`` in 2..8 and symbolic ``L >= 2cp``,
+Theorem 6 (``zigzag-partition``, ``zigzag-balance``), for every ``cp`` in 2..8 and symbolic ``L >= 2cp``,
 ``prefix >= 0`` (z3 integers, unbounded): the blocks are non-empty and partition ``[0, L)`` (every position
 lies in exactly one block); the ownership map is a bijection from (rank, half) to blocks; each half's
 ``kv_len`` is the causal extent of its block (``prefix + end``), so every query token sees exactly its causal
@@ -21,7 +21,7 @@ prefix and nothing past the sequence; and the per-rank token counts of one seque
 The bound is tight, the counts are equal iff ``rem`` is 0 or ``cp``, and over a batch of ``b`` sequences the
 per-rank totals differ by at most ``b`` (tight) -- reported in ``details``.
 
-Theorem 7 (``runner_hygiene``, ``runner_freshness``): bounded model checking (z3, unrolled up to ``k``
+Theorem 7 (``runner-hygiene``, ``runner-freshness``): bounded model checking (z3, unrolled up to ``k``
 steps, default 6) of the runner as a transition system, plus a 1-step induction for every length:
 
 * state: the ``attn_cp_metadata`` the forward-batch object holds: ``None`` (-1) or "built for step j" (j);
@@ -37,11 +37,11 @@ steps, default 6) of the runner as a transition system, plus a 1-step induction 
   cleared iff the fix is in (``clear_stale``); the backend takes the CP path iff the mode is a CP extend
   (EXTEND or MIXED), the field is not None and ``attn_cp_size > 1`` (taken as given: CP-v2 needs it).
 
-``runner_hygiene`` -- the CP path is taken iff the batch is CP-v2 active -- and ``runner_freshness`` --
+``runner-hygiene`` -- the CP path is taken iff the batch is CP-v2 active -- and ``runner-freshness`` --
 whenever the CP path is taken, the metadata was built for the current batch -- are proved with the fix (for
 every sequence length by induction; BMC up to ``k`` agrees) and refuted without it: the shortest witness is a
 CP-v2 extend followed by a MIXED (or non-CP extend) batch carrying its metadata. Finding, in
-``runner_freshness``'s details: if a CP-v2 extend could arrive on a reused object, two consecutive CP-v2
+``runner-freshness``'s details: if a CP-v2 extend could arrive on a reused object, two consecutive CP-v2
 extends would share the first one's metadata even with the fix (``prepare_cp_forward`` keeps any non-None
 object); clearing before every ``prepare_cp_forward``, as sglang's prefill CUDA-graph path does, closes that.
 
@@ -164,12 +164,12 @@ def cp_jobs(timeout_s: float = 10, clear_stale: bool = True, only: Optional[Iter
     if not 1 <= max_k <= 12:
         raise ValueError(f"max_k: must lie in [1, 12], got {max_k}")
     runners: dict[str, Callable[[], TheoremResult]] = {
-        "zigzag_partition": lambda: theorem_zigzag_partition(timeout_s, active),
-        "zigzag_balance": lambda: theorem_zigzag_balance(timeout_s, active),
-        "runner_hygiene": lambda: theorem_runner("hygiene", timeout_s, clear_stale, max_k, cp_v2_may_inherit),
-        "runner_freshness": lambda: theorem_runner("freshness", timeout_s, clear_stale, max_k, cp_v2_may_inherit),
+        "zigzag-partition": lambda: theorem_zigzag_partition(timeout_s, active),
+        "zigzag-balance": lambda: theorem_zigzag_balance(timeout_s, active),
+        "runner-hygiene": lambda: theorem_runner("hygiene", timeout_s, clear_stale, max_k, cp_v2_may_inherit),
+        "runner-freshness": lambda: theorem_runner("freshness", timeout_s, clear_stale, max_k, cp_v2_may_inherit),
     }
-    weights = {"zigzag_partition": 0.1, "zigzag_balance": 0.45, "runner_hygiene": 0.05, "runner_freshness": 0.07}
+    weights = {"zigzag-partition": 0.1, "zigzag-balance": 0.45, "runner-hygiene": 0.05, "runner-freshness": 0.07}
     return [Job((name,), (lambda name=name: _with_case(runners[name](), cases_dir),), weight=weights[name], light=True,
                 key=(name, timeout_s, clear_stale, max_k, cp_v2_may_inherit, active),
                 cases_dir=None if cases_dir is None else str(cases_dir))
@@ -178,7 +178,7 @@ def cp_jobs(timeout_s: float = 10, clear_stale: bool = True, only: Optional[Iter
 
 def _with_case(r: TheoremResult, cases_dir: Optional[str]) -> list:
     """[r], a refuted runner theorem's replayable witness written into `cases_dir` first."""
-    if r.name.startswith("runner_") and r.verdict == "refuted":
+    if r.name.startswith("runner-") and r.verdict == "refuted":
         r.case_file = _write_runner_case(r, cases_dir)
     return [r]
 

@@ -15,9 +15,9 @@ from spec.theorems.base import theorem_result
 
 
 #: Theorem names in the order they run, and their family numbers.
-THEOREMS = ("zigzag_partition", "zigzag_balance", "runner_hygiene", "runner_freshness")
+THEOREMS = ("zigzag-partition", "zigzag-balance", "runner-hygiene", "runner-freshness")
 
-THEOREM_NUMBERS = {"zigzag_partition": "6", "zigzag_balance": "6", "runner_hygiene": "7", "runner_freshness": "7"}
+THEOREM_NUMBERS = {"zigzag-partition": "6", "zigzag-balance": "6", "runner-hygiene": "7", "runner-freshness": "7"}
 
 #: The CP sizes theorem 6 covers.
 CP_SIZES = tuple(range(2, 9))

@@ -210,7 +210,7 @@ def _induction(which: str, timeout_s: float, cp_v2_may_inherit: bool = False, **
 
 def theorem_runner(which: str, timeout_s: float, clear_stale: bool, max_k: int,
                     cp_v2_may_inherit: bool) -> TheoremResult:
-    name = f"runner_{which}"
+    name = f"runner-{which}"
     t0 = time.perf_counter()
     policy = {"clear_stale": clear_stale, "cp_v2_may_inherit": cp_v2_may_inherit}
     bmc = _bmc(which, max_k, timeout_s, prefer_kind=MIXED_ROWS if which == "hygiene" else None, **policy)

@@ -132,7 +132,7 @@ def _causal_ok(t: ZigzagTerms, block: int, kv: Any, q_len: Any, j: Any):
 
 
 def _partition_claims(t: ZigzagTerms, p: Any, j: Any) -> dict[str, Any]:
-    """The named conjuncts of ``zigzag_partition`` for one cp, over symbolic length/prefix/position p/offset j."""
+    """The named conjuncts of ``zigzag-partition`` for one cp, over symbolic length/prefix/position p/offset j."""
     seg = 2 * t.cp
     claims: dict[str, Any] = {}
     claims["blocks_nonempty"] = z3.And([b >= 1 for b in t.blocks])
@@ -159,7 +159,7 @@ def _zigzag_witness(model: z3.ModelRef, cp: int, length: Any, prefix: Any, p: An
 
 
 def theorem_zigzag_partition(timeout_s: float, defects: frozenset) -> TheoremResult:
-    name = "zigzag_partition"
+    name = "zigzag-partition"
     t0 = time.perf_counter()
     per_cp: dict[int, Any] = {}
     for cp in CP_SIZES:
@@ -186,7 +186,7 @@ def theorem_zigzag_partition(timeout_s: float, defects: frozenset) -> TheoremRes
 
 def theorem_zigzag_balance(timeout_s: float, defects: frozenset) -> TheoremResult:
     """Per-rank token counts of one sequence differ by <= 1; details: tightness, when equal, the batch bound."""
-    name = "zigzag_balance"
+    name = "zigzag-balance"
     t0 = time.perf_counter()
     per_cp: dict[int, Any] = {}
     findings: dict[str, Any] = {}

@@ -1,6 +1,6 @@
 """Theorem 8: FA3's own int arithmetic at its edges, as z3 queries over C++-width bit-vectors.
 
-``8-int32-split-heuristic``: for every head-dim instance and dtype FA3 compiles, is there a KV length
+``int32-split-heuristic``: for every head-dim instance and dtype FA3 compiles, is there a KV length
 (1 .. 2^31 - 1 tokens) at which the L2 branch of ``num_splits_heuristic`` (``hopper/heuristics.h`` lines 29-34
 at 0251105a) returns a split count below 1? It is a statement about FA3 itself, not about a serving policy: z3
 finds one for every instance (the 32-bit sum ``size_one_kv_head + 50 MiB - 1`` wraps), the witness is replayed
@@ -28,7 +28,7 @@ from spec.theorems.base import select
 
 __all__ = ["THEOREMS", "EDGE_HEAD_DIMS", "run_edge_theorems", "edge_jobs", "int32_split_band", "replay_rows"]
 
-THEOREMS = ("8-int32-split-heuristic",)
+THEOREMS = ("int32-split-heuristic",)
 
 #: (d, dv, element size) instances: FA3's head dims with bf16/fp16, and fp8 where dv <= 256 (flash_api.cpp 788-791).
 EDGE_HEAD_DIMS = tuple((d, dv, e) for d, dv in ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128),

@@ -1,6 +1,6 @@
 """Theorem 9: the tile vLLM's FA3 fork chooses, as z3 queries over the sides of the metadata hand-off.
 
-Invariant (``9-fork-tile-agree``): under the fork's build (refmodel.fa3_builds ``vllm-fork-617264c1``), a
+Invariant (``fork-tile-agree``): under the fork's build (refmodel.fa3_builds ``vllm-fork-617264c1``), a
 precompute and a call that agree on ``seqlen_q`` and on ``h / h_k`` choose the same (kBlockM, kBlockN), for every
 head-dim instance and dtype FA3 compiles, causal or not, local or not, paged (page sizes 16..256) or not, any
 ``seqlen_q`` in 1..2^20 and any head counts 1..256 with ``h % h_k == 0`` (the two sides' ``h`` and ``h_k`` may
@@ -8,7 +8,7 @@ differ). The fork's choice reads ``seqlen_q * (h / h_k) <= 64`` (``use_one_mma_w
 decode causal drop reads ``seqlen_q == 1`` and paged TMA reads ``seqlen_q * (h / h_k) > kBlockM``: nothing else
 of the two sides' differences reaches the tile.
 
-Companion (``9-fork-tile-drift``, an expected refutation): on vLLM's domain (the models of ``spec.model.config`` without
+Companion (``fork-tile-drift``, an expected refutation): on vLLM's domain (the models of ``spec.model.config`` without
 MLA, tp 1, 2, 4, 8, block sizes 16 and 64, bf16 or fp8 KV, full attention, causal), a precompute whose
 ``max_seqlen_q`` is one more than the call's (what a driver off by one passes) chooses another tile. The witness
 is turned into lengths by refmodel (:func:`split_bound_case`): a mixed batch whose precomputed metadata gives a
@@ -49,8 +49,8 @@ __all__ = ["THEOREMS", "DEFECTS", "TileInstance", "TILE_INSTANCES", "VllmTilePoi
            "sym_tile", "tile_table", "SideVars", "side_vars", "fork_tile_jobs", "run_fork_tile_theorems", "split_bound_case",
            "scan_length_key", "DriftQuery", "OFF_BY_ONE_DEFECT", "MAX_SEQLEN_Q", "MAX_HEADS"]
 
-THEOREMS = ("9-fork-tile-agree", "9-fork-tile-drift")
-#: Seeded defects of the encoding (negative controls of ``9-fork-tile-agree``).
+THEOREMS = ("fork-tile-agree", "fork-tile-drift")
+#: Seeded defects of the encoding (negative controls of ``fork-tile-agree``).
 DEFECTS: dict[str, str] = SEEDED_DEFECTS["fork_tile"]
 #: The driver defect the drift witness replays under (gpu_impl.defects; the vLLM driver applies it).
 OFF_BY_ONE_DEFECT = "precompute-max-seqlen-q-off-by-one"
@@ -399,7 +399,7 @@ def scan_length_key(point: VllmTilePoint, q: int, build: str = VLLM_FORK, at: in
     kBlockN)`` and as ``size_one_kv_head``, which only its L2 branch reads, above 50 MiB (so the key is L itself
     when the longest length can pass that); the prepare step reads it as ``n_blocks_for`` = ceil(L / kBlockN);
     every invariant of ``check_all`` reads the split counts, tiles, batch sizes and query lengths, except
-    KV_COVER, which reads L and never fails for a split count >= 1 (theorem ``0-kv-cover``). The tiles are read
+    KV_COVER, which reads L and never fails for a split count >= 1 (theorem ``kv-cover``). The tiles are read
     from refmodel at length ``at``.
     """
     from refmodel.fa3_scheduler import L2_SPLIT_BYTES, call_inputs, precompute_inputs, resolve_schedule

@@ -1,19 +1,19 @@
 """Theorems 10-11: the scheduler metadata as state, over bounded sequences of launches (spec.lifecycle_invariants).
 
-``10-semaphore-zero``: over every sequence of up to :data:`MAX_LAUNCHES` launches that reuse one metadata tensor after
+``semaphore-zero``: over every sequence of up to :data:`MAX_LAUNCHES` launches that reuse one metadata tensor after
 its precompute (each launch any split count 1..256, any tile count 0..2^20, on 1..256 SMs, its kernel running or
 not), every launch's scheduler starts from a zero semaphore. The step is refmodel.metadata_lifecycle's
 ``semaphore_after_launch`` (the prepare kernel zeroes the slot, flash_prepare_scheduler.cu@0251105a 77; the scheduler
 adds its fetches, tile_scheduler.hpp 763-788; the combine, flash_fwd_combine_kernel.h 439-441, or the host,
 flash_api.cpp 1186-1188, writes 0 back), encoded in z3 here and checked against that function on a grid
-(tests/test_theorems_lifecycle.py). Proved for FA3 at 0251105a; ``10-semaphore-pre-fix`` is the same query for FA3
+(tests/test_theorems_lifecycle.py). Proved for FA3 at 0251105a; ``semaphore-pre-fix`` is the same query for FA3
 before 1a58058a (no host reset after a one-split launch): an expected refutation whose witness is replayed through
 the engine model, where SEMAPHORE_STARTS_AT_ZERO catches it. Counts stay below 2^31 under these bounds, so z3's
 integers are C++ ints here.
 
-``11-size-agrees-sm90``: for every batch 1..2^20 and split counts S_p, S_c in 1..256, a varlen precompute and call
+``metadata-size-agrees-sm90``: for every batch 1..2^20 and split counts S_p, S_c in 1..256, a varlen precompute and call
 with the same batch and masking expect the same metadata size on upstream FA3 for sm90 (proved).
-``11-size-sm8x`` and ``11-size-fork``: the same claim on sm8x and on vLLM's fork, refuted (expected): there the size
+``metadata-size-sm8x`` and ``metadata-size-fork``: the same claim on sm8x and on vLLM's fork, refuted (expected): there the size
 depends on whether the side splits, so a heuristic split count on one side and a fixed one on the other mismatch;
 loud at an eager call's CHECK_SHAPE, silent behind a persistent-buffer view (the fork's witness is replayed through
 the engine model: PRECOMPUTE_CALL_SIZE_AGREE). The sizes are refmodel's (``scheduler_needs_semaphore``,
@@ -38,7 +38,7 @@ from spec.theorems.symbolic import solver
 
 __all__ = ["THEOREMS", "MAX_LAUNCHES", "semaphore_step", "lifecycle_jobs", "group_jobs", "size_terms"]
 
-THEOREMS = ("10-semaphore-zero", "10-semaphore-pre-fix", "11-size-agrees-sm90", "11-size-sm8x", "11-size-fork")
+THEOREMS = ("semaphore-zero", "semaphore-pre-fix", "metadata-size-agrees-sm90", "metadata-size-sm8x", "metadata-size-fork")
 MAX_LAUNCHES = 8
 MAX_TILES = 2**20
 MAX_SPLITS = 256
@@ -176,11 +176,11 @@ def _size(name: str, platform: str, timeout_s: float):
 
 
 _RUNNERS = {
-    "10-semaphore-zero": lambda t: _semaphore("10-semaphore-zero", True, t),
-    "10-semaphore-pre-fix": lambda t: _semaphore("10-semaphore-pre-fix", False, t),
-    "11-size-agrees-sm90": lambda t: _size("11-size-agrees-sm90", "sm90", t),
-    "11-size-sm8x": lambda t: _size("11-size-sm8x", "sm8x", t),
-    "11-size-fork": lambda t: _size("11-size-fork", "fork", t),
+    "semaphore-zero": lambda t: _semaphore("semaphore-zero", True, t),
+    "semaphore-pre-fix": lambda t: _semaphore("semaphore-pre-fix", False, t),
+    "metadata-size-agrees-sm90": lambda t: _size("metadata-size-agrees-sm90", "sm90", t),
+    "metadata-size-sm8x": lambda t: _size("metadata-size-sm8x", "sm8x", t),
+    "metadata-size-fork": lambda t: _size("metadata-size-fork", "fork", t),
 }
 
 

@@ -40,7 +40,7 @@ def _decode_inputs(pre: bool, h: int, hk: int, seqlen_q: int = 1, pack_gqa=None,
 
 def benign_drift(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
                   shared: Optional[dict] = None) -> TheoremResult:
-    """2-benign-drift: same b and static shapes on both sides, any cache_seqlens: SAFE (shares freshness's groups)."""
+    """benign-drift: same b and static shapes on both sides, any cache_seqlens: SAFE (shares freshness's groups)."""
     start = time.perf_counter()
     budget = Budget(timeout_s, cache=shared if shared is not None else {})
     # the proof: same static inputs on both sides, per-batch cache_seqlens free on the call side
@@ -53,16 +53,16 @@ def benign_drift(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristi
     secs = time.perf_counter() - start
     if bad is not None:
         g, w = bad
-        return TheoremResult("2-benign-drift", "refuted", secs, {"config": g.example.label(), **w,
+        return TheoremResult("benign-drift", "refuted", secs, {"config": g.example.label(), **w,
                                                                   "invariant": "SPLIT_BOUND"}, None,
                              "changing only cache_seqlens breaks SAFE (the precompute's split count exceeds the "
                              "call's for equal static shapes: the two heuristics differ)", failed=True,
                              expected=False)
     if budget.unknowns:
-        return TheoremResult("2-benign-drift", "inconclusive", secs, {}, None, str(budget.unknowns[:3]),
+        return TheoremResult("benign-drift", "inconclusive", secs, {}, None, str(budget.unknowns[:3]),
                              expected=False)
     return TheoremResult(
-        "2-benign-drift", "proved", secs, {}, None,
+        "benign-drift", "proved", secs, {}, None,
         f"same b and static shapes, any cache_seqlens on either side: S_p == S_c on all {len(groups)} decode "
         "groups, per-batch splits <= S_p (prepare-split-bound), m-blocks unchanged, KV ranges from the call's "
         "own lengths (kv-cover), batch order a permutation of the same b")
@@ -71,7 +71,7 @@ def benign_drift(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristi
 def _drift_h_k(timeout_s: float) -> TheoremResult:
     """h_k: fewer KV heads at the precompute (the PR #30439 path)."""
     base = _DRIFT_BASE
-    return _drift_decode("2-drift-breaks-h_k", "h_k", timeout_s,
+    return _drift_decode("drift-breaks-h_k", "h_k", timeout_s,
                          [(_decode_inputs(True, base["h"], hk_p), _decode_inputs(False, base["h"], base["hk"]))
                           for hk_p in (1, 2)], p_static_free=False)
 
@@ -79,7 +79,7 @@ def _drift_h_k(timeout_s: float) -> TheoremResult:
 def _drift_seqlen_k(timeout_s: float) -> TheoremResult:
     """seqlen_k: the precompute's static max_seqlen_k larger than the call's page-table width, same lengths."""
     base = _DRIFT_BASE
-    return _drift_decode("2-drift-breaks-seqlen_k", "seqlen_k", timeout_s,
+    return _drift_decode("drift-breaks-seqlen_k", "seqlen_k", timeout_s,
                          [(_decode_inputs(True, h, hk), _decode_inputs(False, h, hk))
                           for h, hk in ((base["h"], base["hk"]), (8, 1), (32, 8))], p_static_free=True)
 
@@ -89,11 +89,11 @@ def _drift_seqlen_k(timeout_s: float) -> TheoremResult:
 #: more (e.g. speculative verify); pack: precompute with pack_gqa=False, call with FA3's own (forced for Split)
 #: PackGQA; b: the call has more sequences than the metadata (same b4), so it reads unwritten slots.
 DRIFT_BREAKS = {
-    "2-drift-breaks-h_k": _drift_h_k,
-    "2-drift-breaks-seqlen_k": _drift_seqlen_k,
-    "2-drift-breaks-seqlen_q": lambda timeout_s: _drift_rows("2-drift-breaks-seqlen_q", timeout_s, pack_p=None),
-    "2-drift-breaks-pack": lambda timeout_s: _drift_rows("2-drift-breaks-pack", timeout_s, pack_p=False),
-    "2-drift-breaks-b": lambda timeout_s: _drift_batch("2-drift-breaks-b", timeout_s),
+    "drift-breaks-h_k": _drift_h_k,
+    "drift-breaks-seqlen_k": _drift_seqlen_k,
+    "drift-breaks-seqlen_q": lambda timeout_s: _drift_rows("drift-breaks-seqlen_q", timeout_s, pack_p=None),
+    "drift-breaks-pack": lambda timeout_s: _drift_rows("drift-breaks-pack", timeout_s, pack_p=False),
+    "drift-breaks-b": lambda timeout_s: _drift_batch("drift-breaks-b", timeout_s),
 }
 
 

@@ -170,7 +170,7 @@ def _freshness(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
 def fresh_decode(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristic,
                   shared: Optional[dict] = None) -> dict:
     """Theorem 1a (decode, real split tables): a refuting TheoremResult in "result", or None, and the counts."""
-    name = "1-freshness"
+    name = "freshness"
     start = time.perf_counter()
     budget = Budget(timeout_s, cache=shared if shared is not None else {})
     decode_groups = fresh_decode_groups(heuristic_p, heuristic_c)
@@ -222,7 +222,7 @@ def fresh_multirow(timeout_s: float) -> dict:
 
 def freshness_result(decode: dict, multirow: Optional[dict], secs: float) -> TheoremResult:
     """Theorem 1 from its halves: a decode refutation decides; else the multi-row corners and unknowns."""
-    name = "1-freshness"
+    name = "freshness"
     if decode["result"] is not None:
         return decode["result"]
     corners, unexpected = multirow["corners"], multirow["unexpected"]

@@ -21,8 +21,8 @@ from spec.theorems.metadata import THEOREMS, Budget, is_known_guard, matches
 __all__ = ["metadata_jobs"]
 
 #: Expected seconds of each job on one core (quiet machine), to start the long ones first in a parallel run.
-_WEIGHTS = {"1a": 0.4, "1b": 1.9, "2-drift-breaks-h_k": 1.1, "2-drift-breaks-seqlen_k": 1.0, "0-batch-over-992": 0.1,
-            "3-hazard": 1.0, "4-guard-soundness": 1.5, "4-root-cause-alternative": 0.3, "4-sharded-kv-decode": 1.5}
+_WEIGHTS = {"1a": 0.4, "1b": 1.9, "drift-breaks-h_k": 1.1, "drift-breaks-seqlen_k": 1.0, "batch-over-992": 0.1,
+            "prefill-cp-hazard": 1.0, "guard-soundness": 1.5, "root-cause-alternative": 0.3, "sharded-kv-decode": 1.5}
 
 
 def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: float = 10.0,
@@ -62,20 +62,20 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
 
     # theorem 0: the lemmas
     if kv_range is None:
-        job(["0-kv-cover"], lambda names: [kv_cover_lemma(timeout_s)], ())
+        job(["kv-cover"], lambda names: [kv_cover_lemma(timeout_s)], ())
     else:
-        job(["0-kv-cover"], lambda names: [kv_cover_lemma(timeout_s, kv_range[0], kv_range[1])], kv_range)
-    job(["0-batch-over-992"], lambda names: [prepare_split_lemma(timeout_s)], ())
+        job(["kv-cover"], lambda names: [kv_cover_lemma(timeout_s, kv_range[0], kv_range[1])], kv_range)
+    job(["batch-over-992"], lambda names: [prepare_split_lemma(timeout_s)], ())
 
     # theorems 1a and 2a share the fresh decode groups (one cache); 1b (multi-row) is a part of its own
-    fresh_names = tuple(n for n in ("1-freshness", "2-benign-drift") if n in want)
+    fresh_names = tuple(n for n in ("freshness", "benign-drift") if n in want)
 
     def fresh_decode_and_benign() -> dict:
         shared: dict = {}
         out = {"decode": None, "benign": None}
-        if "1-freshness" in fresh_names:
+        if "freshness" in fresh_names:
             out["decode"] = fresh_decode(timeout_s, hp, hc, shared)
-        if "2-benign-drift" in fresh_names:
+        if "benign-drift" in fresh_names:
             out["benign"] = benign_drift(timeout_s, hp, hc, shared)
         return out
 
@@ -91,7 +91,7 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
 
     if fresh_names:
         parts = (fresh_decode_and_benign,)
-        if "1-freshness" in fresh_names:
+        if "freshness" in fresh_names:
             parts += (lambda: fresh_multirow(timeout_s),)
         jobs.append(Job(fresh_names, parts, finish=fresh_finish,
                         weight=(_WEIGHTS["1a"], _WEIGHTS["1b"])[:len(parts)], key=(fresh_names, timeout_s, hp, hc),
@@ -108,39 +108,39 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
         shared: dict = {}
         out = []
         configs = replicated()
-        if "3-hazard" in names:
+        if "prefill-cp-hazard" in names:
             pcp = [c for c in configs if c.server.enable_prefill_cp]
-            r = policy_search("3-hazard", pcp, guard_fn, label, metadata_heads, dropped,
+            r = policy_search("prefill-cp-hazard", pcp, guard_fn, label, metadata_heads, dropped,
                                Budget(timeout_s, cache=shared), hp, hc, cases_dir, expect_hazard, "prefill-CP hazard",
                                invariant_filter="SPLIT_BOUND")
             if r.verdict == "proved":
                 r.expected = not expect_hazard
             out.append(r)
-        if "4-guard-soundness" in names:
-            out.append(policy_search("4-guard-soundness", configs, guard_fn, label, metadata_heads, dropped,
+        if "guard-soundness" in names:
+            out.append(policy_search("guard-soundness", configs, guard_fn, label, metadata_heads, dropped,
                                       Budget(timeout_s, cache=shared), hp, hc, cases_dir, expect_hazard,
                                       "guard soundness"))
-        if "4-root-cause-alternative" in names:
-            out.append(policy_search("4-root-cause-alternative", configs, D.prefix_guard, "pre-fix", "attn_tp",
+        if "root-cause-alternative" in names:
+            out.append(policy_search("root-cause-alternative", configs, D.prefix_guard, "pre-fix", "attn_tp",
                                       dropped, Budget(timeout_s, cache=shared), hp, hc, cases_dir, False,
                                       "root-cause alternative (pre-fix guard, attn_tp heads), sglang's replicated-KV "
                                       "decode"))
         return out
 
     policy_key = (guard_fn, label, metadata_heads, dropped, hp, hc)
-    job(["3-hazard", "4-guard-soundness", "4-root-cause-alternative"], policy, policy_key,
-        weight=sum(_WEIGHTS[n] for n in ("3-hazard", "4-guard-soundness", "4-root-cause-alternative") if n in want))
-    job(["4-sharded-kv-decode"], lambda names: [policy_search(
-        "4-sharded-kv-decode", [c for c in _configs(dropped) if c.sharded_kv], guard_fn, label, metadata_heads,
+    job(["prefill-cp-hazard", "guard-soundness", "root-cause-alternative"], policy, policy_key,
+        weight=sum(_WEIGHTS[n] for n in ("prefill-cp-hazard", "guard-soundness", "root-cause-alternative") if n in want))
+    job(["sharded-kv-decode"], lambda names: [policy_search(
+        "sharded-kv-decode", [c for c in _configs(dropped) if c.sharded_kv], guard_fn, label, metadata_heads,
         dropped, Budget(timeout_s), hp, hc, cases_dir, known in ("pre-fix", "none"),
         "CP decode over sharded KV (metadata from global lengths, call over local KV)")], policy_key,
-        weight=_WEIGHTS["4-sharded-kv-decode"] if known in ("pre-fix", "none") else 0.05)
-    job(["4-guard-robustness"], lambda names: [_robustness(guard_fn, _configs(dropped))], (guard_fn, dropped))
+        weight=_WEIGHTS["sharded-kv-decode"] if known in ("pre-fix", "none") else 0.05)
+    job(["guard-robustness"], lambda names: [_robustness(guard_fn, _configs(dropped))], (guard_fn, dropped))
     return jobs
 
 
 def _robustness(guard_fn, configs: tuple) -> TheoremResult:
-    """4-guard-robustness: the guard returns on every configuration (a sample of the domain) and on old ServerArgs."""
+    """guard-robustness: the guard returns on every configuration (a sample of the domain) and on old ServerArgs."""
     import time
 
     start = time.perf_counter()
@@ -148,9 +148,9 @@ def _robustness(guard_fn, configs: tuple) -> TheoremResult:
                                 [D.Config(D.Server(), D.MODELS["llama-3-8b"])])
     secs = time.perf_counter() - start
     if raised:
-        return TheoremResult("4-guard-robustness", "refuted", secs, {"invariant": "GUARD_RAISED", **raised[0]}, None,
+        return TheoremResult("guard-robustness", "refuted", secs, {"invariant": "GUARD_RAISED", **raised[0]}, None,
                              raised[0]["message"], failed=True, expected=False, details={"raised": raised})
-    return TheoremResult("4-guard-robustness", "proved", secs, {}, None,
+    return TheoremResult("guard-robustness", "proved", secs, {}, None,
                          f"the guard returns on every configuration and on ServerArgs lacking any of "
                          f"{', '.join(D.GUARD_FLAGS)}")
 

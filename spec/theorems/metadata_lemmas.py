@@ -23,7 +23,7 @@ from spec.theorems.z3ctx import Bool, IntVal, Ints, checked
 
 
 def kv_cover_lemma(timeout_s: float = 10.0, sym_range=sym_split_block_range,
-                   concrete_range=None, name: str = "0-kv-cover") -> TheoremResult:
+                   concrete_range=None, name: str = "kv-cover") -> TheoremResult:
     """KV_COVER by design: for 0 <= n_min <= n_max <= 2^23 and S in 1..256, the S split ranges cover [n_min, n_max) (block.h).
 
     Three quantifier-free obligations, each an unsat query (the union of intervals [lo(s), hi(s)) for s < S is
@@ -97,7 +97,7 @@ def prepare_split_lemma(timeout_s: float) -> TheoremResult:
     r = checked(s)
     secs = time.perf_counter() - start
     verdict = "proved" if r == z3.unsat else "refuted" if r == z3.sat else "inconclusive"
-    return TheoremResult("0-batch-over-992", verdict, secs, {}, None,
+    return TheoremResult("batch-over-992", verdict, secs, {}, None,
                          "prepare-split-bound: 1 <= split <= S_static for every n, blocks_per_sm and S; and b > 992 "
                          "(more than one prepare CTA) gives split 1 everywhere (flash_prepare_scheduler.cu): so for "
                          "b > 992 SPLIT_BOUND and COMBINE_CAPACITY hold for any S_c >= 1, and QUERY_COVER is "

@@ -3,7 +3,7 @@
 The builds read from sglang's kernel wheels (refmodel.fa3_builds ``sglang-kernel-0.4.2``, ``sglang-kernel-0.4.5``;
 docs/fa3-builds.md) differ from upstream in two host rules a precompute and a call can evaluate differently:
 
-* ``12-sglang-tile-cover`` (a safety theorem, z3): the decode tile. Both builds choose a one-warp-group 64-row tile
+* ``sglang-tile-cover`` (a safety theorem, z3): the decode tile. Both builds choose a one-warp-group 64-row tile
   when ``seqlen_q * (h / h_k) <= 64`` (d 64 or 128, local or not), so a precompute and a call whose
   ``max_seqlen_q`` differ can choose different kBlockM. The metadata stores each batch's m-blocks counted with the
   precompute's kBlockM (``flash_prepare_scheduler.cu``; refmodel.prepare) and the kernel walks them with its own
@@ -16,7 +16,7 @@ docs/fa3-builds.md) differ from upstream in two host rules a precompute and a ca
   most 64, which one m-block of 64 covers. The drift still moves split counts (kBlockN and the m-block total
   differ): the fuzz family ``sglang-decode-tile`` reaches that. Negative control: the seeded defect
   ``call-one-wg-rows-128`` (the call's predicate tests ``<= 128``, the precompute's ``<= 64``) is refuted.
-* ``12-total-q-drift`` (an expected refutation, bounded search with refmodel): from 0.4.5 ``get_num_splits`` bounds a
+* ``total-q-drift`` (an expected refutation, bounded search with refmodel): from 0.4.5 ``get_num_splits`` bounds a
   varlen call's m-blocks by ``params.total_q`` (the call's real rows) while ``mha_fwd_get_scheduler_metadata``
   leaves it 0, so the precompute bounds by ``b * max_seqlen_q``. The split heuristic is not monotone in m-blocks:
   fewer rows at the call can give fewer splits than the precompute's, and the precomputed per-batch split counts
@@ -26,10 +26,10 @@ docs/fa3-builds.md) differ from upstream in two host rules a precompute and a ca
   finds nothing (``proved`` on the domain). Negative control: the seeded defect ``total-q-read-by-both`` (the
   precompute also bounded by the call's real rows) leaves no witness under 0.4.5.
 
-Domain of ``12-total-q-drift``: head pairs (h, h_k) of the non-MLA models of spec.model.config under tp 1, 2, 4, 8,
+Domain of ``total-q-drift``: head pairs (h, h_k) of the non-MLA models of spec.model.config under tp 1, 2, 4, 8,
 d 64 and 128 (as the model), bf16, paged (page 1 and 16), causal, 132 SMs; b in {4, 8, 16}; ``max_seqlen_q`` in
 {2, 4, 8, 16, 64}; one long sequence of L <= 32768 keys (steps of 256) beside b - 1 sequences of 100 keys.
-Simplifications: sm90, no left padding, no appended KV, no softcap; ``12-sglang-tile-cover`` counts packed rows on
+Simplifications: sm90, no left padding, no appended KV, no softcap; ``sglang-tile-cover`` counts packed rows on
 both sides (an unpacked side has fewer rows, and a PackGQA drift is theorem 2's class).
 """
 
@@ -53,7 +53,7 @@ from spec.theorems.z3ctx import checked
 __all__ = ["THEOREMS", "DEFECTS", "SGLANG_BUILDS", "COVER_INSTANCES", "tile_cover", "total_q_drift", "total_q_points",
            "total_q_witness", "wheel_build_jobs", "group_jobs"]
 
-THEOREMS = ("12-sglang-tile-cover", "12-total-q-drift")
+THEOREMS = ("sglang-tile-cover", "total-q-drift")
 #: Seeded defects of this group (negative controls), seeded_defects.json.
 DEFECTS: dict[str, str] = SEEDED_DEFECTS["wheel_builds"]
 SGLANG_BUILDS = (SGLANG_KERNEL_042, SGLANG_KERNEL_045)
@@ -88,7 +88,7 @@ def _times_block(m_blocks, block_m, table: dict):
 
 
 def tile_cover(build: str, timeout_s: float = 10.0, defects=frozenset(), instances=COVER_INSTANCES) -> TheoremResult:
-    """``12-sglang-tile-cover`` under ``build`` (module doc)."""
+    """``sglang-tile-cover`` under ``build`` (module doc)."""
     name = THEOREMS[0]
     start = time.perf_counter()
     # the tiles read h and h_k only as h / h_k: one variable g for it on both sides (h = g, h_k = 1), 1..256
@@ -217,7 +217,7 @@ def _call_totals(h: int, hk: int, d: int, b: int, msq: int, build: str) -> list:
 
 
 def total_q_drift(build: str, defects=frozenset(), points=None) -> TheoremResult:
-    """``12-total-q-drift`` under ``build`` (module doc): the first witness found, or none on the domain."""
+    """``total-q-drift`` under ``build`` (module doc): the first witness found, or none on the domain."""
     name = THEOREMS[1]
     start = time.perf_counter()
     points = total_q_points() if points is None else points
