@@ -116,8 +116,8 @@ def test_a_name_match_is_detected(tmp_path):
     assert names_matched_by_string(bad) == ["line 2", "line 3"]
 
 
-#: The project's one type for "a check found this broken" (spec.violation.Violation) and one for "a reported
-#: violation worth a case file" (fa3verify.summary.Finding); a class whose name ends in either is a second one.
+#: The project's one finding type (spec.finding.Finding: what a check found broken and what every report says of
+#: it; spec.violation.Violation is the same class, by name); a class whose name ends in either suffix is a second.
 ONE_CLASS_EACH = ("Violation", "Finding")
 
 
@@ -135,9 +135,13 @@ def classes_by_suffix(root: Path) -> dict:
     return found
 
 
-def test_one_violation_class_and_one_finding_class():
+ONE_FINDING = {"Violation": 0, "Finding": 1}
+
+
+def test_one_finding_class_and_no_violation_class_beside_it():
     found = classes_by_suffix(ROOT)
-    assert {suffix: len(where) for suffix, where in found.items()} == {"Violation": 1, "Finding": 1}, found
+    assert {suffix: len(where) for suffix, where in found.items()} == ONE_FINDING, found
+    assert found["Finding"] == [f"spec/finding.py:{found['Finding'][0].split(':')[1].split()[0]} Finding"], found
 
 
 def test_a_second_violation_or_finding_class_is_detected(tmp_path):
@@ -152,7 +156,7 @@ def test_a_second_violation_or_finding_class_is_detected(tmp_path):
     found = classes_by_suffix(tmp_path)
     assert found == {"Violation": ["spec/invariants.py:1 Violation", "gpu_impl/kernels/plan_checks.py:5 PlanViolation"],
                      "Finding": ["gpu_impl/scenario.py:1 StepFinding", "fa3verify/summary.py:1 Finding"]}
-    assert {suffix: len(where) for suffix, where in found.items()} != {"Violation": 1, "Finding": 1}
+    assert {suffix: len(where) for suffix, where in found.items()} != ONE_FINDING
 
 
 #: What names an engine's kind in text: the registry's kinds (gpu_impl/engine_forms.json).
