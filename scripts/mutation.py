@@ -285,23 +285,80 @@ def select_mutants(every: list[str], opts: dict) -> list[str]:
     return sorted(names)
 
 
-def not_mutated_by_mutmut(source: str) -> list[str]:
-    """Functions mutmut 3 leaves alone: decorated ones other than staticmethod/classmethod (properties, caches).
+#: Decorators whose method bodies the scratch copy lifts into plain methods (lift_properties), so mutmut mutates them.
+LIFTED = ("property", "cached_property", "functools.cached_property")
+#: The name a lifted body gets: `_property_<name>`; mutmut's mutant names then read `xǁClassǁ_property_<name>__mutmut_N`.
+LIFTED_PREFIX = "_property_"
 
-    mutmut also skips module-level statements (constants, tables); those are not listed. The report names these
-    functions so that what the score does not measure is said, not hidden.
+
+def _liftable(node) -> bool:
+    return (isinstance(node, ast.FunctionDef) and len(node.decorator_list) == 1
+            and ast.unparse(node.decorator_list[0]) in LIFTED)
+
+
+def lift_properties(source: str) -> str:
+    """The module with every property body of a top-level class made a plain method mutmut mutates.
+
+    mutmut 3 mutates no decorated function but staticmethod/classmethod ones. In the scratch copy only, each
+    `@property` (or `@cached_property`) method `name` of a top-level class becomes an undecorated method
+    `_property_name` followed by `name = property(_property_name)` in the same class: the same attribute, the
+    same value on every instance, and mutmut's trampoline on the body. Properties with a setter or a decorator
+    of another kind, and properties of nested classes (mutmut mutates methods of top-level classes only), are
+    left as they are and listed by not_mutated_by_mutmut.
     """
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    edits = []   # (line index, replacement lines), applied bottom-up
+    for cls in tree.body:
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        names = [n.name for n in cls.body if isinstance(n, ast.FunctionDef)]
+        for node in cls.body:
+            if not _liftable(node) or names.count(node.name) != 1:   # a setter/deleter reuses the name: left alone
+                continue
+            deco = node.decorator_list[0]
+            decorator = ast.unparse(deco)
+            def_line = lines[node.lineno - 1]
+            indent = def_line[:len(def_line) - len(def_line.lstrip())]
+            if deco.lineno != deco.end_lineno or lines[deco.lineno - 1].strip() != "@" + decorator:
+                continue   # a decorator sharing its line with something else: left alone
+            lifted = LIFTED_PREFIX + node.name
+            body = lines[node.lineno - 1:node.end_lineno]
+            body[0] = def_line.replace(f"def {node.name}(", f"def {lifted}(", 1)
+            if not body[-1].endswith("\n"):
+                body[-1] += "\n"
+            edits.append((node.lineno, node.end_lineno, body + [f"{indent}{node.name} = {decorator}({lifted})\n"]))
+            edits.append((deco.lineno, deco.lineno, ["\n"]))   # the decorator's line, kept as a blank line
+    for start, end, new in sorted(edits, key=lambda e: e[0], reverse=True):
+        lines[start - 1:end] = new
+    return "".join(lines)
+
+
+def not_mutated_by_mutmut(source: str) -> list[str]:
+    """Functions mutmut 3 leaves alone: decorated ones other than staticmethod/classmethod (caches, setters).
+
+    Property and cached_property bodies of top-level classes are not listed: the scratch copy lifts them into
+    plain methods that mutmut mutates (lift_properties). mutmut also skips module-level statements (constants,
+    tables); those are not listed. The report names these functions so that what the score does not measure is
+    said, not hidden.
+    """
+    lifted = {(cls.name, node.name) for cls in ast.parse(lift_properties(source)).body
+              if isinstance(cls, ast.ClassDef) for node in cls.body
+              if isinstance(node, ast.FunctionDef) and node.name.startswith(LIFTED_PREFIX)}
     out = []
 
-    def visit(node, prefix: str) -> None:
+    def visit(node, prefix: str, top: str | None) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.ClassDef):
-                visit(child, f"{prefix}{child.name}.")
+                visit(child, f"{prefix}{child.name}.", child.name if node is tree else "")
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 names = [ast.unparse(d) for d in child.decorator_list]
+                if (top, LIFTED_PREFIX + child.name) in lifted:
+                    continue
                 if names and not (len(names) == 1 and names[0] in ("staticmethod", "classmethod")):
                     out.append(f"{prefix}{child.name} (@{', @'.join(names)})")
-    visit(ast.parse(source), "")
+    tree = ast.parse(source)
+    visit(tree, "", None)
     return out
 
 
@@ -317,6 +374,8 @@ def write_workdir(target: Target, workdir: Path, exclude: tuple = ()) -> None:
         if dst.exists():
             shutil.rmtree(dst)
         shutil.copytree(ROOT / name, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    mutated = workdir / target.module
+    mutated.write_text(lift_properties(mutated.read_text()))
     pytest_ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     tests = [t for t in target.tests if t.split("::")[0] not in exclude]
     if not tests:

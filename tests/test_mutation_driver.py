@@ -95,10 +95,77 @@ def test_mutated_line_is_the_first_added_line():
 
 
 def test_decorated_functions_are_listed_as_not_mutated():
+    # properties of a top-level class are lifted (mutated); a cache, a property with a setter and a nested class's
+    # property are not, and are listed
     source = ("import functools\nclass A:\n    @property\n    def p(self):\n        return 1\n"
               "    @staticmethod\n    def s():\n        return 2\n    def m(self):\n        return 3\n"
+              "    @property\n    def w(self):\n        return 5\n    @w.setter\n    def w(self, v):\n        pass\n"
+              "    class B:\n        @property\n        def q(self):\n            return 6\n"
               "@functools.lru_cache(maxsize=4)\ndef f():\n    return 4\n")
-    assert drv.not_mutated_by_mutmut(source) == ["A.p (@property)", "f (@functools.lru_cache(maxsize=4))"]
+    assert drv.not_mutated_by_mutmut(source) == ["A.w (@property)", "A.w (@w.setter)", "A.B.q (@property)",
+                                                 "f (@functools.lru_cache(maxsize=4))"]
+
+
+LIFT_SOURCE = '''import functools
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Box:
+    n: int
+    k: int
+
+    @property
+    def ratio(self) -> int:
+        """n per k."""
+        return self.n // self.k
+
+    @functools.cached_property
+    def key(self): return (self.n, self.k)
+
+    def twice(self) -> int:
+        return 2 * self.ratio
+'''
+
+
+def _load(source: str, tmp_path, name: str):
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_property_bodies_are_lifted_into_plain_methods_with_the_same_values(tmp_path):
+    lifted = drv.lift_properties(LIFT_SOURCE)
+    assert "    def _property_ratio(self) -> int:\n" in lifted and "    ratio = property(_property_ratio)\n" in lifted
+    assert "    def _property_key(self): return (self.n, self.k)\n    key = functools.cached_property(_property_key)\n" in lifted
+    assert "@property" not in lifted and "@functools.cached_property" not in lifted
+    assert drv.not_mutated_by_mutmut(LIFT_SOURCE) == []
+    before, after = _load(LIFT_SOURCE, tmp_path, "lift_before"), _load(lifted, tmp_path, "lift_after")
+    for n, k in ((7, 2), (9, 3)):
+        a, b = before.Box(n, k), after.Box(n, k)
+        assert (a.ratio, a.key, a.twice()) == (b.ratio, b.key, b.twice())
+    assert isinstance(after.Box.__dict__["ratio"], property) and after.Box.__dict__["ratio"].fget.__doc__ == "n per k."
+    assert [f.name for f in __import__("dataclasses").fields(after.Box)] == ["n", "k"]
+
+
+def test_a_lifted_property_body_is_what_the_attribute_runs(tmp_path):
+    # negative control: a one-edit mutant of the lifted body changes the property's value (mutmut's mutant of it is
+    # therefore observable through the attribute the tests read)
+    mutant = drv.lift_properties(LIFT_SOURCE).replace("return self.n // self.k", "return self.n * self.k")
+    box = _load(mutant, tmp_path, "lift_mutant").Box(7, 2)
+    assert box.ratio == 14 and box.twice() == 28
+
+
+def test_the_scratch_copy_mutates_the_lifted_module(tmp_path):
+    target = drv.Target("refmodel/attention.py", ("tests/test_attention.py",))
+    drv.write_workdir(target, tmp_path)
+    copied = (tmp_path / "refmodel" / "attention.py").read_text()
+    assert "def _property_seqlen_q(self) -> int:" in copied and "seqlen_q = property(_property_seqlen_q)" in copied
+    assert copied != (ROOT / "refmodel" / "attention.py").read_text()
 
 
 def test_a_rerun_needs_a_full_previous_run_of_the_same_source(tmp_path):
