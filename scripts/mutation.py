@@ -124,7 +124,8 @@ def load_targets(path: Path = TARGETS) -> dict[str, Target]:
 
 
 #: What mutation/targets.toml must map: every module of the oracle, spec's verdicts and its build-related theorems.
-REQUIRED = ("refmodel/*.py", "spec/invariants.py", "spec/theorems/fork_tile.py")
+REQUIRED = ("refmodel/*.py", "spec/invariants.py", "spec/lifecycle_invariants.py", "spec/theorems/fork_tile.py",
+            "spec/theorems/symbolic.py")
 
 
 def unmapped_modules(targets: dict, root: Path = ROOT) -> list[str]:
