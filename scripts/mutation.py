@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -290,6 +291,39 @@ def select_mutants(every: list[str], opts: dict) -> list[str]:
 LIFTED = ("property", "cached_property", "functools.cached_property")
 #: The name a lifted body gets: `_property_<name>`; mutmut's mutant names then read `xǁClassǁ_property_<name>__mutmut_N`.
 LIFTED_PREFIX = "_property_"
+#: Memo decorators of module-level functions that the scratch copy makes fork-local (lift_properties).
+CACHES = re.compile(r"(functools\.)?(lru_cache(\(.*\))?|cache)")
+#: The name a lifted memoised body gets: `_cached_<name>` (mutants `x__cached_<name>__mutmut_N`).
+CACHED_PREFIX = "_cached_"
+#: The helper module the lifted memos import, written into each scratch copy (and mutmut's copy of it).
+FORK_CACHE_MODULE = "mutation_fork_cache"
+FORK_CACHE_SOURCE = '''"""A memo that forgets what it learnt in another process (written by scripts/mutation.py into the scratch copy).
+
+mutmut forks each mutant from a warm process that already ran the tests: a plain lru_cache would answer the mutant
+from the original code's results. This one starts empty in every process, and is the same memo within one.
+"""
+import functools
+import os
+
+
+def fork_local(decorator):
+    def wrap(fn):
+        state = {"pid": None, "memo": None}
+
+        def memo():
+            if state["pid"] != os.getpid():
+                state["pid"], state["memo"] = os.getpid(), decorator(fn)
+            return state["memo"]
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            return memo()(*args, **kwargs)
+
+        call.cache_clear = lambda: memo().cache_clear()
+        call.cache_info = lambda: memo().cache_info()
+        return call
+    return wrap
+'''
 
 
 def _liftable(node) -> bool:
@@ -297,38 +331,52 @@ def _liftable(node) -> bool:
             and ast.unparse(node.decorator_list[0]) in LIFTED)
 
 
-def lift_properties(source: str) -> str:
-    """The module with every property body of a top-level class made a plain method mutmut mutates.
+def _cached(node) -> bool:
+    return (isinstance(node, ast.FunctionDef) and len(node.decorator_list) == 1
+            and CACHES.fullmatch(ast.unparse(node.decorator_list[0])) is not None)
 
-    mutmut 3 mutates no decorated function but staticmethod/classmethod ones. In the scratch copy only, each
-    `@property` (or `@cached_property`) method `name` of a top-level class becomes an undecorated method
-    `_property_name` followed by `name = property(_property_name)` in the same class: the same attribute, the
-    same value on every instance, and mutmut's trampoline on the body. Properties with a setter or a decorator
-    of another kind, and properties of nested classes (mutmut mutates methods of top-level classes only), are
-    left as they are and listed by not_mutated_by_mutmut.
+
+def lift_properties(source: str) -> str:
+    """The module with every property body and memoised function made a plain function mutmut mutates.
+
+    mutmut 3 mutates no decorated function but staticmethod/classmethod ones. In the scratch copy only:
+
+    - each `@property` (or `@cached_property`) method `name` of a top-level class becomes an undecorated method
+      `_property_name` followed by `name = property(_property_name)` in the same class: the same attribute, the
+      same value on every instance, and mutmut's trampoline on the body;
+    - each module-level function `name` memoised by `lru_cache`/`cache` becomes an undecorated `_cached_name`
+      followed by `name = fork_local(lru_cache(...))(_cached_name)`: the same memo (and `cache_clear`), except
+      that it starts empty in each process, so a forked mutant computes its own values instead of reading the
+      warm parent's (which hid every mutant of a function called only under a memo).
+
+    Properties with a setter or a decorator of another kind, properties of nested classes (mutmut mutates methods
+    of top-level classes only) and memoised methods are left as they are and listed by not_mutated_by_mutmut.
     """
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     edits = []   # (line index, replacement lines), applied bottom-up
+    top_names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+    groups = [(None, [n for n in tree.body if _cached(n) and top_names.count(n.name) == 1])]
     for cls in tree.body:
-        if not isinstance(cls, ast.ClassDef):
-            continue
-        names = [n.name for n in cls.body if isinstance(n, ast.FunctionDef)]
-        for node in cls.body:
-            if not _liftable(node) or names.count(node.name) != 1:   # a setter/deleter reuses the name: left alone
-                continue
+        if isinstance(cls, ast.ClassDef):
+            names = [n.name for n in cls.body if isinstance(n, ast.FunctionDef)]
+            # a setter/deleter reuses the name: left alone
+            groups.append((cls, [n for n in cls.body if _liftable(n) and names.count(n.name) == 1]))
+    for cls, nodes in groups:
+        for node in nodes:
             deco = node.decorator_list[0]
             decorator = ast.unparse(deco)
             def_line = lines[node.lineno - 1]
             indent = def_line[:len(def_line) - len(def_line.lstrip())]
             if deco.lineno != deco.end_lineno or lines[deco.lineno - 1].strip() != "@" + decorator:
                 continue   # a decorator sharing its line with something else: left alone
-            lifted = LIFTED_PREFIX + node.name
+            lifted = (LIFTED_PREFIX if cls is not None else CACHED_PREFIX) + node.name
+            wrapper = decorator if cls is not None else f"__import__({FORK_CACHE_MODULE!r}).fork_local({decorator})"
             body = lines[node.lineno - 1:node.end_lineno]
             body[0] = def_line.replace(f"def {node.name}(", f"def {lifted}(", 1)
             if not body[-1].endswith("\n"):
                 body[-1] += "\n"
-            edits.append((node.lineno, node.end_lineno, body + [f"{indent}{node.name} = {decorator}({lifted})\n"]))
+            edits.append((node.lineno, node.end_lineno, body + [f"{indent}{node.name} = {wrapper}({lifted})\n"]))
             edits.append((deco.lineno, deco.lineno, ["\n"]))   # the decorator's line, kept as a blank line
     for start, end, new in sorted(edits, key=lambda e: e[0], reverse=True):
         lines[start - 1:end] = new
@@ -343,9 +391,12 @@ def not_mutated_by_mutmut(source: str) -> list[str]:
     tables); those are not listed. The report names these functions so that what the score does not measure is
     said, not hidden.
     """
-    lifted = {(cls.name, node.name) for cls in ast.parse(lift_properties(source)).body
+    lifted_tree = ast.parse(lift_properties(source))
+    lifted = {(cls.name, node.name) for cls in lifted_tree.body
               if isinstance(cls, ast.ClassDef) for node in cls.body
               if isinstance(node, ast.FunctionDef) and node.name.startswith(LIFTED_PREFIX)}
+    lifted |= {(None, LIFTED_PREFIX + node.name.removeprefix(CACHED_PREFIX)) for node in lifted_tree.body
+               if isinstance(node, ast.FunctionDef) and node.name.startswith(CACHED_PREFIX)}
     out = []
 
     def visit(node, prefix: str, top: str | None) -> None:
@@ -377,6 +428,7 @@ def write_workdir(target: Target, workdir: Path, exclude: tuple = ()) -> None:
         shutil.copytree(ROOT / name, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     mutated = workdir / target.module
     mutated.write_text(lift_properties(mutated.read_text()))
+    (workdir / f"{FORK_CACHE_MODULE}.py").write_text(FORK_CACHE_SOURCE)
     pytest_ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     tests = [t for t in target.tests if t.split("::")[0] not in exclude]
     if not tests:
@@ -390,7 +442,8 @@ def write_workdir(target: Target, workdir: Path, exclude: tuple = ()) -> None:
               f"pytest_add_cli_args_test_selection = {json.dumps(selection)}",
               # the project's own pytest plugin adds nothing to these tests and costs start-up time
               'pytest_add_cli_args = ["-p", "no:fa3verify"]',
-              'also_copy = ["examples", "docs"]',  # into mutmut's mutants/ tree, where the tests run: files they read
+              # into mutmut's mutants/ tree, where the tests run: files they read, and the lifted memos' helper
+              f'also_copy = ["examples", "docs", "{FORK_CACHE_MODULE}.py"]',
               "use_git_change_detection = false", ""]
     (workdir / "pyproject.toml").write_text("\n".join(lines))
 

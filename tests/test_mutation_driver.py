@@ -101,9 +101,11 @@ def test_decorated_functions_are_listed_as_not_mutated():
               "    @staticmethod\n    def s():\n        return 2\n    def m(self):\n        return 3\n"
               "    @property\n    def w(self):\n        return 5\n    @w.setter\n    def w(self, v):\n        pass\n"
               "    class B:\n        @property\n        def q(self):\n            return 6\n"
-              "@functools.lru_cache(maxsize=4)\ndef f():\n    return 4\n")
+              "    @functools.lru_cache(maxsize=2)\n    def c(self):\n        return 7\n"
+              "@functools.lru_cache(maxsize=4)\ndef f():\n    return 4\n"
+              "@functools.wraps(f)\ndef g():\n    return 8\n")
     assert drv.not_mutated_by_mutmut(source) == ["A.w (@property)", "A.w (@w.setter)", "A.B.q (@property)",
-                                                 "f (@functools.lru_cache(maxsize=4))"]
+                                                 "A.c (@functools.lru_cache(maxsize=2))", "g (@functools.wraps(f))"]
 
 
 LIFT_SOURCE = '''import functools
@@ -160,12 +162,48 @@ def test_a_lifted_property_body_is_what_the_attribute_runs(tmp_path):
     assert box.ratio == 14 and box.twice() == 28
 
 
+MEMO_SOURCE = '''from functools import lru_cache
+
+CALLS = []
+
+
+@lru_cache(maxsize=None)
+def table(n: int) -> tuple:
+    CALLS.append(n)
+    return tuple(range(n))
+'''
+
+
+def test_a_lifted_memo_is_the_same_memo_in_one_process_and_empty_in_another(tmp_path, monkeypatch):
+    (tmp_path / f"{drv.FORK_CACHE_MODULE}.py").write_text(drv.FORK_CACHE_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lifted = drv.lift_properties(MEMO_SOURCE)
+    assert "def _cached_table(n: int) -> tuple:" in lifted and "@lru_cache" not in lifted
+    assert drv.not_mutated_by_mutmut(MEMO_SOURCE) == []
+    mod = _load(lifted, tmp_path, "memo_lifted")
+    assert mod.table(3) == (0, 1, 2) and mod.table(3) == (0, 1, 2) and mod.CALLS == [3]   # memoised
+    assert mod.table.cache_info().hits == 1
+    mod.table.cache_clear()
+    mod.table(3)
+    assert mod.CALLS == [3, 3]
+    # negative control: the plain lru_cache keeps answering in a forked process; the lifted memo computes again
+    plain = _load(MEMO_SOURCE, tmp_path, "memo_plain")
+    plain.table(2)
+    real_pid = drv.os.getpid()
+    monkeypatch.setattr("os.getpid", lambda: real_pid + 1)   # what a forked mutant sees
+    plain.table(2)
+    mod.table(3)
+    assert plain.CALLS == [2] and mod.CALLS == [3, 3, 3]
+
+
 def test_the_scratch_copy_mutates_the_lifted_module(tmp_path):
     target = drv.Target("refmodel/attention.py", ("tests/test_attention.py",))
     drv.write_workdir(target, tmp_path)
     copied = (tmp_path / "refmodel" / "attention.py").read_text()
     assert "def _property_seqlen_q(self) -> int:" in copied and "seqlen_q = property(_property_seqlen_q)" in copied
     assert copied != (ROOT / "refmodel" / "attention.py").read_text()
+    assert (tmp_path / f"{drv.FORK_CACHE_MODULE}.py").read_text() == drv.FORK_CACHE_SOURCE
+    assert f'"{drv.FORK_CACHE_MODULE}.py"' in (tmp_path / "pyproject.toml").read_text()   # copied where tests run
 
 
 def test_a_rerun_needs_a_full_previous_run_of_the_same_source(tmp_path):
