@@ -225,21 +225,26 @@ def test_the_seeded_defects_change_what_they_name():
     assert set(DEFECTS) == {i.defect for i in LIFECYCLE_INVARIANTS.values()}
 
 
+LAYERS = (LayerShape(32, 8),) * 3   # 32 query heads over 8 KV heads (a Llama-3-8B rank), three layers
+
+
 def test_each_control_sequence_is_the_documented_one():
+    # one split on both sides (deterministic inference): the semaphore is FA3's only reset path then
     engine, steps = control_sequence("no-semaphore-reset-after-reuse")
-    assert (engine.context_len, engine.precompute_num_splits, engine.call_num_splits) == (8192, 1, 1)
-    assert steps == [Step("eager", (700, 300, 1200, 90) * 6)] and len(engine.layers) == 3
+    assert engine == EngineModel(layers=LAYERS, context_len=8192, precompute_num_splits=1, call_num_splits=1)
+    assert steps == [Step("eager", (700, 300, 1200, 90) * 6)]
+    # vLLM under full CUDA graphs: 32 splits on both sides, on the fork
     engine, steps = control_sequence("fork-precompute-heuristic-splits")
-    assert (engine.context_len, engine.precompute_num_splits, engine.call_num_splits, engine.build) == \
-        (32768, 32, 32, "vllm-fork-617264c1")
+    assert engine == EngineModel(layers=LAYERS, context_len=32768, precompute_num_splits=32, call_num_splits=32,
+                                 build="vllm-fork-617264c1")
     assert steps == [Step("capture", (32768,) * 8), Step("replay", (300,) * 8)]
-    engine, steps = control_sequence("shared-precompute-heterogeneous-heads")
-    assert engine == EngineModel(layers=(LayerShape(32, 8),) * 3, context_len=32768)
-    assert steps == [Step("eager", (32768,) + (100,) * 7)]
-    _, steps = control_sequence("precompute-over-real-rows")
-    assert steps == [Step("capture", (1,) * 8), Step("replay", (4000,) * 6 + (1, 1), real_batch=6)]
-    _, steps = control_sequence("replay-skips-metadata-refresh")
-    assert steps == [Step("capture", (1,) * 8), Step("replay", (32768,) + (100,) * 7), Step("replay", (500,) * 8)]
+    plain = EngineModel(layers=LAYERS, context_len=32768)
+    assert control_sequence("shared-precompute-heterogeneous-heads") == (plain, [Step("eager", (32768,) + (100,) * 7)])
+    assert control_sequence("precompute-over-real-rows") == (
+        plain, [Step("capture", (1,) * 8), Step("replay", (4000,) * 6 + (1, 1), real_batch=6)])
+    replays = [Step("capture", (1,) * 8), Step("replay", (32768,) + (100,) * 7), Step("replay", (500,) * 8)]
+    assert control_sequence("replay-skips-metadata-refresh") == (plain, replays)
+    assert control_sequence("capture-width-of-capture-batch") == (plain, replays)
 
 
 def test_run_and_check_seeds_only_when_a_defect_is_named():
