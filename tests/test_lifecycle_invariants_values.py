@@ -254,3 +254,14 @@ def test_run_and_check_seeds_only_when_a_defect_is_named():
     trace, found = run_and_check(engine, steps, defect="precompute-over-real-rows")
     assert {v.invariant for v in found} == {"PADDED_ROWS_READ_DEFINED"}
     assert found == check_trace(trace)
+
+
+def test_run_and_check_keeps_the_callers_fa3_behaviour_under_a_seeded_defect():
+    # the caller's FA3 (no reset after reuse: before 1a58058a) reaches the run; the padded-batch defect does not
+    # touch an eager-only sequence, so the semaphore violation comes from the caller's FA3 alone
+    from refmodel.metadata_lifecycle import FA3Behaviour
+
+    engine, steps = control_sequence("no-semaphore-reset-after-reuse")
+    _, found = run_and_check(engine, steps, FA3Behaviour(reset_after_reuse=False), defect="precompute-over-real-rows")
+    assert {v.invariant for v in found} == {"SEMAPHORE_STARTS_AT_ZERO"}
+    assert run_and_check(engine, steps, defect="precompute-over-real-rows")[1] == []
