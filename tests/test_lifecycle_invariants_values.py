@@ -265,3 +265,50 @@ def test_run_and_check_keeps_the_callers_fa3_behaviour_under_a_seeded_defect():
     _, found = run_and_check(engine, steps, FA3Behaviour(reset_after_reuse=False), defect="precompute-over-real-rows")
     assert {v.invariant for v in found} == {"SEMAPHORE_STARTS_AT_ZERO"}
     assert run_and_check(engine, steps, defect="precompute-over-real-rows")[1] == []
+
+
+def _many(record, n=_LIMIT + 1, **changes) -> Trace:
+    return Trace(launches=[dataclasses.replace(record, layer=i, **changes) for i in range(n)])
+
+
+def test_every_check_caps_its_own_violations_under_its_own_name():
+    pre = REPLAY.precompute
+    smaller = dataclasses.replace(pre, tensor=dataclasses.replace(pre.tensor, values=pre.tensor.values[:-4],
+                                                                   origins=pre.tensor.origins[:-4]))
+    other = dataclasses.replace(pre, schedule=dataclasses.replace(
+        pre.schedule, inputs=dataclasses.replace(pre.schedule.inputs, num_heads_k=4)))
+    unwritten = tuple(dataclasses.replace(x, origin=Origin("unwritten", 1)) for x in REPLAY.reads)
+    stale = tuple(dataclasses.replace(x, origin=Origin("precompute", 0)) for x in REPLAY.reads)
+    traces = {
+        "SEMAPHORE_STARTS_AT_ZERO": _many(REPLAY, semaphore_start=1, semaphore_origin=Origin("kernel", 0)),
+        "READS_OWN_STEP_METADATA": _many(REPLAY, reads=stale),
+        "CAPTURE_COVERS_REPLAY": _many(REPLAY, seqused_k=(1,) * 9),
+        "PADDED_ROWS_READ_DEFINED": _many(REPLAY, reads=unwritten),
+        "SHARED_PRECOMPUTE_MATCHES_LAYER": _many(REPLAY, precompute=other),
+        "PRECOMPUTE_CALL_SIZE_AGREE": _many(REPLAY, precompute=smaller),
+    }
+    for name, trace in traces.items():
+        found = CHECKS[name](trace)
+        assert len(found) == _LIMIT + 1 and {v.invariant for v in found} == {name}, name
+        assert found[-1] == Violation.at_step(name, None, None, f"1 more launches violate {name}", {"more": 1})
+
+
+def test_a_launch_a_check_skips_does_not_end_the_check():
+    # the launches a check passes over (not a replay, no precompute) come first; the violating one after them
+    pre = REPLAY.precompute
+    smaller = dataclasses.replace(pre, tensor=dataclasses.replace(pre.tensor, values=pre.tensor.values[:-4],
+                                                                   origins=pre.tensor.origins[:-4]))
+    other = dataclasses.replace(pre, schedule=dataclasses.replace(
+        pre.schedule, inputs=dataclasses.replace(pre.schedule.inputs, num_heads_k=4)))
+    skipped = dataclasses.replace(EAGER, precompute=None)
+    for check, bad in ((check_capture_covers_replay, dataclasses.replace(REPLAY, seqused_k=(1,) * 9)),
+                       (check_precompute_call_size_agree, dataclasses.replace(REPLAY, precompute=smaller)),
+                       (check_shared_precompute_matches_layer, dataclasses.replace(REPLAY, precompute=other))):
+        assert len(check(Trace(launches=[skipped, bad]))) == 1, check.__name__
+
+
+def test_the_defect_helpers_keep_int_head_counts_and_a_one_key_width():
+    odd = dataclasses.replace(ENGINE, layers=(LayerShape(6, 3),))
+    (layer,) = _halve_last_layer_kv_heads(odd).layers
+    assert layer.num_heads_k == 1 and type(layer.num_heads_k) is int   # 3 // 2 (C++ int heads)
+    assert _capture_width(ENGINE, [Step("eager", (4000,))]) == 1       # no capture: one key, page size 1
