@@ -152,3 +152,15 @@ def test_the_varlen_head_count_is_q_s_second_to_last_dim():
     with pytest.raises(ValueError) as info:
         attention(**v)
     assert str(info.value) == "k_cache: KV head count must be >= 1 and divide q's head count 6, got 4"
+
+
+def test_each_batch_s_lengths_are_its_query_rows_and_visible_keys():
+    # hopper/seqlen.h: a batch's key count is seqused_k - leftpad_k (here cache_seqlens, no leftpad); its query rows
+    # are the padded q length (non-varlen). q (2, 3, 4, 8), k (2, 6, 2, 8): d = 8 differs from every length
+    from refmodel.attention import resolve_attention_call
+    call = _good_call()
+    r = resolve_attention_call(call["q"], call["k_cache"], call["v_cache"],
+                               cache_seqlens=torch.tensor([2, 5], dtype=I32))
+    assert [b.seqlen_q for b in r.batches] == [3, 3] and [b.seqlen_k for b in r.batches] == [2, 5]
+    # qhead_per_khead is C++ int division (flash_api.cpp: params.h / params.h_k), an int
+    assert r.qhead_per_khead == 2 and type(r.qhead_per_khead) is int
