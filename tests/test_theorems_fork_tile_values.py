@@ -56,3 +56,29 @@ def test_an_unknown_z3_answer_makes_the_drift_inconclusive_naming_the_first_thre
     r = ft._drift(1.0, points=points)
     assert r.verdict == "inconclusive" and r.expected is False
     assert r.message == f"z3 unknown at {[p.label for p in points[:3]]}"
+
+
+def test_an_instance_label_names_its_head_dims_element_size_mask_and_paging():
+    assert ft.TileInstance(128, 128, 2, True, False, None).label == "d=128 dv=128 elem=2 causal dense"
+    assert ft.TileInstance(64, 256, 1, False, False, 16).label == "d=64 dv=256 elem=1 non-causal page 16"
+    assert ft.TileInstance(192, 128, 2, True, True, 256).label == "d=192 dv=128 elem=2 local page 256"
+
+
+def test_the_agreement_theorem_names_itself_and_an_unknown_answer_makes_it_inconclusive(monkeypatch):
+    insts = ft.TILE_INSTANCES[:4]
+    r = ft._agree(10.0, instances=insts[:1])
+    assert (r.name, r.verdict) == ("9-fork-tile-agree", "proved") and r.details == {"instances": 1}
+    monkeypatch.setattr(ft, "checked", lambda s: z3.unknown)
+    r = ft._agree(10.0, instances=insts)
+    assert (r.name, r.verdict, r.expected) == ("9-fork-tile-agree", "inconclusive", False)
+    assert r.message.startswith(f"z3 unknown: ['{insts[0].label}: ") and insts[3].label not in r.message
+
+
+def test_the_agreement_witness_lies_in_fa3_s_domain_on_both_sides():
+    # flash_api.cpp 781: h % h_k == 0; the theorem's domain: 1 <= h_k <= h <= 256, 1 <= seqlen_q
+    r = ft._agree(10.0, defects={"one-wg-reads-num-heads"})
+    w = r.witness
+    assert r.verdict == "refuted" and w["seqlen_q"] >= 1
+    for side in ("p", "c"):
+        h, hk = w[f"h_{side}"], w[f"h_k_{side}"]
+        assert 1 <= hk <= h <= 256 and h % hk == 0, w
