@@ -300,7 +300,9 @@ FORK_CACHE_MODULE = "mutation_fork_cache"
 FORK_CACHE_SOURCE = '''"""A memo that forgets what it learnt in another process (written by scripts/mutation.py into the scratch copy).
 
 mutmut forks each mutant from a warm process that already ran the tests: a plain lru_cache would answer the mutant
-from the original code's results. This one starts empty in every process, and is the same memo within one.
+from the original code's results. This one starts empty in every process, and is the same memo within one. During
+mutmut's stats run (MUTANT_UNDER_TEST=stats) it does not memoise at all: that run records which tests reach each
+function, and a test answered from the memo would not be recorded, so its mutants would never run that test.
 """
 import functools
 import os
@@ -317,6 +319,8 @@ def fork_local(decorator):
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
+            if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+                return fn(*args, **kwargs)
             return memo()(*args, **kwargs)
 
         call.cache_clear = lambda: memo().cache_clear()

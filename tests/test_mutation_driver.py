@@ -194,6 +194,11 @@ def test_a_lifted_memo_is_the_same_memo_in_one_process_and_empty_in_another(tmp_
     plain.table(2)
     mod.table(3)
     assert plain.CALLS == [2] and mod.CALLS == [3, 3, 3]
+    # mutmut's stats run records the tests that reach each function: there every call reaches it
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "stats")
+    mod.table(3)
+    mod.table(3)
+    assert mod.CALLS == [3, 3, 3, 3, 3]
 
 
 def test_the_scratch_copy_mutates_the_lifted_module(tmp_path):
