@@ -82,3 +82,53 @@ def test_the_agreement_witness_lies_in_fa3_s_domain_on_both_sides():
     for side in ("p", "c"):
         h, hk = w[f"h_{side}"], w[f"h_k_{side}"]
         assert 1 <= hk <= h <= 256 and h % hk == 0, w
+
+
+AGREE_KEYS = {"instance", "seqlen_q", "h_p", "h_k_p", "h_c", "h_k_c", "block_m_p", "block_n_p", "block_m_c",
+              "block_n_c", "invariant"}
+
+
+def test_the_agreement_theorem_s_three_results_field_by_field(monkeypatch):
+    # proved: no witness, the statement with its scope and source
+    insts = ft.TILE_INSTANCES[:2]
+    r = ft._agree(10.0, instances=insts)
+    assert (r.name, r.verdict, r.witness, r.case_file, r.failed, r.expected) == (
+        "9-fork-tile-agree", "proved", {}, None, False, True)
+    assert 0 <= r.seconds < 600 and r.details == {"instances": 2}
+    assert r.message == (f"under {ft.VLLM_FORK}, on 2 instances (head dims x dtype x causal/local x paging), "
+                         f"seqlen_q <= 2^20 and heads <= {ft.MAX_HEADS}: equal seqlen_q and h/h_k give the same "
+                         f"tile. Source: {ft.SOURCE}")
+    # refuted (the negative control: one MMA warpgroup read from h instead of h / h_k): the first instance whose
+    # tiles differ is d 64 dense, where only kBlockM differs (192 against 64; the fork's tile_size.h, one-WG rows)
+    r = ft._agree(10.0, defects={"one-wg-reads-num-heads"})
+    w = r.witness
+    assert (r.name, r.verdict, r.case_file, r.failed, r.expected) == ("9-fork-tile-agree", "refuted", None, True, False)
+    assert 0 <= r.seconds < 600 and set(w) == AGREE_KEYS and w["invariant"] == "TILE_AGREE"
+    assert w["instance"] == "d=64 dv=64 elem=2 non-causal dense" and w["block_n_p"] == w["block_n_c"]
+    assert r.message == (f"{w['instance']}: sides agreeing on seqlen_q {w['seqlen_q']} and h/h_k choose "
+                         f"{w['block_m_p']}x{w['block_n_p']} vs {w['block_m_c']}x{w['block_n_c']} "
+                         f"(encoding defects ['one-wg-reads-num-heads'])")
+    # inconclusive: no witness, the first three unknown instances with z3's reason
+    monkeypatch.setattr(ft, "checked", lambda s: z3.unknown)
+    r = ft._agree(10.0, instances=ft.TILE_INSTANCES[:4])
+    assert (r.verdict, r.witness, r.case_file, r.failed, r.expected) == ("inconclusive", {}, None, False, False)
+    assert 0 <= r.seconds < 600
+    reasons = [f"{i.label}: " for i in ft.TILE_INSTANCES[:3]]
+    assert r.message.startswith("z3 unknown: [") and all(x in r.message for x in reasons)
+    assert ft.TILE_INSTANCES[3].label not in r.message
+
+
+def test_pick_takes_each_constant_flag_s_branch_without_a_condition():
+    # the table's eight rows distinct: a constant flag picks its row, and the term is that row's constant itself
+    from spec.theorems.symbolic import bv
+    table = {key: (64 + 16 * i, 96 + 16 * i) for i, key in enumerate(sorted(ft._table(ft.TILE_INSTANCES[0],
+                                                                                       ft.VLLM_FORK)))}
+    T, F = z3.BoolVal(True), z3.BoolVal(False)
+    for causal, wg, non_tma in table:
+        bm, bn = ft._pick(table, T if causal else F, T if wg else F, T if non_tma else F)
+        want = table[(causal, wg, non_tma)]
+        assert bm.eq(bv(want[0])) and bn.eq(bv(want[1])), (causal, wg, non_tma)
+    # a symbolic flag: one If over it
+    x = z3.Bool("x")
+    bm, _ = ft._pick(table, x, F, T)
+    assert z3.simplify(z3.substitute(bm, (x, T))).eq(bv(table[(True, False, True)][0]))
