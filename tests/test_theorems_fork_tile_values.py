@@ -132,3 +132,20 @@ def test_pick_takes_each_constant_flag_s_branch_without_a_condition():
     x = z3.Bool("x")
     bm, _ = ft._pick(table, x, F, T)
     assert z3.simplify(z3.substitute(bm, (x, T))).eq(bv(table[(True, False, True)][0]))
+
+
+def test_the_upstream_table_holds_upstream_s_tiles():
+    # hopper/tile_size.h@0251105a, sm90, d = dv = 128: bf16 128 x (causal or local or paged non-TMA ? 128 : 176)
+    # (lines 32-33), fp8 128 x 224 (line 47) and 128 x 160 paged non-TMA; d 192 / dv 128 bf16 128 x 128 (line 37),
+    # 128 x 96 paged non-TMA (the same rows as tests/test_fa3_scheduler_tables.py's).
+    # Rows are (causal, one MMA warpgroup, paged non-TMA); upstream has no one-WG tile, so wg is not read.
+    bf16 = ft._table(ft.TileInstance(128, 128, 2, False, False, None), ft.UPSTREAM)
+    assert [bf16[(c, False, n)] for c, n in ((False, False), (True, False), (False, True))] == \
+        [(128, 176), (128, 128), (128, 128)]
+    local = ft._table(ft.TileInstance(128, 128, 2, False, True, None), ft.UPSTREAM)
+    assert local[(False, False, False)] == (128, 128)
+    fp8 = ft._table(ft.TileInstance(128, 128, 1, False, False, None), ft.UPSTREAM)
+    assert (fp8[(False, False, False)], fp8[(False, False, True)]) == ((128, 224), (128, 160))
+    wide = ft._table(ft.TileInstance(192, 128, 2, False, False, None), ft.UPSTREAM)
+    assert (wide[(False, False, False)], wide[(False, False, True)]) == ((128, 128), (128, 96))
+    assert all(bf16[(c, True, n)] == bf16[(c, False, n)] for c in (False, True) for n in (False, True))
