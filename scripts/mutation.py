@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -124,7 +125,8 @@ def load_targets(path: Path = TARGETS) -> dict[str, Target]:
 
 
 #: What mutation/targets.toml must map: every module of the oracle, spec's verdicts and its build-related theorems.
-REQUIRED = ("refmodel/*.py", "spec/invariants.py", "spec/theorems/fork_tile.py")
+REQUIRED = ("refmodel/*.py", "spec/invariants.py", "spec/lifecycle_invariants.py", "spec/theorems/fork_tile.py",
+            "spec/theorems/symbolic.py")
 
 
 def unmapped_modules(targets: dict, root: Path = ROOT) -> list[str]:
@@ -285,23 +287,134 @@ def select_mutants(every: list[str], opts: dict) -> list[str]:
     return sorted(names)
 
 
-def not_mutated_by_mutmut(source: str) -> list[str]:
-    """Functions mutmut 3 leaves alone: decorated ones other than staticmethod/classmethod (properties, caches).
+#: Decorators whose method bodies the scratch copy lifts into plain methods (lift_properties), so mutmut mutates them.
+LIFTED = ("property", "cached_property", "functools.cached_property")
+#: The name a lifted body gets: `_property_<name>`; mutmut's mutant names then read `xǁClassǁ_property_<name>__mutmut_N`.
+LIFTED_PREFIX = "_property_"
+#: Memo decorators of module-level functions that the scratch copy makes fork-local (lift_properties).
+CACHES = re.compile(r"(functools\.)?(lru_cache(\(.*\))?|cache)")
+#: The name a lifted memoised body gets: `_cached_<name>` (mutants `x__cached_<name>__mutmut_N`).
+CACHED_PREFIX = "_cached_"
+#: The helper module the lifted memos import, written into each scratch copy (and mutmut's copy of it).
+FORK_CACHE_MODULE = "mutation_fork_cache"
+FORK_CACHE_SOURCE = '''"""A memo that forgets what it learnt in another process (written by scripts/mutation.py into the scratch copy).
 
-    mutmut also skips module-level statements (constants, tables); those are not listed. The report names these
-    functions so that what the score does not measure is said, not hidden.
+mutmut forks each mutant from a warm process that already ran the tests: a plain lru_cache would answer the mutant
+from the original code's results. This one starts empty in every process, and is the same memo within one. During
+mutmut's stats run (MUTANT_UNDER_TEST=stats) it does not memoise at all: that run records which tests reach each
+function, and a test answered from the memo would not be recorded, so its mutants would never run that test.
+"""
+import functools
+import os
+
+
+def fork_local(decorator):
+    def wrap(fn):
+        state = {"pid": None, "memo": None}
+
+        def memo():
+            if state["pid"] != os.getpid():
+                state["pid"], state["memo"] = os.getpid(), decorator(fn)
+            return state["memo"]
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+                return fn(*args, **kwargs)
+            return memo()(*args, **kwargs)
+
+        call.cache_clear = lambda: memo().cache_clear()
+        call.cache_info = lambda: memo().cache_info()
+        return call
+    return wrap
+'''
+
+
+def _liftable(node) -> bool:
+    return (isinstance(node, ast.FunctionDef) and len(node.decorator_list) == 1
+            and ast.unparse(node.decorator_list[0]) in LIFTED)
+
+
+def _cached(node) -> bool:
+    return (isinstance(node, ast.FunctionDef) and len(node.decorator_list) == 1
+            and CACHES.fullmatch(ast.unparse(node.decorator_list[0])) is not None)
+
+
+def lift_properties(source: str) -> str:
+    """The module with every property body and memoised function made a plain function mutmut mutates.
+
+    mutmut 3 mutates no decorated function but staticmethod/classmethod ones. In the scratch copy only:
+
+    - each `@property` (or `@cached_property`) method `name` of a top-level class becomes an undecorated method
+      `_property_name` followed by `name = property(_property_name)` in the same class: the same attribute, the
+      same value on every instance, and mutmut's trampoline on the body;
+    - each module-level function `name` memoised by `lru_cache`/`cache` becomes an undecorated `_cached_name`
+      followed by `name = fork_local(lru_cache(...))(_cached_name)`: the same memo (and `cache_clear`), except
+      that it starts empty in each process, so a forked mutant computes its own values instead of reading the
+      warm parent's (which hid every mutant of a function called only under a memo).
+
+    Properties with a setter or a decorator of another kind, properties of nested classes (mutmut mutates methods
+    of top-level classes only) and memoised methods are left as they are and listed by not_mutated_by_mutmut.
     """
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    edits = []   # (line index, replacement lines), applied bottom-up
+    top_names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+    groups = [(None, [n for n in tree.body if _cached(n) and top_names.count(n.name) == 1])]
+    for cls in tree.body:
+        if isinstance(cls, ast.ClassDef):
+            names = [n.name for n in cls.body if isinstance(n, ast.FunctionDef)]
+            # a setter/deleter reuses the name: left alone
+            groups.append((cls, [n for n in cls.body if _liftable(n) and names.count(n.name) == 1]))
+    for cls, nodes in groups:
+        for node in nodes:
+            deco = node.decorator_list[0]
+            decorator = ast.unparse(deco)
+            def_line = lines[node.lineno - 1]
+            indent = def_line[:len(def_line) - len(def_line.lstrip())]
+            if deco.lineno != deco.end_lineno or lines[deco.lineno - 1].strip() != "@" + decorator:
+                continue   # a decorator sharing its line with something else: left alone
+            lifted = (LIFTED_PREFIX if cls is not None else CACHED_PREFIX) + node.name
+            wrapper = decorator if cls is not None else f"__import__({FORK_CACHE_MODULE!r}).fork_local({decorator})"
+            body = lines[node.lineno - 1:node.end_lineno]
+            body[0] = def_line.replace(f"def {node.name}(", f"def {lifted}(", 1)
+            if not body[-1].endswith("\n"):
+                body[-1] += "\n"
+            edits.append((node.lineno, node.end_lineno, body + [f"{indent}{node.name} = {wrapper}({lifted})\n"]))
+            edits.append((deco.lineno, deco.lineno, ["\n"]))   # the decorator's line, kept as a blank line
+    for start, end, new in sorted(edits, key=lambda e: e[0], reverse=True):
+        lines[start - 1:end] = new
+    return "".join(lines)
+
+
+def not_mutated_by_mutmut(source: str) -> list[str]:
+    """Functions mutmut 3 leaves alone: decorated ones other than staticmethod/classmethod (caches, setters).
+
+    Property and cached_property bodies of top-level classes are not listed: the scratch copy lifts them into
+    plain methods that mutmut mutates (lift_properties). mutmut also skips module-level statements (constants,
+    tables); those are not listed. The report names these functions so that what the score does not measure is
+    said, not hidden.
+    """
+    lifted_tree = ast.parse(lift_properties(source))
+    lifted = {(cls.name, node.name) for cls in lifted_tree.body
+              if isinstance(cls, ast.ClassDef) for node in cls.body
+              if isinstance(node, ast.FunctionDef) and node.name.startswith(LIFTED_PREFIX)}
+    lifted |= {(None, LIFTED_PREFIX + node.name.removeprefix(CACHED_PREFIX)) for node in lifted_tree.body
+               if isinstance(node, ast.FunctionDef) and node.name.startswith(CACHED_PREFIX)}
     out = []
 
-    def visit(node, prefix: str) -> None:
+    def visit(node, prefix: str, top: str | None) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.ClassDef):
-                visit(child, f"{prefix}{child.name}.")
+                visit(child, f"{prefix}{child.name}.", child.name if node is tree else "")
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 names = [ast.unparse(d) for d in child.decorator_list]
+                if (top, LIFTED_PREFIX + child.name) in lifted:
+                    continue
                 if names and not (len(names) == 1 and names[0] in ("staticmethod", "classmethod")):
                     out.append(f"{prefix}{child.name} (@{', @'.join(names)})")
-    visit(ast.parse(source), "")
+    tree = ast.parse(source)
+    visit(tree, "", None)
     return out
 
 
@@ -317,6 +430,9 @@ def write_workdir(target: Target, workdir: Path, exclude: tuple = ()) -> None:
         if dst.exists():
             shutil.rmtree(dst)
         shutil.copytree(ROOT / name, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    mutated = workdir / target.module
+    mutated.write_text(lift_properties(mutated.read_text()))
+    (workdir / f"{FORK_CACHE_MODULE}.py").write_text(FORK_CACHE_SOURCE)
     pytest_ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     tests = [t for t in target.tests if t.split("::")[0] not in exclude]
     if not tests:
@@ -330,7 +446,8 @@ def write_workdir(target: Target, workdir: Path, exclude: tuple = ()) -> None:
               f"pytest_add_cli_args_test_selection = {json.dumps(selection)}",
               # the project's own pytest plugin adds nothing to these tests and costs start-up time
               'pytest_add_cli_args = ["-p", "no:fa3verify"]',
-              'also_copy = ["examples", "docs"]',  # into mutmut's mutants/ tree, where the tests run: files they read
+              # into mutmut's mutants/ tree, where the tests run: files they read, and the lifted memos' helper
+              f'also_copy = ["examples", "docs", "{FORK_CACHE_MODULE}.py"]',
               "use_git_change_detection = false", ""]
     (workdir / "pyproject.toml").write_text("\n".join(lines))
 

@@ -152,3 +152,63 @@ def test_the_varlen_head_count_is_q_s_second_to_last_dim():
     with pytest.raises(ValueError) as info:
         attention(**v)
     assert str(info.value) == "k_cache: KV head count must be >= 1 and divide q's head count 6, got 4"
+
+
+def test_each_batch_s_lengths_are_its_query_rows_and_visible_keys():
+    # hopper/seqlen.h: a batch's key count is seqused_k - leftpad_k (here cache_seqlens, no leftpad); its query rows
+    # are the padded q length (non-varlen). q (2, 3, 4, 8), k (2, 6, 2, 8): d = 8 differs from every length
+    from refmodel.attention import resolve_attention_call
+    call = _good_call()
+    r = resolve_attention_call(call["q"], call["k_cache"], call["v_cache"],
+                               cache_seqlens=torch.tensor([2, 5], dtype=I32))
+    assert [b.seqlen_q for b in r.batches] == [3, 3] and [b.seqlen_k for b in r.batches] == [2, 5]
+    # qhead_per_khead is C++ int division (flash_api.cpp: params.h / params.h_k), an int
+    assert r.qhead_per_khead == 2 and type(r.qhead_per_khead) is int
+
+
+# Chunked local attention (hopper/mask.h, flash::round_down): row i keeps only keys of the chunk that holds its
+# aligned key p = i + Lk - Lq, c <= j < c + chunk with c = floor(p / chunk) * chunk; the chunk restricts the window
+# and causal masks further (an and), and attention_chunk = 0 disables it (FA3's default).
+T, F = True, False
+
+
+def test_the_chunk_keeps_each_row_to_the_chunk_of_its_aligned_key():
+    # Lq 4, Lk 6: aligned keys 2, 3, 4, 5; chunk 4: chunks [0, 4) and [4, 8)
+    assert visibility_mask(4, 6, attention_chunk=4).tolist() == [
+        [T, T, T, T, F, F], [T, T, T, T, F, F], [F, F, F, F, T, T], [F, F, F, F, T, T]]
+    # with causal: also j <= p
+    assert visibility_mask(4, 6, causal=True, attention_chunk=4).tolist() == [
+        [T, T, T, F, F, F], [T, T, T, T, F, F], [F, F, F, F, T, F], [F, F, F, F, T, T]]
+    assert torch.equal(visibility_mask(4, 6, attention_chunk=0), visibility_mask(4, 6))
+
+
+def test_the_chunk_start_rounds_down_for_rows_before_the_first_key():
+    # Lq 3, Lk 1: aligned keys -2, -1, 0; chunk 2: floor(-1 / 2) = -1, so row 1's chunk is [-2, 0) (no key), not
+    # [0, 2) as truncation would give
+    assert visibility_mask(3, 1, attention_chunk=2).tolist() == [[F], [F], [T]]
+
+
+def test_a_negative_chunk_is_refused_naming_the_argument():
+    with pytest.raises(ValueError) as e:
+        visibility_mask(2, 2, attention_chunk=-1)
+    assert str(e.value) == "attention_chunk: must be >= 0 (0 disables), got -1"
+
+
+def test_the_resolved_call_and_its_masks_carry_the_chunk():
+    from refmodel.attention import resolve_attention_call
+    call = _good_call()                       # q (2, 3, 4, 8), k (2, 6, 2, 8)
+    plain = resolve_attention_call(call["q"], call["k_cache"], call["v_cache"])
+    assert plain.attention_chunk == 0 and all(bool(b.visible.all()) for b in plain.batches)
+    r = resolve_attention_call(call["q"], call["k_cache"], call["v_cache"], attention_chunk=2)
+    assert r.attention_chunk == 2 and type(r.attention_chunk) is int
+    assert all(torch.equal(b.visible, visibility_mask(3, 6, attention_chunk=2)) for b in r.batches)
+
+
+def test_attention_applies_the_chunk():
+    # one query row over 6 keys, chunk 4: the row keeps keys 4 and 5, the same mask as a left window of 1
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 1, 4, 8), torch.randn(2, 6, 2, 8), torch.randn(2, 6, 2, 5)
+    chunked = attention(q, k, v, attention_chunk=4)
+    window = attention(q, k, v, window_size=(1, -1))
+    assert torch.equal(chunked[0], window[0]) and torch.equal(chunked[1], window[1])
+    assert not torch.allclose(chunked[0], attention(q, k, v)[0])

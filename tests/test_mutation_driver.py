@@ -95,10 +95,120 @@ def test_mutated_line_is_the_first_added_line():
 
 
 def test_decorated_functions_are_listed_as_not_mutated():
+    # properties of a top-level class are lifted (mutated); a cache, a property with a setter and a nested class's
+    # property are not, and are listed
     source = ("import functools\nclass A:\n    @property\n    def p(self):\n        return 1\n"
               "    @staticmethod\n    def s():\n        return 2\n    def m(self):\n        return 3\n"
-              "@functools.lru_cache(maxsize=4)\ndef f():\n    return 4\n")
-    assert drv.not_mutated_by_mutmut(source) == ["A.p (@property)", "f (@functools.lru_cache(maxsize=4))"]
+              "    @property\n    def w(self):\n        return 5\n    @w.setter\n    def w(self, v):\n        pass\n"
+              "    class B:\n        @property\n        def q(self):\n            return 6\n"
+              "    @functools.lru_cache(maxsize=2)\n    def c(self):\n        return 7\n"
+              "@functools.lru_cache(maxsize=4)\ndef f():\n    return 4\n"
+              "@functools.wraps(f)\ndef g():\n    return 8\n")
+    assert drv.not_mutated_by_mutmut(source) == ["A.w (@property)", "A.w (@w.setter)", "A.B.q (@property)",
+                                                 "A.c (@functools.lru_cache(maxsize=2))", "g (@functools.wraps(f))"]
+
+
+LIFT_SOURCE = '''import functools
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Box:
+    n: int
+    k: int
+
+    @property
+    def ratio(self) -> int:
+        """n per k."""
+        return self.n // self.k
+
+    @functools.cached_property
+    def key(self): return (self.n, self.k)
+
+    def twice(self) -> int:
+        return 2 * self.ratio
+'''
+
+
+def _load(source: str, tmp_path, name: str):
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_property_bodies_are_lifted_into_plain_methods_with_the_same_values(tmp_path):
+    lifted = drv.lift_properties(LIFT_SOURCE)
+    assert "    def _property_ratio(self) -> int:\n" in lifted and "    ratio = property(_property_ratio)\n" in lifted
+    assert "    def _property_key(self): return (self.n, self.k)\n    key = functools.cached_property(_property_key)\n" in lifted
+    assert "@property" not in lifted and "@functools.cached_property" not in lifted
+    assert drv.not_mutated_by_mutmut(LIFT_SOURCE) == []
+    before, after = _load(LIFT_SOURCE, tmp_path, "lift_before"), _load(lifted, tmp_path, "lift_after")
+    for n, k in ((7, 2), (9, 3)):
+        a, b = before.Box(n, k), after.Box(n, k)
+        assert (a.ratio, a.key, a.twice()) == (b.ratio, b.key, b.twice())
+    assert isinstance(after.Box.__dict__["ratio"], property) and after.Box.__dict__["ratio"].fget.__doc__ == "n per k."
+    assert [f.name for f in __import__("dataclasses").fields(after.Box)] == ["n", "k"]
+
+
+def test_a_lifted_property_body_is_what_the_attribute_runs(tmp_path):
+    # negative control: a one-edit mutant of the lifted body changes the property's value (mutmut's mutant of it is
+    # therefore observable through the attribute the tests read)
+    mutant = drv.lift_properties(LIFT_SOURCE).replace("return self.n // self.k", "return self.n * self.k")
+    box = _load(mutant, tmp_path, "lift_mutant").Box(7, 2)
+    assert box.ratio == 14 and box.twice() == 28
+
+
+MEMO_SOURCE = '''from functools import lru_cache
+
+CALLS = []
+
+
+@lru_cache(maxsize=None)
+def table(n: int) -> tuple:
+    CALLS.append(n)
+    return tuple(range(n))
+'''
+
+
+def test_a_lifted_memo_is_the_same_memo_in_one_process_and_empty_in_another(tmp_path, monkeypatch):
+    (tmp_path / f"{drv.FORK_CACHE_MODULE}.py").write_text(drv.FORK_CACHE_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lifted = drv.lift_properties(MEMO_SOURCE)
+    assert "def _cached_table(n: int) -> tuple:" in lifted and "@lru_cache" not in lifted
+    assert drv.not_mutated_by_mutmut(MEMO_SOURCE) == []
+    mod = _load(lifted, tmp_path, "memo_lifted")
+    assert mod.table(3) == (0, 1, 2) and mod.table(3) == (0, 1, 2) and mod.CALLS == [3]   # memoised
+    assert mod.table.cache_info().hits == 1
+    mod.table.cache_clear()
+    mod.table(3)
+    assert mod.CALLS == [3, 3]
+    # negative control: the plain lru_cache keeps answering in a forked process; the lifted memo computes again
+    plain = _load(MEMO_SOURCE, tmp_path, "memo_plain")
+    plain.table(2)
+    real_pid = drv.os.getpid()
+    monkeypatch.setattr("os.getpid", lambda: real_pid + 1)   # what a forked mutant sees
+    plain.table(2)
+    mod.table(3)
+    assert plain.CALLS == [2] and mod.CALLS == [3, 3, 3]
+    # mutmut's stats run records the tests that reach each function: there every call reaches it
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "stats")
+    mod.table(3)
+    mod.table(3)
+    assert mod.CALLS == [3, 3, 3, 3, 3]
+
+
+def test_the_scratch_copy_mutates_the_lifted_module(tmp_path):
+    target = drv.Target("refmodel/attention.py", ("tests/test_attention.py",))
+    drv.write_workdir(target, tmp_path)
+    copied = (tmp_path / "refmodel" / "attention.py").read_text()
+    assert "def _property_seqlen_q(self) -> int:" in copied and "seqlen_q = property(_property_seqlen_q)" in copied
+    assert copied != (ROOT / "refmodel" / "attention.py").read_text()
+    assert (tmp_path / f"{drv.FORK_CACHE_MODULE}.py").read_text() == drv.FORK_CACHE_SOURCE
+    assert f'"{drv.FORK_CACHE_MODULE}.py"' in (tmp_path / "pyproject.toml").read_text()   # copied where tests run
 
 
 def test_a_rerun_needs_a_full_previous_run_of_the_same_source(tmp_path):
@@ -180,7 +290,7 @@ def test_every_refmodel_module_and_the_build_theorems_are_in_the_mapping():
     targets = drv.load_targets()
     assert drv.unmapped_modules(targets) == []
     assert {"refmodel/__init__.py", "refmodel/fa3_builds.py", "refmodel/metadata_layout.py", "refmodel/kv_blocks.py", "spec/invariants.py",
-            "spec/theorems/fork_tile.py"} <= set(targets)
+            "spec/lifecycle_invariants.py", "spec/theorems/fork_tile.py"} <= set(targets)
 
 
 def test_a_refmodel_module_missing_from_the_mapping_is_named(tmp_path):

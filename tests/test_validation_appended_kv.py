@@ -64,3 +64,16 @@ def test_seqused_k_passed_reads_both_fields():
     assert seqused_k_passed(call()) and not seqused_k_passed(call(uses_prepare=False))
     assert not seqused_k_passed(call(has_seqused_k=False))
     assert seqused_k_passed(SimpleNamespace())   # inputs that do not say count as passing it
+
+
+def test_appends_kv_reads_k_new_or_its_length():
+    # params.knew_ptr (flash_api.cpp@0251105a 575 at precompute from max_seqlen_k_new > 0; 929-961 at the call from
+    # k_new_.has_value()): inputs that do not say whether k_new was passed append only with a positive length
+    from types import SimpleNamespace
+
+    from refmodel.validation import appends_kv
+
+    assert not appends_kv(SimpleNamespace(seqlen_knew=0))
+    assert appends_kv(SimpleNamespace(seqlen_knew=1))
+    assert appends_kv(SimpleNamespace(has_k_new=True, seqlen_knew=0))     # a varlen k_new: params.seqlen_knew is 0
+    assert not appends_kv(call(seqlen_knew=0)) and appends_kv(call(has_k_new=True, seqlen_knew=0))
