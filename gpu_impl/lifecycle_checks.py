@@ -51,7 +51,7 @@ def semaphore_violation(metadata, arch: int = 90) -> Optional[Violation]:
 def replay_freshness(pre, made_at: dict, where) -> list:
     """READS_OWN_STEP_METADATA for a replayed call whose metadata is ``pre``'s: ``made_at`` maps id(precompute) to
     (precompute, the (step, dp_rank) it was made at); a replay at ``where`` must read one made there (an engine
-    driver's replay, gpu_impl.engines.sglang_driver). Unknown metadata is METADATA_ORIGIN's, not reported here."""
+    driver's replay, gpu_impl.engines.sglang.driver). Unknown metadata is METADATA_ORIGIN's, not reported here."""
     entry = made_at.get(id(pre)) if pre is not None else None
     if entry is None or entry[0] is not pre or tuple(entry[1]) == tuple(where):
         return []

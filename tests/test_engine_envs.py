@@ -10,7 +10,9 @@ import json
 
 import pytest
 
-from gpu_impl.engines import envs, installers, protocol, recipes, torch_build, vllm_recipes
+from gpu_impl.engines import envs, installers, protocol, torch_build
+from gpu_impl.engines.sglang import recipes
+from gpu_impl.engines.vllm import recipes as vllm_recipes
 from gpu_impl.engines.errors import EnvSetupError, UnknownRelease
 
 SAMPLE_CONFIG = """\

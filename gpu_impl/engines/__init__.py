@@ -4,15 +4,16 @@ Each real engine form's row of ``gpu_impl/engine_forms.json`` names its opener h
 ``open_vllm_release``, ``open_vllm_checkout``), which ``gpu_impl.sut.open_sut`` calls; ``open_engine(spec)`` opens
 any of them by its row. An opener checks the spec (a registered release from 0.5.11, or a checkout / wheel),
 builds or reuses the release's cached environment (``envs.ensure_env``) and returns the system under test (e.g.
-a :class:`~gpu_impl.engines.sglang.SglangSUT`) whose worker starts on first use.
+a :class:`~gpu_impl.engines.sglang.host.SglangSUT`) whose worker starts on first use.
 Errors are :class:`~gpu_impl.engines.errors.EngineUnavailable` (a ``gpu_impl.sut.EngineSpecError``): unknown
 release, release without the precompute (< 0.5.11), a checkout that does not import, a failed set-up.
 
-Modules: ``recipes`` / ``vllm_recipes`` (releases and environment recipes, data), ``envs`` (the one builder of
-cached venvs), ``installers`` (uv or pip, pip's configuration translated), ``protocol`` (wire format and the one
-worker loop), ``sglang`` / ``vllm`` (the SUTs, host side), ``sglang_driver`` / ``sglang_rank`` / ``sglang_glue`` /
-``validation`` / ``vllm_driver`` / ``vllm_glue`` (run inside the engine environment), ``fakes/`` (stand-ins for
-``sgl_kernel`` and ``torchvision``).
+One folder per engine: ``sglang/`` and ``vllm/`` each hold everything that engine needs (``host``: the system
+under test, host side; ``recipes``: releases and environment recipes, data; ``driver`` / ``glue`` / ``rank`` /
+``validation`` / ...: run inside the engine environment; the engine's data tables). Shared here: ``envs`` (the one
+builder of cached venvs), ``installers`` (uv or pip, pip's configuration translated), ``protocol`` (wire format
+and the one worker loop), ``worker_client`` (the host side of that loop), ``checkouts`` (source checkouts and
+wheels), ``fakes/`` (stand-ins for ``sgl_kernel`` and ``torchvision``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ __all__ = ["open_engine", "open_sglang", "open_vllm_release", "open_vllm_checkou
 
 def open_sglang(spec, progress: Callable[[str], None] = print):
     """An sglang release or checkout (rows ``sglang`` and ``sglang-src`` of gpu_impl/engine_forms.json): its
-    :class:`~gpu_impl.engines.sglang.SglangSUT`, whose worker starts on first use."""
-    from .sglang import SglangSUT
+    :class:`~gpu_impl.engines.sglang.host.SglangSUT`, whose worker starts on first use."""
+    from .sglang.host import SglangSUT
 
     return SglangSUT(spec, progress=progress)
 
@@ -37,7 +38,7 @@ def open_sglang(spec, progress: Callable[[str], None] = print):
 def open_vllm_release(spec, progress: Callable[[str], None] = print):
     """A vLLM release (row ``vllm``): an unknown release is refused now, not at the first run."""
     from .envs import check_release
-    from .vllm import VllmSUT  # lazy: the worker starts on the first run
+    from .vllm.host import VllmSUT  # lazy: the worker starts on the first run
 
     check_release(spec.release, engine="vllm")
     return VllmSUT(spec.release)
@@ -45,7 +46,7 @@ def open_vllm_release(spec, progress: Callable[[str], None] = print):
 
 def open_vllm_checkout(spec, progress: Callable[[str], None] = print):
     """A vLLM checkout or wheel (row ``vllm-src``): a path holding no vLLM is refused now (CheckoutImportError)."""
-    from .vllm import VllmSUT
+    from .vllm.host import VllmSUT
 
     return VllmSUT(spec=spec)
 

@@ -13,7 +13,7 @@ class EngineUnavailable(EngineSpecError):
 
 
 class UnknownRelease(EngineUnavailable):
-    """The release is not on the registry (``gpu_impl.engines.recipes.RELEASES``)."""
+    """The release is not on the registry (``gpu_impl.engines.sglang.recipes.RELEASES``)."""
 
 
 class NoPrecompute(EngineUnavailable):

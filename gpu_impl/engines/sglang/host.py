@@ -14,13 +14,14 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from .. import sut
-from ..sut import EngineSpec, SystemUnderTest
-from . import envs, recipes
-from .checkouts import resolve_checkout
-from .errors import CheckoutImportError, DriverError, EngineUnavailable
-from .protocol import result_from_wire, scenario_to_wire
-from .worker_client import EngineWorker, engine_start_timeout_s, engine_timeout_s
+from gpu_impl import sut
+from gpu_impl.sut import EngineSpec, SystemUnderTest
+from gpu_impl.engines import envs
+from . import recipes
+from gpu_impl.engines.checkouts import resolve_checkout
+from gpu_impl.engines.errors import CheckoutImportError, DriverError, EngineUnavailable
+from gpu_impl.engines.protocol import result_from_wire, scenario_to_wire
+from gpu_impl.engines.worker_client import EngineWorker, engine_start_timeout_s, engine_timeout_s
 
 __all__ = ["SglangSUT", "ScenarioUnsupported", "resolve_source"]
 
@@ -43,7 +44,7 @@ class SglangSUT(SystemUnderTest):
     """sglang's own FlashAttentionBackend, in a worker process inside the release's engine environment."""
 
     #: the worker's main module (the engine driver); a harness may name another that serves the same protocol
-    DEFAULT_WORKER = "gpu_impl.engines.sglang_driver"
+    DEFAULT_WORKER = "gpu_impl.engines.sglang.driver"
 
     has_worker = True
 
@@ -151,7 +152,7 @@ class SglangSUT(SystemUnderTest):
         superset of what its parser takes, kept where its ServerArgs validation accepts them; one per SUT, so
         the release is asked once per configuration."""
         if getattr(self, "_domain", None) is None:
-            from .sglang_domain import ReleaseDomain
+            from .domain import ReleaseDomain
 
             self._domain = ReleaseDomain(self.release, self.validate, label=str(self.spec))
         return self._domain

@@ -93,7 +93,7 @@ def _faked(module, layout: dict):
 def _attention_class():
     import importlib
 
-    from .protocol import quiet
+    from gpu_impl.engines.protocol import quiet
 
     with quiet():
         return getattr(importlib.import_module(MODULE), CLASS)

@@ -22,11 +22,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..sut import EngineSpec, SystemUnderTest
-from . import envs, vllm_recipes
-from .checkouts import resolve_checkout
-from .errors import CheckoutImportError, DriverError
-from .worker_client import EngineWorker, engine_start_timeout_s, engine_timeout_s
+from gpu_impl.sut import EngineSpec, SystemUnderTest
+from gpu_impl.engines import envs
+from . import recipes as vllm_recipes
+from gpu_impl.engines.checkouts import resolve_checkout
+from gpu_impl.engines.errors import CheckoutImportError, DriverError
+from gpu_impl.engines.worker_client import EngineWorker, engine_start_timeout_s, engine_timeout_s
 
 __all__ = ["VllmWorker", "VllmSUT", "scenario_to_vllm", "resolve_vllm_source", "VLLM_DEFECTS"]
 
@@ -59,7 +60,7 @@ def nearest_vllm_release(version: Optional[str]) -> str:
 
 
 class VllmWorker:
-    """One driver process (``python -m gpu_impl.engines.vllm_driver``) speaking JSON lines: its hello within the
+    """One driver process (``python -m gpu_impl.engines.vllm.driver``) speaking JSON lines: its hello within the
     start deadline (``start_timeout``: seconds, default ``$FA3VERIFY_ENGINE_START_TIMEOUT`` or 900), every answer
     within the engine deadline (``timeout``: seconds, default ``$FA3VERIFY_ENGINE_TIMEOUT`` or 900;
     ``worker_client``)."""
@@ -74,12 +75,12 @@ class VllmWorker:
         self.label = label or f"vllm=={self.release}"
         d = envs.ensure_env(release, progress=progress, root=root, engine="vllm")
         env = envs.driver_environ(extra_paths=[str(source)] if source else (), engine="vllm")
-        from .vllm_driver import GENERATION_VARIABLE
+        from .driver import GENERATION_VARIABLE
 
         env[GENERATION_VARIABLE] = vllm_recipes.DRIVER_GENERATIONS[self.release]
         if source:
             env[SOURCE_VARIABLE] = str(source)
-        self._worker = EngineWorker([str(d / "bin" / "python"), "-m", "gpu_impl.engines.vllm_driver"],
+        self._worker = EngineWorker([str(d / "bin" / "python"), "-m", "gpu_impl.engines.vllm.driver"],
                                     f"engine worker {self.label}", env=env,
                                     cwd=str(envs.project_path()), timeout_s=self.timeout,
                                     start_timeout_s=self.start_timeout)
@@ -144,7 +145,7 @@ VLLM_DEFECTS = {"graph-split-count-from-capture": {"precompute_num_splits": 0},
 
 
 def _unsupported(message: str):
-    from .sglang import ScenarioUnsupported
+    from gpu_impl.engines.sglang.host import ScenarioUnsupported
 
     return ScenarioUnsupported(message)
 
@@ -234,7 +235,7 @@ class VllmSUT(SystemUnderTest):
         return self.worker.hello
 
     def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
-        from .protocol import result_from_wire
+        from gpu_impl.engines.protocol import result_from_wire
 
         return result_from_wire(self.worker.run(scenario_to_vllm(scenario), numerics=numerics))
 
@@ -244,8 +245,8 @@ class VllmSUT(SystemUnderTest):
         maps them (:func:`scenario_to_vllm`); accepted is None where vLLM's driver does not run it at all."""
         import dataclasses
 
-        from ..config import MODELS, ServerConfig
-        from ..scenario import Scenario, Step
+        from gpu_impl.config import MODELS, ServerConfig
+        from gpu_impl.scenario import Scenario, Step
 
         server = server_config if dataclasses.is_dataclass(server_config) else ServerConfig(**dict(server_config))
         model = MODELS["llama-3-8b"] if model_config is None else model_config
@@ -269,11 +270,11 @@ class VllmSUT(SystemUnderTest):
         for a release driven by the second generation, which adds vLLM's FULL_AND_PIECEWISE mode), each drawn case
         kept only where vLLM's own config validation accepts it (:meth:`check_case`); reach per path. One per SUT."""
         if getattr(self, "_domain", None) is None:
-            from ..domain import ConfigDomain
+            from gpu_impl.domain import ConfigDomain
 
             self._verdicts: dict = {}
             if vllm_recipes.DRIVER_GENERATIONS.get(self.release) == "v2":
-                from .vllm_driver_v2 import PATHS_V2
+                from .driver_v2 import PATHS_V2
 
                 family, keys = "vllm-v2", PATHS_V2
             else:
@@ -285,7 +286,7 @@ class VllmSUT(SystemUnderTest):
         """None when vLLM accepts a drawn case's configuration, else its reason (``vllm_validation``; an
         inconclusive validation is a rejection with that message). A case the driver does not run at all is
         left to the run (counted as unsupported there)."""
-        from ..scenario import Scenario, Step
+        from gpu_impl.scenario import Scenario, Step
 
         scn = Scenario(server=case.server, model=case.model, guard=None, steps=[Step(**s) for s in case.steps],
                        seed=case.seed, vllm=getattr(case, "vllm", None))

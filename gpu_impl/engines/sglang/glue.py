@@ -280,7 +280,7 @@ def kit_modules(release: str) -> dict:
     except ImportError:
         present = False
     if not present:
-        from . import sglang_standin
+        from . import standin as sglang_standin
 
         return {**sglang_standin.load(), "standin": True}
     dense = importlib.import_module("sglang.test.kits.attention_unittest.attention_methods.dense_attention")

@@ -13,7 +13,7 @@ width, one ``build`` per step -- written from vLLM <= 0.33.0's ``gpu_model_runne
 which (``vllm_recipes.DRIVER_GENERATIONS``, environment variable ``FA3VERIFY_VLLM_DRIVER``), and a release that lacks
 what its generation drives is refused at start with the list (``vllm_recipes.missing_for_generation``).
 
-Run as ``python -m gpu_impl.engines.vllm_driver`` inside the vLLM engine environment (``envs``, recipe
+Run as ``python -m gpu_impl.engines.vllm.driver`` inside the vLLM engine environment (``envs``, recipe
 ``vllm_recipes``), project root and fakes on PYTHONPATH; the loop is ``protocol.serve``: one JSON request per stdin
 line, one JSON response per stdout line. Requests:
 ``{"op": "hello"}``, ``{"op": "run", "scenario": {...}}`` (fields: :func:`scenario_defaults`), ``{"op": "quit"}``.
@@ -39,8 +39,8 @@ import os
 import sys
 import time
 
-from .protocol import Unsupported, serve
-from .vllm_front import VLLM_BUILD, FrontFA3, ShapeOnlyFA3, seed_defect  # noqa: F401 - re-exported (tests, clients)
+from gpu_impl.engines.protocol import Unsupported, serve
+from .front import VLLM_BUILD, FrontFA3, ShapeOnlyFA3, seed_defect  # noqa: F401 - re-exported (tests, clients)
 
 _PROTOCOL_OUT = sys.stdout
 
@@ -267,7 +267,7 @@ class Config:
         n = len(k)
         table = torch.zeros(n, self.max_blocks, dtype=torch.int32)
         if self.numerics:
-            from .vllm_numerics import numerics_kv
+            from .numerics import numerics_kv
 
             self.kv_cache, table = numerics_kv(self.hk, s["block_size"], s["head_dim"], self.dtype, k,
                                                self.max_blocks, seed=s["seed"] + 7919 * self.steps_built)
@@ -333,7 +333,7 @@ class Engine:
 
     def __init__(self):
         t = time.monotonic()
-        from . import vllm_glue
+        from . import glue as vllm_glue
 
         vllm_glue.install()
         import torch
@@ -345,7 +345,7 @@ class Engine:
 
         self.vllm, self.fa, self.glue = vllm, fa, vllm_glue
         self.generation = os.environ.get(GENERATION_VARIABLE) or "v1"
-        from .vllm_recipes import GENERATION_MODULES, missing_for_generation
+        from .recipes import GENERATION_MODULES, missing_for_generation
 
         if self.generation in GENERATION_MODULES:
             missing = missing_for_generation(self.generation, os.environ.get("FA3VERIFY_VLLM_SOURCE"))
@@ -353,7 +353,7 @@ class Engine:
                 raise ImportError(f"vllm {getattr(vllm, '__version__', '?')} lacks what driver generation "
                                   f"{self.generation} drives: {'; '.join(missing)}")
         if self.generation == "v2":
-            from .vllm_driver_v2 import ConfigV2
+            from .driver_v2 import ConfigV2
 
             self.config_class = ConfigV2
         elif self.generation == "v1":
@@ -386,24 +386,24 @@ class Engine:
         """What the driver generation itself stands in for (the second generation's runner pieces)."""
         if self.generation != "v2":
             return ()
-        from .vllm_driver_v2 import STOOD_IN
+        from .driver_v2 import STOOD_IN
 
         return STOOD_IN
 
     def validate(self, scenario: dict) -> dict:
         """vLLM's own config validation of a scenario's configuration (``vllm_validation``)."""
-        from .vllm_validation import validate_vllm_config
+        from .validation import validate_vllm_config
 
         return validate_vllm_config(check_scenario(scenario))
 
     def run(self, scenario: dict, numerics: bool = False) -> dict:
         """One scenario through vLLM's builder and impl; ``numerics``: every call on the emulator, outputs judged
         against the oracle (``vllm_numerics``; off by default: record mode)."""
-        from ..fa3_calls import pair_summary
+        from gpu_impl.fa3_calls import pair_summary
 
         s = check_scenario(dict(scenario))
         if numerics:
-            from .vllm_numerics import check_numerics_scenario
+            from .numerics import check_numerics_scenario
 
             check_numerics_scenario(s)
         if self.fa_version != 3:
