@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from gpu_impl.domain import ConfigDomain, DomainDraw
-from .validation import FIELD_NAMES
+from gpu_impl.engines.sglang.validation import FIELD_NAMES
 
 __all__ = ["DATA_FILE", "SERVER_ARGS", "ReleaseDomain", "release_arguments", "draw_table"]
 
@@ -59,7 +59,7 @@ def draw_table() -> dict:
 def release_arguments(release: str) -> tuple:
     """(release whose definitions are used, {dest: definition}) for ``release``: its own entry, else the nearest
     older release that has one (else the oldest)."""
-    from .recipes import release_key
+    from gpu_impl.engines.sglang.recipes import release_key
 
     have = sorted(_data()["releases"], key=release_key)
     older = [r for r in have if release_key(r) <= release_key(release)]

@@ -41,7 +41,7 @@ from gpu_impl.engines import protocol
 from gpu_impl.engines.protocol import Unsupported
 from gpu_impl.engines.protocol import quiet as _quiet
 from gpu_impl.engines.call_sites import caller_location
-from .rank import RankBackend
+from gpu_impl.engines.sglang.rank import RankBackend
 
 _PROTOCOL_OUT = sys.stdout
 
@@ -263,7 +263,7 @@ class Engine:
         import torch
 
         torch.set_num_threads(1)
-        from . import glue as sglang_glue
+        from gpu_impl.engines.sglang import glue as sglang_glue
 
         with _quiet():
             import sglang
@@ -435,7 +435,7 @@ class Engine:
 
     # -- configurations the release accepts ----------------------------------------------------------------
     def validate(self, server: dict, model: dict = None) -> dict:
-        from .validation import validate_server_args
+        from gpu_impl.engines.sglang.validation import validate_server_args
 
         return validate_server_args(self, server, model)
 

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 from gpu_impl import sut
 from gpu_impl.sut import EngineSpec, SystemUnderTest
 from gpu_impl.engines import envs
-from . import recipes
+from gpu_impl.engines.sglang import recipes
 from gpu_impl.engines.checkouts import resolve_checkout
 from gpu_impl.engines.errors import CheckoutImportError, DriverError, EngineUnavailable
 from gpu_impl.engines.protocol import result_from_wire, scenario_to_wire
@@ -152,7 +152,7 @@ class SglangSUT(SystemUnderTest):
         superset of what its parser takes, kept where its ServerArgs validation accepts them; one per SUT, so
         the release is asked once per configuration."""
         if getattr(self, "_domain", None) is None:
-            from .domain import ReleaseDomain
+            from gpu_impl.engines.sglang.domain import ReleaseDomain
 
             self._domain = ReleaseDomain(self.release, self.validate, label=str(self.spec))
         return self._domain

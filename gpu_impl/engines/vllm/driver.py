@@ -40,7 +40,7 @@ import sys
 import time
 
 from gpu_impl.engines.protocol import Unsupported, serve
-from .front import VLLM_BUILD, FrontFA3, ShapeOnlyFA3, seed_defect  # noqa: F401 - re-exported (tests, clients)
+from gpu_impl.engines.vllm.front import VLLM_BUILD, FrontFA3, ShapeOnlyFA3, seed_defect  # noqa: F401 - re-exported (tests, clients)
 
 _PROTOCOL_OUT = sys.stdout
 
@@ -267,7 +267,7 @@ class Config:
         n = len(k)
         table = torch.zeros(n, self.max_blocks, dtype=torch.int32)
         if self.numerics:
-            from .numerics import numerics_kv
+            from gpu_impl.engines.vllm.numerics import numerics_kv
 
             self.kv_cache, table = numerics_kv(self.hk, s["block_size"], s["head_dim"], self.dtype, k,
                                                self.max_blocks, seed=s["seed"] + 7919 * self.steps_built)
@@ -333,7 +333,7 @@ class Engine:
 
     def __init__(self):
         t = time.monotonic()
-        from . import glue as vllm_glue
+        from gpu_impl.engines.vllm import glue as vllm_glue
 
         vllm_glue.install()
         import torch
@@ -345,7 +345,7 @@ class Engine:
 
         self.vllm, self.fa, self.glue = vllm, fa, vllm_glue
         self.generation = os.environ.get(GENERATION_VARIABLE) or "v1"
-        from .recipes import GENERATION_MODULES, missing_for_generation
+        from gpu_impl.engines.vllm.recipes import GENERATION_MODULES, missing_for_generation
 
         if self.generation in GENERATION_MODULES:
             missing = missing_for_generation(self.generation, os.environ.get("FA3VERIFY_VLLM_SOURCE"))
@@ -353,7 +353,7 @@ class Engine:
                 raise ImportError(f"vllm {getattr(vllm, '__version__', '?')} lacks what driver generation "
                                   f"{self.generation} drives: {'; '.join(missing)}")
         if self.generation == "v2":
-            from .driver_v2 import ConfigV2
+            from gpu_impl.engines.vllm.driver_v2 import ConfigV2
 
             self.config_class = ConfigV2
         elif self.generation == "v1":
@@ -386,13 +386,13 @@ class Engine:
         """What the driver generation itself stands in for (the second generation's runner pieces)."""
         if self.generation != "v2":
             return ()
-        from .driver_v2 import STOOD_IN
+        from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
 
         return STOOD_IN
 
     def validate(self, scenario: dict) -> dict:
         """vLLM's own config validation of a scenario's configuration (``vllm_validation``)."""
-        from .validation import validate_vllm_config
+        from gpu_impl.engines.vllm.validation import validate_vllm_config
 
         return validate_vllm_config(check_scenario(scenario))
 
@@ -403,7 +403,7 @@ class Engine:
 
         s = check_scenario(dict(scenario))
         if numerics:
-            from .numerics import check_numerics_scenario
+            from gpu_impl.engines.vllm.numerics import check_numerics_scenario
 
             check_numerics_scenario(s)
         if self.fa_version != 3:

@@ -27,7 +27,7 @@ import dataclasses
 import types
 
 from gpu_impl.engines.protocol import Unsupported
-from .driver import Config
+from gpu_impl.engines.vllm.driver import Config
 
 __all__ = ["ConfigV2", "GRAPH_MODES_V2", "PATHS_V2", "ABOVE_GRAPHS", "STOOD_IN"]
 

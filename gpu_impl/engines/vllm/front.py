@@ -46,7 +46,7 @@ class FrontFA3:
 
     def __init__(self, num_sm: int, numerics: bool = False):
         from gpu_impl.fa3_calls import CheckingFA3
-        from .numerics import EmulatorVarlenFA3
+        from gpu_impl.engines.vllm.numerics import EmulatorVarlenFA3
 
         from refmodel.fa3_builds import UPSTREAM
 
@@ -136,7 +136,7 @@ class FrontFA3:
 
     def _judged(self, a: dict) -> list:
         """Numerics: the emulator's output into vLLM's ``out``, judged against the oracle (vllm_numerics.judge)."""
-        from .numerics import judge
+        from gpu_impl.engines.vllm.numerics import judge
 
         out, lse = self.impl.last
         if a["out"] is not None:

@@ -24,7 +24,7 @@ from typing import Optional
 
 from gpu_impl.sut import EngineSpec, SystemUnderTest
 from gpu_impl.engines import envs
-from . import recipes as vllm_recipes
+from gpu_impl.engines.vllm import recipes as vllm_recipes
 from gpu_impl.engines.checkouts import resolve_checkout
 from gpu_impl.engines.errors import CheckoutImportError, DriverError
 from gpu_impl.engines.worker_client import EngineWorker, engine_start_timeout_s, engine_timeout_s
@@ -48,7 +48,7 @@ def resolve_vllm_source(path: str) -> tuple:
 def nearest_vllm_release(version: Optional[str]) -> str:
     """The registered vLLM release a checkout of ``version`` runs beside: the newest at or before it, else the
     oldest; the newest when the checkout says no version."""
-    from .recipes import release_key
+    from gpu_impl.engines.sglang.recipes import release_key
 
     releases = vllm_recipes.RELEASES
     try:
@@ -75,7 +75,7 @@ class VllmWorker:
         self.label = label or f"vllm=={self.release}"
         d = envs.ensure_env(release, progress=progress, root=root, engine="vllm")
         env = envs.driver_environ(extra_paths=[str(source)] if source else (), engine="vllm")
-        from .driver import GENERATION_VARIABLE
+        from gpu_impl.engines.vllm.driver import GENERATION_VARIABLE
 
         env[GENERATION_VARIABLE] = vllm_recipes.DRIVER_GENERATIONS[self.release]
         if source:
@@ -274,7 +274,7 @@ class VllmSUT(SystemUnderTest):
 
             self._verdicts: dict = {}
             if vllm_recipes.DRIVER_GENERATIONS.get(self.release) == "v2":
-                from .driver_v2 import PATHS_V2
+                from gpu_impl.engines.vllm.driver_v2 import PATHS_V2
 
                 family, keys = "vllm-v2", PATHS_V2
             else:

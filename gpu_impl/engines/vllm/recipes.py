@@ -78,7 +78,7 @@ WHEEL_VARIABLE = "FA3VERIFY_VLLM_WHEEL"
 def nearest_generation(release: str) -> tuple:
     """(registered release, its driver generation) nearest to ``release``: the newest registered release at or
     before it, else the oldest; ValueError for a string that is no release number."""
-    from .recipes import release_key
+    from gpu_impl.engines.sglang.recipes import release_key
 
     key = release_key(release)
     older = [r for r in RELEASES if release_key(r) <= key]
