@@ -180,15 +180,15 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     if why_not:
         return _not_modelled(path, case, why_not)
     spec = sut.spec if sut is not None else engine_for_case(case, engine)
-    if not spec.runs_scenario_policy:
-        for option, value in (("--guard", guard), ("--metadata-heads", metadata_heads),
-                              ("--keep-stale-cp-metadata", keep_stale)):
-            if value:
-                raise UsageError(f"{option}: does not apply when replaying on {spec} (the engine's own code "
-                                 f"decides); use --engine model to replay on the model under another policy")
-    if case.vllm is not None and not spec.runs_vllm_cases:
-        raise UsageError(f"vllm: the case carries vLLM options (a vLLM configuration); {spec} does not run them: "
-                         f"replay it with --engine vllm==V (the case names {case.engine or 'no engine'})")
+    for option, value in (("--guard", guard), ("--metadata-heads", metadata_heads),
+                          ("--keep-stale-cp-metadata", keep_stale)):
+        refusal = spec.plugin.policy_option_refusal(spec, option, replay=True) if value else None
+        if refusal:
+            raise UsageError(refusal)
+    try:
+        spec.plugin.check_case_options(spec, case.options)
+    except ValueError as exc:
+        raise UsageError(f"{exc} (the case names {case.engine or 'no engine'})") from None
     policy = case_model_policy(case, guard, metadata_heads, keep_stale, trust_case_guard)
     scn = scenario_from_case(case, defects=defects, policy=policy)
     name = kernel_name or case.kernel.get("name", "emulated")
@@ -202,7 +202,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     kernel = load(name, mode=case.kernel.get("mode", "strict"), device=device)
     own = sut is None
     # the case's policy builds the model it replays on (ModelSUT(policy=...)); an engine's own code decides
-    sut = (open_engine(spec, policy=policy if spec.runs_scenario_policy else None)) if own else sut
+    sut = open_engine(spec, policy=policy) if own else sut
     start = time.perf_counter()
     try:
         if own:
@@ -230,7 +230,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     msg = "; ".join(f"{f['invariant']} at step {f['step']} rank {f['dp_rank']}: {f['message']}" for f in findings[:3])
     # numerics run on the emulator, which models upstream's kernel: such a run is judged under upstream's build
     judged = f" [FA3 build {fa3_build_of(None if use_numerics else spec)}]"
-    summary.checks.append(Check(name=f"replay {path}" + ("" if spec.runs_scenario_policy else f" on {spec}"), kind="replay",
+    summary.checks.append(Check(name=f"replay {path}" + spec.plugin.run_label(spec), kind="replay",
                                 verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,
                                 message=(msg or f"outcome {outcome} (expected {observed.expected_outcome})") + judged))
     from .sanitize.records import recorded_layout_text
@@ -243,7 +243,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
         engine_findings = list(getattr(result, "findings", None) or []) if result is not None else []
         for i, f in enumerate(findings):
             finding = Finding(invariant=f["invariant"], case_file=path, check=summary.checks[-1].name,
-                              engine="replay" if spec.runs_scenario_policy else f"replay on {spec}", message=f["message"],
+                              engine="replay" + spec.plugin.run_label(spec), message=f["message"],
                               hint=hint_for(f["invariant"]))
             if i < len(engine_findings):
                 terms_i = {**terms, **terms_of_finding(scn, result, engine_findings[i], spec)}

@@ -88,7 +88,7 @@ def run(args) -> int:
 
         summary.policy.update(enforced_assumptions=enforced(facts), not_enforced_assumptions=not_enforced(facts),
                               dropped_assumptions=dropped)
-    if not spec.runs_scenario_policy:  # the model's witnesses are its own runs already
+    if "witnesses" in spec.plugin.proof_stages(spec):  # the model's witnesses are its own runs already
         with open_engine(spec) as sut:
             start_engine(sut, "prove")
             with stage("prove", f"witnesses replayed on {spec}"):

@@ -1,8 +1,7 @@
 """Real serving engines as systems under test (``gpu_impl.sut``): sglang and vLLM releases and checkouts on CPU.
 
-Each real engine form's row of ``gpu_impl/engine_forms.json`` names its opener here (``open_sglang``,
-``open_vllm_release``, ``open_vllm_checkout``), which ``gpu_impl.sut.open_sut`` calls; ``open_engine(spec)`` opens
-any of them by its row. An opener checks the spec (a registered release from 0.5.11, or a checkout / wheel),
+Each engine form's row of ``gpu_impl/engine_forms.json`` names its engine's plugin (``gpu_impl.plugin``), whose
+``open`` ``gpu_impl.sut.open_sut`` calls; ``open_engine(spec)`` opens a real engine the same way. A plugin's opener checks the spec (a registered release from 0.5.11, or a checkout / wheel),
 builds or reuses the release's cached environment (``envs.ensure_env``) and returns the system under test (e.g.
 a :class:`~gpu_impl.engines.sglang.host.SglangSUT`) whose worker starts on first use.
 Errors are :class:`~gpu_impl.engines.errors.EngineUnavailable` (a ``gpu_impl.sut.EngineSpecError``): unknown
@@ -23,49 +22,36 @@ from typing import Callable
 from .errors import (CheckoutImportError, DriverError, EngineUnavailable, EnvSetupError, NoPrecompute,
                      UnknownRelease)
 
-__all__ = ["open_engine", "open_sglang", "open_vllm_release", "open_vllm_checkout", "OPENERS", "EngineUnavailable", "UnknownRelease", "NoPrecompute", "EnvSetupError",
+__all__ = ["open_engine", "real_engine_plugins", "EngineUnavailable", "UnknownRelease", "NoPrecompute", "EnvSetupError",
            "CheckoutImportError", "DriverError"]
 
 
-def open_sglang(spec, progress: Callable[[str], None] = print):
-    """An sglang release or checkout (rows ``sglang`` and ``sglang-src`` of gpu_impl/engine_forms.json): its
-    :class:`~gpu_impl.engines.sglang.host.SglangSUT`, whose worker starts on first use."""
-    from .sglang.host import SglangSUT
-
-    return SglangSUT(spec, progress=progress)
-
-
-def open_vllm_release(spec, progress: Callable[[str], None] = print):
-    """A vLLM release (row ``vllm``): an unknown release is refused now, not at the first run."""
-    from .envs import check_release
-    from .vllm.host import VllmSUT  # lazy: the worker starts on the first run
-
-    check_release(spec.release, engine="vllm")
-    return VllmSUT(spec.release)
-
-
-def open_vllm_checkout(spec, progress: Callable[[str], None] = print):
-    """A vLLM checkout or wheel (row ``vllm-src``): a path holding no vLLM is refused now (CheckoutImportError)."""
-    from .vllm.host import VllmSUT
-
-    return VllmSUT(spec=spec)
-
-
-#: The openers of this package, by the name a registry row's ``factory`` gives (``gpu_impl.engines:NAME``).
-OPENERS = {"open_sglang": open_sglang, "open_vllm_release": open_vllm_release,
-           "open_vllm_checkout": open_vllm_checkout}
-
-
 def open_engine(spec, progress: Callable[[str], None] = print):
-    """The system under test a real engine spec names, opened by the factory its registry row names (one of
-    :data:`OPENERS`); a spec whose row names none of them is :class:`EngineUnavailable`."""
-    from ..sut import parse_engine
+    """The system under test a real engine spec names, opened by its engine's plugin (``gpu_impl.plugin``); a spec
+    whose plugin is no engine folder of this package with a host side (the model, a named SUT) is
+    :class:`EngineUnavailable`."""
+    from ..sut import ENGINE_REGISTRY, parse_engine
 
     if isinstance(spec, str):
         spec = parse_engine(spec)
-    module, _, name = spec.form["factory"].partition(":")
-    opener = OPENERS.get(name) if module == __name__ else None
-    if opener is None:
-        raise EngineUnavailable(f"engine {spec}: no real engine of kind {spec.kind!r} (allowed: sglang==V, "
-                                f"sglang-src=PATH, vllm==V, vllm-src=PATH)")
-    return opener(spec, progress=progress)
+    if spec.form["plugin"] not in real_engine_plugins():
+        real = ", ".join(row["example"].replace("0.5.23", "V").replace("0.33.0", "V")
+                         for row in ENGINE_REGISTRY.values() if row["plugin"] in real_engine_plugins())
+        raise EngineUnavailable(f"engine {spec}: no real engine of kind {spec.kind!r} (allowed: {real})")
+    return spec.plugin.open(spec, progress=progress)
+
+
+def real_engine_plugins() -> set:
+    """The plugins (registry ``plugin`` values) of the engine folders here that run a real engine's own code in its
+    environment: those whose folder has a ``host`` module."""
+    from importlib.util import find_spec
+
+    from ..sut import ENGINE_REGISTRY
+
+    out = set()
+    for row in ENGINE_REGISTRY.values():
+        module = row["plugin"].partition(":")[0]
+        package = module.rpartition(".")[0]
+        if package.startswith(__name__ + ".") and find_spec(package + ".host") is not None:
+            out.add(row["plugin"])
+    return out

@@ -321,6 +321,12 @@ class Case:
     #: vLLM options (``spec.model.case_vllm``): what a vLLM configuration adds to server/model; None for other cases
     vllm: Optional[dict] = None
 
+    @property
+    def options(self) -> dict:
+        """The engine-owned options the case carries, by the key the engine's plugin files them under
+        (``gpu_impl.plugin.EnginePlugin.options_key``): ``{"vllm": {...}}`` for a vLLM configuration, else empty."""
+        return {"vllm": self.vllm} if self.vllm is not None else {}
+
     # -- construction ----------------------------------------------------------------------------------------
 
     @classmethod
