@@ -299,7 +299,7 @@ def test_both_drivers_use_the_one_loop():
     import ast
     from pathlib import Path
 
-    for name in ("sglang_driver.py", "vllm_driver.py"):
+    for name in ("sglang/driver.py", "vllm/driver.py"):
         tree = ast.parse((Path(envs.__file__).parent / name).read_text())
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         assert not {"serve", "_quiet", "Unsupported"} & defined, name
