@@ -5,6 +5,7 @@ from __future__ import annotations
 from spec.process.worker_client import WorkerError
 
 from ..sut import EngineSpecError
+from ..sut import ScenarioUnsupported as _Unsupported
 
 
 class EngineUnavailable(EngineSpecError):
@@ -26,6 +27,10 @@ class EnvSetupError(EngineUnavailable):
 
 class CheckoutImportError(EngineUnavailable):
     """An sglang checkout or wheel does not import in its environment (the message names the failing import)."""
+
+
+class ScenarioUnsupported(EngineUnavailable, _Unsupported):
+    """The scenario uses a feature the engine driver does not run (MLA, fp8 KV cache, a release without the kit)."""
 
 
 class DriverError(WorkerError):

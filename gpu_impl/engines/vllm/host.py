@@ -26,8 +26,9 @@ from gpu_impl.sut import EngineSpec, SystemUnderTest
 from gpu_impl.engines import envs
 from gpu_impl.engines.vllm import recipes as vllm_recipes
 from gpu_impl.engines.checkouts import resolve_checkout
-from gpu_impl.engines.errors import CheckoutImportError, DriverError
-from gpu_impl.engines.worker_client import EngineWorker, engine_start_timeout_s, engine_timeout_s
+from gpu_impl.engines.errors import CheckoutImportError, DriverError, ScenarioUnsupported
+from gpu_impl.engines.host import EngineHost
+from gpu_impl.engines.worker_client import engine_start_timeout_s, engine_timeout_s
 
 __all__ = ["VllmWorker", "VllmSUT", "scenario_to_vllm", "resolve_vllm_source", "VLLM_DEFECTS"]
 
@@ -59,7 +60,7 @@ def nearest_vllm_release(version: Optional[str]) -> str:
     return older[-1] if older else releases[0]
 
 
-class VllmWorker:
+class VllmWorker(EngineHost):
     """One driver process (``python -m gpu_impl.engines.vllm.driver``) speaking JSON lines: its hello within the
     start deadline (``start_timeout``: seconds, default ``$FA3VERIFY_ENGINE_START_TIMEOUT`` or 900), every answer
     within the engine deadline (``timeout``: seconds, default ``$FA3VERIFY_ENGINE_TIMEOUT`` or 900;
@@ -72,7 +73,7 @@ class VllmWorker:
         self.release = envs.check_release(release, engine="vllm")
         self.timeout = engine_timeout_s(timeout)
         self.start_timeout = engine_start_timeout_s(start_timeout)
-        self.label = label or f"vllm=={self.release}"
+        label = label or f"vllm=={self.release}"
         d = envs.ensure_env(release, progress=progress, root=root, engine="vllm")
         env = envs.driver_environ(extra_paths=[str(source)] if source else (), engine="vllm")
         from gpu_impl.engines.vllm.driver import GENERATION_VARIABLE
@@ -80,48 +81,25 @@ class VllmWorker:
         env[GENERATION_VARIABLE] = vllm_recipes.DRIVER_GENERATIONS[self.release]
         if source:
             env[SOURCE_VARIABLE] = str(source)
-        self._worker = EngineWorker([str(d / "bin" / "python"), "-m", "gpu_impl.engines.vllm.driver"],
-                                    f"engine worker {self.label}", env=env,
-                                    cwd=str(envs.project_path()), timeout_s=self.timeout,
-                                    start_timeout_s=self.start_timeout)
-        first = self._worker.first
-        if not first.get("ok"):
-            self.close()
-            error = (CheckoutImportError(f"{self.label}: does not import in the environment of vllm=={release} "
-                                         f"({d}): {first.get('error')}") if source else
-                     DriverError(f"{self.label}: the driver did not start: {first.get('error')}",
-                                 worker=self._worker.name, pid=self._worker.pid))
-            raise error
-        self.hello = first["hello"]
-        if source and not str(self.hello.get("path", "")).startswith(str(source)):
-            self.close()
-            raise CheckoutImportError(f"{self.label}: vllm was imported from {self.hello.get('path')}, not from the "
-                                      f"checkout {source}")
 
-    @property
-    def pid(self) -> int:
-        return self._worker.pid
+        def import_error(first, worker):
+            if source:
+                return CheckoutImportError(f"{label}: does not import in the environment of vllm=={release} "
+                                           f"({d}): {first.get('error')}")
+            return DriverError(f"{label}: the driver did not start: {first.get('error')}", worker=worker.name,
+                               pid=worker.pid)
 
-    @property
-    def running(self) -> bool:
-        """Whether the driver process still runs (False once it exited or was killed at a missed deadline)."""
-        return self._worker.running
+        super().__init__(str(d / "bin" / "python"), "gpu_impl.engines.vllm.driver", label, "vllm", env,
+                         timeout_s=self.timeout, start_timeout_s=self.start_timeout, source=source,
+                         import_error=import_error)
 
-    def request(self, obj: dict) -> dict:
-        return self._worker.request(obj)
+    def request(self, obj: dict, timeout: Optional[float] = None) -> dict:
+        return super().request(obj, timeout)
 
     def run(self, scenario: dict, numerics: bool = False) -> dict:
         """The driver's answer for one vLLM scenario (``vllm_driver.scenario_defaults`` fields); ``numerics``: the
         calls on the FA3 emulator, outputs judged against the oracle (``vllm_numerics``)."""
-        resp = self.request({"op": "run", "scenario": scenario, "numerics": bool(numerics)})
-        if not resp.get("ok"):
-            kind = resp.get("kind")
-            if kind == "unsupported":
-                raise _unsupported(f"{self.label}: {resp.get('error')}")
-            if kind == "bad_request":
-                raise ValueError(f"{self.label}: {resp.get('error')}")
-            raise DriverError(f"{self.label}: {kind}: {resp.get('error')}\n{resp.get('traceback', '')}")
-        return resp
+        return self.answer(self.request({"op": "run", "scenario": scenario, "numerics": bool(numerics)}), self.label)
 
     def validate(self, scenario: dict) -> dict:
         """vLLM's own config validation of one scenario's configuration: ``{"accepted", "message"}``."""
@@ -145,8 +123,6 @@ VLLM_DEFECTS = {"graph-split-count-from-capture": {"precompute_num_splits": 0},
 
 
 def _unsupported(message: str):
-    from gpu_impl.engines.sglang.host import ScenarioUnsupported
-
     return ScenarioUnsupported(message)
 
 
