@@ -58,16 +58,72 @@ class ScenarioUnsupported(EngineSpecError):
     the harness skips and counts it, never a pass and never a violation (``fa3verify.judge``)."""
 
 
-def _load_forms() -> dict:
+#: the keys a registry row may have (gpu_impl/engine_forms.json's ``_doc``)
+FORM_KEYS = ("kind", "prefix", "takes", "plugin", "example", "help", "what", "path")
+
+#: the environment variable naming more forms files (``os.pathsep``-separated): engines outside this package
+FORMS_VARIABLE = "FA3VERIFY_ENGINE_FORMS"
+
+
+def _read_forms(path: Path) -> list:
     import json
 
-    rows = json.loads((Path(__file__).with_name("engine_forms.json")).read_text())["forms"]
-    return {row["kind"]: row for row in rows}
+    try:
+        rows = json.loads(Path(path).read_text())["forms"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise EngineSpecError(f"{FORMS_VARIABLE}: {path}: not a forms file ({{\"forms\": [rows]}}): {exc}") from None
+    for row in rows:
+        bad = sorted(set(row) - set(FORM_KEYS)) or [k for k in ("kind", "prefix", "takes", "plugin", "example",
+                                                                  "help") if k not in row]
+        if bad:
+            raise EngineSpecError(f"{FORMS_VARIABLE}: {path}: row {row.get('kind')!r}: key {bad[0]!r} (allowed: "
+                                  f"{', '.join(FORM_KEYS)}; kind, prefix, takes, plugin, example, help required)")
+        if row["takes"] not in (None, "release", "path", "target"):
+            raise EngineSpecError(f"{FORMS_VARIABLE}: {path}: row {row['kind']!r}: takes must be null, 'release', "
+                                  f"'path' or 'target', got {row['takes']!r}")
+    return rows
 
 
-#: Every engine form ``--engine`` accepts, by kind (gpu_impl/engine_forms.json): a new engine is a row there plus
-#: the module its ``factory`` names.
-ENGINE_REGISTRY = _load_forms()
+def register_forms(path) -> list:
+    """Add the rows of a forms file (``{"forms": [rows]}``, the shape of gpu_impl/engine_forms.json) to
+    :data:`ENGINE_REGISTRY`: an engine outside this package is one folder (its plugin and system under test) and
+    this one file. A row's ``path`` (relative to the file) is put on ``sys.path`` so its ``plugin`` imports.
+    Returns the kinds added; a kind already registered is an :class:`EngineSpecError`."""
+    import sys
+
+    from spec.model.cases import register_engine
+
+    path = Path(path).resolve()
+    rows = _read_forms(path)
+    for row in rows:
+        if row["kind"] in ENGINE_REGISTRY:
+            raise EngineSpecError(f"{FORMS_VARIABLE}: {path}: engine kind {row['kind']!r} is registered already")
+    for row in rows:
+        if row.get("path") is not None:
+            folder = str((path.parent / row["path"]).resolve())
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+        ENGINE_REGISTRY[row["kind"]] = row
+        register_engine(row["kind"], row["takes"])
+    _describe_forms()
+    return [row["kind"] for row in rows]
+
+
+def unregister_forms(kinds) -> None:
+    """Remove forms :func:`register_forms` added (the built-in ones stay)."""
+    from spec.model.cases import unregister_engine
+
+    for kind in kinds:
+        if kind not in _BUILTIN:
+            ENGINE_REGISTRY.pop(kind, None)
+            unregister_engine(kind)
+    _describe_forms()
+
+
+#: Every engine form ``--engine`` accepts, by kind (gpu_impl/engine_forms.json, then the files
+#: ``$FA3VERIFY_ENGINE_FORMS`` names): a new engine is a row naming its plugin plus the folder that holds it.
+ENGINE_REGISTRY = {row["kind"]: row for row in _read_forms(Path(__file__).with_name("engine_forms.json"))}
+_BUILTIN = frozenset(ENGINE_REGISTRY)
 
 
 @dataclass(frozen=True)
@@ -154,10 +210,25 @@ class EngineSpec:
         return self.plugin.fa3_build(self)
 
 
-ENGINE_FORMS = ", ".join(f"'{row['example']}'" for row in ENGINE_REGISTRY.values())
+def _describe_forms() -> None:
+    global ENGINE_FORMS, ENGINE_HELP
+    ENGINE_FORMS = ", ".join(f"'{row['example']}'" for row in ENGINE_REGISTRY.values())
+    #: ``--engine``'s help: every form's words, from the registry.
+    ENGINE_HELP = "system under test: " + ", ".join(row["help"] for row in ENGINE_REGISTRY.values())
 
-#: ``--engine``'s help: every form's words, from the registry.
-ENGINE_HELP = "system under test: " + ", ".join(row["help"] for row in ENGINE_REGISTRY.values())
+
+ENGINE_FORMS = ENGINE_HELP = ""
+_describe_forms()
+
+
+def _register_from_environment() -> None:
+    import os
+
+    for name in filter(None, os.environ.get(FORMS_VARIABLE, "").split(os.pathsep)):
+        register_forms(name)
+
+
+_register_from_environment()
 
 
 def parse_engine(text: str) -> EngineSpec:
