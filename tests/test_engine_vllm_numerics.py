@@ -95,7 +95,7 @@ def test_replay_numerics_runs_the_prover_counterexample_on_the_emulator(tmp_path
     from fa3verify.replaying import replay
     from spec.model.config import MODELS
     from spec.model.engine_profiles_vllm import vllm_profile_from_dict
-    from spec.theorems.vllm import run_vllm_theorems
+    from gpu_impl.engines.vllm.theorems import run_vllm_theorems
 
     variant = vllm_profile_from_dict("0.33.0+pr20301", {"precompute_modes": ["full"],
                                                         "num_splits": {"precompute": {"full": 0}, "call": {"full": 32}}})
