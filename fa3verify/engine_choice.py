@@ -91,7 +91,8 @@ def open_engine(spec_or_text, policy=None):
     spec = parse_engine_option(spec_or_text) if isinstance(spec_or_text, str) else spec_or_text
     try:
         with contextlib.redirect_stdout(sys.stderr):  # an environment build's lines are progress: stderr
-            return open_sut(spec) if policy is None else open_sut(spec, policy=policy)
+            # what the engine's plugin takes when opened: the policy where the scenario's policy runs, else nothing
+            return open_sut(spec, **spec.plugin.open_options(spec, policy))
     except EngineSpecError as exc:
         msg = str(exc)
         raise UsageError(msg if msg.startswith("--engine") else f"--engine: {msg}") from None

@@ -35,6 +35,11 @@ class EnginePlugin:
         policy the options name) is used only by an engine whose scenario policy runs (:meth:`runs_scenario_policy`)."""
         raise NotImplementedError
 
+    def open_options(self, spec, policy=None) -> dict:
+        """The keyword arguments :meth:`open` takes from a command: none, its own code decides (the model takes
+        ``policy``)."""
+        return {}
+
     # -- policy: whose code decides the guard, head counts and runner ---------------------------------------------
     def runs_scenario_policy(self, spec) -> bool:
         """Whether the scenario's policy (guard, metadata heads, runner hygiene) is what runs (the model); a real

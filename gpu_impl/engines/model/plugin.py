@@ -12,6 +12,9 @@ class ModelPlugin(EnginePlugin):
 
         return ModelSUT(spec, policy=policy)
 
+    def open_options(self, spec, policy=None) -> dict:
+        return {} if policy is None else {"policy": policy}
+
     def runs_scenario_policy(self, spec) -> bool:
         return True
 
