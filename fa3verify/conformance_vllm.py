@@ -1,7 +1,7 @@
 """``conform --engine vllm==V``: each claim of the release's vLLM profile, checked on the released code.
 
 Invariant: a profile passes conformance only if, on every probe scenario run through vLLM's own metadata builder
-and attention impl (``gpu_impl.engines.vllm_driver``), the FA3 hand-off is what the profile says the prover plays
+and attention impl (``gpu_impl.engines.vllm.driver``), the FA3 hand-off is what the profile says the prover plays
 (``spec/model/engine_profiles_vllm.json``, block ``model``): the builder precomputes in exactly the profile's CUDA-graph
 modes; the precompute's heads equal the call's (``layer`` on both sides); the precompute's ``max_seqlen_k`` is the
 batch's longest sequence and the call's KV extent (block-table width x block size) is at least that; each side

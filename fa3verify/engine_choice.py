@@ -106,7 +106,8 @@ def open_engine(spec_or_text, policy=None):
     spec = parse_engine_option(spec_or_text) if isinstance(spec_or_text, str) else spec_or_text
     try:
         with contextlib.redirect_stdout(sys.stderr):  # an environment build's lines are progress: stderr
-            return open_sut(spec) if policy is None else open_sut(spec, policy=policy)
+            # what the engine's plugin takes when opened: the policy where the scenario's policy runs, else nothing
+            return open_sut(spec, **spec.plugin.open_options(spec, policy))
     except EngineSpecError as exc:
         msg = str(exc)
         raise UsageError(msg if msg.startswith("--engine") else f"--engine: {msg}") from None
@@ -120,13 +121,11 @@ def open_engine(spec_or_text, policy=None):
 def refuse_policy_options(args, spec) -> None:
     """Where the engine's own code decides (not the scenario's policy), a model-policy option set away from its
     default is a UsageError (exit 2)."""
-    if spec.runs_scenario_policy:
-        return
     for dest, option, default in POLICY_OPTIONS:
         value = getattr(args, dest, default)
-        if value is not None and value != default:
-            raise UsageError(f"{option}: does not apply to --engine {spec}: a real engine's guard, head counts "
-                             f"and runner are its own code; drop {option} (or use --engine model)")
+        refusal = spec.plugin.policy_option_refusal(spec, option) if value is not None and value != default else None
+        if refusal:
+            raise UsageError(refusal)
 
 
 def fa3_build_of(spec) -> str:
@@ -167,16 +166,7 @@ def profile_of(spec):
 def case_policy(policy, sut=None) -> dict:
     """The ``policy`` object a case file records: the model's policy, or for a real release the policy of its
     profile (so the case replays on ``--engine model`` as that release); a checkout records the model's policy."""
-    if sut is None or sut.spec.runs_scenario_policy:
-        return policy.to_dict()
-    profile = profile_of(sut.spec)
-    if profile is None:
-        release = (identity_of(sut) or {}).get("release")
-        if release:
-            from gpu_impl.sut import EngineSpec
-
-            profile = profile_of(EngineSpec(sut.spec.kind, release=release))
-    return profile.policy() if profile is not None else policy.to_dict()
+    return policy.to_dict() if sut is None else sut.spec.plugin.policy_record(policy, sut)
 
 
 def sut_from_args(args, policy=None):
@@ -189,7 +179,7 @@ def sut_from_args(args, policy=None):
         policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     spec = parse_engine_option(args.engine)
     refuse_policy_options(args, spec)
-    return open_engine(spec, policy=policy if spec.runs_scenario_policy else None)
+    return open_engine(spec, policy=policy)  # the plugin uses it where the scenario's policy runs
 
 
 def engine_for_case(case, override: Optional[str] = None):

@@ -104,13 +104,7 @@ def configuration_terms(server, model) -> dict:
 
 def ran_on(spec, scenario=None) -> str:
     """Which system under test ran: ``sglang==0.5.23``, or ``the model (guard 'pre-fix', heads tp)``."""
-    if spec is not None and not spec.runs_scenario_policy:
-        return str(spec)
-    if scenario is None:
-        return "the model"
-    defects = scenario.all_defects() if hasattr(scenario, "all_defects") else scenario.defects
-    extra = f", seeded defects {', '.join(sorted(defects))}" if defects else ""
-    return f"the model (guard {scenario.guard_spec!r}, heads {scenario.metadata_heads}{extra})"
+    return _spec(spec).plugin.ran_on(_spec(spec), scenario)
 
 
 def replay_line(case_file: Optional[str], guard: Optional[str] = None, engine=None) -> Optional[str]:
@@ -131,15 +125,7 @@ def replay_line(case_file: Optional[str], guard: Optional[str] = None, engine=No
 
 
 def _pairs(scenario, result, spec) -> list:
-    trace = list(getattr(result, "trace", None) or [])
-    if spec is None or spec.runs_scenario_policy:
-        from gpu_impl.model_pairs import model_pairs
-
-        try:
-            return model_pairs(scenario, result)
-        except Exception:  # a trace the pair recorder cannot read: the terms lack the arguments, nothing else
-            return []
-    return [e for e in trace if isinstance(e, dict) and "call" in e]
+    return _spec(spec).plugin.pairs(scenario, result)
 
 
 def _pair_for(pairs: list, finding) -> Optional[dict]:
@@ -173,7 +159,14 @@ def differing_arguments(pair: dict) -> dict:
 
 
 def _guard_who(scenario, spec) -> str:
-    return f"guard {scenario.guard_spec!r}" if spec is None or spec.runs_scenario_policy else f"{spec}'s own guard"
+    return _spec(spec).plugin.guard_words(_spec(spec), scenario)
+
+
+def _spec(spec):
+    """The spec a term is asked of: None is the model's (a run without a system under test)."""
+    from gpu_impl.sut import EngineSpec
+
+    return EngineSpec("model") if spec is None else spec
 
 
 def _guard_decision(scenario, spec, pair: Optional[dict]) -> str:

@@ -110,9 +110,9 @@ def check_typed_policy_options(args) -> None:
     if not given:
         return
     spec = parse_engine_option(engine)
-    if spec.runs_scenario_policy:
-        return
     dest, option = given[0]
+    if spec.plugin.policy_option_refusal(spec, option) is None:  # the option applies (the model's policy runs)
+        return
     value = getattr(args, dest)
     shown = option if isinstance(value, bool) else f"{option} {value}"
     raise UsageError(f"{shown}: conflicts with --engine {spec}: a real engine's guard, head counts and runner are "

@@ -7,7 +7,7 @@ its system rejects, by the system's own reason, and lists each path its driver c
 
 A :class:`ConfigDomain` either names a strategy family of the suite (``family``: the model's domain is the
 suite's ``scenario`` space, vLLM's is its ``vllm`` family) or draws configurations itself
-(:meth:`ConfigDomain.draw_config`, e.g. ``gpu_impl.engines.sglang_domain.ReleaseDomain``: a release's server
+(:meth:`ConfigDomain.draw_config`, e.g. ``gpu_impl.engines.sglang.domain.ReleaseDomain``: a release's server
 arguments, kept only where the release's own checks accept them). Batches are the suite's to choose.
 
 Paths (:data:`PATHS`) are where a backend precomputes FA3 scheduler metadata and a call consumes it: the eager

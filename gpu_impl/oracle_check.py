@@ -3,7 +3,7 @@ tolerance rule), with the findings' invariants, messages and evidence.
 
 Every path that compares an output with the oracle calls it: a scenario's decode and extend steps
 (``gpu_impl.scenario``), rank 0 of a multi-process run (``gpu_impl.rank_verdict``), vLLM's call under the checking
-shim (``gpu_impl.engines.vllm_numerics``) and one kernel-level call (``fa3verify.kernel_cases``).
+shim (``gpu_impl.engines.vllm.numerics``) and one kernel-level call (``fa3verify.kernel_cases``).
 The oracle and the rule are refmodel's (``refmodel.attention``, ``refmodel.tolerance``: ``reference_outputs``,
 ``fa3_output_close``, which follow FA3's own tests); this module only decides which finding a mismatch is.
 

@@ -58,16 +58,72 @@ class ScenarioUnsupported(EngineSpecError):
     the harness skips and counts it, never a pass and never a violation (``fa3verify.judge``)."""
 
 
-def _load_forms() -> dict:
+#: the keys a registry row may have (gpu_impl/engine_forms.json's ``_doc``)
+FORM_KEYS = ("kind", "prefix", "takes", "plugin", "example", "help", "what", "path")
+
+#: the environment variable naming more forms files (``os.pathsep``-separated): engines outside this package
+FORMS_VARIABLE = "FA3VERIFY_ENGINE_FORMS"
+
+
+def _read_forms(path: Path) -> list:
     import json
 
-    rows = json.loads((Path(__file__).with_name("engine_forms.json")).read_text())["forms"]
-    return {row["kind"]: row for row in rows}
+    try:
+        rows = json.loads(Path(path).read_text())["forms"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise EngineSpecError(f"{FORMS_VARIABLE}: {path}: not a forms file ({{\"forms\": [rows]}}): {exc}") from None
+    for row in rows:
+        bad = sorted(set(row) - set(FORM_KEYS)) or [k for k in ("kind", "prefix", "takes", "plugin", "example",
+                                                                  "help") if k not in row]
+        if bad:
+            raise EngineSpecError(f"{FORMS_VARIABLE}: {path}: row {row.get('kind')!r}: key {bad[0]!r} (allowed: "
+                                  f"{', '.join(FORM_KEYS)}; kind, prefix, takes, plugin, example, help required)")
+        if row["takes"] not in (None, "release", "path", "target"):
+            raise EngineSpecError(f"{FORMS_VARIABLE}: {path}: row {row['kind']!r}: takes must be null, 'release', "
+                                  f"'path' or 'target', got {row['takes']!r}")
+    return rows
 
 
-#: Every engine form ``--engine`` accepts, by kind (gpu_impl/engine_forms.json): a new engine is a row there plus
-#: the module its ``factory`` names.
-ENGINE_REGISTRY = _load_forms()
+def register_forms(path) -> list:
+    """Add the rows of a forms file (``{"forms": [rows]}``, the shape of gpu_impl/engine_forms.json) to
+    :data:`ENGINE_REGISTRY`: an engine outside this package is one folder (its plugin and system under test) and
+    this one file. A row's ``path`` (relative to the file) is put on ``sys.path`` so its ``plugin`` imports.
+    Returns the kinds added; a kind already registered is an :class:`EngineSpecError`."""
+    import sys
+
+    from spec.model.cases import register_engine
+
+    path = Path(path).resolve()
+    rows = _read_forms(path)
+    for row in rows:
+        if row["kind"] in ENGINE_REGISTRY:
+            raise EngineSpecError(f"{FORMS_VARIABLE}: {path}: engine kind {row['kind']!r} is registered already")
+    for row in rows:
+        if row.get("path") is not None:
+            folder = str((path.parent / row["path"]).resolve())
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+        ENGINE_REGISTRY[row["kind"]] = row
+        register_engine(row["kind"], row["takes"])
+    _describe_forms()
+    return [row["kind"] for row in rows]
+
+
+def unregister_forms(kinds) -> None:
+    """Remove forms :func:`register_forms` added (the built-in ones stay)."""
+    from spec.model.cases import unregister_engine
+
+    for kind in kinds:
+        if kind not in _BUILTIN:
+            ENGINE_REGISTRY.pop(kind, None)
+            unregister_engine(kind)
+    _describe_forms()
+
+
+#: Every engine form ``--engine`` accepts, by kind (gpu_impl/engine_forms.json, then the files
+#: ``$FA3VERIFY_ENGINE_FORMS`` names): a new engine is a row naming its plugin plus the folder that holds it.
+ENGINE_REGISTRY = {row["kind"]: row for row in _read_forms(Path(__file__).with_name("engine_forms.json"))}
+_BUILTIN = frozenset(ENGINE_REGISTRY)
 
 
 @dataclass(frozen=True)
@@ -92,6 +148,14 @@ class EngineSpec:
         return ENGINE_REGISTRY[self.kind]
 
     @property
+    def plugin(self):
+        """The engine's :class:`gpu_impl.plugin.EnginePlugin` (its row's ``plugin``): every question the harness
+        asks about the engine is one of its methods."""
+        from .plugin import load_plugin
+
+        return load_plugin(self.form["plugin"])
+
+    @property
     def is_model(self) -> bool:
         return self.kind == "model"
 
@@ -105,61 +169,66 @@ class EngineSpec:
         """Whether a case found on it records an ``engine`` object (the model's cases carry none)."""
         return self.form["takes"] is not None
 
+    # The answers below are the plugin's (kept as properties for code written against the registry's flags).
     @property
     def runs_scenario_policy(self) -> bool:
-        """Whether the scenario's policy (guard, metadata heads, runner hygiene, seeded defects) is what runs, so the
-        model-policy options apply and "guard 'X'" decides; False: the engine's own code decides."""
-        return self.form["policy"] == "scenario"
+        """Whether the scenario's policy (guard, metadata heads, runner hygiene, seeded defects) is what runs."""
+        return self.plugin.runs_scenario_policy(self)
 
     @property
     def named_only(self) -> bool:
-        """Whether a case found on it replays on it only when ``--engine`` names it (a case file never makes the
-        tool run code the user did not name)."""
-        return bool(self.form["named_only"])
+        """Whether a case found on it replays on it only when ``--engine`` names it."""
+        return self.plugin.named_only(self)
 
     @property
     def found_on(self) -> str:
         """Where a case was found, in a message: "the source checkout PATH", "sglang==0.5.23", ..."""
-        return self.form["found_on"].format(release=self.release, path=self.path, target=self.target)
+        return self.plugin.found_on(self)
 
     @property
     def seeds_defects(self) -> bool:
-        """Whether its driver applies seeded defects (the model's and vLLM's drivers do; sglang's applies none)."""
-        return bool(self.form["seeds_defects"])
+        """Whether its driver applies seeded defects."""
+        return self.plugin.applies_defects(self)
 
     @property
     def runs_vllm_cases(self) -> bool:
-        """Whether it runs a case's vLLM options (sliding windows, KV dtype, piecewise graphs)."""
-        return bool(self.form["vllm_cases"])
+        """Whether it runs a case's vLLM options."""
+        return self.plugin.options_key == "vllm"
 
     @property
     def conform(self) -> Optional[str]:
-        """What conform checks it against: "model-profile", "own-profile", or None (nothing: it is the model)."""
-        return self.form["conform"]
+        """What conform checks it against (the plugin's ``commands.conform``)."""
+        return self.plugin.conformance(self)
 
     @property
     def flow_theorem(self) -> bool:
-        """Whether its gate proves vLLM's flow theorem under the release's profile."""
-        return bool(self.form["flow_theorem"])
+        """Whether its gate proves the flow theorem under the release's profile."""
+        return "flow-theorem" in self.plugin.proof_stages(self)
 
     def fa3_build(self) -> str:
-        """The FA3 build (refmodel.fa3_builds) that judges its runs: recorded per release, else upstream's (the
-        model, a checkout, a named SUT, and releases the table does not list are judged under upstream's)."""
-        from refmodel.fa3_builds import UPSTREAM, build_for_engine
-
-        engine = self.form["fa3_builds"]
-        if not engine or not self.release:
-            return UPSTREAM
-        try:
-            return build_for_engine(engine, self.release)
-        except ValueError:
-            return UPSTREAM
+        """The FA3 build (refmodel.fa3_builds) that judges its runs (the plugin's ``fa3_build``)."""
+        return self.plugin.fa3_build(self)
 
 
-ENGINE_FORMS = ", ".join(f"'{row['example']}'" for row in ENGINE_REGISTRY.values())
+def _describe_forms() -> None:
+    global ENGINE_FORMS, ENGINE_HELP
+    ENGINE_FORMS = ", ".join(f"'{row['example']}'" for row in ENGINE_REGISTRY.values())
+    #: ``--engine``'s help: every form's words, from the registry.
+    ENGINE_HELP = "system under test: " + ", ".join(row["help"] for row in ENGINE_REGISTRY.values())
 
-#: ``--engine``'s help: every form's words, from the registry.
-ENGINE_HELP = "system under test: " + ", ".join(row["help"] for row in ENGINE_REGISTRY.values())
+
+ENGINE_FORMS = ENGINE_HELP = ""
+_describe_forms()
+
+
+def _register_from_environment() -> None:
+    import os
+
+    for name in filter(None, os.environ.get(FORMS_VARIABLE, "").split(os.pathsep)):
+        register_forms(name)
+
+
+_register_from_environment()
 
 
 def parse_engine(text: str) -> EngineSpec:
@@ -188,16 +257,20 @@ def parse_engine(text: str) -> EngineSpec:
 
 
 def releases_of(kind: str) -> list:
-    """Every release of engine ``kind`` that the engine matrix gates, oldest first, as ``(release, runs_as)``:
-    ``runs_as`` is the release whose registered row runs it (itself; another release whose driven files are
-    byte-identical; None: known but not runnable here, its open says why). Read from the registry row's
-    ``releases`` callable; EngineSpecError naming the kinds that have one otherwise."""
+    """Every release of engine ``kind`` that the engine matrix gates, oldest first, as ``(release, runs_as)``
+    (:meth:`gpu_impl.plugin.EnginePlugin.releases` of the form that takes a release); EngineSpecError naming the
+    kinds that have releases otherwise."""
+    from .plugin import load_plugin
+
+    def listed(row):
+        return row.get("takes") == "release" and load_plugin(row["plugin"]).releases() is not None
+
     row = ENGINE_REGISTRY.get(kind)
-    if row is None or not row.get("releases"):
-        kinds = ", ".join(k for k, r in ENGINE_REGISTRY.items() if r.get("releases"))
+    if row is None or not listed(row):
+        kinds = ", ".join(k for k, r in ENGINE_REGISTRY.items() if listed(r))
         raise EngineSpecError(f"--engine: {kind!r} names no engine whose releases are gated by the matrix "
                               f"(allowed: {kinds})")
-    return list(_factory(row["releases"])())
+    return list(load_plugin(row["plugin"]).releases())
 
 
 def spec_from_identity(identity: Optional[dict]) -> EngineSpec:
@@ -251,14 +324,13 @@ class SystemUnderTest(abc.ABC):
         """The proof stages its gate runs before fuzz, as data (``fa3verify.commands.gate.STAGES`` runs them): by default
         the witness searches on the model, replayed on it (``"witnesses"``), and its registry row's flow theorem
         under its release's profile (``"flow-theorem"``); the model's is every theorem under its policy."""
-        return ("witnesses", "flow-theorem") if self.spec.flow_theorem else ("witnesses",)
+        return self.spec.plugin.proof_stages(self.spec)
 
     def conformance_profile(self) -> Optional[str]:
         """The release profile conform compares it with (``sglang==V``, spec/model/engine_profiles.json: the model under
         that profile must make the FA3 events it makes), or None when it names none. By default the release it
         runs or stands beside (a checkout's identity names its nearest release)."""
-        release = self.spec.release or (self.identity() or {}).get("release")
-        return f"sglang=={release}" if release else None
+        return self.spec.plugin.conformance_profile(self.spec, self)
 
     def conformance_family(self) -> Optional[str]:
         """The strategy family (``fa3verify.strategies``) conform draws its configurations from: by default
@@ -339,13 +411,6 @@ class ModelSUT(SystemUnderTest):
         return {"name": "model"}
 
 
-def _factory(text: str):
-    import importlib
-
-    module, _, name = text.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def open_named_sut(spec: EngineSpec) -> SystemUnderTest:
     """``sut=MODULE:CLASS[@ARG]``: import the module and class the user named (a :class:`SystemUnderTest`
     subclass) and construct it with ARG (or nothing); anything else is an :class:`EngineSpecError` naming --engine."""
@@ -372,12 +437,10 @@ def open_named_sut(spec: EngineSpec) -> SystemUnderTest:
 
 
 def open_sut(spec, policy=None) -> SystemUnderTest:
-    """The system under test an engine spec (or its text) names; real engines load from ``gpu_impl.engines``.
-    ``policy`` (the model policy it runs) is given to the factory of a form whose scenario policy runs
-    (``EngineSpec.runs_scenario_policy``); a form whose own code decides takes none."""
+    """The system under test an engine spec (or its text) names, opened by its engine's plugin
+    (:meth:`gpu_impl.plugin.EnginePlugin.open`); ``policy`` (the model policy the options name) is used by an engine
+    whose scenario policy runs (the model) and ignored by one whose own code decides. Real engines load lazily:
+    they need their environments."""
     if isinstance(spec, str):
         spec = parse_engine(spec)
-    factory = _factory(spec.form["factory"])  # lazy: real engines need their environments
-    if policy is not None and spec.runs_scenario_policy:
-        return factory(spec, policy=policy)
-    return factory(spec)
+    return spec.plugin.open(spec, policy=policy)

@@ -1,4 +1,4 @@
-"""Regenerate ``gpu_impl/engines/data/sglang_server_args.json``: the server arguments that reach sglang's FA3
+"""Regenerate ``gpu_impl/engines/sglang/server_args.json``: the server arguments that reach sglang's FA3
 backend, its parallel layout or the CUDA-graph runner, as each release's own argument parser defines them.
 
 Runs ``ServerArgs.add_cli_args`` (``python/sglang/srt/server_args.py``) inside each built engine environment
@@ -18,8 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpu_impl.engines import envs, recipes  # noqa: E402
-from gpu_impl.engines.sglang_domain import DATA_FILE, SERVER_ARGS  # noqa: E402
+from gpu_impl.engines import envs
+from gpu_impl.engines.sglang import recipes
+from gpu_impl.engines.sglang.domain import DATA_FILE, SERVER_ARGS  # noqa: E402
 
 PROBE = r"""
 import argparse, json, sys

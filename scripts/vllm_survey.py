@@ -19,7 +19,7 @@ folder as one hash); for each driver generation, every ``module.name`` of ``vllm
 or a name bound nowhere at its top level); the metadata builder's ``__init__`` and ``build`` parameters; the
 backend's features by the names its ``flash_attn.py`` uses (``FEATURES``); the wheel's torch and Python pins.
 Releases next to each other whose driven files are byte-identical share a row (the newest of them is the row's
-release). Writes ``gpu_impl/engines/data/vllm_survey.json`` (or ``--json OUT``); exit 0, 2 on bad input.
+release). Writes ``gpu_impl/engines/vllm/survey.json`` (or ``--json OUT``); exit 0, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpu_impl.engines import vllm_recipes  # noqa: E402
+from gpu_impl.engines.vllm import recipes as vllm_recipes
 
 #: the files whose code the driver runs or imitates (one hash each); a name in braces: every file under that folder
 DRIVEN = ("vllm/v1/attention/backends/flash_attn.py", "vllm/v1/attention/backends/fa_utils.py",
@@ -163,7 +163,7 @@ def group_rows(surveyed: list) -> list:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("src", help="folder of vllm-<V>/ folders (the wheels' Python files unpacked)")
-    p.add_argument("--json", default=str(ROOT / "gpu_impl/engines/data/vllm_survey.json"))
+    p.add_argument("--json", default=str(ROOT / "gpu_impl/engines/vllm/survey.json"))
     args = p.parse_args(argv)
     src = Path(args.src)
     folders = [f for f in src.glob("vllm-*") if (f / ".done").is_file() and (f / "vllm").is_dir()] if src.is_dir() else []

@@ -3,7 +3,7 @@
 For every sglang release the suite's sweeps select (tests/engine_releases.py: the Makefile's ENGINE_RELEASES, 0.5.13
 and 0.5.23, which ``make engines`` builds; FA3VERIFY_ALL_RELEASES=1 selects all 13, each run when its environment
 exists and skipped, naming the command, otherwise): the release's own validation
-(``ServerArgs``, then its model-load head split, ``gpu_impl.engines.model_load``) rejects the probe configuration
+(``ServerArgs``, then its model-load head split, ``gpu_impl.engines.sglang.model_load``) rejects the probe configuration
 of each fact "enforced" in ServerArgs or at model load (a model-load rejection by the check the fact names) and
 accepts that of each "not enforced" one, and every check a fact names is a function in the release's wheel. vLLM
 0.33.0's own config validation accepts the probe (its fact's own) of each assumption it does not enforce.

@@ -79,8 +79,8 @@ def test_the_mapping_carries_the_vllm_options_and_seeds_only_what_the_driver_can
     from fa3verify.commands.fuzz import scenario_for
     from fa3verify.policy import load_policy
     from fa3verify.strategies import family
-    from gpu_impl.engines import vllm_driver
-    from gpu_impl.engines.vllm import scenario_to_vllm
+    from gpu_impl.engines.vllm import driver as vllm_driver
+    from gpu_impl.engines.vllm.host import scenario_to_vllm
 
     policy = load_policy()
     for i in range(40):

@@ -139,7 +139,7 @@ def test_the_cache_key_is_the_recipes_hash(tmp_path):
     copy = tmp_path / "src"
     for pkg in ("gpu_impl", "spec"):
         shutil.copytree(ROOT / pkg, copy / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    recipes = copy / "gpu_impl" / "engines" / "vllm_recipes.py"
+    recipes = copy / "gpu_impl" / "engines" / "vllm" / "recipes.py"
     recipes.write_text(recipes.read_text().replace("LAYOUT_VERSION = 1", "LAYOUT_VERSION = 2"))
     other = _run(tmp_path, "cache-key", FA3VERIFY_SRC=str(copy)).stdout.strip()
     assert re.fullmatch(r"fa3verify-[0-9a-f]{16}", other) and other != key
@@ -165,8 +165,8 @@ def test_the_workflows_are_fork_safe_pinned_cached_and_run_the_script(engine):
 
 
 def test_the_vllm_workflow_gates_the_checkout_beside_a_registered_release(tmp_path):
-    from gpu_impl.engines import vllm_recipes
-    from gpu_impl.engines.vllm import nearest_vllm_release
+    from gpu_impl.engines.vllm import recipes as vllm_recipes
+    from gpu_impl.engines.vllm.host import nearest_vllm_release
     from gpu_impl.sut import parse_engine
 
     form = re.search(r"^\s+FA3VERIFY_ENGINE: (\S+ github.workspace }})", WORKFLOWS["vllm"].read_text(), re.M).group(1)
@@ -368,7 +368,9 @@ def _imported_files(site: Path, backend_files: list, package: str) -> set:
 
 
 def _ready_sites(engine: str) -> dict:
-    from gpu_impl.engines import envs, recipes, vllm_recipes
+    from gpu_impl.engines import envs
+    from gpu_impl.engines.sglang import recipes
+    from gpu_impl.engines.vllm import recipes as vllm_recipes
 
     releases = recipes.RELEASES if engine == "sglang" else vllm_recipes.RELEASES
     sites = {}

@@ -1,4 +1,4 @@
-"""The engine's own domain (gpu_impl.domain, gpu_impl.engines.sglang_domain): configurations come from the
+"""The engine's own domain (gpu_impl.domain, gpu_impl.engines.sglang.domain): configurations come from the
 system under test, only those its own checks accept are run, rejections are counted by the release's reason,
 and every metadata path is reported with how many cases reached it. No engine environment needed: the release's
 validation is played by fakes here (tests/test_engine_domain_real.py asks real releases)."""
@@ -12,9 +12,9 @@ import pytest
 from fake_engines import ProfileSUT
 from gpu_impl.config import MODELS, ServerConfig
 from gpu_impl.domain import PATHS, ConfigDomain, reach_report, reached_paths
-from gpu_impl.engines import recipes
-from gpu_impl.engines.sglang_domain import VALIDATED_FIELDS, ReleaseDomain, release_arguments
-from gpu_impl.engines.validation import FIELD_NAMES
+from gpu_impl.engines.sglang import recipes
+from gpu_impl.engines.sglang.domain import VALIDATED_FIELDS, ReleaseDomain, release_arguments
+from gpu_impl.engines.sglang.validation import FIELD_NAMES
 
 
 def _entry(path, precomputed=True, passed=True, idle=False):

@@ -10,7 +10,9 @@ import json
 
 import pytest
 
-from gpu_impl.engines import envs, installers, protocol, recipes, torch_build, vllm_recipes
+from gpu_impl.engines import envs, installers, protocol, torch_build
+from gpu_impl.engines.sglang import recipes
+from gpu_impl.engines.vllm import recipes as vllm_recipes
 from gpu_impl.engines.errors import EnvSetupError, UnknownRelease
 
 SAMPLE_CONFIG = """\
@@ -297,7 +299,7 @@ def test_both_drivers_use_the_one_loop():
     import ast
     from pathlib import Path
 
-    for name in ("sglang_driver.py", "vllm_driver.py"):
+    for name in ("sglang/driver.py", "vllm/driver.py"):
         tree = ast.parse((Path(envs.__file__).parent / name).read_text())
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         assert not {"serve", "_quiet", "Unsupported"} & defined, name

@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from gpu_impl.engines import sglang_glue
+from gpu_impl.engines.sglang import glue as sglang_glue
 from spec.model.config import ServerConfig
 
 TOPOLOGY = frozenset({"tp_size", "tp_rank", "attn_tp_size", "attn_tp_rank", "attn_cp_size", "attn_cp_rank",

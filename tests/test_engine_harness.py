@@ -502,14 +502,14 @@ def test_engine_setup_builds_a_vllm_environment_through_the_one_builder(monkeypa
 
 
 def test_open_engine_opens_by_the_opener_its_row_names_and_refuses_any_other_row():
-    """Every real engine row of gpu_impl/engine_forms.json names an opener of gpu_impl.engines; a row naming none
-    (the model, a named SUT) is EngineUnavailable, never opened by a guess at its kind."""
-    from gpu_impl.engines import OPENERS, EngineUnavailable, open_engine
+    """Every real engine row of gpu_impl/engine_forms.json names the plugin of an engine folder of gpu_impl.engines
+    with a host side; a row naming none (the model, a named SUT) is EngineUnavailable, never opened by a guess at
+    its kind."""
+    from gpu_impl.engines import EngineUnavailable, open_engine, real_engine_plugins
     from gpu_impl.sut import ENGINE_REGISTRY, EngineSpec
 
-    named = [row["factory"].partition(":")[2] for row in ENGINE_REGISTRY.values()
-             if row["factory"].startswith("gpu_impl.engines:")]
-    assert named and set(named) <= set(OPENERS)
+    real = {row["kind"] for row in ENGINE_REGISTRY.values() if row["plugin"] in real_engine_plugins()}
+    assert real == {"sglang", "sglang-src", "vllm", "vllm-src"}
     for spec in (EngineSpec("model"), EngineSpec("sut", target="a.b:C")):
         with pytest.raises(EngineUnavailable, match=f"no real engine of kind {spec.kind!r}"):
             open_engine(spec)

@@ -53,7 +53,7 @@ def test_the_matrix_takes_the_engine_whose_releases_it_gates(monkeypatch, tmp_pa
     """`--engine vllm` lists vLLM's releases (gpu_impl.sut.releases_of: the registry row's list); a release the
     engine cannot open is an 'unavailable' row with the reason, never dropped; an engine without releases, or a
     release it does not list, is exit 2."""
-    from gpu_impl.engines.vllm_recipes import version_key
+    from gpu_impl.engines.vllm.recipes import version_key
     from gpu_impl.sut import releases_of
 
     listed = [r for r, _ in releases_of("vllm")]
@@ -80,7 +80,7 @@ def test_the_matrix_takes_the_engine_whose_releases_it_gates(monkeypatch, tmp_pa
 
 
 def test_a_vllm_case_is_named_by_its_own_family_and_graph_path():
-    from gpu_impl.engines.vllm import VllmSUT
+    from gpu_impl.engines.vllm.host import VllmSUT
     from spec.model.cases import Case
 
     case = Case.load("tests/corpus_vllm/full-graph-replay-window-dropped-at-recompute.json")

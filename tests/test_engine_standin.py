@@ -1,5 +1,5 @@
 """sglang 0.5.11 and 0.5.12 (before the attention test kit) driven through our kit stand-in
-(``gpu_impl/engines/sglang_standin.py``): their real ``FlashAttentionBackend`` runs eager decode and CUDA-graph
+(``gpu_impl/engines/sglang/standin.py``): their real ``FlashAttentionBackend`` runs eager decode and CUDA-graph
 capture/replay, and reproduces docs/facts-engines.md section 1 -- 0.5.11 has no guard (prefill CP and DP attention both
 overflow), 0.5.12's guard disables the precompute under DP attention only.
 

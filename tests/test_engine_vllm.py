@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from gpu_impl.engines import envs, vllm_driver
+from gpu_impl.engines import envs
+from gpu_impl.engines.vllm import driver as vllm_driver
 from gpu_impl.engines.errors import UnknownRelease
 
 RELEASE = "0.33.0"
@@ -40,7 +41,7 @@ def test_unknown_release_is_refused_naming_the_registered_ones():
 
 
 def test_scenario_mapping_from_the_suite_vocabulary():
-    from gpu_impl.engines.vllm import scenario_to_vllm
+    from gpu_impl.engines.vllm.host import scenario_to_vllm
     from gpu_impl.scenario import Step
     from spec.model.config import ModelConfig, ServerConfig
 
@@ -196,7 +197,7 @@ def test_case_sliding_window_short_batch_replays(vllm_worker):
     from pathlib import Path
 
     from fa3verify.commands.replay import replay
-    from gpu_impl.engines.vllm import VllmSUT
+    from gpu_impl.engines.vllm.host import VllmSUT
     from spec.model.cases import Case
 
     path = Path(__file__).parent / "corpus_vllm" / "sliding-window-short-batch-causal-vs-local.json"

@@ -1,4 +1,4 @@
-"""Numerics on request for vLLM (gpu_impl/engines/vllm_numerics.py): vLLM's calls on the FA3 emulator, outputs
+"""Numerics on request for vLLM (gpu_impl/engines/vllm/numerics.py): vLLM's calls on the FA3 emulator, outputs
 judged against the float64 oracle (NO_NAN, MATCHES_ORACLE).
 
 Unit tests need nothing; those marked ``engine`` run vLLM 0.33.0's builder and impl in the cached environment.
@@ -9,9 +9,10 @@ gives NaN rows on the real code path; the same batch without it matches the orac
 import pytest
 import torch
 
-from gpu_impl.engines import envs, vllm_driver
+from gpu_impl.engines import envs
+from gpu_impl.engines.vllm import driver as vllm_driver
 from gpu_impl.engines.protocol import Unsupported
-from gpu_impl.engines.vllm_numerics import EmulatorVarlenFA3, check_numerics_scenario, judge, numerics_kv
+from gpu_impl.engines.vllm.numerics import EmulatorVarlenFA3, check_numerics_scenario, judge, numerics_kv
 
 RELEASE = "0.33.0"
 SKEWED = [32768] + [100] * 7
@@ -94,7 +95,7 @@ def test_replay_numerics_runs_the_prover_counterexample_on_the_emulator(tmp_path
     from fa3verify.commands.replay import replay
     from spec.model.config import MODELS
     from spec.model.engine_profiles_vllm import vllm_profile_from_dict
-    from spec.theorems.vllm import run_vllm_theorems
+    from gpu_impl.engines.vllm.theorems import run_vllm_theorems
 
     variant = vllm_profile_from_dict("0.33.0+pr20301", {"precompute_modes": ["full"],
                                                         "num_splits": {"precompute": {"full": 0}, "call": {"full": 32}}})

@@ -18,7 +18,7 @@ def worker():
     if not envs.env_ready(RELEASE, engine="vllm"):
         pytest.skip(f"no environment for vllm {RELEASE} under {envs.env_dir(RELEASE, engine='vllm')}: run "
                     f"`fa3verify engine setup vllm=={RELEASE}` to build it")
-    from gpu_impl.engines.vllm import VllmWorker
+    from gpu_impl.engines.vllm.host import VllmWorker
 
     w = VllmWorker(RELEASE, progress=lambda m: None)
     yield w

@@ -1,4 +1,4 @@
-"""vLLM 0.34.0 through the driver's second generation (gpu_impl/engines/vllm_driver_v2.py): the V2 model runner's own
+"""vLLM 0.34.0 through the driver's second generation (gpu_impl/engines/vllm/driver_v2.py): the V2 model runner's own
 dispatch, capture and metadata code in front of the release's FlashAttention builder and impl.
 
 The unit tests need nothing; those marked ``engine`` run in the cached vllm 0.34.0 environment
@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from gpu_impl.engines import envs, vllm_recipes
+from gpu_impl.engines import envs
+from gpu_impl.engines.vllm import recipes as vllm_recipes
 
 RELEASE = "0.34.0"
 SKEWED = [32768] + [100] * 7
@@ -55,7 +56,7 @@ def worker():
     if not envs.env_ready(RELEASE, engine="vllm"):
         pytest.skip(f"no environment for vllm {RELEASE} under {envs.env_dir(RELEASE, engine='vllm')}: run "
                     f"`fa3verify engine setup vllm=={RELEASE}` to build it")
-    from gpu_impl.engines.vllm import VllmWorker
+    from gpu_impl.engines.vllm.host import VllmWorker
 
     w = VllmWorker(RELEASE, progress=lambda m: None)
     yield w
@@ -225,7 +226,7 @@ def test_the_finding_case_file_replays_still_failing(worker):
     from pathlib import Path
 
     from fa3verify.commands.replay import replay
-    from gpu_impl.engines.vllm import VllmSUT
+    from gpu_impl.engines.vllm.host import VllmSUT
 
     path = Path(__file__).parent / "corpus_vllm" / "full-graph-replay-window-dropped-at-recompute.json"
     sut = VllmSUT(RELEASE)

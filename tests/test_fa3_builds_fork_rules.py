@@ -178,7 +178,7 @@ def test_a_recorded_varlen_call_takes_max_seqlen_k_under_the_fork_and_the_block_
 
 
 def test_the_vllm_driver_judges_under_the_build_recorded_for_its_release():
-    from gpu_impl.engines.vllm_driver import VLLM_BUILD
+    from gpu_impl.engines.vllm.driver import VLLM_BUILD
 
     assert VLLM_BUILD == build_for_engine("vllm", "0.33.0")
     from fa3verify.engine_choice import fa3_build_of

@@ -34,8 +34,8 @@ def test_the_family_draws_the_forks_decode_tile_boundary():
 
 def test_the_driver_seeds_the_off_by_one_from_outside_vllms_code():
     from gpu_impl.defects import DEFECTS
-    from gpu_impl.engines.vllm import VLLM_DEFECTS
-    from gpu_impl.engines.vllm_driver import check_scenario, seed_defect
+    from gpu_impl.engines.vllm.host import VLLM_DEFECTS
+    from gpu_impl.engines.vllm.driver import check_scenario, seed_defect
 
     assert DEFECTS[DEFECT].kind == "hazard-control" and VLLM_DEFECTS[DEFECT] == {"precompute_max_seqlen_q_delta": 1}
     seen = {}

@@ -84,7 +84,7 @@ def test_an_unknown_vllm_release_is_bad_input_naming_engine(command, capsys, tmp
 
     assert main(command + ["--engine", "vllm==9.9.9", "--json", str(tmp_path / "s.json")]) == 2
     err = capsys.readouterr().err
-    from gpu_impl.engines.vllm_recipes import RELEASES
+    from gpu_impl.engines.vllm.recipes import RELEASES
 
     assert f"--engine: vllm==9.9.9: not a vLLM release this suite knows (registered: {', '.join(RELEASES)})" in err
     assert "nearest driver generation is v2 (vllm==0.34.0's)" in err

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpu_impl.engines.lifecycle_judge import ENGINE_DEFECTS, LifecycleJudge, check_engine_defect
-from gpu_impl.engines.sglang_driver import EngineFA3
+from gpu_impl.engines.sglang.driver import EngineFA3
 
 
 def step(front, lens, layers=2, h=32, hk=4, md=None, where=(0, 0), width=None, heads=None):
@@ -92,7 +92,7 @@ def test_bad_defect_names_are_clear_errors_naming_the_field():
 
 
 def test_the_vllm_scenario_checks_the_lifecycle_defect_and_its_layers():
-    from gpu_impl.engines.vllm_driver import check_scenario
+    from gpu_impl.engines.vllm.driver import check_scenario
 
     assert check_scenario({"lifecycle_defect": "precompute-over-real-rows"})["lifecycle_defect"]
     with pytest.raises(ValueError, match="lifecycle_defect: null or one of"):

@@ -1,4 +1,4 @@
-"""gpu_impl.engines.model_load without an engine: the release's attention constructor is played by stand-ins
+"""gpu_impl.engines.sglang.model_load without an engine: the release's attention constructor is played by stand-ins
 that assert as sglang's do. Its verdict is the constructor's (an assert is a rejection with its source line), the
 layout readers return the configuration's rank-0 layout, the constructor stops at the first thing it builds after
 its head split, and a constructor that stops before it sets its head counts, or needs what CPU lacks, decides
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpu_impl.engines import model_load
+from gpu_impl.engines.sglang import model_load
 
 
 def _module(body):

@@ -134,7 +134,7 @@ def test_the_kernel_call_check_finds_a_masked_rows_lse():
 
 def test_the_numerics_check_is_written_once():
     """No module but gpu_impl/oracle_check.py decides a scenario's or a kernel case's numerics finding."""
-    for path in ("gpu_impl/scenario.py", "gpu_impl/rank_verdict.py", "gpu_impl/engines/vllm_numerics.py",
+    for path in ("gpu_impl/scenario.py", "gpu_impl/rank_verdict.py", "gpu_impl/engines/vllm/numerics.py",
                  "fa3verify/kernel_cases.py"):
         text = (ROOT / path).read_text()
         assert "fa3_output_close" not in text and "torch.isnan" not in text, path

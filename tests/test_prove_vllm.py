@@ -1,6 +1,6 @@
 """``prove --engine-profile vllm==V`` and ``conform --engine vllm==V``: vLLM's FA3 flow from its release profile.
 
-The prover plays the profile (spec.theorems.vllm): vLLM 0.33.0 passes the same heads and the same num_splits on
+The prover plays the profile (gpu_impl.engines.vllm.theorems): vLLM 0.33.0 passes the same heads and the same num_splits on
 both sides, with the call's KV extent at least the precompute's max_seqlen_k, so the flow is proved. The negative
 control is a profile variant with vLLM #20301's pattern (the precompute's max_num_splits differs from the call's):
 refuted with a concrete counterexample. Conformance checks each claim on the released code (engine env needed).
@@ -17,7 +17,7 @@ import pytest
 from spec.model.config import MODELS
 from spec.model.engine_profiles import ProfileError, engine_profile_for
 from spec.model.engine_profiles_vllm import VLLM_RELEASES, VllmProfileError, vllm_profile_for, vllm_profile_from_dict
-from spec.theorems.vllm import run_vllm_theorems
+from gpu_impl.engines.vllm.theorems import run_vllm_theorems
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN = [MODELS["qwen3-30b-a3b"]]

@@ -7,7 +7,7 @@ reports' build and the judging build are one. Runs without an engine environment
 
 import torch
 
-from gpu_impl.engines.sglang_driver import EngineFA3
+from gpu_impl.engines.sglang.driver import EngineFA3
 from gpu_impl.fa3_records import call_schedule_of, record_call, record_precompute, precompute_schedule
 from refmodel.fa3_builds import SGLANG_KERNEL_042, SGLANG_KERNEL_045, UPSTREAM, build_for_engine
 
@@ -22,7 +22,7 @@ def test_the_front_records_and_checks_under_the_build_it_is_given():
 def test_the_worker_judges_under_the_build_its_sut_names(monkeypatch):
     import pytest
 
-    from gpu_impl.engines.sglang_driver import Engine
+    from gpu_impl.engines.sglang.driver import Engine
     from gpu_impl.sut import parse_engine
 
     for release in ("0.5.13", "0.5.23"):

@@ -233,7 +233,7 @@ def test_a_domain_that_adapts_to_earlier_cases_is_never_sharded():
 
 def test_the_release_domain_adapts_and_the_model_and_vllm_domains_do_not():
     from gpu_impl.domain import ConfigDomain
-    from gpu_impl.engines.sglang_domain import ReleaseDomain
+    from gpu_impl.engines.sglang.domain import ReleaseDomain
 
     assert ReleaseDomain.adapts and not ConfigDomain.adapts
     assert not ConfigDomain("model", family="scenario").adapts

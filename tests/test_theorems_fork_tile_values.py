@@ -67,10 +67,10 @@ def test_an_instance_label_names_its_head_dims_element_size_mask_and_paging():
 def test_the_agreement_theorem_names_itself_and_an_unknown_answer_makes_it_inconclusive(monkeypatch):
     insts = ft.TILE_INSTANCES[:4]
     r = ft._agree(10.0, instances=insts[:1])
-    assert (r.name, r.verdict) == ("9-fork-tile-agree", "proved") and r.details == {"instances": 1}
+    assert (r.name, r.verdict) == ("fork-tile-agree", "proved") and r.details == {"instances": 1}
     monkeypatch.setattr(ft, "checked", lambda s: z3.unknown)
     r = ft._agree(10.0, instances=insts)
-    assert (r.name, r.verdict, r.expected) == ("9-fork-tile-agree", "inconclusive", False)
+    assert (r.name, r.verdict, r.expected) == ("fork-tile-agree", "inconclusive", False)
     assert r.message.startswith(f"z3 unknown: ['{insts[0].label}: ") and insts[3].label not in r.message
 
 
@@ -93,7 +93,7 @@ def test_the_agreement_theorem_s_three_results_field_by_field(monkeypatch):
     insts = ft.TILE_INSTANCES[:2]
     r = ft._agree(10.0, instances=insts)
     assert (r.name, r.verdict, r.witness, r.case_file, r.failed, r.expected) == (
-        "9-fork-tile-agree", "proved", {}, None, False, True)
+        "fork-tile-agree", "proved", {}, None, False, True)
     assert 0 <= r.seconds < 600 and r.details == {"instances": 2}
     assert r.message == (f"under {ft.VLLM_FORK}, on 2 instances (head dims x dtype x causal/local x paging), "
                          f"seqlen_q <= 2^20 and heads <= {ft.MAX_HEADS}: equal seqlen_q and h/h_k give the same "
@@ -102,7 +102,7 @@ def test_the_agreement_theorem_s_three_results_field_by_field(monkeypatch):
     # tiles differ is d 64 dense, where only kBlockM differs (192 against 64; the fork's tile_size.h, one-WG rows)
     r = ft._agree(10.0, defects={"one-wg-reads-num-heads"})
     w = r.witness
-    assert (r.name, r.verdict, r.case_file, r.failed, r.expected) == ("9-fork-tile-agree", "refuted", None, True, False)
+    assert (r.name, r.verdict, r.case_file, r.failed, r.expected) == ("fork-tile-agree", "refuted", None, True, False)
     assert 0 <= r.seconds < 600 and set(w) == AGREE_KEYS and w["invariant"] == "TILE_AGREE"
     assert w["instance"] == "d=64 dv=64 elem=2 non-causal dense" and w["block_n_p"] == w["block_n_c"]
     assert r.message == (f"{w['instance']}: sides agreeing on seqlen_q {w['seqlen_q']} and h/h_k choose "

@@ -14,7 +14,8 @@ import zipfile
 
 import pytest
 
-from gpu_impl.engines import recipes, torch_build
+from gpu_impl.engines import torch_build
+from gpu_impl.engines.sglang import recipes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAG = "cp311-cp311-manylinux_2_28_x86_64"

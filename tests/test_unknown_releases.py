@@ -5,7 +5,8 @@ option the user passed named (``gpu_impl.engines.envs.next_step``)."""
 import pytest
 
 from fa3verify.cli import main
-from gpu_impl.engines import recipes, vllm_recipes
+from gpu_impl.engines.sglang import recipes
+from gpu_impl.engines.vllm import recipes as vllm_recipes
 
 #: Releases past (or before) every registered one: the nearest is the newest (or the oldest) registered release.
 CASES = {

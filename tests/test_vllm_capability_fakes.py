@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_impl.engines import envs, vllm_glue
+from gpu_impl.engines import envs
+from gpu_impl.engines.vllm import glue as vllm_glue
 
 RELEASE = "0.33.0"
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,12 +37,12 @@ def test_the_answers_are_a_sm90_cuda_builds_and_each_fake_is_listed():
 
 SCRIPT = r"""
 import json, sys
-from gpu_impl.engines import vllm_glue
+from gpu_impl.engines.vllm import glue as vllm_glue
 if sys.argv[1] == "without":
     vllm_glue._install_capability_queries = lambda: []
 vllm_glue.install()
 import torch
-from gpu_impl.engines.vllm_validation import validate_vllm_config
+from gpu_impl.engines.vllm.validation import validate_vllm_config
 answers = {}
 if sys.argv[1] == "with":
     answers = {n: bool(getattr(torch.ops._C, n)(90)) for n in json.loads(vllm_glue.CAPABILITIES_FILE.read_text())["queries"]}

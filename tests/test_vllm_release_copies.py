@@ -31,7 +31,7 @@ def _needs(release: str) -> None:
 
 
 def _copy_sut(root):
-    from gpu_impl.engines.vllm import VllmSUT
+    from gpu_impl.engines.vllm.host import VllmSUT
     from gpu_impl.sut import parse_engine
 
     return VllmSUT(spec=parse_engine(f"vllm-src={root}"), progress=lambda line: None)

@@ -1,4 +1,4 @@
-"""The vLLM release survey (gpu_impl/engines/data/vllm_survey.json, scripts/vllm_survey.py) and the rows: every release
+"""The vLLM release survey (gpu_impl/engines/vllm/survey.json, scripts/vllm_survey.py) and the rows: every release
 with FA3 ahead-of-time scheduling from 0.8.5 through 0.32.x is a row of vllm_recipes.RECIPES, shares a row (its
 driven files byte-identical), or is unavailable with its reason; an unavailable release is inconclusive (exit 3)
 with that reason, never a traceback. Data only: no engine environment is needed."""
@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from gpu_impl.engines import envs, vllm_recipes
+from gpu_impl.engines import envs
+from gpu_impl.engines.vllm import recipes as vllm_recipes
 from gpu_impl.engines.errors import ReleaseUnavailable, UnknownRelease
 
 SURVEY = json.loads(vllm_recipes.SURVEY_FILE.read_text())

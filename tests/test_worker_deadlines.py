@@ -94,7 +94,7 @@ def test_a_command_past_its_deadline_is_killed_with_what_it_started():
                                         ("deaf", "did not read its request within 2 s; killed")])
 def test_a_stuck_sglang_worker_is_killed_at_its_deadline(tmp_path, mode, what):
     from gpu_impl.engines.errors import DriverError
-    from gpu_impl.engines.sglang import SglangSUT
+    from gpu_impl.engines.sglang.host import SglangSUT
     from gpu_impl.sut import parse_engine
 
     root = fake_engine_home(tmp_path, "sglang", "0.5.13", mode)
@@ -154,8 +154,8 @@ def test_a_start_slower_than_the_answer_deadline_is_not_a_stalled_answer(tmp_pat
     killed at that deadline, and after its hello a stalled answer is still killed at the answer deadline. (Before,
     one deadline bounded both, and a slow start on a loaded machine read as a stalled answer.)"""
     from gpu_impl.engines.errors import DriverError
-    from gpu_impl.engines.sglang import SglangSUT
-    from gpu_impl.engines.vllm import VllmSUT
+    from gpu_impl.engines.sglang.host import SglangSUT
+    from gpu_impl.engines.vllm.host import VllmSUT
     from gpu_impl.sut import parse_engine
 
     def make(root, start_timeout_s):
@@ -191,7 +191,7 @@ def test_a_start_slower_than_the_answer_deadline_is_not_a_stalled_answer(tmp_pat
 @pytest.mark.parametrize("mode", ["silent", "stall"])
 def test_a_stuck_vllm_worker_is_killed_at_its_deadline(tmp_path, mode):
     from gpu_impl.engines.errors import DriverError
-    from gpu_impl.engines.vllm import VllmSUT
+    from gpu_impl.engines.vllm.host import VllmSUT
 
     root = fake_engine_home(tmp_path, "vllm", "0.33.0", mode)
     sut = VllmSUT("0.33.0", progress=lambda line: None, root=root, timeout_s=2, start_timeout_s=2)
@@ -207,7 +207,7 @@ def test_a_vllm_worker_killed_at_its_deadline_is_replaced_on_the_next_use(tmp_pa
     """The next scenario after a missed deadline gets a fresh driver (as sglang's start() does): before, VllmSUT
     kept the killed worker and every later request failed on it."""
     from gpu_impl.engines.errors import DriverError
-    from gpu_impl.engines.vllm import VllmSUT
+    from gpu_impl.engines.vllm.host import VllmSUT
 
     root = fake_engine_home(tmp_path, "vllm", "0.33.0", "stall")
     # the answer deadline does not bound a worker's start (its hello has the start deadline, 900 s by default):

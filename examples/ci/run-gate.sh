@@ -74,7 +74,8 @@ run() {  # print a command, then run it unless FA3VERIFY_DRY_RUN=1
 cmd_cache_key() {
     PYTHONPATH="$src" "$(base_python)" -c '
 import hashlib
-from gpu_impl.engines import recipes, vllm_recipes
+from gpu_impl.engines.sglang import recipes
+from gpu_impl.engines.vllm import recipes as vllm_recipes
 parts = [recipes.TORCH] + [recipes.recipe_hash(r) for r in recipes.RELEASES]
 parts += [recipes.hash_recipe(vllm_recipes.recipe(r)) for r in vllm_recipes.RELEASES]
 print("fa3verify-" + hashlib.sha256(" ".join(parts).encode()).hexdigest()[:16])'

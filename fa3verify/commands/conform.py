@@ -409,8 +409,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..engine_choice import conform_profile, open_engine, parse_engine_option, start_engine
-    from ..progress import stage
+    from ..engine_choice import parse_engine_option
 
     if args.engine is None:
         raise UsageError("--engine: required (sglang==V, sglang-src=PATH or vllm==V): conform compares the model "
@@ -421,13 +420,25 @@ def run(args) -> int:
     shard = parse_shard(args.shard)
     check_cases(shard, args.cases)
     spec = parse_engine_option(args.engine)
-    if spec.conform is None:
+    how = spec.plugin.conformance(spec)  # the engine's plugin says how it is conformed
+    if how is None:
         raise UsageError(f"--engine: conform compares the model with a real engine; '{spec}' is the model itself")
-    if spec.conform == "own-profile":
-        if shard is not None:
-            raise UsageError(f"--shard: {spec} conforms claim by claim, not over drawn configurations; "
-                             f"--shard applies to sglang engines")
-        return _conform_vllm(args, spec)
+    return CONFORMANCES[how](args, spec, shard)
+
+
+def _conform_claims(args, spec, shard) -> int:
+    """``own-profile``: the engine's own profile checked claim by claim on its code (not over drawn configurations)."""
+    if shard is not None:
+        raise UsageError(f"--shard: {spec} conforms claim by claim, not over drawn configurations; "
+                         f"--shard applies to engines conformed over drawn configurations")
+    return _conform_vllm(args, spec)
+
+
+def _conform_drawn(args, spec, shard) -> int:
+    """``model-profile``: the model under the engine's release profile against the engine on drawn configurations."""
+    from ..engine_choice import conform_profile, open_engine, start_engine
+    from ..progress import stage
+
     with open_engine(spec) as sut:
         profile = conform_profile(args.engine_profile, sut)
         # both sides are judged under the build the release's kernel wheel ships (refmodel/fa3_builds.json)
@@ -455,6 +466,10 @@ def run(args) -> int:
     return deliver(summary.exit_code, [("--json", args.json, lambda: write_output(
         args.json, json.dumps({**summary.to_dict(), "conform": report.to_dict()}, indent=2) + "\n", "--json"))],
         "conform")
+
+
+#: how conform runs, by the answer of the engine's plugin (``EnginePlugin.conformance``)
+CONFORMANCES = {"model-profile": _conform_drawn, "own-profile": _conform_claims}
 
 
 def _progress_every_25(total: int):

@@ -114,9 +114,8 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
     from ..strategies import domain_strategy, family, random_fuzz_case
 
     budget = Budget(seconds=budget_s, cases=max_cases).validate()
-    if defects and sut is not None and not sut.spec.seeds_defects:
-        raise ValueError(f"defects: {sorted(defects)} cannot be seeded into {sut.spec} (its driver applies none; "
-                         f"seeded defects run on the model or on vllm==V)")
+    if sut is not None:
+        sut.spec.plugin.check_defects(sut.spec, defects)  # ValueError naming them where its driver applies none
     target = ScenarioTarget(policy, kernel, numerics_always, sut, defects=defects)
     if strategy:
         generate = random_fuzz_case if strategy == "scenario" else family(strategy)
@@ -243,7 +242,7 @@ def fuzz(sut=None, kernel_name: str = "emulated", device: str = "cpu", seed: int
     policy = sut_policy(sut)
     sut = ModelSUT(policy=policy) if sut is None else sut
     defects = frozenset(getattr(sut, "defects", frozenset()) if defects is None else defects)
-    on_engine = not sut.spec.runs_scenario_policy
+    label = sut.spec.plugin.run_label(sut.spec)  # "" on the model, " on ENGINE" where the engine's own code ran
     summary = RunSummary(command="fuzz", seed=seed, policy=case_policy(policy, sut))
     clock = clock or now
     entered, engine_start_s = clock(), 0.0
@@ -279,19 +278,17 @@ def fuzz(sut=None, kernel_name: str = "emulated", device: str = "cpu", seed: int
     except KeyboardInterrupt:
         summary.interrupted = True
         return summary
-    check_name = (f"fuzz on {sut.spec}: no OOB, matches FA3's rules" if on_engine
-                  else f"fuzz ({kernel_name}): no OOB, no NaN, matches oracle")
+    check_name = sut.spec.plugin.fuzz_check_name(sut.spec, kernel_name)
     for failure in camp.failures.values():
         case = shrunk.get(failure.signature, failure.case)
         terms = saved_case_terms(failure, case, policy, kernel, numerics_always, sut, defects)
         failure.case_file = save_case(failure, case, policy, kernel_name, out_dir, sut=sut, defects=defects)
         note = shrink_note(failure)
         finding = failure.finding.reported(
-            case_file=failure.case_file, engine=f"fuzz on {sut.spec}" if on_engine else "fuzz",
+            case_file=failure.case_file, engine=f"fuzz{label}",
             message=f"{failure.message} (seen {failure.count}x, first at "
                     f"{failure.found_at_s:.2f}s{', ' + note if note else ''})",
-            replay=replay_line(failure.case_file, None if on_engine else policy.guard_spec,
-                               sut.spec if on_engine else None),
+            replay=replay_line(failure.case_file, sut.spec.plugin.replay_guard(sut.spec, policy), sut.spec),
             check=check_name)
         summary.findings.append(apply_terms(finding, terms, keep_message=True))
     own_s = clock() - entered - engine_start_s  # the stage's own time: setting up, the campaign, the case files

@@ -75,10 +75,9 @@ def gate(sut=None, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: f
     start = time.perf_counter()
     policy = sut_policy(sut)
     sut = ModelSUT(policy=policy) if sut is None else sut
-    own_code = not sut.spec.runs_scenario_policy  # its own code decides: the summary names it
+    # an engine whose own code decides names itself in the summary's policy (its plugin's answer)
     summary = RunSummary(command=command, seed=seed,
-                         policy={**case_policy(policy, sut), "engine": str(sut.spec)} if own_code
-                         else case_policy(policy, sut))
+                         policy=sut.spec.plugin.summary_policy(case_policy(policy, sut), sut.spec))
     facts = sut.assumption_facts()
     if facts:  # what the system under test says about itself: the assumptions its own code lets through
         summary.policy["not_enforced_assumptions"] = not_enforced(facts)
@@ -111,7 +110,7 @@ def gate(sut=None, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: f
     if not summary.interrupted:
         ready()
         what = f"{max_cases} cases" if max_cases else f"{budget_s:g} s"
-        on = f" on {sut.spec}" if own_code else ""
+        on = sut.spec.plugin.run_label(sut.spec)
         fuzzed = RunSummary(command=command)
         with stage(command, f"fuzz{on} ({kernel_name} kernel, {what})", lines,
                    result=lambda: f"{fuzzed.cases} cases, {fuzzed.failures} failing") as end:

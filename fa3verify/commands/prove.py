@@ -140,12 +140,12 @@ def move_witnesses(summary: RunSummary, cases_dir: Optional[str]) -> None:
 
 
 def prove_vllm(profile, timeout_s: float = 10.0, cases_dir: Optional[str] = None) -> RunSummary:
-    """``prove --engine-profile vllm==V``: the ``vllm-flow`` theorem under the release's profile (spec.theorems.vllm).
+    """``prove --engine-profile vllm==V``: the ``vllm-flow`` theorem under the release's profile (gpu_impl.engines.vllm.theorems).
 
     A refutation is a failed check with its counterexample, written as a case file into ``cases_dir`` (replayable
-    on ``vllm==V``: ``spec.theorems.vllm.write_vllm_case``); an unknown is inconclusive.
+    on ``vllm==V``: ``gpu_impl.engines.vllm.theorems.write_vllm_case``); an unknown is inconclusive.
     """
-    from spec.theorems.vllm import run_vllm_theorems
+    from gpu_impl.engines.vllm.theorems import run_vllm_theorems
 
     start = time.perf_counter()
     summary = RunSummary(command="prove", policy={"engine_profile": f"vllm=={profile.release}",
@@ -247,7 +247,7 @@ def run(args) -> int:
 
         summary.policy.update(enforced_assumptions=enforced(facts), not_enforced_assumptions=not_enforced(facts),
                               dropped_assumptions=dropped)
-    if not spec.runs_scenario_policy:  # the model's witnesses are its own runs already
+    if "witnesses" in spec.plugin.proof_stages(spec):  # the model's witnesses are its own runs already
         with open_engine(spec) as sut:
             start_engine(sut, "prove")
             with stage("prove", f"witnesses replayed on {spec}"):

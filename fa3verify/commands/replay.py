@@ -186,15 +186,15 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     if why_not:
         return _not_modelled(path, case, why_not)
     spec = sut.spec if sut is not None else engine_for_case(case, engine)
-    if not spec.runs_scenario_policy:
-        for option, value in (("--guard", guard), ("--metadata-heads", metadata_heads),
-                              ("--keep-stale-cp-metadata", keep_stale)):
-            if value:
-                raise UsageError(f"{option}: does not apply when replaying on {spec} (the engine's own code "
-                                 f"decides); use --engine model to replay on the model under another policy")
-    if case.vllm is not None and not spec.runs_vllm_cases:
-        raise UsageError(f"vllm: the case carries vLLM options (a vLLM configuration); {spec} does not run them: "
-                         f"replay it with --engine vllm==V (the case names {case.engine or 'no engine'})")
+    for option, value in (("--guard", guard), ("--metadata-heads", metadata_heads),
+                          ("--keep-stale-cp-metadata", keep_stale)):
+        refusal = spec.plugin.policy_option_refusal(spec, option, replay=True) if value else None
+        if refusal:
+            raise UsageError(refusal)
+    try:
+        spec.plugin.check_case_options(spec, case.options)
+    except ValueError as exc:
+        raise UsageError(f"{exc} (the case names {case.engine or 'no engine'})") from None
     policy = case_model_policy(case, guard, metadata_heads, keep_stale, trust_case_guard)
     scn = scenario_from_case(case, defects=defects, policy=policy)
     name = kernel_name or case.kernel.get("name", "emulated")
@@ -208,7 +208,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     kernel = load(name, mode=case.kernel.get("mode", "strict"), device=device)
     own = sut is None
     # the case's policy builds the model it replays on (ModelSUT(policy=...)); an engine's own code decides
-    sut = (open_engine(spec, policy=policy if spec.runs_scenario_policy else None)) if own else sut
+    sut = open_engine(spec, policy=policy) if own else sut
     start = time.perf_counter()
     try:
         if own:
@@ -239,7 +239,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     # (the model judges under its scenario's build: the case's policy, e.g. a release profile's)
     build = fa3_build_of(None) if use_numerics else (scn.fa3_build if spec.runs_scenario_policy else fa3_build_of(spec))
     judged = f" [FA3 build {build}]"
-    summary.checks.append(Check(name=f"replay {path}" + ("" if spec.runs_scenario_policy else f" on {spec}"), kind="replay",
+    summary.checks.append(Check(name=f"replay {path}" + spec.plugin.run_label(spec), kind="replay",
                                 verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,
                                 message=(msg or f"outcome {outcome} (expected {observed.expected_outcome})") + judged))
     from ..sanitize.records import recorded_layout_text
@@ -252,7 +252,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
         engine_findings = list(getattr(result, "findings", None) or []) if result is not None else []
         for i, f in enumerate(findings):
             finding = f.reported(case_file=path, check=summary.checks[-1].name,
-                                 engine="replay" if spec.runs_scenario_policy else f"replay on {spec}",
+                                 engine="replay" + spec.plugin.run_label(spec),
                                  hint=hint_for(f.invariant))
             if i < len(engine_findings):
                 terms_i = {**terms, **terms_of_finding(scn, result, engine_findings[i], spec)}

@@ -70,7 +70,8 @@ def run(args) -> int:
 
     from ..engine_choice import parse_engine_option
 
-    if not parse_engine_option(args.engine).runs_scenario_policy:
+    spec = parse_engine_option(args.engine)
+    if not spec.plugin.runs_ranks_in_process(spec):  # a real engine's ranks run in its worker
         from ..engine_ranks import run_on_engine
 
         return run_on_engine(args)

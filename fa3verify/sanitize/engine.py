@@ -1,7 +1,7 @@
 """The runtime sanitizer over a real sglang release: the harness side of ``fa3verify.sanitize.engine_worker``.
 
 Invariant: :func:`open_sanitized_sglang` gives a system under test that runs the release's own
-``FlashAttentionBackend`` (the engine driver, ``gpu_impl.engines.sglang_driver``) with FA3's entry points served
+``FlashAttentionBackend`` (the engine driver, ``gpu_impl.engines.sglang.driver``) with FA3's entry points served
 by plain emulator-backed stand-ins and wrapped by the sanitizer, installed from ``FA3VERIFY_SANITIZE`` as a user's
 run installs it; the choice is made here, by which worker is started -- nothing in sglang's code or in the
 driver's checking path consults it. A ``MetadataMismatch`` the sanitizer raises inside sglang comes back as the
@@ -30,7 +30,7 @@ def open_sanitized_sglang(release: str, mode: str = "raise", out_dir=None, deep:
     sglang made are found and replaced through ``gc``). ``causes``: False runs the sanitizer without the cause
     check (overflows only). ValueError names a bad argument.
     """
-    from gpu_impl.engines.sglang import SglangSUT
+    from gpu_impl.engines.sglang.host import SglangSUT
     from gpu_impl.sut import parse_engine
 
     if mode not in MODES:

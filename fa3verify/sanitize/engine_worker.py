@@ -82,7 +82,7 @@ def main() -> int:
     observer = SanitizerObserver(mode, deep, out_dir, when, causes=os.environ.get(ENV_CAUSES, "1").strip() != "0")
     if when == "start":
         observer.install()
-    from gpu_impl.engines import sglang_driver
+    from gpu_impl.engines.sglang import driver as sglang_driver
 
     return sglang_driver.run_worker(stdin=sys.stdin, stdout=protocol_out, fa3="emulator", observer=observer)
 

@@ -10,10 +10,10 @@ A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign
 * ``vllm`` / ``vllm-full-graph`` / ``vllm-decode-tile`` / ``vllm-v2`` -- vLLM's configuration families
   (:mod:`.vllm`; ``vllm-decode-tile`` draws around the fork's decode-tile boundary, theorem 9; ``vllm-v2`` adds
   vLLM's FULL_AND_PIECEWISE mode for releases the V2 runner drives), the family a ``vllm==V`` engine's own domain
-  names (``gpu_impl.engines.vllm.VllmSUT.domain``);
+  names (``gpu_impl.engines.vllm.host.VllmSUT.domain``);
 * a system under test's own domain (:mod:`.engine_domain`, ``domain_strategy(sut.domain())``): what a campaign
   on a system draws when no family is named -- a family the domain names, or the configurations an sglang
-  release's own checks accept (``gpu_impl.engines.sglang_domain``);
+  release's own checks accept (``gpu_impl.engines.sglang.domain``);
 * the kernel-level call families (:mod:`.kernel_calls`: ``kernel:cascade-prefix``, ...): FA3 calls run on the
   kernel-level system under test (``fa3verify.kernel_cases.KernelCallSUT``);
 * ``fidelity`` (:mod:`.fidelity_configs`): precompute configurations for the metadata fidelity check, one seeded

@@ -1,7 +1,7 @@
 """vLLM's configuration families (family ``vllm``): the knobs vLLM's FlashAttention builder reads, x skewed batches.
 
 A case is a ``FuzzCase`` whose ``vllm`` options say what the sglang-shaped server and model cannot
-(``spec/model/case_vllm.py`` validates them; ``gpu_impl.engines.vllm.scenario_to_vllm`` maps the whole case onto the
+(``spec/model/case_vllm.py`` validates them; ``gpu_impl.engines.vllm.host.scenario_to_vllm`` maps the whole case onto the
 driver). The families, as ``vllm/v1/attention/backends/flash_attn.py`` (0.33.0) branches on them:
 
 * CUDA graph: none, piecewise (attention runs eagerly between captured pieces) or full (``server.cuda_graph``:
@@ -47,7 +47,7 @@ LENGTHS = (1, 17, 100, 1000, 4097, 32768)
 BATCH_SIZES = (1, 2, 3, 8, 33, 100)
 #: The sliding window of the "one" and "mixed" families (Gemma-2 / Mistral-style 4096).
 WINDOW = 4096
-#: vLLM's default max_model_len in the driver (gpu_impl/engines/vllm_driver.py scenario_defaults).
+#: vLLM's default max_model_len in the driver (gpu_impl/engines/vllm/driver.py scenario_defaults).
 MAX_MODEL_LEN = 40960
 
 

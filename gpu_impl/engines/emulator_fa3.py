@@ -48,7 +48,7 @@ class EmulatorFA3:
         return result
 
     def flash_attn_varlen_func(self, *args, **kwargs):
-        from .sglang_driver import Unsupported
+        from .sglang.driver import Unsupported
 
         raise Unsupported("flash_attn_varlen_func (extend) is not run by the engine driver")
 

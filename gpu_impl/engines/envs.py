@@ -28,7 +28,9 @@ from typing import Callable, Optional
 
 from spec.process.worker_client import WorkerError, run_command
 
-from . import installers, recipes, torch_build, vllm_recipes
+from . import installers, torch_build
+from .sglang import recipes
+from .vllm import recipes as vllm_recipes
 from .errors import EnvSetupError, NoPrecompute, ReleaseUnavailable, UnknownRelease
 
 __all__ = ["FAKES_DIR", "KINDS", "PROJECT_ROOT", "PACKAGES", "project_path", "check_release", "engine_home", "ensure_env", "env_dir",
@@ -69,7 +71,7 @@ def _check_vllm(release: str) -> str:
         return row
     if release in vllm_recipes.UNAVAILABLE:
         raise ReleaseUnavailable(f"vllm=={release}: unavailable: {vllm_recipes.UNAVAILABLE[release]} "
-                                 f"(gpu_impl/engines/data/vllm_releases.json)")
+                                 f"(gpu_impl/engines/vllm/releases.json)")
     if release not in vllm_recipes.RECIPES:
         raise UnknownRelease(f"vllm=={release}: not a vLLM release this suite knows (registered: "
                              f"{', '.join(vllm_recipes.RELEASES)}); " + next_step("vllm", release))
@@ -86,7 +88,7 @@ def next_step(engine: str, release: str) -> str:
     that runs that version's own code beside it (``recipes.nearest_release`` / ``vllm.nearest_vllm_release``: the
     newest registered release at or before it, else the oldest)."""
     if engine == "vllm":
-        from .vllm import nearest_vllm_release
+        from .vllm.host import nearest_vllm_release
 
         nearest = nearest_vllm_release(release)
     else:

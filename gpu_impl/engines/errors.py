@@ -5,6 +5,7 @@ from __future__ import annotations
 from spec.process.worker_client import WorkerError
 
 from ..sut import EngineSpecError
+from ..sut import ScenarioUnsupported as _Unsupported
 
 
 class EngineUnavailable(EngineSpecError):
@@ -13,7 +14,7 @@ class EngineUnavailable(EngineSpecError):
 
 
 class UnknownRelease(EngineUnavailable):
-    """The release is not on the registry (``gpu_impl.engines.recipes.RELEASES``)."""
+    """The release is not on the registry (``gpu_impl.engines.sglang.recipes.RELEASES``)."""
 
 
 class NoPrecompute(EngineUnavailable):
@@ -28,12 +29,16 @@ class CheckoutImportError(EngineUnavailable):
     """An sglang checkout or wheel does not import in its environment (the message names the failing import)."""
 
 
+class ScenarioUnsupported(EngineUnavailable, _Unsupported):
+    """The scenario uses a feature the engine driver does not run (MLA, fp8 KV cache, a release without the kit)."""
+
+
 class DriverError(WorkerError):
     """The engine worker missed its deadline (``timed_out``; it was killed), died, or answered something that is not
     a response, or the engine's code crashed: inconclusive, never a pass or a violation (``spec.process.worker_client``)."""
 
 
 class ReleaseUnavailable(DriverError):
-    """A release on the vLLM release survey (``gpu_impl/engines/data/vllm_survey.json``) that this suite cannot run:
+    """A release on the vLLM release survey (``gpu_impl/engines/vllm/survey.json``) that this suite cannot run:
     the message names the exact reason (the import error, the missing symbol). Inconclusive (exit 3), never a pass, a
     violation or a usage error: the release is real and known, it just cannot be judged here."""

@@ -95,7 +95,7 @@ def matrix_row(engine: str) -> list:
         finally:
             sut.close()
     elif kind == "vllm":
-        from .vllm import VllmWorker
+        from .vllm.host import VllmWorker
 
         worker = VllmWorker(release, progress=lambda m: None)
         try:

@@ -105,7 +105,8 @@ def install_command(python: str, decided: TorchPlan) -> tuple:
 def main(argv=None) -> int:
     """``python -m gpu_impl.engines.torch_build [--python PY] [--dry-run]``: install torch's CPU build into PY's
     environment (default: this interpreter's), the way :func:`plan` decides. Exit 2 when no way is left."""
-    from . import installers, recipes
+    from . import installers
+    from .sglang import recipes
 
     parser = argparse.ArgumentParser(prog="python -m gpu_impl.engines.torch_build",
                                      description="Install torch's CPU build (the project's pinned version).")

@@ -73,7 +73,32 @@ def check_defect_names(value: Any, path: str = "defects") -> list:
                               _short(value))
     return sorted(set(value))
 
-ENGINE_NAMES = ("model", "sglang", "sglang-src", "vllm", "vllm-src", "sut")
+
+#: The engine names a case file may record and the field each one's value fills (the ``takes`` of its registry row,
+#: gpu_impl/engine_forms.json); an engine registered from outside adds itself (:func:`register_engine`).
+ENGINE_TAKES = {"model": None, "sglang": "release", "sglang-src": "path", "vllm": "release", "vllm-src": "path",
+                "sut": "target"}
+ENGINE_NAMES = tuple(ENGINE_TAKES)
+_BUILTIN_ENGINES = frozenset(ENGINE_TAKES)
+
+
+def register_engine(name: str, takes) -> None:
+    """Let case files record engine ``name``, whose value fills ``takes`` (None, "release", "path", "target")."""
+    global ENGINE_NAMES
+    ENGINE_TAKES[name] = takes
+    ENGINE_NAMES = tuple(ENGINE_TAKES)
+
+
+def unregister_engine(name: str) -> None:
+    global ENGINE_NAMES
+    if name not in _BUILTIN_ENGINES:
+        ENGINE_TAKES.pop(name, None)
+        ENGINE_NAMES = tuple(ENGINE_TAKES)
+
+
+#: what a missing value of each field is asked for, in the message naming it
+_TAKES_WANT = {"release": "a release number such as '0.5.23' for engine {name!r}",
+               "path": "the checkout's path for engine {name!r}", "target": "MODULE:CLASS for engine {name!r}"}
 #: The fields of a case's ``engine`` object, in the order a case file writes them.
 ENGINE_FIELDS = ("name", "release", "path", "target", "revision")
 _RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
@@ -246,21 +271,22 @@ def _check_engine(engine: Any) -> Optional[dict]:
     release, path, revision = engine.get("release"), engine.get("path"), engine.get("revision")
     if release is not None and (not isinstance(release, str) or not _RELEASE_RE.match(release)):
         raise CaseFormatError("engine.release", "a release number such as '0.5.23'", release)
-    if name in ("sglang", "vllm") and release is None:
-        raise CaseFormatError("engine.release", f"a release number such as '0.5.23' for engine {name!r}", release)
+    takes = ENGINE_TAKES[name]
+    if takes == "release" and release is None:
+        raise CaseFormatError("engine.release", _TAKES_WANT[takes].format(name=name), release)
     if path is not None and (not isinstance(path, str) or not path):
         raise CaseFormatError("engine.path", "a non-empty path string", path)
-    if name in ("sglang-src", "vllm-src") and path is None:
-        raise CaseFormatError("engine.path", f"the checkout's path for engine {name!r}", path)
+    if takes == "path" and path is None:
+        raise CaseFormatError("engine.path", _TAKES_WANT[takes].format(name=name), path)
     target = engine.get("target")
     if target is not None and (not isinstance(target, str) or ":" not in target):
         raise CaseFormatError("engine.target", "MODULE:CLASS or MODULE:CLASS@ARG", target)
-    if name == "sut" and target is None:
-        raise CaseFormatError("engine.target", "MODULE:CLASS for engine 'sut'", target)
+    if takes == "target" and target is None:
+        raise CaseFormatError("engine.target", _TAKES_WANT[takes].format(name=name), target)
     if revision is not None and not isinstance(revision, str):
         raise CaseFormatError("engine.revision", "null or a string (a git revision)", revision)
-    if name == "model":
-        return {"name": "model"}
+    if takes is None:
+        return {"name": name}
     return {k: engine[k] for k in ENGINE_FIELDS if engine.get(k) is not None}
 
 
@@ -328,6 +354,12 @@ class Case:
     defects: list = field(default_factory=list)
     #: vLLM options (``spec.model.case_vllm``): what a vLLM configuration adds to server/model; None for other cases
     vllm: Optional[dict] = None
+
+    @property
+    def options(self) -> dict:
+        """The engine-owned options the case carries, by the key the engine's plugin files them under
+        (``gpu_impl.plugin.EnginePlugin.options_key``): ``{"vllm": {...}}`` for a vLLM configuration, else empty."""
+        return {"vllm": self.vllm} if self.vllm is not None else {}
 
     # -- construction ----------------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ Invariant: a :class:`VllmProfile` states, for one vLLM release, exactly what
 ``vllm/v1/attention/backends/flash_attn.py`` passes to ``get_scheduler_metadata`` (``FlashAttentionMetadataBuilder
 ._get_scheduler_metadata``) and to ``flash_attn_varlen_func`` (``FlashAttentionImpl.forward``), per CUDA-graph mode
 in which the builder precomputes (data: ``spec/model/engine_profiles_vllm.json``, block ``model``); ``prove
---engine-profile vllm==V`` plays it (``spec.theorems.vllm``) and ``conform --engine vllm==V`` checks each claim on
+--engine-profile vllm==V`` plays it (``gpu_impl.engines.vllm.theorems``) and ``conform --engine vllm==V`` checks each claim on
 the released code (``fa3verify.conformance_vllm``).
 
 Simplification: a profile covers full-attention layers of one window setting (-1, -1) and a bf16/fp16 KV cache

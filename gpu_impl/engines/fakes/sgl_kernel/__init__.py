@@ -1,7 +1,7 @@
 """A stand-in for the CUDA-only ``sgl_kernel`` package, so sglang's Python attention backend imports on CPU.
 
 Only ``sgl_kernel.flash_attn`` does real work: it routes FA3's entry points to the implementation the engine
-driver installs (``gpu_impl.engines.sglang_driver``: the recording and checking shim over the emulator). Every
+driver installs (``gpu_impl.engines.sglang.driver``: the recording and checking shim over the emulator). Every
 other kernel sglang names at import time resolves to a stub that raises when called, naming the kernel, so
 a code path that needs a real CUDA kernel fails loudly instead of computing something wrong.
 """

@@ -43,8 +43,8 @@ class RankBackend:
 
     # -- construction ----------------------------------------------------------------------------------
     def _pool_batch(self, steps) -> int:
-        from ..backend import cuda_graph_batch_size
-        from ..scenario import distribute_over_dp
+        from gpu_impl.backend import cuda_graph_batch_size
+        from gpu_impl.scenario import distribute_over_dp
 
         most = 1
         for st in steps:

@@ -14,18 +14,17 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from .. import sut
-from ..sut import EngineSpec, SystemUnderTest
-from . import envs, recipes
-from .checkouts import resolve_checkout
-from .errors import CheckoutImportError, DriverError, EngineUnavailable
-from .protocol import result_from_wire, scenario_to_wire
-from .worker_client import EngineWorker, engine_start_timeout_s, engine_timeout_s
+from gpu_impl.sut import EngineSpec, SystemUnderTest
+from gpu_impl.engines import envs
+from gpu_impl.engines.sglang import recipes
+from gpu_impl.engines.checkouts import resolve_checkout
+from gpu_impl.engines.errors import CheckoutImportError, EngineUnavailable, ScenarioUnsupported
+from gpu_impl.engines.protocol import result_from_wire, scenario_to_wire
+from gpu_impl.engines.host import EngineHost
+from gpu_impl.engines.worker_client import engine_start_timeout_s, engine_timeout_s
 
 __all__ = ["SglangSUT", "ScenarioUnsupported", "resolve_source"]
 
-class ScenarioUnsupported(EngineUnavailable, sut.ScenarioUnsupported):
-    """The scenario uses a feature the engine driver does not run (MLA, fp8 KV cache, a release without the kit)."""
 
 
 
@@ -43,7 +42,7 @@ class SglangSUT(SystemUnderTest):
     """sglang's own FlashAttentionBackend, in a worker process inside the release's engine environment."""
 
     #: the worker's main module (the engine driver); a harness may name another that serves the same protocol
-    DEFAULT_WORKER = "gpu_impl.engines.sglang_driver"
+    DEFAULT_WORKER = "gpu_impl.engines.sglang.driver"
 
     has_worker = True
 
@@ -73,7 +72,7 @@ class SglangSUT(SystemUnderTest):
         self.timeout_s = engine_timeout_s(timeout_s)
         self.start_timeout_s = engine_start_timeout_s(start_timeout_s)
         self.env = envs.ensure_env(self.release, progress=progress, root=root)
-        self._worker: Optional[EngineWorker] = None
+        self._worker: Optional[EngineHost] = None
         self.hello: Optional[dict] = None
 
     # -- the worker ----------------------------------------------------------------------------------------
@@ -90,19 +89,11 @@ class SglangSUT(SystemUnderTest):
                     "FA3VERIFY_FA3_BUILD": self.spec.fa3_build()})
         env.update(self.worker_env)
         t = time.monotonic()
-        self._worker = EngineWorker([str(self.env / "bin" / "python"), "-m", self.worker], f"engine worker {self.spec}",
-                                    env=env, cwd=str(envs.project_path()), timeout_s=self.timeout_s,
-                                    start_timeout_s=self.start_timeout_s)
-        first = self._worker.first
-        if not first.get("ok"):
-            self.close()
-            raise self._import_error(first)
-        self.hello = dict(first["hello"], start_s=round(time.monotonic() - t, 2))
-        self.observed = first.get("observer")
-        if self.source is not None and not str(self.hello.get("path", "")).startswith(str(self.source)):
-            self.close()
-            raise CheckoutImportError(f"sglang-src={self.spec.path}: sglang was imported from "
-                                      f"{self.hello.get('path')}, not from the checkout {self.source}")
+        self._worker = EngineHost(str(self.env / "bin" / "python"), self.worker, str(self.spec), "sglang", env,
+                                  timeout_s=self.timeout_s, start_timeout_s=self.start_timeout_s, source=self.source,
+                                  import_error=lambda first, worker: self._import_error(first))
+        self.hello = dict(self._worker.hello, start_s=round(time.monotonic() - t, 2))
+        self.observed = self._worker.first.get("observer")
         return self.hello
 
     def _import_error(self, resp: dict) -> Exception:
@@ -116,16 +107,9 @@ class SglangSUT(SystemUnderTest):
         return self._worker.request(obj, timeout)
 
     def _answer(self, resp: dict) -> dict:
-        if resp.get("ok"):
-            if "observer" in resp:
-                self.observed = resp["observer"]
-            return resp
-        kind, err = resp.get("kind"), resp.get("error")
-        if kind == "unsupported":
-            raise ScenarioUnsupported(f"engine {self.spec}: {err}")
-        if kind == "bad_request":
-            raise ValueError(f"engine {self.spec}: {err}")
-        raise DriverError(f"engine {self.spec}: sglang's code crashed: {err}\n{resp.get('traceback', '')}")
+        if resp.get("ok") and "observer" in resp:
+            self.observed = resp["observer"]
+        return self._worker.answer(resp, f"engine {self.spec}", crashed="sglang's code crashed")
 
     # -- SystemUnderTest -----------------------------------------------------------------------------------
     def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
@@ -151,7 +135,7 @@ class SglangSUT(SystemUnderTest):
         superset of what its parser takes, kept where its ServerArgs validation accepts them; one per SUT, so
         the release is asked once per configuration."""
         if getattr(self, "_domain", None) is None:
-            from .sglang_domain import ReleaseDomain
+            from gpu_impl.engines.sglang.domain import ReleaseDomain
 
             self._domain = ReleaseDomain(self.release, self.validate, label=str(self.spec))
         return self._domain

@@ -13,7 +13,7 @@ the world size with the platform's device count, which the CPU platform fake doe
 
 from __future__ import annotations
 
-from .validation import placeholder_model
+from gpu_impl.engines.sglang.validation import placeholder_model
 
 __all__ = ["validate_vllm_config"]
 

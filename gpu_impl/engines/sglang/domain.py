@@ -3,11 +3,11 @@ layout or the CUDA-graph runner, drawn over a superset of what its argument pars
 release's own checks accept them.
 
 Invariant: a configuration is run only if the release's ``ServerArgs`` validation accepts it and its model-load
-head split holds (both asked of the release, ``SglangSUT.validate`` -> ``gpu_impl.engines.validation``; the head
-split is the release's own ``Qwen3Attention.__init__``, run on CPU by ``gpu_impl.engines.model_load``); nothing
+head split holds (both asked of the release, ``SglangSUT.validate`` -> ``gpu_impl.engines.sglang.validation``; the head
+split is the release's own ``Qwen3Attention.__init__``, run on CPU by ``gpu_impl.engines.sglang.model_load``); nothing
 is left out because this project's prover assumes it. Every rejection is counted with the release's message.
 
-Data: ``data/sglang_server_args.json``: per release, the arguments as ``ServerArgs.add_cli_args`` defines them
+Data: ``sglang/server_args.json``: per release, the arguments as ``ServerArgs.add_cli_args`` defines them
 (``scripts/gen_sglang_domains.py``, run in each built environment; a release without an entry uses the nearest
 older one that has it), and the draw table (values drawn for integer arguments the parser leaves unbounded,
 weights of the target paths and flags, arguments not drawn and why).
@@ -23,12 +23,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..domain import ConfigDomain, DomainDraw
-from .validation import FIELD_NAMES
+from gpu_impl.domain import ConfigDomain, DomainDraw
+from gpu_impl.engines.sglang.validation import FIELD_NAMES
 
 __all__ = ["DATA_FILE", "SERVER_ARGS", "ReleaseDomain", "release_arguments", "draw_table"]
 
-DATA_FILE = Path(__file__).resolve().parent / "data" / "sglang_server_args.json"
+DATA_FILE = Path(__file__).resolve().parent / "server_args.json"
 
 #: The server arguments read from each release (those that reach the backend, its layout or the graph runner).
 SERVER_ARGS = ("tp_size", "dp_size", "attn_cp_size", "enable_dp_attention", "enable_prefill_cp",
@@ -59,7 +59,7 @@ def draw_table() -> dict:
 def release_arguments(release: str) -> tuple:
     """(release whose definitions are used, {dest: definition}) for ``release``: its own entry, else the nearest
     older release that has one (else the oldest)."""
-    from .recipes import release_key
+    from gpu_impl.engines.sglang.recipes import release_key
 
     have = sorted(_data()["releases"], key=release_key)
     older = [r for r in have if release_key(r) <= release_key(release)]
@@ -132,7 +132,7 @@ class ReleaseDomain(ConfigDomain):
         self.hits[cell] += bool(reached)
 
     def _server(self, rng: random.Random, cell):
-        from ..config import ServerConfig
+        from gpu_impl.config import ServerConfig
 
         target, dp_attention, prefill_cp = cell
         cuda_graph = target != "eager"
@@ -150,7 +150,7 @@ class ReleaseDomain(ConfigDomain):
             context_length=self._choice(rng, "context_length"))
 
     def _model(self, rng: random.Random):
-        from ..config import MODELS
+        from gpu_impl.config import MODELS
 
         return MODELS[rng.choice(self.table["values"]["models"])]
 

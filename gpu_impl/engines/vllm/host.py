@@ -22,11 +22,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..sut import EngineSpec, SystemUnderTest
-from . import envs, vllm_recipes
-from .checkouts import resolve_checkout
-from .errors import CheckoutImportError, DriverError
-from .worker_client import EngineWorker, engine_start_timeout_s, engine_timeout_s
+from gpu_impl.sut import EngineSpec, SystemUnderTest
+from gpu_impl.engines import envs
+from gpu_impl.engines.vllm import recipes as vllm_recipes
+from gpu_impl.engines.checkouts import resolve_checkout
+from gpu_impl.engines.errors import CheckoutImportError, DriverError, ScenarioUnsupported
+from gpu_impl.engines.host import EngineHost
+from gpu_impl.engines.worker_client import engine_start_timeout_s, engine_timeout_s
 
 __all__ = ["VllmWorker", "VllmSUT", "scenario_to_vllm", "resolve_vllm_source", "VLLM_DEFECTS"]
 
@@ -47,7 +49,7 @@ def resolve_vllm_source(path: str) -> tuple:
 def nearest_vllm_release(version: Optional[str]) -> str:
     """The registered vLLM release a checkout of ``version`` runs beside: the newest at or before it, else the
     oldest; the newest when the checkout says no version."""
-    from .recipes import release_key
+    from gpu_impl.engines.sglang.recipes import release_key
 
     releases = vllm_recipes.RELEASES
     try:
@@ -64,8 +66,8 @@ WARM_UP = {"tp": 1, "dcp": 1, "block_size": 16, "num_heads": 32, "num_kv_heads":
            "dtype": "bfloat16", "max_model_len": 4096}
 
 
-class VllmWorker:
-    """One driver process (``python -m gpu_impl.engines.vllm_driver``) speaking JSON lines: its hello within the
+class VllmWorker(EngineHost):
+    """One driver process (``python -m gpu_impl.engines.vllm.driver``) speaking JSON lines: its hello within the
     start deadline (``start_timeout``: seconds, default ``$FA3VERIFY_ENGINE_START_TIMEOUT`` or 900), every answer
     within the engine deadline (``timeout``: seconds, default ``$FA3VERIFY_ENGINE_TIMEOUT`` or 900;
     ``worker_client``)."""
@@ -80,75 +82,33 @@ class VllmWorker:
         self.release = envs.check_release(release, engine="vllm")
         self.timeout = engine_timeout_s(timeout)
         self.start_timeout = engine_start_timeout_s(start_timeout)
-        self.label = label or f"vllm=={self.release}"
+        label = label or f"vllm=={self.release}"
         d = envs.ensure_env(release, progress=progress, root=root, engine="vllm")
         env = envs.driver_environ(extra_paths=[str(source)] if source else (), engine="vllm")
-        from .vllm_driver import GENERATION_VARIABLE
+        from gpu_impl.engines.vllm.driver import GENERATION_VARIABLE
 
         env[GENERATION_VARIABLE] = vllm_recipes.DRIVER_GENERATIONS[self.release]
         if source:
             env[SOURCE_VARIABLE] = str(source)
-        self._worker = EngineWorker([str(d / "bin" / "python"), "-m", "gpu_impl.engines.vllm_driver"],
-                                    f"engine worker {self.label}", env=env,
-                                    cwd=str(envs.project_path()), timeout_s=self.timeout,
-                                    start_timeout_s=self.start_timeout, greet=False)
-        self._env_dir, self._source, self.hello = d, source, None
-        self._warming = False
-        if greet:
-            self.greet()
-        else:
-            self._worker.send_ahead({"op": "validate", "scenario": dict(WARM_UP)})
-            self._warming = True
 
-    def greet(self) -> dict:
-        """Read the hello (within the start deadline; a driver that did not start, or a checkout that was not the
-        one imported, raises as a start does) and the queued warm-up's answer; returns the hello. Idempotent."""
-        if self.hello is not None:
-            return self.hello
-        first, source = self._worker.first, self._source
-        if not first.get("ok"):
-            self.close()
-            error = (CheckoutImportError(f"{self.label}: does not import in the environment of vllm=={self.release} "
-                                         f"({self._env_dir}): {first.get('error')}") if source else
-                     DriverError(f"{self.label}: the driver did not start: {first.get('error')}",
-                                 worker=self._worker.name, pid=self._worker.pid))
-            raise error
-        hello = first["hello"]
-        if source and not str(hello.get("path", "")).startswith(str(source)):
-            self.close()
-            raise CheckoutImportError(f"{self.label}: vllm was imported from {hello.get('path')}, not from the "
-                                      f"checkout {source}")
-        if self._warming:
-            self._warming = False
-            self._worker.answer_ahead()  # its verdict is not used: it only imported vLLM's config classes
-        self.hello = hello
-        return hello
+        def import_error(first, worker):
+            if source:
+                return CheckoutImportError(f"{label}: does not import in the environment of vllm=={release} "
+                                           f"({d}): {first.get('error')}")
+            return DriverError(f"{label}: the driver did not start: {first.get('error')}", worker=worker.name,
+                               pid=worker.pid)
 
-    @property
-    def pid(self) -> int:
-        return self._worker.pid
+        super().__init__(str(d / "bin" / "python"), "gpu_impl.engines.vllm.driver", label, "vllm", env,
+                         timeout_s=self.timeout, start_timeout_s=self.start_timeout, source=source,
+                         import_error=import_error, greet=greet, warm_up={"op": "validate", "scenario": dict(WARM_UP)})
 
-    @property
-    def running(self) -> bool:
-        """Whether the driver process still runs (False once it exited or was killed at a missed deadline)."""
-        return self._worker.running
-
-    def request(self, obj: dict) -> dict:
-        self.greet()
-        return self._worker.request(obj)
+    def request(self, obj: dict, timeout: Optional[float] = None) -> dict:
+        return super().request(obj, timeout)
 
     def run(self, scenario: dict, numerics: bool = False) -> dict:
         """The driver's answer for one vLLM scenario (``vllm_driver.scenario_defaults`` fields); ``numerics``: the
         calls on the FA3 emulator, outputs judged against the oracle (``vllm_numerics``)."""
-        resp = self.request({"op": "run", "scenario": scenario, "numerics": bool(numerics)})
-        if not resp.get("ok"):
-            kind = resp.get("kind")
-            if kind == "unsupported":
-                raise _unsupported(f"{self.label}: {resp.get('error')}")
-            if kind == "bad_request":
-                raise ValueError(f"{self.label}: {resp.get('error')}")
-            raise DriverError(f"{self.label}: {kind}: {resp.get('error')}\n{resp.get('traceback', '')}")
-        return resp
+        return self.answer(self.request({"op": "run", "scenario": scenario, "numerics": bool(numerics)}), self.label)
 
     def validate(self, scenario: dict) -> dict:
         """vLLM's own config validation of one scenario's configuration: ``{"accepted", "message"}``."""
@@ -172,8 +132,6 @@ VLLM_DEFECTS = {"graph-split-count-from-capture": {"precompute_num_splits": 0},
 
 
 def _unsupported(message: str):
-    from .sglang import ScenarioUnsupported
-
     return ScenarioUnsupported(message)
 
 
@@ -272,7 +230,7 @@ class VllmSUT(SystemUnderTest):
                                       start_timeout=self.start_timeout_s, greet=False)
 
     def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
-        from .protocol import result_from_wire
+        from gpu_impl.engines.protocol import result_from_wire
 
         return result_from_wire(self.worker.run(scenario_to_vllm(scenario), numerics=numerics))
 
@@ -282,8 +240,8 @@ class VllmSUT(SystemUnderTest):
         maps them (:func:`scenario_to_vllm`); accepted is None where vLLM's driver does not run it at all."""
         import dataclasses
 
-        from ..config import MODELS, ServerConfig
-        from ..scenario import Scenario, Step
+        from gpu_impl.config import MODELS, ServerConfig
+        from gpu_impl.scenario import Scenario, Step
 
         server = server_config if dataclasses.is_dataclass(server_config) else ServerConfig(**dict(server_config))
         model = MODELS["llama-3-8b"] if model_config is None else model_config
@@ -307,11 +265,11 @@ class VllmSUT(SystemUnderTest):
         for a release driven by the second generation, which adds vLLM's FULL_AND_PIECEWISE mode), each drawn case
         kept only where vLLM's own config validation accepts it (:meth:`check_case`); reach per path. One per SUT."""
         if getattr(self, "_domain", None) is None:
-            from ..domain import ConfigDomain
+            from gpu_impl.domain import ConfigDomain
 
             self._verdicts: dict = {}
             if vllm_recipes.DRIVER_GENERATIONS.get(self.release) == "v2":
-                from .vllm_driver_v2 import PATHS_V2
+                from gpu_impl.engines.vllm.driver_v2 import PATHS_V2
 
                 family, keys = "vllm-v2", PATHS_V2
             else:
@@ -323,7 +281,7 @@ class VllmSUT(SystemUnderTest):
         """None when vLLM accepts a drawn case's configuration, else its reason (``vllm_validation``; an
         inconclusive validation is a rejection with that message). A case the driver does not run at all is
         left to the run (counted as unsupported there)."""
-        from ..scenario import Scenario, Step
+        from gpu_impl.scenario import Scenario, Step
 
         scn = Scenario(server=case.server, model=case.model, guard=None, steps=[Step(**s) for s in case.steps],
                        seed=case.seed, vllm=getattr(case, "vllm", None))

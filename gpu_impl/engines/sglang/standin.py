@@ -102,7 +102,7 @@ def _server_args(**fields):
     """The release's ``ServerArgs`` with its dataclass defaults (no ``__post_init__``), then ``fields``."""
     from sglang.srt.server_args import ServerArgs
 
-    from .sglang_glue import set_field
+    from gpu_impl.engines.sglang.glue import set_field
 
     args = object.__new__(ServerArgs)
     for f in dataclasses.fields(ServerArgs):

@@ -13,7 +13,7 @@ width, one ``build`` per step -- written from vLLM <= 0.33.0's ``gpu_model_runne
 which (``vllm_recipes.DRIVER_GENERATIONS``, environment variable ``FA3VERIFY_VLLM_DRIVER``), and a release that lacks
 what its generation drives is refused at start with the list (``vllm_recipes.missing_for_generation``).
 
-Run as ``python -m gpu_impl.engines.vllm_driver`` inside the vLLM engine environment (``envs``, recipe
+Run as ``python -m gpu_impl.engines.vllm.driver`` inside the vLLM engine environment (``envs``, recipe
 ``vllm_recipes``), project root and fakes on PYTHONPATH; the loop is ``protocol.serve``: one JSON request per stdin
 line, one JSON response per stdout line. Requests:
 ``{"op": "hello"}``, ``{"op": "run", "scenario": {...}}`` (fields: :func:`scenario_defaults`), ``{"op": "quit"}``.
@@ -39,8 +39,8 @@ import os
 import sys
 import time
 
-from .protocol import Unsupported, serve
-from .vllm_front import VLLM_BUILD, FrontFA3, ShapeOnlyFA3, seed_defect  # noqa: F401 - re-exported (tests, clients)
+from gpu_impl.engines.protocol import Unsupported, serve
+from gpu_impl.engines.vllm.front import VLLM_BUILD, FrontFA3, ShapeOnlyFA3, seed_defect  # noqa: F401 - re-exported (tests, clients)
 
 _PROTOCOL_OUT = sys.stdout
 
@@ -121,7 +121,7 @@ def check_scenario(s: dict) -> dict:
         st["query_lens"] = q
     if not isinstance(out["seed"], int) or isinstance(out["seed"], bool) or not 0 <= out["seed"] < 2 ** 63:
         raise ValueError(f"seed: must be an integer in [0, 2^63), got {out['seed']!r}")
-    from .lifecycle_judge import check_engine_defect
+    from gpu_impl.engines.lifecycle_judge import check_engine_defect
 
     check_engine_defect(out["lifecycle_defect"])
     if out["lifecycle_defect"] == "shared-precompute-heterogeneous-heads" and out["num_layers"] < 2:
@@ -189,7 +189,7 @@ class Config:
         import torch
         from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
         from vllm.config.compilation import CUDAGraphMode
-        from .vllm_recipes import locate
+        from gpu_impl.engines.vllm.recipes import locate
 
         Attention = locate("Attention")  # noqa: N806 - vLLM's class (moved in 0.16: GENERATION_MODULES)
         from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
@@ -326,7 +326,7 @@ class Config:
     def batch(self, query_lens, seq_lens):
         """vLLM's CommonAttentionMetadata for one batch (padded to a capture size under full CUDA graph)."""
         import torch
-        from .vllm_recipes import locate
+        from gpu_impl.engines.vllm.recipes import locate
 
         CommonAttentionMetadata = locate("CommonAttentionMetadata")  # noqa: N806 - vLLM's class
 
@@ -339,7 +339,7 @@ class Config:
         n = len(k)
         table = torch.zeros(n, self.max_blocks, dtype=torch.int32)
         if self.numerics:
-            from .vllm_numerics import numerics_kv
+            from gpu_impl.engines.vllm.numerics import numerics_kv
 
             self.kv_cache, table = numerics_kv(self.hk, s["block_size"], s["head_dim"], self.dtype, k,
                                                self.max_blocks, seed=s["seed"] + 7919 * self.steps_built)
@@ -412,7 +412,7 @@ class Engine:
 
     def __init__(self):
         t = time.monotonic()
-        from . import vllm_glue
+        from gpu_impl.engines.vllm import glue as vllm_glue
 
         vllm_glue.install()
         import torch
@@ -423,7 +423,7 @@ class Engine:
 
         self.vllm, self.fa, self.glue = vllm, fa, vllm_glue
         self.generation = os.environ.get(GENERATION_VARIABLE) or "v1"
-        from .vllm_recipes import GENERATION_MODULES, locate, missing_for_generation
+        from gpu_impl.engines.vllm.recipes import GENERATION_MODULES, locate, missing_for_generation
 
         if self.generation in GENERATION_MODULES:
             missing = missing_for_generation(self.generation, os.environ.get("FA3VERIFY_VLLM_SOURCE"))
@@ -431,7 +431,7 @@ class Engine:
                 raise ImportError(f"vllm {getattr(vllm, '__version__', '?')} lacks what driver generation "
                                   f"{self.generation} drives: {'; '.join(missing)}")
         if self.generation == "v2":
-            from .vllm_driver_v2 import ConfigV2
+            from gpu_impl.engines.vllm.driver_v2 import ConfigV2
 
             self.config_class = ConfigV2
         elif self.generation == "v1":
@@ -464,24 +464,24 @@ class Engine:
         """What the driver generation itself stands in for (the second generation's runner pieces)."""
         if self.generation != "v2":
             return ()
-        from .vllm_driver_v2 import STOOD_IN
+        from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
 
         return STOOD_IN
 
     def validate(self, scenario: dict) -> dict:
         """vLLM's own config validation of a scenario's configuration (``vllm_validation``)."""
-        from .vllm_validation import validate_vllm_config
+        from gpu_impl.engines.vllm.validation import validate_vllm_config
 
         return validate_vllm_config(check_scenario(scenario))
 
     def run(self, scenario: dict, numerics: bool = False) -> dict:
         """One scenario through vLLM's builder and impl; ``numerics``: every call on the emulator, outputs judged
         against the oracle (``vllm_numerics``; off by default: record mode)."""
-        from ..fa3_calls import pair_summary
+        from gpu_impl.fa3_calls import pair_summary
 
         s = check_scenario(dict(scenario))
         if numerics:
-            from .vllm_numerics import check_numerics_scenario
+            from gpu_impl.engines.vllm.numerics import check_numerics_scenario
 
             check_numerics_scenario(s)
         if self.fa_version != 3:
@@ -544,6 +544,6 @@ class Engine:
 
 if __name__ == "__main__":
     sys.stdout = sys.stderr  # nothing but responses on the protocol stream
-    from .protocol import exit_worker
+    from gpu_impl.engines.protocol import exit_worker
 
     exit_worker(serve(Engine, sys.stdin, _PROTOCOL_OUT))

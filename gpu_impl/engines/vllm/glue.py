@@ -20,7 +20,7 @@ from typing import Optional
 
 __all__ = ["FAKED", "CAPABILITIES_FILE", "install", "front"]
 
-CAPABILITIES_FILE = Path(__file__).resolve().parent / "data" / "vllm_capabilities.json"
+CAPABILITIES_FILE = Path(__file__).resolve().parent / "capabilities.json"
 
 #: What is faked or patched on CPU, and why (reported in the driver's hello and in docs/engines-vllm.md).
 FAKED = (
@@ -41,7 +41,7 @@ FAKED = (
     "(record mode reads no cache contents; numerics are refused on those releases' layout)",
     "torch.ops._C capability queries (cutlass_scaled_mm_supports_fp8, _block_fp8, _fp4), asked at import by vLLM's "
     "quantization utilities of its compiled _C extension (a CUDA build): registered only where the extension did "
-    "not load, answering as a CUDA build does for sm90 (data/vllm_capabilities.json); without them every "
+    "not load, answering as a CUDA build does for sm90 (vllm/capabilities.json); without them every "
     "ModelConfig fails with \"Model architectures failed to be inspected\"",
 )
 
@@ -131,7 +131,7 @@ def _install_platform() -> None:
 
 
 def capability_answer(name: str, capability: int) -> bool:
-    """What the faked ``torch.ops._C.<name>(capability)`` answers (data/vllm_capabilities.json)."""
+    """What the faked ``torch.ops._C.<name>(capability)`` answers (vllm/capabilities.json)."""
     spec = json.loads(CAPABILITIES_FILE.read_text())["queries"][name]
     return int(capability) >= int(spec["min_capability"])
 

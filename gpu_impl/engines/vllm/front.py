@@ -10,7 +10,7 @@ for a persistent CUDA-graph buffer vLLM copies the metadata into, the latest pre
 
 from __future__ import annotations
 
-from .protocol import Unsupported
+from gpu_impl.engines.protocol import Unsupported
 
 #: the FA3 build vLLM 0.33.0 and 0.34.0 ship, as modelled (refmodel/fa3_builds.json; refmodel.fa3_builds.build_for_engine)
 VLLM_BUILD = "vllm-fork-617264c1"
@@ -26,7 +26,7 @@ class ShapeOnlyFA3:
     def get_scheduler_metadata(self, *args, **kwargs):
         from refmodel.metadata import get_scheduler_metadata
 
-        from ..fa3_calls import record_precompute
+        from gpu_impl.fa3_calls import record_precompute
 
         pre = record_precompute(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=True, build=self.build,
                                 **kwargs)
@@ -45,9 +45,9 @@ class FrontFA3:
     """
 
     def __init__(self, num_sm: int, numerics: bool = False, lifecycle_defect=None):
-        from ..fa3_calls import CheckingFA3
-        from .lifecycle_judge import LifecycleJudge
-        from .vllm_numerics import EmulatorVarlenFA3
+        from gpu_impl.fa3_calls import CheckingFA3
+        from gpu_impl.engines.lifecycle_judge import LifecycleJudge
+        from gpu_impl.engines.vllm.numerics import EmulatorVarlenFA3
 
         from refmodel.fa3_builds import UPSTREAM
 
@@ -96,7 +96,7 @@ class FrontFA3:
         self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
         self.judge.note_precompute(self.last_pre, self.where)
         if self.last_pre is not None:
-            from .call_sites import caller_location
+            from gpu_impl.engines.call_sites import caller_location
 
             self.pre_sources[id(self.last_pre)] = (self.last_pre, caller_location("get_scheduler_metadata"))
         return md
@@ -133,7 +133,7 @@ class FrontFA3:
             if a[name] is not None:
                 raise Unsupported(f"fwd({name}=...): not modelled by the shim")
         self._attribute(md)
-        from .call_sites import caller_location
+        from gpu_impl.engines.call_sites import caller_location
 
         where = caller_location("flash_attn_varlen_func")
         events = len(self.checker.events)
@@ -157,7 +157,7 @@ class FrontFA3:
 
     def _judged(self, a: dict) -> list:
         """Numerics: the emulator's output into vLLM's ``out``, judged against the oracle (vllm_numerics.judge)."""
-        from .vllm_numerics import judge
+        from gpu_impl.engines.vllm.numerics import judge
 
         out, lse = self.impl.last
         if a["out"] is not None:

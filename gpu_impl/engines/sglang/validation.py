@@ -150,7 +150,7 @@ def validate_server_args(engine, server: dict, model=None) -> dict:
         return {"accepted": False, "message": rejection_message(exc), "kwargs": kwargs}
     except Exception as exc:  # noqa: BLE001 - validation that cannot run on CPU decides nothing
         return {"accepted": None, "message": f"inconclusive: {type(exc).__name__}: {exc}", "kwargs": kwargs}
-    from .model_load import head_split
+    from gpu_impl.engines.sglang.model_load import head_split
 
     loaded = head_split(sa, dict(model or DEFAULT_MODEL))
     if loaded is not None:

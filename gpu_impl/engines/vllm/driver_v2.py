@@ -26,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 import types
 
-from .protocol import Unsupported
-from .vllm_driver import Config
+from gpu_impl.engines.protocol import Unsupported
+from gpu_impl.engines.vllm.driver import Config
 
 __all__ = ["ConfigV2", "GRAPH_MODES_V2", "PATHS_V2", "ABOVE_GRAPHS", "STOOD_IN"]
 

@@ -45,7 +45,7 @@ _SETPROCTITLE = ("0.10.1", "0.10.2", "0.11.0")
 #: Per release: what its environment installs (hashed into the stamp, with the layout version and the release):
 #: ``light`` with dependencies (under the constraints), ``no_deps`` without. ``apache-tvm-ffi`` is xgrammar's
 #: binding (``tvm_ffi``): found missing by the import probe of a build from nothing. Releases 0.10.1 .. 0.32.0 are
-#: rows of the release survey (``data/vllm_survey.json``, scripts/vllm_survey.py); their wheels pin torch 2.7.1
+#: rows of the release survey (``vllm/survey.json``, scripts/vllm_survey.py); their wheels pin torch 2.7.1
 #: (0.10.1), 2.8.0 (0.10.2, 0.11.0), 2.9.0 (0.11.1 .. 0.13), 2.9.1 (0.14 .. 0.16), 2.10.0 (0.17 .. 0.19), 2.11.0 (0.20 .. 0.26) or
 #: 2.13.0; each runs on the project's CPU torch 2.13.0 (vLLM itself installed without dependencies) as far as its
 #: import probe and its gate show.
@@ -72,16 +72,16 @@ RECIPES = {
 }
 RELEASES = tuple(RECIPES)
 
-#: The release survey's verdicts (``data/vllm_releases.json``, from ``scripts/vllm_survey.py``'s reading of every
+#: The release survey's verdicts (``vllm/releases.json``, from ``scripts/vllm_survey.py``'s reading of every
 #: wheel 0.8.5 .. 0.32.x): ``shares_row``: a release whose driven files are byte-identical to a registered row's
 #: release (it runs as that row); ``unavailable``: a release this suite cannot run, with the exact reason.
-RELEASES_FILE = Path(__file__).resolve().parent / "data" / "vllm_releases.json"
+RELEASES_FILE = Path(__file__).resolve().parent / "releases.json"
 _STATUS = json.loads(RELEASES_FILE.read_text())
 SHARES_ROW = dict(_STATUS["shares_row"])
 UNAVAILABLE = {release: entry["reason"] for release, entry in _STATUS["unavailable"].items()}
 
 
-SURVEY_FILE = Path(__file__).resolve().parent / "data" / "vllm_survey.json"
+SURVEY_FILE = Path(__file__).resolve().parent / "survey.json"
 
 
 def version_key(release: str) -> tuple:
@@ -96,7 +96,7 @@ def version_key(release: str) -> tuple:
 
 
 def survey_gaps(survey: dict, recipes=None, shares=None, unavailable=None) -> list:
-    """What the release survey (``data/vllm_survey.json``) and the rows disagree on, as sentences: a surveyed release
+    """What the release survey (``vllm/survey.json``) and the rows disagree on, as sentences: a surveyed release
     that is neither a row, nor shares one, nor unavailable with a reason; a release that shares a row whose driven
     files are not byte-identical to its own; a row or a shared release the survey does not list."""
     recipes = RECIPES if recipes is None else recipes
@@ -178,7 +178,7 @@ LAYOUT_VERSION = 1
 
 #: The import probe: the backend module with the CPU glue installed, and FA3 (not FA2) chosen by vLLM's own helper.
 PROBE = ("from gpu_impl.engines import vllm_glue; vllm_glue.install(); "
-         "from gpu_impl.engines.vllm_recipes import locate; import vllm.v1.attention.backends.flash_attn; "
+         "from gpu_impl.engines.vllm.recipes import locate; import vllm.v1.attention.backends.flash_attn; "
          "v = locate('get_flash_attn_version')(); assert v == 3, v; print('fa', v)")
 
 #: A local copy of the release's wheel, installed instead of asking the registry, when this variable names one.
@@ -188,7 +188,7 @@ WHEEL_VARIABLE = "FA3VERIFY_VLLM_WHEEL"
 def nearest_generation(release: str) -> tuple:
     """(registered release, its driver generation) nearest to ``release``: the newest registered release at or
     before it, else the oldest; ValueError for a string that is no release number."""
-    from .recipes import release_key
+    from gpu_impl.engines.sglang.recipes import release_key
 
     key = release_key(release)
     older = [r for r in RELEASES if release_key(r) <= key]
@@ -206,7 +206,7 @@ def unregistered_message(release: str) -> str:
     return (f"the nearest driver generation is {generation} (vllm=={nearest}'s): --engine vllm-src=<the vllm "
             f"{release} wheel> runs the release's own code with it and names every module the generation needs that "
             f"the release lacks; to register it: a row in "
-            f"gpu_impl/engines/vllm_recipes.py (RECIPES, DRIVER_GENERATIONS), a profile in "
+            f"gpu_impl/engines/vllm/recipes.py (RECIPES, DRIVER_GENERATIONS), a profile in "
             f"spec/model/engine_profiles_vllm.json and its FA3 source in refmodel/fa3_builds.json")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
-from . import recipes
+from gpu_impl.engines.sglang import recipes
 
 #: (first, last, places the release reads the layout from). "runner": attributes of the model runner;
 #: "server_args": the runner's ServerArgs fields; "ps": attributes of ``model_runner.ps``; "parallel":
@@ -80,7 +80,7 @@ def apply_runner_layout(release: str, runner, values: dict) -> None:
         for attr, q in RUNNER_ATTRS.items():
             setattr(runner, attr, values[q])
     if "server_args" in places and getattr(runner, "server_args", None) is not None:
-        from .validation import declared_fields
+        from gpu_impl.engines.sglang.validation import declared_fields
 
         declared = declared_fields(type(runner.server_args))
         for attr, q in SERVER_ARGS_FIELDS.items():
@@ -108,7 +108,7 @@ def kit_server_args(dense, values: dict):
         return
     from sglang.srt.server_args import ServerArgs
 
-    from .validation import declared_fields
+    from gpu_impl.engines.sglang.validation import declared_fields
 
     declared = declared_fields(ServerArgs)
     extra = {k: values[k] for k in OVERRIDE_SERVER_ARGS if k in declared and values.get(k) is not None}
@@ -280,7 +280,7 @@ def kit_modules(release: str) -> dict:
     except ImportError:
         present = False
     if not present:
-        from . import sglang_standin
+        from gpu_impl.engines.sglang import standin as sglang_standin
 
         return {**sglang_standin.load(), "standin": True}
     dense = importlib.import_module("sglang.test.kits.attention_unittest.attention_methods.dense_attention")

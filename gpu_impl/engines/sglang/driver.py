@@ -8,7 +8,7 @@ emulator when numerics are asked for); the backend is constructed through the re
 (``sglang/test/kits/attention_unittest``) with the rank's parallel layout set where that release reads it
 (``sglang_glue``). Models ``python/sglang/srt/layers/attention/flashattention_backend.py`` by running it.
 
-Run as ``python -m gpu_impl.engines.sglang_driver`` inside an engine environment, with the fakes and the project
+Run as ``python -m gpu_impl.engines.sglang.driver`` inside an engine environment, with the fakes and the project
 root on PYTHONPATH (``envs.driver_environ``); one JSON request per stdin line, one JSON response per stdout line.
 Requests: ``{"op": "hello"}``, ``{"op": "run", "scenario": ..., "numerics": false}``, ``{"op": "validate",
 "server": ..., "model": ...}``, ``{"op": "quit"}``. Every response has ``ok``; failures carry ``error`` and
@@ -37,11 +37,11 @@ import sys
 import time
 from typing import Optional
 
-from . import protocol
-from .protocol import Unsupported
-from .protocol import quiet as _quiet
-from .call_sites import caller_location
-from .sglang_rank import RankBackend
+from gpu_impl.engines import protocol
+from gpu_impl.engines.protocol import Unsupported
+from gpu_impl.engines.protocol import quiet as _quiet
+from gpu_impl.engines.call_sites import caller_location
+from gpu_impl.engines.sglang.rank import RankBackend
 
 _PROTOCOL_OUT = sys.stdout
 
@@ -60,7 +60,7 @@ class ShapeOnlyFA3:
     def get_scheduler_metadata(self, *args, **kwargs):
         from refmodel.metadata import get_scheduler_metadata
 
-        from ..fa3_calls import record_precompute
+        from gpu_impl.fa3_calls import record_precompute
 
         pre = record_precompute(*args, num_sm=self.num_sm, arch=self.arch, read_tensors=True, build=self.build,
                                 **kwargs)
@@ -69,7 +69,7 @@ class ShapeOnlyFA3:
     def flash_attn_with_kvcache(self, *args, **kwargs):
         import torch
 
-        from ..fa3_calls import bind_call
+        from gpu_impl.fa3_calls import bind_call
 
         a = bind_call(*args, **kwargs)
         q, v = a["q"], a["v_cache"]
@@ -97,14 +97,14 @@ class EngineFA3:
                  lifecycle_defect: Optional[str] = None):
         from refmodel.fa3_builds import UPSTREAM
 
-        from ..fa3_calls import CheckingFA3
-        from .lifecycle_judge import LifecycleJudge
+        from gpu_impl.fa3_calls import CheckingFA3
+        from gpu_impl.engines.lifecycle_judge import LifecycleJudge
 
         #: the FA3 build that judges this run: the release's (refmodel/fa3_builds.json), or upstream's for
         #: numerics (the emulator models upstream's kernel)
         self.build = UPSTREAM if numerics else build
         if numerics:
-            from ..kernels.emulated import EmulatedKernel
+            from gpu_impl.kernels.emulated import EmulatedKernel
 
             impl = EmulatedKernel(mode="gpu-like", num_sm=num_sm)
         else:
@@ -153,7 +153,7 @@ class EngineFA3:
         return md
 
     def flash_attn_with_kvcache(self, *args, **kwargs):
-        from ..fa3_calls import bind_call
+        from gpu_impl.fa3_calls import bind_call
 
         if self.capturing and self.judge.defect == "capture-width-of-capture-batch" and "page_table" in kwargs:
             kwargs = _capture_batch_width(kwargs)
@@ -185,7 +185,7 @@ class EngineFA3:
 
     def replay(self, args, kwargs) -> None:
         """The captured call replayed: its tensors as they are now, its shapes and scalars as captured."""
-        from ..fa3_calls import bind_call, record_call
+        from gpu_impl.fa3_calls import bind_call, record_call
 
         md = bind_call(*args, **kwargs)["scheduler_metadata"]
         self._attribute(md)
@@ -237,7 +237,7 @@ class SanitizedFront:
     """
 
     def __init__(self, num_sm: int, numerics: bool):
-        from .emulator_fa3 import EmulatorFA3
+        from gpu_impl.engines.emulator_fa3 import EmulatorFA3
 
         self.impl = EmulatorFA3(num_sm, numerics=numerics)
         self.capturing = False
@@ -254,7 +254,7 @@ class SanitizedFront:
         if self.capturing:
             self.captured.append((args, kwargs))
         self._paths.append(self.path)
-        from ..fa3_calls import bind_call
+        from gpu_impl.fa3_calls import bind_call
 
         a = bind_call(*args, **kwargs)
         q, kc, vc = a.pop("q"), a.pop("k_cache"), a.pop("v_cache")
@@ -288,7 +288,7 @@ class Engine:
         import torch
 
         torch.set_num_threads(1)
-        from . import sglang_glue
+        from gpu_impl.engines.sglang import glue as sglang_glue
 
         with _quiet():
             import sglang
@@ -328,8 +328,8 @@ class Engine:
         ``RadixAttention`` over the same precompute (the metadata's reuse across layers); ``lifecycle_defect``: a
         seeded defect of the driven sequence (``lifecycle_judge.ENGINE_DEFECTS``), the negative control of a
         lifecycle check."""
-        from .lifecycle_judge import check_engine_defect
-        from .protocol import scenario_from_wire
+        from gpu_impl.engines.lifecycle_judge import check_engine_defect
+        from gpu_impl.engines.protocol import scenario_from_wire
 
         if not isinstance(layers, int) or isinstance(layers, bool) or not 1 <= layers <= 8:
             raise ValueError(f"layers: an integer in 1..8, got {layers!r}")
@@ -375,7 +375,7 @@ class Engine:
                                     "detail": {"source": "fa3", "path": path}})
 
     def _run_steps(self, server, model, steps, seed, numerics, ranks, out) -> None:
-        from ..scenario import distribute_over_dp
+        from gpu_impl.scenario import distribute_over_dp
 
         for index, step in enumerate(steps):
             if step.mode in ("extend", "mixed"):
@@ -402,14 +402,14 @@ class Engine:
     def _mismatch_class(self):
         if self.fa3 != "emulator":
             return ()   # the checking shim records (mode "record"); nothing is raised through sglang
-        from ..fa3_calls import MetadataMismatch
+        from gpu_impl.fa3_calls import MetadataMismatch
 
         return MetadataMismatch
 
     def _mismatch(self, out: dict, exc) -> None:
         """A MetadataMismatch raised by a checker wrapping FA3 from outside: the request stops there (as a
         server's would), and the mismatch is the scenario's finding."""
-        from ..fa3_calls import pair_summary
+        from gpu_impl.fa3_calls import pair_summary
 
         step, dp_rank = self.front.where
         summary = pair_summary(exc.precompute, exc.call) if exc.call is not None else {}
@@ -427,14 +427,14 @@ class Engine:
 
     @staticmethod
     def _graph_bs(shares) -> int:
-        from ..backend import cuda_graph_batch_size
+        from gpu_impl.backend import cuda_graph_batch_size
 
         return cuda_graph_batch_size(max((len(r) for r in shares), default=0) or 1)
 
     def _collect(self, out: dict, index: int, dp_rank: int, rows, idle: bool = False) -> None:
         """Trace entries and findings of this step and rank's FA3 events; ``idle``: an idle DP-attention rank
         (DP attention on, no real rows: it replays its graph with padding rows)."""
-        from ..fa3_calls import pair_summary
+        from gpu_impl.fa3_calls import pair_summary
 
         self._collect_nan(out, index, dp_rank)
         if isinstance(self.front, SanitizedFront):
@@ -472,7 +472,7 @@ class Engine:
 
     # -- configurations the release accepts ----------------------------------------------------------------
     def validate(self, server: dict, model: dict = None) -> dict:
-        from .validation import validate_server_args
+        from gpu_impl.engines.sglang.validation import validate_server_args
 
         return validate_server_args(self, server, model)
 

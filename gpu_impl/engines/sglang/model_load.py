@@ -93,7 +93,7 @@ def _faked(module, layout: dict):
 def _attention_class():
     import importlib
 
-    from .protocol import quiet
+    from gpu_impl.engines.protocol import quiet
 
     with quiet():
         return getattr(importlib.import_module(MODULE), CLASS)
@@ -108,7 +108,7 @@ def head_split(sa, model: dict) -> Optional[dict]:
     """None when the release's attention module builds this model's heads on ``sa``'s layout; else
     ``{"accepted": False | None, "message": ..., "stage": "model_load", "check": CHECK}`` (False: the release
     refused, with its message; None: the constructor could not be run on CPU, which decides nothing)."""
-    from .validation import rejection_message
+    from gpu_impl.engines.sglang.validation import rejection_message
 
     attn_tp = attention_tp_size(sa)
     if attn_tp < 1:

@@ -16,7 +16,7 @@ per step. Runs inside the vLLM engine environment (torch, refmodel, gpu_impl onl
 
 from __future__ import annotations
 
-from .protocol import Unsupported
+from gpu_impl.engines.protocol import Unsupported
 
 __all__ = ["MAX_NUMERICS_KV_TOKENS", "EmulatorVarlenFA3", "check_numerics_scenario", "numerics_kv", "judge"]
 
@@ -59,7 +59,7 @@ class EmulatorVarlenFA3:
     name = "emulator"
 
     def __init__(self, num_sm: int, arch: int = 90):
-        from ..kernels.emulated import EmulatedKernel
+        from gpu_impl.kernels.emulated import EmulatedKernel
 
         self.kernel = EmulatedKernel(mode="gpu-like", num_sm=num_sm, arch=arch)
         #: (out, lse) of the latest call
@@ -88,7 +88,7 @@ def judge(out, q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, block_table, caus
     else None."""
     from refmodel.tolerance import reference_outputs
 
-    from ..oracle_check import compare_output
+    from gpu_impl.oracle_check import compare_output
 
     ref, low = reference_outputs(q, k, v, cache_seqlens=seqused_k, cu_seqlens_q=cu_seqlens_q,
                                  max_seqlen_q=max_seqlen_q, page_table=block_table, causal=causal,

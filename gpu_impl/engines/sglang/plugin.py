@@ -1,0 +1,32 @@
+"""sglang behind the engine interface (:class:`gpu_impl.plugin.EnginePlugin`): a release (``sglang==V``) or a
+checkout (``sglang-src=PATH``) runs its own ``FlashAttentionBackend``; conform compares it with the model under
+its release's profile."""
+
+from __future__ import annotations
+
+from gpu_impl.plugin import EnginePlugin
+
+
+class SglangPlugin(EnginePlugin):
+    def open(self, spec, policy=None, progress=print):
+        from .host import SglangSUT
+
+        return SglangSUT(spec, progress=progress)
+
+    def fa3_build(self, spec) -> str:
+        """A release is judged under the build its kernel wheel ships (refmodel/fa3_builds.json); a checkout under
+        upstream's, its kernel pin being unknown."""
+        from refmodel.fa3_builds import UPSTREAM, build_for_engine
+
+        if not spec.release:
+            return UPSTREAM
+        try:
+            return build_for_engine("sglang", spec.release)
+        except ValueError:
+            return UPSTREAM
+
+    def releases(self) -> list:
+        """Every profiled release (spec/model/engine_profiles.json), each run by its own row."""
+        from spec.model.engine_profiles import RELEASES
+
+        return [(r, r) for r in RELEASES]

@@ -1,0 +1,211 @@
+"""One interface for every engine: :class:`EnginePlugin`, what the harness asks an engine, answered as methods.
+
+An engine is a folder (``gpu_impl/engines/<engine>/``) whose ``plugin`` module holds one :class:`EnginePlugin`
+subclass; a form of ``--engine`` is one row of ``gpu_impl/engine_forms.json`` naming that class (``plugin``:
+``MODULE:CLASS``), its prefix and the field its value fills. Everything else the harness needs to know about an
+engine (how to open it, whose policy runs, which FA3 build judges it, what conform checks, which seeded defects
+and which case options it runs, the proof stages of its gate, how a message names where a case was found) is a
+method here, answered by the engine's plugin: the harness calls the method and never compares an engine's kind.
+
+The defaults are those of a real engine whose own code decides (its guard, head counts and runner): the model
+(``gpu_impl/engines/model/plugin.py``) overrides what its policy changes.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = ["EnginePlugin", "PolicyOptionRefused", "load_plugin"]
+
+
+class PolicyOptionRefused(ValueError):
+    """A model-policy option given for an engine whose own code decides (the message names the option)."""
+
+
+class EnginePlugin:
+    """What the harness asks an engine. One instance per engine (``gpu_impl.sut.EngineSpec.plugin``); every method
+    takes the spec it is asked about (a release, a checkout or a named class of that engine)."""
+
+    #: the key a case file files this engine's own options under (``Case.options``: e.g. ``"vllm"``); None: none
+    options_key: Optional[str] = None
+
+    # -- opening ------------------------------------------------------------------------------------------------
+    def open(self, spec, policy=None):
+        """The system under test ``spec`` names (a :class:`gpu_impl.sut.SystemUnderTest`); ``policy`` (the model
+        policy the options name) is used only by an engine whose scenario policy runs (:meth:`runs_scenario_policy`)."""
+        raise NotImplementedError
+
+    def open_options(self, spec, policy=None) -> dict:
+        """The keyword arguments :meth:`open` takes from a command: none, its own code decides (the model takes
+        ``policy``)."""
+        return {}
+
+    # -- policy: whose code decides the guard, head counts and runner ---------------------------------------------
+    def runs_scenario_policy(self, spec) -> bool:
+        """Whether the scenario's policy (guard, metadata heads, runner hygiene) is what runs (the model); a real
+        engine's own code decides."""
+        return False
+
+    def policy_option_refusal(self, spec, option: str, replay: bool = False) -> Optional[str]:
+        """The message refusing a model-policy option (``--guard`` ...) set away from its default with this engine,
+        or None when the option applies (the model)."""
+        if replay:
+            return (f"{option}: does not apply when replaying on {spec} (the engine's own code decides); use "
+                    f"--engine model to replay on the model under another policy")
+        return (f"{option}: does not apply to --engine {spec}: a real engine's guard, head counts and runner are "
+                f"its own code; drop {option} (or use --engine model)")
+
+    def policy_record(self, policy, sut) -> dict:
+        """The ``policy`` object a case file records: for a release the policy of its profile (so the case replays
+        on ``--engine model`` as that release); a checkout without a profile records the model's policy."""
+        from spec.model.engine_profiles import ProfileError, profile_for
+
+        release = sut.spec.release or (sut.identity() or {}).get("release")
+        if release:
+            try:
+                return profile_for(release).policy()
+            except ProfileError:
+                pass
+        return policy.to_dict()
+
+    def summary_policy(self, record: dict, spec) -> dict:
+        """The policy a gate's summary shows: an engine's own code decided, so the summary names it."""
+        return {**record, "engine": str(spec)}
+
+    # -- words -----------------------------------------------------------------------------------------------------
+    def found_on(self, spec) -> str:
+        """Where a case was found, in a message: ``sglang==0.5.23``, ``the source checkout PATH``, ..."""
+        takes = spec.form["takes"]
+        if takes == "path":
+            return f"the source checkout {spec.path}"
+        if takes == "target":
+            return f"the system under test {spec.target}"
+        return str(spec)
+
+    def ran_on(self, spec, scenario=None) -> str:
+        """Which system under test ran, in a finding's terms."""
+        return str(spec)
+
+    def guard_words(self, spec, scenario) -> str:
+        """Whose guard decided, in a finding's terms."""
+        return f"{spec}'s own guard"
+
+    def run_label(self, spec) -> str:
+        """What a check's name adds after its command (``replay X on sglang==0.5.23``)."""
+        return f" on {spec}"
+
+    def fuzz_check_name(self, spec, kernel_name: str) -> str:
+        """The name of fuzz's check on it."""
+        return f"fuzz on {spec}: no OOB, matches FA3's rules"
+
+    def replay_guard(self, spec, policy) -> Optional[str]:
+        """The guard a printed replay command passes (``--guard``, when it is the user's code): none, the engine's
+        own code decides."""
+        return None
+
+    def pairs(self, scenario, result) -> list:
+        """The FA3 (precompute, call) events of a run, for a finding's terms: the engine's trace entries."""
+        trace = list(getattr(result, "trace", None) or [])
+        return [e for e in trace if isinstance(e, dict) and "call" in e]
+
+    # -- what it runs ------------------------------------------------------------------------------------------------
+    def named_only(self, spec) -> bool:
+        """Whether a case found on it replays on it only when ``--engine`` names it (a checkout, a named class): a
+        case file never makes the tool run code the user did not name."""
+        return spec.form["takes"] != "release"
+
+    def applies_defects(self, spec) -> bool:
+        """Whether its driver applies seeded defects (``gpu_impl.defects``) handed to it from outside."""
+        return False
+
+    def check_defects(self, spec, defects) -> None:
+        """Refuse seeded defects its driver does not apply (ValueError naming them)."""
+        if defects and not self.applies_defects(spec):
+            raise ValueError(f"defects: {sorted(defects)} cannot be seeded into {spec} (its driver applies none; "
+                             f"seeded defects run on {seeding_engines()})")
+
+    def check_case_options(self, spec, options: dict) -> None:
+        """Refuse a case's engine-owned options this engine does not run (ValueError naming the key)."""
+        for key in options or {}:
+            if key != self.options_key:
+                owner = options_owner(key)
+                raise ValueError(f"{key}: the case carries options of another engine's configuration; {spec} does "
+                                 f"not run them: replay it with --engine {owner}")
+
+    def fa3_build(self, spec) -> str:
+        """The FA3 build (refmodel.fa3_builds) that judges its runs: upstream's unless the engine records its own."""
+        from refmodel.fa3_builds import UPSTREAM
+
+        return UPSTREAM
+
+    def releases(self) -> Optional[list]:
+        """Every release the engine matrix gates, oldest first, as ``(release, runs_as)``: ``runs_as`` is the release
+        whose registered row runs it (itself; another release whose driven files are byte-identical; None: known but
+        not runnable here, its open says why). None: the engine has no releases to gate (the model, a named SUT)."""
+        return None
+
+    def proof_stages(self, spec) -> tuple:
+        """The proof stages its gate runs before fuzz (``fa3verify.commands.gate.STAGES``): the model's witness searches
+        replayed on it."""
+        return ("witnesses",)
+
+    def runs_ranks_in_process(self, spec) -> bool:
+        """Whether ``run-ranks`` runs it in this process (the model); a real engine's ranks run in its worker."""
+        return False
+
+    # -- conformance -------------------------------------------------------------------------------------------------
+    def conformance(self, spec) -> Optional[str]:
+        """How conform checks it: ``"model-profile"`` (the model under its release's profile makes the same FA3
+        events on drawn configurations), ``"own-profile"`` (its profile's claims, checked one by one on its own
+        code), or None (nothing to conform: it is the model)."""
+        return "model-profile"
+
+    def conformance_profile(self, spec, sut) -> Optional[str]:
+        """The release profile conform compares it with (``sglang==V``), or None when it names none: by default the
+        release it runs or stands beside (a checkout's identity names its nearest release)."""
+        release = spec.release or (sut.identity() or {}).get("release")
+        return f"sglang=={release}" if release else None
+
+
+def load_plugin(target: str) -> EnginePlugin:
+    """The plugin a registry row names (``MODULE:CLASS``), constructed once per process."""
+    plugin = _PLUGINS.get(target)
+    if plugin is None:
+        import importlib
+
+        module, _, name = target.partition(":")
+        plugin = _PLUGINS[target] = getattr(importlib.import_module(module), name)()
+    return plugin
+
+
+_PLUGINS: dict = {}
+
+
+def _plugins() -> list:
+    from .sut import ENGINE_REGISTRY
+
+    return [(row, load_plugin(row["plugin"])) for row in ENGINE_REGISTRY.values()]
+
+
+def seeding_engines() -> str:
+    """The forms whose drivers apply seeded defects, for a message."""
+    from .sut import EngineSpec
+
+    out = []
+    for row, plugin in _plugins():
+        spec = EngineSpec(row["kind"], release="0.0.0" if row["takes"] == "release" else None)
+        if not plugin.applies_defects(spec):
+            continue
+        if row["takes"] is None:
+            out.append(f"the {row['prefix']}")
+        elif row["takes"] == "release":
+            out.append(row["prefix"] + "V")
+    return " or on ".join(out)
+
+
+def options_owner(key: str) -> str:
+    """The ``--engine`` form that runs a case's options filed under ``key`` (``vllm==V``)."""
+    for row, plugin in _plugins():
+        if plugin.options_key == key and row["takes"] == "release":
+            return row["prefix"] + "V"
+    return "the engine that wrote it"
