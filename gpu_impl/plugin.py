@@ -138,6 +138,11 @@ class EnginePlugin:
 
         return UPSTREAM
 
+    def judging_build(self, spec, scenario) -> str:
+        """The FA3 build that judged a run of ``scenario`` on it: its own (:meth:`fa3_build`) where its code decides;
+        the model judges under the scenario's policy (a case's, e.g. a release profile's build)."""
+        return self.fa3_build(spec)
+
     def releases(self) -> Optional[list]:
         """Every release the engine matrix gates, oldest first, as ``(release, runs_as)``: ``runs_as`` is the release
         whose registered row runs it (itself; another release whose driven files are byte-identical; None: known but

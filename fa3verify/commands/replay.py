@@ -237,7 +237,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     msg = "; ".join(f"{f.invariant} at step {f.step} rank {f.dp_rank}: {f.message}" for f in findings[:3])
     # numerics run on the emulator, which models upstream's kernel: such a run is judged under upstream's build
     # (the model judges under its scenario's build: the case's policy, e.g. a release profile's)
-    build = fa3_build_of(None) if use_numerics else (scn.fa3_build if spec.runs_scenario_policy else fa3_build_of(spec))
+    build = fa3_build_of(None) if use_numerics else spec.plugin.judging_build(spec, scn)
     judged = f" [FA3 build {build}]"
     summary.checks.append(Check(name=f"replay {path}" + spec.plugin.run_label(spec), kind="replay",
                                 verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,

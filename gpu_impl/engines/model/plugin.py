@@ -27,6 +27,9 @@ class ModelPlugin(EnginePlugin):
     def summary_policy(self, record, spec) -> dict:
         return record
 
+    def judging_build(self, spec, scenario) -> str:
+        return scenario.fa3_build
+
     def found_on(self, spec) -> str:
         return "the model"
 
