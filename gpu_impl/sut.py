@@ -65,13 +65,17 @@ FORM_KEYS = ("kind", "prefix", "takes", "plugin", "example", "help", "what", "pa
 FORMS_VARIABLE = "FA3VERIFY_ENGINE_FORMS"
 
 
-def _read_forms(path: Path) -> list:
+def _read_forms(path: Path, source: str = FORMS_VARIABLE) -> list:
+    """The rows of a forms file; ``source``: what named it, in errors (the package's own file is read with
+    ``source=None``: its absence is a broken installation, raised as it is, not a user's bad input)."""
     import json
 
+    if source is None:
+        return json.loads(Path(path).read_text())["forms"]
     try:
         rows = json.loads(Path(path).read_text())["forms"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise EngineSpecError(f"{FORMS_VARIABLE}: {path}: not a forms file ({{\"forms\": [rows]}}): {exc}") from None
+        raise EngineSpecError(f"{source}: {path}: not a forms file ({{\"forms\": [rows]}}): {exc}") from None
     for row in rows:
         bad = sorted(set(row) - set(FORM_KEYS)) or [k for k in ("kind", "prefix", "takes", "plugin", "example",
                                                                   "help") if k not in row]
@@ -122,7 +126,7 @@ def unregister_forms(kinds) -> None:
 
 #: Every engine form ``--engine`` accepts, by kind (gpu_impl/engine_forms.json, then the files
 #: ``$FA3VERIFY_ENGINE_FORMS`` names): a new engine is a row naming its plugin plus the folder that holds it.
-ENGINE_REGISTRY = {row["kind"]: row for row in _read_forms(Path(__file__).with_name("engine_forms.json"))}
+ENGINE_REGISTRY = {row["kind"]: row for row in _read_forms(Path(__file__).with_name("engine_forms.json"), None)}
 _BUILTIN = frozenset(ENGINE_REGISTRY)
 
 

@@ -156,8 +156,8 @@ def test_the_0_5_13_precompute_heads_case_replays_still_failing(engine_sut):
     summary, seen = replay(str(path), sut=engine_sut("sglang==0.5.13"))
     assert summary.exit_code == 1 and seen.outcome == "violation"
     assert {"SHARED_PRECOMPUTE_MATCHES_LAYER", "SPLIT_BOUND"} <= set(seen.invariants)
-    shared = next(f for f in seen.findings if f["invariant"] == "SHARED_PRECOMPUTE_MATCHES_LAYER")
-    assert shared["detail"]["detail"]["fields"] == {"num_heads": [8, 32], "num_heads_k": [1, 4]}
+    shared = next(f for f in seen.findings if f.invariant == "SHARED_PRECOMPUTE_MATCHES_LAYER")
+    assert shared.detail["detail"]["fields"] == {"num_heads": [8, 32], "num_heads_k": [1, 4]}
 
 
 @pytest.mark.engine

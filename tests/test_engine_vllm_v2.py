@@ -233,4 +233,4 @@ def test_the_finding_case_file_replays_still_failing(worker):
     sut._worker = worker  # the module's worker: no second import
     summary, seen = replay(str(path), sut=sut)
     assert summary.exit_code == 1 and seen.outcome == "violation"
-    assert {f["invariant"] for f in seen.findings} == {"SHAPE"}
+    assert {f.invariant for f in seen.findings} == {"SHAPE"}
