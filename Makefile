@@ -8,8 +8,8 @@ BYTECODE := $(VENV)/.bytecode
 
 #: sglang releases whose engine environments the test suite drives (cached under ~/.cache/fa3verify/engines).
 ENGINE_RELEASES ?= 0.5.13 0.5.23
-#: vLLM releases likewise, one per driver generation: 0.33.0 (V1 model runner; tests/test_engine_vllm.py) and 0.34.0
-#: (V2; tests/test_engine_vllm_v2.py, tests/test_vllm_release_copies.py).
+#: vLLM releases likewise, one per driver generation: 0.33.0 (V1 model runner; tests/engines/test_engine_vllm.py) and 0.34.0
+#: (V2; tests/engines/test_engine_vllm_v2.py, tests/engines/test_vllm_release_copies.py).
 VLLM_RELEASES ?= 0.33.0 0.34.0
 #: engine environments built side by side on a first run (measured, 3 envs into an empty home, uv's cache warm:
 #: 64 s with 3, 102 s one at a time; docs/performance.md).

@@ -41,7 +41,7 @@ def _fail(argument: str, message: str) -> None:
 # Two ways to compute the same sum, chosen by size for speed only: below the thresholds one broadcast multiply makes
 # every product at once; above them (where that (S, N, dv) temporary outgrows the caches) each split's products are
 # made in turn. Both round the same way (each product to float32, then each ascending add to float32, from +0), so
-# the oracle's bits do not depend on the path (tests/test_combine_paths.py runs both on one input).
+# the oracle's bits do not depend on the path (tests/oracle/test_combine_paths.py runs both on one input).
 _LOOP_MIN_ROW_ELEMS = 1 << 15
 _LOOP_MIN_TOTAL_ELEMS = 1 << 21
 

@@ -278,7 +278,7 @@ def with_inputs(inp: ScheduleInputs, **changes) -> ScheduleInputs:
     ScheduleInputs is a frozen dataclass of plain fields (no ``__post_init__``, no cached properties), so the copy
     with the changed fields set is the object ``replace`` builds: equal, with the same hash. The provers build
     tens of thousands of these (one per table point, per side, per query class); ``replace`` was most of their cost.
-    tests/test_with_inputs.py checks the two agree.
+    tests/oracle/test_with_inputs.py checks the two agree.
     """
     if type(inp) is not ScheduleInputs or hasattr(inp, "__post_init__"):
         return dataclasses.replace(inp, **changes)

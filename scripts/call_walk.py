@@ -3,7 +3,7 @@
 Usage: python scripts/call_walk.py ARGV...   (e.g. ``scripts/call_walk.py gate --cases 5 --seed 0 --cases-dir D``)
 
 Runs ``fa3verify.cli.main(ARGV)`` in-process under ``sys.setprofile`` and counts, over project files only
-(refmodel < spec < gpu_impl < fa3verify, the layering tests/test_layers.py enforces):
+(refmodel < spec < gpu_impl < fa3verify, the layering tests/robustness/test_layers.py enforces):
 
 - files: distinct project files entered;
 - stops: call events into a different project file than the caller's;

@@ -6,7 +6,7 @@ captured geometry. The registry (name, statement, the FA3 lines each models, whe
 control) is data: lifecycle_invariants.json, rendered into docs/invariants.md.
 
 Each invariant has a seeded defect of the engine model (:data:`DEFECTS`, :func:`seed_defect`) that only it catches
-on its control sequence (:func:`control_sequence`); tests/test_lifecycle_invariants.py checks that, and that the
+on its control sequence (:func:`control_sequence`); tests/prover/test_lifecycle_invariants.py checks that, and that the
 model without defects violates none of them over generated sequences.
 """
 

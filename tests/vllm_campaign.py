@@ -1,4 +1,4 @@
-"""Steps the vLLM campaign tests share (tests/test_campaign_vllm.py, tests/test_fuzz_vllm_decode_tile.py): a seeded
+"""Steps the vLLM campaign tests share (tests/engines/test_campaign_vllm.py, tests/engines/test_fuzz_vllm_decode_tile.py): a seeded
 defect found by the campaign on vLLM's own code and saved as a case file, and that case file replayed through the
 CLI as still failing with the defect and passing without it."""
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The steps of fa3-verify's CI recipe (examples/ci/github-workflow*.yml), one subcommand per workflow step, so the
-# workflow and a local run (and the test suite: tests/test_ci_recipe.py) run the same lines.
+# workflow and a local run (and the test suite: tests/robustness/test_ci_recipe.py) run the same lines.
 #
 #   run-gate.sh cache-key     print the cache key: the hash of every engine recipe and of the torch pin
 #   run-gate.sh install       venv, uv, torch's CPU build (python -m gpu_impl.engines.torch_build), fa3-verify

@@ -85,7 +85,7 @@ def to_markdown(cat: dict) -> str:
     lines += ["", "## Invariants over the metadata's life (`spec.lifecycle_invariants`)", "",
               "Over a sequence of launches (layers x steps, eager and captured/replayed) of refmodel.metadata_lifecycle's "
               "engine model. Each has a seeded defect of that model which only it catches on its control sequence "
-              "(tests/test_lifecycle_invariants.py). Modelled from the sources (the table below this one): which "
+              "(tests/prover/test_lifecycle_invariants.py). Modelled from the sources (the table below this one): which "
               "slots the precompute and the prepare kernel write, which the kernels read (virtual batches below the "
               "call's b; the split vector only with Split), who zeroes the semaphore and when, the persistent "
               "buffers' copy and zeroed tail, what a capture fixes. Simplified: the main kernel is not run (a "

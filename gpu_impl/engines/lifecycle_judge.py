@@ -24,7 +24,7 @@ captured and replayed, and judges each launch before it runs:
   the pair check's loud SHAPE.
 
 Seeded defects (:data:`ENGINE_DEFECTS`), applied by the drivers from outside the engine's code, are the negative
-controls of these checks on the real paths (tests/test_engine_lifecycle.py).
+controls of these checks on the real paths (tests/engines/test_engine_lifecycle.py).
 """
 
 from __future__ import annotations

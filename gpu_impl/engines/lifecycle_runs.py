@@ -4,7 +4,7 @@ Each sequence is multi-layer and multi-step, eager or under CUDA graphs (capture
 run through a release's own backend by its driver (``sglang_driver`` / ``vllm_driver``), every launch judged by
 ``lifecycle_judge`` besides the pair checks. :data:`SGLANG_SEQUENCES` and :data:`VLLM_SEQUENCES` are the clean
 sequences (the release's code as shipped); ``defect`` seeds one of ``lifecycle_judge.ENGINE_DEFECTS`` into a run (the
-negative controls, tests/test_engine_lifecycle.py).
+negative controls, tests/engines/test_engine_lifecycle.py).
 
 Run as ``python -m gpu_impl.engines.lifecycle_runs ENGINE...`` (``sglang==V`` or ``vllm==V`` with a built
 environment): one line per release and sequence with the invariants found at which steps; exit 0 when nothing is

@@ -6,7 +6,7 @@ Invariant: for every ``ASSUMPTION_*`` and every profiled sglang release (``spec.
 function inside the wheel's ``sglang/`` package: ``srt/server_args.py ServerArgs._handle_context_parallelism``, a
 model-load assert, the backend) and when it runs, or "not enforced"; vLLM 0.33.0 has facts where an assumption
 applies to it. Each assumption has a probe (a configuration the assumption excludes) where the release can
-be asked, and a vLLM fact may carry vLLM's own: ``tests/test_assumption_facts_real.py`` shows each release rejecting
+be asked, and a vLLM fact may carry vLLM's own: ``tests/prover/test_assumption_facts_real.py`` shows each release rejecting
 the probe of an "enforced" fact checked in ServerArgs or at model load and accepting the probe of a "not enforced"
 one (vLLM 0.33.0: its config validation accepting its probe); ``fa3verify conform`` puts the same probes.
 

@@ -3,7 +3,7 @@
 Invariant: while :func:`watching` is active, every SIGINT the process receives is counted by its own handler
 (which raises KeyboardInterrupt, as Python's default handler does), and a command that saw one never ends in
 a pass. Two CPython behaviours make the default handler alone unsafe; both were seen on a loaded machine with
-`prove` interrupted at its start (tests/test_sigint_paths.py reproduces each one deterministically):
+`prove` interrupted at its start (tests/robustness/test_sigint_paths.py reproduces each one deterministically):
 
 - **An interrupt swallowed.** A KeyboardInterrupt raised inside a weakref callback or a ``__del__`` (the import
   system runs one for every module lock) is printed as "Exception ignored" and dropped, and the run goes on to

@@ -23,7 +23,7 @@ Encoding: the sides' ``seqlen_q``, ``h`` and ``h_k`` are 32-bit bit-vectors (``s
 calling refmodel's tile functions (``tile_size_fwd_sm90_vllm_fork``, ``tile_size_fwd_sm90``), as spec.theorems.symbolic
 does for the split heuristic. Domain simplifications: sm90, no left padding, no appended KV, no softcap (they only
 turn paged TMA off or do not reach these tiles); window and chunk are resolved flags (``local``), not lengths.
-``tests/test_theorems_fork_tile.py`` checks the encoding against refmodel's ``resolve_schedule`` on a grid.
+``tests/prover/test_theorems_fork_tile.py`` checks the encoding against refmodel's ``resolve_schedule`` on a grid.
 """
 
 from __future__ import annotations
@@ -296,7 +296,7 @@ class DriftQuery:
     for both sides' ``h`` and ``h_k`` in the domains and the tiles (the query of :func:`_drift_witness`, whose
     equalities ``h == H`` pin those variables, with them substituted: z3 then folds ``h / h_k`` to a constant
     instead of bit-blasting a divider per point), on z3's QF_BV solver. Each check has the same ``timeout_s`` bound;
-    ``tests/test_theorems_fork_tile.py`` compares the answers with :func:`_drift_witness`'s on every point.
+    ``tests/prover/test_theorems_fork_tile.py`` compares the answers with :func:`_drift_witness`'s on every point.
     """
 
     def __init__(self, build: str, timeout_s: float):
@@ -370,7 +370,7 @@ def split_bound_case(point: VllmTilePoint, q: int, build: str = VLLM_FORK, lengt
             seen.add(k)
             lengths.append(L)
     # the static split counts do not read the batch size (varlen: total_mblocks pretends b = 1); refmodel's
-    # one-pass form is get_num_splits at each length (tests/test_split_table_one_pass.py)
+    # one-pass form is get_num_splits at each length (tests/oracle/test_split_table_one_pass.py)
     splits_p = num_splits_over_lengths(precompute_inputs(1, q + 1, first, h, hk, inst.headdim, **common), lengths)
     splits_c = num_splits_over_lengths(call_inputs(1, q, first, h, hk, inst.headdim, **common), lengths)
     for L, s_p, s_c in zip(lengths, splits_p, splits_c):

@@ -4,7 +4,7 @@ A :class:`Job` computes one or more theorems (``names``, in catalogue order) fro
 callables that each run in a fresh z3 context (:func:`spec.theorems.z3ctx.isolated`) with the cyclic garbage collector
 paused during the part, so z3 sees the same sequence of terms whatever ran before in the
 process. A part's value is therefore a function of its arguments alone: the same in a sequential run and in a
-forked worker, witness for witness (tests/test_prover_parallel.py compares them byte for byte).
+forked worker, witness for witness (tests/prover/test_prover_parallel.py compares them byte for byte).
 
 Theorems that share work (a query cache, the configuration domain) are one part; a theorem made of independent
 queries (the exact-merge chain per split count) may be several parts, merged by the job's ``finish`` in order, and

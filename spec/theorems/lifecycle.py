@@ -6,7 +6,7 @@ not), every launch's scheduler starts from a zero semaphore. The step is refmode
 ``semaphore_after_launch`` (the prepare kernel zeroes the slot, flash_prepare_scheduler.cu@0251105a 77; the scheduler
 adds its fetches, tile_scheduler.hpp 763-788; the combine, flash_fwd_combine_kernel.h 439-441, or the host,
 flash_api.cpp 1186-1188, writes 0 back), encoded in z3 here and checked against that function on a grid
-(tests/test_theorems_lifecycle.py). Proved for FA3 at 0251105a; ``semaphore-pre-fix`` is the same query for FA3
+(tests/prover/test_theorems_lifecycle.py). Proved for FA3 at 0251105a; ``semaphore-pre-fix`` is the same query for FA3
 before 1a58058a (no host reset after a one-split launch): an expected refutation whose witness is replayed through
 the engine model, where SEMAPHORE_STARTS_AT_ZERO catches it. Counts stay below 2^31 under these bounds, so z3's
 integers are C++ ints here.

@@ -235,7 +235,7 @@ def _local_len(s: z3.Solver, name: str, L, cp: int):
 
 def stage1_reads(groups: list, fresh: bool) -> tuple:
     """Everything the stage-1 query of `groups` reads: the first group's shared fields and each member's split
-    counts. Two families with the same reads pose the same query (tests/test_stage1_reads.py builds both)."""
+    counts. Two families with the same reads pose the same query (tests/cli/test_stage1_reads.py builds both)."""
     g = groups[0]
     P, C = g.P, g.C
     return (fresh, g.sharded_cp, g.p_static_free, P.block_n, C.block_n, P.pack_s1, P.pack_split, P.qhpk, P.block_m,

@@ -1,7 +1,7 @@
 """z3 encodings of refmodel's FA3 scheduler formulas, over 32-bit bit-vectors and z3's float32 theory.
 
 One rule: no formula is invented here. Each function restates one refmodel function (named in its
-docstring) over z3 terms, and `tests/test_symbolic_agreement.py` checks the two agree on >= 10,000 random
+docstring) over z3 terms, and `tests/prover/test_symbolic_agreement.py` checks the two agree on >= 10,000 random
 points and exhaustively on a small domain. Where FA3's choice depends on a few discrete inputs only, the
 encoding is a lookup table *computed by calling refmodel* (the split heuristic, the combine capacity).
 
@@ -348,7 +348,7 @@ def _with_seqlen_k(inputs: ScheduleInputs, seqlen_k: int) -> ScheduleInputs:
 
 def splits_over_lengths(heuristic: Heuristic, inputs: ScheduleInputs, seqlen_ks: Sequence[int]) -> tuple[int, ...]:
     """`heuristic` of `inputs` at each static seqlen_k of `seqlen_ks`: by the heuristic's own `over_lengths` when it
-    carries one, else one call per length (the two must agree; tests/test_split_table_one_pass.py checks both).
+    carries one, else one call per length (the two must agree; tests/oracle/test_split_table_one_pass.py checks both).
 
     An `over_lengths` copied from a wrapped function (``functools.wraps`` copies ``__dict__``) is not the
     wrapper's own: such a wrapper is called per length, so a defect it seeds is seen.

@@ -1,0 +1,174 @@
+"""Real sglang 0.5.23 (gpu_impl.engines, on CPU) over a multi-step CUDA-graph sequence: every replay reads metadata
+recomputed for its own step (READS_OWN_STEP_METADATA); negative control: a source copy of 0.5.23 whose replay-time
+recompute is disabled is caught at the second step's replay.
+
+Marked ``engine``: needs the 0.5.23 environment (built once, cached; tests/engine_pool.py shares its worker).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_impl.config import ServerConfig, get_model
+from gpu_impl.scenario import Scenario, Step
+from gpu_impl.sut import open_sut
+from release_copies import patched_copy
+
+QWEN = get_model("qwen3-30b-a3b")
+STEPS = ([3000, 100], [200, 300], [1000, 50])
+
+#: 0.5.23 with its CUDA-graph replay-time metadata recompute switched off (the buffer keeps the capture's)
+NO_REPLAY_RECOMPUTE_0_5_23 = (
+    (r"# Recompute scheduler_metadata into pre-allocated buffer\n(\s+)if \(\n",
+     r"# Recompute scheduler_metadata into pre-allocated buffer\n\1if False and (\n"),
+)
+
+
+def graph_scenario() -> Scenario:
+    server = ServerConfig(tp_size=1, cuda_graph=True, context_length=4096)
+    return Scenario(server=server, model=QWEN, guard=None, steps=[Step("decode", list(b)) for b in STEPS])
+
+
+def own_step_findings(result) -> list:
+    return [f for f in result.findings if f.invariant == "READS_OWN_STEP_METADATA"]
+
+
+@pytest.mark.engine
+def test_every_replay_of_0_5_23_reads_its_own_steps_metadata(engine_sut):
+    result = engine_sut("sglang==0.5.23").run(graph_scenario())
+    replays = [e for e in result.trace if e.get("path") == "replay"]
+    assert len({e["step"] for e in replays}) == len(STEPS)
+    assert own_step_findings(result) == [] and result.ok
+
+
+@pytest.mark.engine
+def test_a_replay_without_the_recompute_is_caught_on_the_release_code(engine_sut, tmp_path):
+    engine_sut("sglang==0.5.23")     # the environment exists (built by the shared worker)
+    root = patched_copy("0.5.23", tmp_path, NO_REPLAY_RECOMPUTE_0_5_23)
+    sut = open_sut(f"sglang-src={root}")
+    try:
+        sut.start()
+        result = sut.run(graph_scenario())
+    finally:
+        sut.close()
+    found = own_step_findings(result)
+    assert found and {f.step for f in found} == {1, 2}
+    assert found[0].detail["detail"]["made_at"][0] == 0 and "precomputed at step 0" in found[0].message
+
+
+# ---- every lifecycle check on the real paths: clean sequences hold, each seeded defect of the driven sequence is
+# caught by its check (gpu_impl.engines.lifecycle_judge; sequences of gpu_impl.engines.lifecycle_runs)
+
+#: seeded defect -> (sglang sequence it is driven on, the invariant that must catch it)
+SGLANG_CONTROLS = {
+    "no-semaphore-reset-after-reuse": ("eager-3-steps", "SEMAPHORE_STARTS_AT_ZERO"),
+    "capture-width-of-capture-batch": ("graph-capture-replay-padded", "CAPTURE_COVERS_REPLAY"),
+    "precompute-over-real-rows": ("graph-capture-replay-padded", "PADDED_ROWS_READ_DEFINED"),
+    "shared-precompute-heterogeneous-heads": ("eager-3-steps", "SHARED_PRECOMPUTE_MATCHES_LAYER"),
+}
+
+
+def _invariants(result) -> set:
+    return {f.invariant for f in list(result.findings) + list(result.shape_errors)}
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("name", ["eager-3-steps", "graph-capture-replay-padded"])
+def test_0_5_23_two_layer_sequences_hold_every_lifecycle_invariant(engine_sut, name):
+    from gpu_impl.engines.lifecycle_runs import run_sglang, sglang_scenario
+
+    result = run_sglang(engine_sut("sglang==0.5.23"), sglang_scenario(name), layers=2)
+    assert _invariants(result) == set() and result.ok
+    assert {e.get("path") for e in result.trace} >= ({"replay"} if "graph" in name else {"eager"})
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("defect", sorted(SGLANG_CONTROLS))
+def test_each_seeded_defect_is_caught_on_0_5_23_by_its_check(engine_sut, defect):
+    from gpu_impl.engines.lifecycle_runs import run_sglang, sglang_scenario
+
+    sequence, invariant = SGLANG_CONTROLS[defect]
+    result = run_sglang(engine_sut("sglang==0.5.23"), sglang_scenario(sequence), layers=2, defect=defect)
+    assert invariant in _invariants(result)
+
+
+#: seeded defect -> (vLLM sequence, the invariant that must catch it, the releases whose driver reaches it)
+VLLM_CONTROLS = {
+    "no-semaphore-reset-after-reuse": ("eager-3-steps", "SEMAPHORE_STARTS_AT_ZERO", ("0.33.0", "0.34.0")),
+    "precompute-over-real-rows": ("full-graph-replay-padded", "PADDED_ROWS_READ_DEFINED", ("0.33.0", "0.34.0")),
+    "capture-width-of-capture-batch": ("full-graph-replay-padded", "CAPTURE_COVERS_REPLAY", ("0.34.0",)),
+}
+
+
+#: (release, sequence) -> what the lifecycle judge finds on the release's own code (nothing elsewhere): vLLM 0.34.0's
+#: V2 runner skips the DCP context metadata build for a step with an empty context while the graph replays the
+#: context call over the buffer step 0 left (the pair invariants hold there: shorter lengths)
+VLLM_FOUND = {("0.34.0", "dcp-full-graph-empty-context"): {"READS_OWN_STEP_METADATA": [1]}}
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("release", ["0.33.0", "0.34.0"])
+def test_vllm_sequences_hold_and_each_seeded_defect_is_caught(engine_sut, release):
+    from gpu_impl.engines.lifecycle_runs import VLLM_SEQUENCES, found_by_invariant, run_vllm
+
+    worker = engine_sut(f"vllm=={release}").worker
+    for name, fields in VLLM_SEQUENCES.items():
+        out = run_vllm(worker, fields)
+        assert found_by_invariant(out["findings"]) == VLLM_FOUND.get((release, name), {}), name
+        assert out["shape_errors"] == []
+    for defect, (sequence, invariant, releases) in VLLM_CONTROLS.items():
+        out = run_vllm(worker, VLLM_SEQUENCES[sequence], defect=defect)
+        assert (invariant in found_by_invariant(out["findings"])) == (release in releases), defect
+
+
+@pytest.mark.engine
+def test_vllm_0_34_0_graph_replay_of_a_smaller_precompute_is_a_silent_size_mismatch(engine_sut):
+    """The size disagreement is named once, by the pair check's SHAPE, reported silent at the replay."""
+    from gpu_impl.engines.lifecycle_runs import VLLM_SEQUENCES, run_vllm
+
+    worker = engine_sut("vllm==0.34.0").worker
+    fields = dict(VLLM_SEQUENCES["full-graph-replay-padded"], defect={"precompute_num_splits": 0})
+    out = run_vllm(worker, fields)
+    assert {f["invariant"] for f in out["findings"]} == {"SHAPE"}
+    assert all(f["detail"].get("replay") for f in out["findings"])
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("release", ["0.33.0", "0.34.0"])
+def test_vllm_refuses_layers_of_other_heads_in_one_attention_group(engine_sut, release):
+    from gpu_impl.engines.lifecycle_runs import VLLM_SEQUENCES, run_vllm
+    from gpu_impl.sut import ScenarioUnsupported
+
+    worker = engine_sut(f"vllm=={release}").worker
+    with pytest.raises(ScenarioUnsupported, match="must share num_heads"):
+        run_vllm(worker, VLLM_SEQUENCES["eager-3-steps"], defect="shared-precompute-heterogeneous-heads")
+
+
+@pytest.mark.engine
+def test_the_0_5_13_precompute_heads_case_replays_still_failing(engine_sut):
+    """tests/corpus_lifecycle/sglang-0.5.13-prefill-cp-precompute-heads.json: `fa3verify replay` on the release it
+    names still fails, the shared precompute not matching the layers (and the split overflow it causes)."""
+    from pathlib import Path
+
+    from fa3verify.commands.replay import replay
+
+    path = Path(__file__).parent.parent / "corpus_lifecycle" / "sglang-0.5.13-prefill-cp-precompute-heads.json"
+    summary, seen = replay(str(path), sut=engine_sut("sglang==0.5.13"))
+    assert summary.exit_code == 1 and seen.outcome == "violation"
+    assert {"SHARED_PRECOMPUTE_MATCHES_LAYER", "SPLIT_BOUND"} <= set(seen.invariants)
+    shared = next(f for f in seen.findings if f.invariant == "SHARED_PRECOMPUTE_MATCHES_LAYER")
+    assert shared.detail["detail"]["fields"] == {"num_heads": [8, 32], "num_heads_k": [1, 4]}
+
+
+@pytest.mark.engine
+def test_the_vllm_0_34_0_dcp_empty_context_case_replays_still_failing(engine_sut):
+    """tests/corpus_lifecycle/vllm-0.34.0-dcp-full-graph-empty-context.json: on the release it names the replayed
+    context call of step 1 still reads the metadata step 0 made, and nothing else is found."""
+    from pathlib import Path
+
+    from fa3verify.commands.replay import replay
+
+    path = Path(__file__).parent.parent / "corpus_lifecycle" / "vllm-0.34.0-dcp-full-graph-empty-context.json"
+    summary, seen = replay(str(path), sut=engine_sut("vllm==0.34.0"))
+    assert summary.exit_code == 1 and seen.outcome == "violation"
+    assert seen.invariants == ["READS_OWN_STEP_METADATA"]

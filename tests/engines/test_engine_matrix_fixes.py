@@ -1,0 +1,113 @@
+"""The engine matrix's fix releases (fa3verify.matrix_fixes) and its rows over any engine with releases.
+
+On stand-ins of sglang releases (tests/fake_engines.py: the model under each release's profile) the matrix replays
+every failing row's case files on their own release (STILL FAILS) and on every later one, and names, per family,
+the first release where they pass; the negative control is a later release that keeps the defect: no fix is named.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fa3verify import cli
+
+from fake_engines import FactsSUT, install
+
+
+def _matrix(tmp_path, argv):
+    out = tmp_path / "m.json"
+    code = cli.main(["engine", "matrix", *argv, "--cases", "40", "--no-probes", "--cases-dir",
+                     str(tmp_path / "cases"), "--json", str(out)])
+    return code, json.loads(out.read_text())
+
+
+def test_a_failing_rows_cases_still_fail_on_it_and_the_first_release_where_they_pass_is_named(monkeypatch,
+                                                                                             tmp_path, capsys):
+    # 0.5.20: tp heads, its guard leaves attention CP without prefill CP precomputing; 0.5.21: attn_tp heads (fixed)
+    install(monkeypatch, lambda spec: FactsSUT(spec.release))
+    code, data = _matrix(tmp_path, ["--releases", "0.5.20..0.5.21"])
+    assert code == 1
+    rows = {r["release"]: r for r in data["rows"]}
+    assert rows["0.5.20"]["verdict"] == "fail" and rows["0.5.21"]["verdict"] == "pass"
+    fixes = data["fixes"]
+    assert fixes and {f["found_on"] for f in fixes} == {"0.5.20"}
+    for f in fixes:
+        assert f["still_fails_on_own_release"] and f["replays"]["0.5.20"] == "STILL FAILS", f
+        assert f["first_pass"] == "0.5.21" and f["replays"]["0.5.21"] == "PASSES NOW", f
+        assert f["family"] in rows["0.5.20"]["families"] and set(f["case_files"]) <= set(rows["0.5.20"]["case_files"])
+    out = capsys.readouterr().out
+    assert "fix releases" in out and "first passes on 0.5.21" in out
+
+
+def test_negative_control_a_later_release_that_keeps_the_defect_is_no_fix(monkeypatch, tmp_path, capsys):
+    # the seeded defect: 0.5.21's code with 0.5.20's tp heads and guard
+    install(monkeypatch, lambda spec: FactsSUT(spec.release, heads="tp", guard="fixed"))
+    code, data = _matrix(tmp_path, ["--releases", "0.5.20..0.5.21"])
+    assert code == 1
+    fixes = [f for f in data["fixes"] if f["found_on"] == "0.5.20"]
+    assert fixes and all(f["first_pass"] is None and f["still_failing_later"] == ["0.5.21"] for f in fixes), fixes
+    assert "passes on no later release gated" in capsys.readouterr().out
+
+
+def test_the_matrix_takes_the_engine_whose_releases_it_gates(monkeypatch, tmp_path):
+    """`--engine vllm` lists vLLM's releases (gpu_impl.sut.releases_of: the registry row's list); a release the
+    engine cannot open is an 'unavailable' row with the reason, never dropped; an engine without releases, or a
+    release it does not list, is exit 2."""
+    from gpu_impl.engines.vllm.recipes import version_key
+    from gpu_impl.sut import releases_of
+
+    listed = [r for r, _ in releases_of("vllm")]
+    assert listed and listed == sorted(listed, key=version_key)
+    import gpu_impl.sut as sut_mod
+    from gpu_impl.engines.errors import EnvSetupError
+
+    def fail(spec, **options):
+        raise EnvSetupError(f"{spec}: no environment here")
+
+    monkeypatch.setattr(sut_mod, "open_sut", fail)
+    out = tmp_path / "m.json"
+    code = cli.main(["engine", "matrix", "--engine", "vllm", "--releases", listed[-1], "--cases", "5", "--no-fixes",
+                     "--cases-dir", str(tmp_path), "--json", str(out)])
+    data = json.loads(out.read_text())
+    row = data["rows"][0]
+    assert "fixes" not in data  # --no-fixes: no replays
+    assert code == 3 and row["verdict"] == "unavailable" and "no environment here" in row["message"]
+    assert row["engine"] == "vllm" and row["release"] == listed[-1]
+    assert cli.main(["engine", "matrix", "--engine", "model"]) == 2
+    assert cli.main(["engine", "matrix", "--engine", "vllm", "--releases", "0.1.0"]) == 2
+    assert cli.main(["engine", "matrix", "--engine", "vllm", "--releases", f"{listed[-1]}..{listed[0]}"]) == 2 \
+        or len(listed) == 1
+
+
+def test_a_vllm_case_is_named_by_its_own_family_and_graph_path():
+    from gpu_impl.engines.vllm.host import VllmSUT
+    from spec.model.cases import Case
+
+    case = Case.load("tests/corpus_vllm/full-graph-replay-window-dropped-at-recompute.json")
+    family, path = VllmSUT("0.34.0").case_family(case)
+    assert family == "sliding window 4096 + head size 256" and path == "full CUDA graph (FULL_AND_PIECEWISE)"
+
+
+def test_a_replay_on_a_release_is_still_fails_passes_now_or_what_stopped_it():
+    from pathlib import Path
+
+    from fa3verify.matrix_fixes import replay_on_release
+
+    from fake_engines import ProfileSUT
+
+    case = str(Path(__file__).parent.parent / "corpus" / "worked_example_prefix_guard.json")
+    assert replay_on_release(case, ProfileSUT("0.5.14")) == "STILL FAILS"
+    assert replay_on_release(case, ProfileSUT("0.5.23")) == "PASSES NOW"
+
+    class Refusing(ProfileSUT):
+        def validate(self, server_config, model_config=None):
+            return False, "ServerArgs: the release refuses it"
+
+    class Dying(ProfileSUT):
+        def run(self, scenario, kernel=None, numerics=False, device="cpu"):
+            from spec.process.worker_client import WorkerError
+
+            raise WorkerError("engine worker (pid 1): no answer within 1 s; killed")
+
+    assert replay_on_release(case, Refusing("0.5.23")) == "REJECTED (ServerArgs: the release refuses it)"
+    assert replay_on_release(case, Dying("0.5.23")).startswith("NOT RUN (engine worker (pid 1)")

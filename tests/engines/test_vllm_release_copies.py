@@ -1,0 +1,91 @@
+"""Negative controls of the vLLM gate on copies of released code (tests/release_copies.py: the release's installed
+package as links, one module patched, driven as ``vllm-src=COPY``).
+
+- A passing release (0.33.0) with a one-path regression -- on the full-CUDA-graph path only, the call passes half the
+  split bound its precompute was given -- is found within the gate's default fuzz budget on 5 seeds of 5 (the gate's
+  fuzz stage is this campaign; each seed stops at its first failure). Paired: the clean copy's gate passes
+  (tests/engines/test_vllm_checkout.py).
+- A failing release (0.34.0: its full-graph replay finding, docs/engines-vllm.md) with its replay's precompute
+  aligned to the captured call gates PASS, and the release's finding case file PASSES NOW on it (on the release
+  itself it STILL FAILS: tests/engines/test_engine_vllm_v2.py).
+
+Engine-marked: each needs its release's cached environment and skips, naming the setup command, without one.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from gpu_impl.engines import envs
+
+SEEDS = range(5)
+
+
+def _needs(release: str) -> None:
+    if not envs.env_ready(release, engine="vllm"):
+        pytest.skip(f"no environment for vllm {release} under {envs.env_dir(release, engine='vllm')}: run "
+                    f"`fa3verify engine setup vllm=={release}` to build it")
+
+
+def _copy_sut(root):
+    from gpu_impl.engines.vllm.host import VllmSUT
+    from gpu_impl.sut import parse_engine
+
+    return VllmSUT(spec=parse_engine(f"vllm-src={root}"), progress=lambda line: None)
+
+
+def _started_as_the_gate_starts_it(sut):
+    """Launched and started as ``gate`` does (``fa3verify.commands.gate``: the worker's import and its warm-up of vLLM's
+    config validation come before the fuzz stage, whose budget they are not part of)."""
+    sut.launch()
+    sut.start()
+    return sut
+
+
+def _first_failure(sut, seed: int, budget_s=None, max_cases=None):
+    """(invariant, cases run, seconds to it) of the first failure of the gate's fuzz campaign on ``sut`` with
+    ``seed``, or None."""
+    from fa3verify.commands.fuzz import run_campaign
+    from fa3verify.policy import load_policy
+    from gpu_impl.kernels import load
+
+    domain = sut.domain()
+    domain.reset_counts()
+    camp = run_campaign(load_policy(), load("emulated", mode="strict"), seed=seed, budget_s=budget_s,
+                        max_cases=max_cases, sut=sut, domain=domain, stop_at_first_failure=True)
+    first = min(camp.failures.values(), key=lambda f: f.found_at_s, default=None)
+    return None if first is None else (first.invariant, camp.cases, round(first.found_at_s, 2))
+
+
+@pytest.mark.engine
+def test_a_passing_release_with_a_one_path_split_regression_is_found_within_the_gate_budget_on_five_seeds(tmp_path):
+    _needs("0.33.0")
+    from fa3verify.commands.gate import gate
+    from release_copies import CALL_HALF_SPLITS_0_33_0, vllm_patched_copy
+
+    budget = inspect.signature(gate).parameters["budget_s"].default  # the gate's default fuzz budget
+    seeded = vllm_patched_copy("0.33.0", tmp_path / "seeded", CALL_HALF_SPLITS_0_33_0)
+    with _started_as_the_gate_starts_it(_copy_sut(seeded)) as sut:
+        found = {seed: _first_failure(sut, seed, budget_s=budget) for seed in SEEDS}
+    assert all(f is not None and f[0] in ("SPLIT_BOUND", "COMBINE_CAPACITY") for f in found.values()), found
+
+
+@pytest.mark.engine
+def test_a_failing_release_with_its_replay_precompute_aligned_to_the_captured_call_passes(tmp_path):
+    _needs("0.34.0")
+    from fa3verify.commands.gate import gate
+    from fa3verify.commands.replay import replay
+    from release_copies import ALIGNED_REPLAY_0_34_0, vllm_patched_copy
+
+    case = Path(__file__).parent.parent / "corpus_vllm" / "full-graph-replay-window-dropped-at-recompute.json"
+    aligned = vllm_patched_copy("0.34.0", tmp_path / "aligned", ALIGNED_REPLAY_0_34_0)
+    with _copy_sut(aligned) as sut:
+        summary = gate(sut, max_cases=300, seed=0, cases_dir=str(tmp_path / "cases"), show_progress=False)
+        assert summary.exit_code == 0, [(f.invariant, f.message[:200]) for f in summary.findings]
+        assert summary.cases > 250 and sum((summary.domain or {}).get("reach", {}).get(k, 0)
+                                           for k in ("full", "full: capture")) > 0
+        _, seen = replay(str(case), sut=sut)
+        assert seen.verdict == "PASSES NOW" and not seen.findings

@@ -1,0 +1,1 @@
+"""Tests of the reference model: FA3's formulas (scheduler, prepare, metadata, combine, split-KV, attention, C++ int arithmetic, validation, fast math), the emulated kernel, FA3 builds and fidelity against them."""

@@ -1,0 +1,151 @@
+"""Pins of spec/theorems/fork_tile.py's helpers: the drift query's domain, the length key of an fp8 point, the case
+file's expected detail, and the drift theorem's verdict when z3 answers unknown.
+
+The drift query (module doc) bounds the call's seqlen_q by vLLM's per-step budget (8192) and the precompute's by
+one more; an fp8 point reads the fp8 tiles (the fork's tile_size.h 66-93: falcon-7b's d 64, h/h_k 71, page 16
+decode takes kBlockN 128 in fp8, 160 in bf16).
+"""
+
+import json
+
+import z3
+
+import spec.theorems.fork_tile as ft
+from refmodel.fa3_scheduler import call_inputs, resolve_schedule
+
+
+def test_the_drift_query_admits_the_budget_and_one_more_on_the_precompute():
+    q = ft.DriftQuery(ft.VLLM_FORK, 10.0)
+    s = q.solver
+    s.push()
+    s.add(q.p.domain, q.c.domain, q.c.seqlen_q == ft.bv(ft.VLLM_MAX_QUERY))
+    assert s.check() == z3.sat
+    s.pop()
+    s.push()
+    s.add(q.p.domain, q.c.domain, q.c.seqlen_q == ft.bv(ft.VLLM_MAX_QUERY + 1))
+    assert s.check() == z3.unsat
+    s.pop()
+
+
+def test_an_fp8_points_length_key_uses_the_fp8_tile():
+    point = ft.VllmTilePoint("falcon-7b", 1, 16, 1, 132)
+    h, hk = point.heads()
+    bn = {dt: resolve_schedule(call_inputs(1, 1, 16, h, hk, 64, qkv_dtype=dt, varlen_q=True, page_size=16,
+                                           causal=True, build=ft.VLLM_FORK)).block_n
+          for dt in ("float8_e4m3fn", "bfloat16")}
+    assert bn == {"float8_e4m3fn": 128, "bfloat16": 160}
+    key = ft.scan_length_key(point, 1)
+    assert key(1000) == (8, 8) and key(1000) != (7, 7)     # ceil(1000 / 128), not ceil(1000 / 160)
+
+
+def test_the_drift_case_file_carries_the_witness_detail(tmp_path):
+    point = ft.VllmTilePoint("falcon-7b", 1, 16, 1, 132)
+    found = {"seq_lens": [900, 17], "query_lens": [3, 1], "invariant": "SPLIT_BOUND", "S_p": 6, "S_c": 5,
+             "tiles": {"precompute": [192, 160], "call": [64, 192]}, "message": "batch 0: 6 splits > 5"}
+    path = ft.write_drift_case(str(tmp_path), point, found)
+    data = json.loads(open(path).read())
+    text = json.dumps(data)
+    assert '"tiles": {"precompute": [192, 160], "call": [64, 192]}' in text
+    assert '"S_p": 6' in text and '"S_c": 5' in text and "float8_e4m3" in text
+    assert ft.write_drift_case(None, point, found) is None
+
+
+def test_an_unknown_z3_answer_makes_the_drift_inconclusive_naming_the_first_three_points(monkeypatch):
+    points = ft.vllm_tile_points()[:4]
+    monkeypatch.setattr(ft.DriftQuery, "witness", lambda self, point: ("unknown", None, None))
+    r = ft._drift(1.0, points=points)
+    assert r.verdict == "inconclusive" and r.expected is False
+    assert r.message == f"z3 unknown at {[p.label for p in points[:3]]}"
+
+
+def test_an_instance_label_names_its_head_dims_element_size_mask_and_paging():
+    assert ft.TileInstance(128, 128, 2, True, False, None).label == "d=128 dv=128 elem=2 causal dense"
+    assert ft.TileInstance(64, 256, 1, False, False, 16).label == "d=64 dv=256 elem=1 non-causal page 16"
+    assert ft.TileInstance(192, 128, 2, True, True, 256).label == "d=192 dv=128 elem=2 local page 256"
+
+
+def test_the_agreement_theorem_names_itself_and_an_unknown_answer_makes_it_inconclusive(monkeypatch):
+    insts = ft.TILE_INSTANCES[:4]
+    r = ft._agree(10.0, instances=insts[:1])
+    assert (r.name, r.verdict) == ("fork-tile-agree", "proved") and r.details == {"instances": 1}
+    monkeypatch.setattr(ft, "checked", lambda s: z3.unknown)
+    r = ft._agree(10.0, instances=insts)
+    assert (r.name, r.verdict, r.expected) == ("fork-tile-agree", "inconclusive", False)
+    assert r.message.startswith(f"z3 unknown: ['{insts[0].label}: ") and insts[3].label not in r.message
+
+
+def test_the_agreement_witness_lies_in_fa3_s_domain_on_both_sides():
+    # flash_api.cpp 781: h % h_k == 0; the theorem's domain: 1 <= h_k <= h <= 256, 1 <= seqlen_q
+    r = ft._agree(10.0, defects={"one-wg-reads-num-heads"})
+    w = r.witness
+    assert r.verdict == "refuted" and w["seqlen_q"] >= 1
+    for side in ("p", "c"):
+        h, hk = w[f"h_{side}"], w[f"h_k_{side}"]
+        assert 1 <= hk <= h <= 256 and h % hk == 0, w
+
+
+AGREE_KEYS = {"instance", "seqlen_q", "h_p", "h_k_p", "h_c", "h_k_c", "block_m_p", "block_n_p", "block_m_c",
+              "block_n_c", "invariant"}
+
+
+def test_the_agreement_theorem_s_three_results_field_by_field(monkeypatch):
+    # proved: no witness, the statement with its scope and source
+    insts = ft.TILE_INSTANCES[:2]
+    r = ft._agree(10.0, instances=insts)
+    assert (r.name, r.verdict, r.witness, r.case_file, r.failed, r.expected) == (
+        "fork-tile-agree", "proved", {}, None, False, True)
+    assert 0 <= r.seconds < 600 and r.details == {"instances": 2}
+    assert r.message == (f"under {ft.VLLM_FORK}, on 2 instances (head dims x dtype x causal/local x paging), "
+                         f"seqlen_q <= 2^20 and heads <= {ft.MAX_HEADS}: equal seqlen_q and h/h_k give the same "
+                         f"tile. Source: {ft.SOURCE}")
+    # refuted (the negative control: one MMA warpgroup read from h instead of h / h_k): the first instance whose
+    # tiles differ is d 64 dense, where only kBlockM differs (192 against 64; the fork's tile_size.h, one-WG rows)
+    r = ft._agree(10.0, defects={"one-wg-reads-num-heads"})
+    w = r.witness
+    assert (r.name, r.verdict, r.case_file, r.failed, r.expected) == ("fork-tile-agree", "refuted", None, True, False)
+    assert 0 <= r.seconds < 600 and set(w) == AGREE_KEYS and w["invariant"] == "TILE_AGREE"
+    assert w["instance"] == "d=64 dv=64 elem=2 non-causal dense" and w["block_n_p"] == w["block_n_c"]
+    assert r.message == (f"{w['instance']}: sides agreeing on seqlen_q {w['seqlen_q']} and h/h_k choose "
+                         f"{w['block_m_p']}x{w['block_n_p']} vs {w['block_m_c']}x{w['block_n_c']} "
+                         f"(encoding defects ['one-wg-reads-num-heads'])")
+    # inconclusive: no witness, the first three unknown instances with z3's reason
+    monkeypatch.setattr(ft, "checked", lambda s: z3.unknown)
+    r = ft._agree(10.0, instances=ft.TILE_INSTANCES[:4])
+    assert (r.verdict, r.witness, r.case_file, r.failed, r.expected) == ("inconclusive", {}, None, False, False)
+    assert 0 <= r.seconds < 600
+    reasons = [f"{i.label}: " for i in ft.TILE_INSTANCES[:3]]
+    assert r.message.startswith("z3 unknown: [") and all(x in r.message for x in reasons)
+    assert ft.TILE_INSTANCES[3].label not in r.message
+
+
+def test_pick_takes_each_constant_flag_s_branch_without_a_condition():
+    # the table's eight rows distinct: a constant flag picks its row, and the term is that row's constant itself
+    from spec.theorems.symbolic import bv
+    table = {key: (64 + 16 * i, 96 + 16 * i) for i, key in enumerate(sorted(ft._table(ft.TILE_INSTANCES[0],
+                                                                                       ft.VLLM_FORK)))}
+    T, F = z3.BoolVal(True), z3.BoolVal(False)
+    for causal, wg, non_tma in table:
+        bm, bn = ft._pick(table, T if causal else F, T if wg else F, T if non_tma else F)
+        want = table[(causal, wg, non_tma)]
+        assert bm.eq(bv(want[0])) and bn.eq(bv(want[1])), (causal, wg, non_tma)
+    # a symbolic flag: one If over it
+    x = z3.Bool("x")
+    bm, _ = ft._pick(table, x, F, T)
+    assert z3.simplify(z3.substitute(bm, (x, T))).eq(bv(table[(True, False, True)][0]))
+
+
+def test_the_upstream_table_holds_upstream_s_tiles():
+    # hopper/tile_size.h@0251105a, sm90, d = dv = 128: bf16 128 x (causal or local or paged non-TMA ? 128 : 176)
+    # (lines 32-33), fp8 128 x 224 (line 47) and 128 x 160 paged non-TMA; d 192 / dv 128 bf16 128 x 128 (line 37),
+    # 128 x 96 paged non-TMA (the same rows as tests/oracle/test_fa3_scheduler_tables.py's).
+    # Rows are (causal, one MMA warpgroup, paged non-TMA); upstream has no one-WG tile, so wg is not read.
+    bf16 = ft._table(ft.TileInstance(128, 128, 2, False, False, None), ft.UPSTREAM)
+    assert [bf16[(c, False, n)] for c, n in ((False, False), (True, False), (False, True))] == \
+        [(128, 176), (128, 128), (128, 128)]
+    local = ft._table(ft.TileInstance(128, 128, 2, False, True, None), ft.UPSTREAM)
+    assert local[(False, False, False)] == (128, 128)
+    fp8 = ft._table(ft.TileInstance(128, 128, 1, False, False, None), ft.UPSTREAM)
+    assert (fp8[(False, False, False)], fp8[(False, False, True)]) == ((128, 224), (128, 160))
+    wide = ft._table(ft.TileInstance(192, 128, 2, False, False, None), ft.UPSTREAM)
+    assert (wide[(False, False, False)], wide[(False, False, True)]) == ((128, 128), (128, 96))
+    assert all(bf16[(c, True, n)] == bf16[(c, False, n)] for c in (False, True) for n in (False, True))
