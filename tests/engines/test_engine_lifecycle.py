@@ -172,3 +172,25 @@ def test_the_vllm_0_34_0_dcp_empty_context_case_replays_still_failing(engine_sut
     summary, seen = replay(str(path), sut=engine_sut("vllm==0.34.0"))
     assert summary.exit_code == 1 and seen.outcome == "violation"
     assert seen.invariants == ["READS_OWN_STEP_METADATA"]
+
+
+def test_the_lifecycle_matrix_names_a_release_it_cannot_run_and_goes_on(monkeypatch, capsys):
+    """`python -m gpu_impl.engines.lifecycle_runs`: bad usage is exit 2 before any release runs; a release whose run
+    raises (its driver refusing a request included) is one 'not run' line with the reason, the next release still
+    runs, and the exit is 3 (inconclusive) when nothing was found; a finding anywhere is 1."""
+    from gpu_impl.engines import lifecycle_runs
+
+    ran = []
+
+    def fake_row(engine):
+        ran.append(engine)
+        if engine == "vllm==0.10.1":
+            raise ValueError("vllm==0.10.1: FullAttentionSpec.__init__() missing 1 required positional argument")
+        return [("eager-3-steps", {"SPLIT_BOUND": [1]} if engine == "vllm==0.34.0" else {}, 0.1)]
+
+    monkeypatch.setattr(lifecycle_runs, "matrix_row", fake_row)
+    assert lifecycle_runs.main(["vllm==0.10.1", "sglang-0.5.23"]) == 2 and ran == []
+    assert lifecycle_runs.main(["vllm==0.10.1", "vllm==0.33.0"]) == 3
+    out = capsys.readouterr().out
+    assert "vllm==0.10.1: not run: ValueError" in out and "vllm==0.33.0  eager-3-steps" in out
+    assert lifecycle_runs.main(["vllm==0.10.1", "vllm==0.34.0"]) == 1
