@@ -16,6 +16,8 @@ from __future__ import annotations
 import sys
 import time
 
+from .errors import DriverError, ScenarioUnsupported
+
 __all__ = ["SGLANG_SEQUENCES", "VLLM_SEQUENCES", "run_sglang", "run_vllm", "found_by_invariant", "matrix_row", "main"]
 
 #: name -> (server fields, model name, decode batches); every sglang sequence runs LAYERS layers
@@ -101,7 +103,13 @@ def matrix_row(engine: str) -> list:
         try:
             for name, fields in VLLM_SEQUENCES.items():
                 t = time.monotonic()
-                out = run_vllm(worker, fields)
+                try:
+                    out = run_vllm(worker, fields)
+                except (ValueError, ScenarioUnsupported, DriverError) as exc:  # this sequence only: the rest run
+                    rows.append((name, {"not run": str(exc).splitlines()[0][:200]}, round(time.monotonic() - t, 2)))
+                    if not worker.running:
+                        worker = VllmWorker(release, progress=lambda m: None)
+                    continue
                 rows.append((name, found_by_invariant(out["findings"] + out["shape_errors"]),
                              round(time.monotonic() - t, 2)))
         finally:
@@ -126,10 +134,14 @@ def main(argv=None) -> int:
         try:
             rows = matrix_row(engine)
         except Exception as exc:  # noqa: BLE001 - a release that cannot run is inconclusive, named; the next runs
-            print(f"{engine}: not run: {type(exc).__name__}: {exc}")
+            print(f"{engine}: not run: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
             failed = True
             continue
         for name, found, seconds in rows:
+            if "not run" in found:  # a sequence the release cannot run: inconclusive, named
+                failed = True
+                print(f"{engine}  {name}: not run: {found['not run']}")
+                continue
             found_any = found_any or bool(found)
             text = "; ".join(f"{k} at steps {v}" for k, v in found.items()) or "nothing"
             print(f"{engine}  {name}  ({LAYERS} layers, {seconds} s): {text}")

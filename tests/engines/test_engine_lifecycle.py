@@ -194,3 +194,36 @@ def test_the_lifecycle_matrix_names_a_release_it_cannot_run_and_goes_on(monkeypa
     out = capsys.readouterr().out
     assert "vllm==0.10.1: not run: ValueError" in out and "vllm==0.33.0  eager-3-steps" in out
     assert lifecycle_runs.main(["vllm==0.10.1", "vllm==0.34.0"]) == 1
+
+
+def test_a_sequence_a_release_cannot_run_is_named_and_its_other_sequences_still_run(monkeypatch):
+    """One sequence a release refuses (an older vLLM without the DCP workspace) is a 'not run' row with the driver's
+    first line; the release's other sequences run on the same worker, a dead worker is started again."""
+    from gpu_impl.engines import lifecycle_runs
+    from gpu_impl.engines.errors import DriverError
+    from gpu_impl.engines.vllm import host
+
+    started = []
+
+    class Worker:
+        def __init__(self, release, progress=None):
+            started.append(release)
+            self.running = True
+
+        def close(self):
+            self.running = False
+
+    def run(worker, fields):
+        if fields.get("dcp"):
+            worker.running = False
+            raise DriverError("vllm==0.11.1: crash: ImportError: cannot import name 'workspace'\nTraceback ...")
+        return {"findings": [], "shape_errors": []}
+
+    monkeypatch.setattr(host, "VllmWorker", Worker)
+    monkeypatch.setattr(lifecycle_runs, "run_vllm", run)
+    rows = {name: found for name, found, _ in lifecycle_runs.matrix_row("vllm==0.11.1")}
+    assert set(rows) == set(lifecycle_runs.VLLM_SEQUENCES)
+    refused = [name for name, found in rows.items() if "not run" in found]
+    assert refused and all("workspace" in rows[n]["not run"] and "Traceback" not in rows[n]["not run"] for n in refused)
+    assert all(found == {} for name, found in rows.items() if name not in refused)
+    assert len(started) == 1 + len(refused)
