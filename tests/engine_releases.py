@@ -60,3 +60,20 @@ def need(release: str, environ=None) -> None:
 def _why(release: str, chosen: tuple) -> str:
     return (f"sglang {release} is not in {ENV_RELEASES} ({' '.join(chosen) or 'empty'}); "
             f"{ENV_ALL}=1 or `make test ENGINE_RELEASES=\"{release}\"` runs it")
+
+
+def vllm_worker(release: str):
+    """A module fixture's body: the driver of vLLM ``release`` (skipped, naming the setup command, when its
+    environment is not built), closed after the module."""
+    import pytest
+
+    from gpu_impl.engines import envs
+
+    if not envs.env_ready(release, engine="vllm"):
+        pytest.skip(f"no environment for vllm {release} under {envs.env_dir(release, engine='vllm')}: run "
+                    f"`fa3verify engine setup vllm=={release}` to build it")
+    from gpu_impl.engines.vllm.host import VllmWorker
+
+    w = VllmWorker(release, progress=lambda m: None)
+    yield w
+    w.close()

@@ -7,7 +7,7 @@ section 1 (tp 4: 8 and 1 heads per rank; one 32768-token sequence and seven of 1
 
 import pytest
 
-from gpu_impl.engines import envs
+from engine_releases import vllm_worker
 
 RELEASE = "0.25.1"
 SKEWED = [32768] + [100] * 7
@@ -15,14 +15,7 @@ SKEWED = [32768] + [100] * 7
 
 @pytest.fixture(scope="module")
 def worker():
-    if not envs.env_ready(RELEASE, engine="vllm"):
-        pytest.skip(f"no environment for vllm {RELEASE} under {envs.env_dir(RELEASE, engine='vllm')}: run "
-                    f"`fa3verify engine setup vllm=={RELEASE}` to build it")
-    from gpu_impl.engines.vllm.host import VllmWorker
-
-    w = VllmWorker(RELEASE, progress=lambda m: None)
-    yield w
-    w.close()
+    yield from vllm_worker(RELEASE)
 
 
 def _pairs(resp):

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from engine_releases import vllm_worker
 from gpu_impl.engines import envs
 from gpu_impl.engines.vllm import recipes as vllm_recipes
 
@@ -53,14 +54,7 @@ def test_an_unregistered_release_is_told_its_nearest_generation_and_what_to_add(
 
 @pytest.fixture(scope="module")
 def worker():
-    if not envs.env_ready(RELEASE, engine="vllm"):
-        pytest.skip(f"no environment for vllm {RELEASE} under {envs.env_dir(RELEASE, engine='vllm')}: run "
-                    f"`fa3verify engine setup vllm=={RELEASE}` to build it")
-    from gpu_impl.engines.vllm.host import VllmWorker
-
-    w = VllmWorker(RELEASE, progress=lambda m: None)
-    yield w
-    w.close()
+    yield from vllm_worker(RELEASE)
 
 
 def _pairs(resp, path=None):
