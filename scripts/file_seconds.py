@@ -26,7 +26,7 @@ TABLE = ROOT / "tests" / "file_seconds.json"
 
 
 def file_seconds(junit_xml: Path) -> dict:
-    """{tests/test_x.py: seconds} summed over the run's test cases."""
+    """{tests/cli/test_x.py: seconds} summed over the run's test cases."""
     out: dict = defaultdict(float)
     for case in ET.parse(junit_xml).iter("testcase"):
         cls = case.get("classname") or ""

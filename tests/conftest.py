@@ -25,7 +25,7 @@ FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
 
 
 def file_order(paths, table: dict) -> list:
-    """``paths`` (tests/test_x.py, each once) longest first by ``table``; unknown ones count as its median; ties
+    """``paths`` (tests/cli/test_x.py, each once) longest first by ``table``; unknown ones count as its median; ties
     keep their order."""
     known = sorted(table.values())
     median = known[len(known) // 2] if known else 0.0
