@@ -365,3 +365,35 @@ def test_main_builds_the_targets_side_by_side_and_reports_in_their_order(monkeyp
     assert envs.main(["0.5.13"]) == 2 and "FA3VERIFY_ENV_JOBS" in capsys.readouterr().err and done == []
     monkeypatch.setenv("FA3VERIFY_ENV_JOBS", "2")
     assert envs.main(["0.5.13", "trt==1.0"]) == 2 and done == []
+
+
+def project_imports(source: str) -> list:
+    """(module, names) of every ``from gpu_impl... import ...`` / ``from spec...`` / ``from refmodel...`` statement in
+    a Python source string (an import probe run in an engine environment)."""
+    import ast
+
+    return [(node.module, [a.name for a in node.names]) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ImportFrom) and node.module
+            and node.module.split(".")[0] in ("gpu_impl", "spec", "refmodel", "fa3verify")]
+
+
+def test_every_import_probe_names_project_modules_that_exist():
+    """The import probe a new environment runs (``envs.KINDS[...].probe``) imports the project's own glue by name; a
+    moved module left under its old name there fails every environment built from nothing (only a fresh engine home
+    shows it). Each project import of each probe resolves here, without the engine; negative control: the old name."""
+    import importlib
+
+    from gpu_impl.engines import envs
+
+    def unresolved(source):
+        bad = []
+        for module, names in project_imports(source):
+            mod = importlib.import_module(module)
+            bad += [f"{module}.{n}" for n in names if not hasattr(mod, n)
+                    and importlib.util.find_spec(f"{module}.{n}") is None]
+        return bad
+
+    probes = {name: kind.probe for name, kind in envs.KINDS.items()}
+    assert any(project_imports(p) for p in probes.values())  # the check reaches a project import
+    assert {name: unresolved(p) for name, p in probes.items()} == {name: [] for name in probes}
+    assert unresolved("from gpu_impl.engines import vllm_glue; vllm_glue.install()") == ["gpu_impl.engines.vllm_glue"]

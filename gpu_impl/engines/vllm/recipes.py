@@ -177,7 +177,7 @@ COMMON_MODULES = {"vllm.v1.attention.backends.flash_attn": ["FlashAttentionMetad
 LAYOUT_VERSION = 1
 
 #: The import probe: the backend module with the CPU glue installed, and FA3 (not FA2) chosen by vLLM's own helper.
-PROBE = ("from gpu_impl.engines import vllm_glue; vllm_glue.install(); "
+PROBE = ("from gpu_impl.engines.vllm import glue as vllm_glue; vllm_glue.install(); "
          "from gpu_impl.engines.vllm.recipes import locate; import vllm.v1.attention.backends.flash_attn; "
          "v = locate('get_flash_attn_version')(); assert v == 3, v; print('fa', v)")
 
