@@ -72,6 +72,16 @@ def theorem_result(name: str, verdict: str, t0: float, witness: dict, message: s
                          expected=not failed and verdict != "inconclusive", details=details)
 
 
+def unrefuted_result(name: str, start: float, unknown: list, proved_message: str, details: dict):
+    """The verdict of a per-instance z3 search that refuted no instance: inconclusive while any query came back
+    unknown ("unknown" is never "proved", the first three named), else proved with ``proved_message`` and
+    ``details``; timed from ``start``."""
+    secs = time.perf_counter() - start
+    if unknown:
+        return TheoremResult(name, "inconclusive", secs, {}, None, f"z3 unknown: {unknown[:3]}", expected=False)
+    return TheoremResult(name, "proved", secs, {}, None, proved_message, details=details)
+
+
 @dataclass(frozen=True)
 class ProveRequest:
     """What a prove run asks of every theorem group: the backend's policy, the budget, where cases go.

@@ -42,7 +42,7 @@ from refmodel.fa3_scheduler import rounded_headdims, tile_size_fwd_sm90
 
 from spec.theorems.results import TheoremResult
 from spec.theorems.symbolic import bv, boolval, solver, var
-from spec.theorems.base import SEEDED_DEFECTS, select
+from spec.theorems.base import SEEDED_DEFECTS, select, unrefuted_result
 from spec.theorems.z3ctx import checked
 
 __all__ = ["THEOREMS", "DEFECTS", "TileInstance", "TILE_INSTANCES", "VllmTilePoint", "vllm_tile_points",
@@ -228,13 +228,11 @@ def _agree(timeout_s: float, defects=frozenset(), instances=TILE_INSTANCES) -> T
                                  f"{val['block_m_p']}x{val['block_n_p']} vs {val['block_m_c']}x{val['block_n_c']} "
                                  f"(encoding defects {sorted(defects)})", failed=True, expected=False)
         s.pop()
-    secs = time.perf_counter() - start
-    if unknown:
-        return TheoremResult(name, "inconclusive", secs, {}, None, f"z3 unknown: {unknown[:3]}", expected=False)
-    return TheoremResult(name, "proved", secs, {}, None,
-                         f"under {VLLM_FORK}, on {len(instances)} instances (head dims x dtype x causal/local x "
-                         f"paging), seqlen_q <= 2^20 and heads <= {MAX_HEADS}: equal seqlen_q and h/h_k give the "
-                         f"same tile. Source: {SOURCE}", details={"instances": len(instances)})
+    return unrefuted_result(name, start, unknown,
+                            f"under {VLLM_FORK}, on {len(instances)} instances (head dims x dtype x causal/local x "
+                            f"paging), seqlen_q <= 2^20 and heads <= {MAX_HEADS}: equal seqlen_q and h/h_k give the "
+                            f"same tile. Source: {SOURCE}",
+                            details={"instances": len(instances)})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,7 +44,7 @@ import z3
 
 from refmodel.fa3_builds import SGLANG_KERNEL_042, SGLANG_KERNEL_045
 
-from spec.theorems.base import SEEDED_DEFECTS, select
+from spec.theorems.base import SEEDED_DEFECTS, select, unrefuted_result
 from spec.theorems.fork_tile import MAX_SEQLEN_Q, TILE_INSTANCES, SideVars, sym_tile, tile_table
 from spec.theorems.results import TheoremResult
 from spec.theorems.symbolic import bv, solver, var
@@ -126,14 +126,11 @@ def tile_cover(build: str, timeout_s: float = 10.0, defects=frozenset(), instanc
                                  f"tiles {val['block_m_c']}: rows {covered}.. are never computed (encoding defects "
                                  f"{sorted(defects)})", failed=True, expected=False)
         s.pop()
-    secs = time.perf_counter() - start
-    if unknown:
-        return TheoremResult(name, "inconclusive", secs, {}, None, f"z3 unknown: {unknown[:3]}", expected=False)
-    return TheoremResult(name, "proved", secs, {}, None,
-                         f"under {build}, on {len(instances)} instances, max_seqlen_q <= {MAX_SEQLEN_Q} on either "
-                         f"side and equal heads: the m-blocks counted with the precompute's kBlockM cover every "
-                         f"query row at the call's kBlockM. Source: {SOURCE_TILE}",
-                         details={"instances": len(instances), "build": build})
+    return unrefuted_result(name, start, unknown,
+                            f"under {build}, on {len(instances)} instances, max_seqlen_q <= {MAX_SEQLEN_Q} on either "
+                            f"side and equal heads: the m-blocks counted with the precompute's kBlockM cover every "
+                            f"query row at the call's kBlockM. Source: {SOURCE_TILE}",
+                            details={"instances": len(instances), "build": build})
 
 
 @functools.lru_cache(maxsize=1)
