@@ -121,13 +121,10 @@ def matrix_row(engine: str) -> list:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or any(a.startswith("-") or "==" not in a for a in argv):
-        print("usage: python -m gpu_impl.engines.lifecycle_runs ENGINE... (each sglang==V or vllm==V)",
-              file=sys.stderr)
-        return 2
     bad = [a for a in argv if not a.startswith(("sglang==", "vllm=="))]
-    if bad:  # checked before any release runs
-        print(f"error: engine: sglang==V or vllm==V, got {bad[0]!r}", file=sys.stderr)
+    if not argv or bad:  # checked before any release runs
+        print("usage: python -m gpu_impl.engines.lifecycle_runs ENGINE... (each sglang==V or vllm==V)"
+              + (f"; got {bad[0]!r}" if bad else ""), file=sys.stderr)
         return 2
     found_any, failed = False, False
     for engine in argv:
