@@ -64,7 +64,7 @@ TOOLS = ("nm", "objdump", "readelf", "strings", "c++filt")
 #: ``flash.h`` has no ``attention_chunk``, and before 5824e6e2 fewer fields ahead of ``num_splits_dynamic_ptr`` (8
 #: bytes) and ``arch`` (32 bytes).
 #:
-#: * ``upstream-0251105a``: Dao-AILab/flash-attention 0251105a ``hopper/flash.h`` (vLLM 0.19.0 on, sglang-kernel);
+#: * ``upstream-0251105a``: Dao-AILab/flash-attention 0251105a ``hopper/flash.h`` (the sglang kernel wheels);
 #: * ``fork-8f468e7d``: vllm-project/flash-attention ``hopper/flash.h`` at 8f468e7d (the same offsets at b99f8c82 and
 #:   at every commit up to 5824e6e2; vLLM 0.10.1 to 0.16.0);
 #: * ``fork-5824e6e2``: the same file at 5824e6e2 and 617264c1 (vLLM 0.17.0 to 0.18.1).
