@@ -223,9 +223,11 @@ class Config:
 
         ps._DCP = _DCPGroup(s["dcp"]) if s["dcp"] > 1 else None
         if s["dcp"] > 1:
-            from vllm.v1.worker import workspace
-
-            if getattr(workspace, "_manager", None) is None:
+            try:
+                from vllm.v1.worker import workspace
+            except ImportError:   # releases before the workspace manager (0.11.x) need none
+                workspace = None
+            if workspace is not None and getattr(workspace, "_manager", None) is None:
                 workspace.init_workspace_manager(torch.device("cpu"))
         windows = s["sliding_window"] or [None] * s["num_layers"]
         self.layers = {}
