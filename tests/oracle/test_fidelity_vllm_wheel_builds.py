@@ -175,3 +175,28 @@ def test_the_older_builds_veto_paged_tma_for_local_attention():
         inp = ScheduleInputs(batch_size=1, seqlen_q=4096, seqlen_k=4096, num_heads=8, num_heads_k=8, headdim=128,
                              headdim_v=128, page_size=128 * 176, precompute=False, build=name)
         assert pagedkv_tma(inp, masking, 128, 128) is expected
+
+
+def test_the_older_builds_bound_splits_by_the_whole_batch_above_992():
+    # num_splits_dynamic_ptr is null for b > 992 (flash_api.cpp@a8937124 624-625, 994-996), so get_num_splits counts
+    # every batch's m-blocks; 617264c1's model pretends batch 1 for any varlen call
+    def splits(b, name):
+        return resolve_schedule(precompute_inputs(b, 1, 32768, 8, 1, 128, build=name)).num_splits
+    assert splits(992, VLLM_FORK_A8937124) == splits(992, VLLM_FORK) > 1
+    assert splits(993, VLLM_FORK_A8937124) == 1 and splits(993, VLLM_FORK) > 1
+    s = resolve_schedule(precompute_inputs(993, 1, 32768, 8, 1, 128, build=VLLM_FORK_A8937124))
+    assert (s.legacy_dynamic_split, s.num_vectors, s.metadata_size) == (False, 0, 1)
+    s = resolve_schedule(precompute_inputs(992, 1, 32768, 8, 1, 128, build=VLLM_FORK_A8937124))
+    assert (s.legacy_dynamic_split, s.num_vectors, s.metadata_size) == (True, 1, 993)
+    # every other layout keeps legacy_dynamic_split False
+    assert resolve_schedule(precompute_inputs(8, 1, 4096, 8, 1, 128, build=VLLM_FORK)).legacy_dynamic_split is False
+
+
+def test_a_non_varlen_call_of_the_older_builds_has_no_split_vector():
+    # the call keeps the vector only when varlen (994); causal non-varlen on sm90 still needs the semaphore (1008-1010)
+    call = resolve_schedule(call_inputs(4, 8, 4096, 8, 1, 128, has_cache_seqlens=False, causal=True, num_splits=1,
+                                        build=VLLM_FORK_A8937124))
+    assert (call.legacy_dynamic_split, call.metadata_size) == (False, 1)
+    # the same call varlen (cache_seqlens given) with num_splits 0 keeps it: the semaphore and 4 split counts
+    call = resolve_schedule(call_inputs(4, 8, 4096, 8, 1, 128, causal=True, build=VLLM_FORK_A8937124))
+    assert (call.legacy_dynamic_split, call.metadata_size) == (True, 5)
