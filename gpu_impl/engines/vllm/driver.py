@@ -205,6 +205,8 @@ class Config:
         vc.compilation_config.cudagraph_mode = mode[s["cuda_graph"]]
         vc.compilation_config.cudagraph_capture_sizes = list(s["capture_sizes"])
         vc.compilation_config.max_cudagraph_capture_size = max(s["capture_sizes"])
+        if hasattr(vc.compilation_config, "max_capture_size"):   # its name up to 0.11.0, where the builder reads it
+            vc.compilation_config.max_capture_size = max(s["capture_sizes"])
         vc.scheduler_config.max_num_seqs = s["max_num_seqs"]
         vc.parallel_config.tensor_parallel_size = s["tp"]
         vc.parallel_config.decode_context_parallel_size = s["dcp"]
