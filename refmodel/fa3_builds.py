@@ -5,7 +5,7 @@ here, keyed by build, and everything else is shared (refmodel.fa3_scheduler).
 
 Builds, engine releases and the FA3 source each release ships are data (``fa3_builds.json`` beside this module).
 Each build's sm90 tile table is data too (``tile_size_sm90.json``), read by ``tile_size_fwd_sm90_build``.
-Four builds are modelled:
+Seven builds are modelled:
 
 * ``upstream-0251105a``: Dao-AILab/flash-attention ``hopper/`` at 0251105a (the rest of refmodel).
 * ``vllm-fork-617264c1``: vllm-project/flash-attention ``hopper/`` at 617264c1, compiled by the fork's
@@ -25,6 +25,15 @@ Four builds are modelled:
   (``tile_size_sm90.json``), the decode tile choice ``use_one_mma_wg`` (no local test: ``Build.one_mma_wg``
   "sglang"), and, from 0.4.5, a varlen ``get_num_splits`` bounded by ``params.total_q``
   (``Build.varlen_total_q_bound``; ``ScheduleInputs.total_q``). Their other host rules are taken as upstream's.
+
+* ``vllm-fork-2d3b7508``, ``vllm-fork-a8937124``, ``vllm-fork-1c81743f``: the FA3 that vLLM 0.10.1-0.11.0,
+  0.11.1-0.16.0 and 0.17.0-0.18.1 build in, read from their wheels by scripts/read_fa3_wheel.py (the fork's older
+  Flash_fwd_params layouts) and named by the fork commit whose hopper/ sources match them. All three have the
+  fork's host deltas (``Build.host_rules`` "fork"); the first two test no local flag in ``use_one_mma_wg``
+  (heuristics.h@a8937124 10-14), are compiled without PACKGQA_ONLY, keep no Sort and lay the metadata out as the
+  semaphore at 0 then b split counts, present when b <= 992 and the num_splits argument is not 1
+  (``Build.metadata_layout`` "semaphore-splits", ``legacy_uses_dynamic_split``; flash_api.cpp@a8937124 624,
+  642-652, 994, 1008-1028); the third is 617264c1's host code with an older tile table.
 
 The fork's prepare kernel (``prepare_seqlen_q`` instead of m-blocks, a 32 MiB / qhpk L2 budget) is modelled in
 refmodel.prepare, its layout in refmodel.metadata (``MetadataLayout``, ``decode_for_schedule``).
