@@ -387,8 +387,10 @@ class Config:
         num_tokens = self.padded_tokens(num_tokens)
         with set_current_vllm_config(self.vc):
             for layer in self.layers.values():
-                qd = torch.float8_e4m3fn if (s["kv_cache_dtype"] == "fp8"
-                                             and layer.impl.supports_quant_query_input) else self.dtype
+                # the flag sits on the impl, or on the backend class up to 0.11.0
+                quant_q = getattr(layer.impl, "supports_quant_query_input",
+                                  getattr(self.backend, "supports_quant_query_input", False))
+                qd = torch.float8_e4m3fn if (s["kv_cache_dtype"] == "fp8" and quant_q) else self.dtype
                 h = layer.impl.num_heads
                 if self.numerics:
                     gen = torch.Generator().manual_seed(s["seed"] + 104729 * self.steps_built)
