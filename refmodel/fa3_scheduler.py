@@ -320,35 +320,27 @@ class Schedule:
     def num_vectors(self) -> int:
         """Per-batch vectors in the metadata: 2 (+1 Sort, +1 Swizzle) with the prepare step (the fork: fa3_builds)."""
         kind = fa3_builds.metadata_layout_kind(self.inputs.build)
-        if kind == "fork":
-            return fa3_builds.fork_metadata_vectors(self.inputs.uses_prepare, self.inputs.batch_size,
-                                                    self.num_splits, self.swizzle)
-        if kind == "semaphore-splits":
-            return int(self.legacy_dynamic_split)
+        if kind != "upstream":   # the fork's vectors; the older fork's split vector alone
+            return int(self.legacy_dynamic_split) if kind == "semaphore-splits" else fa3_builds.fork_metadata_vectors(
+                self.inputs.uses_prepare, self.inputs.batch_size, self.num_splits, self.swizzle)
         base = 2 if self.inputs.uses_prepare else 0
         return base + int(self.sort) + int(self.swizzle)
 
     @property
     def metadata_size(self) -> int:
         """Length of the int32 metadata tensor this side produces or expects (flash_api.cpp)."""
-        if fa3_builds.metadata_layout_kind(self.inputs.build) == "semaphore-splits":
-            # the fork before 5824e6e2: int(semaphore) + int(dynamic split) * b, no rounding to b4, and no tensor at
-            # all when neither is needed (flash_api.cpp@a8937124 642-645, 1011-1012)
-            if not (self.needs_semaphore or self.legacy_dynamic_split):
-                return 0
-            return int(self.needs_semaphore) + int(self.legacy_dynamic_split) * self.inputs.batch_size
+        if fa3_builds.metadata_layout_kind(self.inputs.build) == "semaphore-splits":   # sem + b splits, no b4
+            return int(self.needs_semaphore) + int(self.legacy_dynamic_split) * self.inputs.batch_size  # @a8937124 1012
         if not (self.needs_semaphore or self.inputs.uses_prepare):
             return 0
         return int(self.needs_semaphore) + self.b4 * self.num_vectors
 
     @property
     def legacy_dynamic_split(self) -> bool:
-        """The fork before 5824e6e2 keeps a per-batch split vector (refmodel.fa3_builds ``legacy_uses_dynamic_split``:
-        b <= 992 and the num_splits argument not 1; the call only when varlen). False for every other layout."""
-        if fa3_builds.metadata_layout_kind(self.inputs.build) != "semaphore-splits":
-            return False
-        return fa3_builds.legacy_uses_dynamic_split(self.inputs.precompute, self.inputs.uses_prepare,
-                                                    self.inputs.batch_size, self.inputs.num_splits)
+        """The older fork's split vector (fa3_builds ``legacy_uses_dynamic_split``); False for other layouts."""
+        return fa3_builds.metadata_layout_kind(self.inputs.build) == "semaphore-splits" and \
+            fa3_builds.legacy_uses_dynamic_split(self.inputs.precompute, self.inputs.uses_prepare,
+                                                 self.inputs.batch_size, self.inputs.num_splits)
 
     @property
     def qhead_per_khead(self) -> int:
@@ -453,11 +445,8 @@ def _split_tiles(inp: ScheduleInputs, masking: Masking, tma: Optional[bool] = No
             rows = to_int32(inp.batch_size * inp.seqlen_q)
         total_mblocks = to_int32(c_ceil_div(to_int32(rows * qhpk), bm) * inp.num_heads_k)
     else:
-        one = inp.uses_prepare
-        if fa3_builds.metadata_layout_kind(inp.build) == "semaphore-splits":
-            # num_splits_dynamic_ptr is set only for b <= 992 (flash_api.cpp@a8937124 624-625, 994-996)
-            one = fa3_builds.legacy_uses_dynamic_split(inp.precompute, inp.uses_prepare, inp.batch_size,
-                                                       inp.num_splits)
+        one = inp.uses_prepare if fa3_builds.metadata_layout_kind(inp.build) != "semaphore-splits" else \
+            fa3_builds.legacy_uses_dynamic_split(inp.precompute, inp.uses_prepare, inp.batch_size, inp.num_splits)
         total_mblocks = to_int32((1 if one else inp.batch_size) * inp.num_heads_k * m_blocks)
     return bm, bn, m_blocks, total_mblocks
 
