@@ -58,19 +58,12 @@ from typing import Optional
 FA3_LIBRARIES = ("sgl_kernel/flash_ops.abi3.so", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so")
 TOOLS = ("nm", "objdump", "readelf", "strings", "c++filt")
 
-#: Flash_fwd_params field offsets (bytes), x86-64 g++ ``offsetof``, one entry per ``flash.h`` layout a wheel has shown.
-#: ``get_num_splits``'s listing must read every field of NUM_SPLITS_READS at one layout's offsets; see
-#: ``choose_layout``. The fields up to ``window_size_right`` sit at the same offsets in all three; the fork's
-#: ``flash.h`` has no ``attention_chunk``, and before 5824e6e2 fewer fields ahead of ``num_splits_dynamic_ptr`` (8
-#: bytes) and ``arch`` (32 bytes).
-#:
-#: * ``upstream-0251105a``: Dao-AILab/flash-attention 0251105a ``hopper/flash.h`` (the sglang kernel wheels);
-#: * ``fork-8f468e7d``: vllm-project/flash-attention ``hopper/flash.h`` at 8f468e7d (the same offsets at b99f8c82 and
-#:   at every commit up to 5824e6e2; vLLM 0.10.1 to 0.16.0);
-#: * ``fork-5824e6e2``: the same file at 5824e6e2 and 617264c1 (vLLM 0.17.0 to 0.18.1).
-#:
-#: Re-derive: ``git show C:hopper/flash.h > flash.h``, then a C++ file printing ``offsetof(Flash_fwd_params, f)``
-#: compiled with ``g++ -std=c++17`` and a stub ``cuda.h`` (``typedef struct CUstream_st* cudaStream_t;``).
+#: Flash_fwd_params field offsets (bytes, x86-64 g++ ``offsetof``) per ``flash.h`` layout a wheel has shown; the
+#: listing must read every NUM_SPLITS_READS field at one layout's offsets (``choose_layout``). upstream-0251105a:
+#: Dao-AILab/flash-attention 0251105a (the sglang kernel wheels); fork-8f468e7d: vllm-project/flash-attention at
+#: 8f468e7d (the same offsets from b99f8c82 to 5824e6e2^; vLLM 0.10.1-0.16.0); fork-5824e6e2: at 5824e6e2 and
+#: 617264c1 (vLLM 0.17.0-0.18.1). The fork has no ``attention_chunk``. Re-derive: ``git show C:hopper/flash.h``,
+#: a C++ file printing ``offsetof(Flash_fwd_params, f)``, ``g++ -std=c++17`` with a stub ``cuda.h``.
 _COMMON = {"h": 104, "h_k": 108, "b": 240, "seqlen_q": 244, "seqlen_k": 248, "seqlen_knew": 252, "d": 256,
            "d_rounded": 268, "total_q": 276, "dv": 292, "dv_rounded": 296, "softcap": 304, "cu_seqlens_q": 312,
            "cu_seqlens_k": 320, "leftpad_k": 336, "seqused_q": 344, "seqused_k": 352, "knew_ptr": 416,
