@@ -26,6 +26,7 @@ import numpy as np
 
 from . import fa3_builds
 from .cint import c_ceil_div, c_div, to_int32
+from .combine_limits import combine_capacity  # noqa: F401 - re-exported (its callers import it from here)
 from .validation import appends_kv, check_call, check_call_split_count, check_precompute, effective_num_splits_argument
 
 F32 = np.float32
@@ -593,19 +594,3 @@ def call_inputs(batch_size: int, seqlen_q: int, seqlen_k: int, num_heads: int, n
         has_k_new=bool(int(seqlen_knew) > 0 if has_k_new is None else has_k_new),
         build=fa3_builds.check_build_name(build),
         total_q=int(batch_size) * int(seqlen_q) if total_q is None and not varlen_q else total_q)
-
-
-def combine_capacity(num_splits_call: int, headdim_v: int) -> int:
-    """Most splits FA3's combine reads, kMax (flash_fwd_combine_launch_template.h `run_mha_fwd_combine_`).
-
-    The combine is launched with kBlockK 64 when dv <= 64, else 128; only kBlockK 64 has a 16-split instance.
-    S_c is the call's split count (the buffers' split dim); splits at index >= kMax are never read.
-    """
-    if num_splits_call < 0 or headdim_v < 0:
-        raise ValueError(f"num_splits_call/headdim_v: must be >= 0, got {num_splits_call}, {headdim_v}")
-    if headdim_v <= 64 and num_splits_call <= 16:
-        return 16
-    for cap in (32, 64, 128):
-        if num_splits_call <= cap:
-            return cap
-    return 256
