@@ -5,7 +5,7 @@ here, keyed by build, and everything else is shared (refmodel.fa3_scheduler).
 
 Builds, engine releases and the FA3 source each release ships are data (``fa3_builds.json`` beside this module).
 Each build's sm90 tile table is data too (``tile_size_sm90.json``), read by ``tile_size_fwd_sm90_build``.
-Four builds are modelled:
+Seven builds are modelled:
 
 * ``upstream-0251105a``: Dao-AILab/flash-attention ``hopper/`` at 0251105a (the rest of refmodel).
 * ``vllm-fork-617264c1``: vllm-project/flash-attention ``hopper/`` at 617264c1, compiled by the fork's
@@ -25,6 +25,15 @@ Four builds are modelled:
   (``tile_size_sm90.json``), the decode tile choice ``use_one_mma_wg`` (no local test: ``Build.one_mma_wg``
   "sglang"), and, from 0.4.5, a varlen ``get_num_splits`` bounded by ``params.total_q``
   (``Build.varlen_total_q_bound``; ``ScheduleInputs.total_q``). Their other host rules are taken as upstream's.
+
+* ``vllm-fork-2d3b7508``, ``vllm-fork-a8937124``, ``vllm-fork-1c81743f``: the FA3 that vLLM 0.10.1-0.11.0,
+  0.11.1-0.16.0 and 0.17.0-0.18.1 build in, read from their wheels by scripts/read_fa3_wheel.py (the fork's older
+  Flash_fwd_params layouts) and named by the fork commit whose hopper/ sources match them. All three have the
+  fork's host deltas (``Build.host_rules`` "fork"); the first two test no local flag in ``use_one_mma_wg``
+  (heuristics.h@a8937124 10-14), are compiled without PACKGQA_ONLY, keep no Sort and lay the metadata out as the
+  semaphore at 0 then b split counts, present when b <= 992 and the num_splits argument is not 1
+  (``Build.metadata_layout`` "semaphore-splits", ``legacy_uses_dynamic_split``; flash_api.cpp@a8937124 624,
+  642-652, 994, 1008-1028); the third is 617264c1's host code with an older tile table.
 
 The fork's prepare kernel (``prepare_seqlen_q`` instead of m-blocks, a 32 MiB / qhpk L2 budget) is modelled in
 refmodel.prepare, its layout in refmodel.metadata (``MetadataLayout``, ``decode_for_schedule``).
@@ -50,7 +59,8 @@ __all__ = ["UPSTREAM", "VLLM_FORK", "SGLANG_KERNEL_042", "SGLANG_KERNEL_045", "B
            "use_one_mma_wg", "tile_rules", "rule_matches", "tile_size_fwd_sm90_build", "tile_size_fwd_sm90_vllm_fork",
            "fork_packgqa_override", "fork_packgqa",
            "fork_metadata_vectors", "fork_uses_dynamic_split", "engine_sources_markdown", "check_build_name",
-           "MAX_BATCHES_1CTA", "DATA", "TILE_DATA"]
+           "MAX_BATCHES_1CTA", "DATA", "TILE_DATA", "fork_host_rules", "metadata_layout_kind",
+           "VLLM_FORK_2D3B7508", "VLLM_FORK_A8937124", "VLLM_FORK_1C81743F", "legacy_uses_dynamic_split"]
 
 UPSTREAM = "upstream-0251105a"
 VLLM_FORK = "vllm-fork-617264c1"
@@ -58,6 +68,11 @@ VLLM_FORK = "vllm-fork-617264c1"
 #: 0.4.10 (whose get_num_splits bounds a varlen call by params.total_q).
 SGLANG_KERNEL_042 = "sglang-kernel-0.4.2"
 SGLANG_KERNEL_045 = "sglang-kernel-0.4.5"
+#: The fork builds vLLM 0.10.1-0.18.1 ship, read from their wheels (scripts/read_fa3_wheel.py) and named by the fork
+#: commit whose hopper/ sources they match: 0.10.1-0.11.0, 0.11.1-0.16.0, 0.17.0-0.18.1.
+VLLM_FORK_2D3B7508 = "vllm-fork-2d3b7508"
+VLLM_FORK_A8937124 = "vllm-fork-a8937124"
+VLLM_FORK_1C81743F = "vllm-fork-1c81743f"
 DATA = Path(__file__).with_name("fa3_builds.json")
 #: Each build's sm90 tile table, as ordered rules (read by ``tile_size_fwd_sm90_build``).
 TILE_DATA = Path(__file__).with_name("tile_size_sm90.json")
@@ -80,6 +95,15 @@ class Build:
     one_mma_wg: Optional[str] = None
     #: get_num_splits bounds a varlen call by params.total_q (when > 0) instead of batch 1
     varlen_total_q_bound: bool = False
+    #: "fork": the vLLM fork's host-side deltas (paged TMA vetoed for local, flash_api.cpp 466; PackGQA forced for
+    #: h/h_k 8, local, d = dv = 64, 485-488; the call's static seqlen_k = max_seqlen_k, 835); None: upstream's
+    host_rules: Optional[str] = None
+    #: the metadata layout: "upstream" (0251105a: splits, m-blocks[, batch order][, heads-in-L2] of b4 each, then
+    #: the semaphore), "fork" (617264c1: prepare_seqlen_q[, splits][, heads-in-L2], then the semaphore) or
+    #: "semaphore-splits" (the fork before 5824e6e2: the semaphore at 0, then b dynamic split counts)
+    metadata_layout: str = "upstream"
+    #: compiled with FLASHATTENTION_PACKGQA_ONLY: PackGQA also whenever d == dv (flash_api.cpp@617264c1 674, 1065)
+    packgqa_only: bool = False
 
 
 @functools.lru_cache(maxsize=1)
@@ -98,8 +122,22 @@ def _builds() -> dict:
     # callers get a copy of the dict, and a Build is frozen
     return {name: Build(name=name, repo=b["repo"], commit=b["commit"], files=tuple(b["files"]),
                         compile_definitions=tuple(b["compile_definitions"]), note=b.get("note", ""),
-                        one_mma_wg=b.get("one_mma_wg"), varlen_total_q_bound=bool(b.get("varlen_total_q_bound")))
+                        one_mma_wg=b.get("one_mma_wg"), varlen_total_q_bound=bool(b.get("varlen_total_q_bound")),
+                        host_rules=b.get("host_rules"), metadata_layout=b.get("metadata_layout", "upstream"),
+                        packgqa_only=bool(b.get("packgqa_only")))
             for name, b in _data()["builds"].items()}
+
+
+def fork_host_rules(build_name: str) -> bool:
+    """The build has the vLLM fork's host-side deltas (``Build.host_rules`` "fork"): 617264c1 and the older fork
+    builds read from vLLM 0.10.1-0.18.1's wheels (flash_api.cpp@a8937124 427, 443-446, 774; @617264c1 466, 485-488,
+    835)."""
+    return build(build_name).host_rules == "fork"
+
+
+def metadata_layout_kind(build_name: str) -> str:
+    """The build's metadata layout: "upstream", "fork" or "semaphore-splits" (``Build.metadata_layout``)."""
+    return build(build_name).metadata_layout
 
 
 def build(name: str) -> Build:
@@ -208,6 +246,12 @@ def fork_packgqa(pack: bool, num_splits: int, headdim: int, headdim_v: int) -> b
 def fork_uses_dynamic_split(uses_prepare: bool, batch_size: int, num_splits: int) -> bool:
     """The fork writes a per-batch split vector only with the prepare step, b <= 992 and S > 1 (677, 1068)."""
     return bool(uses_prepare) and int(batch_size) <= MAX_BATCHES_1CTA and int(num_splits) > 1
+
+
+def legacy_uses_dynamic_split(precompute: bool, uses_prepare: bool, batch_size: int, num_splits_arg: int) -> bool:
+    """The fork before 5824e6e2 keeps a dynamic split vector when b <= 992 and the caller did not pass num_splits 1
+    (the argument, not the split count chosen), the call only when varlen (flash_api.cpp@a8937124 624, 994)."""
+    return (bool(precompute) or bool(uses_prepare)) and int(batch_size) <= MAX_BATCHES_1CTA and int(num_splits_arg) != 1
 
 
 def fork_metadata_vectors(uses_prepare: bool, batch_size: int, num_splits: int, swizzle: bool) -> int:

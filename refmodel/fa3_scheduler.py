@@ -26,6 +26,7 @@ import numpy as np
 
 from . import fa3_builds
 from .cint import c_ceil_div, c_div, to_int32
+from .combine_limits import combine_capacity  # noqa: F401 - re-exported (its callers import it from here)
 from .validation import appends_kv, check_call, check_call_split_count, check_precompute, effective_num_splits_argument
 
 F32 = np.float32
@@ -319,18 +320,28 @@ class Schedule:
     @property
     def num_vectors(self) -> int:
         """Per-batch vectors in the metadata: 2 (+1 Sort, +1 Swizzle) with the prepare step (the fork: fa3_builds)."""
-        if self.inputs.build == fa3_builds.VLLM_FORK:
-            return fa3_builds.fork_metadata_vectors(self.inputs.uses_prepare, self.inputs.batch_size,
-                                                    self.num_splits, self.swizzle)
+        kind = fa3_builds.metadata_layout_kind(self.inputs.build)
+        if kind != "upstream":   # the fork's vectors; the older fork's split vector alone
+            return int(self.legacy_dynamic_split) if kind == "semaphore-splits" else fa3_builds.fork_metadata_vectors(
+                self.inputs.uses_prepare, self.inputs.batch_size, self.num_splits, self.swizzle)
         base = 2 if self.inputs.uses_prepare else 0
         return base + int(self.sort) + int(self.swizzle)
 
     @property
     def metadata_size(self) -> int:
         """Length of the int32 metadata tensor this side produces or expects (flash_api.cpp)."""
+        if fa3_builds.metadata_layout_kind(self.inputs.build) == "semaphore-splits":   # sem + b splits, no b4
+            return int(self.needs_semaphore) + int(self.legacy_dynamic_split) * self.inputs.batch_size  # @a8937124 1012
         if not (self.needs_semaphore or self.inputs.uses_prepare):
             return 0
         return int(self.needs_semaphore) + self.b4 * self.num_vectors
+
+    @property
+    def legacy_dynamic_split(self) -> bool:
+        """The older fork's split vector (fa3_builds ``legacy_uses_dynamic_split``); False for other layouts."""
+        return fa3_builds.metadata_layout_kind(self.inputs.build) == "semaphore-splits" and \
+            fa3_builds.legacy_uses_dynamic_split(self.inputs.precompute, self.inputs.uses_prepare,
+                                                 self.inputs.batch_size, self.inputs.num_splits)
 
     @property
     def qhead_per_khead(self) -> int:
@@ -363,7 +374,7 @@ def pagedkv_tma(inp: ScheduleInputs, masking: Masking, d_rounded: int, dv_rounde
     """
     if inp.arch < 90 or not inp.paged or inp.has_leftpad or inp.appends_kv:
         return False
-    if inp.build == fa3_builds.VLLM_FORK and masking.is_local:
+    if fa3_builds.fork_host_rules(inp.build) and masking.is_local:
         return False
     bm, bn = build_tile(inp, masking, d_rounded, dv_rounded, paged_kv_non_tma=False)
     # `params.seqlen_q * (params.h / params.h_k)` is a C++ int product: it wraps past 2^31 - 1
@@ -435,7 +446,9 @@ def _split_tiles(inp: ScheduleInputs, masking: Masking, tma: Optional[bool] = No
             rows = to_int32(inp.batch_size * inp.seqlen_q)
         total_mblocks = to_int32(c_ceil_div(to_int32(rows * qhpk), bm) * inp.num_heads_k)
     else:
-        total_mblocks = to_int32((1 if inp.uses_prepare else inp.batch_size) * inp.num_heads_k * m_blocks)
+        one = inp.uses_prepare if fa3_builds.metadata_layout_kind(inp.build) != "semaphore-splits" else \
+            fa3_builds.legacy_uses_dynamic_split(inp.precompute, inp.uses_prepare, inp.batch_size, inp.num_splits)
+        total_mblocks = to_int32((1 if one else inp.batch_size) * inp.num_heads_k * m_blocks)
     return bm, bn, m_blocks, total_mblocks
 
 
@@ -469,7 +482,7 @@ def get_pack_gqa(inp: ScheduleInputs, num_splits: int, masking: Masking, tma: bo
         return bool(inp.pack_gqa)
     if forced_pack_gqa(inp.arch, inp.paged and not tma, num_splits):
         return True
-    if inp.build == fa3_builds.VLLM_FORK and fa3_builds.fork_packgqa_override(
+    if fa3_builds.fork_host_rules(inp.build) and fa3_builds.fork_packgqa_override(
             inp.arch, c_div(inp.num_heads, inp.num_heads_k), masking.is_local, inp.headdim, inp.headdim_v):
         return True
     if inp.num_heads == inp.num_heads_k:
@@ -505,11 +518,14 @@ def resolve_schedule(inp: ScheduleInputs) -> Schedule:
     non_tma = inp.paged and not tma
     num_splits = get_num_splits(inp, masking)
     pack = get_pack_gqa(inp, num_splits, masking, tma)
-    fork = inp.build == fa3_builds.VLLM_FORK
+    layout = fa3_builds.metadata_layout_kind(inp.build)
+    fork = layout == "fork"
     if fork:
         pack = fa3_builds.fork_packgqa(pack, num_splits, inp.headdim, inp.headdim_v)
         if not inp.precompute and inp.uses_prepare and inp.batch_size > PREPARE_MAX_BATCH_ONE_CTA:
             num_splits = 1   # the fork's call: no split for a varlen batch over 992 (flash_api.cpp 1070)
+    elif layout == "semaphore-splits":
+        pack = bool(pack) or num_splits > 1   # OR-ed with Split only (flash_api.cpp@a8937124 631, 1003)
     bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=non_tma)
     kd, kdv = kernel_headdims(inp.headdim, inp.headdim_v, inp.element_size)
     kbm, kbn = build_tile(inp, masking, kd, kdv, paged_kv_non_tma=non_tma)
@@ -520,7 +536,7 @@ def resolve_schedule(inp: ScheduleInputs) -> Schedule:
         check_call_split_count(num_splits, kernel_runs=inp.batch_size > 0 and inp.seqlen_q > 0)
     return Schedule(inputs=inp, masking=masking, d_rounded=d_r, dv_rounded=dv_r, pagedkv_tma=tma,
                     block_m=bm, block_n=bn, num_splits=num_splits, pack_gqa=pack,
-                    sort=not masking.is_local and not fork, swizzle=masking.is_causal or masking.is_local,
+                    sort=not masking.is_local and layout == "upstream", swizzle=masking.is_causal or masking.is_local,
                     needs_semaphore=needs_sem, kernel_block_m=kbm, kernel_block_n=kbn, kernel_pack_gqa=kernel_pack)
 
 
@@ -578,19 +594,3 @@ def call_inputs(batch_size: int, seqlen_q: int, seqlen_k: int, num_heads: int, n
         has_k_new=bool(int(seqlen_knew) > 0 if has_k_new is None else has_k_new),
         build=fa3_builds.check_build_name(build),
         total_q=int(batch_size) * int(seqlen_q) if total_q is None and not varlen_q else total_q)
-
-
-def combine_capacity(num_splits_call: int, headdim_v: int) -> int:
-    """Most splits FA3's combine reads, kMax (flash_fwd_combine_launch_template.h `run_mha_fwd_combine_`).
-
-    The combine is launched with kBlockK 64 when dv <= 64, else 128; only kBlockK 64 has a 16-split instance.
-    S_c is the call's split count (the buffers' split dim); splits at index >= kMax are never read.
-    """
-    if num_splits_call < 0 or headdim_v < 0:
-        raise ValueError(f"num_splits_call/headdim_v: must be >= 0, got {num_splits_call}, {headdim_v}")
-    if headdim_v <= 64 and num_splits_call <= 16:
-        return 16
-    for cap in (32, 64, 128):
-        if num_splits_call <= cap:
-            return cap
-    return 256

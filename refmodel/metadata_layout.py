@@ -38,26 +38,36 @@ class MetadataLayout:
     #: the vLLM fork's layout (fa3_builds): prepare_seqlen_q, [dynamic splits], [heads-in-L2]; Sort off
     fork: bool = False
     fork_dynamic_split: bool = False
+    #: the fork before 5824e6e2 (fa3_builds "semaphore-splits"): the semaphore at 0, then b dynamic split counts
+    #: (flash_api.cpp@a8937124 642-652, 1008-1028); no m-blocks, no batch order, no heads-in-L2
+    legacy: bool = False
+    legacy_dynamic_split: bool = False
 
     @property
     def num_vectors(self) -> int:
+        if self.legacy:
+            return int(self.legacy_dynamic_split)
         if self.fork:
             return 1 + int(self.fork_dynamic_split) + int(self.swizzle)
         return 2 + int(self.sort) + int(self.swizzle)
 
     @property
     def size(self) -> int:
+        if self.legacy:
+            return int(self.has_semaphore) + int(self.legacy_dynamic_split) * self.batch_size
         return self.num_vectors * self.b4 + int(self.has_semaphore)
 
     @property
     def splits_offset(self) -> Optional[int]:
+        if self.legacy:  # tile_count_semaphore.data_ptr<int>() + 1 (flash_api.cpp@a8937124 652, 1028)
+            return 1 if self.legacy_dynamic_split else None
         if self.fork:  # vllm-project/flash-attention@617264c1 flash_api.cpp 703-704, 1107-1108
             return self.b4 if self.fork_dynamic_split else None
         return 0
 
     @property
     def m_blocks_offset(self) -> Optional[int]:
-        return None if self.fork else self.b4
+        return None if self.fork or self.legacy else self.b4
 
     @property
     def seqlen_q_offset(self) -> Optional[int]:
@@ -66,26 +76,32 @@ class MetadataLayout:
 
     @property
     def batch_idx_offset(self) -> Optional[int]:
-        return 2 * self.b4 if self.sort else None
+        return 2 * self.b4 if self.sort and not self.legacy else None
 
     @property
     def nheads_in_l2_offset(self) -> Optional[int]:
+        if self.legacy:
+            return None
         if self.fork:
             return self.b4 * (self.num_vectors - 1) if self.swizzle else None
         return self.b4 * (3 if self.sort else 2) if self.swizzle else None
 
     @property
     def semaphore_offset(self) -> int:
+        if self.legacy:
+            return 0
         return self.num_vectors * self.b4
 
     @classmethod
     def for_schedule(cls, schedule: Schedule) -> "MetadataLayout":
         inp = schedule.inputs
-        fork = inp.build == fa3_builds.VLLM_FORK
+        kind = fa3_builds.metadata_layout_kind(inp.build)
+        fork = kind == "fork"
         return cls(batch_size=inp.batch_size, b4=schedule.b4, sort=schedule.sort,
                    swizzle=schedule.swizzle, has_semaphore=schedule.needs_semaphore, fork=fork,
                    fork_dynamic_split=fork and fa3_builds.fork_uses_dynamic_split(inp.uses_prepare, inp.batch_size,
-                                                                                  schedule.num_splits))
+                                                                                  schedule.num_splits),
+                   legacy=kind == "semaphore-splits", legacy_dynamic_split=schedule.legacy_dynamic_split)
 
 
 @dataclass(frozen=True)
@@ -149,7 +165,10 @@ def decode_values_for_schedule(values: Sequence[int], schedule: Schedule) -> Dec
     Unwritten slots stay ``UNWRITTEN``; without a dynamic vector every split count is 1.
     """
     inp = schedule.inputs
-    if inp.build != fa3_builds.VLLM_FORK:
+    kind = fa3_builds.metadata_layout_kind(inp.build)
+    if kind == "semaphore-splits":
+        return _decode_legacy(values, schedule)
+    if kind != "fork":
         return decode_metadata_values(values, inp.batch_size, schedule.sort, schedule.swizzle)
     values = [int(v) for v in values]
     layout = MetadataLayout.for_schedule(schedule)
@@ -166,6 +185,27 @@ def decode_values_for_schedule(values: Sequence[int], schedule: Schedule) -> Dec
     splits = vector(layout.splits_offset) or [1] * b4
     sem = values[layout.semaphore_offset] if len(values) > layout.semaphore_offset else None
     return DecodedMetadata(layout, splits, m_blocks, None, vector(layout.nheads_in_l2_offset), sem, seqlens)
+
+
+def _decode_legacy(values: Sequence[int], schedule: Schedule) -> DecodedMetadata:
+    """The fork before 5824e6e2 (fa3_builds "semaphore-splits"): the semaphore at 0 and, with a dynamic split vector,
+    split counts at 1..b (flash_api.cpp@a8937124 1008-1028); missing slots read as ``UNWRITTEN``. Without the vector
+    every batch runs the call's own split count. The metadata holds no m-blocks: that build's tile scheduler counts
+    each batch's m-blocks from the call's own query lengths; they are given here at the call's ``max_seqlen_q``
+    (rows x qhpk under the kernel's PackGQA over the kernel's kBlockM), exact when every batch has max_seqlen_q
+    rows (decode) and an upper bound otherwise (a simplification: docs/fa3-builds.md)."""
+    values = [int(v) for v in values]
+    layout = MetadataLayout.for_schedule(schedule)
+    b4 = layout.b4
+    if layout.splits_offset is not None:
+        at = layout.splits_offset
+        splits = [values[at + i] if at + i < len(values) else UNWRITTEN for i in range(b4)]
+    else:
+        splits = [schedule.num_splits] * b4
+    rows = to_int32(schedule.inputs.seqlen_q * (schedule.qhead_per_khead if schedule.kernel_pack_gqa else 1))
+    own = -(-rows // schedule.kernel_block_m)
+    sem = values[0] if layout.has_semaphore and values else None
+    return DecodedMetadata(layout, splits, [own] * b4, None, None, sem)
 
 
 def call_own_schedule(call_schedule: Schedule) -> Schedule:

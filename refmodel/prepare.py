@@ -24,7 +24,7 @@ import numpy as np
 
 from .cint import c_ceil_div, f32_to_int_sat, to_int32
 from .errors import ProcessAbort
-from .fa3_builds import VLLM_FORK
+from .fa3_builds import metadata_layout_kind
 from .fa3_scheduler import F32, L2_SWIZZLE_BYTES, PREPARE_MAX_BATCH_ONE_CTA, Schedule, ceil_div
 
 
@@ -129,7 +129,7 @@ def prepare_scheduler(schedule: Schedule, seqused_k: Sequence[int], seqlens_q: O
     (refmodel.fastmath `blocks_per_sm_candidates`); None computes it.
     """
     inp = schedule.inputs
-    fork = inp.build == VLLM_FORK   # the fork's prepare kernel (refmodel.fa3_builds)
+    fork = metadata_layout_kind(inp.build) == "fork"   # the fork's prepare kernel (refmodel.fa3_builds)
     b = inp.batch_size
     if len(seqused_k) != b:
         raise ValueError(f"cache_seqlens: expected {b} entries (batch_size), got {len(seqused_k)}")

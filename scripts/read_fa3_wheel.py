@@ -21,9 +21,15 @@ What it prints, and how each part is read (nothing is guessed from a version num
 3. **Calls into the compiled host code**: the shared object's loadable segments are mapped at their own offsets
    (no CUDA, no torch: the functions read are pure host arithmetic) and ``tile_size_fwd_sm90``, ``get_num_splits``
    and ``get_pack_gqa`` are called on grids of inputs. ``Flash_fwd_params`` is filled at the offsets of
-   Dao-AILab/flash-attention 0251105a ``hopper/flash.h``; the script checks first that ``get_num_splits``'s listing
-   reads exactly those offsets, and refuses to call it otherwise. A call into anything outside the shared object
-   but ``operator new``/``delete`` aborts the process (exit 134), never a wrong number.
+   the ``flash.h`` layout the library was compiled with (``LAYOUTS``: 0251105a's, or the vLLM fork's before and
+   after its 5824e6e2); the script picks the one layout at whose offsets ``get_num_splits``'s listing reads every
+   field it must read (``choose_layout``), and refuses to call it when no layout, or more than one, fits. A call
+   into anything outside the shared object but ``operator new``/``delete`` aborts the process (exit 134), never a
+   wrong number.
+
+``WHEEL`` may also be the FA3 library itself, unzipped from a wheel (``unzip -p WHEEL
+vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so > fa3.so``), with ``--wheel-name``, ``--wheel-sha256``, ``--package`` and
+``--version`` naming the wheel it came from (recorded as given; the library's own sha256 is read).
 
 ``--vectors OUT`` writes the call results as test vectors (JSON, with the wheel's name, version and sha256).
 ``--check-build BUILD`` checks that every tile refmodel picks under BUILD for an instantiated shape is instantiated.
@@ -46,20 +52,36 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 #: Where each wheel keeps its FA3 library.
 FA3_LIBRARIES = ("sgl_kernel/flash_ops.abi3.so", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so")
 TOOLS = ("nm", "objdump", "readelf", "strings", "c++filt")
 
-#: Flash_fwd_params field offsets (bytes) in Dao-AILab/flash-attention 0251105a hopper/flash.h, x86-64 g++
-#: (offsetof). ``get_num_splits``'s listing must read these; see ``check_layout``.
-OFFSETS = {"h": 104, "h_k": 108, "b": 240, "seqlen_q": 244, "seqlen_k": 248, "seqlen_knew": 252, "d": 256,
+#: Flash_fwd_params field offsets (bytes, x86-64 g++ ``offsetof``) per ``flash.h`` layout a wheel has shown; the
+#: listing must read every NUM_SPLITS_READS field at one layout's offsets (``choose_layout``). upstream-0251105a:
+#: Dao-AILab/flash-attention 0251105a (the sglang kernel wheels); fork-8f468e7d: vllm-project/flash-attention at
+#: 8f468e7d (the same offsets from b99f8c82 to 5824e6e2^; vLLM 0.10.1-0.16.0); fork-5824e6e2: at 5824e6e2 and
+#: 617264c1 (vLLM 0.17.0-0.18.1). The fork has no ``attention_chunk``. Re-derive: ``git show C:hopper/flash.h``,
+#: a C++ file printing ``offsetof(Flash_fwd_params, f)``, ``g++ -std=c++17`` with a stub ``cuda.h``.
+_COMMON = {"h": 104, "h_k": 108, "b": 240, "seqlen_q": 244, "seqlen_k": 248, "seqlen_knew": 252, "d": 256,
            "d_rounded": 268, "total_q": 276, "dv": 292, "dv_rounded": 296, "softcap": 304, "cu_seqlens_q": 312,
            "cu_seqlens_k": 320, "leftpad_k": 336, "seqused_q": 344, "seqused_k": 352, "knew_ptr": 416,
-           "page_table": 544, "pagedkv_tma": 568, "window_size_left": 584, "window_size_right": 588,
-           "attention_chunk": 592, "is_e4m3": 610, "num_splits_dynamic_ptr": 640, "is_causal": 611, "is_local": 612, "num_splits": 616,
-           "pack_gqa": 620, "arch": 676, "num_sm": 680}
-PARAMS_SIZE = 688
+           "page_table": 544, "pagedkv_tma": 568, "window_size_left": 584, "window_size_right": 588}
+LAYOUTS = {
+    "upstream-0251105a": {**_COMMON, "attention_chunk": 592, "is_e4m3": 610, "num_splits_dynamic_ptr": 640,
+                          "is_causal": 611, "is_local": 612, "num_splits": 616, "pack_gqa": 620, "arch": 676,
+                          "num_sm": 680},
+    "fork-8f468e7d": {**_COMMON, "is_e4m3": 602, "is_causal": 603, "is_local": 604, "num_splits": 608,
+                      "pack_gqa": 612, "num_splits_dynamic_ptr": 624, "arch": 636, "num_sm": 640},
+    "fork-5824e6e2": {**_COMMON, "is_e4m3": 602, "is_causal": 603, "is_local": 604, "num_splits": 608,
+                      "pack_gqa": 612, "num_splits_dynamic_ptr": 632, "arch": 668, "num_sm": 672},
+}
+#: sizeof(Flash_fwd_params) of each layout
+LAYOUT_SIZES = {"upstream-0251105a": 688, "fork-8f468e7d": 672, "fork-5824e6e2": 704}
+#: 0251105a's offsets (the layout this script read first; kept as a name)
+OFFSETS = LAYOUTS["upstream-0251105a"]
+PARAMS_SIZE = max(LAYOUT_SIZES.values())
 #: Fields get_num_splits reads in 0251105a (and in every wheel read so far).
 NUM_SPLITS_READS = ("h", "h_k", "b", "seqlen_q", "seqlen_k", "d_rounded", "dv_rounded", "softcap", "cu_seqlens_q",
                     "page_table", "pagedkv_tma", "window_size_left", "window_size_right", "is_e4m3", "is_causal",
@@ -87,10 +109,32 @@ def run(cmd, **kw) -> str:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def open_wheel(path: Path, workdir: Path) -> dict:
-    """Name, version, sha256 and the extracted FA3 library of a wheel."""
+def open_library(path: Path, given: dict) -> dict:
+    """A bare FA3 library (``*.so``, e.g. unzipped from a wheel that was then deleted); the wheel's name, package,
+    version and sha256 are recorded as given on the command line (``--wheel-name`` ...), the library's own sha256
+    as read."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            digest.update(chunk)
+    return {"wheel": given.get("wheel_name"), "name": given.get("package"), "version": given.get("version"),
+            "sha256": given.get("wheel_sha256"), "library": path.name, "library_size": path.stat().st_size,
+            "library_sha256": digest.hexdigest(), "library_date": None, "so": path}
+
+
+def open_wheel(path: Path, workdir: Path, given: Optional[dict] = None) -> dict:
+    """Name, version, sha256 and the extracted FA3 library of a wheel (or a bare library: ``open_library``)."""
     if not path.is_file():
         fail(f"WHEEL: no such file {path}")
+    if path.name.endswith(".so"):
+        given = given or {}
+        absent = [k for k in ("wheel_name", "wheel_sha256", "package", "version") if not given.get(k)]
+        if absent:
+            fail(f"WHEEL: {path.name} is a bare library; name the wheel it came from with "
+                 + ", ".join("--" + k.replace("_", "-") for k in absent))
+        if not re.fullmatch(r"[0-9a-f]{64}", given["wheel_sha256"]):
+            fail(f"--wheel-sha256: must be 64 lowercase hex digits, got {given['wheel_sha256']!r}")
+        return open_library(path, given)
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 24), b""):
@@ -234,8 +278,11 @@ def host_rules(so: Path, syms: dict) -> dict:
     ns_body = function_body(listing(so, ns_addr))
     md_body = function_body(listing(so, md_addr, 0x4000))
     fwd_body = function_body(listing(so, fwd_addr, 0x9000))
-    reads = {f: bool(re.search(rf"\b{OFFSETS[f]:#x}\(%r[a-z0-9]+\)", ns_body)) for f in OFFSETS}
+    layout = choose_layout(ns_body)
+    offsets = LAYOUTS[layout] if layout else OFFSETS
+    reads = {f: bool(re.search(rf"\b{offsets[f]:#x}\(%r[a-z0-9]+\)", ns_body)) for f in offsets}
     return {
+        "params_layout": layout,
         "tile_size_fwd_sm90": tile_args,
         "tile_size_arguments": tile_args.count(",") + 1,
         "get_num_splits": run(["c++filt", ns_name]).strip(),
@@ -244,7 +291,7 @@ def host_rules(so: Path, syms: dict) -> dict:
         "get_num_splits_max_splits_128": "$0x7f," in ns_body,
         "get_num_splits_50MiB": "$0x3200000" in ns_body,
         "get_num_splits_reads": sorted(f for f, r in reads.items() if r),
-        "get_num_splits_reads_total_q": reads["total_q"],
+        "get_num_splits_reads_total_q": reads.get("total_q", False),
         "get_num_splits_calls": sorted(set(re.findall(r"call\s+[0-9a-f]+ <([^>@]+)", ns_body))),
         "scheduler_metadata_992": "$0x3e0" in md_body or "$0x3df" in md_body,
         "mha_fwd_992": "$0x3e0" in fwd_body or "$0x3df" in fwd_body,
@@ -254,12 +301,24 @@ def host_rules(so: Path, syms: dict) -> dict:
     }
 
 
+def layout_reads(body: str, layout: str) -> list[str]:
+    """The fields of NUM_SPLITS_READS that a listing reads at ``layout``'s offsets (``0xOFF(%reg)`` operands)."""
+    offsets = LAYOUTS[layout]
+    return [f for f in NUM_SPLITS_READS if re.search(rf"\b{offsets[f]:#x}\(%r[a-z0-9]+\)", body)]
+
+
+def choose_layout(body: str):
+    """The one layout at whose offsets ``get_num_splits``'s listing reads every field it must read, else None."""
+    full = [name for name in LAYOUTS if len(layout_reads(body, name)) == len(NUM_SPLITS_READS)]
+    return full[0] if len(full) == 1 else None
+
+
 def check_layout(rules: dict) -> None:
-    """get_num_splits must read the Flash_fwd_params offsets this script fills (0251105a's flash.h)."""
-    missing = [f for f in NUM_SPLITS_READS if f not in rules["get_num_splits_reads"]]
-    if missing:
-        fail(f"library: get_num_splits does not read {', '.join(missing)} at 0251105a's offsets; "
-             "its Flash_fwd_params layout differs, so its calls are not made")
+    """get_num_splits must read every field of NUM_SPLITS_READS at one known layout's offsets (LAYOUTS)."""
+    if rules.get("params_layout") is None:
+        missing = [f for f in NUM_SPLITS_READS if f not in rules["get_num_splits_reads"]]
+        fail(f"library: get_num_splits does not read {', '.join(missing)} at the offsets of any known "
+             f"Flash_fwd_params layout ({', '.join(LAYOUTS)}); its layout differs, so its calls are not made")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -337,14 +396,15 @@ def tile_caller(lib: Mapped, nargs: int):
     return tile
 
 
-def params_caller(lib: Mapped, needle: str):
+def params_caller(lib: Mapped, needle: str, layout: str = "upstream-0251105a"):
     fn = lib.function(needle, ctypes.c_int, ctypes.c_void_p)
     buf = ctypes.create_string_buffer(PARAMS_SIZE + 64)
+    offsets = LAYOUTS[layout]
 
     def call(**fields) -> int:
         ctypes.memset(buf, 0, len(buf))
         for k, v in fields.items():
-            off = OFFSETS[k]
+            off = offsets[k]
             if k in ("cu_seqlens_q", "page_table", "num_splits_dynamic_ptr"):
                 struct.pack_into("<Q", buf, off, 0x1000 if v else 0)   # tested for null, never read
             elif k in ("pagedkv_tma", "is_e4m3", "is_causal", "is_local", "pack_gqa"):
@@ -381,7 +441,7 @@ def vectors(lib: Mapped, rules: dict) -> dict:
                                         tiles.append([d, dv, c, loc, e, vc, pg, sc, wg,
                                                       *tile(d, dv, c, loc, e, vc, pg, sc, wg)])
     splits = []
-    call = params_caller(lib, "get_num_splits")
+    call = params_caller(lib, "get_num_splits", rules["params_layout"])
     for b in (1, 8):
         for sq, total_q in ((1, None), (4, None), (17, None), (64, 0), (128, None), (1024, None), (64, 64)):
             for sk in (832, 4096, 32768):
@@ -402,7 +462,7 @@ def vectors(lib: Mapped, rules: dict) -> dict:
                                     splits.append([b, sq, tq, sk, h, hk, d, dv, causal, local, varlen, paged,
                                                    tma, call(**f)])
     pack = []
-    call = params_caller(lib, "get_pack_gqa")
+    call = params_caller(lib, "get_pack_gqa", rules["params_layout"])
     for h, hk in ((8, 8), (32, 4), (32, 1), (64, 8)):
         for sq in (1, 2, 4, 8, 9, 16, 17, 64, 100, 300):
             for d in (64, 128, 256):
@@ -468,12 +528,17 @@ def main(argv=None) -> int:
     ap.add_argument("--no-instances", action="store_true", help="skip the kernel-instance scan (the slow part)")
     ap.add_argument("--check-build", default=None, metavar="BUILD",
                     help="check that every tile the model picks under BUILD is instantiated (exit 1 if not)")
+    ap.add_argument("--wheel-name", default=None, help="with a bare library: the wheel file it was unzipped from")
+    ap.add_argument("--wheel-sha256", default=None, help="with a bare library: that wheel's sha256")
+    ap.add_argument("--package", default=None, help="with a bare library: the wheel's package name")
+    ap.add_argument("--version", default=None, help="with a bare library: the wheel's version")
     args = ap.parse_args(argv)
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
         fail(f"tools: {', '.join(missing)} not on PATH (install binutils)")
     with tempfile.TemporaryDirectory(prefix="fa3wheel-") as tmp:
-        w = open_wheel(args.wheel, Path(tmp))
+        w = open_wheel(args.wheel, Path(tmp), {"wheel_name": args.wheel_name, "wheel_sha256": args.wheel_sha256,
+                                                "package": args.package, "version": args.version})
         so = w.pop("so")
         syms = symbols(so)
         exported = all(any(n in name for name in syms) for n in ("tile_size_fwd_sm90", "get_num_splits"))
@@ -487,7 +552,11 @@ def main(argv=None) -> int:
             vec = None
         inst = [] if args.no_instances else kernel_instances(so)
     print(f"wheel {w['wheel']}  {w['name']} {w['version']}  sha256 {w['sha256']}")
-    print(f"library {w['library']} ({w['library_size']} bytes, zip date {w['library_date']})")
+    if w.get("library_sha256"):
+        print(f"library {w['library']} ({w['library_size']} bytes, sha256 {w['library_sha256']}; unzipped from the "
+              f"wheel named above)")
+    else:
+        print(f"library {w['library']} ({w['library_size']} bytes, zip date {w['library_date']})")
     print("host rules:")
     for k, v in rules.items():
         print(f"  {k}: {v}")
@@ -517,7 +586,8 @@ def main(argv=None) -> int:
     if args.vectors:
         out = {"schema": "fa3verify.wheel_vectors/1", "generator": "scripts/read_fa3_wheel.py",
                "wheel": w["wheel"], "package": w["name"], "version": w["version"], "sha256": w["sha256"],
-               "library": w["library"], "host_rules": rules, **vec}
+               "library": w["library"], **({"library_sha256": w["library_sha256"]} if "library_sha256" in w else {}),
+               "host_rules": rules, **vec}
         args.vectors.write_text(json.dumps(out, separators=(",", ":")) + "\n")
         print(f"wrote {args.vectors}")
     return status

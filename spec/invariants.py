@@ -212,7 +212,7 @@ def _check_batch_permutation(c: _Ctx) -> list[Violation]:
         vectors.insert(0, ("num_splits", c.md.num_splits))
     if C_sched.sort:
         vectors.append(("batch_idx", c.md.batch_idx))
-    if C_sched.swizzle:
+    if C_sched.swizzle and c.md.nheads_in_l2 is not None:   # the fork before 5824e6e2 stores no heads-in-L2
         vectors.append(("nheads_in_l2", c.md.nheads_in_l2))
     out = []
     for vb in range(c.b):

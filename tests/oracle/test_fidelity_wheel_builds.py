@@ -16,7 +16,8 @@ WHEEL_BUILDS = [SGLANG_KERNEL_042, SGLANG_KERNEL_045]
 
 
 def test_every_sglang_release_maps_to_the_build_read_from_its_kernel_wheel():
-    assert wheel_builds() == WHEEL_BUILDS
+    # the vLLM fork builds read from vLLM's wheels are the others (tests/oracle/test_fidelity_vllm_wheel_builds.py)
+    assert [b for b in wheel_builds() if b.startswith("sglang-")] == WHEEL_BUILDS
     for row in engine_sources():
         if row["engine"] != "sglang":
             continue

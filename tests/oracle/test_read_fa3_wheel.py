@@ -68,3 +68,45 @@ def test_bad_input_exits_2_naming_the_wheel(tmp_path):
         z.writestr("empty/__init__.py", "")
     r = subprocess.run([sys.executable, str(SCRIPT), str(empty)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "WHEEL: holds none of" in r.stderr and "Traceback" not in r.stderr
+
+
+def _listing(offsets, fields):
+    """A get_num_splits listing that reads ``fields`` at ``offsets`` (one ``mov 0xOFF(%rdi),...`` line each)."""
+    return "\n".join(f"  1234:\tmov    {offsets[f]:#x}(%rdi),%eax" for f in fields)
+
+
+def test_the_params_layout_is_the_one_whose_offsets_get_num_splits_reads():
+    mod = _module()
+    for name, offsets in mod.LAYOUTS.items():
+        assert mod.choose_layout(_listing(offsets, mod.NUM_SPLITS_READS)) == name
+    # vLLM 0.10.1 .. 0.16.0's library reads is_e4m3/is_causal/is_local at 602-604 and arch/num_sm at 636/640
+    # (the fork's flash.h before 5824e6e2); 0.17.0 .. 0.18.1's arch/num_sm at 668/672
+    assert [mod.LAYOUTS["fork-8f468e7d"][f] for f in ("is_e4m3", "is_causal", "is_local", "arch", "num_sm")] == \
+        [602, 603, 604, 636, 640]
+    assert [mod.LAYOUTS["fork-5824e6e2"][f] for f in ("num_splits_dynamic_ptr", "arch", "num_sm")] == [632, 668, 672]
+    assert [mod.LAYOUTS["upstream-0251105a"][f] for f in ("is_e4m3", "arch", "num_sm")] == [610, 676, 680]
+
+
+def test_negative_control_a_listing_missing_one_field_has_no_layout_and_the_script_refuses_it():
+    mod = _module()
+    offsets = mod.LAYOUTS["fork-8f468e7d"]
+    body = _listing(offsets, [f for f in mod.NUM_SPLITS_READS if f != "num_sm"])
+    assert mod.choose_layout(body) is None
+    rules = {"params_layout": None, "get_num_splits_reads": [f for f in mod.NUM_SPLITS_READS if f != "num_sm"]}
+    try:
+        mod.check_layout(rules)
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("check_layout accepted a listing that reads num_sm at no known offset")
+
+
+def test_a_bare_library_needs_the_wheel_it_came_from(tmp_path):
+    so = tmp_path / "fa3.so"
+    so.write_bytes(b"\x7fELF")
+    r = subprocess.run([sys.executable, str(SCRIPT), str(so)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--wheel-name" in r.stderr and "--wheel-sha256" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, str(SCRIPT), str(so), "--wheel-name", "w.whl", "--wheel-sha256", "xyz",
+                        "--package", "vllm", "--version", "0.13.0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--wheel-sha256: must be 64 lowercase hex digits" in r.stderr

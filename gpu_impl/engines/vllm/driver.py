@@ -205,6 +205,8 @@ class Config:
         vc.compilation_config.cudagraph_mode = mode[s["cuda_graph"]]
         vc.compilation_config.cudagraph_capture_sizes = list(s["capture_sizes"])
         vc.compilation_config.max_cudagraph_capture_size = max(s["capture_sizes"])
+        if hasattr(vc.compilation_config, "max_capture_size"):   # its name up to 0.11.0, where the builder reads it
+            vc.compilation_config.max_capture_size = max(s["capture_sizes"])
         vc.scheduler_config.max_num_seqs = s["max_num_seqs"]
         vc.parallel_config.tensor_parallel_size = s["tp"]
         vc.parallel_config.decode_context_parallel_size = s["dcp"]
@@ -223,9 +225,11 @@ class Config:
 
         ps._DCP = _DCPGroup(s["dcp"]) if s["dcp"] > 1 else None
         if s["dcp"] > 1:
-            from vllm.v1.worker import workspace
-
-            if getattr(workspace, "_manager", None) is None:
+            try:
+                from vllm.v1.worker import workspace
+            except ImportError:   # releases before the workspace manager (0.11.x) need none
+                workspace = None
+            if workspace is not None and getattr(workspace, "_manager", None) is None:
                 workspace.init_workspace_manager(torch.device("cpu"))
         windows = s["sliding_window"] or [None] * s["num_layers"]
         self.layers = {}
@@ -383,8 +387,10 @@ class Config:
         num_tokens = self.padded_tokens(num_tokens)
         with set_current_vllm_config(self.vc):
             for layer in self.layers.values():
-                qd = torch.float8_e4m3fn if (s["kv_cache_dtype"] == "fp8"
-                                             and layer.impl.supports_quant_query_input) else self.dtype
+                # the flag sits on the impl, or on the backend class up to 0.11.0
+                quant_q = getattr(layer.impl, "supports_quant_query_input",
+                                  getattr(self.backend, "supports_quant_query_input", False))
+                qd = torch.float8_e4m3fn if (s["kv_cache_dtype"] == "fp8" and quant_q) else self.dtype
                 h = layer.impl.num_heads
                 if self.numerics:
                     gen = torch.Generator().manual_seed(s["seed"] + 104729 * self.steps_built)

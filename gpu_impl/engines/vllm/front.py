@@ -14,6 +14,19 @@ from gpu_impl.engines.protocol import Unsupported
 
 #: the FA3 build vLLM 0.33.0 and 0.34.0 ship, as modelled (refmodel/fa3_builds.json; refmodel.fa3_builds.build_for_engine)
 VLLM_BUILD = "vllm-fork-617264c1"
+#: Set by the host (gpu_impl.engines.vllm.host) to the build the driven release ships (refmodel.fa3_builds
+#: ``build_for_engine``); absent: VLLM_BUILD.
+BUILD_VARIABLE = "FA3VERIFY_FA3_BUILD"
+
+
+def release_build() -> str:
+    """The FA3 build this driver judges under: ``$FA3VERIFY_FA3_BUILD`` (checked), else VLLM_BUILD."""
+    import os
+
+    from refmodel.fa3_builds import check_build_name
+
+    name = os.environ.get(BUILD_VARIABLE)
+    return check_build_name(name) if name else VLLM_BUILD
 
 class ShapeOnlyFA3:
     """FA3 without numerics: metadata from refmodel, calls return nothing but shapes (record mode)."""
@@ -53,7 +66,7 @@ class FrontFA3:
 
         self.numerics = bool(numerics)
         #: the FA3 build that judges this run (the emulator models upstream's kernel)
-        self.build = UPSTREAM if numerics else VLLM_BUILD
+        self.build = UPSTREAM if numerics else release_build()
         self.impl = EmulatorVarlenFA3(num_sm) if numerics else ShapeOnlyFA3(num_sm, build=self.build)
         #: numerics: (invariant, message, detail) of every call whose output failed the oracle, since the last drain
         self.output_findings: list = []
@@ -130,7 +143,7 @@ class FrontFA3:
             return self._outputs(q, a["v"])
         for name in ("k_new", "v_new", "q_v", "cu_seqlens_k", "cu_seqlens_k_new", "seqused_q", "kv_batch_idx",
                      "leftpad_k", "rotary_cos", "s_aux", "cp_tot_seqused_k"):
-            if a[name] is not None:
+            if a.get(name) is not None:   # cp_tot_seqused_k: absent from 0.10.1 .. 0.11.0's fwd
                 raise Unsupported(f"fwd({name}=...): not modelled by the shim")
         self._attribute(md)
         from gpu_impl.engines.call_sites import caller_location

@@ -59,6 +59,24 @@ FWD_SCHEMA = ("fwd(Tensor(a!) q, Tensor k, Tensor v, Tensor? k_new, Tensor? v_ne
               "Tensor? scheduler_metadata, int num_splits, bool? pack_gqa, int sm_margin, Tensor? s_aux, "
               "int cp_world_size, int cp_rank, Tensor? cp_tot_seqused_k) -> Tensor[]")
 
+#: ``fwd`` as the FA3 library of vLLM 0.10.1 .. 0.11.0 declares it (fork 2d3b7508: no context-parallel arguments;
+#: they came with 8f468e7d), read from those wheels' ``_vllm_fa3_C.abi3.so`` (``strings``)
+FWD_SCHEMA_BEFORE_CP = FWD_SCHEMA.replace(", int cp_world_size, int cp_rank, Tensor? cp_tot_seqused_k", "")
+
+
+def _interface_passes_cp() -> bool:
+    """Whether the release's ``vllm_flash_attn/flash_attn_interface.py`` passes ``cp_world_size`` to ``fwd`` (its
+    library then declares it); read as text, without importing the interface."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")   # a top-level package: found without importing it
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(root) / "vllm_flash_attn" / "flash_attn_interface.py"
+        if path.is_file():
+            return "cp_world_size" in path.read_text(encoding="utf-8")
+    return True
+
+
 GSM_NAMES = ("batch_size", "max_seqlen_q", "max_seqlen_k", "num_heads", "num_heads_k", "headdim", "headdim_v",
              "qkv_dtype", "seqused_k", "cu_seqlens_q", "cu_seqlens_k", "cu_seqlens_k_new", "seqused_q", "leftpad_k",
              "page_size", "max_seqlen_k_new", "is_causal", "window_size_left", "window_size_right", "has_softcap",
@@ -97,7 +115,7 @@ def _install_fa3_ops() -> None:
     sys.modules.setdefault("vllm.vllm_flash_attn._vllm_fa3_C", types.ModuleType("vllm.vllm_flash_attn._vllm_fa3_C"))
     _lib = torch.library.Library("_vllm_fa3_C", "DEF")
     _lib.define(GSM_SCHEMA)
-    _lib.define(FWD_SCHEMA)
+    _lib.define(FWD_SCHEMA if _interface_passes_cp() else FWD_SCHEMA_BEFORE_CP)
     for name, fn in (("get_scheduler_metadata", _gsm), ("fwd", _fwd)):
         _lib.impl(name, fn, "CompositeExplicitAutograd")
 

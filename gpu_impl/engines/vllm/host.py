@@ -66,6 +66,18 @@ WARM_UP = {"tp": 1, "dcp": 1, "block_size": 16, "num_heads": 32, "num_kv_heads":
            "dtype": "bfloat16", "max_model_len": 4096}
 
 
+def release_fa3_build(release: str) -> str:
+    """The FA3 build a vLLM release's driver judges under: the one refmodel/fa3_builds.json maps it to (read from its
+    wheel for 0.10.1 .. 0.32.0), else the build modelled for 0.33.0 (``front.VLLM_BUILD``)."""
+    from gpu_impl.engines.vllm.front import VLLM_BUILD
+    from refmodel.fa3_builds import build_for_engine
+
+    try:
+        return build_for_engine("vllm", release)
+    except ValueError:
+        return VLLM_BUILD
+
+
 class VllmWorker(EngineHost):
     """One driver process (``python -m gpu_impl.engines.vllm.driver``) speaking JSON lines: its hello within the
     start deadline (``start_timeout``: seconds, default ``$FA3VERIFY_ENGINE_START_TIMEOUT`` or 900), every answer
@@ -86,10 +98,13 @@ class VllmWorker(EngineHost):
         d = envs.ensure_env(release, progress=progress, root=root, engine="vllm")
         env = envs.driver_environ(extra_paths=[str(source)] if source else (), engine="vllm")
         from gpu_impl.engines.vllm.driver import GENERATION_VARIABLE
+        from gpu_impl.engines.vllm.front import BUILD_VARIABLE
 
         env[GENERATION_VARIABLE] = vllm_recipes.DRIVER_GENERATIONS[self.release]
         if source:
             env[SOURCE_VARIABLE] = str(source)
+        else:
+            env[BUILD_VARIABLE] = release_fa3_build(self.release)
 
         def import_error(first, worker):
             if source:
