@@ -20,7 +20,9 @@ of a capture size N was captured by ``_dummy_run(N)``: ``min(N, max_num_seqs)`` 
 tokens, ``max_query_len = N``, so the captured call carries those scalars (``max_seqlen_q`` N, ``max_seqlen_k``
 ``max_model_len``, the builder's split bound) and, at every replay, reads the persistent buffers as the replay's
 build left them (query starts, ``seq_lens``, block table, the builder's scheduler-metadata buffer). A batch above
-the largest capture size runs eagerly. The capture batch's query starts are written as its one-token requests
+the largest capture size runs eagerly. Where the builder keeps a persistent metadata buffer of ``max_num_seqs + 1``
+int32 (0.9.1 .. 0.10.0), that is the layout of the FA3 build the wheel ships, which is not modelled: a full CUDA
+graph scenario stops with that reason (the run is inconclusive) rather than be judged under another layout. The capture batch's query starts are written as its one-token requests
 (the runner leaves whatever its persistent buffer held; nothing the captured call's scalars depend on).
 """
 
@@ -182,6 +184,14 @@ class ConfigV0:
                     "vllm_config": vc, "device": torch.device("cpu"), "layer_names": list(self.layers)})
             except ValueError as exc:  # the release's own check (capture sizes above 992 under a full graph)
                 raise Unsupported(f"vLLM's metadata builder refuses this configuration: {exc}") from exc
+        buffer = getattr(self.builder, "scheduler_metadata", None)
+        if s["cuda_graph"] == "full" and buffer is not None:
+            # the captured graph reads this buffer at the layout of the FA3 the wheel ships (at most batch + 1
+            # int32): judging a replay under the modelled build's longer layout would judge another kernel
+            raise RuntimeError(
+                f"full CUDA graph: vLLM {release}'s builder copies the metadata into its persistent buffer of "
+                f"max_num_seqs + 1 = {buffer.numel()} int32, the layout of the FA3 build its wheel ships, which is not "
+                f"modelled (the modelled build lays out more): a replay cannot be judged")
         self.kv_cache = torch.zeros(self._kv_shape(), dtype=self.dtype)
         self.spec = spec
         self.max_blocks = self.block_table.max_num_blocks_per_req
