@@ -69,6 +69,13 @@ def _check_vllm(release: str) -> str:
     row = vllm_recipes.row_of(release)
     if row is not None:
         return row
+    try:
+        before_precompute = vllm_recipes.version_key(release) < vllm_recipes.version_key(vllm_recipes.FIRST_PRECOMPUTE)
+    except ValueError:
+        before_precompute = False  # not a release number: said below
+    if before_precompute:
+        raise NoPrecompute(f"vllm=={release}: vLLM {release}'s FlashAttention backend has no FA3 metadata precompute "
+                           f"(get_scheduler_metadata first in {vllm_recipes.FIRST_PRECOMPUTE}): nothing to gate")
     if release in vllm_recipes.UNAVAILABLE:
         raise ReleaseUnavailable(f"vllm=={release}: unavailable: {vllm_recipes.UNAVAILABLE[release]} "
                                  f"(gpu_impl/engines/vllm/releases.json)")

@@ -92,6 +92,10 @@ UNAVAILABLE = {release: entry["reason"] for release, entry in _STATUS["unavailab
 
 SURVEY_FILE = Path(__file__).resolve().parent / "survey.json"
 
+#: The first release whose FlashAttention backend precomputes FA3 scheduler metadata (the survey's first entry):
+#: an older ``vllm==V`` has nothing to gate.
+FIRST_PRECOMPUTE = "0.8.5"
+
 
 def version_key(release: str) -> tuple:
     """A vLLM version number as a sortable tuple: ``0.9.0.1`` and ``0.8.5.post1`` included (four parts, a post
