@@ -69,11 +69,7 @@ def _check_vllm(release: str) -> str:
     row = vllm_recipes.row_of(release)
     if row is not None:
         return row
-    try:
-        before_precompute = vllm_recipes.version_key(release) < vllm_recipes.version_key(vllm_recipes.FIRST_PRECOMPUTE)
-    except ValueError:
-        before_precompute = False  # not a release number: said below
-    if before_precompute:
+    if release in vllm_recipes.WITHOUT_PRECOMPUTE:
         raise NoPrecompute(f"vllm=={release}: vLLM {release}'s FlashAttention backend has no FA3 metadata precompute "
                            f"(get_scheduler_metadata first in {vllm_recipes.FIRST_PRECOMPUTE}): nothing to gate")
     if release in vllm_recipes.UNAVAILABLE:

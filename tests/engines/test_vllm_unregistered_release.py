@@ -31,6 +31,7 @@ def test_a_release_before_the_precompute_has_nothing_to_gate(capsys):
     err = capsys.readouterr().err
     assert "no FA3 metadata precompute" in err and "Traceback" not in err
     assert vllm_recipes.FIRST_PRECOMPUTE == min(vllm_recipes.RELEASES, key=vllm_recipes.version_key)
+    assert vllm_recipes.WITHOUT_PRECOMPUTE == ("0.8.0", "0.8.1", "0.8.2", "0.8.3", "0.8.4")
 
 
 def test_the_runner_bound_releases_are_rows_of_driver_generation_v0():

@@ -92,8 +92,8 @@ UNAVAILABLE = {release: entry["reason"] for release, entry in _STATUS["unavailab
 
 SURVEY_FILE = Path(__file__).resolve().parent / "survey.json"
 
-#: The first release whose FlashAttention backend precomputes FA3 scheduler metadata (the survey's first entry):
-#: an older ``vllm==V`` has nothing to gate.
+#: The first release whose FlashAttention backend precomputes FA3 scheduler metadata (the survey's first entry);
+#: the registry's releases before it (``releases.json`` ``registry_releases``: 0.8.0 .. 0.8.4) have nothing to gate.
 FIRST_PRECOMPUTE = "0.8.5"
 
 
@@ -106,6 +106,9 @@ def version_key(release: str) -> tuple:
     if not m:
         raise ValueError(f"not a release number: {release!r}")
     return tuple(int(x or 0) for x in m.groups())
+
+
+WITHOUT_PRECOMPUTE = tuple(r for r in _STATUS["registry_releases"] if version_key(r) < version_key(FIRST_PRECOMPUTE))
 
 
 def survey_gaps(survey: dict, recipes=None, shares=None, unavailable=None) -> list:
