@@ -253,7 +253,7 @@ def _matrix_shard(tmp_path, k: int, rows: list, fixes=None) -> str:
 
 
 def _row(release: str, verdict: str) -> dict:
-    return {"release": release, "verdict": verdict, "exit_code": 1 if verdict == "fail" else 0}
+    return {"release": release, "verdict": verdict, "exit_code": 1 if verdict == "fail" else 0, "engine": "vllm"}
 
 
 def test_report_merge_keeps_the_engine_matrixs_fix_releases(tmp_path, capsys):
@@ -265,8 +265,10 @@ def test_report_merge_keeps_the_engine_matrixs_fix_releases(tmp_path, capsys):
            "still_failing_later": []}
     one = _matrix_shard(tmp_path, 1, [_row("0.5.13", "fail"), _row("0.5.15", "pass")], fixes=[fix])
     two = _matrix_shard(tmp_path, 2, [_row("0.5.14", "pass")], fixes=[])
-    assert cli.main(["report", "merge", one, two, "--json", str(tmp_path / "merged.json")]) == 1
+    assert cli.main(["report", "merge", one, two, "--json", str(tmp_path / "merged.json"),
+                     "--junit", str(tmp_path / "merged.xml")]) == 1
     merged = json.loads((tmp_path / "merged.json").read_text())
+    assert 'name="vllm 0.5.14"' in (tmp_path / "merged.xml").read_text()  # each row named by its own engine
     assert [e["found_on"] for e in merged["fixes"]] == ["0.5.13"]
     entry = merged["fixes"][0]
     assert entry["first_pass"] == "0.5.15" and entry["not_replayed"] == ["0.5.14"]
