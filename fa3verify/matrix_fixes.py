@@ -126,6 +126,8 @@ def fix_sentence(entry: dict) -> str:
         tail = "passes on no later release gated (" + ", ".join(f"{r}: {entry['replays'][r]}" for r in later) + ")"
     else:
         tail = "no later release gated"
+    if entry.get("not_replayed"):  # a merged shard report: later releases another shard gated
+        tail += f" (not replayed on {', '.join(entry['not_replayed'])}: gated by another shard)"
     return f"{entry['family']} [{', '.join(entry['paths'])}] (found on {entry['found_on']}): {own} there; {tail}"
 
 

@@ -157,12 +157,44 @@ def merge_matrix_reports(paths, reports) -> list:
     return sorted(rows.values(), key=lambda row: order.get(row.release, len(order)))
 
 
+def merge_fixes(paths, reports) -> Optional[list]:
+    """The fix-release entries of every shard (:mod:`fa3verify.matrix_fixes`), in the campaign's release order; None
+    when no shard computed them (``--no-fixes``). A shard replays a failing row's case files only on its own later
+    releases, so each entry says which later releases of the campaign were in another shard and never replayed
+    (``not_replayed``); its ``first_pass`` stays the first replayed release where it passes, and an entry whose
+    unreplayed releases come before that one says so. Shards that disagree on computing them are exit 2."""
+    have = [("fixes" in r) for r in reports]
+    if not any(have):
+        return None
+    if not all(have):
+        without = next(p for p, h in zip(paths, have) if not h)
+        raise UsageError(f"{FIELD}: {without} has no fix releases and other shards have them (one shard ran with "
+                         f"--no-fixes): merge shards run the same way")
+    releases = reports[0]["shard"]["campaign"].get("releases") or []
+    order = {r: i for i, r in enumerate(releases)}
+    entries = []
+    for path, r in zip(paths, reports):
+        fixes = r["fixes"]
+        if not isinstance(fixes, list) or not all(isinstance(e, dict) and isinstance(e.get("found_on"), str)
+                                                   and isinstance(e.get("replays"), dict) for e in fixes):
+            raise UsageError(f"{FIELD}: {path}: fixes: expected a list of entries with found_on and replays")
+        for e in fixes:
+            found = e["found_on"]
+            later = [x for x in releases[order[found] + 1:]] if found in order else []
+            missing = [x for x in later if x not in e["replays"]]
+            first = e.get("first_pass")
+            before = [x for x in missing if first is None or order[x] < order.get(first, len(order))]
+            entries.append({**e, "not_replayed": missing,
+                            **({"unreplayed_before_first_pass": before} if first and before else {})})
+    return sorted(entries, key=lambda e: (order.get(e["found_on"], len(order)), str(e.get("family"))))
+
+
 def matrix_as_summary(rows) -> RunSummary:
     """The matrix rows as run-summary checks (one per release), for JUnit."""
     summary = RunSummary(command="engine-matrix")
     for r in rows:
         summary.checks.append(Check(
-            name=f"sglang {r.release}", kind="engine-matrix", verdict=r.verdict, seconds=r.seconds,
+            name=f"{r.engine} {r.release}", kind="engine-matrix", verdict=r.verdict, seconds=r.seconds,
             failed=r.verdict == "fail", inconclusive=r.verdict in ("inconclusive", "unavailable"),
             case_file=r.case_files[0] if r.case_files else None,
             message=f"expected {r.expected}; {', '.join(r.invariants) or 'no violation'}"
@@ -191,10 +223,16 @@ def merge(paths, json_out: Optional[str] = None, junit_out: Optional[str] = None
     n = check_one_campaign(paths, reports)
     if reports[0]["schema"] == MATRIX_SCHEMA:
         rows = merge_matrix_reports(paths, reports)
+        fixes = merge_fixes(paths, reports)
         code = merged_exit_code(matrix_exit_code(rows), reports)
         print(matrix_table(rows))
+        if fixes is not None:
+            from .matrix_fixes import fixes_table
+
+            print(fixes_table(fixes))
         print(matrix_verdict_line(rows, code) + f" | merged from {n} shards")
-        data = {**matrix_json(rows), "exit_code": code, "shards": n, "merged_from": merged_from(paths, reports)}
+        data = {**matrix_json(rows, fixes), "exit_code": code, "shards": n,
+                "merged_from": merged_from(paths, reports)}
         return deliver(code, [("--json", json_out,
                                lambda: write_output(json_out, json.dumps(data, indent=2) + "\n", "--json")),
                               ("--junit", junit_out, lambda: write_junit(matrix_as_summary(rows), junit_out))],

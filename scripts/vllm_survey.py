@@ -46,7 +46,7 @@ DRIVEN = ("vllm/v1/attention/backends/flash_attn.py", "vllm/v1/attention/backend
           "vllm/config/vllm.py", "vllm/config.py", "{vllm/v1/worker/gpu}")
 
 #: names the first generation's Config uses beyond GENERATION_MODULES (checked statically only)
-STATIC_EXTRA = {"v1": {"vllm.config.compilation": ["CUDAGraphMode"]},
+STATIC_EXTRA = {"v0": {}, "v1": {"vllm.config.compilation": ["CUDAGraphMode"]},
                 "v2": {}}
 
 #: a backend feature -> a regular expression over ``flash_attn.py`` that shows it

@@ -106,19 +106,20 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
     (``sut.domain()``, ``strategies.domain_strategy``: the model's is ``scenario``, vLLM's ``vllm``, an sglang
     release's its own accepted configurations; ``domain`` passes one already made) on the system under test
     (default: the model) under ``policy`` and seeded ``defects``, until the budget or the case count is reached
-    (always bounded: see :class:`fa3verify.campaign.Budget`); ``clock``, ``reserve``, ``on_failure`` and ``shard``
+    (always bounded: see :class:`fa3verify.campaign.Budget`); ``strategy``: a family name or several
+    (``strategies.families_strategy``: each draw from one of them); ``clock``, ``reserve``, ``on_failure`` and ``shard``
     as in
     :func:`fa3verify.campaign.run_campaign`."""
     from gpu_impl.sut import ModelSUT
 
-    from ..strategies import domain_strategy, family, random_fuzz_case
+    from ..strategies import domain_strategy, families_strategy
 
     budget = Budget(seconds=budget_s, cases=max_cases).validate()
     if sut is not None:
         sut.spec.plugin.check_defects(sut.spec, defects)  # ValueError naming them where its driver applies none
     target = ScenarioTarget(policy, kernel, numerics_always, sut, defects=defects)
     if strategy:
-        generate = random_fuzz_case if strategy == "scenario" else family(strategy)
+        generate = families_strategy(strategy)
     else:
         domain = domain if domain is not None else (sut or ModelSUT()).domain()
         if shard is not None and domain.adapts:
@@ -311,6 +312,9 @@ def fuzz(sut=None, kernel_name: str = "emulated", device: str = "cpu", seed: int
                                        f"refused, nothing read out of bounds; not counted as violations)")
     if camp.unsupported:
         summary.checks[-1].message += f"; {camp.unsupported} generated cases the engine does not run were skipped"
+    if strategy:
+        names = [strategy] if isinstance(strategy, str) else list(dict.fromkeys(strategy))
+        summary.checks[-1].message += f"; {'family' if len(names) == 1 else 'families'} {', '.join(names)}"
     if domain is not None and domain.reports:
         summary.domain = domain.report(dict(camp.reach), camp.cases)
         summary.checks[-1].message += "; " + domain_line(summary.domain)
@@ -375,6 +379,11 @@ examples:
   fa3verify fuzz --engine sglang==0.5.14 --cases 200         # sglang 0.5.14's own backend (no --guard)
   fa3verify fuzz --engine vllm==0.33.0 --cases 2000          # vLLM's builder and impl, family vllm
   fa3verify fuzz --cases 20000 --shard 2/4 --json s2.json    # one CI job of four; join: `report merge`
+  fa3verify fuzz --family large-decode-batch --cases 40      # one strategy family (repeatable)
+
+--family NAME draws every case from that strategy family instead of the system under test's own domain
+(repeatable: each case from one of the named families, chosen by the seed); an unknown name is exit 2 naming
+the families there are. A family whose cases the engine does not run gives skipped cases, said in the summary.
 """
 
 
@@ -391,6 +400,9 @@ def register(sub) -> None:
     group.add_argument("--cases", type=int, metavar="N",
                        help="run N cases instead (no clock: the same case files on any machine)")
     p.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
+    p.add_argument("--family", action="append", metavar="NAME",
+                   help="draw the cases from this strategy family (repeatable; default: the system under test's "
+                        "own domain); e.g. large-decode-batch, tile-corner, vllm-full-graph")
     add_shard_argument(p)
     add_cases_dir_argument(p)
     p.add_argument("--json", metavar="PATH", help="write the run summary as JSON (schema fa3verify.run/1)")
@@ -398,11 +410,25 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_families(names) -> Optional[tuple]:
+    """The ``--family`` names, in order, repeats dropped (None: none given, the system's own domain); UsageError
+    naming the allowed values for an unknown one, before any work starts."""
+    if not names:
+        return None
+    from ..strategies import FAMILIES
+
+    for name in names:
+        if name not in FAMILIES:
+            raise UsageError(f"--family: unknown family {name!r}; allowed: {', '.join(sorted(FAMILIES))}")
+    return tuple(dict.fromkeys(names))
+
+
 def run(args) -> int:
     from ..engine_choice import start_engine, sut_from_args
     from ..progress import stage
 
     budget, cases = budget_from_args(args)
+    families = check_families(args.family)
     shard = parse_shard(args.shard)
     check_cases(shard, cases)
     policy = load_policy(args.guard, args.metadata_heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
@@ -413,12 +439,14 @@ def run(args) -> int:
                                f"{f', shard {shard}' if shard else ''})",
                        result=lambda: f"{summary.cases} cases, {summary.failures} failing") as end:
                 summary = fuzz(sut, kernel_name=args.kernel, device=args.device, seed=args.seed,
-                               budget_s=budget, max_cases=cases, out_dir=cases_dir_of(args), shard=shard)
+                               budget_s=budget, max_cases=cases, out_dir=cases_dir_of(args), shard=shard,
+                               strategy=families)
                 if end is not None:  # a stand-in stage may hand the block nothing
                     end.interrupted = summary.interrupted
     except KeyboardInterrupt:  # before the campaign began: nothing found, the reports still say so (exit 3)
         summary = RunSummary(command="fuzz", seed=args.seed, policy=policy.to_dict(), interrupted=True)
     if shard is not None:
         summary.shard = shard.to_dict({"command": "fuzz", "seed": args.seed, "cases": cases, "budget_s": budget,
-                                       "kernel": args.kernel, "engine": args.engine, "policy": summary.policy})
+                                       "kernel": args.kernel, "engine": args.engine, "policy": summary.policy,
+                                       "families": list(families or ())})
     return write_reports(summary, args)

@@ -30,7 +30,7 @@ from .scenarios import (CONTEXT_LENGTHS, NUM_SPLITS_POLICIES, NUMERICS_MAX_LEN, 
                         STEP_KINDS, FuzzCase, decode_step, extend_step, gpu_decode_case, random_fuzz_case,
                         random_server_config, release_fuzz_case, random_steps, rank_layouts)
 
-__all__ = ["FAMILIES", "KERNEL_FAMILIES", "family", "domain_strategy", "is_kernel_family", "FuzzCase",
+__all__ = ["FAMILIES", "KERNEL_FAMILIES", "family", "families_strategy", "domain_strategy", "is_kernel_family", "FuzzCase",
            "random_fuzz_case", "gpu_decode_case", "release_fuzz_case",
            "random_server_config", "random_steps", "rank_layouts", "decode_step", "extend_step", "SM_COUNTS",
            "PAGE_SIZES", "CONTEXT_LENGTHS", "NUM_SPLITS_POLICIES", "NUMERICS_SHARE", "NUMERICS_MAX_LEN", "STEP_KINDS"]
@@ -62,6 +62,23 @@ KERNEL_FAMILIES: dict[str, Callable] = {
     "below-sentinel": kernel_calls.below_sentinel,
     "empty-workload": kernel_calls.empty_workload,
 }
+
+
+def families_strategy(names) -> Callable:
+    """The generator of the scenario families ``names`` (one name, or several): with several, each draw picks one
+    of them (in the given order, repeats dropped) from the draw's own ``random.Random`` and draws from it, so the
+    same seed gives the same cases. ValueError names an unknown family."""
+    names = [names] if isinstance(names, str) else list(dict.fromkeys(names))
+    gens = [family(n) for n in names]
+    if not gens:
+        raise ValueError("strategy family: none named")
+    if len(gens) == 1:
+        return gens[0]
+
+    def mixed(rng):
+        return gens[rng.randrange(len(gens))](rng)
+
+    return mixed
 
 
 def is_kernel_family(name: str) -> bool:

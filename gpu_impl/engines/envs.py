@@ -69,6 +69,9 @@ def _check_vllm(release: str) -> str:
     row = vllm_recipes.row_of(release)
     if row is not None:
         return row
+    if release in vllm_recipes.WITHOUT_PRECOMPUTE:
+        raise NoPrecompute(f"vllm=={release}: vLLM {release}'s FlashAttention backend has no FA3 metadata precompute "
+                           f"(get_scheduler_metadata first in {vllm_recipes.FIRST_PRECOMPUTE}): nothing to gate")
     if release in vllm_recipes.UNAVAILABLE:
         raise ReleaseUnavailable(f"vllm=={release}: unavailable: {vllm_recipes.UNAVAILABLE[release]} "
                                  f"(gpu_impl/engines/vllm/releases.json)")

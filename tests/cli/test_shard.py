@@ -237,3 +237,51 @@ def test_the_release_domain_adapts_and_the_model_and_vllm_domains_do_not():
 
     assert ReleaseDomain.adapts and not ConfigDomain.adapts
     assert not ConfigDomain("model", family="scenario").adapts
+
+
+def _matrix_shard(tmp_path, k: int, rows: list, fixes=None) -> str:
+    """An engine-matrix shard report (``engine matrix --shard K/2 --json``) over three releases."""
+    campaign = {"command": "engine matrix", "engine": "sglang", "releases": ["0.5.13", "0.5.14", "0.5.15"],
+                "seed": 0, "cases": 10, "budget_s": None, "timeout_s": 10.0, "probes": False}
+    data = {"schema": "fa3verify.engine-matrix/1", "exit_code": 1 if any(r["verdict"] == "fail" for r in rows) else 0,
+            "rows": rows, "shard": {"k": k, "n": 2, "campaign": campaign}}
+    if fixes is not None:
+        data["fixes"] = fixes
+    path = tmp_path / f"m{k}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def _row(release: str, verdict: str) -> dict:
+    return {"release": release, "verdict": verdict, "exit_code": 1 if verdict == "fail" else 0, "engine": "vllm"}
+
+
+def test_report_merge_keeps_the_engine_matrixs_fix_releases(tmp_path, capsys):
+    """Each shard's fix releases (every failing row's case files replayed on the shard's later releases) survive
+    the merge, in release order, and each entry names the later releases another shard gated (never replayed)."""
+    fix = {"found_on": "0.5.13", "family": "tp", "paths": ["eager"], "invariants": ["SPLIT_BOUND"],
+           "case_files": ["c.json"], "still_fails_on_own_release": True,
+           "replays": {"0.5.13": "STILL FAILS", "0.5.15": "PASSES NOW"}, "first_pass": "0.5.15",
+           "still_failing_later": []}
+    one = _matrix_shard(tmp_path, 1, [_row("0.5.13", "fail"), _row("0.5.15", "pass")], fixes=[fix])
+    two = _matrix_shard(tmp_path, 2, [_row("0.5.14", "pass")], fixes=[])
+    assert cli.main(["report", "merge", one, two, "--json", str(tmp_path / "merged.json"),
+                     "--junit", str(tmp_path / "merged.xml")]) == 1
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert 'name="vllm 0.5.14"' in (tmp_path / "merged.xml").read_text()  # each row named by its own engine
+    assert [e["found_on"] for e in merged["fixes"]] == ["0.5.13"]
+    entry = merged["fixes"][0]
+    assert entry["first_pass"] == "0.5.15" and entry["not_replayed"] == ["0.5.14"]
+    assert entry["unreplayed_before_first_pass"] == ["0.5.14"]
+    out = capsys.readouterr().out
+    assert "first passes on 0.5.15" in out and "not replayed on 0.5.14" in out
+
+
+def test_report_merge_refuses_shards_that_differ_in_computing_fix_releases(tmp_path, capsys):
+    one = _matrix_shard(tmp_path, 1, [_row("0.5.13", "pass"), _row("0.5.15", "pass")], fixes=[])
+    two = _matrix_shard(tmp_path, 2, [_row("0.5.14", "pass")])  # run with --no-fixes
+    assert cli.main(["report", "merge", one, two]) == 2
+    assert "--no-fixes" in capsys.readouterr().err
+    plain = [_matrix_shard(tmp_path, 1, [_row("0.5.13", "pass"), _row("0.5.15", "pass")]), two]
+    assert cli.main(["report", "merge", *plain, "--json", str(tmp_path / "m.json")]) == 0
+    assert "fixes" not in json.loads((tmp_path / "m.json").read_text())

@@ -42,7 +42,7 @@ def test_an_unregistered_release_is_told_its_nearest_generation_and_what_to_add(
     assert vllm_recipes.nearest_generation("0.35.1") == ("0.34.0", "v2")
     assert vllm_recipes.nearest_generation("0.33.2") == ("0.33.0", "v1")
     oldest = vllm_recipes.RELEASES[0]
-    assert vllm_recipes.nearest_generation("0.8.0") == (oldest, "v1")  # before every registered one: the oldest
+    assert vllm_recipes.nearest_generation("0.8.0") == (oldest, "v0")  # before every registered one: the oldest
     with pytest.raises(UnknownRelease) as err:
         envs.check_release("0.35.0", engine="vllm")
     text = str(err.value)

@@ -442,8 +442,12 @@ class Engine:
             self.config_class = ConfigV2
         elif self.generation == "v1":
             self.config_class = Config
+        elif self.generation == "v0":  # the runner-bound builder of 0.8.5 .. 0.10.0 (driver_v0)
+            from gpu_impl.engines.vllm.driver_v0 import ConfigV0
+
+            self.config_class = ConfigV0
         else:
-            raise ValueError(f"{GENERATION_VARIABLE}: v1 or v2, got {self.generation!r}")
+            raise ValueError(f"{GENERATION_VARIABLE}: v0, v1 or v2, got {self.generation!r}")
         self.fa_version = locate("get_flash_attn_version")()  # fa_utils moved in 0.14 (COMMON_MODULES)
         self.import_s = time.monotonic() - t
         self._patch_dcp_combine()
@@ -468,6 +472,10 @@ class Engine:
 
     def _stood_in(self) -> tuple:
         """What the driver generation itself stands in for (the second generation's runner pieces)."""
+        if self.generation == "v0":
+            from gpu_impl.engines.vllm.driver_v0 import STOOD_IN
+
+            return STOOD_IN
         if self.generation != "v2":
             return ()
         from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
@@ -512,7 +520,8 @@ class Engine:
             for origin, (pre, call, violations), source in pairs:
                 summary = pair_summary(pre, call)
                 entry = {"step": index, "mode": "decode" if max(st["query_lens"]) == 1 else "mixed",
-                         "path": f"{path}: capture" if origin else path, "max_num_splits": md.max_num_splits,
+                         "path": f"{path}: capture" if origin else path,
+                         "max_num_splits": getattr(md, "max_num_splits", 0),
                          "aot": md.scheduler_metadata is not None, **summary}
                 if source is not None and any(source.values()):
                     entry["source"] = source

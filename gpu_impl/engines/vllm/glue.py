@@ -25,7 +25,9 @@ CAPABILITIES_FILE = Path(__file__).resolve().parent / "capabilities.json"
 #: What is faked or patched on CPU, and why (reported in the driver's hello and in docs/engines-vllm.md).
 FAKED = (
     "vllm.vllm_flash_attn._vllm_fa3_C: the compiled FA3 extension (CUDA); its ops get_scheduler_metadata and fwd "
-    "are registered with torch.library under the released schemas and routed to the checking shim",
+    "are registered with torch.library under the released schemas and routed to the checking shim (fwd's last four "
+    "arguments, s_aux and the context-parallel ones, default to none / one rank: the wheels of 0.8.5 .. 0.10.0 "
+    "declare fwd without them and their wrappers do not pass them)",
     "vllm.platforms.current_platform: a Platform with the CUDA enum, compute capability (9, 0), float8_e4m3fn as "
     "fp8 dtype, and device type cpu (vLLM's CUDA platform module imports vllm._C, a CUDA build)",
     "vllm.distributed.parallel_state._DCP: a one-process stand-in group (world size, rank, all_gather by "
@@ -56,8 +58,8 @@ FWD_SCHEMA = ("fwd(Tensor(a!) q, Tensor k, Tensor v, Tensor? k_new, Tensor? v_ne
               "Tensor? leftpad_k, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? seqlens_rotary, "
               "Tensor? q_descale, Tensor? k_descale, Tensor? v_descale, float softmax_scale, bool is_causal, "
               "int window_size_left, int window_size_right, float softcap, bool is_rotary_interleaved, "
-              "Tensor? scheduler_metadata, int num_splits, bool? pack_gqa, int sm_margin, Tensor? s_aux, "
-              "int cp_world_size, int cp_rank, Tensor? cp_tot_seqused_k) -> Tensor[]")
+              "Tensor? scheduler_metadata, int num_splits, bool? pack_gqa, int sm_margin, Tensor? s_aux=None, "
+              "int cp_world_size=1, int cp_rank=0, Tensor? cp_tot_seqused_k=None) -> Tensor[]")
 
 #: ``fwd`` as the FA3 library of vLLM 0.10.1 .. 0.11.0 declares it (fork 2d3b7508: no context-parallel arguments;
 #: they came with 8f468e7d), read from those wheels' ``_vllm_fa3_C.abi3.so`` (``strings``)
@@ -104,8 +106,12 @@ def _gsm(*args):
     return front.target.c_get_scheduler_metadata(**dict(zip(GSM_NAMES, args)))
 
 
+#: fwd's trailing arguments that the wheels of 0.8.5 .. 0.10.0 do not declare (their defaults in FWD_SCHEMA)
+FWD_DEFAULTS = {"s_aux": None, "cp_world_size": 1, "cp_rank": 0, "cp_tot_seqused_k": None}
+
+
 def _fwd(*args):
-    return front.target.c_fwd(**dict(zip(FWD_NAMES, args)))
+    return front.target.c_fwd(**{**FWD_DEFAULTS, **dict(zip(FWD_NAMES, args))})
 
 
 def _install_fa3_ops() -> None:

@@ -49,7 +49,16 @@ _SETPROCTITLE = ("0.10.1", "0.10.2", "0.11.0")
 #: (0.10.1), 2.8.0 (0.10.2, 0.11.0), 2.9.0 (0.11.1 .. 0.13), 2.9.1 (0.14 .. 0.16), 2.10.0 (0.17 .. 0.19), 2.11.0 (0.20 .. 0.26) or
 #: 2.13.0; each runs on the project's CPU torch 2.13.0 (vLLM itself installed without dependencies) as far as its
 #: import probe and its gate show.
+#: Releases 0.8.5 .. 0.10.0, whose builder reads the model runner object (driver generation ``v0``): their wheels
+#: leave transformers unbounded above (``>=4.51.1``); the 5.x line removed names their import chain reads, so the row
+#: bounds it to the 4.x line of their time.
+_RUNNER_BOUND = ("0.8.5", "0.8.5.post1", "0.9.0", "0.9.1", "0.9.2", "0.10.0")
+
 RECIPES = {
+    **{release: _pinned_by_wheel("gguf", "setproctitle", "transformers<4.54",
+                                 # 0.10.0's model inspection imports it (fused_moe/config.py): found by its validation
+                                 *(("compressed-tensors",) if release == "0.10.0" else ()))
+       for release in _RUNNER_BOUND},
     **{release: _pinned_by_wheel(*(("gguf",) if release in _GGUF else ()),
                                  *(("setproctitle",) if release in _SETPROCTITLE else ())) for release in ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
                                                    "0.19.1", "0.20.0", "0.20.2", "0.21.0", "0.22.1", "0.23.0",
@@ -83,6 +92,10 @@ UNAVAILABLE = {release: entry["reason"] for release, entry in _STATUS["unavailab
 
 SURVEY_FILE = Path(__file__).resolve().parent / "survey.json"
 
+#: The first release whose FlashAttention backend precomputes FA3 scheduler metadata (the survey's first entry);
+#: the registry's releases before it (``releases.json`` ``registry_releases``: 0.8.0 .. 0.8.4) have nothing to gate.
+FIRST_PRECOMPUTE = "0.8.5"
+
 
 def version_key(release: str) -> tuple:
     """A vLLM version number as a sortable tuple: ``0.9.0.1`` and ``0.8.5.post1`` included (four parts, a post
@@ -93,6 +106,9 @@ def version_key(release: str) -> tuple:
     if not m:
         raise ValueError(f"not a release number: {release!r}")
     return tuple(int(x or 0) for x in m.groups())
+
+
+WITHOUT_PRECOMPUTE = tuple(r for r in _STATUS["registry_releases"] if version_key(r) < version_key(FIRST_PRECOMPUTE))
 
 
 def survey_gaps(survey: dict, recipes=None, shares=None, unavailable=None) -> list:
@@ -153,10 +169,13 @@ def row_of(release: str):
 #: CUDA-graph code (``vllm/v1/worker/gpu/``; 0.34.0 deleted the V1 runner). ``GENERATION_MODULES``: what each
 #: generation imports from the release beyond the backend (``vllm_driver.py``, ``vllm_driver_v2.py``): an
 #: unregistered release is tried against them (``probe_generation``).
-DRIVER_GENERATIONS = {**{r: "v1" for r in RECIPES if r != "0.34.0"}, "0.34.0": "v2"}
+DRIVER_GENERATIONS = {**{r: "v1" for r in RECIPES if r != "0.34.0"}, **{r: "v0" for r in _RUNNER_BOUND},
+                      "0.34.0": "v2"}
 #: A module key ``"a | b"`` means the names live in the first of those modules that has them (a release moved them):
 #: :func:`locate` finds them, :func:`missing_for_generation` counts them missing only where no candidate has them.
 GENERATION_MODULES = {
+    "v0": {"vllm.v1.worker.block_table": ["BlockTable"],
+           "vllm.model_executor.layers.attention | vllm.attention.layer": ["Attention"]},
     "v1": {"vllm.v1.worker.block_table": ["MultiGroupBlockTable"],
            "vllm.v1.attention.backend | vllm.v1.attention.backends.utils": ["CommonAttentionMetadata"],
            "vllm.model_executor.layers.attention | vllm.attention.layer": ["Attention"]},

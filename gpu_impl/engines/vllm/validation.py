@@ -27,9 +27,16 @@ def validate_vllm_config(s: dict) -> dict:
         text = " ".join(str(exc).split())
         return {"accepted": False, "message": f"{where}: {type(exc).__name__}: {text[:400]}"}
 
+    import dataclasses
+
+    dcp = int(s.get("dcp", 1))
+    has_dcp = "decode_context_parallel_size" in {f.name for f in dataclasses.fields(ParallelConfig)}
+    if dcp > 1 and not has_dcp:  # releases before 0.11 have no decode context parallelism
+        return {"accepted": False, "message": "ParallelConfig: this release has no decode_context_parallel_size "
+                                              "(no decode context parallelism)"}
     try:
-        pc = ParallelConfig(tensor_parallel_size=int(s["tp"]), decode_context_parallel_size=int(s.get("dcp", 1)),
-                            distributed_executor_backend="mp")
+        pc = ParallelConfig(tensor_parallel_size=int(s["tp"]), distributed_executor_backend="mp",
+                            **({"decode_context_parallel_size": dcp} if has_dcp else {}))
     except (ValueError, TypeError, AssertionError) as exc:
         return rejected("ParallelConfig", exc)
     try:
@@ -38,9 +45,17 @@ def validate_vllm_config(s: dict) -> dict:
         return rejected("CacheConfig", exc)
     model = {"num_heads": s["num_heads"], "num_kv_heads": s["num_kv_heads"], "head_dim": s["head_dim"],
              "dtype": s.get("dtype", "bfloat16")}
+    path = str(placeholder_model(model))
+    # ModelConfig of 0.8.5 is a plain class whose task, tokenizer and seed have no defaults: the values a server's
+    # defaults give them
+    required = {"task": "auto", "tokenizer": path, "tokenizer_mode": "auto", "trust_remote_code": False, "seed": 0}
+    import inspect
+
+    params = inspect.signature(ModelConfig).parameters
+    given = {k: v for k, v in required.items() if k in params and params[k].default is inspect.Parameter.empty}
     try:
-        mc = ModelConfig(model=str(placeholder_model(model)), skip_tokenizer_init=True,
-                         max_model_len=int(s["max_model_len"]), dtype=model["dtype"])
+        mc = ModelConfig(model=path, skip_tokenizer_init=True, max_model_len=int(s["max_model_len"]),
+                         dtype=model["dtype"], **given)
     except (ValueError, TypeError, AssertionError) as exc:
         return rejected("ModelConfig", exc)
     except Exception as exc:  # noqa: BLE001 - a model config that cannot be built on CPU decides nothing

@@ -1,0 +1,338 @@
+"""The vLLM driver's generation ``v0``: releases whose FlashAttention metadata builder reads the V1 model runner
+object itself (vLLM 0.8.5 .. 0.9.2: ``__init__(runner)`` / ``__init__(runner, kv_cache_spec, block_table)``) or is
+built from the config alone but still stepped by that runner (0.10.0: ``__init__(kv_cache_spec, vllm_config,
+device)``), with the single-module configuration (``vllm/config.py``: no ``CUDAGraphMode``; a full CUDA graph is
+``CompilationConfig.full_cuda_graph``, from 0.9.1).
+
+Invariant: what decides a step is vLLM's code: the release's own ``FlashAttentionMetadataBuilder`` (constructed and
+called with the parameters its own signature names: ``runner``, ``kv_cache_spec``, ``block_table``, ``vllm_config``,
+``device``; ``build(num_reqs, num_actual_tokens, max_query_len, common_prefix_len[, common_attn_metadata])`` or
+``build(common_prefix_len, common_attn_metadata[, fast_build])``), its ``FlashAttentionImpl.forward``, its
+``BlockTable`` / ``MultiGroupBlockTable`` (the block-table width and the persistent slot mapping), its
+``CommonAttentionMetadata`` where it has one (fields as the release defines them), and its capture-time
+``build_for_cudagraph_capture`` where it has one. The runner object the builder reads is a stand-in holding the
+runner's persistent arrays (``query_start_loc``, ``seq_lens`` and their CPU / numpy mirrors), filled as the
+release's ``_prepare_inputs`` fills them (real rows, padded query starts = the token count, padded ``seq_lens`` 0).
+
+A full CUDA graph is driven as those runners drive it (``gpu_model_runner.py`` of 0.9.1 .. 0.10.0): the attention
+metadata is built for the real, unpadded batch (only the model's inputs are padded to the capture size); the graph
+of a capture size N was captured by ``_dummy_run(N)``: ``min(N, max_num_seqs)`` requests of ``max_model_len``
+tokens, ``max_query_len = N``, so the captured call carries those scalars (``max_seqlen_q`` N, ``max_seqlen_k``
+``max_model_len``, the builder's split bound) and, at every replay, reads the persistent buffers as the replay's
+build left them (query starts, ``seq_lens``, block table, the builder's scheduler-metadata buffer). A batch above
+the largest capture size runs eagerly. Where the builder keeps a persistent metadata buffer of ``max_num_seqs + 1``
+int32 (0.9.1 .. 0.10.0), that is the layout of the FA3 build the wheel ships, which is not modelled: a full CUDA
+graph scenario stops with that reason (the run is inconclusive) rather than be judged under another layout. The capture batch's query starts are written as its one-token requests
+(the runner leaves whatever its persistent buffer held; nothing the captured call's scalars depend on).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+from gpu_impl.engines.protocol import Unsupported
+from gpu_impl.engines.vllm.driver import _ModelStandIn, _cumsum
+from gpu_impl.engines.vllm.driver_v2 import ABOVE_GRAPHS
+
+__all__ = ["ConfigV0", "STOOD_IN", "MODES_V0"]
+
+#: What this generation stands in for, besides ``vllm_glue.FAKED`` (reported in the driver's hello).
+STOOD_IN = (
+    "the V1 model runner object the builder reads (runner-bound releases): model_config, vllm_config, "
+    "parallel_config, device, max_num_reqs, block_size, attention_chunk_size (None) and its persistent arrays "
+    "query_start_loc / seq_lens (device, CPU and numpy views) and slot_mapping_cpu, filled as _prepare_inputs fills "
+    "them; the runner's input batch holds the release's own BlockTable",
+    "a full CUDA graph's capture batch (_dummy_run): its query starts are written as one-token requests",
+)
+
+#: The scenario's cuda_graph values this generation drives: ``full`` only where the release's CompilationConfig has
+#: ``full_cuda_graph`` (0.9.1 on).
+MODES_V0 = ("none", "piecewise", "full")
+
+
+def _call(fn, given: dict):
+    """``fn`` called with the parameters its own signature names, taken from ``given``."""
+    params = {name: p for name, p in inspect.signature(fn).parameters.items() if name != "self"}
+    missing = [name for name, p in params.items() if name not in given and p.default is inspect.Parameter.empty]
+    if missing:
+        raise Unsupported(f"{getattr(fn, '__qualname__', fn)}: parameter(s) {', '.join(missing)} not driven by "
+                          f"generation v0")
+    return fn(**{name: given[name] for name in params if name in given})
+
+
+class _RunnerStandIn:
+    """The V1 model runner's fields the runner-bound builder reads (see STOOD_IN)."""
+
+    def __init__(self, vc, s: dict, block_table):
+        import torch
+
+        n, tokens = s["max_num_seqs"], max(s["max_num_batched_tokens"], max(s["capture_sizes"]))
+        self.vllm_config, self.model_config = vc, vc.model_config
+        self.parallel_config, self.scheduler_config = vc.parallel_config, vc.scheduler_config
+        self.cache_config, self.compilation_config = vc.cache_config, vc.compilation_config
+        self.device = torch.device("cpu")
+        self.max_num_reqs, self.block_size, self.max_model_len = n, s["block_size"], s["max_model_len"]
+        self.attention_chunk_size = None
+        self.query_start_loc = torch.zeros(n + 1, dtype=torch.int32)
+        self.query_start_loc_cpu = torch.zeros(n + 1, dtype=torch.int32)
+        self.query_start_loc_np = self.query_start_loc_cpu.numpy()
+        self.seq_lens = torch.zeros(n, dtype=torch.int32)
+        self.seq_lens_cpu = torch.zeros(n, dtype=torch.int32)
+        self.seq_lens_np = self.seq_lens_cpu.numpy()
+        self.slot_mapping_cpu = torch.zeros(tokens, dtype=torch.int64)
+        self.input_batch = types.SimpleNamespace(block_table=block_table)
+
+    def fill(self, query_lens, seq_lens) -> None:
+        """The runner's arrays for a batch, as ``_prepare_inputs`` writes them: query starts (padded entries = the
+        token count), ``seq_lens`` (padded rows 0), device copies of both."""
+        n = len(query_lens)
+        self.query_start_loc_np[0] = 0
+        self.query_start_loc_np[1:n + 1] = list(_cumsum(query_lens))
+        self.query_start_loc_np[n + 1:] = sum(query_lens)
+        self.seq_lens_np[:n] = seq_lens
+        self.seq_lens_np[n:] = 0
+        self.query_start_loc.copy_(self.query_start_loc_cpu)
+        self.seq_lens.copy_(self.seq_lens_cpu)
+
+
+class ConfigV0:
+    """One scenario's vLLM objects, stepped the way the runner of 0.8.5 .. 0.10.0 steps them (module doc)."""
+
+    def __init__(self, engine, s: dict, numerics: bool = False):
+        import os
+
+        import torch
+        from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
+
+        from gpu_impl.engines.vllm.recipes import locate
+
+        release = getattr(engine.vllm, "__version__", "?")
+        if numerics:
+            raise Unsupported("numerics: not driven through generation v0 (record mode only)")
+        if s["cuda_graph"] not in MODES_V0:
+            raise Unsupported(f"cuda_graph: vLLM {release} has no {s['cuda_graph']!r} mode (generation v0 drives "
+                              f"{', '.join(MODES_V0)})")
+        if s["dcp"] > 1:
+            raise Unsupported(f"dcp: vLLM {release} has no decode context parallelism")
+        if s["head_dim_v"] not in (None, s["head_dim"]):
+            raise Unsupported(f"head_dim_v: vLLM {release} has no backend whose V head size differs from K's")
+        if s["kv_cache_dtype"] == "fp8":
+            raise Unsupported(f"kv_cache_dtype: fp8 in vLLM {release}'s impl quantizes the query with the compiled "
+                              f"_C op scaled_fp8_quant (CUDA), not faked")
+        full_field = "full_cuda_graph" in inspect.signature(CompilationConfig).parameters
+        if s["cuda_graph"] == "full" and not full_field:
+            raise Unsupported(f"cuda_graph: vLLM {release} has no full CUDA graph (CompilationConfig.full_cuda_graph)")
+        fa = engine.fa
+        self.s, self.fa, self.numerics, self.release = s, fa, False, release
+        os.environ["VLLM_BATCH_INVARIANT"] = "1" if s["batch_invariant"] else "0"
+        self.dtype = getattr(torch, s["dtype"])
+        vc = VllmConfig()
+        cc = vc.compilation_config
+        cc.cudagraph_capture_sizes = list(s["capture_sizes"])
+        if full_field:
+            cc.full_cuda_graph = s["cuda_graph"] == "full"
+        vc.scheduler_config.max_num_seqs = s["max_num_seqs"]
+        vc.scheduler_config.max_num_batched_tokens = s["max_num_batched_tokens"]
+        vc.parallel_config.tensor_parallel_size = s["tp"]
+        if vc.cache_config is None:  # 0.8.5's VllmConfig leaves it unset
+            from vllm.config import CacheConfig
+
+            vc.cache_config = CacheConfig()
+        vc.cache_config.cache_dtype = s["kv_cache_dtype"]
+        vc.cache_config.block_size = s["block_size"]
+        model = _ModelStandIn(s, self.dtype)
+        model.attention_chunk_size = None
+        model.disable_cascade_attn = True
+        object.__setattr__(vc, "model_config", model)
+        self.vc = vc
+        self.h, self.hk, self.dv = s["num_heads"] // s["tp"], max(1, s["num_kv_heads"] // s["tp"]), s["head_dim"]
+        Attention = locate("Attention")  # noqa: N806 - vLLM's class
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+        windows = s["sliding_window"] or [None] * s["num_layers"]
+        self.layers = {}
+        with set_current_vllm_config(vc):
+            for i, w in enumerate(windows):
+                h = (max(self.hk, self.h // 2) if s["lifecycle_defect"] == "shared-precompute-heterogeneous-heads"
+                     and i == len(windows) - 1 else self.h)
+                impl = fa.FlashAttentionImpl(num_heads=h, head_size=s["head_dim"], scale=s["head_dim"] ** -0.5,
+                                             num_kv_heads=self.hk, alibi_slopes=None, sliding_window=w,
+                                             kv_cache_dtype=s["kv_cache_dtype"],
+                                             logits_soft_cap=s["logits_soft_cap"] or None)
+                layer = Attention.__new__(Attention)
+                torch.nn.Module.__init__(layer)
+                layer.impl = impl
+                layer.layer_name = f"model.layers.{i}.self_attn.attn"
+                for name in ("_q_scale", "_k_scale", "_v_scale"):
+                    setattr(layer, name, torch.ones((), dtype=torch.float32))
+                    setattr(layer, name + "_float", 1.0)
+                cc.static_forward_context[layer.layer_name] = layer
+                self.layers[layer.layer_name] = layer
+            spec_args = dict(block_size=s["block_size"], num_kv_heads=self.hk, head_size=s["head_dim"],
+                             dtype=self.dtype, use_mla=False)
+            w0 = windows[0]
+            if w0 is not None and len(set(windows)) == 1:
+                spec = _call(SlidingWindowSpec, {**spec_args, "sliding_window": w0})
+            else:
+                spec = _call(FullAttentionSpec, {**spec_args, "sliding_window": None})
+            self.block_table = self._block_table()
+            self.runner = _RunnerStandIn(vc, s, self.block_table)
+            try:
+                self.builder = _call(fa.FlashAttentionMetadataBuilder, {
+                    "runner": self.runner, "kv_cache_spec": spec, "block_table": self.block_table,
+                    "vllm_config": vc, "device": torch.device("cpu"), "layer_names": list(self.layers)})
+            except ValueError as exc:  # the release's own check (capture sizes above 992 under a full graph)
+                raise Unsupported(f"vLLM's metadata builder refuses this configuration: {exc}") from exc
+        buffer = getattr(self.builder, "scheduler_metadata", None)
+        if s["cuda_graph"] == "full" and buffer is not None:
+            # the captured graph reads this buffer at the layout of the FA3 the wheel ships (at most batch + 1
+            # int32): judging a replay under the modelled build's longer layout would judge another kernel
+            raise RuntimeError(
+                f"full CUDA graph: vLLM {release}'s builder copies the metadata into its persistent buffer of "
+                f"max_num_seqs + 1 = {buffer.numel()} int32, the layout of the FA3 build its wheel ships, which is not "
+                f"modelled (the modelled build lays out more): a replay cannot be judged")
+        self.kv_cache = torch.zeros(self._kv_shape(), dtype=self.dtype)
+        self.spec = spec
+        self.max_blocks = self.block_table.max_num_blocks_per_req
+        self.captured: dict = {}
+        self.steps_built = 0
+
+    def _block_table(self):
+        """The release's own block table for one KV-cache group, as its runner makes it: ``MultiGroupBlockTable``
+        (0.9.0 on; its constructor computes the width ``cdiv(max_model_len, block_size)``), else ``BlockTable`` with
+        the runner's ``cdiv(max_model_len, block_size)``."""
+        import torch
+        import vllm.v1.worker.block_table as bt
+
+        s = self.s
+        given = {"max_num_reqs": s["max_num_seqs"], "max_model_len": s["max_model_len"],
+                 "max_num_batched_tokens": max(s["max_num_batched_tokens"], max(s["capture_sizes"])),
+                 "pin_memory": False, "device": torch.device("cpu"), "block_size": s["block_size"],
+                 "block_sizes": [s["block_size"]],
+                 "max_num_blocks_per_req": -(-s["max_model_len"] // s["block_size"])}
+        if hasattr(bt, "MultiGroupBlockTable"):
+            return _call(bt.MultiGroupBlockTable, given).block_tables[0]
+        return _call(bt.BlockTable, given)
+
+    def _kv_shape(self) -> tuple:
+        """One block of the KV cache as the release's backend lays it out (``get_kv_cache_shape``)."""
+        s = self.s
+        given = {"num_blocks": 1, "block_size": s["block_size"], "num_kv_heads": self.hk, "head_size": s["head_dim"],
+                 "cache_dtype_str": s["kv_cache_dtype"]}
+        return tuple(_call(self.fa.FlashAttentionBackend.get_kv_cache_shape, given))
+
+    # ------------------------------------------------------------------ one step
+
+    def _metadata(self, query_lens, seq_lens, capture: bool = False):
+        """The release's builder on the runner's arrays for a batch (``_prepare_inputs``; ``capture``: the capture
+        batch of ``_dummy_run``, ``max_query_len`` = its token count)."""
+        import dataclasses
+
+        import torch
+
+        n, t = len(query_lens), sum(query_lens)
+        self.runner.fill(query_lens, seq_lens)
+        bt = self.block_table
+        given = {"query_start_loc": self.runner.query_start_loc[:n + 1],
+                 "query_start_loc_cpu": self.runner.query_start_loc_cpu[:n + 1],
+                 "seq_lens": self.runner.seq_lens[:n], "seq_lens_cpu": self.runner.seq_lens_cpu[:n],
+                 "num_computed_tokens_cpu": torch.tensor([k - q for q, k in zip(query_lens, seq_lens)],
+                                                         dtype=torch.int32),
+                 "num_reqs": n, "num_actual_tokens": t, "max_query_len": t if capture else max(query_lens),
+                 "block_table_tensor": bt.get_device_tensor()[:n],
+                 # the persistent slot mapping: the block table's (0.9.0 on), else the runner's (0.8.5)
+                 "slot_mapping": getattr(bt, "slot_mapping", self.runner.slot_mapping_cpu)[:t]}
+        try:  # 0.8.5 has no CommonAttentionMetadata (its builder reads the runner only)
+            from vllm.v1.attention.backends.utils import CommonAttentionMetadata as cam_class
+        except ImportError:
+            cam_class = None
+        cam = None
+        if cam_class is not None:
+            fields = {f.name for f in dataclasses.fields(cam_class)}
+            cam = cam_class(**{k: v for k, v in given.items() if k in fields})
+        build = self.builder.build
+        if capture and hasattr(self.builder, "build_for_cudagraph_capture"):
+            build = self.builder.build_for_cudagraph_capture
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.vc):
+            try:
+                return _call(build, {**given, "common_prefix_len": 0, "common_attn_metadata": cam,
+                                     "fast_build": False})
+            except RuntimeError as exc:
+                buffer = getattr(self.builder, "scheduler_metadata", None)
+                if buffer is None or "must match" not in str(exc):
+                    raise
+                raise RuntimeError(
+                    f"full CUDA graph: vLLM {self.release}'s builder copies the metadata into "
+                    f"its persistent buffer of max_num_seqs + 1 = {buffer.numel()} int32 (the layout of the FA3 build "
+                    f"its wheel ships), which the metadata of the modelled build overflows: that older layout is "
+                    f"not modelled ({' '.join(str(exc).split())[:160]})") from exc
+
+    def _graph_size(self, num_tokens: int):
+        """The capture size a batch replays under a full CUDA graph (``pad_for_cudagraph``); None: eager."""
+        sizes = self.s["capture_sizes"]
+        if self.s["cuda_graph"] != "full" or num_tokens > max(sizes):
+            return None
+        return next(x for x in sizes if x >= num_tokens)
+
+    def _capture(self, size: int, front) -> list:
+        """``_dummy_run(size)`` with attention: ``min(size, max_num_seqs)`` requests of ``max_model_len`` tokens, the
+        layers' forward recorded as the graph will launch it."""
+        s = self.s
+        reqs = min(size, s["max_num_seqs"])
+        q = [size // reqs] * reqs
+        q[-1] += size % reqs
+        md = self._metadata(q, [s["max_model_len"]] * reqs, capture=True)
+        front.recording = []
+        try:
+            self.forward(md, size)
+        finally:
+            calls, front.recording = front.recording, None
+        return calls
+
+    def step(self, query_lens, seq_lens, front):
+        """One batch the way the runner of these releases steps it: (metadata, path label, graph descriptor)."""
+        size = self._graph_size(sum(query_lens))
+        desc = None
+        if size is not None and size not in self.captured:
+            self.captured[size] = self._capture(size, front)
+            front.capture_events.extend(front.drain())
+        md = self._metadata(query_lens, seq_lens)
+        self.steps_built += 1
+        if size is None:
+            self.forward(md, self.padded_tokens(sum(query_lens)))
+            path = ABOVE_GRAPHS if self.s["cuda_graph"] == "full" else self.s["cuda_graph"]
+            return md, path, desc
+        reqs = min(size, self.s["max_num_seqs"])
+        desc = types.SimpleNamespace(num_tokens=size, num_reqs=reqs, max_query_len=size, uniform_token_count=None)
+        front.path = "replay"
+        try:
+            for call in self.captured[size]:
+                front.c_fwd(**call)
+        finally:
+            front.path = "eager"
+        return md, "full", desc
+
+    def padded_tokens(self, num_tokens: int) -> int:
+        """Under piecewise CUDA graphs the hidden states are padded to the capture size and the attention runs
+        eagerly on ``query[:num_actual_tokens]``; otherwise the batch's own count."""
+        s = self.s
+        if s["cuda_graph"] == "piecewise" and num_tokens <= max(s["capture_sizes"]):
+            return next(x for x in s["capture_sizes"] if x >= num_tokens)
+        return num_tokens
+
+    def forward(self, md, num_tokens: int) -> None:
+        import torch
+        from vllm.config import set_current_vllm_config
+
+        s = self.s
+        with set_current_vllm_config(self.vc):
+            for layer in self.layers.values():
+                h = layer.impl.num_heads
+                query = torch.zeros(num_tokens, h, s["head_dim"], dtype=self.dtype)
+                key = torch.zeros(num_tokens, self.hk, s["head_dim"], dtype=self.dtype)
+                value = torch.zeros(num_tokens, self.hk, self.dv, dtype=self.dtype)
+                out = torch.zeros(num_tokens, h, self.dv, dtype=self.dtype)
+                layer.impl.forward(layer, query, key, value, self.kv_cache, md, out)
