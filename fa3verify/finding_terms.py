@@ -242,13 +242,13 @@ def case_file_terms(path: str, guard: Optional[str] = None, invariant: Optional[
     the command line; None: the case's own when it is this project's). None when the case is not a scenario the
     model runs (a vLLM or kernel-level case, a sharded-KV witness)."""
     from gpu_impl.kernels import load
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     from .commands.replay import load_case, scenario_from_case, unmodelled
 
     try:
         case = load_case(path)
-        if case.vllm is not None or unmodelled(case) or not case.batches:
+        if case.options or unmodelled(case) or not case.batches:
             return {"config": config_label_of_case(case)} if case is not None else None
         scenario = scenario_from_case(case, guard_override=guard)
         kernel = load(case.kernel.get("name", "emulated"), mode=case.kernel.get("mode", "strict"))
