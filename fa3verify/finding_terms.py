@@ -119,7 +119,7 @@ def replay_line(case_file: Optional[str], guard: Optional[str] = None, engine=No
     parts = [*command_words(), "replay", str(case_file)]  # as typed: the script the user ran, or `fa3verify`
     if guard and not is_builtin_guard(guard):
         parts += ["--guard", guard]
-    if engine is not None and getattr(engine, "named_only", False):
+    if engine is not None and getattr(engine, "plugin", None) is not None and engine.plugin.named_only(engine):
         parts += ["--engine", str(engine)]
     return shlex.join(parts)
 

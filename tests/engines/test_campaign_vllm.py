@@ -50,14 +50,18 @@ def test_a_vllm_case_round_trips_through_the_one_schema_and_names_bad_fields(tmp
     back = Case.from_json(case.to_json())
     assert back.options == fc.options and back.engine == {"name": "vllm", "release": RELEASE} and back.defects == [DEFECT]
     data = json.loads(case.to_json())
+    assert data["options"] == {"vllm": fc.options["vllm"]} and "vllm" not in data  # written as options
+    legacy = {k: v for k, v in data.items() if k != "options"}  # a file written before options
     for bad, field in (({"kv_cache_dtype": "int4"}, "vllm.kv_cache_dtype"), ({"frob": 1}, "vllm.frob"),
                        ({"num_layers": 2, "sliding_window": [4096]}, "vllm.sliding_window"),
                        ({"capture_sizes": [0]}, "vllm.capture_sizes"), ("x", "vllm")):
-        with pytest.raises(CaseFormatError, match=field.replace(".", r"\.")):
-            Case.from_dict({**data, "vllm": bad})
-    graph = {**data, "server": {**data["server"], "cuda_graph": True}, "vllm": {"piecewise": True}}
-    with pytest.raises(CaseFormatError, match="vllm.piecewise"):
-        Case.from_dict(graph)
+        for spelled, where in (({**data, "options": {"vllm": bad}}, "options." + field), ({**legacy, "vllm": bad}, field)):
+            with pytest.raises(CaseFormatError, match="^" + where.replace(".", r"\.") + ":"):
+                Case.from_dict(spelled)
+    for spelled in ({**legacy, "vllm": {"piecewise": True}}, {**data, "options": {"vllm": {"piecewise": True}}}):
+        graph = {**spelled, "server": {**data["server"], "cuda_graph": True}}
+        with pytest.raises(CaseFormatError, match="vllm.piecewise"):
+            Case.from_dict(graph)
     with pytest.raises(CaseFormatError, match="engine.release"):
         Case.from_dict({**data, "engine": {"name": "vllm"}})
 
