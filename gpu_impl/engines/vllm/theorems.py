@@ -16,8 +16,8 @@ and 64 (FA3 in vLLM needs a multiple of 16), the SM counts of ``spec.model.domai
 builder precomputes, with that mode's split counts. Simplified (stated in docs/engines-vllm.md): full-attention
 layers only (window (-1, -1), causal), DCP off, bf16 KV cache; batch sizes are equal on both sides (vLLM builds
 both from ``num_reqs``). A refutation carries a concrete counterexample replayed through refmodel and, with
-``cases_dir``, is written as a case file (fa3verify.case/1 with a ``vllm`` object, engine ``vllm==V``) that
-``fa3verify replay`` runs on vLLM's own code (:func:`write_vllm_case`): a profile whose precompute passes the
+``cases_dir``, is written as a case file (fa3verify.case/1 with its vLLM options, ``options.vllm``, engine
+``vllm==V``) that ``fa3verify replay`` runs on vLLM's own code (:func:`write_vllm_case`): a profile whose precompute passes the
 heuristic (0) while the call passes a fixed count is vLLM #20301's pattern, and the case carries that seeded
 defect (``graph-split-count-from-capture``, applied by the vLLM driver from outside vLLM's code); any other
 difference a profile claims is no seeded defect, so its case replays the released code as it is.
