@@ -186,7 +186,7 @@ def gate(guard: GuardLike = "fixed", metadata_heads: str = "tp", keep_stale_cp_m
     and case files; the proofs come before it); `cases` (a case count) replaces it and reads no clock, so the same
     `cases` and `seed` save the same case files on any machine.
     """
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     from .commands.gate import gate as run_gate
 
@@ -230,7 +230,7 @@ def fuzz(guard: GuardLike = "fixed", metadata_heads: str = "tp", keep_stale_cp_m
 
     `budget_s` bounds the whole campaign, shrinking and case files included; `cases` replaces it with a case count
     (no clock: the same case files on any machine)."""
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     from .commands.fuzz import fuzz as run_fuzz
 

@@ -24,7 +24,7 @@ def scenario_case(case, *, source: str, policy: dict, expected: dict, notes: str
                            engine=engine, batches=[dict(s) for s in case.steps],
                            kernel=kernel or {"name": "emulated", "mode": "strict"}, seed=case.seed,
                            expected=expected, notes=notes, defects=sorted(defects),
-                           vllm=getattr(case, "vllm", None))
+                           options=getattr(case, "options", None))
 
 
 def write_case(case: Any, path) -> Path:

@@ -10,7 +10,7 @@ exit 2, never a traceback.
 
 Policy options on a real engine (decided here, documented in docs/engines.md): ``--guard``,
 ``--metadata-heads``, ``--keep-stale-cp-metadata`` and ``--cp-decode-sharded-kv`` describe *our model's*
-policy; where the spec says the engine's own code runs (``EngineSpec.runs_scenario_policy`` False) its guard,
+policy; where the spec says the engine's own code runs (``EnginePlugin.runs_scenario_policy`` False) its guard,
 head counts and runner are whatever its code does. Giving any of them a
 non-default value together with a real engine is refused (exit 2) rather than silently ignored.
 """
@@ -129,11 +129,11 @@ def refuse_policy_options(args, spec) -> None:
 
 
 def fa3_build_of(spec) -> str:
-    """The FA3 build (refmodel.fa3_builds) that judges runs of this engine spec (``EngineSpec.fa3_build``):
+    """The FA3 build (refmodel.fa3_builds) that judges runs of this engine spec (``EnginePlugin.fa3_build``):
     recorded per release, else upstream; no spec (numerics on the emulator) is judged under upstream's."""
     from refmodel.fa3_builds import UPSTREAM
 
-    return UPSTREAM if spec is None else spec.fa3_build()
+    return UPSTREAM if spec is None else spec.plugin.fa3_build(spec)
 
 
 def identity_of(sut) -> dict:
@@ -186,7 +186,7 @@ def engine_for_case(case, override: Optional[str] = None):
     """The EngineSpec a replay runs on: ``--engine`` if given, else the case's own engine (absent: the model).
 
     A case file never makes the tool run code the user did not name: a case found on a source checkout (or a
-    ``sut=MODULE:CLASS``) replays on it only when ``--engine`` names it on the command line (``EngineSpec.named_only``).
+    ``sut=MODULE:CLASS``) replays on it only when ``--engine`` names it on the command line (``EnginePlugin.named_only``).
     """
     if override:
         return parse_engine_option(override)
@@ -194,8 +194,8 @@ def engine_for_case(case, override: Optional[str] = None):
         spec = spec_from_identity(case.engine)
     except Exception as exc:  # a malformed engine object already fails case validation; belt and braces
         raise UsageError(f"engine: {exc}") from None
-    if spec.named_only:
-        raise UsageError(f"engine: the case was found on {spec.found_on}; replay runs code only "
+    if spec.plugin.named_only(spec):
+        raise UsageError(f"engine: the case was found on {spec.plugin.found_on(spec)}; replay runs code only "
                          f"you name: pass --engine {spec} (or --engine model)")
     return spec
 
@@ -206,7 +206,7 @@ def add_profile_argument(parser) -> None:
                         help="model policy of an sglang release (0.5.11 .. 0.5.23): its precompute heads and guard "
                              "from spec/model/engine_profiles.json, instead of --guard/--metadata-heads (prove also drops the assumptions the "
                              "release does not enforce: spec/model/assumption_facts.json); vllm==V (prove, "
-                             "conform): vLLM's flow from spec/model/engine_profiles_vllm.json")
+                             "conform): vLLM's flow from gpu_impl/engines/vllm/profiles.json")
 
 
 def profile_policy_args(args):
@@ -232,7 +232,8 @@ def profile_policy_args(args):
 def vllm_profile_arg(args):
     """The vLLM profile ``--engine-profile vllm==V`` names (None for anything else); UsageError when it is combined
     with a policy option (the profile sets both sides) or names no profiled release."""
-    from spec.model.engine_profiles import ProfileError, engine_profile_for, release_named
+    from gpu_impl.plugin import engine_profile_for
+    from spec.model.engine_profiles import ProfileError, release_named
 
     text = getattr(args, "engine_profile", None)
     if release_named(text, "vllm") is None:

@@ -178,18 +178,18 @@ def vllm_flow_rows(sut, timeout_s: float, cases_dir: str, kernel=None, replay: b
     vllm==V``, a failed row when refuted), its counterexample replayed on the engine (``replay`` False: the
     caller replays it); a release without a profile is an inconclusive row (the theorem cannot run), never a
     pass."""
-    from spec.model.engine_profiles_vllm import VllmProfileError, vllm_profile_for
+    from spec.model.engine_profiles import ProfileError
 
     from .commands.prove import prove_vllm
 
-    try:
-        profile = vllm_profile_for(getattr(sut, "release", None) or sut.spec.release)  # a checkout: its nearest
-    except VllmProfileError as exc:
+    try:  # the engine's own profile, from its plugin; a checkout: its nearest release's
+        profile = sut.spec.plugin.release_profile(getattr(sut, "release", None) or sut.spec.release)
+    except ProfileError as exc:
         out = RunSummary(command="gate")
         out.checks.append(Check(name="vllm-flow", kind="theorem", verdict="inconclusive", seconds=0.0,
                                 inconclusive=True,
                                 message=f"{exc}: the flow theorem needs the release's profile "
-                                        f"(spec/model/engine_profiles_vllm.json; `conform --engine {sut.spec}` checks one)"))
+                                        f"(gpu_impl/engines/vllm/profiles.json; `conform --engine {sut.spec}` checks one)"))
         return out
     out = prove_vllm(profile, timeout_s=timeout_s, cases_dir=cases_dir)
     refuted = [c.case_file for c in out.checks if c.verdict == "refuted" and c.case_file]

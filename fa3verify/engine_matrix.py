@@ -218,8 +218,8 @@ def own_theorem_prediction(summary) -> str:
 
 
 def release_profile(engine: str, release: str):
-    """The profile of ``release`` of ``engine`` (``spec.model.engine_profiles.engine_profile_for``), or None."""
-    from spec.model.engine_profiles import engine_profile_for
+    """The profile of ``release`` of ``engine`` (``gpu_impl.plugin.engine_profile_for``), or None."""
+    from gpu_impl.plugin import engine_profile_for
 
     try:
         return engine_profile_for(str(spec_of(engine, release)))[1]

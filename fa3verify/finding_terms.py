@@ -119,7 +119,7 @@ def replay_line(case_file: Optional[str], guard: Optional[str] = None, engine=No
     parts = [*command_words(), "replay", str(case_file)]  # as typed: the script the user ran, or `fa3verify`
     if guard and not is_builtin_guard(guard):
         parts += ["--guard", guard]
-    if engine is not None and getattr(engine, "named_only", False):
+    if engine is not None and getattr(engine, "plugin", None) is not None and engine.plugin.named_only(engine):
         parts += ["--engine", str(engine)]
     return shlex.join(parts)
 
@@ -242,13 +242,13 @@ def case_file_terms(path: str, guard: Optional[str] = None, invariant: Optional[
     the command line; None: the case's own when it is this project's). None when the case is not a scenario the
     model runs (a vLLM or kernel-level case, a sharded-KV witness)."""
     from gpu_impl.kernels import load
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     from .commands.replay import load_case, scenario_from_case, unmodelled
 
     try:
         case = load_case(path)
-        if case.vllm is not None or unmodelled(case) or not case.batches:
+        if case.options or unmodelled(case) or not case.batches:
             return {"config": config_label_of_case(case)} if case is not None else None
         scenario = scenario_from_case(case, guard_override=guard)
         kernel = load(case.kernel.get("name", "emulated"), mode=case.kernel.get("mode", "strict"))

@@ -96,7 +96,8 @@ def judge(sut, scenario, kernel=None, numerics: bool = False, device: str = "cpu
           crash_is_finding: bool = False, crash_is_error: bool = False) -> Verdict:
     """Run ``scenario`` on ``sut`` (default: the model) and judge it (module docstring: one meaning per fault)."""
     from gpu_impl.guards import GuardRaised
-    from gpu_impl.sut import ModelSUT, ScenarioUnsupported
+    from gpu_impl.sut import ScenarioUnsupported
+    from gpu_impl.engines.model.sut import ModelSUT
     from refmodel.errors import ProcessAbort
     from spec.process.worker_client import WorkerError
 

@@ -324,7 +324,7 @@ def simulate(case: Any, numerics: bool = True, device: str = "cpu"):
     :func:`fa3verify.judge.judge` (a :class:`fa3verify.judge.Verdict`)."""
     from gpu_impl.distributed import kernel_spec, scenario_from_case
     from gpu_impl.kernels import load
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     import torch
 

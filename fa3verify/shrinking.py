@@ -5,8 +5,9 @@ by a quarter, an eighth, ... down to one token less), then simplify the configur
 1, the H200's SM count, the shortest context that still holds every sequence). A candidate is kept only when it
 still shows the same signature; the search goes on over the smaller case's candidates from the position of the
 one kept, round to it, so it ends at a case none of whose candidates fails the same way; invalid candidates (a
-configuration sglang would reject; for a vLLM case, one outside the vLLM family's domain,
-``strategies.vllm.NOT_ASSUMED_BY_VLLM``) are skipped without being run.
+configuration sglang would reject; for a case carrying an engine's options, one outside that engine's domain:
+the assumptions its plugin does not require, ``EnginePlugin.assumptions_not_required``) are skipped without
+being run.
 
 Shrinking is bounded by **steps**, the candidates it runs (calls of ``still_fails``; a skipped invalid candidate
 is not a step), so the same failing case shrinks to the same result on any machine, fast or slow. A time-boxed
@@ -25,6 +26,19 @@ from typing import Any, Callable, Iterator, Optional
 from gpu_impl.config import is_valid_config
 
 from .strategies import CONTEXT_LENGTHS, FuzzCase
+
+
+def assumptions_not_required(options: dict) -> tuple:
+    """spec's domain assumptions a case carrying engine-owned ``options`` need not meet: those the plugins owning
+    them drop (``gpu_impl.plugin.EnginePlugin.assumptions_not_required``)."""
+    from gpu_impl.plugin import options_plugin
+
+    out: set = set()
+    for key in options or {}:
+        plugin = options_plugin(key)
+        if plugin is not None:
+            out.update(plugin.assumptions_not_required())
+    return tuple(sorted(out))
 
 __all__ = ["MAX_SHRINK_STEPS", "Shrunk", "shrink", "shrink_case"]
 
@@ -63,12 +77,10 @@ def shrink(case: FuzzCase, still_fails: Callable[[FuzzCase], bool], max_steps: i
     when the clock plus the expected cost of one candidate (the mean so far; ``step_cost`` before the first) is
     before it. Without a deadline the result depends on ``case`` and ``still_fails`` alone.
     """
-    from .strategies.vllm import NOT_ASSUMED_BY_VLLM
-
     if max_steps < 0:
         raise ValueError(f"max_steps: expected an integer >= 0, got {max_steps!r}")
     now = clock or (lambda: time.perf_counter())  # looked up at each call: a test may slow the clock
-    dropped = NOT_ASSUMED_BY_VLLM if case.vllm is not None else ()
+    dropped = assumptions_not_required(case.options)
     best, steps, spent, at = case, 0, 0.0, 0
     while True:
         candidates = list(_candidates(best))

@@ -7,6 +7,18 @@ cached environments, `engines`), and the kernel adapters (`kernels`: a CPU emula
 metadata, and real FA3 on a GPU). Built on refmodel and spec; imports nothing from fa3verify.
 """
 
+from spec.model.cases import set_case_options
+
 from .errors import KernelUnavailable, MetadataShapeError, OutOfBoundsAccess
+
+
+def _case_options_schemas() -> dict:
+    from .plugin import case_options_schemas
+
+    return case_options_schemas()
+
+
+# a case's engine-owned options are validated by the schema of the engine whose plugin files them (spec names none)
+set_case_options(_case_options_schemas)
 
 __all__ = ["KernelUnavailable", "MetadataShapeError", "OutOfBoundsAccess"]

@@ -19,9 +19,30 @@ replays its graph with padding rows only); each is read from the trace entries a
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-__all__ = ["PATHS", "LAYER_TYPES", "ConfigDomain", "DomainDraw", "reached_paths", "reach_report"]
+__all__ = ["PATHS", "LAYER_TYPES", "SM_COUNTS", "ConfigDomain", "DomainDraw", "FuzzCase", "reached_paths",
+           "reach_report"]
+
+#: SM counts of real GPUs: H100/H200 SXM 132, H100 PCIe 114, A100 108, L40S-class 78
+#: (H200: docs/facts-fa3.md section 1).
+SM_COUNTS = (132, 114, 108, 78)
+
+
+@dataclass(frozen=True)
+class FuzzCase:
+    """One generated scenario before the policy is applied: configuration, model, steps, tensor seed, and the
+    engine-owned options (``{options key: object}``, ``gpu_impl.plugin.EnginePlugin.options_key``) that the
+    server and model cannot say (empty for a case any engine runs). The strategy families (``fa3verify.strategies``
+    and an engine folder's own) draw it."""
+
+    server: Any
+    model: Any
+    steps: tuple
+    numerics: bool
+    seed: int
+    options: dict = field(default_factory=dict)
 
 #: Where metadata is precomputed and consumed (flashattention_backend.py: ``init_forward_metadata``, the
 #: capture-time and replay-time metadata inits), plus an idle DP-attention rank on any of them.

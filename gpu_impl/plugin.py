@@ -13,21 +13,85 @@ The defaults are those of a real engine whose own code decides (its guard, head 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional
 
-__all__ = ["EnginePlugin", "PolicyOptionRefused", "load_plugin"]
+__all__ = ["EnginePlugin", "PolicyOptionRefused", "OwnProfileRefused", "ClaimCheck", "ClaimReport", "load_plugin",
+           "case_options_schemas", "options_plugin", "engine_strategy_families", "engine_profile_for", "release_form"]
 
 
 class PolicyOptionRefused(ValueError):
     """A model-policy option given for an engine whose own code decides (the message names the option)."""
 
 
+class OwnProfileRefused(ValueError):
+    """A profile an engine cannot be conformed against (``option``: the command-line option that named it)."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
+
+
+@dataclass
+class ClaimCheck:
+    """One claim of an engine's own profile, checked on its code (``own-profile`` conformance): whether it held
+    and what the code did."""
+
+    name: str
+    holds: bool
+    message: str
+    seconds: float = 0.0
+
+
+@dataclass
+class ClaimReport:
+    """An ``own-profile`` conformance run: the policy it ran under, every claim checked, the findings
+    (``spec.finding.Finding``) for the claims the code contradicts, and its duration."""
+
+    policy: dict
+    claims: list = field(default_factory=list)
+    findings: list = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
 class EnginePlugin:
     """What the harness asks an engine. One instance per engine (``gpu_impl.sut.EngineSpec.plugin``); every method
     takes the spec it is asked about (a release, a checkout or a named class of that engine)."""
 
-    #: the key a case file files this engine's own options under (``Case.options``: e.g. ``"vllm"``); None: none
+    #: the key a case files this engine's own options under (``Case.options``, a case file's ``options`` object);
+    #: None: the engine takes none. Their schema is the plugin's own (:meth:`check_options`).
     options_key: Optional[str] = None
+
+    # -- case options: a schema the engine owns ---------------------------------------------------------------
+    def check_options(self, value, server: dict, path: str) -> dict:
+        """The validated options object of a case filed under :attr:`options_key` (``value``, at ``path`` in the
+        file), given the case's validated ``server`` object; ``spec.model.case_bounds.CaseFormatError`` names the
+        first bad field. An engine with an options key overrides it."""
+        from spec.model.case_bounds import CaseFormatError
+
+        raise CaseFormatError(path, "no options (the engine takes none)", value)
+
+    def assumptions_not_required(self) -> tuple:
+        """spec's domain assumptions (``spec.model.config`` names) a case carrying this engine's options need not
+        meet (the shrinker keeps candidates outside them): none."""
+        return ()
+
+    def strategy_families(self) -> dict:
+        """The engine's own strategy families (``name -> family(rng) -> gpu_impl.domain.FuzzCase | None``), which the
+        suite's ``fa3verify.strategies.FAMILIES`` adds to its own: none."""
+        return {}
+
+    # -- profiles --------------------------------------------------------------------------------------------------
+    def release_profile(self, release: str):
+        """The profile of ``release`` (what the prover plays and conform checks); ``spec.model.engine_profiles
+        .ProfileError`` naming the profiled releases otherwise. None from :meth:`profiled_releases`: no profiles."""
+        from spec.model.engine_profiles import ProfileError
+
+        raise ProfileError(f"no profile for {release}: the engine has no release profiles")
+
+    def profiled_releases(self) -> Optional[str]:
+        """The releases with a profile, in words for a message (``0.5.11 .. 0.5.23``); None: no profiles."""
+        return None
 
     # -- opening ------------------------------------------------------------------------------------------------
     def open(self, spec, policy=None):
@@ -165,6 +229,15 @@ class EnginePlugin:
         code), or None (nothing to conform: it is the model)."""
         return "model-profile"
 
+    def own_profile(self, spec, text: Optional[str], release: Optional[str]):
+        """``own-profile`` conformance: the profile ``text`` (``--engine-profile``; None: the one of ``release``, the
+        release it runs or stands beside) names for it; :class:`OwnProfileRefused` naming the option otherwise."""
+        raise OwnProfileRefused("--engine", f"{spec} has no profile of its own to conform against")
+
+    def check_own_profile(self, sut, profile) -> ClaimReport:
+        """``own-profile`` conformance: every claim of ``profile`` checked on the code ``sut`` runs."""
+        raise NotImplementedError
+
     def conformance_profile(self, spec, sut) -> Optional[str]:
         """The release profile conform compares it with (``sglang==V``), or None when it names none: by default the
         release it runs or stands beside (a checkout's identity names its nearest release)."""
@@ -214,3 +287,48 @@ def options_owner(key: str) -> str:
         if plugin.options_key == key and row["takes"] == "release":
             return row["prefix"] + "V"
     return "the engine that wrote it"
+
+
+def options_plugin(key: str) -> Optional[EnginePlugin]:
+    """The plugin whose case options are filed under ``key`` (None: no registered engine's)."""
+    return next((plugin for _, plugin in _plugins() if plugin.options_key == key), None)
+
+
+def case_options_schemas() -> dict:
+    """``{options key: check(value, server, path)}`` for every registered engine that takes case options: the
+    schemas ``spec.model.cases`` validates a case's ``options`` with (it names no engine)."""
+    return {plugin.options_key: plugin.check_options for _, plugin in _plugins() if plugin.options_key}
+
+
+def engine_strategy_families() -> dict:
+    """Every registered engine's own strategy families (:meth:`EnginePlugin.strategy_families`), by name."""
+    out: dict = {}
+    for plugin in dict.fromkeys(plugin for _, plugin in _plugins()):
+        out.update(plugin.strategy_families())
+    return out
+
+
+def release_form(spec) -> Optional[dict]:
+    """The registry row of the release form of ``spec``'s engine (the row with ``takes`` "release" and the same
+    plugin: ``vllm==`` for ``vllm-src=PATH``), or None."""
+    from .sut import ENGINE_REGISTRY
+
+    return next((row for row in ENGINE_REGISTRY.values()
+                 if row["takes"] == "release" and row["plugin"] == spec.form["plugin"]), None)
+
+
+def engine_profile_for(text: str) -> tuple:
+    """``(kind, profile)`` for a profile name ``ENGINE==V`` (a release form's prefix and V), the profile being the
+    engine's plugin's (:meth:`EnginePlugin.release_profile`); ProfileError naming the allowed forms and releases
+    otherwise."""
+    from spec.model.engine_profiles import ProfileError
+
+    text = text or ""
+    forms = [(row, plugin) for row, plugin in _plugins()
+             if row["takes"] == "release" and plugin.profiled_releases() is not None]
+    for row, plugin in forms:
+        if text.startswith(row["prefix"]):
+            profile = plugin.release_profile(text[len(row["prefix"]):])
+            return row["kind"], profile
+    allowed = " or ".join(f"{row['prefix']}V ({plugin.profiled_releases()})" for row, plugin in forms)
+    raise ProfileError(f"want {allowed}, got {text!r}")

@@ -67,8 +67,9 @@ class Scenario:
     #: seeded defects (names in gpu_impl.defects.DEFECTS, applied by gpu_impl.defects.seed_run); a SeededPolicy
     #: guard adds its own
     defects: frozenset = frozenset()
-    #: vLLM options (``spec.model.case_vllm``) of a case drawn for vLLM (family ``vllm``); only ``vllm==V`` runs them
-    vllm: Optional[dict] = None
+    #: engine-owned options (``{options key: object}``, ``gpu_impl.plugin.EnginePlugin.options_key``) of a case drawn
+    #: for one engine's configuration; only that engine runs them (empty: any system under test)
+    options: dict = field(default_factory=dict)
 
     def all_defects(self) -> frozenset:
         """The defects in force: ``defects`` plus those the guard carries (``gpu_impl.defects.scenario_defects``)."""

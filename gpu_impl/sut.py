@@ -11,7 +11,7 @@ the harness draws a campaign's configurations from it and never branches on the 
 
 Engines are named by a spec string (:func:`parse_engine`):
 
-- ``model``: :class:`ModelSUT`, our model (``gpu_impl.backend`` through ``gpu_impl.scenario.run_scenario``);
+- ``model``: ``gpu_impl.engines.model.sut.ModelSUT``, our model (``gpu_impl.backend`` through ``gpu_impl.scenario.run_scenario``);
   the default, fast, and the only engine whose policy (guard, metadata heads, runner hygiene, seeded defects)
   is the harness's: given to its constructor (``ModelSUT(policy=...)``: the policy options, a case's policy on
   replay), else a scenario's policy fields.
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["ENGINE_REGISTRY", "EngineSpec", "EngineSpecError", "ModelSUT", "ScenarioUnsupported", "SystemUnderTest",
+__all__ = ["ENGINE_REGISTRY", "EngineSpec", "EngineSpecError", "ScenarioUnsupported", "SystemUnderTest",
            "open_named_sut", "open_sut", "parse_engine", "releases_of", "spec_from_identity"]
 
 _RELEASE = re.compile(r"^\d+\.\d+\.\d+(\.\d+)?(\.post\d+)?$")
@@ -172,46 +172,6 @@ class EngineSpec:
     def case_records_engine(self) -> bool:
         """Whether a case found on it records an ``engine`` object (the model's cases carry none)."""
         return self.form["takes"] is not None
-
-    # The answers below are the plugin's (kept as properties for code written against the registry's flags).
-    @property
-    def runs_scenario_policy(self) -> bool:
-        """Whether the scenario's policy (guard, metadata heads, runner hygiene, seeded defects) is what runs."""
-        return self.plugin.runs_scenario_policy(self)
-
-    @property
-    def named_only(self) -> bool:
-        """Whether a case found on it replays on it only when ``--engine`` names it."""
-        return self.plugin.named_only(self)
-
-    @property
-    def found_on(self) -> str:
-        """Where a case was found, in a message: "the source checkout PATH", "sglang==0.5.23", ..."""
-        return self.plugin.found_on(self)
-
-    @property
-    def seeds_defects(self) -> bool:
-        """Whether its driver applies seeded defects."""
-        return self.plugin.applies_defects(self)
-
-    @property
-    def runs_vllm_cases(self) -> bool:
-        """Whether it runs a case's vLLM options."""
-        return self.plugin.options_key == "vllm"
-
-    @property
-    def conform(self) -> Optional[str]:
-        """What conform checks it against (the plugin's ``commands.conform``)."""
-        return self.plugin.conformance(self)
-
-    @property
-    def flow_theorem(self) -> bool:
-        """Whether its gate proves the flow theorem under the release's profile."""
-        return "flow-theorem" in self.plugin.proof_stages(self)
-
-    def fa3_build(self) -> str:
-        """The FA3 build (refmodel.fa3_builds) that judges its runs (the plugin's ``fa3_build``)."""
-        return self.plugin.fa3_build(self)
 
 
 def _describe_forms() -> None:
@@ -370,49 +330,6 @@ class SystemUnderTest(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class ModelSUT(SystemUnderTest):
-    """Our model of sglang's backend (``gpu_impl.backend``), driven by ``gpu_impl.scenario.run_scenario``, under
-    the policy it is constructed with (``policy``: guard, metadata heads, runner hygiene; ``defects``: seeded
-    defects, ``gpu_impl.defects``), which fuzz and the gate read from it and which runs (:meth:`under_policy`);
-    without one, a scenario's own policy fields run."""
-
-    spec = EngineSpec("model")
-
-    def proof_plan(self) -> tuple:
-        """Every theorem (spec.theorems) under its policy."""
-        return ("theorems",)
-
-    def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
-        from .scenario import run_scenario
-
-        if getattr(scenario, "vllm", None) is not None:
-            raise ValueError("vllm: a vLLM configuration (sliding windows, KV dtype, piecewise graphs) is not "
-                             "modelled by the model of sglang's backend; run it on vllm==V")
-        return run_scenario(self.under_policy(scenario), kernel=kernel, numerics=numerics, device=device)
-
-    def under_policy(self, scenario):
-        """``scenario`` with this model's policy (guard, metadata heads, runner hygiene, the graph replay's
-        ``max_seqlen_k``) and its seeded defects in force; unchanged when it was constructed with neither."""
-        import dataclasses
-
-        if self.policy is None and not self.defects:
-            return scenario
-        changes = {"defects": frozenset(scenario.defects) | self.defects}
-        policy = self.policy
-        if policy is not None:
-            changes.update(guard=policy.guard, guard_spec=policy.guard_spec, metadata_heads=policy.metadata_heads,
-                           clear_stale_cp_metadata=policy.clear_stale_cp_metadata,
-                           graph_replay_seqlen_k=policy.graph_replay_seqlen_k, fa3_build=policy.fa3_build)
-        return dataclasses.replace(scenario, **changes)
-
-    def __init__(self, spec: Optional[EngineSpec] = None, policy=None, defects=frozenset()):
-        self.spec = spec or EngineSpec("model")
-        self.policy, self.defects = policy, frozenset(defects)
-
-    def identity(self) -> dict:
-        return {"name": "model"}
 
 
 def open_named_sut(spec: EngineSpec) -> SystemUnderTest:

@@ -1,5 +1,5 @@
 """Per-family counts of a vLLM campaign: the one campaign (``fa3verify fuzz --engine vllm==V`` runs the same) with
-a tally of the configuration families drawn (``fa3verify.strategies.vllm.vllm_family_label``).
+a tally of the configuration families drawn (``gpu_impl.engines.vllm.strategies.vllm_family_label``).
 
 Usage: python scripts/vllm_campaign.py [--release 0.33.0] [--seed N] [--cases N]. The loop, the generator and case
 saving are the campaign's (``fa3verify.commands.fuzz.fuzz``); this only counts what was drawn and prints it per family.
@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fa3verify.commands.fuzz import fuzz  # noqa: E402
 from fa3verify.strategies import FAMILIES  # noqa: E402
-from fa3verify.strategies.vllm import vllm_case, vllm_family_label  # noqa: E402
+from gpu_impl.engines.vllm.strategies import vllm_case, vllm_family_label  # noqa: E402
 from gpu_impl.sut import open_sut  # noqa: E402
 
 

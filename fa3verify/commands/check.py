@@ -18,7 +18,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     from ..errors import UsageError
     from .gate import gate

@@ -37,7 +37,6 @@ from spec.model import assumption_facts
 
 from ..campaign import Budget, Observation, run_campaign
 from ..case_files import scenario_case
-from ..conformance_vllm import conform_vllm
 from ..engine_choice import add_engine_argument, add_profile_argument
 from ..errors import UsageError
 from ..finding_terms import replay_line
@@ -250,7 +249,7 @@ class ConformanceTarget:
 
     def observe(self, case):
         from gpu_impl.model_pairs import model_pairs
-        from gpu_impl.sut import ModelSUT
+        from gpu_impl.engines.model.sut import ModelSUT
 
         from .fuzz import scenario_for
 
@@ -306,9 +305,9 @@ def conform(sut, profile, cases: int = 200, seed: int = 0, cases_dir: str = "fa3
     from ..strategies import domain_strategy, family
 
     start = time.perf_counter()
-    # the model is judged under the FA3 build that judges the engine (EngineSpec.fa3_build: its release's kernel
+    # the model is judged under the FA3 build that judges the engine (EnginePlugin.fa3_build: its release's kernel
     # build, upstream's for a checkout or a named system), so both sides schedule with one build's rules
-    build = sut.spec.fa3_build()
+    build = sut.spec.plugin.fa3_build(sut.spec)
     policy = (load_policy(profile.guard_spec, profile.precompute_heads,
                           graph_replay_seqlen_k=profile.graph_replay_seqlen_k, fa3_build=build)
               if profile else load_policy(fa3_build=build))
@@ -431,7 +430,7 @@ def _conform_claims(args, spec, shard) -> int:
     if shard is not None:
         raise UsageError(f"--shard: {spec} conforms claim by claim, not over drawn configurations; "
                          f"--shard applies to engines conformed over drawn configurations")
-    return _conform_vllm(args, spec)
+    return _conform_own_profile(args, spec)
 
 
 def _conform_drawn(args, spec, shard) -> int:
@@ -442,7 +441,7 @@ def _conform_drawn(args, spec, shard) -> int:
     with open_engine(spec) as sut:
         profile = conform_profile(args.engine_profile, sut)
         # both sides are judged under the build the release's kernel wheel ships (refmodel/fa3_builds.json)
-        print(f"engine: {spec}   profile: {profile.describe()}; both sides judged under FA3 build {spec.fa3_build()}")
+        print(f"engine: {spec}   profile: {profile.describe()}; both sides judged under FA3 build {spec.plugin.fa3_build(spec)}")
         start_engine(sut, "conform")
         with stage("conform", f"conform {args.cases} configurations on {spec}"
                               + (f", shard {shard}" if shard else ""),
@@ -485,15 +484,15 @@ def _progress_every_25(total: int):
     return say
 
 
-def _conform_vllm(args, spec) -> int:
-    """``--engine vllm==V``: the release's vLLM profile checked claim by claim on its own code."""
+def _conform_own_profile(args, spec) -> int:
+    """``own-profile``: the engine's own release profile (``--engine-profile``, else the release ``--engine`` names
+    or a checkout's nearest), checked claim by claim on its own code by its plugin."""
+    from gpu_impl.plugin import OwnProfileRefused
+
     from ..engine_choice import open_engine
-    from spec.model.engine_profiles import ProfileError, engine_profile_for, release_named
 
     if not args.engine_profile and spec.release is None:
-        from ..engine_choice import open_engine as _open
-
-        with _open(spec) as probe:  # a checkout conforms to its nearest release's profile unless told otherwise
+        with open_engine(spec) as probe:  # a checkout conforms to its nearest release's profile unless told otherwise
             release = probe.release
     else:
         release = spec.release
@@ -502,18 +501,13 @@ def _conform_vllm(args, spec) -> int:
         from gpu_impl.engines.errors import UnknownRelease
 
         try:
-            check_release(spec.release, engine="vllm")
+            check_release(spec.release, engine=spec.kind)
         except UnknownRelease as exc:
             raise UsageError(f"--engine: {exc}") from None
-    # the profile comes from --engine-profile when given, else from the release --engine names: errors name that one
-    option = "--engine-profile" if args.engine_profile else "--engine"
-    text = args.engine_profile or f"vllm=={release}"
-    if release_named(text, "vllm") is None:
-        raise UsageError(f"--engine-profile: {spec} runs vLLM's code; want vllm==V, got {text!r}")
-    try:
-        profile = engine_profile_for(text)[1]
-    except ProfileError as exc:
-        raise UsageError(f"{option}: {exc}") from None
+    try:  # the profile comes from --engine-profile when given, else from the release: errors name that option
+        profile = spec.plugin.own_profile(spec, args.engine_profile, release)
+    except OwnProfileRefused as exc:
+        raise UsageError(f"{exc.option}: {exc}") from None
     from ..engine_choice import start_engine
     from ..progress import stage
 
@@ -521,10 +515,21 @@ def _conform_vllm(args, spec) -> int:
         print(f"engine: {spec}   profile: {profile.describe()}")
         start_engine(sut, "conform")
         with stage("conform", f"conform {spec}'s claims against its profile"):
-            summary = conform_vllm(sut, profile)
+            summary = claims_summary(spec.plugin.check_own_profile(sut, profile))
     print_table(summary)
     for f in summary.findings[:10]:
         print(f"  {f.message[:300]}")
 
     return deliver(summary.exit_code, [("--json", args.json, lambda: write_output(
         args.json, json.dumps(summary.to_dict(), indent=2) + "\n", "--json"))], "conform")
+
+
+def claims_summary(report) -> RunSummary:
+    """The run summary of an ``own-profile`` conformance (a ``gpu_impl.plugin.ClaimReport``): one property row per
+    claim (fail where the code contradicts it) and the report's findings; exit 1 when any claim fails."""
+    summary = RunSummary(command="conform", policy=dict(report.policy))
+    summary.checks = [Check(name=c.name, kind="property", verdict="pass" if c.holds else "fail", seconds=c.seconds,
+                            failed=not c.holds, message=c.message) for c in report.claims]
+    summary.findings = list(report.findings)
+    summary.elapsed_s = report.elapsed_s
+    return summary

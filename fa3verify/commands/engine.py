@@ -135,7 +135,7 @@ def parse_releases(text, engine: str = "sglang"):
     must be one of them (a release's profile error explains one that is not); UsageError otherwise."""
     from gpu_impl.sut import ENGINE_REGISTRY
 
-    from spec.model.engine_profiles import engine_profile_for
+    from gpu_impl.plugin import engine_profile_for
 
     from ..errors import UsageError
 

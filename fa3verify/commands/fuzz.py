@@ -61,7 +61,7 @@ def scenario_for(case: FuzzCase, policy: Policy, defects=frozenset()):
                     clear_stale_cp_metadata=policy.clear_stale_cp_metadata, seed=case.seed,
                     defects=frozenset(defects), graph_replay_seqlen_k=policy.graph_replay_seqlen_k,
                     fa3_build=policy.fa3_build,
-                    vllm=case.vllm)
+                    options=dict(case.options))
 
 
 def evaluate(case: FuzzCase, policy: Policy, kernel, numerics_always: bool = False, sut=None,
@@ -110,7 +110,7 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
     (``strategies.families_strategy``: each draw from one of them); ``clock``, ``reserve``, ``on_failure`` and ``shard``
     as in
     :func:`fa3verify.campaign.run_campaign`."""
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     from ..strategies import domain_strategy, families_strategy
 
@@ -204,7 +204,7 @@ def saved_case_terms(failure: Failure, case: FuzzCase, policy: Policy, kernel, n
                      defects=frozenset()) -> Optional[dict]:
     """The backend terms of the case that is saved (the shrunk one), from one more run of it; its message becomes
     the failure's, so the finding, the case file's expected detail and its replay show the same numbers."""
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     terms = run_terms(ModelSUT() if sut is None else sut, scenario_for(case, policy, defects), kernel=kernel,
                       numerics=numerics_always or case.numerics, invariant=failure.invariant,
@@ -238,7 +238,7 @@ def fuzz(sut=None, kernel_name: str = "emulated", device: str = "cpu", seed: int
     ``defects`` are seeded into every case (and written into each case file); ``strategy`` names the family
     (default: the engine's own); ``shard`` runs one shard of the campaign (:mod:`fa3verify.sharding`).
     """
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     policy = sut_policy(sut)
     sut = ModelSUT(policy=policy) if sut is None else sut

@@ -64,7 +64,7 @@ def gate(sut=None, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: f
     parts run on the model); the stages' parts that run on the engine (witness replay, a counterexample's replay)
     wait for it (its ``start`` stage line), then run in the stages' order with their rows where the stage puts them.
     """
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     from spec.model.assumption_facts import not_enforced
 

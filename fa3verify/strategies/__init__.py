@@ -7,10 +7,8 @@ A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign
   ``gpu-decode`` -- its decode corner on a real GPU's SM count, every call on tensors (gpu-check's fuzz stage);
 * the catalogue's scenario families (:mod:`.families`: ``prefill-cp``, ``dp-attention``, ...): focused corners,
   each a ``FuzzCase`` run on a scenario system under test;
-* ``vllm`` / ``vllm-full-graph`` / ``vllm-decode-tile`` / ``vllm-v2`` -- vLLM's configuration families
-  (:mod:`.vllm`; ``vllm-decode-tile`` draws around the fork's decode-tile boundary, theorem 9; ``vllm-v2`` adds
-  vLLM's FULL_AND_PIECEWISE mode for releases the V2 runner drives), the family a ``vllm==V`` engine's own domain
-  names (``gpu_impl.engines.vllm.host.VllmSUT.domain``);
+* an engine's own configuration families, which its plugin gives (``EnginePlugin.strategy_families``, e.g.
+  ``gpu_impl/engines/vllm/strategies.py``) and which its own domain names;
 * a system under test's own domain (:mod:`.engine_domain`, ``domain_strategy(sut.domain())``): what a campaign
   on a system draws when no family is named -- a family the domain names, or the configurations an sglang
   release's own checks accept (``gpu_impl.engines.sglang.domain``);
@@ -24,7 +22,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import families, kernel_calls, vllm
+from gpu_impl.plugin import engine_strategy_families
+
+from . import families, kernel_calls
 from .engine_domain import domain_strategy
 from .scenarios import (CONTEXT_LENGTHS, NUM_SPLITS_POLICIES, NUMERICS_MAX_LEN, NUMERICS_SHARE, PAGE_SIZES, SM_COUNTS,
                         STEP_KINDS, FuzzCase, decode_step, extend_step, gpu_decode_case, random_fuzz_case,
@@ -49,10 +49,7 @@ FAMILIES: dict[str, Callable] = {
     "graph-padding": families.graph_padding,
     "tile-corner": families.tile_corner,
     "large-decode-batch": families.large_decode_batch,
-    "vllm": vllm.vllm_case,
-    "vllm-full-graph": vllm.vllm_full_graph_case,
-    "vllm-decode-tile": vllm.vllm_decode_tile_case,
-    "vllm-v2": vllm.vllm_v2_case,
+    **engine_strategy_families(),  # each engine's own families, from its plugin
 }
 
 #: Kernel-level call families, by name (spelled ``kernel:<name>`` where a family name must say its kind).
@@ -92,5 +89,8 @@ def family(name: str) -> Callable:
         return KERNEL_FAMILIES[name[len("kernel:"):]]
     if name in FAMILIES:
         return FAMILIES[name]
-    known = sorted(FAMILIES) + [f"kernel:{k}" for k in sorted(KERNEL_FAMILIES)]
+    engines = engine_strategy_families()  # an engine registered after this module loaded
+    if name in engines:
+        return engines[name]
+    known = sorted({**FAMILIES, **engines}) + [f"kernel:{k}" for k in sorted(KERNEL_FAMILIES)]
     raise ValueError(f"strategy family: unknown {name!r}; known: {', '.join(known)}")

@@ -13,15 +13,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
-from dataclasses import dataclass
-from typing import Optional
-
 
 from gpu_impl.config import MODELS, ModelConfig, ServerConfig, is_valid_config
+from gpu_impl.domain import SM_COUNTS, FuzzCase  # noqa: F401 - the strategies' case type, drawn by every family
 
-#: SM counts of real GPUs: H100/H200 SXM 132, H100 PCIe 114, A100 108, L40S-class 78
-#: (H200: docs/facts-fa3.md section 1).
-SM_COUNTS = (132, 114, 108, 78)
 PAGE_SIZES = (1, 16, 64)
 CONTEXT_LENGTHS = (4096, 32768, 131072)
 #: Split policies: mostly the heuristic (sglang's default), sometimes fixed counts.
@@ -30,19 +25,6 @@ NUM_SPLITS_POLICIES = (0, 0, 0, 0, 0, 0, 1, 2, 4, 16)
 NUMERICS_SHARE = 0.02
 #: Longest sequence in a numerics case (kept small so a CPU case takes milliseconds).
 NUMERICS_MAX_LEN = 64
-
-
-@dataclass(frozen=True)
-class FuzzCase:
-    """One generated scenario before the policy is applied: configuration, model, steps, tensor seed."""
-
-    server: ServerConfig
-    model: ModelConfig
-    steps: tuple
-    numerics: bool
-    seed: int
-    #: vLLM options the sglang-shaped server and model cannot say (``spec.model.case_vllm``; family ``vllm``), else None
-    vllm: Optional[dict] = None
 
 
 @functools.lru_cache(maxsize=None)

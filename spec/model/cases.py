@@ -18,14 +18,14 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from spec.model.case_bounds import (MAX_BATCH, MAX_HEADS, MAX_LEN, MAX_NUM_SM, MAX_PAGE_SIZE, MAX_RANKS,  # noqa: F401
                                     MAX_SEED, MAX_STEPS, CaseFormatError, is_int)
-from spec.model.case_vllm import check_vllm_options
 from spec.finding import Outcome
 
-__all__ = ["SCHEMA", "Case", "CaseFormatError", "SERVER_FIELDS", "MODEL_FIELDS", "OUTCOMES", "BATCH_MODES"]
+__all__ = ["SCHEMA", "Case", "CaseFormatError", "SERVER_FIELDS", "MODEL_FIELDS", "OUTCOMES", "BATCH_MODES",
+           "set_case_options"]
 
 SCHEMA = "fa3verify.case/1"
 OUTCOMES = (Outcome.VIOLATION, Outcome.PASS, Outcome.SHAPE_ERROR, Outcome.NAN)
@@ -61,9 +61,46 @@ _OPTIONAL = {"server": {"cuda_graph", "context_length", "enable_deterministic_in
                         "cp_decode_sharded_kv"},
              "model": {"head_dim_v", "dtype", "is_mla", "has_sliding_window_layers"}}
 _TOP = ("schema", "id", "source", "server", "model", "policy", "batches", "kernel", "engine", "seed", "expected",
-        "notes", "defects", "vllm")
+        "notes", "defects", "options")
 #: A seeded defect's name (gpu_impl.defects' registry, which a replay consults, says whether it exists).
 DEFECT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,79}$")
+
+
+#: Where the schemas of engine-owned case options come from: a callable giving ``{options key: check(value, server,
+#: path) -> dict}``, set by the layer that knows the engines (``gpu_impl`` sets its plugins' schemas,
+#: ``gpu_impl.plugin.case_options_schemas``); spec names no engine and no engine's option.
+_OPTIONS_SCHEMAS: Optional[Callable[[], dict]] = None
+
+
+def set_case_options(source: Optional[Callable[[], dict]]) -> None:
+    """Let case files carry engine-owned options: ``source()`` gives each options key's validator."""
+    global _OPTIONS_SCHEMAS
+    _OPTIONS_SCHEMAS = source
+
+
+def _options_schemas() -> dict:
+    return _OPTIONS_SCHEMAS() if _OPTIONS_SCHEMAS is not None else {}
+
+
+def _check_options(data: dict, server: dict) -> dict:
+    """The case's engine-owned options, ``{key: object}``, each validated by its engine's schema: the ``options``
+    object, or (a file written before ``options``) a top-level field named by an engine's options key."""
+    schemas = _options_schemas()
+    legacy = {k: data[k] for k in data if k not in _TOP and k in schemas}
+    raw = data.get("options", {})
+    if not isinstance(raw, dict):
+        raise CaseFormatError("options", "a JSON object {engine options key: object}", _short(raw))
+    if legacy and raw:
+        key = sorted(legacy)[0]
+        raise CaseFormatError(key, f"absent when the case has an options object (write it as options.{key})", key)
+    out = {}
+    for key, value in (legacy or raw).items():
+        path = key if legacy else f"options.{key}"
+        if key not in schemas:
+            known = ", ".join(sorted(schemas)) or "none registered"
+            raise CaseFormatError(path, f"the options of an engine that takes options ({known})", key)
+        out[key] = schemas[key](value, server, path)
+    return out
 
 
 def check_defect_names(value: Any, path: str = "defects") -> list:
@@ -352,14 +389,10 @@ class Case:
     engine: Optional[dict] = None
     #: seeded defects (gpu_impl.defects names) the scenario runs with; absent in a file means none
     defects: list = field(default_factory=list)
-    #: vLLM options (``spec.model.case_vllm``): what a vLLM configuration adds to server/model; None for other cases
-    vllm: Optional[dict] = None
-
-    @property
-    def options(self) -> dict:
-        """The engine-owned options the case carries, by the key the engine's plugin files them under
-        (``gpu_impl.plugin.EnginePlugin.options_key``): ``{"vllm": {...}}`` for a vLLM configuration, else empty."""
-        return {"vllm": self.vllm} if self.vllm is not None else {}
+    #: engine-owned options, by the key the engine's plugin files them under (``gpu_impl.plugin.EnginePlugin
+    #: .options_key``; their schema is the plugin's): what that engine's configuration adds to server/model; empty
+    #: for a case any engine runs
+    options: dict = field(default_factory=dict)
 
     # -- construction ----------------------------------------------------------------------------------------
 
@@ -367,7 +400,7 @@ class Case:
     def from_parts(cls, *, source: str, server: dict, model: dict, policy: dict, batches: list,
                    kernel: Optional[dict] = None, seed: int = 0, expected: Optional[dict] = None, notes: str = "",
                    id: Optional[str] = None, engine: Optional[dict] = None,
-                   defects: Optional[list] = None, vllm: Optional[dict] = None) -> "Case":
+                   defects: Optional[list] = None, options: Optional[dict] = None) -> "Case":
         """Build and validate a case; `id` defaults to the signature hash."""
         data = {"schema": SCHEMA, "id": id or "pending", "source": source, "server": server, "model": model,
                 "policy": policy, "batches": batches, "kernel": kernel or {"name": "emulated", "mode": "strict"},
@@ -377,8 +410,8 @@ class Case:
             data["engine"] = engine
         if defects:
             data["defects"] = list(defects)
-        if vllm is not None:
-            data["vllm"] = dict(vllm)
+        if options:
+            data["options"] = {key: dict(value) for key, value in options.items()}
         case = cls.from_dict(data)
         if id is None:
             case.id = case.signature()
@@ -389,7 +422,7 @@ class Case:
         """Validate a decoded JSON object; CaseFormatError names the first bad field."""
         if not isinstance(data, dict):
             raise CaseFormatError("case", "a JSON object", type(data).__name__)
-        unknown = sorted(set(data) - set(_TOP))
+        unknown = sorted(set(data) - set(_TOP) - set(_options_schemas()))
         if unknown:
             raise CaseFormatError(unknown[0], "one of the top-level fields " + ", ".join(_TOP), unknown[0])
         if data.get("schema") != SCHEMA:
@@ -418,7 +451,7 @@ class Case:
                    expected=_check_expected(data.get("expected", "<missing>")), notes=notes,
                    engine=_check_engine(data.get("engine")),
                    defects=check_defect_names(data.get("defects", [])),
-                   vllm=check_vllm_options(data.get("vllm"), server))
+                   options=_check_options(data, server))
 
     # -- serialisation ---------------------------------------------------------------------------------------
 
@@ -431,8 +464,8 @@ class Case:
             out["engine"] = self.engine
         if self.defects:
             out["defects"] = list(self.defects)
-        if self.vllm is not None:
-            out["vllm"] = dict(self.vllm)
+        if self.options:
+            out["options"] = {key: dict(value) for key, value in self.options.items()}
         return out
 
     @property
@@ -488,8 +521,8 @@ class Case:
             key["engine"] = {k: v for k, v in self.engine.items() if k != "revision"}
         if self.defects:  # a seeded defect makes a distinct case; cases without one keep their ids
             key["defects"] = list(self.defects)
-        if self.vllm is not None:  # vLLM options make a distinct case; other cases keep their ids
-            key["vllm"] = self.vllm
+        for name, value in self.options.items():  # engine options make a distinct case; other cases keep their ids
+            key[name] = value
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def save(self, directory) -> Path:

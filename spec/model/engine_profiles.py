@@ -3,8 +3,8 @@
 Invariant: a release's profile names exactly the precompute head source (``tp``: ``H // tp_size``;
 ``attn_tp``: ``H // attn_tp_size``) and the guard (one of ``spec.model.guards.BUILTIN_GUARDS``) that the release's
 ``python/sglang/srt/layers/attention/flashattention_backend.py`` uses (table in docs/facts-engines.md section 1, data in
-``spec/model/engine_profiles.json``); vLLM releases' profiles (``spec/model/engine_profiles_vllm.json``) are read by
-:mod:`spec.model.engine_profiles_vllm` and reached here through :func:`engine_profile_for`. ``prove --engine-profile
+``spec/model/engine_profiles.json``); another engine's profiles live in its folder and are reached through its
+plugin (``gpu_impl.plugin.engine_profile_for``: ``ENGINE==V`` -> the profile). ``prove --engine-profile
 sglang==V`` proves that release's behaviour by running
 the theorems under :meth:`EngineProfile.policy`; ``fa3verify conform`` checks the profile against the real code.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 __all__ = ["EngineProfile", "ProfileError", "NoPrecompute", "RELEASES", "profile_for", "release_key",
-           "releases_between", "GUARD_OF_KIND", "engine_profile_for"]
+           "releases_between", "GUARD_OF_KIND"]
 
 _DATA = Path(__file__).with_name("engine_profiles.json")
 _RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
@@ -142,25 +142,7 @@ def profiles_markdown() -> str:
 
 
 def release_named(text: Optional[str], engine: str = "sglang") -> Optional[str]:
-    """The V of a profile name ``ENGINE==V`` for ``engine`` ("sglang" or "vllm"), or None when ``text`` is another
-    form (empty, the other engine's, anything else); V itself is not checked here (:func:`profile_for` does)."""
+    """The V of a profile name ``ENGINE==V`` for ``engine`` (an engine kind such as "sglang"), or None when ``text``
+    is another form (empty, another engine's, anything else); V itself is not checked here (:func:`profile_for` does)."""
     prefix = f"{engine}=="
     return text[len(prefix):] if text and text.startswith(prefix) else None
-
-
-def engine_profile_for(text: str) -> tuple:
-    """``("sglang", EngineProfile)`` for ``sglang==V``, ``("vllm", VllmProfile)`` for ``vllm==V``; ProfileError
-    naming the allowed forms and releases otherwise."""
-    from spec.model.engine_profiles_vllm import VLLM_RELEASES, VllmProfileError, vllm_profile_for
-
-    text = text or ""
-    sglang, vllm = release_named(text), release_named(text, "vllm")
-    if sglang is not None:
-        return "sglang", profile_for(sglang)
-    if vllm is not None:
-        try:
-            return "vllm", vllm_profile_for(vllm)
-        except VllmProfileError as exc:
-            raise ProfileError(str(exc)) from None
-    raise ProfileError(f"want sglang==V ({RELEASES[0]} .. {RELEASES[-1]}) or vllm==V ({', '.join(VLLM_RELEASES)}), "
-                       f"got {text!r}")

@@ -437,7 +437,7 @@ def write_drift_case(cases_dir, point: VllmTilePoint, found: dict, release: str 
         notes=(f"{THEOREMS[1]} witness under {VLLM_FORK} ({point.label}): the precompute's max_seqlen_q is one more "
                f"than the call's ({found['query_lens'][0] + 1} vs {found['query_lens'][0]}), so the fork chooses "
                f"another tile; replays on vLLM's own builder with the seeded defect {OFF_BY_ONE_DEFECT}"),
-        defects=[OFF_BY_ONE_DEFECT], vllm={"piecewise": False})
+        defects=[OFF_BY_ONE_DEFECT], options={"vllm": {"piecewise": False}})
     return str(case.save(cases_dir))
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from fa3verify.campaign import Budget, Observation, run_campaign
 from fa3verify.cli import main
-from gpu_impl.sut import ModelSUT
+from gpu_impl.engines.model.sut import ModelSUT
 from spec.finding import Finding
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus"

@@ -58,9 +58,9 @@ def test_reports_page_names_every_check_kind_and_junit_class():
 
 
 def test_reports_page_documents_policy_engine_where_the_code_sets_it():
-    setters = [p.relative_to(ROOT / "fa3verify").as_posix() for p in (ROOT / "fa3verify").rglob("*.py")
+    setters = [p.relative_to(ROOT).as_posix() for d in ("fa3verify", "gpu_impl") for p in (ROOT / d).rglob("*.py")
                if re.search(r'policy=\{[^}]*"engine"', p.read_text())]
-    assert sorted(setters) == ["commands/conform.py", "conformance_vllm.py"]
+    assert sorted(setters) == ["fa3verify/commands/conform.py", "gpu_impl/engines/vllm/conformance.py"]
     # the one gate sets it through the engine's plugin (an engine whose own code decides names itself)
     assert "plugin.summary_policy(" in (ROOT / "fa3verify" / "commands" / "gate.py").read_text()
     assert re.search(r'return \{\*\*record, "engine": str\(spec\)\}', (ROOT / "gpu_impl" / "plugin.py").read_text())

@@ -114,7 +114,7 @@ def numbers_differ_from_replay(summary) -> list:
 def test_fuzz_findings_describe_the_saved_shrunk_case(tmp_path, monkeypatch):
     import fa3verify.commands.fuzz as fz
     from fa3verify.policy import load_policy
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     summary = fz.fuzz(ModelSUT(policy=load_policy("pre-fix")), seed=0, max_cases=200, out_dir=str(tmp_path / "a"))
     assert summary.findings and all(f.config and f.s_c is not None for f in summary.findings)

@@ -13,7 +13,7 @@ import random
 from fa3verify.commands.fuzz import fuzz
 from fa3verify.policy import load_policy
 from fa3verify.strategies import family
-from gpu_impl.sut import ModelSUT
+from gpu_impl.engines.model.sut import ModelSUT
 from refmodel.fa3_builds import SGLANG_KERNEL_042, SGLANG_KERNEL_045
 
 DEFECT = "precompute-max-seqlen-q-two"

@@ -6,7 +6,8 @@ import pytest
 
 from gpu_impl.config import ServerConfig, get_model
 from gpu_impl.scenario import Scenario, Step
-from gpu_impl.sut import ModelSUT, ScenarioUnsupported, SystemUnderTest, EngineSpec
+from gpu_impl.sut import ScenarioUnsupported, SystemUnderTest, EngineSpec
+from gpu_impl.engines.model.sut import ModelSUT
 from spec.model.guards import GuardTimeout
 from spec.process.worker_client import WorkerError
 

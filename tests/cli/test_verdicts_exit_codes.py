@@ -79,7 +79,7 @@ def fake_gate(monkeypatch, prove_summary, fuzz_summary, calls):
 def test_gate_merges_prove_then_fuzz(monkeypatch):
     from fa3verify.commands.gate import gate
     from fa3verify.policy import Policy
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     calls = []
     proved = RunSummary("prove", checks=[check("proved")])
@@ -98,7 +98,7 @@ def test_gate_merges_prove_then_fuzz(monkeypatch):
 def test_gate_passes_only_when_both_pass(monkeypatch):
     from fa3verify.commands.gate import gate
     from fa3verify.policy import Policy
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     fake_gate(monkeypatch, RunSummary("prove", checks=[check("proved")]),
               RunSummary("fuzz", checks=[check()], cases=10), [])
@@ -114,7 +114,7 @@ def test_gate_passes_only_when_both_pass(monkeypatch):
 def test_an_interrupted_prove_skips_fuzz_and_is_inconclusive(monkeypatch):
     from fa3verify.commands.gate import gate
     from fa3verify.policy import Policy
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     calls = []
     fake_gate(monkeypatch, KeyboardInterrupt(), RunSummary("fuzz", checks=[check()]), calls)
@@ -125,7 +125,7 @@ def test_an_interrupted_prove_skips_fuzz_and_is_inconclusive(monkeypatch):
 def test_gate_defaults(monkeypatch):
     from fa3verify.commands.gate import gate
     from fa3verify.policy import Policy
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     calls = []
     fake_gate(monkeypatch, RunSummary("prove", checks=[check()]), RunSummary("fuzz", checks=[check()]), calls)
@@ -189,7 +189,7 @@ def test_gate_passes_the_policy_and_reports_each_stage(monkeypatch):
     import fa3verify.commands.prove
     from fa3verify.commands.gate import gate
     from fa3verify.policy import Policy
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     policy = Policy("fixed", None)
     got = {}
@@ -226,7 +226,8 @@ def test_the_gate_runs_the_proof_stages_the_system_under_test_names(monkeypatch)
     import fa3verify.commands.prove
     from fa3verify.commands.gate import gate
     from fa3verify.policy import Policy
-    from gpu_impl.sut import EngineSpec, ModelSUT, SystemUnderTest
+    from gpu_impl.sut import EngineSpec, SystemUnderTest
+    from gpu_impl.engines.model.sut import ModelSUT
 
     calls = []
     monkeypatch.setattr(fa3verify.commands.prove, "prove", lambda policy, **k: calls.append("theorems") or RunSummary("prove"))

@@ -1,5 +1,5 @@
-"""vLLM through the one campaign: family ``vllm`` (fa3verify/strategies/vllm.py), case files with a ``vllm`` object
-(spec/model/case_vllm.py), replay on ``vllm==V``; the seeded vLLM #20301 defect found by the campaign and replayed.
+"""vLLM through the one campaign: family ``vllm`` (gpu_impl/engines/vllm/strategies.py), case files with vLLM's options
+(``options.vllm``, gpu_impl/engines/vllm/options.py), replay on ``vllm==V``; the seeded vLLM #20301 defect found by the campaign and replayed.
 
 Unit tests need nothing; those marked ``engine`` run vLLM 0.33.0's own builder and impl in the cached environment
 and skip without it (see tests/engines/test_engine_vllm.py).
@@ -23,7 +23,7 @@ DEFECT = "graph-split-count-from-capture"
 
 def test_the_vllm_family_covers_every_configuration_family():
     from fa3verify.strategies import family
-    from fa3verify.strategies.vllm import vllm_family_label
+    from gpu_impl.engines.vllm.strategies import vllm_family_label
 
     cases = [family("vllm")(random.Random(i)) for i in range(600)]
     labels = {vllm_family_label(c) for c in cases}
@@ -48,16 +48,20 @@ def test_a_vllm_case_round_trips_through_the_one_schema_and_names_bad_fields(tmp
                          engine={"name": "vllm", "release": RELEASE}, expected={"outcome": "pass"}, notes="",
                          defects=[DEFECT])
     back = Case.from_json(case.to_json())
-    assert back.vllm == fc.vllm and back.engine == {"name": "vllm", "release": RELEASE} and back.defects == [DEFECT]
+    assert back.options == fc.options and back.engine == {"name": "vllm", "release": RELEASE} and back.defects == [DEFECT]
     data = json.loads(case.to_json())
+    assert data["options"] == {"vllm": fc.options["vllm"]} and "vllm" not in data  # written as options
+    legacy = {k: v for k, v in data.items() if k != "options"}  # a file written before options
     for bad, field in (({"kv_cache_dtype": "int4"}, "vllm.kv_cache_dtype"), ({"frob": 1}, "vllm.frob"),
                        ({"num_layers": 2, "sliding_window": [4096]}, "vllm.sliding_window"),
                        ({"capture_sizes": [0]}, "vllm.capture_sizes"), ("x", "vllm")):
-        with pytest.raises(CaseFormatError, match=field.replace(".", r"\.")):
-            Case.from_dict({**data, "vllm": bad})
-    graph = {**data, "server": {**data["server"], "cuda_graph": True}, "vllm": {"piecewise": True}}
-    with pytest.raises(CaseFormatError, match="vllm.piecewise"):
-        Case.from_dict(graph)
+        for spelled, where in (({**data, "options": {"vllm": bad}}, "options." + field), ({**legacy, "vllm": bad}, field)):
+            with pytest.raises(CaseFormatError, match="^" + where.replace(".", r"\.") + ":"):
+                Case.from_dict(spelled)
+    for spelled in ({**legacy, "vllm": {"piecewise": True}}, {**data, "options": {"vllm": {"piecewise": True}}}):
+        graph = {**spelled, "server": {**data["server"], "cuda_graph": True}}
+        with pytest.raises(CaseFormatError, match="vllm.piecewise"):
+            Case.from_dict(graph)
     with pytest.raises(CaseFormatError, match="engine.release"):
         Case.from_dict({**data, "engine": {"name": "vllm"}})
 
@@ -88,9 +92,9 @@ def test_the_mapping_carries_the_vllm_options_and_seeds_only_what_the_driver_can
         out = scenario_to_vllm(scenario_for(fc, policy, {DEFECT}))
         vllm_driver.check_scenario(out)  # every drawn case is one the driver accepts
         assert out["defect"] == {"precompute_num_splits": 0}
-        assert out["kv_cache_dtype"] == fc.vllm["kv_cache_dtype"]
+        assert out["kv_cache_dtype"] == fc.options["vllm"]["kv_cache_dtype"]
         assert out["cuda_graph"] == ("full" if fc.server.cuda_graph else
-                                     "piecewise" if fc.vllm["piecewise"] else "none")
+                                     "piecewise" if fc.options["vllm"]["piecewise"] else "none")
     with pytest.raises(Exception, match="defects") as info:
         scenario_to_vllm(scenario_for(fc, policy, {"call-not-varlen"}))
     assert type(info.value).__name__ == "ScenarioUnsupported"  # skipped and counted by the campaign, never a pass
@@ -114,7 +118,7 @@ def test_a_dcp_case_shrinks_within_the_vllm_domain_and_an_sglang_case_keeps_sgla
                                                  if i == 0 else s for i, s in enumerate(case.steps)))
     small = shrink_case(case, long_row)
     assert small.server.attn_cp_size == 2 and [s["seq_lens"] for s in small.steps] == [[1000]]
-    as_sglang = dataclasses.replace(case, vllm=None)
+    as_sglang = dataclasses.replace(case, options={})
     assert shrink_case(as_sglang, long_row) == as_sglang  # every candidate is outside sglang's domain
 
 
@@ -148,7 +152,7 @@ def test_negative_control_the_seeded_pr20301_defect_is_found_saved_and_replays(v
     from fa3verify.commands.fuzz import fuzz
 
     case_file, case = find_seeded_split(vllm_sut, tmp_path / "cases", DEFECT, "vllm-full-graph", 200, RELEASE)
-    assert case.server["cuda_graph"] and case.vllm is not None
+    assert case.server["cuda_graph"] and case.options.get("vllm") is not None
     assert_cli_replays_as_seeded(case_file, capsys)  # the CLI's replay, on the shared worker
     control = fuzz(sut=vllm_sut, max_cases=200, budget_s=None, out_dir=str(tmp_path / "off"),
                    strategy="vllm-full-graph", show_progress=False)

@@ -204,7 +204,7 @@ def test_a_domain_the_release_rejects_entirely_runs_nothing_and_passes_nothing(t
 
 
 def test_the_model_and_a_named_family_keep_the_suites_own_space():
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     dom = ModelSUT().domain()
     assert isinstance(dom, ConfigDomain) and dom.family == "scenario" and not dom.draws_itself

@@ -87,7 +87,7 @@ def test_a_case_never_runs_a_checkout_the_user_did_not_name(tmp_path):
 def test_identity_is_normalised():
     sut = ProfileSUT("0.5.23")
     assert identity_of(sut) == {"name": "sglang", "release": "0.5.23", "revision": "fake-rev"}
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     assert identity_of(ModelSUT()) == {"name": "model"}
 

@@ -163,7 +163,7 @@ def _profile():
     import json
     from pathlib import Path
 
-    data = json.loads((Path(__file__).resolve().parents[2] / "spec" / "model" / "engine_profiles_vllm.json").read_text())
+    data = json.loads((Path(__file__).resolve().parents[2] / "gpu_impl" / "engines" / "vllm" / "profiles.json").read_text())
     (prof,) = [p for p in data["releases"] if p["release"] == RELEASE]
     return prof
 

@@ -94,7 +94,7 @@ def test_negative_control_the_seeded_pr20301_defect_gives_nan_on_the_real_code_p
 def test_replay_numerics_runs_the_prover_counterexample_on_the_emulator(tmp_path):
     from fa3verify.commands.replay import replay
     from spec.model.config import MODELS
-    from spec.model.engine_profiles_vllm import vllm_profile_from_dict
+    from gpu_impl.engines.vllm.profiles import vllm_profile_from_dict
     from gpu_impl.engines.vllm.theorems import run_vllm_theorems
 
     variant = vllm_profile_from_dict("0.33.0+pr20301", {"precompute_modes": ["full"],

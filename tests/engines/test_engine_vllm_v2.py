@@ -160,7 +160,7 @@ def test_seeded_split_count_difference_is_caught_on_the_v2_path(worker):
 
 @pytest.mark.engine
 def test_profile_claims_hold_on_the_released_code(worker):
-    from spec.model.engine_profiles_vllm import raw_release, vllm_profile_for
+    from gpu_impl.engines.vllm.profiles import raw_release, vllm_profile_for
 
     prof, model = raw_release(RELEASE), vllm_profile_for(RELEASE)
     for sc in ({"tp": 4}, {"tp": 4, "cuda_graph": "piecewise"}, {"tp": 4, "cuda_graph": "full"},

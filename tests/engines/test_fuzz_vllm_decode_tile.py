@@ -1,4 +1,4 @@
-"""Family ``vllm-decode-tile`` (fa3verify/strategies/vllm.py) and the seeded driver defect of theorem 9's drift.
+"""Family ``vllm-decode-tile`` (gpu_impl/engines/vllm/strategies.py) and the seeded driver defect of theorem 9's drift.
 
 The defect ``precompute-max-seqlen-q-off-by-one`` (gpu_impl.defects, a hazard control) makes the vLLM driver ask
 get_scheduler_metadata for ``max_seqlen_q + 1``; under vLLM's FA3 fork the precompute then chooses another decode
@@ -28,7 +28,7 @@ def test_the_family_draws_the_forks_decode_tile_boundary():
         (step,) = c.steps
         q = (step["extend_lens"] or [1])[0]
         at_edge += q == max(1, 64 // (h // hk))
-        assert not c.server.cuda_graph and c.server.attn_cp_size == 1 and "sliding_window" not in c.vllm
+        assert not c.server.cuda_graph and c.server.attn_cp_size == 1 and "sliding_window" not in c.options["vllm"]
     assert at_edge > 100
 
 

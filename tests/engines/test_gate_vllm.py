@@ -39,7 +39,7 @@ def test_the_released_flow_is_a_proved_gate_row(tmp_path):
 
 def test_negative_control_a_pr20301_profile_fails_the_gate_and_its_counterexample_runs_on_the_engine(tmp_path,
                                                                                                   monkeypatch):
-    import spec.model.engine_profiles_vllm as profiles
+    import gpu_impl.engines.vllm.profiles as profiles
 
     seeded = profiles.vllm_profile_from_dict("0.33.0", {"precompute_modes": ["full"],
                                                         "num_splits": {"precompute": {"full": 0},
@@ -50,7 +50,7 @@ def test_negative_control_a_pr20301_profile_fails_the_gate_and_its_counterexampl
     theorem = rows.checks[0]
     assert theorem.verdict == "refuted" and theorem.failed and theorem.case_file
     assert rows.exit_code == 1 and rows.findings and rows.findings[0].case_file == theorem.case_file
-    assert len(engine.ran) == 1 and engine.ran[0].vllm is not None  # the counterexample, as a vLLM scenario
+    assert len(engine.ran) == 1 and engine.ran[0].options.get("vllm") is not None  # the counterexample, as a vLLM scenario
     assert [c.kind for c in rows.checks] == ["theorem", "replay"]
 
 
@@ -58,7 +58,7 @@ def test_a_release_without_a_profile_is_inconclusive(tmp_path):
     rows = vllm_flow_rows(RecordingEngine("9.9.9"), timeout_s=10.0, cases_dir=str(tmp_path))
     [row] = rows.checks
     assert row.inconclusive and not row.failed and rows.exit_code == 3
-    assert "no profile for vllm 9.9.9" in row.message and "spec/model/engine_profiles_vllm.json" in row.message
+    assert "no profile for vllm 9.9.9" in row.message and "gpu_impl/engines/vllm/profiles.json" in row.message
 
 
 @pytest.mark.engine

@@ -1,6 +1,6 @@
 """sglang's FA3 stand-in can judge under the build read from its release's kernel wheel (refmodel/fa3_builds.json).
 
-The worker judges under the build its SUT names (``FA3VERIFY_FA3_BUILD``, from ``EngineSpec.fa3_build``), so the
+The worker judges under the build its SUT names (``FA3VERIFY_FA3_BUILD``, from ``EnginePlugin.fa3_build``), so the
 reports' build and the judging build are one. Runs without an engine environment: the stand-in's FA3 front
 (``EngineFA3``), the worker's build choice, and the call records it makes.
 """
@@ -26,8 +26,9 @@ def test_the_worker_judges_under_the_build_its_sut_names(monkeypatch):
     from gpu_impl.sut import parse_engine
 
     for release in ("0.5.13", "0.5.23"):
-        monkeypatch.setenv("FA3VERIFY_FA3_BUILD", parse_engine(f"sglang=={release}").fa3_build())
-        assert Engine.fa3_build(None) == parse_engine(f"sglang=={release}").fa3_build()
+        spec = parse_engine(f"sglang=={release}")
+        monkeypatch.setenv("FA3VERIFY_FA3_BUILD", spec.plugin.fa3_build(spec))
+        assert Engine.fa3_build(None) == spec.plugin.fa3_build(spec)
     monkeypatch.setenv("FA3VERIFY_FA3_BUILD", SGLANG_KERNEL_045)
     assert Engine.fa3_build(None) == SGLANG_KERNEL_045
     monkeypatch.delenv("FA3VERIFY_FA3_BUILD")

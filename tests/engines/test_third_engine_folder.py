@@ -75,3 +75,43 @@ def test_the_forms_variable_registers_it_for_a_new_process(tmp_path):
                            "0", "--cases-dir", str(tmp_path / "c")], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
+
+
+def test_an_engine_from_outside_owns_its_case_options_schema(tmp_path):
+    """Case options are the engine's own: a plugin registered from outside (one folder, one forms row) files them
+    under its key and validates them with its schema; spec, which reads case files, is not touched. Unregistered,
+    a case carrying them is refused naming the field (negative control)."""
+    from gpu_impl.sut import register_forms, unregister_forms
+    from spec.model.cases import Case, CaseFormatError
+
+    folder = tmp_path / "toy_engine"
+    folder.mkdir()
+    (folder / "plugin.py").write_text(
+        "from gpu_impl.plugin import EnginePlugin\n"
+        "from spec.model.case_bounds import CaseFormatError\n\n\n"
+        "class ToyPlugin(EnginePlugin):\n"
+        "    options_key = 'toy'\n\n"
+        "    def check_options(self, value, server, path):\n"
+        "        if not isinstance(value, dict) or set(value) - {'lanes'} or value.get('lanes', 1) not in (1, 2, 4):\n"
+        "            raise CaseFormatError(path, \"an object {'lanes': 1, 2 or 4}\", value)\n"
+        "        return dict(value)\n")
+    forms = folder / "engine_forms.json"
+    forms.write_text(json.dumps({"forms": [{"kind": "toy", "prefix": "toy=", "takes": "path",
+                                            "plugin": "toy_engine.plugin:ToyPlugin", "path": "..", "what": "a file",
+                                            "example": "toy=PATH", "help": "'toy=PATH' (a toy)"}]}))
+    data = {"schema": "fa3verify.case/1", "id": "x", "source": "manual",
+            "server": {"tp_size": 1, "dp_size": 1, "attn_cp_size": 1, "enable_dp_attention": False,
+                       "enable_prefill_cp": False},
+            "model": {"name": "m", "num_heads": 8, "num_kv_heads": 8, "head_dim": 128},
+            "policy": {"guard": "fixed", "metadata_heads": "tp", "clear_stale_cp_metadata": True},
+            "batches": [{"mode": "decode", "seq_lens": [5]}],
+            "expected": {"outcome": "pass", "invariant": None, "detail": {}}, "options": {"toy": {"lanes": 2}}}
+    kinds = register_forms(forms)
+    try:
+        assert Case.from_dict(data).options == {"toy": {"lanes": 2}}
+        with pytest.raises(CaseFormatError, match=r"^options\.toy: expected an object"):
+            Case.from_dict({**data, "options": {"toy": {"lanes": 3}}})
+    finally:
+        unregister_forms(kinds)
+    with pytest.raises(CaseFormatError, match=r"^options\.toy: expected the options of an engine"):
+        Case.from_dict(data)

@@ -19,7 +19,7 @@ RELEASE = "0.33.0"
 
 def test_the_form_parses_and_names_itself(tmp_path):
     spec = parse_engine(f"vllm-src={tmp_path}")
-    assert (spec.kind, spec.path, spec.plugin.options_key, spec.named_only) == ("vllm-src", str(tmp_path), "vllm", True)
+    assert (spec.kind, spec.path, spec.plugin.options_key, spec.plugin.named_only(spec)) == ("vllm-src", str(tmp_path), "vllm", True)
     assert str(spec) == f"vllm-src={tmp_path}"
     with pytest.raises(EngineSpecError, match="vllm-src= needs a path"):
         parse_engine("vllm-src=")

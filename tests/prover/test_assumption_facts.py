@@ -70,7 +70,7 @@ def test_what_each_release_makes_the_prover_drop():
     # ASSUMPTION_HEADS_DIVISIBLE holds the two head splits enforced at model load: it stays
     assert all("ASSUMPTION_HEADS_DIVISIBLE" not in d and "ASSUMPTION_TP_DIVISIBLE" not in d for d in drops.values())
     assert F.prover_drops({}) == frozenset()  # a system that describes nothing keeps every assumption
-    from fa3verify.strategies.vllm import NOT_ASSUMED_BY_VLLM
+    from gpu_impl.engines.vllm.strategies import NOT_ASSUMED_BY_VLLM
 
     assert NOT_ASSUMED_BY_VLLM == ("ASSUMPTION_ATTN_CP_NEEDS_PREFILL_CP",)
 

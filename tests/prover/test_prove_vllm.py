@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from spec.model.config import MODELS
-from spec.model.engine_profiles import ProfileError, engine_profile_for
-from spec.model.engine_profiles_vllm import VLLM_RELEASES, VllmProfileError, vllm_profile_for, vllm_profile_from_dict
+from gpu_impl.plugin import engine_profile_for
+from spec.model.engine_profiles import ProfileError
+from gpu_impl.engines.vllm.profiles import VLLM_RELEASES, VllmProfileError, vllm_profile_for, vllm_profile_from_dict
 from gpu_impl.engines.vllm.theorems import run_vllm_theorems
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ def test_the_vllm_profile_is_read_from_its_json():
     assert kind == "vllm" and p is vllm_profile_for("0.33.0")
     assert p.modes == ("none", "piecewise", "full") and p.splits("full") == (32, 32) and p.splits("none") == (0, 0)
     assert p.heads == ("layer", "layer") and not p.headdim_v_passed
-    raw = json.loads((REPO / "spec" / "model" / "engine_profiles_vllm.json").read_text())["releases"][0]
+    raw = json.loads((REPO / "gpu_impl" / "engines" / "vllm" / "profiles.json").read_text())["releases"][0]
     assert raw["same_num_splits_both_sides"] == all(p.splits(m)[0] == p.splits(m)[1] for m in p.modes)
     with pytest.raises(ProfileError, match=r"no profile for vllm 0\.1\.0; releases with a profile: "
                        + re.escape(", ".join(VLLM_RELEASES))):
@@ -114,16 +115,17 @@ def vllm_sut(engine_sut):
 
 @pytest.mark.engine
 def test_conform_the_profile_holds_on_the_released_code(vllm_sut):
-    from fa3verify.conformance_vllm import PROBES, conform_vllm
+    from fa3verify.commands.conform import claims_summary
+    from gpu_impl.engines.vllm.conformance import PROBES, conform_vllm
 
-    good = conform_vllm(vllm_sut, vllm_profile_for("0.33.0"))
+    good = claims_summary(conform_vllm(vllm_sut, vllm_profile_for("0.33.0")))
     assert good.exit_code == 0 and not good.findings, [f.message for f in good.findings]
     assert len(good.checks) > 50
     # negative control: a profile claiming the call passes 0 under full CUDA graph is contradicted by the code
     wrong = vllm_profile_from_dict("0.33.0", {"precompute_modes": ["none", "piecewise", "full"],
                                               "num_splits": {"precompute": {"none": 0, "piecewise": 0, "full": 32},
                                                              "call": {"none": 0, "piecewise": 0, "full": 0}}})
-    bad = conform_vllm(vllm_sut, wrong, probes=[p for p in PROBES if p[1]["cuda_graph"] == "full"][:1])
+    bad = claims_summary(conform_vllm(vllm_sut, wrong, probes=[p for p in PROBES if p[1]["cuda_graph"] == "full"][:1]))
     assert bad.exit_code == 1
     assert {f.message.split(": ")[1].split(" [")[0] for f in bad.findings} == {"call num_splits = 0"}
 
@@ -138,7 +140,7 @@ def test_a_refuted_variant_writes_its_counterexample_as_a_vllm_case(tmp_path):
     case = Case.load(r.case_file)
     assert case.source == "prove:vllm-flow" and case.engine == {"name": "vllm", "release": "0.33.0"}
     assert case.defects == ["graph-split-count-from-capture"] and case.server["cuda_graph"]
-    assert case.vllm["max_num_splits_for_cuda_graph"] == 32 and case.expected["invariant"] == "SPLIT_BOUND"
+    assert case.options["vllm"]["max_num_splits_for_cuda_graph"] == 32 and case.expected["invariant"] == "SPLIT_BOUND"
     assert case.batches[0]["seq_lens"] == [int(x) for x in r.witness["seq_lens"]]
     # a difference no seeded defect makes (32 vs 8) is written without one: it replays the released code as it is
     (other,) = run_vllm_theorems(variant({"full": 32}, {"full": 8}), models=QWEN, cases_dir=str(tmp_path / "o"))

@@ -29,7 +29,7 @@ class _SimClock:
 @pytest.fixture
 def sim(monkeypatch):
     """``sim(cost)``: install a simulated clock on which each model scenario costs ``cost`` seconds."""
-    from gpu_impl.sut import ModelSUT
+    from gpu_impl.engines.model.sut import ModelSUT
 
     real_run = ModelSUT.run
 

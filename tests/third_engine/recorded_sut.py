@@ -28,7 +28,8 @@ from typing import Optional
 from gpu_impl.domain import ConfigDomain, DomainDraw
 from gpu_impl.model_pairs import model_pairs
 from gpu_impl.scenario import ScenarioResult, jsonable
-from gpu_impl.sut import ModelSUT, ScenarioUnsupported, SystemUnderTest
+from gpu_impl.sut import ScenarioUnsupported, SystemUnderTest
+from gpu_impl.engines.model.sut import ModelSUT
 from spec.model.config import ModelConfig, ServerConfig
 from spec.violation import Violation
 

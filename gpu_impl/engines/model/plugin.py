@@ -8,7 +8,7 @@ from gpu_impl.plugin import EnginePlugin
 
 class ModelPlugin(EnginePlugin):
     def open(self, spec, policy=None):
-        from gpu_impl.sut import ModelSUT
+        from gpu_impl.engines.model.sut import ModelSUT
 
         return ModelSUT(spec, policy=policy)
 

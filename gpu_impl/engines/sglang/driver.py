@@ -306,7 +306,7 @@ class Engine:
 
     def fa3_build(self) -> str:
         """The FA3 build this worker judges under: ``FA3VERIFY_FA3_BUILD`` (set by ``gpu_impl.engines.sglang`` from
-        ``EngineSpec.fa3_build``, so the run is judged under the build its reports name), else upstream's."""
+        ``EnginePlugin.fa3_build``, so the run is judged under the build its reports name), else upstream's."""
         from refmodel.fa3_builds import UPSTREAM, check_build_name
 
         name = os.environ.get("FA3VERIFY_FA3_BUILD")

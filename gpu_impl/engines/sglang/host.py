@@ -85,8 +85,8 @@ class SglangSUT(SystemUnderTest):
         extra = [str(self.source)] if self.source is not None else []
         env = envs.driver_environ(extra_paths=extra)
         env.update({"FA3VERIFY_ENGINE_RELEASE": self.release, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                    # the FA3 build the worker judges under: the one this SUT says judges it (EngineSpec.fa3_build)
-                    "FA3VERIFY_FA3_BUILD": self.spec.fa3_build()})
+                    # the FA3 build the worker judges under: the one this SUT says judges it (EnginePlugin.fa3_build)
+                    "FA3VERIFY_FA3_BUILD": self.spec.plugin.fa3_build(self.spec)})
         env.update(self.worker_env)
         t = time.monotonic()
         self._worker = EngineHost(str(self.env / "bin" / "python"), self.worker, str(self.spec), "sglang", env,

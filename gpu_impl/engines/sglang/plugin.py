@@ -30,3 +30,14 @@ class SglangPlugin(EnginePlugin):
         from spec.model.engine_profiles import RELEASES
 
         return [(r, r) for r in RELEASES]
+
+    def release_profile(self, release: str):
+        """The release's profile (spec/model/engine_profiles.json)."""
+        from spec.model.engine_profiles import profile_for
+
+        return profile_for(release)
+
+    def profiled_releases(self) -> str:
+        from spec.model.engine_profiles import RELEASES
+
+        return f"{RELEASES[0]} .. {RELEASES[-1]}"

@@ -12,7 +12,7 @@ vLLM passed to FA3; a worker that dies, misses the engine deadline (it is killed
 ``cuda_graph`` -> full CUDA graph (vLLM's default mode for FA3 is FULL_AND_PIECEWISE; decode batches take the full
 graph), ``enable_deterministic_inference`` -> ``VLLM_BATCH_INVARIANT``, ``context_length`` -> max_model_len,
 ``page_size`` -> block size (vLLM's FA3 needs a multiple of 16: smaller sizes are raised to 16); the scenario's
-``vllm`` options (``spec.model.case_vllm``: piecewise graphs, KV dtype, layers and windows) go as they are. Policy fields
+vLLM options (``Scenario.options["vllm"]``, :mod:`.options`: piecewise graphs, KV dtype, layers and windows) go as they are. Policy fields
 (guard, metadata heads) do not apply: vLLM's code decides. A seeded defect is a transformation the driver applies
 from outside vLLM's code (:data:`VLLM_DEFECTS`).
 """
@@ -25,6 +25,7 @@ from typing import Optional
 from gpu_impl.sut import EngineSpec, SystemUnderTest
 from gpu_impl.engines import envs
 from gpu_impl.engines.vllm import recipes as vllm_recipes
+from gpu_impl.engines.vllm.options import OPTIONS_KEY
 from gpu_impl.engines.checkouts import resolve_checkout
 from gpu_impl.engines.errors import CheckoutImportError, DriverError, ScenarioUnsupported
 from gpu_impl.engines.host import EngineHost
@@ -153,7 +154,7 @@ def _unsupported(message: str):
 def scenario_to_vllm(scn) -> dict:
     """The driver fields for a gpu_impl.scenario.Scenario (see the module doc for the mapping).
 
-    The scenario's ``vllm`` options (``spec.model.case_vllm``) add what the server/model cannot say: piecewise graphs,
+    The scenario's vLLM options (``scn.options["vllm"]``, :mod:`.options`) add what the server/model cannot say: piecewise graphs,
     the KV cache dtype, layers and their sliding windows, capture sizes, the CUDA-graph split count; its seeded
     defects become the driver's transformation (:data:`VLLM_DEFECTS`). A feature the driver does not run (MLA,
     another head dim for V, a defect it cannot seed) raises ``ScenarioUnsupported``."""
@@ -175,7 +176,7 @@ def scenario_to_vllm(scn) -> dict:
         elif st.mode in ("extend", "mixed"):
             ext = list(st.extend_lens or [1] * len(st.seq_lens))
             steps.append({"seq_lens": list(st.seq_lens), "query_lens": ext})
-    opts = dict(getattr(scn, "vllm", None) or {})
+    opts = dict((getattr(scn, "options", None) or {}).get(OPTIONS_KEY) or {})
     graph = (("full_and_piecewise" if opts.get("full_and_piecewise") else "full") if server.cuda_graph
              else ("piecewise" if opts.get("piecewise") else "none"))
     fp8 = model.dtype == "float8_e4m3"  # sglang's vocabulary: the KV cache (and so FA3's qkv dtype) is fp8
@@ -299,7 +300,7 @@ class VllmSUT(SystemUnderTest):
         from gpu_impl.scenario import Scenario, Step
 
         scn = Scenario(server=case.server, model=case.model, guard=None, steps=[Step(**s) for s in case.steps],
-                       seed=case.seed, vllm=getattr(case, "vllm", None))
+                       seed=case.seed, options=dict(getattr(case, "options", None) or {}))
         try:
             wire = scenario_to_vllm(scn)
         except Exception:  # noqa: BLE001 - not driven: the run says so
@@ -324,7 +325,7 @@ class VllmSUT(SystemUnderTest):
         """(configuration family, path) of a case in vLLM's terms: its sliding windows, DCP, KV cache dtype,
         batch invariance and head size (the family), and its CUDA-graph mode (the path)."""
         server, model = dict(case.server or {}), dict(case.model or {})
-        opts = dict(getattr(case, "vllm", None) or {})
+        opts = dict((getattr(case, "options", None) or {}).get(OPTIONS_KEY) or {})
         graph = (("full_and_piecewise" if opts.get("full_and_piecewise") else "full") if server.get("cuda_graph")
                  else ("piecewise" if opts.get("piecewise") else "none"))
         parts = []

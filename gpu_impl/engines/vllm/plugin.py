@@ -1,15 +1,65 @@
 """vLLM behind the engine interface (:class:`gpu_impl.plugin.EnginePlugin`): a release (``vllm==V``) or a checkout
 (``vllm-src=PATH``) runs its FlashAttention metadata builder and impl; it runs a case's vLLM options and seeded
 defects, its gate adds the flow theorem under its release's profile, conform checks that profile's claims, and a
-release is judged under the FA3 build it ships (refmodel.fa3_builds)."""
+release is judged under the FA3 build it ships (refmodel.fa3_builds). What the harness needs of vLLM is here:
+its case options' schema (:mod:`.options`), its strategy families (:mod:`.strategies`), its release profiles
+(:mod:`.profiles`) and its conformance (:mod:`.conformance`)."""
 
 from __future__ import annotations
 
-from gpu_impl.plugin import EnginePlugin
+from gpu_impl.plugin import EnginePlugin, OwnProfileRefused
+
+from .options import OPTIONS_KEY
 
 
 class VllmPlugin(EnginePlugin):
-    options_key = "vllm"
+    options_key = OPTIONS_KEY
+
+    def check_options(self, value, server: dict, path: str) -> dict:
+        from .options import check_vllm_options
+
+        return check_vllm_options(value, server, path)
+
+    def assumptions_not_required(self) -> tuple:
+        """Under vLLM ``server.attn_cp_size`` is decode context parallel, which needs no prefill CP
+        (:data:`.strategies.NOT_ASSUMED_BY_VLLM`, from the vLLM releases' facts)."""
+        from .strategies import NOT_ASSUMED_BY_VLLM
+
+        return NOT_ASSUMED_BY_VLLM
+
+    def strategy_families(self) -> dict:
+        from .strategies import FAMILIES
+
+        return dict(FAMILIES)
+
+    def release_profile(self, release: str):
+        from .profiles import vllm_profile_for
+
+        return vllm_profile_for(release)
+
+    def profiled_releases(self) -> str:
+        from .profiles import VLLM_RELEASES
+
+        return ", ".join(VLLM_RELEASES)
+
+    def own_profile(self, spec, text, release):
+        """The vLLM profile ``--engine-profile vllm==V`` names, else the one of ``release`` (the release ``--engine``
+        names, or a checkout's nearest)."""
+        from spec.model.engine_profiles import ProfileError, release_named
+
+        option = "--engine-profile" if text else "--engine"
+        text = text or f"vllm=={release}"
+        if release_named(text, "vllm") is None:
+            raise OwnProfileRefused("--engine-profile", f"{spec} runs vLLM's code; want vllm==V, got {text!r}")
+        try:
+            return self.release_profile(release_named(text, "vllm"))
+        except ProfileError as exc:
+            raise OwnProfileRefused(option, str(exc)) from None
+
+    def check_own_profile(self, sut, profile):
+        from .conformance import conform_vllm
+
+        return conform_vllm(sut, profile)
 
     def open(self, spec, policy=None, progress=print):
         from .host import VllmSUT

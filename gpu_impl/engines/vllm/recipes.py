@@ -226,7 +226,7 @@ def unregistered_message(release: str) -> str:
             f"{release} wheel> runs the release's own code with it and names every module the generation needs that "
             f"the release lacks; to register it: a row in "
             f"gpu_impl/engines/vllm/recipes.py (RECIPES, DRIVER_GENERATIONS), a profile in "
-            f"spec/model/engine_profiles_vllm.json and its FA3 source in refmodel/fa3_builds.json")
+            f"gpu_impl/engines/vllm/profiles.json and its FA3 source in refmodel/fa3_builds.json")
 
 
 def missing_for_generation(generation: str, source=None) -> list:

@@ -6,7 +6,7 @@ decode batch (up to ``B_MAX`` sequences of up to 2^20 tokens, any page-table wid
 consuming ``flash_attn_varlen_func`` call's buffers hold (SPLIT_BOUND, COMBINE_CAPACITY: ``S_c > 1`` and a split
 above ``S_c``) and covers every query row (QUERY_COVER). Models ``vllm/v1/attention/backends/flash_attn.py``
 (``FlashAttentionMetadataBuilder._get_scheduler_metadata`` / ``build``, ``FlashAttentionImpl.forward``) through
-the profile (``spec/model/engine_profiles_vllm.json``); the encoding is the decode one of ``spec.theorems.metadata``
+the profile (``gpu_impl/engines/vllm/profiles.json``); the encoding is the decode one of ``spec.theorems.metadata``
 (stage 1: can ``S_p > S_c > 1``; stage 2: the full prepare step for b = 1..B_MAX), with the precompute's
 ``max_seqlen_k`` = the longest sequence and the call's KV extent any page-table width >= it.
 
@@ -16,8 +16,8 @@ and 64 (FA3 in vLLM needs a multiple of 16), the SM counts of ``spec.model.domai
 builder precomputes, with that mode's split counts. Simplified (stated in docs/engines-vllm.md): full-attention
 layers only (window (-1, -1), causal), DCP off, bf16 KV cache; batch sizes are equal on both sides (vLLM builds
 both from ``num_reqs``). A refutation carries a concrete counterexample replayed through refmodel and, with
-``cases_dir``, is written as a case file (fa3verify.case/1 with a ``vllm`` object, engine ``vllm==V``) that
-``fa3verify replay`` runs on vLLM's own code (:func:`write_vllm_case`): a profile whose precompute passes the
+``cases_dir``, is written as a case file (fa3verify.case/1 with its vLLM options, ``options.vllm``, engine
+``vllm==V``) that ``fa3verify replay`` runs on vLLM's own code (:func:`write_vllm_case`): a profile whose precompute passes the
 heuristic (0) while the call passes a fixed count is vLLM #20301's pattern, and the case carries that seeded
 defect (``graph-split-count-from-capture``, applied by the vLLM driver from outside vLLM's code); any other
 difference a profile claims is no seeded defect, so its case replays the released code as it is.
@@ -36,11 +36,13 @@ from refmodel.prepare import prepare_scheduler
 
 from spec.model import domain as D
 from spec.model.config import MODELS, ModelConfig
-from spec.model.engine_profiles_vllm import VllmProfile
 from spec.invariants import evaluate
 from spec.theorems.results import TheoremResult
 from spec.theorems.symbolic import side_params
 from spec.theorems.metadata import Group, Budget, prove_groups
+
+from .options import OPTIONS_KEY
+from .profiles import VllmProfile
 
 __all__ = ["THEOREM", "VllmPoint", "vllm_groups", "run_vllm_theorems", "write_vllm_case", "VLLM_TP", "VLLM_BLOCK_SIZES",
            "PR20301_DEFECT"]
@@ -128,7 +130,7 @@ def write_vllm_case(cases_dir, profile: VllmProfile, point: VllmPoint, witness: 
         expected={"outcome": "violation", "invariant": witness["invariant"],
                   "detail": {"S_p": witness["S_p"], "S_c": witness["S_c"], "splits": witness.get("splits"),
                              "call_seqlen_k": witness["call"]["seqlen_k"], "message": message}},
-        notes=notes, defects=defects, vllm=options)
+        notes=notes, defects=defects, options={OPTIONS_KEY: options})
     return str(case.save(cases_dir))
 
 

@@ -1,6 +1,8 @@
-"""The ``vllm`` object of a case file (schema fa3verify.case/1): what a vLLM configuration adds to the server/model.
+"""vLLM's case options (schema fa3verify.case/1: a case file's ``options.vllm`` object, or the top-level ``vllm``
+object of files written before ``options``): what a vLLM configuration adds to the server/model. The schema is
+vLLM's plugin's (``VllmPlugin.check_options``); ``spec.model.cases`` validates a case's options through it.
 
-Invariant: a case's ``vllm`` object names only knobs that vLLM's FlashAttention backend reads and the sglang-shaped
+Invariant: a case's vLLM options name only knobs that vLLM's FlashAttention backend reads and the sglang-shaped
 ``server``/``model`` cannot say (``vllm/v1/attention/backends/flash_attn.py``, 0.33.0; ``vllm/config``), each in
 the range vLLM accepts; everything else of the configuration stays in ``server``/``model`` (one truth per knob):
 ``server.tp_size`` is vLLM's tensor parallel size, ``server.attn_cp_size`` its decode context parallel (DCP) size,
@@ -12,17 +14,19 @@ Fields (all optional): ``piecewise`` (bool: piecewise CUDA graphs, attention eag
 every layer, or one null-or-integer per layer), ``capture_sizes`` (1..64 integers in [1, 4096]),
 ``max_num_splits_for_cuda_graph`` (1..256), ``full_and_piecewise`` (bool, only with ``server.cuda_graph``: vLLM's
 FULL_AND_PIECEWISE mode, FULL graphs for uniform decode batches and PIECEWISE for the rest; driven by the V2
-runner's driver generation). ``check_vllm_options`` raises ``CaseFormatError`` naming the field.
+runner's driver generation). :func:`check_vllm_options` raises ``CaseFormatError`` naming the field.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from spec.model.case_bounds import MAX_LEN, CaseFormatError
 
-__all__ = ["VLLM_FIELDS", "check_vllm_options"]
+__all__ = ["OPTIONS_KEY", "VLLM_FIELDS", "check_vllm_options"]
 
+#: the key a case files vLLM's options under (``Case.options``; ``VllmPlugin.options_key``)
+OPTIONS_KEY = "vllm"
 VLLM_FIELDS = ("piecewise", "kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes",
                "max_num_splits_for_cuda_graph", "full_and_piecewise")
 MAX_LAYERS = 64
@@ -33,44 +37,43 @@ def _int_in(v: Any, lo: int, hi: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
 
 
-def check_vllm_options(value: Any, server: dict) -> Optional[dict]:
-    """The validated ``vllm`` object (None when absent); CaseFormatError names the first bad field."""
-    if value is None:
-        return None
+def check_vllm_options(value: Any, server: dict, path: str = OPTIONS_KEY) -> dict:
+    """The validated vLLM options object found at ``path`` of a case file (``options.vllm``, or ``vllm`` in a file
+    written before ``options``); CaseFormatError names the first bad field under ``path``."""
     if not isinstance(value, dict):
-        raise CaseFormatError("vllm", "a JSON object with fields " + ", ".join(VLLM_FIELDS), value)
+        raise CaseFormatError(path, "a JSON object with fields " + ", ".join(VLLM_FIELDS), value)
     unknown = sorted(set(value) - set(VLLM_FIELDS))
     if unknown:
-        raise CaseFormatError(f"vllm.{unknown[0]}", "one of the fields " + ", ".join(VLLM_FIELDS), unknown[0])
+        raise CaseFormatError(f"{path}.{unknown[0]}", "one of the fields " + ", ".join(VLLM_FIELDS), unknown[0])
     out = dict(value)
     pw = out.get("piecewise", False)
     if not isinstance(pw, bool):
-        raise CaseFormatError("vllm.piecewise", "true or false", pw)
+        raise CaseFormatError(f"{path}.piecewise", "true or false", pw)
     if pw and server.get("cuda_graph", False):
-        raise CaseFormatError("vllm.piecewise", "false when server.cuda_graph is true (full CUDA graph)", pw)
+        raise CaseFormatError(f"{path}.piecewise", "false when server.cuda_graph is true (full CUDA graph)", pw)
     fp = out.get("full_and_piecewise", False)
     if not isinstance(fp, bool):
-        raise CaseFormatError("vllm.full_and_piecewise", "true or false", fp)
+        raise CaseFormatError(f"{path}.full_and_piecewise", "true or false", fp)
     if fp and not server.get("cuda_graph", False):
-        raise CaseFormatError("vllm.full_and_piecewise", "true only with server.cuda_graph (vLLM's FULL_AND_PIECEWISE "
+        raise CaseFormatError(f"{path}.full_and_piecewise", "true only with server.cuda_graph (vLLM's FULL_AND_PIECEWISE "
                                                          "mode: FULL graphs for uniform decode batches)", fp)
     if out.get("kv_cache_dtype", "auto") not in ("auto", "fp8"):
-        raise CaseFormatError("vllm.kv_cache_dtype", "'auto' or 'fp8'", out["kv_cache_dtype"])
+        raise CaseFormatError(f"{path}.kv_cache_dtype", "'auto' or 'fp8'", out["kv_cache_dtype"])
     layers = out.get("num_layers", 1)
     if not _int_in(layers, 1, MAX_LAYERS):
-        raise CaseFormatError("vllm.num_layers", f"an integer in [1, {MAX_LAYERS}]", layers)
+        raise CaseFormatError(f"{path}.num_layers", f"an integer in [1, {MAX_LAYERS}]", layers)
     sw = out.get("sliding_window")
     if sw is not None:
         ok = _int_in(sw, 1, MAX_LEN) or (isinstance(sw, list) and len(sw) == layers
                                          and all(w is None or _int_in(w, 1, MAX_LEN) for w in sw))
         if not ok:
-            raise CaseFormatError("vllm.sliding_window", f"null, an integer in [1, 2^31) or a list of {layers} "
+            raise CaseFormatError(f"{path}.sliding_window", f"null, an integer in [1, 2^31) or a list of {layers} "
                                                          f"(null | integer) entries, one per layer", sw)
     sizes = out.get("capture_sizes")
     if sizes is not None and not (isinstance(sizes, list) and 1 <= len(sizes) <= 64
                                   and all(_int_in(x, 1, MAX_CAPTURE_SIZE) for x in sizes)):
-        raise CaseFormatError("vllm.capture_sizes", f"a list of 1..64 integers in [1, {MAX_CAPTURE_SIZE}]", sizes)
+        raise CaseFormatError(f"{path}.capture_sizes", f"a list of 1..64 integers in [1, {MAX_CAPTURE_SIZE}]", sizes)
     splits = out.get("max_num_splits_for_cuda_graph")
     if splits is not None and not _int_in(splits, 1, 256):
-        raise CaseFormatError("vllm.max_num_splits_for_cuda_graph", "an integer in [1, 256]", splits)
+        raise CaseFormatError(f"{path}.max_num_splits_for_cuda_graph", "an integer in [1, 256]", splits)
     return out

@@ -2,19 +2,23 @@
 
 Invariant: a profile passes conformance only if, on every probe scenario run through vLLM's own metadata builder
 and attention impl (``gpu_impl.engines.vllm.driver``), the FA3 hand-off is what the profile says the prover plays
-(``spec/model/engine_profiles_vllm.json``, block ``model``): the builder precomputes in exactly the profile's CUDA-graph
+(``gpu_impl/engines/vllm/profiles.json``, block ``model``): the builder precomputes in exactly the profile's CUDA-graph
 modes; the precompute's heads equal the call's (``layer`` on both sides); the precompute's ``max_seqlen_k`` is the
 batch's longest sequence and the call's KV extent (block-table width x block size) is at least that; each side
 passes the profile's ``num_splits`` for the mode; ``headdim_v`` is passed or not as the profile says; and the
 checking shim reports no finding. Each claim on each scenario is one check; a claim the code contradicts is a
 failed check and a finding (exit 1). Models ``vllm/v1/attention/backends/flash_attn.py`` by running it.
+
+vLLM's plugin answers ``own-profile`` conformance with it (``VllmPlugin.check_own_profile``); the harness
+(``fa3verify.commands.conform``) turns the :class:`gpu_impl.plugin.ClaimReport` into its summary's rows.
 """
 
 from __future__ import annotations
 
 import time
 
-from .summary import Check, Finding, RunSummary
+from gpu_impl.plugin import ClaimCheck, ClaimReport
+from spec.finding import Finding
 
 __all__ = ["PROBES", "conform_vllm"]
 
@@ -54,21 +58,19 @@ def _claims(profile, mode: str, pair: dict, seq_lens) -> list:
     return out
 
 
-def conform_vllm(sut, profile, probes=PROBES) -> RunSummary:
-    """Run ``probes`` (default :data:`PROBES`) on ``sut`` (a VllmSUT) and check every claim of ``profile``; the
-    summary's exit code is 1 when the code contradicts a claim or the shim reports a finding."""
+def conform_vllm(sut, profile, probes=PROBES) -> ClaimReport:
+    """Run ``probes`` (default :data:`PROBES`) on ``sut`` (a VllmSUT) and check every claim of ``profile``; a claim
+    the code contradicts, or a finding of the checking shim, is a failed claim and a finding."""
     from refmodel.fa3_builds import build_for_engine
 
     build = build_for_engine("vllm", profile.release)
-    summary = RunSummary(command="conform", policy={"engine": str(sut.spec), "engine_profile":
-                                                    f"vllm=={profile.release}", "fa3_build": build,
-                                                    **profile.to_dict()})
+    report = ClaimReport(policy={"engine": str(sut.spec), "engine_profile": f"vllm=={profile.release}",
+                                  "fa3_build": build, **profile.to_dict()})
     start = time.perf_counter()
     worker = sut.worker
     reported = worker.hello.get("release")
-    summary.checks.append(Check(name="release", kind="property", verdict="pass" if reported == profile.release
-                                else "fail", seconds=0.0, failed=reported != profile.release,
-                                message=f"the worker reports vllm {reported}; profile {profile.release}"))
+    report.claims.append(ClaimCheck(name="release", holds=reported == profile.release, seconds=0.0,
+                                     message=f"the worker reports vllm {reported}; profile {profile.release}"))
     for name, fields in probes:
         mode = fields["cuda_graph"]
         for seq_lens in BATCHES:
@@ -87,11 +89,10 @@ def conform_vllm(sut, profile, probes=PROBES) -> RunSummary:
             secs = time.perf_counter() - t
             for claim, holds, did in results:
                 label = f"{claim} [{name}, {len(seq_lens)} seqs]"
-                summary.checks.append(Check(name=label, kind="property", verdict="pass" if holds else "fail",
-                                            seconds=secs, failed=not holds, message=did))
+                report.claims.append(ClaimCheck(name=label, holds=holds, seconds=secs, message=did))
                 if not holds:
-                    summary.findings.append(Finding(invariant="PROFILE", case_file=None, engine=str(sut.spec),
+                    report.findings.append(Finding(invariant="PROFILE", case_file=None, engine=str(sut.spec),
                                                     message=f"vllm {profile.release} profile: {label}: the code "
                                                             f"did {did}", replay=None))
-    summary.elapsed_s = time.perf_counter() - start
-    return summary
+    report.elapsed_s = time.perf_counter() - start
+    return report

@@ -3,9 +3,10 @@
 Invariant: a :class:`VllmProfile` states, for one vLLM release, exactly what
 ``vllm/v1/attention/backends/flash_attn.py`` passes to ``get_scheduler_metadata`` (``FlashAttentionMetadataBuilder
 ._get_scheduler_metadata``) and to ``flash_attn_varlen_func`` (``FlashAttentionImpl.forward``), per CUDA-graph mode
-in which the builder precomputes (data: ``spec/model/engine_profiles_vllm.json``, block ``model``); ``prove
+in which the builder precomputes (data: ``gpu_impl/engines/vllm/profiles.json``, block ``model``); ``prove
 --engine-profile vllm==V`` plays it (``gpu_impl.engines.vllm.theorems``) and ``conform --engine vllm==V`` checks each claim on
-the released code (``fa3verify.conformance_vllm``).
+the released code (``gpu_impl.engines.vllm.conformance``). The plugin hands a profile to the harness
+(``VllmPlugin.release_profile``, reached through ``gpu_impl.plugin.engine_profile_for``).
 
 Simplification: a profile covers full-attention layers of one window setting (-1, -1) and a bf16/fp16 KV cache
 with decode context parallel off; what it says about DCP, sliding windows and fp8 is descriptive text checked by
@@ -20,16 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["VllmProfile", "VLLM_RELEASES", "vllm_profile_for", "vllm_profile_from_dict", "MODES"]
+from spec.model.engine_profiles import ProfileError
 
-_DATA = Path(__file__).with_name("engine_profiles_vllm.json")
+__all__ = ["VllmProfile", "VllmProfileError", "VLLM_RELEASES", "vllm_profile_for", "vllm_profile_from_dict", "MODES"]
+
+_DATA = Path(__file__).with_name("profiles.json")
 #: vLLM's CUDA-graph modes (``CUDAGraphMode``: NONE, PIECEWISE, FULL; decode batches take FULL when captured).
 MODES = ("none", "piecewise", "full")
 HEADS = ("layer",)
 SEQLEN_K = {"precompute": ("max_seq_len",), "call": ("page_table_width", "max_seq_len")}
 
 
-class VllmProfileError(ValueError):
+class VllmProfileError(ProfileError):
     """A vLLM profile that is absent or malformed (the message names the field and the allowed values)."""
 
 

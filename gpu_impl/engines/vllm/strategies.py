@@ -1,7 +1,7 @@
 """vLLM's configuration families (family ``vllm``): the knobs vLLM's FlashAttention builder reads, x skewed batches.
 
-A case is a ``FuzzCase`` whose ``vllm`` options say what the sglang-shaped server and model cannot
-(``spec/model/case_vllm.py`` validates them; ``gpu_impl.engines.vllm.host.scenario_to_vllm`` maps the whole case onto the
+A case is a ``FuzzCase`` (``gpu_impl.domain``) whose options under ``vllm`` (:data:`.options.OPTIONS_KEY`) say what
+the sglang-shaped server and model cannot (:mod:`.options` validates them; ``gpu_impl.engines.vllm.host.scenario_to_vllm`` maps the whole case onto the
 driver). The families, as ``vllm/v1/attention/backends/flash_attn.py`` (0.33.0) branches on them:
 
 * CUDA graph: none, piecewise (attention runs eagerly between captured pieces) or full (``server.cuda_graph``:
@@ -24,12 +24,13 @@ from __future__ import annotations
 import random
 from typing import Optional
 
+from gpu_impl.domain import SM_COUNTS, FuzzCase
 from spec.model.assumption_facts import facts_for, not_enforced
-from spec.model.engine_profiles_vllm import VLLM_RELEASES
 
-from .scenarios import SM_COUNTS, FuzzCase
+from .options import OPTIONS_KEY
+from .profiles import VLLM_RELEASES
 
-__all__ = ["NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
+__all__ = ["FAMILIES", "NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
            "vllm_v2_case",
            "vllm_decode_tile_case",
            "vllm_family_label", "model_tp_points"]
@@ -93,7 +94,7 @@ def vllm_case(rng: random.Random, graph_modes: tuple = GRAPH_MODES) -> Optional[
         options.update(num_layers=2, sliding_window=[WINDOW, None])
     steps = _steps(rng, rng.choice(BATCH_SIZES))
     return FuzzCase(server=server, model=model, steps=steps, numerics=False, seed=rng.randrange(2 ** 31),
-                    vllm=options)
+                    options={OPTIONS_KEY: options})
 
 
 def vllm_full_graph_case(rng: random.Random) -> Optional[FuzzCase]:
@@ -110,7 +111,8 @@ def vllm_v2_case(rng: random.Random) -> Optional[FuzzCase]:
     case = vllm_case(rng)
     if case is None or not case.server.cuda_graph:
         return case
-    return dataclasses.replace(case, vllm={**case.vllm, "full_and_piecewise": rng.random() < 0.5})
+    return dataclasses.replace(case, options={OPTIONS_KEY: {**case.options[OPTIONS_KEY],
+                                                            "full_and_piecewise": rng.random() < 0.5}})
 
 
 def vllm_decode_tile_case(rng: random.Random) -> Optional[FuzzCase]:
@@ -139,15 +141,24 @@ def vllm_decode_tile_case(rng: random.Random) -> Optional[FuzzCase]:
                           context_length=MAX_MODEL_LEN)
     options = {"kv_cache_dtype": rng.choice(("auto", "auto", "fp8")), "piecewise": rng.random() < 0.5}
     return FuzzCase(server=server, model=model, steps=(step,), numerics=False, seed=rng.randrange(2 ** 31),
-                    vllm=options)
+                    options={OPTIONS_KEY: options})
 
 
 def vllm_family_label(case: FuzzCase) -> str:
     """The configuration family of a ``vllm`` case: ``cg=none|piecewise|full bi=0|1 kv=auto|fp8 sw=... dcp=N``."""
-    opts = case.vllm or {}
+    opts = case.options.get(OPTIONS_KEY) or {}
     graph = (("full_and_piecewise" if opts.get("full_and_piecewise") else "full") if case.server.cuda_graph
              else ("piecewise" if opts.get("piecewise") else "none"))
     sw = opts.get("sliding_window")
     window = "none" if sw is None else ("mixed" if isinstance(sw, list) and len(set(sw)) > 1 else "one")
     return (f"cg={graph} bi={int(case.server.enable_deterministic_inference)} kv={opts.get('kv_cache_dtype', 'auto')} "
             f"sw={window} dcp={case.server.attn_cp_size}")
+
+
+#: vLLM's strategy families, by name (what its plugin gives the suite's ``fa3verify.strategies.FAMILIES``).
+FAMILIES = {
+    "vllm": vllm_case,
+    "vllm-full-graph": vllm_full_graph_case,
+    "vllm-decode-tile": vllm_decode_tile_case,
+    "vllm-v2": vllm_v2_case,
+}
