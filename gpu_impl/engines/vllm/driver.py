@@ -141,7 +141,7 @@ def check_scenario(s: dict) -> dict:
 # ------------------------------------------------------------------------------------------------------------
 
 
-class _ModelStandIn:
+class ModelStandIn:
     """The model-config fields vLLM's FlashAttention builder and impl read (a stand-in; see the module doc)."""
 
     def __init__(self, s: dict, torch_dtype):
@@ -216,7 +216,7 @@ class Config:
             vc.attention_config.flash_attn_max_num_splits_for_cuda_graph = s["max_num_splits_for_cuda_graph"]
         else:  # up to 0.12 the builder reads the bound from vLLM's environment variable
             os.environ["VLLM_FLASH_ATTN_MAX_NUM_SPLITS_FOR_CUDA_GRAPH"] = str(s["max_num_splits_for_cuda_graph"])
-        object.__setattr__(vc, "model_config", _ModelStandIn(s, dtype))
+        object.__setattr__(vc, "model_config", ModelStandIn(s, dtype))
         self.vc = vc
         self.h = s["num_heads"] // s["tp"]
         self.hk = max(1, s["num_kv_heads"] // s["tp"])
@@ -339,7 +339,7 @@ class Config:
         if s["cuda_graph"] == "full" and sum(q) <= max(s["capture_sizes"]) and max(q) == 1:
             pad = next(x for x in s["capture_sizes"] if x >= len(q)) - len(q)
             q, k = q + [1] * pad, k + [0] * pad
-        qsl = torch.tensor([0] + list(_cumsum(q)), dtype=torch.int32)
+        qsl = torch.tensor([0] + list(cumsum(q)), dtype=torch.int32)
         n = len(k)
         table = torch.zeros(n, self.max_blocks, dtype=torch.int32)
         if self.numerics:
@@ -403,7 +403,7 @@ class Config:
                 layer.impl.forward(layer, query, key, value, self.kv_cache, md, out)
 
 
-def _cumsum(xs):
+def cumsum(xs):
     t = 0
     for x in xs:
         t += x

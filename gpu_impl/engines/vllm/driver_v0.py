@@ -32,7 +32,7 @@ import inspect
 import types
 
 from gpu_impl.engines.protocol import Unsupported
-from gpu_impl.engines.vllm.driver import _ModelStandIn, _cumsum
+from gpu_impl.engines.vllm.driver import ModelStandIn, cumsum
 from gpu_impl.engines.vllm.driver_v2 import ABOVE_GRAPHS
 
 __all__ = ["ConfigV0", "STOOD_IN", "MODES_V0"]
@@ -88,7 +88,7 @@ class _RunnerStandIn:
         token count), ``seq_lens`` (padded rows 0), device copies of both."""
         n = len(query_lens)
         self.query_start_loc_np[0] = 0
-        self.query_start_loc_np[1:n + 1] = list(_cumsum(query_lens))
+        self.query_start_loc_np[1:n + 1] = list(cumsum(query_lens))
         self.query_start_loc_np[n + 1:] = sum(query_lens)
         self.seq_lens_np[:n] = seq_lens
         self.seq_lens_np[n:] = 0
@@ -141,7 +141,7 @@ class ConfigV0:
             vc.cache_config = CacheConfig()
         vc.cache_config.cache_dtype = s["kv_cache_dtype"]
         vc.cache_config.block_size = s["block_size"]
-        model = _ModelStandIn(s, self.dtype)
+        model = ModelStandIn(s, self.dtype)
         model.attention_chunk_size = None
         model.disable_cascade_attn = True
         object.__setattr__(vc, "model_config", model)
