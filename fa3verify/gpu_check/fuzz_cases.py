@@ -11,6 +11,8 @@ import json
 import random
 from typing import Any
 
+from spec.finding import DeviceOutcome
+
 from .tasks import task_kernel, sync
 
 
@@ -54,8 +56,8 @@ def fuzz_case_task(adapter: dict, case: dict, guard: str = "fixed") -> dict:
     for call in backend.decode_calls(distribute_over_dp(case["seq_lens"], server.attn_dp_size)):
         digest = hashlib.sha256(json.dumps([case["seed"], call.dp_rank]).encode()).digest()
         records.append(_fuzz_call(backend, kernel, call, int.from_bytes(digest[:4], "little"), device))
-    bad = [r["outcome"] for r in records if r["outcome"] != "pass"]
-    return {"outcome": bad[0] if bad else "pass", "calls": records}
+    bad = [r["outcome"] for r in records if r["outcome"] != DeviceOutcome.PASS]
+    return {"outcome": bad[0] if bad else DeviceOutcome.PASS, "calls": records}
 
 
 def _fuzz_call(backend, kernel, call, seed: int, device: str) -> dict:
@@ -67,7 +69,7 @@ def _fuzz_call(backend, kernel, call, seed: int, device: str) -> dict:
 
     rec: dict[str, Any] = {"dp_rank": call.dp_rank, "path": call.path, "precomputed": call.precomputed,
                            "rows": len(call.seq_lens), "real_rows": call.real_rows, "max_len": max(call.seq_lens),
-                           "call_seqlen_k": call.call_seqlen_k, "outcome": "pass"}
+                           "call_seqlen_k": call.call_seqlen_k, "outcome": DeviceOutcome.PASS}
     tensors = decode_tensors(backend, call, seed=seed, device=device)
     q, k_cache, v_cache, table = tensors
     exact = lowp = None
@@ -77,10 +79,10 @@ def _fuzz_call(backend, kernel, call, seed: int, device: str) -> dict:
             out, _ = backend.forward_decode(kernel, call, *tensors, sliding_window=sliding)
             sync(device)
         except MetadataShapeError as exc:
-            rec.update(outcome="shape_error", message=str(exc)[:500])
+            rec.update(outcome=DeviceOutcome.SHAPE_ERROR, message=str(exc)[:500])
             return rec
         except OutOfBoundsAccess as exc:
-            rec.update(outcome="predicted_oob", message=str(exc)[:500], invariants=[exc.invariant])
+            rec.update(outcome=DeviceOutcome.PREDICTED_OOB, message=str(exc)[:500], invariants=[exc.invariant])
             return rec
         trace = kernel.last_trace or {}
         rec["s_c"] = (trace.get("schedule") or {}).get("num_splits")
@@ -88,11 +90,11 @@ def _fuzz_call(backend, kernel, call, seed: int, device: str) -> dict:
         rows = out[: call.real_rows].float()
         if torch.isnan(rows).any():
             bad = sorted({int(i) for i in torch.nonzero(torch.isnan(rows))[:, 0].tolist()})
-            rec.update(outcome="nan", message=f"NaN in output rows {bad[:8]} (sliding_window={sliding}); "
-                                              f"predicted violations {verdicts}", nan_rows=bad[:32])
+            rec.update(outcome=DeviceOutcome.NAN, message=f"NaN in output rows {bad[:8]} (sliding_window={sliding}); "
+                                                          f"predicted violations {verdicts}", nan_rows=bad[:32])
             return rec
         if verdicts:
-            rec.update(outcome="predicted_oob", message=f"the model predicts {verdicts} for this call "
+            rec.update(outcome=DeviceOutcome.PREDICTED_OOB, message=f"the model predicts {verdicts} for this call "
                                                         f"(sliding_window={sliding}), though the output has no NaN",
                        invariants=verdicts)
             return rec
@@ -105,7 +107,7 @@ def _fuzz_call(backend, kernel, call, seed: int, device: str) -> dict:
                                           lowp[: call.real_rows])
         rec["max_error"], rec["bound"] = err, bound
         if not ok:
-            rec.update(outcome="mismatch", message=f"max error {err:.3e} exceeds FA3's bound {bound:.3e} "
-                                                   f"(sliding_window={sliding})")
+            rec.update(outcome=DeviceOutcome.MISMATCH, message=f"max error {err:.3e} exceeds FA3's bound {bound:.3e} "
+                                                               f"(sliding_window={sliding})")
             return rec
     return rec
