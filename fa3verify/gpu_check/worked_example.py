@@ -104,7 +104,8 @@ def worked_example_task(adapter: dict, guard: str, long_len: int = WORKED_LONG, 
     from gpu_impl.guards import load_guard
     from gpu_impl.scenario import decode_tensors
     from refmodel.metadata import schedule_and_prepare
-    from refmodel.tolerance import fa3_output_close, reference_outputs
+    from gpu_impl.oracle_check import closeness, nan_rows as output_nan_rows
+    from refmodel.tolerance import reference_outputs
 
     from ..fidelity import adapter_supports_paged
 
@@ -137,8 +138,8 @@ def worked_example_task(adapter: dict, guard: str, long_len: int = WORKED_LONG, 
     out_info["observed_num_splits"] = trace.get("observed_num_splits")
     out_info["metadata_splits_read"] = ((trace.get("metadata") or {}).get("num_splits"))
     out_info["predicted_violations"] = sorted({v["invariant"] for v in trace.get("verdicts", [])})
-    nan_rows = torch.isnan(out.float()).reshape(out.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
-    out_info["nan_batches"] = [int(i) for i in nan_rows]
+    nan_rows = output_nan_rows(out)
+    out_info["nan_batches"] = nan_rows
     out_info["kernel_seconds"] = round(time.perf_counter() - t0, 2)
     if nan_rows:
         out_info["outcome"] = DeviceOutcome.NAN
@@ -148,7 +149,7 @@ def worked_example_task(adapter: dict, guard: str, long_len: int = WORKED_LONG, 
         cu = torch.arange(len(lens) + 1, dtype=torch.int32)
         exact, lowp = reference_outputs(q.cpu(), k_cache.cpu(), v_cache.cpu(), cache_seqlens=cs, cu_seqlens_q=cu,
                                         max_seqlen_q=1, page_table=table.cpu(), causal=True)
-        ok, err, bound = fa3_output_close(out.cpu(), exact, lowp)
+        ok, err, bound = closeness(out.cpu(), exact, lowp)
         out_info.update(outcome=DeviceOutcome.AGREES if ok else DeviceOutcome.MISMATCH, max_error=err, bound=bound)
     out_info["seconds"] = round(time.perf_counter() - t0, 2)
     return out_info
