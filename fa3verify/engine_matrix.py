@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
-from spec.finding import MatrixVerdict, TheoremVerdict
+from spec.finding import MatrixVerdict, ProbeResult, TheoremVerdict
 from spec.process.worker_client import WorkerError
 
 from . import exitcodes
@@ -118,15 +118,15 @@ def run_probes(sut) -> dict:
             verdict = judge(sut, scn, crash_is_error=True)
             if verdict.error is not None:  # the engine's crash (or refusal to run it) is the probe's result
                 exc = verdict.error
-                out[key] = f"error: {type(exc).__name__}: {str(exc)[:120]}"
+                out[key] = f"{ProbeResult.ERROR}: {type(exc).__name__}: {str(exc)[:120]}"
                 continue
             bad = sorted({f.invariant for f in verdict.findings} | {e.invariant for e in verdict.shape_errors})
             if bad:
-                out[key] = "fail: " + ", ".join(bad)
+                out[key] = f"{ProbeResult.FAIL}: " + ", ".join(bad)
             elif not any(e.get("precomputed") for e in verdict.trace):
-                out[key] = "pass (no precompute)"
+                out[key] = ProbeResult.PASS_NO_PRECOMPUTE
             else:
-                out[key] = "pass"
+                out[key] = ProbeResult.PASS
     return out
 
 
@@ -405,6 +405,7 @@ def _short(probe: Optional[str]) -> str:
     """A probe result for a table cell: fail (with the invariants), pass, pass without a precompute, error, -."""
     if not probe:
         return "-"
-    if probe.startswith("fail: "):
-        return "fail (" + probe[len("fail: "):] + ")"
-    return "error" if probe.startswith("error") else probe
+    failed = f"{ProbeResult.FAIL}: "
+    if probe.startswith(failed):
+        return f"{ProbeResult.FAIL} (" + probe[len(failed):] + ")"
+    return ProbeResult.ERROR if probe.startswith(ProbeResult.ERROR) else probe

@@ -15,7 +15,8 @@ the words the JSON reports and case files have always carried, so they serialise
 is :func:`fa3verify.exitcodes.outcome_exit_code` (the one mapping).
 
 Every other verdict word is an enum of the same kind, one per concept, defined here once: a theorem's
-:class:`TheoremVerdict`, a run's and a summary row's :class:`Verdict`, an engine-matrix row's :class:`MatrixVerdict`,
+:class:`TheoremVerdict`, a run's and a summary row's :class:`Verdict`, an engine-matrix row's :class:`MatrixVerdict`
+and its family probes' :class:`ProbeResult`,
 a gpu-check stage's :class:`StageStatus`, a bug-catalogue engine's :class:`CatalogueStatus` and a gpu-check recorder's
 :class:`DeviceOutcome`. Code compares with the members, never with the bare words
 (``tests/robustness/test_verdict_words.py``).
@@ -31,7 +32,7 @@ from dataclasses import KW_ONLY, dataclass, field, fields, replace
 from typing import Any, Mapping, Optional
 
 __all__ = ["Outcome", "TheoremVerdict", "Verdict", "MatrixVerdict", "StageStatus", "CatalogueStatus",
-           "DeviceOutcome", "Finding", "REPORT_FIELDS", "finding_lines", "finding_sentence"]
+           "DeviceOutcome", "ProbeResult", "Finding", "REPORT_FIELDS", "finding_lines", "finding_sentence"]
 
 
 class _Word(enum.StrEnum):
@@ -98,6 +99,16 @@ class MatrixVerdict(_Word):
     INCONCLUSIVE = "inconclusive"  #: the gate gave no answer (or crashed)
     UNAVAILABLE = "unavailable"    #: the release cannot be opened here (its reason in the row's message)
     USAGE_ERROR = "usage-error"    #: the gate refused its input (exit 2)
+
+
+class ProbeResult(_Word):
+    """One family probe of an engine-matrix row (``fa3verify.engine_matrix.run_probes``): the cell is the word, or
+    ``"fail: INVARIANT, ..."`` / ``"error: why"`` (the word, a colon and what broke)."""
+
+    PASS = "pass"                                  #: the probe ran and nothing broke
+    PASS_NO_PRECOMPUTE = "pass (no precompute)"    #: nothing broke, and no call used precomputed metadata
+    FAIL = "fail"                                  #: invariants broke (named after the colon)
+    ERROR = "error"                                #: the engine crashed or refused the probe (why after the colon)
 
 
 class StageStatus(_Word):

@@ -25,7 +25,7 @@ from spec.theorems.z3ctx import checked
 from spec.theorems.symbolic import bv, solver, sym_l2_split_count, var
 from spec.theorems.z3ctx import BitVecVal
 from spec.theorems.base import select
-from spec.finding import TheoremVerdict
+from spec.finding import Outcome, TheoremVerdict
 
 __all__ = ["THEOREMS", "EDGE_HEAD_DIMS", "run_edge_theorems", "edge_jobs", "int32_split_band", "replay_rows"]
 
@@ -60,7 +60,7 @@ def _replay(d: int, dv: int, elem: int, length: int, num_sm: int) -> dict:
         resolve_schedule(inp)
         outcome = "accepted"
     except FA3Rejected as exc:
-        outcome = f"rejected: {exc.fa3_message}"
+        outcome = f"{Outcome.REJECTED}: {exc.fa3_message}"
     return {"split_count": s, "call": outcome}
 
 
@@ -96,7 +96,7 @@ def _int32_split_heuristic(timeout_s: float, int_bits: int, num_sm: int = 132) -
     if not found:
         return TheoremResult(name, TheoremVerdict.PROVED, secs, {}, None,
                              f"with {int_bits}-bit sizes the L2 branch never gives fewer than 1 split", details=details)
-    bad = {k: w for k, w in found.items() if w["split_count"] >= 1 or not w["call"].startswith("rejected")}
+    bad = {k: w for k, w in found.items() if w["split_count"] >= 1 or not w["call"].startswith(Outcome.REJECTED)}
     first = found.get("d128-dv128-e2") or next(iter(found.values()))
     witness = {**first, "invariant": "SPLIT_COUNT_POSITIVE"}
     if bad:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from spec import finding
-from spec.finding import (CatalogueStatus, DeviceOutcome, MatrixVerdict, Outcome, StageStatus, TheoremVerdict,
-                          Verdict)
+from spec.finding import (CatalogueStatus, DeviceOutcome, MatrixVerdict, Outcome, ProbeResult, StageStatus,
+                          TheoremVerdict, Verdict)
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("refmodel", "spec", "gpu_impl", "fa3verify")
@@ -21,6 +21,7 @@ WORDS = {
     TheoremVerdict: ["proved", "refuted", "inconclusive", "expected-refutation"],
     Verdict: ["pass", "fail", "inconclusive", "usage-error"],
     MatrixVerdict: ["pass", "fail", "inconclusive", "unavailable", "usage-error"],
+    ProbeResult: ["pass", "pass (no precompute)", "fail", "error"],
     StageStatus: ["pending", "pass", "fail", "inconclusive", "skipped"],
     CatalogueStatus: ["caught", "missed", "silent", "fired", "n/a", "inconclusive", "error"],
     DeviceOutcome: ["pass", "agrees", "nan", "mismatch", "shape_error", "predicted_oob", "crash", "timeout", "error",
@@ -51,11 +52,24 @@ def all_words() -> set:
     return {m.value for words in WORDS for m in words}
 
 
+def _leading_word(text: str, words: set) -> bool:
+    """``text`` is a word, or a word followed by a colon or a space (a cell such as "fail: SPLIT_BOUND")."""
+    return text.rstrip(": ") in words
+
+
 def bare_word_comparisons(source: str, words: set) -> list:
     """Each comparison in ``source`` with a string literal (alone, or in a tuple, list or set) that is one of
-    ``words``, as ``ast.unparse`` writes it; and each ``match`` case on such a literal."""
+    ``words``, and each ``startswith``/``endswith`` on such a word (or on one followed by a colon), as ``ast.unparse``
+    writes it; and each ``match`` case on such a literal."""
     found = []
     for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("startswith", "endswith") and node.args:
+            arg = node.args[0]
+            items = arg.elts if isinstance(arg, ast.Tuple) else [arg]
+            if any(isinstance(x, ast.Constant) and isinstance(x.value, str) and _leading_word(x.value, words)
+                   for x in items):
+                found.append(ast.unparse(node))
         if isinstance(node, ast.Compare):
             literals = []
             for side in (node.left, *node.comparators):
@@ -110,11 +124,14 @@ def test_a_bare_verdict_word_is_found():
               "        return 2\n"
               "    if o.outcome == TheoremVerdict.PROVED:\n"
               "        return 3\n"
+              "    if cell.startswith('fail: ') or cell.startswith(f'{ProbeResult.FAIL}: '):\n"
+              "        return 4\n"
               "    match o.status:\n"
               "        case 'fired':\n"
-              "            return 4\n")
-    assert bare_word_comparisons(seeded, all_words()) == [
-        "r.verdict == 'proved'", "row.verdict in ('unavailable', 'inconclusive')", "case 'fired'"]
+              "            return 5\n")
+    assert sorted(bare_word_comparisons(seeded, all_words())) == sorted([
+        "r.verdict == 'proved'", "row.verdict in ('unavailable', 'inconclusive')", "cell.startswith('fail: ')",
+        "case 'fired'"])
 
 
 def test_results_carry_the_members_and_write_the_words():
