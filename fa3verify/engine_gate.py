@@ -22,7 +22,7 @@ import os
 import time
 from typing import NamedTuple, Optional
 
-from spec.finding import Outcome
+from spec.finding import Outcome, TheoremVerdict, Verdict
 
 from .finding_terms import WITNESS_SUBDIR, apply_terms, replay_line, terms_of_verdict
 from .summary import Check, RunSummary
@@ -103,7 +103,7 @@ def witness_search(timeout_s: float, cases_dir: str, search: Optional[WitnessSea
         name = f"witness search: {r.name}" if default else f"witness search ({search.label()}): {r.name}"
         rows.append(Check(name=name, kind="theorem", verdict=r.verdict, seconds=r.seconds,
                           failed=False, inconclusive=r.inconclusive, case_file=r.case_file,
-                          expected=WITNESS_NOTE if r.verdict == "refuted" else "",
+                          expected=WITNESS_NOTE if r.verdict == TheoremVerdict.REFUTED else "",
                           message=f"on the model with {search.label()} (inputs for the engine, not a verdict "
                                   f"on it): {r.message or r.summary()}"))
     return rows
@@ -154,7 +154,7 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
         verdict = judge(sut, scn, kernel=kernel)
         if verdict.unsupported:
             checks.append(Check(name=name, kind="replay",
-                                verdict="inconclusive", seconds=time.perf_counter() - start, inconclusive=True,
+                                verdict=TheoremVerdict.INCONCLUSIVE, seconds=time.perf_counter() - start, inconclusive=True,
                                 case_file=path, message=f"the engine does not run this witness: {verdict.reason}"))
             continue
         found = verdict.findings
@@ -163,7 +163,7 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
         msg = ("; ".join(f"{f.invariant} at step {f.step} dp rank {f.dp_rank}: {f.message}"
                          for f in found[:2]) if found else f"no violation on {sut.spec}")
         checks.append(Check(name=name, kind="replay",
-                            verdict="fail" if found else "pass", seconds=seconds, failed=bool(found),
+                            verdict=Verdict.FAIL if found else Verdict.PASS, seconds=seconds, failed=bool(found),
                             case_file=saved or path, message=msg))
         if found:
             finding = found[0].reported(case_file=saved, engine=f"witness on {sut.spec}",
@@ -186,13 +186,13 @@ def vllm_flow_rows(sut, timeout_s: float, cases_dir: str, kernel=None, replay: b
         profile = sut.spec.plugin.release_profile(getattr(sut, "release", None) or sut.spec.release)
     except ProfileError as exc:
         out = RunSummary(command="gate")
-        out.checks.append(Check(name="vllm-flow", kind="theorem", verdict="inconclusive", seconds=0.0,
+        out.checks.append(Check(name="vllm-flow", kind="theorem", verdict=TheoremVerdict.INCONCLUSIVE, seconds=0.0,
                                 inconclusive=True,
                                 message=f"{exc}: the flow theorem needs the release's profile "
                                         f"(gpu_impl/engines/vllm/profiles.json; `conform --engine {sut.spec}` checks one)"))
         return out
     out = prove_vllm(profile, timeout_s=timeout_s, cases_dir=cases_dir)
-    refuted = [c.case_file for c in out.checks if c.verdict == "refuted" and c.case_file]
+    refuted = [c.case_file for c in out.checks if c.verdict == TheoremVerdict.REFUTED and c.case_file]
     if refuted and replay:
         checks, findings = replay_witnesses(sut, refuted, cases_dir, kernel=kernel)
         out.checks.extend(checks)
@@ -272,7 +272,7 @@ def flow_stage(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir: str
     with stage("gate", "vllm-flow theorem (z3 under the release's profile)", lines,
                result=lambda: _failed(flow.checks)):
         flow = vllm_flow_rows(sut, timeout_s, cases_dir, kernel=kernel, replay=False)
-        refuted = [c.case_file for c in flow.checks if c.verdict == "refuted" and c.case_file]
+        refuted = [c.case_file for c in flow.checks if c.verdict == TheoremVerdict.REFUTED and c.case_file]
     summary.merge(flow)
     if refuted:
         _on_engine(summary, deferred, lambda: replay_witnesses(sut, refuted, cases_dir, kernel=kernel))

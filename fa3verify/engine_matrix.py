@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
+from spec.finding import MatrixVerdict, ProbeResult, TheoremVerdict
 from spec.process.worker_client import WorkerError
 
 from . import exitcodes
@@ -38,14 +39,14 @@ class MatrixRow:
     """One release: the gate's verdict, what broke where, and the profile's prediction."""
 
     release: str
-    verdict: str                      # pass | fail | inconclusive | unavailable
+    verdict: MatrixVerdict            # pass | fail | inconclusive | unavailable (a word is stored as its member)
     exit_code: int
     invariants: list = field(default_factory=list)
     families: list = field(default_factory=list)       # configuration families reaching a violation
     paths: list = field(default_factory=list)          # "eager" and/or "CUDA graph" among the violations
     seconds: float = 0.0
     cases: int = 0
-    expected: str = ""
+    expected: str = ""                # the profile's prediction: a MatrixVerdict, "" when there is none
     agrees: Optional[bool] = None
     profile: str = ""
     message: str = ""
@@ -66,6 +67,9 @@ class MatrixRow:
     runs_as: str = ""
 
     def __post_init__(self):
+        self.verdict = MatrixVerdict(self.verdict)
+        if self.expected:
+            self.expected = MatrixVerdict(self.expected)
         if not self.fa3_build:
             from .engine_choice import fa3_build_of
 
@@ -114,15 +118,15 @@ def run_probes(sut) -> dict:
             verdict = judge(sut, scn, crash_is_error=True)
             if verdict.error is not None:  # the engine's crash (or refusal to run it) is the probe's result
                 exc = verdict.error
-                out[key] = f"error: {type(exc).__name__}: {str(exc)[:120]}"
+                out[key] = f"{ProbeResult.ERROR}: {type(exc).__name__}: {str(exc)[:120]}"
                 continue
             bad = sorted({f.invariant for f in verdict.findings} | {e.invariant for e in verdict.shape_errors})
             if bad:
-                out[key] = "fail: " + ", ".join(bad)
+                out[key] = f"{ProbeResult.FAIL}: " + ", ".join(bad)
             elif not any(e.get("precomputed") for e in verdict.trace):
-                out[key] = "pass (no precompute)"
+                out[key] = ProbeResult.PASS_NO_PRECOMPUTE
             else:
-                out[key] = "pass"
+                out[key] = ProbeResult.PASS
     return out
 
 
@@ -143,11 +147,11 @@ def expected_verdict(profile, facts: Optional[dict] = None, timeout_s: float = 1
     results = [r for r in theorem_results(policy, timeout_s=timeout_s, cases_dir=cases_dir,
                                           only=list(WITNESS_THEOREMS), dropped_assumptions=prover_drops(facts))
                if r.name in WITNESS_THEOREMS]
-    if any(r.verdict == "refuted" for r in results):
-        return "fail"
-    if results and all(r.verdict == "proved" for r in results):
-        return "pass"
-    return "inconclusive"
+    if any(r.verdict == TheoremVerdict.REFUTED for r in results):
+        return MatrixVerdict.FAIL
+    if results and all(r.verdict == TheoremVerdict.PROVED for r in results):
+        return MatrixVerdict.PASS
+    return MatrixVerdict.INCONCLUSIVE
 
 
 def family_of(server: dict) -> tuple[str, str]:
@@ -191,12 +195,13 @@ def row_from_summary(release: str, profile, summary, seconds: float, expected: s
             families.add(fam)
             paths.add(path)
             files.append(f.case_file)
-    verdict = exitcodes.verdict_name(summary.exit_code)
+    verdict = MatrixVerdict(exitcodes.verdict_name(summary.exit_code))
     expected = expected or own_theorem_prediction(summary)
     domain = summary.domain or {}
     return MatrixRow(release=release, verdict=verdict, exit_code=summary.exit_code, invariants=sorted(invariants),
                      families=sorted(families), paths=sorted(paths), seconds=round(seconds, 2), cases=summary.cases,
-                     expected=expected, agrees=(verdict == expected) if verdict in ("pass", "fail") and expected
+                     expected=expected,
+                     agrees=(verdict == expected) if verdict in (MatrixVerdict.PASS, MatrixVerdict.FAIL) and expected
                      else None, profile=describe_profile(profile), engine=engine,
                      case_files=sorted(set(files)),
                      reach=dict(domain.get("reach", {})), not_covered=dict(domain.get("not_covered", {})),
@@ -212,9 +217,10 @@ def own_theorem_prediction(summary) -> str:
     a witness search: vLLM's flow theorem): ``pass`` when proved, ``fail`` when refuted, "" when the gate has no
     such row or it could not decide."""
     rows = [c for c in summary.checks if c.kind == "theorem" and not c.name.startswith("witness search")]
-    if not rows or any(c.inconclusive or c.verdict not in ("proved", "refuted") for c in rows):
+    if not rows or any(c.inconclusive or c.verdict not in (TheoremVerdict.PROVED, TheoremVerdict.REFUTED)
+                       for c in rows):
         return ""
-    return "fail" if any(c.verdict == "refuted" for c in rows) else "pass"
+    return MatrixVerdict.FAIL if any(c.verdict == TheoremVerdict.REFUTED for c in rows) else MatrixVerdict.PASS
 
 
 def release_profile(engine: str, release: str):
@@ -269,7 +275,7 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
         try:
             sut = open_sut(release)
         except (UsageError, WorkerError, ValueError) as exc:
-            rows.append(MatrixRow(release=release, verdict="unavailable", exit_code=exitcodes.INCONCLUSIVE,
+            rows.append(MatrixRow(release=release, verdict=MatrixVerdict.UNAVAILABLE, exit_code=exitcodes.INCONCLUSIVE,
                                   expected=expected, profile=describe_profile(profile), engine=engine,
                                   message=str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
             say(f"{engine} {release}: unavailable ({rows[-1].message})")
@@ -301,7 +307,7 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
         except Exception as exc:  # noqa: BLE001 - a worker that dies or never answers: this row ran nothing
             if not isinstance(exc, WorkerError):
                 raise
-            rows.append(MatrixRow(release=release, verdict="inconclusive", exit_code=exitcodes.INCONCLUSIVE,
+            rows.append(MatrixRow(release=release, verdict=MatrixVerdict.INCONCLUSIVE, exit_code=exitcodes.INCONCLUSIVE,
                                   seconds=round(time.perf_counter() - start, 2), expected=expected, engine=engine,
                                   profile=describe_profile(profile), message=str(exc).splitlines()[0]))
             say(f"{engine} {release}: inconclusive ({rows[-1].message})")
@@ -349,7 +355,8 @@ def matrix_markdown(rows) -> str:
         out = ["| release | verdict | expected (profile) | invariants violated | configuration families | path | "
                "reach (cases per path) | cases | seconds |", "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            verdict = r.verdict + (f" ({r.message})" if r.verdict in ("unavailable", "inconclusive") and r.message
+            waiting = r.verdict in (MatrixVerdict.UNAVAILABLE, MatrixVerdict.INCONCLUSIVE)
+            verdict = r.verdict + (f" ({r.message})" if waiting and r.message
                                    else "")
             out.append(f"| {r.release} | {verdict} | {r.expected or '-'}"
                        f"{'' if r.agrees is not False else ' (DISAGREES)'} | {', '.join(r.invariants) or '-'} | "
@@ -378,7 +385,7 @@ def matrix_table(rows) -> str:
         lines.append(f"{r.release:<8} {r.verdict + flag:<12} {r.expected or '-':<8} "
                      f"{', '.join(r.invariants) or '-':<28} "
                      f"{', '.join(r.paths) or '-':<18} {r.seconds:>6.1f}  {'; '.join(r.families) or '-'}")
-        if r.verdict in ("unavailable", "inconclusive") and r.message:
+        if r.verdict in (MatrixVerdict.UNAVAILABLE, MatrixVerdict.INCONCLUSIVE) and r.message:
             lines.append(f"{'':<8} why: {r.message}")
         if r.runs_as:
             lines.append(f"{'':<8} {r.message}")
@@ -390,7 +397,7 @@ def matrix_table(rows) -> str:
 def matrix_verdict_line(rows, code: int) -> str:
     """The matrix's one verdict line: VERDICT, releases, failing, disagreeing with their profile."""
     return (f"verdict: {exitcodes.verdict_name(code).upper()} | releases {len(rows)} | failing "
-            f"{sum(r.verdict == 'fail' for r in rows)} | disagreeing with their profile "
+            f"{sum(r.verdict == MatrixVerdict.FAIL for r in rows)} | disagreeing with their profile "
             f"{sum(r.agrees is False for r in rows)}")
 
 
@@ -398,6 +405,7 @@ def _short(probe: Optional[str]) -> str:
     """A probe result for a table cell: fail (with the invariants), pass, pass without a precompute, error, -."""
     if not probe:
         return "-"
-    if probe.startswith("fail: "):
-        return "fail (" + probe[len("fail: "):] + ")"
-    return "error" if probe.startswith("error") else probe
+    failed = f"{ProbeResult.FAIL}: "
+    if probe.startswith(failed):
+        return f"{ProbeResult.FAIL} (" + probe[len(failed):] + ")"
+    return ProbeResult.ERROR if probe.startswith(ProbeResult.ERROR) else probe

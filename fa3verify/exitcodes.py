@@ -1,15 +1,14 @@
-"""Exit codes shared by every fa3verify subcommand, and the verdict word of each (the words of
-``spec.finding.Outcome`` where one exists: a run summary's verdict is "pass", "fail", "usage-error" or
-"inconclusive")."""
+"""Exit codes shared by every fa3verify subcommand, and the verdict word of each (``spec.finding.Verdict``: a run
+summary's verdict is "pass", "fail", "usage-error" or "inconclusive")."""
 
-from spec.finding import Outcome
+from spec.finding import Verdict
 
 PASS = 0          #: every check had its expected result
 VIOLATION = 1     #: a violation was found (a refuted safety theorem, a failing fuzz case, a replayed failure)
 USAGE = 2         #: bad input or usage; the message names the field and what is allowed
 INCONCLUSIVE = 3  #: a solver timeout or an exhausted budget before any result
 
-NAMES = {PASS: Outcome.PASS, VIOLATION: "fail", USAGE: "usage-error", INCONCLUSIVE: Outcome.INCONCLUSIVE}
+NAMES = {PASS: Verdict.PASS, VIOLATION: Verdict.FAIL, USAGE: Verdict.USAGE_ERROR, INCONCLUSIVE: Verdict.INCONCLUSIVE}
 
 
 def combine(codes) -> int:
@@ -24,6 +23,6 @@ def combine(codes) -> int:
     return PASS
 
 
-def verdict_name(code: int) -> str:
-    """The verdict word of an exit code: pass, fail, usage-error or inconclusive."""
-    return NAMES.get(code, "fail")
+def verdict_name(code: int) -> Verdict:
+    """The verdict word of an exit code: pass, fail, usage-error or inconclusive (any other code: fail)."""
+    return NAMES.get(code, Verdict.FAIL)

@@ -13,13 +13,15 @@ import json
 import math
 from typing import Any, Optional
 
+from spec.finding import Verdict
+
 from . import __version__
 from .errors import UsageError
 from .summary import SCHEMA, finding_lines, verdict_label
 
-VERDICTS = ("pass", "fail", "inconclusive", "usage-error")
-_COLOURS = {"pass": ("#1b7f3b", "#e8f5ec"), "fail": ("#b3261e", "#fdecea"),
-            "inconclusive": ("#8a6d00", "#fff8e1"), "usage-error": ("#6b3fa0", "#f3ecfb")}
+VERDICTS = tuple(Verdict)
+_COLOURS = {Verdict.PASS: ("#1b7f3b", "#e8f5ec"), Verdict.FAIL: ("#b3261e", "#fdecea"),
+            Verdict.INCONCLUSIVE: ("#8a6d00", "#fff8e1"), Verdict.USAGE_ERROR: ("#6b3fa0", "#f3ecfb")}
 
 #: Keys of a run summary and the JSON types each may hold (None allowed where listed).
 _TOP_LEVEL = {

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from spec.finding import MatrixVerdict
+
 from .commands.replay import load_case
 
 __all__ = ["FixLedger", "CaseReplays", "replay_on_release", "fixes_table", "fixes_markdown", "STILL_FAILS",
@@ -66,7 +68,7 @@ class FixLedger:
         """Register a failing row's case files (family and path in ``sut``'s terms)."""
         from .engine_matrix import case_family
 
-        if row.verdict != "fail":
+        if row.verdict != MatrixVerdict.FAIL:
             return
         for path in row.case_files:
             try:

@@ -66,7 +66,7 @@ class MultiRankResult:
         """0 pass, 1 violation / shape error / a failed rank, 3 timeout (inconclusive)."""
         if self.outcome == Outcome.PASS:
             return exitcodes.PASS
-        if self.outcome == "timeout":
+        if self.outcome == Outcome.TIMEOUT:
             return exitcodes.INCONCLUSIVE
         return exitcodes.VIOLATION
 
@@ -174,7 +174,7 @@ def run_ranks(cases: Sequence[Any] | Any, world: Optional[int] = None, backend: 
     ctx = mp.start_processes(_rank_entry, args=(payload,), nprocs=n, join=False, daemon=True,
                              start_method="spawn")
     pids = [p.pid for p in ctx.processes]
-    failure: Optional[dict] = {"outcome": "rank_error", "failed_rank": None, "error": "launcher interrupted"}
+    failure: Optional[dict] = {"outcome": Outcome.RANK_ERROR, "failed_rank": None, "error": "launcher interrupted"}
     try:
         failure = _supervise(ctx, folder, start + timeout_s, timeout_s)
     finally:
@@ -231,7 +231,7 @@ def _supervise(ctx, folder: Path, deadline: float, timeout_s: float) -> Optional
         if time.perf_counter() > deadline:
             alive = [r for r, p in enumerate(procs) if p.exitcode is None]
             running = ", ".join(f"rank {r} (pid {procs[r].pid})" for r in alive) or "no rank"
-            return {"outcome": "timeout", "failed_rank": alive[0] if alive else None,
+            return {"outcome": Outcome.TIMEOUT, "failed_rank": alive[0] if alive else None,
                     "error": f"no verdict within {timeout_s:g} s: {running} still running; killed"}
         time.sleep(POLL_S)
 
@@ -267,7 +267,7 @@ def describe_failure(ctx, folder: Path, first_seen: list[int]) -> dict:
             error = f"exited with code {code}"
         tb = ""
     others = {r: procs[r].exitcode for r in range(len(procs)) if r != rank}
-    return {"outcome": "rank_error", "failed_rank": rank, "error": f"rank {rank}: {error}", "traceback": tb,
+    return {"outcome": Outcome.RANK_ERROR, "failed_rank": rank, "error": f"rank {rank}: {error}", "traceback": tb,
             "other_ranks": others}
 
 
@@ -300,7 +300,7 @@ def _read_case(folder: Path, index: int, world: int, backend: str, elapsed: floa
 
     verdict_path = folder / f"verdict-{index}.json"
     if failure is not None or not verdict_path.exists():
-        failure = failure or {"outcome": "rank_error", "failed_rank": 0,
+        failure = failure or {"outcome": Outcome.RANK_ERROR, "failed_rank": 0,
                               "error": "rank 0 exited without writing a verdict"}
         return MultiRankResult(outcome=failure["outcome"], failed_rank=failure.get("failed_rank"),
                                error=failure.get("error"), world=world, backend=backend, elapsed_s=elapsed,

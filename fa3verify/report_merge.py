@@ -15,6 +15,8 @@ import dataclasses
 import json
 from typing import Optional
 
+from spec.finding import MatrixVerdict
+
 from . import exitcodes
 from .errors import UsageError
 from .summary import SCHEMA as RUN_SCHEMA
@@ -195,7 +197,8 @@ def matrix_as_summary(rows) -> RunSummary:
     for r in rows:
         summary.checks.append(Check(
             name=f"{r.engine} {r.release}", kind="engine-matrix", verdict=r.verdict, seconds=r.seconds,
-            failed=r.verdict == "fail", inconclusive=r.verdict in ("inconclusive", "unavailable"),
+            failed=r.verdict == MatrixVerdict.FAIL, inconclusive=r.verdict in (MatrixVerdict.INCONCLUSIVE,
+                                                                               MatrixVerdict.UNAVAILABLE),
             case_file=r.case_files[0] if r.case_files else None,
             message=f"expected {r.expected}; {', '.join(r.invariants) or 'no violation'}"
                     + (f"; {r.message}" if r.message else "")))

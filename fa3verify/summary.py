@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
-from spec.finding import Finding, finding_lines, finding_sentence
+from spec.finding import Finding, TheoremVerdict, Verdict, finding_lines, finding_sentence
 
 from . import exitcodes
 from .verdicts import run_exit_code
@@ -32,7 +32,9 @@ class Check:
 
     name: str
     kind: str                 # "theorem" | "property" | "catalogue" | "replay"
-    verdict: str              # "proved" | "refuted" | "expected-refutation" | "pass" | "fail" | "inconclusive"
+    #: a theorem row's TheoremVerdict ("proved" | "refuted" | "expected-refutation" | "inconclusive"), any other
+    #: row's Verdict ("pass" | "fail" | "inconclusive"); a word is stored as its member
+    verdict: TheoremVerdict | Verdict
     seconds: float
     failed: bool = False
     inconclusive: bool = False
@@ -41,6 +43,20 @@ class Check:
     #: why this row's refutation is expected and not a failure ("" otherwise); the row then reads "refuted
     #: (expected)" on every surface (:func:`verdict_label`) and its case file is a witness, not a failure
     expected: str = ""
+
+    def __post_init__(self) -> None:
+        self.verdict = verdict_word(self.verdict, theorem=self.kind == "theorem")
+
+
+def verdict_word(word, theorem: bool = False):
+    """``word`` as its member: a theorem row's :class:`TheoremVerdict` (``theorem``), any other row's
+    :class:`Verdict`, else the other enum's; a word of neither unchanged (a report written by a later version)."""
+    for words in ((TheoremVerdict, Verdict) if theorem else (Verdict, TheoremVerdict)):
+        try:
+            return words(word)
+        except ValueError:
+            pass
+    return word
 
 
 @dataclass
@@ -69,7 +85,7 @@ class RunSummary:
         return run_exit_code(self)
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
         return exitcodes.verdict_name(self.exit_code)
 
     def to_dict(self) -> dict:
@@ -165,7 +181,7 @@ def verdict_label(check) -> str:
     (``Check.expected``), else the verdict. ``check``: a Check or its JSON."""
     get = check.get if isinstance(check, dict) else (lambda k, d=None: getattr(check, k, d))
     verdict = get("verdict", "")
-    return f"{verdict} (expected)" if get("expected") and verdict == "refuted" else verdict
+    return f"{verdict} (expected)" if get("expected") and verdict == TheoremVerdict.REFUTED else verdict
 
 
 def finding_text(f) -> str:

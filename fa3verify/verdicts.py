@@ -33,7 +33,7 @@ def replay_still_fails(outcome) -> bool:
     """True when the case fails the way the file says (same outcome, and the same invariant if named)."""
     if outcome.expected_outcome == Outcome.PASS:
         return False
-    if outcome.outcome != outcome.expected_outcome and not (outcome.expected_outcome == "nan"
+    if outcome.outcome != outcome.expected_outcome and not (outcome.expected_outcome == Outcome.NAN
                                                             and outcome.outcome == Outcome.VIOLATION):
         return False
     return outcome.expected_invariant is None or outcome.expected_invariant in outcome.invariants

@@ -1,9 +1,14 @@
 """The numerics check, written once: an FA3 output against the float64 oracle (NaN where the oracle has none, FA3's
 tolerance rule), with the findings' invariants, messages and evidence.
 
-Every path that compares an output with the oracle calls it: a scenario's decode and extend steps
-(``gpu_impl.scenario``), rank 0 of a multi-process run (``gpu_impl.rank_verdict``), vLLM's call under the checking
-shim (``gpu_impl.engines.vllm.numerics``) and one kernel-level call (``fa3verify.kernel_cases``).
+Every path that checks an output for NaN or compares it with the oracle calls it: a scenario's decode and extend
+steps (``gpu_impl.scenario``), rank 0 of a multi-process run (``gpu_impl.rank_verdict``), vLLM's call under the
+checking shim (``gpu_impl.engines.vllm.numerics``), one kernel-level call (``fa3verify.kernel_cases``), sglang's rank
+runner in the engine's process (``gpu_impl.engines.sglang.rank`` records :func:`nan_rows`, the driver reports
+:func:`engine_nan_finding`), gpu-check's real-GPU recorders (``fa3verify.gpu_check.fuzz_cases`` and
+``worked_example``: :func:`nan_rows`, :func:`nan_message`, :func:`closeness`, :func:`mismatch_message`) and the
+sanitizer's GPU stage (``fa3verify.sanitize.gpu_stage``: :func:`all_finite`).
+``tests/robustness/test_numerics_check_once.py`` finds any other NaN or closeness check in the packages.
 The oracle and the rule are refmodel's (``refmodel.attention``, ``refmodel.tolerance``: ``reference_outputs``,
 ``fa3_output_close``, which follow FA3's own tests); this module only decides which finding a mismatch is.
 
@@ -26,8 +31,8 @@ import torch
 from refmodel.tolerance import fa3_output_close
 from spec.finding import Finding
 
-__all__ = ["compare_output", "compare_call", "nan_rows", "ROWS_SHOWN", "ROWS_KEPT", "NO_NAN", "MATCHES_ORACLE",
-           "MASKED_ROW_LSE"]
+__all__ = ["compare_output", "compare_call", "nan_rows", "nan_message", "engine_nan_finding", "all_finite",
+           "closeness", "mismatch_message", "ROWS_SHOWN", "ROWS_KEPT", "NO_NAN", "MATCHES_ORACLE", "MASKED_ROW_LSE"]
 
 NO_NAN, MATCHES_ORACLE, MASKED_ROW_LSE = "NO_NAN", "MATCHES_ORACLE", "MASKED_ROW_LSE"
 #: Rows named in a NO_NAN message, and kept in its detail.
@@ -39,9 +44,39 @@ def nan_rows(out: torch.Tensor) -> list:
     return sorted({int(i) for i in torch.nonzero(torch.isnan(out.float()))[:, 0].tolist()})
 
 
+def all_finite(out: torch.Tensor) -> bool:
+    """True when every element of ``out`` is finite (no NaN, no infinity)."""
+    return bool(torch.isfinite(out.float()).all())
+
+
+def nan_message(rows: list) -> str:
+    """The sentence naming an output's NaN rows (the first :data:`ROWS_SHOWN`)."""
+    return f"NaN in output rows {rows[:ROWS_SHOWN]}"
+
+
+def engine_nan_finding(rows: list) -> Finding:
+    """``NO_NAN`` for real rows of an engine's attention output that held NaN in one step on one rank (sglang's rank
+    runner on the emulator: no oracle there, so any NaN in a real row is one); ``detail``: the first
+    :data:`ROWS_KEPT` rows."""
+    return Finding(NO_NAN, message=f"NaN in the attention output of real rows {rows[:ROWS_SHOWN]} (FA3's numerics "
+                                   f"on the emulator, with the metadata the backend passed)",
+                   detail={"rows": rows[:ROWS_KEPT]})
+
+
+def closeness(out: torch.Tensor, exact: torch.Tensor, low: torch.Tensor, softcap: float = 0.0) -> tuple:
+    """(ok, max error, bound): ``out`` against the oracle under FA3's rule (``refmodel.tolerance.fa3_output_close``;
+    ``out`` may live on the GPU: the rule compares on the CPU)."""
+    return fa3_output_close(out, exact, low, softcap=softcap)
+
+
+def mismatch_message(err: float, bound: float) -> str:
+    """The sentence of an output outside FA3's tolerance of the oracle."""
+    return f"max error {err:.3e} exceeds FA3's bound {bound:.3e}"
+
+
 def _closeness(out: torch.Tensor, exact: torch.Tensor, low: torch.Tensor, softcap: float,
                error_rows: bool) -> Optional[Finding]:
-    ok, err, bound = fa3_output_close(out, exact, low, softcap=softcap)
+    ok, err, bound = closeness(out, exact, low, softcap=softcap)
     if ok:
         return None
     detail = {"max_error": err, "bound": bound}
@@ -49,7 +84,7 @@ def _closeness(out: torch.Tensor, exact: torch.Tensor, low: torch.Tensor, softca
         rows = ((out.double().cpu() - exact).abs().amax(dim=(1, 2)) > bound).nonzero()[:, 0].tolist() \
             if out.shape == exact.shape else []
         detail["rows"] = rows[:ROWS_KEPT]
-    return Finding(MATCHES_ORACLE, message=f"max error {err:.3e} exceeds FA3's bound {bound:.3e}", detail=detail)
+    return Finding(MATCHES_ORACLE, message=mismatch_message(err, bound), detail=detail)
 
 
 def compare_output(out: torch.Tensor, exact: torch.Tensor, low: torch.Tensor, softcap: float = 0.0,
@@ -60,7 +95,7 @@ def compare_output(out: torch.Tensor, exact: torch.Tensor, low: torch.Tensor, so
     Without ``nan_check`` a NaN output is a closeness miss (the extend path's comparison, as it always was)."""
     if nan_check and torch.isnan(out.float()).any() and not torch.isnan(exact).any():
         bad = nan_rows(out)
-        return Finding(NO_NAN, message=f"NaN in output rows {bad[:ROWS_SHOWN]} where the oracle has none",
+        return Finding(NO_NAN, message=f"{nan_message(bad)} where the oracle has none",
                        detail={"rows": bad[:ROWS_KEPT]})
     return _closeness(out, exact, low, softcap, error_rows)
 

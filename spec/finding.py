@@ -14,6 +14,13 @@ report (:meth:`Finding.report_dict`, schema fa3verify.run/1), the HTML and Markd
 the words the JSON reports and case files have always carried, so they serialise to the same bytes. Its exit code
 is :func:`fa3verify.exitcodes.outcome_exit_code` (the one mapping).
 
+Every other verdict word is an enum of the same kind, one per concept, defined here once: a theorem's
+:class:`TheoremVerdict`, a run's and a summary row's :class:`Verdict`, an engine-matrix row's :class:`MatrixVerdict`
+and its family probes' :class:`ProbeResult`,
+a gpu-check stage's :class:`StageStatus`, a bug-catalogue engine's :class:`CatalogueStatus` and a gpu-check recorder's
+:class:`DeviceOutcome`. Code compares with the members, never with the bare words
+(``tests/robustness/test_verdict_words.py``).
+
 Its own module, with no imports beyond the standard library, so that what needs only the types (the assumption
 checks, case validation, the command line's input checks) does not import torch.
 """
@@ -24,10 +31,19 @@ import enum
 from dataclasses import KW_ONLY, dataclass, field, fields, replace
 from typing import Any, Mapping, Optional
 
-__all__ = ["Outcome", "Finding", "REPORT_FIELDS", "finding_lines", "finding_sentence"]
+__all__ = ["Outcome", "TheoremVerdict", "Verdict", "MatrixVerdict", "StageStatus", "CatalogueStatus",
+           "DeviceOutcome", "ProbeResult", "Finding", "REPORT_FIELDS", "finding_lines", "finding_sentence"]
 
 
-class Outcome(enum.StrEnum):
+class _Word(enum.StrEnum):
+    """A word a report or a case file carries, as an enum member: compares equal to (and serialises as) its value."""
+
+    def __repr__(self) -> str:
+        """The value's repr (``'pass'``), so that a list or a message that shows these words reads as it always did."""
+        return repr(self.value)
+
+
+class Outcome(_Word):
     """What one run did. Compares equal to (and serialises as) its value: ``Outcome.PASS == "pass"``."""
 
     PASS = "pass"                  #: nothing found
@@ -41,10 +57,8 @@ class Outcome(enum.StrEnum):
     REJECTED = "rejected"          #: one FA3 call pair evaluated on its inputs: a TORCH_CHECK refused it (safe)
     PROCESS_ABORT = "process_abort"  #: one FA3 call pair evaluated on its inputs: FA3 ends the process (unsafe)
     INCONCLUSIVE = "inconclusive"  #: no answer: a deadline, a budget, an interrupt, nothing ran
-
-    def __repr__(self) -> str:
-        """The value's repr (``'pass'``), so that a list or a message that shows outcomes reads as it always did."""
-        return repr(self.value)
+    RANK_ERROR = "rank_error"      #: a multi-rank run (``fa3verify.multirank``): a rank raised or died (a failure)
+    TIMEOUT = "timeout"            #: a multi-rank run past its deadline: its ranks were killed (inconclusive)
 
     @classmethod
     def of(cls, findings, shape_errors=()) -> "Outcome":
@@ -54,6 +68,85 @@ class Outcome(enum.StrEnum):
         if shape_errors:
             return cls.SHAPE_ERROR
         return cls.PASS
+
+
+class TheoremVerdict(_Word):
+    """A theorem's verdict (``spec.theorems.results.TheoremResult.verdict``)."""
+
+    PROVED = "proved"              #: z3 answered unsat for the property's negation on the whole stated domain
+    REFUTED = "refuted"            #: z3 (or a search) found a witness
+    INCONCLUSIVE = "inconclusive"  #: z3 answered unknown (a timeout, incompleteness): never counted as proved
+    EXPECTED_REFUTATION = "expected-refutation"  #: a documented, expected witness; proved on the rest of the domain
+
+
+class Verdict(_Word):
+    """The verdict word of a run summary and of one row of it (``fa3verify.summary.RunSummary.verdict``,
+    ``Check.verdict`` of a fuzz, conform, replay or catalogue row; a theorem row carries its
+    :class:`TheoremVerdict`), one per exit code (``fa3verify.exitcodes.verdict_name``)."""
+
+    PASS = "pass"                  #: exit 0
+    FAIL = "fail"                  #: exit 1: a violation
+    INCONCLUSIVE = "inconclusive"  #: exit 3: no answer
+    USAGE_ERROR = "usage-error"    #: exit 2: bad input or usage
+
+
+class MatrixVerdict(_Word):
+    """One release's row of the engine matrix (``fa3verify.engine_matrix.MatrixRow.verdict``) and the verdict its
+    profile predicts (``MatrixRow.expected``, "" when there is none)."""
+
+    PASS = "pass"                  #: the release's gate passed
+    FAIL = "fail"                  #: the release's gate found a violation
+    INCONCLUSIVE = "inconclusive"  #: the gate gave no answer (or crashed)
+    UNAVAILABLE = "unavailable"    #: the release cannot be opened here (its reason in the row's message)
+    USAGE_ERROR = "usage-error"    #: the gate refused its input (exit 2)
+
+
+class ProbeResult(_Word):
+    """One family probe of an engine-matrix row (``fa3verify.engine_matrix.run_probes``): the cell is the word, or
+    ``"fail: INVARIANT, ..."`` / ``"error: why"`` (the word, a colon and what broke)."""
+
+    PASS = "pass"                                  #: the probe ran and nothing broke
+    PASS_NO_PRECOMPUTE = "pass (no precompute)"    #: nothing broke, and no call used precomputed metadata
+    FAIL = "fail"                                  #: invariants broke (named after the colon)
+    ERROR = "error"                                #: the engine crashed or refused the probe (why after the colon)
+
+
+class StageStatus(_Word):
+    """One stage of ``fa3verify gpu-check`` (``fa3verify.gpu_check.runner.Stage.status``)."""
+
+    PENDING = "pending"            #: not run yet
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+    SKIPPED = "skipped"            #: left out (``--skip``) or not applicable on this machine
+
+
+class CatalogueStatus(_Word):
+    """One engine on one bug-catalogue entry, defect on or off (``fa3verify.catalogue.results.EngineOutcome``)."""
+
+    CAUGHT = "caught"              #: defect on: the engine found it
+    MISSED = "missed"              #: defect on: the engine did not
+    SILENT = "silent"              #: defect off: nothing found, as it should be
+    FIRED = "fired"                #: defect off: the engine found something (a false alarm)
+    NOT_APPLICABLE = "n/a"         #: the engine has nothing for this entry
+    INCONCLUSIVE = "inconclusive"  #: z3 unknown
+    ERROR = "error"                #: the engine itself failed (the detail says how)
+
+
+class DeviceOutcome(_Word):
+    """What one call (or worked example) on a real GPU did, as gpu-check's recorders write it
+    (``fa3verify.gpu_check.fuzz_cases``, ``fa3verify.gpu_check.worked_example``, ``fa3verify.gpu_check.fuzz_stage``)."""
+
+    PASS = "pass"                    #: a fuzz case's call: no NaN, no predicted violation, within FA3's tolerance
+    AGREES = "agrees"                #: the worked example: within FA3's tolerance of the oracle
+    NAN = "nan"                      #: NaN in a real row's output
+    MISMATCH = "mismatch"            #: outside FA3's tolerance of the oracle
+    SHAPE_ERROR = "shape_error"      #: FA3's loud shape check refused the call
+    PREDICTED_OOB = "predicted_oob"  #: the model predicts an out-of-bounds read for the call
+    CRASH = "crash"                  #: the worker died
+    TIMEOUT = "timeout"              #: the worker was killed at its deadline
+    ERROR = "error"                  #: the worker raised
+    NOT_RUN = "not run"              #: no time was left to run it
 
 
 #: The fields of a finding in a run summary's JSON (schema fa3verify.run/1), in their order there.

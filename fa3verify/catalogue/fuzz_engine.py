@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from spec.finding import Finding, Outcome
+from spec.finding import CatalogueStatus, Finding, Outcome
 
 from ..campaign import Budget, run_campaign, shrink_failure
 from ..kernel_cases import KernelCallSUT
@@ -93,12 +93,12 @@ def targeted_fuzz(family: Callable, policy: Optional[Policy], expect: tuple, n: 
     target = KernelCallSUT(defects, source=f"catalogue:{entry_id}") if kernel_level else policy.target()
     allowed_off = (Outcome.PASS, Outcome.CLEAR_ERROR) if kernel_level else (Outcome.PASS,)
     if not on:
-        checks, stop = (lambda o: [] if o.outcome in allowed_off else [_mark("fired", o.outcome)]), \
+        checks, stop = (lambda o: [] if o.outcome in allowed_off else [_mark(CatalogueStatus.FIRED, o.outcome)]), \
             (lambda camp: bool(camp.failures))
     elif shape_entry:
         checks = lambda o: [_mark(k, k) for k, hit in (("SHAPE", o.outcome == Outcome.SHAPE_ERROR),  # noqa: E731
-                                                       ("silent", o.outcome == Outcome.VIOLATION)) if hit]
-        stop = lambda camp: "silent" in camp.failures  # noqa: E731
+                                                       (CatalogueStatus.SILENT, o.outcome == Outcome.VIOLATION)) if hit]
+        stop = lambda camp: CatalogueStatus.SILENT in camp.failures  # noqa: E731
     else:
         checks = lambda o: [_mark(i, i) for i in o.invariants]  # noqa: E731
         stop = lambda camp: any(i in camp.failures for i in expect)  # noqa: E731
@@ -125,35 +125,36 @@ def targeted_fuzz(family: Callable, policy: Optional[Policy], expect: tuple, n: 
 
     if not on:
         if camp.failures:
-            f = camp.failures["fired"]
+            f = camp.failures[CatalogueStatus.FIRED]
             o = f.observation
-            return EngineOutcome("fuzz", "fired", secs, o.invariants or [o.outcome], cases,
+            return EngineOutcome("fuzz", CatalogueStatus.FIRED, secs, o.invariants or [o.outcome], cases,
                                  f"false alarm: {o.outcome} {o.invariants}: {o.messages[:1]}",
                                  case_of(f.case, o, "defect off"))
-        return EngineOutcome("fuzz", "silent", secs, [], cases, f"{cases} cases, nothing fired")
+        return EngineOutcome("fuzz", CatalogueStatus.SILENT, secs, [], cases, f"{cases} cases, nothing fired")
     if shape_entry:
-        if "silent" in camp.failures:
-            o = camp.failures["silent"].observation
-            return EngineOutcome("fuzz", "missed", secs, o.invariants, cases,
+        if CatalogueStatus.SILENT in camp.failures:
+            o = camp.failures[CatalogueStatus.SILENT].observation
+            return EngineOutcome("fuzz", CatalogueStatus.MISSED, secs, o.invariants, cases,
                                  f"silent violation instead of a shape error: {o.invariants} {o.messages[:1]}")
         if "SHAPE" in camp.failures:
             f = camp.failures["SHAPE"]
             case, o = shrunk(f.case, lambda x: x.outcome == Outcome.SHAPE_ERROR)
             o = o or f.observation
             shown = o.messages[0][:120] if kernel_level else o.messages[:1]
-            return EngineOutcome("fuzz", "caught", secs, ["SHAPE"], cases,
+            return EngineOutcome("fuzz", CatalogueStatus.CAUGHT, secs, ["SHAPE"], cases,
                                  f"shape error reported as such ({shown}); no silent violation in {cases} cases",
                                  case_of(case, o, "defect on"))
-        return EngineOutcome("fuzz", "missed", secs, [], cases, "no shape error in the budget")
+        return EngineOutcome("fuzz", CatalogueStatus.MISSED, secs, [], cases, "no shape error in the budget")
     hit = camp.first(expect)
     if hit is not None:
         want = next(i for i in hit.observation.invariants if i in expect)
         case, o = shrunk(hit.case, lambda x: want in x.invariants)
         o = o or hit.observation
-        return EngineOutcome("fuzz", "caught", secs, o.invariants, cases, o.messages[0] if o.messages else "",
+        return EngineOutcome("fuzz", CatalogueStatus.CAUGHT, secs, o.invariants, cases,
+                             o.messages[0] if o.messages else "",
                              case_of(case, o, "defect on", invariant=want))
     other = sorted(camp.failures)
-    return EngineOutcome("fuzz", "missed", secs, other, cases,
+    return EngineOutcome("fuzz", CatalogueStatus.MISSED, secs, other, cases,
                          f"no {expect} in {cases} cases" + (f" (saw {other})" if other else ""))
 
 

@@ -13,6 +13,8 @@ import tempfile
 import time
 from typing import Callable
 
+from spec.finding import CatalogueStatus, Outcome, TheoremVerdict
+
 from .results import EngineOutcome
 
 __all__ = ["KINDS", "engine_from_data"]
@@ -20,13 +22,15 @@ __all__ = ["KINDS", "engine_from_data"]
 
 def _verdict(r, on: bool, secs: float, text: str, caught: bool, invariants: list, case=None) -> EngineOutcome:
     """Caught / missed (on), fired / silent (off), inconclusive on z3 unknown."""
-    if r.verdict == "inconclusive":
-        return EngineOutcome("prove", "inconclusive", secs, detail=text)
+    if r.verdict == TheoremVerdict.INCONCLUSIVE:
+        return EngineOutcome("prove", CatalogueStatus.INCONCLUSIVE, secs, detail=text)
     if on:
-        return EngineOutcome("prove", "caught" if caught else "missed", secs, invariants if caught else [],
+        return EngineOutcome("prove", CatalogueStatus.CAUGHT if caught else CatalogueStatus.MISSED, secs,
+                             invariants if caught else [],
                              detail=text, case=case if caught else None)
-    fired = r.verdict == "refuted"
-    return EngineOutcome("prove", "fired" if fired else "silent", secs, invariants if fired else [], detail=text)
+    fired = r.verdict == TheoremVerdict.REFUTED
+    return EngineOutcome("prove", CatalogueStatus.FIRED if fired else CatalogueStatus.SILENT, secs,
+                         invariants if fired else [], detail=text)
 
 
 def _guard(spec: str):
@@ -52,13 +56,13 @@ def _metadata_theorem(run: dict, on: bool, b: dict) -> EngineOutcome:
     secs = time.perf_counter() - start
     r = next((x for x in results if x.name == run["theorem"]), None)
     if r is None:
-        return EngineOutcome("prove", "error", secs, detail=f"theorem {run['theorem']} did not run")
+        return EngineOutcome("prove", CatalogueStatus.ERROR, secs, detail=f"theorem {run['theorem']} did not run")
     inv = (r.witness or {}).get("invariant")
     caught = r.verdict == run["verdict"] and inv == run["witness_invariant"] and \
         run.get("witness_config_contains", "") in str((r.witness or {}).get("config"))
     text = f"{r.name}: {r.verdict} -- {r.message[:240]}"
-    if on and not caught and r.verdict != "inconclusive":
-        return EngineOutcome("prove", "missed", secs, [inv] if inv else [], detail=text)
+    if on and not caught and r.verdict != TheoremVerdict.INCONCLUSIVE:
+        return EngineOutcome("prove", CatalogueStatus.MISSED, secs, [inv] if inv else [], detail=text)
     return _verdict(r, on, secs, text, caught, [inv] if inv else [])
 
 
@@ -68,14 +72,15 @@ def _cp_theorem(run: dict, on: bool, b: dict) -> EngineOutcome:
     try:
         from spec.theorems.cp import run_cp_theorems
     except ImportError as exc:
-        return EngineOutcome("prove", "n/a", 0.0, detail=f"spec.theorems.cp is not available ({exc})")
+        return EngineOutcome("prove", CatalogueStatus.NOT_APPLICABLE, 0.0,
+                             detail=f"spec.theorems.cp is not available ({exc})")
     side = run["on"] if on else run["off"]
     results = run_cp_theorems(timeout_s=b["timeout_s"], clear_stale=side["clear_stale_cp_metadata"],
                               only=[run["theorem"]])
     secs = time.perf_counter() - start
     found = [r for r in results if r.name == run["theorem"]]
     if not found:
-        return EngineOutcome("prove", "n/a", secs, detail=f"no {run['theorem']} theorem among "
+        return EngineOutcome("prove", CatalogueStatus.NOT_APPLICABLE, secs, detail=f"no {run['theorem']} theorem among "
                                                           + ", ".join(r.name for r in results))
     r = found[0]
     return _verdict(r, on, secs, f"{r.name}: {r.verdict} -- {r.message[:200]}", r.verdict == run["verdict"],
@@ -134,16 +139,17 @@ def _freshness_corner(run: dict, on: bool, b: dict) -> EngineOutcome:
     corners = (r.details or {}).get("expected_corners", {})
     corner = corners.get(run["corner"])
     text = f"{r.name}: {r.verdict}; corners {sorted(corners)}"
-    if r.verdict == "inconclusive":
-        return EngineOutcome("prove", "inconclusive", secs, detail=text)
+    if r.verdict == TheoremVerdict.INCONCLUSIVE:
+        return EngineOutcome("prove", CatalogueStatus.INCONCLUSIVE, secs, detail=text)
     if on:
-        if corner and corner.get("replayed") == "violation":
+        if corner and corner.get("replayed") == Outcome.VIOLATION:
             text += (f"; witness d={corner['headdim']}, dv={corner['headdim_v']}, Lq={corner['seqlen_q']}: "
                      f"{corner['m_blocks']} m-blocks of {corner['kernel_block_m']} < {corner['rows']} rows")
-            return EngineOutcome("prove", "caught", secs, [run["invariant"]], detail=text)
-        return EngineOutcome("prove", "missed", secs, detail=text)
-    fired = corner is not None or r.verdict == "refuted"
-    return EngineOutcome("prove", "fired" if fired else "silent", secs, [run["invariant"]] if fired else [],
+            return EngineOutcome("prove", CatalogueStatus.CAUGHT, secs, [run["invariant"]], detail=text)
+        return EngineOutcome("prove", CatalogueStatus.MISSED, secs, detail=text)
+    fired = corner is not None or r.verdict == TheoremVerdict.REFUTED
+    return EngineOutcome("prove", CatalogueStatus.FIRED if fired else CatalogueStatus.SILENT, secs,
+                         [run["invariant"]] if fired else [],
                          detail=text)
 
 
@@ -159,14 +165,15 @@ def _int32_split(run: dict, on: bool, b: dict) -> EngineOutcome:
     r = run_edge_theorems(timeout_s=b["timeout_s"], int_bits=side["int_bits"])[0]
     secs = time.perf_counter() - start
     text = f"{r.name}: {r.verdict}; {r.message[:200]}"
-    if r.verdict == "inconclusive":
-        return EngineOutcome("prove", "inconclusive", secs, detail=text)
+    if r.verdict == TheoremVerdict.INCONCLUSIVE:
+        return EngineOutcome("prove", CatalogueStatus.INCONCLUSIVE, secs, detail=text)
     if not on:
-        fired = r.verdict != "proved"
-        return EngineOutcome("prove", "fired" if fired else "silent", secs, [run["invariant"]] if fired else [],
+        fired = r.verdict != TheoremVerdict.PROVED
+        return EngineOutcome("prove", CatalogueStatus.FIRED if fired else CatalogueStatus.SILENT, secs,
+                             [run["invariant"]] if fired else [],
                              detail=text)
     if r.verdict != run["verdict"]:
-        return EngineOutcome("prove", "missed", secs, detail=text)
+        return EngineOutcome("prove", CatalogueStatus.MISSED, secs, detail=text)
     w = r.witness
     rows = replay_rows(132)
     call = {"seqlens_q": [rows // 32], "seqlens_k": [w["seqlen_k"]], "capacity_k": w["seqlen_k"], "broadcast_kv": True,
@@ -176,7 +183,7 @@ def _int32_split(run: dict, on: bool, b: dict) -> EngineOutcome:
                        notes=f"FA3's L2 split branch wraps in int: {w['split_count']} splits for {w['seqlen_k']} KV "
                              f"tokens with {rows} query rows (32 query heads on 1 KV head), non-causal; "
                              "run_mha_fwd rejects it (hopper/heuristics.h:34, flash_api.cpp:371 at 0251105a)")
-    return EngineOutcome("prove", "caught", secs, [run["invariant"]], detail=text, case=case)
+    return EngineOutcome("prove", CatalogueStatus.CAUGHT, secs, [run["invariant"]], detail=text, case=case)
 
 
 #: prove_run["kind"] -> the function that runs and reads that kind of theorem.

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from spec.finding import CatalogueStatus
+
 from .entries import CORPUS_DIR, ENGINES, Entry
 
 __all__ = ["EngineOutcome", "EntryResult"]
@@ -45,16 +47,16 @@ class EntryResult:
 
     @property
     def caught_by(self) -> list:
-        return [e for e in ENGINES if self.on.get(e) and self.on[e].status == "caught"]
+        return [e for e in ENGINES if self.on.get(e) and self.on[e].status == CatalogueStatus.CAUGHT]
 
     @property
     def false_alarms(self) -> list:
-        return [e for e in ENGINES if self.off.get(e) and self.off[e].status == "fired"]
+        return [e for e in ENGINES if self.off.get(e) and self.off[e].status == CatalogueStatus.FIRED]
 
     @property
     def errors(self) -> list:
         return [f"{side}:{e}" for side, runs in (("on", self.on), ("off", self.off)) for e, o in runs.items()
-                if o.status == "error"]
+                if o.status == CatalogueStatus.ERROR]
 
     @property
     def ok(self) -> bool:
@@ -63,7 +65,7 @@ class EntryResult:
 
     @property
     def inconclusive(self) -> bool:
-        return not self.ok and any(self.on.get(e) and self.on[e].status == "inconclusive"
+        return not self.ok and any(self.on.get(e) and self.on[e].status == CatalogueStatus.INCONCLUSIVE
                                    for e in self.entry.catchers) and not self.false_alarms
 
     @property

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from spec.finding import CatalogueStatus
+
 from ..case_files import write_case
 from . import fuzz_engine, prove_engine
 from .entries import BUDGETS, ENGINES, ENTRIES, Entry, resolve_ids
@@ -32,7 +34,8 @@ def _guarded(fn: Callable[[], EngineOutcome], engine: str) -> EngineOutcome:
     try:
         return fn()
     except Exception as exc:  # noqa: BLE001 - never a crash of the suite: report the engine's failure
-        return EngineOutcome(engine, "error", time.perf_counter() - start, detail=f"{type(exc).__name__}: {exc}")
+        return EngineOutcome(engine, CatalogueStatus.ERROR, time.perf_counter() - start,
+                             detail=f"{type(exc).__name__}: {exc}")
 
 
 def run_entry(entry: Entry, mode: str = "fast", cases_dir: Optional[str] = None,
@@ -47,8 +50,8 @@ def run_entry(entry: Entry, mode: str = "fast", cases_dir: Optional[str] = None,
     for engine in engines:
         fn = (PROVE if engine == "prove" else FUZZ).get(entry.id)
         if fn is None:
-            on[engine] = EngineOutcome(engine, "n/a")
-            off[engine] = EngineOutcome(engine, "n/a")
+            on[engine] = EngineOutcome(engine, CatalogueStatus.NOT_APPLICABLE)
+            off[engine] = EngineOutcome(engine, CatalogueStatus.NOT_APPLICABLE)
             continue
         if engine == "prove":
             on[engine] = _guarded(lambda: fn(True, b), engine)

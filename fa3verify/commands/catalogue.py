@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from spec.finding import CatalogueStatus, Verdict
+
 HELP = "run the bug catalogue: every seeded historical bug must be caught, and nothing may fire without it"
 EPILOG = """\
 Each entry is a real bug from FA3, sglang, vLLM or FlashInfer (docs/catalogue.md), re-created as a seeded
@@ -79,7 +81,7 @@ def summarise(results, mode: str):
     for r in results:
         e = r.entry
         failed = not r.ok and not r.inconclusive
-        verdict = "pass" if r.ok else ("inconclusive" if r.inconclusive else "fail")
+        verdict = Verdict.PASS if r.ok else (Verdict.INCONCLUSIVE if r.inconclusive else Verdict.FAIL)
         why = []
         missing = [x for x in e.catchers if x not in r.caught_by]
         if missing:
@@ -102,7 +104,7 @@ def summarise(results, mode: str):
 
 
 def _cell(outcome) -> str:
-    if outcome is None or outcome.status == "n/a":
+    if outcome is None or outcome.status == CatalogueStatus.NOT_APPLICABLE:
         return "-"
     return {"caught": "caught", "missed": "MISSED", "silent": "silent", "fired": "FIRED",
             "inconclusive": "unknown", "error": "ERROR"}.get(outcome.status, outcome.status)
@@ -119,7 +121,8 @@ def print_catalogue(results, console=None) -> None:
         table.add_column(col)
     for r in results:
         e = r.entry
-        off = ", ".join(f"{k}:{_cell(v)}" for k, v in r.off.items() if v.status != "n/a") or "-"
+        off = ", ".join(f"{k}:{_cell(v)}" for k, v in r.off.items()
+                        if v.status != CatalogueStatus.NOT_APPLICABLE) or "-"
         style = "green" if r.ok else ("yellow" if r.inconclusive else "red")
         table.add_row(f"[{style}]{e.id}[/{style}]", e.reference, "+".join(e.catchers), _cell(r.on.get("prove")),
                       _cell(r.on.get("fuzz")), off, f"{r.seconds:.1f}", r.case_file or "-")
@@ -128,7 +131,8 @@ def print_catalogue(results, console=None) -> None:
     for r in bad:
         for side, runs in (("on", r.on), ("off", r.off)):
             for engine, o in runs.items():
-                if o.status in ("missed", "fired", "error", "inconclusive"):
+                if o.status in (CatalogueStatus.MISSED, CatalogueStatus.FIRED, CatalogueStatus.ERROR,
+                                CatalogueStatus.INCONCLUSIVE):
                     console.print(f"  {r.entry.id} {side} {engine}: {o.status}: {o.detail}")
     total = sum(r.seconds for r in results)
     ok = sum(r.ok for r in results)

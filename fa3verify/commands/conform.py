@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from spec.finding import Outcome
+from spec.finding import Outcome, Verdict
 from spec.model import assumption_facts
 
 from ..campaign import Budget, Observation, run_campaign
@@ -172,7 +172,7 @@ def verdict_diff(model_result, engine_result) -> Optional[str]:
     def compared(result) -> tuple:
         names = {f.invariant for f in result.findings}
         kept = sorted(names - set(LIFECYCLE_INVARIANTS))
-        outcome = "pass" if result.outcome == "violation" and names and not kept else result.outcome
+        outcome = Outcome.PASS if result.outcome == Outcome.VIOLATION and names and not kept else result.outcome
         return outcome, kept
 
     (mo, mi), (eo, ei) = compared(model_result), compared(engine_result)
@@ -344,14 +344,14 @@ def summarise(report: ConformReport) -> RunSummary:
     first = report.differences[0] if report.differences else None
     summary.checks.append(Check(
         name=f"model (profile {report.profile}) == {report.engine}: FA3 events and verdicts", kind="property",
-        verdict="fail" if first else ("pass" if report.compared else "inconclusive"), seconds=report.elapsed_s,
+        verdict=Verdict.FAIL if first else (Verdict.PASS if report.compared else Verdict.INCONCLUSIVE), seconds=report.elapsed_s,
         failed=bool(first), inconclusive=not report.compared, case_file=first[2] if first else None,
         message=(f"{report.compared} configurations compared ({report.events_compared} event groups), "
                  f"{report.skipped_rejected} rejected by the release, {len(report.differences)} differing"
                  + (f"; first: {first[1][0]}" if first else ""))))
     a = report.assumption_findings
     summary.checks.append(Check(
-        name=f"{report.engine} rejects what spec assumes away", kind="property", verdict="fail" if a else "pass",
+        name=f"{report.engine} rejects what spec assumes away", kind="property", verdict=Verdict.FAIL if a else Verdict.PASS,
         seconds=0.0, failed=bool(a), case_file=a[0][2] if a else None,
         message="; ".join(f"accepts {d} ({n})" for n, d, _ in a) or
                 f"{len(ASSUMPTION_PROBES)} assumption probes rejected (or not put: no validation)"))

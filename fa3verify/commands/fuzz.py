@@ -26,7 +26,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Callable, Optional
 
-from spec.finding import Outcome
+from spec.finding import Outcome, Verdict
 
 from ..campaign import (Budget, Campaign, Failure, now, Observation, run_campaign as _run_campaign, shrink_failure,
     single_threaded_torch)
@@ -302,7 +302,7 @@ def fuzz(sut=None, kernel_name: str = "emulated", device: str = "cpu", seed: int
     summary.interrupted = camp.interrupted
     summary.checks.append(Check(
         name=check_name, kind="property",
-        verdict="fail" if verdict_failed else ("pass" if camp.cases else "inconclusive"), seconds=own_s,
+        verdict=Verdict.FAIL if verdict_failed else (Verdict.PASS if camp.cases else Verdict.INCONCLUSIVE), seconds=own_s,
         failed=verdict_failed, inconclusive=camp.cases == 0,
         case_file=next(iter(camp.failures.values())).case_file if camp.failures else None,
         message=f"{camp.cases} cases, {camp.failing_cases} failing, {len(camp.failures)} distinct signatures: "

@@ -10,6 +10,8 @@ import os
 import time
 from typing import Iterable, Optional
 
+from spec.finding import TheoremVerdict
+
 from ..engine_choice import add_engine_argument, add_profile_argument
 from ..errors import UsageError
 from ..finding_terms import WITNESS_SUBDIR, apply_terms, case_file_terms, hint_for, replay_line
@@ -96,7 +98,7 @@ def prove(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = No
                                     failed=failed, inconclusive=r.inconclusive, case_file=r.case_file,
                                     message=r.message or r.summary(),
                                     expected=expected_refutation(r, failed)))
-        if failed and r.verdict == "refuted":
+        if failed and r.verdict == TheoremVerdict.REFUTED:
             invariant = str((r.witness or {}).get("invariant", r.name))
             finding = Finding(invariant=invariant, case_file=r.case_file, engine="prove", message=r.summary(),
                               replay=replay_line(r.case_file, policy.guard_spec), check=r.name)
@@ -113,7 +115,7 @@ def prove(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional[str] = No
 
 def expected_refutation(r, failed: bool) -> str:
     """Why a refuted theorem is not a failure under this policy ('' when it is one, or not refuted)."""
-    if r.verdict != "refuted" or failed:
+    if r.verdict != TheoremVerdict.REFUTED or failed:
         return ""
     if r.name == SHARDED_KV_THEOREM:
         return "not applicable to this backend (no sharded-KV CP decode); its witness is informational"
@@ -155,7 +157,7 @@ def prove_vllm(profile, timeout_s: float = 10.0, cases_dir: Optional[str] = None
         summary.checks.append(Check(name=r.name, kind="theorem", verdict=r.verdict, seconds=r.seconds,
                                     failed=failed, inconclusive=r.inconclusive, case_file=r.case_file,
                                     message=r.message or r.summary(), expected=expected_refutation(r, failed)))
-        if failed and r.verdict == "refuted":
+        if failed and r.verdict == TheoremVerdict.REFUTED:
             invariant = str(r.witness.get("invariant", r.name))
             summary.findings.append(Finding(invariant=invariant, case_file=r.case_file, engine="prove",
                                             message=r.message, replay=replay_line(r.case_file), check=r.name,

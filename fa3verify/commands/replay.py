@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from spec.finding import Outcome
+from spec.finding import Outcome, Verdict
 
 from .. import verdicts
 from ..engine_choice import add_engine_argument
@@ -241,7 +241,7 @@ def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", gu
     build = fa3_build_of(None) if use_numerics else spec.plugin.judging_build(spec, scn)
     judged = f" [FA3 build {build}]"
     summary.checks.append(Check(name=f"replay {path}" + spec.plugin.run_label(spec), kind="replay",
-                                verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,
+                                verdict=Verdict.FAIL if fails else Verdict.PASS, seconds=elapsed, failed=fails, case_file=path,
                                 message=(msg or f"outcome {outcome} (expected {observed.expected_outcome})") + judged))
     from ..sanitize.records import recorded_layout_text
 
@@ -273,7 +273,7 @@ def _not_modelled(path: str, case, why: str) -> tuple[RunSummary, ReplayOutcome]
                              expected_invariant=expected.get("invariant"), outcome=Outcome.NOT_MODELLED, invariants=[],
                              findings=[], trace=[])
     summary = RunSummary(command="replay", cases=0, policy=dict(case.policy))
-    summary.checks.append(Check(name=f"replay {path}", kind="replay", verdict="inconclusive", seconds=0.0,
+    summary.checks.append(Check(name=f"replay {path}", kind="replay", verdict=Verdict.INCONCLUSIVE, seconds=0.0,
                                 inconclusive=True, case_file=path, message=why))
     return summary, observed
 
@@ -307,7 +307,7 @@ def _replay_kernel(path: str, defects: Optional[Iterable[str]]) -> tuple[RunSumm
                          policy={"kernel-level": True, "defects": sorted(defects) if defects is not None else None})
     msg = "; ".join(f"{f.invariant}: {f.message}" for f in findings[:3]) or "; ".join(r["messages"][:1])
     summary.checks.append(Check(name=f"replay {path} (kernel-level)", kind="replay",
-                                verdict="fail" if fails else "pass", seconds=elapsed, failed=fails, case_file=path,
+                                verdict=Verdict.FAIL if fails else Verdict.PASS, seconds=elapsed, failed=fails, case_file=path,
                                 message=msg or f"outcome {r['outcome']} (expected {exp['outcome']})"))
     for f in findings if fails else []:
         summary.findings.append(f.reported(case_file=path, engine="replay (kernel-level)"))
@@ -379,7 +379,7 @@ def run(args) -> int:
                 print(f"  {side} made in: {first.source[side]}")
         if first.hint:
             print(f"  fix: {first.hint}")
-    if observed.outcome == "not-modelled":
+    if observed.outcome == Outcome.NOT_MODELLED:
         print(f"verdict: INCONCLUSIVE ({summary.checks[0].message})")
     else:
         print(f"verdict: {observed.verdict}")

@@ -98,7 +98,7 @@ def run(args) -> int:
         _print_result(path, case, res)
         message = res.error or "; ".join(f"{f['invariant']} at step {f['step']} dp rank {f['dp_rank']}"
                                          for f in res.findings[:3]) or res.outcome
-        if args.compare and res.outcome not in ("rank_error", "timeout"):
+        if args.compare and res.outcome not in (Outcome.RANK_ERROR, Outcome.TIMEOUT):
             diffs = compare_with_simulation(case, res, numerics=numerics)
             if diffs:
                 print("  DISAGREES with the in-process simulation:")

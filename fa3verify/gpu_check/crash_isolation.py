@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from spec.finding import StageStatus
+
 if TYPE_CHECKING:
     from .runner import GpuCheck, Stage
 
@@ -24,6 +26,6 @@ def run(check: GpuCheck, stage: Stage) -> None:
     stage.numbers.update(crash_kind=crash.kind, crash_exitcode=crash.exitcode, next_task_ok=after.ok,
                          replacements=check.pool.replacements)
     good = crash.crashed and crash.kind == "died" and after.ok and after.value == "alive"
-    stage.status = "pass" if good else ("inconclusive" if not after.ok and after.crashed else "fail")
+    stage.status = StageStatus.PASS if good else (StageStatus.INCONCLUSIVE if not after.ok and after.crashed else StageStatus.FAIL)
     if not after.ok:
         stage.message = f"replacement worker: {after.summary()}"

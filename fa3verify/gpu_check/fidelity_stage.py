@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from spec.finding import StageStatus
+
 if TYPE_CHECKING:
     from .runner import GpuCheck, Stage
 
@@ -61,13 +63,13 @@ def run(check: GpuCheck, stage: Stage) -> None:
                          split_mismatches=d["split_mismatches"], errors=d["errors"],
                          worker_crashes=len(crashes), configs_per_s=d["configs_per_s"], coverage=d["kinds"])
     if report.metadata_mismatches or report.split_mismatches or report.errors:
-        stage.status = "fail"
+        stage.status = StageStatus.FAIL
     elif crashes or report.configs < p.fidelity_configs:
-        stage.status = "inconclusive"
+        stage.status = StageStatus.INCONCLUSIVE
         stage.message = (f"{len(crashes)} chunk(s) crashed; " if crashes else "") + \
             f"{report.configs}/{p.fidelity_configs} configurations checked"
     else:
-        stage.status = "pass"
+        stage.status = StageStatus.PASS
     if not stage.message:
         stage.message = (f"{report.configs} configs: {report.metadata_mismatches} metadata and "
                          f"{report.split_mismatches} split-count mismatches, {report.errors} errors")

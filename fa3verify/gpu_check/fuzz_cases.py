@@ -11,6 +11,8 @@ import json
 import random
 from typing import Any
 
+from spec.finding import DeviceOutcome
+
 from .tasks import task_kernel, sync
 
 
@@ -54,8 +56,8 @@ def fuzz_case_task(adapter: dict, case: dict, guard: str = "fixed") -> dict:
     for call in backend.decode_calls(distribute_over_dp(case["seq_lens"], server.attn_dp_size)):
         digest = hashlib.sha256(json.dumps([case["seed"], call.dp_rank]).encode()).digest()
         records.append(_fuzz_call(backend, kernel, call, int.from_bytes(digest[:4], "little"), device))
-    bad = [r["outcome"] for r in records if r["outcome"] != "pass"]
-    return {"outcome": bad[0] if bad else "pass", "calls": records}
+    bad = [r["outcome"] for r in records if r["outcome"] != DeviceOutcome.PASS]
+    return {"outcome": bad[0] if bad else DeviceOutcome.PASS, "calls": records}
 
 
 def _fuzz_call(backend, kernel, call, seed: int, device: str) -> dict:
@@ -63,11 +65,12 @@ def _fuzz_call(backend, kernel, call, seed: int, device: str) -> dict:
 
     from gpu_impl.errors import MetadataShapeError, OutOfBoundsAccess
     from gpu_impl.scenario import decode_tensors
-    from refmodel.tolerance import fa3_output_close, reference_outputs
+    from gpu_impl.oracle_check import closeness, mismatch_message, nan_message, nan_rows, ROWS_KEPT
+    from refmodel.tolerance import reference_outputs
 
     rec: dict[str, Any] = {"dp_rank": call.dp_rank, "path": call.path, "precomputed": call.precomputed,
                            "rows": len(call.seq_lens), "real_rows": call.real_rows, "max_len": max(call.seq_lens),
-                           "call_seqlen_k": call.call_seqlen_k, "outcome": "pass"}
+                           "call_seqlen_k": call.call_seqlen_k, "outcome": DeviceOutcome.PASS}
     tensors = decode_tensors(backend, call, seed=seed, device=device)
     q, k_cache, v_cache, table = tensors
     exact = lowp = None
@@ -77,22 +80,21 @@ def _fuzz_call(backend, kernel, call, seed: int, device: str) -> dict:
             out, _ = backend.forward_decode(kernel, call, *tensors, sliding_window=sliding)
             sync(device)
         except MetadataShapeError as exc:
-            rec.update(outcome="shape_error", message=str(exc)[:500])
+            rec.update(outcome=DeviceOutcome.SHAPE_ERROR, message=str(exc)[:500])
             return rec
         except OutOfBoundsAccess as exc:
-            rec.update(outcome="predicted_oob", message=str(exc)[:500], invariants=[exc.invariant])
+            rec.update(outcome=DeviceOutcome.PREDICTED_OOB, message=str(exc)[:500], invariants=[exc.invariant])
             return rec
         trace = kernel.last_trace or {}
         rec["s_c"] = (trace.get("schedule") or {}).get("num_splits")
         verdicts = sorted({v["invariant"] for v in trace.get("verdicts", [])})
-        rows = out[: call.real_rows].float()
-        if torch.isnan(rows).any():
-            bad = sorted({int(i) for i in torch.nonzero(torch.isnan(rows))[:, 0].tolist()})
-            rec.update(outcome="nan", message=f"NaN in output rows {bad[:8]} (sliding_window={sliding}); "
-                                              f"predicted violations {verdicts}", nan_rows=bad[:32])
+        bad = nan_rows(out[: call.real_rows])
+        if bad:
+            rec.update(outcome=DeviceOutcome.NAN, message=f"{nan_message(bad)} (sliding_window={sliding}); "
+                                                          f"predicted violations {verdicts}", nan_rows=bad[:ROWS_KEPT])
             return rec
         if verdicts:
-            rec.update(outcome="predicted_oob", message=f"the model predicts {verdicts} for this call "
+            rec.update(outcome=DeviceOutcome.PREDICTED_OOB, message=f"the model predicts {verdicts} for this call "
                                                         f"(sliding_window={sliding}), though the output has no NaN",
                        invariants=verdicts)
             return rec
@@ -101,11 +103,10 @@ def _fuzz_call(backend, kernel, call, seed: int, device: str) -> dict:
             cu = torch.arange(len(call.seq_lens) + 1, dtype=torch.int32)
             exact, lowp = reference_outputs(q.cpu(), k_cache.cpu(), v_cache.cpu(), cache_seqlens=cs, cu_seqlens_q=cu,
                                             max_seqlen_q=1, page_table=table.cpu(), causal=True)
-        ok, err, bound = fa3_output_close(out[: call.real_rows].cpu(), exact[: call.real_rows],
-                                          lowp[: call.real_rows])
+        ok, err, bound = closeness(out[: call.real_rows].cpu(), exact[: call.real_rows], lowp[: call.real_rows])
         rec["max_error"], rec["bound"] = err, bound
         if not ok:
-            rec.update(outcome="mismatch", message=f"max error {err:.3e} exceeds FA3's bound {bound:.3e} "
-                                                   f"(sliding_window={sliding})")
+            rec.update(outcome=DeviceOutcome.MISMATCH,
+                       message=f"{mismatch_message(err, bound)} (sliding_window={sliding})")
             return rec
     return rec

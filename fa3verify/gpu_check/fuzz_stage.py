@@ -14,7 +14,7 @@ import functools
 import time
 from typing import TYPE_CHECKING
 
-from spec.finding import Finding
+from spec.finding import DeviceOutcome, Finding, StageStatus
 
 from ..campaign import Budget, Observation, run_campaign
 from .fuzz_cases import fuzz_case_task, task_case
@@ -57,15 +57,15 @@ class WorkerTarget:
 
 #: Outcomes that are not findings: a pass, a configuration FA3 rejects, and a case past its deadline (killed: the
 #: case is inconclusive, never a NO_CRASH violation; the stage is inconclusive unless something else failed).
-NOT_FINDINGS = ("pass", "shape_error", "timeout")
+NOT_FINDINGS = (DeviceOutcome.PASS, DeviceOutcome.SHAPE_ERROR, DeviceOutcome.TIMEOUT)
 
 
 def _unanswered(res) -> str:
     """The outcome of a case whose worker gave no value: ``timeout`` (killed at its deadline), ``crash`` (died)
     or ``error`` (raised)."""
-    if res.kind == "timeout":
-        return "timeout"
-    return "crash" if res.crashed else "error"
+    if res.kind == "timeout":  # the worker pool's word for a task killed at its deadline
+        return DeviceOutcome.TIMEOUT
+    return DeviceOutcome.CRASH if res.crashed else DeviceOutcome.ERROR
 
 
 def run(check: GpuCheck, stage: Stage) -> None:
@@ -78,7 +78,7 @@ def run(check: GpuCheck, stage: Stage) -> None:
                          + 20)
     stage.numbers["budget_s"] = round(budget, 1)
     if budget < 1:
-        stage.status, stage.message = "inconclusive", "no time left for the fuzz"
+        stage.status, stage.message = StageStatus.INCONCLUSIVE, "no time left for the fuzz"
         return
     strategy = functools.partial(gpu_decode_case, num_sm=check.num_sm or 132, max_len=p.fuzz_max_len,
                                  contexts=p.fuzz_contexts)
@@ -89,8 +89,8 @@ def run(check: GpuCheck, stage: Stage) -> None:
         _case, res = obs.detail
         counts[obs.outcome] = counts.get(obs.outcome, 0) + 1
         tally["calls"] += len(res.value.get("calls", [])) if res.ok else 0
-        tally["crashes"] += int(obs.outcome == "crash")
-        tally["timeouts"] += int(obs.outcome == "timeout")
+        tally["crashes"] += int(obs.outcome == DeviceOutcome.CRASH)
+        tally["timeouts"] += int(obs.outcome == DeviceOutcome.TIMEOUT)
         return obs.findings
 
     t0 = time.perf_counter()
@@ -110,14 +110,14 @@ def run(check: GpuCheck, stage: Stage) -> None:
                          decode_calls=calls, outcomes=counts, cases_per_s=round(done / elapsed, 2) if elapsed > 0 else 0.0,
                          fuzz_seconds=round(elapsed, 1))
     if failures:
-        stage.status = "fail"
+        stage.status = StageStatus.FAIL
     elif tally["timeouts"]:
-        stage.status, stage.message = "inconclusive", (f"{tally['timeouts']} of {done} cases past their deadline "
+        stage.status, stage.message = StageStatus.INCONCLUSIVE, (f"{tally['timeouts']} of {done} cases past their deadline "
                                                        f"({p.fuzz_case_timeout_s:g} s, killed); none failed")
     elif done == 0:
-        stage.status, stage.message = "inconclusive", "no fuzz case finished"
+        stage.status, stage.message = StageStatus.INCONCLUSIVE, "no fuzz case finished"
     else:
-        stage.status = "pass"
+        stage.status = StageStatus.PASS
     if not stage.message:
         stage.message = f"{done} cases ({calls} decode calls), {failures} failing, {crashes} crashes"
 
@@ -139,12 +139,12 @@ def failure_case(case, outcome: str, message: str, res, adapter: dict):
 
     result = json.loads(json.dumps(res.value if res.ok else res.to_dict(), default=str))  # plain JSON values
     calls = result.get("calls", []) if res.ok else []
-    if outcome == "predicted_oob":  # the worker names the invariants of every call it predicts out of bounds
-        predicted = next(c["invariants"] for c in calls if c.get("outcome") == "predicted_oob")
+    if outcome == DeviceOutcome.PREDICTED_OOB:  # the worker names the invariants of every call it predicts out of bounds
+        predicted = next(c["invariants"] for c in calls if c.get("outcome") == DeviceOutcome.PREDICTED_OOB)
         expected = {"outcome": "violation", "invariant": predicted[0]}
-    elif outcome == "nan":
+    elif outcome == DeviceOutcome.NAN:
         expected = {"outcome": "nan", "invariant": None}
-    elif outcome == "mismatch":
+    elif outcome == DeviceOutcome.MISMATCH:
         expected = {"outcome": "violation", "invariant": "MATCHES_ORACLE"}
     else:
         expected = {"outcome": "violation", "invariant": "NO_CRASH"}
@@ -156,7 +156,7 @@ def failure_case(case, outcome: str, message: str, res, adapter: dict):
 
 def _fuzz_message(value: dict) -> str:
     for c in value.get("calls", []):
-        if c.get("outcome") != "pass":
+        if c.get("outcome") != DeviceOutcome.PASS:
             return f"dp rank {c.get('dp_rank')} ({c.get('path')}): {c.get('outcome')}: {c.get('message', '')}"
     return value.get("outcome", "?")
 

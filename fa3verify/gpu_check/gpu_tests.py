@@ -11,6 +11,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
+from spec.finding import StageStatus
 from spec.process.worker_client import run_command
 
 from .runner import repo_root, tail, junit_counts, junit_failures
@@ -26,7 +27,7 @@ def run(check: GpuCheck, stage: Stage) -> None:
     repo = repo_root()
     tests_dir = os.path.join(repo, "tests", "gpu")
     if not os.path.isdir(tests_dir):
-        stage.status, stage.message = "inconclusive", f"no tests/gpu folder under {repo}"
+        stage.status, stage.message = StageStatus.INCONCLUSIVE, f"no tests/gpu folder under {repo}"
         return
     limit = check.budget(p.gpu_tests_timeout_s, reserve=10)
     junit = os.path.join(check.out_dir, "gpu_tests.xml")
@@ -38,7 +39,7 @@ def run(check: GpuCheck, stage: Stage) -> None:
     try:
         proc = run_command(cmd, max(5.0, limit), cwd=repo, env=env, text=True)
     except subprocess.TimeoutExpired as exc:
-        stage.status, stage.message = "inconclusive", f"pytest did not finish within {limit:.0f}s"
+        stage.status, stage.message = StageStatus.INCONCLUSIVE, f"pytest did not finish within {limit:.0f}s"
         stage.numbers["output_tail"] = tail((exc.stdout or b"").decode(errors="replace")
                                              if isinstance(exc.stdout, bytes) else (exc.stdout or ""))
         return
@@ -46,17 +47,17 @@ def run(check: GpuCheck, stage: Stage) -> None:
     stage.numbers.update(returncode=proc.returncode, **counts)
     stage.numbers["output_tail"] = tail(proc.stdout + proc.stderr, 1500)
     if counts.get("tests") is None:
-        stage.status = "inconclusive"
+        stage.status = StageStatus.INCONCLUSIVE
         stage.message = f"pytest exited {proc.returncode} without a JUnit report"
         return
     bad = counts["failures"] + counts["errors"]
     if bad:
-        stage.status = "fail"
+        stage.status = StageStatus.FAIL
         for case in junit_failures(junit)[:10]:
             check.finding("gpu_tests", "test_failed", case)
     elif p.dry_run:
-        stage.status = "pass"
+        stage.status = StageStatus.PASS
     else:
-        stage.status = "pass" if counts["passed"] >= 1 else "inconclusive"
+        stage.status = StageStatus.PASS if counts["passed"] >= 1 else StageStatus.INCONCLUSIVE
     stage.message = (f"{counts['passed']} passed, {counts['failures']} failed, {counts['errors']} errors, "
                      f"{counts['skipped']} skipped")

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from spec.finding import StageStatus
 from spec.process.worker_client import run_command
 
 from .runner import repo_root, tail, parse_memcheck
@@ -28,14 +29,14 @@ def run(check: GpuCheck, stage: Stage) -> None:
     tool = shutil.which("compute-sanitizer")
     stage.numbers["compute_sanitizer"] = tool
     if p.dry_run:
-        stage.status, stage.message = "skipped", "dry run: no GPU to check"
+        stage.status, stage.message = StageStatus.SKIPPED, "dry run: no GPU to check"
         return
     if not tool:
-        stage.status, stage.message = "skipped", "compute-sanitizer is not on PATH"
+        stage.status, stage.message = StageStatus.SKIPPED, "compute-sanitizer is not on PATH"
         return
     limit = check.budget(p.sanitizer_timeout_s, reserve=5)
     if limit < 30:
-        stage.status, stage.message = "inconclusive", f"only {limit:.0f}s left; memcheck needs more"
+        stage.status, stage.message = StageStatus.INCONCLUSIVE, f"only {limit:.0f}s left; memcheck needs more"
         return
     cmd = [tool, "--tool", "memcheck", "--print-limit", "20", "--error-exitcode", "99",
            sys.executable, "-m", "fa3verify.commands.gpu_check", "--child-worked-example", "pre-fix",
@@ -47,7 +48,7 @@ def run(check: GpuCheck, stage: Stage) -> None:
         proc = run_command(cmd, limit, cwd=repo_root(), env=env, text=True)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        stage.status, stage.message = "inconclusive", f"memcheck did not finish within {limit:.0f}s"
+        stage.status, stage.message = StageStatus.INCONCLUSIVE, f"memcheck did not finish within {limit:.0f}s"
         stage.numbers["output_tail"] = tail(out)
         return
     text = proc.stdout + "\n" + proc.stderr
@@ -55,15 +56,15 @@ def run(check: GpuCheck, stage: Stage) -> None:
     stage.numbers.update(returncode=proc.returncode, run_seconds=round(time.perf_counter() - t0, 1), **parsed)
     stage.numbers["output_tail"] = tail(text, 3000)
     if parsed["errors"] is None:
-        stage.status = "inconclusive"
+        stage.status = StageStatus.INCONCLUSIVE
         stage.message = f"no memcheck ERROR SUMMARY in the output (exit {proc.returncode})"
     elif parsed["errors"] > 0:
-        stage.status = "pass"
+        stage.status = StageStatus.PASS
         path = check.save_case("sanitizer", "pre-fix", {"command": stage.numbers["command"], **parsed,
                                                        "output": tail(text, 20000)})
         check.finding("sanitizer", "memcheck", f"memcheck: {parsed['errors']} error(s) in the pre-fix worked "
                      f"example; first: {parsed['first_errors'][:1]}", case_file=path)
         stage.message = f"{parsed['errors']} memcheck error(s)"
     else:
-        stage.status = "fail"
+        stage.status = StageStatus.FAIL
         stage.message = "memcheck finished without errors on the pre-fix case"

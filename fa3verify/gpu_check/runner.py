@@ -17,6 +17,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+from spec.finding import StageStatus, Verdict
+
 from ..outputs import shown_path
 from .environment import gpu_problem, print_environment, probe_environment
 from .plan import Plan
@@ -25,7 +27,7 @@ from .tasks import worker_init
 SCHEMA = "fa3verify.gpu_check/1"
 SUMMARY_NAME = "gpu_check_summary.json"
 
-STATUS_CODE = {"pass": 0, "skipped": 0, "fail": 1, "inconclusive": 3}
+STATUS_CODE = {StageStatus.PASS: 0, StageStatus.SKIPPED: 0, StageStatus.FAIL: 1, StageStatus.INCONCLUSIVE: 3}
 
 
 @dataclass
@@ -33,7 +35,7 @@ class Stage:
     """One stage's result: status (pass/fail/inconclusive/skipped), what was expected, seconds, numbers."""
 
     name: str
-    status: str = "pending"
+    status: StageStatus = StageStatus.PENDING
     expectation: str = ""
     seconds: float = 0.0
     numbers: dict = field(default_factory=dict)
@@ -83,7 +85,7 @@ class GpuCheck:
         """1 if a stage failed, 3 if one was inconclusive or none ran (all skipped is never a pass), else 0."""
         if self.error:
             return 3
-        if not any(s.status != "skipped" for s in self.stages.values()):
+        if not any(s.status != StageStatus.SKIPPED for s in self.stages.values()):
             return 3
         codes = [STATUS_CODE.get(s.status, 3) for s in self.stages.values()]
         if 1 in codes:
@@ -96,7 +98,8 @@ class GpuCheck:
         code = self.exit_code()
         return {
             "schema": SCHEMA, "command": "gpu-check", "dry_run": self.plan.dry_run,
-            "verdict": {0: "pass", 1: "fail", 3: "inconclusive"}.get(code, "fail"), "exit_code": code,
+            "verdict": {0: Verdict.PASS, 1: Verdict.FAIL, 3: Verdict.INCONCLUSIVE}.get(code,
+                        Verdict.FAIL), "exit_code": code,
             "elapsed_s": round(time.perf_counter() - self.started, 2), "error": self.error,
             "environment": self.environment, "adapter": self.adapter_describe,
             "plan": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.plan.__dict__.items()},
@@ -175,18 +178,18 @@ class GpuCheck:
                 stage = Stage(name)
                 self.stages[name] = stage
                 if name in self.skip:
-                    stage.status, stage.message = "skipped", "left out with --skip"
+                    stage.status, stage.message = StageStatus.SKIPPED, "left out with --skip"
                     continue
                 t0 = time.perf_counter()
                 self.say(f"stage {name} ...")
                 try:
                     fn(self, stage)
                 except WorkerInitError as exc:
-                    stage.status, stage.message = "inconclusive", f"workers could not start: {exc}"[:2000]
+                    stage.status, stage.message = StageStatus.INCONCLUSIVE, f"workers could not start: {exc}"[:2000]
                 except Exception as exc:  # noqa: BLE001 - one broken stage must not lose the others
                     import traceback
 
-                    stage.status = "inconclusive"
+                    stage.status = StageStatus.INCONCLUSIVE
                     stage.message = f"stage raised {type(exc).__name__}: {exc}"[:500]
                     stage.numbers["traceback"] = traceback.format_exc()[-4000:]
                 stage.seconds = time.perf_counter() - t0

@@ -15,6 +15,8 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
+from spec.finding import DeviceOutcome, StageStatus
+
 from .plan import WORKED_LONG, WORKED_MODEL, WORKED_SHORT, WORKED_SHORT_COUNT
 from .tasks import task_kernel, sync
 
@@ -36,18 +38,19 @@ def run(check: GpuCheck, stage: Stage) -> None:
     for guard in ("pre-fix", "fixed"):
         limit = check.budget(p.worked_timeout_s, reserve=30)
         if limit < 5:
-            outcomes[guard] = {"outcome": "not run", "reason": "no time left"}
+            outcomes[guard] = {"outcome": DeviceOutcome.NOT_RUN, "reason": "no time left"}
             continue
         task = functools.partial(worked_example_task, p.adapter, guard, p.worked_long, p.worked_num_sm, p.seed)
         res = check.pool.run(task, timeout_s=limit)
         if res.ok:
             value = dict(res.value)
         else:
-            value = {"outcome": "crash" if res.crashed else "error", "kind": res.kind, "exitcode": res.exitcode,
+            value = {"outcome": DeviceOutcome.CRASH if res.crashed else DeviceOutcome.ERROR, "kind": res.kind,
+                     "exitcode": res.exitcode,
                      "error": res.error_text[-3000:], "seconds": round(res.elapsed, 2)}
         outcomes[guard] = value
         expected = worked_expected(guard, value)
-        if guard == "pre-fix" and value["outcome"] in ("nan", "crash", "mismatch"):
+        if guard == "pre-fix" and value["outcome"] in (DeviceOutcome.NAN, DeviceOutcome.CRASH, DeviceOutcome.MISMATCH):
             path = check.save_case("worked_example", "pre-fix", {"guard": guard, "shapes": stage.numbers["shapes"],
                                                                  "result": value})
             check.finding("worked_example", f"pre-fix:{value['outcome']}",
@@ -62,28 +65,28 @@ def run(check: GpuCheck, stage: Stage) -> None:
     stage.numbers["fixed"] = outcomes.get("fixed")
     stage.numbers["pre_fix_outcome"] = (outcomes.get("pre-fix") or {}).get("outcome")
     stage.numbers["fixed_outcome"] = (outcomes.get("fixed") or {}).get("outcome")
-    verdicts = [worked_expected(g, outcomes[g]) if outcomes.get(g, {}).get("outcome") != "not run" else None
+    verdicts = [worked_expected(g, outcomes[g]) if outcomes.get(g, {}).get("outcome") != DeviceOutcome.NOT_RUN else None
                 for g in ("pre-fix", "fixed")]
     if any(v is False for v in verdicts):
-        stage.status = "fail"
-    elif any(v is None for v in verdicts) or any(o.get("outcome") == "error" for o in outcomes.values()):
-        stage.status = "inconclusive"
+        stage.status = StageStatus.FAIL
+    elif any(v is None for v in verdicts) or any(o.get("outcome") == DeviceOutcome.ERROR for o in outcomes.values()):
+        stage.status = StageStatus.INCONCLUSIVE
     else:
-        stage.status = "pass"
+        stage.status = StageStatus.PASS
     stage.message = (f"pre-fix -> {stage.numbers['pre_fix_outcome']}, fixed -> {stage.numbers['fixed_outcome']}")
 
 
 def worked_expected(guard: str, value: dict) -> Optional[bool]:
     outcome = value.get("outcome")
-    if outcome in ("not run",):
+    if outcome in (DeviceOutcome.NOT_RUN,):
         return None
     if guard == "pre-fix":
-        if outcome == "error":
+        if outcome == DeviceOutcome.ERROR:
             return None
-        return outcome in ("nan", "crash", "mismatch")
-    if outcome in ("error", "crash"):
-        return False if outcome == "crash" else None
-    return outcome == "agrees"
+        return outcome in (DeviceOutcome.NAN, DeviceOutcome.CRASH, DeviceOutcome.MISMATCH)
+    if outcome in (DeviceOutcome.ERROR, DeviceOutcome.CRASH):
+        return False if outcome == DeviceOutcome.CRASH else None
+    return outcome == DeviceOutcome.AGREES
 
 
 def worked_example_task(adapter: dict, guard: str, long_len: int = WORKED_LONG, num_sm: Optional[int] = None,
@@ -101,7 +104,8 @@ def worked_example_task(adapter: dict, guard: str, long_len: int = WORKED_LONG, 
     from gpu_impl.guards import load_guard
     from gpu_impl.scenario import decode_tensors
     from refmodel.metadata import schedule_and_prepare
-    from refmodel.tolerance import fa3_output_close, reference_outputs
+    from gpu_impl.oracle_check import closeness, nan_rows as output_nan_rows
+    from refmodel.tolerance import reference_outputs
 
     from ..fidelity import adapter_supports_paged
 
@@ -134,19 +138,19 @@ def worked_example_task(adapter: dict, guard: str, long_len: int = WORKED_LONG, 
     out_info["observed_num_splits"] = trace.get("observed_num_splits")
     out_info["metadata_splits_read"] = ((trace.get("metadata") or {}).get("num_splits"))
     out_info["predicted_violations"] = sorted({v["invariant"] for v in trace.get("verdicts", [])})
-    nan_rows = torch.isnan(out.float()).reshape(out.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
-    out_info["nan_batches"] = [int(i) for i in nan_rows]
+    nan_rows = output_nan_rows(out)
+    out_info["nan_batches"] = nan_rows
     out_info["kernel_seconds"] = round(time.perf_counter() - t0, 2)
     if nan_rows:
-        out_info["outcome"] = "nan"
+        out_info["outcome"] = DeviceOutcome.NAN
         out_info["oracle"] = "skipped: the output has NaN; the oracle is finite (every row has keys)"
     else:
         cs = torch.tensor(lens, dtype=torch.int32)
         cu = torch.arange(len(lens) + 1, dtype=torch.int32)
         exact, lowp = reference_outputs(q.cpu(), k_cache.cpu(), v_cache.cpu(), cache_seqlens=cs, cu_seqlens_q=cu,
                                         max_seqlen_q=1, page_table=table.cpu(), causal=True)
-        ok, err, bound = fa3_output_close(out.cpu(), exact, lowp)
-        out_info.update(outcome="agrees" if ok else "mismatch", max_error=err, bound=bound)
+        ok, err, bound = closeness(out.cpu(), exact, lowp)
+        out_info.update(outcome=DeviceOutcome.AGREES if ok else DeviceOutcome.MISMATCH, max_error=err, bound=bound)
     out_info["seconds"] = round(time.perf_counter() - t0, 2)
     return out_info
 

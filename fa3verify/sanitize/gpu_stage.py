@@ -44,6 +44,7 @@ def sanitize_worked_example_task(adapter: dict, long_len: int, num_sm: Optional[
     import sys
 
     from gpu_impl.fa3_calls import MetadataMismatch
+    from gpu_impl.oracle_check import all_finite
 
     from .core import Sanitizer
 
@@ -84,7 +85,7 @@ def sanitize_worked_example_task(adapter: dict, long_len: int, num_sm: Optional[
         _sync(device)
         # read from the device of the first call's tensors unless given (CheckingFA3._settle_device)
         out["num_sm"], out["num_sm_source"] = san.checker.num_sm, san.checker.num_sm_source
-        out["fresh"] = {"ran": True, "finite": bool(torch.isfinite(o.float()).all()),
+        out["fresh"] = {"ran": True, "finite": all_finite(o),
                         "violations": len(san.checker.violations()) - int(out["stale"]["caught"])}
         original = module.flash_attn_with_kvcache.__fa3verify_original__
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from spec.finding import Outcome
+from spec.finding import Outcome, Verdict
 from gpu_impl.fa3_calls import ARGUMENTS_INVARIANT, CallRecord, PrecomputeRecord, pair_summary
 
 LOG_SCHEMA = "fa3verify.sanitize/1"
@@ -278,7 +278,7 @@ def log_to_run_summary(path) -> dict:
         s = x.get("summary", {})
         msg = (f"{v['message']} (S_p={s.get('s_p')}, S_c={s.get('s_c')}; precompute {s.get('precompute')}; "
                f"call {s.get('call')}; seen {counts.get(sig, 1)} time(s))")
-        run.checks.append(Check(name=f"{v['invariant']} {sig}", kind="property", verdict="fail", seconds=0.0,
+        run.checks.append(Check(name=f"{v['invariant']} {sig}", kind="property", verdict=Verdict.FAIL, seconds=0.0,
                                 failed=True, case_file=case or pair, message=msg))
         replay = (replay_line(case) if case
                   else shlex.join([*command_words(), "sanitize", "replay", str(pair)]) if pair else None)
@@ -288,6 +288,6 @@ def log_to_run_summary(path) -> dict:
     run.cases = int(stats.get("checked_calls", 0)) + int(stats.get("graph_checks", 0))
     run.failures = sum(counts.values()) if counts else len(first)
     if not first:
-        run.checks.append(Check(name="metadata reuse", kind="property", verdict="pass", seconds=0.0,
+        run.checks.append(Check(name="metadata reuse", kind="property", verdict=Verdict.PASS, seconds=0.0,
                                 message=f"{run.cases} checked FA3 calls, no mismatch"))
     return run.to_dict()

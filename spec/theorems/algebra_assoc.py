@@ -37,6 +37,7 @@ from spec.theorems.algebra_z3 import (
     state_witness,
     xv_float,
 )
+from spec.finding import TheoremVerdict
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,11 +129,11 @@ def merge_theorem(name: str, timeout_s: float, defects: frozenset) -> TheoremRes
     witness: dict[str, Any] = {}
     details: dict[str, Any] = {"result": res, "uses_exact_merge_n2": use_spec, "exact_merge_n2": pre["lemmas"]}
     if res == "unsat":
-        verdict = "proved"
+        verdict = TheoremVerdict.PROVED
         message = (f"{shape} as states (equal LSE and O, or both empty with O = 0), any state empty (with any "
                    "garbage output) or not; from the proved n = 2 exact merge")
     elif res == "sat":
-        verdict, message = "refuted", f"{shape} fails"
+        verdict, message = TheoremVerdict.REFUTED, f"{shape} fails"
         concrete = {lab: state_witness(model, st) for lab, st in zip(labels, states)}
         witness = {
             "states": concrete,
@@ -143,10 +144,10 @@ def merge_theorem(name: str, timeout_s: float, defects: frozenset) -> TheoremRes
             "replay": replay_merges(name, concrete, defects),
         }
         if not witness["replay"]["violates"]:
-            verdict = "inconclusive"
+            verdict = TheoremVerdict.INCONCLUSIVE
             message = f"{shape}: z3's witness does not replay concretely (spurious under the exp abstraction)"
     else:
-        verdict = "inconclusive"
+        verdict = TheoremVerdict.INCONCLUSIVE
         message = f"z3 returned unknown (timeout {timeout_s}s)" + (
             "" if use_spec else "; combine-exact-merge is not proved for n = 2 under these defects")
     return theorem_result(name, verdict, t0, witness, message, details)

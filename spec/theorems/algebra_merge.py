@@ -34,6 +34,7 @@ from spec.theorems.algebra_z3 import (
     xv_float,
     replay_row,
 )
+from spec.finding import TheoremVerdict
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,23 +144,24 @@ def _exact_merge_result(cases: Sequence[dict], split_counts: Sequence[int], defe
     split_counts = _counts(split_counts)
     t0 = time.perf_counter() - sum(c["seconds"] for c in cases)  # the theorem's seconds: its parts' together
     per_n: dict[int, Any] = {}
-    verdict, witness, message = "proved", {}, ""
+    verdict, witness, message = TheoremVerdict.PROVED, {}, ""
     for case in cases:
         n = case["n"]
         per_n[n] = case["lemmas"]
         if case["result"] == "sat":
-            verdict, witness = "refuted", case["witness"]
+            verdict, witness = TheoremVerdict.REFUTED, case["witness"]
             message = f"the combine differs from the exact merge for n={n} splits"
             if not witness["replay"]["violates"]:
-                verdict = "inconclusive"
+                verdict = TheoremVerdict.INCONCLUSIVE
                 message = f"n={n}: z3's witness does not replay concretely (spurious under the exp abstraction)"
             break
         if case["result"] == "unknown":
-            verdict, message = "inconclusive", f"z3 returned unknown for n={n} (timeout {timeout_s}s per query)"
+            verdict = TheoremVerdict.INCONCLUSIVE
+            message = f"z3 returned unknown for n={n} (timeout {timeout_s}s per query)"
             break
-    if verdict == "proved" and [c["n"] for c in cases] != list(split_counts):
-        verdict, message = "inconclusive", f"split counts {list(split_counts)} not all checked"
-    if verdict == "proved":
+    if verdict == TheoremVerdict.PROVED and [c["n"] for c in cases] != list(split_counts):
+        verdict, message = TheoremVerdict.INCONCLUSIVE, f"split counts {list(split_counts)} not all checked"
+    if verdict == TheoremVerdict.PROVED:
         message = (f"FA3 combine == exact merge sum_s S_s*O_s / sum_s S_s, LSE = log sum_s S_s, for n in {list(split_counts)} "
                    "splits, any of them empty with garbage output; weights in (0,1], Z >= 1")
     return theorem_result(name, verdict, t0, witness, message, {"per_n": per_n, "split_counts": list(split_counts)})
@@ -194,7 +196,7 @@ def theorem_all_empty(timeout_s: float, defects: frozenset, split_counts: Sequen
     split_counts = _counts(split_counts)
     t0 = time.perf_counter()
     per_n: dict[int, Any] = {}
-    verdict, witness, message = "proved", {}, ""
+    verdict, witness, message = TheoremVerdict.PROVED, {}, ""
     for n in split_counts:
         tq = time.perf_counter()
         A = Z3Arith(f"e{n}")
@@ -216,14 +218,14 @@ def theorem_all_empty(timeout_s: float, defects: frozenset, split_counts: Sequen
                 "defects": sorted(defects),
                 "replay": replay_row(splits, defects),
             }
-            verdict, message = "refuted", f"an all-empty row of n={n} splits does not combine to (0, -inf)"
+            verdict, message = TheoremVerdict.REFUTED, f"an all-empty row of n={n} splits does not combine to (0, -inf)"
             if not witness["replay"]["violates"]:
-                verdict = "inconclusive"
+                verdict = TheoremVerdict.INCONCLUSIVE
                 message = f"n={n}: z3's witness does not replay concretely (spurious under the exp abstraction)"
             break
         if res == "unknown":
-            verdict, message = "inconclusive", f"z3 returned unknown for n={n} (timeout {timeout_s}s)"
+            verdict, message = TheoremVerdict.INCONCLUSIVE, f"z3 returned unknown for n={n} (timeout {timeout_s}s)"
             break
-    if verdict == "proved":
+    if verdict == TheoremVerdict.PROVED:
         message = f"all-empty rows (n in {list(split_counts)} splits, outputs of any kind) combine to (0, -inf)"
     return theorem_result(name, verdict, t0, witness, message, {"per_n": per_n, "split_counts": list(split_counts)})

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from spec.theorems.results import TheoremResult
+from spec.finding import TheoremVerdict
 
 #: group -> seeded-defect name -> what it changes (negative controls of theorems 5-7 and 9); data in
 #: seeded_defects.json
@@ -66,10 +67,10 @@ def select(only, names, number_of=None) -> list:
 def theorem_result(name: str, verdict: str, t0: float, witness: dict, message: str, details: dict,
                    failed=None):
     """A TheoremResult timed from `t0`: failed when refuted (unless told), expected when neither failed nor unknown."""
-    failed = (verdict == "refuted") if failed is None else failed
+    failed = (verdict == TheoremVerdict.REFUTED) if failed is None else failed
     return TheoremResult(name=name, verdict=verdict, seconds=round(time.perf_counter() - t0, 3), witness=witness,
                          case_file=None, message=message, failed=failed,
-                         expected=not failed and verdict != "inconclusive", details=details)
+                         expected=not failed and verdict != TheoremVerdict.INCONCLUSIVE, details=details)
 
 
 def unrefuted_result(name: str, start: float, unknown: list, proved_message: str, details: dict):
@@ -78,8 +79,9 @@ def unrefuted_result(name: str, start: float, unknown: list, proved_message: str
     ``details``; timed from ``start``."""
     secs = time.perf_counter() - start
     if unknown:
-        return TheoremResult(name, "inconclusive", secs, {}, None, f"z3 unknown: {unknown[:3]}", expected=False)
-    return TheoremResult(name, "proved", secs, {}, None, proved_message, details=details)
+        return TheoremResult(name, TheoremVerdict.INCONCLUSIVE, secs, {}, None, f"z3 unknown: {unknown[:3]}",
+                             expected=False)
+    return TheoremResult(name, TheoremVerdict.PROVED, secs, {}, None, proved_message, details=details)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ from spec.theorems.jobs import Job, run_jobs
 from spec.theorems.cp_common import CARRIED, FRESH, ARRIVALS, CP_SIZES, KINDS, THEOREM_NUMBERS, THEOREMS
 from spec.theorems.cp_runner import theorem_runner, runner_step, runner_step_z3, simulate_runner
 from spec.theorems.cp_zigzag import theorem_zigzag_balance, theorem_zigzag_partition, zigzag_concrete, zigzag_terms
+from spec.finding import TheoremVerdict
 
 
 __all__ = [
@@ -178,7 +179,7 @@ def cp_jobs(timeout_s: float = 10, clear_stale: bool = True, only: Optional[Iter
 
 def _with_case(r: TheoremResult, cases_dir: Optional[str]) -> list:
     """[r], a refuted runner theorem's replayable witness written into `cases_dir` first."""
-    if r.name.startswith("runner-") and r.verdict == "refuted":
+    if r.name.startswith("runner-") and r.verdict == TheoremVerdict.REFUTED:
         r.case_file = _write_runner_case(r, cases_dir)
     return [r]
 

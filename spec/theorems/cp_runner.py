@@ -33,6 +33,7 @@ from spec.theorems.cp_common import (
     NON_CP,
     model_int,
 )
+from spec.finding import TheoremVerdict
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,13 +228,14 @@ def theorem_runner(which: str, timeout_s: float, clear_stale: bool, max_k: int,
                                         cp_v2_may_inherit=True)},
         }
     if bmc["result"] == "unknown":
-        return theorem_result(name, "inconclusive", t0, {}, f"BMC: z3 returned unknown at k={bmc['k']}", details)
+        return theorem_result(name, TheoremVerdict.INCONCLUSIVE, t0, {}, f"BMC: z3 returned unknown at k={bmc['k']}",
+                              details)
     if bmc["result"] == "sat":
         witness = {"sequence": [kind for kind, _ in bmc["sequence"]], "arrivals": [a for _, a in bmc["sequence"]],
                    "length": bmc["k"], "trace": bmc["trace"],
                    "violating_kinds_at_this_length": bmc["violating_kinds_at_this_length"],
                    "clear_stale": clear_stale, "cp_v2_may_inherit": cp_v2_may_inherit}
-        return theorem_result(name, "refuted", t0, witness,
+        return theorem_result(name, TheoremVerdict.REFUTED, t0, witness,
                        f"{which} fails after {bmc['k']} steps: "
                        + " -> ".join(f"{k} ({a})" for k, a in bmc["sequence"]), details)
     ind = _induction(which, timeout_s, **policy)
@@ -241,7 +243,7 @@ def theorem_runner(which: str, timeout_s: float, clear_stale: bool, max_k: int,
     claim = ("the backend takes the CP path iff the batch is CP-v2 active" if which == "hygiene" else
              "whenever the backend takes the CP path, the metadata was built for the current batch")
     if ind == "unsat":
-        return theorem_result(name, "proved", t0, {},
+        return theorem_result(name, TheoremVerdict.PROVED, t0, {},
                        f"{claim}: for every sequence length (1-step induction); BMC up to k={max_k} agrees", details)
-    return theorem_result(name, "proved", t0, {},
+    return theorem_result(name, TheoremVerdict.PROVED, t0, {},
                    f"{claim}: for every sequence of up to {max_k} steps (bounded; induction {ind})", details)

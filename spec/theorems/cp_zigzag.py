@@ -22,6 +22,7 @@ from spec.theorems.z3ctx import BoolVal as _BoolVal
 
 from spec.theorems.base import theorem_result
 from spec.theorems.cp_common import CP_SIZES, model_int
+from spec.finding import TheoremVerdict
 
 
 # --------------------------------------------------------------------------------------------
@@ -173,12 +174,13 @@ def theorem_zigzag_partition(timeout_s: float, defects: frozenset) -> TheoremRes
         if res == "sat":
             violated = [k for k, c in claims.items() if z3.is_false(model.eval(c, model_completion=True))]
             witness = _zigzag_witness(model, cp, length, prefix, p, j, defects, violated)
-            return theorem_result(name, "refuted", t0, witness,
+            return theorem_result(name, TheoremVerdict.REFUTED, t0, witness,
                            f"cp={cp}: {', '.join(violated)} fails at L={witness['L']}", {"per_cp": per_cp})
         if res == "unknown":
-            return theorem_result(name, "inconclusive", t0, {}, f"cp={cp}: z3 returned unknown (timeout {timeout_s}s)",
+            return theorem_result(name, TheoremVerdict.INCONCLUSIVE, t0, {},
+                                  f"cp={cp}: z3 returned unknown (timeout {timeout_s}s)",
                            {"per_cp": per_cp})
-    return theorem_result(name, "proved", t0, {},
+    return theorem_result(name, TheoremVerdict.PROVED, t0, {},
                    "cp 2..8, every L >= 2cp and prefix >= 0: the 2cp blocks are non-empty and partition [0, L), "
                    "(rank, half) -> block is a bijection, kv_len_prev/next are the causal extents of their blocks",
                    {"per_cp": per_cp})
@@ -206,12 +208,13 @@ def theorem_zigzag_balance(timeout_s: float, defects: frozenset) -> TheoremResul
                        "spread": max(counts) - min(counts), "defects": sorted(defects),
                        **zigzag_concrete(cp, model_int(model, length), 0, defects)}
             per_cp[cp] = entry
-            return theorem_result(name, "refuted", t0, witness,
+            return theorem_result(name, TheoremVerdict.REFUTED, t0, witness,
                            f"cp={cp}, L={witness['L']}: per-rank tokens {counts} differ by {witness['spread']} > 1",
                            {"per_cp": per_cp})
         if res == "unknown":
             per_cp[cp] = entry
-            return theorem_result(name, "inconclusive", t0, {}, f"cp={cp}: z3 returned unknown (timeout {timeout_s}s)",
+            return theorem_result(name, TheoremVerdict.INCONCLUSIVE, t0, {},
+                                  f"cp={cp}: z3 returned unknown (timeout {timeout_s}s)",
                            {"per_cp": per_cp})
         # Tightness, and exactly when the counts are equal (rem in {0, cp}).
         equal = z3.And([t.tokens[a] == t.tokens[b] for a, b in pairs])
@@ -241,7 +244,7 @@ def theorem_zigzag_balance(timeout_s: float, defects: frozenset) -> TheoremResul
         f"b sequences: per-rank totals differ by at most b (checked b = 1..{max_batch}, all cp), and b is reached"
         if all(v["spread_le_b"] and v["spread_b_reached"] for e in per_cp.values()
                for v in e["batch_spread"].values()) else "see per_cp")
-    return theorem_result(name, "proved", t0, {},
+    return theorem_result(name, TheoremVerdict.PROVED, t0, {},
                    "cp 2..8, every L >= 2cp: per-rank token counts of one sequence differ by at most 1 "
                    "(tight; equal iff L mod 2cp is 0 or cp); a batch of b sequences can differ by b",
                    {"per_cp": per_cp, "findings": findings})

@@ -25,6 +25,7 @@ from spec.theorems.z3ctx import checked
 from spec.theorems.symbolic import bv, solver, sym_l2_split_count, var
 from spec.theorems.z3ctx import BitVecVal
 from spec.theorems.base import select
+from spec.finding import Outcome, TheoremVerdict
 
 __all__ = ["THEOREMS", "EDGE_HEAD_DIMS", "run_edge_theorems", "edge_jobs", "int32_split_band", "replay_rows"]
 
@@ -59,7 +60,7 @@ def _replay(d: int, dv: int, elem: int, length: int, num_sm: int) -> dict:
         resolve_schedule(inp)
         outcome = "accepted"
     except FA3Rejected as exc:
-        outcome = f"rejected: {exc.fa3_message}"
+        outcome = f"{Outcome.REJECTED}: {exc.fa3_message}"
     return {"split_count": s, "call": outcome}
 
 
@@ -89,20 +90,21 @@ def _int32_split_heuristic(timeout_s: float, int_bits: int, num_sm: int = 132) -
     details = {"instances": len(EDGE_HEAD_DIMS), "int_bits": int_bits, "witnesses": found, "unknown": unknown,
                "fa3_source": SOURCE, "replay_query_rows": replay_rows(num_sm)}
     if unknown:
-        return TheoremResult(name, "inconclusive", secs, {}, None, f"z3 unknown: {unknown[:3]}", expected=False,
+        return TheoremResult(name, TheoremVerdict.INCONCLUSIVE, secs, {}, None, f"z3 unknown: {unknown[:3]}",
+                             expected=False,
                              details=details)
     if not found:
-        return TheoremResult(name, "proved", secs, {}, None,
+        return TheoremResult(name, TheoremVerdict.PROVED, secs, {}, None,
                              f"with {int_bits}-bit sizes the L2 branch never gives fewer than 1 split", details=details)
-    bad = {k: w for k, w in found.items() if w["split_count"] >= 1 or not w["call"].startswith("rejected")}
+    bad = {k: w for k, w in found.items() if w["split_count"] >= 1 or not w["call"].startswith(Outcome.REJECTED)}
     first = found.get("d128-dv128-e2") or next(iter(found.values()))
     witness = {**first, "invariant": "SPLIT_COUNT_POSITIVE"}
     if bad:
-        return TheoremResult(name, "inconclusive", secs, witness, None,
+        return TheoremResult(name, TheoremVerdict.INCONCLUSIVE, secs, witness, None,
                              f"z3 witness does not replay through refmodel: {bad}", expected=False, details=details)
     lo, hi = first["band"]
     return TheoremResult(
-        name, "expected-refutation", secs, witness, None,
+        name, TheoremVerdict.EXPECTED_REFUTATION, secs, witness, None,
         f"FA3's int L2 split branch gives {first['split_count']} splits for a non-causal call over {lo}..{hi} KV "
         f"tokens (d={first['headdim']}, bf16) with >= {replay_rows(num_sm)} query rows; the call is rejected "
         f"(run_mha_fwd: num_splits >= 1): loud and safe, but that band cannot run. {len(found)} of "

@@ -44,6 +44,7 @@ from spec.theorems.results import TheoremResult
 from spec.theorems.symbolic import bv, boolval, solver, var
 from spec.theorems.base import SEEDED_DEFECTS, select, unrefuted_result
 from spec.theorems.z3ctx import checked
+from spec.finding import TheoremVerdict
 
 __all__ = ["THEOREMS", "DEFECTS", "TileInstance", "TILE_INSTANCES", "VllmTilePoint", "vllm_tile_points",
            "sym_tile", "tile_table", "SideVars", "side_vars", "fork_tile_jobs", "run_fork_tile_theorems", "split_bound_case",
@@ -223,7 +224,7 @@ def _agree(timeout_s: float, defects=frozenset(), instances=TILE_INSTANCES) -> T
                    (("seqlen_q", p.seqlen_q), ("h_p", p.h), ("h_k_p", p.h_k), ("h_c", c.h), ("h_k_c", c.h_k),
                     ("block_m_p", pm), ("block_n_p", pn), ("block_m_c", cm), ("block_n_c", cn))}
             witness = {"instance": inst.label, **val, "invariant": "TILE_AGREE"}
-            return TheoremResult(name, "refuted", time.perf_counter() - start, witness, None,
+            return TheoremResult(name, TheoremVerdict.REFUTED, time.perf_counter() - start, witness, None,
                                  f"{inst.label}: sides agreeing on seqlen_q {val['seqlen_q']} and h/h_k choose "
                                  f"{val['block_m_p']}x{val['block_n_p']} vs {val['block_m_c']}x{val['block_n_c']} "
                                  f"(encoding defects {sorted(defects)})", failed=True, expected=False)
@@ -458,10 +459,10 @@ def _drift(timeout_s: float, cases_dir: Optional[str] = None, build: str = VLLM_
                "witness_points": [f"{p.label} seqlen_q {q}: {t[0]}x{t[1]} vs {t[2]}x{t[3]}"
                                   for p, q, t in witnesses[:8]]}
     if unknown:
-        return TheoremResult(name, "inconclusive", time.perf_counter() - start, {}, None,
+        return TheoremResult(name, TheoremVerdict.INCONCLUSIVE, time.perf_counter() - start, {}, None,
                              f"z3 unknown at {unknown[:3]}", expected=False, details=details)
     if not witnesses:
-        return TheoremResult(name, "proved", time.perf_counter() - start, {}, None,
+        return TheoremResult(name, TheoremVerdict.PROVED, time.perf_counter() - start, {}, None,
                              f"under {build}, on {len(points)} points of vLLM's domain a precompute whose "
                              f"max_seqlen_q is one more than the call's chooses the call's tile", details=details)
     for point, q, tiles in witnesses:
@@ -472,7 +473,7 @@ def _drift(timeout_s: float, cases_dir: Optional[str] = None, build: str = VLLM_
         witness = {"config": point.label, "call_seqlen_q": q, "precompute_max_seqlen_q": q + 1, **found,
                    "tiles": {"precompute": tiles[:2], "call": tiles[2:]}}
         return TheoremResult(
-            name, "expected-refutation", time.perf_counter() - start, witness, case_file,
+            name, TheoremVerdict.EXPECTED_REFUTATION, time.perf_counter() - start, witness, case_file,
             f"under {build}, {len(witnesses)} of {len(points)} points of vLLM's domain choose another tile when the "
             f"precompute's max_seqlen_q is off by one; {point.label}, seqlen_q {q + 1} vs {q}: "
             f"{tiles[0]}x{tiles[1]} vs {tiles[2]}x{tiles[3]}, {found['invariant']} with S_p={found['S_p']} > "
@@ -480,7 +481,7 @@ def _drift(timeout_s: float, cases_dir: Optional[str] = None, build: str = VLLM_
             f"max_query_len to both sides, so this is the hazard class, not a finding",
             failed=False, expected=True, details=details)
     point, q, tiles = witnesses[0]
-    return TheoremResult(name, "expected-refutation", time.perf_counter() - start,
+    return TheoremResult(name, TheoremVerdict.EXPECTED_REFUTATION, time.perf_counter() - start,
                          {"config": point.label, "call_seqlen_q": q, "tiles": tiles, "invariant": "TILE_AGREE"}, None,
                          f"under {build}, {len(witnesses)} of {len(points)} points choose another tile when "
                          f"max_seqlen_q is off by one; no length up to 32768 turns it into a violation",

@@ -39,6 +39,7 @@ from spec.process.interrupts import raise_if_swallowed
 from spec.theorems.results import TheoremResult
 from spec.theorems.pool import Crashed as _Crashed
 from spec.theorems.z3ctx import isolated
+from spec.finding import TheoremVerdict
 
 __all__ = ["Job", "JobRun", "run_jobs", "run_part", "default_workers", "fork_available"]
 
@@ -175,7 +176,7 @@ def _collect(run: JobRun, job: Job, values: list, timing: list) -> None:
     values = _needed(job, values)
     crashed = [v for v in values if isinstance(v, _Crashed)]
     if crashed:
-        results = [TheoremResult(n, "inconclusive", 0.0, {}, None,
+        results = [TheoremResult(n, TheoremVerdict.INCONCLUSIVE, 0.0, {}, None,
                                  f"{crashed[0].what}: no verdict (a crashed worker is inconclusive, never a pass)",
                                  failed=False, expected=False) for n in job.names]
     else:

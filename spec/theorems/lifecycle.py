@@ -35,6 +35,7 @@ from spec.lifecycle_invariants import check_trace, control_sequence, run_and_che
 from spec.theorems.base import select, theorem_result
 from spec.theorems.z3ctx import Bool, Int, IntVal, checked
 from spec.theorems.symbolic import solver
+from spec.finding import TheoremVerdict
 
 __all__ = ["THEOREMS", "MAX_LAUNCHES", "semaphore_step", "lifecycle_jobs", "group_jobs", "size_terms"]
 
@@ -73,9 +74,10 @@ def _semaphore(name: str, reset_after_reuse: bool, timeout_s: float):
     r = checked(s)
     details = {"max_launches": MAX_LAUNCHES, "max_tiles": MAX_TILES, "reset_after_reuse": reset_after_reuse}
     if r == z3.unknown:
-        return theorem_result(name, "inconclusive", t0, {}, f"z3 unknown: {s.reason_unknown()}", details)
+        return theorem_result(name, TheoremVerdict.INCONCLUSIVE, t0, {}, f"z3 unknown: {s.reason_unknown()}", details)
     if r == z3.unsat:
-        return theorem_result(name, "proved", t0, {}, f"every launch of every sequence of up to {MAX_LAUNCHES} "
+        return theorem_result(name, TheoremVerdict.PROVED, t0, {},
+                              f"every launch of every sequence of up to {MAX_LAUNCHES} "
                               "over one tensor starts from a zero semaphore", details)
     m = s.model()
     first = next(i for i, st in enumerate(starts) if m.eval(st, model_completion=True).as_long() != 0)
@@ -87,9 +89,10 @@ def _semaphore(name: str, reset_after_reuse: bool, timeout_s: float):
     replay = _replay_semaphore()
     details["replay"] = replay
     if reset_after_reuse or not replay["caught"]:
-        return theorem_result(name, "inconclusive" if not reset_after_reuse else "refuted", t0, witness,
+        return theorem_result(name, TheoremVerdict.INCONCLUSIVE if not reset_after_reuse else TheoremVerdict.REFUTED,
+                              t0, witness,
                               f"a launch starts from {witness['start']}; engine-model replay: {replay}", details)
-    return theorem_result(name, "expected-refutation", t0, witness,
+    return theorem_result(name, TheoremVerdict.EXPECTED_REFUTATION, t0, witness,
                           f"FA3 before 1a58058a: after a one-split launch that reused metadata the next launch starts "
                           f"from {witness['start']} (launch {first}); replayed on the engine model: "
                           f"{replay['skipped_tiles']} tiles skipped, SEMAPHORE_STARTS_AT_ZERO", details, failed=False)
@@ -150,16 +153,17 @@ def _size(name: str, platform: str, timeout_s: float):
     r = checked(s)
     details = {"platform": platform, "max_batch": MAX_BATCH, "max_splits": MAX_SPLITS}
     if r == z3.unknown:
-        return theorem_result(name, "inconclusive", t0, {}, f"z3 unknown: {s.reason_unknown()}", details)
+        return theorem_result(name, TheoremVerdict.INCONCLUSIVE, t0, {}, f"z3 unknown: {s.reason_unknown()}", details)
     if r == z3.unsat:
-        return theorem_result(name, "proved", t0, {}, f"{platform}: a varlen precompute and call of the same batch "
+        return theorem_result(name, TheoremVerdict.PROVED, t0, {},
+                              f"{platform}: a varlen precompute and call of the same batch "
                               "and masking expect the same metadata size for every S_p, S_c", details)
     m = s.model()
     witness = {"invariant": "PRECOMPUTE_CALL_SIZE_AGREE", "platform": platform,
                **{k: m.eval(v, model_completion=True).as_long() for k, v in (("b", b), ("S_p", sp), ("S_c", sc))},
                "sizes": [m.eval(x, model_completion=True).as_long() for x in sizes]}
     if platform == "sm90":
-        return theorem_result(name, "refuted", t0, witness, f"sizes differ on sm90: {witness}", details)
+        return theorem_result(name, TheoremVerdict.REFUTED, t0, witness, f"sizes differ on sm90: {witness}", details)
     msg = (f"{platform}: S_p={witness['S_p']}, S_c={witness['S_c']} (b={witness['b']}) give sizes "
            f"{witness['sizes'][0]} and {witness['sizes'][1]}: loud at an eager call's CHECK_SHAPE, silent behind a "
            "persistent-buffer view")
@@ -169,10 +173,11 @@ def _size(name: str, platform: str, timeout_s: float):
         found = [v for v in violations if v.invariant == "PRECOMPUTE_CALL_SIZE_AGREE"]
         details["replay"] = {"silent_violations": sum(not v.detail["loud"] for v in found)}
         if not details["replay"]["silent_violations"]:
-            return theorem_result(name, "inconclusive", t0, witness, "the witness does not replay on the engine "
+            return theorem_result(name, TheoremVerdict.INCONCLUSIVE, t0, witness,
+                                  "the witness does not replay on the engine "
                                   "model", details)
         msg += f"; replayed on the engine model (vLLM-style capture, heuristic precompute): {len(found)} silent"
-    return theorem_result(name, "expected-refutation", t0, witness, msg, details, failed=False)
+    return theorem_result(name, TheoremVerdict.EXPECTED_REFUTATION, t0, witness, msg, details, failed=False)
 
 
 _RUNNERS = {

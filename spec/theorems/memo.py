@@ -25,6 +25,7 @@ import os
 import sys
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
+from spec.finding import TheoremVerdict
 
 __all__ = ["enable", "disable", "enabled", "suspended", "state", "fingerprint", "after_run", "lookup", "store",
            "stats", "relocated"]
@@ -142,7 +143,7 @@ def lookup(key: Optional[tuple], cases_dir: Optional[str], fp: int) -> tuple[boo
     # for another directory once its case files are written there as the part would write them (relocated)
     results = _results(stored)
     moves = None
-    if any(r.verdict != "proved" or r.case_file for r in results):
+    if any(r.verdict != TheoremVerdict.PROVED or r.case_file for r in results):
         if not all(os.path.isfile(r.case_file) for r in results if r.case_file):
             _STATS["misses"] += 1
             return False, None

@@ -21,6 +21,7 @@ from spec.theorems.z3ctx import checked
 from spec.theorems.symbolic import Heuristic, boolval, bv, ceil_div_const, side_params, solver, sym_m_blocks, var
 from spec.theorems.metadata import B_MAX, Group, SEED, Budget, evaluate_metadata, find_witness, prove_groups, val
 from spec.theorems.metadata_freshness import fresh_decode_groups, qc_params
+from spec.finding import Outcome, TheoremVerdict
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -53,16 +54,16 @@ def benign_drift(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristi
     secs = time.perf_counter() - start
     if bad is not None:
         g, w = bad
-        return TheoremResult("benign-drift", "refuted", secs, {"config": g.example.label(), **w,
+        return TheoremResult("benign-drift", TheoremVerdict.REFUTED, secs, {"config": g.example.label(), **w,
                                                                   "invariant": "SPLIT_BOUND"}, None,
                              "changing only cache_seqlens breaks SAFE (the precompute's split count exceeds the "
                              "call's for equal static shapes: the two heuristics differ)", failed=True,
                              expected=False)
     if budget.unknowns:
-        return TheoremResult("benign-drift", "inconclusive", secs, {}, None, str(budget.unknowns[:3]),
+        return TheoremResult("benign-drift", TheoremVerdict.INCONCLUSIVE, secs, {}, None, str(budget.unknowns[:3]),
                              expected=False)
     return TheoremResult(
-        "benign-drift", "proved", secs, {}, None,
+        "benign-drift", TheoremVerdict.PROVED, secs, {}, None,
         f"same b and static shapes, any cache_seqlens on either side: S_p == S_c on all {len(groups)} decode "
         "groups, per-batch splits <= S_p (prepare-split-bound), m-blocks unchanged, KV ranges from the call's "
         "own lengths (kv-cover), batch order a permutation of the same b")
@@ -115,14 +116,15 @@ def _drift_decode(name, what, timeout_s, pairs, p_static_free: bool) -> TheoremR
         R = prepare_scheduler(P, w["seq_lens"], seqlens_q=[1] * b)
         C = resolve_schedule(dataclasses.replace(cin, batch_size=b, seqlen_k=w["call_seqlen_k"]))
         ev = evaluate_metadata(P, R, C, {"seqused_k": w["call_seq_lens"], "seqlens_q": [1] * b})
-        if ev.outcome != "violation":
+        if ev.outcome != Outcome.VIOLATION:
             continue
         wit = {"change": what, "precompute_heads": [pin.num_heads, pin.num_heads_k],
                "call_heads": [cin.num_heads, cin.num_heads_k], "invariant": ev.violations[0].invariant, **w}
-        return TheoremResult(name, "refuted", time.perf_counter() - start, wit, None,
+        return TheoremResult(name, TheoremVerdict.REFUTED, time.perf_counter() - start, wit, None,
                              f"changing only {what}: {ev.violations[0].message} (FA3-level witness: no server "
                              f"configuration, so no case file)", failed=False, expected=True)
-    return TheoremResult(name, "inconclusive" if budget.unknowns else "proved", time.perf_counter() - start, {}, None,
+    return TheoremResult(name, TheoremVerdict.INCONCLUSIVE if budget.unknowns else TheoremVerdict.PROVED,
+                         time.perf_counter() - start, {}, None,
                          f"no witness for a change of {what} on the representative shapes", expected=False)
 
 
@@ -160,16 +162,17 @@ def _drift_rows(name, timeout_s, pack_p) -> TheoremResult:
         R = prepare_scheduler(Ps, [64], seqlens_q=[w["seqlen_q_precompute"]])
         Cs = resolve_schedule(dataclasses.replace(cin, seqlen_q=q_c, seqlen_k=64, num_splits=w["num_splits"]))
         ev = evaluate_metadata(Ps, R, Cs, {"seqused_k": [64], "seqlens_q": [w["seqlen_q_call"]]})
-        if ev.outcome == "violation":
+        if ev.outcome == Outcome.VIOLATION:
             what = "pack_gqa (False at the precompute)" if pack_p is False else "seqlen_q"
-            return TheoremResult(name, "refuted", time.perf_counter() - start,
+            return TheoremResult(name, TheoremVerdict.REFUTED, time.perf_counter() - start,
                                  {"change": what, "invariant": ev.violations[0].invariant, **w}, None,
                                  f"changing only {what}: {ev.violations[0].message} (FA3-level witness, no case file)",
                                  expected=True)
     if saw_unknown:
-        return TheoremResult(name, "inconclusive", time.perf_counter() - start, {}, None,
+        return TheoremResult(name, TheoremVerdict.INCONCLUSIVE, time.perf_counter() - start, {}, None,
                              f"z3 returned unknown (timeout {timeout_s}s) before any witness", expected=False)
-    return TheoremResult(name, "proved", time.perf_counter() - start, {}, None, "no witness found", expected=False)
+    return TheoremResult(name, TheoremVerdict.PROVED, time.perf_counter() - start, {}, None, "no witness found",
+                         expected=False)
 
 
 def _drift_batch(name, timeout_s) -> TheoremResult:
@@ -180,10 +183,11 @@ def _drift_batch(name, timeout_s) -> TheoremResult:
     s.add(bp >= 1, bp <= B_MAX, bc >= 1, bc <= B_MAX, ceil_div_const(bp, 4) == ceil_div_const(bc, 4), bc > bp)
     r = checked(s)
     if r == z3.unknown:
-        return TheoremResult(name, "inconclusive", time.perf_counter() - start, {}, None,
+        return TheoremResult(name, TheoremVerdict.INCONCLUSIVE, time.perf_counter() - start, {}, None,
                              f"z3 returned unknown (timeout {timeout_s}s)", expected=False)
     if r != z3.sat:
-        return TheoremResult(name, "proved", time.perf_counter() - start, {}, None, "no witness", expected=False)
+        return TheoremResult(name, TheoremVerdict.PROVED, time.perf_counter() - start, {}, None, "no witness",
+                             expected=False)
     m = s.model()
     b_p, b_c = val(m, bp), val(m, bc)
     pin = _decode_inputs(True, 32, 4)
@@ -191,9 +195,11 @@ def _drift_batch(name, timeout_s) -> TheoremResult:
     R = prepare_scheduler(P, [4096] * b_p, seqlens_q=[1] * b_p)
     C = resolve_schedule(dataclasses.replace(_decode_inputs(False, 32, 4), batch_size=b_c, seqlen_k=4096))
     ev = evaluate_metadata(P, R, C, {"seqused_k": [4096] * b_c, "seqlens_q": [1] * b_c})
-    return TheoremResult(name, "refuted" if ev.outcome == "violation" else "inconclusive", time.perf_counter() - start,
+    return TheoremResult(name,
+                         TheoremVerdict.REFUTED if ev.outcome == Outcome.VIOLATION else TheoremVerdict.INCONCLUSIVE,
+                         time.perf_counter() - start,
                          {"change": "b", "b_precompute": b_p, "b_call": b_c,
                           "invariant": ev.violations[0].invariant if ev.violations else None}, None,
                          f"changing only b ({b_p} -> {b_c}, same b4): "
                          f"{ev.violations[0].message if ev.violations else ev.outcome} (no case file)",
-                         expected=ev.outcome == "violation")
+                         expected=ev.outcome == Outcome.VIOLATION)

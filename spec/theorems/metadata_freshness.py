@@ -22,6 +22,7 @@ from spec.theorems.results import TheoremResult
 from spec.theorems.symbolic import Heuristic, boolval, bv, solver, var
 from spec.theorems.metadata import (Group, Q_MAX, SEED, Budget, concrete_decode, evaluate_metadata, group_configs,
                                 prove_groups, val)
+from spec.finding import Outcome, TheoremVerdict
 
 
 #: FA3 head-dim instances theorem 1 ranges over: the real models' (d, d) plus FA3's asymmetric V dims
@@ -182,10 +183,11 @@ def fresh_decode(timeout_s: float, heuristic_p: Heuristic, heuristic_c: Heuristi
             witness = {"config": cfg_w.label(), "invariants": sorted({v.invariant for v in ev.violations}),
                        "invariant": (ev.violations[0].invariant if ev.violations else None), **w}
             out["result"] = TheoremResult(
-                name, "refuted" if ev.outcome == "violation" else "inconclusive", time.perf_counter() - start,
+                name, TheoremVerdict.REFUTED if ev.outcome == Outcome.VIOLATION else TheoremVerdict.INCONCLUSIVE,
+                time.perf_counter() - start,
                 witness, None, f"fresh decode metadata violates SAFE for {cfg_w.label()}: splits {w.get('splits')} "
                                f"> S_c={w['S_c']} (precompute and call heuristics differ)",
-                failed=ev.outcome == "violation", expected=False)
+                failed=ev.outcome == Outcome.VIOLATION, expected=False)
             break
     out.update(queries=budget.queries, unknown=list(budget.unknowns), seconds=time.perf_counter() - start)
     return out
@@ -212,7 +214,7 @@ def fresh_multirow(timeout_s: float) -> dict:
                "precompute_block_m": sp[1], "kernel_block_m": sp[2], **w,
                "replayed": ev.outcome, "call_own_metadata": own.outcome, "invariant": "QUERY_COVER"}
         # the corner is the precompute's: what the call computes for itself (refmodel call_own_metadata) is SAFE
-        if kind is None or ev.outcome != "violation" or own.outcome != "pass":
+        if kind is None or ev.outcome != Outcome.VIOLATION or own.outcome != Outcome.PASS:
             unexpected = wit
             break
         corners.setdefault(kind, wit)
@@ -231,23 +233,23 @@ def freshness_result(decode: dict, multirow: Optional[dict], secs: float) -> The
                "queries": decode["queries"] + multirow["queries"], "unknown": unknowns,
                "expected_corners": corners, "fa3_source": FRESHNESS_CORNER_SOURCE}
     if unexpected is not None:
-        return TheoremResult(name, "refuted", secs, unexpected, None,
+        return TheoremResult(name, TheoremVerdict.REFUTED, secs, unexpected, None,
                              "fresh metadata violates QUERY_COVER outside the documented corners: a new FA3 finding",
                              failed=True, expected=False, details=details)
     if unknowns:
-        return TheoremResult(name, "inconclusive", secs, {}, None, f"z3 unknown: {unknowns[:3]}",
+        return TheoremResult(name, TheoremVerdict.INCONCLUSIVE, secs, {}, None, f"z3 unknown: {unknowns[:3]}",
                              expected=False, details=details)
     if corners:
         first = corners.get("host-kernel-tile") or next(iter(corners.values()))
         return TheoremResult(
-            name, "expected-refutation", secs, first, None,
+            name, TheoremVerdict.EXPECTED_REFUTATION, secs, first, None,
             "P == C is SAFE for sglang decode (every real model, SM count, split policy) and for multi-row varlen "
             "calls except FA3's own corners: " + "; ".join(
                 f"{k}: d={v['headdim']}, dv={v['headdim_v']}, qhpk={v['qhead_per_khead']}, Lq={v['seqlen_q']}, "
                 f"S={v['num_splits']}: {v['m_blocks']} m-blocks of {v['kernel_block_m']} < {v['rows']} rows"
                 for k, v in corners.items()) + ". Proved on every other group. Source: " + FRESHNESS_CORNER_SOURCE,
             failed=False, expected=True, details=details)
-    return TheoremResult(name, "proved", secs, {}, None, "P == C implies SAFE on the whole domain",
+    return TheoremResult(name, TheoremVerdict.PROVED, secs, {}, None, "P == C implies SAFE on the whole domain",
                          details=details)
 
 

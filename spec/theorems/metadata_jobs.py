@@ -17,6 +17,7 @@ from spec.theorems.results import TheoremResult
 from spec.theorems.symbolic import Heuristic
 from spec.theorems.jobs import Job
 from spec.theorems.metadata import THEOREMS, Budget, is_known_guard, matches
+from spec.finding import TheoremVerdict
 
 __all__ = ["metadata_jobs"]
 
@@ -113,7 +114,7 @@ def metadata_jobs(guard: Any = "fixed", metadata_heads: str = "tp", timeout_s: f
             r = policy_search("prefill-cp-hazard", pcp, guard_fn, label, metadata_heads, dropped,
                                Budget(timeout_s, cache=shared), hp, hc, cases_dir, expect_hazard, "prefill-CP hazard",
                                invariant_filter="SPLIT_BOUND")
-            if r.verdict == "proved":
+            if r.verdict == TheoremVerdict.PROVED:
                 r.expected = not expect_hazard
             out.append(r)
         if "guard-soundness" in names:
@@ -148,9 +149,10 @@ def _robustness(guard_fn, configs: tuple) -> TheoremResult:
                                 [D.Config(D.Server(), D.MODELS["llama-3-8b"])])
     secs = time.perf_counter() - start
     if raised:
-        return TheoremResult("guard-robustness", "refuted", secs, {"invariant": "GUARD_RAISED", **raised[0]}, None,
+        return TheoremResult("guard-robustness", TheoremVerdict.REFUTED, secs,
+                             {"invariant": "GUARD_RAISED", **raised[0]}, None,
                              raised[0]["message"], failed=True, expected=False, details={"raised": raised})
-    return TheoremResult("guard-robustness", "proved", secs, {}, None,
+    return TheoremResult("guard-robustness", TheoremVerdict.PROVED, secs, {}, None,
                          f"the guard returns on every configuration and on ServerArgs lacking any of "
                          f"{', '.join(D.GUARD_FLAGS)}")
 

@@ -15,6 +15,7 @@ from spec.theorems.results import TheoremResult
 from spec.theorems.symbolic import bv, solver, sym_dynamic_split, sym_split_block_range, var
 from spec.theorems.metadata import SEED
 from spec.theorems.z3ctx import Bool, IntVal, Ints, checked
+from spec.finding import TheoremVerdict
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -54,7 +55,8 @@ def kv_cover_lemma(timeout_s: float = 10.0, sym_range=sym_split_block_range,
         s.add(*base, *neg)
         r = checked(s)
         if r == z3.unknown:
-            return TheoremResult(name, "inconclusive", time.perf_counter() - start, {"obligation": label}, None,
+            return TheoremResult(name, TheoremVerdict.INCONCLUSIVE, time.perf_counter() - start,
+                                 {"obligation": label}, None,
                                  f"z3 {s.reason_unknown()} on obligation {label}", expected=False)
         if r == z3.sat:
             m = s.model()
@@ -73,13 +75,14 @@ def kv_cover_lemma(timeout_s: float = 10.0, sym_range=sym_split_block_range,
             missing = sorted(set(range(w["n_min"], w["n_max"])) - covered)
             secs = time.perf_counter() - start
             if not missing:
-                return TheoremResult(name, "inconclusive", secs, {**w, "obligation": label}, None,
+                return TheoremResult(name, TheoremVerdict.INCONCLUSIVE, secs, {**w, "obligation": label}, None,
                                      f"obligation {label} fails but the ranges still cover concretely", expected=False)
-            return TheoremResult(name, "refuted", secs, {**w, "uncovered_block": missing[0], "obligation": label,
+            return TheoremResult(name, TheoremVerdict.REFUTED, secs,
+                                 {**w, "uncovered_block": missing[0], "obligation": label,
                                                          "invariant": "KV_COVER"}, None,
                                  f"{label} fails: KV block {missing[0]} of [{w['n_min']}, {w['n_max']}) is in none of "
                                  f"the {w['num_splits']} split ranges", failed=True, expected=False)
-    return TheoremResult(name, "proved", time.perf_counter() - start, {}, None,
+    return TheoremResult(name, TheoremVerdict.PROVED, time.perf_counter() - start, {}, None,
                          "the split ranges start at n_min, are contiguous and end at n_max, for every n_max <= 2^23 "
                          "KV blocks and 1..256 splits (hopper/block.h); they use the call's own lengths, so stale "
                          "cache_seqlens never leave keys uncovered")
@@ -96,10 +99,11 @@ def prepare_split_lemma(timeout_s: float) -> TheoremResult:
     s.add(z3.Or(split < 1, split > S, z3.And(big_b, split != 1)))
     r = checked(s)
     secs = time.perf_counter() - start
-    verdict = "proved" if r == z3.unsat else "refuted" if r == z3.sat else "inconclusive"
+    verdict = (TheoremVerdict.PROVED if r == z3.unsat else TheoremVerdict.REFUTED if r == z3.sat
+               else TheoremVerdict.INCONCLUSIVE)
     return TheoremResult("batch-over-992", verdict, secs, {}, None,
                          "prepare-split-bound: 1 <= split <= S_static for every n, blocks_per_sm and S; and b > 992 "
                          "(more than one prepare CTA) gives split 1 everywhere (flash_prepare_scheduler.cu): so for "
                          "b > 992 SPLIT_BOUND and COMBINE_CAPACITY hold for any S_c >= 1, and QUERY_COVER is "
-                         "per-batch, so the b <= 8 results carry over", failed=verdict == "refuted",
-                         expected=verdict == "proved")
+                         "per-batch, so the b <= 8 results carry over", failed=verdict == TheoremVerdict.REFUTED,
+                         expected=verdict == TheoremVerdict.PROVED)

@@ -17,6 +17,7 @@ from spec.model.cases import Case
 from spec.theorems.results import TheoremResult
 from spec.theorems.symbolic import Heuristic
 from spec.theorems.metadata import Budget, concrete_decode, family_groups, group_configs, prove_groups, stage1_search
+from spec.finding import Outcome, TheoremVerdict
 
 
 def _write_case(cases_dir, theorem: str, cfg: D.Config, guard_label: str, metadata_heads: str, w: dict,
@@ -106,7 +107,8 @@ def policy_search(name: str, configs: list, guard, guard_label: str, metadata_he
     try:
         pre = [c for c in configs if D.precomputes(c, guard, dropped)]
     except Exception as exc:  # noqa: BLE001 - a raising guard is itself the finding
-        return TheoremResult(name, "refuted", time.perf_counter() - start, {"guard_error": repr(exc)}, None,
+        return TheoremResult(name, TheoremVerdict.REFUTED, time.perf_counter() - start, {"guard_error": repr(exc)},
+                             None,
                              f"the guard raised while deciding the precompute: {exc!r}", failed=True,
                              expected=False)
     groups = group_configs(pre, metadata_heads, heuristic_p, heuristic_c)
@@ -121,7 +123,7 @@ def policy_search(name: str, configs: list, guard, guard_label: str, metadata_he
             continue
         for cfg in g.configs:  # replay on the first config of the group whose concrete run confirms it
             ev, cfg_w, *_ = concrete_decode(cfg, metadata_heads, w, heuristic_p)
-            if ev.outcome == "violation" and (invariant_filter is None or
+            if ev.outcome == Outcome.VIOLATION and (invariant_filter is None or
                                               any(v.invariant == invariant_filter for v in ev.violations)):
                 invs = sorted({v.invariant for v in ev.violations})
                 witness = {"config": cfg_w.label(),
@@ -140,25 +142,26 @@ def policy_search(name: str, configs: list, guard, guard_label: str, metadata_he
                          f"but calls over local lengths {w['call_seq_lens']} (page-table width {w['call_seqlen_k']})")
                 triggers = _trigger_summary(live, budget, metadata_heads)
                 return TheoremResult(
-                    name, "refuted", time.perf_counter() - start, witness, path,
+                    name, TheoremVerdict.REFUTED, time.perf_counter() - start, witness, path,
                     f"{what}: {cfg_w.label()} {cause}; b={w['b']} seq_lens={w['seq_lens']} gives splits "
                     f"{w.get('splits')} > S_c={w['S_c']} (S_p={w['S_p']}; {', '.join(invs)})",
                     failed=True, expected=expect_hazard,
                     details={"groups": len(groups), "precomputing_configs": len(pre), "queries": budget.queries,
                              "triggering": triggers})
-        return TheoremResult(name, "inconclusive", time.perf_counter() - start, {"symbolic_witness": w}, None,
+        return TheoremResult(name, TheoremVerdict.INCONCLUSIVE, time.perf_counter() - start, {"symbolic_witness": w},
+                             None,
                              "z3 witness did not replay concretely (encoding/refmodel disagreement): a bug to report",
                              failed=False, expected=False)
     secs = time.perf_counter() - start
     details = {"configs": len(configs), "precomputing_configs": len(pre), "groups": len(groups),
                "shape_error_groups": shape_errors, "queries": budget.queries, "unknown": list(budget.unknowns)}
     if budget.unknowns:
-        return TheoremResult(name, "inconclusive", secs, {}, None,
+        return TheoremResult(name, TheoremVerdict.INCONCLUSIVE, secs, {}, None,
                              f"{what}: z3 returned unknown on {len(budget.unknowns)} queries", failed=False,
                              expected=False, details=details)
     msg = (f"{what}: no witness over {len(configs)} configurations ({len(pre)} precompute, {len(groups)} groups, "
            f"{budget.queries} queries)")
     if not pre:
         msg = f"{what}: vacuous -- the guard disables the precompute for all {len(configs)} configurations"
-    return TheoremResult(name, "proved", secs, {}, None, msg, failed=False, expected=not expect_hazard,
+    return TheoremResult(name, TheoremVerdict.PROVED, secs, {}, None, msg, failed=False, expected=not expect_hazard,
                          details=details)

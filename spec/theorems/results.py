@@ -1,7 +1,7 @@
 """The result record every theorem in `spec` returns (spec.theorems: the metadata theorems in `metadata`, the others in their group modules).
 
 A theorem is a bounded z3 query (or a small family of queries) about FA3's split-KV scheduler metadata as a
-serving backend reuses it. Its verdict is one of:
+serving backend reuses it. Its verdict is a :class:`spec.finding.TheoremVerdict`, which serialises as its word:
 
 - ``"proved"``: z3 answered ``unsat`` for the negation of the property on the whole stated domain;
 - ``"refuted"``: z3 found a witness (``sat``); the witness is kept in ``witness`` and, for metadata
@@ -20,8 +20,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-#: The verdicts a theorem may report.
-VERDICTS = ("proved", "refuted", "inconclusive", "expected-refutation")
+from spec.finding import TheoremVerdict
+
+#: The verdicts a theorem may report (:class:`spec.finding.TheoremVerdict`, serialised as their words).
+VERDICTS = tuple(TheoremVerdict)
 
 
 @dataclass
@@ -33,7 +35,7 @@ class TheoremResult:
     """
 
     name: str
-    verdict: str
+    verdict: TheoremVerdict  #: a word of VERDICTS is accepted and stored as its member
     seconds: float
     witness: dict = field(default_factory=dict)
     case_file: Optional[str] = None
@@ -45,11 +47,12 @@ class TheoremResult:
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict: must be one of {VERDICTS}, got {self.verdict!r}")
+        self.verdict = TheoremVerdict(self.verdict)
 
     @property
     def inconclusive(self) -> bool:
         """True when z3 returned unknown (never treated as proved)."""
-        return self.verdict == "inconclusive"
+        return self.verdict == TheoremVerdict.INCONCLUSIVE
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every field."""

@@ -49,6 +49,7 @@ from spec.theorems.fork_tile import MAX_SEQLEN_Q, TILE_INSTANCES, SideVars, sym_
 from spec.theorems.results import TheoremResult
 from spec.theorems.symbolic import bv, solver, var
 from spec.theorems.z3ctx import checked
+from spec.finding import TheoremVerdict
 
 __all__ = ["THEOREMS", "DEFECTS", "SGLANG_BUILDS", "COVER_INSTANCES", "tile_cover", "total_q_drift", "total_q_points",
            "total_q_witness", "wheel_build_jobs", "group_jobs"]
@@ -118,7 +119,7 @@ def tile_cover(build: str, timeout_s: float = 10.0, defects=frozenset(), instanc
                     ("block_m_p", pm), ("block_m_c", cm), ("m_blocks", m_blocks))}
             s.pop()
             covered = val["m_blocks"] * val["block_m_c"]
-            return TheoremResult(name, "refuted", time.perf_counter() - start,
+            return TheoremResult(name, TheoremVerdict.REFUTED, time.perf_counter() - start,
                                  {"instance": inst.label, "build": build, **val, "invariant": "QUERY_COVER"}, None,
                                  f"under {build}, {inst.label}: max_seqlen_q {val['seqlen_q_p']} vs "
                                  f"{val['seqlen_q_c']} (h / h_k {val['qhpk']}), a batch of {val['rows']} packed "
@@ -229,7 +230,8 @@ def total_q_drift(build: str, defects=frozenset(), points=None) -> TheoremResult
                         if found is None:
                             continue
                         return TheoremResult(
-                            name, "expected-refutation", time.perf_counter() - start, {"build": build, **found},
+                            name, TheoremVerdict.EXPECTED_REFUTATION, time.perf_counter() - start, {"build": build,
+                                                                                        **found},
                             None,
                             f"under {build}: h {h}, h_k {hk}, d {d}, page {page}, b {b}, max_seqlen_q {msq}: the "
                             f"precompute bounds by {b * msq} rows (S_p {found['S_p']}), a call of {total} real rows "
@@ -237,7 +239,7 @@ def total_q_drift(build: str, defects=frozenset(), points=None) -> TheoremResult
                             f"{found['invariant']}. sglang precomputes for decode only, where the call's rows are "
                             f"b * max_seqlen_q: the class, not a finding of a release. Source: {SOURCE_TOTAL_Q}",
                             failed=False, expected=True, details={"points_searched": searched, "build": build})
-    return TheoremResult(name, "proved", time.perf_counter() - start, {}, None,
+    return TheoremResult(name, TheoremVerdict.PROVED, time.perf_counter() - start, {}, None,
                          f"under {build}, on {searched} (heads, page, b, max_seqlen_q, call total) points, no call "
                          f"total below b * max_seqlen_q makes the precompute's splits overflow the call's "
                          f"(encoding defects {sorted(defects)})",
@@ -271,7 +273,7 @@ def wheel_build_jobs(timeout_s: float = 10.0, only=None, defects=frozenset()) ->
 
     def cover():
         results = [tile_cover(b, timeout_s, defects) for b in distinct_tile_builds()]
-        bad = [r for r in results if r.verdict != "proved"]
+        bad = [r for r in results if r.verdict != TheoremVerdict.PROVED]
         if bad:
             return [bad[0]]
         last = results[-1]

@@ -461,14 +461,15 @@ class Engine:
 
     def _collect_nan(self, out: dict, index: int, dp_rank: int) -> None:
         """NO_NAN: a real row whose output had NaN in this step's calls on this rank (numerics only; the rows
-        ``RankBackend._note_output`` saw), one finding a step and rank."""
+        ``RankBackend._note_output`` saw), one finding a step and rank (``gpu_impl.oracle_check.engine_nan_finding``)."""
+        from gpu_impl.oracle_check import engine_nan_finding
+
         bad = sorted({int(r) for rows in self.front.nan_rows for r in rows})
         self.front.nan_rows.clear()
         if bad:
-            out["findings"].append({"invariant": "NO_NAN", "step": index, "dp_rank": dp_rank,
-                                    "message": f"NaN in the attention output of real rows {bad[:8]} (FA3's numerics "
-                                               f"on the emulator, with the metadata the backend passed)",
-                                    "detail": {"mode": "decode", "rows": bad[:32], "source": "numerics"}})
+            f = engine_nan_finding(bad)
+            out["findings"].append({"invariant": f.invariant, "step": index, "dp_rank": dp_rank, "message": f.message,
+                                    "detail": {"mode": "decode", **f.detail, "source": "numerics"}})
 
     # -- configurations the release accepts ----------------------------------------------------------------
     def validate(self, server: dict, model: dict = None) -> dict:

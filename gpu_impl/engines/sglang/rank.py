@@ -249,13 +249,14 @@ class RankBackend:
             self.backend.init_forward_metadata_in_graph(cap)
 
     def _note_output(self, result, rows: int) -> None:
-        """Numerics: NaN in a real row's output is recorded on the front (NO_NAN findings)."""
+        """Numerics: NaN in a real row's output is recorded on the front (NO_NAN findings:
+        ``gpu_impl.oracle_check.nan_rows``)."""
         if not self.numerics:
             return
-        import torch
+        from gpu_impl.oracle_check import nan_rows
 
         out = result[0] if isinstance(result, tuple) else result
-        bad = torch.isnan(out.float().reshape(out.shape[0], -1)[:rows]).any(dim=1).nonzero()[:, 0].tolist()
+        bad = nan_rows(out[:rows])
         if bad:
             self.engine.front.nan_rows.append(bad)
 

@@ -40,6 +40,7 @@ from spec.invariants import evaluate
 from spec.theorems.results import TheoremResult
 from spec.theorems.symbolic import side_params
 from spec.theorems.metadata import Group, Budget, prove_groups
+from spec.finding import Outcome, TheoremVerdict
 
 from .options import OPTIONS_KEY
 from .profiles import VllmProfile
@@ -158,7 +159,7 @@ def run_vllm_theorems(profile: VllmProfile, timeout_s: float = 10.0, models=None
         points, pin, cin = by_key[(g.key, g.page_size)]
         label = points[0].label
         ev, P, C = _replay(pin, cin, w)
-        if ev.outcome != "violation":
+        if ev.outcome != Outcome.VIOLATION:
             budget.unknowns.append(f"{label}: the solver's witness {w} does not replay as a violation")
             continue
         v = ev.violations[0]
@@ -170,7 +171,7 @@ def run_vllm_theorems(profile: VllmProfile, timeout_s: float = 10.0, models=None
                    "seq_lens": w["seq_lens"], "S_p": P.num_splits, "S_c": C.num_splits,
                    "splits": w.get("splits")}
         case_file = write_vllm_case(cases_dir, profile, points[0], witness, v.message)
-        return [TheoremResult(THEOREM, "refuted", time.perf_counter() - start, witness, case_file,
+        return [TheoremResult(THEOREM, TheoremVerdict.REFUTED, time.perf_counter() - start, witness, case_file,
                               f"vllm {profile.release}, {label}: {v.message} (S_p={P.num_splits}, "
                               f"S_c={C.num_splits}; lengths {w['seq_lens']}, the call's KV extent "
                               f"{w['call_seqlen_k']}; counterexample "
@@ -179,10 +180,10 @@ def run_vllm_theorems(profile: VllmProfile, timeout_s: float = 10.0, models=None
                               failed=True, expected=False)]
     secs = time.perf_counter() - start
     if budget.unknowns:
-        return [TheoremResult(THEOREM, "inconclusive", secs, {}, None,
+        return [TheoremResult(THEOREM, TheoremVerdict.INCONCLUSIVE, secs, {}, None,
                               f"vllm {profile.release}: z3 unknown or unreplayable witness: {budget.unknowns[:3]}",
                               expected=False)]
-    return [TheoremResult(THEOREM, "proved", secs, {}, None,
+    return [TheoremResult(THEOREM, TheoremVerdict.PROVED, secs, {}, None,
                           f"vllm {profile.release}: on {n_configs} configurations ({len(entries)} distinct query "
                           f"groups: models x tp {VLLM_TP} x block sizes {VLLM_BLOCK_SIZES} x SM counts x "
                           f"cudagraph {', '.join(profile.modes)}), every decode batch of up to 8 sequences and any "
