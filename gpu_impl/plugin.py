@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["EnginePlugin", "PolicyOptionRefused", "load_plugin"]
+__all__ = ["EnginePlugin", "PolicyOptionRefused", "engine_examples", "engine_phrase", "load_plugin"]
 
 
 class PolicyOptionRefused(ValueError):
@@ -26,8 +26,26 @@ class EnginePlugin:
     """What the harness asks an engine. One instance per engine (``gpu_impl.sut.EngineSpec.plugin``); every method
     takes the spec it is asked about (a release, a checkout or a named class of that engine)."""
 
-    #: the key a case file files this engine's own options under (``Case.options``: e.g. ``"vllm"``); None: none
+    #: the key a case file files this engine's own options under (``Case.options``); None: none
     options_key: Optional[str] = None
+
+    # -- words: what the command line says about the engine (``words.json`` in its folder) --------------------------
+    def words(self) -> dict:
+        """The engine's words (its folder's ``words.json``: ``examples`` per command, ``phrases`` by key), {} when
+        it has none; read once."""
+        cached = self.__dict__.get("_words")
+        if cached is None:
+            import json
+            import sys
+            from pathlib import Path
+
+            path = Path(sys.modules[type(self).__module__].__file__).with_name("words.json")
+            cached = self.__dict__["_words"] = json.loads(path.read_text()) if path.is_file() else {}
+        return cached
+
+    def examples(self, command: str) -> list:
+        """The example lines a command's help gives for this engine (``words.json`` ``examples``)."""
+        return list(self.words().get("examples", {}).get(command, ()))
 
     # -- opening ------------------------------------------------------------------------------------------------
     def open(self, spec, policy=None):
@@ -190,6 +208,31 @@ def _plugins() -> list:
     from .sut import ENGINE_REGISTRY
 
     return [(row, load_plugin(row["plugin"])) for row in ENGINE_REGISTRY.values()]
+
+
+def _distinct_plugins() -> list:
+    """Every registered plugin once, in registry order."""
+    out: list = []
+    for _row, plugin in _plugins():
+        if all(plugin is not p for p in out):
+            out.append(plugin)
+    return out
+
+
+def engine_examples(command: str, indent: str = "  ") -> str:
+    """The example lines of ``command``'s help that name an engine: every plugin's, in registry order, one per line
+    (each ending in a newline; "" when none has any)."""
+    return "".join(f"{indent}{line}\n" for plugin in _distinct_plugins() for line in plugin.examples(command))
+
+
+def engine_phrase(key: str, **values) -> str:
+    """A phrase of the command line's words that an engine owns (``words.json`` ``phrases``: the first plugin in
+    registry order that has ``key``), formatted with ``values``; KeyError when none has it."""
+    for plugin in _distinct_plugins():
+        text = plugin.words().get("phrases", {}).get(key)
+        if text is not None:
+            return text.format(**values) if values else text
+    raise KeyError(f"no engine has the phrase {key!r}")
 
 
 def seeding_engines() -> str:

@@ -5,20 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 
+from .arguments import with_engine_examples
+
 HELP = "engine environments (setup) and the gate over every release of an engine (matrix)"
 EPILOG = """\
 examples:
-  fa3verify engine setup sglang==0.5.23          # create (or reuse) the cached environment for that release
-  fa3verify engine setup vllm==0.33.0            # the same for a vLLM release
-  fa3verify engine matrix --budget-s 10 --json matrix.json
+{engine.setup}  fa3verify engine matrix --budget-s 10 --json matrix.json
   fa3verify engine matrix --releases 0.5.12..0.5.16 --cases 100
-  fa3verify engine matrix --engine vllm --json vllm-matrix.json --markdown   # every vLLM release, fix releases
-  fa3verify engine matrix --cases 100 --shard 1/4 --json m1.json   # a quarter of the releases; `report merge`
+{engine.matrix}  fa3verify engine matrix --cases 100 --shard 1/4 --json m1.json   # a quarter of the releases; `report merge`
 """
 
 
 def register(sub) -> None:
-    p = sub.add_parser("engine", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("engine", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     inner = p.add_subparsers(dest="engine_command", metavar="ACTION")
     s = inner.add_parser("setup", help="create or reuse the isolated environment of an sglang or vLLM release")

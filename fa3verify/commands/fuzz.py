@@ -31,7 +31,7 @@ from spec.finding import Outcome
 from ..campaign import (Budget, Campaign, Failure, now, Observation, run_campaign as _run_campaign, shrink_failure,
     single_threaded_torch)
 from ..case_files import scenario_case
-from .arguments import add_cases_dir_argument, budget_from_args, cases_dir_of
+from .arguments import add_cases_dir_argument, budget_from_args, cases_dir_of, with_engine_examples
 from ..engine_choice import add_engine_argument, case_policy, identity_of
 from ..errors import UsageError
 from ..finding_terms import apply_terms, replay_line, run_terms
@@ -372,14 +372,12 @@ examples:
   fa3verify fuzz --budget-s 20                       # fixed guard, emulated kernel, 20 s
   fa3verify fuzz --guard pre-fix --cases 2000 --seed 7 --json fuzz.json
   fa3verify fuzz --kernel fa3 --device cuda --budget-s 120   # real FA3 on a GPU box
-  fa3verify fuzz --engine sglang==0.5.14 --cases 200         # sglang 0.5.14's own backend (no --guard)
-  fa3verify fuzz --engine vllm==0.33.0 --cases 2000          # vLLM's builder and impl, family vllm
-  fa3verify fuzz --cases 20000 --shard 2/4 --json s2.json    # one CI job of four; join: `report merge`
+{fuzz}  fa3verify fuzz --cases 20000 --shard 2/4 --json s2.json    # one CI job of four; join: `report merge`
 """
 
 
 def register(sub) -> None:
-    p = sub.add_parser("fuzz", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("fuzz", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_policy_arguments(p)
     add_engine_argument(p)

@@ -16,7 +16,7 @@ import time
 from typing import Optional
 
 from ..engine_choice import add_engine_argument
-from .arguments import budget_from_args
+from .arguments import budget_from_args, with_engine_examples
 from ..policy import add_policy_arguments
 from ..summary import RunSummary, write_reports
 
@@ -138,14 +138,11 @@ examples:
                  --junit report.xml --json gate.json
   fa3verify gate --guard examples/guards/prefix_guard.py:should_disable      # exits 1
   fa3verify gate --guard pre-fix --metadata-heads attn_tp                    # exits 0
-  fa3verify gate --engine sglang==0.5.14     # sglang 0.5.14's own backend: witnesses + fuzz on real code
-  fa3verify gate --engine sglang-src=../sglang/python --json gate.json        # your checkout (see docs/engines.md)
-  fa3verify gate --engine vllm==0.33.0       # vLLM's builder and impl: vllm-flow theorem + fuzz of family vllm
-"""
+{gate}"""
 
 
 def register(sub) -> None:
-    p = sub.add_parser("gate", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("gate", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_policy_arguments(p)
     add_engine_argument(p, help_extra="; a real engine needs no --guard (its guard is its own code)")

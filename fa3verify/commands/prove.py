@@ -15,6 +15,7 @@ from ..errors import UsageError
 from ..finding_terms import WITNESS_SUBDIR, apply_terms, case_file_terms, hint_for, replay_line
 from ..policy import add_policy_arguments, load_policy, Policy
 from ..summary import Check, Finding, RunSummary, write_reports
+from .arguments import with_engine_examples
 
 
 #: The theorem about a fork's CP decode over sharded KV (docs/facts-fa3.md section 1, second path). It is a safety theorem
@@ -180,15 +181,11 @@ examples:
   fa3verify prove --guard pre-fix --metadata-heads attn_tp   # root-cause fix: exit 0
   fa3verify prove --only hazard --json prove.json --cases-dir cases/
   fa3verify prove --drop-assumption ASSUMPTION_TP_DIVISIBLE
-  fa3verify prove --engine-profile sglang==0.5.14   # that release's heads and guard: refuted (exit 1)
-  fa3verify prove --engine-profile sglang==0.5.17   # drops what 0.5.17 does not enforce: refuted (exit 1)
-  fa3verify prove --engine-profile vllm==0.33.0     # vLLM's flow (heads, KV extents, split counts): proved
-  fa3verify prove --guard pre-fix --engine sglang==0.5.23   # witnesses replayed on 0.5.23's own code
-"""
+{prove.profile}{prove.engine}"""
 
 
 def register(sub) -> None:
-    p = sub.add_parser("prove", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("prove", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_policy_arguments(p)
     add_profile_argument(p)

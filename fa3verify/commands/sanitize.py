@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from .arguments import with_engine_examples
+
 HELP = "runtime sanitizer: install the FA3VERIFY_SANITIZE start hook, replay a recorded mismatch"
 EPILOG = """\
 The sanitizer itself runs inside your process: `import fa3verify.sanitize; fa3verify.sanitize.install("raise")`,
@@ -15,14 +17,13 @@ interpreter of that environment started with FA3VERIFY_SANITIZE=raise|warn|recor
 examples:
   fa3verify sanitize install-hook                       # into the environment running fa3verify
   fa3verify sanitize install-hook --venv /path/to/venv  # into another venv (fa3verify must import there)
-  FA3VERIFY_SANITIZE=raise python -m sglang.launch_server --model-path ... --tp 4
-  fa3verify sanitize replay fa3verify-sanitize/pair-split_bound-1a2b3c4d5e6f7a8b.json
+{sanitize}  fa3verify sanitize replay fa3verify-sanitize/pair-split_bound-1a2b3c4d5e6f7a8b.json
   fa3verify report fa3verify-sanitize/sanitize-12345.jsonl --html sanitize.html
 """
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sanitize", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("sanitize", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ops = p.add_subparsers(dest="sanitize_command", metavar="ACTION")
     hook = ops.add_parser("install-hook", help="write the FA3VERIFY_SANITIZE start hook (.pth) into a venv")
