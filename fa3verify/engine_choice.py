@@ -201,49 +201,53 @@ def engine_for_case(case, override: Optional[str] = None):
 
 
 def add_profile_argument(parser) -> None:
-    """``--engine-profile sglang==V``: run the model as release V's backend (spec/model/engine_profiles.json)."""
-    parser.add_argument("--engine-profile", metavar="sglang==V|vllm==V",
-                        help="model policy of an sglang release (0.5.11 .. 0.5.23): its precompute heads and guard "
-                             "from spec/model/engine_profiles.json, instead of --guard/--metadata-heads (prove also drops the assumptions the "
-                             "release does not enforce: spec/model/assumption_facts.json); vllm==V (prove, "
-                             "conform): vLLM's flow from spec/model/engine_profiles_vllm.json")
+    """``--engine-profile ENGINE==V``: run the model as release V's backend, or (prove, conform) an engine's own
+    flow profile; the forms and their words are the engines' (``gpu_impl.plugin.profile_forms``)."""
+    from gpu_impl.plugin import engine_phrases, profile_forms
+
+    parser.add_argument("--engine-profile", metavar="|".join(profile_forms() + profile_forms(flow=True)),
+                        help="; ".join(engine_phrases("profile help")))
 
 
 def profile_policy_args(args):
     """(guard, metadata_heads, profile) for ``--engine-profile`` (None when not given); UsageError otherwise."""
-    from spec.model.engine_profiles import ProfileError, profile_for, release_named
+    from gpu_impl.plugin import profile_forms, release_spec
 
     text = getattr(args, "engine_profile", None)
     if not text:
         return args.guard, args.metadata_heads, None
-    if release_named(text) is None:
-        raise UsageError(f"--engine-profile: want sglang==V (or, for prove, vllm==V) with V in a profiled release, "
-                         f"got {text!r}")
+    spec = release_spec(text)
+    if spec is None or not spec.plugin.has_model_profiles():
+        raise UsageError(f"--engine-profile: want {' or '.join(profile_forms())} (or, for prove, "
+                         f"{' or '.join(profile_forms(flow=True))}) with V in a profiled release, got {text!r}")
     for dest, option, default in POLICY_OPTIONS[:2]:
         if getattr(args, dest, default) != default:
             raise UsageError(f"{option}: cannot be combined with --engine-profile (the profile sets it)")
     try:
-        profile = profile_for(release_named(text))
-    except ProfileError as exc:
+        profile = spec.plugin.model_profile(spec.release)
+    except ValueError as exc:
         raise UsageError(f"--engine-profile: {exc}") from None
     return profile.guard_spec, profile.precompute_heads, profile
 
 
-def vllm_profile_arg(args):
-    """The vLLM profile ``--engine-profile vllm==V`` names (None for anything else); UsageError when it is combined
-    with a policy option (the profile sets both sides) or names no profiled release."""
-    from spec.model.engine_profiles import ProfileError, engine_profile_for, release_named
+def flow_profile_arg(args):
+    """(spec, profile) of ``--engine-profile ENGINE==V`` for an engine with a theorem of its own (None for anything
+    else); UsageError when it is combined with a policy option (the profile sets both sides) or names no profiled
+    release."""
+    from gpu_impl.plugin import engine_phrase, release_spec
 
     text = getattr(args, "engine_profile", None)
-    if release_named(text, "vllm") is None:
+    spec = release_spec(text)
+    if spec is None or spec.plugin.flow_theorem is None:
         return None
     for dest, option, default in POLICY_OPTIONS:
         if getattr(args, dest, default) != default:
-            raise UsageError(f"{option}: does not apply to --engine-profile {text} (vLLM's profile says what each "
-                             f"side passes; sglang's guard and head options do not exist there)")
+            raise UsageError(f"{option}: does not apply to --engine-profile {text} ("
+                             f"{spec.plugin.phrase('name')}'s profile says what each side passes; "
+                             f"{engine_phrase('modelled')}'s guard and head options do not exist there)")
     try:
-        return engine_profile_for(text)[1]
-    except ProfileError as exc:
+        return spec, spec.plugin.flow_profile(spec.release)
+    except ValueError as exc:
         raise UsageError(f"--engine-profile: {exc}") from None
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["EnginePlugin", "PolicyOptionRefused", "engine_examples", "engine_phrase", "load_plugin"]
+__all__ = ["EnginePlugin", "PolicyOptionRefused", "engine_examples", "engine_phrase", "engine_phrases", "load_plugin",
+           "profile_forms", "release_forms", "release_spec", "sanitizer_targets"]
 
 
 class PolicyOptionRefused(ValueError):
@@ -42,6 +43,10 @@ class EnginePlugin:
             path = Path(sys.modules[type(self).__module__].__file__).with_name("words.json")
             cached = self.__dict__["_words"] = json.loads(path.read_text()) if path.is_file() else {}
         return cached
+
+    def phrase(self, key: str) -> str:
+        """One of its phrases (``words.json`` ``phrases``); KeyError when it has none by that key."""
+        return self.words()["phrases"][key]
 
     def examples(self, command: str) -> list:
         """The example lines a command's help gives for this engine (``words.json`` ``examples``)."""
@@ -172,6 +177,60 @@ class EnginePlugin:
         replayed on it."""
         return ("witnesses",)
 
+    # -- profiles and facts --------------------------------------------------------------------------------------
+    def model_profile(self, release: str):
+        """The profile under which the model plays ``release`` of this engine (its precompute heads and guard:
+        ``--engine-profile``, conform, the matrix's prediction); ValueError naming why there is none."""
+        raise ValueError(f"{release}: this engine has no model profile")
+
+    def assumption_facts(self, release: str) -> dict:
+        """``{ASSUMPTION_*: fact}`` of ``release`` (spec/model/assumption_facts.json): which prover assumptions its
+        own code enforces; {} when none are recorded."""
+        return {}
+
+    #: the name of its own theorem (the ``flow-theorem`` proof stage), or None when it has none
+    flow_theorem: Optional[str] = None
+    #: where its flow profiles are kept, for a message naming a release without one
+    flow_profiles_file: str = ""
+
+    def flow_profile(self, release: str):
+        """The profile its own theorem runs under for ``release`` (a checkout: its nearest release); ValueError
+        naming why there is none."""
+        raise ValueError(f"{release}: this engine has no theorem of its own")
+
+    def flow_results(self, profile, timeout_s: float = 10.0, cases_dir=None) -> list:
+        """Its own theorem under ``profile``: the results (``spec.theorems`` result objects), a refutation's
+        counterexample written into ``cases_dir`` as a case file that replays on the engine."""
+        return []
+
+    def has_model_profiles(self) -> bool:
+        """Whether the model plays its releases (it answers :meth:`model_profile`)."""
+        return type(self).model_profile is not EnginePlugin.model_profile
+
+    def release_text(self, release) -> str:
+        """``ENGINE==V`` for ``release``: this engine's form that takes a release."""
+        for row in release_forms():
+            if load_plugin(row["plugin"]) is self:
+                return row["prefix"] + str(release)
+        return str(release)
+
+    def flow_ran_on(self, profile) -> str:
+        """What ran its theorem, in a finding's terms."""
+        return f"the model of {profile.release}"
+
+    # -- the runtime sanitizer -------------------------------------------------------------------------------------
+    def sanitizer_entry_points(self) -> dict:
+        """``module -> {function: kind}`` of the FA3 fronts its own code defines (kind "precompute", "call" or
+        "varlen"), which the runtime sanitizer wraps beside FA3's own (``fa3verify.sanitize.targets``)."""
+        return dict(self.words().get("sanitizer", {}).get("entry_points", {}))
+
+    def sanitizer_rebinders(self) -> tuple:
+        """Modules of its code known to re-bind the FA3 entry points at import (a status report expects them)."""
+        return tuple(self.words().get("sanitizer", {}).get("rebinders", ()))
+
+    #: the module whose ``run_worker(stdin=, stdout=, fa3=, observer=)`` serves its worker protocol, or None
+    driver_module: Optional[str] = None
+
     def runs_ranks_in_process(self, spec) -> bool:
         """Whether ``run-ranks`` runs it in this process (the model); a real engine's ranks run in its worker."""
         return False
@@ -223,6 +282,46 @@ def engine_examples(command: str, indent: str = "  ") -> str:
     """The example lines of ``command``'s help that name an engine: every plugin's, in registry order, one per line
     (each ending in a newline; "" when none has any)."""
     return "".join(f"{indent}{line}\n" for plugin in _distinct_plugins() for line in plugin.examples(command))
+
+
+def engine_phrases(key: str) -> list:
+    """Every plugin's phrase ``key`` (``words.json`` ``phrases``), in registry order, skipping those without it."""
+    return [p.words()["phrases"][key] for p in _distinct_plugins() if key in p.words().get("phrases", {})]
+
+
+def release_forms() -> list:
+    """The registry rows whose form takes a release (``sglang==V``-like), in registry order."""
+    from .sut import ENGINE_REGISTRY
+
+    return [row for row in ENGINE_REGISTRY.values() if row["takes"] == "release"]
+
+
+def release_spec(text):
+    """The EngineSpec of ``ENGINE==V`` (a form that takes a release; V not checked here), or None for any other
+    text."""
+    from .sut import EngineSpec
+
+    for row in release_forms():
+        if text and text.startswith(row["prefix"]):
+            return EngineSpec(row["kind"], release=text[len(row["prefix"]):])
+    return None
+
+
+def profile_forms(flow: bool = False) -> list:
+    """``ENGINE==V`` of every engine the model plays (``flow``: every engine with a theorem of its own)."""
+    return [row["prefix"] + "V" for row in release_forms()
+            if (load_plugin(row["plugin"]).flow_theorem is not None if flow
+                else load_plugin(row["plugin"]).has_model_profiles())]
+
+
+def sanitizer_targets() -> tuple:
+    """(entry points, re-binding modules) of every registered engine's own code, for the runtime sanitizer."""
+    points: dict = {}
+    rebinders: list = []
+    for plugin in _distinct_plugins():
+        points.update(plugin.sanitizer_entry_points())
+        rebinders.extend(plugin.sanitizer_rebinders())
+    return points, tuple(rebinders)
 
 
 def engine_phrase(key: str, **values) -> str:

@@ -60,7 +60,7 @@ def theorem_results(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional
                     only: Optional[Iterable[str]] = None, dropped_assumptions: Iterable[str] = (),
                     jobs: Optional[int] = None) -> list:
     """All TheoremResults of spec for this policy: metadata (1-4), combine algebra (5), CP (6-7), FA3's int edges (8),
-    the vLLM fork's tile choice (9).
+    the engine fork's tile choice (9).
 
     The same results, witness for witness, whatever `jobs` is (each theorem part runs in its own z3 context).
     Each result carries `finished_s` (not a field: it is not reported), when it was known since this call.
@@ -140,18 +140,18 @@ def move_witnesses(summary: RunSummary, cases_dir: Optional[str]) -> None:
         c.case_file = moved.get(c.case_file, c.case_file)
 
 
-def prove_vllm(profile, timeout_s: float = 10.0, cases_dir: Optional[str] = None) -> RunSummary:
-    """``prove --engine-profile vllm==V``: the ``vllm-flow`` theorem under the release's profile (gpu_impl.engines.vllm.theorems).
+def prove_flow(spec, profile, timeout_s: float = 10.0, cases_dir: Optional[str] = None) -> RunSummary:
+    """``prove --engine-profile ENGINE==V`` for an engine with a theorem of its own (``spec``'s plugin's
+    ``flow_theorem``): that theorem under the release's profile.
 
     A refutation is a failed check with its counterexample, written as a case file into ``cases_dir`` (replayable
-    on ``vllm==V``: ``gpu_impl.engines.vllm.theorems.write_vllm_case``); an unknown is inconclusive.
+    on ``ENGINE==V``: the plugin's ``flow_results``); an unknown is inconclusive.
     """
-    from gpu_impl.engines.vllm.theorems import run_vllm_theorems
-
+    plugin = spec.plugin
     start = time.perf_counter()
-    summary = RunSummary(command="prove", policy={"engine_profile": f"vllm=={profile.release}",
+    summary = RunSummary(command="prove", policy={"engine_profile": plugin.release_text(profile.release),
                                                  **profile.to_dict()})
-    for r in run_vllm_theorems(profile, timeout_s=timeout_s, cases_dir=cases_dir):
+    for r in plugin.flow_results(profile, timeout_s=timeout_s, cases_dir=cases_dir):
         failed = bool(r.failed or (not r.expected and not r.inconclusive))
         summary.checks.append(Check(name=r.name, kind="theorem", verdict=r.verdict, seconds=r.seconds,
                                     failed=failed, inconclusive=r.inconclusive, case_file=r.case_file,
@@ -160,7 +160,7 @@ def prove_vllm(profile, timeout_s: float = 10.0, cases_dir: Optional[str] = None
             invariant = str(r.witness.get("invariant", r.name))
             summary.findings.append(Finding(invariant=invariant, case_file=r.case_file, engine="prove",
                                             message=r.message, replay=replay_line(r.case_file), check=r.name,
-                                            ran_on=f"the model of vllm=={profile.release}'s flow",
+                                            ran_on=plugin.flow_ran_on(profile),
                                             hint=hint_for(invariant)))
             if summary.first_failure_s is None:
                 summary.first_failure_s = r.seconds
@@ -220,11 +220,11 @@ def run(args) -> int:
     from ..engine_choice import open_engine, parse_engine_option, profile_policy_args, start_engine
     from ..engine_gate import replay_witnesses
 
-    from ..engine_choice import vllm_profile_arg
+    from ..engine_choice import flow_profile_arg
 
-    vprofile = vllm_profile_arg(args)
-    if vprofile is not None:
-        return _prove_vllm(args, vprofile)
+    flow = flow_profile_arg(args)
+    if flow is not None:
+        return _prove_flow(args, *flow)
     guard, heads, profile = profile_policy_args(args)
     policy = load_policy(guard, heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     check_assumptions(args.drop_assumption)
@@ -234,7 +234,7 @@ def run(args) -> int:
     facts = None
     if profile is not None:
         print(f"engine profile: {profile.describe()}")
-        facts, released_drops = _release_assumptions(profile.release)
+        facts, released_drops = _release_assumptions(args.engine_profile, profile.release)
         dropped += [n for n in sorted(released_drops) if n not in dropped]
     with stage("prove", "prove (z3 theorems)"):
         summary = prove(policy, timeout_s=args.timeout_s, cases_dir=args.cases_dir, only=args.only,
@@ -255,31 +255,38 @@ def run(args) -> int:
     return write_reports(summary, args)
 
 
-def _prove_vllm(args, profile) -> int:
-    """``--engine-profile vllm==V``: the vLLM flow theorem; sglang-only options are refused (exit 2)."""
+def _prove_flow(args, spec, profile) -> int:
+    """``--engine-profile ENGINE==V`` of an engine with a theorem of its own: that theorem; the model policy's
+    options are refused (exit 2)."""
     from ..engine_choice import DEFAULT_ENGINE
     from ..progress import stage
 
+    plugin = spec.plugin
     for option, given in (("--drop-assumption", args.drop_assumption), ("--only", args.only),
                           ("--engine", args.engine not in (None, DEFAULT_ENGINE))):
         if given:
-            raise UsageError(f"{option}: does not apply to --engine-profile vllm=={profile.release} (one theorem, "
-                             f"vllm-flow; a counterexample is written into --cases-dir and replays on vllm==V)")
+            raise UsageError(f"{option}: does not apply to --engine-profile {plugin.release_text(profile.release)} "
+                             f"(one theorem, {plugin.flow_theorem}; a counterexample is written into --cases-dir "
+                             f"and replays on {plugin.release_text('V')})")
     print(f"engine profile: {profile.describe()}")
-    with stage("prove", "prove (vLLM flow)"):
-        summary = prove_vllm(profile, timeout_s=args.timeout_s, cases_dir=args.cases_dir)
+    with stage("prove", f"prove ({plugin.phrase('name')} flow)"):
+        summary = prove_flow(spec, profile, timeout_s=args.timeout_s, cases_dir=args.cases_dir)
     return write_reports(summary, args)
 
 
-def _release_assumptions(release: str) -> tuple:
-    """(facts, prover assumptions to drop) of sglang ``release`` (spec/model/assumption_facts.json), printed: which
-    assumptions the release enforces, which it does not, and what the prover therefore drops."""
-    from spec.model.assumption_facts import enforced, facts_for, not_enforced, prover_drops
+def _release_assumptions(text: str, release: str) -> tuple:
+    """(facts, prover assumptions to drop) of the release ``--engine-profile`` names (its engine's
+    ``assumption_facts``, spec/model/assumption_facts.json), printed: which assumptions the release enforces, which
+    it does not, and what the prover therefore drops."""
+    from gpu_impl.plugin import release_spec
+    from spec.model.assumption_facts import enforced, not_enforced, prover_drops
 
-    facts = facts_for("sglang", release)
+    spec = release_spec(text)
+    facts = spec.plugin.assumption_facts(release)
     drops = prover_drops(facts)
-    print(f"assumptions sglang {release} enforces: {', '.join(enforced(facts)) or 'none'}")
-    print(f"assumptions sglang {release} does not enforce: {', '.join(not_enforced(facts)) or 'none'}; "
+    name = spec.kind
+    print(f"assumptions {name} {release} enforces: {', '.join(enforced(facts)) or 'none'}")
+    print(f"assumptions {name} {release} does not enforce: {', '.join(not_enforced(facts)) or 'none'}; "
           f"the prover drops: {', '.join(sorted(drops)) or 'nothing'}")
     return facts, drops
 

@@ -8,6 +8,9 @@ from gpu_impl.plugin import EnginePlugin
 
 
 class SglangPlugin(EnginePlugin):
+    #: its worker protocol's server (the runtime sanitizer's engine worker runs it too)
+    driver_module = "gpu_impl.engines.sglang.driver"
+
     def open(self, spec, policy=None, progress=print):
         from .host import SglangSUT
 
@@ -30,3 +33,14 @@ class SglangPlugin(EnginePlugin):
         from spec.model.engine_profiles import RELEASES
 
         return [(r, r) for r in RELEASES]
+
+    def model_profile(self, release: str):
+        """The release's profile (spec/model/engine_profiles.json): the model plays it with its heads and guard."""
+        from spec.model.engine_profiles import profile_for
+
+        return profile_for(release)
+
+    def assumption_facts(self, release: str) -> dict:
+        from spec.model.assumption_facts import facts_for
+
+        return facts_for("sglang", release)

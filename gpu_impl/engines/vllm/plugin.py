@@ -10,6 +10,13 @@ from gpu_impl.plugin import EnginePlugin
 
 class VllmPlugin(EnginePlugin):
     options_key = "vllm"
+    flow_profiles_file = "spec/model/engine_profiles_vllm.json"
+
+    @property
+    def flow_theorem(self) -> str:
+        from .theorems import THEOREM
+
+        return THEOREM
 
     def open(self, spec, policy=None, progress=print):
         from .host import VllmSUT
@@ -49,3 +56,24 @@ class VllmPlugin(EnginePlugin):
 
     def conformance(self, spec):
         return "own-profile"
+
+    def assumption_facts(self, release: str) -> dict:
+        from spec.model.assumption_facts import facts_for
+
+        return facts_for("vllm", release)
+
+    def flow_profile(self, release: str):
+        """The release's vLLM profile (spec/model/engine_profiles_vllm.json; VllmProfileError is a ValueError)."""
+        from spec.model import engine_profiles_vllm
+
+        return engine_profiles_vllm.vllm_profile_for(release)
+
+    def flow_results(self, profile, timeout_s: float = 10.0, cases_dir=None) -> list:
+        """``vllm-flow`` under ``profile`` (a refutation's counterexample replays on ``vllm==V``:
+        ``theorems.write_vllm_case``)."""
+        from .theorems import run_vllm_theorems
+
+        return list(run_vllm_theorems(profile, timeout_s=timeout_s, cases_dir=cases_dir))
+
+    def flow_ran_on(self, profile) -> str:
+        return f"the model of vllm=={profile.release}'s flow"
