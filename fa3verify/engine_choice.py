@@ -1,7 +1,7 @@
 """The ``--engine`` option: the one place where a command line turns an engine name into a system under test.
 
 Every command that runs scenarios (fuzz, gate, replay, run-ranks, prove's witness replay, conform) takes
-``--engine model|sglang==V|sglang-src=PATH|vllm==V|vllm-src=PATH|sut=MODULE:CLASS`` and opens it here, through
+``--engine FORM`` (the registry's forms, ``gpu_impl/engine_forms.json``) and opens it here, through
 :func:`gpu_impl.sut.open_sut` only. What this module needs to know about an engine it asks the spec (its row of
 ``gpu_impl.sut.ENGINE_REGISTRY``) or the system under test, never the engine's kind.
 A malformed name or an engine that cannot be opened (no environment, no ``gpu_impl.engines`` in this
@@ -41,7 +41,7 @@ def is_unsupported(exc: BaseException) -> bool:
 
 
 def engine_validation(sut, server, model=None) -> tuple:
-    """(accepted, message) from the engine's own validation of a configuration (an sglang release's ServerArgs):
+    """(accepted, message) from the engine's own validation of a configuration (e.g. a release's ServerArgs):
     True, False (with the release's message), or None when it has none or it cannot run on CPU."""
     check = getattr(sut, "validate", None)
     if check is None:
@@ -224,7 +224,7 @@ def profile_policy_args(args):
         if getattr(args, dest, default) != default:
             raise UsageError(f"{option}: cannot be combined with --engine-profile (the profile sets it)")
     try:
-        profile = spec.plugin.model_profile(spec.release)
+        profile = spec.plugin.release_profile(spec.release)
     except ValueError as exc:
         raise UsageError(f"--engine-profile: {exc}") from None
     return profile.guard_spec, profile.precompute_heads, profile
@@ -246,7 +246,7 @@ def flow_profile_arg(args):
                              f"{spec.plugin.phrase('name')}'s profile says what each side passes; "
                              f"{engine_phrase('modelled')}'s guard and head options do not exist there)")
     try:
-        return spec, spec.plugin.flow_profile(spec.release)
+        return spec, spec.plugin.release_profile(spec.release)
     except ValueError as exc:
         raise UsageError(f"--engine-profile: {exc}") from None
 
@@ -255,20 +255,24 @@ def conform_profile(text: Optional[str], sut):
     """The profile conformance checks: ``--engine-profile`` if given, else the one the system under test says it
     conforms to (``sut.conformance_profile()``: by default its release; a checkout: the release its identity
     names); UsageError when there is none."""
-    from spec.model.engine_profiles import ProfileError, profile_for, release_named
+    from gpu_impl.plugin import profile_forms, release_forms, release_spec
 
-    release = None
+    def played(spec):
+        return spec if spec is not None and spec.plugin.has_model_profiles() else None
+
+    named = None
     if text:
-        release = release_named(text)
-        if release is None:
-            raise UsageError(f"--engine-profile: want sglang==V, got {text!r}")
+        named = played(release_spec(text))
+        if named is None:
+            raise UsageError(f"--engine-profile: want {' or '.join(profile_forms())}, got {text!r}")
     else:
-        named = sut.conformance_profile()
-        release = release_named(named) if named else None
-    if not release:
+        own = sut.conformance_profile()
+        named = played(release_spec(own)) if own else None
+    if named is None or not named.release:
+        example = next(row["example"] for row in release_forms() if played(release_spec(row["example"])))
         raise UsageError(f"--engine-profile: {sut.spec} names no release; say which profile to check "
-                         f"(e.g. --engine-profile sglang==0.5.23)")
+                         f"(e.g. --engine-profile {example})")
     try:
-        return profile_for(release)
-    except ProfileError as exc:
+        return named.plugin.release_profile(named.release)
+    except ValueError as exc:
         raise UsageError(f"--engine-profile: {exc}") from None

@@ -183,7 +183,7 @@ def flow_theorem_rows(sut, timeout_s: float, cases_dir: str, kernel=None, replay
 
     plugin = sut.spec.plugin
     try:
-        profile = plugin.flow_profile(getattr(sut, "release", None) or sut.spec.release)  # a checkout: its nearest
+        profile = plugin.release_profile(getattr(sut, "release", None) or sut.spec.release)  # a checkout: its nearest
     except ValueError as exc:
         out = RunSummary(command="gate")
         out.checks.append(Check(name=plugin.flow_theorem, kind="theorem", verdict="inconclusive", seconds=0.0,

@@ -162,7 +162,7 @@ def matrix_as_summary(rows) -> RunSummary:
     summary = RunSummary(command="engine-matrix")
     for r in rows:
         summary.checks.append(Check(
-            name=f"sglang {r.release}", kind="engine-matrix", verdict=r.verdict, seconds=r.seconds,
+            name=f"{r.engine} {r.release}", kind="engine-matrix", verdict=r.verdict, seconds=r.seconds,
             failed=r.verdict == "fail", inconclusive=r.verdict in ("inconclusive", "unavailable"),
             case_file=r.case_files[0] if r.case_files else None,
             message=f"expected {r.expected}; {', '.join(r.invariants) or 'no violation'}"

@@ -178,10 +178,11 @@ class EnginePlugin:
         return ("witnesses",)
 
     # -- profiles and facts --------------------------------------------------------------------------------------
-    def model_profile(self, release: str):
-        """The profile under which the model plays ``release`` of this engine (its precompute heads and guard:
-        ``--engine-profile``, conform, the matrix's prediction); ValueError naming why there is none."""
-        raise ValueError(f"{release}: this engine has no model profile")
+    def release_profile(self, release: str):
+        """The profile of ``release`` (a checkout: its nearest release): for an engine the model plays, its precompute
+        heads and guard (``--engine-profile``, conform, the matrix's prediction); for an engine with a theorem of its
+        own (:attr:`flow_theorem`), what that theorem runs under. ValueError naming why there is none."""
+        raise ValueError(f"no profile for {release}: the engine has no release profiles")
 
     def assumption_facts(self, release: str) -> dict:
         """``{ASSUMPTION_*: fact}`` of ``release`` (spec/model/assumption_facts.json): which prover assumptions its
@@ -193,19 +194,14 @@ class EnginePlugin:
     #: where its flow profiles are kept, for a message naming a release without one
     flow_profiles_file: str = ""
 
-    def flow_profile(self, release: str):
-        """The profile its own theorem runs under for ``release`` (a checkout: its nearest release); ValueError
-        naming why there is none."""
-        raise ValueError(f"{release}: this engine has no theorem of its own")
-
     def flow_results(self, profile, timeout_s: float = 10.0, cases_dir=None) -> list:
         """Its own theorem under ``profile``: the results (``spec.theorems`` result objects), a refutation's
         counterexample written into ``cases_dir`` as a case file that replays on the engine."""
         return []
 
     def has_model_profiles(self) -> bool:
-        """Whether the model plays its releases (it answers :meth:`model_profile`)."""
-        return type(self).model_profile is not EnginePlugin.model_profile
+        """Whether the model plays its releases' profiles (it has profiles and no theorem of its own)."""
+        return self.flow_theorem is None and type(self).release_profile is not EnginePlugin.release_profile
 
     def release_text(self, release) -> str:
         """``ENGINE==V`` for ``release``: this engine's form that takes a release."""

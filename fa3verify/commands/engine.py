@@ -19,17 +19,23 @@ examples:
 def register(sub) -> None:
     p = sub.add_parser("engine", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    from gpu_impl.plugin import engine_phrases, release_forms
+
+    kinds = [row["kind"] for row in release_forms()]
     inner = p.add_subparsers(dest="engine_command", metavar="ACTION")
-    s = inner.add_parser("setup", help="create or reuse the isolated environment of an sglang or vLLM release")
-    s.add_argument("release", metavar="ENGINE==V", help="the release, e.g. sglang==0.5.23 or vllm==0.33.0")
+    s = inner.add_parser("setup", help=f"create or reuse the isolated environment of an "
+                                       f"{' or '.join(engine_phrases('name'))} release")
+    s.add_argument("release", metavar="ENGINE==V",
+                   help=f"the release, e.g. {' or '.join(row['example'] for row in release_forms())}")
     s.set_defaults(func=run_setup)
     m = inner.add_parser("matrix", help="gate every release and print one row each, then each failing row's fix "
                                         "release")
-    m.add_argument("--engine", default="sglang", metavar="ENGINE",
-                   help="whose releases: an engine form that takes a release (sglang or vllm; default sglang)")
+    m.add_argument("--engine", default=kinds[0], metavar="ENGINE",
+                   help=f"whose releases: an engine form that takes a release ({' or '.join(kinds)}; default "
+                        f"{kinds[0]})")
     m.add_argument("--releases", default=None, metavar="A..B",
-                   help="releases to gate, e.g. 0.5.11..0.5.23 or 0.33.0..0.34.0 (default: every release the "
-                        "engine lists: sglang's profiled ones, vLLM's registered, shared and unavailable ones)")
+                   help=f"releases to gate, e.g. {' or '.join(engine_phrases('release range'))} (default: every "
+                        f"release the engine lists: {', '.join(engine_phrases('matrix releases'))})")
     group = m.add_mutually_exclusive_group()
     group.add_argument("--budget-s", type=float, metavar="N", help="fuzz budget per release in seconds (default 20)")
     group.add_argument("--cases", type=int, metavar="N", help="fuzz case count per release instead")
@@ -61,37 +67,36 @@ def _no_action(parser) -> int:
     return exitcodes.USAGE
 
 
-def _release_of(text: str, option: str) -> str:
-    from spec.model.engine_profiles import ProfileError, profile_for, release_named
+def _release_spec(text: str, option: str):
+    """The EngineSpec ``ENGINE==V`` names (a form that takes a release); an engine the model plays must have V
+    profiled (its message, and what to run instead); UsageError otherwise."""
+    from gpu_impl.plugin import release_forms, release_spec
 
     from ..errors import UsageError
 
-    release = release_named(text)
-    if release is None:
-        want = "sglang==V or vllm==V (e.g. sglang==0.5.23)" if option == "ENGINE==V" else "sglang==V (e.g. sglang==0.5.23)"
-        raise UsageError(f"{option}: want {want}, got {text!r}")
+    spec = release_spec(text)
+    if spec is None:
+        forms = [row["prefix"] + "V" for row in release_forms()]
+        raise UsageError(f"{option}: want {' or '.join(forms)} (e.g. {release_forms()[0]['example']}), got {text!r}")
+    if not spec.plugin.has_model_profiles():
+        return spec
     try:
-        profile_for(release)
-    except ProfileError as exc:
+        spec.plugin.release_profile(spec.release)
+    except ValueError as exc:
         try:
             from gpu_impl.engines.envs import next_step
         except ModuleNotFoundError:  # real engines are not available: the profile's message alone
             raise UsageError(f"{option}: {exc}") from None
-        raise UsageError(f"{option}: {exc}; {next_step('sglang', release)}") from None
-    return release
+        raise UsageError(f"{option}: {exc}; {next_step(spec.kind, spec.release)}") from None
+    return spec
 
 
 def run_setup(args) -> int:
     from .. import exitcodes
     from ..errors import UsageError
 
-    from spec.model.engine_profiles import release_named
-
-    vllm_release = release_named(args.release, "vllm")
-    if vllm_release is not None:
-        engine, release = "vllm", vllm_release
-    else:
-        engine, release = "sglang", _release_of(args.release, "ENGINE==V")
+    spec = _release_spec(args.release, "ENGINE==V")
+    engine, release = spec.kind, spec.release
     try:
         from gpu_impl.engines import envs
         from gpu_impl.engines.errors import EngineUnavailable
@@ -101,8 +106,7 @@ def run_setup(args) -> int:
                              f"(no module {exc.name})") from None
         raise
     try:
-        extra = {} if vllm_release is None else {"engine": engine}
-        path = envs.ensure_env(release, progress=lambda line: print(line, flush=True), **extra)
+        path = envs.ensure_env(release, progress=lambda line: print(line, flush=True), engine=engine)
     except Exception as exc:
         if isinstance(exc, (EngineUnavailable, ValueError)):  # unknown release, failed set-up, bad name
             raise UsageError(str(exc) if str(exc).startswith(f"{engine}==") else f"{engine}=={release}: {exc}") from None
@@ -129,7 +133,7 @@ def engine_releases(engine: str) -> list:
         raise
 
 
-def parse_releases(text, engine: str = "sglang"):
+def parse_releases(text, engine: str):
     """The releases an ``A..B`` range (or one release) names among those the matrix gates for ``engine``; each end
     must be one of them (a release's profile error explains one that is not); UsageError otherwise."""
     from gpu_impl.sut import ENGINE_REGISTRY

@@ -34,7 +34,7 @@ class SglangPlugin(EnginePlugin):
 
         return [(r, r) for r in RELEASES]
 
-    def model_profile(self, release: str):
+    def release_profile(self, release: str):
         """The release's profile (spec/model/engine_profiles.json): the model plays it with its heads and guard."""
         from spec.model.engine_profiles import profile_for
 
