@@ -227,6 +227,11 @@ class EnginePlugin:
     #: the module whose ``run_worker(stdin=, stdout=, fa3=, observer=)`` serves its worker protocol, or None
     driver_module: Optional[str] = None
 
+    def open_worker(self, spec, worker: str, worker_env: dict, progress=print, root=None):
+        """The system under test ``spec`` names with its worker run as ``python -m worker`` (which serves
+        :attr:`driver_module`) and ``worker_env`` added to its environment: the runtime sanitizer's engine run."""
+        raise ValueError(f"engine: {spec} has no worker driver to run under another worker")
+
     def runs_ranks_in_process(self, spec) -> bool:
         """Whether ``run-ranks`` runs it in this process (the model); a real engine's ranks run in its worker."""
         return False

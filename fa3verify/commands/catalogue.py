@@ -7,7 +7,7 @@ import sys
 
 HELP = "run the bug catalogue: every seeded historical bug must be caught, and nothing may fire without it"
 EPILOG = """\
-Each entry is a real bug from FA3, sglang, vLLM or FlashInfer (docs/catalogue.md), re-created as a seeded
+Each entry is a real bug from FA3, a serving engine or FlashInfer (docs/catalogue.md), re-created as a seeded
 defect (gpu_impl/defects.py). The entry runs with its defect on -- the engines it names (prove, fuzz) must
 catch it -- and off -- nothing may fire (no false alarm). Exit 0 when every entry passes both, 1 otherwise,
 3 when a solver was inconclusive and nothing failed, 2 for bad arguments.

@@ -1,4 +1,4 @@
-"""fa3verify conform: does the model pass FA3 what a real sglang release does, on the same random configurations?
+"""fa3verify conform: does the model pass FA3 what a real engine release does, on the same random configurations?
 
 Invariant: for every random configuration (``fa3verify.strategies``) the release's ``ServerArgs`` accepts, the
 model under that release's profile (``spec.model.engine_profiles``) and the real engine make the same FA3 events
@@ -409,8 +409,11 @@ def run(args) -> int:
     from ..engine_choice import parse_engine_option
 
     if args.engine is None:
-        raise UsageError("--engine: required (sglang==V, sglang-src=PATH or vllm==V): conform compares the model "
-                         "(or vLLM's profile) with it")
+        from gpu_impl.plugin import release_forms
+
+        forms = " or ".join(row["prefix"] + "V" for row in release_forms())
+        raise UsageError(f"--engine: required ({forms}, or a checkout): conform compares the model (or the engine's "
+                         f"own profile) with it")
     if args.cases < 1:
         raise UsageError(f"--cases: must be >= 1, got {args.cases}")
 

@@ -103,8 +103,8 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
                  on_failure: Optional[Callable[[Campaign, Failure], None]] = None, shard=None,
                  domain=None) -> Campaign:
     """The campaign of `fuzz`: a strategy family, or by default the system under test's own domain
-    (``sut.domain()``, ``strategies.domain_strategy``: the model's is ``scenario``, vLLM's ``vllm``, an sglang
-    release's its own accepted configurations; ``domain`` passes one already made) on the system under test
+    (``sut.domain()``, ``strategies.domain_strategy``: the model's is ``scenario``, an engine's a family of its
+    own or its release's own accepted configurations; ``domain`` passes one already made) on the system under test
     (default: the model) under ``policy`` and seeded ``defects``, until the budget or the case count is reached
     (always bounded: see :class:`fa3verify.campaign.Budget`); ``clock``, ``reserve``, ``on_failure`` and ``shard``
     as in
@@ -124,7 +124,7 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
         if shard is not None and domain.adapts:
             raise UsageError(f"--shard: {domain.name}'s domain weights each draw by what the earlier cases "
                              f"reached, so a shard cannot run its part of the unsplit campaign; run this campaign "
-                             f"unsplit (--shard splits the model's and vLLM's campaigns)")
+                             f"unsplit (--shard splits campaigns whose domain does not adapt)")
         generate = domain_strategy(domain)
     return _run_campaign(target, generate, budget=budget, seed=seed, progress=progress,
                          stop=(lambda camp: bool(camp.failures)) if stop_at_first_failure else None,

@@ -3,8 +3,8 @@
 Invariant: one gate for every system under test. Its proof stages are the system's own answer
 (``SystemUnderTest.proof_plan()``, data): the model's is every theorem under the policy it was constructed with
 (``ModelSUT(policy=...)``, :func:`fa3verify.commands.prove.prove`); a real engine's is the witness searches of its release's
-profile run on the model and replayed on it, plus vLLM's flow theorem where its registry row says so
-(:mod:`fa3verify.engine_gate`). The fuzz stage then runs on the same system under the same policy
+profile run on the model and replayed on it, plus the engine's own flow theorem where its plugin's proof stages
+say so (:mod:`fa3verify.engine_gate`). The fuzz stage then runs on the same system under the same policy
 (:func:`fa3verify.commands.fuzz.fuzz`). This is what a backend change runs in CI (``fa3verify gate``, ``api.gate``,
 the engine matrix).
 """
@@ -39,7 +39,7 @@ def _witnesses(sut, policy, summary, options, lines, command="gate") -> None:
 
 
 def _flow_theorem(sut, policy, summary, options, lines, command="gate") -> None:
-    """vLLM's flow theorem under the release's profile, its counterexample replayed on the engine."""
+    """The engine's own flow theorem under the release's profile, its counterexample replayed on the engine."""
     from ..engine_gate import flow_stage
 
     flow_stage(sut, summary, lines=lines, **options)

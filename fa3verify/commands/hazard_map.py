@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from gpu_impl.plugin import engine_phrase
+
 HELP = "draw where reusing precomputed FA3 scheduler metadata overflows (PNG heatmap per CP/DP configuration)"
 EPILOG = """\
 Each cell is one decode batch: the longest sequence (x, log scale) plus N short companions (y). Its colour is
-the largest per-batch split count in the metadata precomputed with sglang's head counts (H//tp) minus S_c, the
+the largest per-batch split count in the metadata precomputed with {modelled}'s head counts (H//tp) minus S_c, the
 split count the layer's call (H//attn_tp heads) sizes its partial buffers with: > 0 is out of bounds (the
 PR #30439 NaNs). Cells with S_c = 1 are safe (the call ignores the metadata's split counts). One panel per
 prefill-CP and DP-attention configuration of --tp. Computed from refmodel's formulas; no kernel runs.
@@ -23,20 +25,20 @@ def register(sub) -> None:
     from ..hazard_map import (DEFAULT_MAX_COMPANIONS, DEFAULT_SHORT_LEN, GPU_SM_COUNTS, GUARDS, METADATA_HEADS,
                               TP_SIZES)
 
-    p = sub.add_parser("hazard-map", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("hazard-map", help=HELP, description=HELP, epilog=EPILOG.replace("{modelled}", engine_phrase("modelled")),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="model shape name (see gpu_impl.config.MODELS), e.g. qwen3-30b-a3b")
     p.add_argument("--sm", type=int, required=True,
                    help="SM count of the GPU: " + ", ".join(f"{n} ({g})" for n, g in GPU_SM_COUNTS.items()))
     p.add_argument("--out", required=True, metavar="PNG", help="where to write the PNG")
     p.add_argument("--json", metavar="PATH", help="also write the grid as JSON (schema fa3verify.hazard-map/1)")
-    p.add_argument("--page-size", type=int, default=1, help="KV cache page size (default 1, sglang's default)")
+    p.add_argument("--page-size", type=int, default=1, help=f"KV cache page size (default 1, {engine_phrase('modelled')}'s default)")
     p.add_argument("--tp", type=int, default=4, help=f"tp_size, one of {TP_SIZES} (default 4)")
     p.add_argument("--guard", default="pre-fix",
                    help=f"precompute guard, one of {', '.join(GUARDS)} (default pre-fix: only DP attention "
                         "disables the precompute)")
     p.add_argument("--metadata-heads", default="tp",
-                   help=f"heads the precompute uses, one of {', '.join(METADATA_HEADS)} (default tp, as sglang)")
+                   help=f"heads the precompute uses, one of {', '.join(METADATA_HEADS)} (default tp, as {engine_phrase('modelled')})")
     p.add_argument("--short-len", type=int, default=DEFAULT_SHORT_LEN,
                    help=f"length of each short companion (default {DEFAULT_SHORT_LEN})")
     p.add_argument("--max-companions", type=int, default=DEFAULT_MAX_COMPANIONS,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+
+from gpu_impl.plugin import engine_phrase
 import json
 import os
 
@@ -28,7 +30,7 @@ examples:
 
 
 def register(sub) -> None:
-    """Add the run-ranks subcommand (models launching sglang's attention ranks, one process each)."""
+    """Add the run-ranks subcommand (models launching the modelled backend's attention ranks, one process each)."""
     p = sub.add_parser("run-ranks", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cases", nargs="+", metavar="CASE.json",
@@ -54,8 +56,8 @@ def register(sub) -> None:
                    help="also run the in-process simulation and report any difference (exit 1)")
     p.add_argument("--json", metavar="PATH", help="write the run summary as JSON (schema fa3verify.run/1)")
     p.add_argument("--engine", default="model", metavar="ENGINE",
-                   help="system under test (default model: one process per rank); a real engine ('sglang==V', "
-                        "'sglang-src=PATH') runs the case in-process on it, and the output says so")
+                   help=f"system under test (default model: one process per rank); a real engine "
+                        f"({engine_phrase('in-process forms')}) runs the case in-process on it, and the output says so")
     p.add_argument("--inject-fault", metavar="RANK:KIND", help=argparse.SUPPRESS)  # tests: 1:exit:7, 1:raise
     p.set_defaults(func=run)
 

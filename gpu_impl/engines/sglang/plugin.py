@@ -16,6 +16,11 @@ class SglangPlugin(EnginePlugin):
 
         return SglangSUT(spec, progress=progress)
 
+    def open_worker(self, spec, worker, worker_env, progress=print, root=None):
+        from .host import SglangSUT
+
+        return SglangSUT(spec, progress=progress, root=root, worker=worker, worker_env=worker_env)
+
     def fa3_build(self, spec) -> str:
         """A release is judged under the build its kernel wheel ships (refmodel/fa3_builds.json); a checkout under
         upstream's, its kernel pin being unknown."""
