@@ -205,7 +205,7 @@ def add_profile_argument(parser) -> None:
     flow profile; the forms and their words are the engines' (``gpu_impl.plugin.profile_forms``)."""
     from gpu_impl.plugin import engine_phrases, profile_forms
 
-    parser.add_argument("--engine-profile", metavar="|".join(profile_forms() + profile_forms(flow=True)),
+    parser.add_argument("--engine-profile", metavar="|".join(profile_forms() + profile_forms("flow-theorem")),
                         help="; ".join(engine_phrases("profile help")))
 
 
@@ -217,9 +217,9 @@ def profile_policy_args(args):
     if not text:
         return args.guard, args.metadata_heads, None
     spec = release_spec(text)
-    if spec is None or not spec.plugin.has_model_profiles():
+    if spec is None or spec.plugin.profile_proof() != "model-policy":
         raise UsageError(f"--engine-profile: want {' or '.join(profile_forms())} (or, for prove, "
-                         f"{' or '.join(profile_forms(flow=True))}) with V in a profiled release, got {text!r}")
+                         f"{' or '.join(profile_forms('flow-theorem'))}) with V in a profiled release, got {text!r}")
     for dest, option, default in POLICY_OPTIONS[:2]:
         if getattr(args, dest, default) != default:
             raise UsageError(f"{option}: cannot be combined with --engine-profile (the profile sets it)")
@@ -230,16 +230,23 @@ def profile_policy_args(args):
     return profile.guard_spec, profile.precompute_heads, profile
 
 
+def profile_proof_of(args) -> str:
+    """How ``prove`` proves the ``--engine-profile`` it is given (its engine's ``profile_proof``); without one, or
+    for a name no engine profiles, ``"model-policy"`` (the model's theorems under the policy options, which refuse
+    a bad name)."""
+    from gpu_impl.plugin import release_spec
+
+    spec = release_spec(getattr(args, "engine_profile", None))
+    return (spec.plugin.profile_proof() if spec is not None else None) or "model-policy"
+
+
 def flow_profile_arg(args):
-    """(spec, profile) of ``--engine-profile ENGINE==V`` for an engine with a theorem of its own (None for anything
-    else); UsageError when it is combined with a policy option (the profile sets both sides) or names no profiled
-    release."""
+    """(spec, profile) of ``--engine-profile ENGINE==V`` for an engine with a theorem of its own; UsageError when it
+    is combined with a policy option (the profile sets both sides) or names no profiled release."""
     from gpu_impl.plugin import engine_phrase, release_spec
 
     text = getattr(args, "engine_profile", None)
     spec = release_spec(text)
-    if spec is None or spec.plugin.flow_theorem is None:
-        return None
     for dest, option, default in POLICY_OPTIONS:
         if getattr(args, dest, default) != default:
             raise UsageError(f"{option}: does not apply to --engine-profile {text} ("
@@ -258,7 +265,7 @@ def conform_profile(text: Optional[str], sut):
     from gpu_impl.plugin import profile_forms, release_forms, release_spec
 
     def played(spec):
-        return spec if spec is not None and spec.plugin.has_model_profiles() else None
+        return spec if spec is not None and spec.plugin.profile_proof() == "model-policy" else None
 
     named = None
     if text:

@@ -199,9 +199,15 @@ class EnginePlugin:
         counterexample written into ``cases_dir`` as a case file that replays on the engine."""
         return []
 
-    def has_model_profiles(self) -> bool:
-        """Whether the model plays its releases' profiles (it has profiles and no theorem of its own)."""
-        return self.flow_theorem is None and type(self).release_profile is not EnginePlugin.release_profile
+    def profile_proof(self) -> Optional[str]:
+        """How ``prove --engine-profile ENGINE==V`` proves its release's profile: ``"model-policy"`` (the model
+        plays the profile's heads and guard under every theorem), ``"flow-theorem"`` (its own theorem,
+        :attr:`flow_theorem`), or None (it has no release profiles)."""
+        return None
+
+    def check_setup_release(self, release: str) -> None:
+        """Refuse, before an environment is built, a release it cannot gate (ValueError with what to run instead);
+        by default the environment's own check decides."""
 
     def release_text(self, release) -> str:
         """``ENGINE==V`` for ``release``: this engine's form that takes a release."""
@@ -308,11 +314,10 @@ def release_spec(text):
     return None
 
 
-def profile_forms(flow: bool = False) -> list:
-    """``ENGINE==V`` of every engine the model plays (``flow``: every engine with a theorem of its own)."""
-    return [row["prefix"] + "V" for row in release_forms()
-            if (load_plugin(row["plugin"]).flow_theorem is not None if flow
-                else load_plugin(row["plugin"]).has_model_profiles())]
+def profile_forms(proof: str = "model-policy") -> list:
+    """``ENGINE==V`` of every engine whose profiles ``prove`` proves by ``proof`` (:meth:`EnginePlugin.profile_proof`:
+    by default the engines the model plays)."""
+    return [row["prefix"] + "V" for row in release_forms() if load_plugin(row["plugin"]).profile_proof() == proof]
 
 
 def sanitizer_targets() -> tuple:

@@ -68,8 +68,8 @@ def _no_action(parser) -> int:
 
 
 def _release_spec(text: str, option: str):
-    """The EngineSpec ``ENGINE==V`` names (a form that takes a release); an engine the model plays must have V
-    profiled (its message, and what to run instead); UsageError otherwise."""
+    """The EngineSpec ``ENGINE==V`` names (a form that takes a release) if its plugin can set V up
+    (``check_setup_release``: its message, and what to run instead); UsageError otherwise."""
     from gpu_impl.plugin import release_forms, release_spec
 
     from ..errors import UsageError
@@ -78,16 +78,10 @@ def _release_spec(text: str, option: str):
     if spec is None:
         forms = [row["prefix"] + "V" for row in release_forms()]
         raise UsageError(f"{option}: want {' or '.join(forms)} (e.g. {release_forms()[0]['example']}), got {text!r}")
-    if not spec.plugin.has_model_profiles():
-        return spec
     try:
-        spec.plugin.release_profile(spec.release)
+        spec.plugin.check_setup_release(spec.release)
     except ValueError as exc:
-        try:
-            from gpu_impl.engines.envs import next_step
-        except ModuleNotFoundError:  # real engines are not available: the profile's message alone
-            raise UsageError(f"{option}: {exc}") from None
-        raise UsageError(f"{option}: {exc}; {next_step(spec.kind, spec.release)}") from None
+        raise UsageError(f"{option}: {exc}") from None
     return spec
 
 

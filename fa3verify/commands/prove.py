@@ -211,20 +211,22 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..progress import stage
+    from ..engine_choice import profile_proof_of
 
     if not args.timeout_s > 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
+    return PROFILE_PROOFS[profile_proof_of(args)](args)
+
+
+def _prove_policy(args) -> int:
+    """The theorems under the policy options or a profile the model plays, each refutation's witness replayed on
+    ``--engine`` when it names a real engine."""
     from ..engine_choice import open_engine, parse_engine_option, profile_policy_args, start_engine
     from ..engine_gate import replay_witnesses
+    from ..progress import stage
 
-    from ..engine_choice import flow_profile_arg
-
-    flow = flow_profile_arg(args)
-    if flow is not None:
-        return _prove_flow(args, *flow)
     guard, heads, profile = profile_policy_args(args)
     policy = load_policy(guard, heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     check_assumptions(args.drop_assumption)
@@ -255,12 +257,13 @@ def run(args) -> int:
     return write_reports(summary, args)
 
 
-def _prove_flow(args, spec, profile) -> int:
+def _prove_flow(args) -> int:
     """``--engine-profile ENGINE==V`` of an engine with a theorem of its own: that theorem; the model policy's
     options are refused (exit 2)."""
-    from ..engine_choice import DEFAULT_ENGINE
+    from ..engine_choice import DEFAULT_ENGINE, flow_profile_arg
     from ..progress import stage
 
+    spec, profile = flow_profile_arg(args)
     plugin = spec.plugin
     for option, given in (("--drop-assumption", args.drop_assumption), ("--only", args.only),
                           ("--engine", args.engine not in (None, DEFAULT_ENGINE))):
@@ -272,6 +275,10 @@ def _prove_flow(args, spec, profile) -> int:
     with stage("prove", f"prove ({plugin.phrase('name')} flow)"):
         summary = prove_flow(spec, profile, timeout_s=args.timeout_s, cases_dir=args.cases_dir)
     return write_reports(summary, args)
+
+
+#: how prove runs, by the answer of the profile's engine (``EnginePlugin.profile_proof``)
+PROFILE_PROOFS = {"model-policy": _prove_policy, "flow-theorem": _prove_flow}
 
 
 def _release_assumptions(text: str, release: str) -> tuple:

@@ -39,6 +39,20 @@ class SglangPlugin(EnginePlugin):
 
         return [(r, r) for r in RELEASES]
 
+    def profile_proof(self) -> str:
+        return "model-policy"
+
+    def check_setup_release(self, release: str) -> None:
+        """A release without a profile is refused with what runs its code instead (``envs.next_step``)."""
+        from spec.model.engine_profiles import ProfileError, profile_for
+
+        try:
+            profile_for(release)
+        except ProfileError as exc:
+            from gpu_impl.engines.envs import next_step
+
+            raise ValueError(f"{exc}; {next_step('sglang', release)}") from None
+
     def release_profile(self, release: str):
         """The release's profile (spec/model/engine_profiles.json): the model plays it with its heads and guard."""
         from spec.model.engine_profiles import profile_for

@@ -55,6 +55,9 @@ class VllmPlugin(EnginePlugin):
     def conformance(self, spec):
         return "own-profile"
 
+    def profile_proof(self) -> str:
+        return "flow-theorem"
+
     def assumption_facts(self, release: str) -> dict:
         from spec.model.assumption_facts import facts_for
 
