@@ -17,12 +17,15 @@ non-default value together with a real engine is refused (exit 2) rather than si
 
 from __future__ import annotations
 
+import sys
+
 from typing import Optional
 
 from .errors import UsageError
 
 from gpu_impl.sut import ENGINE_HELP  # every form's words, from the registry (gpu_impl/engine_forms.json)
 from gpu_impl.sut import spec_from_identity  # the EngineSpec a case file's engine object names, by the registry
+from gpu_impl.plugin import engine_phrase, engine_phrases, profile_forms, release_forms, release_spec
 
 #: ``--engine``'s default: what a command runs on when the option is not given.
 DEFAULT_ENGINE = "model"
@@ -70,7 +73,6 @@ def start_engine(sut, command: str, lines=None) -> None:
     """Start a real engine's worker (building its environment if needed) as its own progress stage; what it prints
     goes to stderr (progress never goes to stdout, which may carry a report). The model needs no start."""
     import contextlib
-    import sys
 
     from .progress import stage
 
@@ -86,7 +88,6 @@ def launch_engine(sut) -> None:
     (``launch``): its import runs beside the caller's next work and :func:`start_engine` waits for the rest. An
     environment build's lines go to stderr. Nothing for the model or an engine without ``launch``."""
     import contextlib
-    import sys
 
     launch = getattr(sut, "launch", None)
     if not getattr(sut, "has_worker", False) or launch is None:
@@ -101,7 +102,6 @@ def open_engine(spec_or_text, policy=None):
     from gpu_impl.sut import EngineSpecError, open_sut
 
     import contextlib
-    import sys
 
     spec = parse_engine_option(spec_or_text) if isinstance(spec_or_text, str) else spec_or_text
     try:
@@ -203,16 +203,12 @@ def engine_for_case(case, override: Optional[str] = None):
 def add_profile_argument(parser) -> None:
     """``--engine-profile ENGINE==V``: run the model as release V's backend, or (prove, conform) an engine's own
     flow profile; the forms and their words are the engines' (``gpu_impl.plugin.profile_forms``)."""
-    from gpu_impl.plugin import engine_phrases, profile_forms
-
     parser.add_argument("--engine-profile", metavar="|".join(profile_forms() + profile_forms("flow-theorem")),
                         help="; ".join(engine_phrases("profile help")))
 
 
 def profile_policy_args(args):
     """(guard, metadata_heads, profile) for ``--engine-profile`` (None when not given); UsageError otherwise."""
-    from gpu_impl.plugin import profile_forms, release_spec
-
     text = getattr(args, "engine_profile", None)
     if not text:
         return args.guard, args.metadata_heads, None
@@ -234,8 +230,6 @@ def profile_proof_of(args) -> str:
     """How ``prove`` proves the ``--engine-profile`` it is given (its engine's ``profile_proof``); without one, or
     for a name no engine profiles, ``"model-policy"`` (the model's theorems under the policy options, which refuse
     a bad name)."""
-    from gpu_impl.plugin import release_spec
-
     spec = release_spec(getattr(args, "engine_profile", None))
     return (spec.plugin.profile_proof() if spec is not None else None) or "model-policy"
 
@@ -243,8 +237,6 @@ def profile_proof_of(args) -> str:
 def flow_profile_arg(args):
     """(spec, profile) of ``--engine-profile ENGINE==V`` for an engine with a theorem of its own; UsageError when it
     is combined with a policy option (the profile sets both sides) or names no profiled release."""
-    from gpu_impl.plugin import engine_phrase, release_spec
-
     text = getattr(args, "engine_profile", None)
     spec = release_spec(text)
     for dest, option, default in POLICY_OPTIONS:
@@ -262,8 +254,6 @@ def conform_profile(text: Optional[str], sut):
     """The profile conformance checks: ``--engine-profile`` if given, else the one the system under test says it
     conforms to (``sut.conformance_profile()``: by default its release; a checkout: the release its identity
     names); UsageError when there is none."""
-    from gpu_impl.plugin import profile_forms, release_forms, release_spec
-
     def played(spec):
         return spec if spec is not None and spec.plugin.profile_proof() == "model-policy" else None
 

@@ -26,9 +26,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
+from gpu_impl.plugin import release_forms
 from spec.process.worker_client import WorkerError
 
 from . import exitcodes
+from .errors import UsageError
 
 SCHEMA = "fa3verify.engine-matrix/1"
 
@@ -128,8 +130,6 @@ def run_probes(sut) -> dict:
 
 def default_engine() -> str:
     """The engine the matrix gates unless told: the first registry form that takes a release."""
-    from gpu_impl.plugin import release_forms
-
     return release_forms()[0]["kind"]
 
 
@@ -259,7 +259,6 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
     release sharing an earlier row copies that row, saying so). ``fixes``: a list that receives the fix-release
     replays (:class:`fa3verify.matrix_fixes.FixLedger` entries): every failing row's case files replayed on their own
     release and on every later one, while that release's engine is open."""
-    from .errors import UsageError
     from .commands.gate import gate
     from .matrix_fixes import FixLedger
 

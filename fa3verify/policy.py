@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from gpu_impl.plugin import engine_phrase
+
 from .errors import UsageError
 
 METADATA_HEADS = ("tp", "attn_tp")
@@ -79,8 +81,6 @@ def add_guard_timeout_argument(parser) -> None:
 
 def add_policy_arguments(parser) -> None:
     """The policy options shared by prove, fuzz and gate."""
-    from gpu_impl.plugin import engine_phrase
-
     modelled = engine_phrase("modelled")
     add_guard_timeout_argument(parser)
     parser.add_argument("--guard", default="fixed", metavar="SPEC",

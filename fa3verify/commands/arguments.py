@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from gpu_impl.plugin import engine_examples
+
 from ..errors import UsageError
 
 _EXAMPLES = re.compile(r"\{([a-z]+(?:\.[a-z]+)?)\}")
@@ -16,8 +18,6 @@ def with_engine_examples(epilog: str) -> str:
     """A command's epilog with each ``{place}`` marker replaced by the engines' example lines for that place
     (``gpu_impl.plugin.engine_examples``: the words each engine's folder holds), so the help names no engine of
     its own."""
-    from gpu_impl.plugin import engine_examples
-
     return _EXAMPLES.sub(lambda m: engine_examples(m.group(1)), epilog)
 
 

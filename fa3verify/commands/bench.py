@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from ..outputs import write_output
 from ..policy import load_policy
 from .fuzz import run_campaign, single_threaded_torch
 from .prove import prove
@@ -283,7 +284,6 @@ def run(args) -> int:
     for f in figs:
         if f.detail:
             print(f"{f.name}: {json.dumps(f.detail)}")
-    from ..outputs import write_output
 
     if args.json:
         write_output(args.json, json.dumps(to_json(figs), indent=2), "--json")

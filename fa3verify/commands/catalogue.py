@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+
+from ..errors import UsageError
+from ..outputs import deliver, write_output
 
 HELP = "run the bug catalogue: every seeded historical bug must be caught, and nothing may fire without it"
 EPILOG = """\
@@ -42,7 +46,6 @@ def register(sub) -> None:
 def run(args) -> int:
     from .. import exitcodes
     from ..catalogue import catalogue_markdown, resolve_ids, run_catalogue, write_corpus
-    from ..errors import UsageError
 
     try:
         ids = [e.id for e in resolve_ids(args.only)] if args.only else None
@@ -50,8 +53,6 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     mode = "full" if args.full else "fast"
     if args.write_docs:
-        from ..outputs import write_output
-
         write_output(args.write_docs, catalogue_markdown(), "--write-docs")
         print(f"wrote {args.write_docs}")
         return exitcodes.PASS
@@ -65,7 +66,6 @@ def run(args) -> int:
                             if show else None)
     summary = summarise(results, mode)
     print_catalogue(results)
-    from ..outputs import deliver
 
     return deliver(summary.exit_code, [("--json", args.json,
                                         lambda: write_catalogue_json(summary, results, args.json))], "catalogue")
@@ -137,10 +137,6 @@ def print_catalogue(results, console=None) -> None:
 
 
 def write_catalogue_json(summary, results, path: str) -> None:
-    import json
-
-    from ..outputs import write_output
-
     data = summary.to_dict()
     data["catalogue"] = [r.to_dict() for r in results]
 

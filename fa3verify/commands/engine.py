@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+
+from gpu_impl.plugin import engine_phrases, release_forms, release_spec
 
 from .arguments import with_engine_examples
+from ..errors import UsageError
+from ..outputs import deliver, write_output
 
 HELP = "engine environments (setup) and the gate over every release of an engine (matrix)"
 EPILOG = """\
@@ -19,7 +24,6 @@ examples:
 def register(sub) -> None:
     p = sub.add_parser("engine", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    from gpu_impl.plugin import engine_phrases, release_forms
 
     kinds = [row["kind"] for row in release_forms()]
     inner = p.add_subparsers(dest="engine_command", metavar="ACTION")
@@ -70,10 +74,6 @@ def _no_action(parser) -> int:
 def _release_spec(text: str, option: str):
     """The EngineSpec ``ENGINE==V`` names (a form that takes a release) if its plugin can set V up
     (``check_setup_release``: its message, and what to run instead); UsageError otherwise."""
-    from gpu_impl.plugin import release_forms, release_spec
-
-    from ..errors import UsageError
-
     spec = release_spec(text)
     if spec is None:
         forms = [row["prefix"] + "V" for row in release_forms()]
@@ -87,7 +87,6 @@ def _release_spec(text: str, option: str):
 
 def run_setup(args) -> int:
     from .. import exitcodes
-    from ..errors import UsageError
 
     spec = _release_spec(args.release, "ENGINE==V")
     engine, release = spec.kind, spec.release
@@ -114,8 +113,6 @@ def engine_releases(engine: str) -> list:
     UsageError naming --engine and the allowed kinds otherwise."""
     from gpu_impl.sut import EngineSpecError, releases_of
 
-    from ..errors import UsageError
-
     try:
         return releases_of(engine)
     except EngineSpecError as exc:
@@ -133,8 +130,6 @@ def parse_releases(text, engine: str):
     from gpu_impl.sut import ENGINE_REGISTRY
 
     from spec.model.engine_profiles import engine_profile_for
-
-    from ..errors import UsageError
 
     listed = [r for r, _ in engine_releases(engine)]
     if not text:
@@ -163,7 +158,6 @@ def run_matrix(args) -> int:
     from ..engine_choice import open_engine
     from ..engine_matrix import matrix_exit_code, matrix_json, matrix_markdown, matrix_table, matrix_verdict_line
     from ..engine_matrix import run_matrix as matrix
-    from ..errors import UsageError
     from .arguments import budget_from_args
 
     from ..sharding import parse_shard
@@ -201,7 +195,6 @@ def run_matrix(args) -> int:
         from ..matrix_fixes import fixes_markdown, fixes_table
 
         print(("\n" + fixes_markdown(fixes)) if args.markdown and fixes else fixes_table(fixes))
-    from ..outputs import deliver, write_output
 
     data = matrix_json(rows, fixes)
     if shard is not None:
@@ -218,6 +211,4 @@ def run_matrix(args) -> int:
 
 def _progress_line(line: str) -> None:
     """The matrix's progress (a line per stage and per release) goes to stderr, never into stdout's table."""
-    import sys
-
     print(f"fa3verify engine matrix: {line}", file=sys.stderr, flush=True)

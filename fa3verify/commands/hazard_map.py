@@ -42,6 +42,7 @@ from refmodel.prepare import prepare_scheduler
 from gpu_impl.plugin import engine_phrase
 
 from ..errors import UsageError
+from ..outputs import write_output
 
 SCHEMA = "fa3verify.hazard-map/1"
 
@@ -570,7 +571,6 @@ def run(args) -> int:
             parent = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(parent):
                 raise UsageError(f"{flag}: directory does not exist: {parent}")
-    from ..outputs import write_output
 
     png = io.BytesIO()
     render(hmap, png)

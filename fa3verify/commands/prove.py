@@ -10,6 +10,8 @@ import os
 import time
 from typing import Iterable, Optional
 
+from gpu_impl.plugin import release_spec
+
 from ..engine_choice import add_engine_argument, add_profile_argument
 from ..errors import UsageError
 from ..finding_terms import WITNESS_SUBDIR, apply_terms, case_file_terms, hint_for, replay_line
@@ -285,7 +287,6 @@ def _release_assumptions(text: str, release: str) -> tuple:
     """(facts, prover assumptions to drop) of the release ``--engine-profile`` names (its engine's
     ``assumption_facts``, spec/model/assumption_facts.json), printed: which assumptions the release enforces, which
     it does not, and what the prover therefore drops."""
-    from gpu_impl.plugin import release_spec
     from spec.model.assumption_facts import enforced, not_enforced, prover_drops
 
     spec = release_spec(text)

@@ -7,6 +7,7 @@ import os
 import sys
 
 from .arguments import with_engine_examples
+from ..errors import UsageError
 
 HELP = "runtime sanitizer: install the FA3VERIFY_SANITIZE start hook, replay a recorded mismatch"
 EPILOG = """\
@@ -40,8 +41,6 @@ def register(sub) -> None:
 
 
 def _python_of(venv):
-    from ..errors import UsageError
-
     if venv is None:
         return None
     for rel in ("bin/python", "bin/python3", "Scripts/python.exe"):
@@ -52,8 +51,6 @@ def _python_of(venv):
 
 
 def run(args) -> int:
-    from ..errors import UsageError
-
     action = getattr(args, "sanitize_command", None)
     if action is None:
         args.sanitize_parser.print_help()
@@ -99,7 +96,6 @@ def _check_importable(python: str, add_paths) -> None:
 def _replay(path: str) -> int:
     from gpu_impl.fa3_calls import argument_check, deep_check, pair_summary, quick_check
 
-    from ..errors import UsageError
     from ..sanitize.records import load_pair
 
     if not os.path.isfile(path):
