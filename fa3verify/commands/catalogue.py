@@ -6,12 +6,14 @@ import argparse
 import json
 import sys
 
+from gpu_impl.plugin import engine_phrases
+
 from ..errors import UsageError
 from ..outputs import deliver, write_output
 
 HELP = "run the bug catalogue: every seeded historical bug must be caught, and nothing may fire without it"
 EPILOG = """\
-Each entry is a real bug from FA3, a serving engine or FlashInfer (docs/catalogue.md), re-created as a seeded
+Each entry is a real bug from FA3, {engines} or FlashInfer (docs/catalogue.md), re-created as a seeded
 defect (gpu_impl/defects.py). The entry runs with its defect on -- the engines it names (prove, fuzz) must
 catch it -- and off -- nothing may fire (no false alarm). Exit 0 when every entry passes both, 1 otherwise,
 3 when a solver was inconclusive and nothing failed, 2 for bad arguments.
@@ -28,7 +30,7 @@ examples:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("catalogue", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("catalogue", help=HELP, description=HELP, epilog=EPILOG.replace("{engines}", ", ".join(engine_phrases("name"))),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", action="append", metavar="ID",
                    help="run only this entry (id such as 4 or 04, or its slug); repeatable")
