@@ -25,8 +25,8 @@ from typing import Optional
 
 from ..outputs import write_output
 from ..policy import load_policy
-from .fuzz import run_campaign, single_threaded_torch
-from .prove import prove
+from . import fuzz as fuzzing
+from . import prove as proving  # the work functions are looked up at call time (a test stands in for them)
 
 #: the bars for prove: every theorem under 5 s on 2 cores, the pre-fix refutation under 2 s
 BARS = {
@@ -82,7 +82,7 @@ def bench_prove() -> list[Figure]:
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cpu0 = cpu()
-    summary = prove(load_policy("fixed"), cases_dir=None)
+    summary = proving.prove(load_policy("fixed"), cases_dir=None)
     cpu_s = cpu() - cpu0
     per = {c.name: round(c.seconds, 3) for c in summary.checks}
     return [figure("prove_total_s", summary.elapsed_s, "s", "fa3verify prove", per_theorem=per),
@@ -99,12 +99,12 @@ def bench_time_to_first_failure(seeds=(0, 1, 2, 3, 4), fuzz_budget_s: float = 30
     policy = load_policy("pre-fix")
     prove_times = []
     for _ in seeds:
-        s = prove(policy, cases_dir=None, only=["hazard"])
+        s = proving.prove(policy, cases_dir=None, only=["hazard"])
         prove_times.append(s.first_failure_s if s.first_failure_s is not None else math.inf)
     kernel = load("emulated", mode="strict")
     fuzz_times = []
     for seed in seeds:
-        camp = run_campaign(policy, kernel, seed=seed, budget_s=fuzz_budget_s, stop_at_first_failure=True)
+        camp = fuzzing.run_campaign(policy, kernel, seed=seed, budget_s=fuzz_budget_s, stop_at_first_failure=True)
         fuzz_times.append(min((f.found_at_s for f in camp.failures.values()), default=math.inf))
     return [figure("ttf_prove_median_s", statistics.median(prove_times), "s",
                    "fa3verify prove --guard pre-fix --only hazard", samples=prove_times),
@@ -118,10 +118,10 @@ def bench_fuzz_throughput(budget_s: float = 10.0, seed: int = 0) -> list[Figure]
 
 
     kernel, policy = load("emulated", mode="strict"), load_policy("fixed")
-    camp = run_campaign(policy, kernel, seed=seed, budget_s=budget_s)
+    camp = fuzzing.run_campaign(policy, kernel, seed=seed, budget_s=budget_s)
     profiler = cProfile.Profile()
     profiler.enable()
-    profiled = run_campaign(policy, kernel, seed=seed + 1, budget_s=budget_s / 2)
+    profiled = fuzzing.run_campaign(policy, kernel, seed=seed + 1, budget_s=budget_s / 2)
     profiler.disable()
     return [figure("fuzz_cases_per_s", camp.cases / camp.elapsed, "cases/s",
                    f"fa3verify fuzz --budget-s {budget_s:g}", cases=camp.cases,
@@ -207,7 +207,7 @@ def _attention_ratio(gen) -> float:
 def run_all(quick: bool = False) -> list[Figure]:
     """Every figure, with torch on one thread as the fuzzer runs it; `quick` shortens budgets and seeds."""
 
-    with single_threaded_torch():
+    with fuzzing.single_threaded_torch():
         return _run_all(quick)
 
 
