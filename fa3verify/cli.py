@@ -18,6 +18,8 @@ from typing import Optional, Sequence
 from gpu_impl.errors import KernelUnavailable
 from spec.process.worker_client import WorkerError
 
+from gpu_impl.plugin import engine_phrase
+
 from . import __version__, exitcodes
 from .errors import OutputNotWritten, UsageError
 
@@ -56,10 +58,10 @@ run is inconclusive (exit 3)
 
 examples:
   fa3verify check                                   # proofs + short CPU fuzz on the fixed guard
-  fa3verify prove --guard pre-fix                   # the sglang guard before PR #30439: refuted
+  fa3verify prove --guard pre-fix                   # the {modelled} guard before PR #30439: refuted
   fa3verify gate --guard mypkg.backend:should_disable --junit report.xml
   fa3verify replay fa3verify-out/cases/fuzz-split-bound-bd7afb1e9e0fc5e8.json
-"""
+""".replace("{modelled}", engine_phrase("modelled"))
 
 
 class CommandLineParser(argparse.ArgumentParser):

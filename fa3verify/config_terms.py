@@ -4,7 +4,7 @@ Invariant: every token of a configuration label (``spec.model.domain.Config.labe
 splits=0``) gets one explanation from the same configuration the label was made from, in the label's order, with
 the server argument it stands for; the head-count fix hint of a witness names the layer's own head counts computed
 for that configuration and the features of that configuration under which the precompute must be off, and says
-whether sglang PR #30439's guard (prefill CP or DP attention) covers them: a witness with attention CP but no
+whether the modelled backend's PR #30439 guard (prefill CP or DP attention) covers them: a witness with attention CP but no
 prefill CP is not covered by that guard, so the hint never offers that guard as the fix for it. The words are data
 (``finding_hints.json``: ``label_tokens``, ``heads_fix``, ``guard_features``).
 """
@@ -20,12 +20,12 @@ __all__ = ["config_terms", "heads_hint", "witness_features"]
 
 def config_terms(server, model) -> list:
     """``[token, meaning]`` for every token of ``Config(server, model).label()``, in order ([] when the label
-    cannot be read, e.g. a vLLM configuration)."""
+    cannot be read, e.g. an engine's own configuration shape)."""
     from spec.model.domain import Config
 
     try:
         label = Config(server=server, model=model).label()
-    except Exception:  # not an sglang configuration: no label, no terms
+    except Exception:  # not a configuration of the model's shape: no label, no terms
         return []
     words = finding_hints()["label_tokens"]
     s = server
@@ -70,8 +70,8 @@ def witness_features(server) -> list:
 def heads_hint(server, model, guard_kept: Optional[str] = None) -> str:
     """The fix hint of a head-count finding for this configuration: the layer's own head counts (with this
     configuration's numbers), or a guard that disables the precompute under this witness's features; whether
-    PR #30439's guard covers them. ``guard_kept``: who kept the precompute (``guard 'fixed'``, ``sglang==0.5.23's
-    own guard``), named in the hint."""
+    PR #30439's guard covers them. ``guard_kept``: who kept the precompute (``guard 'fixed'``, ``ENGINE==V's own
+    guard``), named in the hint."""
     data = finding_hints()
     h, hk = server.layer_heads(model)
     fix = data["heads_fix"].format(H=model.num_heads, Hk=model.num_kv_heads, attn_tp=server.attn_tp_size, h=h,

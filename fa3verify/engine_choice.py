@@ -1,7 +1,7 @@
 """The ``--engine`` option: the one place where a command line turns an engine name into a system under test.
 
 Every command that runs scenarios (fuzz, gate, replay, run-ranks, prove's witness replay, conform) takes
-``--engine model|sglang==V|sglang-src=PATH|vllm==V|vllm-src=PATH|sut=MODULE:CLASS`` and opens it here, through
+``--engine FORM`` (the registry's forms, ``gpu_impl/engine_forms.json``) and opens it here, through
 :func:`gpu_impl.sut.open_sut` only. What this module needs to know about an engine it asks the spec (its row of
 ``gpu_impl.sut.ENGINE_REGISTRY``) or the system under test, never the engine's kind.
 A malformed name or an engine that cannot be opened (no environment, no ``gpu_impl.engines`` in this
@@ -17,12 +17,15 @@ non-default value together with a real engine is refused (exit 2) rather than si
 
 from __future__ import annotations
 
+import sys
+
 from typing import Optional
 
 from .errors import UsageError
 
 from gpu_impl.sut import ENGINE_HELP  # every form's words, from the registry (gpu_impl/engine_forms.json)
 from gpu_impl.sut import spec_from_identity  # the EngineSpec a case file's engine object names, by the registry
+from gpu_impl.plugin import engine_phrase, engine_phrases, profile_forms, release_forms, release_spec
 
 #: ``--engine``'s default: what a command runs on when the option is not given.
 DEFAULT_ENGINE = "model"
@@ -41,7 +44,7 @@ def is_unsupported(exc: BaseException) -> bool:
 
 
 def engine_validation(sut, server, model=None) -> tuple:
-    """(accepted, message) from the engine's own validation of a configuration (an sglang release's ServerArgs):
+    """(accepted, message) from the engine's own validation of a configuration (e.g. a release's ServerArgs):
     True, False (with the release's message), or None when it has none or it cannot run on CPU."""
     check = getattr(sut, "validate", None)
     if check is None:
@@ -70,7 +73,6 @@ def start_engine(sut, command: str, lines=None) -> None:
     """Start a real engine's worker (building its environment if needed) as its own progress stage; what it prints
     goes to stderr (progress never goes to stdout, which may carry a report). The model needs no start."""
     import contextlib
-    import sys
 
     from .progress import stage
 
@@ -86,7 +88,6 @@ def launch_engine(sut) -> None:
     (``launch``): its import runs beside the caller's next work and :func:`start_engine` waits for the rest. An
     environment build's lines go to stderr. Nothing for the model or an engine without ``launch``."""
     import contextlib
-    import sys
 
     launch = getattr(sut, "launch", None)
     if not getattr(sut, "has_worker", False) or launch is None:
@@ -101,7 +102,6 @@ def open_engine(spec_or_text, policy=None):
     from gpu_impl.sut import EngineSpecError, open_sut
 
     import contextlib
-    import sys
 
     spec = parse_engine_option(spec_or_text) if isinstance(spec_or_text, str) else spec_or_text
     try:
@@ -201,50 +201,52 @@ def engine_for_case(case, override: Optional[str] = None):
 
 
 def add_profile_argument(parser) -> None:
-    """``--engine-profile sglang==V``: run the model as release V's backend (spec/model/engine_profiles.json)."""
-    parser.add_argument("--engine-profile", metavar="sglang==V|vllm==V",
-                        help="model policy of an sglang release (0.5.11 .. 0.5.23): its precompute heads and guard "
-                             "from spec/model/engine_profiles.json, instead of --guard/--metadata-heads (prove also drops the assumptions the "
-                             "release does not enforce: spec/model/assumption_facts.json); vllm==V (prove, "
-                             "conform): vLLM's flow from gpu_impl/engines/vllm/profiles.json")
+    """``--engine-profile ENGINE==V``: run the model as release V's backend, or (prove, conform) an engine's own
+    flow profile; the forms and their words are the engines' (``gpu_impl.plugin.profile_forms``)."""
+    parser.add_argument("--engine-profile", metavar="|".join(profile_forms() + profile_forms("flow-theorem")),
+                        help="; ".join(engine_phrases("profile help")))
 
 
 def profile_policy_args(args):
     """(guard, metadata_heads, profile) for ``--engine-profile`` (None when not given); UsageError otherwise."""
-    from spec.model.engine_profiles import ProfileError, profile_for, release_named
-
     text = getattr(args, "engine_profile", None)
     if not text:
         return args.guard, args.metadata_heads, None
-    if release_named(text) is None:
-        raise UsageError(f"--engine-profile: want sglang==V (or, for prove, vllm==V) with V in a profiled release, "
-                         f"got {text!r}")
+    spec = release_spec(text)
+    if spec is None or spec.plugin.profile_proof() != "model-policy":
+        raise UsageError(f"--engine-profile: want {' or '.join(profile_forms())} (or, for prove, "
+                         f"{' or '.join(profile_forms('flow-theorem'))}) with V in a profiled release, got {text!r}")
     for dest, option, default in POLICY_OPTIONS[:2]:
         if getattr(args, dest, default) != default:
             raise UsageError(f"{option}: cannot be combined with --engine-profile (the profile sets it)")
     try:
-        profile = profile_for(release_named(text))
-    except ProfileError as exc:
+        profile = spec.plugin.release_profile(spec.release)
+    except ValueError as exc:
         raise UsageError(f"--engine-profile: {exc}") from None
     return profile.guard_spec, profile.precompute_heads, profile
 
 
-def vllm_profile_arg(args):
-    """The vLLM profile ``--engine-profile vllm==V`` names (None for anything else); UsageError when it is combined
-    with a policy option (the profile sets both sides) or names no profiled release."""
-    from gpu_impl.plugin import engine_profile_for
-    from spec.model.engine_profiles import ProfileError, release_named
+def profile_proof_of(args) -> str:
+    """How ``prove`` proves the ``--engine-profile`` it is given (its engine's ``profile_proof``); without one, or
+    for a name no engine profiles, ``"model-policy"`` (the model's theorems under the policy options, which refuse
+    a bad name)."""
+    spec = release_spec(getattr(args, "engine_profile", None))
+    return (spec.plugin.profile_proof() if spec is not None else None) or "model-policy"
 
+
+def flow_profile_arg(args):
+    """(spec, profile) of ``--engine-profile ENGINE==V`` for an engine with a theorem of its own; UsageError when it
+    is combined with a policy option (the profile sets both sides) or names no profiled release."""
     text = getattr(args, "engine_profile", None)
-    if release_named(text, "vllm") is None:
-        return None
+    spec = release_spec(text)
     for dest, option, default in POLICY_OPTIONS:
         if getattr(args, dest, default) != default:
-            raise UsageError(f"{option}: does not apply to --engine-profile {text} (vLLM's profile says what each "
-                             f"side passes; sglang's guard and head options do not exist there)")
+            raise UsageError(f"{option}: does not apply to --engine-profile {text} ("
+                             f"{spec.plugin.phrase('name')}'s profile says what each side passes; "
+                             f"{engine_phrase('modelled')}'s guard and head options do not exist there)")
     try:
-        return engine_profile_for(text)[1]
-    except ProfileError as exc:
+        return spec, spec.plugin.release_profile(spec.release)
+    except ValueError as exc:
         raise UsageError(f"--engine-profile: {exc}") from None
 
 
@@ -252,20 +254,22 @@ def conform_profile(text: Optional[str], sut):
     """The profile conformance checks: ``--engine-profile`` if given, else the one the system under test says it
     conforms to (``sut.conformance_profile()``: by default its release; a checkout: the release its identity
     names); UsageError when there is none."""
-    from spec.model.engine_profiles import ProfileError, profile_for, release_named
+    def played(spec):
+        return spec if spec is not None and spec.plugin.profile_proof() == "model-policy" else None
 
-    release = None
+    named = None
     if text:
-        release = release_named(text)
-        if release is None:
-            raise UsageError(f"--engine-profile: want sglang==V, got {text!r}")
+        named = played(release_spec(text))
+        if named is None:
+            raise UsageError(f"--engine-profile: want {' or '.join(profile_forms())}, got {text!r}")
     else:
-        named = sut.conformance_profile()
-        release = release_named(named) if named else None
-    if not release:
+        own = sut.conformance_profile()
+        named = played(release_spec(own)) if own else None
+    if named is None or not named.release:
+        example = next(row["example"] for row in release_forms() if played(release_spec(row["example"])))
         raise UsageError(f"--engine-profile: {sut.spec} names no release; say which profile to check "
-                         f"(e.g. --engine-profile sglang==0.5.23)")
+                         f"(e.g. --engine-profile {example})")
     try:
-        return profile_for(release)
-    except ProfileError as exc:
+        return named.plugin.release_profile(named.release)
+    except ValueError as exc:
         raise UsageError(f"--engine-profile: {exc}") from None

@@ -2,12 +2,13 @@
 
 Invariant: on a real engine every verdict comes from running that engine's own code; the model only supplies
 inputs. The stages of an engine's gate (``fa3verify.commands.gate.gate`` runs what ``sut.proof_plan()`` names) give
-these rows: (1) the z3 theorems that search for hazardous configurations, run on the model with sglang's ``tp`` head counts under no guard and under the release's own guard, with and without the
+these rows: (1) the z3 theorems that search for hazardous configurations, run on the model with the modelled backend's ``tp`` head counts under no guard and under the release's own guard, with and without the
 assumptions the system under test says its code does not enforce (:func:`witness_plan`; so every configuration
 the release accepts where reusing metadata can overflow has a witness), shown for information; (2) each distinct
 witness put to the engine's own validation (rejected: counted with the release's message, not run) and replayed on
-the engine (fails if the engine's calls break an invariant there); on vLLM also (2') its own theorem,
-``vllm-flow`` under the release's profile, counting like a prove row; (3) the fuzz campaign on the engine.
+the engine (fails if the engine's calls break an invariant there); on an engine with a theorem of its own also
+(2') that theorem (its plugin's ``flow_theorem``) under the release's profile, counting like a prove row; (3) the
+fuzz campaign on the engine.
 Findings are case files carrying the engine (``spec.model.cases`` ``engine``), which replay on it.
 
 ``prove --engine X`` uses :func:`replay_witnesses` too: the theorems run under the chosen model policy, and
@@ -50,7 +51,7 @@ class WitnessSearch(NamedTuple):
 
 def release_profile(sut):
     """The profile (spec.model.engine_profiles) of the release ``sut`` runs or stands beside (a checkout: its nearest
-    release), or None (the model, vLLM, an unprofiled release)."""
+    release), or None (the model, an engine without model profiles, an unprofiled release)."""
     from spec.model.engine_profiles import ProfileError, profile_for
 
     from .engine_choice import identity_of
@@ -173,25 +174,24 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
     return checks, findings
 
 
-def vllm_flow_rows(sut, timeout_s: float, cases_dir: str, kernel=None, replay: bool = True) -> RunSummary:
-    """vLLM's own theorem for the gate: ``vllm-flow`` under the release's profile (``prove --engine-profile
-    vllm==V``, a failed row when refuted), its counterexample replayed on the engine (``replay`` False: the
-    caller replays it); a release without a profile is an inconclusive row (the theorem cannot run), never a
-    pass."""
-    from spec.model.engine_profiles import ProfileError
+def flow_theorem_rows(sut, timeout_s: float, cases_dir: str, kernel=None, replay: bool = True) -> RunSummary:
+    """The engine's own theorem for the gate (its plugin's ``flow_theorem``) under the release's profile (``prove
+    --engine-profile ENGINE==V``, a failed row when refuted), its counterexample replayed on the engine (``replay``
+    False: the caller replays it); a release without a profile is an inconclusive row (the theorem cannot run),
+    never a pass."""
+    from .commands.prove import prove_flow
 
-    from .commands.prove import prove_vllm
-
-    try:  # the engine's own profile, from its plugin; a checkout: its nearest release's
-        profile = sut.spec.plugin.release_profile(getattr(sut, "release", None) or sut.spec.release)
-    except ProfileError as exc:
+    plugin = sut.spec.plugin
+    try:
+        profile = plugin.release_profile(getattr(sut, "release", None) or sut.spec.release)  # a checkout: its nearest
+    except ValueError as exc:
         out = RunSummary(command="gate")
-        out.checks.append(Check(name="vllm-flow", kind="theorem", verdict=TheoremVerdict.INCONCLUSIVE, seconds=0.0,
+        out.checks.append(Check(name=plugin.flow_theorem, kind="theorem", verdict=TheoremVerdict.INCONCLUSIVE, seconds=0.0,
                                 inconclusive=True,
                                 message=f"{exc}: the flow theorem needs the release's profile "
-                                        f"(gpu_impl/engines/vllm/profiles.json; `conform --engine {sut.spec}` checks one)"))
+                                        f"({plugin.flow_profiles_file}; `conform --engine {sut.spec}` checks one)"))
         return out
-    out = prove_vllm(profile, timeout_s=timeout_s, cases_dir=cases_dir)
+    out = prove_flow(sut.spec, profile, timeout_s=timeout_s, cases_dir=cases_dir)
     refuted = [c.case_file for c in out.checks if c.verdict == TheoremVerdict.REFUTED and c.case_file]
     if refuted and replay:
         checks, findings = replay_witnesses(sut, refuted, cases_dir, kernel=kernel)
@@ -260,7 +260,7 @@ def witness_stages(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir:
 def flow_stage(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/cases",
                kernel_name: str = "emulated", device: str = "cpu", witness_cache: Optional[dict] = None,
                lines: Optional[bool] = None, deferred: Optional[list] = None) -> None:
-    """The gate's ``"flow-theorem"`` stage: :func:`vllm_flow_rows` (z3 under the release's profile), merged into
+    """The gate's ``"flow-theorem"`` stage: :func:`flow_theorem_rows` (z3 under the release's profile), merged into
     ``summary``; a refutation's counterexample replayed on the engine (queued on ``deferred`` when given)."""
     from gpu_impl.kernels import load
 
@@ -269,9 +269,9 @@ def flow_stage(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir: str
     kernel = load(kernel_name, mode="strict", device=device)
     flow = RunSummary(command="gate")
     refuted: list = []
-    with stage("gate", "vllm-flow theorem (z3 under the release's profile)", lines,
+    with stage("gate", f"{sut.spec.plugin.flow_theorem} theorem (z3 under the release's profile)", lines,
                result=lambda: _failed(flow.checks)):
-        flow = vllm_flow_rows(sut, timeout_s, cases_dir, kernel=kernel, replay=False)
+        flow = flow_theorem_rows(sut, timeout_s, cases_dir, kernel=kernel, replay=False)
         refuted = [c.case_file for c in flow.checks if c.verdict == TheoremVerdict.REFUTED and c.case_file]
     summary.merge(flow)
     if refuted:

@@ -1,7 +1,7 @@
-"""The engine matrix: the gate on every release of one engine (sglang's or vLLM's), one row each, explained
+"""The engine matrix: the gate on every release of one engine (a registry form that takes a release), one row each, explained
 against the release's profile, and each failing row's cases replayed on every later release (the fix release).
 
-Invariant: each row is the verdict of ``gate --engine sglang==V`` on that release's own code (witnesses and a
+Invariant: each row is the verdict of ``gate --engine ENGINE==V`` on that release's own code (witnesses and a
 fuzz campaign, ``fa3verify.engine_gate``), next to what facts about the release's code predict
 (:func:`expected_verdict`: the witness theorems under its profile, ``spec/model/engine_profiles.json``, with the
 assumptions it does not enforce dropped, ``spec/model/assumption_facts.json``): a release that accepts some configuration
@@ -27,9 +27,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 from spec.finding import MatrixVerdict, ProbeResult, TheoremVerdict
+from gpu_impl.plugin import release_forms
 from spec.process.worker_client import WorkerError
 
 from . import exitcodes
+from .errors import UsageError
 
 SCHEMA = "fa3verify.engine-matrix/1"
 
@@ -60,7 +62,7 @@ class MatrixRow:
     #: the FA3 build that judged the row (refmodel/fa3_builds.json; set from the release in __post_init__)
     fa3_build: str = ""
     #: the engine (a registry kind of gpu_impl/engine_forms.json whose form takes a release)
-    engine: str = "sglang"
+    engine: str = field(default_factory=lambda: default_engine())
     #: paths the release's domain lists as not covered, each with why (``gpu_impl.domain.reach_report``)
     not_covered: dict = field(default_factory=dict)
     #: the release whose row ran this one ("" : itself; another: its driven files are byte-identical)
@@ -130,19 +132,31 @@ def run_probes(sut) -> dict:
     return out
 
 
+def default_engine() -> str:
+    """The engine the matrix gates unless told: the first registry form that takes a release."""
+    return release_forms()[0]["kind"]
+
+
+def engine_plugin(engine: Optional[str]):
+    """The plugin of registry kind ``engine`` (None: :func:`default_engine`)."""
+    from gpu_impl.sut import EngineSpec
+
+    return EngineSpec(engine or default_engine()).plugin
+
+
 def expected_verdict(profile, facts: Optional[dict] = None, timeout_s: float = 10.0,
-                     cases_dir: Optional[str] = None) -> str:
+                     cases_dir: Optional[str] = None, engine: Optional[str] = None) -> str:
     """What the release's code predicts, derived from facts about it rather than written down: the witness theorems
     (``prefill-cp-hazard``, ``guard-soundness``) under the release's profile (its heads and guard) with the prover assumptions
     the release does not enforce dropped (``facts``, ``spec.model.assumption_facts``): ``fail`` when one is refuted (some
     configuration the release accepts overflows), ``pass`` when all are proved, ``inconclusive`` otherwise."""
-    from spec.model.assumption_facts import facts_for, prover_drops
+    from spec.model.assumption_facts import prover_drops
 
     from .engine_gate import WITNESS_THEOREMS
     from .policy import load_policy
     from .commands.prove import theorem_results
 
-    facts = facts_for("sglang", profile.release) if facts is None else facts
+    facts = engine_plugin(engine).assumption_facts(profile.release) if facts is None else facts
     policy = load_policy(profile.guard_spec, profile.precompute_heads)
     results = [r for r in theorem_results(policy, timeout_s=timeout_s, cases_dir=cases_dir,
                                           only=list(WITNESS_THEOREMS), dropped_assumptions=prover_drops(facts))
@@ -177,12 +191,13 @@ def case_family(case, sut=None) -> tuple[str, str]:
 
 
 def row_from_summary(release: str, profile, summary, seconds: float, expected: str = "", sut=None,
-                     engine: str = "sglang") -> MatrixRow:
+                     engine: Optional[str] = None) -> MatrixRow:
     """A matrix row from one release's gate summary (findings' case files give families and paths, named by
     ``sut`` where it names them). ``expected`` "" on a release whose profile has its own theorem: the gate's row
     for it predicts (:func:`own_theorem_prediction`)."""
     from spec.model.cases import Case
 
+    engine = engine or default_engine()
     invariants, families, paths, files = set(), set(), set(), []
     for f in summary.findings:
         invariants.add(f.invariant)
@@ -214,7 +229,7 @@ def describe_profile(profile) -> str:
 
 def own_theorem_prediction(summary) -> str:
     """What a release's own profile theorem predicts, read from the gate's row for it (a theorem row that is not
-    a witness search: vLLM's flow theorem): ``pass`` when proved, ``fail`` when refuted, "" when the gate has no
+    a witness search: the engine's own flow theorem): ``pass`` when proved, ``fail`` when refuted, "" when the gate has no
     such row or it could not decide."""
     rows = [c for c in summary.checks if c.kind == "theorem" and not c.name.startswith("witness search")]
     if not rows or any(c.inconclusive or c.verdict not in (TheoremVerdict.PROVED, TheoremVerdict.REFUTED)
@@ -233,27 +248,27 @@ def release_profile(engine: str, release: str):
         return None
 
 
-def predicted_verdict(profile, timeout_s: float, cases_dir: str) -> str:
+def predicted_verdict(profile, timeout_s: float, cases_dir: str, engine: Optional[str] = None) -> str:
     """The prediction made before the gate: a profile the model plays (it names a model ``policy``) by the
     witness theorems (:func:`expected_verdict`); "" for any other (its own theorem runs in the gate)."""
     if profile is None or not callable(getattr(profile, "policy", None)):
         return ""
-    return expected_verdict(profile, timeout_s=timeout_s, cases_dir=cases_dir)
+    return expected_verdict(profile, timeout_s=timeout_s, cases_dir=cases_dir, engine=engine)
 
 
 def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None,
                seed: int = 0, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/engine-matrix",
-               progress: Optional[Callable[[str], None]] = None, with_probes: bool = True, engine: str = "sglang",
+               progress: Optional[Callable[[str], None]] = None, with_probes: bool = True, engine: Optional[str] = None,
                runs_as: Optional[dict] = None, fixes: Optional[list] = None) -> list:
     """Gate every release of ``engine`` (``open_sut(release)`` opens it; a UsageError or a worker that cannot start
     there makes an 'unavailable' row with the reason). ``runs_as``: release -> the release whose row runs it (a
     release sharing an earlier row copies that row, saying so). ``fixes``: a list that receives the fix-release
     replays (:class:`fa3verify.matrix_fixes.FixLedger` entries): every failing row's case files replayed on their own
     release and on every later one, while that release's engine is open."""
-    from .errors import UsageError
     from .commands.gate import gate
     from .matrix_fixes import FixLedger
 
+    engine = engine or default_engine()
     say = progress or (lambda line: None)
     say("witness searches on the model are shared by releases with the same guard and assumptions")
     witness_cache: dict = {}
@@ -270,7 +285,7 @@ def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, m
         start = time.perf_counter()
         if callable(getattr(profile, "policy", None)):
             say(f"{engine} {release}: expected verdict from its facts (z3) ...")
-        expected = predicted_verdict(profile, timeout_s, f"{cases_dir}/expected/{release}")
+        expected = predicted_verdict(profile, timeout_s, f"{cases_dir}/expected/{release}", engine)
         say(f"{engine} {release}: environment ...")
         try:
             sut = open_sut(release)
@@ -349,8 +364,8 @@ def _reach_cell(counts: dict) -> str:
 
 
 def matrix_markdown(rows) -> str:
-    """The matrix as a Markdown table (docs/engines.md; docs/engines-vllm.md for an engine without family probes,
-    whose rows give the reach per path instead)."""
+    """The matrix as a Markdown table (docs/engines.md); an engine without family probes gets the reach per path
+    in its rows instead."""
     if rows and all(r.probes is None for r in rows):
         out = ["| release | verdict | expected (profile) | invariants violated | configuration families | path | "
                "reach (cases per path) | cases | seconds |", "|---|---|---|---|---|---|---|---|---|"]

@@ -6,8 +6,8 @@ Invariant: for every named build (refmodel/fa3_builds.json) refmodel returns exa
 The vectors (``fidelity_vectors/<build>.json``, with the source repo and commit) were generated once by
 ``scripts/gen_build_vectors.py``, which compiles the build's own headers with g++ on the CPU; CI compares
 against them without the upstream source. Compared per vector: the sm90 tile (kBlockM, kBlockN) under the build
-(refmodel.fa3_scheduler ``tile_size_fwd_sm90`` upstream, refmodel.fa3_builds ``tile_size_fwd_sm90_vllm_fork``
-for the fork), ``num_splits_heuristic``, ``should_pack_gqa`` and, where the build has it, ``use_one_mma_wg``.
+(refmodel.fa3_scheduler ``tile_size_fwd_sm90`` upstream, refmodel.fa3_builds ``tile_size_fwd_sm90_build`` for
+a fork that compiles its own decode-tile choice), ``num_splits_heuristic``, ``should_pack_gqa`` and, where the build has it, ``use_one_mma_wg``.
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ def _model(build_name: str) -> dict:
     from refmodel import fa3_builds
     from refmodel.fa3_scheduler import num_splits_heuristic, should_pack_gqa, tile_size_fwd_sm90
 
-    if build_name == fa3_builds.VLLM_FORK:
+    if fa3_builds.build(build_name).one_mma_wg == "fork":  # a fork's own tile table (softcap, v_colmajor unused)
         def tile(d, dv, c, l, e, vc, pg, sc, wg):
-            return fa3_builds.tile_size_fwd_sm90_vllm_fork(d, dv, bool(c), bool(l), e, bool(pg), bool(wg))
+            return fa3_builds.tile_size_fwd_sm90_build(build_name, d, dv, bool(c), bool(l), e, bool(pg),
+                                                       one_mma_wg=bool(wg))
     else:
         def tile(d, dv, c, l, e, vc, pg, sc, wg):
             return tile_size_fwd_sm90(d, dv, bool(c), bool(l), e, paged_kv_non_tma=bool(pg), softcap=bool(sc),

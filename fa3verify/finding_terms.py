@@ -5,7 +5,7 @@ a CUDA graph's capture or replay), the FA3 arguments that differ between ``get_s
 S_p and S_c, the guard's decision, the evidence message and the fix hint -- comes from running the saved case
 once on the system under test that found it, so a finding and the replay of its case file show the same numbers.
 The argument pairs are the normalised events of ``gpu_impl.fa3_calls.pair_summary`` (real engines' traces) or
-``gpu_impl.model_pairs.model_pairs`` (the model's), what sglang's ``flashattention_backend.py`` passes to FA3.
+``gpu_impl.model_pairs.model_pairs`` (the model's), what the backend's attention code passes to FA3.
 
 The hints are data (``finding_hints.json``); :func:`replay_line` is the one place a replay command is written.
 
@@ -14,8 +14,8 @@ and a run-ranks verdict.
 
 Invariant: such a finding carries the same terms as a fuzz, gate or replay finding (``fa3verify.finding_terms``:
 configuration, path, the FA3 arguments that differ, S_p vs S_c, the guard's decision, a fix hint), each read from
-data the finding has -- a sanitizer finding from the precompute/call pair it recorded (what sglang's
-``flashattention_backend.py`` passed to FA3, normalised by ``gpu_impl.fa3_calls.pair_summary``) and, for the
+data the finding has -- a sanitizer finding from the precompute/call pair it recorded (what the engine's
+attention backend passed to FA3, normalised by ``gpu_impl.fa3_calls.pair_summary``) and, for the
 configuration, its replayable case; a run-ranks finding from one run of its case file on the model, the scenario
 every rank ran -- and a term the data does not give is left empty, never guessed.
 """
@@ -90,20 +90,20 @@ def config_label(server, model) -> str:
 
     try:
         return Config(server=server, model=model).label()
-    except Exception:  # a configuration the label cannot read (e.g. a vLLM case): no label, never a crash
+    except Exception:  # a configuration the label cannot read (an engine's own shape): no label, never a crash
         return ""
 
 
 def configuration_terms(server, model) -> dict:
     """``{"config": label, "config_terms": [[token, meaning], ...]}`` of a configuration (both empty when it is not
-    an sglang configuration): the one place a finding's configuration is written."""
+    a configuration of the model's shape): the one place a finding's configuration is written."""
     from .config_terms import config_terms
 
     return {"config": config_label(server, model), "config_terms": config_terms(server, model)}
 
 
 def ran_on(spec, scenario=None) -> str:
-    """Which system under test ran: ``sglang==0.5.23``, or ``the model (guard 'pre-fix', heads tp)``."""
+    """Which system under test ran: ``ENGINE==V``, or ``the model (guard 'pre-fix', heads tp)``."""
     return _spec(spec).plugin.ran_on(_spec(spec), scenario)
 
 
@@ -240,7 +240,7 @@ def terms_of_verdict(scenario, verdict, invariant: Optional[str] = None, spec=No
 def case_file_terms(path: str, guard: Optional[str] = None, invariant: Optional[str] = None) -> Optional[dict]:
     """The terms of a saved scenario case replayed on the model, under ``guard`` (the guard the user named on
     the command line; None: the case's own when it is this project's). None when the case is not a scenario the
-    model runs (a vLLM or kernel-level case, a sharded-KV witness)."""
+    model runs (a case carrying an engine's own options, a kernel-level case, a sharded-KV witness)."""
     from gpu_impl.kernels import load
     from gpu_impl.engines.model.sut import ModelSUT
 
@@ -258,7 +258,7 @@ def case_file_terms(path: str, guard: Optional[str] = None, invariant: Optional[
 
 
 def config_label_of_case(case) -> str:
-    """The configuration label of a case file's server and model ('' when they are not an sglang configuration)."""
+    """The configuration label of a case file's server and model ('' when they are not of the model's shape)."""
     from spec.model.config import ModelConfig, ServerConfig
 
     try:

@@ -6,7 +6,7 @@ the older ``fa3verify.kernel-case/1`` is still read) is what the catalogue's ker
 :class:`KernelCallSUT` is the system under test the campaign drives for them, behind the same ``observe``
 interface as the scenario systems (``fa3verify.commands.fuzz.ScenarioTarget``). Seeded defects are applied from
 outside: ``kernel``-layer switches through ``EmulatedKernel.with_defects``, ``caller``-layer switches by
-:func:`seed_caller_defects` (the caller here is vLLM's cascade attention, vllm/v1/attention/backends/flash_attn.py).
+:func:`seed_caller_defects` (the caller here is a serving engine's cascade attention; the catalogue names its file).
 
 Outcomes: "shape_error" (FA3's loud check), "violation" (an out-of-bounds access, a crash -- NO_CRASH -- or a
 numerics property: NO_NAN, MASKED_ROW_LSE, MATCHES_ORACLE), "clear_error" (a ValueError naming the argument, or
@@ -37,7 +37,7 @@ def seed_caller_defects(call: dict, defects: Iterable[str]) -> dict:
     """The call as a caller with ``defects`` issues it (``caller``-layer switches of gpu_impl.defects).
 
     ``cascade-prefix-metadata-batch-size``: the shared-prefix metadata is built for ``num_reqs`` batches instead
-    of the one batch the prefix call runs as (vLLM PR #17283). Idempotent, so a case that already carries the
+    of the one batch the prefix call runs as (the engine's PR #17283). Idempotent, so a case that already carries the
     defective metadata (``fa3verify.kernel-case/1``) replays the same.
     """
     from .strategies.kernel_calls import cascade_prefix_metadata

@@ -137,7 +137,7 @@ def run_ranks(cases: Sequence[Any] | Any, world: Optional[int] = None, backend: 
               timeout_s: float = DEFAULT_TIMEOUT_S, out_dir: Optional[str] = None,
               numerics: bool | Sequence[bool] = True, inject_fault: Optional[str] = None) -> list[MultiRankResult]:
     """Run each case with one spawned process per attention rank (torch.multiprocessing spawn, gloo on loopback
-    or NCCL; models a multi-GPU sglang deployment's attention ranks) and return one result per case; every
+    or NCCL; models a multi-GPU serving deployment's attention ranks) and return one result per case; every
     process is gone when this returns.
 
     ``numerics`` (one flag, or one per case): run the kernel on tensors and judge outputs against the oracle;

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from gpu_impl.plugin import engine_phrase
+
 from .errors import UsageError
 
 METADATA_HEADS = ("tp", "attn_tp")
@@ -14,7 +16,8 @@ UPSTREAM_BUILD = "upstream-0251105a"
 
 @dataclass(frozen=True)
 class Policy:
-    """A backend policy: guard spec and callable, metadata head counts, runner hygiene (sglang PR #30439)."""
+    """A backend policy: guard spec and callable, metadata head counts, runner hygiene (the modelled backend's
+    PR #30439)."""
 
     guard_spec: str
     guard: Callable[[Any], Any]
@@ -78,14 +81,15 @@ def add_guard_timeout_argument(parser) -> None:
 
 def add_policy_arguments(parser) -> None:
     """The policy options shared by prove, fuzz and gate."""
+    modelled = engine_phrase("modelled")
     add_guard_timeout_argument(parser)
     parser.add_argument("--guard", default="fixed", metavar="SPEC",
                         help="guard deciding whether the backend skips the metadata precompute: 'fixed' "
-                             "(sglang PR #30439, default), 'pre-fix' (DP attention only), 'none', or your own "
+                             f"({modelled} PR #30439, default), 'pre-fix' (DP attention only), 'none', or your own "
                              "as package.module:function or path/to/file.py:function. "
                              "Example: --guard examples/guards/prefix_guard.py:should_disable")
     parser.add_argument("--metadata-heads", default="tp", choices=METADATA_HEADS,
-                        help="head counts the precompute uses: 'tp' = H//tp_size as sglang does (default), "
+                        help=f"head counts the precompute uses: 'tp' = H//tp_size as {modelled} does (default), "
                              "'attn_tp' = H//attn_tp_size, the root-cause fix")
     parser.add_argument("--keep-stale-cp-metadata", action="store_true",
                         help="model the runner before the fix: a batch keeps CP metadata left by an earlier step")

@@ -21,6 +21,7 @@ from . import exitcodes
 from .errors import UsageError
 from .summary import SCHEMA as RUN_SCHEMA
 from .summary import Check, Finding, RunSummary
+from .outputs import deliver, read_json, write_output
 
 FIELD = "REPORT.json"
 
@@ -33,7 +34,6 @@ def _known(cls, data: dict) -> dict:
 def load_shard_report(path: str) -> dict:
     """A shard report (a run summary or an engine matrix written with ``--shard K/N --json``); UsageError else."""
     from .engine_matrix import SCHEMA as MATRIX_SCHEMA
-    from .outputs import read_json
 
     data = read_json(path, FIELD)
     if not isinstance(data, dict) or data.get("schema") not in (RUN_SCHEMA, MATRIX_SCHEMA):
@@ -217,7 +217,6 @@ def merge(paths, json_out: Optional[str] = None, junit_out: Optional[str] = None
     returns the joined exit code."""
     from .engine_matrix import SCHEMA as MATRIX_SCHEMA
     from .engine_matrix import matrix_exit_code, matrix_json, matrix_table, matrix_verdict_line
-    from .outputs import deliver, write_output
     from .summary import print_table, write_junit
 
     if not paths:

@@ -5,9 +5,9 @@ by a quarter, an eighth, ... down to one token less), then simplify the configur
 1, the H200's SM count, the shortest context that still holds every sequence). A candidate is kept only when it
 still shows the same signature; the search goes on over the smaller case's candidates from the position of the
 one kept, round to it, so it ends at a case none of whose candidates fails the same way; invalid candidates (a
-configuration sglang would reject; for a case carrying an engine's options, one outside that engine's domain:
-the assumptions its plugin does not require, ``EnginePlugin.assumptions_not_required``) are skipped without
-being run.
+configuration the modelled backend would reject; for a case carrying an engine's own options, one outside that
+engine's domain: the assumptions its plugin does not require, ``EnginePlugin.assumptions_not_required``) are
+skipped without being run.
 
 Shrinking is bounded by **steps**, the candidates it runs (calls of ``still_fails``; a skipped invalid candidate
 is not a step), so the same failing case shrinks to the same result on any machine, fast or slow. A time-boxed

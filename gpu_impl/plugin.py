@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 __all__ = ["EnginePlugin", "PolicyOptionRefused", "OwnProfileRefused", "ClaimCheck", "ClaimReport", "load_plugin",
-           "case_options_schemas", "options_plugin", "engine_strategy_families", "engine_profile_for", "release_form"]
+           "case_options_schemas", "options_plugin", "engine_strategy_families", "engine_profile_for", "release_form",
+           "engine_examples", "engine_phrase", "engine_phrases", "profile_forms", "release_forms", "release_spec",
+           "sanitizer_targets"]
 
 
 class PolicyOptionRefused(ValueError):
@@ -92,6 +94,28 @@ class EnginePlugin:
     def profiled_releases(self) -> Optional[str]:
         """The releases with a profile, in words for a message (``0.5.11 .. 0.5.23``); None: no profiles."""
         return None
+
+    # -- words: what the command line says about the engine (``words.json`` in its folder) --------------------------
+    def words(self) -> dict:
+        """The engine's words (its folder's ``words.json``: ``examples`` per command, ``phrases`` by key), {} when
+        it has none; read once."""
+        cached = self.__dict__.get("_words")
+        if cached is None:
+            import json
+            import sys
+            from pathlib import Path
+
+            path = Path(sys.modules[type(self).__module__].__file__).with_name("words.json")
+            cached = self.__dict__["_words"] = json.loads(path.read_text()) if path.is_file() else {}
+        return cached
+
+    def phrase(self, key: str) -> str:
+        """One of its phrases (``words.json`` ``phrases``); KeyError when it has none by that key."""
+        return self.words()["phrases"][key]
+
+    def examples(self, command: str) -> list:
+        """The example lines a command's help gives for this engine (``words.json`` ``examples``)."""
+        return list(self.words().get("examples", {}).get(command, ()))
 
     # -- opening ------------------------------------------------------------------------------------------------
     def open(self, spec, policy=None):
@@ -218,6 +242,61 @@ class EnginePlugin:
         replayed on it."""
         return ("witnesses",)
 
+    # -- profiles and facts --------------------------------------------------------------------------------------
+    def assumption_facts(self, release: str) -> dict:
+        """``{ASSUMPTION_*: fact}`` of ``release`` (spec/model/assumption_facts.json): which prover assumptions its
+        own code enforces; {} when none are recorded."""
+        return {}
+
+    #: the name of its own theorem (the ``flow-theorem`` proof stage), or None when it has none
+    flow_theorem: Optional[str] = None
+    #: where its flow profiles are kept, for a message naming a release without one
+    flow_profiles_file: str = ""
+
+    def flow_results(self, profile, timeout_s: float = 10.0, cases_dir=None) -> list:
+        """Its own theorem under ``profile``: the results (``spec.theorems`` result objects), a refutation's
+        counterexample written into ``cases_dir`` as a case file that replays on the engine."""
+        return []
+
+    def profile_proof(self) -> Optional[str]:
+        """How ``prove --engine-profile ENGINE==V`` proves its release's profile: ``"model-policy"`` (the model
+        plays the profile's heads and guard under every theorem), ``"flow-theorem"`` (its own theorem,
+        :attr:`flow_theorem`), or None (it has no release profiles)."""
+        return None
+
+    def check_setup_release(self, release: str) -> None:
+        """Refuse, before an environment is built, a release it cannot gate (ValueError with what to run instead);
+        by default the environment's own check decides."""
+
+    def release_text(self, release) -> str:
+        """``ENGINE==V`` for ``release``: this engine's form that takes a release."""
+        for row in release_forms():
+            if load_plugin(row["plugin"]) is self:
+                return row["prefix"] + str(release)
+        return str(release)
+
+    def flow_ran_on(self, profile) -> str:
+        """What ran its theorem, in a finding's terms."""
+        return f"the model of {profile.release}"
+
+    # -- the runtime sanitizer -------------------------------------------------------------------------------------
+    def sanitizer_entry_points(self) -> dict:
+        """``module -> {function: kind}`` of the FA3 fronts its own code defines (kind "precompute", "call" or
+        "varlen"), which the runtime sanitizer wraps beside FA3's own (``fa3verify.sanitize.targets``)."""
+        return dict(self.words().get("sanitizer", {}).get("entry_points", {}))
+
+    def sanitizer_rebinders(self) -> tuple:
+        """Modules of its code known to re-bind the FA3 entry points at import (a status report expects them)."""
+        return tuple(self.words().get("sanitizer", {}).get("rebinders", ()))
+
+    #: the module whose ``run_worker(stdin=, stdout=, fa3=, observer=)`` serves its worker protocol, or None
+    driver_module: Optional[str] = None
+
+    def open_worker(self, spec, worker: str, worker_env: dict, progress=print, root=None):
+        """The system under test ``spec`` names with its worker run as ``python -m worker`` (which serves
+        :attr:`driver_module`) and ``worker_env`` added to its environment: the runtime sanitizer's engine run."""
+        raise ValueError(f"engine: {spec} has no worker driver to run under another worker")
+
     def runs_ranks_in_process(self, spec) -> bool:
         """Whether ``run-ranks`` runs it in this process (the model); a real engine's ranks run in its worker."""
         return False
@@ -263,6 +342,70 @@ def _plugins() -> list:
     from .sut import ENGINE_REGISTRY
 
     return [(row, load_plugin(row["plugin"])) for row in ENGINE_REGISTRY.values()]
+
+
+def _distinct_plugins() -> list:
+    """Every registered plugin once, in registry order."""
+    out: list = []
+    for _row, plugin in _plugins():
+        if all(plugin is not p for p in out):
+            out.append(plugin)
+    return out
+
+
+def engine_examples(command: str, indent: str = "  ") -> str:
+    """The example lines of ``command``'s help that name an engine: every plugin's, in registry order, one per line
+    (each ending in a newline; "" when none has any)."""
+    return "".join(f"{indent}{line}\n" for plugin in _distinct_plugins() for line in plugin.examples(command))
+
+
+def engine_phrases(key: str) -> list:
+    """Every plugin's phrase ``key`` (``words.json`` ``phrases``), in registry order, skipping those without it."""
+    return [p.words()["phrases"][key] for p in _distinct_plugins() if key in p.words().get("phrases", {})]
+
+
+def release_forms() -> list:
+    """The registry rows whose form takes a release (``sglang==V``-like), in registry order."""
+    from .sut import ENGINE_REGISTRY
+
+    return [row for row in ENGINE_REGISTRY.values() if row["takes"] == "release"]
+
+
+def release_spec(text):
+    """The EngineSpec of ``ENGINE==V`` (a form that takes a release; V not checked here), or None for any other
+    text."""
+    from .sut import EngineSpec
+
+    for row in release_forms():
+        if text and text.startswith(row["prefix"]):
+            return EngineSpec(row["kind"], release=text[len(row["prefix"]):])
+    return None
+
+
+def profile_forms(proof: str = "model-policy") -> list:
+    """``ENGINE==V`` of every engine whose profiles ``prove`` proves by ``proof`` (:meth:`EnginePlugin.profile_proof`:
+    by default the engines the model plays)."""
+    return [row["prefix"] + "V" for row in release_forms() if load_plugin(row["plugin"]).profile_proof() == proof]
+
+
+def sanitizer_targets() -> tuple:
+    """(entry points, re-binding modules) of every registered engine's own code, for the runtime sanitizer."""
+    points: dict = {}
+    rebinders: list = []
+    for plugin in _distinct_plugins():
+        points.update(plugin.sanitizer_entry_points())
+        rebinders.extend(plugin.sanitizer_rebinders())
+    return points, tuple(rebinders)
+
+
+def engine_phrase(key: str, **values) -> str:
+    """A phrase of the command line's words that an engine owns (``words.json`` ``phrases``: the first plugin in
+    registry order that has ``key``), formatted with ``values``; KeyError when none has it."""
+    for plugin in _distinct_plugins():
+        text = plugin.words().get("phrases", {}).get(key)
+        if text is not None:
+            return text.format(**values) if values else text
+    raise KeyError(f"no engine has the phrase {key!r}")
 
 
 def seeding_engines() -> str:

@@ -42,6 +42,9 @@ _DATA = json.loads(Path(__file__).with_name("lifecycle_invariants.json").read_te
 LIFECYCLE_INVARIANTS: dict = {i["name"]: LifecycleInvariant(**i) for i in _DATA["invariants"]}
 #: seeded-defect name -> what it changes in the engine model
 DEFECTS: dict = dict(_DATA["defects"])
+#: the paragraph docs/invariants.md opens the lifecycle table with (what the engine model covers, and how real code
+#: reaches it)
+PAGE_INTRO: str = _DATA["page_intro"]
 
 _LIMIT = 8   # violations reported per invariant and trace (the rest are counted)
 

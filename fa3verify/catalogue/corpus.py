@@ -60,7 +60,7 @@ def _extra_corpus() -> dict:
         source="manual", server=server, model=model,
         policy={"guard": "fixed", "metadata_heads": "tp", "clear_stale_cp_metadata": True}, batches=decode,
         expected={"outcome": Outcome.PASS, "invariant": None, "detail": {}},
-        notes="docs/facts-fa3.md's worked example under the fixed guard (sglang PR #30439): no precompute, nothing fires")
+        notes="docs/facts-fa3.md's worked example under the fixed guard (PR #30439): no precompute, nothing fires")
     mixed = Case.from_parts(
         source="manual", server=server, model=model,
         policy={"guard": "fixed", "metadata_heads": "tp", "clear_stale_cp_metadata": False},

@@ -6,7 +6,7 @@ tests/cli/test_catalogue.py fails when the file is stale; regenerate with
 
 from __future__ import annotations
 
-from .entries import BUDGETS, ENTRIES
+from .entries import BUDGETS, ENTRIES, PROJECTS
 
 __all__ = ["catalogue_markdown"]
 
@@ -28,7 +28,7 @@ def catalogue_markdown() -> str:
         "     `fa3verify catalogue --write-docs docs/catalogue.md`;",
         "     tests/cli/test_catalogue.py fails when it is stale. -->",
         "",
-        "Real bugs from FA3, sglang, vLLM and FlashInfer, each re-created as a seeded defect (a switch registered in",
+        f"Real bugs from {PROJECTS}, each re-created as a seeded defect (a switch registered in",
         "`gpu_impl/defects.py`) and caught by the engine the entry names. `fa3verify catalogue` runs every entry with",
         "its defect on (the named engines must catch it) and off (nothing may fire), prints a table and exits 0 only",
         "when every entry is caught by its engines with no false alarm (1 otherwise, 3 when a solver was",

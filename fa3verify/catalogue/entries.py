@@ -77,6 +77,8 @@ def load_entries(path=DATA_FILE) -> tuple:
 #: The entries, in catalogue order, and the budgets per mode (fuzz cases with the defect on -- the run stops at
 #: the first catch -- and off -- all run --, kernel-level cases likewise, shrink seconds, z3 timeout per query).
 ENTRIES, BUDGETS = load_entries()
+#: the projects the entries' bugs come from, in words (docs/catalogue.md's first sentence)
+PROJECTS: str = json.loads(Path(DATA_FILE).read_text())["projects"]
 _BY_ID = {e.id: e for e in ENTRIES}
 
 

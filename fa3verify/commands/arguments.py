@@ -1,12 +1,24 @@
 """Argument handling more than one command shares (not a command: the commands take these from here, never from
 each other): the case folder (``--cases-dir``, older name ``--out``) and the fuzz budget (``--budget-s`` or
-``--cases``)."""
+``--cases``), and the engines' example lines in a command's help."""
 
 from __future__ import annotations
 
 import argparse
+import re
+
+from gpu_impl.plugin import engine_examples
 
 from ..errors import UsageError
+
+_EXAMPLES = re.compile(r"\{([a-z]+(?:\.[a-z]+)?)\}")
+
+
+def with_engine_examples(epilog: str) -> str:
+    """A command's epilog with each ``{place}`` marker replaced by the engines' example lines for that place
+    (``gpu_impl.plugin.engine_examples``: the words each engine's folder holds), so the help names no engine of
+    its own."""
+    return _EXAMPLES.sub(lambda m: engine_examples(m.group(1)), epilog)
 
 
 def add_cases_dir_argument(p) -> None:

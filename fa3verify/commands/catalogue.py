@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from spec.finding import CatalogueStatus, Verdict
+from gpu_impl.plugin import engine_phrases
+
+from ..errors import UsageError
+from ..outputs import deliver, write_output
 
 HELP = "run the bug catalogue: every seeded historical bug must be caught, and nothing may fire without it"
 EPILOG = """\
-Each entry is a real bug from FA3, sglang, vLLM or FlashInfer (docs/catalogue.md), re-created as a seeded
+Each entry is a real bug from FA3, {engines} or FlashInfer (docs/catalogue.md), re-created as a seeded
 defect (gpu_impl/defects.py). The entry runs with its defect on -- the engines it names (prove, fuzz) must
 catch it -- and off -- nothing may fire (no false alarm). Exit 0 when every entry passes both, 1 otherwise,
 3 when a solver was inconclusive and nothing failed, 2 for bad arguments.
@@ -26,7 +31,7 @@ examples:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("catalogue", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("catalogue", help=HELP, description=HELP, epilog=EPILOG.replace("{engines}", ", ".join(engine_phrases("name"))),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", action="append", metavar="ID",
                    help="run only this entry (id such as 4 or 04, or its slug); repeatable")
@@ -44,7 +49,6 @@ def register(sub) -> None:
 def run(args) -> int:
     from .. import exitcodes
     from ..catalogue import catalogue_markdown, resolve_ids, run_catalogue, write_corpus
-    from ..errors import UsageError
 
     try:
         ids = [e.id for e in resolve_ids(args.only)] if args.only else None
@@ -52,8 +56,6 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     mode = "full" if args.full else "fast"
     if args.write_docs:
-        from ..outputs import write_output
-
         write_output(args.write_docs, catalogue_markdown(), "--write-docs")
         print(f"wrote {args.write_docs}")
         return exitcodes.PASS
@@ -67,7 +69,6 @@ def run(args) -> int:
                             if show else None)
     summary = summarise(results, mode)
     print_catalogue(results)
-    from ..outputs import deliver
 
     return deliver(summary.exit_code, [("--json", args.json,
                                         lambda: write_catalogue_json(summary, results, args.json))], "catalogue")
@@ -141,10 +142,6 @@ def print_catalogue(results, console=None) -> None:
 
 
 def write_catalogue_json(summary, results, path: str) -> None:
-    import json
-
-    from ..outputs import write_output
-
     data = summary.to_dict()
     data["catalogue"] = [r.to_dict() for r in results]
 

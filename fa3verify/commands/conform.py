@@ -1,4 +1,4 @@
-"""fa3verify conform: does the model pass FA3 what a real sglang release does, on the same random configurations?
+"""fa3verify conform: does the model pass FA3 what a real engine release does, on the same random configurations?
 
 Invariant: for every random configuration (``fa3verify.strategies``) the release's ``ServerArgs`` accepts, the
 model under that release's profile (``spec.model.engine_profiles``) and the real engine make the same FA3 events
@@ -45,6 +45,7 @@ from ..outputs import deliver, write_output
 from ..policy import load_policy
 from ..sharding import add_shard_argument, check_cases, parse_shard
 from ..summary import Check, Finding, finding_text, print_table, RunSummary
+from .arguments import with_engine_examples
 
 
 PRECOMPUTE_FIELDS = ("batch_size", "max_seqlen_q", "max_seqlen_k", "num_heads", "num_heads_k", "headdim",
@@ -385,15 +386,11 @@ counts and the verdicts. Each configuration that differs is a fidelity finding w
 configuration spec assumes away (docs/invariants.md) that the release accepts. Exit 1 on any difference.
 
 examples:
-  fa3verify conform --engine sglang==0.5.23 --cases 300 --seed 0
-  fa3verify conform --engine sglang-src=../sglang/python --engine-profile sglang==0.5.23 --json conform.json
-  fa3verify conform --engine vllm==0.33.0            # vLLM's profile, claim by claim, on its own code
-  fa3verify conform --engine sglang==0.5.23 --cases 900 --shard 1/3 --json c1.json   # join: `report merge`
-"""
+{conform}{conform.shard}"""
 
 
 def register(sub) -> None:
-    p = sub.add_parser("conform", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("conform", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_argument(p, default=None, help_extra=" (required; not 'model')")
     add_profile_argument(p)
@@ -411,8 +408,11 @@ def run(args) -> int:
     from ..engine_choice import parse_engine_option
 
     if args.engine is None:
-        raise UsageError("--engine: required (sglang==V, sglang-src=PATH or vllm==V): conform compares the model "
-                         "(or vLLM's profile) with it")
+        from gpu_impl.plugin import release_forms
+
+        forms = " or ".join(row["prefix"] + "V" for row in release_forms())
+        raise UsageError(f"--engine: required ({forms}, or a checkout): conform compares the model (or the engine's "
+                         f"own profile) with it")
     if args.cases < 1:
         raise UsageError(f"--cases: must be >= 1, got {args.cases}")
 

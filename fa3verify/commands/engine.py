@@ -4,33 +4,42 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+
+from gpu_impl.plugin import engine_phrases, release_forms, release_spec
+
+from .arguments import with_engine_examples
+from ..errors import UsageError
+from ..outputs import deliver, write_output
 
 HELP = "engine environments (setup) and the gate over every release of an engine (matrix)"
 EPILOG = """\
 examples:
-  fa3verify engine setup sglang==0.5.23          # create (or reuse) the cached environment for that release
-  fa3verify engine setup vllm==0.33.0            # the same for a vLLM release
-  fa3verify engine matrix --budget-s 10 --json matrix.json
+{engine.setup}  fa3verify engine matrix --budget-s 10 --json matrix.json
   fa3verify engine matrix --releases 0.5.12..0.5.16 --cases 100
-  fa3verify engine matrix --engine vllm --json vllm-matrix.json --markdown   # every vLLM release, fix releases
-  fa3verify engine matrix --cases 100 --shard 1/4 --json m1.json   # a quarter of the releases; `report merge`
+{engine.matrix}  fa3verify engine matrix --cases 100 --shard 1/4 --json m1.json   # a quarter of the releases; `report merge`
 """
 
 
 def register(sub) -> None:
-    p = sub.add_parser("engine", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("engine", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    kinds = [row["kind"] for row in release_forms()]
     inner = p.add_subparsers(dest="engine_command", metavar="ACTION")
-    s = inner.add_parser("setup", help="create or reuse the isolated environment of an sglang or vLLM release")
-    s.add_argument("release", metavar="ENGINE==V", help="the release, e.g. sglang==0.5.23 or vllm==0.33.0")
+    s = inner.add_parser("setup", help=f"create or reuse the isolated environment of an "
+                                       f"{' or '.join(engine_phrases('name'))} release")
+    s.add_argument("release", metavar="ENGINE==V",
+                   help=f"the release, e.g. {' or '.join(row['example'] for row in release_forms())}")
     s.set_defaults(func=run_setup)
     m = inner.add_parser("matrix", help="gate every release and print one row each, then each failing row's fix "
                                         "release")
-    m.add_argument("--engine", default="sglang", metavar="ENGINE",
-                   help="whose releases: an engine form that takes a release (sglang or vllm; default sglang)")
+    m.add_argument("--engine", default=kinds[0], metavar="ENGINE",
+                   help=f"whose releases: an engine form that takes a release ({' or '.join(kinds)}; default "
+                        f"{kinds[0]})")
     m.add_argument("--releases", default=None, metavar="A..B",
-                   help="releases to gate, e.g. 0.5.11..0.5.23 or 0.33.0..0.34.0 (default: every release the "
-                        "engine lists: sglang's profiled ones, vLLM's registered, shared and unavailable ones)")
+                   help=f"releases to gate, e.g. {' or '.join(engine_phrases('release range'))} (default: every "
+                        f"release the engine lists: {', '.join(engine_phrases('matrix releases'))})")
     group = m.add_mutually_exclusive_group()
     group.add_argument("--budget-s", type=float, metavar="N", help="fuzz budget per release in seconds (default 20)")
     group.add_argument("--cases", type=int, metavar="N", help="fuzz case count per release instead")
@@ -62,37 +71,25 @@ def _no_action(parser) -> int:
     return exitcodes.USAGE
 
 
-def _release_of(text: str, option: str) -> str:
-    from spec.model.engine_profiles import ProfileError, profile_for, release_named
-
-    from ..errors import UsageError
-
-    release = release_named(text)
-    if release is None:
-        want = "sglang==V or vllm==V (e.g. sglang==0.5.23)" if option == "ENGINE==V" else "sglang==V (e.g. sglang==0.5.23)"
-        raise UsageError(f"{option}: want {want}, got {text!r}")
+def _release_spec(text: str, option: str):
+    """The EngineSpec ``ENGINE==V`` names (a form that takes a release) if its plugin can set V up
+    (``check_setup_release``: its message, and what to run instead); UsageError otherwise."""
+    spec = release_spec(text)
+    if spec is None:
+        forms = [row["prefix"] + "V" for row in release_forms()]
+        raise UsageError(f"{option}: want {' or '.join(forms)} (e.g. {release_forms()[0]['example']}), got {text!r}")
     try:
-        profile_for(release)
-    except ProfileError as exc:
-        try:
-            from gpu_impl.engines.envs import next_step
-        except ModuleNotFoundError:  # real engines are not available: the profile's message alone
-            raise UsageError(f"{option}: {exc}") from None
-        raise UsageError(f"{option}: {exc}; {next_step('sglang', release)}") from None
-    return release
+        spec.plugin.check_setup_release(spec.release)
+    except ValueError as exc:
+        raise UsageError(f"{option}: {exc}") from None
+    return spec
 
 
 def run_setup(args) -> int:
     from .. import exitcodes
-    from ..errors import UsageError
 
-    from spec.model.engine_profiles import release_named
-
-    vllm_release = release_named(args.release, "vllm")
-    if vllm_release is not None:
-        engine, release = "vllm", vllm_release
-    else:
-        engine, release = "sglang", _release_of(args.release, "ENGINE==V")
+    spec = _release_spec(args.release, "ENGINE==V")
+    engine, release = spec.kind, spec.release
     try:
         from gpu_impl.engines import envs
         from gpu_impl.engines.errors import EngineUnavailable
@@ -102,8 +99,7 @@ def run_setup(args) -> int:
                              f"(no module {exc.name})") from None
         raise
     try:
-        extra = {} if vllm_release is None else {"engine": engine}
-        path = envs.ensure_env(release, progress=lambda line: print(line, flush=True), **extra)
+        path = envs.ensure_env(release, progress=lambda line: print(line, flush=True), engine=engine)
     except Exception as exc:
         if isinstance(exc, (EngineUnavailable, ValueError)):  # unknown release, failed set-up, bad name
             raise UsageError(str(exc) if str(exc).startswith(f"{engine}==") else f"{engine}=={release}: {exc}") from None
@@ -117,8 +113,6 @@ def engine_releases(engine: str) -> list:
     UsageError naming --engine and the allowed kinds otherwise."""
     from gpu_impl.sut import EngineSpecError, releases_of
 
-    from ..errors import UsageError
-
     try:
         return releases_of(engine)
     except EngineSpecError as exc:
@@ -130,14 +124,12 @@ def engine_releases(engine: str) -> list:
         raise
 
 
-def parse_releases(text, engine: str = "sglang"):
+def parse_releases(text, engine: str):
     """The releases an ``A..B`` range (or one release) names among those the matrix gates for ``engine``; each end
     must be one of them (a release's profile error explains one that is not); UsageError otherwise."""
     from gpu_impl.sut import ENGINE_REGISTRY
 
     from gpu_impl.plugin import engine_profile_for
-
-    from ..errors import UsageError
 
     listed = [r for r, _ in engine_releases(engine)]
     if not text:
@@ -166,7 +158,6 @@ def run_matrix(args) -> int:
     from ..engine_choice import open_engine
     from ..engine_matrix import matrix_exit_code, matrix_json, matrix_markdown, matrix_table, matrix_verdict_line
     from ..engine_matrix import run_matrix as matrix
-    from ..errors import UsageError
     from .arguments import budget_from_args
 
     from ..sharding import parse_shard
@@ -204,7 +195,6 @@ def run_matrix(args) -> int:
         from ..matrix_fixes import fixes_markdown, fixes_table
 
         print(("\n" + fixes_markdown(fixes)) if args.markdown and fixes else fixes_table(fixes))
-    from ..outputs import deliver, write_output
 
     data = matrix_json(rows, fixes)
     if shard is not None:
@@ -221,6 +211,4 @@ def run_matrix(args) -> int:
 
 def _progress_line(line: str) -> None:
     """The matrix's progress (a line per stage and per release) goes to stderr, never into stdout's table."""
-    import sys
-
     print(f"fa3verify engine matrix: {line}", file=sys.stderr, flush=True)

@@ -31,7 +31,7 @@ from spec.finding import Outcome, Verdict
 from ..campaign import (Budget, Campaign, Failure, now, Observation, run_campaign as _run_campaign, shrink_failure,
     single_threaded_torch)
 from ..case_files import scenario_case
-from .arguments import add_cases_dir_argument, budget_from_args, cases_dir_of
+from .arguments import add_cases_dir_argument, budget_from_args, cases_dir_of, with_engine_examples
 from ..engine_choice import add_engine_argument, case_policy, identity_of
 from ..errors import UsageError
 from ..finding_terms import apply_terms, replay_line, run_terms
@@ -103,8 +103,8 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
                  on_failure: Optional[Callable[[Campaign, Failure], None]] = None, shard=None,
                  domain=None) -> Campaign:
     """The campaign of `fuzz`: a strategy family, or by default the system under test's own domain
-    (``sut.domain()``, ``strategies.domain_strategy``: the model's is ``scenario``, vLLM's ``vllm``, an sglang
-    release's its own accepted configurations; ``domain`` passes one already made) on the system under test
+    (``sut.domain()``, ``strategies.domain_strategy``: the model's is ``scenario``, an engine's a family of its
+    own or its release's own accepted configurations; ``domain`` passes one already made) on the system under test
     (default: the model) under ``policy`` and seeded ``defects``, until the budget or the case count is reached
     (always bounded: see :class:`fa3verify.campaign.Budget`); ``strategy``: a family name or several
     (``strategies.families_strategy``: each draw from one of them); ``clock``, ``reserve``, ``on_failure`` and ``shard``
@@ -125,7 +125,7 @@ def run_campaign(policy: Policy, kernel, seed: int = 0, budget_s: Optional[float
         if shard is not None and domain.adapts:
             raise UsageError(f"--shard: {domain.name}'s domain weights each draw by what the earlier cases "
                              f"reached, so a shard cannot run its part of the unsplit campaign; run this campaign "
-                             f"unsplit (--shard splits the model's and vLLM's campaigns)")
+                             f"unsplit (--shard splits campaigns whose domain does not adapt)")
         generate = domain_strategy(domain)
     return _run_campaign(target, generate, budget=budget, seed=seed, progress=progress,
                          stop=(lambda camp: bool(camp.failures)) if stop_at_first_failure else None,
@@ -376,9 +376,7 @@ examples:
   fa3verify fuzz --budget-s 20                       # fixed guard, emulated kernel, 20 s
   fa3verify fuzz --guard pre-fix --cases 2000 --seed 7 --json fuzz.json
   fa3verify fuzz --kernel fa3 --device cuda --budget-s 120   # real FA3 on a GPU box
-  fa3verify fuzz --engine sglang==0.5.14 --cases 200         # sglang 0.5.14's own backend (no --guard)
-  fa3verify fuzz --engine vllm==0.33.0 --cases 2000          # vLLM's builder and impl, family vllm
-  fa3verify fuzz --cases 20000 --shard 2/4 --json s2.json    # one CI job of four; join: `report merge`
+{fuzz}  fa3verify fuzz --cases 20000 --shard 2/4 --json s2.json    # one CI job of four; join: `report merge`
   fa3verify fuzz --family large-decode-batch --cases 40      # one strategy family (repeatable)
 
 --family NAME draws every case from that strategy family instead of the system under test's own domain
@@ -388,7 +386,7 @@ the families there are. A family whose cases the engine does not run gives skipp
 
 
 def register(sub) -> None:
-    p = sub.add_parser("fuzz", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("fuzz", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_policy_arguments(p)
     add_engine_argument(p)
@@ -402,7 +400,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
     p.add_argument("--family", action="append", metavar="NAME",
                    help="draw the cases from this strategy family (repeatable; default: the system under test's "
-                        "own domain); e.g. large-decode-batch, tile-corner, vllm-full-graph")
+                        "own domain); e.g. large-decode-batch, tile-corner")
     add_shard_argument(p)
     add_cases_dir_argument(p)
     p.add_argument("--json", metavar="PATH", help="write the run summary as JSON (schema fa3verify.run/1)")

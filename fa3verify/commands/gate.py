@@ -3,8 +3,8 @@
 Invariant: one gate for every system under test. Its proof stages are the system's own answer
 (``SystemUnderTest.proof_plan()``, data): the model's is every theorem under the policy it was constructed with
 (``ModelSUT(policy=...)``, :func:`fa3verify.commands.prove.prove`); a real engine's is the witness searches of its release's
-profile run on the model and replayed on it, plus vLLM's flow theorem where its registry row says so
-(:mod:`fa3verify.engine_gate`). The fuzz stage then runs on the same system under the same policy
+profile run on the model and replayed on it, plus the engine's own flow theorem where its plugin's proof stages
+say so (:mod:`fa3verify.engine_gate`). The fuzz stage then runs on the same system under the same policy
 (:func:`fa3verify.commands.fuzz.fuzz`). This is what a backend change runs in CI (``fa3verify gate``, ``api.gate``,
 the engine matrix).
 """
@@ -16,7 +16,7 @@ import time
 from typing import Optional
 
 from ..engine_choice import add_engine_argument
-from .arguments import budget_from_args
+from .arguments import budget_from_args, with_engine_examples
 from ..policy import add_policy_arguments
 from ..summary import RunSummary, write_reports
 
@@ -39,7 +39,7 @@ def _witnesses(sut, policy, summary, options, lines, command="gate") -> None:
 
 
 def _flow_theorem(sut, policy, summary, options, lines, command="gate") -> None:
-    """vLLM's flow theorem under the release's profile, its counterexample replayed on the engine."""
+    """The engine's own flow theorem under the release's profile, its counterexample replayed on the engine."""
     from ..engine_gate import flow_stage
 
     flow_stage(sut, summary, lines=lines, **options)
@@ -138,14 +138,11 @@ examples:
                  --junit report.xml --json gate.json
   fa3verify gate --guard examples/guards/prefix_guard.py:should_disable      # exits 1
   fa3verify gate --guard pre-fix --metadata-heads attn_tp                    # exits 0
-  fa3verify gate --engine sglang==0.5.14     # sglang 0.5.14's own backend: witnesses + fuzz on real code
-  fa3verify gate --engine sglang-src=../sglang/python --json gate.json        # your checkout (see docs/engines.md)
-  fa3verify gate --engine vllm==0.33.0       # vLLM's builder and impl: vllm-flow theorem + fuzz of family vllm
-"""
+{gate}"""
 
 
 def register(sub) -> None:
-    p = sub.add_parser("gate", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("gate", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_policy_arguments(p)
     add_engine_argument(p, help_extra="; a real engine needs no --guard (its guard is its own code)")

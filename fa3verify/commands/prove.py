@@ -11,12 +11,14 @@ import time
 from typing import Iterable, Optional
 
 from spec.finding import TheoremVerdict
+from gpu_impl.plugin import release_spec
 
 from ..engine_choice import add_engine_argument, add_profile_argument
 from ..errors import UsageError
 from ..finding_terms import WITNESS_SUBDIR, apply_terms, case_file_terms, hint_for, replay_line
 from ..policy import add_policy_arguments, load_policy, Policy
 from ..summary import Check, Finding, RunSummary, write_reports
+from .arguments import with_engine_examples
 
 
 #: The theorem about a fork's CP decode over sharded KV (docs/facts-fa3.md section 1, second path). It is a safety theorem
@@ -61,7 +63,7 @@ def theorem_results(policy: Policy, timeout_s: float = 10.0, cases_dir: Optional
                     only: Optional[Iterable[str]] = None, dropped_assumptions: Iterable[str] = (),
                     jobs: Optional[int] = None) -> list:
     """All TheoremResults of spec for this policy: metadata (1-4), combine algebra (5), CP (6-7), FA3's int edges (8),
-    the vLLM fork's tile choice (9).
+    the engine fork's tile choice (9).
 
     The same results, witness for witness, whatever `jobs` is (each theorem part runs in its own z3 context).
     Each result carries `finished_s` (not a field: it is not reported), when it was known since this call.
@@ -141,18 +143,18 @@ def move_witnesses(summary: RunSummary, cases_dir: Optional[str]) -> None:
         c.case_file = moved.get(c.case_file, c.case_file)
 
 
-def prove_vllm(profile, timeout_s: float = 10.0, cases_dir: Optional[str] = None) -> RunSummary:
-    """``prove --engine-profile vllm==V``: the ``vllm-flow`` theorem under the release's profile (gpu_impl.engines.vllm.theorems).
+def prove_flow(spec, profile, timeout_s: float = 10.0, cases_dir: Optional[str] = None) -> RunSummary:
+    """``prove --engine-profile ENGINE==V`` for an engine with a theorem of its own (``spec``'s plugin's
+    ``flow_theorem``): that theorem under the release's profile.
 
     A refutation is a failed check with its counterexample, written as a case file into ``cases_dir`` (replayable
-    on ``vllm==V``: ``gpu_impl.engines.vllm.theorems.write_vllm_case``); an unknown is inconclusive.
+    on ``ENGINE==V``: the plugin's ``flow_results``); an unknown is inconclusive.
     """
-    from gpu_impl.engines.vllm.theorems import run_vllm_theorems
-
+    plugin = spec.plugin
     start = time.perf_counter()
-    summary = RunSummary(command="prove", policy={"engine_profile": f"vllm=={profile.release}",
+    summary = RunSummary(command="prove", policy={"engine_profile": plugin.release_text(profile.release),
                                                  **profile.to_dict()})
-    for r in run_vllm_theorems(profile, timeout_s=timeout_s, cases_dir=cases_dir):
+    for r in plugin.flow_results(profile, timeout_s=timeout_s, cases_dir=cases_dir):
         failed = bool(r.failed or (not r.expected and not r.inconclusive))
         summary.checks.append(Check(name=r.name, kind="theorem", verdict=r.verdict, seconds=r.seconds,
                                     failed=failed, inconclusive=r.inconclusive, case_file=r.case_file,
@@ -161,7 +163,7 @@ def prove_vllm(profile, timeout_s: float = 10.0, cases_dir: Optional[str] = None
             invariant = str(r.witness.get("invariant", r.name))
             summary.findings.append(Finding(invariant=invariant, case_file=r.case_file, engine="prove",
                                             message=r.message, replay=replay_line(r.case_file), check=r.name,
-                                            ran_on=f"the model of vllm=={profile.release}'s flow",
+                                            ran_on=plugin.flow_ran_on(profile),
                                             hint=hint_for(invariant)))
             if summary.first_failure_s is None:
                 summary.first_failure_s = r.seconds
@@ -182,15 +184,11 @@ examples:
   fa3verify prove --guard pre-fix --metadata-heads attn_tp   # root-cause fix: exit 0
   fa3verify prove --only hazard --json prove.json --cases-dir cases/
   fa3verify prove --drop-assumption ASSUMPTION_TP_DIVISIBLE
-  fa3verify prove --engine-profile sglang==0.5.14   # that release's heads and guard: refuted (exit 1)
-  fa3verify prove --engine-profile sglang==0.5.17   # drops what 0.5.17 does not enforce: refuted (exit 1)
-  fa3verify prove --engine-profile vllm==0.33.0     # vLLM's flow (heads, KV extents, split counts): proved
-  fa3verify prove --guard pre-fix --engine sglang==0.5.23   # witnesses replayed on 0.5.23's own code
-"""
+{prove.profile}{prove.engine}"""
 
 
 def register(sub) -> None:
-    p = sub.add_parser("prove", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("prove", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_policy_arguments(p)
     add_profile_argument(p)
@@ -216,20 +214,22 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..progress import stage
+    from ..engine_choice import profile_proof_of
 
     if not args.timeout_s > 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
+    return PROFILE_PROOFS[profile_proof_of(args)](args)
+
+
+def _prove_policy(args) -> int:
+    """The theorems under the policy options or a profile the model plays, each refutation's witness replayed on
+    ``--engine`` when it names a real engine."""
     from ..engine_choice import open_engine, parse_engine_option, profile_policy_args, start_engine
     from ..engine_gate import replay_witnesses
+    from ..progress import stage
 
-    from ..engine_choice import vllm_profile_arg
-
-    vprofile = vllm_profile_arg(args)
-    if vprofile is not None:
-        return _prove_vllm(args, vprofile)
     guard, heads, profile = profile_policy_args(args)
     policy = load_policy(guard, heads, args.keep_stale_cp_metadata, args.cp_decode_sharded_kv)
     check_assumptions(args.drop_assumption)
@@ -239,7 +239,7 @@ def run(args) -> int:
     facts = None
     if profile is not None:
         print(f"engine profile: {profile.describe()}")
-        facts, released_drops = _release_assumptions(profile.release)
+        facts, released_drops = _release_assumptions(args.engine_profile, profile.release)
         dropped += [n for n in sorted(released_drops) if n not in dropped]
     with stage("prove", "prove (z3 theorems)"):
         summary = prove(policy, timeout_s=args.timeout_s, cases_dir=args.cases_dir, only=args.only,
@@ -260,31 +260,42 @@ def run(args) -> int:
     return write_reports(summary, args)
 
 
-def _prove_vllm(args, profile) -> int:
-    """``--engine-profile vllm==V``: the vLLM flow theorem; sglang-only options are refused (exit 2)."""
-    from ..engine_choice import DEFAULT_ENGINE
+def _prove_flow(args) -> int:
+    """``--engine-profile ENGINE==V`` of an engine with a theorem of its own: that theorem; the model policy's
+    options are refused (exit 2)."""
+    from ..engine_choice import DEFAULT_ENGINE, flow_profile_arg
     from ..progress import stage
 
+    spec, profile = flow_profile_arg(args)
+    plugin = spec.plugin
     for option, given in (("--drop-assumption", args.drop_assumption), ("--only", args.only),
                           ("--engine", args.engine not in (None, DEFAULT_ENGINE))):
         if given:
-            raise UsageError(f"{option}: does not apply to --engine-profile vllm=={profile.release} (one theorem, "
-                             f"vllm-flow; a counterexample is written into --cases-dir and replays on vllm==V)")
+            raise UsageError(f"{option}: does not apply to --engine-profile {plugin.release_text(profile.release)} "
+                             f"(one theorem, {plugin.flow_theorem}; a counterexample is written into --cases-dir "
+                             f"and replays on {plugin.release_text('V')})")
     print(f"engine profile: {profile.describe()}")
-    with stage("prove", "prove (vLLM flow)"):
-        summary = prove_vllm(profile, timeout_s=args.timeout_s, cases_dir=args.cases_dir)
+    with stage("prove", f"prove ({plugin.phrase('name')} flow)"):
+        summary = prove_flow(spec, profile, timeout_s=args.timeout_s, cases_dir=args.cases_dir)
     return write_reports(summary, args)
 
 
-def _release_assumptions(release: str) -> tuple:
-    """(facts, prover assumptions to drop) of sglang ``release`` (spec/model/assumption_facts.json), printed: which
-    assumptions the release enforces, which it does not, and what the prover therefore drops."""
-    from spec.model.assumption_facts import enforced, facts_for, not_enforced, prover_drops
+#: how prove runs, by the answer of the profile's engine (``EnginePlugin.profile_proof``)
+PROFILE_PROOFS = {"model-policy": _prove_policy, "flow-theorem": _prove_flow}
 
-    facts = facts_for("sglang", release)
+
+def _release_assumptions(text: str, release: str) -> tuple:
+    """(facts, prover assumptions to drop) of the release ``--engine-profile`` names (its engine's
+    ``assumption_facts``, spec/model/assumption_facts.json), printed: which assumptions the release enforces, which
+    it does not, and what the prover therefore drops."""
+    from spec.model.assumption_facts import enforced, not_enforced, prover_drops
+
+    spec = release_spec(text)
+    facts = spec.plugin.assumption_facts(release)
     drops = prover_drops(facts)
-    print(f"assumptions sglang {release} enforces: {', '.join(enforced(facts)) or 'none'}")
-    print(f"assumptions sglang {release} does not enforce: {', '.join(not_enforced(facts)) or 'none'}; "
+    name = spec.kind
+    print(f"assumptions {name} {release} enforces: {', '.join(enforced(facts)) or 'none'}")
+    print(f"assumptions {name} {release} does not enforce: {', '.join(not_enforced(facts)) or 'none'}; "
           f"the prover drops: {', '.join(sorted(drops)) or 'nothing'}")
     return facts, drops
 

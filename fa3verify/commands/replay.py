@@ -26,6 +26,7 @@ from ..outputs import deliver, read_text
 from ..policy import add_guard_timeout_argument, Policy, UPSTREAM_BUILD
 from ..summary import Check, Finding, finding_sentence, RunSummary, write_json
 from ..trust import guard_to_run
+from .arguments import with_engine_examples
 
 
 @dataclass
@@ -326,12 +327,11 @@ examples:
   fa3verify replay CASE.json --guard fixed          # does the fixed guard make it pass?
   fa3verify replay CASE.json --without-defects      # does it pass without its seeded defects?
   fa3verify replay CASE.json --kernel fa3 --device cuda
-  fa3verify replay CASE.json --engine sglang==0.5.23   # on real release code (default: the case's engine)
-"""
+{replay}"""
 
 
 def register(sub) -> None:
-    p = sub.add_parser("replay", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("replay", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("case", metavar="CASE.json", help="the case file to replay")
     p.add_argument("--kernel", choices=("emulated", "fa3"), help="kernel adapter (default: the case's)")

@@ -5,8 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
+from gpu_impl.plugin import engine_phrase
 from spec.finding import Outcome
+
+from ..errors import UsageError
+from ..outputs import deliver, fresh_dir
 
 HELP = "run a case file with one process per attention rank (real collectives)"
 EPILOG = """\
@@ -28,7 +33,7 @@ examples:
 
 
 def register(sub) -> None:
-    """Add the run-ranks subcommand (models launching sglang's attention ranks, one process each)."""
+    """Add the run-ranks subcommand (models launching the modelled backend's attention ranks, one process each)."""
     p = sub.add_parser("run-ranks", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cases", nargs="+", metavar="CASE.json",
@@ -54,8 +59,8 @@ def register(sub) -> None:
                    help="also run the in-process simulation and report any difference (exit 1)")
     p.add_argument("--json", metavar="PATH", help="write the run summary as JSON (schema fa3verify.run/1)")
     p.add_argument("--engine", default="model", metavar="ENGINE",
-                   help="system under test (default model: one process per rank); a real engine ('sglang==V', "
-                        "'sglang-src=PATH') runs the case in-process on it, and the output says so")
+                   help=f"system under test (default model: one process per rank); a real engine "
+                        f"({engine_phrase('in-process forms')}) runs the case in-process on it, and the output says so")
     p.add_argument("--inject-fault", metavar="RANK:KIND", help=argparse.SUPPRESS)  # tests: 1:exit:7, 1:raise
     p.set_defaults(func=run)
 
@@ -63,7 +68,6 @@ def register(sub) -> None:
 def run(args) -> int:
     """Run the case files over real ranks and return the exit code (0 pass, 1 violation, 2 usage, 3 timeout)."""
     from .. import exitcodes
-    from ..errors import UsageError
     from ..multirank import compare_with_simulation, load_case, resolve_world, run_ranks
     from ..finding_terms import print_backend_terms
     from ..summary import Check, RunSummary, write_json
@@ -85,8 +89,6 @@ def run(args) -> int:
         args.out_dir = args.out_dir or "fa3verify-out/ranks"  # every rank must name the same folder
         return _run_under_torchrun(args, cases, numerics)
     if args.out_dir is None:
-        from ..outputs import fresh_dir
-
         args.out_dir = fresh_dir("fa3verify-out/ranks", ("verdict-*.json", "error-rank-*.json"))
     resolve_world(cases, args.world)
     results = run_ranks(cases, world=args.world, backend=args.backend, timeout_s=args.timeout_s,
@@ -118,7 +120,6 @@ def run(args) -> int:
             if found:
                 print_backend_terms(found[0])  # fa3verify.finding_terms
             summary.findings += found
-    from ..outputs import deliver
 
     return deliver(exitcodes.combine(codes), [("--json", args.json, lambda: write_json(summary, args.json))],
                    "run-ranks")
@@ -146,7 +147,6 @@ def _run_under_torchrun(args, cases, numerics: bool) -> int:
     from gpu_impl.distributed import torchrun_main
 
     from .. import exitcodes
-    from ..errors import UsageError
     from ..multirank import resolve_world
 
     world = int(os.environ["WORLD_SIZE"])
@@ -154,7 +154,6 @@ def _run_under_torchrun(args, cases, numerics: bool) -> int:
     if world != need:
         raise UsageError(f"WORLD_SIZE: the case needs attn_dp_size * attn_cp_size = {need} ranks, "
                          f"torchrun started {world}")
-    import time
 
     started = time.time()
     torchrun_main(cases, args.out_dir, backend=args.backend, numerics=numerics, timeout_s=args.timeout_s)

@@ -6,6 +6,9 @@ import argparse
 import os
 import sys
 
+from .arguments import with_engine_examples
+from ..errors import UsageError
+
 HELP = "runtime sanitizer: install the FA3VERIFY_SANITIZE start hook, replay a recorded mismatch"
 EPILOG = """\
 The sanitizer itself runs inside your process: `import fa3verify.sanitize; fa3verify.sanitize.install("raise")`,
@@ -15,14 +18,13 @@ interpreter of that environment started with FA3VERIFY_SANITIZE=raise|warn|recor
 examples:
   fa3verify sanitize install-hook                       # into the environment running fa3verify
   fa3verify sanitize install-hook --venv /path/to/venv  # into another venv (fa3verify must import there)
-  FA3VERIFY_SANITIZE=raise python -m sglang.launch_server --model-path ... --tp 4
-  fa3verify sanitize replay fa3verify-sanitize/pair-split_bound-1a2b3c4d5e6f7a8b.json
+{sanitize}  fa3verify sanitize replay fa3verify-sanitize/pair-split_bound-1a2b3c4d5e6f7a8b.json
   fa3verify report fa3verify-sanitize/sanitize-12345.jsonl --html sanitize.html
 """
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sanitize", help=HELP, description=HELP, epilog=EPILOG,
+    p = sub.add_parser("sanitize", help=HELP, description=HELP, epilog=with_engine_examples(EPILOG),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ops = p.add_subparsers(dest="sanitize_command", metavar="ACTION")
     hook = ops.add_parser("install-hook", help="write the FA3VERIFY_SANITIZE start hook (.pth) into a venv")
@@ -39,8 +41,6 @@ def register(sub) -> None:
 
 
 def _python_of(venv):
-    from ..errors import UsageError
-
     if venv is None:
         return None
     for rel in ("bin/python", "bin/python3", "Scripts/python.exe"):
@@ -51,8 +51,6 @@ def _python_of(venv):
 
 
 def run(args) -> int:
-    from ..errors import UsageError
-
     action = getattr(args, "sanitize_command", None)
     if action is None:
         args.sanitize_parser.print_help()
@@ -98,7 +96,6 @@ def _check_importable(python: str, add_paths) -> None:
 def _replay(path: str) -> int:
     from gpu_impl.fa3_calls import argument_check, deep_check, pair_summary, quick_check
 
-    from ..errors import UsageError
     from ..sanitize.records import load_pair
 
     if not os.path.isfile(path):

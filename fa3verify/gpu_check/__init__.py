@@ -15,7 +15,7 @@ it did). One module each:
 ``fidelity``        (:mod:`.fidelity_stage`) refmodel vs the adapter's ``get_scheduler_metadata`` on written slots
                     (ties as multisets) and the call's split count, over ``--fidelity-configs`` random
                     configurations, in workers.
-``fuzz``            (:mod:`.fuzz_stage`, cases from :mod:`.fuzz_cases`) differential fuzz: random sglang
+``fuzz``            (:mod:`.fuzz_stage`, cases from :mod:`.fuzz_cases`) differential fuzz: random backend
                     configurations and skewed decode batches through the backend with the fixed guard, the kernel
                     launched for real (gpu-like mode), every output against the oracle; one case per worker task,
                     so a crash costs one case; ``--fuzz-budget-s`` seconds.

@@ -24,7 +24,7 @@ def task_case(case, index: int) -> dict:
 
 def random_fuzz_case(seed: int, index: int, num_sm: int, max_len: int, contexts: tuple) -> dict:
     """Case ``index`` of stream ``seed`` from the strategy family ``gpu-decode`` (``fa3verify.strategies``): a
-    valid sglang configuration of a real model and a decode batch, as a worker task's dict."""
+    valid backend configuration of a real model and a decode batch, as a worker task's dict."""
     from ..strategies import gpu_decode_case
 
     rng = random.Random(f"fa3verify.gpu_fuzz:{seed}:{index}")

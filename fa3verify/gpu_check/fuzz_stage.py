@@ -125,7 +125,7 @@ def run(check: GpuCheck, stage: Stage) -> None:
 def failure_case(case, outcome: str, message: str, res, adapter: dict):
     """A failing fuzz case as a replayable ``fa3verify.case/1`` scenario case (``fa3verify.case_files``).
 
-    The generated case (one decode step), the stage's policy (the fixed guard, sglang's default head counts), the
+    The generated case (one decode step), the stage's policy (the fixed guard, the modelled backend's default head counts), the
     kernel it ran on in ``gpu-like`` mode and the seeded defects; the expected outcome from the worker's:
     ``predicted_oob`` -> a violation of the first predicted invariant, ``nan`` -> nan, ``mismatch`` -> a
     ``MATCHES_ORACLE`` violation, ``crash``/``error`` -> a ``NO_CRASH`` violation. The worker's own result is kept

@@ -4,7 +4,7 @@ Qwen3-30B-A3B (H=32, Hk=4, d=128, bf16), tp=4, attn_cp=4; one 32768-token and se
 num_splits=0. Invariant: with the pre-fix guard the precompute uses h_k=1 and the call overflows its split
 buffers, so the outcome is NaN, an illegal memory access (a recorded crash) or a wrong result; with the fixed
 guard the output agrees with the float64 oracle under FA3's tolerance (``hopper/flash_api.cpp``,
-``hopper/flash_fwd_combine_kernel.h``; sglang ``flashattention_backend.py`` before and after PR #30439).
+``hopper/flash_fwd_combine_kernel.h``; the modelled backend's ``flashattention_backend.py`` before and after PR #30439).
 :func:`child_main` runs the same task in this process, for compute-sanitizer.
 """
 

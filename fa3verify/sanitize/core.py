@@ -6,7 +6,7 @@ the persistent buffer it lives in), before the kernel runs; metadata of unknown 
 
 The checks are :class:`gpu_impl.fa3_calls.CheckingFA3`'s (``quick_check`` by default: shapes and scalars, no
 device sync; ``deep``: the full ``spec.invariants`` on a host copy). Copies are followed by wrapping
-``torch.Tensor.copy_`` and ``torch.Tensor.__setitem__`` (sglang writes ``buf[:n] = md``; vLLM copies into a
+``torch.Tensor.copy_`` and ``torch.Tensor.__setitem__`` (one engine writes ``buf[:n] = md``; another copies into a
 persistent buffer); only int32 destinations and recorded sources cost more than one comparison.
 """
 
@@ -198,7 +198,7 @@ class Sanitizer:
         """For each loaded module of :data:`KNOWN_REBINDERS`: its globals that hold an FA3 entry point, each as
         ``"checked"`` (the sanitizer's wrapper) or ``"NOT CHECKED"`` (an original it did not replace).
 
-        This is what a dispatcher that bound the entry points at import (sglang's ``flash_attention``) holds now,
+        This is what a dispatcher that bound the entry points at import (an engine's ``flash_attention`` dispatcher) holds now,
         whichever way it got there (bound after the import hook wrapped the function, or replaced through gc).
         """
         wrappers = {id(w) for w in self._originals.values()}

@@ -1,17 +1,19 @@
-"""The sglang engine worker under the runtime sanitizer: the engine driver with plain FA3 stand-ins, wrapped by
-``fa3verify.sanitize`` exactly as it wraps real FA3 in a user's process.
+"""An engine worker under the runtime sanitizer: the engine driver (``FA3VERIFY_SANITIZE_DRIVER``, its plugin's
+``driver_module``) with plain FA3 stand-ins, wrapped by ``fa3verify.sanitize`` exactly as it wraps real FA3 in a
+user's process.
 
-Invariant: in this worker the only thing that checks a metadata hand-off is the sanitizer: the fake
-``sgl_kernel.flash_attn`` routes to emulator-backed FA3 that trusts its metadata as the real kernel does
-(``gpu_impl.engines.emulator_fa3``), the sanitizer is installed from ``FA3VERIFY_SANITIZE`` before sglang is
-imported (its import hook wraps the entry points as their modules load, so sglang's dispatcher and backend bind
+Invariant: in this worker the only thing that checks a metadata hand-off is the sanitizer: the fake FA3 kernel
+module routes to emulator-backed FA3 that trusts its metadata as the real kernel does
+(``gpu_impl.engines.emulator_fa3``), the sanitizer is installed from ``FA3VERIFY_SANITIZE`` before the engine is
+imported (its import hook wraps the entry points as their modules load, so the engine's dispatcher and backend bind
 the wrappers), and every answer carries the sanitizer's status (what it wrapped, which bindings hold the
 wrappers, what it could not reach).
 
-Run as ``python -m fa3verify.sanitize.engine_worker`` inside an engine environment (``open_sanitized_sglang``
+Run as ``python -m fa3verify.sanitize.engine_worker`` inside an engine environment (``open_sanitized``
 starts it). Variables: those of the start hook (``FA3VERIFY_SANITIZE``, ``FA3VERIFY_SANITIZE_DIR``,
-``FA3VERIFY_SANITIZE_DEEP``) and ``FA3VERIFY_SANITIZE_INSTALL`` = ``start`` (default: before sglang's import, as
-the ``.pth`` hook does) or ``late`` (after sglang's import: the sanitizer must find and replace the bindings
+``FA3VERIFY_SANITIZE_DEEP``), ``FA3VERIFY_SANITIZE_DRIVER`` and ``FA3VERIFY_SANITIZE_INSTALL`` = ``start``
+(default: before the engine's import, as the ``.pth`` hook does) or ``late`` (after the engine's import: the
+sanitizer must find and replace the bindings
 already made, through ``gc``).
 
 Stand-in: on CPU no CUDA stream captures, so the driver's own capture flag answers the sanitizer's "is a graph
@@ -27,6 +29,8 @@ INSTALL_WHEN = ("start", "late")
 ENV_INSTALL = "FA3VERIFY_SANITIZE_INSTALL"
 #: "0": the worker's sanitizer reports overflows only, not causes (the harness's tests of the replay-time check)
 ENV_CAUSES = "FA3VERIFY_SANITIZE_CAUSES"
+#: the engine driver the worker serves (its plugin's ``driver_module``: ``run_worker(stdin, stdout, fa3, observer)``)
+ENV_DRIVER = "FA3VERIFY_SANITIZE_DRIVER"
 
 
 class SanitizerObserver:
@@ -79,12 +83,18 @@ def main() -> int:
     except ValueError as exc:
         sys.stderr.write(f"fa3verify: {exc}\n")
         return 2
+    driver_name = os.environ.get(ENV_DRIVER, "").strip()
+    if not driver_name:
+        sys.stderr.write(f"fa3verify: {ENV_DRIVER}: must name the engine driver module (its plugin's "
+                         f"driver_module), got nothing\n")
+        return 2
     observer = SanitizerObserver(mode, deep, out_dir, when, causes=os.environ.get(ENV_CAUSES, "1").strip() != "0")
     if when == "start":
         observer.install()
-    from gpu_impl.engines.sglang import driver as sglang_driver
+    import importlib
 
-    return sglang_driver.run_worker(stdin=sys.stdin, stdout=protocol_out, fa3="emulator", observer=observer)
+    driver = importlib.import_module(driver_name)
+    return driver.run_worker(stdin=sys.stdin, stdout=protocol_out, fa3="emulator", observer=observer)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ def _median_us(fn, calls: int) -> float:
 
 
 def _decode_tensors(lens, heads=(32, 4), d=128, page=16):
-    """An sglang-like paged decode's tensors (the values are never read: the call is an empty function)."""
+    """A serving backend's paged decode tensors (the values are never read: the call is an empty function)."""
     import torch
 
     b, width = len(lens), -(-max(lens) // page)

@@ -2,7 +2,7 @@
 
 Invariant measured: the wrapper's added host time per ``flash_attn_with_kvcache`` call that passes metadata
 (median over many calls), against an empty function with the same arguments and against the emulated FA3 call.
-The call is a paged decode like sglang's (8 sequences of 1024 and 16 tokens, H=32, Hk=4, d=128, bf16, page 16),
+The call is a paged decode like the modelled backend's (8 sequences of 1024 and 16 tokens, H=32, Hk=4, d=128, bf16, page 16),
 metadata from a recorded precompute. Each mode runs the same call; ``follow_copies`` is on as installed, and the
 cause check (``report_causes``) as the sanitizer runs it; the ``cause`` figures give the same call a precompute
 with the pre-fix head counts (8, 1), which the sanitizer reports.

@@ -12,7 +12,7 @@ user chose (``FA3VERIFY_SANITIZE_DIR``, ``--fa3verify-sanitize-dir`` or ``instal
 * case file (``spec.model.cases`` schema ``fa3verify.case/1``) when the pair is a head-count mismatch of a paged
   decode with known lengths -- the PR #30439 shape: model heads = the call's, ``tp_size`` = the factor the
   precompute divided them by, ``attn_cp_size = tp_size`` (so the layer keeps every head), guard "none"
-  (sglang precomputes), one decode batch with the recorded lengths, eager or (the call's KV extent wider than
+  (as the modelled backend precomputes), one decode batch with the recorded lengths, eager or (the call's KV extent wider than
   the longest sequence, :func:`case_width`) a CUDA-graph replay over that context. ``fa3verify replay CASE``
   reruns it. Other mismatches (batch size, ``num_splits``, a KV extent neither path gives) have no case form:
   the backend model passes one batch, one ``num_splits`` and its own page-table width to both sides, and a case

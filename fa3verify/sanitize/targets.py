@@ -5,14 +5,13 @@ instance attribute, a value in a plain dict such as a kernel cache) is the wrapp
 the original again, identity-equal. Bindings that cannot be replaced (closure cells, default arguments,
 tuples, partials) are reported by name, never skipped silently.
 
-Entry points (docs/facts-engines.md sections 1, 3 and 4): ``sgl_kernel.flash_attn`` (sgl-kernel 0.4.10),
-``flash_attn_interface`` (FA3 hopper build), ``fa3_fwd_interface`` (PyPI fa3-fwd),
-``vllm.vllm_flash_attn.flash_attn_interface`` (vLLM's fork), and sglang's own FA3 fronts
-``sglang.jit_kernel.flash_attention_v3`` (<= 0.5.17) / ``sglang.kernels.ops.attention.flash_attention_v3``
-(0.5.18+), which see the call even when the kernel comes from a hub build. Re-binding modules
-(:data:`KNOWN_REBINDERS`: sglang's dispatchers and backend, vLLM's ``vllm_flash_attn/__init__``, ``fa_utils`` and
-backends) need no list to be patched -- every referrer of an original is found with ``gc`` -- the list only says
-which ones a status report expects.
+Entry points (docs/facts-engines.md sections 1, 3 and 4): FA3's own interfaces (:data:`FA3_ENTRY_POINTS`:
+``sgl_kernel.flash_attn`` (sgl-kernel 0.4.10), ``flash_attn_interface`` (FA3 hopper build), ``fa3_fwd_interface``
+(the fa3-fwd package)) and the FA3 fronts each engine's own code defines (an engine fork of FA3's interface, an
+engine's own front that sees the call even when the kernel comes from a hub build), which its plugin lists
+(``EnginePlugin.sanitizer_entry_points``, its folder's ``words.json``). Re-binding modules (:data:`KNOWN_REBINDERS`:
+the engines' dispatchers, backends and helpers, ``EnginePlugin.sanitizer_rebinders``) need no list to be patched
+-- every referrer of an original is found with ``gc`` -- the list only says which ones a status report expects.
 """
 
 from __future__ import annotations
@@ -27,31 +26,27 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-#: module -> {function name: kind}; kind "precompute", "call" (flash_attn_with_kvcache), "varlen" (vLLM).
-ENTRY_POINTS: dict[str, dict[str, str]] = {
+from gpu_impl.plugin import sanitizer_targets
+
+#: FA3's own interfaces: module -> {function name: kind}; kind "precompute", "call" (flash_attn_with_kvcache),
+#: "varlen" (flash_attn_varlen_func).
+FA3_ENTRY_POINTS: dict[str, dict[str, str]] = {
     "sgl_kernel.flash_attn": {"get_scheduler_metadata": "precompute", "flash_attn_with_kvcache": "call"},
     "flash_attn_interface": {"get_scheduler_metadata": "precompute", "flash_attn_with_kvcache": "call"},
     "fa3_fwd_interface": {"get_scheduler_metadata": "precompute", "flash_attn_with_kvcache": "call"},
-    "vllm.vllm_flash_attn.flash_attn_interface": {"get_scheduler_metadata": "precompute",
-                                                  "flash_attn_with_kvcache": "call",
-                                                  "flash_attn_varlen_func": "varlen"},
-    "sglang.jit_kernel.flash_attention_v3": {"flash_attn_with_kvcache": "call"},
-    "sglang.kernels.ops.attention.flash_attention_v3": {"flash_attn_with_kvcache": "call"},
 }
 
+#: Every wrapped module -> {function name: kind}: FA3's own and the fronts the engines' code defines.
 #: Modules known to re-bind the entry points at import (reported by :func:`status`; patched like any other).
-KNOWN_REBINDERS = (
-    "sglang.jit_kernel.flash_attention", "sglang.kernels.ops.attention.flash_attention",
-    "sglang.srt.layers.attention.flashattention_backend", "vllm.vllm_flash_attn",
-    "vllm.attention.utils.fa_utils", "vllm.v1.attention.backends.fa_utils", "vllm.v1.attention.backends.flash_attn",
-)
+_ENGINE_POINTS, KNOWN_REBINDERS = sanitizer_targets()
+ENTRY_POINTS: dict[str, dict[str, str]] = {**FA3_ENTRY_POINTS, **_ENGINE_POINTS}
 
 _depth = threading.local()
 
 
 def positional_names(fn: Callable) -> Optional[tuple]:
-    """The names positional arguments of ``fn`` bind to (its own order: sglang's flash_attention_v3 inserts
-    ``only_qv`` before ``sm_margin``, vLLM's fork has its own), or None when ``fn`` has no Python signature."""
+    """The names positional arguments of ``fn`` bind to (its own order: an engine's front may insert arguments,
+    e.g. ``only_qv`` before ``sm_margin``, and a fork has its own), or None when ``fn`` has no Python signature."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
@@ -68,7 +63,7 @@ def positional_names(fn: Callable) -> Optional[tuple]:
 def make_wrapper(original: Callable, kind: str, checker) -> Callable:
     """A function that checks through ``checker`` (a :class:`gpu_impl.fa3_calls.CheckingFA3`) and runs ``original``.
 
-    A wrapped FA3 front calling a wrapped kernel (sglang's flash_attention_v3 -> sgl_kernel) is checked once,
+    A wrapped FA3 front calling a wrapped kernel (an engine's own front -> the kernel module) is checked once,
     by the outermost wrapper.
     """
     names = positional_names(original)

@@ -7,11 +7,11 @@ A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign
   ``gpu-decode`` -- its decode corner on a real GPU's SM count, every call on tensors (gpu-check's fuzz stage);
 * the catalogue's scenario families (:mod:`.families`: ``prefill-cp``, ``dp-attention``, ...): focused corners,
   each a ``FuzzCase`` run on a scenario system under test;
-* an engine's own configuration families, which its plugin gives (``EnginePlugin.strategy_families``, e.g.
-  ``gpu_impl/engines/vllm/strategies.py``) and which its own domain names;
+* an engine's own configuration families, which its plugin gives (``EnginePlugin.strategy_families``, kept in
+  its engine folder) and which its own domain names;
 * a system under test's own domain (:mod:`.engine_domain`, ``domain_strategy(sut.domain())``): what a campaign
-  on a system draws when no family is named -- a family the domain names, or the configurations an sglang
-  release's own checks accept (``gpu_impl.engines.sglang.domain``);
+  on a system draws when no family is named -- a family the domain names, or the configurations a release's
+  own checks accept (its engine folder's domain);
 * the kernel-level call families (:mod:`.kernel_calls`: ``kernel:cascade-prefix``, ...): FA3 calls run on the
   kernel-level system under test (``fa3verify.kernel_cases.KernelCallSUT``);
 * ``fidelity`` (:mod:`.fidelity_configs`): precompute configurations for the metadata fidelity check, one seeded

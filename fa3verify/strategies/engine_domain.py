@@ -17,8 +17,8 @@ from .scenarios import FuzzCase, decode_step
 
 __all__ = ["domain_strategy", "DomainStrategy", "CheckedFamily", "domain_steps", "LONGEST_ROW"]
 
-#: Cases a checked family draws for one campaign draw before giving up (as an sglang release's domain tries
-#: configurations: ``sglang/server_args.json`` ``tries``).
+#: Cases a checked family draws for one campaign draw before giving up (as a release's own domain tries
+#: configurations: its engine folder's ``server_args.json`` ``tries``).
 TRIES = 8
 
 #: Longest decode row drawn (a 128k context's graph page table costs nothing in record mode, but a long eager

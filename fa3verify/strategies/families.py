@@ -1,7 +1,7 @@
 """Focused scenario families: the configuration corners where a catalogue entry's defect can show.
 
 Each family is ``family(rng) -> FuzzCase | None`` (None: the draw gave no valid configuration; the campaign
-counts the draw and skips it). Configurations follow sglang's validation (``gpu_impl.config.is_valid_config``);
+counts the draw and skips it). Configurations follow the modelled backend's validation (``gpu_impl.config.is_valid_config``);
 the families are named in ``fa3verify/catalogue/entries.json`` through :data:`fa3verify.strategies.FAMILIES`.
 """
 
@@ -171,7 +171,7 @@ def tile_corner(rng: random.Random):
 
 
 def large_decode_batch(rng: random.Random):
-    """Decode batches of 16 to 256 rows (one long, the rest short), TP only, eager or CUDA graph: where the sglang
+    """Decode batches of 16 to 256 rows (one long, the rest short), TP only, eager or CUDA graph: where the modelled backend's
     kernel builds from 0.4.5 bound a varlen call's split count by its real rows (refmodel.fa3_builds
     ``varlen_total_q_bound``), so their split counts part from upstream's and a precompute and a call that count
     rows differently can disagree (theorem ``total-q-drift``; hazard control ``precompute-max-seqlen-q-two``)."""

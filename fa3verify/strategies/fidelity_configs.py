@@ -20,7 +20,7 @@ __all__ = ["FidelityConfig", "random_config", "random_configs", "head_pairs", "H
 HEAD_DIMS = (64, 128, 256)
 #: Attention-TP sizes the per-rank head counts come from.
 ATTN_TP_SIZES = (1, 2, 4, 8)
-#: Page sizes of paged configurations (sglang's 1/16/64 and two that let paged KV use TMA).
+#: Page sizes of paged configurations (the modelled backend's 1/16/64 and two that let paged KV use TMA).
 PAGE_SIZES = (1, 16, 64, 128, 256)
 #: Fixed split counts tried besides the heuristic (0).
 FIXED_SPLITS = (1, 2, 3, 8, 16, 64, 128)
@@ -73,7 +73,7 @@ class FidelityConfig:
 @functools.lru_cache(maxsize=1)
 def head_pairs() -> tuple[tuple[int, int, str], ...]:
     """(h, h_k, label) per-rank head counts of the real models in ``gpu_impl.config.MODELS`` under attention TP
-    1/2/4/8, kept where sglang's attention modules accept the split (heads divisible, KV heads split or
+    1/2/4/8, kept where the modelled backend's attention modules accept the split (heads divisible, KV heads split or
     replicated)."""
     from gpu_impl.config import MODELS
 

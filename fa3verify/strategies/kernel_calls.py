@@ -13,8 +13,8 @@ import random
 
 def cascade_prefix_metadata(total_q: int, prefix: int, batch_size: int) -> dict:
     """``get_scheduler_metadata`` arguments for a cascade shared-prefix call (one batch: the prefix against every
-    query token), built for ``batch_size`` batches (vLLM PR #17283: the fix builds it for 1, the bug for num_reqs;
-    vllm/v1/attention/backends/flash_attn.py, cascade_attention)."""
+    query token), built for ``batch_size`` batches (a serving engine's cascade attention, PR #17283: the fix builds
+    it for 1, the bug for num_reqs; the catalogue's entry names the file)."""
     b = batch_size
     return {"batch_size": b, "max_seqlen_q": total_q, "max_seqlen_k": prefix,
             "cache_seqlens": [prefix] + [0] * (b - 1), "cu_seqlens_q": [0, total_q] + [total_q] * (b - 1),

@@ -1,6 +1,6 @@
 """The scenario space the fuzzer explores (family ``scenario``).
 
-Server configurations follow sglang's validation (tp = attn_tp * attn_cp * attn_dp; prefill CP with a
+Server configurations follow the modelled backend's validation (tp = attn_tp * attn_cp * attn_dp; prefill CP with a
 strategy; heads divisible by the attention-TP size); models are real shapes (gpu_impl.config.MODELS);
 GPUs are real SM counts. Batches mix skewed decode batches (one long sequence with short companions: the
 shape that overflows), uniform decode batches, prefills with prefix-cache hits, CP-v2 extends, MIXED
@@ -19,7 +19,7 @@ from gpu_impl.domain import SM_COUNTS, FuzzCase  # noqa: F401 - the strategies' 
 
 PAGE_SIZES = (1, 16, 64)
 CONTEXT_LENGTHS = (4096, 32768, 131072)
-#: Split policies: mostly the heuristic (sglang's default), sometimes fixed counts.
+#: Split policies: mostly the heuristic (the modelled backend's default), sometimes fixed counts.
 NUM_SPLITS_POLICIES = (0, 0, 0, 0, 0, 0, 1, 2, 4, 16)
 #: Share of cases that run the kernel on tensors and compare with the oracle (the rest check metadata only).
 NUMERICS_SHARE = 0.02
@@ -29,7 +29,7 @@ NUMERICS_MAX_LEN = 64
 
 @functools.lru_cache(maxsize=None)
 def rank_layouts(model_name: str) -> tuple:
-    """Every (tp, attn_cp, dp_attention, dp) that sglang accepts for the model, with tp in 1..8."""
+    """Every (tp, attn_cp, dp_attention, dp) that the modelled backend accepts for the model, with tp in 1..8."""
     model = MODELS[model_name]
     out = []
     for tp in (1, 2, 4, 8):
@@ -46,7 +46,7 @@ def rank_layouts(model_name: str) -> tuple:
 
 
 def random_server_config(rng: random.Random, model: ModelConfig) -> ServerConfig:
-    """A valid sglang server configuration for `model`: tp in 1..8 = attn_tp * attn_cp (* DP size with DP attention)."""
+    """A valid server configuration of the modelled backend for `model`: tp in 1..8 = attn_tp * attn_cp (* DP size with DP attention)."""
     tp, attn_cp, dp_attention, dp = rng.choice(rank_layouts(model.name))
     prefill_cp = attn_cp > 1 or rng.random() < 0.5
     return ServerConfig(
@@ -112,7 +112,7 @@ def random_fuzz_case(rng: random.Random, numerics_share: float = NUMERICS_SHARE)
 def release_fuzz_case(rng: random.Random) -> FuzzCase:
     """A configuration a real release can be run with (family ``release``, what ``conform`` draws): a metadata-level
     case of the ``scenario`` space with ``num_splits`` 0. A fixed ``num_splits`` > 0 is the model's what-if
-    (spec.model.config.ServerConfig): sglang has no such server option and passes 0 (1 under deterministic inference)."""
+    (spec.model.config.ServerConfig): the modelled backend has no such server option and passes 0 (1 under deterministic inference)."""
     case = random_fuzz_case(rng, numerics_share=0.0)
     return dataclasses.replace(case, server=dataclasses.replace(case.server, num_splits=0))
 

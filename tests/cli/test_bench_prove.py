@@ -1,8 +1,8 @@
-"""fa3verify.bench's prove figures: wall time, the slowest theorem, and the CPU time of the run (no bar)."""
+"""fa3verify.commands.bench's prove figures: wall time, the slowest theorem, and the CPU time of the run (no bar)."""
 
 import time
 
-from fa3verify import bench
+from fa3verify.commands import bench
 from fa3verify.commands import prove as proving
 from fa3verify.summary import Check, RunSummary
 

@@ -138,7 +138,7 @@ def test_engines_page_says_a_missing_environment_is_built():
 
 
 def test_sanitizer_overhead_bar_and_figures_agree_with_bench():
-    from fa3verify import bench
+    from fa3verify.commands import bench
 
     op, bar = bench.BARS["sanitize_overhead_us"]
     perf = _doc("performance.md")

@@ -9,13 +9,36 @@ import pytest
 from fa3verify import exitcodes
 from fa3verify.cli import main
 from fa3verify.errors import UsageError
-from fa3verify.hazard_map import (GPU_SM_COUNTS, WORKED_EXAMPLE, cell, compute_hazard_map, length_grid,
-                                  panel_specs, reference_cell, render)
-from gpu_impl.config import MODELS, ServerConfig
+from fa3verify.commands.hazard_map import (GPU_SM_COUNTS, WORKED_EXAMPLE, cell, compute_hazard_map, length_grid,
+                                           panel_specs, render)
+from gpu_impl.config import MODELS, ModelConfig, ServerConfig
+from refmodel.fa3_scheduler import call_inputs, ceil_div, resolve_schedule
 
 REPO = Path(__file__).resolve().parent.parent.parent
 QWEN = MODELS["qwen3-30b-a3b"]
 CP4 = ServerConfig(tp_size=4, attn_cp_size=4, enable_prefill_cp=True, cp_strategy="zigzag")
+
+
+def reference_cell(model: ModelConfig, server: ServerConfig, seq_lens,
+                   metadata_heads: str = "tp") -> tuple:
+    """(S_p, split counts, S_c) straight from ``schedule_and_prepare`` and ``resolve_schedule(call_inputs())``
+    with the actual batch, uncached: the definition the fast path of :func:`cell` is tested against."""
+    from refmodel.metadata import schedule_and_prepare  # imports torch
+
+    lens = [int(x) for x in seq_lens]
+    b = len(lens)
+    h, hk = server.precompute_heads(model) if metadata_heads == "tp" else server.layer_heads(model)
+    ch, chk = server.layer_heads(model)
+    page = server.page_size
+    sched, result = schedule_and_prepare(
+        b, 1, max(max(lens), 1), h, hk, model.head_dim, lens, qkv_dtype=model.dtype, headdim_v=model.head_dim_v,
+        cu_seqlens_q=list(range(b + 1)), page_size=page, causal=True, num_splits=server.backend_num_splits,
+        num_sm=server.num_sm)
+    call = resolve_schedule(call_inputs(
+        b, 1, ceil_div(max(lens), page) * page, ch, chk, model.head_dim, headdim_v=model.head_dim_v,
+        qkv_dtype=model.dtype, varlen_q=True, has_cache_seqlens=True, page_size=page, causal=True,
+        num_splits=server.backend_num_splits, num_sm=server.num_sm))
+    return sched.num_splits, tuple(result.num_splits), call.num_splits
 
 
 @pytest.fixture(scope="module")

@@ -402,14 +402,15 @@ def test_engine_setup_calls_the_engine_environments_with_progress(monkeypatch, c
     import types
 
     calls = []
-    envs = types.SimpleNamespace(ensure_env=lambda release, progress: (calls.append(release), progress("step 1/2"),
-                                                                       "/cache/sglang-" + release)[-1])
+    envs = types.SimpleNamespace(ensure_env=lambda release, progress, engine: (calls.append((engine, release)),
+                                                                               progress("step 1/2"),
+                                                                               "/cache/sglang-" + release)[-1])
     pkg = types.ModuleType("gpu_impl.engines")
     pkg.envs = envs
     monkeypatch.setitem(sys.modules, "gpu_impl.engines", pkg)
     assert cli.main(["engine", "setup", "sglang==0.5.23"]) == 0
     out = capsys.readouterr().out
-    assert calls == ["0.5.23"] and "step 1/2" in out and "/cache/sglang-0.5.23" in out
+    assert calls == [("sglang", "0.5.23")] and "step 1/2" in out and "/cache/sglang-0.5.23" in out
 
 
 def test_run_ranks_on_a_real_engine_runs_in_process_and_says_so(monkeypatch, capsys, tmp_path):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from fa3verify.engine_gate import vllm_flow_rows
+from fa3verify.engine_gate import flow_theorem_rows
 from gpu_impl.engines import envs
 from gpu_impl.sut import EngineSpec
 
@@ -31,7 +31,7 @@ class RecordingEngine:
 
 def test_the_released_flow_is_a_proved_gate_row(tmp_path):
     engine = RecordingEngine()
-    rows = vllm_flow_rows(engine, timeout_s=10.0, cases_dir=str(tmp_path))
+    rows = flow_theorem_rows(engine, timeout_s=10.0, cases_dir=str(tmp_path))
     [row] = rows.checks
     assert (row.name, row.verdict, row.failed, row.inconclusive) == ("vllm-flow", "proved", False, False)
     assert rows.exit_code == 0 and engine.ran == []  # nothing refuted, nothing to replay
@@ -46,7 +46,7 @@ def test_negative_control_a_pr20301_profile_fails_the_gate_and_its_counterexampl
                                                                        "call": {"full": 32}}})
     monkeypatch.setattr(profiles, "vllm_profile_for", lambda release: seeded)
     engine = RecordingEngine()
-    rows = vllm_flow_rows(engine, timeout_s=10.0, cases_dir=str(tmp_path))
+    rows = flow_theorem_rows(engine, timeout_s=10.0, cases_dir=str(tmp_path))
     theorem = rows.checks[0]
     assert theorem.verdict == "refuted" and theorem.failed and theorem.case_file
     assert rows.exit_code == 1 and rows.findings and rows.findings[0].case_file == theorem.case_file
@@ -55,7 +55,7 @@ def test_negative_control_a_pr20301_profile_fails_the_gate_and_its_counterexampl
 
 
 def test_a_release_without_a_profile_is_inconclusive(tmp_path):
-    rows = vllm_flow_rows(RecordingEngine("9.9.9"), timeout_s=10.0, cases_dir=str(tmp_path))
+    rows = flow_theorem_rows(RecordingEngine("9.9.9"), timeout_s=10.0, cases_dir=str(tmp_path))
     [row] = rows.checks
     assert row.inconclusive and not row.failed and rows.exit_code == 3
     assert "no profile for vllm 9.9.9" in row.message and "gpu_impl/engines/vllm/profiles.json" in row.message

@@ -46,9 +46,9 @@ def _sanitized(release: str, out_dir: Path, install: str = "start", causes: bool
     if not envs.env_ready(release):
         pytest.skip(f"the engine environment of sglang {release} is not built ({envs.env_dir(release)}); "
                     f"build it with `python -m gpu_impl.engines.envs {release}`")
-    from fa3verify.sanitize.engine import open_sanitized_sglang
+    from fa3verify.sanitize.engine import open_sanitized
 
-    sut = open_sanitized_sglang(release, "raise", out_dir=out_dir, install=install, causes=causes)
+    sut = open_sanitized(f"sglang=={release}", "raise", out_dir=out_dir, install=install, causes=causes)
     sut.start()
     return sut
 
@@ -182,12 +182,12 @@ def test_old_release_the_cause_is_reported_on_a_batch_that_does_not_overflow(tmp
 
 
 def test_a_bad_sanitizer_option_is_refused_before_anything_starts():
-    from fa3verify.sanitize.engine import open_sanitized_sglang
+    from fa3verify.sanitize.engine import open_sanitized
 
     with pytest.raises(ValueError, match="mode: must be one of raise, warn, record"):
-        open_sanitized_sglang(OLD, "loud")
+        open_sanitized(f"sglang=={OLD}", "loud")
     with pytest.raises(ValueError, match="install: must be one of start, late"):
-        open_sanitized_sglang(OLD, "raise", install="never")
+        open_sanitized(f"sglang=={OLD}", "raise", install="never")
 
 
 def test_the_sanitizer_imports_in_an_engine_environment_without_the_projects_other_dependencies():

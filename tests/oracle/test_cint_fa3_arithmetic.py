@@ -112,7 +112,7 @@ def test_theorem_8_finds_the_wrap_for_every_instance_and_not_with_64_bit_sizes()
 
 
 def test_hazard_map_shows_where_real_models_hit_the_band():
-    from fa3verify.hazard_map import int32_split_hazard
+    from fa3verify.commands.hazard_map import int32_split_hazard
     from gpu_impl.config import MODELS
 
     # gemma-2-9b (d 256) at two million tokens, Qwen3-30B-A3B (d 128) at four million; heuristics.h:29-34

@@ -66,10 +66,11 @@ def test_negative_control_pr20301_split_counts_that_differ_are_refuted_with_a_co
     assert "counterexample" in r.message and "qwen3-30b-a3b" in w["config"]
 
 
-def test_prove_vllm_summary_fails_on_the_variant():
-    from fa3verify.commands.prove import prove_vllm
+def test_prove_flow_summary_fails_on_the_variant():
+    from fa3verify.commands.prove import prove_flow
+    from gpu_impl.sut import parse_engine
 
-    bad = prove_vllm(variant({"full": 0}, {"full": 32}))
+    bad = prove_flow(parse_engine("vllm==0.33.0"), variant({"full": 0}, {"full": 32}))
     assert bad.exit_code == 1 and bad.findings and bad.findings[0].invariant == "SPLIT_BOUND"
 
 

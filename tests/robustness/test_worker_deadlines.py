@@ -237,12 +237,12 @@ def test_a_stuck_vllm_worker_through_the_cli_is_inconclusive_and_named(tmp_path)
 # -- the sanitizer's engine worker -------------------------------------------------------------------------------
 
 def test_a_stuck_sanitized_engine_worker_is_killed_at_its_deadline(tmp_path, monkeypatch):
-    from fa3verify.sanitize.engine import open_sanitized_sglang
+    from fa3verify.sanitize.engine import open_sanitized
     from gpu_impl.engines.errors import DriverError
 
     root = fake_engine_home(tmp_path, "sglang", "0.5.13", "silent")
     monkeypatch.setenv("FA3VERIFY_ENGINE_START_TIMEOUT", "2")
-    sut = open_sanitized_sglang("0.5.13", out_dir=tmp_path / "out", progress=lambda line: None, root=root)
+    sut = open_sanitized("sglang==0.5.13", out_dir=tmp_path / "out", progress=lambda line: None, root=root)
     _, exc, seconds = within(2 + SLACK_S, sut.start)
     assert isinstance(exc, DriverError) and exc.timed_out, exc
     assert "no answer within 2 s; killed" in str(exc)

@@ -60,6 +60,11 @@ class VllmPlugin(EnginePlugin):
         from .conformance import conform_vllm
 
         return conform_vllm(sut, profile)
+    flow_profiles_file = "gpu_impl/engines/vllm/profiles.json"
+
+    #: ``theorems.THEOREM``, written here so that the plugin stays light (it loads for ``--help``; a test pins the
+    #: two together)
+    flow_theorem = "vllm-flow"
 
     def open(self, spec, policy=None, progress=print):
         from .host import VllmSUT
@@ -99,3 +104,21 @@ class VllmPlugin(EnginePlugin):
 
     def conformance(self, spec):
         return "own-profile"
+
+    def profile_proof(self) -> str:
+        return "flow-theorem"
+
+    def assumption_facts(self, release: str) -> dict:
+        from spec.model.assumption_facts import facts_for
+
+        return facts_for("vllm", release)
+
+    def flow_results(self, profile, timeout_s: float = 10.0, cases_dir=None) -> list:
+        """``vllm-flow`` under ``profile`` (a refutation's counterexample replays on ``vllm==V``:
+        ``theorems.write_vllm_case``)."""
+        from .theorems import run_vllm_theorems
+
+        return list(run_vllm_theorems(profile, timeout_s=timeout_s, cases_dir=cases_dir))
+
+    def flow_ran_on(self, profile) -> str:
+        return f"the model of vllm=={profile.release}'s flow"
