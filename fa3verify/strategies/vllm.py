@@ -30,7 +30,7 @@ from spec.model.engine_profiles_vllm import VLLM_RELEASES
 from .scenarios import SM_COUNTS, FuzzCase
 
 __all__ = ["NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
-           "vllm_v2_case",
+           "vllm_v2_case", "vllm_paths_case",
            "vllm_decode_tile_case",
            "vllm_family_label", "model_tp_points"]
 
@@ -111,6 +111,38 @@ def vllm_v2_case(rng: random.Random) -> Optional[FuzzCase]:
     if case is None or not case.server.cuda_graph:
         return case
     return dataclasses.replace(case, vllm={**case.vllm, "full_and_piecewise": rng.random() < 0.5})
+
+
+#: Family ``vllm-paths``: the shared-prefix lengths drawn (cascade attention needs at least 256 tokens shared)
+SHARED_PREFIXES = (256, 1024, 4096)
+
+
+def vllm_paths_case(rng: random.Random) -> Optional[FuzzCase]:
+    """Family ``vllm-paths``: the ``vllm`` families (the same draws from ``rng``) plus the paths a release's V1 runner
+    reaches from a batch alone, drawn from a second generator seeded by the case's seed (so the ``vllm`` draws stay
+    as they are): in a quarter of the cases every request shares a prefix (``vllm.common_prefix``, added to every
+    sequence; the release's cascade rule decides), in a quarter a drafter builds metadata for 1..4 draft tokens
+    after each step (``vllm.draft_tokens``), and under DCP a tenth start with a step of fresh prefills (every
+    context empty: DCP's skipped context attention)."""
+    import dataclasses
+
+    case = vllm_case(rng)
+    if case is None:
+        return None
+    extra = random.Random(case.seed)
+    options, steps = dict(case.vllm), list(case.steps)
+    if extra.random() < 0.25 and not options.get("sliding_window"):
+        prefix = extra.choice(SHARED_PREFIXES)
+        options["common_prefix"] = prefix
+        steps = [{**st, "seq_lens": [min(MAX_MODEL_LEN, k + prefix) for k in st["seq_lens"]]} for st in steps]
+        steps = [st if st["extend_lens"] is None else
+                 {**st, "extend_lens": [min(q, k) for q, k in zip(st["extend_lens"], st["seq_lens"])]} for st in steps]
+    if extra.random() < 0.25:
+        options["draft_tokens"] = extra.randint(1, 4)
+    if case.server.attn_cp_size > 1 and extra.random() < 0.1:
+        fresh = [extra.choice((17, 100, 1000)) for _ in range(extra.randint(1, 8))]
+        steps = [{"mode": "mixed", "seq_lens": fresh, "extend_lens": list(fresh)}] + steps
+    return dataclasses.replace(case, vllm=options, steps=tuple(steps))
 
 
 def vllm_decode_tile_case(rng: random.Random) -> Optional[FuzzCase]:
