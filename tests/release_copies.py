@@ -128,3 +128,16 @@ ALIGNED_REPLAY_0_34_0 = (
      r"\n        if self.__dict__.get('_replay_scalars') is not None:\n"
      r"            max_query_len, max_seq_len = self._replay_scalars\1"),
 )
+
+
+#: A passing release with cascade attention (0.31.0, its V1 runner) with one path regressed: both FA3 calls of
+#: ``cascade_attention`` (the shared prefix and the suffixes) pass half the split bound their precomputes were given
+#: whenever it is > 1 (16 for the full CUDA graph's 32); every other path is the release's own.
+CASCADE_HALF_SPLITS_0_31_0 = (
+    (r"(scheduler_metadata=prefix_scheduler_metadata,\n(?:.*\n){0,12}?\s+)"
+     r"num_splits=1 if envs\.VLLM_BATCH_INVARIANT else max_num_splits,",
+     r"\1num_splits=1 if envs.VLLM_BATCH_INVARIANT else (max_num_splits // 2 if max_num_splits > 1 else max_num_splits),"),
+    (r"(scheduler_metadata=suffix_scheduler_metadata,\n(?:.*\n){0,12}?\s+)"
+     r"num_splits=1 if envs\.VLLM_BATCH_INVARIANT else max_num_splits,",
+     r"\1num_splits=1 if envs.VLLM_BATCH_INVARIANT else (max_num_splits // 2 if max_num_splits > 1 else max_num_splits),"),
+)
