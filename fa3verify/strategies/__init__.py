@@ -10,7 +10,8 @@ A family is ``family(rng) -> case | None`` over a ``random.Random`` the campaign
 * ``vllm`` / ``vllm-full-graph`` / ``vllm-decode-tile`` / ``vllm-v2`` -- vLLM's configuration families
   (:mod:`.vllm`; ``vllm-decode-tile`` draws around the fork's decode-tile boundary, theorem 9; ``vllm-v2`` adds
   vLLM's FULL_AND_PIECEWISE mode for releases the V2 runner drives; ``vllm-paths`` adds shared prefixes, drafts and
-  DCP's fresh-prefill steps for releases the V1 runner drives), the family a ``vllm==V`` engine's own domain
+  DCP's fresh-prefill steps for releases the V1 runner drives, ``vllm-paths-both`` half of them on the V2 runner of a
+  release that ships both), the family a ``vllm==V`` engine's own domain
   names (``gpu_impl.engines.vllm.host.VllmSUT.domain``);
 * a system under test's own domain (:mod:`.engine_domain`, ``domain_strategy(sut.domain())``): what a campaign
   on a system draws when no family is named -- a family the domain names, or the configurations an sglang
@@ -55,6 +56,7 @@ FAMILIES: dict[str, Callable] = {
     "vllm-decode-tile": vllm.vllm_decode_tile_case,
     "vllm-v2": vllm.vllm_v2_case,
     "vllm-paths": vllm.vllm_paths_case,
+    "vllm-paths-both": vllm.vllm_paths_both_case,
 }
 
 #: Kernel-level call families, by name (spelled ``kernel:<name>`` where a family name must say its kind).

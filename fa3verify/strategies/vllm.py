@@ -30,7 +30,7 @@ from spec.model.engine_profiles_vllm import VLLM_RELEASES
 from .scenarios import SM_COUNTS, FuzzCase
 
 __all__ = ["NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
-           "vllm_v2_case", "vllm_paths_case",
+           "vllm_v2_case", "vllm_paths_case", "vllm_paths_both_case",
            "vllm_decode_tile_case",
            "vllm_family_label", "model_tp_points"]
 
@@ -143,6 +143,24 @@ def vllm_paths_case(rng: random.Random) -> Optional[FuzzCase]:
         fresh = [extra.choice((17, 100, 1000)) for _ in range(extra.randint(1, 8))]
         steps = [{"mode": "mixed", "seq_lens": fresh, "extend_lens": list(fresh)}] + steps
     return dataclasses.replace(case, vllm=options, steps=tuple(steps))
+
+
+def vllm_paths_both_case(rng: random.Random) -> Optional[FuzzCase]:
+    """Family ``vllm-paths-both``: ``vllm-paths`` for a release that ships both model runners, half the cases on its
+    V2 runner (``vllm.runner = "v2"``, drawn from a third generator seeded by the case's seed; there half the
+    full-graph cases take vLLM's FULL_AND_PIECEWISE mode, as ``vllm-v2`` draws them)."""
+    import dataclasses
+
+    case = vllm_paths_case(rng)
+    if case is None:
+        return None
+    extra = random.Random(case.seed + 1)
+    if extra.random() >= 0.5:
+        return case
+    options = {**case.vllm, "runner": "v2"}
+    if case.server.cuda_graph:
+        options["full_and_piecewise"] = extra.random() < 0.5
+    return dataclasses.replace(case, vllm=options)
 
 
 def vllm_decode_tile_case(rng: random.Random) -> Optional[FuzzCase]:

@@ -14,7 +14,8 @@ every layer, or one null-or-integer per layer), ``capture_sizes`` (1..64 integer
 FULL_AND_PIECEWISE mode, FULL graphs for uniform decode batches and PIECEWISE for the rest; driven by the V2
 runner's driver generation), ``common_prefix`` (0..2^31-1: tokens every request of each step shares, which the
 release's own cascade rule may turn into cascade attention), ``draft_tokens`` (0..8: draft steps a speculative-decoding
-drafter builds its metadata for after each step). ``check_vllm_options`` raises ``CaseFormatError`` naming the field.
+drafter builds its metadata for after each step), ``runner`` (``"v1"`` or ``"v2"``: which model runner drives the
+case on a release that ships both; absent: the release's driver generation). ``check_vllm_options`` raises ``CaseFormatError`` naming the field.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from spec.model.case_bounds import MAX_LEN, CaseFormatError
 __all__ = ["VLLM_FIELDS", "check_vllm_options"]
 
 VLLM_FIELDS = ("piecewise", "kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes",
-               "max_num_splits_for_cuda_graph", "full_and_piecewise", "common_prefix", "draft_tokens")
+               "max_num_splits_for_cuda_graph", "full_and_piecewise", "common_prefix", "draft_tokens",
+               "runner")
 MAX_LAYERS = 64
 MAX_CAPTURE_SIZE = 4096
 
@@ -78,6 +80,8 @@ def check_vllm_options(value: Any, server: dict) -> Optional[dict]:
     prefix = out.get("common_prefix", 0)
     if not _int_in(prefix, 0, MAX_LEN):
         raise CaseFormatError("vllm.common_prefix", "an integer in [0, 2^31 - 1]", prefix)
+    if out.get("runner", "v1") not in ("v1", "v2"):
+        raise CaseFormatError("vllm.runner", "'v1' or 'v2'", out["runner"])
     drafts = out.get("draft_tokens", 0)
     if not _int_in(drafts, 0, 8):
         raise CaseFormatError("vllm.draft_tokens", "an integer in [0, 8]", drafts)

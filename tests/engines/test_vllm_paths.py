@@ -34,7 +34,10 @@ def test_every_path_is_driven_or_not_covered_with_a_reason_on_every_release():
     assert release_paths("0.31.0")["cascade"] is None and release_paths("0.31.0")["drafter"] is None
     assert release_paths("0.32.0")["cascade"].startswith("not in this release")
     assert release_paths("0.34.0")["V2 runner"] is None and release_paths("0.34.0")["drafter"]
-    assert "get_block_table_width" in release_paths("0.31.0")["V2 runner"]
+    assert release_paths("0.31.0")["V2 runner"] is None  # beside the V1 runner (releases.json v2_runner)
+    assert "num_stages" in release_paths("0.33.0")["V2 runner"]
+    assert "get_block_table_width" in release_paths("0.25.1")["V2 runner"]
+    assert release_paths("0.11.2")["V2 runner"].startswith("not in this release")
     assert release_paths("0.25.1")["DCP skipped context"].startswith("not in this release")
     assert release_paths("0.26.0")["DCP skipped context"] is None
 
@@ -50,7 +53,7 @@ def test_the_domain_reports_every_path_with_a_count_or_a_reason():
     from gpu_impl.engines.vllm.host import VllmSUT
 
     domain = VllmSUT(CASCADE_RELEASE).domain()  # no worker starts for the report
-    assert domain.family == "vllm-paths"
+    assert domain.family == "vllm-paths-both" and VllmSUT("0.33.0").domain().family == "vllm-paths"
     report = domain.report({"cascade": 3, "eager": 5}, 8)
     assert all(k in report["reach"] for k in PATH_KEYS)
     assert report["reach"]["cascade"] == 3 and "cascade" not in report["not_covered"]
@@ -84,6 +87,16 @@ def test_paths_family_keeps_the_vllm_draws_and_adds_prefixes_and_drafts():
     assert 30 < shared < 90 and 40 < drafts < 120
 
 
+def test_paths_both_family_puts_half_the_cases_on_the_v2_runner():
+    from fa3verify.strategies.vllm import vllm_paths_both_case, vllm_paths_case
+
+    runners = [vllm_paths_both_case(random.Random(seed)) for seed in range(200)]
+    v2 = [c for c in runners if c.vllm.get("runner") == "v2"]
+    assert 60 < len(v2) < 140
+    assert any(c.vllm.get("full_and_piecewise") for c in v2)
+    assert all(c.steps == vllm_paths_case(random.Random(seed)).steps for seed, c in enumerate(runners))
+
+
 def test_case_options_for_the_paths_are_validated_naming_the_field():
     from spec.model.case_bounds import CaseFormatError
     from spec.model.case_vllm import check_vllm_options
@@ -93,6 +106,8 @@ def test_case_options_for_the_paths_are_validated_naming_the_field():
         check_vllm_options({"common_prefix": -1}, {})
     with pytest.raises(CaseFormatError, match="vllm.draft_tokens"):
         check_vllm_options({"draft_tokens": 9}, {})
+    with pytest.raises(CaseFormatError, match="vllm.runner"):
+        check_vllm_options({"runner": "v3"}, {})
 
 
 def test_driver_refuses_bad_path_fields_naming_them():
@@ -102,6 +117,8 @@ def test_driver_refuses_bad_path_fields_naming_them():
         check_scenario({"common_prefix": 40960})
     with pytest.raises(ValueError, match="draft_tokens"):
         check_scenario({"draft_tokens": True})
+    with pytest.raises(ValueError, match="runner"):
+        check_scenario({"runner": "v0"})
 
 
 # ---------------------------------------------------------------- engine: a release with cascade attention
@@ -154,6 +171,20 @@ def test_drafter_metadata_and_dcp_skipped_context_are_reached(cascade_worker):
     fresh = cascade_worker.run({"tp": 4, "dcp": 2, "steps": [{"seq_lens": [100, 17], "query_lens": [100, 17]}]})
     steps = [e["reached"] for e in fresh["trace"] if "seconds" in e]
     assert steps == [["eager", "DCP", "DCP skipped context"]] and fresh["findings"] == []
+
+
+@pytest.mark.engine
+def test_the_v2_runner_of_a_release_that_ships_both_is_driven_per_case(cascade_worker):
+    both = cascade_worker.run({"tp": 4, "runner": "v2", "cuda_graph": "full_and_piecewise",
+                               "steps": [{"seq_lens": [32768, 100, 100]}, {"seq_lens": [300, 100], "query_lens": [1, 30]}]})
+    pairs = _pairs(both)
+    assert both["findings"] == [] and {e["path"] for e in pairs} == {"full: capture", "full", "piecewise"}
+    assert all("V2 runner" in e["reached"] for e in pairs)
+    v1 = _pairs(cascade_worker.run({"tp": 4, "cuda_graph": "full", "steps": [{"seq_lens": [32768, 100, 100]}]}))
+    assert v1 and all("V2 runner" not in e["reached"] for e in v1)
+    with pytest.raises(ValueError, match="set_dcp_capture_context"):  # not driven there: said, never a pass
+        cascade_worker.run({"num_heads": 32, "num_kv_heads": 4, "tp": 4, "dcp": 2, "runner": "v2",
+                            "cuda_graph": "full", "steps": [{"seq_lens": [5]}]})
 
 
 @pytest.mark.engine

@@ -63,7 +63,7 @@ def scenario_defaults() -> dict:
             "capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "max_num_seqs": 256, "batch_invariant": False,
             "kv_cache_dtype": "auto", "block_size": 16, "max_model_len": 40960, "num_sm": 132,
             "max_num_splits_for_cuda_graph": 32, "max_num_batched_tokens": 8192, "steps": [], "defect": None,
-            "common_prefix": 0, "draft_tokens": 0,
+            "common_prefix": 0, "draft_tokens": 0, "runner": None,
             "lifecycle_defect": None, "seed": 0}
 
 
@@ -120,6 +120,9 @@ def check_scenario(s: dict) -> dict:
             raise ValueError(f"steps[{i}].query_lens: at most max_num_batched_tokens ({out['max_num_batched_tokens']}) "
                              f"query tokens in a step (vLLM's scheduler budget), got {sum(q)}")
         st["query_lens"] = q
+    if out["runner"] not in (None, "v1", "v2"):
+        raise ValueError(f"runner: null (the release's driver generation), 'v1' or 'v2' (a release that ships both "
+                         f"model runners), got {out['runner']!r}")
     cp, dt = out["common_prefix"], out["draft_tokens"]
     if not isinstance(cp, int) or isinstance(cp, bool) or not 0 <= cp < out["max_model_len"]:
         raise ValueError(f"common_prefix: tokens every request of a step shares (cascade attention), an integer in "
@@ -487,6 +490,24 @@ class Engine:
 
         return STOOD_IN
 
+    def _runner(self, asked):
+        """(runner, config class) for a scenario's ``runner``: the worker's own generation, or the V2 runner of a
+        release the first generation drives and that ships both (refused, naming what it lacks, where it cannot)."""
+        runner = asked or self.generation
+        if runner == self.generation:
+            return runner, self.config_class
+        if runner == "v1":
+            raise Unsupported("runner: v1 is not driven on a release driven through its V2 runner (driver v2)")
+        if getattr(self, "_v2_missing", None) is None:
+            from gpu_impl.engines.vllm.recipes import missing_for_generation
+
+            self._v2_missing = missing_for_generation("v2", os.environ.get("FA3VERIFY_VLLM_SOURCE"))
+        if self._v2_missing:
+            raise Unsupported(f"runner: v2 needs what this release lacks: {'; '.join(self._v2_missing)}")
+        from gpu_impl.engines.vllm.driver_v2 import ConfigV2
+
+        return runner, ConfigV2
+
     def validate(self, scenario: dict) -> dict:
         """vLLM's own config validation of a scenario's configuration (``vllm_validation``)."""
         from gpu_impl.engines.vllm.validation import validate_vllm_config
@@ -506,11 +527,12 @@ class Engine:
             check_numerics_scenario(s)
         if self.fa_version != 3:
             raise Unsupported(f"vLLM chose FlashAttention {self.fa_version}, not 3: nothing precomputes metadata")
+        runner, config_class = self._runner(s["runner"])
         front = seed_defect(FrontFA3(s["num_sm"], numerics=bool(numerics), lifecycle_defect=s["lifecycle_defect"]),
                             s["defect"])
         self.glue.front.target = front
         t = time.monotonic()
-        cfg = self.config_class(self, s, numerics=bool(numerics))
+        cfg = config_class(self, s, numerics=bool(numerics))
         out = {"findings": [], "shape_errors": [], "trace": [], "setup_s": round(time.monotonic() - t, 3),
                "fa3_build": front.build}
         out["unchecked_calls"] = 0
@@ -531,7 +553,7 @@ class Engine:
                          "path": f"{path}: capture" if origin else path, "max_num_splits": md.max_num_splits,
                          "aot": md.scheduler_metadata is not None, **summary,
                          "reached": step_labels(s, st["query_lens"], st["seq_lens"], None if drafter else md,
-                                                self.generation, drafter=drafter)}
+                                                runner, drafter=drafter)}
                 if source is not None and any(source.values()):
                     entry["source"] = source
                 if desc is not None:
@@ -562,7 +584,7 @@ class Engine:
                                                    "seq_lens": list(st["seq_lens"]), **detail}})
             out["trace"].append({"step": index, "seconds": round(time.monotonic() - t, 3),
                                  # the step's paths, whether or not a call on them consumed metadata
-                                 "reached": step_labels(s, st["query_lens"], st["seq_lens"], md, self.generation),
+                                 "reached": step_labels(s, st["query_lens"], st["seq_lens"], md, runner),
                                  **({"numerics": "emulator"} if numerics else {})})
         out["unchecked_calls"] = front.unchecked_calls
         return out

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["PATHS_FILE", "PATH_KEYS", "STOOD_IN", "release_paths", "missing_paths", "step_labels",
+__all__ = ["PATHS_FILE", "PATH_KEYS", "STOOD_IN", "release_paths", "both_runners", "missing_paths", "step_labels",
            "cascade_prefix_len", "draft_steps"]
 
 PATHS_FILE = Path(__file__).resolve().parent / "paths.json"
@@ -77,8 +77,12 @@ def release_paths(release: str, generation: str | None = None) -> dict:
         if key == "V2 runner":
             if generation == "v2":
                 out[key] = None
-            elif "v2" not in entry.get("runners", ()):
+            elif "v2" not in entry.get("runners", ()) and release not in _v2_runner()["not_driven"]:
                 out[key] = "not in this release: it ships no V2 model runner (vllm/v1/worker/gpu/)"
+            elif release in _v2_runner()["driven"]:
+                out[key] = None  # beside the V1 runner: a case's vllm.runner = "v2"
+            elif release in _v2_runner()["not_driven"]:
+                out[key] = _v2_runner()["not_driven"][release]
             else:
                 missing = entry.get("missing", {}).get("v2") or ["(not surveyed)"]
                 out[key] = reasons["V2 runner@v1"].format(missing="; ".join(missing))
@@ -91,6 +95,21 @@ def release_paths(release: str, generation: str | None = None) -> dict:
             continue
         out[key] = reasons.get(key)
     return out
+
+
+def _v2_runner() -> dict:
+    """releases.json's ``v2_runner``: the releases whose V2 runner is driven beside the V1 runner, and measured
+    reasons for those whose V2 runner cannot be."""
+    from . import recipes
+
+    return json.loads(recipes.RELEASES_FILE.read_text())["v2_runner"]
+
+
+def both_runners(release: str) -> bool:
+    """Whether a release driven through its V1 runner has its V2 runner driven too (a case's ``vllm.runner``)."""
+    from . import recipes
+
+    return recipes.DRIVER_GENERATIONS.get(release, "v1") == "v1" and release in _v2_runner()["driven"]
 
 
 def missing_paths(table: dict) -> list:
