@@ -91,6 +91,10 @@ class ConfigV2(Config):
         if s["cuda_graph"] not in GRAPH_MODES_V2:
             raise Unsupported(f"cuda_graph: {s['cuda_graph']!r} is not a mode of the V2 runner "
                               f"({', '.join(GRAPH_MODES_V2)})")
+        for name in ("common_prefix", "draft_tokens"):
+            if s[name]:
+                raise Unsupported(f"{name}: cascade attention and drafter metadata are driven through the V1 runner "
+                                  f"only (driver generation v1)")
         if s["dcp"] > 1 and s["cuda_graph"] in ("full", "full_and_piecewise"):
             import vllm.v1.worker.gpu.cudagraph_utils as cg
 
