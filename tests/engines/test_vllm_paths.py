@@ -188,6 +188,23 @@ def test_the_v2_runner_of_a_release_that_ships_both_is_driven_per_case(cascade_w
 
 
 @pytest.mark.engine
+def test_the_v2_runner_finding_of_a_release_that_ships_both_replays_still_failing(cascade_worker, engine_sut):
+    """tests/corpus_vllm/v2-runner-full-graph-replay-window-dropped-0.31.0.json (found by the gate on 0.31.0, seed
+    0, on its V2 runner): the FULL-graph replay's recompute in another layout than the captured call (0.34.0's
+    finding), STILL FAILS on the release it names; the same configuration on the V1 runner runs without it."""
+    import json
+    from pathlib import Path
+
+    from fa3verify.commands.replay import replay
+
+    path = Path(__file__).parent.parent / "corpus_vllm" / "v2-runner-full-graph-replay-window-dropped-0.31.0.json"
+    summary, seen = replay(str(path), sut=engine_sut(f"vllm=={CASCADE_RELEASE}"))
+    assert summary.exit_code == 1 and {f.invariant for f in seen.findings} == {"SHAPE"}
+    case = json.loads(path.read_text())
+    assert case["vllm"]["runner"] == "v2" and case["engine"]["release"] == CASCADE_RELEASE
+
+
+@pytest.mark.engine
 def test_a_copy_with_a_cascade_split_regression_is_found_where_the_release_passes(cascade_worker, tmp_path):
     from release_copies import CASCADE_HALF_SPLITS_0_31_0, vllm_patched_copy
 

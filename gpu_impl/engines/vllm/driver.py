@@ -551,7 +551,7 @@ class Engine:
                 drafter = number >= draft_from
                 entry = {"step": index, "mode": "decode" if max(st["query_lens"]) == 1 else "mixed",
                          "path": f"{path}: capture" if origin else path, "max_num_splits": md.max_num_splits,
-                         "aot": md.scheduler_metadata is not None, **summary,
+                         "aot": (pre is not None) if drafter else md.scheduler_metadata is not None, **summary,
                          "reached": step_labels(s, st["query_lens"], st["seq_lens"], None if drafter else md,
                                                 runner, drafter=drafter)}
                 if source is not None and any(source.values()):
