@@ -191,7 +191,7 @@ def test_the_v2_runner_of_a_release_that_ships_both_is_driven_per_case(cascade_w
 def test_the_v2_runner_finding_of_a_release_that_ships_both_replays_still_failing(cascade_worker, engine_sut):
     """tests/corpus_vllm/v2-runner-full-graph-replay-window-dropped-0.31.0.json (found by the gate on 0.31.0, seed
     0, on its V2 runner): the FULL-graph replay's recompute in another layout than the captured call (0.34.0's
-    finding), STILL FAILS on the release it names; the same configuration on the V1 runner runs without it."""
+    finding), STILL FAILS on the release it names."""
     import json
     from pathlib import Path
 
