@@ -114,14 +114,15 @@ def vllm_v2_case(rng: random.Random) -> Optional[FuzzCase]:
 
 
 #: Family ``vllm-paths``: the shared-prefix lengths drawn (cascade attention needs at least 256 tokens shared)
-SHARED_PREFIXES = (256, 1024, 4096)
+SHARED_PREFIXES = (256, 1024, 4096, 16384)
 
 
 def vllm_paths_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-paths``: the ``vllm`` families (the same draws from ``rng``) plus the paths a release's V1 runner
     reaches from a batch alone, drawn from a second generator seeded by the case's seed (so the ``vllm`` draws stay
     as they are): in half the cases without sliding windows every request shares a prefix (``vllm.common_prefix``,
-    added to every sequence; the release's cascade rule decides; vLLM's rule refuses windows), in a quarter a drafter builds metadata for 1..4 draft tokens
+    added to every sequence, and a last step of 8..33 requests with one chunk; the release's cascade rule decides;
+    vLLM's rule refuses windows), in a quarter a drafter builds metadata for 1..4 draft tokens
     after each step (``vllm.draft_tokens``), and under DCP a tenth start with a step of fresh prefills (every
     context empty: DCP's skipped context attention)."""
     import dataclasses
@@ -137,6 +138,13 @@ def vllm_paths_case(rng: random.Random) -> Optional[FuzzCase]:
         steps = [{**st, "seq_lens": [min(MAX_MODEL_LEN, k + prefix) for k in st["seq_lens"]]} for st in steps]
         steps = [st if st["extend_lens"] is None else
                  {**st, "extend_lens": [min(q, k) for q, k in zip(st["extend_lens"], st["seq_lens"])]} for st in steps]
+        # and a step shaped for vLLM's cascade rule: at least 8 requests, one of them taking a chunk (a batch that
+        # is not all one-token decodes, so FlashDecoding's cost model does not decide)
+        n = extra.choice((8, 16, 33))
+        own = [extra.choice((1, 17, 100, 1000)) for _ in range(n)]
+        chunk = extra.randint(2, 64)
+        steps.append({"mode": "mixed", "seq_lens": [prefix + k + (chunk if i == 0 else 0) for i, k in enumerate(own)],
+                      "extend_lens": [chunk] + [1] * (n - 1)})
     if extra.random() < 0.25:
         options["draft_tokens"] = extra.randint(1, 4)
     if case.server.attn_cp_size > 1 and extra.random() < 0.1:

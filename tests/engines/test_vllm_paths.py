@@ -82,7 +82,12 @@ def test_paths_family_keeps_the_vllm_draws_and_adds_prefixes_and_drafts():
         if prefix:
             shared += 1
             assert prefix in SHARED_PREFIXES and not paths.vllm.get("sliding_window")
-            assert paths.steps[-1]["seq_lens"] == [min(40960, k + prefix) for k in plain.steps[-1]["seq_lens"]]
+            first = len(paths.steps) - len(plain.steps) - 1  # after DCP's fresh-prefill step, if one was drawn
+            assert [st["seq_lens"] for st in paths.steps[first:-1]] == [
+                [min(40960, k + prefix) for k in st["seq_lens"]] for st in plain.steps]
+            cascade = paths.steps[-1]
+            assert len(cascade["seq_lens"]) >= 8 and max(cascade["extend_lens"]) > 1
+            assert min(k - q for k, q in zip(cascade["seq_lens"], cascade["extend_lens"])) >= prefix
         drafts += bool(paths.vllm.get("draft_tokens"))
     assert 30 < shared < 90 and 40 < drafts < 120
 
