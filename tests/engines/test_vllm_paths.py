@@ -119,7 +119,8 @@ def test_driver_refuses_bad_path_fields_naming_them():
     from gpu_impl.engines.vllm.driver import check_scenario
 
     with pytest.raises(ValueError, match="common_prefix"):
-        check_scenario({"common_prefix": 40960})
+        check_scenario({"common_prefix": -1})
+    assert check_scenario({"common_prefix": 40960, "max_model_len": 4096})["common_prefix"] == 40960  # rule caps it
     with pytest.raises(ValueError, match="draft_tokens"):
         check_scenario({"draft_tokens": True})
     with pytest.raises(ValueError, match="runner"):
