@@ -114,7 +114,7 @@ def vllm_v2_case(rng: random.Random) -> Optional[FuzzCase]:
 
 
 #: Family ``vllm-paths``: the shared-prefix lengths drawn (cascade attention needs at least 256 tokens shared)
-SHARED_PREFIXES = (256, 1024, 4096, 16384)
+SHARED_PREFIXES = (256, 4096, 16384)
 
 
 def vllm_paths_case(rng: random.Random) -> Optional[FuzzCase]:
