@@ -120,7 +120,7 @@ SHARED_PREFIXES = (256, 4096, 16384)
 def vllm_paths_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-paths``: the ``vllm`` families (the same draws from ``rng``) plus the paths a release's V1 runner
     reaches from a batch alone, drawn from a second generator seeded by the case's seed (so the ``vllm`` draws stay
-    as they are): in half the cases without sliding windows every request shares a prefix (``vllm.common_prefix``,
+    as they are): in 4 of 5 cases without sliding windows every request shares a prefix (``vllm.common_prefix``,
     added to every sequence, and a last step of 8..33 requests with one chunk; the release's cascade rule decides;
     vLLM's rule refuses windows), in a quarter a drafter builds metadata for 1..4 draft tokens
     after each step (``vllm.draft_tokens``), and under DCP a tenth start with a step of fresh prefills (every
@@ -132,7 +132,7 @@ def vllm_paths_case(rng: random.Random) -> Optional[FuzzCase]:
         return None
     extra = random.Random(case.seed)
     options, steps = dict(case.vllm), list(case.steps)
-    if extra.random() < 0.5 and not options.get("sliding_window"):
+    if extra.random() < 0.8 and not options.get("sliding_window"):
         prefix = extra.choice(SHARED_PREFIXES)
         options["common_prefix"] = prefix
         steps = [{**st, "seq_lens": [min(MAX_MODEL_LEN, k + prefix) for k in st["seq_lens"]]} for st in steps]

@@ -89,7 +89,7 @@ def test_paths_family_keeps_the_vllm_draws_and_adds_prefixes_and_drafts():
             assert len(cascade["seq_lens"]) >= 8 and max(cascade["extend_lens"]) > 1
             assert min(k - q for k, q in zip(cascade["seq_lens"], cascade["extend_lens"])) >= prefix
         drafts += bool(paths.vllm.get("draft_tokens"))
-    assert 30 < shared < 90 and 40 < drafts < 120
+    assert 60 < shared < 120 and 40 < drafts < 120
 
 
 def test_paths_both_family_puts_half_the_cases_on_the_v2_runner():
