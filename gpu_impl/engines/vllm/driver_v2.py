@@ -182,7 +182,19 @@ class ConfigV2(Config):
         decode = max(query_lens) == 1
         if self.graphs is None:
             return BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=t, num_reqs=n)
-        return self.graphs.dispatch(n, t, uniform, 0, max_query_len=1 if decode else None)
+        return self.graphs.dispatch(n, t, uniform, 0, max_query_len=1 if decode else self._mixed_bound(query_lens))
+
+    def _mixed_bound(self, query_lens):
+        """``max_query_len`` the release's ``execute_model`` hands ``dispatch`` for a batch that is not all one-token
+        decodes: the batch's longest query on 0.28 .. 0.31, None from 0.34 (releases.json
+        ``v2_runner.dispatch_max_query_len``)."""
+        import json
+
+        from gpu_impl.engines.vllm import recipes
+
+        table = json.loads(recipes.RELEASES_FILE.read_text())["v2_runner"].get("dispatch_max_query_len", {})
+        release = getattr(self.engine.vllm, "__version__", None)
+        return max(query_lens) if release in table.get("batch", ()) else None
 
     def _fill(self, query_lens, seq_lens, num_reqs_padded: int):
         """The runner's input buffers for a real batch (``prepare_inputs`` + its Triton ``prepare_pos_seq_lens``):
