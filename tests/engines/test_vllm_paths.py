@@ -211,6 +211,22 @@ def test_the_v2_runner_finding_of_a_release_that_ships_both_replays_still_failin
 
 
 @pytest.mark.engine
+def test_the_unanalysed_v2_runner_lifecycle_case_fails_on_0_30_0_and_passes_on_0_31_0(engine_sut, cascade_worker):
+    """tests/corpus_vllm/v2-runner-replay-reads-step-0-metadata-0.30.0.json (gate on 0.30.0, seed 0; docs: found, not
+    analysed): STILL FAILS on the release it names, PASSES NOW on 0.31.0."""
+    from pathlib import Path
+
+    from fa3verify.commands.replay import replay
+
+    _needs("0.30.0")
+    path = Path(__file__).parent.parent / "corpus_vllm" / "v2-runner-replay-reads-step-0-metadata-0.30.0.json"
+    _, own = replay(str(path), sut=engine_sut("vllm==0.30.0"))
+    assert own.verdict == "STILL FAILS" and "READS_OWN_STEP_METADATA" in {f.invariant for f in own.findings}
+    _, later = replay(str(path), sut=engine_sut(f"vllm=={CASCADE_RELEASE}"))
+    assert later.verdict == "PASSES NOW"
+
+
+@pytest.mark.engine
 def test_a_copy_with_a_cascade_split_regression_is_found_where_the_release_passes(cascade_worker, tmp_path):
     from release_copies import CASCADE_HALF_SPLITS_0_31_0, vllm_patched_copy
 
