@@ -64,9 +64,11 @@ class DomainDraw(NamedTuple):
 
 def reached_paths(trace) -> set:
     """The paths (sglang's :data:`PATHS`, vLLM's graph modes) and layer types on which a call consumed metadata
-    the backend precomputed, read from a run's trace entries."""
+    the backend precomputed, read from a run's trace entries, and every path an entry's ``reached`` list names
+    (a driver's own labels of where the call was, with or without metadata: vLLM's paths)."""
     out = set()
     for entry in trace or ():
+        out.update(entry.get("reached") or ())  # the paths a driver labels its calls with, metadata or not
         call = entry.get("call") or {}
         if not (entry.get("precomputed") and call.get("metadata_passed")) or not isinstance(entry.get("path"), str):
             continue

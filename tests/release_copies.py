@@ -128,3 +128,20 @@ ALIGNED_REPLAY_0_34_0 = (
      r"\n        if self.__dict__.get('_replay_scalars') is not None:\n"
      r"            max_query_len, max_seq_len = self._replay_scalars\1"),
 )
+
+
+#: A release with cascade attention (0.20.0 .. 0.31.0, the V1 runner's path) with one path regressed: both FA3 calls
+#: of ``cascade_attention`` (the shared prefix and the suffixes) pass half the split bound their precomputes were
+#: given whenever it is > 1 (16 for the full CUDA graph's 32); every other path is the release's own.
+CASCADE_HALF_SPLITS = (
+    (r"(scheduler_metadata=prefix_scheduler_metadata,\n(?:.*\n){0,12}?\s+)"
+     r"num_splits=1 if envs\.VLLM_BATCH_INVARIANT else max_num_splits,",
+     r"\1num_splits=1 if envs.VLLM_BATCH_INVARIANT else (max_num_splits // 2 if max_num_splits > 1 else max_num_splits),"),
+    (r"(scheduler_metadata=suffix_scheduler_metadata,\n(?:.*\n){0,12}?\s+)"
+     r"num_splits=1 if envs\.VLLM_BATCH_INVARIANT else max_num_splits,",
+     r"\1num_splits=1 if envs.VLLM_BATCH_INVARIANT else (max_num_splits // 2 if max_num_splits > 1 else max_num_splits),"),
+)
+#: 0.31.0 (its V1 runner) with that regression
+CASCADE_HALF_SPLITS_0_31_0 = CASCADE_HALF_SPLITS
+#: 0.20.0, a release whose gate passes (its V2 runner is not driven), with the same one-path regression
+CASCADE_HALF_SPLITS_0_20_0 = CASCADE_HALF_SPLITS

@@ -30,4 +30,7 @@ def test_a_vllm_campaign_draws_only_what_vllm_accepts_and_reports_reach_per_grap
     dom = summary.domain
     assert dom["name"] == "vllm==0.33.0" and dom["accepted"] >= summary.cases > 0
     assert any("Decode context parallelism" in r for r in dom["rejected"])
-    assert set(dom["reach"]) == {"none", "piecewise", "full"} and sum(dom["reach"].values()) > 0
+    from gpu_impl.engines.vllm.paths import PATH_KEYS
+
+    assert set(dom["reach"]) == {"none", "piecewise", "full", *PATH_KEYS} and sum(dom["reach"].values()) > 0
+    assert all(k in dom["not_covered"] for k, n in dom["reach"].items() if n == 0)  # every path: a count or why

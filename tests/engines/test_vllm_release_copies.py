@@ -5,6 +5,8 @@ package as links, one module patched, driven as ``vllm-src=COPY``).
   split bound its precompute was given -- is found within the gate's default fuzz budget on 5 seeds of 5 (the gate's
   fuzz stage is this campaign; each seed stops at its first failure). Paired: the clean copy's gate passes
   (tests/engines/test_vllm_checkout.py).
+- A passing release with cascade attention (0.20.0) with a one-path regression on cascade -- both cascade calls pass
+  half the split bound of their precomputes -- is found within the gate's default fuzz budget on 5 seeds of 5.
 - A failing release (0.34.0: its full-graph replay finding, docs/engines-vllm.md) with its replay's precompute
   aligned to the captured call gates PASS, and the release's finding case file PASSES NOW on it (on the release
   itself it STILL FAILS: tests/engines/test_engine_vllm_v2.py).
@@ -69,6 +71,23 @@ def test_a_passing_release_with_a_one_path_split_regression_is_found_within_the_
     budget = inspect.signature(gate).parameters["budget_s"].default  # the gate's default fuzz budget
     seeded = vllm_patched_copy("0.33.0", tmp_path / "seeded", CALL_HALF_SPLITS_0_33_0)
     with _started_as_the_gate_starts_it(_copy_sut(seeded)) as sut:
+        found = {seed: _first_failure(sut, seed, budget_s=budget) for seed in SEEDS}
+    assert all(f is not None and f[0] in ("SPLIT_BOUND", "COMBINE_CAPACITY") for f in found.values()), found
+
+
+@pytest.mark.engine
+def test_a_passing_release_with_a_cascade_split_regression_is_found_within_the_gate_budget_on_five_seeds(tmp_path):
+    """0.20.0 (its gate passes; cascade attention is the V1 runner's) with both cascade calls passing half the split
+    bound of their precomputes (release_copies.CASCADE_HALF_SPLITS): the gate's campaign (family vllm-paths) finds
+    it on every seed, a split finding on the cascade path."""
+    _needs("0.20.0")
+    from fa3verify.commands.gate import gate
+    from release_copies import CASCADE_HALF_SPLITS_0_20_0, vllm_patched_copy
+
+    budget = inspect.signature(gate).parameters["budget_s"].default
+    seeded = vllm_patched_copy("0.20.0", tmp_path / "seeded", CASCADE_HALF_SPLITS_0_20_0)
+    with _started_as_the_gate_starts_it(_copy_sut(seeded)) as sut:
+        assert sut.domain().family == "vllm-paths"
         found = {seed: _first_failure(sut, seed, budget_s=budget) for seed in SEEDS}
     assert all(f is not None and f[0] in ("SPLIT_BOUND", "COMBINE_CAPACITY") for f in found.values()), found
 

@@ -63,6 +63,7 @@ def scenario_defaults() -> dict:
             "capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "max_num_seqs": 256, "batch_invariant": False,
             "kv_cache_dtype": "auto", "block_size": 16, "max_model_len": 40960, "num_sm": 132,
             "max_num_splits_for_cuda_graph": 32, "max_num_batched_tokens": 8192, "steps": [], "defect": None,
+            "common_prefix": 0, "draft_tokens": 0, "runner": None,
             "lifecycle_defect": None, "seed": 0}
 
 
@@ -119,6 +120,17 @@ def check_scenario(s: dict) -> dict:
             raise ValueError(f"steps[{i}].query_lens: at most max_num_batched_tokens ({out['max_num_batched_tokens']}) "
                              f"query tokens in a step (vLLM's scheduler budget), got {sum(q)}")
         st["query_lens"] = q
+    if out["runner"] not in (None, "v1", "v2"):
+        raise ValueError(f"runner: null (the release's driver generation), 'v1' or 'v2' (a release that ships both "
+                         f"model runners), got {out['runner']!r}")
+    cp, dt = out["common_prefix"], out["draft_tokens"]
+    if not isinstance(cp, int) or isinstance(cp, bool) or not 0 <= cp < 2 ** 31:
+        # the runner's rule caps it by the shortest computed context of each step (a shrunk case may shorten those)
+        raise ValueError(f"common_prefix: tokens every request of a step shares (cascade attention), an integer in "
+                         f"[0, 2^31), got {cp!r}")
+    if not isinstance(dt, int) or isinstance(dt, bool) or not 0 <= dt <= 8:
+        raise ValueError(f"draft_tokens: draft steps after each step (a drafter's metadata), an integer in [0, 8], "
+                         f"got {dt!r}")
     if not isinstance(out["seed"], int) or isinstance(out["seed"], bool) or not 0 <= out["seed"] < 2 ** 63:
         raise ValueError(f"seed: must be an integer in [0, 2^63), got {out['seed']!r}")
     from gpu_impl.engines.lifecycle_judge import check_engine_defect
@@ -327,8 +339,9 @@ class Config:
             world = get_total_cp_world_size()
         return -(-self.s["max_model_len"] // (self.s["block_size"] * world))
 
-    def batch(self, query_lens, seq_lens):
-        """vLLM's CommonAttentionMetadata for one batch (padded to a capture size under full CUDA graph)."""
+    def batch(self, query_lens, seq_lens, pad: bool = True):
+        """vLLM's CommonAttentionMetadata for one batch (padded to a capture size under full CUDA graph unless
+        ``pad`` is false: a cascade step, which the V1 runner never dispatches to a FULL graph)."""
         import torch
         from gpu_impl.engines.vllm.recipes import locate
 
@@ -336,7 +349,7 @@ class Config:
 
         s = self.s
         q, k = list(query_lens), list(seq_lens)
-        if s["cuda_graph"] == "full" and sum(q) <= max(s["capture_sizes"]) and max(q) == 1:
+        if pad and s["cuda_graph"] == "full" and sum(q) <= max(s["capture_sizes"]) and max(q) == 1:
             pad = next(x for x in s["capture_sizes"] if x >= len(q)) - len(q)
             q, k = q + [1] * pad, k + [0] * pad
         qsl = torch.tensor([0] + list(cumsum(q)), dtype=torch.int32)
@@ -365,9 +378,17 @@ class Config:
         """One batch the first generation's way: (metadata, path label, None)."""
         if self.s["cuda_graph"] == "full_and_piecewise":
             raise Unsupported("cuda_graph: full_and_piecewise is driven through the V2 runner only (driver v2)")
-        cam = self.batch(query_lens, seq_lens)
-        md = self.builder.build(0, cam)
+        from gpu_impl.engines.vllm.paths import cascade_prefix_len, draft_steps
+
+        prefix = cascade_prefix_len(self, query_lens, seq_lens)  # the release's rule; 0: no cascade
+        cam = self.batch(query_lens, seq_lens, pad=prefix == 0)
+        md = self.builder.build(prefix, cam)
         self.forward(md, cam.num_actual_tokens)
+        self.draft_from = len(front.checker.events)  # the calls from here on are the drafter's
+        for index, (dq, dk) in enumerate(draft_steps(self, query_lens, seq_lens)):
+            dcam = self.batch(dq, dk, pad=False)
+            self.forward(self.builder.build_for_drafting(common_attn_metadata=dcam, draft_index=index),
+                         dcam.num_actual_tokens)
         return md, self.s["cuda_graph"], None
 
     def padded_tokens(self, num_tokens: int) -> int:
@@ -477,10 +498,30 @@ class Engine:
 
             return STOOD_IN
         if self.generation != "v2":
-            return ()
+            from gpu_impl.engines.vllm.paths import STOOD_IN as PATHS_STOOD_IN
+
+            return PATHS_STOOD_IN
         from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
 
         return STOOD_IN
+
+    def _runner(self, asked):
+        """(runner, config class) for a scenario's ``runner``: the worker's own generation, or the V2 runner of a
+        release the first generation drives and that ships both (refused, naming what it lacks, where it cannot)."""
+        runner = asked or self.generation
+        if runner == self.generation:
+            return runner, self.config_class
+        if runner == "v1":
+            raise Unsupported("runner: v1 is not driven on a release driven through its V2 runner (driver v2)")
+        if getattr(self, "_v2_missing", None) is None:
+            from gpu_impl.engines.vllm.recipes import missing_for_generation
+
+            self._v2_missing = missing_for_generation("v2", os.environ.get("FA3VERIFY_VLLM_SOURCE"))
+        if self._v2_missing:
+            raise Unsupported(f"runner: v2 needs what this release lacks: {'; '.join(self._v2_missing)}")
+        from gpu_impl.engines.vllm.driver_v2 import ConfigV2
+
+        return runner, ConfigV2
 
     def validate(self, scenario: dict) -> dict:
         """vLLM's own config validation of a scenario's configuration (``vllm_validation``)."""
@@ -491,6 +532,7 @@ class Engine:
     def run(self, scenario: dict, numerics: bool = False) -> dict:
         """One scenario through vLLM's builder and impl; ``numerics``: every call on the emulator, outputs judged
         against the oracle (``vllm_numerics``; off by default: record mode)."""
+        from gpu_impl.engines.vllm.paths import step_labels
         from gpu_impl.fa3_calls import pair_summary
 
         s = check_scenario(dict(scenario))
@@ -500,11 +542,12 @@ class Engine:
             check_numerics_scenario(s)
         if self.fa_version != 3:
             raise Unsupported(f"vLLM chose FlashAttention {self.fa_version}, not 3: nothing precomputes metadata")
+        runner, config_class = self._runner(s["runner"])
         front = seed_defect(FrontFA3(s["num_sm"], numerics=bool(numerics), lifecycle_defect=s["lifecycle_defect"]),
                             s["defect"])
         self.glue.front.target = front
         t = time.monotonic()
-        cfg = self.config_class(self, s, numerics=bool(numerics))
+        cfg = config_class(self, s, numerics=bool(numerics))
         out = {"findings": [], "shape_errors": [], "trace": [], "setup_s": round(time.monotonic() - t, 3),
                "fa3_build": front.build}
         out["unchecked_calls"] = 0
@@ -517,12 +560,15 @@ class Engine:
             sources = front.drain_sources() if hasattr(front, "drain_sources") else []
             pairs = ([("capture", e, None) for e in captured]
                      + [(None, e, sources[i] if i < len(sources) else None) for i, e in enumerate(drained)])
-            for origin, (pre, call, violations), source in pairs:
+            draft_from = len(captured) + getattr(cfg, "draft_from", len(drained))
+            for number, (origin, (pre, call, violations), source) in enumerate(pairs):
                 summary = pair_summary(pre, call)
+                drafter = number >= draft_from
                 entry = {"step": index, "mode": "decode" if max(st["query_lens"]) == 1 else "mixed",
-                         "path": f"{path}: capture" if origin else path,
-                         "max_num_splits": getattr(md, "max_num_splits", 0),
-                         "aot": md.scheduler_metadata is not None, **summary}
+                         "path": f"{path}: capture" if origin else path, "max_num_splits": getattr(md, "max_num_splits", 0),
+                         "aot": (pre is not None) if drafter else md.scheduler_metadata is not None, **summary,
+                         "reached": step_labels(s, st["query_lens"], st["seq_lens"], None if drafter else md,
+                                                runner, drafter=drafter)}
                 if source is not None and any(source.values()):
                     entry["source"] = source
                 if desc is not None:
@@ -552,6 +598,8 @@ class Engine:
                                         "detail": {"mode": mode, "path": s["cuda_graph"],
                                                    "seq_lens": list(st["seq_lens"]), **detail}})
             out["trace"].append({"step": index, "seconds": round(time.monotonic() - t, 3),
+                                 # the step's paths, whether or not a call on them consumed metadata
+                                 "reached": step_labels(s, st["query_lens"], st["seq_lens"], md, runner),
                                  **({"numerics": "emulator"} if numerics else {})})
         out["unchecked_calls"] = front.unchecked_calls
         return out

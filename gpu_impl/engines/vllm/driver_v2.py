@@ -91,6 +91,20 @@ class ConfigV2(Config):
         if s["cuda_graph"] not in GRAPH_MODES_V2:
             raise Unsupported(f"cuda_graph: {s['cuda_graph']!r} is not a mode of the V2 runner "
                               f"({', '.join(GRAPH_MODES_V2)})")
+        for name in ("common_prefix", "draft_tokens"):
+            if s[name]:
+                raise Unsupported(f"{name}: cascade attention and drafter metadata are driven through the V1 runner "
+                                  f"only (driver generation v1)")
+        if s["dcp"] > 1 and s["cuda_graph"] in ("full", "full_and_piecewise"):
+            import vllm.v1.worker.gpu.cudagraph_utils as cg
+
+            if not hasattr(cg, "set_dcp_capture_context"):
+                # 0.28 .. 0.31: a FULL graph is captured on the dummy batch, whose contexts are empty, so the
+                # builder skips DCP's context attention at capture (should_skip_dcp_context_attention) and the graph
+                # holds no context call to judge at its replays; not judged (docs/engines-vllm.md)
+                raise Unsupported("dcp: DCP under CUDA graphs on this release's V2 runner is not driven: its capture "
+                                  "has no DCP capture context (cudagraph_utils.set_dcp_capture_context, 0.34 on), so "
+                                  "the captured graph holds no context attention call to judge")
         super().__init__(engine, s, numerics=numerics)
         import torch
         from vllm.config.compilation import CUDAGraphMode
@@ -134,10 +148,10 @@ class ConfigV2(Config):
     def table_width(self, spec) -> int:
         """The V2 runner's block-table width: ``max_num_blocks_per_req`` aligned by ``get_block_table_width``, which
         0.34.0 moved to ``vllm/v1/kv_cache_interface.py``."""
-        from vllm.v1 import kv_cache_interface
+        from gpu_impl.engines.vllm.recipes import locate
 
-        return kv_cache_interface.get_block_table_width(spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"]),
-                                                        self.s["block_size"])
+        return locate("get_block_table_width")(spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"]),
+                                               self.s["block_size"])
 
     def _graph_manager(self):
         import torch
@@ -146,7 +160,13 @@ class ConfigV2(Config):
         cg.get_pp_group = lambda: types.SimpleNamespace(is_first_rank=True, is_last_rank=True)
         cg.current_platform.get_global_graph_pool = lambda: None
         cg.prepare_dcp_local_seq_lens = _dcp_local_seq_lens
-        manager = cg.CudaGraphManager(self.vc, torch.device("cpu"), self.mode, {1: self.s["max_num_seqs"]})
+        import inspect
+
+        # decode graphs for one query token per request: a map query length -> requests from 0.34, the one decode
+        # query length before (``decode_query_len``, 0.27 .. 0.33)
+        params = inspect.signature(cg.CudaGraphManager).parameters
+        decode = 1 if "decode_query_len" in params else {1: self.s["max_num_seqs"]}
+        manager = cg.CudaGraphManager(self.vc, torch.device("cpu"), self.mode, decode)
         manager._graphs_captured = True  # every descriptor counts as captured; each is captured on first use
         return manager
 
@@ -162,7 +182,19 @@ class ConfigV2(Config):
         decode = max(query_lens) == 1
         if self.graphs is None:
             return BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=t, num_reqs=n)
-        return self.graphs.dispatch(n, t, uniform, 0, max_query_len=1 if decode else None)
+        return self.graphs.dispatch(n, t, uniform, 0, max_query_len=1 if decode else self._mixed_bound(query_lens))
+
+    def _mixed_bound(self, query_lens):
+        """``max_query_len`` the release's ``execute_model`` hands ``dispatch`` for a batch that is not all one-token
+        decodes: the batch's longest query on 0.28 .. 0.31, None from 0.34 (releases.json
+        ``v2_runner.dispatch_max_query_len``)."""
+        import json
+
+        from gpu_impl.engines.vllm import recipes
+
+        table = json.loads(recipes.RELEASES_FILE.read_text())["v2_runner"].get("dispatch_max_query_len", {})
+        release = getattr(self.engine.vllm, "__version__", None)
+        return max(query_lens) if release in table.get("batch", ()) else None
 
     def _fill(self, query_lens, seq_lens, num_reqs_padded: int):
         """The runner's input buffers for a real batch (``prepare_inputs`` + its Triton ``prepare_pos_seq_lens``):

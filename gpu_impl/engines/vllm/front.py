@@ -74,6 +74,7 @@ class FrontFA3:
                                    record_all=True, impl_signature="fa3", signature="fa3", build=self.build)
         self.last_md = None
         self.last_pre = None
+        self.handed_out: list = []
         #: calls that consume no metadata and are not checked (DCP's varlen-K call over the new tokens)
         self.unchecked_calls = 0
         #: a list while a FULL CUDA graph is captured (the second generation): every call's arguments, re-issued
@@ -107,6 +108,9 @@ class FrontFA3:
             window_size=(a["window_size_left"], a["window_size_right"]), has_softcap=a["has_softcap"],
             num_splits=a["num_splits"], pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"])
         self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
+        #: the tensors FA3 handed out, with their precompute: a call passing one of them consumed that precompute
+        #: (cascade attention passes the prefix's own metadata beside the suffix's, made after it)
+        self.handed_out = [(t, p) for t, p in self.handed_out[-3:] if p is not None] + [(md, self.last_pre)]
         self.judge.note_precompute(self.last_pre, self.where)
         if self.last_pre is not None:
             from gpu_impl.engines.call_sites import caller_location
@@ -119,6 +123,8 @@ class FrontFA3:
 
         if md is None or self.last_md is None or self.checker.origin_of(md) is self.last_pre:
             return
+        if any(md is t and self.checker.origin_of(md) is p for t, p in self.handed_out):
+            return  # FA3's own output, passed as it was handed out: its origin is known
         n = self.last_md.numel()
         if md.shape == self.last_md.shape and torch.equal(md, self.last_md):
             self.checker.registry.remember(md, self.last_pre)

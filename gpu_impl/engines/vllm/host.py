@@ -187,7 +187,8 @@ def scenario_to_vllm(scn) -> dict:
            "max_model_len": max([server.context_length] + [max(s["seq_lens"]) for s in steps]),
            "block_size": max(16, -(-server.page_size // 16) * 16), "steps": steps,
            "seed": int(getattr(scn, "seed", 0) or 0) % (2 ** 63)}
-    for name in ("kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes", "max_num_splits_for_cuda_graph"):
+    for name in ("kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes", "max_num_splits_for_cuda_graph",
+                 "common_prefix", "draft_tokens", "runner"):
         if opts.get(name) is not None:
             out[name] = opts[name]
     for d in defects:
@@ -284,13 +285,19 @@ class VllmSUT(SystemUnderTest):
             from gpu_impl.domain import ConfigDomain
 
             self._verdicts: dict = {}
+            from gpu_impl.engines.vllm.paths import PATH_KEYS, both_runners, release_paths
+
+            table = release_paths(self.release)
             if vllm_recipes.DRIVER_GENERATIONS.get(self.release) == "v2":
                 from gpu_impl.engines.vllm.driver_v2 import PATHS_V2
 
                 family, keys = "vllm-v2", PATHS_V2
-            else:
-                family, keys = "vllm", ("none", "piecewise", "full")
-            self._domain = ConfigDomain(str(self.spec), family=family, check=self.check_case, reach_keys=keys)
+            else:  # the V1 runner's paths (shared prefixes, drafts), and the V2 runner where it ships both
+                family = "vllm-paths-both" if both_runners(self.release) else "vllm-paths"
+                keys = ("none", "piecewise", "full")
+            self._domain = ConfigDomain(str(self.spec), family=family, check=self.check_case,
+                                        reach_keys=keys + tuple(k for k in PATH_KEYS if k not in keys),
+                                        not_covered={k: why for k, why in table.items() if why})
         return self._domain
 
     def check_case(self, case) -> Optional[str]:
@@ -342,6 +349,12 @@ class VllmSUT(SystemUnderTest):
             parts.append("fp8 KV cache")
         if server.get("enable_deterministic_inference"):
             parts.append("batch invariant")
+        if opts.get("common_prefix"):
+            parts.append(f"shared prefix {opts['common_prefix']}")
+        if opts.get("draft_tokens"):
+            parts.append(f"drafter {opts['draft_tokens']}")
+        if opts.get("runner") == "v2":
+            parts.append("V2 runner")
         parts.append(f"head size {model.get('head_dim')}")
         return " + ".join(p for p in parts if p), self.GRAPH_PATHS[graph]
 

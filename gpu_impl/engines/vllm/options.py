@@ -14,7 +14,10 @@ Fields (all optional): ``piecewise`` (bool: piecewise CUDA graphs, attention eag
 every layer, or one null-or-integer per layer), ``capture_sizes`` (1..64 integers in [1, 4096]),
 ``max_num_splits_for_cuda_graph`` (1..256), ``full_and_piecewise`` (bool, only with ``server.cuda_graph``: vLLM's
 FULL_AND_PIECEWISE mode, FULL graphs for uniform decode batches and PIECEWISE for the rest; driven by the V2
-runner's driver generation). :func:`check_vllm_options` raises ``CaseFormatError`` naming the field.
+runner's driver generation), ``common_prefix`` (0..2^31-1: tokens every request of each step shares, which the
+release's own cascade rule may turn into cascade attention), ``draft_tokens`` (0..8: draft steps a speculative-decoding
+drafter builds its metadata for after each step), ``runner`` (``"v1"`` or ``"v2"``: which model runner drives the
+case on a release that ships both; absent: the release's driver generation). :func:`check_vllm_options` raises ``CaseFormatError`` naming the field.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ __all__ = ["OPTIONS_KEY", "VLLM_FIELDS", "check_vllm_options"]
 #: the key a case files vLLM's options under (``Case.options``; ``VllmPlugin.options_key``)
 OPTIONS_KEY = "vllm"
 VLLM_FIELDS = ("piecewise", "kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes",
-               "max_num_splits_for_cuda_graph", "full_and_piecewise")
+               "max_num_splits_for_cuda_graph", "full_and_piecewise", "common_prefix", "draft_tokens",
+               "runner")
 MAX_LAYERS = 64
 MAX_CAPTURE_SIZE = 4096
 
@@ -76,4 +80,12 @@ def check_vllm_options(value: Any, server: dict, path: str = OPTIONS_KEY) -> dic
     splits = out.get("max_num_splits_for_cuda_graph")
     if splits is not None and not _int_in(splits, 1, 256):
         raise CaseFormatError(f"{path}.max_num_splits_for_cuda_graph", "an integer in [1, 256]", splits)
+    prefix = out.get("common_prefix", 0)
+    if not _int_in(prefix, 0, MAX_LEN):
+        raise CaseFormatError(f"{path}.common_prefix", "an integer in [0, 2^31 - 1]", prefix)
+    if out.get("runner", "v1") not in ("v1", "v2"):
+        raise CaseFormatError(f"{path}.runner", "'v1' or 'v2'", out["runner"])
+    drafts = out.get("draft_tokens", 0)
+    if not _int_in(drafts, 0, 8):
+        raise CaseFormatError(f"{path}.draft_tokens", "an integer in [0, 8]", drafts)
     return out

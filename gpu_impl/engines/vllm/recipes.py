@@ -179,7 +179,9 @@ GENERATION_MODULES = {
     "v1": {"vllm.v1.worker.block_table": ["MultiGroupBlockTable"],
            "vllm.v1.attention.backend | vllm.v1.attention.backends.utils": ["CommonAttentionMetadata"],
            "vllm.model_executor.layers.attention | vllm.attention.layer": ["Attention"]},
-    "v2": {"vllm.v1.kv_cache_interface": ["get_block_table_width", "KVCacheConfig", "KVCacheGroupSpec"],
+    "v2": {"vllm.v1.kv_cache_interface": ["KVCacheConfig", "KVCacheGroupSpec"],
+           # get_block_table_width: kv_cache_interface from 0.34, the V1 block table's module before
+           "vllm.v1.kv_cache_interface | vllm.v1.worker.block_table": ["get_block_table_width"],
            "vllm.v1.worker.gpu.cudagraph_utils": ["CudaGraphManager", "BatchExecutionDescriptor",
                                                   "prepare_inputs_to_capture"],
            "vllm.v1.worker.gpu.input_batch": ["InputBatch", "InputBuffers"],

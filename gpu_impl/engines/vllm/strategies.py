@@ -31,7 +31,7 @@ from .options import OPTIONS_KEY
 from .profiles import VLLM_RELEASES
 
 __all__ = ["FAMILIES", "NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
-           "vllm_v2_case",
+           "vllm_v2_case", "vllm_paths_case", "vllm_paths_both_case",
            "vllm_decode_tile_case",
            "vllm_family_label", "model_tp_points"]
 
@@ -115,6 +115,66 @@ def vllm_v2_case(rng: random.Random) -> Optional[FuzzCase]:
                                                             "full_and_piecewise": rng.random() < 0.5}})
 
 
+#: Family ``vllm-paths``: the shared-prefix lengths drawn (cascade attention needs at least 256 tokens shared)
+SHARED_PREFIXES = (256, 4096, 16384)
+
+
+def vllm_paths_case(rng: random.Random) -> Optional[FuzzCase]:
+    """Family ``vllm-paths``: the ``vllm`` families (the same draws from ``rng``) plus the paths a release's V1 runner
+    reaches from a batch alone, drawn from a second generator seeded by the case's seed (so the ``vllm`` draws stay
+    as they are): in 4 of 5 cases without sliding windows every request shares a prefix (``vllm.common_prefix``,
+    added to every sequence, and a last step of 8..33 requests with one chunk; the release's cascade rule decides;
+    vLLM's rule refuses windows), in a quarter a drafter builds metadata for 1..4 draft tokens
+    after each step (``vllm.draft_tokens``), and under DCP a tenth start with a step of fresh prefills (every
+    context empty: DCP's skipped context attention)."""
+    import dataclasses
+
+    case = vllm_case(rng)
+    if case is None:
+        return None
+    extra = random.Random(case.seed)
+    options, steps = dict(case.options[OPTIONS_KEY]), list(case.steps)
+    if extra.random() < 0.8 and not options.get("sliding_window"):
+        prefix = extra.choice(SHARED_PREFIXES)
+        options["common_prefix"] = prefix
+        steps = [{**st, "seq_lens": [min(MAX_MODEL_LEN, k + prefix) for k in st["seq_lens"]]} for st in steps]
+        steps = [st if st["extend_lens"] is None else
+                 {**st, "extend_lens": [min(q, k) for q, k in zip(st["extend_lens"], st["seq_lens"])]} for st in steps]
+        # and a step shaped for vLLM's cascade rule: at least 8 requests, one of them taking a chunk (a batch that
+        # is not all one-token decodes, so FlashDecoding's cost model does not decide)
+        n = extra.choice((8, 16, 33))
+        own = [extra.choice((1, 17, 100, 1000)) for _ in range(n)]
+        chunk = extra.randint(2, 64)
+        steps.append({"mode": "mixed", "seq_lens": [prefix + k + (chunk if i == 0 else 0) for i, k in enumerate(own)],
+                      "extend_lens": [chunk] + [1] * (n - 1)})
+    if extra.random() < 0.25:
+        options["draft_tokens"] = extra.randint(1, 4)
+    if case.server.attn_cp_size > 1 and extra.random() < 0.1:
+        fresh = [extra.choice((17, 100, 1000)) for _ in range(extra.randint(1, 8))]
+        steps = [{"mode": "mixed", "seq_lens": fresh, "extend_lens": list(fresh)}] + steps
+    return dataclasses.replace(case, options={OPTIONS_KEY: options}, steps=tuple(steps))
+
+
+def vllm_paths_both_case(rng: random.Random) -> Optional[FuzzCase]:
+    """Family ``vllm-paths-both``: ``vllm-paths`` for a release that ships both model runners, half the cases on its
+    V2 runner (``vllm.runner = "v2"``, drawn from a third generator seeded by the case's seed; there half the
+    full-graph cases take vLLM's FULL_AND_PIECEWISE mode, as ``vllm-v2`` draws them)."""
+    import dataclasses
+
+    case = vllm_paths_case(rng)
+    if case is None:
+        return None
+    extra = random.Random(case.seed + 1)
+    if extra.random() >= 0.5:
+        return case
+    # cascade and the drafter's build_for_drafting are driven on the V1 runner only: not asked of the V2 runner
+    options = {k: v for k, v in case.options[OPTIONS_KEY].items() if k not in ("common_prefix", "draft_tokens")}
+    options["runner"] = "v2"
+    if case.server.cuda_graph:
+        options["full_and_piecewise"] = extra.random() < 0.5
+    return dataclasses.replace(case, options={OPTIONS_KEY: options})
+
+
 def vllm_decode_tile_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-decode-tile``: the fork's decode-tile boundary (theorem 9, ``use_one_mma_wg``).
 
@@ -161,4 +221,6 @@ FAMILIES = {
     "vllm-full-graph": vllm_full_graph_case,
     "vllm-decode-tile": vllm_decode_tile_case,
     "vllm-v2": vllm_v2_case,
+    "vllm-paths": vllm_paths_case,
+    "vllm-paths-both": vllm_paths_both_case,
 }

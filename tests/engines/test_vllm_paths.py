@@ -1,0 +1,241 @@
+"""vLLM's paths per release (gpu_impl/engines/vllm/paths.py, paths.json): every path driven or not covered with its
+reason on every release (negative control: a table with one path dropped is named), the labels a driven step carries,
+the ``vllm-paths`` family and its case options; on a release with cascade attention (0.31.0), the release's own rule
+decides cascade and both FA3 calls are judged against their own precomputes, drafter metadata goes through
+``build_for_drafting``, DCP's skipped context is reached, and a copy with a one-path regression on cascade (its calls
+pass half the split bound of their precomputes, tests/release_copies.py) is found where the release passes."""
+
+from __future__ import annotations
+
+import random
+import types
+
+import pytest
+
+from gpu_impl.engines import envs
+from gpu_impl.engines.vllm.paths import PATH_KEYS, missing_paths, release_paths, step_labels
+
+CASCADE_RELEASE = "0.31.0"
+
+
+def _registered_rows():
+    from gpu_impl.engines.vllm.plugin import VllmPlugin
+
+    return sorted({row for _, row in VllmPlugin().releases() if row is not None})
+
+
+def test_every_path_is_driven_or_not_covered_with_a_reason_on_every_release():
+    rows = _registered_rows()
+    assert "0.31.0" in rows and "0.34.0" in rows
+    for release in rows:
+        table = release_paths(release)
+        assert set(table) == set(PATH_KEYS), release
+        assert missing_paths(table) == [], release
+    assert release_paths("0.31.0")["cascade"] is None and release_paths("0.31.0")["drafter"] is None
+    assert release_paths("0.32.0")["cascade"].startswith("not in this release")
+    assert release_paths("0.34.0")["V2 runner"] is None and release_paths("0.34.0")["drafter"]
+    assert release_paths("0.31.0")["V2 runner"] is None  # beside the V1 runner (releases.json v2_runner)
+    assert "num_stages" in release_paths("0.33.0")["V2 runner"]
+    assert "get_block_table_width" in release_paths("0.25.1")["V2 runner"]
+    assert release_paths("0.11.2")["V2 runner"].startswith("not in this release")
+    assert release_paths("0.25.1")["DCP skipped context"].startswith("not in this release")
+    assert release_paths("0.26.0")["DCP skipped context"] is None
+
+
+def test_a_table_with_a_path_dropped_or_left_without_reason_is_named():
+    table = release_paths("0.31.0")
+    dropped = {k: v for k, v in table.items() if k != "cascade"}
+    assert missing_paths(dropped) == ["cascade"]
+    assert missing_paths({**table, "local attention": " "}) == ["local attention"]
+
+
+def test_the_domain_reports_every_path_with_a_count_or_a_reason():
+    from gpu_impl.engines.vllm.host import VllmSUT
+
+    domain = VllmSUT(CASCADE_RELEASE).domain()  # no worker starts for the report
+    assert domain.family == "vllm-paths-both" and VllmSUT("0.33.0").domain().family == "vllm-paths"
+    report = domain.report({"cascade": 3, "eager": 5}, 8)
+    assert all(k in report["reach"] for k in PATH_KEYS)
+    assert report["reach"]["cascade"] == 3 and "cascade" not in report["not_covered"]
+    assert all(k in report["not_covered"] for k in PATH_KEYS if report["reach"][k] == 0)
+    assert report["not_covered"]["local attention"].startswith("not driven")
+
+
+def test_step_labels_name_the_graph_mode_cascade_dcp_and_the_drafter():
+    from gpu_impl.engines.vllm.driver import check_scenario
+
+    s = check_scenario({"cuda_graph": "full", "dcp": 2, "tp": 2, "steps": [{"seq_lens": [5]}]})
+    md = types.SimpleNamespace(use_cascade=True, max_dcp_context_kv_len=0, scheduler_metadata=None)
+    assert step_labels(s, [1, 1], [5, 5], md, "v1") == ["eager", "cascade", "DCP", "DCP skipped context"]
+    assert step_labels(s, [1] * 600, [5] * 600, None, "v1") == ["full graph above captured sizes", "DCP"]
+    assert step_labels(s, [1], [5], None, "v2", drafter=True) == ["drafter", "full graph", "DCP", "V2 runner"]
+
+
+def test_paths_family_keeps_the_vllm_draws_and_adds_prefixes_and_drafts():
+    from fa3verify.strategies.vllm import SHARED_PREFIXES, vllm_case, vllm_paths_case
+
+    shared = drafts = 0
+    for seed in range(300):
+        plain, paths = vllm_case(random.Random(seed)), vllm_paths_case(random.Random(seed))
+        assert (plain.server, plain.model, plain.seed) == (paths.server, paths.model, paths.seed)
+        prefix = paths.options["vllm"].get("common_prefix", 0)
+        if prefix:
+            shared += 1
+            assert prefix in SHARED_PREFIXES and not paths.options["vllm"].get("sliding_window")
+            first = len(paths.steps) - len(plain.steps) - 1  # after DCP's fresh-prefill step, if one was drawn
+            assert [st["seq_lens"] for st in paths.steps[first:-1]] == [
+                [min(40960, k + prefix) for k in st["seq_lens"]] for st in plain.steps]
+            cascade = paths.steps[-1]
+            assert len(cascade["seq_lens"]) >= 8 and max(cascade["extend_lens"]) > 1
+            assert min(k - q for k, q in zip(cascade["seq_lens"], cascade["extend_lens"])) >= prefix
+        drafts += bool(paths.options["vllm"].get("draft_tokens"))
+    assert 60 < shared < 120 and 40 < drafts < 120
+
+
+def test_paths_both_family_puts_half_the_cases_on_the_v2_runner():
+    from fa3verify.strategies.vllm import vllm_paths_both_case, vllm_paths_case
+
+    runners = [vllm_paths_both_case(random.Random(seed)) for seed in range(200)]
+    v2 = [c for c in runners if c.options["vllm"].get("runner") == "v2"]
+    assert 60 < len(v2) < 140
+    assert any(c.options["vllm"].get("full_and_piecewise") for c in v2)
+    assert all(c.steps == vllm_paths_case(random.Random(seed)).steps for seed, c in enumerate(runners))
+
+
+def test_case_options_for_the_paths_are_validated_naming_the_field():
+    from spec.model.case_bounds import CaseFormatError
+    from spec.model.case_vllm import check_vllm_options
+
+    assert check_vllm_options({"common_prefix": 1024, "draft_tokens": 2}, {})["draft_tokens"] == 2
+    with pytest.raises(CaseFormatError, match="vllm.common_prefix"):
+        check_vllm_options({"common_prefix": -1}, {})
+    with pytest.raises(CaseFormatError, match="vllm.draft_tokens"):
+        check_vllm_options({"draft_tokens": 9}, {})
+    with pytest.raises(CaseFormatError, match="vllm.runner"):
+        check_vllm_options({"runner": "v3"}, {})
+
+
+def test_driver_refuses_bad_path_fields_naming_them():
+    from gpu_impl.engines.vllm.driver import check_scenario
+
+    with pytest.raises(ValueError, match="common_prefix"):
+        check_scenario({"common_prefix": -1})
+    assert check_scenario({"common_prefix": 40960, "max_model_len": 4096})["common_prefix"] == 40960  # rule caps it
+    with pytest.raises(ValueError, match="draft_tokens"):
+        check_scenario({"draft_tokens": True})
+    with pytest.raises(ValueError, match="runner"):
+        check_scenario({"runner": "v0"})
+
+
+# ---------------------------------------------------------------- engine: a release with cascade attention
+
+
+def _needs(release: str) -> None:
+    if not envs.env_ready(release, engine="vllm"):
+        pytest.skip(f"no environment for vllm {release} under {envs.env_dir(release, engine='vllm')}: run "
+                    f"`fa3verify engine setup vllm=={release}` to build it")
+
+
+@pytest.fixture(scope="module")
+def cascade_worker(engine_sut):
+    _needs(CASCADE_RELEASE)
+    return engine_sut(f"vllm=={CASCADE_RELEASE}").worker
+
+
+#: a mixed batch of 8 sequences sharing 4096 tokens (tp 8: 4 query heads, 1 KV head per rank): the release's rule
+#: takes cascade; under the full CUDA graph the builder gives both calls the split bound 32 (eager dispatch)
+SHARED = {"num_heads": 32, "num_kv_heads": 8, "tp": 8, "cuda_graph": "full", "common_prefix": 4096,
+          "steps": [{"seq_lens": [4196] * 8, "query_lens": [1] * 7 + [40]}]}
+
+
+def _pairs(resp):
+    return [e for e in resp["trace"] if "s_c" in e]
+
+
+@pytest.mark.engine
+def test_cascade_is_the_release_rule_and_each_call_is_judged_against_its_own_precompute(cascade_worker):
+    resp = cascade_worker.run(SHARED)
+    pairs = _pairs(resp)
+    assert resp["findings"] == [] and len(pairs) == 2
+    prefix, suffix = pairs
+    assert all("cascade" in e["reached"] and "eager" in e["reached"] for e in pairs)
+    assert (prefix["call"]["batch_size"], prefix["call"]["seqlen_k"], prefix["call"]["causal"]) == (1, 4096, False)
+    assert suffix["call"]["batch_size"] == 8 and suffix["call"]["causal"] is True
+    assert all(e["call"]["metadata_passed"] and e["call"]["num_splits"] == 32 for e in pairs)
+    # the rule says no: no shared prefix, or a decode-only GQA batch (FlashDecoding is judged faster)
+    alone = cascade_worker.run({**SHARED, "common_prefix": 0})
+    decode = cascade_worker.run({**SHARED, "steps": [{"seq_lens": [4196] * 8}]})
+    assert all("cascade" not in e["reached"] for r in (alone, decode) for e in _pairs(r))
+
+
+@pytest.mark.engine
+def test_drafter_metadata_and_dcp_skipped_context_are_reached(cascade_worker):
+    drafted = cascade_worker.run({"tp": 4, "draft_tokens": 2, "steps": [{"seq_lens": [300, 17]}]})
+    drafts = [e for e in _pairs(drafted) if "drafter" in e["reached"]]
+    assert len(drafts) == 2 and not any(e["call"]["metadata_passed"] for e in drafts)  # fast_build: no schedule
+    assert [e["call"]["seqlen_k"] for e in drafts][0] >= 301
+    fresh = cascade_worker.run({"tp": 4, "dcp": 2, "steps": [{"seq_lens": [100, 17], "query_lens": [100, 17]}]})
+    steps = [e["reached"] for e in fresh["trace"] if "seconds" in e]
+    assert steps == [["eager", "DCP", "DCP skipped context"]] and fresh["findings"] == []
+
+
+@pytest.mark.engine
+def test_the_v2_runner_of_a_release_that_ships_both_is_driven_per_case(cascade_worker):
+    both = cascade_worker.run({"tp": 4, "runner": "v2", "cuda_graph": "full_and_piecewise",
+                               "steps": [{"seq_lens": [32768, 100, 100]}, {"seq_lens": [300, 100], "query_lens": [1, 30]}]})
+    pairs = _pairs(both)
+    assert both["findings"] == [] and {e["path"] for e in pairs} == {"full: capture", "full", "piecewise"}
+    assert all("V2 runner" in e["reached"] for e in pairs)
+    v1 = _pairs(cascade_worker.run({"tp": 4, "cuda_graph": "full", "steps": [{"seq_lens": [32768, 100, 100]}]}))
+    assert v1 and all("V2 runner" not in e["reached"] for e in v1)
+    with pytest.raises(ValueError, match="set_dcp_capture_context"):  # not driven there: said, never a pass
+        cascade_worker.run({"num_heads": 32, "num_kv_heads": 4, "tp": 4, "dcp": 2, "runner": "v2",
+                            "cuda_graph": "full", "steps": [{"seq_lens": [5]}]})
+
+
+@pytest.mark.engine
+def test_the_v2_runner_finding_of_a_release_that_ships_both_replays_still_failing(cascade_worker, engine_sut):
+    """tests/corpus_vllm/v2-runner-full-graph-replay-window-dropped-0.31.0.json (found by the gate on 0.31.0, seed
+    0, on its V2 runner): the FULL-graph replay's recompute in another layout than the captured call (0.34.0's
+    finding), STILL FAILS on the release it names."""
+    import json
+    from pathlib import Path
+
+    from fa3verify.commands.replay import replay
+
+    path = Path(__file__).parent.parent / "corpus_vllm" / "v2-runner-full-graph-replay-window-dropped-0.31.0.json"
+    summary, seen = replay(str(path), sut=engine_sut(f"vllm=={CASCADE_RELEASE}"))
+    assert summary.exit_code == 1 and {f.invariant for f in seen.findings} == {"SHAPE"}
+    case = json.loads(path.read_text())
+    assert case["vllm"]["runner"] == "v2" and case["engine"]["release"] == CASCADE_RELEASE
+
+
+@pytest.mark.engine
+def test_the_unanalysed_v2_runner_lifecycle_case_fails_on_0_30_0_and_passes_on_0_31_0(engine_sut, cascade_worker):
+    """tests/corpus_vllm/v2-runner-replay-reads-step-0-metadata-0.30.0.json (gate on 0.30.0, seed 0; docs: found, not
+    analysed): STILL FAILS on the release it names, PASSES NOW on 0.31.0."""
+    from pathlib import Path
+
+    from fa3verify.commands.replay import replay
+
+    _needs("0.30.0")
+    path = Path(__file__).parent.parent / "corpus_vllm" / "v2-runner-replay-reads-step-0-metadata-0.30.0.json"
+    _, own = replay(str(path), sut=engine_sut("vllm==0.30.0"))
+    assert own.verdict == "STILL FAILS" and "READS_OWN_STEP_METADATA" in {f.invariant for f in own.findings}
+    _, later = replay(str(path), sut=engine_sut(f"vllm=={CASCADE_RELEASE}"))
+    assert later.verdict == "PASSES NOW"
+
+
+@pytest.mark.engine
+def test_a_copy_with_a_cascade_split_regression_is_found_where_the_release_passes(cascade_worker, tmp_path):
+    from release_copies import CASCADE_HALF_SPLITS_0_31_0, vllm_patched_copy
+
+    from gpu_impl.engines.vllm.host import VllmSUT
+    from gpu_impl.sut import parse_engine
+
+    assert cascade_worker.run(SHARED)["findings"] == []
+    root = vllm_patched_copy(CASCADE_RELEASE, tmp_path / "seeded", CASCADE_HALF_SPLITS_0_31_0)
+    with VllmSUT(spec=parse_engine(f"vllm-src={root}"), progress=lambda line: None) as sut:
+        resp = sut.worker.run(SHARED)
+    found = {(f["invariant"], f["detail"]["s_c"]) for f in resp["findings"]}
+    assert ("SPLIT_BOUND", 16) in found, resp["findings"]
