@@ -72,7 +72,7 @@ def test_step_labels_name_the_graph_mode_cascade_dcp_and_the_drafter():
 
 
 def test_paths_family_keeps_the_vllm_draws_and_adds_prefixes_and_drafts():
-    from fa3verify.strategies.vllm import SHARED_PREFIXES, vllm_case, vllm_paths_case
+    from gpu_impl.engines.vllm.strategies import SHARED_PREFIXES, vllm_case, vllm_paths_case
 
     shared = drafts = 0
     for seed in range(300):
@@ -93,7 +93,7 @@ def test_paths_family_keeps_the_vllm_draws_and_adds_prefixes_and_drafts():
 
 
 def test_paths_both_family_puts_half_the_cases_on_the_v2_runner():
-    from fa3verify.strategies.vllm import vllm_paths_both_case, vllm_paths_case
+    from gpu_impl.engines.vllm.strategies import vllm_paths_both_case, vllm_paths_case
 
     runners = [vllm_paths_both_case(random.Random(seed)) for seed in range(200)]
     v2 = [c for c in runners if c.options["vllm"].get("runner") == "v2"]
@@ -104,7 +104,7 @@ def test_paths_both_family_puts_half_the_cases_on_the_v2_runner():
 
 def test_case_options_for_the_paths_are_validated_naming_the_field():
     from spec.model.case_bounds import CaseFormatError
-    from spec.model.case_vllm import check_vllm_options
+    from gpu_impl.engines.vllm.options import check_vllm_options
 
     assert check_vllm_options({"common_prefix": 1024, "draft_tokens": 2}, {})["draft_tokens"] == 2
     with pytest.raises(CaseFormatError, match="vllm.common_prefix"):
