@@ -155,6 +155,7 @@ class _ModelStandIn:
         self.hf_text_config = self.hf_config
         self.is_hybrid = False
         self.is_encoder_decoder = False
+        self.enforce_eager = False  # VllmConfig._set_cudagraph_sizes resolves capture sizes only when False
         self._heads, self._kv_heads, self._head_size = s["num_heads"], s["num_kv_heads"], s["head_dim"]
         self.max_model_len = s["max_model_len"]  # 0.34.0's build reads it under VLLM_BATCH_INVARIANT
 
@@ -216,6 +217,13 @@ class Config:
             os.environ["VLLM_FLASH_ATTN_MAX_NUM_SPLITS_FOR_CUDA_GRAPH"] = str(s["max_num_splits_for_cuda_graph"])
         object.__setattr__(vc, "model_config", _ModelStandIn(s, dtype))
         self.vc = vc
+        #: the V1 runner's capture and replay (gpu_impl.engines.vllm.graphs); None: eager steps (numerics runs too)
+        self.v1_graphs = None
+        v1_graphs = engine.generation == "v1" and s["cuda_graph"] != "none" and not numerics
+        if v1_graphs:
+            from gpu_impl.engines.vllm.graphs import resolve_capture_sizes
+
+            resolve_capture_sizes(vc, s)
         self.h = s["num_heads"] // s["tp"]
         self.hk = max(1, s["num_kv_heads"] // s["tp"])
         self.dtype = dtype
@@ -284,6 +292,10 @@ class Config:
         self.spec = spec
         self.max_blocks = self.table_width(spec)
         self.steps_built = 0
+        if v1_graphs:
+            from gpu_impl.engines.vllm.graphs import V1Graphs
+
+            self.v1_graphs = V1Graphs(self, getattr(engine.vllm, "__version__", None))
 
     def table_width(self, spec) -> int:
         """The model runner's per-rank block-table width (gpu_model_runner -> BlockTable): the spec's blocks per
@@ -361,6 +373,8 @@ class Config:
         """One batch the first generation's way: (metadata, path label, None)."""
         if self.s["cuda_graph"] == "full_and_piecewise":
             raise Unsupported("cuda_graph: full_and_piecewise is driven through the V2 runner only (driver v2)")
+        if self.v1_graphs is not None:
+            return self.v1_graphs.step(query_lens, seq_lens, front)
         cam = self.batch(query_lens, seq_lens)
         md = self.builder.build(0, cam)
         self.forward(md, cam.num_actual_tokens)
@@ -371,6 +385,8 @@ class Config:
         (``gpu_model_runner``: ``num_tokens_padded``) while the attention metadata is not (``pad_attn`` only under
         FULL), so the attention runs eagerly on ``query[:num_actual_tokens]``; otherwise the batch's own count."""
         s = self.s
+        if getattr(self, "v1_graphs", None) is not None:
+            return num_tokens  # the V1 runner's dispatcher padded the count already (graphs.V1Graphs.step)
         if s["cuda_graph"] == "piecewise" and num_tokens <= max(s["capture_sizes"]):
             return next(x for x in s["capture_sizes"] if x >= num_tokens)
         return num_tokens
@@ -463,7 +479,9 @@ class Engine:
     def _stood_in(self) -> tuple:
         """What the driver generation itself stands in for (the second generation's runner pieces)."""
         if self.generation != "v2":
-            return ()
+            from gpu_impl.engines.vllm.graphs import STOOD_IN_V1
+
+            return STOOD_IN_V1
         from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
 
         return STOOD_IN
