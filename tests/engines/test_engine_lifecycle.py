@@ -96,14 +96,15 @@ def test_each_seeded_defect_is_caught_on_0_5_23_by_its_check(engine_sut, defect)
 VLLM_CONTROLS = {
     "no-semaphore-reset-after-reuse": ("eager-3-steps", "SEMAPHORE_STARTS_AT_ZERO", ("0.33.0", "0.34.0")),
     "precompute-over-real-rows": ("full-graph-replay-padded", "PADDED_ROWS_READ_DEFINED", ("0.33.0", "0.34.0")),
-    "capture-width-of-capture-batch": ("full-graph-replay-padded", "CAPTURE_COVERS_REPLAY", ("0.34.0",)),
+    "capture-width-of-capture-batch": ("full-graph-replay-padded", "CAPTURE_COVERS_REPLAY", ("0.33.0", "0.34.0")),
 }
 
 
 #: (release, sequence) -> what the lifecycle judge finds on the release's own code (nothing elsewhere): vLLM 0.34.0's
-#: V2 runner skips the DCP context metadata build for a step with an empty context while the graph replays the
-#: context call over the buffer step 0 left (the pair invariants hold there: shorter lengths)
-VLLM_FOUND = {("0.34.0", "dcp-full-graph-empty-context"): {"READS_OWN_STEP_METADATA": [1]}}
+#: V2 runner and 0.33.0's V1 runner skip the DCP context metadata build for a step with an empty context while the
+#: graph replays the context call over the buffer step 0 left (the pair invariants hold there: shorter lengths)
+VLLM_FOUND = {("0.34.0", "dcp-full-graph-empty-context"): {"READS_OWN_STEP_METADATA": [1]},
+              ("0.33.0", "dcp-full-graph-empty-context"): {"READS_OWN_STEP_METADATA": [1]}}
 
 
 @pytest.mark.engine
@@ -119,6 +120,32 @@ def test_vllm_sequences_hold_and_each_seeded_defect_is_caught(engine_sut, releas
     for defect, (sequence, invariant, releases) in VLLM_CONTROLS.items():
         out = run_vllm(worker, VLLM_SEQUENCES[sequence], defect=defect)
         assert (invariant in found_by_invariant(out["findings"])) == (release in releases), defect
+
+
+@pytest.mark.engine
+def test_vllm_0_33_0_v1_runner_captures_once_per_graph_and_replays_padded_batches(engine_sut):
+    """The V1 driver (graphs.V1Graphs): a FULL graph is captured the first time a batch dispatches to it (steps 0-2
+    pad 2 requests to the capture size 2, step 3 pads 6 to 8), and every step replays the captured calls: its
+    launches are judged as replays, with the capture's scalars (max_seqlen_k = max_model_len)."""
+    from gpu_impl.engines.lifecycle_runs import VLLM_SEQUENCES, run_vllm
+
+    out = run_vllm(engine_sut("vllm==0.33.0").worker, VLLM_SEQUENCES["full-graph-replay-padded"])
+    launches = [e for e in out["trace"] if "path" in e]
+    captures = [e for e in launches if e["path"] == "full: capture"]
+    assert [e["step"] for e in captures] == [0, 0, 3, 3]          # two layers; graphs of 2 and of 8 requests
+    assert {e["step"] for e in launches if e["path"] == "full"} == {0, 1, 2, 3}
+    assert {e["graph"]["num_tokens"] for e in launches if e["step"] == 3} == {8}
+    assert out["findings"] == [] and out["shape_errors"] == []
+
+
+@pytest.mark.engine
+def test_vllm_0_33_0_above_the_largest_capture_size_runs_eagerly(engine_sut):
+    from gpu_impl.engines.lifecycle_runs import VLLM_SEQUENCES, run_vllm
+
+    fields = dict(VLLM_SEQUENCES["full-graph-replay-padded"], capture_sizes=[1, 2, 4])
+    out = run_vllm(engine_sut("vllm==0.33.0").worker, fields)
+    paths = {e["step"]: e["path"] for e in out["trace"] if e.get("path") and e["path"] != "full: capture"}
+    assert paths == {0: "full", 1: "full", 2: "full", 3: "none: above the captured graphs"}
 
 
 @pytest.mark.engine
