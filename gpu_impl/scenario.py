@@ -69,6 +69,10 @@ class Scenario:
     defects: frozenset = frozenset()
     #: vLLM options (``spec.model.case_vllm``) of a case drawn for vLLM (family ``vllm``); only ``vllm==V`` runs them
     vllm: Optional[dict] = None
+    #: the driven sequence of a lifecycle case (``spec.model.case_lifecycle``: ``layers`` a step, ``engine_defect``);
+    #: the engine drivers run it (sglang: the run request's ``layers``/``lifecycle_defect``; vLLM: ``num_layers``/
+    #: ``lifecycle_defect``); None: one layer, no engine defect
+    lifecycle: Optional[dict] = None
 
     def all_defects(self) -> frozenset:
         """The defects in force: ``defects`` plus those the guard carries (``gpu_impl.defects.scenario_defects``)."""

@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from spec.model.case_bounds import (MAX_BATCH, MAX_HEADS, MAX_LEN, MAX_NUM_SM, MAX_PAGE_SIZE, MAX_RANKS,  # noqa: F401
                                     MAX_SEED, MAX_STEPS, CaseFormatError, is_int)
+from spec.model.case_lifecycle import check_lifecycle
 from spec.model.case_vllm import check_vllm_options
 from spec.finding import Outcome
 
@@ -61,7 +62,7 @@ _OPTIONAL = {"server": {"cuda_graph", "context_length", "enable_deterministic_in
                         "cp_decode_sharded_kv"},
              "model": {"head_dim_v", "dtype", "is_mla", "has_sliding_window_layers"}}
 _TOP = ("schema", "id", "source", "server", "model", "policy", "batches", "kernel", "engine", "seed", "expected",
-        "notes", "defects", "vllm")
+        "notes", "defects", "vllm", "lifecycle")
 #: A seeded defect's name (gpu_impl.defects' registry, which a replay consults, says whether it exists).
 DEFECT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,79}$")
 
@@ -354,6 +355,9 @@ class Case:
     defects: list = field(default_factory=list)
     #: vLLM options (``spec.model.case_vllm``): what a vLLM configuration adds to server/model; None for other cases
     vllm: Optional[dict] = None
+    #: the driven sequence of a lifecycle finding (``spec.model.case_lifecycle``: layers a step, the seeded engine
+    #: defect); None: one layer a step, no engine defect
+    lifecycle: Optional[dict] = None
 
     @property
     def options(self) -> dict:
@@ -367,7 +371,8 @@ class Case:
     def from_parts(cls, *, source: str, server: dict, model: dict, policy: dict, batches: list,
                    kernel: Optional[dict] = None, seed: int = 0, expected: Optional[dict] = None, notes: str = "",
                    id: Optional[str] = None, engine: Optional[dict] = None,
-                   defects: Optional[list] = None, vllm: Optional[dict] = None) -> "Case":
+                   defects: Optional[list] = None, vllm: Optional[dict] = None,
+                   lifecycle: Optional[dict] = None) -> "Case":
         """Build and validate a case; `id` defaults to the signature hash."""
         data = {"schema": SCHEMA, "id": id or "pending", "source": source, "server": server, "model": model,
                 "policy": policy, "batches": batches, "kernel": kernel or {"name": "emulated", "mode": "strict"},
@@ -379,6 +384,8 @@ class Case:
             data["defects"] = list(defects)
         if vllm is not None:
             data["vllm"] = dict(vllm)
+        if lifecycle is not None:
+            data["lifecycle"] = dict(lifecycle)
         case = cls.from_dict(data)
         if id is None:
             case.id = case.signature()
@@ -412,13 +419,14 @@ class Case:
         notes = data.get("notes", "")
         if not isinstance(notes, str):
             raise CaseFormatError("notes", "a string", notes)
+        vllm = check_vllm_options(data.get("vllm"), server)
         return cls(id=cid, source=src, server=server, model=model, policy=_check_policy(data.get("policy", "<missing>")),
                    batches=_check_batches(data.get("batches", "<missing>")),
                    kernel=_check_kernel(data.get("kernel", {"name": "emulated"})), seed=seed,
                    expected=_check_expected(data.get("expected", "<missing>")), notes=notes,
                    engine=_check_engine(data.get("engine")),
                    defects=check_defect_names(data.get("defects", [])),
-                   vllm=check_vllm_options(data.get("vllm"), server))
+                   vllm=vllm, lifecycle=check_lifecycle(data.get("lifecycle"), vllm))
 
     # -- serialisation ---------------------------------------------------------------------------------------
 
@@ -433,6 +441,8 @@ class Case:
             out["defects"] = list(self.defects)
         if self.vllm is not None:
             out["vllm"] = dict(self.vllm)
+        if self.lifecycle is not None:
+            out["lifecycle"] = dict(self.lifecycle)
         return out
 
     @property
@@ -490,6 +500,8 @@ class Case:
             key["defects"] = list(self.defects)
         if self.vllm is not None:  # vLLM options make a distinct case; other cases keep their ids
             key["vllm"] = self.vllm
+        if self.lifecycle is not None:  # the driven sequence makes a distinct case; cases without one keep their ids
+            key["lifecycle"] = self.lifecycle
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def save(self, directory) -> Path:
