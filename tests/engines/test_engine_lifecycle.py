@@ -149,11 +149,13 @@ def test_vllm_0_33_0_above_the_largest_capture_size_runs_eagerly(engine_sut):
 
 
 @pytest.mark.engine
-def test_vllm_0_34_0_graph_replay_of_a_smaller_precompute_is_a_silent_size_mismatch(engine_sut):
-    """The size disagreement is named once, by the pair check's SHAPE, reported silent at the replay."""
+@pytest.mark.parametrize("release", ["0.33.0", "0.34.0"])
+def test_vllm_graph_replay_of_a_smaller_precompute_is_a_silent_size_mismatch(engine_sut, release):
+    """The size disagreement is named once, by the pair check's SHAPE, reported silent at the replay (0.33.0's V1
+    runner and 0.34.0's V2 runner both replay the captured call behind the persistent buffer's captured view)."""
     from gpu_impl.engines.lifecycle_runs import VLLM_SEQUENCES, run_vllm
 
-    worker = engine_sut("vllm==0.34.0").worker
+    worker = engine_sut(f"vllm=={release}").worker
     fields = dict(VLLM_SEQUENCES["full-graph-replay-padded"], defect={"precompute_num_splits": 0})
     out = run_vllm(worker, fields)
     assert {f["invariant"] for f in out["findings"]} == {"SHAPE"}
