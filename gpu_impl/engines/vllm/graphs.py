@@ -170,8 +170,9 @@ class V1Graphs:
         self.seq_lens[:n] = torch.tensor(seq_lens, dtype=torch.int32)
         self.table.zero_()
 
-    def _common(self, rows: int, num_tokens: int, query_lens, seq_lens, max_seq_len: int):
-        """vLLM's CommonAttentionMetadata over the first ``rows`` rows of the persistent buffers."""
+    def _common(self, rows: int, num_tokens: int, query_lens, max_query_len: int, max_seq_len: int):
+        """vLLM's CommonAttentionMetadata over the first ``rows`` rows of the persistent buffers (``max_query_len``
+        and ``max_seq_len`` as the runner passes them: the batch's own, or the capture's)."""
         import dataclasses
 
         import torch
@@ -182,7 +183,7 @@ class V1Graphs:
         lens = self.seq_lens[:rows]
         q = list(query_lens) + [0] * (rows - len(query_lens))
         given = dict(query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=lens, num_reqs=rows,
-                     num_actual_tokens=num_tokens, max_query_len=max(query_lens), max_seq_len=max_seq_len,
+                     num_actual_tokens=num_tokens, max_query_len=max_query_len, max_seq_len=max_seq_len,
                      block_table_tensor=self.table[:rows], slot_mapping=torch.zeros(num_tokens, dtype=torch.int64),
                      causal=True, seq_lens_cpu=lens.clone(), seq_lens_cpu_upper_bound=lens.clone(),
                      num_computed_tokens_cpu=lens.clone() - torch.tensor(q, dtype=torch.int32))
@@ -190,7 +191,9 @@ class V1Graphs:
         return CommonAttentionMetadata(**{k: v for k, v in given.items() if k in fields})
 
     def _capture_batch(self, desc):
-        """The dummy batch ``_dummy_run`` captures ``desc`` with: (query_lens, seq_lens)."""
+        """The dummy batch ``_dummy_run`` captures ``desc`` with: (query_lens, seq_lens, max_query_len) -- a
+        non-uniform capture's ``max_query_len`` is its token count (``max_query_len = self.uniform_decode_query_len
+        if uniform_decode else num_tokens``)."""
         s = self.cfg.s
         tokens = desc.num_tokens
         uniform = bool(getattr(desc, self.uniform_field, False))
@@ -207,7 +210,7 @@ class V1Graphs:
             length = s["max_model_len"]
         else:
             length = max_q + self._dcp_dummy_context(uniform)
-        return q, [max(length, x) for x in q]
+        return q, [max(length, x) for x in q], max_q
 
     def _dcp_dummy_context(self, uniform: bool) -> int:
         try:
@@ -222,9 +225,9 @@ class V1Graphs:
         forward; the calls they made, as the graph will launch them."""
         from vllm.config import set_current_vllm_config
 
-        q, k = self._capture_batch(desc)
+        q, k, max_q = self._capture_batch(desc)
         self._fill(q, k)
-        cam = self._common(len(q), desc.num_tokens, q, k, self.cfg.s["max_model_len"])
+        cam = self._common(len(q), desc.num_tokens, q, max_q, self.cfg.s["max_model_len"])
         with set_current_vllm_config(self.cfg.vc):
             md = self.cfg.builder.build_for_cudagraph_capture(cam)
         front.recording = []
@@ -248,7 +251,7 @@ class V1Graphs:
         self._fill(query_lens, seq_lens)
         rows = reqs if full and self.pads_rows else len(query_lens)
         built_tokens = tokens if full and self.pads_rows else sum(query_lens)
-        cam = self._common(rows, built_tokens, query_lens, seq_lens, max(seq_lens))
+        cam = self._common(rows, built_tokens, query_lens, max(query_lens), max(seq_lens))
         with set_current_vllm_config(self.cfg.vc):
             md = self.cfg.builder.build(0, cam)
         self.cfg.steps_built += 1
