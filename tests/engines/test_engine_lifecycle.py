@@ -149,6 +149,21 @@ def test_vllm_0_33_0_above_the_largest_capture_size_runs_eagerly(engine_sut):
 
 
 @pytest.mark.engine
+def test_vllm_0_33_0_v1_runner_dispatches_full_and_piecewise_as_the_release_does(engine_sut):
+    """vLLM's default FA3 mode on the V1 runner: uniform decode batches replay FULL graphs, a mixed batch takes a
+    PIECEWISE graph (attention eager, tokens padded), a batch above the largest size runs eagerly; the release's
+    CudagraphDispatcher decides each."""
+    worker = engine_sut("vllm==0.33.0").worker
+    out = worker.run({"cuda_graph": "full_and_piecewise", "max_model_len": 8192, "capture_sizes": [1, 2, 4, 8],
+                      "steps": [{"seq_lens": [3000, 100]}, {"seq_lens": [200, 300], "query_lens": [5, 2]},
+                                {"seq_lens": [9] * 6}, {"seq_lens": [9] * 12}]})
+    paths = {(e["step"], e["path"], e["graph"]["num_tokens"]) for e in out["trace"] if "path" in e}
+    assert paths == {(0, "full: capture", 2), (0, "full", 2), (1, "piecewise", 8), (2, "full: capture", 8),
+                     (2, "full", 8), (3, "none: above the captured graphs", 12)}
+    assert out["findings"] == [] and out["shape_errors"] == []
+
+
+@pytest.mark.engine
 @pytest.mark.parametrize("release", ["0.33.0", "0.34.0"])
 def test_vllm_graph_replay_of_a_smaller_precompute_is_a_silent_size_mismatch(engine_sut, release):
     """The size disagreement is named once, by the pair check's SHAPE, reported silent at the replay (0.33.0's V1

@@ -371,10 +371,11 @@ class Config:
 
     def step(self, query_lens, seq_lens, front):
         """One batch the first generation's way: (metadata, path label, None)."""
-        if self.s["cuda_graph"] == "full_and_piecewise":
-            raise Unsupported("cuda_graph: full_and_piecewise is driven through the V2 runner only (driver v2)")
         if self.v1_graphs is not None:
             return self.v1_graphs.step(query_lens, seq_lens, front)
+        if self.s["cuda_graph"] == "full_and_piecewise":
+            raise Unsupported("cuda_graph: full_and_piecewise: the V1 runner's dispatch is not imitated with numerics "
+                              "(graphs.V1Graphs runs record mode only)")
         cam = self.batch(query_lens, seq_lens)
         md = self.builder.build(0, cam)
         self.forward(md, cam.num_actual_tokens)

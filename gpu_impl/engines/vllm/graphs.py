@@ -82,6 +82,25 @@ def resolve_capture_sizes(vc, s: dict) -> list:
     return sizes
 
 
+def _piecewise_compilation(vc) -> None:
+    """What a piecewise CUDA-graph mode needs of the compilation config, as the release sets it for a default
+    configuration: compilation mode (level, up to 0.10.x) VLLM_COMPILE (3) and the release's own
+    ``set_splitting_ops_for_v1`` (attention split out of the captured pieces). Releases up to 0.11.x assert it in
+    ``CudagraphDispatcher.__init__``."""
+    import vllm.config.compilation as comp
+
+    cc = vc.compilation_config
+    enum = getattr(comp, "CompilationMode", None) or getattr(comp, "CompilationLevel", None)
+    value = getattr(enum, "VLLM_COMPILE", None) or getattr(enum, "PIECEWISE", 3)
+    for name in ("mode", "level"):
+        if hasattr(cc, name):
+            setattr(cc, name, value)
+    if not cc.splitting_ops:
+        params = inspect.signature(cc.set_splitting_ops_for_v1).parameters
+        given = {"all2all_backend": getattr(vc.parallel_config, "all2all_backend", "naive"), "data_parallel_size": 1}
+        cc.set_splitting_ops_for_v1(**{k: v for k, v in given.items() if k in params})
+
+
 def _cumsum(xs) -> list:
     out, t = [0], 0
     for x in xs:
@@ -114,7 +133,13 @@ class V1Graphs:
         #: 0.12.0 on: the attention metadata of a FULL replay covers the padded rows (``pad_attn``)
         self.pads_rows = "num_reqs" in self.desc_fields
         self.uniform_field = "uniform" if "uniform" in self.desc_fields else "uniform_decode"
-        self.dispatcher = CudagraphDispatcher(vc)
+        if self.mode.requires_piecewise_compilation():
+            _piecewise_compilation(vc)
+        try:
+            self.dispatcher = CudagraphDispatcher(vc)
+        except AssertionError as exc:   # the release's own check of the compilation config for this mode
+            raise Unsupported(f"cuda_graph: {s['cuda_graph']}: vLLM's CudagraphDispatcher refuses the compilation "
+                              f"config: {exc}") from exc
         self.dispatcher.initialize_cudagraph_keys(self.mode, 1)
         self.takes_descriptor = "batch_descriptor" in inspect.signature(self.dispatcher.dispatch).parameters
         rows = max(s["max_num_seqs"], self.sizes[-1])
