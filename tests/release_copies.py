@@ -136,3 +136,11 @@ ALIGNED_REPLAY_0_33_0 = ALIGNED_REPLAY_0_34_0
 #: A passing release (0.33.0, its V1 runner, replay aligned: :data:`ALIGNED_REPLAY_0_33_0`) with the same one-path
 #: regression as :data:`CALL_HALF_SPLITS_0_34_0`: the same lines of ``FlashAttentionImpl.forward`` in both releases.
 CALL_HALF_SPLITS_0_33_0 = ALIGNED_REPLAY_0_33_0 + CALL_HALF_SPLITS_0_34_0
+
+#: 0.33.0 whose builder stores a replay's recompute only into a buffer that is still all zero (the first store, the
+#: first capture's): every later replay reads the metadata an earlier step made -- the V1 runner's counterpart of the
+#: sglang copy whose replay-time recompute is switched off (tests/engines/test_engine_lifecycle.py).
+STORE_ONCE_0_33_0 = (
+    (r"\n(            )self\.scheduler_metadata\[:n\] = scheduler_metadata\n",
+     r"\n\1if not bool(self.scheduler_metadata.any()):\n\1    self.scheduler_metadata[:n] = scheduler_metadata\n"),
+)

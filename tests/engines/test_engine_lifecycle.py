@@ -149,6 +149,39 @@ def test_vllm_0_33_0_above_the_largest_capture_size_runs_eagerly(engine_sut):
 
 
 @pytest.mark.engine
+def test_vllm_0_33_0_a_one_split_replay_without_fa3s_reset_is_caught_at_the_replay(engine_sut):
+    """SEMAPHORE_STARTS_AT_ZERO on the V1 runner's replays: with one split a graph (flash_attn_max_num_splits_for_cuda_graph
+    1) no combine zeroes the semaphore, so FA3 before 1a58058a leaves the scheduler's count for the next layer's
+    replayed launch; the same sequence with FA3's reset holds."""
+    from gpu_impl.engines.lifecycle_runs import VLLM_SEQUENCES, found_by_invariant, run_vllm
+
+    worker = engine_sut("vllm==0.33.0").worker
+    fields = dict(VLLM_SEQUENCES["full-graph-replay-padded"], max_num_splits_for_cuda_graph=1)
+    assert found_by_invariant(run_vllm(worker, fields)["findings"]) == {}
+    out = run_vllm(worker, fields, defect="no-semaphore-reset-after-reuse")
+    assert found_by_invariant(out["findings"]) == {"SEMAPHORE_STARTS_AT_ZERO": [0, 1, 2, 3]}
+    assert {f["detail"]["detail"]["path"] for f in out["findings"]} == {"replay"}
+
+
+@pytest.mark.engine
+def test_a_v1_replay_over_a_buffer_its_step_did_not_rewrite_is_caught_on_the_release_code(engine_sut, tmp_path):
+    """READS_OWN_STEP_METADATA on the V1 runner's replays: a 0.33.0 copy whose builder stores a recompute only into an
+    all-zero buffer (the first capture's) replays later steps over step 0's metadata."""
+    from gpu_impl.engines.lifecycle_runs import VLLM_SEQUENCES, found_by_invariant, run_vllm
+    from gpu_impl.engines.vllm.host import VllmWorker
+    from release_copies import STORE_ONCE_0_33_0, vllm_patched_copy
+
+    engine_sut("vllm==0.33.0")     # the environment exists (built by the shared worker)
+    worker = VllmWorker("0.33.0", progress=lambda m: None,
+                        source=vllm_patched_copy("0.33.0", tmp_path / "once", STORE_ONCE_0_33_0))
+    try:
+        out = run_vllm(worker, VLLM_SEQUENCES["full-graph-replay-padded"])
+    finally:
+        worker.close()
+    assert found_by_invariant(out["findings"])["READS_OWN_STEP_METADATA"] == [1, 2, 3]
+
+
+@pytest.mark.engine
 def test_vllm_0_33_0_v1_runner_dispatches_full_and_piecewise_as_the_release_does(engine_sut):
     """vLLM's default FA3 mode on the V1 runner: uniform decode batches replay FULL graphs, a mixed batch takes a
     PIECEWISE graph (attention eager, tokens padded), a batch above the largest size runs eagerly; the release's
