@@ -70,6 +70,10 @@ class Scenario:
     #: engine-owned options (``{options key: object}``, ``gpu_impl.plugin.EnginePlugin.options_key``) of a case drawn
     #: for one engine's configuration; only that engine runs them (empty: any system under test)
     options: dict = field(default_factory=dict)
+    #: the driven sequence of a lifecycle case (``spec.model.case_lifecycle``: ``layers`` a step, ``engine_defect``);
+    #: the engine drivers run it (sglang: the run request's ``layers``/``lifecycle_defect``; vLLM: ``num_layers``/
+    #: ``lifecycle_defect``); None: one layer, no engine defect
+    lifecycle: Optional[dict] = None
 
     def all_defects(self) -> frozenset:
         """The defects in force: ``defects`` plus those the guard carries (``gpu_impl.defects.scenario_defects``)."""

@@ -103,9 +103,6 @@ ALIGNED_HALF_SPLITS_0_34_0 = CALL_HALF_SPLITS_0_34_0 + (
      r"\1num_splits=max_num_splits // 2 if max_num_splits > 1 else max_num_splits,\n\2"),
 )
 
-#: A passing release (0.33.0, its V1 runner) with the same one-path regression as :data:`CALL_HALF_SPLITS_0_34_0`:
-#: the same lines of ``FlashAttentionImpl.forward`` in both releases.
-CALL_HALF_SPLITS_0_33_0 = CALL_HALF_SPLITS_0_34_0
 
 #: 0.34.0 with its full-graph replay finding fixed by aligning the replay's precompute with the captured call
 #: (docs/engines-vllm.md, "What would fix it"): the builder records the scalars each CUDA graph is captured with
@@ -145,3 +142,20 @@ CASCADE_HALF_SPLITS = (
 CASCADE_HALF_SPLITS_0_31_0 = CASCADE_HALF_SPLITS
 #: 0.20.0, a release whose gate passes (its V2 runner is not driven), with the same one-path regression
 CASCADE_HALF_SPLITS_0_20_0 = CASCADE_HALF_SPLITS
+#: 0.33.0 with the same full-graph replay finding as 0.34.0 fixed the same way: its V1 runner also captures a FULL graph
+#: with ``max_seq_len = max_model_len`` (and a non-uniform graph with ``max_query_len`` = its token count) while each
+#: replay's build precomputes with the batch's own (docs/engines-vllm.md, the first generation's capture and replay);
+#: the same lines of ``FlashAttentionMetadataBuilder`` in both releases. The passing base of the 0.33.0 controls.
+ALIGNED_REPLAY_0_33_0 = ALIGNED_REPLAY_0_34_0
+
+#: A passing release (0.33.0, its V1 runner, replay aligned: :data:`ALIGNED_REPLAY_0_33_0`) with the same one-path
+#: regression as :data:`CALL_HALF_SPLITS_0_34_0`: the same lines of ``FlashAttentionImpl.forward`` in both releases.
+CALL_HALF_SPLITS_0_33_0 = ALIGNED_REPLAY_0_33_0 + CALL_HALF_SPLITS_0_34_0
+
+#: 0.33.0 whose builder stores a replay's recompute only into a buffer that is still all zero (the first store, the
+#: first capture's): every later replay reads the metadata an earlier step made -- the V1 runner's counterpart of the
+#: sglang copy whose replay-time recompute is switched off (tests/engines/test_engine_lifecycle.py).
+STORE_ONCE_0_33_0 = (
+    (r"\n(            )self\.scheduler_metadata\[:n\] = scheduler_metadata\n",
+     r"\n\1if not bool(self.scheduler_metadata.any()):\n\1    self.scheduler_metadata[:n] = scheduler_metadata\n"),
+)

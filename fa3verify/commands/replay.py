@@ -158,7 +158,7 @@ def scenario_from_case(case, guard_override: Optional[str] = None, metadata_head
                     metadata_heads=policy.metadata_heads, clear_stale_cp_metadata=policy.clear_stale_cp_metadata,
                     seed=int(case.seed), defects=case_defects(case, defects),
                     graph_replay_seqlen_k=policy.graph_replay_seqlen_k, fa3_build=policy.fa3_build,
-                    options=dict(case.options))
+                    options=dict(case.options), lifecycle=case.lifecycle)
 
 
 def replay(path: str, kernel_name: Optional[str] = None, device: str = "cpu", guard: Optional[str] = None,

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 
 from spec.model.case_bounds import (MAX_BATCH, MAX_HEADS, MAX_LEN, MAX_NUM_SM, MAX_PAGE_SIZE, MAX_RANKS,  # noqa: F401
                                     MAX_SEED, MAX_STEPS, CaseFormatError, is_int)
+from spec.model.case_lifecycle import check_lifecycle
 from spec.finding import Outcome
 
 __all__ = ["SCHEMA", "Case", "CaseFormatError", "SERVER_FIELDS", "MODEL_FIELDS", "OUTCOMES", "BATCH_MODES",
@@ -61,7 +62,7 @@ _OPTIONAL = {"server": {"cuda_graph", "context_length", "enable_deterministic_in
                         "cp_decode_sharded_kv"},
              "model": {"head_dim_v", "dtype", "is_mla", "has_sliding_window_layers"}}
 _TOP = ("schema", "id", "source", "server", "model", "policy", "batches", "kernel", "engine", "seed", "expected",
-        "notes", "defects", "options")
+        "notes", "defects", "options", "lifecycle")
 #: A seeded defect's name (gpu_impl.defects' registry, which a replay consults, says whether it exists).
 DEFECT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,79}$")
 
@@ -393,6 +394,9 @@ class Case:
     #: .options_key``; their schema is the plugin's): what that engine's configuration adds to server/model; empty
     #: for a case any engine runs
     options: dict = field(default_factory=dict)
+    #: the driven sequence of a lifecycle finding (``spec.model.case_lifecycle``: layers a step, the seeded engine
+    #: defect); None: one layer a step, no engine defect
+    lifecycle: Optional[dict] = None
 
     # -- construction ----------------------------------------------------------------------------------------
 
@@ -400,7 +404,8 @@ class Case:
     def from_parts(cls, *, source: str, server: dict, model: dict, policy: dict, batches: list,
                    kernel: Optional[dict] = None, seed: int = 0, expected: Optional[dict] = None, notes: str = "",
                    id: Optional[str] = None, engine: Optional[dict] = None,
-                   defects: Optional[list] = None, options: Optional[dict] = None) -> "Case":
+                   defects: Optional[list] = None, options: Optional[dict] = None,
+                   lifecycle: Optional[dict] = None) -> "Case":
         """Build and validate a case; `id` defaults to the signature hash."""
         data = {"schema": SCHEMA, "id": id or "pending", "source": source, "server": server, "model": model,
                 "policy": policy, "batches": batches, "kernel": kernel or {"name": "emulated", "mode": "strict"},
@@ -412,6 +417,8 @@ class Case:
             data["defects"] = list(defects)
         if options:
             data["options"] = {key: dict(value) for key, value in options.items()}
+        if lifecycle is not None:
+            data["lifecycle"] = dict(lifecycle)
         case = cls.from_dict(data)
         if id is None:
             case.id = case.signature()
@@ -445,13 +452,14 @@ class Case:
         notes = data.get("notes", "")
         if not isinstance(notes, str):
             raise CaseFormatError("notes", "a string", notes)
+        options = _check_options(data, server)
         return cls(id=cid, source=src, server=server, model=model, policy=_check_policy(data.get("policy", "<missing>")),
                    batches=_check_batches(data.get("batches", "<missing>")),
                    kernel=_check_kernel(data.get("kernel", {"name": "emulated"})), seed=seed,
                    expected=_check_expected(data.get("expected", "<missing>")), notes=notes,
                    engine=_check_engine(data.get("engine")),
                    defects=check_defect_names(data.get("defects", [])),
-                   options=_check_options(data, server))
+                   options=options, lifecycle=check_lifecycle(data.get("lifecycle"), options))
 
     # -- serialisation ---------------------------------------------------------------------------------------
 
@@ -466,6 +474,8 @@ class Case:
             out["defects"] = list(self.defects)
         if self.options:
             out["options"] = {key: dict(value) for key, value in self.options.items()}
+        if self.lifecycle is not None:
+            out["lifecycle"] = dict(self.lifecycle)
         return out
 
     @property
@@ -523,6 +533,8 @@ class Case:
             key["defects"] = list(self.defects)
         for name, value in self.options.items():  # engine options make a distinct case; other cases keep their ids
             key[name] = value
+        if self.lifecycle is not None:  # the driven sequence makes a distinct case; cases without one keep their ids
+            key["lifecycle"] = self.lifecycle
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def save(self, directory) -> Path:

@@ -96,14 +96,15 @@ def test_each_seeded_defect_is_caught_on_0_5_23_by_its_check(engine_sut, defect)
 VLLM_CONTROLS = {
     "no-semaphore-reset-after-reuse": ("eager-3-steps", "SEMAPHORE_STARTS_AT_ZERO", ("0.33.0", "0.34.0")),
     "precompute-over-real-rows": ("full-graph-replay-padded", "PADDED_ROWS_READ_DEFINED", ("0.33.0", "0.34.0")),
-    "capture-width-of-capture-batch": ("full-graph-replay-padded", "CAPTURE_COVERS_REPLAY", ("0.34.0",)),
+    "capture-width-of-capture-batch": ("full-graph-replay-padded", "CAPTURE_COVERS_REPLAY", ("0.33.0", "0.34.0")),
 }
 
 
 #: (release, sequence) -> what the lifecycle judge finds on the release's own code (nothing elsewhere): vLLM 0.34.0's
-#: V2 runner skips the DCP context metadata build for a step with an empty context while the graph replays the
-#: context call over the buffer step 0 left (the pair invariants hold there: shorter lengths)
-VLLM_FOUND = {("0.34.0", "dcp-full-graph-empty-context"): {"READS_OWN_STEP_METADATA": [1]}}
+#: V2 runner and 0.33.0's V1 runner skip the DCP context metadata build for a step with an empty context while the
+#: graph replays the context call over the buffer step 0 left (the pair invariants hold there: shorter lengths)
+VLLM_FOUND = {("0.34.0", "dcp-full-graph-empty-context"): {"READS_OWN_STEP_METADATA": [1]},
+              ("0.33.0", "dcp-full-graph-empty-context"): {"READS_OWN_STEP_METADATA": [1]}}
 
 
 @pytest.mark.engine
@@ -122,11 +123,87 @@ def test_vllm_sequences_hold_and_each_seeded_defect_is_caught(engine_sut, releas
 
 
 @pytest.mark.engine
-def test_vllm_0_34_0_graph_replay_of_a_smaller_precompute_is_a_silent_size_mismatch(engine_sut):
-    """The size disagreement is named once, by the pair check's SHAPE, reported silent at the replay."""
+def test_vllm_0_33_0_v1_runner_captures_once_per_graph_and_replays_padded_batches(engine_sut):
+    """The V1 driver (graphs.V1Graphs): a FULL graph is captured the first time a batch dispatches to it (steps 0-2
+    pad 2 requests to the capture size 2, step 3 pads 6 to 8), and every step replays the captured calls: its
+    launches are judged as replays, with the capture's scalars (max_seqlen_k = max_model_len)."""
     from gpu_impl.engines.lifecycle_runs import VLLM_SEQUENCES, run_vllm
 
-    worker = engine_sut("vllm==0.34.0").worker
+    out = run_vllm(engine_sut("vllm==0.33.0").worker, VLLM_SEQUENCES["full-graph-replay-padded"])
+    launches = [e for e in out["trace"] if "path" in e]
+    captures = [e for e in launches if e["path"] == "full: capture"]
+    assert [e["step"] for e in captures] == [0, 0, 3, 3]          # two layers; graphs of 2 and of 8 requests
+    assert {e["step"] for e in launches if e["path"] == "full"} == {0, 1, 2, 3}
+    assert {e["graph"]["num_tokens"] for e in launches if e["step"] == 3} == {8}
+    assert out["findings"] == [] and out["shape_errors"] == []
+
+
+@pytest.mark.engine
+def test_vllm_0_33_0_above_the_largest_capture_size_runs_eagerly(engine_sut):
+    from gpu_impl.engines.lifecycle_runs import VLLM_SEQUENCES, run_vllm
+
+    fields = dict(VLLM_SEQUENCES["full-graph-replay-padded"], capture_sizes=[1, 2, 4])
+    out = run_vllm(engine_sut("vllm==0.33.0").worker, fields)
+    paths = {e["step"]: e["path"] for e in out["trace"] if e.get("path") and e["path"] != "full: capture"}
+    assert paths == {0: "full", 1: "full", 2: "full", 3: "none: above the captured graphs"}
+
+
+@pytest.mark.engine
+def test_vllm_0_33_0_a_one_split_replay_without_fa3s_reset_is_caught_at_the_replay(engine_sut):
+    """SEMAPHORE_STARTS_AT_ZERO on the V1 runner's replays: with one split a graph (flash_attn_max_num_splits_for_cuda_graph
+    1) no combine zeroes the semaphore, so FA3 before 1a58058a leaves the scheduler's count for the next layer's
+    replayed launch; the same sequence with FA3's reset holds."""
+    from gpu_impl.engines.lifecycle_runs import VLLM_SEQUENCES, found_by_invariant, run_vllm
+
+    worker = engine_sut("vllm==0.33.0").worker
+    fields = dict(VLLM_SEQUENCES["full-graph-replay-padded"], max_num_splits_for_cuda_graph=1)
+    assert found_by_invariant(run_vllm(worker, fields)["findings"]) == {}
+    out = run_vllm(worker, fields, defect="no-semaphore-reset-after-reuse")
+    assert found_by_invariant(out["findings"]) == {"SEMAPHORE_STARTS_AT_ZERO": [0, 1, 2, 3]}
+    assert {f["detail"]["detail"]["path"] for f in out["findings"]} == {"replay"}
+
+
+@pytest.mark.engine
+def test_a_v1_replay_over_a_buffer_its_step_did_not_rewrite_is_caught_on_the_release_code(engine_sut, tmp_path):
+    """READS_OWN_STEP_METADATA on the V1 runner's replays: a 0.33.0 copy whose builder stores a recompute only into an
+    all-zero buffer (the first capture's) replays later steps over step 0's metadata."""
+    from gpu_impl.engines.lifecycle_runs import VLLM_SEQUENCES, found_by_invariant, run_vllm
+    from gpu_impl.engines.vllm.host import VllmWorker
+    from release_copies import STORE_ONCE_0_33_0, vllm_patched_copy
+
+    engine_sut("vllm==0.33.0")     # the environment exists (built by the shared worker)
+    worker = VllmWorker("0.33.0", progress=lambda m: None,
+                        source=vllm_patched_copy("0.33.0", tmp_path / "once", STORE_ONCE_0_33_0))
+    try:
+        out = run_vllm(worker, VLLM_SEQUENCES["full-graph-replay-padded"])
+    finally:
+        worker.close()
+    assert found_by_invariant(out["findings"])["READS_OWN_STEP_METADATA"] == [1, 2, 3]
+
+
+@pytest.mark.engine
+def test_vllm_0_33_0_v1_runner_dispatches_full_and_piecewise_as_the_release_does(engine_sut):
+    """vLLM's default FA3 mode on the V1 runner: uniform decode batches replay FULL graphs, a mixed batch takes a
+    PIECEWISE graph (attention eager, tokens padded), a batch above the largest size runs eagerly; the release's
+    CudagraphDispatcher decides each."""
+    worker = engine_sut("vllm==0.33.0").worker
+    out = worker.run({"cuda_graph": "full_and_piecewise", "max_model_len": 8192, "capture_sizes": [1, 2, 4, 8],
+                      "steps": [{"seq_lens": [3000, 100]}, {"seq_lens": [200, 300], "query_lens": [5, 2]},
+                                {"seq_lens": [9] * 6}, {"seq_lens": [9] * 12}]})
+    paths = {(e["step"], e["path"], e["graph"]["num_tokens"]) for e in out["trace"] if "path" in e}
+    assert paths == {(0, "full: capture", 2), (0, "full", 2), (1, "piecewise", 8), (2, "full: capture", 8),
+                     (2, "full", 8), (3, "none: above the captured graphs", 12)}
+    assert out["findings"] == [] and out["shape_errors"] == []
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("release", ["0.33.0", "0.34.0"])
+def test_vllm_graph_replay_of_a_smaller_precompute_is_a_silent_size_mismatch(engine_sut, release):
+    """The size disagreement is named once, by the pair check's SHAPE, reported silent at the replay (0.33.0's V1
+    runner and 0.34.0's V2 runner both replay the captured call behind the persistent buffer's captured view)."""
+    from gpu_impl.engines.lifecycle_runs import VLLM_SEQUENCES, run_vllm
+
+    worker = engine_sut(f"vllm=={release}").worker
     fields = dict(VLLM_SEQUENCES["full-graph-replay-padded"], defect={"precompute_num_splits": 0})
     out = run_vllm(worker, fields)
     assert {f["invariant"] for f in out["findings"]} == {"SHAPE"}

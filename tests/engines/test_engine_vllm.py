@@ -72,6 +72,14 @@ def _pairs(resp):
     return [e for e in resp["trace"] if "s_c" in e]
 
 
+def _replayed(resp):
+    """The one replayed pair of a one-step FULL-graph run: the V1 driver captures the graph (one capture-time pair, the
+    capture's dummy batch) and replays it for the step (graphs.V1Graphs)."""
+    pairs = _pairs(resp)
+    assert [p["path"] for p in pairs] == ["full: capture", "full"], [p["path"] for p in pairs]
+    return pairs[1]
+
+
 @pytest.mark.engine
 def test_eager_decode_runs_and_both_sides_agree(vllm_worker):
     resp = vllm_worker.run({"tp": 4, "steps": [{"seq_lens": SKEWED}]})
@@ -86,7 +94,7 @@ def test_eager_decode_runs_and_both_sides_agree(vllm_worker):
 @pytest.mark.engine
 def test_full_cuda_graph_decode_uses_the_fixed_split_count_on_both_sides(vllm_worker):
     resp = vllm_worker.run({"tp": 4, "cuda_graph": "full", "steps": [{"seq_lens": SKEWED}]})
-    (pair,) = _pairs(resp)
+    pair = _replayed(resp)
     assert pair["max_num_splits"] == 32 and pair["precompute"]["num_splits"] == 32
     assert pair["call"]["num_splits"] == 32 and pair["call"]["batch_size"] == 8  # 8 is a capture size
     assert resp["findings"] == []
@@ -100,7 +108,7 @@ def test_seeded_defect_precompute_split_count_differs_from_the_call_is_caught(vl
                             "steps": [{"seq_lens": SKEWED}]})
     found = {f["invariant"] for f in resp["findings"]}
     assert "SPLIT_BOUND" in found
-    (pair,) = _pairs(resp)
+    pair = _replayed(resp)
     assert (pair["s_p"], pair["s_c"]) == (109, 32)
     fresh = vllm_worker.run({"tp": 4, "cuda_graph": "full", "steps": [{"seq_lens": SKEWED}]})
     assert fresh["findings"] == []  # the control: the same batch without the defect passes
@@ -137,7 +145,7 @@ def test_piecewise_runs_attention_eagerly_on_unpadded_metadata(vllm_worker):
     assert pair["path"] == "piecewise" and pair["aot"] and pair["max_num_splits"] == 0
     assert pair["call"]["batch_size"] == 3 and pair["call"]["num_splits"] == pair["precompute"]["num_splits"] == 0
     full = vllm_worker.run({"tp": 4, "cuda_graph": "full", "steps": [{"seq_lens": lens}]})
-    (pair,) = _pairs(full)
+    pair = _replayed(full)
     assert pair["call"]["batch_size"] == 4 and pair["call"]["num_splits"] == 32  # FULL pads to the capture size
     assert pw["findings"] == full["findings"] == []
 

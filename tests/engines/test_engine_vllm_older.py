@@ -22,6 +22,14 @@ def _pairs(resp):
     return [e for e in resp["trace"] if "s_c" in e]
 
 
+def _replayed(resp):
+    """The one replayed pair of a one-step FULL-graph run: the V1 driver captures the graph (one capture-time pair, the
+    capture's dummy batch) and replays it for the step (graphs.V1Graphs)."""
+    pairs = _pairs(resp)
+    assert [p["path"] for p in pairs] == ["full: capture", "full"], [p["path"] for p in pairs]
+    return pairs[1]
+
+
 @pytest.mark.engine
 def test_the_release_runs_under_the_first_generation_on_its_own_layout(worker):
     assert worker.hello["release"] == RELEASE and worker.hello["driver"] == "v1"
@@ -29,7 +37,7 @@ def test_the_release_runs_under_the_first_generation_on_its_own_layout(worker):
     (pair,) = _pairs(eager)
     assert (pair["s_p"], pair["s_c"], pair["max_num_splits"]) == (109, 109, 0) and not eager["findings"]
     full = worker.run({"tp": 4, "cuda_graph": "full", "steps": [{"seq_lens": [32768, 100, 100]}]})
-    (pair,) = _pairs(full)
+    pair = _replayed(full)
     assert (pair["s_p"], pair["s_c"], pair["max_num_splits"]) == (32, 32, 32) and not full["findings"]
 
 

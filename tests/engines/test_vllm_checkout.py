@@ -63,19 +63,22 @@ def _gate(root, tmp_path, name):
 
 
 @pytest.mark.engine
-def test_gate_on_a_vllm_checkout_clean_passes_and_seeded_pr20301_fails(tmp_path, engine_pool, monkeypatch):
+def test_gate_on_a_vllm_checkout_aligned_passes_and_seeded_pr20301_fails(tmp_path, engine_pool, monkeypatch):
+    """The passing checkout is 0.33.0 with its full-graph replay precompute aligned to the captured call
+    (``ALIGNED_REPLAY_0_33_0``): the clean release fails the gate with that finding (SHAPE, silent at the replay),
+    which its V1 runner's capture and replay reach (docs/engines-vllm.md)."""
     if not envs.env_ready(RELEASE, engine="vllm"):
         pytest.skip(f"no environment for vllm {RELEASE} under {envs.env_dir(RELEASE, engine='vllm')}")
     from engine_pool import route_opens
-    from release_copies import PR20301_0_33_0, vllm_patched_copy
+    from release_copies import ALIGNED_REPLAY_0_33_0, PR20301_0_33_0, vllm_patched_copy
 
     # each copy's worker starts once (tests/engine_pool.py): the seeded gate's and its replay's commands share it
     route_opens(engine_pool, monkeypatch)
 
-    clean = vllm_patched_copy(RELEASE, tmp_path / "clean")
-    rc, summary = _gate(clean, tmp_path, "clean")
+    aligned = vllm_patched_copy(RELEASE, tmp_path / "aligned", ALIGNED_REPLAY_0_33_0)
+    rc, summary = _gate(aligned, tmp_path, "aligned")
     assert rc == 0, [c.get("message") for c in summary["checks"] if c.get("failed") or c.get("inconclusive")]
-    seeded = vllm_patched_copy(RELEASE, tmp_path / "seeded", PR20301_0_33_0)
+    seeded = vllm_patched_copy(RELEASE, tmp_path / "seeded", ALIGNED_REPLAY_0_33_0 + PR20301_0_33_0)
     rc, summary = _gate(seeded, tmp_path, "seeded")
     assert rc == 1
     failed = [c for c in summary["checks"] if c.get("failed")]

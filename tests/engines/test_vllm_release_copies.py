@@ -1,10 +1,11 @@
 """Negative controls of the vLLM gate on copies of released code (tests/release_copies.py: the release's installed
 package as links, one module patched, driven as ``vllm-src=COPY``).
 
-- A passing release (0.33.0) with a one-path regression -- on the full-CUDA-graph path only, the call passes half the
-  split bound its precompute was given -- is found within the gate's default fuzz budget on 5 seeds of 5 (the gate's
-  fuzz stage is this campaign; each seed stops at its first failure). Paired: the clean copy's gate passes
-  (tests/engines/test_vllm_checkout.py).
+- A passing release (0.33.0 with its full-graph replay precompute aligned to the captured call, ``ALIGNED_REPLAY_0_33_0``:
+  the clean release carries 0.34.0's replay finding, which its V1 runner's capture and replay reach) with a one-path
+  regression -- on the full-CUDA-graph path only, the call passes half the split bound its precompute was given -- is
+  found within the gate's default fuzz budget on 5 seeds of 5 (the gate's fuzz stage is this campaign; each seed stops
+  at its first failure). Paired: the aligned copy's gate passes (tests/engines/test_vllm_checkout.py).
 - A passing release with cascade attention (0.20.0) with a one-path regression on cascade -- both cascade calls pass
   half the split bound of their precomputes -- is found within the gate's default fuzz budget on 5 seeds of 5.
 - A failing release (0.34.0: its full-graph replay finding, docs/engines-vllm.md) with its replay's precompute

@@ -113,8 +113,11 @@ class SglangSUT(SystemUnderTest):
 
     # -- SystemUnderTest -----------------------------------------------------------------------------------
     def run(self, scenario, kernel=None, numerics: bool = False, device: str = "cpu"):
+        lifecycle = getattr(scenario, "lifecycle", None) or {}
+        sequence = ({"layers": lifecycle.get("layers", 1), "lifecycle_defect": lifecycle.get("engine_defect")}
+                    if lifecycle else {})   # a lifecycle case's driven sequence (spec.model.case_lifecycle)
         resp = self._answer(self.request({"op": "run", "scenario": scenario_to_wire(scenario),
-                                          "numerics": bool(numerics)}))
+                                          "numerics": bool(numerics), **sequence}))
         return result_from_wire(resp)
 
     def validate(self, server_config, model_config=None) -> tuple:

@@ -167,6 +167,7 @@ class ModelStandIn:
         self.hf_text_config = self.hf_config
         self.is_hybrid = False
         self.is_encoder_decoder = False
+        self.enforce_eager = False  # VllmConfig._set_cudagraph_sizes resolves capture sizes only when False
         self._heads, self._kv_heads, self._head_size = s["num_heads"], s["num_kv_heads"], s["head_dim"]
         self.max_model_len = s["max_model_len"]  # 0.34.0's build reads it under VLLM_BATCH_INVARIANT
 
@@ -230,6 +231,13 @@ class Config:
             os.environ["VLLM_FLASH_ATTN_MAX_NUM_SPLITS_FOR_CUDA_GRAPH"] = str(s["max_num_splits_for_cuda_graph"])
         object.__setattr__(vc, "model_config", ModelStandIn(s, dtype))
         self.vc = vc
+        #: the V1 runner's capture and replay (gpu_impl.engines.vllm.graphs); None: eager steps (numerics runs too)
+        self.v1_graphs = None
+        v1_graphs = engine.generation == "v1" and s["cuda_graph"] != "none" and not numerics
+        if v1_graphs:
+            from gpu_impl.engines.vllm.graphs import resolve_capture_sizes
+
+            resolve_capture_sizes(vc, s)
         self.h = s["num_heads"] // s["tp"]
         self.hk = max(1, s["num_kv_heads"] // s["tp"])
         self.dtype = dtype
@@ -300,6 +308,10 @@ class Config:
         self.spec = spec
         self.max_blocks = self.table_width(spec)
         self.steps_built = 0
+        if v1_graphs:
+            from gpu_impl.engines.vllm.graphs import V1Graphs
+
+            self.v1_graphs = V1Graphs(self, getattr(engine.vllm, "__version__", None))
 
     def table_width(self, spec) -> int:
         """The model runner's per-rank block-table width (gpu_model_runner -> BlockTable): the spec's blocks per
@@ -376,26 +388,39 @@ class Config:
 
     def step(self, query_lens, seq_lens, front):
         """One batch the first generation's way: (metadata, path label, None)."""
-        if self.s["cuda_graph"] == "full_and_piecewise":
-            raise Unsupported("cuda_graph: full_and_piecewise is driven through the V2 runner only (driver v2)")
-        from gpu_impl.engines.vllm.paths import cascade_prefix_len, draft_steps
+        from gpu_impl.engines.vllm.paths import cascade_prefix_len
 
         prefix = cascade_prefix_len(self, query_lens, seq_lens)  # the release's rule; 0: no cascade
+        if self.v1_graphs is not None and prefix == 0:
+            return self._drafts(query_lens, seq_lens, front, self.v1_graphs.step(query_lens, seq_lens, front))
+        # a cascade step runs without a FULL graph (the V1 runner's dispatch takes no full graph for cascade)
+        if self.s["cuda_graph"] == "full_and_piecewise" and self.v1_graphs is None:
+            raise Unsupported("cuda_graph: full_and_piecewise: the V1 runner's dispatch is not imitated with numerics "
+                              "(graphs.V1Graphs runs record mode only)")
         cam = self.batch(query_lens, seq_lens, pad=prefix == 0)
         md = self.builder.build(prefix, cam)
         self.forward(md, cam.num_actual_tokens)
+        return self._drafts(query_lens, seq_lens, front, (md, self.s["cuda_graph"], None))
+
+    def _drafts(self, query_lens, seq_lens, front, result):
+        """After a step: the drafter's metadata for each draft step (the builder's ``build_for_drafting``, eager), its
+        calls marked from ``draft_from`` on; ``result``, the step's own (metadata, path label, summary)."""
+        from gpu_impl.engines.vllm.paths import draft_steps
+
         self.draft_from = len(front.checker.events)  # the calls from here on are the drafter's
         for index, (dq, dk) in enumerate(draft_steps(self, query_lens, seq_lens)):
             dcam = self.batch(dq, dk, pad=False)
             self.forward(self.builder.build_for_drafting(common_attn_metadata=dcam, draft_index=index),
                          dcam.num_actual_tokens)
-        return md, self.s["cuda_graph"], None
+        return result
 
     def padded_tokens(self, num_tokens: int) -> int:
         """The tokens the layers see: under piecewise CUDA graphs the hidden states are padded to the capture size
         (``gpu_model_runner``: ``num_tokens_padded``) while the attention metadata is not (``pad_attn`` only under
         FULL), so the attention runs eagerly on ``query[:num_actual_tokens]``; otherwise the batch's own count."""
         s = self.s
+        if getattr(self, "v1_graphs", None) is not None:
+            return num_tokens  # the V1 runner's dispatcher padded the count already (graphs.V1Graphs.step)
         if s["cuda_graph"] == "piecewise" and num_tokens <= max(s["capture_sizes"]):
             return next(x for x in s["capture_sizes"] if x >= num_tokens)
         return num_tokens
@@ -498,9 +523,10 @@ class Engine:
 
             return STOOD_IN
         if self.generation != "v2":
+            from gpu_impl.engines.vllm.graphs import STOOD_IN_V1
             from gpu_impl.engines.vllm.paths import STOOD_IN as PATHS_STOOD_IN
 
-            return PATHS_STOOD_IN
+            return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1)
         from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
 
         return STOOD_IN

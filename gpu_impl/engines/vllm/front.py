@@ -136,11 +136,16 @@ class FrontFA3:
     def c_fwd(self, **a):
         import torch
 
+        from gpu_impl.engines.call_sites import caller_location
+
+        #: a replayed call is made where its capture made it (vLLM's FlashAttentionImpl.forward at capture): no Python
+        #: runs at a graph replay, so the stack of the replay names the driver, not vLLM
+        captured_at = a.pop("_captured_at", None)
         if (self.recording is not None and self.judge.defect == "capture-width-of-capture-batch"
                 and a["page_table"] is not None):
             a = _capture_batch_width(a)
         if self.recording is not None:
-            self.recording.append(dict(a))
+            self.recording.append(dict(a, _captured_at=caller_location("flash_attn_varlen_func")))
         md = a["scheduler_metadata"]
         q = a["q"]
         if a["cu_seqlens_k"] is not None and md is None and a["page_table"] is None:
@@ -152,9 +157,7 @@ class FrontFA3:
             if a.get(name) is not None:   # cp_tot_seqused_k: absent from 0.10.1 .. 0.11.0's fwd
                 raise Unsupported(f"fwd({name}=...): not modelled by the shim")
         self._attribute(md)
-        from gpu_impl.engines.call_sites import caller_location
-
-        where = caller_location("flash_attn_varlen_func")
+        where = captured_at or caller_location("flash_attn_varlen_func")
         events = len(self.checker.events)
         self.checker.flash_attn_varlen_func(
             q=q, k=a["k"], v=a["v"], max_seqlen_q=a["max_seqlen_q"], cu_seqlens_q=a["cu_seqlens_q"],

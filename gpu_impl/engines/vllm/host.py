@@ -193,6 +193,10 @@ def scenario_to_vllm(scn) -> dict:
             out[name] = opts[name]
     for d in defects:
         out["defect"] = {**(out.get("defect") or {}), **VLLM_DEFECTS[d]}
+    lifecycle = getattr(scn, "lifecycle", None)
+    if lifecycle:  # a lifecycle case's driven sequence (spec.model.case_lifecycle)
+        out["num_layers"] = lifecycle.get("layers", 1)
+        out["lifecycle_defect"] = lifecycle.get("engine_defect")
     return out
 
 
