@@ -62,7 +62,7 @@ _OPTIONAL = {"server": {"cuda_graph", "context_length", "enable_deterministic_in
                         "cp_decode_sharded_kv"},
              "model": {"head_dim_v", "dtype", "is_mla", "has_sliding_window_layers"}}
 _TOP = ("schema", "id", "source", "server", "model", "policy", "batches", "kernel", "engine", "seed", "expected",
-        "notes", "defects", "options", "lifecycle")
+        "notes", "defects", "lifecycle", "options")
 #: A seeded defect's name (gpu_impl.defects' registry, which a replay consults, says whether it exists).
 DEFECT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,79}$")
 
