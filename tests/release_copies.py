@@ -140,8 +140,26 @@ CASCADE_HALF_SPLITS = (
 )
 #: 0.31.0 (its V1 runner) with that regression
 CASCADE_HALF_SPLITS_0_31_0 = CASCADE_HALF_SPLITS
-#: 0.20.0, a release whose gate passes (its V2 runner is not driven), with the same one-path regression
-CASCADE_HALF_SPLITS_0_20_0 = CASCADE_HALF_SPLITS
+#: 0.20.0 with the full-graph replay finding of 0.34.0 (its V1 runner captures a FULL graph with ``max_seq_len =
+#: max_model_len`` while each replay's build precomputes with the batch's own) fixed the way :data:`ALIGNED_REPLAY_0_34_0`
+#: fixes it, on 0.20.0's lines: its builder has no ``build_for_cudagraph_capture`` of its own (the base class's calls
+#: ``build``) and precomputes inside a nested ``schedule``, which takes the captured scalars on a replay.
+ALIGNED_REPLAY_0_20_0 = (
+    (r"(\n    def build\(\n)",
+     "\n    def build_for_cudagraph_capture(self, common_attn_metadata):\n"
+     "        captured = self.__dict__.setdefault(\"_captured_scalars\", {})\n"
+     "        captured[(common_attn_metadata.num_reqs, common_attn_metadata.num_actual_tokens)] = (\n"
+     "            common_attn_metadata.max_query_len, common_attn_metadata.max_seq_len)\n"
+     "        return super().build_for_cudagraph_capture(common_attn_metadata)\n"
+     r"\1"),
+    ALIGNED_REPLAY_0_34_0[1],
+    (r"(\n            if aot_schedule:\n)(                return get_scheduler_metadata\(\n                    batch_size=batch_size,\n)",
+     r"\1                if self.__dict__.get('_replay_scalars') is not None:\n"
+     r"                    max_query_len, max_seq_len = self._replay_scalars\n\2"),
+)
+#: 0.20.0 (its replay aligned: :data:`ALIGNED_REPLAY_0_20_0`; its V2 runner is not driven) with the same one-path
+#: regression on cascade
+CASCADE_HALF_SPLITS_0_20_0 = ALIGNED_REPLAY_0_20_0 + CASCADE_HALF_SPLITS
 #: 0.33.0 with the same full-graph replay finding as 0.34.0 fixed the same way: its V1 runner also captures a FULL graph
 #: with ``max_seq_len = max_model_len`` (and a non-uniform graph with ``max_query_len`` = its token count) while each
 #: replay's build precomputes with the batch's own (docs/engines-vllm.md, the first generation's capture and replay);

@@ -35,8 +35,8 @@ def test_the_driver_reads_the_build_from_its_environment(monkeypatch):
 
 
 def test_the_fwd_schema_before_context_parallelism_drops_exactly_its_three_arguments():
-    assert glue.FWD_SCHEMA.endswith("int cp_world_size, int cp_rank, Tensor? cp_tot_seqused_k) -> Tensor[]")
-    assert glue.FWD_SCHEMA_BEFORE_CP.endswith("int sm_margin, Tensor? s_aux) -> Tensor[]")
+    assert glue.FWD_SCHEMA.endswith("int cp_world_size=1, int cp_rank=0, Tensor? cp_tot_seqused_k=None) -> Tensor[]")
+    assert glue.FWD_SCHEMA_BEFORE_CP.endswith("int sm_margin, Tensor? s_aux=None) -> Tensor[]")
     assert "cp_" not in glue.FWD_SCHEMA_BEFORE_CP
 
 

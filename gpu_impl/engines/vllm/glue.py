@@ -63,7 +63,7 @@ FWD_SCHEMA = ("fwd(Tensor(a!) q, Tensor k, Tensor v, Tensor? k_new, Tensor? v_ne
 
 #: ``fwd`` as the FA3 library of vLLM 0.10.1 .. 0.11.0 declares it (fork 2d3b7508: no context-parallel arguments;
 #: they came with 8f468e7d), read from those wheels' ``_vllm_fa3_C.abi3.so`` (``strings``)
-FWD_SCHEMA_BEFORE_CP = FWD_SCHEMA.replace(", int cp_world_size, int cp_rank, Tensor? cp_tot_seqused_k", "")
+FWD_SCHEMA_BEFORE_CP = FWD_SCHEMA.replace(", int cp_world_size=1, int cp_rank=0, Tensor? cp_tot_seqused_k=None", "")
 
 
 def _interface_passes_cp() -> bool:
