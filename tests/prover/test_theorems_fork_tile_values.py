@@ -227,3 +227,24 @@ def test_the_z3_tile_lets_upstreams_local_paged_calls_take_tma():
         want = resolve_schedule(call_inputs(2, 200, 4096, 1, 1, 192, qkv_dtype="float8_e4m3fn", page_size=160,
                                             window_size=(100, 0), build=build))
         assert (want.block_m, want.block_n) == tile == _sym_tile_at(inst, build, 200, 1, 1), build
+
+
+def test_the_agreement_query_refutes_a_kblockn_disagreement_and_gives_the_defect_to_both_sides(monkeypatch):
+    # Negative control on kBlockN alone (the seeded defect of the theorem changes kBlockM): an encoding whose kBlockN
+    # reads h. Sides agreeing on seqlen_q and h/h_k but not on h then choose the same kBlockM and another kBlockN,
+    # which the query must refute; and the seeded defect reaches both sides' encodings, as in the theorem's control.
+    real, seen = ft.sym_tile, []
+
+    def block_n_reads_h(inst, side, build=ft.VLLM_FORK, defects=frozenset(), wg_rows=64):
+        seen.append(frozenset(defects))
+        bm, bn = real(inst, side, build, frozenset(defects) - {"block-n-reads-h"}, wg_rows)
+        return bm, (bn + side.h if "block-n-reads-h" in defects else bn)
+
+    monkeypatch.setattr(ft, "sym_tile", block_n_reads_h)
+    r = ft._agree(10.0, defects=frozenset({"block-n-reads-h"}), instances=ft.TILE_INSTANCES[:1])
+    w = r.witness
+    assert r.verdict == "refuted" and w["h_p"] != w["h_c"]
+    assert w["block_m_p"] == w["block_m_c"] and w["block_n_p"] != w["block_n_c"]
+    assert seen == [frozenset({"block-n-reads-h"})] * 2
+    seen.clear()
+    assert ft._agree(10.0, instances=ft.TILE_INSTANCES[:1]).verdict == "proved" and seen == [frozenset()] * 2
