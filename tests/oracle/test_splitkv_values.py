@@ -235,3 +235,20 @@ def test_a_negative_chunk_is_refused_naming_the_argument():
     with pytest.raises(ValueError) as info:
         kv_block_bounds(0, 1, 1, 128, 64, attention_chunk=-1)
     assert str(info.value) == "attention_chunk: must be >= 0 (0 disables), got -1"
+
+
+def test_a_chunked_decode_splits_only_the_blocks_of_its_chunk():
+    # one query row aligned with key 255, chunk 64: it sees keys [192, 256) (hopper/mask.h), so the split kernel's
+    # range is blocks 6..7 of 32 keys (block.h with the chunk) and two splits take one block each: each split's LSE is
+    # the logsumexp of its own 32 keys' scores (q.k / sqrt(64)). Without the chunk the two splits would halve all
+    # 8 blocks instead.
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 1, 1, 64), torch.randn(1, 256, 1, 64), torch.randn(1, 256, 1, 64)
+    lens = torch.tensor([256], dtype=torch.int32)
+    out, lse = split_kv(q, k, v, 2, 32, cache_seqlens=lens, attention_chunk=64)
+    scores = (q[0, 0, 0].double() @ k[0, :, 0].double().T) / 8
+    want = [torch.logsumexp(scores[192:224], 0), torch.logsumexp(scores[224:256], 0)]
+    assert torch.allclose(lse.flatten().double(), torch.stack(want), rtol=0, atol=1e-5)
+    _, unchunked = split_kv(q, k, v, 2, 32, cache_seqlens=lens)
+    assert torch.allclose(unchunked.flatten().double(),
+                          torch.stack([torch.logsumexp(scores[:128], 0), torch.logsumexp(scores[128:], 0)]), atol=1e-5)
