@@ -248,3 +248,26 @@ def test_the_agreement_query_refutes_a_kblockn_disagreement_and_gives_the_defect
     assert seen == [frozenset({"block-n-reads-h"})] * 2
     seen.clear()
     assert ft._agree(10.0, instances=ft.TILE_INSTANCES[:1]).verdict == "proved" and seen == [frozenset()] * 2
+
+
+def test_a_sides_domain_is_fa3s_head_counts_and_query_lengths():
+    # side_vars: 1 <= seqlen_q <= the bound, 1 <= h_k <= h <= 256 and h % h_k == 0 (mha_fwd: "Number of heads in
+    # key/value must divide number of heads in query"); outside it no witness may be drawn
+    from spec.theorems.z3ctx import isolated
+
+    def run():
+        side = ft.side_vars("dom")
+        ctx = side.h.ctx
+
+        def admits(h, hk, sq=1):
+            s = z3.Solver(ctx=ctx)
+            s.add(side.domain, side.h == z3.BitVecVal(h, 32, ctx), side.h_k == z3.BitVecVal(hk, 32, ctx),
+                  side.seqlen_q == z3.BitVecVal(sq, 32, ctx))
+            return s.check() == z3.sat
+
+        # (0, 0) and (0, 4) pass h % h_k == 0 in z3's bit-vector arithmetic (0 % 0 is 0), so only h_k >= 1 and
+        # h_k <= h keep them out; (6, 4) only the divisibility
+        return [admits(8, 2), admits(256, 1), admits(8, 8, ft.MAX_SEQLEN_Q), admits(0, 0), admits(0, 4),
+                admits(6, 4), admits(257, 1), admits(8, 2, 0), admits(8, 2, ft.MAX_SEQLEN_Q + 1)]
+
+    assert isolated(run) == [True, True, True, False, False, False, False, False, False]
