@@ -220,11 +220,6 @@ class ModelConfig:
         if self.head_dim_v is None:
             object.__setattr__(self, "head_dim_v", self.head_dim)
 
-    @property
-    def qheads_per_kvhead(self) -> int:
-        """Query heads per KV head of the whole model (``H // Hk``)."""
-        return self.num_heads // self.num_kv_heads
-
     def violations(self) -> list[Violation]:
         """List the model-only domain assumptions this shape breaks (following sglang's ModelConfig)."""
         out: list[Violation] = []

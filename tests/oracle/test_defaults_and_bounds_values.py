@@ -18,6 +18,7 @@ Every default below is the value FA3 itself uses where the caller passes nothing
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -238,3 +239,23 @@ def test_the_forks_decode_tile_is_not_taken_for_local_attention():
     assert local.masking.is_local and (local.block_m, local.block_n) == (128, 128)
     plain = resolve_schedule(call_inputs(2, 1, 8192, 8, 1, 128, build=VLLM_FORK))
     assert plain.block_m == 64          # the one-MMA-WG tile without the window
+
+
+def test_a_split_heuristic_with_no_m_blocks_falls_through_to_one_split():
+    # heuristics.h num_splits_heuristic with total_mblocks 0 (an empty batch, or seqlen_q 0): 0 >= 0.8 * SMs is false
+    # and 100 n-blocks pass the <= 4 test; every eff = 0 / ceil(0) is NaN, max_efficiency stays 0.f, no NaN is
+    # >= 0.85 * 0, so neither loop returns and the function's last line, ``return 1;``, does (0 / 0 is the NaN the
+    # C++ float division gives; numpy's warning about it is silenced here)
+    with np.errstate(invalid="ignore"):
+        assert num_splits_heuristic(0, 132, 100, 0, 0, False) == 1
+        assert num_splits_heuristic(0, 132, 100, 0, 0, False, 7) == 1
+    assert num_splits_heuristic(1, 132, 100, 1, 0, False) > 1          # one m-block already splits
+
+
+def test_the_prepare_step_counts_query_heads_without_packgqa_and_kv_heads_with_it():
+    # flash_prepare_scheduler.cu prepare_varlen_num_blocks launches the kernel with num_head =
+    # ``!packgqa ? params.h : params.h_k``; its blocks_per_sm multiplies the block total by it
+    c = resolve_schedule(call_inputs(4, 128, 8192, 32, 8, 128, has_cache_seqlens=False, num_splits=1))
+    assert c.pack_gqa is False and c.prepare_num_heads == 32
+    c = resolve_schedule(call_inputs(4, 128, 8192, 32, 8, 128, has_cache_seqlens=False, num_splits=1, pack_gqa=True))
+    assert c.pack_gqa is True and c.prepare_num_heads == 8

@@ -14,9 +14,10 @@ evaluated on this test's inputs, not recalled from an earlier test's.
 import pytest
 
 from refmodel import fa3_builds
-from refmodel.fa3_builds import (MAX_BATCHES_1CTA, UPSTREAM, VLLM_FORK, build, check_build_name, engine_sources,
-                                 engine_sources_markdown, fork_packgqa, fork_packgqa_override, fork_uses_dynamic_split,
-                                 rule_matches, tile_size_fwd_sm90_build, tile_size_fwd_sm90_vllm_fork)
+from refmodel.fa3_builds import (MAX_BATCHES_1CTA, SGLANG_KERNEL_042, SGLANG_KERNEL_045, UPSTREAM, VLLM_FORK, build,
+                                 check_build_name, engine_sources, engine_sources_markdown, fork_packgqa,
+                                 fork_packgqa_override, fork_uses_dynamic_split, rule_matches, tile_size_fwd_sm90_build,
+                                 tile_size_fwd_sm90_vllm_fork)
 
 NO_FLAGS = {"is_causal": False, "is_local": False, "paged_kv_non_tma": False, "softcap": False, "v_colmajor": False,
             "one_mma_wg": False}
@@ -142,3 +143,49 @@ def test_the_docs_table_names_a_read_pin_and_a_wheel_as_evidence(monkeypatch):
     assert any(m.startswith("wheel sglang_kernel-") and ", sha256 " in m for m in marks)
     row = next(r for r in rows if r.startswith(f"| {pinned[0]['engine']}=={pinned[0]['release']} |"))
     assert row.endswith("| source pin read |")
+
+
+def test_each_build_record_is_its_json_row_field_by_field():
+    # the record every caller reads (build(name)) carries the provenance written in fa3_builds.json: the repository,
+    # commit and files read, the compile definitions, the note (empty where the row has none), the decode-tile
+    # predicate and the varlen total_q bound (False where the row does not say)
+    rows = fa3_builds._data()["builds"]
+    assert set(rows) == set(fa3_builds.builds())
+    for name, row in rows.items():
+        b = build(name)
+        assert b.name == name and b.repo == row["repo"] and b.commit == row["commit"]
+        assert b.files == tuple(row["files"]) and isinstance(b.files, tuple) and b.files
+        assert b.compile_definitions == tuple(row["compile_definitions"])
+        assert b.note == row.get("note", "") and isinstance(b.note, str)
+        assert b.one_mma_wg == row.get("one_mma_wg")
+        assert b.varlen_total_q_bound is bool(row.get("varlen_total_q_bound"))
+    assert build(UPSTREAM).note == ""                       # the upstream row has no note
+    assert "b273a02" in build(VLLM_FORK).note               # the fork's row says which commit vLLM 0.33.0 pins
+
+
+def test_only_the_later_sglang_kernel_wheels_bound_a_varlen_split_by_total_q():
+    # get_num_splits of sglang-kernel 0.4.5 .. 0.4.10 reads params.total_q (scripts/read_fa3_wheel.py's listing,
+    # docs/fa3-builds.md); upstream 0251105a, the fork and sglang-kernel 0.4.2 .. 0.4.4 bound a varlen call by batch 1
+    assert {n: build(n).varlen_total_q_bound for n in fa3_builds.builds()} == {
+        UPSTREAM: False, VLLM_FORK: False, SGLANG_KERNEL_042: False, SGLANG_KERNEL_045: True}
+
+
+def test_the_tile_lookup_defaults_to_two_mma_warp_groups():
+    # tile_size.h of the fork (10-12) and of the sglang kernel wheels: ``use_one_mma_wg=false`` unless passed
+    for name in (VLLM_FORK, SGLANG_KERNEL_042, SGLANG_KERNEL_045):
+        two_wg = tile_size_fwd_sm90_build(name, 128, 128, False, False, one_mma_wg=False)
+        assert tile_size_fwd_sm90_build(name, 128, 128, False, False) == two_wg
+        assert tile_size_fwd_sm90_build(name, 128, 128, False, False, one_mma_wg=True) != two_wg
+    assert tile_size_fwd_sm90_build(VLLM_FORK, 128, 128, False, False) == (128, 160)
+    assert tile_size_fwd_sm90_build(VLLM_FORK, 128, 128, False, False, one_mma_wg=True) == (64, 176)
+
+
+def test_a_tile_table_without_a_matching_rule_is_refused_naming_the_build_and_head_dim(monkeypatch):
+    # every shipped table ends in an unconditional rule (tile_size.h's last ``else``); a table that does not is
+    # refused with the build and the head dim, not answered with a tile
+    rules = {UPSTREAM: {"element_size_2": [{"d_max": 64, "tile": [192, 192]}], "element_size_1": []}}
+    monkeypatch.setattr(fa3_builds, "tile_rules", lambda: rules)
+    assert tile_size_fwd_sm90_build(UPSTREAM, 64, 64, False, False) == (192, 192)
+    with pytest.raises(ValueError) as info:
+        tile_size_fwd_sm90_build(UPSTREAM, 96, 96, False, False)
+    assert str(info.value) == f"tile_size_sm90.json: build {UPSTREAM!r} has no rule for headdim 96"

@@ -211,3 +211,44 @@ def test_an_empty_batch_has_the_given_split_count():
     assert out.shape == (3, 0, 1, 1, 8) and lse.shape == (3, 0, 1, 1)
     out, lse = split_kv(q, k, k.clone(), [], block_n=2)
     assert out.shape == (1, 0, 1, 1, 8) and lse.shape == (1, 0, 1, 1)
+
+
+@pytest.mark.parametrize("m_block, seqlen_k, block_n, window, expected", [
+    # chunk 256 alone, Lq 1024, kBlockM 128: n_idx = the m-block's edge row + Lk - Lq; the right edge is
+    # round_up(n_idx, 256) (flash::round_up on the floor quotient of n_idx - 1), the left round_down(n_idx, 256)
+    (2, 1024, 64, (-1, -1), (4, 8)),      # rows 256..383: keys [256, 512)
+    (3, 1024, 64, (-1, -1), (4, 8)),      # rows 384..511: the left edge 384 rounds down to 256
+    (1, 1024, 64, (-1, -1), (0, 4)),      # right edge exactly 256: round_up(256) is 256, not 512
+    (1, 1025, 64, (-1, -1), (0, 8)),      # right edge 257: round_up is 512
+    # a window and a chunk: the tighter of the two on each side (block.h: min on the right, max on the left)
+    (3, 1024, 32, (84, 0), (9, 16)),      # left 384 - 84 = 300 beats the chunk's 256; right 512 both
+    (2, 1024, 32, (100, 0), (8, 12)),     # right 384 (window) beats the chunk's 512; left 256 (chunk) beats 156
+    (3, 1024, 32, (200, 0), (8, 16)),
+])
+def test_a_chunk_clips_each_end_to_the_aligned_keys_chunk(m_block, seqlen_k, block_n, window, expected):
+    # hopper/block.h get_n_block_min_max with attention_chunk (0251105a): n_idx_right = min(n_idx + window_right,
+    # round_up(chunk, n_idx)); n_idx_left = max(n_idx - window_left, round_down(chunk, n_idx))
+    assert kv_block_bounds(m_block, 1024, seqlen_k, 128, block_n, window_size=window, attention_chunk=256) == expected
+
+
+def test_a_negative_chunk_is_refused_naming_the_argument():
+    with pytest.raises(ValueError) as info:
+        kv_block_bounds(0, 1, 1, 128, 64, attention_chunk=-1)
+    assert str(info.value) == "attention_chunk: must be >= 0 (0 disables), got -1"
+
+
+def test_a_chunked_decode_splits_only_the_blocks_of_its_chunk():
+    # one query row aligned with key 255, chunk 64: it sees keys [192, 256) (hopper/mask.h), so the split kernel's
+    # range is blocks 6..7 of 32 keys (block.h with the chunk) and two splits take one block each: each split's LSE is
+    # the logsumexp of its own 32 keys' scores (q.k / sqrt(64)). Without the chunk the two splits would halve all
+    # 8 blocks instead.
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 1, 1, 64), torch.randn(1, 256, 1, 64), torch.randn(1, 256, 1, 64)
+    lens = torch.tensor([256], dtype=torch.int32)
+    out, lse = split_kv(q, k, v, 2, 32, cache_seqlens=lens, attention_chunk=64)
+    scores = (q[0, 0, 0].double() @ k[0, :, 0].double().T) / 8
+    want = [torch.logsumexp(scores[192:224], 0), torch.logsumexp(scores[224:256], 0)]
+    assert torch.allclose(lse.flatten().double(), torch.stack(want), rtol=0, atol=1e-5)
+    _, unchunked = split_kv(q, k, v, 2, 32, cache_seqlens=lens)
+    assert torch.allclose(unchunked.flatten().double(),
+                          torch.stack([torch.logsumexp(scores[:128], 0), torch.logsumexp(scores[128:], 0)]), atol=1e-5)

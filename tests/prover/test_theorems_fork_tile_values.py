@@ -6,6 +6,7 @@ one more; an fp8 point reads the fp8 tiles (the fork's tile_size.h 66-93: falcon
 decode takes kBlockN 128 in fp8, 160 in bf16).
 """
 
+import itertools
 import json
 
 import z3
@@ -149,3 +150,124 @@ def test_the_upstream_table_holds_upstream_s_tiles():
     wide = ft._table(ft.TileInstance(192, 128, 2, False, False, None), ft.UPSTREAM)
     assert (wide[(False, False, False)], wide[(False, False, True)]) == ((128, 128), (128, 96))
     assert all(bf16[(c, True, n)] == bf16[(c, False, n)] for c in (False, True) for n in (False, True))
+
+
+def test_tile_table_is_the_instance_s_table_under_the_named_build():
+    # the fork's tile_size.h 10-93 at 617264c1, d = dv = 128 bf16: 128 x 160, one MMA warpgroup 64 x 176;
+    # upstream's (0251105a lines 32-33) 128 x 176 and no one-WG tile
+    inst = ft.TileInstance(128, 128, 2, False, False, None)
+    fork = ft.tile_table(inst, ft.VLLM_FORK)
+    assert (fork[(False, False, False)], fork[(False, True, False)]) == ((128, 160), (64, 176))
+    up = ft.tile_table(inst, ft.UPSTREAM)
+    assert (up[(False, False, False)], up[(False, True, False)]) == ((128, 176), (128, 176))
+    assert len(fork) == len(up) == 8
+
+
+def _sym_tile_at(inst, build, seqlen_q, h, hk):
+    from spec.theorems.z3ctx import isolated
+
+    def run():
+        side = ft.side_vars("g")
+        subst = [(side.seqlen_q, z3.BitVecVal(seqlen_q, 32, side.h.ctx)), (side.h, z3.BitVecVal(h, 32, side.h.ctx)),
+                 (side.h_k, z3.BitVecVal(hk, 32, side.h.ctx))]
+        return tuple(z3.simplify(z3.substitute(t, *subst)).as_long() for t in ft.sym_tile(inst, side, build))
+    return isolated(run)
+
+
+def test_the_z3_tile_keeps_causal_where_a_page_size_tells_it_apart():
+    # The theorem's pages (16..256) never tell a kept causal from a dropped one for 64 < d <= 128: paged non-TMA
+    # takes kBlockN 128 either way. A page that is a multiple of the non-causal kBlockN (upstream 176, tile_size.h
+    # 32-33 at 0251105a; the fork 160, its tile_size.h at 617264c1) does: paged TMA (flash_api.cpp 466: page %
+    # kBlockN == 0 and rows > kBlockM) then holds without causal only, so a causal call of more than 128 rows keeps
+    # 128 x 128 and a non-causal one gets 128 x bn. A decode (seqlen_q 1) keeps causal when paged with 64 < d <= 128
+    # (flash_api.cpp 579-581), so h/h_k 256 at seqlen_q 1 is still 128 x 128; d 112 is rounded up to the 128 tile.
+    for build, bn, pages in ((ft.UPSTREAM, 176, (176, 352)), (ft.VLLM_FORK, 160, (160, 320))):
+        for d, page in itertools.product((128, 112), pages):
+            inst = ft.TileInstance(d, d, 2, True, False, page)
+            for sq, h, hk in ((200, 1, 1), (1, 256, 1), (2, 128, 1)):
+                want = resolve_schedule(call_inputs(2, sq, 4096, h, hk, d, page_size=page, causal=True, build=build))
+                got = _sym_tile_at(inst, build, sq, h, hk)
+                assert got == (want.block_m, want.block_n) == (128, 128), (build, d, page, sq, h, hk)
+            non_causal = resolve_schedule(call_inputs(2, 200, 4096, 1, 1, d, page_size=page, build=build))
+            assert (non_causal.block_m, non_causal.block_n) == (128, bn)
+            assert _sym_tile_at(ft.TileInstance(d, d, 2, False, False, page), build, 200, 1, 1) == (128, bn)
+
+
+def test_vllms_drift_domain_is_each_non_mla_model_at_each_dividing_tp_block_size_and_kv_dtype():
+    # the module doc: the models of spec.model.config without MLA (deepseek-v2-lite left out; gemma-2-9b's d 256
+    # kept: FA3 compiles d <= 256), tp 1, 2, 4, 8 where it divides the query heads (falcon-7b's 71 heads: tp 1 only),
+    # vLLM block sizes 16 and 64, bf16 ('auto') or fp8 KV
+    pts = ft.vllm_tile_points()
+    assert {p.model for p in pts} == {"falcon-7b", "gemma-2-9b", "llama-2-7b", "llama-3-8b", "llama-3.2-1b",
+                                      "qwen3-235b-a22b", "qwen3-30b-a3b", "starcoder"}
+    assert sorted({p.tp for p in pts if p.model == "llama-3-8b"}) == [1, 2, 4, 8]
+    assert {p.tp for p in pts if p.model == "falcon-7b"} == {1}
+    assert {(p.block, p.element_size) for p in pts} == {(16, 2), (16, 1), (64, 2), (64, 1)}
+    assert len(pts) == (1 + 7 * 4) * 2 * 2 and all(p.num_sm == 132 for p in pts)
+
+
+def test_a_vllm_points_heads_and_instance_are_vllms_integer_heads_and_causal_full_attention():
+    # vLLM's ModelConfig: num_heads // tp and max(1, num_kv_heads // tp), in ints
+    p = ft.VllmTilePoint("llama-3-8b", 2, 16, 2, 132)
+    h, hk = p.heads()
+    assert (h, hk) == (16, 4) and type(h) is int and type(hk) is int
+    h, hk = ft.VllmTilePoint("qwen3-235b-a22b", 8, 64, 1, 132).heads()
+    assert (h, hk) == (8, 1) and type(h) is int and type(hk) is int
+    assert p.instance() == ft.TileInstance(128, 128, 2, True, False, 16)
+    assert p.instance().local is False
+
+
+def test_the_z3_tile_lets_upstreams_local_paged_calls_take_tma():
+    # fp8 d = dv = 192, local, page 160, 200 rows. Upstream's tile_size.h (line 49 at 0251105a) gives 128 x ((paged
+    # non-TMA or softcap) and local ? 128 : 160); its paged TMA holds (160 % 160 == 0, 200 > 128: flash_api.cpp 466),
+    # so the call keeps 128 x 160. The fork turns TMA off for local attention, which its tiles cannot show (its fp8
+    # tiles, tile_size.h 66-77 at 617264c1, read neither paging nor, at d 192, local): 128 x 96 either way.
+    inst = ft.TileInstance(192, 192, 1, False, True, 160)
+    for build, tile in ((ft.UPSTREAM, (128, 160)), (ft.VLLM_FORK, (128, 96))):
+        want = resolve_schedule(call_inputs(2, 200, 4096, 1, 1, 192, qkv_dtype="float8_e4m3fn", page_size=160,
+                                            window_size=(100, 0), build=build))
+        assert (want.block_m, want.block_n) == tile == _sym_tile_at(inst, build, 200, 1, 1), build
+
+
+def test_the_agreement_query_refutes_a_kblockn_disagreement_and_gives_the_defect_to_both_sides(monkeypatch):
+    # Negative control on kBlockN alone (the seeded defect of the theorem changes kBlockM): an encoding whose kBlockN
+    # reads h. Sides agreeing on seqlen_q and h/h_k but not on h then choose the same kBlockM and another kBlockN,
+    # which the query must refute; and the seeded defect reaches both sides' encodings, as in the theorem's control.
+    real, seen = ft.sym_tile, []
+
+    def block_n_reads_h(inst, side, build=ft.VLLM_FORK, defects=frozenset(), wg_rows=64):
+        seen.append(frozenset(defects))
+        bm, bn = real(inst, side, build, frozenset(defects) - {"block-n-reads-h"}, wg_rows)
+        return bm, (bn + side.h if "block-n-reads-h" in defects else bn)
+
+    monkeypatch.setattr(ft, "sym_tile", block_n_reads_h)
+    r = ft._agree(10.0, defects=frozenset({"block-n-reads-h"}), instances=ft.TILE_INSTANCES[:1])
+    w = r.witness
+    assert r.verdict == "refuted" and w["h_p"] != w["h_c"]
+    assert w["block_m_p"] == w["block_m_c"] and w["block_n_p"] != w["block_n_c"]
+    assert seen == [frozenset({"block-n-reads-h"})] * 2
+    seen.clear()
+    assert ft._agree(10.0, instances=ft.TILE_INSTANCES[:1]).verdict == "proved" and seen == [frozenset()] * 2
+
+
+def test_a_sides_domain_is_fa3s_head_counts_and_query_lengths():
+    # side_vars: 1 <= seqlen_q <= the bound, 1 <= h_k <= h <= 256 and h % h_k == 0 (mha_fwd: "Number of heads in
+    # key/value must divide number of heads in query"); outside it no witness may be drawn
+    from spec.theorems.z3ctx import isolated
+
+    def run():
+        side = ft.side_vars("dom")
+        ctx = side.h.ctx
+
+        def admits(h, hk, sq=1):
+            s = z3.Solver(ctx=ctx)
+            s.add(side.domain, side.h == z3.BitVecVal(h, 32, ctx), side.h_k == z3.BitVecVal(hk, 32, ctx),
+                  side.seqlen_q == z3.BitVecVal(sq, 32, ctx))
+            return s.check() == z3.sat
+
+        # (0, 0) and (0, 4) pass h % h_k == 0 in z3's bit-vector arithmetic (0 % 0 is 0), so only h_k >= 1 and
+        # h_k <= h keep them out; (6, 4) only the divisibility
+        return [admits(8, 2), admits(256, 1), admits(8, 8, ft.MAX_SEQLEN_Q), admits(0, 0), admits(0, 4),
+                admits(6, 4), admits(257, 1), admits(8, 2, 0), admits(8, 2, ft.MAX_SEQLEN_Q + 1)]
+
+    assert isolated(run) == [True, True, True, False, False, False, False, False, False]
