@@ -90,6 +90,10 @@ def release_paths(release: str, generation: str | None = None) -> dict:
         if key == "cascade" and generation == "v2":
             out[key] = "not driven: driver generation v2 drives no cascade step"
             continue
+        if key == "cascade" and release in _DATA["runner_module_does_not_import"]:
+            out[key] = ("not covered: the release's cascade rule lives in its V1 model runner module, which does not "
+                        f"import in its environment ({_DATA['runner_module_does_not_import'][release]})")
+            continue
         if key == "drafter" and generation == "v2":
             out[key] = reasons["drafter@v2"]
             continue
@@ -182,6 +186,10 @@ def cascade_prefix_len(cfg, query_lens, seq_lens) -> int:
 
     import numpy as np
 
+    import vllm
+
+    if getattr(vllm, "__version__", None) in _DATA["runner_module_does_not_import"]:  # not covered (release_paths says why), never a crash
+        return 0
     rule = _runner_class()._compute_cascade_attn_prefix_len
     computed = [k - q for q, k in zip(query_lens, seq_lens)]
     scheduled = np.asarray(query_lens, dtype=np.int32)
