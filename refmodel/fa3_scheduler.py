@@ -341,7 +341,7 @@ class Schedule:
         """The older fork's split vector (fa3_builds ``legacy_uses_dynamic_split``); False for other layouts."""
         return fa3_builds.metadata_layout_kind(self.inputs.build) == "semaphore-splits" and \
             fa3_builds.legacy_uses_dynamic_split(self.inputs.precompute, self.inputs.uses_prepare,
-                                                 self.inputs.batch_size, self.inputs.num_splits)
+                                                 self.inputs.batch_size, self.inputs.num_splits, self.inputs.build)
 
     @property
     def qhead_per_khead(self) -> int:
@@ -353,18 +353,26 @@ class Schedule:
         return self.inputs.num_heads_k if self.pack_gqa else self.inputs.num_heads
 
 
-def one_mma_wg(inp: ScheduleInputs, masking: Masking) -> bool:
-    """The build's decode tile choice (refmodel.fa3_builds ``use_one_mma_wg``; always False upstream)."""
-    return fa3_builds.use_one_mma_wg(inp.build, inp.arch, inp.headdim, masking.is_local, inp.seqlen_q,
-                                     c_div(inp.num_heads, inp.num_heads_k))
+def one_mma_wg(inp: ScheduleInputs, masking: Masking, pack_gqa: bool = False) -> bool:
+    """The build's decode tile choice (refmodel.fa3_builds ``use_one_mma_wg``; always False upstream).
+
+    ``pack_gqa`` is ``params.pack_gqa`` where the build's predicate reads it (8798f277); the others ignore it."""
+    qhpk = c_div(inp.num_heads, inp.num_heads_k)
+    if fa3_builds.build(inp.build).one_mma_wg == "packgqa-d128":
+        return fa3_builds.use_one_mma_wg(inp.build, inp.arch, inp.headdim, masking.is_local, inp.seqlen_q, qhpk,
+                                         pack_gqa=pack_gqa)
+    return fa3_builds.use_one_mma_wg(inp.build, inp.arch, inp.headdim, masking.is_local, inp.seqlen_q, qhpk)
 
 
 def build_tile(inp: ScheduleInputs, masking: Masking, headdim: int, headdim_v: int,
-               paged_kv_non_tma: bool) -> tuple[int, int]:
-    """(kBlockM, kBlockN) under the inputs' build: that build's table (refmodel.fa3_builds ``tile_size_fwd_sm90_build``)."""
+               paged_kv_non_tma: bool, pack_gqa: bool = False) -> tuple[int, int]:
+    """(kBlockM, kBlockN) under the inputs' build: that build's table (refmodel.fa3_builds ``tile_size_fwd_sm90_build``).
+
+    ``pack_gqa``: what ``params.pack_gqa`` holds where the tile is chosen (read by 8798f277's decode-tile predicate
+    only; its get_pack_gqa and get_pagedkv_tma pass no decode-tile argument, so False there)."""
     return fa3_builds.tile_size_fwd_sm90_build(inp.build, headdim, headdim_v, masking.is_causal, masking.is_local,
                                                inp.element_size, paged_kv_non_tma, softcap=inp.has_softcap,
-                                               one_mma_wg=one_mma_wg(inp, masking))
+                                               one_mma_wg=one_mma_wg(inp, masking, pack_gqa))
 
 
 def pagedkv_tma(inp: ScheduleInputs, masking: Masking, d_rounded: int, dv_rounded: int) -> bool:
@@ -435,7 +443,9 @@ def _split_tiles(inp: ScheduleInputs, masking: Masking, tma: Optional[bool] = No
     d_r, dv_r = rounded_headdims(inp.headdim, inp.headdim_v)
     if tma is None:
         tma = pagedkv_tma(inp, masking, d_r, dv_r)
-    bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=inp.paged and not tma)
+    # 8798f277 decides PackGQA before the split count and its decode tile reads it (flash_api.cpp@8798f277 589, 944)
+    pre_pack = fa3_builds.build(inp.build).pack_gqa_is_split and get_pack_gqa(inp, 0, masking, tma)
+    bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=inp.paged and not tma, pack_gqa=pre_pack)
     qhpk = c_div(inp.num_heads, inp.num_heads_k)
     m_blocks = c_ceil_div(to_int32(inp.seqlen_q * qhpk), bm)
     if inp.uses_prepare and fa3_builds.build(inp.build).varlen_total_q_bound:
@@ -447,7 +457,8 @@ def _split_tiles(inp: ScheduleInputs, masking: Masking, tma: Optional[bool] = No
         total_mblocks = to_int32(c_ceil_div(to_int32(rows * qhpk), bm) * inp.num_heads_k)
     else:
         one = inp.uses_prepare if fa3_builds.metadata_layout_kind(inp.build) != "semaphore-splits" else \
-            fa3_builds.legacy_uses_dynamic_split(inp.precompute, inp.uses_prepare, inp.batch_size, inp.num_splits)
+            fa3_builds.legacy_uses_dynamic_split(inp.precompute, inp.uses_prepare, inp.batch_size, inp.num_splits,
+                                                 inp.build)
         total_mblocks = to_int32((1 if one else inp.batch_size) * inp.num_heads_k * m_blocks)
     return bm, bn, m_blocks, total_mblocks
 
@@ -488,6 +499,10 @@ def get_pack_gqa(inp: ScheduleInputs, num_splits: int, masking: Masking, tma: bo
     if inp.num_heads == inp.num_heads_k:
         return False
     d_r, dv_r = rounded_headdims(inp.headdim, inp.headdim_v)
+    if fa3_builds.build(inp.build).one_mma_wg == "packgqa-d128":   # flash_api.cpp@8798f277 420: 8 arguments
+        bm, _ = fa3_builds.tile_size_fwd_sm90_build(inp.build, d_r, dv_r, masking.is_causal, masking.is_local,
+                                                    inp.element_size, inp.paged and not tma, inp.has_softcap)
+        return should_pack_gqa(inp.varlen_q, inp.seqlen_q, inp.num_heads // inp.num_heads_k, bm)
     bm, _ = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=inp.paged and not tma)
     return should_pack_gqa(inp.varlen_q, inp.seqlen_q, inp.num_heads // inp.num_heads_k, bm)
 
@@ -524,11 +539,13 @@ def resolve_schedule(inp: ScheduleInputs) -> Schedule:
         pack = fa3_builds.fork_packgqa(pack, num_splits, inp.headdim, inp.headdim_v)
         if not inp.precompute and inp.uses_prepare and inp.batch_size > PREPARE_MAX_BATCH_ONE_CTA:
             num_splits = 1   # the fork's call: no split for a varlen batch over 992 (flash_api.cpp 1070)
+    elif fa3_builds.build(inp.build).pack_gqa_is_split:
+        pack = num_splits > 1   # replaced by Split (flash_api.cpp@8798f277 592, 947)
     elif layout == "semaphore-splits":
         pack = bool(pack) or num_splits > 1   # OR-ed with Split only (flash_api.cpp@a8937124 631, 1003)
-    bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=non_tma)
+    bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=non_tma, pack_gqa=pack)
     kd, kdv = kernel_headdims(inp.headdim, inp.headdim_v, inp.element_size)
-    kbm, kbn = build_tile(inp, masking, kd, kdv, paged_kv_non_tma=non_tma)
+    kbm, kbn = build_tile(inp, masking, kd, kdv, paged_kv_non_tma=non_tma, pack_gqa=pack)
     needs_sem = scheduler_needs_semaphore(inp.arch, inp.precompute, masking.is_causal, masking.is_local, num_splits,
                                           inp.uses_prepare)
     kernel_pack = pack or forced_pack_gqa(inp.arch, non_tma, num_splits)
