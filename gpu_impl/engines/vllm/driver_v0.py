@@ -275,6 +275,16 @@ class ConfigV0:
             try:
                 return _call(build, {**given, "common_prefix_len": 0, "common_attn_metadata": cam,
                                      "fast_build": False})
+            except AssertionError as exc:
+                # 0.9.1 .. 0.10.0's build asserts scheduler_metadata under a full CUDA graph, but computes none when
+                # the layers have more than one sliding-window configuration (it turns aot_schedule off): vLLM itself
+                # stops there, loudly, so the release does not run this configuration
+                if self.s["cuda_graph"] != "full" or getattr(self.builder, "aot_schedule", True):
+                    raise
+                raise Unsupported(
+                    f"cuda_graph: vLLM {self.release}'s FlashAttentionMetadataBuilder.build asserts a precomputed "
+                    f"scheduler_metadata under a full CUDA graph but precomputes none when the layers' sliding windows "
+                    f"differ (aot_schedule turned off): the release stops with an AssertionError") from exc
             except RuntimeError as exc:
                 buffer = getattr(self.builder, "scheduler_metadata", None)
                 if buffer is None or "must match" not in str(exc):
