@@ -272,6 +272,13 @@ class Config:
             else:
                 spec = FullAttentionSpec(block_size=s["block_size"], num_kv_heads=self.hk, head_size=s["head_dim"],
                                          dtype=kv_dtype, **v_size, **mla)
+            impl = next(iter(self.layers.values())).impl
+            if s["kv_cache_dtype"] == "fp8" and not getattr(impl, "supports_quant_query_input", getattr(
+                    self.backend, "supports_quant_query_input", False)) and \
+                    "scaled_fp8_quant" in inspect.getsource(type(impl).forward):
+                # 0.10.1 .. 0.10.2 (as 0.8.5 .. 0.10.0): the impl quantizes the query itself with a compiled CUDA op
+                raise Unsupported(f"kv_cache_dtype: fp8 in this release's FlashAttentionImpl.forward quantizes the "
+                                  f"query with the compiled _C op scaled_fp8_quant (CUDA), not faked")
             try:
                 self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
             except AssertionError as exc:   # the release's own check of its layers (0.34.0: one num_heads per group)
