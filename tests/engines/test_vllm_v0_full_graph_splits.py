@@ -90,7 +90,7 @@ def _replay(path: Path, release: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.engine
 @pytest.mark.parametrize("path, release, code", [(CAPTURED, "0.9.1", 1), (CAPTURED, "0.9.2", 0),
-                                                 (ABOVE, "0.10.0", 1)])
+                                                 (ABOVE, "0.10.0", 1), (ABOVE, "0.11.0", 0)])
 def test_the_case_files_replay_on_their_release_and_the_fix(path, release, code):
     r = _replay(path, release)
     assert r.returncode == code, r.stdout + r.stderr
