@@ -61,7 +61,7 @@ __all__ = ["UPSTREAM", "VLLM_FORK", "SGLANG_KERNEL_042", "SGLANG_KERNEL_045", "B
            "fork_metadata_vectors", "fork_uses_dynamic_split", "engine_sources_markdown", "check_build_name",
            "MAX_BATCHES_1CTA", "DATA", "TILE_DATA", "fork_host_rules", "metadata_layout_kind",
            "VLLM_FORK_2D3B7508", "VLLM_FORK_A8937124", "VLLM_FORK_1C81743F", "legacy_uses_dynamic_split",
-           "VLLM_FORK_8798F277", "fork_static_seqlen_k"]
+           "VLLM_FORK_8798F277", "fork_static_seqlen_k", "decode_tile"]
 
 UPSTREAM = "upstream-0251105a"
 VLLM_FORK = "vllm-fork-617264c1"
@@ -207,6 +207,17 @@ def use_one_mma_wg(build_name: str, arch: int, headdim: int, is_local: bool, seq
     if kind == "fork" and is_local:
         return False
     return int(arch) >= 90 and int(headdim) in (64, 128) and to_int32(int(seqlen_q) * int(qhpk)) <= 64
+
+
+def decode_tile(build_name: str, arch: int, headdim: int, is_local: bool, seqlen_q: int, qhpk: int,
+                pack_gqa: Optional[bool] = None) -> bool:
+    """``use_one_mma_wg`` where the build's tile call passes it. ``pack_gqa``: ``params.pack_gqa`` where 8798f277's
+    predicate reads it; None where its tile call has no decode-tile argument (get_pack_gqa, get_pagedkv_tma:
+    flash_api.cpp@8798f277 397, 420), which is no decode tile. The other builds ignore it."""
+    if build(build_name).one_mma_wg != "packgqa-d128":
+        return use_one_mma_wg(build_name, arch, headdim, is_local, seqlen_q, qhpk)
+    return pack_gqa is not None and use_one_mma_wg(build_name, arch, headdim, is_local, seqlen_q, qhpk,
+                                                   pack_gqa=pack_gqa)
 
 
 @functools.lru_cache(maxsize=1)

@@ -353,23 +353,15 @@ class Schedule:
         return self.inputs.num_heads_k if self.pack_gqa else self.inputs.num_heads
 
 
-def one_mma_wg(inp: ScheduleInputs, masking: Masking, pack_gqa: bool = False) -> bool:
-    """The build's decode tile choice (refmodel.fa3_builds ``use_one_mma_wg``; always False upstream).
-
-    ``pack_gqa`` is ``params.pack_gqa`` where the build's predicate reads it (8798f277); the others ignore it."""
-    qhpk = c_div(inp.num_heads, inp.num_heads_k)
-    if fa3_builds.build(inp.build).one_mma_wg == "packgqa-d128":
-        return fa3_builds.use_one_mma_wg(inp.build, inp.arch, inp.headdim, masking.is_local, inp.seqlen_q, qhpk,
-                                         pack_gqa=pack_gqa)
-    return fa3_builds.use_one_mma_wg(inp.build, inp.arch, inp.headdim, masking.is_local, inp.seqlen_q, qhpk)
+def one_mma_wg(inp: ScheduleInputs, masking: Masking, pack_gqa: Optional[bool] = None) -> bool:
+    """The build's decode tile choice (refmodel.fa3_builds ``decode_tile``; ``pack_gqa`` read by 8798f277 only)."""
+    return fa3_builds.decode_tile(inp.build, inp.arch, inp.headdim, masking.is_local, inp.seqlen_q,
+                                  c_div(inp.num_heads, inp.num_heads_k), pack_gqa)
 
 
 def build_tile(inp: ScheduleInputs, masking: Masking, headdim: int, headdim_v: int,
-               paged_kv_non_tma: bool, pack_gqa: bool = False) -> tuple[int, int]:
-    """(kBlockM, kBlockN) under the inputs' build: that build's table (refmodel.fa3_builds ``tile_size_fwd_sm90_build``).
-
-    ``pack_gqa``: what ``params.pack_gqa`` holds where the tile is chosen (read by 8798f277's decode-tile predicate
-    only; its get_pack_gqa and get_pagedkv_tma pass no decode-tile argument, so False there)."""
+               paged_kv_non_tma: bool, pack_gqa: Optional[bool] = None) -> tuple[int, int]:
+    """(kBlockM, kBlockN) under the inputs' build: that build's table (refmodel.fa3_builds ``tile_size_fwd_sm90_build``)."""
     return fa3_builds.tile_size_fwd_sm90_build(inp.build, headdim, headdim_v, masking.is_causal, masking.is_local,
                                                inp.element_size, paged_kv_non_tma, softcap=inp.has_softcap,
                                                one_mma_wg=one_mma_wg(inp, masking, pack_gqa))
@@ -443,8 +435,7 @@ def _split_tiles(inp: ScheduleInputs, masking: Masking, tma: Optional[bool] = No
     d_r, dv_r = rounded_headdims(inp.headdim, inp.headdim_v)
     if tma is None:
         tma = pagedkv_tma(inp, masking, d_r, dv_r)
-    # 8798f277 decides PackGQA before the split count and its decode tile reads it (flash_api.cpp@8798f277 589, 944)
-    pre_pack = fa3_builds.build(inp.build).pack_gqa_is_split and get_pack_gqa(inp, 0, masking, tma)
+    pre_pack = bool(fa3_builds.build(inp.build).pack_gqa_is_split and get_pack_gqa(inp, 0, masking, tma))  # @8798f277 589
     bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=inp.paged and not tma, pack_gqa=pre_pack)
     qhpk = c_div(inp.num_heads, inp.num_heads_k)
     m_blocks = c_ceil_div(to_int32(inp.seqlen_q * qhpk), bm)
@@ -499,10 +490,6 @@ def get_pack_gqa(inp: ScheduleInputs, num_splits: int, masking: Masking, tma: bo
     if inp.num_heads == inp.num_heads_k:
         return False
     d_r, dv_r = rounded_headdims(inp.headdim, inp.headdim_v)
-    if fa3_builds.build(inp.build).one_mma_wg == "packgqa-d128":   # flash_api.cpp@8798f277 420: 8 arguments
-        bm, _ = fa3_builds.tile_size_fwd_sm90_build(inp.build, d_r, dv_r, masking.is_causal, masking.is_local,
-                                                    inp.element_size, inp.paged and not tma, inp.has_softcap)
-        return should_pack_gqa(inp.varlen_q, inp.seqlen_q, inp.num_heads // inp.num_heads_k, bm)
     bm, _ = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=inp.paged and not tma)
     return should_pack_gqa(inp.varlen_q, inp.seqlen_q, inp.num_heads // inp.num_heads_k, bm)
 

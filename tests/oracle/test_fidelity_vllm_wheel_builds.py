@@ -278,3 +278,19 @@ def test_the_0_8_5_build_keeps_the_split_vector_whatever_num_splits_is_passed():
     call = resolve_schedule(call_inputs(256, 1, 4096, 32, 8, 128, varlen_q=True, num_splits=1, total_q=256,
                                         build=VLLM_FORK_8798F277))
     assert call.metadata_size == 257
+
+
+def test_the_0_8_5_builds_tma_choice_uses_no_decode_tile():
+    # get_pagedkv_tma@8798f277 397 calls tile_size_fwd_sm90 without the decode-tile argument: 128 x 176 here, so 80
+    # packed rows (10 x h/h_k 8) do not exceed kBlockM and a page of 176 keeps TMA off
+    from refmodel.fa3_scheduler import Masking, ScheduleInputs, pagedkv_tma
+
+    masking = Masking(is_causal=False, is_local=False, window_left=-1, window_right=-1)
+    inp = ScheduleInputs(batch_size=1, seqlen_q=10, seqlen_k=4096, num_heads=8, num_heads_k=1, headdim=128,
+                         headdim_v=128, page_size=176, precompute=False, build=VLLM_FORK_8798F277)
+    assert pagedkv_tma(inp, masking, 128, 128) is False
+    # negative control: with the decode tile (64 x 176) the same rows would exceed kBlockM and take TMA
+    assert fa3_builds.tile_size_fwd_sm90_build(VLLM_FORK_8798F277, 128, 128, False, False, 2, False,
+                                               one_mma_wg=True) == (64, 176)
+    assert fa3_builds.decode_tile(VLLM_FORK_8798F277, 90, 128, False, 10, 8, pack_gqa=False) is True
+    assert fa3_builds.decode_tile(VLLM_FORK_8798F277, 90, 128, False, 10, 8, pack_gqa=None) is False
