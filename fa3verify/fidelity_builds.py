@@ -105,12 +105,16 @@ def _wheel_model(build_name: str) -> dict:
         return fa3_builds.tile_size_fwd_sm90_build(build_name, d, dv, bool(c), bool(l), e, bool(pg), bool(sc),
                                                    bool(vc), bool(wg))
 
+    # the wheel is called with params.pack_gqa 0; 8798f277's get_num_splits reads it (its decode-tile predicate)
+    reads_pack_gqa = fa3_builds.build(build_name).one_mma_wg == "packgqa-d128"
+
     def splits(b, sq, tq, sk, h, hk, d, dv, causal, local, varlen, paged, tma):
         masking = Masking(is_causal=bool(causal), is_local=bool(local), window_left=1000 if local else -1,
                           window_right=0 if (causal or local) else -1)
         inp = ScheduleInputs(batch_size=b, seqlen_q=sq, seqlen_k=sk, num_heads=h, num_heads_k=hk, headdim=d,
                              headdim_v=dv, page_size=1 if paged else None, uses_prepare=bool(varlen),
-                             precompute=False, num_sm=132, arch=90, build=build_name, total_q=tq)
+                             precompute=False, num_sm=132, arch=90, build=build_name, total_q=tq,
+                             pack_gqa=False if reads_pack_gqa else None)
         return get_num_splits_resolved(inp, masking, tma=bool(tma) if paged else False)
 
     def pack(sq, h, hk, d, causal, local, varlen, num_splits, paged, tma):

@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from refmodel.fa3_builds import UPSTREAM, check_build_name, fork_host_rules
+from refmodel.fa3_builds import UPSTREAM, check_build_name, fork_static_seqlen_k
 from refmodel.fa3_scheduler import Schedule, call_inputs, precompute_inputs, resolve_schedule
 
 from .kernels.base import CallShape, schedule_dtype
@@ -575,7 +575,7 @@ def record_varlen_call(*args, num_sm: int = DEFAULT_NUM_SM, arch: int = DEFAULT_
     call's static seqlen_k is ``max_seqlen_k`` (``mha_fwd`` with ``cu_seqlens_k``; varlen K itself is not modelled).
     Under the vLLM fork's builds the call's seqlen_k is ``max_seqlen_k`` whenever it is passed, block table or not
     (vllm-project/flash-attention@617264c1 hopper/flash_api.cpp 835, @a8937124 774; vLLM's wrapper always passes
-    it; refmodel.fa3_builds ``fork_host_rules``).
+    it; refmodel.fa3_builds ``fork_static_seqlen_k``).
     """
     if len(args) > len(VARLEN_POSITIONAL):
         raise TypeError(f"flash_attn_varlen_func: record takes at most {len(VARLEN_POSITIONAL)} positional "
@@ -592,7 +592,7 @@ def record_varlen_call(*args, num_sm: int = DEFAULT_NUM_SM, arch: int = DEFAULT_
     return _record("flash_attn_varlen_func", a["q"], a["k"], a["v"], cache_seqlens=a.get("seqused_k"),
                    cache_leftpad=None, page_table=block_table, cu_seqlens_q=a["cu_seqlens_q"],
                    max_seqlen_q=a["max_seqlen_q"],
-                   seqlen_k_static=(a["max_seqlen_k"] if block_table is None or (fork_host_rules(build) and
+                   seqlen_k_static=(a["max_seqlen_k"] if block_table is None or (fork_static_seqlen_k(build) and
                                                                               a["max_seqlen_k"] is not None) else None),
                    seqlen_k_new=0, causal=a.get("causal", False), window_size=a.get("window_size"),
                    attention_chunk=0, softcap=a.get("softcap", 0.0), scheduler_metadata=a.get("scheduler_metadata"),

@@ -60,7 +60,8 @@ __all__ = ["UPSTREAM", "VLLM_FORK", "SGLANG_KERNEL_042", "SGLANG_KERNEL_045", "B
            "fork_packgqa_override", "fork_packgqa",
            "fork_metadata_vectors", "fork_uses_dynamic_split", "engine_sources_markdown", "check_build_name",
            "MAX_BATCHES_1CTA", "DATA", "TILE_DATA", "fork_host_rules", "metadata_layout_kind",
-           "VLLM_FORK_2D3B7508", "VLLM_FORK_A8937124", "VLLM_FORK_1C81743F", "legacy_uses_dynamic_split"]
+           "VLLM_FORK_2D3B7508", "VLLM_FORK_A8937124", "VLLM_FORK_1C81743F", "legacy_uses_dynamic_split",
+           "VLLM_FORK_8798F277", "fork_static_seqlen_k", "decode_tile"]
 
 UPSTREAM = "upstream-0251105a"
 VLLM_FORK = "vllm-fork-617264c1"
@@ -73,6 +74,9 @@ SGLANG_KERNEL_045 = "sglang-kernel-0.4.5"
 VLLM_FORK_2D3B7508 = "vllm-fork-2d3b7508"
 VLLM_FORK_A8937124 = "vllm-fork-a8937124"
 VLLM_FORK_1C81743F = "vllm-fork-1c81743f"
+#: The fork build vLLM 0.8.5-0.10.0 ship (read from their wheels; the commit 0.8.5 pins, host files unchanged to
+#: b99f8c82^): the decode tile at d 128 only, chosen with PackGQA, PackGQA set to Split after the split count.
+VLLM_FORK_8798F277 = "vllm-fork-8798f277"
 DATA = Path(__file__).with_name("fa3_builds.json")
 #: Each build's sm90 tile table, as ordered rules (read by ``tile_size_fwd_sm90_build``).
 TILE_DATA = Path(__file__).with_name("tile_size_sm90.json")
@@ -104,6 +108,12 @@ class Build:
     metadata_layout: str = "upstream"
     #: compiled with FLASHATTENTION_PACKGQA_ONLY: PackGQA also whenever d == dv (flash_api.cpp@617264c1 674, 1065)
     packgqa_only: bool = False
+    #: "semaphore-splits" only: the precompute's split vector also needs a num_splits argument other than 1
+    #: (@a8937124 624); False for 8798f277, which keeps it for any b <= 992 (flash_api.cpp@8798f277 584)
+    split_vector_tests_num_splits: bool = True
+    #: pack_gqa = num_splits > 1 after the split count, replacing the heuristic and the argument
+    #: (flash_api.cpp@8798f277 592, 947); the older fork builds OR them instead
+    pack_gqa_is_split: bool = False
 
 
 @functools.lru_cache(maxsize=1)
@@ -124,7 +134,9 @@ def _builds() -> dict:
                         compile_definitions=tuple(b["compile_definitions"]), note=b.get("note", ""),
                         one_mma_wg=b.get("one_mma_wg"), varlen_total_q_bound=bool(b.get("varlen_total_q_bound")),
                         host_rules=b.get("host_rules"), metadata_layout=b.get("metadata_layout", "upstream"),
-                        packgqa_only=bool(b.get("packgqa_only")))
+                        packgqa_only=bool(b.get("packgqa_only")),
+                        split_vector_tests_num_splits=bool(b.get("split_vector_tests_num_splits", True)),
+                        pack_gqa_is_split=bool(b.get("pack_gqa_is_split")))
             for name, b in _data()["builds"].items()}
 
 
@@ -133,6 +145,12 @@ def fork_host_rules(build_name: str) -> bool:
     builds read from vLLM 0.10.1-0.18.1's wheels (flash_api.cpp@a8937124 427, 443-446, 774; @617264c1 466, 485-488,
     835)."""
     return build(build_name).host_rules == "fork"
+
+
+def fork_static_seqlen_k(build_name: str) -> bool:
+    """The call's static seqlen_k is ``max_seqlen_k`` when given, paged or not: every fork build (host_rules "fork",
+    and 8798f277's "fork-static-seqlen-k", flash_api.cpp@8798f277 730, which has none of the fork's other deltas)."""
+    return build(build_name).host_rules in ("fork", "fork-static-seqlen-k")
 
 
 def metadata_layout_kind(build_name: str) -> str:
@@ -170,7 +188,8 @@ def build_for_engine(engine: str, release: str) -> str:
     raise ValueError(f"engine: no FA3 source recorded for {engine}=={release} (refmodel/fa3_builds.json)")
 
 
-def use_one_mma_wg(build_name: str, arch: int, headdim: int, is_local: bool, seqlen_q: int, qhpk: int) -> bool:
+def use_one_mma_wg(build_name: str, arch: int, headdim: int, is_local: bool, seqlen_q: int, qhpk: int,
+                   pack_gqa: bool = False) -> bool:
     """The build's decode tile choice: sm90+, d 64 or 128 (unrounded), seqlen_q * h/h_k <= 64, and for the fork not local.
 
     The fork: vllm-project/flash-attention@617264c1 hopper/heuristics.h 10-14. The sglang kernel wheels (0.4.2 to
@@ -181,9 +200,24 @@ def use_one_mma_wg(build_name: str, arch: int, headdim: int, is_local: bool, seq
     kind = build(build_name).one_mma_wg
     if kind is None:
         return False
+    if kind == "packgqa-d128":
+        # heuristics.h@8798f277 10-13: params.d == 128 only, and the rows counted with h / h_k only under PackGQA
+        return int(arch) >= 90 and int(headdim) == 128 and \
+            to_int32(int(seqlen_q) * (int(qhpk) if pack_gqa else 1)) <= 64
     if kind == "fork" and is_local:
         return False
     return int(arch) >= 90 and int(headdim) in (64, 128) and to_int32(int(seqlen_q) * int(qhpk)) <= 64
+
+
+def decode_tile(build_name: str, arch: int, headdim: int, is_local: bool, seqlen_q: int, qhpk: int,
+                pack_gqa: Optional[bool] = None) -> bool:
+    """``use_one_mma_wg`` where the build's tile call passes it. ``pack_gqa``: ``params.pack_gqa`` where 8798f277's
+    predicate reads it; None where its tile call has no decode-tile argument (get_pack_gqa, get_pagedkv_tma:
+    flash_api.cpp@8798f277 397, 420), which is no decode tile. The other builds ignore it."""
+    if build(build_name).one_mma_wg != "packgqa-d128":
+        return use_one_mma_wg(build_name, arch, headdim, is_local, seqlen_q, qhpk)
+    return pack_gqa is not None and use_one_mma_wg(build_name, arch, headdim, is_local, seqlen_q, qhpk,
+                                                   pack_gqa=pack_gqa)
 
 
 @functools.lru_cache(maxsize=1)
@@ -248,10 +282,13 @@ def fork_uses_dynamic_split(uses_prepare: bool, batch_size: int, num_splits: int
     return bool(uses_prepare) and int(batch_size) <= MAX_BATCHES_1CTA and int(num_splits) > 1
 
 
-def legacy_uses_dynamic_split(precompute: bool, uses_prepare: bool, batch_size: int, num_splits_arg: int) -> bool:
+def legacy_uses_dynamic_split(precompute: bool, uses_prepare: bool, batch_size: int, num_splits_arg: int,
+                              build_name: Optional[str] = None) -> bool:
     """The fork before 5824e6e2 keeps a dynamic split vector when b <= 992 and the caller did not pass num_splits 1
     (the argument, not the split count chosen), the call only when varlen (flash_api.cpp@a8937124 624, 994)."""
-    return (bool(precompute) or bool(uses_prepare)) and int(batch_size) <= MAX_BATCHES_1CTA and int(num_splits_arg) != 1
+    tests_arg = build_name is None or build(build_name).split_vector_tests_num_splits
+    return (bool(precompute) or bool(uses_prepare)) and int(batch_size) <= MAX_BATCHES_1CTA and \
+        (int(num_splits_arg) != 1 or not tests_arg)
 
 
 def fork_metadata_vectors(uses_prepare: bool, batch_size: int, num_splits: int, swizzle: bool) -> int:

@@ -341,7 +341,7 @@ class Schedule:
         """The older fork's split vector (fa3_builds ``legacy_uses_dynamic_split``); False for other layouts."""
         return fa3_builds.metadata_layout_kind(self.inputs.build) == "semaphore-splits" and \
             fa3_builds.legacy_uses_dynamic_split(self.inputs.precompute, self.inputs.uses_prepare,
-                                                 self.inputs.batch_size, self.inputs.num_splits)
+                                                 self.inputs.batch_size, self.inputs.num_splits, self.inputs.build)
 
     @property
     def qhead_per_khead(self) -> int:
@@ -353,18 +353,18 @@ class Schedule:
         return self.inputs.num_heads_k if self.pack_gqa else self.inputs.num_heads
 
 
-def one_mma_wg(inp: ScheduleInputs, masking: Masking) -> bool:
-    """The build's decode tile choice (refmodel.fa3_builds ``use_one_mma_wg``; always False upstream)."""
-    return fa3_builds.use_one_mma_wg(inp.build, inp.arch, inp.headdim, masking.is_local, inp.seqlen_q,
-                                     c_div(inp.num_heads, inp.num_heads_k))
+def one_mma_wg(inp: ScheduleInputs, masking: Masking, pack_gqa: Optional[bool] = None) -> bool:
+    """The build's decode tile choice (refmodel.fa3_builds ``decode_tile``; ``pack_gqa`` read by 8798f277 only)."""
+    return fa3_builds.decode_tile(inp.build, inp.arch, inp.headdim, masking.is_local, inp.seqlen_q,
+                                  c_div(inp.num_heads, inp.num_heads_k), pack_gqa)
 
 
 def build_tile(inp: ScheduleInputs, masking: Masking, headdim: int, headdim_v: int,
-               paged_kv_non_tma: bool) -> tuple[int, int]:
+               paged_kv_non_tma: bool, pack_gqa: Optional[bool] = None) -> tuple[int, int]:
     """(kBlockM, kBlockN) under the inputs' build: that build's table (refmodel.fa3_builds ``tile_size_fwd_sm90_build``)."""
     return fa3_builds.tile_size_fwd_sm90_build(inp.build, headdim, headdim_v, masking.is_causal, masking.is_local,
                                                inp.element_size, paged_kv_non_tma, softcap=inp.has_softcap,
-                                               one_mma_wg=one_mma_wg(inp, masking))
+                                               one_mma_wg=one_mma_wg(inp, masking, pack_gqa))
 
 
 def pagedkv_tma(inp: ScheduleInputs, masking: Masking, d_rounded: int, dv_rounded: int) -> bool:
@@ -435,7 +435,8 @@ def _split_tiles(inp: ScheduleInputs, masking: Masking, tma: Optional[bool] = No
     d_r, dv_r = rounded_headdims(inp.headdim, inp.headdim_v)
     if tma is None:
         tma = pagedkv_tma(inp, masking, d_r, dv_r)
-    bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=inp.paged and not tma)
+    pre_pack = bool(fa3_builds.build(inp.build).pack_gqa_is_split and get_pack_gqa(inp, 0, masking, tma))  # @8798f277 589
+    bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=inp.paged and not tma, pack_gqa=pre_pack)
     qhpk = c_div(inp.num_heads, inp.num_heads_k)
     m_blocks = c_ceil_div(to_int32(inp.seqlen_q * qhpk), bm)
     if inp.uses_prepare and fa3_builds.build(inp.build).varlen_total_q_bound:
@@ -447,7 +448,8 @@ def _split_tiles(inp: ScheduleInputs, masking: Masking, tma: Optional[bool] = No
         total_mblocks = to_int32(c_ceil_div(to_int32(rows * qhpk), bm) * inp.num_heads_k)
     else:
         one = inp.uses_prepare if fa3_builds.metadata_layout_kind(inp.build) != "semaphore-splits" else \
-            fa3_builds.legacy_uses_dynamic_split(inp.precompute, inp.uses_prepare, inp.batch_size, inp.num_splits)
+            fa3_builds.legacy_uses_dynamic_split(inp.precompute, inp.uses_prepare, inp.batch_size, inp.num_splits,
+                                                 inp.build)
         total_mblocks = to_int32((1 if one else inp.batch_size) * inp.num_heads_k * m_blocks)
     return bm, bn, m_blocks, total_mblocks
 
@@ -524,11 +526,13 @@ def resolve_schedule(inp: ScheduleInputs) -> Schedule:
         pack = fa3_builds.fork_packgqa(pack, num_splits, inp.headdim, inp.headdim_v)
         if not inp.precompute and inp.uses_prepare and inp.batch_size > PREPARE_MAX_BATCH_ONE_CTA:
             num_splits = 1   # the fork's call: no split for a varlen batch over 992 (flash_api.cpp 1070)
+    elif fa3_builds.build(inp.build).pack_gqa_is_split:
+        pack = num_splits > 1   # replaced by Split (flash_api.cpp@8798f277 592, 947)
     elif layout == "semaphore-splits":
         pack = bool(pack) or num_splits > 1   # OR-ed with Split only (flash_api.cpp@a8937124 631, 1003)
-    bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=non_tma)
+    bm, bn = build_tile(inp, masking, d_r, dv_r, paged_kv_non_tma=non_tma, pack_gqa=pack)
     kd, kdv = kernel_headdims(inp.headdim, inp.headdim_v, inp.element_size)
-    kbm, kbn = build_tile(inp, masking, kd, kdv, paged_kv_non_tma=non_tma)
+    kbm, kbn = build_tile(inp, masking, kd, kdv, paged_kv_non_tma=non_tma, pack_gqa=pack)
     needs_sem = scheduler_needs_semaphore(inp.arch, inp.precompute, masking.is_causal, masking.is_local, num_splits,
                                           inp.uses_prepare)
     kernel_pack = pack or forced_pack_gqa(inp.arch, non_tma, num_splits)

@@ -55,9 +55,12 @@ def spec_verdicts(plan: TilePlan) -> list[Violation]:
     from spec import invariants
 
     decoded, schedule, shape = plan.decoded, plan.schedule, plan.shape
-    b4 = decoded.layout.b4
-    stub_schedule = dataclasses.replace(schedule, inputs=dataclasses.replace(schedule.inputs, batch_size=b4))
-    stub_result = PrepareResult(num_splits=list(decoded.num_splits), num_m_blocks=list(decoded.num_m_blocks),
+    # the stub's tensor must have the call's size: b4 slots per vector, except the semaphore-and-splits layout of
+    # the older fork builds, whose split vector has b slots (a stub of b4 would fail spec's SHAPE check and hide
+    # every violation)
+    n = schedule.inputs.batch_size if decoded.layout.legacy else decoded.layout.b4
+    stub_schedule = dataclasses.replace(schedule, inputs=dataclasses.replace(schedule.inputs, batch_size=n))
+    stub_result = PrepareResult(num_splits=list(decoded.num_splits)[:n], num_m_blocks=list(decoded.num_m_blocks)[:n],
                                 batch_idx=None if decoded.batch_idx is None else list(decoded.batch_idx),
                                 nheads_in_l2=None if decoded.nheads_in_l2 is None else list(decoded.nheads_in_l2),
                                 blocks_per_sm=None,

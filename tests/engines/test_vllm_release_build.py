@@ -17,7 +17,9 @@ from gpu_impl.engines.vllm.host import release_fa3_build
     ("0.10.1", "vllm-fork-2d3b7508"), ("0.11.0", "vllm-fork-2d3b7508"), ("0.11.1", "vllm-fork-a8937124"),
     ("0.16.0", "vllm-fork-a8937124"), ("0.17.0", "vllm-fork-1c81743f"), ("0.18.1", "vllm-fork-1c81743f"),
     ("0.19.0", "vllm-fork-617264c1"), ("0.33.0", "vllm-fork-617264c1"),
-    ("0.9.2", VLLM_BUILD),   # no FA3 source recorded: the build modelled for 0.33.0
+    ("0.8.5", "vllm-fork-8798f277"), ("0.9.2", "vllm-fork-8798f277"), ("0.10.0", "vllm-fork-8798f277"),
+    ("0.9.0.1", "vllm-fork-8798f277"),
+    ("0.7.3", VLLM_BUILD),   # no FA3 source recorded: the build modelled for 0.33.0
 ])
 def test_each_release_is_judged_under_the_build_its_wheel_ships(release, build):
     assert release_fa3_build(release) == build

@@ -11,15 +11,15 @@ import pytest
 
 from refmodel import call_inputs, precompute_inputs, resolve_schedule
 from refmodel.fa3_builds import (SGLANG_KERNEL_042, SGLANG_KERNEL_045, UPSTREAM, VLLM_FORK, VLLM_FORK_1C81743F,
-                                 VLLM_FORK_2D3B7508, VLLM_FORK_A8937124, build, build_for_engine,
+                                 VLLM_FORK_2D3B7508, VLLM_FORK_8798F277, VLLM_FORK_A8937124, build, build_for_engine,
                                  builds, engine_sources, fork_metadata_vectors, tile_size_fwd_sm90_vllm_fork,
                                  use_one_mma_wg)
 
 
 def test_builds_are_named_with_their_source_commit():
     assert set(builds()) == {UPSTREAM, VLLM_FORK, SGLANG_KERNEL_042, SGLANG_KERNEL_045, VLLM_FORK_2D3B7508,
-                             VLLM_FORK_A8937124, VLLM_FORK_1C81743F}
-    for name in (VLLM_FORK_2D3B7508, VLLM_FORK_A8937124, VLLM_FORK_1C81743F):
+                             VLLM_FORK_A8937124, VLLM_FORK_1C81743F, VLLM_FORK_8798F277}
+    for name in (VLLM_FORK_2D3B7508, VLLM_FORK_A8937124, VLLM_FORK_1C81743F, VLLM_FORK_8798F277):
         assert build(name).commit.startswith(name.rsplit("-", 1)[1])
         assert build(name).repo == "vllm-project/flash-attention"
     assert build(UPSTREAM).commit.startswith("0251105a") and build(UPSTREAM).repo == "Dao-AILab/flash-attention"

@@ -115,7 +115,7 @@ def test_build_names_and_the_refusal_message():
         build("nope")
     assert str(info.value) == ("build: must be one of sglang-kernel-0.4.2, sglang-kernel-0.4.5, "
                                f"{UPSTREAM}, vllm-fork-1c81743f, vllm-fork-2d3b7508, {VLLM_FORK}, "
-                               "vllm-fork-a8937124, got 'nope'")
+                               "vllm-fork-8798f277, vllm-fork-a8937124, got 'nope'")
     with pytest.raises(ValueError):
         check_build_name("nope")
 

@@ -10,7 +10,8 @@ import pytest
 
 from fa3verify.fidelity_builds import compare_wheel_build, load_vectors, wheel_builds
 from refmodel import call_inputs, fa3_builds, precompute_inputs, resolve_schedule
-from refmodel.fa3_builds import (VLLM_FORK, VLLM_FORK_1C81743F, VLLM_FORK_2D3B7508, VLLM_FORK_A8937124, build,
+from refmodel.fa3_builds import (VLLM_FORK, VLLM_FORK_1C81743F, VLLM_FORK_2D3B7508, VLLM_FORK_8798F277,
+                                 VLLM_FORK_A8937124, build,
                                  build_for_engine, engine_sources, fork_host_rules, legacy_uses_dynamic_split,
                                  metadata_layout_kind, use_one_mma_wg)
 from refmodel.metadata_layout import UNWRITTEN, MetadataLayout, decode_values_for_schedule, encode_metadata_values
@@ -200,3 +201,96 @@ def test_a_non_varlen_call_of_the_older_builds_has_no_split_vector():
     # the same call varlen (cache_seqlens given) with num_splits 0 keeps it: the semaphore and 4 split counts
     call = resolve_schedule(call_inputs(4, 8, 4096, 8, 1, 128, causal=True, build=VLLM_FORK_A8937124))
     assert (call.legacy_dynamic_split, call.metadata_size) == (True, 5)
+
+
+# -- vLLM 0.8.5 .. 0.10.0: vllm-fork-8798f277 (the fork commit 0.8.5 pins; host files unchanged to b99f8c82^) --
+
+EARLY_RELEASES = ["0.8.5", "0.8.5.post1", "0.9.0", "0.9.0.1", "0.9.1", "0.9.2", "0.10.0"]
+
+
+def test_vllm_0_8_5_to_0_10_0_map_to_the_build_read_from_their_own_wheels():
+    same = {w["version"]: w for w in load_vectors(VLLM_FORK_8798F277)["same_vectors_from"]}
+    assert sorted(same) == sorted(EARLY_RELEASES)
+    # four distinct libraries (0.8.5 = 0.8.5.post1, 0.9.0 = 0.9.0.1 = 0.9.1), one set of vectors
+    assert len({w["library_sha256"] for w in same.values()}) == 4
+    rows = {r["release"]: r for r in engine_sources() if r["engine"] == "vllm"}
+    for v in EARLY_RELEASES:
+        if v in rows:                       # 0.9.0.1 shares 0.9.0's engine row
+            assert build_for_engine("vllm", v) == VLLM_FORK_8798F277
+            assert rows[v]["wheel"]["sha256"] == same[v]["sha256"] and rows[v]["verified"] is True
+    assert not [r for r in engine_sources() if "not derived" in str(r)]
+
+
+def test_refmodel_matches_the_vllm_0_8_5_wheels_on_every_vector():
+    r = compare_wheel_build(VLLM_FORK_8798F277)
+    assert r["mismatches"] == {"tile": 0, "get_num_splits": 0, "get_pack_gqa": 0}, r["examples"]
+    assert r["compared"] == {"tile": 3840, "get_num_splits": 3024, "get_pack_gqa": 4320}
+
+
+def test_negative_control_other_builds_and_a_d64_decode_tile_mismatch_the_0_8_5_vectors(monkeypatch):
+    vectors = load_vectors(VLLM_FORK_8798F277)
+    assert compare_wheel_build(VLLM_FORK_2D3B7508, vectors=vectors)["mismatches"] == \
+        {"tile": 176, "get_num_splits": 673, "get_pack_gqa": 0}
+    assert compare_wheel_build("upstream-0251105a", vectors=vectors)["mismatches"] == \
+        {"tile": 288, "get_num_splits": 389, "get_pack_gqa": 0}
+    # the later forks' predicate (d 64 too, rows counted with h / h_k whatever pack_gqa): get_num_splits mismatches
+    real = fa3_builds.use_one_mma_wg
+
+    def later_predicate(build_name, arch, headdim, is_local, seqlen_q, qhpk, pack_gqa=False):
+        return real(VLLM_FORK_2D3B7508, arch, headdim, is_local, seqlen_q, qhpk)
+
+    monkeypatch.setattr(fa3_builds, "use_one_mma_wg", later_predicate)
+    assert compare_wheel_build(VLLM_FORK_8798F277)["mismatches"]["get_num_splits"] > 0
+
+
+@pytest.mark.parametrize("d, sq, qhpk, pack, expected", [
+    (128, 1, 8, True, True), (128, 8, 8, True, True), (128, 9, 8, True, False),   # 72 rows under PackGQA
+    (128, 9, 8, False, True), (128, 64, 8, False, True), (128, 65, 1, False, False),
+    (64, 1, 8, True, False),                                                       # d == 128 only
+])
+def test_the_0_8_5_decode_tile_predicate_counts_rows_with_h_over_h_k_only_under_packgqa(d, sq, qhpk, pack, expected):
+    # heuristics.h@8798f277 10-13: arch >= 90 && d == 128 && seqlen_q * (!pack_gqa ? 1 : h / h_k) <= 64, no local test
+    assert use_one_mma_wg(VLLM_FORK_8798F277, 90, d, True, sq, qhpk, pack_gqa=pack) is expected
+
+
+def test_the_0_8_5_build_replaces_packgqa_by_split_and_the_kernel_tile_follows():
+    # flash_api.cpp@8798f277 589-592: get_pack_gqa (varlen: True) feeds get_num_splits, then pack_gqa = splits > 1
+    one = resolve_schedule(precompute_inputs(4, 16, 512, 32, 4, 128, varlen_q=True, build=VLLM_FORK_8798F277))
+    assert one.num_splits == 1 and one.pack_gqa is False
+    # the split count read the tile with PackGQA (16 * 8 rows > 64: 128 rows), the kernel without (16 rows: 64)
+    assert one.block_m == 64 and one.kernel_block_m == 64
+    older = resolve_schedule(precompute_inputs(4, 16, 512, 32, 4, 128, varlen_q=True, build=VLLM_FORK_A8937124))
+    assert older.pack_gqa is True                  # negative control: the older forks OR PackGQA with Split
+    many = resolve_schedule(precompute_inputs(1, 1, 32768, 8, 1, 128, varlen_q=True, build=VLLM_FORK_8798F277))
+    assert many.num_splits > 1 and many.pack_gqa is True
+
+
+def test_the_0_8_5_build_keeps_the_split_vector_whatever_num_splits_is_passed():
+    # flash_api.cpp@8798f277 584, 605: b <= 992 alone decides at the precompute; 257 int32 for 256 rows, the size of
+    # 0.9.1 .. 0.10.0's full-graph buffer (max_num_seqs + 1)
+    for arg in (0, 1, 32):
+        pre = resolve_schedule(precompute_inputs(256, 1, 4096, 32, 8, 128, num_splits=arg, build=VLLM_FORK_8798F277))
+        assert pre.legacy_dynamic_split and pre.metadata_size == 257
+    # negative control: a8937124 drops it when num_splits 1 is passed (@a8937124 624)
+    assert resolve_schedule(precompute_inputs(256, 1, 4096, 32, 8, 128, num_splits=1,
+                                              build=VLLM_FORK_A8937124)).metadata_size == 1
+    assert resolve_schedule(precompute_inputs(993, 1, 4096, 32, 8, 128, build=VLLM_FORK_8798F277)).metadata_size == 1
+    call = resolve_schedule(call_inputs(256, 1, 4096, 32, 8, 128, varlen_q=True, num_splits=1, total_q=256,
+                                        build=VLLM_FORK_8798F277))
+    assert call.metadata_size == 257
+
+
+def test_the_0_8_5_builds_tma_choice_uses_no_decode_tile():
+    # get_pagedkv_tma@8798f277 397 calls tile_size_fwd_sm90 without the decode-tile argument: 128 x 176 here, so 80
+    # packed rows (10 x h/h_k 8) do not exceed kBlockM and a page of 176 keeps TMA off
+    from refmodel.fa3_scheduler import Masking, ScheduleInputs, pagedkv_tma
+
+    masking = Masking(is_causal=False, is_local=False, window_left=-1, window_right=-1)
+    inp = ScheduleInputs(batch_size=1, seqlen_q=10, seqlen_k=4096, num_heads=8, num_heads_k=1, headdim=128,
+                         headdim_v=128, page_size=176, precompute=False, build=VLLM_FORK_8798F277)
+    assert pagedkv_tma(inp, masking, 128, 128) is False
+    # negative control: with the decode tile (64 x 176) the same rows would exceed kBlockM and take TMA
+    assert fa3_builds.tile_size_fwd_sm90_build(VLLM_FORK_8798F277, 128, 128, False, False, 2, False,
+                                               one_mma_wg=True) == (64, 176)
+    assert fa3_builds.decode_tile(VLLM_FORK_8798F277, 90, 128, False, 10, 8, pack_gqa=False) is True
+    assert fa3_builds.decode_tile(VLLM_FORK_8798F277, 90, 128, False, 10, 8, pack_gqa=None) is False

@@ -35,6 +35,8 @@ it models upstream's kernel, so a numerics run is judged under upstream's build 
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 import sys
 import time
@@ -282,12 +284,21 @@ class Config:
                 self.layers[layer.layer_name] = layer
             kv_dtype = torch.uint8 if s["kv_cache_dtype"] == "fp8" else dtype
             w0 = windows[0]
+            # 0.10.1 .. 0.10.2's AttentionSpec has a required use_mla field (no MLA is driven here)
+            mla = {"use_mla": False} if "use_mla" in {f.name for f in dataclasses.fields(FullAttentionSpec)} else {}
             if w0 is not None and len(set(windows)) == 1:
                 spec = SlidingWindowSpec(block_size=s["block_size"], num_kv_heads=self.hk, head_size=s["head_dim"],
-                                         dtype=kv_dtype, sliding_window=w0, **v_size)
+                                         dtype=kv_dtype, sliding_window=w0, **v_size, **mla)
             else:
                 spec = FullAttentionSpec(block_size=s["block_size"], num_kv_heads=self.hk, head_size=s["head_dim"],
-                                         dtype=kv_dtype, **v_size)
+                                         dtype=kv_dtype, **v_size, **mla)
+            impl = next(iter(self.layers.values())).impl
+            if s["kv_cache_dtype"] == "fp8" and not getattr(impl, "supports_quant_query_input", getattr(
+                    self.backend, "supports_quant_query_input", False)) and \
+                    "scaled_fp8_quant" in inspect.getsource(type(impl).forward):
+                # 0.10.1 .. 0.10.2 (as 0.8.5 .. 0.10.0): the impl quantizes the query itself with a compiled CUDA op
+                raise Unsupported(f"kv_cache_dtype: fp8 in this release's FlashAttentionImpl.forward quantizes the "
+                                  f"query with the compiled _C op scaled_fp8_quant (CUDA), not faked")
             try:
                 self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
             except AssertionError as exc:   # the release's own check of its layers (0.34.0: one num_heads per group)
@@ -298,7 +309,9 @@ class Config:
         get_shape = getattr(self.backend, "get_kv_cache_shape", None)
         if get_shape is not None and self.dv == s["head_dim"]:
             try:
-                shape = tuple(get_shape(1, s["block_size"], self.hk, s["head_dim"], s["kv_cache_dtype"]))
+                args = (1, s["block_size"], self.hk, s["head_dim"], s["kv_cache_dtype"])
+                # 0.10.1 .. 0.10.2 take no cache dtype (four parameters)
+                shape = tuple(get_shape(*args[:len(inspect.signature(get_shape).parameters)]))
             except NotImplementedError:
                 pass
         if numerics and shape != packed:

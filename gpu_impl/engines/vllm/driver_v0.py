@@ -21,8 +21,9 @@ tokens, ``max_query_len = N``, so the captured call carries those scalars (``max
 ``max_model_len``, the builder's split bound) and, at every replay, reads the persistent buffers as the replay's
 build left them (query starts, ``seq_lens``, block table, the builder's scheduler-metadata buffer). A batch above
 the largest capture size runs eagerly. Where the builder keeps a persistent metadata buffer of ``max_num_seqs + 1``
-int32 (0.9.1 .. 0.10.0), that is the layout of the FA3 build the wheel ships, which is not modelled: a full CUDA
-graph scenario stops with that reason (the run is inconclusive) rather than be judged under another layout. The capture batch's query starts are written as its one-token requests
+int32 (0.9.1 .. 0.10.0), that is the layout of the FA3 build the wheel ships (``vllm-fork-8798f277``: the semaphore
+and b split counts, read from the wheels); the replay is judged under it. Judged under a build with another layout
+(``FA3VERIFY_FA3_BUILD``), a full CUDA graph scenario stops with that reason (inconclusive) instead. The capture batch's query starts are written as its one-token requests
 (the runner leaves whatever its persistent buffer held; nothing the captured call's scalars depend on).
 """
 
@@ -50,6 +51,20 @@ STOOD_IN = (
 #: ``full_cuda_graph`` (0.9.1 on).
 MODES_V0 = ("none", "piecewise", "full")
 
+
+def _judging_build() -> str:
+    """The FA3 build this driver judges under (gpu_impl.engines.vllm.front ``release_build``)."""
+    from gpu_impl.engines.vllm.front import release_build
+
+    return release_build()
+
+
+def _semaphore_splits_layout() -> bool:
+    """Whether that build lays the metadata out as the semaphore and b split counts (refmodel.fa3_builds), the
+    layout of the FA3 vLLM 0.8.5 .. 0.10.0 ship (vllm-fork-8798f277) and of their max_num_seqs + 1 buffer."""
+    from refmodel.fa3_builds import metadata_layout_kind
+
+    return metadata_layout_kind(_judging_build()) == "semaphore-splits"
 
 def _call(fn, given: dict):
     """``fn`` called with the parameters its own signature names, taken from ``given``."""
@@ -185,13 +200,13 @@ class ConfigV0:
             except ValueError as exc:  # the release's own check (capture sizes above 992 under a full graph)
                 raise Unsupported(f"vLLM's metadata builder refuses this configuration: {exc}") from exc
         buffer = getattr(self.builder, "scheduler_metadata", None)
-        if s["cuda_graph"] == "full" and buffer is not None:
-            # the captured graph reads this buffer at the layout of the FA3 the wheel ships (at most batch + 1
-            # int32): judging a replay under the modelled build's longer layout would judge another kernel
+        if s["cuda_graph"] == "full" and buffer is not None and not _semaphore_splits_layout():
+            # the captured graph reads this buffer at the layout of the FA3 the wheel ships (the semaphore and
+            # batch split counts): judging a replay under a build with a longer layout would judge another kernel
             raise RuntimeError(
                 f"full CUDA graph: vLLM {release}'s builder copies the metadata into its persistent buffer of "
-                f"max_num_seqs + 1 = {buffer.numel()} int32, the layout of the FA3 build its wheel ships, which is not "
-                f"modelled (the modelled build lays out more): a replay cannot be judged")
+                f"max_num_seqs + 1 = {buffer.numel()} int32, the layout of the FA3 build its wheel ships, but the "
+                f"driver judges under {_judging_build()}, which lays out more: a replay cannot be judged")
         self.kv_cache = torch.zeros(self._kv_shape(), dtype=self.dtype)
         self.spec = spec
         self.max_blocks = self.block_table.max_num_blocks_per_req
@@ -260,6 +275,16 @@ class ConfigV0:
             try:
                 return _call(build, {**given, "common_prefix_len": 0, "common_attn_metadata": cam,
                                      "fast_build": False})
+            except AssertionError as exc:
+                # 0.9.1 .. 0.10.0's build asserts scheduler_metadata under a full CUDA graph, but computes none when
+                # the layers have more than one sliding-window configuration (it turns aot_schedule off): vLLM itself
+                # stops there, loudly, so the release does not run this configuration
+                if self.s["cuda_graph"] != "full" or getattr(self.builder, "aot_schedule", True):
+                    raise
+                raise Unsupported(
+                    f"cuda_graph: vLLM {self.release}'s FlashAttentionMetadataBuilder.build asserts a precomputed "
+                    f"scheduler_metadata under a full CUDA graph but precomputes none when the layers' sliding windows "
+                    f"differ (aot_schedule turned off): the release stops with an AssertionError") from exc
             except RuntimeError as exc:
                 buffer = getattr(self.builder, "scheduler_metadata", None)
                 if buffer is None or "must match" not in str(exc):

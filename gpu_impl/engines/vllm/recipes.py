@@ -41,6 +41,12 @@ _GGUF = ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "
 #: module named 'setproctitle'").
 _SETPROCTITLE = ("0.10.1", "0.10.2", "0.11.0")
 
+#: Releases whose model inspection (``vllm/model_executor/layers/fused_moe/config.py``, imported by every model
+#: module through ``model_loader``) imports ``compressed_tensors``: without it vLLM's own validation rejects every
+#: model ("Model architectures ... failed to be inspected"; the import in the release's environment: "No module
+#: named 'compressed_tensors'").
+_COMPRESSED_TENSORS = ("0.10.0", "0.10.1", "0.10.2")
+
 
 #: Per release: what its environment installs (hashed into the stamp, with the layout version and the release):
 #: ``light`` with dependencies (under the constraints), ``no_deps`` without. ``apache-tvm-ffi`` is xgrammar's
@@ -56,11 +62,11 @@ _RUNNER_BOUND = ("0.8.5", "0.8.5.post1", "0.9.0", "0.9.1", "0.9.2", "0.10.0")
 
 RECIPES = {
     **{release: _pinned_by_wheel("gguf", "setproctitle", "transformers<4.54",
-                                 # 0.10.0's model inspection imports it (fused_moe/config.py): found by its validation
-                                 *(("compressed-tensors",) if release == "0.10.0" else ()))
+                                 *(("compressed-tensors",) if release in _COMPRESSED_TENSORS else ()))
        for release in _RUNNER_BOUND},
     **{release: _pinned_by_wheel(*(("gguf",) if release in _GGUF else ()),
-                                 *(("setproctitle",) if release in _SETPROCTITLE else ())) for release in ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
+                                 *(("setproctitle",) if release in _SETPROCTITLE else ()),
+                                 *(("compressed-tensors",) if release in _COMPRESSED_TENSORS else ())) for release in ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
                                                    "0.19.1", "0.20.0", "0.20.2", "0.21.0", "0.22.1", "0.23.0",
                                                    "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0",
                                                    "0.30.0", "0.31.0", "0.32.0")},
