@@ -166,11 +166,12 @@ def test_each_build_record_is_its_json_row_field_by_field():
 def test_only_the_later_sglang_kernel_wheels_bound_a_varlen_split_by_total_q():
     # get_num_splits of sglang-kernel 0.4.5 .. 0.4.10 reads params.total_q (scripts/read_fa3_wheel.py's listing,
     # docs/fa3-builds.md); upstream 0251105a, the fork and sglang-kernel 0.4.2 .. 0.4.4 bound a varlen call by batch 1,
-    # and so do the fork builds of vLLM 0.10.1-0.18.1's wheels (their get_num_splits vectors,
+    # and so do the fork builds of vLLM 0.8.5-0.18.1's wheels (their get_num_splits vectors,
     # tests/oracle/test_fidelity_vllm_wheel_builds.py)
     assert {n: build(n).varlen_total_q_bound for n in fa3_builds.builds()} == {
         UPSTREAM: False, VLLM_FORK: False, SGLANG_KERNEL_042: False, SGLANG_KERNEL_045: True,
-        fa3_builds.VLLM_FORK_2D3B7508: False, fa3_builds.VLLM_FORK_A8937124: False, fa3_builds.VLLM_FORK_1C81743F: False}
+        fa3_builds.VLLM_FORK_2D3B7508: False, fa3_builds.VLLM_FORK_A8937124: False, fa3_builds.VLLM_FORK_1C81743F: False,
+        "vllm-fork-8798f277": False}
 
 
 def test_the_tile_lookup_defaults_to_two_mma_warp_groups():
