@@ -63,3 +63,17 @@ def test_paged_tma_reads_the_wrapped_int_product_of_seqlen_q_and_heads_per_kv_he
     assert int(sq * float(h)) % 2**32 == 128           # the same product in floating point rounds to 128
     s = resolve_schedule(call_inputs(1, sq, 4096, h, 1, 128, page_size=176))
     assert (s.block_m, s.block_n) == (128, 176) and s.pagedkv_tma
+
+
+def test_the_sglang_kernels_total_q_bound_counts_one_row_as_one_row():
+    # sglang-kernel 0.4.5's compiled get_num_splits: rows = params.total_q when > 0, else b * seqlen_q (read from the
+    # wheel, docs/fa3-builds.md). One sequence of one row under max_seqlen_q 64, h 32 / h_k 1, d 64: 1 row x 32 heads
+    # is one m-block per KV head, as a call of max_seqlen_q 1; 64 rows are 16 m-blocks, fewer splits
+    from refmodel.fa3_builds import SGLANG_KERNEL_045
+
+    def splits(sq, total_q):
+        return resolve_schedule(call_inputs(1, sq, 32768, 32, 1, 64, varlen_q=True, total_q=total_q,
+                                            build=SGLANG_KERNEL_045)).num_splits
+
+    assert splits(64, 1) == splits(1, 1) == 109
+    assert splits(64, None) == splits(64, 64) == 11   # total_q unknown (0): b * max_seqlen_q rows
