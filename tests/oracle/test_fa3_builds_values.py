@@ -170,7 +170,8 @@ def test_only_the_later_sglang_kernel_wheels_bound_a_varlen_split_by_total_q():
     # tests/oracle/test_fidelity_vllm_wheel_builds.py)
     assert {n: build(n).varlen_total_q_bound for n in fa3_builds.builds()} == {
         UPSTREAM: False, VLLM_FORK: False, SGLANG_KERNEL_042: False, SGLANG_KERNEL_045: True,
-        fa3_builds.VLLM_FORK_2D3B7508: False, fa3_builds.VLLM_FORK_A8937124: False, fa3_builds.VLLM_FORK_1C81743F: False}
+        fa3_builds.VLLM_FORK_2D3B7508: False, fa3_builds.VLLM_FORK_A8937124: False,
+        fa3_builds.VLLM_FORK_1C81743F: False}
 
 
 def test_the_tile_lookup_defaults_to_two_mma_warp_groups():
