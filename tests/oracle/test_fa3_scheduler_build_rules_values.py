@@ -77,3 +77,16 @@ def test_the_sglang_kernels_total_q_bound_counts_one_row_as_one_row():
 
     assert splits(64, 1) == splits(1, 1) == 109
     assert splits(64, None) == splits(64, 64) == 11   # total_q unknown (0): b * max_seqlen_q rows
+
+
+def test_get_num_splits_takes_the_paged_tma_choice_it_is_given():
+    # FA3's get_num_splits reads params.pagedkv_tma (the tile lookup's `page_table && !pagedkv_tma`), so a vector that
+    # sets it (a wheel's compiled function) decides the tile: page 16 is not a multiple of kBlockN, so the host itself
+    # chooses no TMA (kBlockN 128, 28 splits); given TMA, the same call takes the TMA tile and another split count
+    from refmodel.fa3_scheduler import get_num_splits_resolved
+
+    inp = call_inputs(2, 16, 4096, 16, 1, 128, page_size=16)
+    s = resolve_schedule(inp)
+    assert not s.pagedkv_tma and s.num_splits == 28
+    assert get_num_splits_resolved(inp, s.masking, False) == 28
+    assert get_num_splits_resolved(inp, s.masking, True) == 21
