@@ -402,3 +402,16 @@ def test_kv_cover_of_a_local_call_without_packgqa():
     got = [(v.detail["m_block"], v.detail["n_block_range"], v.detail["uncovered_blocks"])
            for v in check_kv_cover(P, R, C, {"seqused_k": [600], "seqlens_q": [600]}, range_fn=drop_last)]
     assert got == [(0, [0, 1], [0]), (1, [0, 2], [1]), (2, [1, 3], [2]), (3, [2, 4], [3]), (4, [3, 5], [4])]
+
+
+
+def test_the_older_fork_stores_no_heads_in_l2_and_a_swizzled_call_reads_none_of_it():
+    # the FA3 of vLLM 0.11.1-0.16.0 (flash_api.cpp@a8937124 1008-1028): the semaphore and b split counts only; a
+    # causal call runs the Swizzle path, but there is no heads-in-L2 vector to read, so nothing is named for it
+    from refmodel.fa3_builds import VLLM_FORK_A8937124
+    P, R = metadata_for(precompute_inputs(3, 2, 4096, 32, 8, 128, causal=True, num_splits=4, build=VLLM_FORK_A8937124),
+                        [4096, 10, 10], seqlens_q=[2, 2, 2])
+    C = resolve_schedule(call_inputs(3, 2, 4096, 32, 8, 128, varlen_q=True, total_q=6, causal=True, num_splits=4,
+                                     build=VLLM_FORK_A8937124))
+    assert C.swizzle and C.legacy_dynamic_split
+    assert check_batch_permutation(P, R, C, [4096, 10, 10]) == []

@@ -42,6 +42,7 @@ import sys
 import time
 
 from gpu_impl.engines.protocol import Unsupported, serve
+from gpu_impl.engines.vllm.layers import attention_layer, layer_heads
 from gpu_impl.engines.vllm.front import VLLM_BUILD, FrontFA3, ShapeOnlyFA3, seed_defect  # noqa: F401 - re-exported (tests, clients)
 
 _PROTOCOL_OUT = sys.stdout
@@ -266,20 +267,11 @@ class Config:
         v_size = {"head_size_v": self.dv} if self.dv != s["head_dim"] else {}
         with set_current_vllm_config(vc):
             for i, w in enumerate(windows):
-                # the seeded shared-precompute-heterogeneous-heads: the last layer has half the query heads
-                h = (max(self.hk, self.h // 2) if s["lifecycle_defect"] == "shared-precompute-heterogeneous-heads"
-                     and i == len(windows) - 1 else self.h)
-                impl = impl_class(num_heads=h, head_size=s["head_dim"],
-                                             scale=s["head_dim"] ** -0.5, num_kv_heads=self.hk, alibi_slopes=None,
-                                             sliding_window=w, kv_cache_dtype=s["kv_cache_dtype"],
-                                             logits_soft_cap=s["logits_soft_cap"] or None)
-                layer = Attention.__new__(Attention)
-                torch.nn.Module.__init__(layer)
-                layer.impl = impl
-                layer.layer_name = f"model.layers.{i}.self_attn.attn"
-                for name in ("_q_scale", "_k_scale", "_v_scale"):
-                    setattr(layer, name, torch.ones((), dtype=torch.float32))
-                    setattr(layer, name + "_float", 1.0)  # 0.34.0's impl reads the float mirror (_descale)
+                impl = impl_class(num_heads=layer_heads(s, i, len(windows), self.h, self.hk), head_size=s["head_dim"],
+                                  scale=s["head_dim"] ** -0.5, num_kv_heads=self.hk, alibi_slopes=None,
+                                  sliding_window=w, kv_cache_dtype=s["kv_cache_dtype"],
+                                  logits_soft_cap=s["logits_soft_cap"] or None)
+                layer = attention_layer(Attention, impl, i)
                 vc.compilation_config.static_forward_context[layer.layer_name] = layer
                 self.layers[layer.layer_name] = layer
             kv_dtype = torch.uint8 if s["kv_cache_dtype"] == "fp8" else dtype

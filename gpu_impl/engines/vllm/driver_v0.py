@@ -34,6 +34,7 @@ import types
 
 from gpu_impl.engines.protocol import Unsupported
 from gpu_impl.engines.vllm.driver import ModelStandIn, cumsum
+from gpu_impl.engines.vllm.layers import attention_layer, layer_heads
 from gpu_impl.engines.vllm.driver_v2 import ABOVE_GRAPHS
 
 __all__ = ["ConfigV0", "STOOD_IN", "MODES_V0"]
@@ -169,19 +170,12 @@ class ConfigV0:
         self.layers = {}
         with set_current_vllm_config(vc):
             for i, w in enumerate(windows):
-                h = (max(self.hk, self.h // 2) if s["lifecycle_defect"] == "shared-precompute-heterogeneous-heads"
-                     and i == len(windows) - 1 else self.h)
-                impl = fa.FlashAttentionImpl(num_heads=h, head_size=s["head_dim"], scale=s["head_dim"] ** -0.5,
+                impl = fa.FlashAttentionImpl(num_heads=layer_heads(s, i, len(windows), self.h, self.hk),
+                                             head_size=s["head_dim"], scale=s["head_dim"] ** -0.5,
                                              num_kv_heads=self.hk, alibi_slopes=None, sliding_window=w,
                                              kv_cache_dtype=s["kv_cache_dtype"],
                                              logits_soft_cap=s["logits_soft_cap"] or None)
-                layer = Attention.__new__(Attention)
-                torch.nn.Module.__init__(layer)
-                layer.impl = impl
-                layer.layer_name = f"model.layers.{i}.self_attn.attn"
-                for name in ("_q_scale", "_k_scale", "_v_scale"):
-                    setattr(layer, name, torch.ones((), dtype=torch.float32))
-                    setattr(layer, name + "_float", 1.0)
+                layer = attention_layer(Attention, impl, i)
                 cc.static_forward_context[layer.layer_name] = layer
                 self.layers[layer.layer_name] = layer
             spec_args = dict(block_size=s["block_size"], num_kv_heads=self.hk, head_size=s["head_dim"],
@@ -332,12 +326,7 @@ class ConfigV0:
             return md, path, desc
         reqs = min(size, self.s["max_num_seqs"])
         desc = types.SimpleNamespace(num_tokens=size, num_reqs=reqs, max_query_len=size, uniform_token_count=None)
-        front.path = "replay"
-        try:
-            for call in self.captured[size]:
-                front.c_fwd(**call)
-        finally:
-            front.path = "eager"
+        front.replay(self.captured[size])
         return md, "full", desc
 
     def padded_tokens(self, num_tokens: int) -> int:

@@ -272,12 +272,7 @@ class ConfigV2(Config):
         md = next(iter(metadata.values()))
         self.steps_built += 1
         if full:
-            front.path = "replay"
-            try:
-                for call in self.captured[desc]:
-                    front.c_fwd(**call)
-            finally:
-                front.path = "eager"
+            front.replay(self.captured[desc])
             path = "full"
         else:
             tokens = desc.num_tokens if desc.cg_mode == CUDAGraphMode.PIECEWISE else ib.num_tokens

@@ -133,6 +133,16 @@ class FrontFA3:
             # (``_store_scheduler_metadata`` zeroes the tail): the replay reads that recompute at its own layout
             self.checker.registry.remember(md, self.last_pre)
 
+    def replay(self, calls) -> None:
+        """Re-issue a captured graph's FA3 calls, as a CUDA-graph replay launches them again (labelled ``replay``
+        while they run)."""
+        self.path = "replay"
+        try:
+            for call in calls:
+                self.c_fwd(**call)
+        finally:
+            self.path = "eager"
+
     def c_fwd(self, **a):
         import torch
 

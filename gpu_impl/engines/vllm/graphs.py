@@ -283,12 +283,7 @@ class V1Graphs:
         summary = types.SimpleNamespace(num_tokens=tokens, num_reqs=reqs, max_query_len=max(query_lens),
                                         uniform_token_count=1 if max(query_lens) == 1 else None)
         if full:
-            front.path = "replay"
-            try:
-                for call in self.captured[desc]:
-                    front.c_fwd(**call)
-            finally:
-                front.path = "eager"
+            front.replay(self.captured[desc])
             return md, "full", summary
         self.cfg.forward(md, tokens if desc is not None else sum(query_lens))
         if desc is not None and mode == self.piecewise:
