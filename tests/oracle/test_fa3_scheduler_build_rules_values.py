@@ -90,3 +90,12 @@ def test_get_num_splits_takes_the_paged_tma_choice_it_is_given():
     assert not s.pagedkv_tma and s.num_splits == 28
     assert get_num_splits_resolved(inp, s.masking, False) == 28
     assert get_num_splits_resolved(inp, s.masking, True) == 21
+
+
+def test_a_call_s_total_q_is_its_query_rows_fixed_length_or_the_given_rows_varlen():
+    # mha_fwd (hopper/flash_api.cpp@0251105a): params.total_q is b * seqlen_q for a fixed-length q and q.size(0) when
+    # varlen; the model fills the fixed-length one itself and keeps what a varlen caller gives (None: not given)
+    assert call_inputs(4, 16, 512, 8, 2, 128).total_q == 64
+    assert call_inputs(4, 16, 512, 8, 2, 128, total_q=64).total_q == 64
+    assert call_inputs(4, 16, 512, 8, 2, 128, varlen_q=True).total_q is None
+    assert call_inputs(4, 16, 512, 8, 2, 128, varlen_q=True, total_q=37).total_q == 37
