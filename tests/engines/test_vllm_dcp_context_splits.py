@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from gpu_impl.engines import envs
+
 from refmodel import call_inputs, precompute_inputs, resolve_schedule
 from refmodel.fa3_builds import VLLM_FORK_A8937124
 from refmodel.prepare import prepare_scheduler
@@ -63,7 +65,7 @@ def test_the_case_file_names_the_finding_and_the_release():
 @pytest.mark.slow
 @pytest.mark.engine
 def test_the_case_still_fails_on_vllm_0_13_0():
-    env = Path.home() / ".cache" / "fa3verify" / "engines" / "vllm-0.13.0"
+    env = envs.env_dir("0.13.0", engine="vllm")  # $FA3VERIFY_ENGINE_HOME or the default home, as the replay sees it
     if not (env / "bin" / "python").exists():
         pytest.skip(f"no vllm 0.13.0 engine environment at {env} (fa3verify engine setup vllm==0.13.0)")
     r = subprocess.run([sys.executable, "-m", "fa3verify", "replay", str(CASE), "--engine", "vllm==0.13.0"],

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from gpu_impl.engines import envs
+
 from refmodel import call_inputs, precompute_inputs, resolve_schedule
 from refmodel.fa3_builds import VLLM_FORK_8798F277
 from refmodel.prepare import prepare_scheduler
@@ -80,7 +82,7 @@ def test_the_case_files_name_the_finding_and_the_release(path, release, invarian
 
 
 def _replay(path: Path, release: str) -> subprocess.CompletedProcess:
-    env = Path.home() / ".cache" / "fa3verify" / "engines" / f"vllm-{release}"
+    env = envs.env_dir(release, engine="vllm")  # $FA3VERIFY_ENGINE_HOME or the default home, as the replay sees it
     if not (env / "bin" / "python").exists():
         pytest.skip(f"no vllm {release} engine environment at {env} (fa3verify engine setup vllm=={release})")
     return subprocess.run([sys.executable, "-m", "fa3verify", "replay", str(path), "--engine", f"vllm=={release}"],
