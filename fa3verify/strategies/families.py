@@ -119,15 +119,23 @@ def cp_steps(rng: random.Random):
     return _fuzz_case(server, model, steps, rng.randrange(2 ** 31))
 
 
-def _tp_family(rng: random.Random, cuda_graph: bool, short_share: float = 0.0, odd_batches: bool = False):
-    from gpu_impl.config import MODELS, ServerConfig
-
-    model = MODELS[rng.choice(_GQA_MODELS + ("llama-2-7b",))]
+def _tp_server(rng: random.Random, model, cuda_graph: bool):
+    """A tensor-parallel server for ``model`` (tp 1..8, page 1/16/64, a modelled SM count, 32K or 128K context) that
+    ``_pick_server`` accepts, or None."""
+    from gpu_impl.config import ServerConfig
 
     def make(r):
         return ServerConfig(tp_size=r.choice((1, 2, 4, 8)), page_size=r.choice((1, 16, 64)), num_sm=r.choice(_SMS),
                             context_length=r.choice((32768, 131072)), cuda_graph=cuda_graph)
-    server = _pick_server(rng, model, make)
+    return _pick_server(rng, model, make)
+
+
+def _tp_family(rng: random.Random, cuda_graph: bool, short_share: float = 0.0, odd_batches: bool = False):
+    from gpu_impl.config import MODELS
+
+    model = MODELS[rng.choice(_GQA_MODELS + ("llama-2-7b",))]
+
+    server = _tp_server(rng, model, cuda_graph)
     if server is None:
         return None
     if odd_batches:
@@ -175,15 +183,12 @@ def large_decode_batch(rng: random.Random):
     kernel builds from 0.4.5 bound a varlen call's split count by its real rows (refmodel.fa3_builds
     ``varlen_total_q_bound``), so their split counts part from upstream's and a precompute and a call that count
     rows differently can disagree (theorem ``total-q-drift``; hazard control ``precompute-max-seqlen-q-two``)."""
-    from gpu_impl.config import MODELS, ServerConfig
+    from gpu_impl.config import MODELS
 
     model = MODELS[rng.choice(_GQA_MODELS)]
     cuda_graph = rng.random() < 0.5
 
-    def make(r):
-        return ServerConfig(tp_size=r.choice((1, 2, 4, 8)), page_size=r.choice((1, 16, 64)), num_sm=r.choice(_SMS),
-                            context_length=r.choice((32768, 131072)), cuda_graph=cuda_graph)
-    server = _pick_server(rng, model, make)
+    server = _tp_server(rng, model, cuda_graph)
     if server is None:
         return None
     step = _skewed_decode(rng, min(server.context_length, 65536), rng.choice((16, 24, 32, 64, 128, 256)))
