@@ -98,7 +98,7 @@ class VllmWorker(EngineHost):
         label = label or f"vllm=={self.release}"
         d = envs.ensure_env(release, progress=progress, root=root, engine="vllm")
         env = envs.driver_environ(extra_paths=[str(source)] if source else (), engine="vllm")
-        from gpu_impl.engines.vllm.driver import GENERATION_VARIABLE
+        from gpu_impl.engines.vllm.scenario import GENERATION_VARIABLE
         from gpu_impl.engines.vllm.front import BUILD_VARIABLE
 
         env[GENERATION_VARIABLE] = vllm_recipes.DRIVER_GENERATIONS[self.release]

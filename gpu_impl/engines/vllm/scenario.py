@@ -1,0 +1,111 @@
+"""One vLLM driver scenario: its fields, their defaults and their allowed ranges (the request schema of
+``gpu_impl.engines.vllm.driver``; checked before any vLLM code runs).
+
+Invariant: :func:`check_scenario` returns every field of :func:`scenario_defaults` filled in, or raises ValueError
+naming the field and its allowed range; nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+#: ``full_and_piecewise`` (vLLM's default for FA3: FULL graphs for uniform decode, PIECEWISE otherwise) is driven by
+#: the second generation only (``vllm_driver_v2``)
+CUDA_GRAPH_MODES = ("none", "piecewise", "full", "full_and_piecewise")
+#: the driver generation this worker runs: ``v1`` (the V1 model runner's conventions, vLLM <= 0.33) or ``v2`` (the
+#: V2 runner's own code, ``vllm_driver_v2``); set by the client from ``vllm_recipes.DRIVER_GENERATIONS``
+GENERATION_VARIABLE = "FA3VERIFY_VLLM_DRIVER"
+#: the fields a seeded defect may set (``seed_defect``)
+DEFECT_FIELDS = frozenset({"precompute_num_splits", "precompute_max_seqlen_q_delta"})
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+def scenario_defaults() -> dict:
+    """Every scenario field and its default (a request may give any subset)."""
+    return {"num_heads": 32, "num_kv_heads": 4, "head_dim": 128, "head_dim_v": None, "num_layers": 1,
+            "sliding_window": None,
+            "logits_soft_cap": 0.0, "dtype": "bfloat16", "tp": 1, "dcp": 1, "cuda_graph": "none",
+            "capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "max_num_seqs": 256, "batch_invariant": False,
+            "kv_cache_dtype": "auto", "block_size": 16, "max_model_len": 40960, "num_sm": 132,
+            "max_num_splits_for_cuda_graph": 32, "max_num_batched_tokens": 8192, "steps": [], "defect": None,
+            "common_prefix": 0, "draft_tokens": 0, "runner": None,
+            "lifecycle_defect": None, "seed": 0}
+
+
+def check_scenario(s: dict) -> dict:
+    """The scenario with defaults filled in; ValueError naming the field and its allowed range."""
+    out = scenario_defaults()
+    unknown = sorted(set(s) - set(out))
+    if unknown:
+        raise ValueError(f"scenario: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(out))}")
+    out.update(s)
+    for name in ("num_heads", "num_kv_heads", "head_dim", "num_layers", "tp", "dcp", "max_num_seqs", "block_size",
+                 "max_model_len", "num_sm", "max_num_splits_for_cuda_graph", "max_num_batched_tokens"):
+        if not isinstance(out[name], int) or isinstance(out[name], bool) or out[name] < 1:
+            raise ValueError(f"{name}: must be an integer >= 1, got {out[name]!r}")
+    if out["num_heads"] % out["tp"] or out["num_heads"] % out["num_kv_heads"]:
+        raise ValueError(f"num_heads: must be divisible by tp ({out['tp']}) and num_kv_heads "
+                         f"({out['num_kv_heads']}), got {out['num_heads']}")
+    if out["head_dim"] > 256:
+        raise ValueError(f"head_dim: FA3 takes 1..256, got {out['head_dim']}")
+    dv = out["head_dim_v"]
+    if dv is not None and (not isinstance(dv, int) or isinstance(dv, bool) or not 1 <= dv <= 512):
+        raise ValueError(f"head_dim_v: null (= head_dim) or an integer in 1..512 (V's head size: vLLM's DiffKV "
+                         f"backend), got {dv!r}")
+    if out["cuda_graph"] not in CUDA_GRAPH_MODES:
+        raise ValueError(f"cuda_graph: must be one of {CUDA_GRAPH_MODES}, got {out['cuda_graph']!r}")
+    if out["kv_cache_dtype"] not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype: must be one of {KV_CACHE_DTYPES}, got {out['kv_cache_dtype']!r}")
+    if out["dtype"] not in ("bfloat16", "float16"):
+        raise ValueError(f"dtype: must be bfloat16 or float16, got {out['dtype']!r}")
+    sw = out["sliding_window"]
+    if sw is not None:
+        sw = [sw] * out["num_layers"] if isinstance(sw, int) else list(sw)
+        if len(sw) != out["num_layers"] or any(w is not None and (not isinstance(w, int) or w < 1) for w in sw):
+            raise ValueError(f"sliding_window: must be null, an integer >= 1, or one (null | integer >= 1) per "
+                             f"layer ({out['num_layers']}), got {out['sliding_window']!r}")
+        out["sliding_window"] = sw
+    sizes = out["capture_sizes"]
+    if not sizes or any(not isinstance(x, int) or x < 1 for x in sizes):
+        raise ValueError(f"capture_sizes: must be a non-empty list of integers >= 1, got {sizes!r}")
+    out["capture_sizes"] = sorted(set(sizes))
+    for i, st in enumerate(out["steps"]):
+        q, k = st.get("query_lens"), st.get("seq_lens")
+        if not isinstance(k, list) or not k or any(not isinstance(x, int) or x < 1 for x in k):
+            raise ValueError(f"steps[{i}].seq_lens: must be a non-empty list of integers >= 1, got {k!r}")
+        q = [1] * len(k) if q is None else q
+        if len(q) != len(k) or any(not isinstance(x, int) or not 1 <= x <= y for x, y in zip(q, k)):
+            raise ValueError(f"steps[{i}].query_lens: one integer per sequence, 1 <= query_len <= seq_len, got {q!r}")
+        if max(k) > out["max_model_len"]:
+            raise ValueError(f"steps[{i}].seq_lens: at most max_model_len ({out['max_model_len']}), got {max(k)}")
+        if len(k) > out["max_num_seqs"]:
+            raise ValueError(f"steps[{i}].seq_lens: at most max_num_seqs ({out['max_num_seqs']}) sequences, "
+                             f"got {len(k)}")
+        if sum(q) > out["max_num_batched_tokens"]:
+            raise ValueError(f"steps[{i}].query_lens: at most max_num_batched_tokens ({out['max_num_batched_tokens']}) "
+                             f"query tokens in a step (vLLM's scheduler budget), got {sum(q)}")
+        st["query_lens"] = q
+    if out["runner"] not in (None, "v1", "v2"):
+        raise ValueError(f"runner: null (the release's driver generation), 'v1' or 'v2' (a release that ships both "
+                         f"model runners), got {out['runner']!r}")
+    cp, dt = out["common_prefix"], out["draft_tokens"]
+    if not isinstance(cp, int) or isinstance(cp, bool) or not 0 <= cp < 2 ** 31:
+        # the runner's rule caps it by the shortest computed context of each step (a shrunk case may shorten those)
+        raise ValueError(f"common_prefix: tokens every request of a step shares (cascade attention), an integer in "
+                         f"[0, 2^31), got {cp!r}")
+    if not isinstance(dt, int) or isinstance(dt, bool) or not 0 <= dt <= 8:
+        raise ValueError(f"draft_tokens: draft steps after each step (a drafter's metadata), an integer in [0, 8], "
+                         f"got {dt!r}")
+    if not isinstance(out["seed"], int) or isinstance(out["seed"], bool) or not 0 <= out["seed"] < 2 ** 63:
+        raise ValueError(f"seed: must be an integer in [0, 2^63), got {out['seed']!r}")
+    from gpu_impl.engines.lifecycle_judge import check_engine_defect
+
+    check_engine_defect(out["lifecycle_defect"])
+    if out["lifecycle_defect"] == "shared-precompute-heterogeneous-heads" and out["num_layers"] < 2:
+        raise ValueError("num_layers: at least 2 with lifecycle_defect shared-precompute-heterogeneous-heads (its last "
+                         f"layer differs from the others), got {out['num_layers']}")
+    d = out["defect"]
+    if d is not None and (not isinstance(d, dict) or not d or not set(d) <= DEFECT_FIELDS
+                          or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1024
+                                     for v in d.values())):
+        raise ValueError(f"defect: null or an object of {sorted(DEFECT_FIELDS)} (integers in [0, 1024]), "
+                         f"got {d!r}")
+    return out
