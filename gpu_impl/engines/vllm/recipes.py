@@ -323,7 +323,7 @@ def _marker_applies(marker: str) -> bool:
     """Whether a Requires-Dist environment marker holds in an engine environment (:data:`MARKER_ENVIRONMENT`; no
     extras): no marker, or one that evaluates true there (``platform_machine == "x86_64" or ...``, ``python_version >
     "3.9"``); a marker that names an extra, or does not parse, is taken not to hold."""
-    from packaging.markers import InvalidMarker, Marker
+    from packaging.markers import InvalidMarker, Marker  # installed with pytest and matplotlib (pyproject)
 
     marker = marker.strip()
     if not marker:
