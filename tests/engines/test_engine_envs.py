@@ -106,6 +106,28 @@ def test_vllm_recipe_commands_install_the_binding_and_keep_the_no_deps_pins():
     assert {"torchvision==0.0.0", "torchaudio==0.0.0", "torchcodec==0.0.0", "torch==2.13.0"} <= set(cons)
 
 
+def test_vllm_rows_install_what_the_v1_runner_module_imports_at_the_wheel_pins():
+    """0.10.1 .. 0.19.1 install the packages their V1 runner module (the cascade rule's home) imports, at the
+    wheel's own specifiers; a marker is evaluated for CPython 3.11 on Linux x86_64 (numba's ``python_version >
+    "3.9"`` pin holds, its ``== "3.9"`` pin, an extra's and another machine's do not)."""
+    requires = ['numba==0.60.0; python_version == "3.9"', 'numba==0.61.2; python_version > "3.9"',
+                "diskcache==5.6.3", "mistral_common[image]>=1.8.8", 'mistral_common[audio]; extra == "audio"',
+                'xgrammar==0.1.21; platform_machine == "x86_64" or platform_machine == "aarch64"',
+                'protobuf==7.36.1; platform_machine == "s390x"', 'six>=1.16.0; python_version > "3.11"']
+    pins = vllm_recipes.wheel_requirements("0.15.1", requires)
+    assert pins == {"numba": "==0.61.2", "diskcache": "==5.6.3", "mistral-common": ">=1.8.8", "xgrammar": "==0.1.21"}
+    assert set(vllm_recipes.wheel_requirements("0.10.1", requires)) == {"numba", "diskcache", "xgrammar"}
+    assert set(vllm_recipes.wheel_requirements("0.19.1", requires)) == {"diskcache", "xgrammar"}
+    assert set(vllm_recipes.wheel_requirements("0.20.0", requires)) == {"xgrammar"}
+    assert "numba==0.61.2" in envs.install_steps("0.13.0", "vllm", pins)[0][1]
+    for name, first, last in (("numba", "0.10.1", "0.15.1"), ("mistral-common", "0.14.1", "0.16.0"),
+                              ("diskcache", "0.10.1", "0.19.1")):
+        rows = [r for r in vllm_recipes.RELEASES if name in vllm_recipes.RECIPES[r]["light"]]
+        assert (rows[0], rows[-1]) == (first, last), name
+        key = vllm_recipes.version_key
+        assert rows == [r for r in vllm_recipes.RELEASES if key(first) <= key(r) <= key(last)], name
+
+
 def test_sglang_recipe_commands_apply_the_wheel_pins_then_the_table():
     pins = envs.KINDS["sglang"].pins("0.5.23", ["transformers==5.19.0", "xgrammar==0.2.5", "triton==3.1.0",
                                                 "numpy>=1.2", "orjson==3.1; python_version<'3.0'"])

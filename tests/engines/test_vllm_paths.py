@@ -49,6 +49,38 @@ def test_a_table_with_a_path_dropped_or_left_without_reason_is_named():
     assert missing_paths({**table, "local attention": " "}) == ["local attention"]
 
 
+def test_a_release_whose_runner_module_does_not_import_has_cascade_not_covered_never_a_crash(monkeypatch):
+    """``paths.json`` ``runner_module_does_not_import``: a release listed there has cascade "not covered" with the
+    import error, and its cascade rule is never imported (0, no step takes cascade); unlisted, the rule decides.
+    0.10.1 .. 0.19.1 import the module since their rows install what it imports (recipes ``_RUNNER_MODULE``)."""
+    from gpu_impl.engines.vllm import paths
+
+    for release in ("0.10.1", "0.15.1", "0.16.0", "0.19.1"):
+        assert release not in paths._DATA["runner_module_does_not_import"], release
+        assert release_paths(release)["cascade"] is None, release
+    error = "ModuleNotFoundError: No module named 'diskcache'"
+    monkeypatch.setitem(paths._DATA, "runner_module_does_not_import",
+                        {**paths._DATA["runner_module_does_not_import"], "0.19.1": error})
+    assert release_paths("0.19.1")["cascade"] == ("not covered: the release's cascade rule lives in its V1 model "
+                                                  f"runner module, which does not import in its environment ({error})")
+    assert release_paths("0.19.0")["cascade"] is None
+
+    class Rule:  # the runner class's rule: 7 shared tokens wherever it is asked
+        @staticmethod
+        def _compute_cascade_attn_prefix_len(self, num_scheduled_tokens, num_common_prefix_blocks):
+            return 7
+
+    imported = []
+    monkeypatch.setattr(paths, "_runner_class", lambda: imported.append(1) or Rule)
+    cfg = types.SimpleNamespace(s={"common_prefix": 512, "block_size": 16, "sliding_window": None, "num_sm": 132,
+                                   "dcp": 1}, h=8, builder=types.SimpleNamespace(use_cascade_attention=None),
+                                spec=None)
+    for version, expected in (("0.19.1", 0), ("0.19.0", 7)):
+        monkeypatch.setitem(__import__("sys").modules, "vllm", types.SimpleNamespace(__version__=version))
+        assert paths.cascade_prefix_len(cfg, [16] * 8, [600] * 8) == expected, version
+    assert imported == [1]  # the listed release never imported its runner module
+
+
 def test_the_domain_reports_every_path_with_a_count_or_a_reason():
     from gpu_impl.engines.vllm.host import VllmSUT
 

@@ -47,6 +47,27 @@ _SETPROCTITLE = ("0.10.1", "0.10.2", "0.11.0")
 #: named 'compressed_tensors'").
 _COMPRESSED_TENSORS = ("0.10.0", "0.10.1", "0.10.2")
 
+#: What the V1 model-runner module (``vllm/v1/worker/gpu_model_runner.py``, which holds the cascade rule
+#: ``_compute_cascade_attn_prefix_len``) imports beyond the backend's chain, per package: found by importing that
+#: module in each release's environment with the driver's glue installed (``paths._runner_class``), adding the
+#: missing module's package at the wheel's own version to a throwaway ``--target`` folder on the path, and importing
+#: again until it imported; each list then confirmed by the same import in the rebuilt environment. ``numba``:
+#: ``vllm/v1/spec_decode/ngram_proposer.py`` (0.10.1 .. 0.15.1; the wheels pin 0.61.2, 0.10.1 .. 0.11.0 under the
+#: marker ``python_version > "3.9"``); ``mistral-common``: ``vllm/tokenizers/mistral.py``, imported by
+#: ``vllm/v1/structured_output/backend_xgrammar.py`` (0.14.1 .. 0.16.0); ``diskcache``:
+#: ``vllm/v1/structured_output/utils.py`` (0.10.1 .. 0.19.1; pinned 5.6.3). 0.20.0 on import the module without them.
+_RUNNER_MODULE = {
+    "numba": ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1"),
+    "mistral-common": ("0.14.1", "0.15.0", "0.15.1", "0.16.0"),
+    "diskcache": ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1",
+                  "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1"),
+}
+
+
+def _runner_module_packages(release: str) -> tuple:
+    """The packages of :data:`_RUNNER_MODULE` that ``release``'s V1 runner module needs."""
+    return tuple(package for package, releases in _RUNNER_MODULE.items() if release in releases)
+
 
 #: Per release: what its environment installs (hashed into the stamp, with the layout version and the release):
 #: ``light`` with dependencies (under the constraints), ``no_deps`` without. ``apache-tvm-ffi`` is xgrammar's
@@ -66,7 +87,8 @@ RECIPES = {
        for release in _RUNNER_BOUND},
     **{release: _pinned_by_wheel(*(("gguf",) if release in _GGUF else ()),
                                  *(("setproctitle",) if release in _SETPROCTITLE else ()),
-                                 *(("compressed-tensors",) if release in _COMPRESSED_TENSORS else ())) for release in ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
+                                 *(("compressed-tensors",) if release in _COMPRESSED_TENSORS else ()),
+                                 *_runner_module_packages(release)) for release in ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
                                                    "0.19.1", "0.20.0", "0.20.2", "0.21.0", "0.22.1", "0.23.0",
                                                    "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0",
                                                    "0.30.0", "0.31.0", "0.32.0")},
@@ -291,12 +313,27 @@ def locate(name: str):
     raise KeyError(f"{name}: not a name the driver generations locate (GENERATION_MODULES)")
 
 
+#: The marker variables of an engine environment (Linux x86_64, CPython 3.11), for :func:`_marker_applies`.
+MARKER_ENVIRONMENT = {"python_version": "3.11", "python_full_version": "3.11.0", "platform_machine": "x86_64",
+                      "platform_system": "Linux", "sys_platform": "linux", "os_name": "posix",
+                      "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+
+
 def _marker_applies(marker: str) -> bool:
-    """Whether a Requires-Dist environment marker holds in an engine environment (Linux x86_64, CPython 3.11, no
-    extras): no marker, or one that names ``platform_machine == "x86_64"``; any other marker (extras, other
-    machines, ``python_version > "3.11"``) is taken not to hold."""
+    """Whether a Requires-Dist environment marker holds in an engine environment (:data:`MARKER_ENVIRONMENT`; no
+    extras): no marker, or one that evaluates true there (``platform_machine == "x86_64" or ...``, ``python_version >
+    "3.9"``); a marker that names an extra, or does not parse, is taken not to hold."""
+    from packaging.markers import InvalidMarker, Marker  # installed with pytest and matplotlib (pyproject)
+
     marker = marker.strip()
-    return not marker or ('platform_machine == "x86_64"' in marker and "extra" not in marker)
+    if not marker:
+        return True
+    if "extra" in marker:
+        return False
+    try:
+        return Marker(marker).evaluate(dict(MARKER_ENVIRONMENT))
+    except InvalidMarker:
+        return False
 
 
 def reads_wheel_pins(release: str) -> bool:
