@@ -243,17 +243,24 @@ def test_the_v2_runner_finding_of_a_release_that_ships_both_replays_still_failin
 
 
 @pytest.mark.engine
-def test_the_unanalysed_v2_runner_lifecycle_case_fails_on_0_30_0_and_passes_on_0_31_0(engine_sut, cascade_worker):
-    """tests/corpus_vllm/v2-runner-replay-reads-step-0-metadata-0.30.0.json (gate on 0.30.0, seed 0; docs: found, not
-    analysed): STILL FAILS on the release it names, PASSES NOW on 0.31.0."""
+def test_the_v2_runner_mixed_full_graph_captured_for_one_token_queries_fails_on_0_30_0_and_passes_on_0_31_0(
+        engine_sut, cascade_worker):
+    """tests/corpus_vllm/v2-runner-mixed-full-graph-captured-for-one-token-queries-0.30.0.json (found by the gate on
+    0.30.0, seed 0): the V2 runner of 0.28.0 .. 0.30.0 captures a mixed FULL graph on a dummy batch of one-token
+    requests (max_query_len 1), and a prefill replayed on it reads the recompute's 193 int32 at the capture's
+    129-value layout: SHAPE, and the captured semaphore slot holds the recompute's heads-in-L2 count. STILL FAILS on
+    0.30.0 (no READS_OWN_STEP_METADATA: the recompute did rewrite the buffer), PASSES NOW on 0.31.0, whose
+    prepare_inputs_to_capture captures mixed FULL graphs with max_query_len = the token count."""
     from pathlib import Path
 
     from fa3verify.commands.replay import replay
 
     _needs("0.30.0")
-    path = Path(__file__).parent.parent / "corpus_vllm" / "v2-runner-replay-reads-step-0-metadata-0.30.0.json"
+    path = (Path(__file__).parent.parent / "corpus_vllm"
+            / "v2-runner-mixed-full-graph-captured-for-one-token-queries-0.30.0.json")
     _, own = replay(str(path), sut=engine_sut("vllm==0.30.0"))
-    assert own.verdict == "STILL FAILS" and "READS_OWN_STEP_METADATA" in {f.invariant for f in own.findings}
+    assert own.verdict == "STILL FAILS"
+    assert {f.invariant for f in own.findings} == {"SHAPE", "SEMAPHORE_STARTS_AT_ZERO"}
     _, later = replay(str(path), sut=engine_sut(f"vllm=={CASCADE_RELEASE}"))
     assert later.verdict == "PASSES NOW"
 

@@ -5,7 +5,8 @@ code. Split from ``vllm_driver`` (the worker), which re-exports these names.
 
 Invariant: a call is judged against the precompute whose output it consumed: the checker's address registry, or,
 for a persistent CUDA-graph buffer vLLM copies the metadata into, the latest precompute whose bytes the buffer holds
-(a captured graph's longer view of it counts when the rest is the zeroed tail).
+(a captured graph's longer view of it counts when the rest is the zeroed tail; at a replay, a captured view shorter
+than the recompute counts when it holds the recompute's first values: the captured kernel reads them at its own layout).
 """
 
 from __future__ import annotations
@@ -131,6 +132,11 @@ class FrontFA3:
         elif md.numel() > n and torch.equal(md[:n], self.last_md) and not bool(md[n:].any()):
             # a captured graph's view of the persistent buffer, longer than the recompute vLLM copied into it
             # (``_store_scheduler_metadata`` zeroes the tail): the replay reads that recompute at its own layout
+            self.checker.registry.remember(md, self.last_pre)
+        elif self.path == "replay" and md.numel() < n and torch.equal(md, self.last_md[:md.numel()]):
+            # a captured graph's view of the persistent buffer, shorter than the recompute vLLM copied into it
+            # (the recompute's layout is longer than the captured call's): the replay reads the recompute's first
+            # ``md.numel()`` values at its own layout, not the capture-time precompute
             self.checker.registry.remember(md, self.last_pre)
 
     def replay(self, calls) -> None:

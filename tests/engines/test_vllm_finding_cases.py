@@ -1,0 +1,59 @@
+"""The case files of docs/engines-vllm.md "Findings, for vLLM's maintainers": each names its release and the finding
+it records (fast), and, where the release's engine environment is built, replays STILL FAILS on a release that has
+the finding and PASSES NOW on its fix release, as the section prints the commands (slow: one replay is 20-40 s with the
+worker's start; the findings themselves are pinned fast by tests/engines/test_engine_vllm_v0.py,
+test_vllm_v0_full_graph_splits.py, test_vllm_dcp_context_splits.py, test_vllm_front_attribution.py)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_impl.engines import envs
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM = ROOT / "tests" / "corpus_vllm"
+LIFECYCLE = ROOT / "tests" / "corpus_lifecycle"
+
+#: case file -> (the release it names, the invariant it expects)
+CASES = {
+    VLLM / "vllm-0.8.5-precompute-without-window-split-bound.json": ("0.8.5", "SPLIT_BOUND"),
+    VLLM / "vllm-0.8.5-precompute-without-window-shared-precompute.json": ("0.8.5", "SHARED_PRECOMPUTE_MATCHES_LAYER"),
+    VLLM / "v2-runner-mixed-full-graph-captured-for-one-token-queries-0.30.0.json": ("0.30.0", "SHAPE"),
+    LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json": ("0.16.0", "SHAPE"),
+}
+
+#: (case file, release, exit code of the replay): the finding's releases and its fix, as the docs name them
+REPLAYS = [
+    (VLLM / "vllm-0.8.5-precompute-without-window-split-bound.json", "0.8.5", 1),
+    (VLLM / "vllm-0.8.5-precompute-without-window-split-bound.json", "0.8.5.post1", 0),
+    (VLLM / "vllm-0.8.5-precompute-without-window-shared-precompute.json", "0.8.5", 1),
+    (VLLM / "vllm-0.8.5-precompute-without-window-shared-precompute.json", "0.8.5.post1", 0),
+    (VLLM / "full-graph-replay-window-dropped-at-recompute.json", "0.16.0", 0),
+    (VLLM / "full-graph-replay-window-dropped-at-recompute.json", "0.17.0", 1),
+    (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.16.0", 1),
+    (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.17.0", 0),
+]
+
+
+@pytest.mark.parametrize("path", sorted(CASES), ids=lambda p: p.name)
+def test_each_case_file_names_its_release_and_finding(path):
+    release, invariant = CASES[path]
+    case = json.loads(path.read_text())
+    assert case["engine"] == {"name": "vllm", "release": release}
+    assert case["expected"]["outcome"] == "violation" and case["expected"]["invariant"] == invariant
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+@pytest.mark.parametrize("path, release, code", REPLAYS, ids=lambda v: getattr(v, "name", str(v)))
+def test_each_case_replays_as_the_docs_print_it(path, release, code):
+    env = envs.env_dir(release, engine="vllm")
+    if not (env / "bin" / "python").exists():
+        pytest.skip(f"no vllm {release} engine environment at {env} (fa3verify engine setup vllm=={release})")
+    r = subprocess.run([sys.executable, "-m", "fa3verify", "replay", str(path.relative_to(ROOT)), "--engine",
+                        f"vllm=={release}"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == code, r.stdout + r.stderr
+    assert ("verdict: STILL FAILS" if code else "verdict: PASSES NOW") in r.stdout
