@@ -131,6 +131,10 @@ class ConfigV0:
                               f"{', '.join(MODES_V0)})")
         if s["dcp"] > 1:
             raise Unsupported(f"dcp: vLLM {release} has no decode context parallelism")
+        if s["attention_chunk_size"]:
+            from gpu_impl.engines.vllm.paths import _DATA
+
+            raise Unsupported("attention_chunk_size: " + _DATA["local_attention"]["not_covered"]["v0"])
         if s["head_dim_v"] not in (None, s["head_dim"]):
             raise Unsupported(f"head_dim_v: vLLM {release} has no backend whose V head size differs from K's")
         if s["kv_cache_dtype"] == "fp8":

@@ -97,8 +97,22 @@ def release_paths(release: str, generation: str | None = None) -> dict:
         if key == "drafter" and generation == "v2":
             out[key] = reasons["drafter@v2"]
             continue
+        if key == "local attention":
+            out[key] = _local_reason(release, generation)
+            continue
         out[key] = reasons.get(key)
     return out
+
+
+def _local_reason(release: str, generation: str):
+    """None where chunked local attention is driven on ``release`` (paths.json ``local_attention``), else why not."""
+    from . import recipes
+
+    local = _DATA["local_attention"]
+    if generation in local["driven_generations"] and \
+            recipes.version_key(release) >= recipes.version_key(local["first_release"][generation]):
+        return None
+    return local["not_covered"].get(generation) or local["not_covered"]["default"]
 
 
 def _v2_runner() -> dict:
@@ -150,6 +164,8 @@ def step_labels(s: dict, query_lens, seq_lens, md, generation: str, drafter: boo
         out.append("K/V head sizes differ")
     if s["batch_invariant"]:
         out.append("batch invariant")
+    if any(c is not None for c in (s.get("attention_chunk_size") or ())):
+        out.append("local attention")
     if generation == "v2":
         out.append("V2 runner")
     return out
