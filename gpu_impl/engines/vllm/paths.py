@@ -109,10 +109,13 @@ def _local_reason(release: str, generation: str):
     from . import recipes
 
     local = _DATA["local_attention"]
-    if generation in local["driven_generations"] and \
-            recipes.version_key(release) >= recipes.version_key(local["first_release"][generation]):
+    key = recipes.version_key(release)
+    last = local.get("last_release", {}).get(generation)
+    if generation in local["driven_generations"] and key >= recipes.version_key(local["first_release"][generation]) \
+            and (last is None or key <= recipes.version_key(last)):
         return None
-    return local["not_covered"].get(generation) or local["not_covered"]["default"]
+    return (local["not_covered"].get(f"{generation}@{release}") or local["not_covered"].get(generation)
+            or local["not_covered"]["default"])
 
 
 def _v2_runner() -> dict:
