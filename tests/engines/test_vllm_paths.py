@@ -115,7 +115,9 @@ def test_paths_family_draws_llama4_shaped_chunked_local_models():
         assert (paths.model.num_heads, paths.model.num_kv_heads, paths.model.head_dim) == (40, 8, 128)
         assert not opts.get("sliding_window") and paths.server.attn_cp_size == 1
         assert not opts.get("common_prefix") and not opts.get("draft_tokens")
-        assert (paths.steps, paths.seed, paths.server.tp_size) == (plain.steps, plain.seed, plain.server.tp_size)
+        assert (paths.steps[:-1], paths.seed, paths.server.tp_size) == (plain.steps, plain.seed, plain.server.tp_size)
+        last = paths.steps[-1]
+        assert min(last["seq_lens"]) > chunk[0] and 2 <= last["extend_lens"][0] <= 2048
         steps = [Step(st["mode"], list(st["seq_lens"]), st["extend_lens"]) for st in paths.steps]
         scn = types.SimpleNamespace(server=paths.server, model=paths.model, steps=steps, options=paths.options)
         s = check_scenario(scenario_to_vllm(scn))

@@ -445,8 +445,17 @@ class Engine:
 
     def hello(self) -> dict:
         return {"release": getattr(self.vllm, "__version__", None), "path": os.path.dirname(self.vllm.__file__),
-                "import_s": round(self.import_s, 2), "fa_version": self.fa_version, "faked": list(self.glue.FAKED),
+                "import_s": round(self.import_s, 2), "fa_version": self.fa_version,
+                "faked": list(self.glue.FAKED) + list(self._faked_local()),
                 "driver": self.generation, "stood_in": list(self._stood_in())}
+
+    def _faked_local(self) -> tuple:
+        """What the chunked local path fakes (first generation; gpu_impl.engines.vllm.local)."""
+        if self.generation != "v1":
+            return ()
+        from gpu_impl.engines.vllm.local import FAKED_LOCAL
+
+        return FAKED_LOCAL
 
     def _stood_in(self) -> tuple:
         """What the driver generation itself stands in for (the second generation's runner pieces)."""

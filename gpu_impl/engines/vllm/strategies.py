@@ -161,7 +161,7 @@ def vllm_paths_case(rng: random.Random) -> Optional[FuzzCase]:
 #: Family ``vllm-paths``: the share of windowless, DCP-1 cases drawn as a model with chunked local layers
 LOCAL_SHARE = 0.3
 #: the local-attention chunk sizes drawn (Llama 4 Scout / Maverick: 8192; smaller ones make more virtual batches)
-CHUNK_SIZES = (8192, 8192, 2048, 1024)
+CHUNK_SIZES = (8192, 4096, 2048, 1024)
 #: Llama 4 Scout's attention (config.json of meta-llama/Llama-4-Scout-17B-16E: 40 query heads, 8 KV heads, head
 #: size 128, attention_chunk_size 8192, every 4th layer a global NoPE layer: ``no_rope_layers``)
 LLAMA4_HEADS = (40, 8, 128)
@@ -173,7 +173,8 @@ def _chunked_local_case(case: FuzzCase) -> Optional[FuzzCase]:
     """A ``vllm-paths`` case redrawn as a model with chunked local layers (vLLM's ``attention_chunk_size``), from a
     generator seeded by the case's seed + 2 (other cases keep their draws): in :data:`LOCAL_SHARE` of the windowless
     cases without DCP, Llama 4 Scout's attention heads on the drawn tp, four layers of which the first three are chunked
-    local (``vllm.attention_chunk_size``, a size of :data:`CHUNK_SIZES`), no shared prefix and no drafter; a full-graph
+    local (``vllm.attention_chunk_size``, a size of :data:`CHUNK_SIZES`), no shared prefix and no drafter, and a last
+    step of 1..8 requests longer than a chunk, one of them taking up to 2048 new tokens; a full-graph
     draw stays FULL in 3 of 10 (vLLM refuses FULL over the chunked local backend, whose CUDA-graph support is NEVER)
     and is PIECEWISE otherwise (what vLLM's default FULL_AND_PIECEWISE resolves to for such a model). None: not
     drawn."""
@@ -192,7 +193,14 @@ def _chunked_local_case(case: FuzzCase) -> Optional[FuzzCase]:
         server = dataclasses.replace(server, cuda_graph=False)
         options["piecewise"] = True
     options.update(num_layers=LLAMA4_LAYERS, attention_chunk_size=[chunk] * (LLAMA4_LAYERS - 1) + [None])
-    return dataclasses.replace(case, model=model, server=server, options={OPTIONS_KEY: options})
+    # and a step shaped for the virtual batches: 1..8 requests longer than a chunk (up to four chunks), the first
+    # taking a chunk of up to 2048 new tokens that may cross chunk boundaries, the others one-token decodes
+    n = draw.choice((1, 2, 4, 8))
+    lens = [min(MAX_MODEL_LEN, draw.randint(chunk + 1, 4 * chunk)) for _ in range(n)]
+    first = min(lens[0], draw.randint(2, 2048))
+    step = {"mode": "mixed", "seq_lens": lens, "extend_lens": [first] + [1] * (n - 1)}
+    return dataclasses.replace(case, model=model, server=server, options={OPTIONS_KEY: options},
+                               steps=tuple(case.steps) + (step,))
 
 
 def vllm_paths_both_case(rng: random.Random) -> Optional[FuzzCase]:
