@@ -192,6 +192,7 @@ LOCAL_UNVIRTUALISED_PRECOMPUTE = (
      r"\2    common_prefix_len, common_attn_metadata, fast_build\n\2).scheduler_metadata\n"),
 )
 
+
 def vllm_local_regression_copy(dest: Path, release: str = "0.33.0", aligned=None, patches=LOCAL_UNVIRTUALISED_PRECOMPUTE
                                ) -> Path:
     """vLLM ``release`` (its full-graph replay aligned by ``aligned``: :data:`ALIGNED_REPLAY_0_33_0` by default, the
