@@ -120,13 +120,13 @@ def _local_chunk(fa, s: dict):
     chunks = {c for c in (s["attention_chunk_size"] or ()) if c is not None}
     if not chunks:
         return None
-    from gpu_impl.engines.vllm.paths import _DATA
+    from gpu_impl.engines.vllm.paths import local_not_driven
 
     if "attention_chunk_size" not in inspect.getsource(fa.FlashAttentionMetadataBuilder.build) \
             and _runner_virtual_batches() is None:
-        raise Unsupported("attention_chunk_size: " + _DATA["local_attention"]["not_covered"]["v0@0.10.0"])
+        raise Unsupported("attention_chunk_size: " + local_not_driven("v0@0.10.0"))
     if s["cuda_graph"] == "full":
-        raise Unsupported("attention_chunk_size: " + _DATA["local_attention"]["not_covered"]["v0 full graph"])
+        raise Unsupported("attention_chunk_size: " + local_not_driven("v0 full graph"))
     if len(chunks) > 1:
         raise Unsupported(f"attention_chunk_size: this release's runner has one chunk size per model "
                           f"(model_config.attention_chunk_size), got {sorted(chunks)}")

@@ -92,9 +92,9 @@ class ConfigV2(Config):
             raise Unsupported(f"cuda_graph: {s['cuda_graph']!r} is not a mode of the V2 runner "
                               f"({', '.join(GRAPH_MODES_V2)})")
         if s["attention_chunk_size"]:
-            from gpu_impl.engines.vllm.paths import _DATA
+            from gpu_impl.engines.vllm.paths import local_not_driven
 
-            raise Unsupported("attention_chunk_size: " + _DATA["local_attention"]["not_covered"]["v2"])
+            raise Unsupported("attention_chunk_size: " + local_not_driven("v2"))
         for name in ("common_prefix", "draft_tokens"):
             if s[name]:
                 raise Unsupported(f"{name}: cascade attention and drafter metadata are driven through the V1 runner "

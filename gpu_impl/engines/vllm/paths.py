@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["PATHS_FILE", "PATH_KEYS", "STOOD_IN", "release_paths", "both_runners", "missing_paths", "step_labels",
+__all__ = ["PATHS_FILE", "PATH_KEYS", "STOOD_IN", "release_paths", "local_not_driven", "both_runners", "missing_paths", "step_labels",
            "cascade_prefix_len", "draft_steps"]
 
 PATHS_FILE = Path(__file__).resolve().parent / "paths.json"
@@ -102,6 +102,12 @@ def release_paths(release: str, generation: str | None = None) -> dict:
             continue
         out[key] = reasons.get(key)
     return out
+
+
+def local_not_driven(key: str) -> str:
+    """The reason chunked local attention is not driven, by key of paths.json ``local_attention.not_covered`` ("v2",
+    "v0@0.10.0", "v0 full graph")."""
+    return _DATA["local_attention"]["not_covered"][key]
 
 
 def _local_reason(release: str, generation: str):
