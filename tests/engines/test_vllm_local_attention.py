@@ -109,15 +109,18 @@ def test_the_local_regression_is_found_within_the_gate_budget_on_five_seeds(tmp_
 
 
 @pytest.mark.engine
-def test_the_runner_bound_builder_makes_the_local_metadata_itself_on_generation_v0(engine_sut):
-    """0.9.2 (driver generation v0): the builder's own local branch (the runner's attention_chunk_size, a second
-    ``schedule(...)`` over the virtual batches) feeds the ``use_irope`` layers, the plain metadata the global one."""
-    _needs("0.9.2")
-    resp = engine_sut("vllm==0.9.2").worker.run({**LAYERS, "steps": [DECODE, PREFILL]})
+@pytest.mark.parametrize("release", ["0.9.2", "0.10.0"])
+def test_generation_v0_makes_the_local_metadata_as_the_release_does(engine_sut, release):
+    """Driver generation v0. 0.9.2: the builder's own local branch (the runner's attention_chunk_size, a second
+    ``schedule(...)`` over the virtual batches) feeds the ``use_irope`` layers, the plain metadata the global one.
+    0.10.0: the runner's virtual batches (the release's ``make_local_attention_virtual_batches``) for the
+    ChunkedLocalAttentionSpec group, built by that group's own builder. The same numbers as the wrapped backend's."""
+    _needs(release)
+    resp = engine_sut(f"vllm=={release}").worker.run({**LAYERS, "steps": [DECODE, PREFILL]})
     assert resp["findings"] == [] and resp["shape_errors"] == []
     pairs = _pairs(resp)
     assert [e["precompute"]["max_seqlen_k"] for e in pairs[:4]] == [1024, 1024, 1024, 32768]
     assert [e["precompute"]["batch_size"] for e in pairs[4:]] == [4, 4, 4, 2]
     assert all(e["s_p"] == e["s_c"] for e in pairs) and all("local attention" in e["reached"] for e in pairs)
     with pytest.raises(Exception, match="not driven under a full CUDA graph"):
-        engine_sut("vllm==0.9.2").worker.run({**LAYERS, "cuda_graph": "full", "steps": [DECODE]})
+        engine_sut(f"vllm=={release}").worker.run({**LAYERS, "cuda_graph": "full", "steps": [DECODE]})
