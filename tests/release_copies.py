@@ -177,3 +177,28 @@ STORE_ONCE_0_33_0 = (
     (r"\n(            )self\.scheduler_metadata\[:n\] = scheduler_metadata\n",
      r"\n\1if not bool(self.scheduler_metadata.any()):\n\1    self.scheduler_metadata[:n] = scheduler_metadata\n"),
 )
+
+
+#: where the release keeps its chunked local attention layer (moved in 0.14.0)
+VLLM_CHUNKED_LOCAL = Path("model_executor") / "layers" / "attention" / "chunked_local_attention.py"
+
+#: A release with the wrapped chunked-local backend with one path regressed: the local layers' builder makes its
+#: virtual batches and builds the FlashAttention metadata for them, but hands the calls the scheduler metadata of a
+#: second build over the batch as scheduled (the un-virtualised batch: every request's whole sequence, not its
+#: chunk); every other path is the release's own.
+LOCAL_UNVIRTUALISED_PRECOMPUTE = (
+    (r"(\n(\s+)metadata = super\(\)\.build\(common_prefix_len, cm, fast_build\)\n)",
+     r"\1\2metadata.scheduler_metadata = super().build(\n"
+     r"\2    common_prefix_len, common_attn_metadata, fast_build\n\2).scheduler_metadata\n"),
+)
+
+
+def vllm_local_regression_copy(dest: Path, release: str = "0.33.0", aligned=None, patches=LOCAL_UNVIRTUALISED_PRECOMPUTE
+                               ) -> Path:
+    """vLLM ``release`` (its full-graph replay aligned by ``aligned``: :data:`ALIGNED_REPLAY_0_33_0` by default, the
+    passing base of the 0.33.0 controls) with ``patches`` applied to its chunked local attention module (none: the
+    passing control, the aligned copy with the release's own local path)."""
+    root = vllm_patched_copy(release, dest, ALIGNED_REPLAY_0_33_0 if aligned is None else aligned)
+    if patches:
+        patch_linked_module(root / "vllm" / VLLM_CHUNKED_LOCAL, patches, f"vllm {release}: {VLLM_CHUNKED_LOCAL}")
+    return root

@@ -90,7 +90,10 @@ def test_the_domain_reports_every_path_with_a_count_or_a_reason():
     assert all(k in report["reach"] for k in PATH_KEYS)
     assert report["reach"]["cascade"] == 3 and "cascade" not in report["not_covered"]
     assert all(k in report["not_covered"] for k in PATH_KEYS if report["reach"][k] == 0)
-    assert report["not_covered"]["local attention"].startswith("not driven")
+    assert report["not_covered"]["local attention"] == "reached by no case of this run"  # driven on 0.31.0
+    assert release_paths("0.34.0")["local attention"].startswith("not driven")  # generation v2: no chunked layer
+    for release in ("0.8.5", "0.9.2", "0.10.0", "0.10.1", "0.33.0"):  # v0 (builder branch, 0.10.0's runner), v1
+        assert release_paths(release)["local attention"] is None, release
 
 
 def test_step_labels_name_the_graph_mode_cascade_dcp_and_the_drafter():
@@ -109,6 +112,8 @@ def test_paths_family_keeps_the_vllm_draws_and_adds_prefixes_and_drafts():
     shared = drafts = 0
     for seed in range(300):
         plain, paths = vllm_case(random.Random(seed)), vllm_paths_case(random.Random(seed))
+        if paths.options["vllm"].get("attention_chunk_size"):  # redrawn as a chunked-local model (test below)
+            continue
         assert (plain.server, plain.model, plain.seed) == (paths.server, paths.model, paths.seed)
         prefix = paths.options["vllm"].get("common_prefix", 0)
         if prefix:
@@ -122,6 +127,63 @@ def test_paths_family_keeps_the_vllm_draws_and_adds_prefixes_and_drafts():
             assert min(k - q for k, q in zip(cascade["seq_lens"], cascade["extend_lens"])) >= prefix
         drafts += bool(paths.options["vllm"].get("draft_tokens"))
     assert 60 < shared < 120 and 40 < drafts < 120
+
+
+def test_paths_family_draws_llama4_shaped_chunked_local_models():
+    from gpu_impl.engines.vllm.host import scenario_to_vllm
+    from gpu_impl.engines.vllm.scenario import check_scenario
+    from gpu_impl.engines.vllm.strategies import CHUNK_SIZES, vllm_case, vllm_paths_case
+    from gpu_impl.scenario import Step
+
+    local = []
+    for seed in range(300):
+        plain, paths = vllm_case(random.Random(seed)), vllm_paths_case(random.Random(seed))
+        opts = paths.options["vllm"]
+        if not opts.get("attention_chunk_size"):
+            continue
+        local.append(paths)
+        chunk = opts["attention_chunk_size"]
+        assert chunk[:3] == [chunk[0]] * 3 and chunk[3] is None and chunk[0] in CHUNK_SIZES and opts["num_layers"] == 4
+        assert (paths.model.num_heads, paths.model.num_kv_heads, paths.model.head_dim) == (40, 8, 128)
+        assert not opts.get("sliding_window") and paths.server.attn_cp_size == 1
+        assert not opts.get("common_prefix") and not opts.get("draft_tokens")
+        assert (paths.steps[:-1], paths.seed, paths.server.tp_size) == (plain.steps, plain.seed, plain.server.tp_size)
+        last = paths.steps[-1]
+        assert min(last["seq_lens"]) > chunk[0] and 2 <= last["extend_lens"][0] <= 2048
+        steps = [Step(st["mode"], list(st["seq_lens"]), st["extend_lens"]) for st in paths.steps]
+        scn = types.SimpleNamespace(server=paths.server, model=paths.model, steps=steps, options=paths.options)
+        s = check_scenario(scenario_to_vllm(scn))
+        assert s["attention_chunk_size"] == chunk
+    assert 5 < len(local) < 40
+    assert any(c.server.cuda_graph for c in local) and any(c.options["vllm"].get("piecewise") for c in local)
+
+
+def test_chunk_sizes_are_checked_naming_the_field():
+    from spec.model.case_bounds import CaseFormatError
+    from gpu_impl.engines.vllm.options import check_vllm_options
+    from gpu_impl.engines.vllm.scenario import check_scenario
+
+    assert check_scenario({"num_layers": 2, "attention_chunk_size": 64})["attention_chunk_size"] == [64, 64]
+    assert check_scenario({"num_layers": 2, "attention_chunk_size": [None, None]})["attention_chunk_size"] is None
+    for bad in (0, True, [64], "64", [64, -16]):
+        with pytest.raises(ValueError, match="attention_chunk_size: must be null"):
+            check_scenario({"num_layers": 2, "attention_chunk_size": bad})
+    with pytest.raises(ValueError, match="attention_chunk_size: each size a multiple of block_size"):
+        check_scenario({"attention_chunk_size": 100})
+    with pytest.raises(ValueError, match="attention_chunk_size: a layer with a chunk size has no sliding_window"):
+        check_scenario({"num_layers": 2, "attention_chunk_size": [64, None], "sliding_window": [64, None]})
+    assert check_scenario({"num_layers": 2, "attention_chunk_size": [64, None], "sliding_window": [None, 64]})
+    assert check_vllm_options({"num_layers": 2, "attention_chunk_size": [8192, None]}, {})
+    with pytest.raises(CaseFormatError, match="vllm.attention_chunk_size"):
+        check_vllm_options({"num_layers": 2, "attention_chunk_size": [8192]}, {})
+
+
+def test_step_labels_name_local_attention():
+    from gpu_impl.engines.vllm.scenario import check_scenario
+
+    s = check_scenario({"num_layers": 4, "attention_chunk_size": [1024] * 3 + [None], "steps": [{"seq_lens": [5]}]})
+    assert step_labels(s, [1], [5], None, "v1") == ["eager", "local attention"]
+    assert "local attention" not in step_labels(check_scenario({"steps": [{"seq_lens": [5]}]}), [1], [5], None, "v1")
 
 
 def test_paths_both_family_puts_half_the_cases_on_the_v2_runner():

@@ -164,9 +164,17 @@ class Config:
             self.backend, impl_class = diffkv.FlashAttentionDiffKVBackend, diffkv.FlashAttentionDiffKVImpl
             self.backend.set_head_size_v(self.dv)
         v_size = {"head_size_v": self.dv} if self.dv != s["head_dim"] else {}
+        chunks = s["attention_chunk_size"] or [None] * s["num_layers"]
+        if any(chunks) and self.dv != s["head_dim"]:
+            raise Unsupported("attention_chunk_size: chunked local layers over the DiffKV backend are not driven")
         with set_current_vllm_config(vc):
             for i, w in enumerate(windows):
-                impl = impl_class(num_heads=layer_heads(s, i, len(windows), self.h, self.hk), head_size=s["head_dim"],
+                layer_impl = impl_class
+                if chunks[i] is not None:  # the release's wrapped backend's impl (gpu_impl.engines.vllm.local)
+                    from gpu_impl.engines.vllm.local import chunked_backend
+
+                    layer_impl = chunked_backend(self.backend, chunks[i], s["block_size"]).get_impl_cls()
+                impl = layer_impl(num_heads=layer_heads(s, i, len(windows), self.h, self.hk), head_size=s["head_dim"],
                                   scale=s["head_dim"] ** -0.5, num_kv_heads=self.hk, alibi_slopes=None,
                                   sliding_window=w, kv_cache_dtype=s["kv_cache_dtype"],
                                   logits_soft_cap=s["logits_soft_cap"] or None)
@@ -191,9 +199,20 @@ class Config:
                 raise Unsupported(f"kv_cache_dtype: fp8 in this release's FlashAttentionImpl.forward quantizes the "
                                   f"query with the compiled _C op scaled_fp8_quant (CUDA), not faked")
             try:
-                self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
+                # the full-attention layers' group (every layer where none is chunked: a builder is always there)
+                main = [n for n, c in zip(self.layers, chunks) if c is None] or list(self.layers)
+                self.builder = fa.FlashAttentionMetadataBuilder(spec, main, vc, torch.device("cpu"))
             except AssertionError as exc:   # the release's own check of its layers (0.34.0: one num_heads per group)
                 raise Unsupported(f"vLLM's metadata builder refuses these layers: {exc}") from exc
+            #: the chunked local layers' attention groups (None: no chunked layer), over the same KV-cache group
+            self.local = None
+            if any(chunks):
+                from gpu_impl.engines.vllm.local import LocalGroups
+
+                names = list(self.layers)
+                self.local = LocalGroups(vc, s, self.backend, spec, {names[i]: c for i, c in enumerate(chunks)
+                                                                     if c is not None}, torch.device("cpu"))
+            self.local_md: dict = {}
         # the KV cache as the release's backend lays it out (``get_kv_cache_shape``: K and V packed in the last
         # dimension from 0.26, a separate K/V dimension before); the packed layout where the backend does not say
         shape = packed = (1, self.hk, s["block_size"], s["head_dim"] + self.dv)
@@ -302,9 +321,17 @@ class Config:
             raise Unsupported("cuda_graph: full_and_piecewise: the V1 runner's dispatch is not imitated with numerics "
                               "(graphs.V1Graphs runs record mode only)")
         cam = self.batch(query_lens, seq_lens, pad=prefix == 0)
-        md = self.builder.build(prefix, cam)
+        md = self.build(prefix, cam)
         self.forward(md, cam.num_actual_tokens)
         return self._drafts(query_lens, seq_lens, front, (md, self.s["cuda_graph"], None))
+
+    def build(self, prefix: int, cam):
+        """The step's metadata: the full-attention layers' builder's, and each chunked local group's own
+        (``self.local_md``: layer name -> metadata; the release's wrapped builders, ``gpu_impl.engines.vllm.local``)."""
+        md = self.builder.build(prefix, cam)
+        if self.local is not None:
+            self.local_md = self.local.build(prefix, cam)
+        return md
 
     def _drafts(self, query_lens, seq_lens, front, result):
         """After a step: the drafter's metadata for each draft step (the builder's ``build_for_drafting``, eager), its
@@ -350,7 +377,8 @@ class Config:
                 key = torch.zeros(num_tokens, self.hk, s["head_dim"], dtype=self.dtype)
                 value = torch.zeros(num_tokens, self.hk, self.dv, dtype=self.dtype)
                 out = torch.zeros(num_tokens, h, self.dv, dtype=self.dtype)
-                layer.impl.forward(layer, query, key, value, self.kv_cache, md, out)
+                layer.impl.forward(layer, query, key, value, self.kv_cache, self.local_md.get(layer.layer_name, md),
+                                   out)
 
 
 def cumsum(xs):
@@ -417,8 +445,17 @@ class Engine:
 
     def hello(self) -> dict:
         return {"release": getattr(self.vllm, "__version__", None), "path": os.path.dirname(self.vllm.__file__),
-                "import_s": round(self.import_s, 2), "fa_version": self.fa_version, "faked": list(self.glue.FAKED),
+                "import_s": round(self.import_s, 2), "fa_version": self.fa_version,
+                "faked": list(self.glue.FAKED) + list(self._faked_local()),
                 "driver": self.generation, "stood_in": list(self._stood_in())}
+
+    def _faked_local(self) -> tuple:
+        """What the chunked local path fakes (first generation; gpu_impl.engines.vllm.local)."""
+        if self.generation != "v1":
+            return ()
+        from gpu_impl.engines.vllm.local import FAKED_LOCAL
+
+        return FAKED_LOCAL
 
     def _stood_in(self) -> tuple:
         """What the driver generation itself stands in for (the second generation's runner pieces)."""

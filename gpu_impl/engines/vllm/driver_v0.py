@@ -42,7 +42,7 @@ __all__ = ["ConfigV0", "STOOD_IN", "MODES_V0"]
 #: What this generation stands in for, besides ``vllm_glue.FAKED`` (reported in the driver's hello).
 STOOD_IN = (
     "the V1 model runner object the builder reads (runner-bound releases): model_config, vllm_config, "
-    "parallel_config, device, max_num_reqs, block_size, attention_chunk_size (None) and its persistent arrays "
+    "parallel_config, device, max_num_reqs, block_size, attention_chunk_size (the model's) and its persistent arrays "
     "query_start_loc / seq_lens (device, CPU and numpy views) and slot_mapping_cpu, filled as _prepare_inputs fills "
     "them; the runner's input batch holds the release's own BlockTable",
     "a full CUDA graph's capture batch (_dummy_run): its query starts are written as one-token requests",
@@ -112,6 +112,39 @@ class _RunnerStandIn:
         self.seq_lens.copy_(self.seq_lens_cpu)
 
 
+def _local_chunk(fa, s: dict):
+    """The model's local-attention chunk size for a runner-bound builder (None: no chunked layer): the builder of
+    0.8.5 .. 0.9.2 reads the runner's ``attention_chunk_size`` (one per model) and makes the local metadata itself;
+    0.10.0's builder has no such branch (its runner makes the virtual batches for ChunkedLocalAttentionSpec groups,
+    ``gpu_model_runner.py:769``: not driven), nor do layers of different chunk sizes exist there (refused)."""
+    chunks = {c for c in (s["attention_chunk_size"] or ()) if c is not None}
+    if not chunks:
+        return None
+    from gpu_impl.engines.vllm.paths import local_not_driven
+
+    if "attention_chunk_size" not in inspect.getsource(fa.FlashAttentionMetadataBuilder.build) \
+            and _runner_virtual_batches() is None:
+        raise Unsupported("attention_chunk_size: " + local_not_driven("v0@0.10.0"))
+    if s["cuda_graph"] == "full":
+        raise Unsupported("attention_chunk_size: " + local_not_driven("v0 full graph"))
+    if len(chunks) > 1:
+        raise Unsupported(f"attention_chunk_size: this release's runner has one chunk size per model "
+                          f"(model_config.attention_chunk_size), got {sorted(chunks)}")
+    return chunks.pop()
+
+
+def _runner_virtual_batches():
+    """The release's ``make_local_attention_virtual_batches`` where its runner applies it to a
+    ``ChunkedLocalAttentionSpec`` group's CommonAttentionMetadata before the plain builder (0.10.0:
+    ``gpu_model_runner.py:769``); None where the builder makes the local metadata itself (0.8.5 .. 0.9.2)."""
+    try:
+        from vllm.v1.attention.backends.utils import make_local_attention_virtual_batches as virtual
+        from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec  # noqa: F401 - the group's spec
+    except ImportError:
+        return None
+    return virtual if "common_attn_metadata" in inspect.signature(virtual).parameters else None
+
+
 class ConfigV0:
     """One scenario's vLLM objects, stepped the way the runner of 0.8.5 .. 0.10.0 steps them (module doc)."""
 
@@ -139,6 +172,7 @@ class ConfigV0:
         full_field = "full_cuda_graph" in inspect.signature(CompilationConfig).parameters
         if s["cuda_graph"] == "full" and not full_field:
             raise Unsupported(f"cuda_graph: vLLM {release} has no full CUDA graph (CompilationConfig.full_cuda_graph)")
+        chunk = _local_chunk(engine.fa, s)
         fa = engine.fa
         self.s, self.fa, self.numerics, self.release = s, fa, False, release
         os.environ["VLLM_BATCH_INVARIANT"] = "1" if s["batch_invariant"] else "0"
@@ -158,7 +192,7 @@ class ConfigV0:
         vc.cache_config.cache_dtype = s["kv_cache_dtype"]
         vc.cache_config.block_size = s["block_size"]
         model = ModelStandIn(s, self.dtype)
-        model.attention_chunk_size = None
+        model.attention_chunk_size = chunk  # the runner reads the model's (Llama 4: its config's) chunk size
         model.disable_cascade_attn = True
         object.__setattr__(vc, "model_config", model)
         self.vc = vc
@@ -167,14 +201,19 @@ class ConfigV0:
         from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
         windows = s["sliding_window"] or [None] * s["num_layers"]
+        chunked = s["attention_chunk_size"] or [None] * s["num_layers"]
         self.layers = {}
         with set_current_vllm_config(vc):
             for i, w in enumerate(windows):
+                # a chunked local layer is an impl with use_irope (Llama 4's RoPE layers), which reads the builder's
+                # local_attn_metadata
+                irope = ({"use_irope": True} if chunked[i] is not None and "use_irope" in
+                         inspect.signature(fa.FlashAttentionImpl).parameters else {})
                 impl = fa.FlashAttentionImpl(num_heads=layer_heads(s, i, len(windows), self.h, self.hk),
                                              head_size=s["head_dim"], scale=s["head_dim"] ** -0.5,
                                              num_kv_heads=self.hk, alibi_slopes=None, sliding_window=w,
                                              kv_cache_dtype=s["kv_cache_dtype"],
-                                             logits_soft_cap=s["logits_soft_cap"] or None)
+                                             logits_soft_cap=s["logits_soft_cap"] or None, **irope)
                 layer = attention_layer(Attention, impl, i)
                 cc.static_forward_context[layer.layer_name] = layer
                 self.layers[layer.layer_name] = layer
@@ -187,12 +226,26 @@ class ConfigV0:
                 spec = _call(FullAttentionSpec, {**spec_args, "sliding_window": None})
             self.block_table = self._block_table()
             self.runner = _RunnerStandIn(vc, s, self.block_table)
+            self.runner.attention_chunk_size = chunk  # as the runner: model_config.attention_chunk_size
             try:
                 self.builder = _call(fa.FlashAttentionMetadataBuilder, {
                     "runner": self.runner, "kv_cache_spec": spec, "block_table": self.block_table,
                     "vllm_config": vc, "device": torch.device("cpu"), "layer_names": list(self.layers)})
             except ValueError as exc:  # the release's own check (capture sizes above 992 under a full graph)
                 raise Unsupported(f"vLLM's metadata builder refuses this configuration: {exc}") from exc
+            #: 0.10.0: the chunked layers' KV-cache group (ChunkedLocalAttentionSpec), its own builder, and the
+            #: runner's virtual batches for it (gpu_model_runner.py:769, the release's own function); None before
+            self.local_builder = self.local_virtual = None
+            self.local_chunk, self.local_md = chunk, {}
+            if chunk is not None and _runner_virtual_batches() is not None:
+                from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
+
+                local_spec = _call(ChunkedLocalAttentionSpec, {**spec_args, "attention_chunk_size": chunk})
+                self.local_names = [n for n, c in zip(self.layers, chunked) if c is not None]
+                self.local_builder = _call(fa.FlashAttentionMetadataBuilder, {
+                    "runner": self.runner, "kv_cache_spec": local_spec, "block_table": self.block_table,
+                    "vllm_config": vc, "device": torch.device("cpu"), "layer_names": self.local_names})
+                self.local_virtual = _runner_virtual_batches()
         buffer = getattr(self.builder, "scheduler_metadata", None)
         if s["cuda_graph"] == "full" and buffer is not None and not _semaphore_splits_layout():
             # the captured graph reads this buffer at the layout of the FA3 the wheel ships (the semaphore and
@@ -266,6 +319,11 @@ class ConfigV0:
         from vllm.config import set_current_vllm_config
 
         with set_current_vllm_config(self.vc):
+            if self.local_builder is not None:  # 0.10.0's runner: virtual batches for the chunked group, then build
+                local_cam = self.local_virtual(self.local_chunk, cam, self.s["block_size"])
+                local_md = _call(self.local_builder.build, {"common_prefix_len": 0, "common_attn_metadata": local_cam,
+                                                            "fast_build": False})
+                self.local_md = {name: local_md for name in self.local_names}
             try:
                 return _call(build, {**given, "common_prefix_len": 0, "common_attn_metadata": cam,
                                      "fast_build": False})
@@ -349,4 +407,5 @@ class ConfigV0:
                 key = torch.zeros(num_tokens, self.hk, s["head_dim"], dtype=self.dtype)
                 value = torch.zeros(num_tokens, self.hk, self.dv, dtype=self.dtype)
                 out = torch.zeros(num_tokens, h, self.dv, dtype=self.dtype)
-                layer.impl.forward(layer, query, key, value, self.kv_cache, md, out)
+                layer.impl.forward(layer, query, key, value, self.kv_cache, self.local_md.get(layer.layer_name, md),
+                                   out)

@@ -91,6 +91,10 @@ class ConfigV2(Config):
         if s["cuda_graph"] not in GRAPH_MODES_V2:
             raise Unsupported(f"cuda_graph: {s['cuda_graph']!r} is not a mode of the V2 runner "
                               f"({', '.join(GRAPH_MODES_V2)})")
+        if s["attention_chunk_size"]:
+            from gpu_impl.engines.vllm.paths import local_not_driven
+
+            raise Unsupported("attention_chunk_size: " + local_not_driven("v2"))
         for name in ("common_prefix", "draft_tokens"):
             if s[name]:
                 raise Unsupported(f"{name}: cascade attention and drafter metadata are driven through the V1 runner "

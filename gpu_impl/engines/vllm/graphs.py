@@ -278,7 +278,7 @@ class V1Graphs:
         built_tokens = tokens if full and self.pads_rows else sum(query_lens)
         cam = self._common(rows, built_tokens, query_lens, max(query_lens), max(seq_lens))
         with set_current_vllm_config(self.cfg.vc):
-            md = self.cfg.builder.build(0, cam)
+            md = self.cfg.build(0, cam)  # the chunked local groups' metadata too (driver.Config.build)
         self.cfg.steps_built += 1
         summary = types.SimpleNamespace(num_tokens=tokens, num_reqs=reqs, max_query_len=max(query_lens),
                                         uniform_token_count=1 if max(query_lens) == 1 else None)

@@ -188,7 +188,7 @@ def scenario_to_vllm(scn) -> dict:
            "block_size": max(16, -(-server.page_size // 16) * 16), "steps": steps,
            "seed": int(getattr(scn, "seed", 0) or 0) % (2 ** 63)}
     for name in ("kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes", "max_num_splits_for_cuda_graph",
-                 "common_prefix", "draft_tokens", "runner"):
+                 "common_prefix", "draft_tokens", "runner", "attention_chunk_size"):
         if opts.get(name) is not None:
             out[name] = opts[name]
     for d in defects:
@@ -353,6 +353,10 @@ class VllmSUT(SystemUnderTest):
             parts.append("fp8 KV cache")
         if server.get("enable_deterministic_inference"):
             parts.append("batch invariant")
+        chunk = opts.get("attention_chunk_size")
+        if chunk:
+            sizes = sorted({c for c in (chunk if isinstance(chunk, list) else [chunk]) if c is not None})
+            parts.append("chunked local attention " + "/".join(map(str, sizes)))
         if opts.get("common_prefix"):
             parts.append(f"shared prefix {opts['common_prefix']}")
         if opts.get("draft_tokens"):

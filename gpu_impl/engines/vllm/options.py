@@ -17,7 +17,9 @@ FULL_AND_PIECEWISE mode, FULL graphs for uniform decode batches and PIECEWISE fo
 runner's driver generation), ``common_prefix`` (0..2^31-1: tokens every request of each step shares, which the
 release's own cascade rule may turn into cascade attention), ``draft_tokens`` (0..8: draft steps a speculative-decoding
 drafter builds its metadata for after each step), ``runner`` (``"v1"`` or ``"v2"``: which model runner drives the
-case on a release that ships both; absent: the release's driver generation). :func:`check_vllm_options` raises ``CaseFormatError`` naming the field.
+case on a release that ships both; absent: the release's driver generation), ``attention_chunk_size`` (null, an
+integer in [1, 2^31) for every layer, or one null-or-integer per layer: vLLM's chunked local attention, the layers
+with a size being chunked local layers as Llama 4's are). :func:`check_vllm_options` raises ``CaseFormatError`` naming the field.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ __all__ = ["OPTIONS_KEY", "VLLM_FIELDS", "check_vllm_options"]
 OPTIONS_KEY = "vllm"
 VLLM_FIELDS = ("piecewise", "kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes",
                "max_num_splits_for_cuda_graph", "full_and_piecewise", "common_prefix", "draft_tokens",
-               "runner")
+               "runner", "attention_chunk_size")
 MAX_LAYERS = 64
 MAX_CAPTURE_SIZE = 4096
 
@@ -73,6 +75,13 @@ def check_vllm_options(value: Any, server: dict, path: str = OPTIONS_KEY) -> dic
         if not ok:
             raise CaseFormatError(f"{path}.sliding_window", f"null, an integer in [1, 2^31) or a list of {layers} "
                                                          f"(null | integer) entries, one per layer", sw)
+    chunk = out.get("attention_chunk_size")
+    if chunk is not None:
+        ok = _int_in(chunk, 1, MAX_LEN) or (isinstance(chunk, list) and len(chunk) == layers
+                                            and all(c is None or _int_in(c, 1, MAX_LEN) for c in chunk))
+        if not ok:
+            raise CaseFormatError(f"{path}.attention_chunk_size", f"null, an integer in [1, 2^31) or a list of "
+                                                               f"{layers} (null | integer) entries, one per layer", chunk)
     sizes = out.get("capture_sizes")
     if sizes is not None and not (isinstance(sizes, list) and 1 <= len(sizes) <= 64
                                   and all(_int_in(x, 1, MAX_CAPTURE_SIZE) for x in sizes)):

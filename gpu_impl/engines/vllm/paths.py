@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["PATHS_FILE", "PATH_KEYS", "STOOD_IN", "release_paths", "both_runners", "missing_paths", "step_labels",
+__all__ = ["PATHS_FILE", "PATH_KEYS", "STOOD_IN", "release_paths", "local_not_driven", "both_runners", "missing_paths", "step_labels",
            "cascade_prefix_len", "draft_steps"]
 
 PATHS_FILE = Path(__file__).resolve().parent / "paths.json"
@@ -97,8 +97,31 @@ def release_paths(release: str, generation: str | None = None) -> dict:
         if key == "drafter" and generation == "v2":
             out[key] = reasons["drafter@v2"]
             continue
+        if key == "local attention":
+            out[key] = _local_reason(release, generation)
+            continue
         out[key] = reasons.get(key)
     return out
+
+
+def local_not_driven(key: str) -> str:
+    """The reason chunked local attention is not driven, by key of paths.json ``local_attention.not_covered`` ("v2",
+    "v0@0.10.0", "v0 full graph")."""
+    return _DATA["local_attention"]["not_covered"][key]
+
+
+def _local_reason(release: str, generation: str):
+    """None where chunked local attention is driven on ``release`` (paths.json ``local_attention``), else why not."""
+    from . import recipes
+
+    local = _DATA["local_attention"]
+    key = recipes.version_key(release)
+    last = local.get("last_release", {}).get(generation)
+    if generation in local["driven_generations"] and key >= recipes.version_key(local["first_release"][generation]) \
+            and (last is None or key <= recipes.version_key(last)):
+        return None
+    return (local["not_covered"].get(f"{generation}@{release}") or local["not_covered"].get(generation)
+            or local["not_covered"]["default"])
 
 
 def _v2_runner() -> dict:
@@ -150,6 +173,8 @@ def step_labels(s: dict, query_lens, seq_lens, md, generation: str, drafter: boo
         out.append("K/V head sizes differ")
     if s["batch_invariant"]:
         out.append("batch invariant")
+    if any(c is not None for c in (s.get("attention_chunk_size") or ())):
+        out.append("local attention")
     if generation == "v2":
         out.append("V2 runner")
     return out

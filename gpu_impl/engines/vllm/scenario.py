@@ -21,13 +21,38 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 def scenario_defaults() -> dict:
     """Every scenario field and its default (a request may give any subset)."""
     return {"num_heads": 32, "num_kv_heads": 4, "head_dim": 128, "head_dim_v": None, "num_layers": 1,
-            "sliding_window": None,
+            "sliding_window": None, "attention_chunk_size": None,
             "logits_soft_cap": 0.0, "dtype": "bfloat16", "tp": 1, "dcp": 1, "cuda_graph": "none",
             "capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "max_num_seqs": 256, "batch_invariant": False,
             "kv_cache_dtype": "auto", "block_size": 16, "max_model_len": 40960, "num_sm": 132,
             "max_num_splits_for_cuda_graph": 32, "max_num_batched_tokens": 8192, "steps": [], "defect": None,
             "common_prefix": 0, "draft_tokens": 0, "runner": None,
             "lifecycle_defect": None, "seed": 0}
+
+
+def _chunk_sizes(out: dict):
+    """The layers' local-attention chunk sizes (vLLM's ``attention_chunk_size``; Llama 4's chunked local layers): null
+    (no chunked layer), or one (null | size) per layer; an integer gives every layer that size. A size is a multiple of
+    ``block_size`` (vLLM's ``make_local_attention_virtual_batches`` asserts it), and a chunked layer has no sliding
+    window (vLLM's chunked local layers take none)."""
+    chunk = out["attention_chunk_size"]
+    if chunk is None:
+        return None
+    layers = out["num_layers"]
+    sizes = [chunk] * layers if isinstance(chunk, int) and not isinstance(chunk, bool) else chunk
+    if (not isinstance(sizes, list) or len(sizes) != layers
+            or any(c is not None and (not isinstance(c, int) or isinstance(c, bool) or not 1 <= c < 2 ** 31)
+                   for c in sizes)):
+        raise ValueError(f"attention_chunk_size: must be null, an integer in [1, 2^31), or one (null | integer in "
+                         f"[1, 2^31)) per layer ({layers}), got {chunk!r}")
+    if any(c is not None and c % out["block_size"] for c in sizes):
+        raise ValueError(f"attention_chunk_size: each size a multiple of block_size ({out['block_size']}; vLLM's "
+                         f"make_local_attention_virtual_batches asserts it), got {chunk!r}")
+    windows = out["sliding_window"] or [None] * layers
+    if any(c is not None and w is not None for c, w in zip(sizes, windows)):
+        raise ValueError(f"attention_chunk_size: a layer with a chunk size has no sliding_window (vLLM's chunked "
+                         f"local layers take none), got chunks {sizes!r} and windows {windows!r}")
+    return sizes if any(c is not None for c in sizes) else None
 
 
 def check_scenario(s: dict) -> dict:
@@ -63,6 +88,7 @@ def check_scenario(s: dict) -> dict:
             raise ValueError(f"sliding_window: must be null, an integer >= 1, or one (null | integer >= 1) per "
                              f"layer ({out['num_layers']}), got {out['sliding_window']!r}")
         out["sliding_window"] = sw
+    out["attention_chunk_size"] = _chunk_sizes(out)
     sizes = out["capture_sizes"]
     if not sizes or any(not isinstance(x, int) or x < 1 for x in sizes):
         raise ValueError(f"capture_sizes: must be a non-empty list of integers >= 1, got {sizes!r}")

@@ -33,7 +33,7 @@ from .profiles import VLLM_RELEASES
 __all__ = ["FAMILIES", "NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
            "vllm_v2_case", "vllm_paths_case", "vllm_paths_both_case",
            "vllm_decode_tile_case",
-           "vllm_family_label", "model_tp_points"]
+           "vllm_family_label", "model_tp_points", "LOCAL_SHARE", "CHUNK_SIZES"]
 
 #: sglang's domain assumptions (``spec.model.config``) a vLLM case need not meet, from the vLLM releases' facts
 #: (``spec/model/assumption_facts.json``): under vLLM ``server.attn_cp_size`` is decode context parallel, which needs no
@@ -132,6 +132,9 @@ def vllm_paths_case(rng: random.Random) -> Optional[FuzzCase]:
     case = vllm_case(rng)
     if case is None:
         return None
+    local = _chunked_local_case(case)
+    if local is not None:
+        return local
     extra = random.Random(case.seed)
     options, steps = dict(case.options[OPTIONS_KEY]), list(case.steps)
     if extra.random() < 0.8 and not options.get("sliding_window"):
@@ -155,6 +158,51 @@ def vllm_paths_case(rng: random.Random) -> Optional[FuzzCase]:
     return dataclasses.replace(case, options={OPTIONS_KEY: options}, steps=tuple(steps))
 
 
+#: Family ``vllm-paths``: the share of windowless, DCP-1 cases drawn as a model with chunked local layers
+LOCAL_SHARE = 0.3
+#: the local-attention chunk sizes drawn (Llama 4 Scout / Maverick: 8192; smaller ones make more virtual batches)
+CHUNK_SIZES = (8192, 4096, 2048, 1024)
+#: Llama 4 Scout's attention (config.json of meta-llama/Llama-4-Scout-17B-16E: 40 query heads, 8 KV heads, head
+#: size 128, attention_chunk_size 8192, every 4th layer a global NoPE layer: ``no_rope_layers``)
+LLAMA4_HEADS = (40, 8, 128)
+#: the layers of a chunked-local case: three chunked local layers and a global one, as Llama 4 interleaves them
+LLAMA4_LAYERS = 4
+
+
+def _chunked_local_case(case: FuzzCase) -> Optional[FuzzCase]:
+    """A ``vllm-paths`` case redrawn as a model with chunked local layers (vLLM's ``attention_chunk_size``), from a
+    generator seeded by the case's seed + 2 (other cases keep their draws): in :data:`LOCAL_SHARE` of the windowless
+    cases without DCP, Llama 4 Scout's attention heads on the drawn tp, four layers of which the first three are chunked
+    local (``vllm.attention_chunk_size``, a size of :data:`CHUNK_SIZES`), no shared prefix and no drafter, and a last
+    step of 1..8 requests longer than a chunk, one of them taking up to 2048 new tokens; a full-graph
+    draw stays FULL in 3 of 10 (vLLM refuses FULL over the chunked local backend, whose CUDA-graph support is NEVER)
+    and is PIECEWISE otherwise (what vLLM's default FULL_AND_PIECEWISE resolves to for such a model). None: not
+    drawn."""
+    import dataclasses
+
+    options = dict(case.options[OPTIONS_KEY])
+    draw = random.Random(case.seed + 2)
+    if options.get("sliding_window") or case.server.attn_cp_size > 1 or draw.random() >= LOCAL_SHARE:
+        return None
+    chunk = draw.choice(CHUNK_SIZES)
+    heads, kv_heads, dim = LLAMA4_HEADS
+    model = dataclasses.replace(case.model, name="llama-4-scout", num_heads=heads, num_kv_heads=kv_heads,
+                                head_dim=dim, head_dim_v=dim, is_mla=False, has_sliding_window_layers=False)
+    server = case.server
+    if server.cuda_graph and draw.random() >= 0.3:
+        server = dataclasses.replace(server, cuda_graph=False)
+        options["piecewise"] = True
+    options.update(num_layers=LLAMA4_LAYERS, attention_chunk_size=[chunk] * (LLAMA4_LAYERS - 1) + [None])
+    # and a step shaped for the virtual batches: 1..8 requests longer than a chunk (up to four chunks), the first
+    # taking a chunk of up to 2048 new tokens that may cross chunk boundaries, the others one-token decodes
+    n = draw.choice((1, 2, 4, 8))
+    lens = [min(MAX_MODEL_LEN, draw.randint(chunk + 1, 4 * chunk)) for _ in range(n)]
+    first = min(lens[0], draw.randint(2, 2048))
+    step = {"mode": "mixed", "seq_lens": lens, "extend_lens": [first] + [1] * (n - 1)}
+    return dataclasses.replace(case, model=model, server=server, options={OPTIONS_KEY: options},
+                               steps=tuple(case.steps) + (step,))
+
+
 def vllm_paths_both_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-paths-both``: ``vllm-paths`` for a release that ships both model runners, half the cases on its
     V2 runner (``vllm.runner = "v2"``, drawn from a third generator seeded by the case's seed; there half the
@@ -168,7 +216,8 @@ def vllm_paths_both_case(rng: random.Random) -> Optional[FuzzCase]:
     if extra.random() >= 0.5:
         return case
     # cascade and the drafter's build_for_drafting are driven on the V1 runner only: not asked of the V2 runner
-    options = {k: v for k, v in case.options[OPTIONS_KEY].items() if k not in ("common_prefix", "draft_tokens")}
+    options = {k: v for k, v in case.options[OPTIONS_KEY].items()
+               if k not in ("common_prefix", "draft_tokens", "attention_chunk_size")}
     options["runner"] = "v2"
     if case.server.cuda_graph:
         options["full_and_piecewise"] = extra.random() < 0.5

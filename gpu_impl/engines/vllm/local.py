@@ -1,0 +1,156 @@
+"""Chunked local attention (vLLM's ``attention_chunk_size``, Llama 4's chunked local layers) for the first driver
+generation: the layers with a chunk size are built on the release's own wrapped backend
+(``create_chunked_local_attention_backend``, ``vllm/attention/layers/chunked_local_attention.py`` 0.10.1 .. 0.13.0,
+``vllm/model_executor/layers/attention/chunked_local_attention.py`` from 0.14.0), whose metadata builder turns each
+batch into virtual batches (``make_local_attention_virtual_batches``) and then runs the FlashAttention builder.
+
+Invariant: nothing of vLLM is re-typed here. The wrapped backend, its builder class, its ``build`` (virtual batches,
+then the FlashAttention builder's precompute) and its CUDA-graph support are the release's; the layers' impl is the
+wrapped backend's ``get_impl_cls()``. What the driver decides: which layers are chunked (the scenario's per-layer
+``attention_chunk_size``), and one KV-cache group for all layers with the full-attention spec and block table, as
+vLLM lays out a model with chunked local layers by default (from 0.10.1 ``VllmConfig`` disables the hybrid KV-cache
+manager for such models unless ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE`` is set, and the KV-cache planner
+then turns a ``ChunkedLocalAttentionSpec`` into a ``FullAttentionSpec``: one block table); the attention groups of
+that KV-cache group differ by backend, so the chunked layers get a builder of their own over the same spec.
+
+CUDA graphs, as the release's runner resolves them (``_check_and_update_cudagraph_mode``; from 0.20.0 the config's
+``resolve_cudagraph_mode_and_sizes``): the wrapped builder declares ``AttentionCGSupport.NEVER`` from 0.11.0, and a
+mode whose mixed batches run FULL graphs is then refused by vLLM ("please try cudagraph_mode=PIECEWISE"): such a
+scenario is refused with vLLM's message. 0.10.1 .. 0.10.2's wrapped builder keeps the FlashAttention builder's
+support (ALWAYS): full graphs over chunked local layers are accepted by those releases and not driven here (the
+capture of the wrapped builder is not imitated), refused with that reason. Piecewise graphs run the attention eagerly
+on the batch's own metadata and are driven.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from gpu_impl.engines.protocol import Unsupported
+
+__all__ = ["LOCAL_MODULES", "FAKED_LOCAL", "chunked_backend", "LocalGroups", "refuse_unsupported"]
+
+#: What the chunked local path fakes besides ``vllm_glue.FAKED`` (only in a scenario with chunked layers).
+FAKED_LOCAL = (
+    "vllm.utils.torch_utils.PIN_MEMORY: False (vLLM read it from the faked platform at import; a CPU torch has no "
+    "pinned-memory allocator, and make_local_attention_virtual_batches stages its index arrays through "
+    "async_tensor_h2d, which would pin them)",
+)
+
+#: where the release keeps ``create_chunked_local_attention_backend`` (it moved in 0.14.0); the first that imports
+LOCAL_MODULES = ("vllm.model_executor.layers.attention.chunked_local_attention",
+                 "vllm.attention.layers.chunked_local_attention")
+
+
+def _create():
+    """The release's ``create_chunked_local_attention_backend``; Unsupported naming the modules where it has none."""
+    import importlib
+
+    errors = []
+    for name in LOCAL_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            errors.append(f"{name} ({type(exc).__name__}: {exc})")
+            continue
+        if hasattr(module, "create_chunked_local_attention_backend"):
+            return module.create_chunked_local_attention_backend
+        errors.append(f"{name} (no create_chunked_local_attention_backend)")
+    raise Unsupported("attention_chunk_size: this release has no wrapped chunked-local backend: " + "; ".join(errors))
+
+
+def chunked_backend(base_backend, chunk: int, block_size: int):
+    """The release's wrapped backend over ``base_backend`` for chunk size ``chunk`` (0.10.1 .. 0.10.2 take the block
+    size as a third argument)."""
+    create = _create()
+    args = (base_backend, chunk, block_size)[:len(inspect.signature(create).parameters)]
+    return create(*args)
+
+
+def _support(builder_cls, vc, spec):
+    """The wrapped builder's CUDA-graph support as the release declares it (a classmethod from 0.12.0, the class
+    attribute ``cudagraph_support`` before)."""
+    get = getattr(builder_cls, "get_cudagraph_support", None)
+    if get is not None:
+        try:
+            return get(vc, spec)
+        except TypeError:
+            pass
+    return getattr(builder_cls, "cudagraph_support", None) or getattr(builder_cls, "_cudagraph_support", None)
+
+
+def refuse_unsupported(vc, s: dict, builder_cls, spec) -> None:
+    """Refuses, as the release's runner would or with the reason it is not driven, a chunked-local scenario under a
+    CUDA-graph mode with FULL graphs (module doc); the other paths it is not driven with."""
+    if s["dcp"] > 1:
+        raise Unsupported("dcp: decode context parallel over chunked local layers is not driven")
+    if s["draft_tokens"]:
+        raise Unsupported("draft_tokens: a drafter over chunked local layers is not driven")
+    if s["cuda_graph"] not in ("full", "full_and_piecewise"):
+        return
+    support = _support(builder_cls, vc, spec)
+    name = getattr(support, "name", str(support))
+    if name != "NEVER":
+        raise Unsupported(f"cuda_graph: {s['cuda_graph']}: this release's chunked local builder keeps the "
+                          f"FlashAttention builder's CUDA-graph support ({name}); the capture of virtual batches under "
+                          "a FULL graph is not driven")
+    if s["cuda_graph"] == "full_and_piecewise":
+        raise Unsupported("cuda_graph: full_and_piecewise: the chunked local builder declares NEVER, and the runner's "
+                          "downgrade of the mode (to PIECEWISE or NONE) is not imitated by this driver generation")
+    resolve = getattr(vc.compilation_config, "resolve_cudagraph_mode_and_sizes", None)
+    if resolve is None:  # before 0.20.0 the same rule is inline in the runner's _check_and_update_cudagraph_mode
+        raise Unsupported(f"cuda_graph: full: vLLM refuses CUDAGraphMode.FULL with the chunked local attention "
+                          f"backend (support: {name}; gpu_model_runner._check_and_update_cudagraph_mode raises "
+                          "ValueError: 'please try cudagraph_mode=PIECEWISE')")
+    params = inspect.signature(resolve).parameters
+    given = {"min_cg_support": support, "min_cg_attn_backend": builder_cls.__name__,
+             "uniform_decode_query_len": 1, "use_v2_model_runner": False}
+    try:
+        resolve(**{k: v for k, v in given.items() if k in params})
+    except ValueError as exc:
+        raise Unsupported(f"cuda_graph: full: vLLM's resolve_cudagraph_mode_and_sizes refuses it: {exc}") from exc
+    raise Unsupported("cuda_graph: full: vLLM resolved another mode for the chunked local backend "
+                      f"({vc.compilation_config.cudagraph_mode}); not driven")
+
+
+def _no_pinned_memory() -> None:
+    """:data:`FAKED_LOCAL`: no pinned staging on a CPU torch."""
+    import torch
+
+    try:
+        import vllm.utils.torch_utils as torch_utils
+    except ImportError:  # releases before the module (0.10.x) take pin_memory as an argument
+        return
+    if getattr(torch_utils, "PIN_MEMORY", False) and not torch.cuda.is_available():
+        torch_utils.PIN_MEMORY = False
+
+
+class LocalGroups:
+    """The chunked layers' attention groups: per chunk size the release's wrapped backend, its builder over the
+    KV-cache group's spec, and the layers it builds for."""
+
+    def __init__(self, vc, s: dict, base_backend, spec, layer_chunks: dict, device):
+        _no_pinned_memory()
+        self.groups = []
+        by_chunk: dict = {}
+        for name, chunk in layer_chunks.items():
+            by_chunk.setdefault(chunk, []).append(name)
+        for chunk, names in sorted(by_chunk.items()):
+            backend = chunked_backend(base_backend, chunk, s["block_size"])
+            builder_cls = backend.get_builder_cls()
+            refuse_unsupported(vc, s, builder_cls, spec)
+            self.groups.append((chunk, backend, builder_cls(spec, names, vc, device), names))
+
+    def backend_for(self, chunk: int):
+        return next(backend for c, backend, _, _ in self.groups if c == chunk)
+
+    def build(self, prefix: int, cam) -> dict:
+        """Each chunked layer's metadata for one batch: its group's ``build`` (the release's virtual batches, then
+        the FlashAttention builder's precompute), once per group as the runner builds once per attention group."""
+        if prefix:
+            raise Unsupported("common_prefix: cascade attention over chunked local layers is not driven")
+        out = {}
+        for _, _, builder, names in self.groups:
+            md = builder.build(prefix, cam)
+            out.update({name: md for name in names})
+        return out

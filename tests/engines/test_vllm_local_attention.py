@@ -1,0 +1,126 @@
+"""Chunked local attention on vLLM's first driver generation (gpu_impl/engines/vllm/local.py): layers with a chunk
+size are built on the release's own wrapped backend, whose builder turns each batch into virtual batches before the
+FlashAttention builder's precompute, and both sides are judged; vLLM's own rule refuses FULL CUDA graphs over them.
+
+Controls: the clean release passes the local path (its precompute over the virtual batches, the call on them); a copy
+of the release whose local builder hands its calls the metadata of a precompute over the un-virtualised batch
+(tests/release_copies.py ``LOCAL_UNVIRTUALISED_PRECOMPUTE``) is caught on one step, and (slow) within the gate's
+default fuzz budget on 5 seeds of 5.
+
+Engine-marked: each needs vLLM 0.33.0's cached environment and skips, naming the setup command, without one.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from gpu_impl.engines import envs
+
+RELEASE = "0.33.0"
+#: Llama 4 Scout's attention at tp 8 (5 query heads on 1 KV head per rank), three chunked local layers and a global
+#: one; one long decode (32768 tokens: its chunk holds 32768 mod 1024 = 0 -> 1024 keys) and a chunked prefill
+LAYERS = {"num_heads": 40, "num_kv_heads": 8, "head_dim": 128, "tp": 8, "num_layers": 4,
+          "attention_chunk_size": [1024, 1024, 1024, None]}
+DECODE = {"seq_lens": [32768]}
+PREFILL = {"seq_lens": [9000, 100], "query_lens": [2000, 1]}
+
+
+def _needs(release: str = RELEASE) -> None:
+    if not envs.env_ready(release, engine="vllm"):
+        pytest.skip(f"no environment for vllm {release} under {envs.env_dir(release, engine='vllm')}: run "
+                    f"`fa3verify engine setup vllm=={release}` to build it")
+
+
+def _pairs(resp):
+    return [e for e in resp["trace"] if "s_c" in e]
+
+
+@pytest.fixture(scope="module")
+def worker(engine_sut):
+    _needs()
+    return engine_sut(f"vllm=={RELEASE}").worker
+
+
+@pytest.mark.engine
+def test_chunked_layers_precompute_over_the_release_s_virtual_batches_and_pass(worker):
+    resp = worker.run({**LAYERS, "steps": [DECODE, PREFILL]})
+    assert resp["findings"] == [] and resp["shape_errors"] == []
+    pairs = _pairs(resp)
+    assert len(pairs) == 8 and all("local attention" in e["reached"] for e in pairs)
+    decode, prefill = pairs[:4], pairs[4:]
+    # the three chunked layers: one virtual batch of the last chunk's 1024 keys; the global layer: the whole sequence
+    assert [e["precompute"]["max_seqlen_k"] for e in decode] == [1024, 1024, 1024, 32768]
+    # the prefill: 2000 new tokens of a 9000-token sequence over 1024-token chunks make 3 virtual batches, the decode
+    # one more; the global layer sees the 2 requests as scheduled
+    assert [e["precompute"]["batch_size"] for e in prefill] == [4, 4, 4, 2]
+    assert all(e["call"]["batch_size"] == e["precompute"]["batch_size"] for e in pairs)
+    assert all(e["s_p"] == e["s_c"] for e in pairs)
+
+
+@pytest.mark.engine
+def test_full_cuda_graphs_over_chunked_layers_are_refused_as_vllm_refuses_them(worker):
+    from gpu_impl.engines.errors import ScenarioUnsupported
+
+    with pytest.raises(ScenarioUnsupported, match="CUDAGraphMode.FULL is not supported with ChunkedLocalAttention"):
+        worker.run({**LAYERS, "cuda_graph": "full", "steps": [DECODE]})
+    piecewise = worker.run({**LAYERS, "cuda_graph": "piecewise", "steps": [DECODE]})
+    assert piecewise["findings"] == [] and all("piecewise" in e["reached"] for e in _pairs(piecewise))
+
+
+def _copy_sut(root):
+    from gpu_impl.engines.vllm.host import VllmSUT
+    from gpu_impl.sut import parse_engine
+
+    return VllmSUT(spec=parse_engine(f"vllm-src={root}"), progress=lambda line: None)
+
+
+@pytest.mark.engine
+def test_a_local_precompute_over_the_unvirtualised_batch_is_caught(tmp_path):
+    _needs()
+    from release_copies import vllm_local_regression_copy
+
+    with _copy_sut(vllm_local_regression_copy(tmp_path / "seeded")) as sut:
+        resp = sut.worker.run({**LAYERS, "steps": [DECODE]})
+    invariants = {f["invariant"] for f in resp["findings"]}
+    assert {"SPLIT_BOUND", "COMBINE_CAPACITY"} <= invariants, resp["findings"][:3]
+    assert all(f["detail"]["s_p"] > f["detail"]["s_c"] for f in resp["findings"] if f["invariant"] == "SPLIT_BOUND")
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_the_local_regression_is_found_within_the_gate_budget_on_five_seeds(tmp_path):
+    """The gate's campaign (family vllm-paths, its chunked-local draws) on the copy with the regression finds it on
+    every seed within the gate's default fuzz budget (the copy without it, replay aligned, passes its gate:
+    tests/engines/test_vllm_checkout.py; the one-step test above pins the same defect)."""
+    _needs()
+    from fa3verify.commands.gate import gate
+    from release_copies import vllm_local_regression_copy
+    from engines.test_vllm_release_copies import SEEDS, _first_failure, _started_as_the_gate_starts_it
+
+    budget = inspect.signature(gate).parameters["budget_s"].default
+    seeded = vllm_local_regression_copy(tmp_path / "seeded")
+    with _started_as_the_gate_starts_it(_copy_sut(seeded)) as sut:
+        assert sut.domain().family == "vllm-paths"
+        found = {seed: _first_failure(sut, seed, budget_s=budget) for seed in SEEDS}
+    assert all(f is not None and f[0] in ("SPLIT_BOUND", "COMBINE_CAPACITY", "BATCH_PERMUTATION")
+               for f in found.values()), found
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("release", ["0.9.2", "0.10.0"])
+def test_generation_v0_makes_the_local_metadata_as_the_release_does(engine_sut, release):
+    """Driver generation v0. 0.9.2: the builder's own local branch (the runner's attention_chunk_size, a second
+    ``schedule(...)`` over the virtual batches) feeds the ``use_irope`` layers, the plain metadata the global one.
+    0.10.0: the runner's virtual batches (the release's ``make_local_attention_virtual_batches``) for the
+    ChunkedLocalAttentionSpec group, built by that group's own builder. The same numbers as the wrapped backend's."""
+    _needs(release)
+    resp = engine_sut(f"vllm=={release}").worker.run({**LAYERS, "steps": [DECODE, PREFILL]})
+    assert resp["findings"] == [] and resp["shape_errors"] == []
+    pairs = _pairs(resp)
+    assert [e["precompute"]["max_seqlen_k"] for e in pairs[:4]] == [1024, 1024, 1024, 32768]
+    assert [e["precompute"]["batch_size"] for e in pairs[4:]] == [4, 4, 4, 2]
+    assert all(e["s_p"] == e["s_c"] for e in pairs) and all("local attention" in e["reached"] for e in pairs)
+    with pytest.raises(Exception, match="not driven under a full CUDA graph"):
+        engine_sut(f"vllm=={release}").worker.run({**LAYERS, "cuda_graph": "full", "steps": [DECODE]})
