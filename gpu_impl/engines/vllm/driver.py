@@ -72,6 +72,13 @@ class ModelStandIn:
         self.enforce_eager = False  # VllmConfig._set_cudagraph_sizes resolves capture sizes only when False
         self._heads, self._kv_heads, self._head_size = s["num_heads"], s["num_kv_heads"], s["head_dim"]
         self.max_model_len = s["max_model_len"]  # 0.34.0's build reads it under VLLM_BATCH_INVARIANT
+        if s.get("layer_kv_heads"):
+            # a model whose layers differ from its config: the release's own ModelConfig methods answer
+            # (gpu_impl.engines.vllm.heterolayers), from a Nemotron-NAS hf_config
+            from gpu_impl.engines.vllm.heterolayers import bind_model_config, nemotron_nas_hf_config
+
+            self.hf_config = self.hf_text_config = nemotron_nas_hf_config(s)
+            bind_model_config(self)
 
     def get_num_attention_heads(self, parallel_config) -> int:
         return self._heads // parallel_config.tensor_parallel_size
@@ -142,6 +149,15 @@ class Config:
             resolve_capture_sizes(vc, s)
         self.h = s["num_heads"] // s["tp"]
         self.hk = max(1, s["num_kv_heads"] // s["tp"])
+        hetero = bool(s["layer_kv_heads"])
+        if hetero and (numerics or s["cuda_graph"] in ("full", "full_and_piecewise")):
+            raise Unsupported(f"layer_kv_heads: driven eager and under piecewise graphs in record mode (the FULL "
+                              f"graphs of several attention groups and numerics are not), got cuda_graph "
+                              f"{s['cuda_graph']!r}{' with numerics' if numerics else ''}")
+        if hetero:
+            from gpu_impl.engines.vllm.heterolayers import layer_kv_heads
+
+            self.hk = layer_kv_heads(s, 0, s["tp"])
         self.dtype = dtype
         import vllm.distributed.parallel_state as ps
 
@@ -166,8 +182,9 @@ class Config:
         v_size = {"head_size_v": self.dv} if self.dv != s["head_dim"] else {}
         with set_current_vllm_config(vc):
             for i, w in enumerate(windows):
-                impl = impl_class(num_heads=layer_heads(s, i, len(windows), self.h, self.hk), head_size=s["head_dim"],
-                                  scale=s["head_dim"] ** -0.5, num_kv_heads=self.hk, alibi_slopes=None,
+                hk = layer_kv_heads(s, i, s["tp"]) if hetero else self.hk
+                impl = impl_class(num_heads=layer_heads(s, i, len(windows), self.h, hk), head_size=s["head_dim"],
+                                  scale=s["head_dim"] ** -0.5, num_kv_heads=hk, alibi_slopes=None,
                                   sliding_window=w, kv_cache_dtype=s["kv_cache_dtype"],
                                   logits_soft_cap=s["logits_soft_cap"] or None)
                 layer = attention_layer(Attention, impl, i)
@@ -190,25 +207,60 @@ class Config:
                 # 0.10.1 .. 0.10.2 (as 0.8.5 .. 0.10.0): the impl quantizes the query itself with a compiled CUDA op
                 raise Unsupported(f"kv_cache_dtype: fp8 in this release's FlashAttentionImpl.forward quantizes the "
                                   f"query with the compiled _C op scaled_fp8_quant (CUDA), not faked")
+            groups = [(spec, list(self.layers))]
+            #: how the layers' KV-cache groups were made (layers that differ: vLLM's grouping, or why stood in)
+            self.grouping: list = []
+            if hetero:  # each layer's own spec, grouped by the release's KV-cache grouping
+                from gpu_impl.engines.vllm.heterolayers import kv_cache_groups
+
+                specs = {}
+                for (name, layer), w in zip(self.layers.items(), windows):
+                    own = dict(block_size=s["block_size"], num_kv_heads=layer.impl.num_kv_heads,
+                               head_size=s["head_dim"], dtype=kv_dtype, **v_size, **mla)
+                    specs[name] = (SlidingWindowSpec(sliding_window=w, **own) if w is not None
+                                   else FullAttentionSpec(**own))
+                groups = kv_cache_groups(vc, specs, self.grouping)
+                spec = groups[0][0]
             try:
-                self.builder = fa.FlashAttentionMetadataBuilder(spec, list(self.layers), vc, torch.device("cpu"))
+                builders = [(fa.FlashAttentionMetadataBuilder(g_spec, names, vc, torch.device("cpu")), names)
+                            for g_spec, names in groups]
             except AssertionError as exc:   # the release's own check of its layers (0.34.0: one num_heads per group)
                 raise Unsupported(f"vLLM's metadata builder refuses these layers: {exc}") from exc
+            if hetero:
+                from gpu_impl.engines.vllm.heterolayers import GroupedBuilder
+
+                self.builder = GroupedBuilder(builders)
+            else:
+                self.builder = builders[0][0]
+            #: each layer's KV-cache spec (its attention group's)
+            self.layer_specs = {name: g_spec for g_spec, names in groups for name in names}
         # the KV cache as the release's backend lays it out (``get_kv_cache_shape``: K and V packed in the last
         # dimension from 0.26, a separate K/V dimension before); the packed layout where the backend does not say
-        shape = packed = (1, self.hk, s["block_size"], s["head_dim"] + self.dv)
         get_shape = getattr(self.backend, "get_kv_cache_shape", None)
-        if get_shape is not None and self.dv == s["head_dim"]:
-            try:
-                args = (1, s["block_size"], self.hk, s["head_dim"], s["kv_cache_dtype"])
-                # 0.10.1 .. 0.10.2 take no cache dtype (four parameters)
-                shape = tuple(get_shape(*args[:len(inspect.signature(get_shape).parameters)]))
-            except NotImplementedError:
-                pass
+
+        def cache_shape(hk: int, block_size: int) -> tuple:
+            packed = (1, hk, block_size, s["head_dim"] + self.dv)
+            if get_shape is not None and self.dv == s["head_dim"]:
+                try:
+                    args = (1, block_size, hk, s["head_dim"], s["kv_cache_dtype"])
+                    # 0.10.1 .. 0.10.2 take no cache dtype (four parameters)
+                    return tuple(get_shape(*args[:len(inspect.signature(get_shape).parameters)])), packed
+                except NotImplementedError:
+                    pass
+            return packed, packed
+
+        shape, packed = cache_shape(self.hk, s["block_size"])
         if numerics and shape != packed:
             raise Unsupported(f"numerics: the emulator's KV cache is the packed layout {packed}; this release's "
                               f"backend lays it out as {shape} (get_kv_cache_shape)")
         self.kv_cache = torch.zeros(shape, dtype=kv_dtype)
+        #: a layer whose attention group's spec differs from the first: its own cache, at its group's heads and
+        #: block size (the release's grouping may grow a group's block size to unify page sizes)
+        self.kv_caches = {}
+        for name, g_spec in self.layer_specs.items():
+            if g_spec is not spec:
+                self.kv_caches[name] = torch.zeros(cache_shape(g_spec.num_kv_heads, g_spec.block_size)[0],
+                                                   dtype=kv_dtype)
         self.spec = spec
         self.max_blocks = self.table_width(spec)
         self.steps_built = 0
@@ -347,10 +399,13 @@ class Config:
                     query = torch.randn(num_tokens, h, s["head_dim"], generator=gen).to(qd)
                 else:
                     query = torch.zeros(num_tokens, h, s["head_dim"], dtype=qd)
-                key = torch.zeros(num_tokens, self.hk, s["head_dim"], dtype=self.dtype)
-                value = torch.zeros(num_tokens, self.hk, self.dv, dtype=self.dtype)
+                hk = layer.impl.num_kv_heads
+                key = torch.zeros(num_tokens, hk, s["head_dim"], dtype=self.dtype)
+                value = torch.zeros(num_tokens, hk, self.dv, dtype=self.dtype)
                 out = torch.zeros(num_tokens, h, self.dv, dtype=self.dtype)
-                layer.impl.forward(layer, query, key, value, self.kv_cache, md, out)
+                own = getattr(self.builder, "metadata_for", None)  # several attention groups: the layer's own
+                layer.impl.forward(layer, query, key, value, self.kv_caches.get(layer.layer_name, self.kv_cache),
+                                   own(layer.layer_name, md) if own else md, out)
 
 
 def cumsum(xs):
@@ -481,6 +536,8 @@ class Engine:
         out = {"findings": [], "shape_errors": [], "trace": [], "setup_s": round(time.monotonic() - t, 3),
                "fa3_build": front.build}
         out["unchecked_calls"] = 0
+        if getattr(cfg, "grouping", None):
+            out["kv_cache_grouping"] = cfg.grouping[-1]
         for index, st in enumerate(s["steps"]):
             t = time.monotonic()
             front.where, front.real_rows = (index, 0), len(st["seq_lens"])

@@ -91,6 +91,10 @@ class ConfigV2(Config):
         if s["cuda_graph"] not in GRAPH_MODES_V2:
             raise Unsupported(f"cuda_graph: {s['cuda_graph']!r} is not a mode of the V2 runner "
                               f"({', '.join(GRAPH_MODES_V2)})")
+        if s["layer_kv_heads"]:
+            raise Unsupported("layer_kv_heads: the V2 runner's attention groups (one builder per group, the builder "
+                              "reading the group's KV-cache spec) are not driven for layers that differ (driver "
+                              "generation v1 drives them)")
         for name in ("common_prefix", "draft_tokens"):
             if s[name]:
                 raise Unsupported(f"{name}: cascade attention and drafter metadata are driven through the V1 runner "
