@@ -179,6 +179,13 @@ class Config:
 
             self.backend, impl_class = diffkv.FlashAttentionDiffKVBackend, diffkv.FlashAttentionDiffKVImpl
             self.backend.set_head_size_v(self.dv)
+            if hasattr(diffkv, "triton_reshape_and_cache_flash_diffkv"):
+                # 0.14 .. 0.19: the impl writes the new K/V into the cache with a Triton kernel (CUDA); no FA3
+                # argument reads the cache's contents in record mode (vllm_glue.FAKED lists it)
+                if numerics:
+                    raise Unsupported("head_dim_v: numerics with this release's DiffKV backend, whose cache write is "
+                                      "a Triton kernel (triton_reshape_and_cache_flash_diffkv), not run on CPU")
+                diffkv.triton_reshape_and_cache_flash_diffkv = lambda *args, **kwargs: None
         v_size = {"head_size_v": self.dv} if self.dv != s["head_dim"] else {}
         with set_current_vllm_config(vc):
             for i, w in enumerate(windows):
@@ -240,7 +247,7 @@ class Config:
 
         def cache_shape(hk: int, block_size: int) -> tuple:
             packed = (1, hk, block_size, s["head_dim"] + self.dv)
-            if get_shape is not None and self.dv == s["head_dim"]:
+            if get_shape is not None:  # the DiffKV backend lays K and V out with their own head sizes
                 try:
                     args = (1, block_size, hk, s["head_dim"], s["kv_cache_dtype"])
                     # 0.10.1 .. 0.10.2 take no cache dtype (four parameters)
