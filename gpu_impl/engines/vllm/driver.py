@@ -175,7 +175,11 @@ class Config:
         self.dv = s["head_dim_v"] or s["head_dim"]
         self.backend, impl_class = fa.FlashAttentionBackend, fa.FlashAttentionImpl
         if self.dv != s["head_dim"]:
-            import vllm.v1.attention.backends.flash_attn_diffkv as diffkv
+            try:
+                import vllm.v1.attention.backends.flash_attn_diffkv as diffkv
+            except ImportError as exc:  # before 0.14.0 the release has no backend for it
+                raise Unsupported(f"head_dim_v: this release has no backend whose V head size differs from K's "
+                                  f"(vllm/v1/attention/backends/flash_attn_diffkv.py: {exc})") from exc
 
             self.backend, impl_class = diffkv.FlashAttentionDiffKVBackend, diffkv.FlashAttentionDiffKVImpl
             self.backend.set_head_size_v(self.dv)

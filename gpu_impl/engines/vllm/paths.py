@@ -71,8 +71,12 @@ def release_paths(release: str, generation: str | None = None) -> dict:
             continue
         first = _DATA["first_release"].get(key)
         if first is not None and recipes.version_key(release) < recipes.version_key(first):
-            out[key] = (f"not in this release: {key} appears in vLLM {first} "
-                        f"(should_skip_dcp_context_attention in the FlashAttention builder)")
+            out[key] = f"not in this release: {key} appears in vLLM {first} ({_DATA['first_release_where'][key]})"
+            continue
+        if key == "layers differ from the config" and generation != "v1":
+            out[key] = (_DATA["layers_refused_v0"].get(release, "not driven: driver generation v0 builds one "
+                                                                "metadata builder for all layers")
+                        if generation == "v0" else reasons["layers differ from the config@v2"])
             continue
         if key == "V2 runner":
             if generation == "v2":
@@ -123,7 +127,8 @@ def missing_paths(table: dict) -> list:
 
 def step_labels(s: dict, query_lens, seq_lens, md, generation: str, drafter: bool = False) -> list:
     """The paths (:data:`PATH_KEYS`) one driven step's call was on: the graph mode as dispatched, cascade, DCP
-    (and its skipped context), windows, differing head sizes, batch invariance, a drafter's build, the runner."""
+    (and its skipped context), windows, differing head sizes, layers that differ from the config, batch invariance,
+    a drafter's build, the runner."""
     out = []
     graph = s["cuda_graph"]
     above = sum(query_lens) > max(s["capture_sizes"])
@@ -148,6 +153,8 @@ def step_labels(s: dict, query_lens, seq_lens, md, generation: str, drafter: boo
         out.append("sliding window")
     if s.get("head_dim_v") not in (None, s["head_dim"]):
         out.append("K/V head sizes differ")
+    if s.get("layer_kv_heads"):
+        out.append("layers differ from the config")
     if s["batch_invariant"]:
         out.append("batch invariant")
     if generation == "v2":
