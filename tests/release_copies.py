@@ -177,3 +177,12 @@ STORE_ONCE_0_33_0 = (
     (r"\n(            )self\.scheduler_metadata\[:n\] = scheduler_metadata\n",
      r"\n\1if not bool(self.scheduler_metadata.any()):\n\1    self.scheduler_metadata[:n] = scheduler_metadata\n"),
 )
+
+#: vLLM 0.33.0 whose metadata builder takes the precompute's KV heads from the model config
+#: (``ModelConfig.get_num_kv_heads``, as 0.10.1 .. 0.28.0 do) instead of its attention group's KV-cache spec, while each
+#: layer calls FA3 with its own: on a model whose layers differ from its config, every group but the first
+#: precomputes with another layer's heads.
+MODEL_CONFIG_KV_HEADS_0_33_0 = (
+    (r"\n(        )self\.num_heads_kv = kv_cache_spec\.num_kv_heads\n",
+     r"\n\1self.num_heads_kv = self.model_config.get_num_kv_heads(self.parallel_config)\n"),
+)
