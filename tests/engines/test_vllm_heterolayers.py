@@ -181,6 +181,7 @@ def _layers_campaign(sut, seed: int, budget_s):
     from gpu_impl.domain import ConfigDomain
     from gpu_impl.kernels import load
 
+    sut.domain()  # the release's own domain first: its cache of vLLM's validation verdicts
     domain = ConfigDomain(str(sut.spec), family="vllm-layers", check=sut.check_case)
     camp = run_campaign(load_policy(), load("emulated", mode="strict"), seed=seed, budget_s=budget_s, sut=sut,
                         domain=domain, stop_at_first_failure=True)
