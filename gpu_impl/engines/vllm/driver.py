@@ -150,14 +150,10 @@ class Config:
         self.h = s["num_heads"] // s["tp"]
         self.hk = max(1, s["num_kv_heads"] // s["tp"])
         hetero = bool(s["layer_kv_heads"])
-        if hetero and (numerics or s["cuda_graph"] in ("full", "full_and_piecewise")):
-            raise Unsupported(f"layer_kv_heads: driven eager and under piecewise graphs in record mode (the FULL "
-                              f"graphs of several attention groups and numerics are not), got cuda_graph "
-                              f"{s['cuda_graph']!r}{' with numerics' if numerics else ''}")
         if hetero:
-            from gpu_impl.engines.vllm.heterolayers import layer_kv_heads
+            from gpu_impl.engines.vllm.heterolayers import check_driven, layer_kv_heads
 
-            self.hk = layer_kv_heads(s, 0, s["tp"])
+            self.hk = check_driven(s, numerics) and layer_kv_heads(s, 0, s["tp"])
         self.dtype = dtype
         import vllm.distributed.parallel_state as ps
 
@@ -222,27 +218,19 @@ class Config:
             #: how the layers' KV-cache groups were made (layers that differ: vLLM's grouping, or why stood in)
             self.grouping: list = []
             if hetero:  # each layer's own spec, grouped by the release's KV-cache grouping
-                from gpu_impl.engines.vllm.heterolayers import kv_cache_groups
+                from gpu_impl.engines.vllm.heterolayers import layer_groups
 
-                specs = {}
-                for (name, layer), w in zip(self.layers.items(), windows):
-                    own = dict(block_size=s["block_size"], num_kv_heads=layer.impl.num_kv_heads,
-                               head_size=s["head_dim"], dtype=kv_dtype, **v_size, **mla)
-                    specs[name] = (SlidingWindowSpec(sliding_window=w, **own) if w is not None
-                                   else FullAttentionSpec(**own))
-                groups = kv_cache_groups(vc, specs, self.grouping)
+                groups = layer_groups(vc, self.layers, windows, dict(block_size=s["block_size"],
+                                      head_size=s["head_dim"], dtype=kv_dtype, **v_size, **mla), self.grouping)
                 spec = groups[0][0]
             try:
                 builders = [(fa.FlashAttentionMetadataBuilder(g_spec, names, vc, torch.device("cpu")), names)
                             for g_spec, names in groups]
             except AssertionError as exc:   # the release's own check of its layers (0.34.0: one num_heads per group)
                 raise Unsupported(f"vLLM's metadata builder refuses these layers: {exc}") from exc
-            if hetero:
-                from gpu_impl.engines.vllm.heterolayers import GroupedBuilder
+            from gpu_impl.engines.vllm.heterolayers import GroupedBuilder
 
-                self.builder = GroupedBuilder(builders)
-            else:
-                self.builder = builders[0][0]
+            self.builder = GroupedBuilder(builders) if hetero else builders[0][0]
             #: each layer's KV-cache spec (its attention group's)
             self.layer_specs = {name: g_spec for g_spec, names in groups for name in names}
         # the KV cache as the release's backend lays it out (``get_kv_cache_shape``: K and V packed in the last
@@ -494,9 +482,10 @@ class Engine:
             return STOOD_IN
         if self.generation != "v2":
             from gpu_impl.engines.vllm.graphs import STOOD_IN_V1
+            from gpu_impl.engines.vllm.heterolayers import STOOD_IN as LAYERS_STOOD_IN
             from gpu_impl.engines.vllm.paths import STOOD_IN as PATHS_STOOD_IN
 
-            return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1)
+            return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1) + tuple(LAYERS_STOOD_IN)
         from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
 
         return STOOD_IN

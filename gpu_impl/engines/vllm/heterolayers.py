@@ -19,8 +19,8 @@ import types
 
 from gpu_impl.engines.protocol import Unsupported
 
-__all__ = ["STOOD_IN", "nemotron_nas_hf_config", "bind_model_config", "layer_kv_heads", "kv_cache_groups",
-           "GroupedBuilder"]
+__all__ = ["STOOD_IN", "nemotron_nas_hf_config", "bind_model_config", "layer_kv_heads", "check_driven",
+           "layer_groups", "kv_cache_groups", "GroupedBuilder"]
 
 #: what the heterogeneous-layer driving stands in for (besides the driver's own stand-ins)
 STOOD_IN = (
@@ -29,7 +29,7 @@ STOOD_IN = (
     "head_dim, vocab_size), not a checkpoint's config; ModelConfig's own methods answer from it",
     "the KV-cache grouping itself where the release's vllm/v1/core/kv_cache_utils.py does not import in its "
     "environment (a dependency vLLM declares that the recipe lacks, as paths.json runner_module_does_not_import "
-    "lists, or one whose installed version does not match, as xgrammar's binding on 0.20.0): layers grouped by their own KV-cache spec, which is what the release's grouping of full-attention "
+    "lists; xgrammar's binding that does not load is stood in as paths.STOOD_IN says): layers grouped by their own KV-cache spec, which is what the release's grouping of full-attention "
     "layers and the runner's attention-group split give where the grouping accepts the layers",
     "the V1 runner's split of a KV-cache group into attention groups (initialize_attn_backend's nested "
     "get_attn_backends_for_group: one group per (backend, layer KV-cache spec)), which cannot be called without a "
@@ -85,13 +85,37 @@ def layer_kv_heads(s: dict, index: int, tp: int) -> int:
     return max(1, s["layer_kv_heads"][index] // tp)
 
 
+def check_driven(s: dict, numerics: bool) -> bool:
+    """True where the first driver generation drives these layers; Unsupported naming the field where not."""
+    if numerics or s["cuda_graph"] in ("full", "full_and_piecewise"):
+        raise Unsupported(f"layer_kv_heads: driven eager and under piecewise graphs in record mode (the FULL graphs "
+                          f"of several attention groups and numerics are not), got cuda_graph {s['cuda_graph']!r}"
+                          f"{' with numerics' if numerics else ''}")
+    return True
+
+
+def layer_groups(vc, layers: dict, windows: list, spec_args: dict, how: list) -> list:
+    """[(spec, layer names)]: each layer's own KV-cache spec (its KV heads; its window: vLLM's
+    ``SlidingWindowSpec`` or ``FullAttentionSpec``, as ``Attention.get_kv_cache_spec`` makes them), grouped by
+    :func:`kv_cache_groups`."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    specs = {}
+    for (name, layer), w in zip(layers.items(), windows):
+        own = dict(spec_args, num_kv_heads=layer.impl.num_kv_heads)
+        specs[name] = SlidingWindowSpec(sliding_window=w, **own) if w is not None else FullAttentionSpec(**own)
+    return kv_cache_groups(vc, specs, how)
+
+
 def kv_cache_groups(vc, specs: dict, how: list = None) -> list:
     """[(spec, layer names)]: the release's own KV-cache grouping of ``specs`` (layer name -> spec), split as the V1
     runner splits a group into attention groups (STOOD_IN); Unsupported, naming vLLM's refusal, where the release's
     grouping refuses these layers. ``how`` (a list) gets the grouping function's name, or why it was stood in."""
     how = [] if how is None else how
+    from gpu_impl.engines.vllm.paths import import_with_xgrammar_stand_in
+
     try:
-        import vllm.v1.core.kv_cache_utils as utils
+        utils = import_with_xgrammar_stand_in("vllm.v1.core.kv_cache_utils")
     except Exception as exc:  # noqa: BLE001 - a dependency the release's environment lacks or mismatches (STOOD_IN)
         how.append(f"stood in (vllm.v1.core.kv_cache_utils does not import: {type(exc).__name__}: {exc}): layers "
                    f"grouped by their spec")

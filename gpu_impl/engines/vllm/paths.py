@@ -222,19 +222,25 @@ def _runner_class():
     where that binding cannot load in the release's environment (its ``apache-tvm-ffi`` is another version:
     ``load_lib_module() got an unexpected keyword argument``), a stand-in module is put in its place (it only names
     grammar types in annotations; no attention code reads it) and the import is retried (listed in STOOD_IN)."""
+    return import_with_xgrammar_stand_in("vllm.v1.worker.gpu_model_runner").GPUModelRunner
+
+
+def import_with_xgrammar_stand_in(module: str):
+    """``module`` imported; where the import fails on structured output's ``xgrammar`` binding (see
+    :func:`_runner_class`), once more with the stand-in module in its place (listed in STOOD_IN)."""
+    import importlib
     import sys
 
     try:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        return importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - retried once with the stand-in, else raised as it was
         if "xgrammar" not in "".join(__import__("traceback").format_exception(exc)):
             raise
         for name in [m for m in sys.modules if m == "xgrammar" or m.startswith("xgrammar.")
-                     or m.startswith("vllm.v1.structured_output") or m.startswith("vllm.v1.worker.gpu_model_runner")]:
+                     or m.startswith("vllm.v1.structured_output") or m.startswith(module)]:
             del sys.modules[name]
         sys.modules["xgrammar"] = _Anything("xgrammar")
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    return GPUModelRunner
+        return importlib.import_module(module)
 
 
 def draft_steps(cfg, query_lens, seq_lens) -> list:
