@@ -179,7 +179,7 @@ STORE_ONCE_0_33_0 = (
 )
 
 #: vLLM 0.33.0 whose metadata builder takes the precompute's KV heads from the model config
-#: (``ModelConfig.get_num_kv_heads``, as 0.10.1 .. 0.28.0 do) instead of its attention group's KV-cache spec, while each
+#: (``ModelConfig.get_num_kv_heads``, as 0.11.0 .. 0.28.0 do) instead of its attention group's KV-cache spec, while each
 #: layer calls FA3 with its own: on a model whose layers differ from its config, every group but the first
 #: precomputes with another layer's heads.
 MODEL_CONFIG_KV_HEADS_0_33_0 = (

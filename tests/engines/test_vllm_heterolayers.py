@@ -3,7 +3,7 @@ code (gpu_impl/engines/vllm/heterolayers.py, the DiffKV backend).
 
 - The scenario field ``layer_kv_heads`` and the case option of the same name are range-checked naming the field; the
   families ``vllm-layers`` and ``vllm-diffkv`` draw what they say; the paths table gives a reason on the releases
-  that do not drive them (the release's own refusal, with its file and line, on 0.8.5 .. 0.9.2).
+  that do not drive them (the release's own refusal, with its file and line, on 0.8.5 .. 0.10.2).
 - Engine (each needs its release's cached environment and skips, naming the setup command, without one): on 0.28.0
   the builder precomputes with ``ModelConfig.get_num_kv_heads`` (the first block's heads, vLLM's own method on the
   model stand-in) while the second layer calls with its own (S_p 109 vs S_c 15: SPLIT_BOUND); 0.33.0 passes the
@@ -106,7 +106,8 @@ def test_step_labels_and_paths_name_both():
     assert release_paths("0.14.0")["K/V head sizes differ"] is None
     assert release_paths("0.28.0")["layers differ from the config"] is None
     assert "kv_cache_utils.py:963" in release_paths("0.9.2")["layers differ from the config"]
-    assert release_paths("0.10.0")["layers differ from the config"].startswith("not driven")
+    assert "kv_cache_utils.py:1118" in release_paths("0.10.1")["layers differ from the config"]
+    assert release_paths("0.11.0")["layers differ from the config"] is None
     assert release_paths("0.34.0")["layers differ from the config"].startswith("not driven")
 
 

@@ -27,10 +27,11 @@ STOOD_IN = (
     "the model's hf_config: a namespace with the Nemotron-NAS fields vLLM reads (model_type nemotron-nas, "
     "num_attention_heads, block_configs[i].attention.{no_op, n_heads_in_group}, hidden_size, num_hidden_layers, "
     "head_dim, vocab_size), not a checkpoint's config; ModelConfig's own methods answer from it",
-    "the KV-cache grouping itself where the release's vllm/v1/core/kv_cache_utils.py does not import in its "
-    "environment (a dependency vLLM declares that the recipe lacks, as paths.json runner_module_does_not_import "
-    "lists; xgrammar's binding that does not load is stood in as paths.STOOD_IN says): layers grouped by their own KV-cache spec, which is what the release's grouping of full-attention "
-    "layers and the runner's attention-group split give where the grouping accepts the layers",
+    "a module that vLLM's structured output imports and the release's environment lacks (diskcache on 0.10.1 .. "
+    "0.19.1), when vllm/v1/core/kv_cache_utils.py is imported for the KV-cache grouping: a module of empty classes "
+    "(no grouping code reads it; xgrammar as paths.STOOD_IN says)",
+    "the KV-cache grouping itself where vllm/v1/core/kv_cache_utils.py still does not import: layers grouped by "
+    "their own KV-cache spec (the response's kv_cache_grouping says so)",
     "the V1 runner's split of a KV-cache group into attention groups (initialize_attn_backend's nested "
     "get_attn_backends_for_group: one group per (backend, layer KV-cache spec)), which cannot be called without a "
     "runner: layers grouped by their own spec in the order vLLM lists them",
@@ -112,10 +113,8 @@ def kv_cache_groups(vc, specs: dict, how: list = None) -> list:
     runner splits a group into attention groups (STOOD_IN); Unsupported, naming vLLM's refusal, where the release's
     grouping refuses these layers. ``how`` (a list) gets the grouping function's name, or why it was stood in."""
     how = [] if how is None else how
-    from gpu_impl.engines.vllm.paths import import_with_xgrammar_stand_in
-
     try:
-        utils = import_with_xgrammar_stand_in("vllm.v1.core.kv_cache_utils")
+        utils = _import_kv_cache_utils()
     except Exception as exc:  # noqa: BLE001 - a dependency the release's environment lacks or mismatches (STOOD_IN)
         how.append(f"stood in (vllm.v1.core.kv_cache_utils does not import: {type(exc).__name__}: {exc}): layers "
                    f"grouped by their spec")
@@ -137,14 +136,14 @@ def kv_cache_groups(vc, specs: dict, how: list = None) -> list:
             params = inspect.signature(fn).parameters
             given = {"vllm_config": vc, "kv_cache_spec": specs, "available_memory": 1 << 40}
             groups = fn(**{k: v for k, v in given.items() if k in params}).kv_cache_groups
-    except NotImplementedError as exc:
+    except (NotImplementedError, ValueError) as exc:  # the release's own refusal of these layers
         import traceback
 
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         where = f"{frame.filename[frame.filename.rfind('vllm/'):]}:{frame.lineno}"
         name = grouping.__name__ if grouping else "get_kv_cache_config"
         raise Unsupported(f"layer_kv_heads: vLLM's KV-cache grouping ({name}) refuses layers whose KV-cache page "
-                          f"sizes differ: NotImplementedError {exc} ({where})".replace("  ", " ")) from exc
+                          f"sizes differ: {type(exc).__name__} {exc} ({where})".replace("  ", " ")) from exc
     out = []
     for group in groups:
         spec = group.kv_cache_spec
@@ -154,6 +153,27 @@ def kv_cache_groups(vc, specs: dict, how: list = None) -> list:
             continue
         out.extend(_by_spec(per_layer, group.layer_names))
     return out
+
+
+def _import_kv_cache_utils():
+    """vLLM's ``vllm.v1.core.kv_cache_utils``. It imports ``vllm.v1.request``, which imports structured output; where
+    a module structured output imports is missing from the release's environment (``diskcache``, 0.10.1 .. 0.19.1)
+    a stand-in module takes its place, as ``paths.STOOD_IN`` does for ``xgrammar`` (no grouping code reads either),
+    and the import is retried; any other failure is raised as it was."""
+    import sys
+    import traceback
+
+    from gpu_impl.engines.vllm.paths import _Anything, import_with_xgrammar_stand_in
+
+    for _ in range(4):
+        try:
+            return import_with_xgrammar_stand_in("vllm.v1.core.kv_cache_utils")
+        except ModuleNotFoundError as exc:
+            frames = "".join(traceback.format_exception(exc))
+            if not exc.name or exc.name.startswith("vllm") or "vllm/v1/structured_output" not in frames:
+                raise
+            sys.modules[exc.name] = _Anything(exc.name)
+    return import_with_xgrammar_stand_in("vllm.v1.core.kv_cache_utils")
 
 
 def _by_spec(specs: dict, names: list) -> list:
