@@ -163,7 +163,7 @@ def _import_kv_cache_utils():
     import sys
     import traceback
 
-    from gpu_impl.engines.vllm.paths import _Anything, import_with_xgrammar_stand_in
+    from gpu_impl.engines.vllm.paths import import_with_xgrammar_stand_in, stand_in_module
 
     for _ in range(4):
         try:
@@ -172,7 +172,7 @@ def _import_kv_cache_utils():
             frames = "".join(traceback.format_exception(exc))
             if not exc.name or exc.name.startswith("vllm") or "vllm/v1/structured_output" not in frames:
                 raise
-            sys.modules[exc.name] = _Anything(exc.name)
+            sys.modules[exc.name] = stand_in_module(exc.name)
     return import_with_xgrammar_stand_in("vllm.v1.core.kv_cache_utils")
 
 

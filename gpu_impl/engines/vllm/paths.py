@@ -217,6 +217,11 @@ class _Anything(type(__import__("sys"))):
         return value
 
 
+def stand_in_module(name: str):
+    """A module named ``name`` whose every attribute is a new empty class (listed where it is used)."""
+    return _Anything(name)
+
+
 def _runner_class():
     """The release's ``GPUModelRunner``. Its module imports structured output's ``xgrammar`` at class definition;
     where that binding cannot load in the release's environment (its ``apache-tvm-ffi`` is another version:
