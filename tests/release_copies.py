@@ -202,3 +202,12 @@ def vllm_local_regression_copy(dest: Path, release: str = "0.33.0", aligned=None
     if patches:
         patch_linked_module(root / "vllm" / VLLM_CHUNKED_LOCAL, patches, f"vllm {release}: {VLLM_CHUNKED_LOCAL}")
     return root
+
+#: vLLM 0.33.0 whose metadata builder takes the precompute's KV heads from the model config
+#: (``ModelConfig.get_num_kv_heads``, as 0.11.0 .. 0.28.0 do) instead of its attention group's KV-cache spec, while each
+#: layer calls FA3 with its own: on a model whose layers differ from its config, every group but the first
+#: precomputes with another layer's heads.
+MODEL_CONFIG_KV_HEADS_0_33_0 = (
+    (r"\n(        )self\.num_heads_kv = kv_cache_spec\.num_kv_heads\n",
+     r"\n\1self.num_heads_kv = self.model_config.get_num_kv_heads(self.parallel_config)\n"),
+)

@@ -72,6 +72,13 @@ class ModelStandIn:
         self.enforce_eager = False  # VllmConfig._set_cudagraph_sizes resolves capture sizes only when False
         self._heads, self._kv_heads, self._head_size = s["num_heads"], s["num_kv_heads"], s["head_dim"]
         self.max_model_len = s["max_model_len"]  # 0.34.0's build reads it under VLLM_BATCH_INVARIANT
+        if s.get("layer_kv_heads"):
+            # a model whose layers differ from its config: the release's own ModelConfig methods answer
+            # (gpu_impl.engines.vllm.heterolayers), from a Nemotron-NAS hf_config
+            from gpu_impl.engines.vllm.heterolayers import bind_model_config, nemotron_nas_hf_config
+
+            self.hf_config = self.hf_text_config = nemotron_nas_hf_config(s)
+            bind_model_config(self)
 
     def get_num_attention_heads(self, parallel_config) -> int:
         return self._heads // parallel_config.tensor_parallel_size
@@ -142,6 +149,11 @@ class Config:
             resolve_capture_sizes(vc, s)
         self.h = s["num_heads"] // s["tp"]
         self.hk = max(1, s["num_kv_heads"] // s["tp"])
+        hetero = bool(s["layer_kv_heads"])
+        if hetero:
+            from gpu_impl.engines.vllm.heterolayers import check_driven, layer_kv_heads
+
+            self.hk = check_driven(s, numerics) and layer_kv_heads(s, 0, s["tp"])
         self.dtype = dtype
         import vllm.distributed.parallel_state as ps
 
@@ -159,14 +171,27 @@ class Config:
         self.dv = s["head_dim_v"] or s["head_dim"]
         self.backend, impl_class = fa.FlashAttentionBackend, fa.FlashAttentionImpl
         if self.dv != s["head_dim"]:
-            import vllm.v1.attention.backends.flash_attn_diffkv as diffkv
+            try:
+                import vllm.v1.attention.backends.flash_attn_diffkv as diffkv
+            except ImportError as exc:  # before 0.14.0 the release has no backend for it
+                raise Unsupported(f"head_dim_v: this release has no backend whose V head size differs from K's "
+                                  f"(vllm/v1/attention/backends/flash_attn_diffkv.py: {exc})") from exc
 
             self.backend, impl_class = diffkv.FlashAttentionDiffKVBackend, diffkv.FlashAttentionDiffKVImpl
             self.backend.set_head_size_v(self.dv)
+            if hasattr(diffkv, "triton_reshape_and_cache_flash_diffkv"):
+                # 0.14 .. 0.19: the impl writes the new K/V into the cache with a Triton kernel (CUDA); no FA3
+                # argument reads the cache's contents in record mode (vllm_glue.FAKED lists it)
+                if numerics:
+                    raise Unsupported("head_dim_v: numerics with this release's DiffKV backend, whose cache write is "
+                                      "a Triton kernel (triton_reshape_and_cache_flash_diffkv), not run on CPU")
+                diffkv.triton_reshape_and_cache_flash_diffkv = lambda *args, **kwargs: None
         v_size = {"head_size_v": self.dv} if self.dv != s["head_dim"] else {}
         chunks = s["attention_chunk_size"] or [None] * s["num_layers"]
         if any(chunks) and self.dv != s["head_dim"]:
             raise Unsupported("attention_chunk_size: chunked local layers over the DiffKV backend are not driven")
+        if any(chunks) and hetero:
+            raise Unsupported("attention_chunk_size: chunked local layers with layer_kv_heads are not driven")
         with set_current_vllm_config(vc):
             for i, w in enumerate(windows):
                 layer_impl = impl_class
@@ -174,8 +199,9 @@ class Config:
                     from gpu_impl.engines.vllm.local import chunked_backend
 
                     layer_impl = chunked_backend(self.backend, chunks[i], s["block_size"]).get_impl_cls()
-                impl = layer_impl(num_heads=layer_heads(s, i, len(windows), self.h, self.hk), head_size=s["head_dim"],
-                                  scale=s["head_dim"] ** -0.5, num_kv_heads=self.hk, alibi_slopes=None,
+                hk = layer_kv_heads(s, i, s["tp"]) if hetero else self.hk
+                impl = layer_impl(num_heads=layer_heads(s, i, len(windows), self.h, hk), head_size=s["head_dim"],
+                                  scale=s["head_dim"] ** -0.5, num_kv_heads=hk, alibi_slopes=None,
                                   sliding_window=w, kv_cache_dtype=s["kv_cache_dtype"],
                                   logits_soft_cap=s["logits_soft_cap"] or None)
                 layer = attention_layer(Attention, impl, i)
@@ -198,12 +224,30 @@ class Config:
                 # 0.10.1 .. 0.10.2 (as 0.8.5 .. 0.10.0): the impl quantizes the query itself with a compiled CUDA op
                 raise Unsupported(f"kv_cache_dtype: fp8 in this release's FlashAttentionImpl.forward quantizes the "
                                   f"query with the compiled _C op scaled_fp8_quant (CUDA), not faked")
+            groups = [(spec, list(self.layers))]
+            #: how the layers' KV-cache groups were made (layers that differ: vLLM's grouping, or why stood in)
+            self.grouping: list = []
+            if hetero:  # each layer's own spec, grouped by the release's KV-cache grouping
+                from gpu_impl.engines.vllm.heterolayers import layer_groups
+
+                groups = layer_groups(vc, self.layers, windows, dict(block_size=s["block_size"],
+                                      head_size=s["head_dim"], dtype=kv_dtype, **v_size, **mla), self.grouping)
+                spec = groups[0][0]
             try:
-                # the full-attention layers' group (every layer where none is chunked: a builder is always there)
-                main = [n for n, c in zip(self.layers, chunks) if c is None] or list(self.layers)
-                self.builder = fa.FlashAttentionMetadataBuilder(spec, main, vc, torch.device("cpu"))
+                if hetero:
+                    builders = [(fa.FlashAttentionMetadataBuilder(g_spec, names, vc, torch.device("cpu")), names)
+                                for g_spec, names in groups]
+                else:
+                    # the full-attention layers' group (every layer where none is chunked: a builder is always there)
+                    main = [n for n, c in zip(self.layers, chunks) if c is None] or list(self.layers)
+                    builders = [(fa.FlashAttentionMetadataBuilder(spec, main, vc, torch.device("cpu")), main)]
             except AssertionError as exc:   # the release's own check of its layers (0.34.0: one num_heads per group)
                 raise Unsupported(f"vLLM's metadata builder refuses these layers: {exc}") from exc
+            from gpu_impl.engines.vllm.heterolayers import GroupedBuilder
+
+            self.builder = GroupedBuilder(builders) if hetero else builders[0][0]
+            #: each layer's KV-cache spec (its attention group's)
+            self.layer_specs = {name: g_spec for g_spec, names in groups for name in names}
             #: the chunked local layers' attention groups (None: no chunked layer), over the same KV-cache group
             self.local = None
             if any(chunks):
@@ -215,19 +259,31 @@ class Config:
             self.local_md: dict = {}
         # the KV cache as the release's backend lays it out (``get_kv_cache_shape``: K and V packed in the last
         # dimension from 0.26, a separate K/V dimension before); the packed layout where the backend does not say
-        shape = packed = (1, self.hk, s["block_size"], s["head_dim"] + self.dv)
         get_shape = getattr(self.backend, "get_kv_cache_shape", None)
-        if get_shape is not None and self.dv == s["head_dim"]:
-            try:
-                args = (1, s["block_size"], self.hk, s["head_dim"], s["kv_cache_dtype"])
-                # 0.10.1 .. 0.10.2 take no cache dtype (four parameters)
-                shape = tuple(get_shape(*args[:len(inspect.signature(get_shape).parameters)]))
-            except NotImplementedError:
-                pass
+
+        def cache_shape(hk: int, block_size: int) -> tuple:
+            packed = (1, hk, block_size, s["head_dim"] + self.dv)
+            if get_shape is not None:  # the DiffKV backend lays K and V out with their own head sizes
+                try:
+                    args = (1, block_size, hk, s["head_dim"], s["kv_cache_dtype"])
+                    # 0.10.1 .. 0.10.2 take no cache dtype (four parameters)
+                    return tuple(get_shape(*args[:len(inspect.signature(get_shape).parameters)])), packed
+                except NotImplementedError:
+                    pass
+            return packed, packed
+
+        shape, packed = cache_shape(self.hk, s["block_size"])
         if numerics and shape != packed:
             raise Unsupported(f"numerics: the emulator's KV cache is the packed layout {packed}; this release's "
                               f"backend lays it out as {shape} (get_kv_cache_shape)")
         self.kv_cache = torch.zeros(shape, dtype=kv_dtype)
+        #: a layer whose attention group's spec differs from the first: its own cache, at its group's heads and
+        #: block size (the release's grouping may grow a group's block size to unify page sizes)
+        self.kv_caches = {}
+        for name, g_spec in self.layer_specs.items():
+            if g_spec is not spec:
+                self.kv_caches[name] = torch.zeros(cache_shape(g_spec.num_kv_heads, g_spec.block_size)[0],
+                                                   dtype=kv_dtype)
         self.spec = spec
         self.max_blocks = self.table_width(spec)
         self.steps_built = 0
@@ -374,11 +430,16 @@ class Config:
                     query = torch.randn(num_tokens, h, s["head_dim"], generator=gen).to(qd)
                 else:
                     query = torch.zeros(num_tokens, h, s["head_dim"], dtype=qd)
-                key = torch.zeros(num_tokens, self.hk, s["head_dim"], dtype=self.dtype)
-                value = torch.zeros(num_tokens, self.hk, self.dv, dtype=self.dtype)
+                hk = layer.impl.num_kv_heads
+                key = torch.zeros(num_tokens, hk, s["head_dim"], dtype=self.dtype)
+                value = torch.zeros(num_tokens, hk, self.dv, dtype=self.dtype)
                 out = torch.zeros(num_tokens, h, self.dv, dtype=self.dtype)
-                layer.impl.forward(layer, query, key, value, self.kv_cache, self.local_md.get(layer.layer_name, md),
-                                   out)
+                own = getattr(self.builder, "metadata_for", None)  # several attention groups: the layer's own
+                layer_md = self.local_md.get(layer.layer_name)
+                if layer_md is None:
+                    layer_md = own(layer.layer_name, md) if own else md
+                layer.impl.forward(layer, query, key, value, self.kv_caches.get(layer.layer_name, self.kv_cache),
+                                   layer_md, out)
 
 
 def cumsum(xs):
@@ -465,9 +526,10 @@ class Engine:
             return STOOD_IN
         if self.generation != "v2":
             from gpu_impl.engines.vllm.graphs import STOOD_IN_V1
+            from gpu_impl.engines.vllm.heterolayers import STOOD_IN as LAYERS_STOOD_IN
             from gpu_impl.engines.vllm.paths import STOOD_IN as PATHS_STOOD_IN
 
-            return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1)
+            return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1) + tuple(LAYERS_STOOD_IN)
         from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
 
         return STOOD_IN
@@ -518,6 +580,8 @@ class Engine:
         out = {"findings": [], "shape_errors": [], "trace": [], "setup_s": round(time.monotonic() - t, 3),
                "fa3_build": front.build}
         out["unchecked_calls"] = 0
+        if getattr(cfg, "grouping", None):
+            out["kv_cache_grouping"] = cfg.grouping[-1]
         for index, st in enumerate(s["steps"]):
             t = time.monotonic()
             front.where, front.real_rows = (index, 0), len(st["seq_lens"])

@@ -196,6 +196,8 @@ class ConfigV0:
         model.disable_cascade_attn = True
         object.__setattr__(vc, "model_config", model)
         self.vc = vc
+        if s["layer_kv_heads"]:
+            _refuse_heterogeneous(vc, s, release)
         self.h, self.hk, self.dv = s["num_heads"] // s["tp"], max(1, s["num_kv_heads"] // s["tp"]), s["head_dim"]
         Attention = locate("Attention")  # noqa: N806 - vLLM's class
         from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
@@ -409,3 +411,21 @@ class ConfigV0:
                 out = torch.zeros(num_tokens, h, self.dv, dtype=self.dtype)
                 layer.impl.forward(layer, query, key, value, self.kv_cache, self.local_md.get(layer.layer_name, md),
                                    out)
+
+
+def _refuse_heterogeneous(vc, s: dict, release: str) -> None:
+    """Layers with their own KV-head counts on 0.8.5 .. 0.10.0: the release's own KV-cache configuration decides
+    (``get_kv_cache_config`` over the layers' specs: NotImplementedError where their page sizes differ); where it
+    accepts them, Unsupported all the same (generation v0 builds one builder for all layers)."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from gpu_impl.engines.vllm.heterolayers import kv_cache_groups, layer_kv_heads
+
+    dtype = getattr(torch, s["dtype"])
+    specs = {f"model.layers.{i}.self_attn.attn": _call(FullAttentionSpec, dict(
+        block_size=s["block_size"], num_kv_heads=layer_kv_heads(s, i, s["tp"]), head_size=s["head_dim"],
+        dtype=dtype, use_mla=False, sliding_window=None)) for i in range(s["num_layers"])}
+    kv_cache_groups(vc, specs)
+    raise Unsupported(f"layer_kv_heads: vLLM {release}'s KV-cache grouping accepts these layers, but generation v0 "
+                      f"drives one metadata builder for all layers (not driven)")

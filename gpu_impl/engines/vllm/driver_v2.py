@@ -95,6 +95,10 @@ class ConfigV2(Config):
             from gpu_impl.engines.vllm.paths import local_not_driven
 
             raise Unsupported("attention_chunk_size: " + local_not_driven("v2"))
+        if s["layer_kv_heads"]:
+            raise Unsupported("layer_kv_heads: the V2 runner's attention groups (one builder per group, the builder "
+                              "reading the group's KV-cache spec) are not driven for layers that differ (driver "
+                              "generation v1 drives them)")
         for name in ("common_prefix", "draft_tokens"):
             if s[name]:
                 raise Unsupported(f"{name}: cascade attention and drafter metadata are driven through the V1 runner "

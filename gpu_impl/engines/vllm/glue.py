@@ -24,6 +24,9 @@ CAPABILITIES_FILE = Path(__file__).resolve().parent / "capabilities.json"
 
 #: What is faked or patched on CPU, and why (reported in the driver's hello and in docs/engines-vllm.md).
 FAKED = (
+    "vllm.v1.attention.backends.flash_attn_diffkv.triton_reshape_and_cache_flash_diffkv (0.14 .. 0.19, K/V head "
+    "sizes that differ): the DiffKV impl's cache write, a Triton kernel, is a no-op (record mode reads no cache "
+    "contents; set by the driver when it builds a DiffKV layer)",
     "vllm.vllm_flash_attn._vllm_fa3_C: the compiled FA3 extension (CUDA); its ops get_scheduler_metadata and fwd "
     "are registered with torch.library under the released schemas and routed to the checking shim (fwd's last four "
     "arguments, s_aux and the context-parallel ones, default to none / one rank: the wheels of 0.8.5 .. 0.10.0 "

@@ -156,14 +156,12 @@ def scenario_to_vllm(scn) -> dict:
 
     The scenario's vLLM options (``scn.options["vllm"]``, :mod:`.options`) add what the server/model cannot say: piecewise graphs,
     the KV cache dtype, layers and their sliding windows, capture sizes, the CUDA-graph split count; its seeded
-    defects become the driver's transformation (:data:`VLLM_DEFECTS`). A feature the driver does not run (MLA,
-    another head dim for V, a defect it cannot seed) raises ``ScenarioUnsupported``."""
+    defects become the driver's transformation (:data:`VLLM_DEFECTS`); a V head size other than K's goes to the driver
+    (``head_dim_v``: vLLM's DiffKV backend, refused by the driver where the release has none). A feature the driver
+    does not run (MLA, a defect it cannot seed) raises ``ScenarioUnsupported``."""
     server, model = scn.server, scn.model
     if model.is_mla:
         raise _unsupported("model.is_mla: vLLM's MLA backends are not the FlashAttention backend driven here")
-    if model.head_dim_v not in (None, model.head_dim):
-        raise _unsupported(f"model.head_dim_v: vLLM's FlashAttention KV cache has head_dim_v == head_dim, "
-                           f"got {model.head_dim_v}")
     defects = sorted(getattr(scn, "defects", ()) or ())
     cannot = [d for d in defects if d not in VLLM_DEFECTS]
     if cannot:
@@ -187,8 +185,10 @@ def scenario_to_vllm(scn) -> dict:
            "max_model_len": max([server.context_length] + [max(s["seq_lens"]) for s in steps]),
            "block_size": max(16, -(-server.page_size // 16) * 16), "steps": steps,
            "seed": int(getattr(scn, "seed", 0) or 0) % (2 ** 63)}
+    if model.head_dim_v not in (None, model.head_dim):  # vLLM's DiffKV backend (the driver refuses it where absent)
+        out["head_dim_v"] = model.head_dim_v
     for name in ("kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes", "max_num_splits_for_cuda_graph",
-                 "common_prefix", "draft_tokens", "runner", "attention_chunk_size"):
+                 "common_prefix", "draft_tokens", "runner", "attention_chunk_size", "layer_kv_heads"):
         if opts.get(name) is not None:
             out[name] = opts[name]
     for d in defects:

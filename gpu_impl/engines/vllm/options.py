@@ -19,7 +19,10 @@ release's own cascade rule may turn into cascade attention), ``draft_tokens`` (0
 drafter builds its metadata for after each step), ``runner`` (``"v1"`` or ``"v2"``: which model runner drives the
 case on a release that ships both; absent: the release's driver generation), ``attention_chunk_size`` (null, an
 integer in [1, 2^31) for every layer, or one null-or-integer per layer: vLLM's chunked local attention, the layers
-with a size being chunked local layers as Llama 4's are). :func:`check_vllm_options` raises ``CaseFormatError`` naming the field.
+with a size being chunked local layers as Llama 4's are),
+``layer_kv_heads`` (null, or one
+KV-head count per layer, ``num_layers`` >= 2 of them, each dividing ``model.num_heads`` (the driver checks that): a Nemotron-NAS model whose
+layers differ from its config; the release's own ``ModelConfig`` decides the model-wide count). :func:`check_vllm_options` raises ``CaseFormatError`` naming the field.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ __all__ = ["OPTIONS_KEY", "VLLM_FIELDS", "check_vllm_options"]
 OPTIONS_KEY = "vllm"
 VLLM_FIELDS = ("piecewise", "kv_cache_dtype", "num_layers", "sliding_window", "capture_sizes",
                "max_num_splits_for_cuda_graph", "full_and_piecewise", "common_prefix", "draft_tokens",
-               "runner", "attention_chunk_size")
+               "runner", "attention_chunk_size", "layer_kv_heads")
 MAX_LAYERS = 64
 MAX_CAPTURE_SIZE = 4096
 
@@ -97,4 +100,13 @@ def check_vllm_options(value: Any, server: dict, path: str = OPTIONS_KEY) -> dic
     drafts = out.get("draft_tokens", 0)
     if not _int_in(drafts, 0, 8):
         raise CaseFormatError(f"{path}.draft_tokens", "an integer in [0, 8]", drafts)
+    kv = out.get("layer_kv_heads")
+    if kv is not None:
+        if not isinstance(kv, list) or len(kv) != layers or layers < 2 or any(not _int_in(x, 1, 1 << 16) for x in kv):
+            raise CaseFormatError(f"{path}.layer_kv_heads", f"null, or one KV-head count per layer ({layers} "
+                                                            f"layers, at least 2), each an integer in [1, 65536] "
+                                                            f"(dividing model.num_heads: checked by the driver)", kv)
+        if prefix:
+            raise CaseFormatError(f"{path}.common_prefix", "0 with layer_kv_heads (cascade over several attention "
+                                                           "groups is not driven)", prefix)
     return out

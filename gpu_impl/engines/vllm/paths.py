@@ -71,8 +71,12 @@ def release_paths(release: str, generation: str | None = None) -> dict:
             continue
         first = _DATA["first_release"].get(key)
         if first is not None and recipes.version_key(release) < recipes.version_key(first):
-            out[key] = (f"not in this release: {key} appears in vLLM {first} "
-                        f"(should_skip_dcp_context_attention in the FlashAttention builder)")
+            out[key] = f"not in this release: {key} appears in vLLM {first} ({_DATA['first_release_where'][key]})"
+            continue
+        if key == "layers differ from the config" and (release in _DATA["layers_refused"] or generation != "v1"):
+            out[key] = (_DATA["layers_refused"].get(release) or
+                        ("not driven: driver generation v0 builds one metadata builder for all layers"
+                         if generation == "v0" else reasons["layers differ from the config@v2"]))
             continue
         if key == "V2 runner":
             if generation == "v2":
@@ -146,7 +150,8 @@ def missing_paths(table: dict) -> list:
 
 def step_labels(s: dict, query_lens, seq_lens, md, generation: str, drafter: bool = False) -> list:
     """The paths (:data:`PATH_KEYS`) one driven step's call was on: the graph mode as dispatched, cascade, DCP
-    (and its skipped context), windows, differing head sizes, batch invariance, a drafter's build, the runner."""
+    (and its skipped context), windows, differing head sizes, layers that differ from the config, batch invariance,
+    a drafter's build, the runner."""
     out = []
     graph = s["cuda_graph"]
     above = sum(query_lens) > max(s["capture_sizes"])
@@ -171,6 +176,8 @@ def step_labels(s: dict, query_lens, seq_lens, md, generation: str, drafter: boo
         out.append("sliding window")
     if s.get("head_dim_v") not in (None, s["head_dim"]):
         out.append("K/V head sizes differ")
+    if s.get("layer_kv_heads"):
+        out.append("layers differ from the config")
     if s["batch_invariant"]:
         out.append("batch invariant")
     if any(c is not None for c in (s.get("attention_chunk_size") or ())):
@@ -235,24 +242,35 @@ class _Anything(type(__import__("sys"))):
         return value
 
 
+def stand_in_module(name: str):
+    """A module named ``name`` whose every attribute is a new empty class (listed where it is used)."""
+    return _Anything(name)
+
+
 def _runner_class():
     """The release's ``GPUModelRunner``. Its module imports structured output's ``xgrammar`` at class definition;
     where that binding cannot load in the release's environment (its ``apache-tvm-ffi`` is another version:
     ``load_lib_module() got an unexpected keyword argument``), a stand-in module is put in its place (it only names
     grammar types in annotations; no attention code reads it) and the import is retried (listed in STOOD_IN)."""
+    return import_with_xgrammar_stand_in("vllm.v1.worker.gpu_model_runner").GPUModelRunner
+
+
+def import_with_xgrammar_stand_in(module: str):
+    """``module`` imported; where the import fails on structured output's ``xgrammar`` binding (see
+    :func:`_runner_class`), once more with the stand-in module in its place (listed in STOOD_IN)."""
+    import importlib
     import sys
 
     try:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        return importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - retried once with the stand-in, else raised as it was
         if "xgrammar" not in "".join(__import__("traceback").format_exception(exc)):
             raise
         for name in [m for m in sys.modules if m == "xgrammar" or m.startswith("xgrammar.")
-                     or m.startswith("vllm.v1.structured_output") or m.startswith("vllm.v1.worker.gpu_model_runner")]:
+                     or m.startswith("vllm.v1.structured_output") or m.startswith(module)]:
             del sys.modules[name]
         sys.modules["xgrammar"] = _Anything("xgrammar")
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    return GPUModelRunner
+        return importlib.import_module(module)
 
 
 def draft_steps(cfg, query_lens, seq_lens) -> list:

@@ -21,7 +21,7 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 def scenario_defaults() -> dict:
     """Every scenario field and its default (a request may give any subset)."""
     return {"num_heads": 32, "num_kv_heads": 4, "head_dim": 128, "head_dim_v": None, "num_layers": 1,
-            "sliding_window": None, "attention_chunk_size": None,
+            "sliding_window": None, "attention_chunk_size": None, "layer_kv_heads": None,
             "logits_soft_cap": 0.0, "dtype": "bfloat16", "tp": 1, "dcp": 1, "cuda_graph": "none",
             "capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "max_num_seqs": 256, "batch_invariant": False,
             "kv_cache_dtype": "auto", "block_size": 16, "max_model_len": 40960, "num_sm": 132,
@@ -75,6 +75,19 @@ def check_scenario(s: dict) -> dict:
     if dv is not None and (not isinstance(dv, int) or isinstance(dv, bool) or not 1 <= dv <= 512):
         raise ValueError(f"head_dim_v: null (= head_dim) or an integer in 1..512 (V's head size: vLLM's DiffKV "
                          f"backend), got {dv!r}")
+    lk = out["layer_kv_heads"]
+    if lk is not None:
+        if (not isinstance(lk, list) or len(lk) != out["num_layers"] or out["num_layers"] < 2
+                or any(not isinstance(x, int) or isinstance(x, bool) or x < 1 or out["num_heads"] % x for x in lk)):
+            raise ValueError(f"layer_kv_heads: null, or one KV-head count per layer (num_layers {out['num_layers']}, "
+                             f"at least 2), each an integer >= 1 dividing num_heads ({out['num_heads']}): a "
+                             f"Nemotron-NAS model's per-layer n_heads_in_group, got {lk!r}")
+        if out["common_prefix"]:
+            raise ValueError(f"common_prefix: 0 with layer_kv_heads (cascade over several attention groups is not "
+                             f"driven), got {out['common_prefix']!r}")
+        if out["lifecycle_defect"] == "shared-precompute-heterogeneous-heads":
+            raise ValueError("lifecycle_defect: shared-precompute-heterogeneous-heads seeds its own heterogeneous "
+                             "layer; null with layer_kv_heads")
     if out["cuda_graph"] not in CUDA_GRAPH_MODES:
         raise ValueError(f"cuda_graph: must be one of {CUDA_GRAPH_MODES}, got {out['cuda_graph']!r}")
     if out["kv_cache_dtype"] not in KV_CACHE_DTYPES:

@@ -31,7 +31,7 @@ from .options import OPTIONS_KEY
 from .profiles import VLLM_RELEASES
 
 __all__ = ["FAMILIES", "NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
-           "vllm_v2_case", "vllm_paths_case", "vllm_paths_both_case",
+           "vllm_v2_case", "vllm_paths_case", "vllm_paths_both_case", "vllm_layers_case", "vllm_diffkv_case",
            "vllm_decode_tile_case",
            "vllm_family_label", "model_tp_points", "LOCAL_SHARE", "CHUNK_SIZES"]
 
@@ -203,6 +203,61 @@ def _chunked_local_case(case: FuzzCase) -> Optional[FuzzCase]:
                                steps=tuple(case.steps) + (step,))
 
 
+#: Family ``vllm-diffkv``: K/V head sizes that differ as MiMo-V2's attention has them (vLLM's DiffKV backend:
+#: ``vllm/model_executor/models/mimo_v2.py``, head_dim 192, v_head_dim 128)
+DIFF_KV_HEAD_DIMS = (192, 128)
+#: KV-head counts a layer of a heterogeneous (Nemotron-NAS) model draws from (those dividing its query heads, and
+#: the query heads themselves)
+LAYER_KV_HEADS = (1, 2, 4, 8, 16)
+
+
+def _long_among_short(extra: random.Random, steps: list) -> list:
+    """In 3 of 4 cases a first decode step with one long sequence among short ones (the skew that splits)."""
+    if extra.random() >= 0.75:
+        return steps
+    n = extra.choice((3, 8, 33))
+    return [{"mode": "decode", "seq_lens": [extra.choice((4097, 32768))] + [extra.choice((1, 17, 100))
+                                                                           for _ in range(n - 1)],
+             "extend_lens": None}] + steps
+
+
+def vllm_layers_case(rng: random.Random) -> Optional[FuzzCase]:
+    """Family ``vllm-layers``: a Nemotron-NAS model whose 2..4 attention layers take their own KV-head counts
+    (``vllm.layer_kv_heads``, at least two different ones; the release's ``ModelConfig`` says the model-wide count,
+    its KV-cache grouping the layers' groups), eager or piecewise, sliding windows off: the ``vllm`` draws from
+    ``rng``, then a generator seeded by the case's seed (:func:`_long_among_short`)."""
+    import dataclasses
+
+    case = vllm_case(rng, graph_modes=("none", "piecewise"))
+    if case is None:
+        return None
+    extra = random.Random(case.seed + 2)
+    options = {k: v for k, v in case.options[OPTIONS_KEY].items() if k not in ("sliding_window", "num_layers")}
+    # the divisors of the query heads among LAYER_KV_HEADS, and the heads themselves (n_heads_in_group 1)
+    counts = sorted({x for x in LAYER_KV_HEADS if case.model.num_heads % x == 0} | {case.model.num_heads})
+    layers = extra.randint(2, 4)
+    kv = [extra.choice(counts) for _ in range(layers)]
+    while len(set(kv)) < 2:
+        kv[extra.randrange(layers)] = extra.choice(counts)
+    options.update(num_layers=layers, layer_kv_heads=kv)
+    return dataclasses.replace(case, options={OPTIONS_KEY: options},
+                               steps=tuple(_long_among_short(extra, list(case.steps))))
+
+
+def vllm_diffkv_case(rng: random.Random) -> Optional[FuzzCase]:
+    """Family ``vllm-diffkv``: K and V head sizes that differ (:data:`DIFF_KV_HEAD_DIMS`, the release's DiffKV
+    backend; the driver refuses it on a release without one), eager or piecewise, on the ``vllm`` draws from
+    ``rng`` with the model's head sizes replaced (a generator seeded by the case's seed adds the skewed step)."""
+    import dataclasses
+
+    case = vllm_case(rng, graph_modes=("none", "piecewise"))
+    if case is None:
+        return None
+    d, dv = DIFF_KV_HEAD_DIMS
+    return dataclasses.replace(case, model=dataclasses.replace(case.model, head_dim=d, head_dim_v=dv),
+                               steps=tuple(_long_among_short(random.Random(case.seed + 2), list(case.steps))))
+
+
 def vllm_paths_both_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-paths-both``: ``vllm-paths`` for a release that ships both model runners, half the cases on its
     V2 runner (``vllm.runner = "v2"``, drawn from a third generator seeded by the case's seed; there half the
@@ -272,4 +327,6 @@ FAMILIES = {
     "vllm-v2": vllm_v2_case,
     "vllm-paths": vllm_paths_case,
     "vllm-paths-both": vllm_paths_both_case,
+    "vllm-layers": vllm_layers_case,
+    "vllm-diffkv": vllm_diffkv_case,
 }
