@@ -503,7 +503,7 @@ class Engine:
                     entry["source"] = source
                 if desc is not None:
                     entry["graph"] = {"num_tokens": desc.num_tokens, "num_reqs": desc.num_reqs,
-                                      "max_query_len": desc.max_query_len,
+                                      "max_query_len": getattr(desc, "max_query_len", None),  # 0.28 on
                                       "uniform_token_count": desc.uniform_token_count}
                 out["trace"].append(entry)
                 for v in violations:
