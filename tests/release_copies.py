@@ -177,3 +177,12 @@ STORE_ONCE_0_33_0 = (
     (r"\n(            )self\.scheduler_metadata\[:n\] = scheduler_metadata\n",
      r"\n\1if not bool(self.scheduler_metadata.any()):\n\1    self.scheduler_metadata[:n] = scheduler_metadata\n"),
 )
+
+#: 0.34.0 with one path regressed: the V2 runner's draft decode steps (``update_draft_decode_metadata``, the fused
+#: draft-decode update the speculator calls before each draft step) precompute with a split bound of 128 where the
+#: draft step's call passes the metadata's own (0 outside FULL graphs: FA3's heuristic); the target steps, every other
+#: path and the draft calls are the release's own.
+DRAFT_UPDATE_SPLITS_0_34_0 = (
+    (r"(\n            causal=metadata\.causal,\n            )max_num_splits=metadata\.max_num_splits,\n",
+     r"\1max_num_splits=metadata.max_num_splits or 128,\n"),
+)

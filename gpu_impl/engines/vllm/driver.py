@@ -431,9 +431,10 @@ class Engine:
             from gpu_impl.engines.vllm.paths import STOOD_IN as PATHS_STOOD_IN
 
             return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1)
+        from gpu_impl.engines.vllm.drafter_v2 import STOOD_IN as DRAFTER_STOOD_IN
         from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
 
-        return STOOD_IN
+        return tuple(STOOD_IN) + tuple(DRAFTER_STOOD_IN)
 
     def _runner(self, asked):
         """(runner, config class) for a scenario's ``runner``: the worker's own generation, or the V2 runner of a

@@ -105,10 +105,12 @@ class ConfigV2(Config):
         if s["cuda_graph"] not in GRAPH_MODES_V2:
             raise Unsupported(f"cuda_graph: {s['cuda_graph']!r} is not a mode of the V2 runner "
                               f"({', '.join(GRAPH_MODES_V2)})")
-        for name in ("common_prefix", "draft_tokens"):
-            if s[name]:
-                raise Unsupported(f"{name}: cascade attention and drafter metadata are driven through the V1 runner "
-                                  f"only (driver generation v1)")
+        if s["common_prefix"]:
+            raise Unsupported("common_prefix: cascade attention is driven through the V1 runner only (driver "
+                              "generation v1; the V2 runner has no cascade path)")
+        if s["draft_tokens"] > 1 and s["cuda_graph"] in ("full", "full_and_piecewise"):
+            raise Unsupported("draft_tokens: the V2 runner's draft decode under a FULL CUDA graph "
+                              "(SpeculatorCudaGraphManager) is not driven")
         if s["dcp"] > 1 and s["cuda_graph"] in ("full", "full_and_piecewise"):
             import vllm.v1.worker.gpu.cudagraph_utils as cg
 
@@ -252,13 +254,17 @@ class ConfigV2(Config):
         dummy = InputBatch.make_dummy(n_pad, max(t_pad, n_pad), self.buffers)
         qsl, upper = self._fill(query_lens, seq_lens, n_pad)
         computed = np.array([k - q for q, k in zip(query_lens, seq_lens)], dtype=np.int32)
+        # the fields the release's InputBatch has (seq_lens_cpu_upper_bound from 0.20, is_prefilling_np from 0.22,
+        # num_computed_tokens_np from 0.23, max_query_len from 0.28); a release without one reads it nowhere
+        optional = {"num_computed_tokens_np": computed, "is_prefilling_np": np.array([q > 1 for q in query_lens]),
+                    "max_query_len": None, "seq_lens_cpu_upper_bound": upper}
+        fields = _field_names(dummy)
         return dataclasses.replace(
             dummy, num_reqs=n, num_reqs_after_padding=n_pad,
             num_scheduled_tokens=np.array(query_lens, dtype=np.int32), num_tokens=t, num_tokens_after_padding=t_pad,
             query_start_loc=self.buffers.query_start_loc[:n_pad + 1], query_start_loc_np=qsl,
-            seq_lens=self.buffers.seq_lens[:n_pad], seq_lens_cpu_upper_bound=upper,
-            num_computed_tokens_np=computed, is_prefilling_np=np.array([q > 1 for q in query_lens]),
-            **({"max_query_len": None} if "max_query_len" in _field_names(dummy) else {}))
+            seq_lens=self.buffers.seq_lens[:n_pad],
+            **{k: v for k, v in optional.items() if k in fields})
 
     def _capture(self, desc, front) -> list:
         """Capture the FULL graph of ``desc`` (``prepare_inputs_to_capture``, then the layers' forward); the
@@ -266,17 +272,18 @@ class ConfigV2(Config):
         from vllm.config.compilation import CUDAGraphMode
         from vllm.v1.worker.gpu.cudagraph_utils import prepare_inputs_to_capture
 
-        # the release's own parameters (signature read): full_cudagraph from 0.27 (skip_attn before: False for a
-        # FULL graph, as the release's capture passes it), max_query_len from 0.28
+        # the release's own parameters (signature read): full_cudagraph from 0.27 (skip_attn 0.21 .. 0.26: False for
+        # a FULL graph, as the release's capture passes it; neither before), max_query_len from 0.28
         params = _parameters(prepare_inputs_to_capture)
         full = desc.cg_mode == CUDAGraphMode.FULL
-        extra = {"full_cudagraph": full} if "full_cudagraph" in params else {"skip_attn": not full}
+        extra = {k: v for k, v in (("full_cudagraph", full), ("skip_attn", not full)) if k in params}
         if "max_query_len" in params:
             extra["max_query_len"] = getattr(desc, "max_query_len", None) or desc.uniform_token_count
         state = prepare_inputs_to_capture(
             desc.num_reqs or min(desc.num_tokens, self.s["max_num_seqs"]), desc.num_tokens, self.model_state,
             self.buffers, self.block_tables, self.attn_groups, self.kv_cache_config, **extra)
-        md = next(iter(state.attn_metadata.values()))
+        # an AttentionState from 0.21, an (attention metadata, slot mappings) pair before
+        md = next(iter((state.attn_metadata if hasattr(state, "attn_metadata") else state[0]).values()))
         front.recording = []
         try:
             Config.forward(self, md, desc.num_tokens)
@@ -310,6 +317,11 @@ class ConfigV2(Config):
             path = {CUDAGraphMode.PIECEWISE: "piecewise"}.get(desc.cg_mode, "none")
             if path == "none" and self.mode != CUDAGraphMode.NONE:
                 path = ABOVE_GRAPHS
+        self.draft_from = len(front.checker.events)  # the calls from here on are the drafter's
+        if self.s["draft_tokens"] > 1:
+            from gpu_impl.engines.vllm.drafter_v2 import run_drafts
+
+            run_drafts(self, query_lens, seq_lens, front)
         return md, path, desc
 
     def _slots(self, num_tokens: int):
