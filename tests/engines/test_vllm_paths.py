@@ -240,3 +240,44 @@ def test_a_copy_with_a_cascade_split_regression_is_found_where_the_release_passe
         resp = sut.worker.run(SHARED)
     found = {(f["invariant"], f["detail"]["s_c"]) for f in resp["findings"]}
     assert ("SPLIT_BOUND", 16) in found, resp["findings"]
+
+
+@pytest.mark.engine
+def test_triton_active_driver_is_stood_in_where_listed_so_the_v2_runner_imports():
+    """0.32.0 (releases.json v2_runner.triton_active_driver): with the CPU glue's answer to triton's active-driver
+    query, generation v2 finds everything it needs; without it (negative control: the list emptied) vLLM picks its
+    Triton placeholder and mamba_mixer2's configs fail on ``num_stages``."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    _needs("0.32.0")
+    python = envs.env_dir("0.32.0", engine="vllm") / "bin" / "python"
+    code = ("from gpu_impl.engines.vllm import glue; {off}glue.install(); "
+            "import vllm.triton_utils.importing as t; from gpu_impl.engines.vllm.recipes import missing_for_generation;"
+            " print(t.HAS_TRITON, missing_for_generation('v2'))")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root}
+
+    def run(off):
+        return subprocess.run([str(python), "-c", code.format(off=off)], capture_output=True, text=True, env=env,
+                              timeout=300).stdout.strip().splitlines()[-1]
+
+    assert run("") == "True []"
+    without = run("glue._triton_driver_releases = lambda: []; ")
+    assert without.startswith("False") and "num_stages" in without
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("release", ["0.18.0", "0.27.1"])
+def test_the_v2_runner_of_releases_before_0_28_is_driven_with_their_own_signatures(engine_sut, release):
+    """0.18.0 .. 0.27.1: generation v2 follows the release's dispatch, capture and InputBatch (no max_query_len; a
+    capture pair before 0.21; no seq_lens_cpu_upper_bound before 0.20; the block-table width from the V1 block table
+    before 0.27): a FULL capture and replay and a piecewise batch through that release's V2 runner."""
+    _needs(release)
+    resp = engine_sut(f"vllm=={release}").worker.run(
+        {"tp": 4, "runner": "v2", "cuda_graph": "full_and_piecewise",
+         "steps": [{"seq_lens": [32768, 100, 100]}, {"seq_lens": [300, 100], "query_lens": [1, 30]}]})
+    pairs = _pairs(resp)
+    assert resp["findings"] == [] and {e["path"] for e in pairs} == {"full: capture", "full", "piecewise"}
+    assert all("V2 runner" in e["reached"] for e in pairs)

@@ -15,7 +15,8 @@ Stood in (listed in :data:`STOOD_IN`): the draft model's forward in ``_decode`` 
 0.33; the layers' attention is run, the model is not) and its GPU advance of the batch after each draft step (``seq_lens`` and ``positions`` one token
 further for the real requests), ``_prepare_decode_inputs`` (one query token per request; each sequence one token
 longer than the target step's, ``seq_lens_cpu_upper_bound`` the target step's lengths), the runner's
-``BlockTables.compute_slot_mappings`` (slots -1: no KV write is judged). Not driven: the draft prefill (on the target
+``BlockTables.compute_slot_mappings`` (slots -1: no KV write is judged), and the Triton kernel of
+``prepare_dcp_local_seq_lens`` the speculator module calls under DCP (as for the target steps, ``driver_v2``). Not driven: the draft prefill (on the target
 batch: the target's metadata reused, ``can_reuse_target_attn_metadata``) and a draft decode FULL CUDA graph
 (``SpeculatorCudaGraphManager``): a scenario with draft tokens under a FULL graph mode is refused on the V2 runner.
 """
@@ -30,7 +31,8 @@ STOOD_IN = (
     "the V2 drafter's draft model: its forward in _decode (the layers' attention runs, nothing else) and its GPU "
     "advance after each draft step (seq_lens and positions one token further for the real requests); "
     "_prepare_decode_inputs (one query token per request, each sequence one token longer than the target step's, "
-    "seq_lens_cpu_upper_bound the target step's lengths); BlockTables.compute_slot_mappings (slots -1)",
+    "seq_lens_cpu_upper_bound the target step's lengths); BlockTables.compute_slot_mappings (slots -1); the Triton "
+    "kernel of prepare_dcp_local_seq_lens in the speculator module (vLLM's get_dcp_local_seq_lens in torch)",
 )
 
 #: where the release's autoregressive speculator lives (the first module that has it): ``autoregressive`` (0.34 on;
@@ -128,6 +130,11 @@ def run_drafts(cfg, query_lens, seq_lens, front) -> int:
         b.seq_lens[:num_reqs] = torch.clamp(b.seq_lens[:num_reqs] + 1, max=limit)
         b.positions[:num_reqs] += 1
 
+    import vllm.v1.worker.gpu.spec_decode.speculator as base
+
+    from gpu_impl.engines.vllm.driver_v2 import _dcp_local_seq_lens
+
+    base.prepare_dcp_local_seq_lens = _dcp_local_seq_lens  # its Triton kernel (DCP), as for the target steps
     spec._decode = spec._generate_draft = decode  # the draft model's step: _decode (0.34 on), _generate_draft before
     spec._configure_decode_metadata_update()  # the release decides: fused update or an eager rebuild per step
     # _prepare_decode_inputs, stood in: one query token per request, each sequence one token longer
