@@ -103,6 +103,16 @@ def test_paths_both_family_puts_half_the_cases_on_the_v2_runner():
     assert all(c.steps == vllm_paths_case(random.Random(seed)).steps for seed, c in enumerate(runners))
 
 
+def test_v2_family_drafts_only_without_a_full_graph_and_keeps_the_vllm_draws():
+    from gpu_impl.engines.vllm.strategies import vllm_case, vllm_v2_case
+
+    cases = [vllm_v2_case(random.Random(seed)) for seed in range(300)]
+    drafted = [c for c in cases if c.options["vllm"].get("draft_tokens")]
+    assert 30 < len(drafted) < 150 and {c.options["vllm"]["draft_tokens"] for c in drafted} == {2, 3, 4}
+    assert all(not c.server.cuda_graph or c.options["vllm"].get("piecewise") for c in drafted)
+    assert all(c.steps == vllm_case(random.Random(seed)).steps for seed, c in enumerate(cases))
+
+
 def test_case_options_for_the_paths_are_validated_naming_the_field():
     from spec.model.case_bounds import CaseFormatError
     from gpu_impl.engines.vllm.options import check_vllm_options
