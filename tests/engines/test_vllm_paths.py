@@ -291,3 +291,21 @@ def test_the_v2_runner_of_releases_before_0_28_is_driven_with_their_own_signatur
     pairs = _pairs(resp)
     assert resp["findings"] == [] and {e["path"] for e in pairs} == {"full: capture", "full", "piecewise"}
     assert all("V2 runner" in e["reached"] for e in pairs)
+
+
+@pytest.mark.engine
+def test_the_v2_runner_replay_layout_finding_starts_at_0_20_0(engine_sut):
+    """The V2 runner's FULL-graph replay layout finding (case file of 0.31.0) replays STILL FAILS on 0.20.0, where
+    prepare_attn first takes max_seq_len from the batch outside a capture, and PASSES NOW on 0.19.1, whose V2 runner
+    builds every step with max_model_len."""
+    from pathlib import Path
+
+    from fa3verify.commands.replay import replay
+
+    for release in ("0.20.0", "0.19.1"):
+        _needs(release)
+    path = Path(__file__).parent.parent / "corpus_vllm" / "v2-runner-full-graph-replay-window-dropped-0.31.0.json"
+    _, first = replay(str(path), sut=engine_sut("vllm==0.20.0"))
+    assert first.verdict == "STILL FAILS" and {f.invariant for f in first.findings} == {"SHAPE"}
+    _, before = replay(str(path), sut=engine_sut("vllm==0.19.1"))
+    assert before.verdict == "PASSES NOW"
