@@ -103,11 +103,14 @@ def static_missing(src: Path, generation: str) -> list:
             candidates = [m.strip() for m in key.split("|")]
             files = {m: module_file(src, m) for m in candidates}
             have = {m: top_level_names(f) for m, f in files.items() if f is not None}
-            module = next((m for m in candidates if m in have and set(names) <= have[m]), candidates[0])
+            def binds(m, n):  # a name "a | b" is either (vllm_recipes._binds)
+                return any(a.strip() in have[m] for a in n.split("|"))
+
+            module = next((m for m in candidates if m in have and all(binds(m, n) for n in names)), candidates[0])
             if module not in have:
                 missing.append(f"{key} (no such module)")
                 continue
-            missing.extend(f"{module}.{n}" for n in names if n not in have[module])
+            missing.extend(f"{module}.{n}" for n in names if not binds(module, n))
     return missing
 
 

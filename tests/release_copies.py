@@ -211,3 +211,13 @@ MODEL_CONFIG_KV_HEADS_0_33_0 = (
     (r"\n(        )self\.num_heads_kv = kv_cache_spec\.num_kv_heads\n",
      r"\n\1self.num_heads_kv = self.model_config.get_num_kv_heads(self.parallel_config)\n"),
 )
+
+
+#: 0.34.0 with one path regressed: the V2 runner's draft decode steps (``update_draft_decode_metadata``, the fused
+#: draft-decode update the speculator calls before each draft step) precompute with a split bound of 128 where the
+#: draft step's call passes the metadata's own (0 outside FULL graphs: FA3's heuristic); the target steps, every other
+#: path and the draft calls are the release's own.
+DRAFT_UPDATE_SPLITS_0_34_0 = (
+    (r"(\n            causal=metadata\.causal,\n            )max_num_splits=metadata\.max_num_splits,\n",
+     r"\1max_num_splits=metadata.max_num_splits or 128,\n"),
+)

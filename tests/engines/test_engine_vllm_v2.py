@@ -228,3 +228,43 @@ def test_the_finding_case_file_replays_still_failing(worker):
     summary, seen = replay(str(path), sut=sut)
     assert summary.exit_code == 1 and seen.outcome == "violation"
     assert {f.invariant for f in seen.findings} == {"SHAPE"}
+
+
+#: the V2 runner's drafter (gpu_impl/engines/vllm/drafter_v2.py): 3 speculative tokens, so 2 draft decode steps after
+#: each step; one long sequence, so FA3's scheduler splits its draft decode
+DRAFTS = {"tp": 4, "draft_tokens": 3, "steps": [{"seq_lens": [30000, 100], "query_lens": [1, 30]}]}
+
+
+@pytest.mark.engine
+def test_the_v2_drafter_judges_each_draft_step_against_its_own_precompute(worker):
+    """The release's speculator decides (0.34.0: the fused draft-decode update, DCP 1): every draft decode call has
+    a precompute of its own (update_draft_decode_metadata's) with the call's split count; under DCP 2 the builder
+    does not support the update and the speculator rebuilds the metadata eagerly for each step."""
+    for graph in ("none", "piecewise"):
+        resp = worker.run({**DRAFTS, "cuda_graph": graph})
+        drafts = [e for e in _pairs(resp) if "drafter" in e["reached"]]
+        assert resp["findings"] == [] and len(drafts) == 2, graph  # 2 draft steps x 1 layer per step
+        assert all(e["aot"] and e["s_p"] == e["s_c"] and "V2 runner" in e["reached"] for e in drafts)
+    dcp = worker.run({**DRAFTS, "num_heads": 32, "num_kv_heads": 4, "dcp": 2, "cuda_graph": "none"})
+    assert dcp["findings"] == [] and [e for e in _pairs(dcp) if "drafter" in e["reached"]]
+    with pytest.raises(ValueError, match="SpeculatorCudaGraphManager"):  # a FULL draft-decode graph: said, not run
+        worker.run({**DRAFTS, "cuda_graph": "full"})
+
+
+@pytest.mark.engine
+def test_a_copy_whose_draft_step_precompute_asks_more_splits_than_its_call_is_found(worker, tmp_path):
+    """Negative control (tests/release_copies.py DRAFT_UPDATE_SPLITS_0_34_0): the draft steps' recompute asks FA3
+    for a split bound of 128 where the draft call passes 0: SPLIT_BOUND on the draft calls only (S_p 128 vs the
+    call's 109), where the release itself passes the same scenario (above)."""
+    from release_copies import DRAFT_UPDATE_SPLITS_0_34_0, vllm_patched_copy
+
+    from gpu_impl.engines.vllm.host import VllmSUT
+    from gpu_impl.sut import parse_engine
+
+    root = vllm_patched_copy(RELEASE, tmp_path / "seeded", DRAFT_UPDATE_SPLITS_0_34_0)
+    with VllmSUT(spec=parse_engine(f"vllm-src={root}"), progress=lambda line: None) as sut:
+        resp = sut.worker.run({**DRAFTS, "cuda_graph": "none"})
+    assert {(f["invariant"], f["detail"]["s_p"], f["detail"]["s_c"]) for f in resp["findings"]} == {
+        ("SPLIT_BOUND", 128, 109)}
+    target = [e for e in _pairs(resp) if "drafter" not in e["reached"]]
+    assert target and all(e["s_p"] == e["s_c"] for e in target)  # the target step is the release's own

@@ -33,10 +33,11 @@ def test_every_path_is_driven_or_not_covered_with_a_reason_on_every_release():
         assert missing_paths(table) == [], release
     assert release_paths("0.31.0")["cascade"] is None and release_paths("0.31.0")["drafter"] is None
     assert release_paths("0.32.0")["cascade"].startswith("not in this release")
-    assert release_paths("0.34.0")["V2 runner"] is None and release_paths("0.34.0")["drafter"]
+    assert release_paths("0.34.0")["V2 runner"] is None and release_paths("0.34.0")["drafter"] is None  # drafter_v2
     assert release_paths("0.31.0")["V2 runner"] is None  # beside the V1 runner (releases.json v2_runner)
-    assert "num_stages" in release_paths("0.33.0")["V2 runner"]
-    assert "get_block_table_width" in release_paths("0.25.1")["V2 runner"]
+    assert release_paths("0.33.0")["V2 runner"] is None  # triton's active-driver query stood in (vllm_glue.FAKED)
+    assert release_paths("0.25.1")["V2 runner"] is None and release_paths("0.18.0")["V2 runner"] is None
+    assert "BatchExecutionDescriptor" in release_paths("0.17.1")["V2 runner"]
     assert release_paths("0.11.2")["V2 runner"].startswith("not in this release")
     assert release_paths("0.25.1")["DCP skipped context"].startswith("not in this release")
     assert release_paths("0.26.0")["DCP skipped context"] is None
@@ -85,7 +86,7 @@ def test_the_domain_reports_every_path_with_a_count_or_a_reason():
     from gpu_impl.engines.vllm.host import VllmSUT
 
     domain = VllmSUT(CASCADE_RELEASE).domain()  # no worker starts for the report
-    assert domain.family == "vllm-paths-both" and VllmSUT("0.33.0").domain().family == "vllm-paths"
+    assert domain.family == "vllm-paths-both" and VllmSUT("0.17.1").domain().family == "vllm-paths"
     report = domain.report({"cascade": 3, "eager": 5}, 8)
     assert all(k in report["reach"] for k in PATH_KEYS)
     assert report["reach"]["cascade"] == 3 and "cascade" not in report["not_covered"]
@@ -194,6 +195,16 @@ def test_paths_both_family_puts_half_the_cases_on_the_v2_runner():
     assert 60 < len(v2) < 140
     assert any(c.options["vllm"].get("full_and_piecewise") for c in v2)
     assert all(c.steps == vllm_paths_case(random.Random(seed)).steps for seed, c in enumerate(runners))
+
+
+def test_v2_family_drafts_only_without_a_full_graph_and_keeps_the_vllm_draws():
+    from gpu_impl.engines.vllm.strategies import vllm_case, vllm_v2_case
+
+    cases = [vllm_v2_case(random.Random(seed)) for seed in range(300)]
+    drafted = [c for c in cases if c.options["vllm"].get("draft_tokens")]
+    assert 30 < len(drafted) < 150 and {c.options["vllm"]["draft_tokens"] for c in drafted} == {2, 3, 4}
+    assert all(not c.server.cuda_graph or c.options["vllm"].get("piecewise") for c in drafted)
+    assert all(c.steps == vllm_case(random.Random(seed)).steps for seed, c in enumerate(cases))
 
 
 def test_case_options_for_the_paths_are_validated_naming_the_field():
@@ -340,3 +351,62 @@ def test_a_copy_with_a_cascade_split_regression_is_found_where_the_release_passe
         resp = sut.worker.run(SHARED)
     found = {(f["invariant"], f["detail"]["s_c"]) for f in resp["findings"]}
     assert ("SPLIT_BOUND", 16) in found, resp["findings"]
+
+
+@pytest.mark.engine
+def test_triton_active_driver_is_stood_in_where_listed_so_the_v2_runner_imports():
+    """0.32.0 (releases.json v2_runner.triton_active_driver): with the CPU glue's answer to triton's active-driver
+    query, generation v2 finds everything it needs; without it (negative control: the list emptied) vLLM picks its
+    Triton placeholder and mamba_mixer2's configs fail on ``num_stages``."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    _needs("0.32.0")
+    python = envs.env_dir("0.32.0", engine="vllm") / "bin" / "python"
+    code = ("from gpu_impl.engines.vllm import glue; {off}glue.install(); "
+            "import vllm.triton_utils.importing as t; from gpu_impl.engines.vllm.recipes import missing_for_generation;"
+            " print(t.HAS_TRITON, missing_for_generation('v2'))")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root}
+
+    def run(off):
+        return subprocess.run([str(python), "-c", code.format(off=off)], capture_output=True, text=True, env=env,
+                              timeout=300).stdout.strip().splitlines()[-1]
+
+    assert run("") == "True []"
+    without = run("glue._triton_driver_releases = lambda: []; ")
+    assert without.startswith("False") and "num_stages" in without
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("release", ["0.18.0", "0.27.1"])
+def test_the_v2_runner_of_releases_before_0_28_is_driven_with_their_own_signatures(engine_sut, release):
+    """0.18.0 .. 0.27.1: generation v2 follows the release's dispatch, capture and InputBatch (no max_query_len; a
+    capture pair before 0.21; no seq_lens_cpu_upper_bound before 0.20; the block-table width from the V1 block table
+    before 0.27): a FULL capture and replay and a piecewise batch through that release's V2 runner."""
+    _needs(release)
+    resp = engine_sut(f"vllm=={release}").worker.run(
+        {"tp": 4, "runner": "v2", "cuda_graph": "full_and_piecewise",
+         "steps": [{"seq_lens": [32768, 100, 100]}, {"seq_lens": [300, 100], "query_lens": [1, 30]}]})
+    pairs = _pairs(resp)
+    assert resp["findings"] == [] and {e["path"] for e in pairs} == {"full: capture", "full", "piecewise"}
+    assert all("V2 runner" in e["reached"] for e in pairs)
+
+
+@pytest.mark.engine
+def test_the_v2_runner_replay_layout_finding_starts_at_0_20_0(engine_sut):
+    """The V2 runner's FULL-graph replay layout finding (case file of 0.31.0) replays STILL FAILS on 0.20.0, where
+    prepare_attn first takes max_seq_len from the batch outside a capture, and PASSES NOW on 0.19.1, whose V2 runner
+    builds every step with max_model_len."""
+    from pathlib import Path
+
+    from fa3verify.commands.replay import replay
+
+    for release in ("0.20.0", "0.19.1"):
+        _needs(release)
+    path = Path(__file__).parent.parent / "corpus_vllm" / "v2-runner-full-graph-replay-window-dropped-0.31.0.json"
+    _, first = replay(str(path), sut=engine_sut("vllm==0.20.0"))
+    assert first.verdict == "STILL FAILS" and {f.invariant for f in first.findings} == {"SHAPE"}
+    _, before = replay(str(path), sut=engine_sut("vllm==0.19.1"))
+    assert before.verdict == "PASSES NOW"

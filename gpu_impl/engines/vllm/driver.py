@@ -530,9 +530,10 @@ class Engine:
             from gpu_impl.engines.vllm.paths import STOOD_IN as PATHS_STOOD_IN
 
             return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1) + tuple(LAYERS_STOOD_IN)
+        from gpu_impl.engines.vllm.drafter_v2 import STOOD_IN as DRAFTER_STOOD_IN
         from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
 
-        return STOOD_IN
+        return tuple(STOOD_IN) + tuple(DRAFTER_STOOD_IN)
 
     def _runner(self, asked):
         """(runner, config class) for a scenario's ``runner``: the worker's own generation, or the V2 runner of a
@@ -604,7 +605,7 @@ class Engine:
                     entry["source"] = source
                 if desc is not None:
                     entry["graph"] = {"num_tokens": desc.num_tokens, "num_reqs": desc.num_reqs,
-                                      "max_query_len": desc.max_query_len,
+                                      "max_query_len": getattr(desc, "max_query_len", None),  # 0.28 on
                                       "uniform_token_count": desc.uniform_token_count}
                 out["trace"].append(entry)
                 for v in violations:

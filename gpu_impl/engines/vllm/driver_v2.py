@@ -41,6 +41,9 @@ STOOD_IN = (
     "get_dummy_slot_mappings, cp_size, cp_interleave, block_sizes)",
     "cudagraph_utils.get_pp_group (first and last rank), the platform's global graph pool (none), and the Triton "
     "kernel of cp_utils.prepare_dcp_local_seq_lens (vLLM's get_dcp_local_seq_lens in torch)",
+    "before 0.27 (no get_block_table_width): the block-table width the V2 runner computes inline in "
+    "initialize_kv_cache (blocks per request rounded up to a multiple of 128 // block_size) taken from the "
+    "release's V1 MultiGroupBlockTable, which applies the same rule in its constructor",
 )
 
 #: the path of a batch no captured graph takes under a CUDA-graph mode (dispatched eagerly)
@@ -84,6 +87,17 @@ def _dcp_local_seq_lens(out, seq_lens, num_reqs, dcp_size, dcp_rank, cp_interlea
     return out[:num_reqs_padded]
 
 
+def _parameters(fn) -> set:
+    """The parameter names of a release's function (how this generation follows a signature that changed)."""
+    import inspect
+
+    return set(inspect.signature(fn).parameters)
+
+
+def _field_names(obj) -> set:
+    return {f.name for f in dataclasses.fields(obj)}
+
+
 class ConfigV2(Config):
     """One scenario's vLLM objects, stepped the way the V2 model runner steps them (module doc)."""
 
@@ -99,10 +113,12 @@ class ConfigV2(Config):
             raise Unsupported("layer_kv_heads: the V2 runner's attention groups (one builder per group, the builder "
                               "reading the group's KV-cache spec) are not driven for layers that differ (driver "
                               "generation v1 drives them)")
-        for name in ("common_prefix", "draft_tokens"):
-            if s[name]:
-                raise Unsupported(f"{name}: cascade attention and drafter metadata are driven through the V1 runner "
-                                  f"only (driver generation v1)")
+        if s["common_prefix"]:
+            raise Unsupported("common_prefix: cascade attention is driven through the V1 runner only (driver "
+                              "generation v1; the V2 runner has no cascade path)")
+        if s["draft_tokens"] > 1 and s["cuda_graph"] in ("full", "full_and_piecewise"):
+            raise Unsupported("draft_tokens: the V2 runner's draft decode under a FULL CUDA graph "
+                              "(SpeculatorCudaGraphManager) is not driven")
         if s["dcp"] > 1 and s["cuda_graph"] in ("full", "full_and_piecewise"):
             import vllm.v1.worker.gpu.cudagraph_utils as cg
 
@@ -154,12 +170,18 @@ class ConfigV2(Config):
         self.captured: dict = {}
 
     def table_width(self, spec) -> int:
-        """The V2 runner's block-table width: ``max_num_blocks_per_req`` aligned by ``get_block_table_width``, which
-        0.34.0 moved to ``vllm/v1/kv_cache_interface.py``."""
+        """The V2 runner's block-table width: ``max_num_blocks_per_req`` aligned by ``get_block_table_width`` (0.27
+        on; 0.34.0 moved it to ``vllm/v1/kv_cache_interface.py``). Before 0.27 the V2 runner aligns inline
+        (``model_runner.initialize_kv_cache``: ``cdiv(max_model_len, block_size * dcp)`` rounded up to a multiple of
+        ``128 // block_size``, 0.26.0 lines 433-440), the same rule as the release's V1 ``MultiGroupBlockTable``
+        constructor, which computes it here (the first generation's ``table_width``; stood in, :data:`STOOD_IN`)."""
         from gpu_impl.engines.vllm.recipes import locate
 
-        return locate("get_block_table_width")(spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"]),
-                                               self.s["block_size"])
+        try:
+            align = locate("get_block_table_width")
+        except ImportError:
+            return Config.table_width(self, spec)
+        return align(spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"]), self.s["block_size"])
 
     def _graph_manager(self):
         import torch
@@ -190,7 +212,12 @@ class ConfigV2(Config):
         decode = max(query_lens) == 1
         if self.graphs is None:
             return BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=t, num_reqs=n)
-        return self.graphs.dispatch(n, t, uniform, 0, max_query_len=1 if decode else self._mixed_bound(query_lens))
+        # the release's own parameters: num_active_loras from 0.24, max_query_len from 0.28 (signature read)
+        params = _parameters(self.graphs.dispatch)
+        args = (n, t, uniform) + ((0,) if "num_active_loras" in params else ())
+        if "max_query_len" in params:
+            return self.graphs.dispatch(*args, max_query_len=1 if decode else self._mixed_bound(query_lens))
+        return self.graphs.dispatch(*args)
 
     def _mixed_bound(self, query_lens):
         """``max_query_len`` the release's ``execute_model`` hands ``dispatch`` for a batch that is not all one-token
@@ -235,13 +262,17 @@ class ConfigV2(Config):
         dummy = InputBatch.make_dummy(n_pad, max(t_pad, n_pad), self.buffers)
         qsl, upper = self._fill(query_lens, seq_lens, n_pad)
         computed = np.array([k - q for q, k in zip(query_lens, seq_lens)], dtype=np.int32)
+        # the fields the release's InputBatch has (seq_lens_cpu_upper_bound from 0.20, is_prefilling_np from 0.22,
+        # num_computed_tokens_np from 0.23, max_query_len from 0.28); a release without one reads it nowhere
+        optional = {"num_computed_tokens_np": computed, "is_prefilling_np": np.array([q > 1 for q in query_lens]),
+                    "max_query_len": None, "seq_lens_cpu_upper_bound": upper}
+        fields = _field_names(dummy)
         return dataclasses.replace(
             dummy, num_reqs=n, num_reqs_after_padding=n_pad,
             num_scheduled_tokens=np.array(query_lens, dtype=np.int32), num_tokens=t, num_tokens_after_padding=t_pad,
             query_start_loc=self.buffers.query_start_loc[:n_pad + 1], query_start_loc_np=qsl,
-            seq_lens=self.buffers.seq_lens[:n_pad], seq_lens_cpu_upper_bound=upper,
-            num_computed_tokens_np=computed, is_prefilling_np=np.array([q > 1 for q in query_lens]),
-            max_query_len=None)
+            seq_lens=self.buffers.seq_lens[:n_pad],
+            **{k: v for k, v in optional.items() if k in fields})
 
     def _capture(self, desc, front) -> list:
         """Capture the FULL graph of ``desc`` (``prepare_inputs_to_capture``, then the layers' forward); the
@@ -249,12 +280,18 @@ class ConfigV2(Config):
         from vllm.config.compilation import CUDAGraphMode
         from vllm.v1.worker.gpu.cudagraph_utils import prepare_inputs_to_capture
 
+        # the release's own parameters (signature read): full_cudagraph from 0.27 (skip_attn 0.21 .. 0.26: False for
+        # a FULL graph, as the release's capture passes it; neither before), max_query_len from 0.28
+        params = _parameters(prepare_inputs_to_capture)
+        full = desc.cg_mode == CUDAGraphMode.FULL
+        extra = {k: v for k, v in (("full_cudagraph", full), ("skip_attn", not full)) if k in params}
+        if "max_query_len" in params:
+            extra["max_query_len"] = getattr(desc, "max_query_len", None) or desc.uniform_token_count
         state = prepare_inputs_to_capture(
             desc.num_reqs or min(desc.num_tokens, self.s["max_num_seqs"]), desc.num_tokens, self.model_state,
-            self.buffers, self.block_tables, self.attn_groups, self.kv_cache_config,
-            full_cudagraph=desc.cg_mode == CUDAGraphMode.FULL,
-            max_query_len=desc.max_query_len or desc.uniform_token_count)
-        md = next(iter(state.attn_metadata.values()))
+            self.buffers, self.block_tables, self.attn_groups, self.kv_cache_config, **extra)
+        # an AttentionState from 0.21, an (attention metadata, slot mappings) pair before
+        md = next(iter((state.attn_metadata if hasattr(state, "attn_metadata") else state[0]).values()))
         front.recording = []
         try:
             Config.forward(self, md, desc.num_tokens)
@@ -288,6 +325,11 @@ class ConfigV2(Config):
             path = {CUDAGraphMode.PIECEWISE: "piecewise"}.get(desc.cg_mode, "none")
             if path == "none" and self.mode != CUDAGraphMode.NONE:
                 path = ABOVE_GRAPHS
+        self.draft_from = len(front.checker.events)  # the calls from here on are the drafter's
+        if self.s["draft_tokens"] > 1:
+            from gpu_impl.engines.vllm.drafter_v2 import run_drafts
+
+            run_drafts(self, query_lens, seq_lens, front)
         return md, path, desc
 
     def _slots(self, num_tokens: int):

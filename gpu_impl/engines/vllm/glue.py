@@ -234,11 +234,44 @@ def _install_build_fallback() -> Optional[str]:
     return release_pkg
 
 
+def _triton_driver_releases() -> list:
+    """releases.json ``v2_runner.triton_active_driver``: the releases whose V2 runner needs the real triton module."""
+    data = json.loads((Path(__file__).resolve().parent / "releases.json").read_text())
+    return list(data.get("v2_runner", {}).get("triton_active_driver", {}).get("releases", ()))
+
+
+def _install_triton_driver_query() -> bool:
+    """Answer triton's active-driver query as a CUDA host does (see :data:`FAKED`), before vLLM's
+    ``triton_utils`` asks it, on the releases that need it; whether it was installed. Read without importing vllm
+    (the installed distribution's version)."""
+    import importlib.metadata
+    import importlib.util
+
+    import torch
+
+    if torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
+        return False
+    try:
+        release = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    if release not in _triton_driver_releases():
+        return False
+    from triton.backends import backends
+
+    nvidia = backends.get("nvidia")
+    if nvidia is None or nvidia.driver is None:
+        return False
+    nvidia.driver.is_active = staticmethod(lambda: True)
+    return True
+
+
 def install() -> None:
     """Install the fakes (idempotent); call before importing ``vllm.v1.attention.backends.flash_attn``."""
     global _installed
     if _installed:
         return
+    _install_triton_driver_query()
     _install_build_fallback()
     _install_fa3_ops()
     _install_platform()

@@ -99,7 +99,8 @@ def release_paths(release: str, generation: str | None = None) -> dict:
                         f"import in its environment ({_DATA['runner_module_does_not_import'][release]})")
             continue
         if key == "drafter" and generation == "v2":
-            out[key] = reasons["drafter@v2"]
+            # the V2 runner's drafter (drafter_v2), on the releases releases.json v2_runner.drafter names
+            out[key] = None if release in _v2_runner().get("drafter", {}).get("releases", ()) else reasons["drafter@v2"]
             continue
         if key == "local attention":
             out[key] = _local_reason(release, generation)

@@ -208,8 +208,9 @@ GENERATION_MODULES = {
            "vllm.v1.attention.backend | vllm.v1.attention.backends.utils": ["CommonAttentionMetadata"],
            "vllm.model_executor.layers.attention | vllm.attention.layer": ["Attention"]},
     "v2": {"vllm.v1.kv_cache_interface": ["KVCacheConfig", "KVCacheGroupSpec"],
-           # get_block_table_width: kv_cache_interface from 0.34, the V1 block table's module before
-           "vllm.v1.kv_cache_interface | vllm.v1.worker.block_table": ["get_block_table_width"],
+           # the block-table width: get_block_table_width (kv_cache_interface from 0.34, the V1 block table's module
+           # 0.27 .. 0.33), before 0.27 the V1 block table's MultiGroupBlockTable (driver_v2.ConfigV2.table_width)
+           "vllm.v1.kv_cache_interface | vllm.v1.worker.block_table": ["get_block_table_width | MultiGroupBlockTable"],
            "vllm.v1.worker.gpu.cudagraph_utils": ["CudaGraphManager", "BatchExecutionDescriptor",
                                                   "prepare_inputs_to_capture"],
            "vllm.v1.worker.gpu.input_batch": ["InputBatch", "InputBuffers"],
@@ -281,8 +282,14 @@ def missing_for_generation(generation: str, source=None) -> list:
             if source and not os.path.abspath(getattr(mod, "__file__", "") or "").startswith(os.path.abspath(source)):
                 missing.append(f"{module} (not in the checkout: the release's {where} would stand in)")
                 continue
-            missing.extend(f"{module}.{n}" for n in names if not hasattr(mod, n))
+            missing.extend(f"{module}.{n}" for n in names if not _binds(mod, n))
     return missing
+
+
+def _binds(mod, name: str) -> bool:
+    """Whether ``mod`` binds ``name``; a name ``"a | b"`` is either (what a generation uses in a release that
+    lacks the first: ``get_block_table_width``, else the V1 block table that applies the same rule)."""
+    return any(hasattr(mod, n.strip()) for n in name.split("|"))
 
 
 def _has_all(module: str, names) -> bool:
@@ -293,7 +300,7 @@ def _has_all(module: str, names) -> bool:
         mod = importlib.import_module(module)
     except Exception:  # noqa: BLE001 - a candidate that does not import is not the one
         return False
-    return all(hasattr(mod, n) for n in names)
+    return all(_binds(mod, n) for n in names)
 
 
 def locate(name: str):
@@ -305,7 +312,7 @@ def locate(name: str):
 
     for table in (COMMON_MODULES, *GENERATION_MODULES.values()):
         for key, names in table.items():
-            if name in names:
+            if name in names or any(name in [a.strip() for a in n.split("|")] for n in names):
                 for module in (m.strip() for m in key.split("|")):
                     if _has_all(module, [name]):
                         return getattr(importlib.import_module(module), name)

@@ -105,14 +105,22 @@ def vllm_full_graph_case(rng: random.Random) -> Optional[FuzzCase]:
 def vllm_v2_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-v2``: the ``vllm`` families for a release the V2 runner drives (0.34.0 on); half the
     full-graph draws take vLLM's default FULL_AND_PIECEWISE mode (``vllm.full_and_piecewise``: FULL graphs for
-    uniform decode batches, PIECEWISE for the rest), half its FULL mode."""
+    uniform decode batches, PIECEWISE for the rest), half its FULL mode; a third of the cases without a FULL graph
+    draft 2..4 speculative tokens after each step (``vllm.draft_tokens``, the V2 runner's drafter)."""
     import dataclasses
 
     case = vllm_case(rng)
-    if case is None or not case.server.cuda_graph:
+    if case is None:
         return case
-    return dataclasses.replace(case, options={OPTIONS_KEY: {**case.options[OPTIONS_KEY],
-                                                            "full_and_piecewise": rng.random() < 0.5}})
+    options = dict(case.options[OPTIONS_KEY])
+    if case.server.cuda_graph:
+        options["full_and_piecewise"] = rng.random() < 0.5
+    # the V2 runner's drafter (drafter_v2): in a third of the cases without a FULL graph, 2..4 speculative tokens
+    # (1..3 draft decode steps after each step), drawn from a second generator seeded by the case's seed
+    extra = random.Random(case.seed + 2)
+    if (not case.server.cuda_graph or options.get("piecewise")) and extra.random() < 1 / 3:
+        options["draft_tokens"] = extra.randint(2, 4)
+    return dataclasses.replace(case, options={OPTIONS_KEY: options})
 
 
 #: Family ``vllm-paths``: the shared-prefix lengths drawn (cascade attention needs at least 256 tokens shared)
