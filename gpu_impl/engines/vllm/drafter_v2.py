@@ -132,9 +132,9 @@ def run_drafts(cfg, query_lens, seq_lens, front) -> int:
 
     import vllm.v1.worker.gpu.spec_decode.speculator as base
 
-    from gpu_impl.engines.vllm.driver_v2 import _dcp_local_seq_lens
+    from gpu_impl.engines.vllm.driver_v2 import dcp_local_seq_lens
 
-    base.prepare_dcp_local_seq_lens = _dcp_local_seq_lens  # its Triton kernel (DCP), as for the target steps
+    base.prepare_dcp_local_seq_lens = dcp_local_seq_lens  # its Triton kernel (DCP), as for the target steps
     spec._decode = spec._generate_draft = decode  # the draft model's step: _decode (0.34 on), _generate_draft before
     spec._configure_decode_metadata_update()  # the release decides: fused update or an eager rebuild per step
     # _prepare_decode_inputs, stood in: one query token per request, each sequence one token longer

@@ -33,7 +33,7 @@ import inspect
 import types
 
 from gpu_impl.engines.protocol import Unsupported
-from gpu_impl.engines.vllm.driver import ModelStandIn, cumsum
+from gpu_impl.engines.vllm.standins import ModelStandIn, cumsum
 from gpu_impl.engines.vllm.layers import attention_layer, layer_heads
 from gpu_impl.engines.vllm.driver_v2 import ABOVE_GRAPHS
 

@@ -76,7 +76,7 @@ class _BlockTablesStandIn:
         return self._torch.full((1, num_tokens), -1, dtype=self._torch.int64)
 
 
-def _dcp_local_seq_lens(out, seq_lens, num_reqs, dcp_size, dcp_rank, cp_interleave, *, num_reqs_padded=None):
+def dcp_local_seq_lens(out, seq_lens, num_reqs, dcp_size, dcp_rank, cp_interleave, *, num_reqs_padded=None):
     """Stand-in for the Triton kernel behind ``cp_utils.prepare_dcp_local_seq_lens`` (a DCP FULL capture): each
     request's local length by vLLM's own ``get_dcp_local_seq_lens``; padded rows 0. The FA builder computes its own
     local context lengths and does not read these."""
@@ -189,7 +189,7 @@ class ConfigV2(Config):
 
         cg.get_pp_group = lambda: types.SimpleNamespace(is_first_rank=True, is_last_rank=True)
         cg.current_platform.get_global_graph_pool = lambda: None
-        cg.prepare_dcp_local_seq_lens = _dcp_local_seq_lens
+        cg.prepare_dcp_local_seq_lens = dcp_local_seq_lens
         import inspect
 
         # decode graphs for one query token per request: a map query length -> requests from 0.34, the one decode
