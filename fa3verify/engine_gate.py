@@ -187,11 +187,12 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
 
 
 def flow_theorem_rows(sut, timeout_s: float, cases_dir: str, kernel=None, replay: bool = True,
-                      z3_cache: bool = False) -> RunSummary:
+                      z3_cache: bool = False, hits: Optional[list] = None) -> RunSummary:
     """The engine's own theorem for the gate (its plugin's ``flow_theorem``) under the release's profile (``prove
     --engine-profile ENGINE==V``, a failed row when refuted), its counterexample replayed on the engine (``replay``
     False: the caller replays it); a release without a profile is an inconclusive row (the theorem cannot run),
-    never a pass. ``z3_cache``: rows without findings kept across runs (:mod:`fa3verify.z3_cache`)."""
+    never a pass. ``z3_cache``: rows without findings kept across runs (:mod:`fa3verify.z3_cache`; a hit is appended
+    to ``hits``)."""
     from .commands.prove import prove_flow
 
     plugin = sut.spec.plugin
@@ -205,6 +206,8 @@ def flow_theorem_rows(sut, timeout_s: float, cases_dir: str, kernel=None, replay
                                         f"({plugin.flow_profiles_file}; `conform --engine {sut.spec}` checks one)"))
         return out
     out = _flow_from_cache(sut, profile, timeout_s, cases_dir) if z3_cache else None
+    if out is not None and hits is not None:
+        hits.append(plugin.flow_theorem)
     if out is None:
         out = prove_flow(sut.spec, profile, timeout_s=timeout_s, cases_dir=cases_dir)
         if z3_cache and not out.findings:  # a refutation's rows go with findings: computed each run
@@ -310,9 +313,11 @@ def flow_stage(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir: str
     kernel = load(kernel_name, mode="strict", device=device)
     flow = RunSummary(command="gate")
     refuted: list = []
+    hits: list = []
     with stage("gate", f"{sut.spec.plugin.flow_theorem} theorem (z3 under the release's profile)", lines,
-               result=lambda: _failed(flow.checks)):
-        flow = flow_theorem_rows(sut, timeout_s, cases_dir, kernel=kernel, replay=False, z3_cache=z3_cache)
+               result=lambda: _failed(flow.checks) + (", from the z3 cache" if hits else "")):
+        flow = flow_theorem_rows(sut, timeout_s, cases_dir, kernel=kernel, replay=False, z3_cache=z3_cache,
+                                 hits=hits)
         refuted = [c.case_file for c in flow.checks if c.verdict == TheoremVerdict.REFUTED and c.case_file]
     summary.merge(flow)
     if refuted:

@@ -129,3 +129,18 @@ def test_the_witness_searches_from_the_cache_equal_those_computed(cache, tmp_pat
             assert Path(a.case_file).read_bytes() == Path(b.case_file).read_bytes()
     plan_rows(None, 11.0, str(tmp_path / "c"), z3_cache=True, hits=hits)  # another timeout: computed
     assert len(hits) == 1
+
+
+def test_the_flow_theorem_from_the_cache_equals_the_one_computed(cache, tmp_path):
+    """vLLM's flow theorem under a release's profile (no worker: the rows come from z3 on the model), computed, then
+    from the cache: the same rows; the stage says where they came from."""
+    from fa3verify.engine_gate import flow_theorem_rows
+    from gpu_impl.engines.vllm.host import VllmSUT
+
+    sut = VllmSUT(release="0.34.0", progress=lambda line: None)
+    hits: list = []
+    computed = flow_theorem_rows(sut, 10.0, str(tmp_path / "a"), replay=False, z3_cache=True, hits=hits)
+    assert not hits and computed.checks and not computed.findings
+    kept = flow_theorem_rows(sut, 10.0, str(tmp_path / "b"), replay=False, z3_cache=True, hits=hits)
+    assert hits == [sut.spec.plugin.flow_theorem] and kept.checks == computed.checks
+    assert kept.policy == computed.policy
