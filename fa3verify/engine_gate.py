@@ -110,15 +110,27 @@ def witness_search(timeout_s: float, cases_dir: str, search: Optional[WitnessSea
     return rows
 
 
-def plan_rows(sut, timeout_s: float, cases_dir: str, cache: Optional[dict] = None) -> list:
-    """The rows of every search of :func:`witness_plan` (``cache``, keyed by search, shares them between engines);
+def plan_rows(sut, timeout_s: float, cases_dir: str, cache: Optional[dict] = None, z3_cache: bool = False,
+              hits: Optional[list] = None) -> list:
+    """The rows of every search of :func:`witness_plan` (``cache``, keyed by search, shares them between engines;
+    ``z3_cache``: also across runs, :mod:`fa3verify.z3_cache`, each search from the cache appended to ``hits``);
     every search writes its witnesses into ``cases_dir`` (case files are named by their content)."""
+    from . import z3_cache as disk
+
     rows = []
     for search in witness_plan(sut):
         if cache is not None and search in cache:
             found = cache[search]
         else:
-            found = witness_search(timeout_s, cases_dir, search=search)
+            inputs = {"search": "witness", "guard": search.guard, "heads": search.heads,
+                      "dropped": sorted(search.dropped), "timeout_s": float(timeout_s)}
+            found = disk.load("witness-search", inputs, cases_dir) if z3_cache else None
+            if found is not None and hits is not None:
+                hits.append(search)
+            if found is None:
+                found = witness_search(timeout_s, cases_dir, search=search)
+                if z3_cache:
+                    disk.store("witness-search", inputs, found, cases_dir)
             if cache is not None:
                 cache[search] = found
         rows.extend(dataclasses.replace(r) for r in found)
@@ -174,11 +186,13 @@ def replay_witnesses(sut, case_files, cases_dir: str, kernel=None) -> tuple[list
     return checks, findings
 
 
-def flow_theorem_rows(sut, timeout_s: float, cases_dir: str, kernel=None, replay: bool = True) -> RunSummary:
+def flow_theorem_rows(sut, timeout_s: float, cases_dir: str, kernel=None, replay: bool = True,
+                      z3_cache: bool = False, hits: Optional[list] = None) -> RunSummary:
     """The engine's own theorem for the gate (its plugin's ``flow_theorem``) under the release's profile (``prove
     --engine-profile ENGINE==V``, a failed row when refuted), its counterexample replayed on the engine (``replay``
     False: the caller replays it); a release without a profile is an inconclusive row (the theorem cannot run),
-    never a pass."""
+    never a pass. ``z3_cache``: rows without findings kept across runs (:mod:`fa3verify.z3_cache`; a hit is appended
+    to ``hits``)."""
     from .commands.prove import prove_flow
 
     plugin = sut.spec.plugin
@@ -191,12 +205,40 @@ def flow_theorem_rows(sut, timeout_s: float, cases_dir: str, kernel=None, replay
                                 message=f"{exc}: the flow theorem needs the release's profile "
                                         f"({plugin.flow_profiles_file}; `conform --engine {sut.spec}` checks one)"))
         return out
-    out = prove_flow(sut.spec, profile, timeout_s=timeout_s, cases_dir=cases_dir)
+    out = _flow_from_cache(sut, profile, timeout_s, cases_dir) if z3_cache else None
+    if out is not None and hits is not None:
+        hits.append(plugin.flow_theorem)
+    if out is None:
+        out = prove_flow(sut.spec, profile, timeout_s=timeout_s, cases_dir=cases_dir)
+        if z3_cache and not out.findings:  # a refutation's rows go with findings: computed each run
+            from . import z3_cache as disk
+
+            disk.store("flow-theorem", _flow_inputs(sut, profile, timeout_s), out.checks, cases_dir)
     refuted = [c.case_file for c in out.checks if c.verdict == TheoremVerdict.REFUTED and c.case_file]
     if refuted and replay:
         checks, findings = replay_witnesses(sut, refuted, cases_dir, kernel=kernel)
         out.checks.extend(checks)
         out.findings.extend(findings)
+    return out
+
+
+def _flow_inputs(sut, profile, timeout_s: float) -> dict:
+    plugin = sut.spec.plugin
+    return {"theorem": plugin.flow_theorem, "engine": sut.spec.kind, "profile": profile.to_dict(),
+            "release": plugin.release_text(profile.release), "timeout_s": float(timeout_s)}
+
+
+def _flow_from_cache(sut, profile, timeout_s: float, cases_dir: str) -> Optional[RunSummary]:
+    """The flow theorem's summary from :mod:`fa3verify.z3_cache`, or None (a miss)."""
+    from . import z3_cache as disk
+
+    rows = disk.load("flow-theorem", _flow_inputs(sut, profile, timeout_s), cases_dir)
+    if rows is None:
+        return None
+    out = RunSummary(command="prove", policy={"engine_profile": sut.spec.plugin.release_text(profile.release),
+                                              **profile.to_dict()})
+    out.checks.extend(rows)
+    out.elapsed_s = 0.0
     return out
 
 
@@ -233,7 +275,7 @@ def _on_engine(summary: RunSummary, deferred: Optional[list], part) -> None:
 
 def witness_stages(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/cases",
                    kernel_name: str = "emulated", device: str = "cpu", witness_cache: Optional[dict] = None,
-                   lines: Optional[bool] = None, deferred: Optional[list] = None) -> None:
+                   lines: Optional[bool] = None, deferred: Optional[list] = None, z3_cache: bool = False) -> None:
     """The gate's ``"witnesses"`` stage (``fa3verify.commands.gate``): the witness searches of :func:`witness_plan` (z3 on
     the model; ``witness_cache``, keyed by search, shares them between gates) and each witness replayed on ``sut``,
     added to ``summary`` (the replay queued on ``deferred`` when the gate gives one: :func:`_on_engine`)."""
@@ -243,9 +285,11 @@ def witness_stages(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir:
 
     kernel = load(kernel_name, mode="strict", device=device)
     rows: list = []
+    hits: list = []
     with stage("gate", f"witness searches (z3 on the model, {len(witness_plan(sut))} searches)", lines,
-               result=lambda: _failed(rows)):
-        rows = plan_rows(sut, timeout_s, os.path.join(cases_dir, WITNESS_SUBDIR), witness_cache)
+               result=lambda: _failed(rows) + (f", {len(hits)} searches from the z3 cache" if hits else "")):
+        rows = plan_rows(sut, timeout_s, os.path.join(cases_dir, WITNESS_SUBDIR), witness_cache, z3_cache=z3_cache,
+                         hits=hits)
     summary.checks.extend(rows)
 
     def replay() -> tuple:
@@ -259,7 +303,7 @@ def witness_stages(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir:
 
 def flow_stage(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/cases",
                kernel_name: str = "emulated", device: str = "cpu", witness_cache: Optional[dict] = None,
-               lines: Optional[bool] = None, deferred: Optional[list] = None) -> None:
+               lines: Optional[bool] = None, deferred: Optional[list] = None, z3_cache: bool = False) -> None:
     """The gate's ``"flow-theorem"`` stage: :func:`flow_theorem_rows` (z3 under the release's profile), merged into
     ``summary``; a refutation's counterexample replayed on the engine (queued on ``deferred`` when given)."""
     from gpu_impl.kernels import load
@@ -269,9 +313,11 @@ def flow_stage(sut, summary: RunSummary, timeout_s: float = 10.0, cases_dir: str
     kernel = load(kernel_name, mode="strict", device=device)
     flow = RunSummary(command="gate")
     refuted: list = []
+    hits: list = []
     with stage("gate", f"{sut.spec.plugin.flow_theorem} theorem (z3 under the release's profile)", lines,
-               result=lambda: _failed(flow.checks)):
-        flow = flow_theorem_rows(sut, timeout_s, cases_dir, kernel=kernel, replay=False)
+               result=lambda: _failed(flow.checks) + (", from the z3 cache" if hits else "")):
+        flow = flow_theorem_rows(sut, timeout_s, cases_dir, kernel=kernel, replay=False, z3_cache=z3_cache,
+                                 hits=hits)
         refuted = [c.case_file for c in flow.checks if c.verdict == TheoremVerdict.REFUTED and c.case_file]
     summary.merge(flow)
     if refuted:

@@ -52,10 +52,12 @@ STAGES = {"theorems": _theorems, "witnesses": _witnesses, "flow-theorem": _flow_
 def gate(sut=None, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: float = 10.0,
          cases_dir: str = "fa3verify-out/cases", kernel_name: str = "emulated", device: str = "cpu",
          max_cases: Optional[int] = None, show_progress: Optional[bool] = None, witnesses: bool = True,
-         witness_cache: Optional[dict] = None, command: str = "gate") -> RunSummary:
+         witness_cache: Optional[dict] = None, command: str = "gate", z3_cache: bool = False) -> RunSummary:
     """Run the proof stages ``sut`` names (default ``ModelSUT()`` under the default policy), then fuzz on it, and
     merge them into the gate's summary. ``witnesses=False`` skips the proof stages (fuzz only);
-    ``witness_cache`` shares witness searches between gates (the engine matrix: each search runs once).
+    ``witness_cache`` shares witness searches between gates (the engine matrix: each search runs once);
+    ``z3_cache`` keeps an engine's witness searches and flow theorem across runs (:mod:`fa3verify.z3_cache`: keyed
+    by a hash of their inputs and of the project's code; the command line's gate sets it).
 
     An interrupt (SIGINT) during the proofs stops the gate there; during fuzz the campaign keeps what it found.
     Either way the summary is marked interrupted (exit 3) and returned, so the command still writes its reports.
@@ -84,7 +86,7 @@ def gate(sut=None, budget_s: Optional[float] = 20.0, seed: int = 0, timeout_s: f
     lines = None if show_progress is None else False  # API callers choose; the CLI prints on logs
     deferred: list = []
     options = dict(timeout_s=timeout_s, cases_dir=cases_dir, kernel_name=kernel_name, device=device,
-                   witness_cache=witness_cache, deferred=deferred)
+                   witness_cache=witness_cache, deferred=deferred, z3_cache=z3_cache)
     started: list = []
 
     def ready() -> None:
@@ -166,5 +168,5 @@ def run(args) -> int:
     with sut_from_args(args) as sut:  # the model is opened under the policy options (ModelSUT(policy=...))
         # the gate launches a real engine's worker beside its z3 stages; its start is a stage line of its own
         summary = gate(sut, budget_s=budget, seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
-                       kernel_name=args.kernel, device=args.device, max_cases=cases)
+                       kernel_name=args.kernel, device=args.device, max_cases=cases, z3_cache=True)
     return write_reports(summary, args)

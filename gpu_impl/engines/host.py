@@ -80,6 +80,11 @@ class EngineHost:
         return self.greet()
 
     @property
+    def greeted(self) -> Optional[dict]:
+        """The driver's hello if it was already read, else None; never waits (the worker may still be importing)."""
+        return self._hello
+
+    @property
     def pid(self) -> int:
         return self._worker.pid
 

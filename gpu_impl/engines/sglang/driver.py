@@ -526,4 +526,4 @@ def run_worker(stdin=None, stdout=None, fa3: str = "checking", observer=None) ->
 
 if __name__ == "__main__":
     sys.stdout = sys.stderr  # nothing but responses on the protocol stream
-    raise SystemExit(run_worker(stdin=sys.stdin, stdout=_PROTOCOL_OUT))
+    protocol.exit_worker(run_worker(stdin=sys.stdin, stdout=_PROTOCOL_OUT))  # no interpreter teardown after the bye

@@ -385,8 +385,11 @@ class VllmSUT(SystemUnderTest):
             return {"name": "vllm-src", "path": str(self.spec.path), "revision": self.revision,
                     "version": self.version, "release": self.release}
         ident = {"name": str(self.spec), "release": self.spec.release}
-        if self._worker is not None:
-            ident["reported_version"] = (self._worker.hello or {}).get("release")
+        # the release is the spec's: asking for it never waits on a worker still importing (the gate asks before
+        # its z3 stages, which run beside that import); the worker's own word is added once its hello is in
+        hello = self._worker.greeted if self._worker is not None else None
+        if hello is not None:
+            ident["reported_version"] = hello.get("release")
         return ident
 
     def close(self) -> None:
