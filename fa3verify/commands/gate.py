@@ -135,6 +135,10 @@ property, verdict, seconds, case file), writes JUnit XML and JSON if asked, and 
 seconds); the proofs run before it, each z3 query bounded by --timeout-s, and on a real engine so do the
 witness replays. --cases N replaces it with a case count: same seed, byte-identical case files.
 
+On a real engine the witness searches' and flow theorem's z3 rows are kept across runs, keyed by a hash of
+their inputs and of this installation's code, in $FA3VERIFY_Z3_CACHE (default ~/.cache/fa3verify/z3);
+FA3VERIFY_Z3_CACHE=off recomputes them. Inconclusive rows and found violations are never kept.
+
 examples:
   fa3verify gate --guard mypkg.attention.backend:_should_disable_scheduler_metadata_precompute \\
                  --junit report.xml --json gate.json
