@@ -136,6 +136,9 @@ class CheckingFA3:
     Python wrapper runs once; the captured call is remembered by its metadata buffer's address. A later
     recompute written into that buffer (:meth:`note_copy`, outside capture) is checked against every captured
     call on that buffer with the recompute's batch size -- the replay will run that call with this metadata.
+    While ``replaying`` (set by an engine driver re-issuing a captured graph's calls), a deep check of a call whose
+    tensor has its own size but whose precompute wrote fewer int32 judges the slots past the write by the build's
+    empty-row rule (:func:`gpu_impl.fa3_checks.padded_replay_read`) where that rule applies, instead of SHAPE.
     """
 
     def __init__(self, impl=None, mode: str = "raise", deep: bool = False, on_violation: Optional[Callable] = None,

@@ -86,6 +86,14 @@ def test_the_empty_row_rule_is_the_semaphore_splits_builds_and_cites_their_lines
             assert fa3_builds.empty_row_split_count(name) is None
 
 
+def _read(pre):
+    """The 1 + 8 int32 a replay reads after this recompute: its values, then vLLM's zeroed tail."""
+    from refmodel.metadata import get_scheduler_metadata
+
+    md = get_scheduler_metadata(**pre.scheduler_kwargs())
+    return [int(x) for x in md.tolist()] + [0] * (1 + ROWS - md.numel())
+
+
 def test_a_semaphore_splits_replay_whose_tail_is_zero_passes(monkeypatch):
     front, events, written = _replay(monkeypatch, SEMAPHORE_SPLITS)
     assert written == 1 + len(REAL) and front.build == SEMAPHORE_SPLITS
@@ -93,52 +101,40 @@ def test_a_semaphore_splits_replay_whose_tail_is_zero_passes(monkeypatch):
     assert (pre.batch_size, call.batch_size) == (len(REAL), ROWS)
     assert violations == []
     # the rule judged the read: two padded rows past the write, each with the empty row's split count
-    assert padded_replay_read(pre, call, call_md(front, pre, call)) == []
-
-
-def call_md(front, pre, call):
-    """The 1 + 8 int32 the replay read: the recompute, then the zeroed tail."""
-    from refmodel.metadata import get_scheduler_metadata
-
-    md = get_scheduler_metadata(**pre.scheduler_kwargs())
-    return [int(x) for x in md.tolist()] + [0] * (1 + ROWS - md.numel())
+    assert padded_replay_read(pre, call, _read(pre)) == []
 
 
 @pytest.mark.parametrize("stale", [3, UNWRITTEN])
 def test_a_semaphore_splits_replay_with_a_nonzero_tail_fails(monkeypatch, stale):
-    # negative control: the tail holds a split count no copy of this step wrote; the front then attributes the view
-    # to the capture's precompute (its bytes are not the recompute's plus a zeroed tail), read at another step
+    # negative control through the front: the tail holds a value no copy of this step wrote, so the view is not the
+    # recompute plus a zeroed tail; the front keeps the capture's precompute as its origin, made at another step
     _, events, _ = _replay(monkeypatch, SEMAPHORE_SPLITS, tail=stale)
     assert "READS_OWN_STEP_METADATA" in _invariants(events)
-    # and the rule itself, on the recompute's record, names the padded rows' stale split counts
-    monkeypatch.setenv(BUILD_VARIABLE, SEMAPHORE_SPLITS)
-    front = FrontFA3(132)
-    _precompute(front, REAL)
-    pre = front.last_pre
-    clean = _replay(monkeypatch, SEMAPHORE_SPLITS)[1][0][1]
-    values = call_md(front, pre, clean)
+    # and the rule itself, on the recompute's record: the padded row's stale split count (or no one's value)
+    (pre, call, _), = _replay(monkeypatch, SEMAPHORE_SPLITS)[1]
+    values = _read(pre)
     values[-1] = stale
-    found = padded_replay_read(pre, clean, values)
-    expected = "PADDED_ROWS_READ_DEFINED" if stale == UNWRITTEN else "READS_OWN_STEP_METADATA"
-    assert [v.invariant for v in found] == [expected]
-    assert (found[0].detail.get("padded_rows") or found[0].detail.get("virtual_batches")) == [ROWS - 1]
+    found = padded_replay_read(pre, call, values)
+    if stale == UNWRITTEN:
+        assert [v.invariant for v in found] == ["PADDED_ROWS_READ_DEFINED"]
+        assert found[0].detail["virtual_batches"] == [ROWS - 1]
+    else:
+        assert [v.invariant for v in found] == ["READS_OWN_STEP_METADATA"]
+        assert found[0].detail["padded_rows"] == [ROWS - 1] and found[0].detail["split_counts"] == [stale]
 
 
 def test_the_rule_judges_on_the_checker_at_a_replay_only(monkeypatch):
     # the pair check on the checker: at a replay the rule replaces SHAPE by the tail's verdict; outside one, a
     # tensor of the call's size over a shorter precompute stays SHAPE
-    _, events, _ = _replay(monkeypatch, SEMAPHORE_SPLITS)
-    pre, call, _ = events[0]
-    front = FrontFA3(132)
-    front.checker.registry.remember(torch.zeros(1), pre)
-    values = torch.tensor(call_md(front, pre, call), dtype=torch.int32)
-    front.checker.registry.remember(values, pre)
-    assert [v.invariant for v in front.checker.check(call, values, deep=True)[1]] == ["SHAPE"]
-    front.checker.replaying = True
-    assert front.checker.check(call, values, deep=True)[1] == []
+    (pre, call, _), = _replay(monkeypatch, SEMAPHORE_SPLITS)[1]
+    checker = FrontFA3(132).checker
+    values = torch.tensor(_read(pre), dtype=torch.int32)
+    checker.registry.remember(values, pre)
+    assert [v.invariant for v in checker.check(call, values, deep=True)[1]] == ["SHAPE"]
+    checker.replaying = True
+    assert checker.check(call, values, deep=True)[1] == []
     values[-1] = 5
-    front.checker._memo.clear()
-    assert [v.invariant for v in front.checker.check(call, values, deep=True)[1]] == ["READS_OWN_STEP_METADATA"]
+    assert [v.invariant for v in checker.check(call, values, deep=True)[1]] == ["READS_OWN_STEP_METADATA"]
 
 
 @pytest.mark.parametrize("build", ["vllm-fork-617264c1", "vllm-fork-1c81743f"])
@@ -151,20 +147,22 @@ def test_another_layout_with_the_same_short_write_keeps_shape(monkeypatch, build
     (pre, call, violations), = events
     assert written < call_schedule_of(call).metadata_size
     assert "SHAPE" in [v.invariant for v in violations]
+    assert padded_replay_read(pre, call, [0] * call_schedule_of(call).metadata_size) is None
 
 
-def test_read_past_write_needs_padded_rows_and_a_split_call():
+def test_read_past_write_needs_padded_rows_and_a_split_call(monkeypatch):
+    import dataclasses
+
     from gpu_impl.fa3_records import call_schedule_of
 
-    mp = pytest.MonkeyPatch()
-    try:
-        _, events, written = _replay(mp, SEMAPHORE_SPLITS)
-    finally:
-        mp.undo()
+    _, events, written = _replay(monkeypatch, SEMAPHORE_SPLITS)
     _, call, _ = events[0]
     sched = call_schedule_of(call)
     values = [0] * sched.metadata_size
     assert read_past_write(sched, written, values, call.seqlens_q) == [(6, 0, True), (7, 0, True)]
+    assert read_past_write(sched, written, values[:-1] + [2], call.seqlens_q)[-1] == (7, 2, False)
     # a slot past the write that is a real row's split count (the row has query tokens): not padding
     assert read_past_write(sched, written - 1, values, call.seqlens_q) is None
+    # nothing past the write; a call that does not split reads no split count there
     assert read_past_write(sched, sched.metadata_size, values, call.seqlens_q) is None
+    assert read_past_write(dataclasses.replace(sched, num_splits=1), written, values, call.seqlens_q) is None
