@@ -42,8 +42,8 @@ from refmodel.fa3_builds import UPSTREAM, check_build_name
 from spec.violation import Violation
 
 from .fa3_arguments import ARGUMENTS_INVARIANT, argument_check, argument_differences, worst_case
-from .fa3_checks import (captured_call_for, deep_check, graph_replay_check, pair_summary, quick_check,
-                         violation_signature)
+from .fa3_checks import (captured_call_for, deep_check, graph_replay_check, padded_replay_read, pair_summary,
+                         quick_check, violation_signature)
 from .fa3_records import (CALL_SIGNATURE, DEFAULT_ARCH, DEFAULT_NUM_SM, PRECOMPUTE_SIGNATURES, VARLEN_POSITIONAL,
                           CallRecord, PrecomputeRecord, bind_call, bind_precompute, call_key, call_schedule_of,
                           precompute_schedule, record_bound_call, record_bound_precompute, record_call,
@@ -136,6 +136,9 @@ class CheckingFA3:
     Python wrapper runs once; the captured call is remembered by its metadata buffer's address. A later
     recompute written into that buffer (:meth:`note_copy`, outside capture) is checked against every captured
     call on that buffer with the recompute's batch size -- the replay will run that call with this metadata.
+    While ``replaying`` (set by an engine driver re-issuing a captured graph's calls), a deep check of a call whose
+    tensor has its own size but whose precompute wrote fewer int32 judges the slots past the write by the build's
+    empty-row rule (:func:`gpu_impl.fa3_checks.padded_replay_read`) where that rule applies, instead of SHAPE.
     """
 
     def __init__(self, impl=None, mode: str = "raise", deep: bool = False, on_violation: Optional[Callable] = None,
@@ -192,6 +195,9 @@ class CheckingFA3:
         self.unrecordable: list = []    # (function, error type, message) of calls the recorder could not bind
         self._memo: dict = {}           # (id(pre), id(call)) -> (pre, call, quick violations)
         self.violation_path = "eager"   # see _handle
+        #: set by a driver while a CUDA-graph replay re-issues captured calls: no host code runs, so a tensor of the
+        #: call's size passes whatever its precompute's size (fa3_checks.padded_replay_read judges what is read)
+        self.replaying = False
 
     # -- bookkeeping --------------------------------------------------------------------------------------
     def _settle_device(self, args: tuple, kwargs: dict) -> None:
@@ -382,11 +388,19 @@ class CheckingFA3:
             if len(self._memo) > 4096:
                 self._memo.clear()
             self._memo[(id(pre), id(call))] = (pre, call, violations)
-        if not deep or metadata is None or any(v.invariant == "SHAPE" for v in violations):
+        if not deep or metadata is None:
             return pre, violations
+        host = metadata.detach().to("cpu") if isinstance(metadata, torch.Tensor) else metadata
+        past = None
+        if any(v.invariant == "SHAPE" for v in violations):
+            # a replay reading past its recompute's write: exact where the build's empty-row rule decides the slots
+            past = padded_replay_read(pre, call, host) if self.replaying else None
+            if past is None:
+                return pre, violations
+            violations = [v for v in violations if v.invariant != "SHAPE"]
         # deep: the exact verdict replaces the sufficient-condition one; the batch-size finding stays
         # (on a real tensor, unwritten slots hold garbage the exact check may not recognise)
-        exact = deep_check(pre, call, metadata.detach().to("cpu") if isinstance(metadata, torch.Tensor) else metadata)
+        exact = deep_check(pre, call, host) + (past or [])
         names = {v.invariant for v in exact}
         exact += [v for v in violations if v.invariant in ("BATCH_PERMUTATION", ARGUMENTS_INVARIANT)
                   and v.invariant not in names]

@@ -15,7 +15,9 @@ from typing import Optional, Sequence
 import torch
 
 from refmodel.fa3_scheduler import PREPARE_MAX_BATCH_ONE_CTA, Schedule, combine_capacity
+from refmodel.fa3_builds import empty_row_split_count
 from refmodel.metadata import get_scheduler_metadata as ref_get_scheduler_metadata
+from refmodel.metadata_layout import UNWRITTEN, read_past_write
 from refmodel.prepare import m_blocks_for
 from spec.violation import Violation
 
@@ -25,7 +27,7 @@ from .fa3_records import CallRecord, PrecomputeRecord, call_schedule_of, precomp
 from .kernels.base import build_tile_plan, check_plan
 
 __all__ = ["quick_check", "deep_check", "pair_summary", "violation_signature", "captured_call_for",
-           "graph_replay_check", "origin_violation"]
+           "graph_replay_check", "origin_violation", "padded_replay_read"]
 
 # ------------------------------------------------------------------------------------------------------------
 # The checks
@@ -248,4 +250,45 @@ def graph_replay_check(pre: PrecomputeRecord, call: CallRecord) -> list[Violatio
         elif v.invariant == "BATCH_PERMUTATION" and call.batch_size > pre.batch_size:
             continue
         out.append(v)
+    return out
+
+
+def padded_replay_read(pre: Optional[PrecomputeRecord], call: CallRecord, metadata) -> Optional[list[Violation]]:
+    """The exact verdict on a CUDA-graph replay whose captured call reads more metadata than the recompute wrote.
+
+    ``metadata``: the int32 the captured call reads (a host copy of the persistent buffer's view, the call's own
+    size: at a replay FA3 checks nothing). Where the build's empty-row rule decides the slots past the write
+    (refmodel.metadata_layout ``read_past_write``: the "semaphore-splits" builds, a split count per padded row with
+    no query tokens), returns the violations of those slots: [] when every one holds the build's empty-row split
+    count (0: the row gets no tiles and the combine skips it; ``refmodel.fa3_builds.empty_row_split_count``), else
+    PADDED_ROWS_READ_DEFINED for a slot holding refmodel's UNWRITTEN (no one wrote it) and
+    READS_OWN_STEP_METADATA for any other value (the step's copy wrote 1 + b values and zeroed nothing there: a
+    split count left by an earlier step, for which FA3 schedules tiles of a padded row). None where the rule does not
+    apply (another layout, a call that does not split, a slot of a row with query tokens): the size difference
+    stays the replay's SHAPE.
+    """
+    if pre is None or not call.metadata_passed or call.seqlens_q is None:
+        return None
+    P, C = precompute_schedule(pre), call_schedule_of(call)
+    values = [int(v) for v in (metadata.reshape(-1).tolist() if isinstance(metadata, torch.Tensor) else metadata)]
+    past = read_past_write(C, P.metadata_size, values, call.seqlens_q)
+    if past is None:
+        return None
+    empty = empty_row_split_count(C.inputs.build)
+    unwritten = [row for row, value, ok in past if not ok and value == UNWRITTEN]
+    stale = [(row, value) for row, value, ok in past if not ok and value != UNWRITTEN]
+    out = []
+    if unwritten:
+        out.append(Violation("PADDED_ROWS_READ_DEFINED", None,
+                             {"virtual_batches": unwritten, "batch": call.batch_size, "path": "replay"},
+                             f"the replay reads split counts no precompute wrote for padded rows {unwritten[:8]} of "
+                             f"{call.batch_size} (the recompute covered {pre.batch_size})"))
+    if stale:
+        out.append(Violation("READS_OWN_STEP_METADATA", None,
+                             {"padded_rows": [r for r, _ in stale], "split_counts": [v for _, v in stale],
+                              "written": P.metadata_size, "read": C.metadata_size, "path": "replay"},
+                             f"the replay reads split counts {[v for _, v in stale][:8]} for padded rows "
+                             f"{[r for r, _ in stale][:8]} past the {P.metadata_size} int32 this step's recompute "
+                             f"wrote (not the empty row's {empty}): values left by an earlier step, for which FA3 "
+                             f"schedules tiles of rows with no query tokens"))
     return out

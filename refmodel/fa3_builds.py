@@ -61,7 +61,7 @@ __all__ = ["UPSTREAM", "VLLM_FORK", "SGLANG_KERNEL_042", "SGLANG_KERNEL_045", "B
            "fork_metadata_vectors", "fork_uses_dynamic_split", "engine_sources_markdown", "check_build_name",
            "MAX_BATCHES_1CTA", "DATA", "TILE_DATA", "fork_host_rules", "metadata_layout_kind",
            "VLLM_FORK_2D3B7508", "VLLM_FORK_A8937124", "VLLM_FORK_1C81743F", "legacy_uses_dynamic_split",
-           "VLLM_FORK_8798F277", "fork_static_seqlen_k", "decode_tile"]
+           "VLLM_FORK_8798F277", "fork_static_seqlen_k", "decode_tile", "empty_row_split_count"]
 
 UPSTREAM = "upstream-0251105a"
 VLLM_FORK = "vllm-fork-617264c1"
@@ -114,6 +114,10 @@ class Build:
     #: pack_gqa = num_splits > 1 after the split count, replacing the heuristic and the argument
     #: (flash_api.cpp@8798f277 592, 947); the older fork builds OR them instead
     pack_gqa_is_split: bool = False
+    #: the split count the build's kernels read as an empty row (no tiles, no combine), with the FA3 lines that
+    #: make it so; None where the build's metadata has no such rule (fa3_builds.json "empty_row")
+    empty_row_split_count: Optional[int] = None
+    empty_row_source: str = ""
 
 
 @functools.lru_cache(maxsize=1)
@@ -136,7 +140,9 @@ def _builds() -> dict:
                         host_rules=b.get("host_rules"), metadata_layout=b.get("metadata_layout", "upstream"),
                         packgqa_only=bool(b.get("packgqa_only")),
                         split_vector_tests_num_splits=bool(b.get("split_vector_tests_num_splits", True)),
-                        pack_gqa_is_split=bool(b.get("pack_gqa_is_split")))
+                        pack_gqa_is_split=bool(b.get("pack_gqa_is_split")),
+                        empty_row_split_count=(b.get("empty_row") or {}).get("split_count"),
+                        empty_row_source=(b.get("empty_row") or {}).get("source", ""))
             for name, b in _data()["builds"].items()}
 
 
@@ -156,6 +162,18 @@ def fork_static_seqlen_k(build_name: str) -> bool:
 def metadata_layout_kind(build_name: str) -> str:
     """The build's metadata layout: "upstream", "fork" or "semaphore-splits" (``Build.metadata_layout``)."""
     return build(build_name).metadata_layout
+
+
+def empty_row_split_count(build_name: str) -> Optional[int]:
+    """The split count that makes a row of the call's batch empty under this build, or None where no such rule holds.
+
+    The builds of the "semaphore-splits" layout (8798f277, 2d3b7508, a8937124: vLLM 0.8.5-0.16.0) read each row's
+    split count from the vector at 1..b and give the row ``num_m_blocks * num_splits`` tiles, so a count of 0 gives
+    it none whatever its m-blocks (for a decode every row, padding included, gets the m-blocks of the call's
+    ``max_seqlen_q``), and the combine returns for it (``num_splits <= 1``); the lines per build are
+    ``Build.empty_row_source`` (fa3_builds.json "empty_row"). The other layouts put other vectors (query rows,
+    heads-in-L2, the semaphore) where a longer read lands, so no split count alone makes such a read harmless."""
+    return build(build_name).empty_row_split_count
 
 
 def build(name: str) -> Build:

@@ -19,7 +19,7 @@ from .fa3_scheduler import Schedule
 from .prepare import PrepareResult, prepare_scheduler
 
 __all__ = ["UNWRITTEN", "MetadataLayout", "DecodedMetadata", "encode_metadata_values", "decode_metadata_values",
-           "decode_values_for_schedule", "call_own_schedule", "call_own_metadata"]
+           "decode_values_for_schedule", "call_own_schedule", "call_own_metadata", "read_past_write"]
 
 
 #: Value of metadata slots FA3 never writes (INT32_MIN): FA3 leaves uninitialised memory there.
@@ -206,6 +206,32 @@ def _decode_legacy(values: Sequence[int], schedule: Schedule) -> DecodedMetadata
     own = -(-rows // schedule.kernel_block_m)
     sem = values[0] if layout.has_semaphore and values else None
     return DecodedMetadata(layout, splits, [own] * b4, None, None, sem)
+
+
+def read_past_write(schedule: Schedule, written: int, values: Sequence[int],
+                    seqlens_q: Sequence[int]) -> Optional[list[tuple[int, int, bool]]]:
+    """What a call reads past the first ``written`` int32 of its metadata, judged by the build's empty-row rule.
+
+    ``values``: the int32 the call reads (its own layout's size: a persistent buffer's view behind which FA3's
+    CHECK_SHAPE passes); ``seqlens_q``: the call's query rows per batch. Returns ``(row, value, empty)`` for every
+    slot at or past ``written``, ``empty`` True where the value is the build's empty-row split count
+    (``fa3_builds.empty_row_split_count``: 0 on the "semaphore-splits" builds, whose slot 1 + row is that row's split
+    count). None where the rule cannot judge the read: the build has no empty-row rule (another layout: the slots
+    past the write hold other vectors), the call does not split (no split count is read there), the read is not
+    longer than the write, or a slot past the write is the split count of a row with query tokens (a real row).
+    """
+    empty = fa3_builds.empty_row_split_count(schedule.inputs.build)
+    layout = MetadataLayout.for_schedule(schedule)
+    if (empty is None or schedule.num_splits <= 1 or layout.splits_offset is None or len(values) != layout.size
+            or not 0 < written < layout.size):
+        return None
+    out = []
+    for at in range(written, layout.size):
+        row = at - layout.splits_offset
+        if not 0 <= row < layout.batch_size or int(seqlens_q[row]) != 0:
+            return None
+        out.append((row, int(values[at]), int(values[at]) == empty))
+    return out
 
 
 def call_own_schedule(call_schedule: Schedule) -> Schedule:

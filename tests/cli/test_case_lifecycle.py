@@ -104,3 +104,11 @@ def test_the_sglang_host_sends_the_cases_sequence_with_the_run():
     Scn.lifecycle = None
     sut.run(Scn)
     assert "layers" not in sent[1] and "lifecycle_defect" not in sent[1]
+
+
+def test_the_padded_rows_replay_case_expects_the_pass_of_the_empty_row_rule():
+    # vLLM 0.16.0's FULL-graph replay over 6 of 8 captured rows: the slots past the recompute are the padded rows'
+    # split counts, zeroed by vLLM, the empty row of the build 0.16.0 ships (refmodel.fa3_builds.empty_row_split_count)
+    case = Case.load(CORPUS / "vllm-0.16.0-full-graph-padded-rows.json")
+    assert case.to_dict()["expected"]["outcome"] == "pass" and case.to_dict()["expected"]["invariant"] is None
+    assert case.lifecycle == {"layers": 2, "engine_defect": None}

@@ -142,12 +142,12 @@ class FrontFA3:
     def replay(self, calls) -> None:
         """Re-issue a captured graph's FA3 calls, as a CUDA-graph replay launches them again (labelled ``replay``
         while they run)."""
-        self.path = "replay"
+        self.path, self.checker.replaying = "replay", True
         try:
             for call in calls:
                 self.c_fwd(**call)
         finally:
-            self.path = "eager"
+            self.path, self.checker.replaying = "eager", False
 
     def c_fwd(self, **a):
         import torch
