@@ -79,6 +79,33 @@ def test_the_families_draw_layers_that_differ_and_kv_head_sizes_that_differ():
     assert all((c.model.head_dim, c.model.head_dim_v) == DIFF_KV_HEAD_DIMS for c in diffkv)
 
 
+def test_the_gate_families_draw_both_as_a_share_and_other_cases_keep_their_draws(monkeypatch):
+    """The gate's families (``vllm-paths``, ``vllm-paths-both``, ``vllm-v2``) redraw a share of their eager and
+    piecewise cases as ``vllm-layers`` / ``vllm-diffkv`` cases (layers that differ: on the V1 runner only, never under
+    ``vllm-v2``, whose generation builds one attention group); every case not redrawn is the one drawn without it."""
+    from gpu_impl.engines.vllm import strategies
+
+    def draw(name):
+        rng = random.Random(0)
+        return [strategies.FAMILIES[name](rng) for _ in range(1000)]
+
+    for name in ("vllm-paths", "vllm-paths-both", "vllm-v2"):
+        cases = draw(name)
+        layers = [c for c in cases if c.options["vllm"].get("layer_kv_heads")]
+        diffkv = [c for c in cases if (c.model.head_dim, c.model.head_dim_v) == strategies.DIFF_KV_HEAD_DIMS]
+        assert 30 < len(diffkv) < 150 and all(not c.server.cuda_graph for c in layers + diffkv), name
+        assert (not layers) if name == "vllm-v2" else 30 < len(layers) < 150, (name, len(layers))
+        assert all(c.options["vllm"].get("runner") != "v2" and len(set(c.options["vllm"]["layer_kv_heads"])) >= 2
+                   for c in layers)
+        with monkeypatch.context() as m:
+            m.setattr(strategies, "LAYERS_SHARE", 0.0)
+            m.setattr(strategies, "DIFFKV_SHARE", 0.0)
+            before = draw(name)
+        redrawn = {id(c) for c in layers + diffkv}
+        assert all(c == b for c, b in zip(cases, before) if id(c) not in redrawn), name
+        assert sum(c != b for c, b in zip(cases, before)) == len(redrawn), name
+
+
 def test_the_host_hands_both_to_the_driver():
     import dataclasses
 
