@@ -33,7 +33,7 @@ from .profiles import VLLM_RELEASES
 __all__ = ["FAMILIES", "NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
            "vllm_v2_case", "vllm_paths_case", "vllm_paths_both_case", "vllm_layers_case", "vllm_diffkv_case",
            "vllm_decode_tile_case",
-           "vllm_family_label", "model_tp_points", "LOCAL_SHARE", "CHUNK_SIZES", "LAYERS_SHARE", "DIFFKV_SHARE"]
+           "vllm_family_label", "model_tp_points", "LOCAL_SHARE", "CHUNK_SIZES", "LAYERS_SHARE", "DIFFKV_SHARE", "DIFFKV_BLOCK_SIZES"]
 
 #: sglang's domain assumptions (``spec.model.config``) a vLLM case need not meet, from the vLLM releases' facts
 #: (``spec/model/assumption_facts.json``): under vLLM ``server.attn_cp_size`` is decode context parallel, which needs no
@@ -277,12 +277,23 @@ def vllm_diffkv_case(rng: random.Random) -> Optional[FuzzCase]:
     return _with_diffkv(case, random.Random(case.seed + 2))
 
 
+#: Family ``vllm-diffkv``: the KV-cache block sizes drawn beside the ``vllm`` family's 16 and 64, in half the cases: vLLM
+#: accepts any block size its FlashAttention backend supports (a multiple of 16), and from 128 on FA3 reads a paged
+#: KV cache through TMA where V's head size is 128 (kBlockN 128) but not where it is 192 (kBlockN 96): the tile, and so
+#: the split count, of a precompute made for V 192 and a call with V 128 can differ (docs/engines-vllm.md)
+DIFFKV_BLOCK_SIZES = (128, 256)
+
+
 def _with_diffkv(case: FuzzCase, extra: random.Random) -> FuzzCase:
-    """``case`` with K/V head sizes :data:`DIFF_KV_HEAD_DIMS` and :func:`_long_among_short`'s step from ``extra``."""
+    """``case`` with K/V head sizes :data:`DIFF_KV_HEAD_DIMS`, in half the cases a block size of
+    :data:`DIFFKV_BLOCK_SIZES`, and :func:`_long_among_short`'s step, all from ``extra``."""
     import dataclasses
 
     d, dv = DIFF_KV_HEAD_DIMS
-    return dataclasses.replace(case, model=dataclasses.replace(case.model, head_dim=d, head_dim_v=dv),
+    server = case.server
+    if extra.random() < 0.5:
+        server = dataclasses.replace(server, page_size=extra.choice(DIFFKV_BLOCK_SIZES))
+    return dataclasses.replace(case, model=dataclasses.replace(case.model, head_dim=d, head_dim_v=dv), server=server,
                                steps=tuple(_long_among_short(extra, list(case.steps))))
 
 
