@@ -285,16 +285,23 @@ DIFFKV_BLOCK_SIZES = (128, 256)
 
 
 def _with_diffkv(case: FuzzCase, extra: random.Random) -> FuzzCase:
-    """``case`` with K/V head sizes :data:`DIFF_KV_HEAD_DIMS`, in half the cases a block size of
-    :data:`DIFFKV_BLOCK_SIZES`, and :func:`_long_among_short`'s step, all from ``extra``."""
+    """``case`` with K/V head sizes :data:`DIFF_KV_HEAD_DIMS`, :func:`_long_among_short`'s step, and in half the cases
+    a block size of :data:`DIFFKV_BLOCK_SIZES` with a last step of 1..3 requests, the first taking 16..256 new tokens
+    (the packed query rows exceed kBlockM, so FA3 reads the paged cache through TMA where kBlockN divides the block
+    size, and the batch is small enough to split), all from ``extra``."""
     import dataclasses
 
     d, dv = DIFF_KV_HEAD_DIMS
-    server = case.server
+    server, steps = case.server, _long_among_short(extra, list(case.steps))
     if extra.random() < 0.5:
         server = dataclasses.replace(server, page_size=extra.choice(DIFFKV_BLOCK_SIZES))
+        # and a step where FA3 takes that path (more packed query rows than kBlockM: a query of 16..256 new tokens)
+        # with few enough tiles to split: 1..3 requests, the others one-token decodes
+        n = extra.randint(1, 3)
+        lens = [extra.choice((300, 1000, 4097, 16384))] + [extra.choice((17, 100, 1000)) for _ in range(n - 1)]
+        steps.append({"mode": "mixed", "seq_lens": lens, "extend_lens": [extra.randint(16, 256)] + [1] * (n - 1)})
     return dataclasses.replace(case, model=dataclasses.replace(case.model, head_dim=d, head_dim_v=dv), server=server,
-                               steps=tuple(_long_among_short(extra, list(case.steps))))
+                               steps=tuple(steps))
 
 
 #: The gate's families (``vllm-paths``, ``vllm-paths-both``, ``vllm-v2``): the shares of their eager and piecewise
