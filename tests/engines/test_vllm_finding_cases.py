@@ -23,6 +23,7 @@ CASES = {
     VLLM / "vllm-0.8.5-precompute-without-window-shared-precompute.json": ("0.8.5", "SHARED_PRECOMPUTE_MATCHES_LAYER"),
     VLLM / "v2-runner-mixed-full-graph-captured-for-one-token-queries-0.30.0.json": ("0.30.0", "SHAPE"),
     LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json": ("0.16.0", "SHAPE"),
+    VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json": ("0.33.0", "SPLIT_BOUND"),
 }
 
 #: (case file, release, exit code of the replay): the finding's releases and its fix, as the docs name them
@@ -35,6 +36,7 @@ REPLAYS = [
     (VLLM / "full-graph-replay-window-dropped-at-recompute.json", "0.17.0", 1),
     (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.16.0", 1),
     (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.17.0", 0),
+    (VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json", "0.33.0", 1),
 ]
 
 

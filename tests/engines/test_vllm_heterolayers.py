@@ -28,6 +28,7 @@ from engine_releases import vllm_worker
 from gpu_impl.engines import envs
 
 CASE = Path(__file__).parent.parent / "corpus_vllm" / "vllm-0.28.0-heterogeneous-layers-precompute-model-config-kv-heads.json"
+DIFFKV_CASE = Path(__file__).parent.parent / "corpus_vllm" / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json"
 #: a Nemotron-NAS model: 32 query heads, its first layer 1 KV head, its second 8; one skewed decode step
 HETERO = {"num_heads": 32, "num_kv_heads": 1, "num_layers": 2, "layer_kv_heads": [1, 8],
           "steps": [{"seq_lens": [32768] + [100] * 7}]}
@@ -184,8 +185,9 @@ def test_0_33_0_diffkv_precompute_without_headdim_v_overflows_from_block_size_12
     the paged KV cache is read without TMA for both V sizes (kBlockN 96 either way): the split counts agree and only
     the input mismatch is found. With blocks of 128 the call (V 128) reads it through TMA with kBlockN 128 while the
     precompute (V 192) keeps 96: S_p 10 vs S_c 7, SPLIT_BOUND. A copy passing V's size
-    (release_copies.ALIGNED_DIFFKV_HEADDIM_V) has no finding."""
+    (release_copies.ALIGNED_DIFFKV_HEADDIM_V) has no finding, and the corpus case found by ``vllm-diffkv`` passes on it."""
     _needs("0.33.0")
+    from fa3verify.commands.replay import replay
     from gpu_impl.engines.vllm.host import VllmSUT, VllmWorker
     from gpu_impl.sut import parse_engine
     from release_copies import ALIGNED_DIFFKV_HEADDIM_V, vllm_patched_copy
@@ -206,6 +208,8 @@ def test_0_33_0_diffkv_precompute_without_headdim_v_overflows_from_block_size_12
         sut.launch()
         sut.start()
         assert run(sut.worker, 128) == ([(128, 128, 7, 7)], set())
+        _, seen = replay(str(DIFFKV_CASE), sut=sut)  # STILL FAILS on the release: test_vllm_finding_cases.py
+        assert seen.verdict == "PASSES NOW" and not seen.findings
 
 
 @pytest.mark.engine
