@@ -88,6 +88,17 @@ def vllm_patched_copy(release: str, dest: Path, patches=(), module: Path = VLLM_
     return root
 
 
+#: The DiffKV finding of every release with the DiffKV backend (0.14.0 on: the builder's precompute passes no
+#: ``headdim_v``, so FA3's wrapper schedules for V's size = K's while the call runs V 128 under K 192) fixed by passing
+#: the V head size the call has: the builder's KV-cache spec's ``head_size_v`` (the driver's spec carries the DiffKV
+#: backend's V size; K's size where the layers' sizes agree). One line of ``get_scheduler_metadata``'s arguments, the
+#: same in 0.20.0, 0.33.0 and 0.34.0.
+ALIGNED_DIFFKV_HEADDIM_V = (
+    (r"(\n(\s+)headdim=self\.headdim,\n)",
+     r"\1\2headdim_v=getattr(self.kv_cache_spec, 'head_size_v', None) or self.headdim,\n"),
+)
+
+
 #: vLLM 0.34.0 with one path regressed: on the full-CUDA-graph path only (the one path where ``max_num_splits`` > 1)
 #: the call passes half the split bound the precompute was given (16 for 32); eager, piecewise, batch invariance and
 #: the DCP calls are the release's own.
@@ -101,15 +112,16 @@ CALL_HALF_SPLITS_0_34_0 = (
 ALIGNED_HALF_SPLITS_0_34_0 = CALL_HALF_SPLITS_0_34_0 + (
     (r"(\n[ ]+)num_splits=max_num_splits,\n([ ]+\)\n)",
      r"\1num_splits=max_num_splits // 2 if max_num_splits > 1 else max_num_splits,\n\2"),
-)
+) + ALIGNED_DIFFKV_HEADDIM_V
 
 
 #: 0.34.0 with its full-graph replay finding fixed by aligning the replay's precompute with the captured call
 #: (docs/engines-vllm.md, "What would fix it"): the builder records the scalars each CUDA graph is captured with
 #: (``build_for_cudagraph_capture``: ``max_query_len`` and ``max_seq_len`` of the capture's padded batch), and a build
 #: whose padded batch is a captured graph's (a FULL replay; DCP 1) precomputes with those scalars, as the replayed
-#: call runs with them. Eager, piecewise and batches above the largest graph keep their own.
-ALIGNED_REPLAY_0_34_0 = (
+#: call runs with them. Eager, piecewise and batches above the largest graph keep their own. And the DiffKV finding
+#: fixed (:data:`ALIGNED_DIFFKV_HEADDIM_V`); :data:`ALIGNED_REPLAY_ONLY_0_34_0` without it.
+ALIGNED_REPLAY_ONLY_0_34_0 = (
     (r"(\n    def _get_scheduler_metadata\(\n)",
      "\n    def build_for_cudagraph_capture(self, common_attn_metadata):\n"
      "        captured = self.__dict__.setdefault(\"_captured_scalars\", {})\n"
@@ -125,6 +137,7 @@ ALIGNED_REPLAY_0_34_0 = (
      r"\n        if self.__dict__.get('_replay_scalars') is not None:\n"
      r"            max_query_len, max_seq_len = self._replay_scalars\1"),
 )
+ALIGNED_REPLAY_0_34_0 = ALIGNED_REPLAY_ONLY_0_34_0 + ALIGNED_DIFFKV_HEADDIM_V
 
 
 #: A release with cascade attention (0.20.0 .. 0.31.0, the V1 runner's path) with one path regressed: both FA3 calls
@@ -140,10 +153,18 @@ CASCADE_HALF_SPLITS = (
 )
 #: 0.31.0 (its V1 runner) with that regression
 CASCADE_HALF_SPLITS_0_31_0 = CASCADE_HALF_SPLITS
+#: The layers finding of 0.11.0 .. 0.28.0 (the builder precomputes with ``ModelConfig.get_num_kv_heads``, the first
+#: attention block's count, on a model whose layers have their own) fixed as 0.29.0 fixed it: the builder's KV heads
+#: from its attention group's KV-cache spec.
+ALIGNED_LAYER_KV_HEADS_0_20_0 = (
+    (r"\n(        )self\.num_heads_kv = self\.model_config\.get_num_kv_heads\(self\.parallel_config\)\n",
+     r"\n\1self.num_heads_kv = kv_cache_spec.num_kv_heads\n"),
+)
 #: 0.20.0 with the full-graph replay finding of 0.34.0 (its V1 runner captures a FULL graph with ``max_seq_len =
 #: max_model_len`` while each replay's build precomputes with the batch's own) fixed the way :data:`ALIGNED_REPLAY_0_34_0`
 #: fixes it, on 0.20.0's lines: its builder has no ``build_for_cudagraph_capture`` of its own (the base class's calls
-#: ``build``) and precomputes inside a nested ``schedule``, which takes the captured scalars on a replay.
+#: ``build``) and precomputes inside a nested ``schedule``, which takes the captured scalars on a replay; and its
+#: DiffKV and layers findings fixed (:data:`ALIGNED_DIFFKV_HEADDIM_V`, :data:`ALIGNED_LAYER_KV_HEADS_0_20_0`).
 ALIGNED_REPLAY_0_20_0 = (
     (r"(\n    def build\(\n)",
      "\n    def build_for_cudagraph_capture(self, common_attn_metadata):\n"
@@ -156,7 +177,7 @@ ALIGNED_REPLAY_0_20_0 = (
     (r"(\n            if aot_schedule:\n)(                return get_scheduler_metadata\(\n                    batch_size=batch_size,\n)",
      r"\1                if self.__dict__.get('_replay_scalars') is not None:\n"
      r"                    max_query_len, max_seq_len = self._replay_scalars\n\2"),
-)
+) + ALIGNED_DIFFKV_HEADDIM_V + ALIGNED_LAYER_KV_HEADS_0_20_0
 #: 0.20.0 (its replay aligned: :data:`ALIGNED_REPLAY_0_20_0`; its V2 runner is not driven) with the same one-path
 #: regression on cascade
 CASCADE_HALF_SPLITS_0_20_0 = ALIGNED_REPLAY_0_20_0 + CASCADE_HALF_SPLITS
@@ -165,6 +186,9 @@ CASCADE_HALF_SPLITS_0_20_0 = ALIGNED_REPLAY_0_20_0 + CASCADE_HALF_SPLITS
 #: replay's build precomputes with the batch's own (docs/engines-vllm.md, the first generation's capture and replay);
 #: the same lines of ``FlashAttentionMetadataBuilder`` in both releases. The passing base of the 0.33.0 controls.
 ALIGNED_REPLAY_0_33_0 = ALIGNED_REPLAY_0_34_0
+#: 0.33.0 with only its replay aligned: the release's own DiffKV precompute (no ``headdim_v``) kept, the seeded
+#: defect of the DiffKV control (its fix: :data:`ALIGNED_DIFFKV_HEADDIM_V`)
+ALIGNED_REPLAY_ONLY_0_33_0 = ALIGNED_REPLAY_ONLY_0_34_0
 
 #: A passing release (0.33.0, its V1 runner, replay aligned: :data:`ALIGNED_REPLAY_0_33_0`) with the same one-path
 #: regression as :data:`CALL_HALF_SPLITS_0_34_0`: the same lines of ``FlashAttentionImpl.forward`` in both releases.

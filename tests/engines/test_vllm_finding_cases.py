@@ -26,6 +26,7 @@ CASES = {
     VLLM / "v2-runner-mixed-full-graph-captured-for-one-token-queries-0.30.0.json": ("0.30.0", "SHAPE"),
     # a FULL-graph replay over fewer rows than captured, judged harmless under the build 0.16.0 ships (finding 8)
     LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json": ("0.16.0", None),
+    VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json": ("0.33.0", "SPLIT_BOUND"),
 }
 
 #: (case file, release, exit code of the replay): the finding's releases and its fix, as the docs name them
@@ -40,6 +41,7 @@ REPLAYS = [
     (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.13.0", 0),
     (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.16.0", 0),
     (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.17.0", 0),
+    (VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json", "0.33.0", 1),
 ]
 
 

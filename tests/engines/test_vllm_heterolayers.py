@@ -9,6 +9,8 @@ code (gpu_impl/engines/vllm/heterolayers.py, the DiffKV backend).
   model stand-in) while the second layer calls with its own (S_p 109 vs S_c 15: SPLIT_BOUND); 0.33.0 passes the
   same model (the builder reads its group's KV-cache spec); the corpus case replays STILL FAILS on 0.28.0 and PASSES
   NOW on 0.29.0.
+- The DiffKV precompute passes no ``headdim_v``: on 0.33.0 with blocks of 128 its split count exceeds the call's
+  (S_p 10 vs S_c 7, SPLIT_BOUND); with blocks of 16 they agree; a copy passing V's size has no finding.
 - Negative control: a copy of 0.33.0 whose builder reads the model config's heads again
   (release_copies.MODEL_CONFIG_KV_HEADS_0_33_0) is found by a ``vllm-layers`` campaign within the gate's default fuzz
   budget on 5 seeds of 5; the clean release passes that campaign.
@@ -26,10 +28,14 @@ from engine_releases import vllm_worker
 from gpu_impl.engines import envs
 
 CASE = Path(__file__).parent.parent / "corpus_vllm" / "vllm-0.28.0-heterogeneous-layers-precompute-model-config-kv-heads.json"
+DIFFKV_CASE = Path(__file__).parent.parent / "corpus_vllm" / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json"
 #: a Nemotron-NAS model: 32 query heads, its first layer 1 KV head, its second 8; one skewed decode step
 HETERO = {"num_heads": 32, "num_kv_heads": 1, "num_layers": 2, "layer_kv_heads": [1, 8],
           "steps": [{"seq_lens": [32768] + [100] * 7}]}
 SPLIT_FINDINGS = {"SPLIT_BOUND", "COMBINE_CAPACITY", "SHARED_PRECOMPUTE_MATCHES_LAYER"}
+#: K 192 / V 128 (vLLM's DiffKV backend), 16 query heads on 1 KV head, one step of 64 new tokens over 1000
+DIFFKV = {"num_heads": 16, "num_kv_heads": 1, "head_dim": 192, "head_dim_v": 128,
+          "steps": [{"seq_lens": [1000], "query_lens": [64]}]}
 
 
 def _needs(release: str) -> None:
@@ -77,6 +83,33 @@ def test_the_families_draw_layers_that_differ_and_kv_head_sizes_that_differ():
     assert 150 < sum(max(st["seq_lens"]) >= 4097 for c in layers for st in c.steps[:1]) < 300
     diffkv = [vllm_diffkv_case(random.Random(seed)) for seed in range(50)]
     assert all((c.model.head_dim, c.model.head_dim_v) == DIFF_KV_HEAD_DIMS for c in diffkv)
+
+
+def test_the_gate_families_draw_both_as_a_share_and_other_cases_keep_their_draws(monkeypatch):
+    """The gate's families (``vllm-paths``, ``vllm-paths-both``, ``vllm-v2``) redraw a share of their eager and
+    piecewise cases as ``vllm-layers`` / ``vllm-diffkv`` cases (layers that differ: on the V1 runner only, never under
+    ``vllm-v2``, whose generation builds one attention group); every case not redrawn is the one drawn without it."""
+    from gpu_impl.engines.vllm import strategies
+
+    def draw(name):
+        rng = random.Random(0)
+        return [strategies.FAMILIES[name](rng) for _ in range(1000)]
+
+    for name in ("vllm-paths", "vllm-paths-both", "vllm-v2"):
+        cases = draw(name)
+        layers = [c for c in cases if c.options["vllm"].get("layer_kv_heads")]
+        diffkv = [c for c in cases if (c.model.head_dim, c.model.head_dim_v) == strategies.DIFF_KV_HEAD_DIMS]
+        assert 30 < len(diffkv) < 150 and all(not c.server.cuda_graph for c in layers + diffkv), name
+        assert (not layers) if name == "vllm-v2" else 30 < len(layers) < 150, (name, len(layers))
+        assert all(c.options["vllm"].get("runner") != "v2" and len(set(c.options["vllm"]["layer_kv_heads"])) >= 2
+                   for c in layers)
+        with monkeypatch.context() as m:
+            m.setattr(strategies, "LAYERS_SHARE", 0.0)
+            m.setattr(strategies, "DIFFKV_SHARE", 0.0)
+            before = draw(name)
+        redrawn = {id(c) for c in layers + diffkv}
+        assert all(c == b for c, b in zip(cases, before) if id(c) not in redrawn), name
+        assert sum(c != b for c, b in zip(cases, before)) == len(redrawn), name
 
 
 def test_the_host_hands_both_to_the_driver():
@@ -144,6 +177,39 @@ def test_0_33_0_precomputes_each_groups_own_heads_and_passes():
     pairs = [e for e in resp["trace"] if "s_c" in e]
     assert [p["precompute"]["num_heads_k"] for p in pairs] == [1, 8] and not resp["findings"]
     assert resp["kv_cache_grouping"] == "vllm.v1.core.kv_cache_planning.get_kv_cache_groups"
+
+
+@pytest.mark.engine
+def test_0_33_0_diffkv_precompute_without_headdim_v_overflows_from_block_size_128(tmp_path):
+    """0.33.0's builder precomputes without ``headdim_v`` (FA3's wrapper then takes V = K = 192). With blocks of 16
+    the paged KV cache is read without TMA for both V sizes (kBlockN 96 either way): the split counts agree and only
+    the input mismatch is found. With blocks of 128 the call (V 128) reads it through TMA with kBlockN 128 while the
+    precompute (V 192) keeps 96: S_p 10 vs S_c 7, SPLIT_BOUND. A copy passing V's size
+    (release_copies.ALIGNED_DIFFKV_HEADDIM_V) has no finding, and the corpus case found by ``vllm-diffkv`` passes on it."""
+    _needs("0.33.0")
+    from fa3verify.commands.replay import replay
+    from gpu_impl.engines.vllm.host import VllmSUT, VllmWorker
+    from gpu_impl.sut import parse_engine
+    from release_copies import ALIGNED_DIFFKV_HEADDIM_V, vllm_patched_copy
+
+    def run(worker, block):
+        resp = worker.run({**DIFFKV, "block_size": block})
+        return ([(p["precompute"]["headdim_v"], p["call"]["headdim_v"], p["s_p"], p["s_c"])
+                 for p in resp["trace"] if "s_c" in p], {f["invariant"] for f in resp["findings"]})
+
+    w = VllmWorker("0.33.0", progress=lambda m: None)
+    try:
+        assert run(w, 16) == ([(192, 128, 10, 10)], {"SHARED_PRECOMPUTE_MATCHES_LAYER"})
+        assert run(w, 128) == ([(192, 128, 10, 7)], {"SHARED_PRECOMPUTE_MATCHES_LAYER", "SPLIT_BOUND"})
+    finally:
+        w.close()
+    aligned = vllm_patched_copy("0.33.0", tmp_path / "aligned", ALIGNED_DIFFKV_HEADDIM_V)
+    with VllmSUT(spec=parse_engine(f"vllm-src={aligned}"), progress=lambda m: None) as sut:
+        sut.launch()
+        sut.start()
+        assert run(sut.worker, 128) == ([(128, 128, 7, 7)], set())
+        _, seen = replay(str(DIFFKV_CASE), sut=sut)  # STILL FAILS on the release: test_vllm_finding_cases.py
+        assert seen.verdict == "PASSES NOW" and not seen.findings
 
 
 @pytest.mark.engine

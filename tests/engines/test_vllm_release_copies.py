@@ -8,6 +8,10 @@ package as links, one module patched, driven as ``vllm-src=COPY``).
   at its first failure). Paired: the aligned copy's gate passes (tests/engines/test_vllm_checkout.py).
 - A passing release with cascade attention (0.20.0) with a one-path regression on cascade -- both cascade calls pass
   half the split bound of their precomputes -- is found within the gate's default fuzz budget on 5 seeds of 5.
+- The gate's family draws models whose layers differ from their config and K/V head sizes that differ (a share of its
+  eager and piecewise cases): on the passing 0.33.0 copy, the builder taking its KV heads from the model config
+  (``MODEL_CONFIG_KV_HEADS_0_33_0``, as 0.11.0 .. 0.28.0 do) and the release's own DiffKV precompute without
+  ``headdim_v`` (``ALIGNED_REPLAY_ONLY_0_33_0``) are each found within the gate's default fuzz budget on 5 seeds of 5.
 - A failing release (0.34.0: its full-graph replay finding, docs/engines-vllm.md) with its replay's precompute
   aligned to the captured call gates PASS, and the release's finding case file PASSES NOW on it (on the release
   itself it STILL FAILS: tests/engines/test_engine_vllm_v2.py).
@@ -97,6 +101,42 @@ def test_a_passing_release_with_a_cascade_split_regression_is_found_within_the_g
         assert sut.domain().family == "vllm-paths"
         found = {seed: _first_failure(sut, seed, budget_s=budget) for seed in SEEDS}
     assert all(f is not None and f[0] in ("SPLIT_BOUND", "COMBINE_CAPACITY") for f in found.values()), found
+
+
+#: what a precompute with another layer's KV heads gives (the heterogeneous-layers finding of 0.11.0 .. 0.28.0)
+LAYERS_FINDINGS = {"SPLIT_BOUND", "COMBINE_CAPACITY", "SHARED_PRECOMPUTE_MATCHES_LAYER", "QUERY_COVER"}
+
+
+@pytest.mark.engine
+def test_the_gate_family_finds_a_builder_reading_the_model_configs_kv_heads_on_five_seeds(tmp_path):
+    """The passing 0.33.0 copy whose builder precomputes with ``ModelConfig.get_num_kv_heads`` (the first attention
+    block's count) instead of its group's KV-cache spec: the gate's own family (its share of layers that differ) finds
+    it on every seed, on a case whose layers have their own KV heads."""
+    _needs("0.33.0")
+    from fa3verify.commands.gate import gate
+    from release_copies import ALIGNED_REPLAY_0_33_0, MODEL_CONFIG_KV_HEADS_0_33_0, vllm_patched_copy
+
+    budget = inspect.signature(gate).parameters["budget_s"].default
+    seeded = vllm_patched_copy("0.33.0", tmp_path / "seeded", ALIGNED_REPLAY_0_33_0 + MODEL_CONFIG_KV_HEADS_0_33_0)
+    with _started_as_the_gate_starts_it(_copy_sut(seeded)) as sut:
+        found = {seed: _first_failure(sut, seed, budget_s=budget) for seed in SEEDS}
+    assert all(f is not None and f[0] in LAYERS_FINDINGS for f in found.values()), found
+
+
+@pytest.mark.engine
+def test_the_gate_family_finds_the_diffkv_precompute_without_headdim_v_on_five_seeds(tmp_path):
+    """0.33.0 with its replay aligned but its own DiffKV precompute (no ``headdim_v``: FA3 schedules for V 192 while
+    the call has V 128): the gate's own family (its share of K/V head sizes that differ) finds it on every seed; the
+    copy that passes V's size (``ALIGNED_REPLAY_0_33_0``) gates PASS (tests/engines/test_vllm_checkout.py)."""
+    _needs("0.33.0")
+    from fa3verify.commands.gate import gate
+    from release_copies import ALIGNED_REPLAY_ONLY_0_33_0, vllm_patched_copy
+
+    budget = inspect.signature(gate).parameters["budget_s"].default
+    seeded = vllm_patched_copy("0.33.0", tmp_path / "seeded", ALIGNED_REPLAY_ONLY_0_33_0)
+    with _started_as_the_gate_starts_it(_copy_sut(seeded)) as sut:
+        found = {seed: _first_failure(sut, seed, budget_s=budget) for seed in SEEDS}
+    assert all(f is not None and f[0] == "SHARED_PRECOMPUTE_MATCHES_LAYER" for f in found.values()), found
 
 
 @pytest.mark.engine

@@ -33,7 +33,7 @@ from .profiles import VLLM_RELEASES
 __all__ = ["FAMILIES", "NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
            "vllm_v2_case", "vllm_paths_case", "vllm_paths_both_case", "vllm_layers_case", "vllm_diffkv_case",
            "vllm_decode_tile_case",
-           "vllm_family_label", "model_tp_points", "LOCAL_SHARE", "CHUNK_SIZES"]
+           "vllm_family_label", "model_tp_points", "LOCAL_SHARE", "CHUNK_SIZES", "LAYERS_SHARE", "DIFFKV_SHARE", "DIFFKV_BLOCK_SIZES"]
 
 #: sglang's domain assumptions (``spec.model.config``) a vLLM case need not meet, from the vLLM releases' facts
 #: (``spec/model/assumption_facts.json``): under vLLM ``server.attn_cp_size`` is decode context parallel, which needs no
@@ -106,12 +106,17 @@ def vllm_v2_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-v2``: the ``vllm`` families for a release the V2 runner drives (0.34.0 on); half the
     full-graph draws take vLLM's default FULL_AND_PIECEWISE mode (``vllm.full_and_piecewise``: FULL graphs for
     uniform decode batches, PIECEWISE for the rest), half its FULL mode; a third of the cases without a FULL graph
-    draft 2..4 speculative tokens after each step (``vllm.draft_tokens``, the V2 runner's drafter)."""
+    draft 2..4 speculative tokens after each step (``vllm.draft_tokens``, the V2 runner's drafter). Of the eager and
+    piecewise cases, :data:`DIFFKV_SHARE` are redrawn first with K/V head sizes that differ
+    (:func:`_differing_layers_case`; layers that differ are not drawn: this generation builds one attention group)."""
     import dataclasses
 
     case = vllm_case(rng)
     if case is None:
         return case
+    differing = _differing_layers_case(case, layers=False)
+    if differing is not None:
+        return differing
     options = dict(case.options[OPTIONS_KEY])
     if case.server.cuda_graph:
         options["full_and_piecewise"] = rng.random() < 0.5
@@ -134,7 +139,9 @@ def vllm_paths_case(rng: random.Random) -> Optional[FuzzCase]:
     added to every sequence, and a last step of 8..33 requests with one chunk; the release's cascade rule decides;
     vLLM's rule refuses windows), in a quarter a drafter builds metadata for 1..4 draft tokens
     after each step (``vllm.draft_tokens``), and under DCP a tenth start with a step of fresh prefills (every
-    context empty: DCP's skipped context attention)."""
+    context empty: DCP's skipped context attention). A share of the cases is redrawn before that as chunked local
+    attention (:func:`_chunked_local_case`) and, of the eager and piecewise ones, as layers that differ from the config
+    or K/V head sizes that differ (:func:`_differing_layers_case`)."""
     import dataclasses
 
     case = vllm_case(rng)
@@ -143,6 +150,9 @@ def vllm_paths_case(rng: random.Random) -> Optional[FuzzCase]:
     local = _chunked_local_case(case)
     if local is not None:
         return local
+    differing = _differing_layers_case(case)
+    if differing is not None:
+        return differing
     extra = random.Random(case.seed)
     options, steps = dict(case.options[OPTIONS_KEY]), list(case.steps)
     if extra.random() < 0.8 and not options.get("sliding_window"):
@@ -234,12 +244,17 @@ def vllm_layers_case(rng: random.Random) -> Optional[FuzzCase]:
     (``vllm.layer_kv_heads``, at least two different ones; the release's ``ModelConfig`` says the model-wide count,
     its KV-cache grouping the layers' groups), eager or piecewise, sliding windows off: the ``vllm`` draws from
     ``rng``, then a generator seeded by the case's seed (:func:`_long_among_short`)."""
-    import dataclasses
-
     case = vllm_case(rng, graph_modes=("none", "piecewise"))
     if case is None:
         return None
-    extra = random.Random(case.seed + 2)
+    return _with_layer_kv_heads(case, random.Random(case.seed + 2))
+
+
+def _with_layer_kv_heads(case: FuzzCase, extra: random.Random) -> FuzzCase:
+    """``case`` (eager or piecewise) as a Nemotron-NAS model whose 2..4 layers take their own KV-head counts drawn
+    from ``extra`` (sliding windows off), with :func:`_long_among_short`'s step."""
+    import dataclasses
+
     options = {k: v for k, v in case.options[OPTIONS_KEY].items() if k not in ("sliding_window", "num_layers")}
     # the divisors of the query heads among LAYER_KV_HEADS, and the heads themselves (n_heads_in_group 1)
     counts = sorted({x for x in LAYER_KV_HEADS if case.model.num_heads % x == 0} | {case.model.num_heads})
@@ -256,14 +271,60 @@ def vllm_diffkv_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-diffkv``: K and V head sizes that differ (:data:`DIFF_KV_HEAD_DIMS`, the release's DiffKV
     backend; the driver refuses it on a release without one), eager or piecewise, on the ``vllm`` draws from
     ``rng`` with the model's head sizes replaced (a generator seeded by the case's seed adds the skewed step)."""
-    import dataclasses
-
     case = vllm_case(rng, graph_modes=("none", "piecewise"))
     if case is None:
         return None
+    return _with_diffkv(case, random.Random(case.seed + 2))
+
+
+#: Family ``vllm-diffkv``: the KV-cache block sizes drawn beside the ``vllm`` family's 16 and 64, in half the cases: vLLM
+#: accepts any block size its FlashAttention backend supports (a multiple of 16), and from 128 on FA3 reads a paged
+#: KV cache through TMA where V's head size is 128 (kBlockN 128) but not where it is 192 (kBlockN 96): the tile, and so
+#: the split count, of a precompute made for V 192 and a call with V 128 can differ (docs/engines-vllm.md)
+DIFFKV_BLOCK_SIZES = (128, 256)
+
+
+def _with_diffkv(case: FuzzCase, extra: random.Random) -> FuzzCase:
+    """``case`` with K/V head sizes :data:`DIFF_KV_HEAD_DIMS`, :func:`_long_among_short`'s step, and in half the cases
+    a block size of :data:`DIFFKV_BLOCK_SIZES` with a last step of 1..3 requests, the first taking 16..256 new tokens
+    (the packed query rows exceed kBlockM, so FA3 reads the paged cache through TMA where kBlockN divides the block
+    size, and the batch is small enough to split), all from ``extra``."""
+    import dataclasses
+
     d, dv = DIFF_KV_HEAD_DIMS
-    return dataclasses.replace(case, model=dataclasses.replace(case.model, head_dim=d, head_dim_v=dv),
-                               steps=tuple(_long_among_short(random.Random(case.seed + 2), list(case.steps))))
+    server, steps = case.server, _long_among_short(extra, list(case.steps))
+    if extra.random() < 0.5:
+        server = dataclasses.replace(server, page_size=extra.choice(DIFFKV_BLOCK_SIZES))
+        # and a step where FA3 takes that path (more packed query rows than kBlockM: a query of 16..256 new tokens)
+        # with few enough tiles to split: 1..3 requests, the others one-token decodes
+        n = extra.randint(1, 3)
+        lens = [extra.choice((300, 1000, 4097, 16384))] + [extra.choice((17, 100, 1000)) for _ in range(n - 1)]
+        steps.append({"mode": "mixed", "seq_lens": lens, "extend_lens": [extra.randint(16, 256)] + [1] * (n - 1)})
+    return dataclasses.replace(case, model=dataclasses.replace(case.model, head_dim=d, head_dim_v=dv), server=server,
+                               steps=tuple(steps))
+
+
+#: The gate's families (``vllm-paths``, ``vllm-paths-both``, ``vllm-v2``): the shares of their eager and piecewise
+#: cases (those not drawn as chunked local attention) redrawn as ``vllm-layers`` and ``vllm-diffkv`` cases
+LAYERS_SHARE = 0.1
+DIFFKV_SHARE = 0.1
+
+
+def _differing_layers_case(case: FuzzCase, layers: bool = True) -> Optional[FuzzCase]:
+    """A gate family's eager or piecewise case redrawn, from a generator seeded by the case's seed + 3 (other cases keep
+    their draws), in :data:`LAYERS_SHARE` of them as a model whose layers take their own KV-head counts (as
+    ``vllm-layers`` draws it; not with ``layers`` False: the V2 runner's generation builds one attention group) and in
+    :data:`DIFFKV_SHARE` with K/V head sizes that differ (as ``vllm-diffkv`` draws it; the driver refuses it on a
+    release without the DiffKV backend). None: not redrawn."""
+    if case.server.cuda_graph:
+        return None
+    draw = random.Random(case.seed + 3)
+    u = draw.random()
+    if u < LAYERS_SHARE:
+        return _with_layer_kv_heads(case, draw) if layers else None
+    if u < LAYERS_SHARE + DIFFKV_SHARE:
+        return _with_diffkv(case, draw)
+    return None
 
 
 def vllm_paths_both_case(rng: random.Random) -> Optional[FuzzCase]:
@@ -276,8 +337,8 @@ def vllm_paths_both_case(rng: random.Random) -> Optional[FuzzCase]:
     if case is None:
         return None
     extra = random.Random(case.seed + 1)
-    if extra.random() >= 0.5:
-        return case
+    if extra.random() >= 0.5 or case.options[OPTIONS_KEY].get("layer_kv_heads"):
+        return case  # layers that differ stay on the V1 runner (the V2 generation builds one attention group)
     # cascade and the drafter's build_for_drafting are driven on the V1 runner only: not asked of the V2 runner
     options = {k: v for k, v in case.options[OPTIONS_KEY].items()
                if k not in ("common_prefix", "draft_tokens", "attention_chunk_size")}
