@@ -139,7 +139,7 @@ _TAKES_WANT = {"release": "a release number such as '0.5.23' for engine {name!r}
                "path": "the checkout's path for engine {name!r}", "target": "MODULE:CLASS for engine {name!r}"}
 #: The fields of a case's ``engine`` object, in the order a case file writes them.
 ENGINE_FIELDS = ("name", "release", "path", "target", "revision")
-_RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
+_RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+(\.\d+)?(\.post\d+)?$")
 
 
 def _check_field(path: str, value: Any, kind: str, arg: Any) -> None:
@@ -308,7 +308,8 @@ def _check_engine(engine: Any) -> Optional[dict]:
         raise CaseFormatError("engine.name", "one of " + ", ".join(repr(n) for n in ENGINE_NAMES), name)
     release, path, revision = engine.get("release"), engine.get("path"), engine.get("revision")
     if release is not None and (not isinstance(release, str) or not _RELEASE_RE.match(release)):
-        raise CaseFormatError("engine.release", "a release number such as '0.5.23'", release)
+        raise CaseFormatError("engine.release", "a release number such as '0.5.23', '0.9.0.1' or '0.8.5.post1'",
+                              release)
     takes = ENGINE_TAKES[name]
     if takes == "release" and release is None:
         raise CaseFormatError("engine.release", _TAKES_WANT[takes].format(name=name), release)

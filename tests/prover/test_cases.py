@@ -100,3 +100,18 @@ def test_not_json_and_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         Case.load(tmp_path / "absent.json")
     assert issubclass(CaseFormatError, ValueError)
+
+
+@pytest.mark.parametrize("release, ok", [
+    ("0.5.23", True), ("0.8.5.post1", True), ("0.9.0.1", True), ("0.10.1.1", True),   # every form a registry lists
+    ("0.10", False), ("0.10.1.1.1", False), ("v0.10.1", False), ("0.10.1rc1", False),
+])
+def test_engine_release_takes_every_published_release_number(release, ok):
+    """A case found on a release that shares another's row (vLLM 0.9.0.1, 0.10.1.1) records its own number."""
+    data = _case(engine={"name": "vllm", "release": release}).to_dict() if ok else _case().to_dict()
+    if ok:
+        assert Case.from_dict(data).engine["release"] == release
+    else:
+        data["engine"] = {"name": "vllm", "release": release}
+        with pytest.raises(CaseFormatError, match=r"engine\.release"):
+            Case.from_dict(data)

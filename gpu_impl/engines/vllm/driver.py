@@ -163,6 +163,11 @@ class Config:
             w0 = windows[0]
             # 0.10.1 .. 0.10.2's AttentionSpec has a required use_mla field (no MLA is driven here)
             mla = {"use_mla": False} if "use_mla" in {f.name for f in dataclasses.fields(FullAttentionSpec)} else {}
+            windowed = any(w is not None for w in windows)
+            if v_size and windowed and "head_size_v" not in {f.name for f in dataclasses.fields(SlidingWindowSpec)}:
+                # 0.14 .. 0.19: the DiffKV backend exists, but the sliding-window KV-cache spec has no V head size
+                raise Unsupported("head_dim_v: with a sliding window, this release's SlidingWindowSpec "
+                                  "(vllm/v1/kv_cache_interface.py) has no head_size_v field: not driven")
             if w0 is not None and len(set(windows)) == 1:
                 spec = SlidingWindowSpec(block_size=s["block_size"], num_kv_heads=self.hk, head_size=s["head_dim"],
                                          dtype=kv_dtype, sliding_window=w0, **v_size, **mla)
