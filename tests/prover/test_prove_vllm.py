@@ -162,3 +162,16 @@ def test_the_counterexample_replays_on_vllm_with_the_seeded_defect_and_passes_wi
     _, fixed = replay(r.case_file, sut=vllm_sut, defects=())
     assert not fixed.fails and fixed.verdict == "PASSES NOW"
     assert main(["replay", r.case_file, "--without-defects"]) == 0  # the CLI's replay, on the shared worker
+
+
+def test_a_release_sharing_a_row_is_proved_under_that_rows_profile():
+    """vLLM 0.9.0.1 and 0.10.1.1 share the rows of 0.9.0 and 0.10.1 (releases.json shares_row: byte-identical
+    driven files): their profile is that row's, so their gate's flow theorem runs instead of ending inconclusive."""
+    from gpu_impl.engines.vllm.profiles import VllmProfileError, vllm_profile_for
+    from gpu_impl.engines.vllm.recipes import SHARES_ROW
+
+    assert SHARES_ROW["0.9.0.1"] == "0.9.0" and SHARES_ROW["0.10.1.1"] == "0.10.1"
+    assert vllm_profile_for("0.9.0.1") == vllm_profile_for("0.9.0")
+    assert vllm_profile_for("0.10.1.1") == vllm_profile_for("0.10.1")
+    with pytest.raises(VllmProfileError, match="no profile for vllm 0.9.3"):
+        vllm_profile_for("0.9.3")   # neither a row nor sharing one

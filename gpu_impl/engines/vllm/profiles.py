@@ -116,8 +116,12 @@ VLLM_RELEASES = _releases()
 
 
 def vllm_profile_for(release: str) -> VllmProfile:
-    """The profile of vLLM ``release``; VllmProfileError naming the profiled releases otherwise."""
+    """The profile of vLLM ``release``, or of the row it shares (``releases.json`` ``shares_row``: its driven files
+    byte-identical to that release's); VllmProfileError naming the profiled releases otherwise."""
+    from gpu_impl.engines.vllm.recipes import SHARES_ROW
+
     profiles = _load()
+    release = release if release in profiles else SHARES_ROW.get(release, release)
     if release in profiles:
         return profiles[release]
     raise VllmProfileError(f"no profile for vllm {release}; releases with a profile: {', '.join(VLLM_RELEASES)}")
