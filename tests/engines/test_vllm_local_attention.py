@@ -125,3 +125,29 @@ def test_generation_v0_makes_the_local_metadata_as_the_release_does(engine_sut, 
     assert all(e["s_p"] == e["s_c"] for e in pairs) and all("local attention" in e["reached"] for e in pairs)
     with pytest.raises(Exception, match="not driven under a full CUDA graph"):
         engine_sut(f"vllm=={release}").worker.run({**LAYERS, "cuda_graph": "full", "steps": [DECODE]})
+
+
+def test_no_pinned_memory_answers_both_ways_a_release_asks(monkeypatch):
+    """A CPU torch has no pinned-memory allocator: the local path's stand-in turns off vLLM's cached PIN_MEMORY
+    (0.33.0) and its per-call is_pin_memory_available (0.32.0, whose make_local_attention_virtual_batches crashed
+    the gate's worker with "pin_memory=True requires a CUDA ... backend" before)."""
+    import sys
+    import types
+
+    from gpu_impl.engines.vllm import local
+
+    cached = types.SimpleNamespace(PIN_MEMORY=True)
+    asked = types.SimpleNamespace(is_pin_memory_available=lambda: True)
+    for module in (cached, asked):
+        fake = types.ModuleType("vllm.utils.torch_utils")
+        fake.__dict__.update(vars(module))
+        monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+        monkeypatch.setitem(sys.modules, "vllm.utils", types.ModuleType("vllm.utils"))
+        monkeypatch.setitem(sys.modules, "vllm.utils.torch_utils", fake)
+        sys.modules["vllm"].utils = sys.modules["vllm.utils"]
+        sys.modules["vllm.utils"].torch_utils = fake
+        local._no_pinned_memory()
+        if hasattr(module, "PIN_MEMORY"):
+            assert fake.PIN_MEMORY is False
+        else:
+            assert fake.is_pin_memory_available() is False

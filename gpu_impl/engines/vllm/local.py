@@ -34,7 +34,8 @@ __all__ = ["LOCAL_MODULES", "FAKED_LOCAL", "chunked_backend", "LocalGroups", "re
 FAKED_LOCAL = (
     "vllm.utils.torch_utils.PIN_MEMORY: False (vLLM read it from the faked platform at import; a CPU torch has no "
     "pinned-memory allocator, and make_local_attention_virtual_batches stages its index arrays through "
-    "async_tensor_h2d, which would pin them)",
+    "async_tensor_h2d, which would pin them); where the release asks is_pin_memory_available() at each call "
+    "instead (0.32.0: vllm.utils.torch_utils binds it from platform_utils), that name answers False",
 )
 
 #: where the release keeps ``create_chunked_local_attention_backend`` (it moved in 0.14.0); the first that imports
@@ -121,8 +122,12 @@ def _no_pinned_memory() -> None:
         import vllm.utils.torch_utils as torch_utils
     except ImportError:  # releases before the module (0.10.x) take pin_memory as an argument
         return
-    if getattr(torch_utils, "PIN_MEMORY", False) and not torch.cuda.is_available():
+    if torch.cuda.is_available():
+        return
+    if getattr(torch_utils, "PIN_MEMORY", False):
         torch_utils.PIN_MEMORY = False
+    if callable(getattr(torch_utils, "is_pin_memory_available", None)):
+        torch_utils.is_pin_memory_available = lambda: False
 
 
 class LocalGroups:
