@@ -33,6 +33,8 @@ SOURCE_TREE_ONLY = {
                                 "file read; installed: envs.project_path links the packages alone)",
     "fa3verify/catalogue/entries.py": "tests/corpus: the catalogue's corpus (a case file is listed only when present)",
     "fa3verify/gpu_check/runner.py": "tests/gpu: gpu-check's pytest stage (inconclusive, naming the folder, when absent)",
+    "fa3verify/z3_cache.py": "the folder holding the four packages, whose .py/.json the cache key hashes (installed: "
+                             "site-packages, where the same four packages are)",
 }
 _ABOVE = re.compile(r"parents\[[1-9]\]|parent\.parent|dirname\(os\.path\.dirname")
 
