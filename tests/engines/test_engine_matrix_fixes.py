@@ -111,3 +111,18 @@ def test_a_replay_on_a_release_is_still_fails_passes_now_or_what_stopped_it():
 
     assert replay_on_release(case, Refusing("0.5.23")) == "REJECTED (ServerArgs: the release refuses it)"
     assert replay_on_release(case, Dying("0.5.23")).startswith("NOT RUN (engine worker (pid 1)")
+
+
+def test_a_vllm_family_names_layers_that_differ_and_k_v_sizes_that_differ():
+    """The matrix's family of a case drawn with per-layer KV heads or a V head size of its own says so (the
+    findings on those paths are told apart from the same shapes with uniform layers)."""
+    from gpu_impl.engines.vllm.host import VllmSUT
+    from spec.model.cases import Case
+
+    sut = VllmSUT("0.34.0")
+    layers = Case.load("tests/corpus_vllm/vllm-0.28.0-heterogeneous-layers-precompute-model-config-kv-heads.json")
+    diffkv = Case.load("tests/corpus_vllm/vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json")
+    uniform = Case.load("tests/corpus_vllm/full-graph-replay-window-dropped-at-recompute.json")
+    assert "layers with their own KV heads" in sut.case_family(layers)[0]
+    assert "head sizes K 192 / V 128" in sut.case_family(diffkv)[0]
+    assert "own KV heads" not in sut.case_family(uniform)[0] and "head sizes" not in sut.case_family(uniform)[0]

@@ -336,7 +336,8 @@ class VllmSUT(SystemUnderTest):
 
     def case_family(self, case) -> tuple:
         """(configuration family, path) of a case in vLLM's terms: its sliding windows, DCP, KV cache dtype,
-        batch invariance and head size (the family), and its CUDA-graph mode (the path)."""
+        batch invariance, chunked local layers, shared prefix, drafter, runner, layers with their own KV heads and head
+        sizes (the family), and its CUDA-graph mode (the path)."""
         server, model = dict(case.server or {}), dict(case.model or {})
         opts = dict((getattr(case, "options", None) or {}).get(OPTIONS_KEY) or {})
         graph = (("full_and_piecewise" if opts.get("full_and_piecewise") else "full") if server.get("cuda_graph")
@@ -365,7 +366,11 @@ class VllmSUT(SystemUnderTest):
             parts.append(f"drafter {opts['draft_tokens']}")
         if opts.get("runner") == "v2":
             parts.append("V2 runner")
-        parts.append(f"head size {model.get('head_dim')}")
+        if opts.get("layer_kv_heads"):
+            parts.append("layers with their own KV heads")
+        dv = model.get("head_dim_v")
+        parts.append(f"head sizes K {model.get('head_dim')} / V {dv}" if dv not in (None, model.get("head_dim"))
+                     else f"head size {model.get('head_dim')}")
         return " + ".join(p for p in parts if p), self.GRAPH_PATHS[graph]
 
     def family_probes(self) -> tuple:
