@@ -71,20 +71,8 @@ def check_vllm_options(value: Any, server: dict, path: str = OPTIONS_KEY) -> dic
     layers = out.get("num_layers", 1)
     if not _int_in(layers, 1, MAX_LAYERS):
         raise CaseFormatError(f"{path}.num_layers", f"an integer in [1, {MAX_LAYERS}]", layers)
-    sw = out.get("sliding_window")
-    if sw is not None:
-        ok = _int_in(sw, 1, MAX_LEN) or (isinstance(sw, list) and len(sw) == layers
-                                         and all(w is None or _int_in(w, 1, MAX_LEN) for w in sw))
-        if not ok:
-            raise CaseFormatError(f"{path}.sliding_window", f"null, an integer in [1, 2^31) or a list of {layers} "
-                                                         f"(null | integer) entries, one per layer", sw)
-    chunk = out.get("attention_chunk_size")
-    if chunk is not None:
-        ok = _int_in(chunk, 1, MAX_LEN) or (isinstance(chunk, list) and len(chunk) == layers
-                                            and all(c is None or _int_in(c, 1, MAX_LEN) for c in chunk))
-        if not ok:
-            raise CaseFormatError(f"{path}.attention_chunk_size", f"null, an integer in [1, 2^31) or a list of "
-                                                               f"{layers} (null | integer) entries, one per layer", chunk)
+    for name in ("sliding_window", "attention_chunk_size"):
+        _check_per_layer(out.get(name), layers, f"{path}.{name}")
     sizes = out.get("capture_sizes")
     if sizes is not None and not (isinstance(sizes, list) and 1 <= len(sizes) <= 64
                                   and all(_int_in(x, 1, MAX_CAPTURE_SIZE) for x in sizes)):
@@ -110,3 +98,14 @@ def check_vllm_options(value: Any, server: dict, path: str = OPTIONS_KEY) -> dic
             raise CaseFormatError(f"{path}.common_prefix", "0 with layer_kv_heads (cascade over several attention "
                                                            "groups is not driven)", prefix)
     return out
+
+
+def _check_per_layer(value, layers: int, field: str) -> None:
+    """A per-layer option (``sliding_window``, ``attention_chunk_size``): null, one integer in [1, 2^31) for every
+    layer, or a list of ``layers`` null-or-integer entries; CaseFormatError naming ``field`` otherwise."""
+    if value is None:
+        return
+    if not (_int_in(value, 1, MAX_LEN) or (isinstance(value, list) and len(value) == layers
+                                           and all(v is None or _int_in(v, 1, MAX_LEN) for v in value))):
+        raise CaseFormatError(field, f"null, an integer in [1, 2^31) or a list of {layers} (null | integer) entries, "
+                                     f"one per layer", value)
