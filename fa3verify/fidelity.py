@@ -40,7 +40,7 @@ from .strategies.fidelity_configs import (ATTN_TP_SIZES, FIXED_SPLITS, HEAD_DIMS
                                           random_configs)
 
 __all__ = ["FidelityConfig", "FidelityReport", "random_config", "random_configs", "head_pairs",
-           "compare_metadata", "check_config", "observe_num_splits", "run_fidelity", "fidelity_task",
+           "compare_metadata", "check_config", "adapter_build", "observe_num_splits", "run_fidelity", "fidelity_task",
            "load_adapter"]
 
 #: Fields of one sorted entry, in tuple order.
@@ -132,6 +132,13 @@ def adapter_supports_paged(adapter) -> bool:
     return bool(getattr(adapter, "paged_kv_supported", True))
 
 
+def adapter_build(adapter) -> str:
+    """The refmodel build an adapter's FA3 is judged as (``adapter.build``; upstream's when it names none)."""
+    from refmodel import fa3_builds
+
+    return fa3_builds.check_build_name(getattr(adapter, "build", None))
+
+
 def observe_num_splits(adapter, q, k_cache, v_cache, **call) -> tuple[int, str]:
     """(S_c, how it was observed) for one ``flash_attn_with_kvcache`` call on ``adapter``.
 
@@ -220,6 +227,7 @@ def check_config(adapter, cfg: FidelityConfig, probe_split: bool = True, max_q_e
     from refmodel.metadata import schedule_and_prepare
 
     dev = _device(adapter)
+    build = adapter_build(adapter)
     page_size = cfg.page_size if adapter_supports_paged(adapter) else None
     seqused = torch.tensor(cfg.cache_seqlens, dtype=torch.int32)
     cu = None
@@ -238,7 +246,7 @@ def check_config(adapter, cfg: FidelityConfig, probe_split: bool = True, max_q_e
         cfg.batch_size, cfg.max_seqlen_q, cfg.max_seqlen_k, cfg.num_heads, cfg.num_heads_k, cfg.headdim, seqused,
         qkv_dtype="bfloat16", headdim_v=cfg.headdim_v, cu_seqlens_q=cu, page_size=page_size, causal=cfg.causal,
         num_splits=cfg.num_splits, sm_margin=cfg.sm_margin, num_sm=int(getattr(adapter, "num_sm", 132)),
-        arch=int(getattr(adapter, "arch", 90)))
+        arch=int(getattr(adapter, "arch", 90)), build=build)
     mismatches = compare_metadata(md_values, schedule, result, list(cfg.cache_seqlens))
     fast_math = None
     if mismatches:
@@ -278,6 +286,7 @@ class FidelityReport:
     """Counts and the first findings of a fidelity run (``ok``: no mismatch and no error)."""
 
     adapter: str = ""
+    build: str = ""                  # the refmodel build the adapter's FA3 is judged as
     seed: int = 0
     configs: int = 0
     metadata_mismatches: int = 0     # configurations whose metadata differs on a written slot
@@ -294,6 +303,7 @@ class FidelityReport:
 
     def merge(self, other: "FidelityReport", max_findings: int = 50) -> None:
         self.adapter = self.adapter or other.adapter
+        self.build = self.build or other.build
         self.configs += other.configs
         self.metadata_mismatches += other.metadata_mismatches
         self.split_checked += other.split_checked
@@ -334,7 +344,8 @@ def run_fidelity(adapter, n: int, seed: int = 0, start: int = 0, probe_split: bo
 
     ``deadline`` (a ``time.perf_counter()`` value) stops early; ``configs`` says how many ran.
     """
-    report = FidelityReport(adapter=getattr(adapter, "name", type(adapter).__name__), seed=seed)
+    report = FidelityReport(adapter=getattr(adapter, "name", type(adapter).__name__), build=adapter_build(adapter),
+                            seed=seed)
     t0 = time.perf_counter()
     paged = adapter_supports_paged(adapter)
     for cfg in random_configs(n, seed, paged=paged, start=start):

@@ -7,7 +7,8 @@
 # Any other arguments go to `fa3verify gpu-check` (--fidelity-configs N, --fuzz-budget-s S, --out DIR, ...).
 # Steps: pick a Python (PYTHON, else ./.venv/bin/python, else python3); on a real run, if no FA3 module
 # imports and .whl/ holds wheels (the fa3-fwd wheel, carried there), install them into /tmp/site and put
-# it on PYTHONPATH; run the check unbuffered, teeing a log; copy the summary, the log, the JUnit XML and
+# it on PYTHONPATH; unpack .fa3builds/vllm-V.tar.xz (vLLM's FA3, scripts/prepare_fa3_builds.py) and pass each as
+# --vllm-fa3; run the check unbuffered, teeing a log; copy the summary, the log, the JUnit XML and
 # the case files (as one tarball) to $OUT when it is set. The exit status is gpu-check's:
 # 0 every stage met its expectation, 1 one did not, 3 a stage could not run, 2 bad arguments.
 set -uo pipefail
@@ -70,6 +71,24 @@ if [ "$DRY" = 0 ] && ! fa3_importable; then
   fi
 fi
 
+# vLLM's FA3 builds, laid out by scripts/prepare_fa3_builds.py: unpack each and check it as a build of its own
+VLLM_ARGS=()
+if [ "$DRY" = 0 ]; then
+  shopt -s nullglob
+  for archive in "$REPO"/.fa3builds/vllm-*.tar.xz; do
+    dest=/tmp/fa3builds
+    mkdir -p "$dest"
+    if tar -xJf "$archive" -C "$dest"; then
+      name=$(basename "$archive" .tar.xz)
+      VLLM_ARGS+=(--vllm-fa3 "$dest/$name")
+      echo "[gpu_check.sh] vLLM FA3 build: $dest/$name"
+    else
+      echo "[gpu_check.sh] could not unpack $archive; that build is not checked"
+    fi
+  done
+  shopt -u nullglob
+fi
+
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/gpu_check.log"
 echo "[gpu_check.sh] python: $PY; PYTHONPATH=$PYTHONPATH"
@@ -82,7 +101,7 @@ else
   echo "[gpu_check.sh] fa3verify's CLI does not load here; using python -m fa3verify.commands.gpu_check"
   CMD=("$PY" -m fa3verify.commands.gpu_check)
 fi
-timeout -k 15 "${GPU_CHECK_TIMEOUT_S:-470}" "${CMD[@]}" "$@" "${EXTRA[@]}" 2>&1 | tee "$LOG"
+timeout -k 15 "${GPU_CHECK_TIMEOUT_S:-470}" "${CMD[@]}" "$@" "${EXTRA[@]}" "${VLLM_ARGS[@]}" 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
 [ "$status" = 124 ] && echo "[gpu_check.sh] gpu-check was stopped after ${GPU_CHECK_TIMEOUT_S:-470}s" | tee -a "$LOG"
 

@@ -39,10 +39,18 @@ class Plan:
     max_q_elems: int
     max_kv_elems: int
     seed: int
+    #: folders holding a vLLM release's ``vllm/vllm_flash_attn`` (``--vllm-fa3``): more FA3 builds to check
+    vllm_fa3_dirs: tuple = ()
 
     @property
     def adapter(self) -> dict:
         return {"name": "emulated", "device": "cpu"} if self.dry_run else {"name": "fa3", "device": "cuda"}
+
+    @property
+    def fidelity_adapters(self) -> tuple:
+        """Every FA3 build the fidelity stage checks: the main adapter's, then each vLLM build given."""
+        extra = tuple({"name": "fa3-vllm", "device": "cuda", "options": {"root": d}} for d in self.vllm_fa3_dirs)
+        return (self.adapter,) + (() if self.dry_run else extra)
 
 
 def make_plan(args) -> Plan:
@@ -62,6 +70,11 @@ def make_plan(args) -> Plan:
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers: must be >= 1, got {args.workers}")
     workers = args.workers or (1 if dry else max(1, min(4, cpus // 4)))
+    vllm_dirs = tuple(os.path.abspath(d) for d in (getattr(args, "vllm_fa3", None) or ()))
+    for d in vllm_dirs:
+        if not os.path.isdir(os.path.join(d, "vllm", "vllm_flash_attn")):
+            raise UsageError(f"--vllm-fa3: {d} holds no vllm/vllm_flash_attn folder (scripts/prepare_fa3_builds.py "
+                             f"lays one out from a vLLM wheel)")
     return Plan(
         dry_run=dry, total_budget_s=float(total), fidelity_configs=int(n_fid),
         fidelity_chunk=max(1, min(250, -(-n_fid // max(1, workers)))) if not dry else max(1, -(-n_fid // 2)),
@@ -72,6 +85,6 @@ def make_plan(args) -> Plan:
         worked_timeout_s=60.0 if dry else 120.0, gpu_tests_timeout_s=90.0 if dry else 150.0,
         sanitizer_timeout_s=180.0, workers=workers,
         max_q_elems=(1 << 18) if dry else (1 << 26), max_kv_elems=(1 << 24) if dry else (1 << 29),
-        seed=int(args.seed))
+        seed=int(args.seed), vllm_fa3_dirs=vllm_dirs)
 
 

@@ -205,10 +205,11 @@ class GpuCheck:
 
     def print_table(self, path: str) -> None:
         print("\nfa3verify gpu-check summary" + (" (dry run)" if self.plan.dry_run else ""))
+        width = max([16] + [len(n) for n in self.stages])
         for name, s in self.stages.items():
             nums = ", ".join(f"{k}={v}" for k, v in s.numbers.items()
                              if isinstance(v, (int, float, str, bool)) and k != "traceback" and len(str(v)) < 60)
-            print(f"  {name:<16} {s.status.upper():<12} {s.seconds:7.1f}s  {nums}")
+            print(f"  {name:<{width}} {s.status.upper():<12} {s.seconds:7.1f}s  {nums}")
         code = self.exit_code()
         print(f"verdict: {self.summary()['verdict'].upper()} (exit {code}) | findings {len(self.findings)} | "
               f"{time.perf_counter() - self.started:.1f}s | summary {shown_path(path)}", flush=True)

@@ -5,7 +5,8 @@
 
 * ``"emulated"`` -- FA3's algorithm over refmodel, on any torch device (:mod:`gpu_impl.kernels.emulated`);
 * ``"fa3"`` -- the real kernel from the first importable FA3 module (:mod:`gpu_impl.kernels.fa3`); raises
-  :class:`~gpu_impl.errors.KernelUnavailable` without CUDA or a module.
+  :class:`~gpu_impl.errors.KernelUnavailable` without CUDA or a module;
+* ``"fa3-vllm"`` -- the FA3 build vLLM ships, ``vllm.vllm_flash_attn`` (:mod:`gpu_impl.kernels.fa3_vllm`).
 
 ``register(name, factory)`` adds an adapter: ``factory(mode=..., device=..., **options)`` returns a
 ``KernelAdapter``. Adapters are constructed on demand, so importing this package never imports CUDA code.
@@ -59,5 +60,11 @@ def _fa3(**kw) -> KernelAdapter:
     return FA3Kernel(**kw)
 
 
+def _fa3_vllm(**kw) -> KernelAdapter:
+    from .fa3_vllm import VllmFA3Kernel
+    return VllmFA3Kernel(**kw)
+
+
 register("emulated", _emulated)
 register("fa3", _fa3)
+register("fa3-vllm", _fa3_vllm)

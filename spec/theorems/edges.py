@@ -18,7 +18,8 @@ import time
 import z3
 
 from refmodel.errors import FA3Rejected
-from refmodel.fa3_scheduler import L2_SPLIT_BYTES, call_inputs, get_num_splits, resolve_schedule
+from refmodel.fa3_scheduler import call_inputs, get_num_splits, resolve_schedule
+from refmodel.l2_split_edges import int32_split_band, replay_rows
 
 from spec.theorems.results import TheoremResult
 from spec.theorems.z3ctx import checked
@@ -35,21 +36,6 @@ THEOREMS = ("int32-split-heuristic",)
 EDGE_HEAD_DIMS = tuple((d, dv, e) for d, dv in ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256), (192, 128),
                                                 (64, 256), (64, 512)) for e in (2, 1) if not (e == 1 and dv > 256))
 SOURCE = "hopper/heuristics.h@0251105a:29-34; hopper/flash_api.cpp@0251105a:463 (size_one_kv_head), 371 (run_mha_fwd)"
-
-
-def replay_rows(num_sm: int) -> int:
-    """A query length that puts every head-dim instance in the L2 branch: 2 x num_SMs tiles of 192 rows."""
-    return 2 * num_sm * 192
-
-
-def int32_split_band(bytes_per_token: int) -> tuple[int, int]:
-    """The first band of KV lengths whose 32-bit size + 50 MiB - 1 wraps: [lo, hi] tokens (refmodel decides).
-
-    size = L * bytes_per_token lies in (2^31 - 50 MiB, 2^31 - 1]; the band repeats every 2^32 / bytes_per_token.
-    """
-    lo = -(-(2**31 - L2_SPLIT_BYTES + 1) // bytes_per_token)
-    hi = (2**31 - 1) // bytes_per_token
-    return lo, hi
 
 
 def _replay(d: int, dv: int, elem: int, length: int, num_sm: int) -> dict:

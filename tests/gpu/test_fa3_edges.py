@@ -15,7 +15,7 @@ import torch
 from gpu_impl.errors import ProcessAbort
 from refmodel.fastmath import blocks_per_sm_candidates, fast_math_split_change
 from refmodel.metadata import decode_metadata, schedule_and_prepare
-from spec.theorems.edges import int32_split_band, replay_rows
+from refmodel.l2_split_edges import int32_split_band, replay_rows
 
 pytestmark = pytest.mark.gpu
 
