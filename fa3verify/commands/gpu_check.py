@@ -50,6 +50,8 @@ def add_arguments(p) -> None:
                    help="where the summary, JUnit XML and case files go (default fa3verify-out/gpu-check)")
     p.add_argument("--fidelity-configs", type=int, metavar="N",
                    help="random configurations for the metadata fidelity check (default 1000; dry run 30)")
+    p.add_argument("--fidelity-budget-s", type=float, metavar="S",
+                   help="seconds of the fidelity check per FA3 build (default 110; dry run 40)")
     p.add_argument("--fuzz-budget-s", type=float, metavar="S",
                    help="seconds of differential fuzzing (default 60; dry run 6)")
     p.add_argument("--total-budget-s", type=float, metavar="S",

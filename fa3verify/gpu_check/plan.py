@@ -61,6 +61,10 @@ def make_plan(args) -> Plan:
     n_fid = args.fidelity_configs if args.fidelity_configs is not None else (30 if dry else 1000)
     fuzz_s = args.fuzz_budget_s if args.fuzz_budget_s is not None else (6.0 if dry else 60.0)
     total = args.total_budget_s if args.total_budget_s is not None else (150.0 if dry else 420.0)
+    fid_s = getattr(args, "fidelity_budget_s", None)
+    fid_s = fid_s if fid_s is not None else (40.0 if dry else 110.0)
+    if fid_s <= 0:
+        raise UsageError(f"--fidelity-budget-s: must be > 0 seconds, got {fid_s}")
     if n_fid < 1:
         raise UsageError(f"--fidelity-configs: must be >= 1, got {n_fid}")
     if fuzz_s <= 0:
@@ -78,7 +82,7 @@ def make_plan(args) -> Plan:
     return Plan(
         dry_run=dry, total_budget_s=float(total), fidelity_configs=int(n_fid),
         fidelity_chunk=max(1, min(250, -(-n_fid // max(1, workers)))) if not dry else max(1, -(-n_fid // 2)),
-        fidelity_budget_s=40.0 if dry else 110.0, fuzz_budget_s=float(fuzz_s),
+        fidelity_budget_s=float(fid_s), fuzz_budget_s=float(fuzz_s),
         fuzz_max_len=384 if dry else 16384, fuzz_contexts=(1024, 2048) if dry else (4096, 16384, 32768),
         fuzz_case_timeout_s=60.0 if dry else 90.0,
         worked_long=DRY_WORKED_LONG if dry else WORKED_LONG, worked_num_sm=DRY_WORKED_NUM_SM if dry else None,
