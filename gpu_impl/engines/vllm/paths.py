@@ -73,10 +73,9 @@ def release_paths(release: str, generation: str | None = None) -> dict:
         if first is not None and recipes.version_key(release) < recipes.version_key(first):
             out[key] = f"not in this release: {key} appears in vLLM {first} ({_DATA['first_release_where'][key]})"
             continue
-        if key == "layers differ from the config" and (release in _DATA["layers_refused"] or generation != "v1"):
+        if key == "layers differ from the config" and (release in _DATA["layers_refused"] or generation == "v0"):
             out[key] = (_DATA["layers_refused"].get(release) or
-                        ("not driven: driver generation v0 builds one metadata builder for all layers"
-                         if generation == "v0" else reasons["layers differ from the config@v2"]))
+                        "not driven: driver generation v0 builds one metadata builder for all layers")
             continue
         if key == "V2 runner":
             if generation == "v2":
