@@ -61,6 +61,9 @@ def test_the_paths_drive_both_on_the_v2_runner_and_name_what_is_not_driven():
         assert table["local attention"] is None and table["layers differ from the config"] is None, release
     reason = local_not_driven("v2 full graph@no-resolve")
     assert "resolve_cudagraph_mode_and_sizes" in reason and "make_local_attention_virtual_batches" in reason
+    from gpu_impl.engines.vllm.paths import not_covered_reason
+
+    assert "one block table" in not_covered_reason("layers differ from the config@v2 drafter")
 
 
 def test_the_v2_families_put_chunked_local_layers_and_layers_that_differ_on_the_v2_runner():
@@ -145,6 +148,8 @@ def test_the_v2_runner_without_mode_resolution_is_refused_naming_why(engine_sut)
     worker = engine_sut("vllm==0.18.0").worker
     with pytest.raises(ScenarioUnsupported, match="no resolve_cudagraph_mode_and_sizes"):
         worker.run({**LOCAL, "runner": "v2", "cuda_graph": "full_and_piecewise", "steps": [DECODE]})
+    with pytest.raises(ScenarioUnsupported, match="one block table"):  # layers that differ with the V2 drafter
+        worker.run({**LAYERS, "runner": "v2", "draft_tokens": 2})
     piecewise = worker.run({**LOCAL, "runner": "v2", "cuda_graph": "piecewise", "steps": [DECODE]})
     assert piecewise["findings"] == [] and all("V2 runner" in e["reached"] for e in _pairs(piecewise))
 

@@ -111,8 +111,9 @@ class ConfigV2(Config):
             raise Unsupported(f"cuda_graph: {s['cuda_graph']!r} is not a mode of the V2 runner "
                               f"({', '.join(GRAPH_MODES_V2)})")
         if s["layer_kv_heads"] and s["draft_tokens"]:
-            raise Unsupported("draft_tokens: the V2 runner's drafter over layers that differ (several attention "
-                              "groups) is not driven")
+            from gpu_impl.engines.vllm.paths import not_covered_reason
+
+            raise Unsupported("draft_tokens: " + not_covered_reason("layers differ from the config@v2 drafter"))
         if s["common_prefix"]:
             raise Unsupported("common_prefix: cascade attention is driven through the V1 runner only (driver "
                               "generation v1; the V2 runner has no cascade path)")

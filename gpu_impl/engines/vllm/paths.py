@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["PATHS_FILE", "PATH_KEYS", "STOOD_IN", "release_paths", "local_not_driven", "both_runners", "missing_paths", "step_labels",
+__all__ = ["PATHS_FILE", "PATH_KEYS", "STOOD_IN", "release_paths", "not_covered_reason", "local_not_driven", "both_runners", "missing_paths", "step_labels",
            "cascade_prefix_len", "draft_steps"]
 
 PATHS_FILE = Path(__file__).resolve().parent / "paths.json"
@@ -106,6 +106,11 @@ def release_paths(release: str, generation: str | None = None) -> dict:
             continue
         out[key] = reasons.get(key)
     return out
+
+
+def not_covered_reason(key: str) -> str:
+    """The reason of paths.json ``not_covered`` under ``key`` (e.g. "layers differ from the config@v2 drafter")."""
+    return _DATA["not_covered"][key]
 
 
 def local_not_driven(key: str) -> str:
