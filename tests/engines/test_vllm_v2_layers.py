@@ -155,7 +155,9 @@ def test_the_v2_runner_without_mode_resolution_is_refused_naming_why(engine_sut)
 
 
 @pytest.mark.engine
+@pytest.mark.slow
 def test_the_v2_layers_case_replays_still_fails_and_passes_on_the_fix_release(cli_on_engine_pool):
+    """(slow: two releases' workers; the finding itself is pinned by the 0.28.0 worker test above)"""
     _needs("0.28.0")
     _needs("0.29.0")
     from fa3verify.cli import main
@@ -188,12 +190,16 @@ def _layers_copy(dest):
 
 @pytest.mark.engine
 def test_seeded_local_and_layers_regressions_on_the_v2_runner_are_caught_on_one_step(tmp_path):
+    """One copy with both regressions (one worker start); each scenario reaches only its own path's."""
     _needs("0.34.0")
-    with _copy_sut(_local_copy(tmp_path / "local")) as sut:
+    from release_copies import LOCAL_UNVIRTUALISED_PRECOMPUTE, VLLM_CHUNKED_LOCAL, patch_linked_module
+
+    root = _layers_copy(tmp_path / "both")
+    patch_linked_module(root / "vllm" / VLLM_CHUNKED_LOCAL, LOCAL_UNVIRTUALISED_PRECOMPUTE, "vllm 0.34.0 local")
+    with _copy_sut(root) as sut:
         local = sut.worker.run({**LOCAL, "steps": [DECODE]})
-    assert {"SPLIT_BOUND", "COMBINE_CAPACITY"} <= {f["invariant"] for f in local["findings"]}, local["findings"][:3]
-    with _copy_sut(_layers_copy(tmp_path / "layers")) as sut:
         layers = sut.worker.run({**LAYERS, "cuda_graph": "full"})
+    assert {"SPLIT_BOUND", "COMBINE_CAPACITY"} <= {f["invariant"] for f in local["findings"]}, local["findings"][:3]
     assert {f["invariant"] for f in layers["findings"]} == {"SHARED_PRECOMPUTE_MATCHES_LAYER"}
 
 
