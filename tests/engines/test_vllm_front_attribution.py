@@ -59,3 +59,51 @@ def test_a_shorter_view_keeps_its_origin_outside_a_replay_or_when_its_bytes_are_
     view[0] += 1
     front._attribute(view)
     assert front.checker.origin_of(view) is capture_pre
+
+
+def _group_precompute(front, num_heads_k, seq_lens):
+    """One attention group's precompute of a decode batch (4 rows, 32 query heads, ``num_heads_k`` KV heads)."""
+    rows = len(seq_lens)
+    return front.c_get_scheduler_metadata(
+        batch_size=rows, max_seqlen_q=1, max_seqlen_k=max(seq_lens), num_heads=32, num_heads_k=num_heads_k,
+        headdim=128, headdim_v=128, qkv_dtype=torch.bfloat16, seqused_k=torch.tensor(seq_lens, dtype=torch.int32),
+        cu_seqlens_q=torch.arange(rows + 1, dtype=torch.int32), cu_seqlens_k=None, cu_seqlens_k_new=None,
+        seqused_q=None, leftpad_k=None, page_size=16, max_seqlen_k_new=0, is_causal=True, window_size_left=-1,
+        window_size_right=-1, attention_chunk=0, has_softcap=False, num_splits=32, pack_gqa=None, sm_margin=0)
+
+
+def _two_groups(groups: int):
+    """Two attention groups' builders (KV heads 1 and 8) each copying its precompute into its own persistent buffer,
+    as the V2 runner's replay builds every group: (front, each buffer's view, each precompute's record)."""
+    front = FrontFA3(132)
+    front.metadata_groups = groups
+    views, pres = [], []
+    for heads in (1, 8):
+        md = _group_precompute(front, heads, [32768, 100, 100, 100])
+        buf = torch.zeros(md.numel() + 8, dtype=torch.int32)
+        buf[:md.numel()] = md
+        views.append(buf[:md.numel()])
+        pres.append(front.last_pre)
+    return front, views, pres
+
+
+def test_with_several_attention_groups_each_buffer_is_attributed_to_its_own_group_s_precompute():
+    front, (first, second), (pre_1, pre_8) = _two_groups(2)
+    front.path = "replay"
+    front._attribute(first, (32, 1))
+    front._attribute(second, (32, 8))
+    assert front.checker.origin_of(first) is pre_1 and front.checker.origin_of(second) is pre_8
+    # negative control: with one group (the default) only the latest precompute is a candidate, and the first
+    # group's buffer, whose bytes are another precompute's, stays of unknown origin
+    front, (first, _), _ = _two_groups(1)
+    front._attribute(first, (32, 1))
+    assert front.checker.origin_of(first) is None
+
+
+def test_the_call_s_heads_never_override_the_bytes_a_buffer_holds():
+    # a layer of 8 KV heads whose buffer holds the 1-head group's precompute (a builder precomputing with another
+    # group's heads) is judged against that precompute: the heads only order candidates whose bytes match
+    front, (first, _), (pre_1, _) = _two_groups(2)
+    stale = first.clone()
+    front._attribute(stale, (32, 8))
+    assert front.checker.origin_of(stale) is pre_1

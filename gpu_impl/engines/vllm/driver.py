@@ -59,6 +59,9 @@ _PROTOCOL_OUT = sys.stdout
 class Config:
     """vLLM's config objects, the layers and the metadata builder for one scenario."""
 
+    #: the model runner this configuration imitates (``ConfigV2``: "v2", whose attention groups are the release's own)
+    RUNNER = "v1"
+
     def __init__(self, engine, s: dict, numerics: bool = False):
         import torch
         from vllm.config import CompilationConfig, VllmConfig, set_current_vllm_config
@@ -105,7 +108,7 @@ class Config:
         if hetero:
             from gpu_impl.engines.vllm.heterolayers import check_driven, layer_kv_heads
 
-            self.hk = check_driven(s, numerics) and layer_kv_heads(s, 0, s["tp"])
+            self.hk = check_driven(s, numerics, self.RUNNER) and layer_kv_heads(s, 0, s["tp"])
         self.dtype = dtype
         import vllm.distributed.parallel_state as ps
 
@@ -184,11 +187,14 @@ class Config:
             groups = [(spec, list(self.layers))]
             #: how the layers' KV-cache groups were made (layers that differ: vLLM's grouping, or why stood in)
             self.grouping: list = []
+            #: the release's own KV-cache groups of layers that differ (the V2 runner's attention groups' input)
+            self.kv_groups_raw: list = []
             if hetero:  # each layer's own spec, grouped by the release's KV-cache grouping
                 from gpu_impl.engines.vllm.heterolayers import layer_groups
 
                 groups = layer_groups(vc, self.layers, windows, dict(block_size=s["block_size"],
-                                      head_size=s["head_dim"], dtype=kv_dtype, **v_size, **mla), self.grouping)
+                                      head_size=s["head_dim"], dtype=kv_dtype, **v_size, **mla), self.grouping,
+                                      raw=self.kv_groups_raw)
                 spec = groups[0][0]
             try:
                 if hetero:
@@ -207,7 +213,7 @@ class Config:
             self.layer_specs = {name: g_spec for g_spec, names in groups for name in names}
             #: the chunked local layers' attention groups (None: no chunked layer), over the same KV-cache group
             self.local = None
-            if any(chunks):
+            if any(chunks) and self.RUNNER == "v1":  # the V2 runner's: driver_v2 (the release's init_attn_backend)
                 from gpu_impl.engines.vllm.local import LocalGroups
 
                 names = list(self.layers)
@@ -461,8 +467,8 @@ class Engine:
                 "driver": self.generation, "stood_in": list(self._stood_in())}
 
     def _faked_local(self) -> tuple:
-        """What the chunked local path fakes (first generation; gpu_impl.engines.vllm.local)."""
-        if self.generation != "v1":
+        """What the chunked local path fakes (the first and second generations; gpu_impl.engines.vllm.local)."""
+        if self.generation not in ("v1", "v2"):
             return ()
         from gpu_impl.engines.vllm.local import FAKED_LOCAL
 
@@ -482,8 +488,9 @@ class Engine:
             return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1) + tuple(LAYERS_STOOD_IN)
         from gpu_impl.engines.vllm.drafter_v2 import STOOD_IN as DRAFTER_STOOD_IN
         from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
+        from gpu_impl.engines.vllm.heterolayers import STOOD_IN as LAYERS_STOOD_IN, STOOD_IN_V2
 
-        return tuple(STOOD_IN) + tuple(DRAFTER_STOOD_IN)
+        return tuple(STOOD_IN) + tuple(DRAFTER_STOOD_IN) + tuple(LAYERS_STOOD_IN) + tuple(STOOD_IN_V2)
 
     def _runner(self, asked):
         """(runner, config class) for a scenario's ``runner``: the worker's own generation, or the V2 runner of a

@@ -58,22 +58,25 @@ GRAPH_MODES_V2 = {"none": "NONE", "piecewise": "PIECEWISE", "full": "FULL", "ful
 
 
 class _BlockTablesStandIn:
-    """What ``prepare_inputs_to_capture`` / ``set_dummy_context`` read of the runner's ``BlockTables``."""
+    """What ``prepare_inputs_to_capture`` / ``set_dummy_context`` read of the runner's ``BlockTables``: one table per
+    KV-cache group (``tables``; ``table``: the first)."""
 
-    def __init__(self, table, block_size: int, cp_size: int, cp_interleave: int):
+    def __init__(self, table, block_size: int, cp_size: int, cp_interleave: int, tables=None, block_sizes=None):
         import torch
 
-        self.table, self.block_sizes = table, [block_size]
+        self.tables = tuple(tables) if tables else (table,)
+        self.table, self.block_sizes = table, list(block_sizes or [block_size])
         self.cp_size, self.cp_rank, self.cp_interleave = cp_size, 0, cp_interleave
-        self.input_block_tables = [table]
+        self.input_block_tables = list(self.tables)
         self._torch = torch
 
     def get_dummy_block_tables(self, num_reqs: int):
-        self.table[:num_reqs].zero_()
-        return (self.table[:num_reqs],)
+        for table in self.tables:
+            table[:num_reqs].zero_()
+        return tuple(table[:num_reqs] for table in self.tables)
 
     def get_dummy_slot_mappings(self, num_tokens: int):
-        return self._torch.full((1, num_tokens), -1, dtype=self._torch.int64)
+        return self._torch.full((len(self.tables), num_tokens), -1, dtype=self._torch.int64)
 
 
 def dcp_local_seq_lens(out, seq_lens, num_reqs, dcp_size, dcp_rank, cp_interleave, *, num_reqs_padded=None):
@@ -101,18 +104,16 @@ def _field_names(obj) -> set:
 class ConfigV2(Config):
     """One scenario's vLLM objects, stepped the way the V2 model runner steps them (module doc)."""
 
+    RUNNER = "v2"
+
     def __init__(self, engine, s: dict, numerics: bool = False):
         if s["cuda_graph"] not in GRAPH_MODES_V2:
             raise Unsupported(f"cuda_graph: {s['cuda_graph']!r} is not a mode of the V2 runner "
                               f"({', '.join(GRAPH_MODES_V2)})")
-        if s["attention_chunk_size"]:
-            from gpu_impl.engines.vllm.paths import local_not_driven
+        if s["layer_kv_heads"] and s["draft_tokens"]:
+            from gpu_impl.engines.vllm.paths import not_covered_reason
 
-            raise Unsupported("attention_chunk_size: " + local_not_driven("v2"))
-        if s["layer_kv_heads"]:
-            raise Unsupported("layer_kv_heads: the V2 runner's attention groups (one builder per group, the builder "
-                              "reading the group's KV-cache spec) are not driven for layers that differ (driver "
-                              "generation v1 drives them)")
+            raise Unsupported("draft_tokens: " + not_covered_reason("layers differ from the config@v2 drafter"))
         if s["common_prefix"]:
             raise Unsupported("common_prefix: cascade attention is driven through the V1 runner only (driver "
                               "generation v1; the V2 runner has no cascade path)")
@@ -146,21 +147,41 @@ class ConfigV2(Config):
         vc.compilation_config.decode_cudagraph_capture_request_sizes = sorted({min(x, s["max_num_seqs"])
                                                                                 for x in sizes})
         vc.scheduler_config.max_num_batched_tokens = s["max_num_batched_tokens"]
-        group = AttentionGroup(self.backend, list(self.layers), self.spec, 0)
-        from vllm.config import set_current_vllm_config
+        if s["attention_chunk_size"] or s["layer_kv_heads"]:
+            # several attention groups: the release's own init_attn_backend makes them (heterolayers), and over
+            # chunked local layers the release resolves the CUDA-graph mode (local.runner_v2_mode)
+            from gpu_impl.engines.vllm.heterolayers import runner_attention_groups
 
-        with set_current_vllm_config(vc):
-            group.create_metadata_builders(vllm_config=vc, device=torch.device("cpu"), kernel_block_size=None,
-                                           num_metadata_builders=1)
-        self.builder = group.get_metadata_builder(0)
-        self.attn_groups = [[group]]
-        self.kv_cache_config = KVCacheConfig(num_blocks=1, kv_cache_tensors=[],
-                                             kv_cache_groups=[KVCacheGroupSpec(list(self.layers), self.spec)])
+            self.kv_cache_config, self.attn_groups, support = runner_attention_groups(self, self.kv_groups_raw)
+            if s["attention_chunk_size"]:
+                from gpu_impl.engines.vllm.local import runner_v2_mode
+
+                self.mode = getattr(CUDAGraphMode, runner_v2_mode(vc, s, self.attn_groups, support))
+                vc.compilation_config.cudagraph_mode = self.mode
+                # the path labels follow the mode the release resolved
+                s["cuda_graph"] = {v: k for k, v in GRAPH_MODES_V2.items()}[self.mode.name]
+            self.builder = self.attn_groups[0][0].get_metadata_builder(0)
+        else:
+            group = AttentionGroup(self.backend, list(self.layers), self.spec, 0)
+            from vllm.config import set_current_vllm_config
+
+            with set_current_vllm_config(vc):
+                group.create_metadata_builders(vllm_config=vc, device=torch.device("cpu"), kernel_block_size=None,
+                                               num_metadata_builders=1)
+            self.builder = group.get_metadata_builder(0)
+            self.attn_groups = [[group]]
+            self.kv_cache_config = KVCacheConfig(num_blocks=1, kv_cache_tensors=[],
+                                                 kv_cache_groups=[KVCacheGroupSpec(list(self.layers), self.spec)])
         max_tokens = max(s["max_num_batched_tokens"], max(sizes))
         self.buffers = InputBuffers(s["max_num_seqs"], max_tokens, torch.device("cpu"))
-        self.table = torch.zeros(s["max_num_seqs"], self.max_blocks, dtype=torch.int32)
+        # one persistent block table per KV-cache group, as wide as the runner makes it for the group's spec
+        specs = [g.kv_cache_spec for g in self.kv_cache_config.kv_cache_groups]
+        self.tables = tuple(torch.zeros(s["max_num_seqs"], self.max_blocks if i == 0 else self.table_width(spec),
+                                        dtype=torch.int32) for i, spec in enumerate(specs))
+        self.table = self.tables[0]
         interleave = vc.parallel_config.cp_kv_cache_interleave_size
-        self.block_tables = _BlockTablesStandIn(self.table, s["block_size"], s["dcp"], interleave)
+        self.block_tables = _BlockTablesStandIn(self.table, s["block_size"], s["dcp"], interleave, tables=self.tables,
+                                                block_sizes=[spec.block_size for spec in specs])
         self.model_state = types.SimpleNamespace(max_model_len=s["max_model_len"], supports_mm_inputs=False,
                                                  encoder_cache=None, model_config=vc.model_config)
         from vllm.v1.worker.gpu.model_states.default import DefaultModelState
@@ -181,7 +202,7 @@ class ConfigV2(Config):
             align = locate("get_block_table_width")
         except ImportError:
             return Config.table_width(self, spec)
-        return align(spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"]), self.s["block_size"])
+        return align(spec.max_num_blocks_per_req(self.vc, self.s["max_model_len"]), spec.block_size)
 
     def _graph_manager(self):
         import torch
@@ -249,7 +270,8 @@ class ConfigV2(Config):
         b.seq_lens[:n] = torch.tensor(seq_lens, dtype=torch.int32)
         upper = np.zeros(num_reqs_padded, dtype=np.int32)
         upper[:n] = seq_lens
-        self.table[:num_reqs_padded].zero_()
+        for table in self.tables:
+            table[:num_reqs_padded].zero_()
         return qsl, torch.from_numpy(upper)
 
     def _input_batch(self, desc, query_lens, seq_lens):
@@ -291,10 +313,10 @@ class ConfigV2(Config):
             desc.num_reqs or min(desc.num_tokens, self.s["max_num_seqs"]), desc.num_tokens, self.model_state,
             self.buffers, self.block_tables, self.attn_groups, self.kv_cache_config, **extra)
         # an AttentionState from 0.21, an (attention metadata, slot mappings) pair before
-        md = next(iter((state.attn_metadata if hasattr(state, "attn_metadata") else state[0]).values()))
+        metadata = state.attn_metadata if hasattr(state, "attn_metadata") else state[0]
         front.recording = []
         try:
-            Config.forward(self, md, desc.num_tokens)
+            self._forward_layers(metadata, desc.num_tokens, lambda md, n: Config.forward(self, md, n))
         finally:
             calls, front.recording = front.recording, None
         return calls
@@ -305,13 +327,15 @@ class ConfigV2(Config):
 
         desc = self.dispatch(query_lens)
         full = desc.cg_mode == CUDAGraphMode.FULL
+        front.metadata_groups = sum(len(groups) for groups in self.attn_groups)  # each builder precomputes
         if full and desc not in self.captured:
             self.captured[desc] = self._capture(desc, front)
             front.capture_events.extend(front.drain())
         ib = self._input_batch(desc, query_lens, seq_lens)
         if self.numerics:
             raise Unsupported("numerics: not driven through the V2 runner (the first generation's numerics only)")
-        metadata = self.model_state.prepare_attn(ib, desc.cg_mode, (self.table[:ib.num_reqs_after_padding],),
+        metadata = self.model_state.prepare_attn(ib, desc.cg_mode,
+                                                 tuple(t[:ib.num_reqs_after_padding] for t in self.tables),
                                                  self._slots(ib.num_tokens_after_padding), self.attn_groups,
                                                  self.kv_cache_config)
         md = next(iter(metadata.values()))
@@ -321,7 +345,7 @@ class ConfigV2(Config):
             path = "full"
         else:
             tokens = desc.num_tokens if desc.cg_mode == CUDAGraphMode.PIECEWISE else ib.num_tokens
-            self._forward_tokens(md, tokens)
+            self._forward_layers(metadata, tokens, self._forward_tokens)
             path = {CUDAGraphMode.PIECEWISE: "piecewise"}.get(desc.cg_mode, "none")
             if path == "none" and self.mode != CUDAGraphMode.NONE:
                 path = ABOVE_GRAPHS
@@ -335,7 +359,16 @@ class ConfigV2(Config):
     def _slots(self, num_tokens: int):
         import torch
 
-        return torch.full((1, num_tokens), -1, dtype=torch.int64)
+        return torch.full((len(self.tables), num_tokens), -1, dtype=torch.int64)
+
+    def _forward_layers(self, metadata: dict, num_tokens: int, forward) -> None:
+        """``forward`` with each layer on its own attention group's metadata (the runner's dict: layer name ->
+        metadata; one object for every layer where there is one group)."""
+        self.local_md = metadata
+        try:
+            forward(next(iter(metadata.values())), num_tokens)
+        finally:
+            self.local_md = {}
 
     def padded_tokens(self, num_tokens: int) -> int:
         return num_tokens  # the V2 step passes the dispatched token count itself

@@ -76,6 +76,10 @@ class FrontFA3:
         self.last_md = None
         self.last_pre = None
         self.handed_out: list = []
+        #: the attention groups whose builders each precompute for one batch (set by the V2 runner's driver: several
+        #: with layers that differ or chunked local layers); their latest precomputes, (output bytes, record)
+        self.metadata_groups = 1
+        self.recent: list = []
         #: calls that consume no metadata and are not checked (DCP's varlen-K call over the new tokens)
         self.unchecked_calls = 0
         #: a list while a FULL CUDA graph is captured (the second generation): every call's arguments, re-issued
@@ -109,6 +113,7 @@ class FrontFA3:
             window_size=(a["window_size_left"], a["window_size_right"]), has_softcap=a["has_softcap"],
             num_splits=a["num_splits"], pack_gqa=a["pack_gqa"], sm_margin=a["sm_margin"])
         self.last_md, self.last_pre = md.clone(), self.checker.origin_of(md)
+        self.recent = (self.recent + [(self.last_md, self.last_pre)])[-self.metadata_groups:]
         #: the tensors FA3 handed out, with their precompute: a call passing one of them consumed that precompute
         #: (cascade attention passes the prefix's own metadata beside the suffix's, made after it)
         self.handed_out = [(t, p) for t, p in self.handed_out[-3:] if p is not None] + [(md, self.last_pre)]
@@ -119,25 +124,37 @@ class FrontFA3:
             self.pre_sources[id(self.last_pre)] = (self.last_pre, caller_location("get_scheduler_metadata"))
         return md
 
-    def _attribute(self, md) -> None:
-        import torch
-
+    def _attribute(self, md, heads=None) -> None:
+        """Attributes a tensor of unknown origin to the latest precompute whose bytes it holds; with several
+        attention groups (``metadata_groups``), each builder's buffer holds its own group's precompute of the batch:
+        the group's latest precomputes are candidates, newest first, those made for the call's (query, KV) heads
+        (``heads``) before the others (two groups' precomputes may hold equal bytes)."""
         if md is None or self.last_md is None or self.checker.origin_of(md) is self.last_pre:
             return
         if any(md is t and self.checker.origin_of(md) is p for t, p in self.handed_out):
             return  # FA3's own output, passed as it was handed out: its origin is known
-        n = self.last_md.numel()
-        if md.shape == self.last_md.shape and torch.equal(md, self.last_md):
-            self.checker.registry.remember(md, self.last_pre)
-        elif md.numel() > n and torch.equal(md[:n], self.last_md) and not bool(md[n:].any()):
+        candidates = list(reversed(self.recent)) if self.metadata_groups > 1 else [(self.last_md, self.last_pre)]
+        if heads is not None and len(candidates) > 1:
+            candidates.sort(key=lambda c: c[1] is None or (c[1].num_heads, c[1].num_heads_k) != heads)
+        for last_md, last_pre in candidates:
+            if self._holds(md, last_md):
+                self.checker.registry.remember(md, last_pre)
+                return
+
+    def _holds(self, md, last_md) -> bool:
+        import torch
+
+        n = last_md.numel()
+        if md.shape == last_md.shape and torch.equal(md, last_md):
+            return True
+        if md.numel() > n and torch.equal(md[:n], last_md) and not bool(md[n:].any()):
             # a captured graph's view of the persistent buffer, longer than the recompute vLLM copied into it
             # (``_store_scheduler_metadata`` zeroes the tail): the replay reads that recompute at its own layout
-            self.checker.registry.remember(md, self.last_pre)
-        elif self.path == "replay" and md.numel() < n and torch.equal(md, self.last_md[:md.numel()]):
-            # a captured graph's view of the persistent buffer, shorter than the recompute vLLM copied into it
-            # (the recompute's layout is longer than the captured call's): the replay reads the recompute's first
-            # ``md.numel()`` values at its own layout, not the capture-time precompute
-            self.checker.registry.remember(md, self.last_pre)
+            return True
+        # a captured graph's view of the persistent buffer, shorter than the recompute vLLM copied into it
+        # (the recompute's layout is longer than the captured call's): the replay reads the recompute's first
+        # ``md.numel()`` values at its own layout, not the capture-time precompute
+        return self.path == "replay" and md.numel() < n and torch.equal(md, last_md[:md.numel()])
 
     def replay(self, calls) -> None:
         """Re-issue a captured graph's FA3 calls, as a CUDA-graph replay launches them again (labelled ``replay``
@@ -172,7 +189,8 @@ class FrontFA3:
                      "leftpad_k", "rotary_cos", "s_aux", "cp_tot_seqused_k"):
             if a.get(name) is not None:   # cp_tot_seqused_k: absent from 0.10.1 .. 0.11.0's fwd
                 raise Unsupported(f"fwd({name}=...): not modelled by the shim")
-        self._attribute(md)
+        self._attribute(md, (int(q.shape[-2]), int(a["k"].shape[-2])) if a["k"] is not None and q.dim() == 3
+                        else None)
         where = captured_at or caller_location("flash_attn_varlen_func")
         events = len(self.checker.events)
         self.checker.flash_attn_varlen_func(

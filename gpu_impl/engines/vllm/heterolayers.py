@@ -19,8 +19,8 @@ import types
 
 from gpu_impl.engines.protocol import Unsupported
 
-__all__ = ["STOOD_IN", "nemotron_nas_hf_config", "bind_model_config", "layer_kv_heads", "check_driven",
-           "layer_groups", "kv_cache_groups", "GroupedBuilder"]
+__all__ = ["STOOD_IN", "STOOD_IN_V2", "nemotron_nas_hf_config", "bind_model_config", "layer_kv_heads", "check_driven",
+           "layer_groups", "kv_cache_groups", "release_kv_cache_groups", "runner_attention_groups", "GroupedBuilder"]
 
 #: what the heterogeneous-layer driving stands in for (besides the driver's own stand-ins)
 STOOD_IN = (
@@ -86,8 +86,11 @@ def layer_kv_heads(s: dict, index: int, tp: int) -> int:
     return max(1, s["layer_kv_heads"][index] // tp)
 
 
-def check_driven(s: dict, numerics: bool) -> bool:
-    """True where the first driver generation drives these layers; Unsupported naming the field where not."""
+def check_driven(s: dict, numerics: bool, runner: str = "v1") -> bool:
+    """True where the driver generation of ``runner`` drives these layers; Unsupported naming the field where not
+    (the V2 runner's attention groups are the release's own, FULL graphs included: :func:`runner_attention_groups`)."""
+    if runner == "v2" and not numerics:
+        return True
     if numerics or s["cuda_graph"] in ("full", "full_and_piecewise"):
         raise Unsupported(f"layer_kv_heads: driven eager and under piecewise graphs in record mode (the FULL graphs "
                           f"of several attention groups and numerics are not), got cuda_graph {s['cuda_graph']!r}"
@@ -95,30 +98,53 @@ def check_driven(s: dict, numerics: bool) -> bool:
     return True
 
 
-def layer_groups(vc, layers: dict, windows: list, spec_args: dict, how: list) -> list:
+def layer_groups(vc, layers: dict, windows: list, spec_args: dict, how: list, raw: list = None) -> list:
     """[(spec, layer names)]: each layer's own KV-cache spec (its KV heads; its window: vLLM's
     ``SlidingWindowSpec`` or ``FullAttentionSpec``, as ``Attention.get_kv_cache_spec`` makes them), grouped by
-    :func:`kv_cache_groups`."""
+    :func:`kv_cache_groups`; ``raw`` (a list) gets the release's own KV-cache groups (its ``KVCacheGroupSpec``
+    objects, what the V2 runner's ``init_attn_backend`` is given), or nothing where the grouping was stood in."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
     specs = {}
     for (name, layer), w in zip(layers.items(), windows):
         own = dict(spec_args, num_kv_heads=layer.impl.num_kv_heads)
         specs[name] = SlidingWindowSpec(sliding_window=w, **own) if w is not None else FullAttentionSpec(**own)
-    return kv_cache_groups(vc, specs, how)
+    groups = release_kv_cache_groups(vc, specs, how)
+    if raw is not None and groups is not None:
+        raw.extend(groups)
+    return kv_cache_groups(vc, specs, [], groups=groups) if groups is not None else _by_spec(specs, list(specs))
 
 
-def kv_cache_groups(vc, specs: dict, how: list = None) -> list:
+def kv_cache_groups(vc, specs: dict, how: list = None, groups: list = None) -> list:
     """[(spec, layer names)]: the release's own KV-cache grouping of ``specs`` (layer name -> spec), split as the V1
     runner splits a group into attention groups (STOOD_IN); Unsupported, naming vLLM's refusal, where the release's
-    grouping refuses these layers. ``how`` (a list) gets the grouping function's name, or why it was stood in."""
+    grouping refuses these layers. ``how`` (a list) gets the grouping function's name, or why it was stood in;
+    ``groups``: the release's groups already made for ``specs`` (:func:`release_kv_cache_groups`)."""
+    groups = release_kv_cache_groups(vc, specs, how) if groups is None else groups
+    if groups is None:
+        return _by_spec(specs, list(specs))
+    out = []
+    for group in groups:
+        spec = group.kv_cache_spec
+        per_layer = getattr(spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs: one attention group per spec
+        if per_layer is None:
+            out.append((spec, list(group.layer_names)))
+            continue
+        out.extend(_by_spec(per_layer, group.layer_names))
+    return out
+
+
+def release_kv_cache_groups(vc, specs: dict, how: list = None):
+    """The release's own KV-cache groups (its ``KVCacheGroupSpec`` objects, as the engine core hands them to the model
+    runner) for ``specs`` (layer name -> spec); None where ``vllm.v1.core.kv_cache_utils`` does not import (``how``
+    says why, STOOD_IN); Unsupported, naming vLLM's refusal, where the release's grouping refuses these layers."""
     how = [] if how is None else how
     try:
         utils = _import_kv_cache_utils()
     except Exception as exc:  # noqa: BLE001 - a dependency the release's environment lacks or mismatches (STOOD_IN)
         how.append(f"stood in (vllm.v1.core.kv_cache_utils does not import: {type(exc).__name__}: {exc}): layers "
                    f"grouped by their spec")
-        return _by_spec(specs, list(specs))
+        return None
     try:
         import vllm.v1.core.kv_cache_planning as planning  # 0.33 on
     except ImportError:
@@ -144,15 +170,7 @@ def kv_cache_groups(vc, specs: dict, how: list = None) -> list:
         name = grouping.__name__ if grouping else "get_kv_cache_config"
         raise Unsupported(f"layer_kv_heads: vLLM's KV-cache grouping ({name}) refuses layers whose KV-cache page "
                           f"sizes differ: {type(exc).__name__} {exc} ({where})".replace("  ", " ")) from exc
-    out = []
-    for group in groups:
-        spec = group.kv_cache_spec
-        per_layer = getattr(spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs: one attention group per spec
-        if per_layer is None:
-            out.append((spec, list(group.layer_names)))
-            continue
-        out.extend(_by_spec(per_layer, group.layer_names))
-    return out
+    return list(groups)
 
 
 def _import_kv_cache_utils():
@@ -224,3 +242,56 @@ class GroupedBuilder:
         if md is self._first_md and layer_name in self._by_layer:
             return self._by_layer[layer_name]
         return md
+
+
+#: what the V2 runner's attention groups stand in for (:func:`runner_attention_groups`)
+STOOD_IN_V2 = (
+    "the fields the V2 runner's init_attn_backend reads of the constructor-less Attention layers: attn_backend (what "
+    "Attention.__init__ selects: the FlashAttention backend, or for a chunked local layer the release's wrapped "
+    "backend, as ChunkedLocalAttention.__init__ passes it), kv_sharing_target_layer_name None (no KV sharing), "
+    "num_heads (the impl's), is_draft_layer False",
+    "the engine core's KV-cache config handed to the V2 runner: the release's own KV-cache groups (layers that differ: "
+    "get_kv_cache_groups over the layers' own specs; chunked local layers: one group of full-attention layers, as the "
+    "release lays out a model with chunked local layers when it disables the hybrid KV-cache manager), num_blocks 1, "
+    "no KV-cache tensors",
+)
+
+
+def runner_attention_groups(cfg, raw_groups=None):
+    """(KVCacheConfig, attention groups, CUDA-graph support or None) as the V2 runner makes them
+    (``initialize_kv_cache`` -> ``vllm/v1/worker/gpu/attn_utils.py`` ``init_attn_backend``: per KV-cache group, one
+    attention group per (backend, layer KV-cache spec[, query heads]), each with its own metadata builder; the
+    weakest builder's CUDA-graph support from 0.20), for a scenario whose layers differ from the config or include
+    chunked local layers. ``raw_groups``: the release's own KV-cache groups of the layers (layers that differ; None:
+    one group of every layer over ``cfg.spec``). The layers get the fields ``init_attn_backend`` reads
+    (:data:`STOOD_IN_V2`)."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+    import vllm.v1.worker.gpu.attn_utils as attn_utils
+
+    s = cfg.s
+    chunks = s["attention_chunk_size"] or [None] * len(cfg.layers)
+    if any(chunks):
+        from gpu_impl.engines.vllm.local import _no_pinned_memory
+
+        _no_pinned_memory()  # local.FAKED_LOCAL
+    for (name, layer), chunk in zip(cfg.layers.items(), chunks):
+        if chunk is not None:
+            from gpu_impl.engines.vllm.local import chunked_backend
+
+            layer.attn_backend = chunked_backend(cfg.backend, chunk, s["block_size"])
+        else:
+            layer.attn_backend = cfg.backend
+        layer.kv_sharing_target_layer_name = None
+        layer.num_heads = layer.impl.num_heads
+        layer.is_draft_layer = False
+    groups = list(raw_groups) if raw_groups else [KVCacheGroupSpec(list(cfg.layers), cfg.spec)]
+    kv_cache_config = KVCacheConfig(num_blocks=1, kv_cache_tensors=[], kv_cache_groups=groups)
+    with set_current_vllm_config(cfg.vc):
+        out = attn_utils.init_attn_backend(kv_cache_config, cfg.vc, torch.device("cpu"))
+    # (backends, groups) 0.18 .. 0.19; (backends, groups, support[, kernel block sizes]) 0.20 .. 0.25;
+    # (groups, support, kernel block sizes) from 0.26
+    attn_groups = next(x for x in out if isinstance(x, list))
+    support = next((x for x in out if hasattr(x, "min_cg_support")), None)
+    return kv_cache_config, attn_groups, support

@@ -28,7 +28,7 @@ import inspect
 
 from gpu_impl.engines.protocol import Unsupported
 
-__all__ = ["LOCAL_MODULES", "FAKED_LOCAL", "chunked_backend", "LocalGroups", "refuse_unsupported"]
+__all__ = ["LOCAL_MODULES", "FAKED_LOCAL", "chunked_backend", "LocalGroups", "refuse_unsupported", "runner_v2_mode"]
 
 #: What the chunked local path fakes besides ``vllm_glue.FAKED`` (only in a scenario with chunked layers).
 FAKED_LOCAL = (
@@ -159,3 +159,43 @@ class LocalGroups:
             md = builder.build(prefix, cam)
             out.update({name: md for name in names})
         return out
+
+
+def runner_v2_mode(vc, s: dict, attn_groups, support):
+    """The CUDA-graph mode name (``NONE``, ``PIECEWISE``, ``FULL``, ``FULL_AND_PIECEWISE``) under which the V2 runner
+    runs a model with chunked local layers, decided by the release's own code: from 0.20 its ``initialize_kv_cache``
+    passes the weakest attention group's support (``support``, from ``init_attn_backend``; the wrapped builder
+    declares NEVER) to ``CompilationConfig.resolve_cudagraph_mode_and_sizes``, which raises for a mode whose mixed
+    batches run FULL graphs ("please try cudagraph_mode=PIECEWISE": refused here with vLLM's text) and downgrades
+    FULL_AND_PIECEWISE (its decode graphs FULL) to PIECEWISE or NONE; resolved on a copy of the compilation config
+    (only the mode is taken), with ``piecewise_capture_available`` True (the model compiled by vLLM, as a GPU run
+    compiles it). Before 0.20 the V2 runner takes the configured mode without asking the backends, so FULL graphs
+    over chunked local layers are accepted by the release and are refused here as not driven (paths.json
+    ``local_attention.not_covered`` "v2 full graph@no-resolve")."""
+    import copy
+
+    from gpu_impl.engines.vllm.paths import local_not_driven
+
+    if s["dcp"] > 1:
+        raise Unsupported("dcp: decode context parallel over chunked local layers is not driven")
+    if s["draft_tokens"]:
+        raise Unsupported("draft_tokens: a drafter over chunked local layers is not driven")
+    mode = vc.compilation_config.cudagraph_mode
+    if s["cuda_graph"] == "none":
+        return mode.name
+    if support is None:
+        if mode.has_full_cudagraphs():
+            raise Unsupported(f"cuda_graph: {s['cuda_graph']}: " + local_not_driven("v2 full graph@no-resolve"))
+        return mode.name
+    compilation = copy.copy(vc.compilation_config)
+    resolve = compilation.resolve_cudagraph_mode_and_sizes
+    params = inspect.signature(resolve).parameters
+    given = {"min_cg_support": support.min_cg_support, "min_cg_attn_backend": support.min_cg_attn_backend,
+             "uniform_decode_query_len": 1, "use_v2_model_runner": True,
+             "tensor_parallel_size": s["tp"], "piecewise_capture_available": True}
+    try:
+        resolved = resolve(**{k: v for k, v in given.items() if k in params})
+    except ValueError as exc:
+        raise Unsupported(f"cuda_graph: {s['cuda_graph']}: vLLM's resolve_cudagraph_mode_and_sizes refuses it: "
+                          f"{exc}") from exc
+    return resolved.name

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["PATHS_FILE", "PATH_KEYS", "STOOD_IN", "release_paths", "local_not_driven", "both_runners", "missing_paths", "step_labels",
+__all__ = ["PATHS_FILE", "PATH_KEYS", "STOOD_IN", "release_paths", "not_covered_reason", "local_not_driven", "both_runners", "missing_paths", "step_labels",
            "cascade_prefix_len", "draft_steps"]
 
 PATHS_FILE = Path(__file__).resolve().parent / "paths.json"
@@ -73,10 +73,9 @@ def release_paths(release: str, generation: str | None = None) -> dict:
         if first is not None and recipes.version_key(release) < recipes.version_key(first):
             out[key] = f"not in this release: {key} appears in vLLM {first} ({_DATA['first_release_where'][key]})"
             continue
-        if key == "layers differ from the config" and (release in _DATA["layers_refused"] or generation != "v1"):
+        if key == "layers differ from the config" and (release in _DATA["layers_refused"] or generation == "v0"):
             out[key] = (_DATA["layers_refused"].get(release) or
-                        ("not driven: driver generation v0 builds one metadata builder for all layers"
-                         if generation == "v0" else reasons["layers differ from the config@v2"]))
+                        "not driven: driver generation v0 builds one metadata builder for all layers")
             continue
         if key == "V2 runner":
             if generation == "v2":
@@ -107,6 +106,11 @@ def release_paths(release: str, generation: str | None = None) -> dict:
             continue
         out[key] = reasons.get(key)
     return out
+
+
+def not_covered_reason(key: str) -> str:
+    """The reason of paths.json ``not_covered`` under ``key`` (e.g. "layers differ from the config@v2 drafter")."""
+    return _DATA["not_covered"][key]
 
 
 def local_not_driven(key: str) -> str:

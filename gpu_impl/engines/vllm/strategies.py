@@ -106,20 +106,28 @@ def vllm_v2_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-v2``: the ``vllm`` families for a release the V2 runner drives (0.34.0 on); half the
     full-graph draws take vLLM's default FULL_AND_PIECEWISE mode (``vllm.full_and_piecewise``: FULL graphs for
     uniform decode batches, PIECEWISE for the rest), half its FULL mode; a third of the cases without a FULL graph
-    draft 2..4 speculative tokens after each step (``vllm.draft_tokens``, the V2 runner's drafter). Of the eager and
-    piecewise cases, :data:`DIFFKV_SHARE` are redrawn first with K/V head sizes that differ
-    (:func:`_differing_layers_case`; layers that differ are not drawn: this generation builds one attention group)."""
+    draft 2..4 speculative tokens after each step (``vllm.draft_tokens``, the V2 runner's drafter). A share of the
+    cases is redrawn first as chunked local attention (:func:`_chunked_local_case`; a full-graph one takes FULL or
+    FULL_AND_PIECEWISE, half each, as the others: the release resolves the mode), and
+    as layers that differ from the config (:data:`LAYERS_SHARE`, under every CUDA-graph mode: the V2 runner's
+    attention groups are the release's own) or, of the eager and piecewise cases, K/V head sizes that differ
+    (:data:`DIFFKV_SHARE`; :func:`_differing_layers_case`)."""
     import dataclasses
 
     case = vllm_case(rng)
     if case is None:
         return case
-    differing = _differing_layers_case(case, layers=False)
-    if differing is not None:
-        return differing
+    # drawn before any redraw, so that the cases after a redrawn one keep their draws
+    full_and_piecewise = rng.random() < 0.5 if case.server.cuda_graph else None
+    redrawn = _chunked_local_case(case) or _differing_layers_case(case, graphs=True)
+    if redrawn is not None:
+        if redrawn.server.cuda_graph:
+            redrawn = dataclasses.replace(redrawn, options={
+                OPTIONS_KEY: {**redrawn.options[OPTIONS_KEY], "full_and_piecewise": full_and_piecewise}})
+        return redrawn
     options = dict(case.options[OPTIONS_KEY])
     if case.server.cuda_graph:
-        options["full_and_piecewise"] = rng.random() < 0.5
+        options["full_and_piecewise"] = full_and_piecewise
     # the V2 runner's drafter (drafter_v2): in a third of the cases without a FULL graph, 2..4 speculative tokens
     # (1..3 draft decode steps after each step), drawn from a second generator seeded by the case's seed
     extra = random.Random(case.seed + 2)
@@ -310,19 +318,19 @@ LAYERS_SHARE = 0.1
 DIFFKV_SHARE = 0.1
 
 
-def _differing_layers_case(case: FuzzCase, layers: bool = True) -> Optional[FuzzCase]:
+def _differing_layers_case(case: FuzzCase, graphs: bool = False) -> Optional[FuzzCase]:
     """A gate family's eager or piecewise case redrawn, from a generator seeded by the case's seed + 3 (other cases keep
     their draws), in :data:`LAYERS_SHARE` of them as a model whose layers take their own KV-head counts (as
-    ``vllm-layers`` draws it; not with ``layers`` False: the V2 runner's generation builds one attention group) and in
-    :data:`DIFFKV_SHARE` with K/V head sizes that differ (as ``vllm-diffkv`` draws it; the driver refuses it on a
-    release without the DiffKV backend). None: not redrawn."""
-    if case.server.cuda_graph:
+    ``vllm-layers`` draws it; with ``graphs`` also a full-graph case: the V2 runner's family, whose attention groups
+    drive FULL graphs over such layers) and in :data:`DIFFKV_SHARE` with K/V head sizes that differ (as
+    ``vllm-diffkv`` draws it; the driver refuses it on a release without the DiffKV backend). None: not redrawn."""
+    if case.server.cuda_graph and not graphs:
         return None
     draw = random.Random(case.seed + 3)
     u = draw.random()
     if u < LAYERS_SHARE:
-        return _with_layer_kv_heads(case, draw) if layers else None
-    if u < LAYERS_SHARE + DIFFKV_SHARE:
+        return _with_layer_kv_heads(case, draw)
+    if u < LAYERS_SHARE + DIFFKV_SHARE and not case.server.cuda_graph:
         return _with_diffkv(case, draw)
     return None
 
@@ -330,18 +338,18 @@ def _differing_layers_case(case: FuzzCase, layers: bool = True) -> Optional[Fuzz
 def vllm_paths_both_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-paths-both``: ``vllm-paths`` for a release that ships both model runners, half the cases on its
     V2 runner (``vllm.runner = "v2"``, drawn from a third generator seeded by the case's seed; there half the
-    full-graph cases take vLLM's FULL_AND_PIECEWISE mode, as ``vllm-v2`` draws them)."""
+    full-graph cases take vLLM's FULL_AND_PIECEWISE mode, as ``vllm-v2`` draws them; chunked local layers and layers
+    that differ go to either runner)."""
     import dataclasses
 
     case = vllm_paths_case(rng)
     if case is None:
         return None
     extra = random.Random(case.seed + 1)
-    if extra.random() >= 0.5 or case.options[OPTIONS_KEY].get("layer_kv_heads"):
-        return case  # layers that differ stay on the V1 runner (the V2 generation builds one attention group)
+    if extra.random() >= 0.5:
+        return case
     # cascade and the drafter's build_for_drafting are driven on the V1 runner only: not asked of the V2 runner
-    options = {k: v for k, v in case.options[OPTIONS_KEY].items()
-               if k not in ("common_prefix", "draft_tokens", "attention_chunk_size")}
+    options = {k: v for k, v in case.options[OPTIONS_KEY].items() if k not in ("common_prefix", "draft_tokens")}
     options["runner"] = "v2"
     if case.server.cuda_graph:
         options["full_and_piecewise"] = extra.random() < 0.5
