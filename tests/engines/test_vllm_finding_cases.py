@@ -27,6 +27,7 @@ CASES = {
     # a FULL-graph replay over fewer rows than captured, judged harmless under the build 0.16.0 ships (finding 8)
     LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json": ("0.16.0", None),
     VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json": ("0.33.0", "SPLIT_BOUND"),
+    VLLM / "vllm-0.19.1-batch-invariant-layers-precompute-model-config-kv-heads.json": ("0.19.1", "QUERY_COVER"),
 }
 
 #: (case file, release, exit code of the replay): the finding's releases and its fix, as the docs name them
@@ -42,6 +43,9 @@ REPLAYS = [
     (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.16.0", 0),
     (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.17.0", 0),
     (VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json", "0.33.0", 1),
+    (VLLM / "vllm-0.19.1-batch-invariant-layers-precompute-model-config-kv-heads.json", "0.17.0", 1),
+    (VLLM / "vllm-0.19.1-batch-invariant-layers-precompute-model-config-kv-heads.json", "0.19.1", 1),
+    (VLLM / "vllm-0.19.1-batch-invariant-layers-precompute-model-config-kv-heads.json", "0.20.0", 0),
 ]
 
 
