@@ -79,7 +79,9 @@ def quick_check(pre: Optional[PrecomputeRecord], call: CallRecord) -> list[Viola
         return []  # the kernels read no per-batch vectors (gpu_impl.kernels.base.check_plan)
     out: list[Violation] = []
     b_p, b_c = pre.batch_size, call.batch_size
-    if b_c > b_p or (b_c < b_p and C.sort):
+    # per-batch slots exist only where the layout has per-batch vectors: the "semaphore-splits" builds without their
+    # split vector (the num_splits argument 1, flash_api.cpp@a8937124 994) hold the semaphore alone
+    if C.num_vectors and (b_c > b_p or (b_c < b_p and C.sort)):
         out.append(Violation(
             "BATCH_PERMUTATION", None, {"precompute_batch": b_p, "call_batch": b_c, "sort": C.sort},
             f"metadata computed for {b_p} sequences, call has {b_c}: "

@@ -27,6 +27,8 @@ CASES = {
     # a FULL-graph replay over fewer rows than captured, judged harmless under the build 0.16.0 ships (finding 8)
     LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json": ("0.16.0", None),
     VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json": ("0.33.0", "SPLIT_BOUND"),
+    VLLM / "vllm-0.19.1-batch-invariant-layers-precompute-model-config-kv-heads.json": ("0.19.1", "QUERY_COVER"),
+    VLLM / "vllm-0.9.2-full-graph-chunked-local-replay-reads-capture-metadata.json": ("0.9.2", "READS_OWN_STEP_METADATA"),
 }
 
 #: (case file, release, exit code of the replay): the finding's releases and its fix, as the docs name them
@@ -42,6 +44,13 @@ REPLAYS = [
     (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.16.0", 0),
     (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.17.0", 0),
     (VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json", "0.33.0", 1),
+    (VLLM / "vllm-0.19.1-batch-invariant-layers-precompute-model-config-kv-heads.json", "0.17.0", 1),
+    (VLLM / "vllm-0.19.1-batch-invariant-layers-precompute-model-config-kv-heads.json", "0.19.1", 1),
+    (VLLM / "vllm-0.19.1-batch-invariant-layers-precompute-model-config-kv-heads.json", "0.20.0", 0),
+    (VLLM / "vllm-0.9.2-full-graph-chunked-local-replay-reads-capture-metadata.json", "0.9.1", 1),
+    (VLLM / "vllm-0.9.2-full-graph-chunked-local-replay-reads-capture-metadata.json", "0.9.2", 1),
+    (VLLM / "vllm-0.13.0-dcp-batch-invariant-context-call-metadata-shape.json", "0.13.0", 1),
+    (VLLM / "vllm-0.13.0-dcp-batch-invariant-context-call-metadata-shape.json", "0.17.0", 0),
 ]
 
 

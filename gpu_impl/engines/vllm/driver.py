@@ -42,6 +42,7 @@ import sys
 import time
 
 from gpu_impl.engines.protocol import Unsupported, serve
+from gpu_impl.engines.vllm.invariance import set_batch_invariance
 from gpu_impl.engines.vllm.layers import attention_layer, layer_heads
 from gpu_impl.engines.vllm.standins import DCPGroupStandIn, ModelStandIn, cumsum  # noqa: F401 - re-exported
 from gpu_impl.engines.vllm.scenario import (  # noqa: F401 - re-exported (tests, clients)
@@ -74,7 +75,7 @@ class Config:
         fa = engine.fa
         self.s = s
         self.numerics = numerics
-        os.environ["VLLM_BATCH_INVARIANT"] = "1" if s["batch_invariant"] else "0"
+        set_batch_invariance(s["batch_invariant"])
         dtype = getattr(torch, s["dtype"])
         vc = VllmConfig(compilation_config=CompilationConfig(max_cudagraph_capture_size=max(s["capture_sizes"])))
         mode = {"none": CUDAGraphMode.NONE, "piecewise": CUDAGraphMode.PIECEWISE, "full": CUDAGraphMode.FULL,

@@ -116,7 +116,10 @@ def _local_chunk(fa, s: dict):
     """The model's local-attention chunk size for a runner-bound builder (None: no chunked layer): the builder of
     0.8.5 .. 0.9.2 reads the runner's ``attention_chunk_size`` (one per model) and makes the local metadata itself;
     0.10.0's builder has no such branch (its runner makes the virtual batches for ChunkedLocalAttentionSpec groups,
-    ``gpu_model_runner.py:769``: not driven), nor do layers of different chunk sizes exist there (refused)."""
+    ``gpu_model_runner.py:769``), nor do layers of different chunk sizes exist there (refused). Under a full CUDA
+    graph (0.9.1 .. 0.9.2) the builder's local tensors are new on every build, so a replay re-issues the captured
+    local calls on the capture's tensors, as the graph reads them (judged: READS_OWN_STEP_METADATA); 0.10.0's full
+    graph over chunked layers is refused (paths.json ``local_attention.not_covered`` "v0 full graph")."""
     chunks = {c for c in (s["attention_chunk_size"] or ()) if c is not None}
     if not chunks:
         return None
@@ -125,7 +128,8 @@ def _local_chunk(fa, s: dict):
     if "attention_chunk_size" not in inspect.getsource(fa.FlashAttentionMetadataBuilder.build) \
             and _runner_virtual_batches() is None:
         raise Unsupported("attention_chunk_size: " + local_not_driven("v0@0.10.0"))
-    if s["cuda_graph"] == "full":
+    if s["cuda_graph"] == "full" and _runner_virtual_batches() is not None:
+        # 0.10.0: the runner's virtual batches (new tensors) beside the local builder's own persistent buffer
         raise Unsupported("attention_chunk_size: " + local_not_driven("v0 full graph"))
     if len(chunks) > 1:
         raise Unsupported(f"attention_chunk_size: this release's runner has one chunk size per model "

@@ -97,6 +97,15 @@ def _parameters(fn) -> set:
     return set(inspect.signature(fn).parameters)
 
 
+def _v2_table(name: str) -> dict:
+    """One table of releases.json ``v2_runner`` (what a release's V2 runner passes where releases differ)."""
+    import json
+
+    from gpu_impl.engines.vllm import recipes
+
+    return json.loads(recipes.RELEASES_FILE.read_text())["v2_runner"].get(name, {})
+
+
 def _field_names(obj) -> set:
     return {f.name for f in dataclasses.fields(obj)}
 
@@ -242,15 +251,12 @@ class ConfigV2(Config):
 
     def _mixed_bound(self, query_lens):
         """``max_query_len`` the release's ``execute_model`` hands ``dispatch`` for a batch that is not all one-token
-        decodes: the batch's longest query on 0.28 .. 0.31, None from 0.34 (releases.json
-        ``v2_runner.dispatch_max_query_len``)."""
-        import json
+        decodes: the batch's longest query on 0.28.0 .. 0.30.0, None from 0.31.0 (a batch with a prefill: every
+        such batch here; releases.json ``v2_runner.dispatch_max_query_len``)."""
+        return max(query_lens) if self._release() in _v2_table("dispatch_max_query_len").get("batch", ()) else None
 
-        from gpu_impl.engines.vllm import recipes
-
-        table = json.loads(recipes.RELEASES_FILE.read_text())["v2_runner"].get("dispatch_max_query_len", {})
-        release = getattr(self.engine.vllm, "__version__", None)
-        return max(query_lens) if release in table.get("batch", ()) else None
+    def _release(self):
+        return getattr(self.engine.vllm, "__version__", None)
 
     def _fill(self, query_lens, seq_lens, num_reqs_padded: int):
         """The runner's input buffers for a real batch (``prepare_inputs`` + its Triton ``prepare_pos_seq_lens``):
@@ -307,8 +313,10 @@ class ConfigV2(Config):
         params = _parameters(prepare_inputs_to_capture)
         full = desc.cg_mode == CUDAGraphMode.FULL
         extra = {k: v for k, v in (("full_cudagraph", full), ("skip_attn", not full)) if k in params}
-        if "max_query_len" in params:
-            extra["max_query_len"] = getattr(desc, "max_query_len", None) or desc.uniform_token_count
+        if "max_query_len" in params:   # the release's own argument (releases.json v2_runner.capture_max_query_len)
+            extra["max_query_len"] = getattr(desc, "max_query_len", None)
+            if self._release() not in _v2_table("capture_max_query_len").get("descriptor", ()):
+                extra["max_query_len"] = extra["max_query_len"] or desc.uniform_token_count
         state = prepare_inputs_to_capture(
             desc.num_reqs or min(desc.num_tokens, self.s["max_num_seqs"]), desc.num_tokens, self.model_state,
             self.buffers, self.block_tables, self.attn_groups, self.kv_cache_config, **extra)
