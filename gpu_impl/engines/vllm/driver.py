@@ -493,15 +493,14 @@ class Engine:
             return runner, self.config_class
         if runner == "v1":
             raise Unsupported("runner: v1 is not driven on a release driven through its V2 runner (driver v2)")
-        if getattr(self, "_v2_missing", None) is None:
-            from gpu_impl.engines.vllm.recipes import missing_for_generation
+        from gpu_impl.engines.vllm.recipes import missing_for_generation, v2_runner_config, v2_runner_generation
 
-            self._v2_missing = missing_for_generation("v2", os.environ.get("FA3VERIFY_VLLM_SOURCE"))
+        generation = v2_runner_generation(getattr(self.vllm, "__version__", None))  # releases.json: v2 or v2early
+        if getattr(self, "_v2_missing", None) is None:
+            self._v2_missing = missing_for_generation(generation, os.environ.get("FA3VERIFY_VLLM_SOURCE"))
         if self._v2_missing:
             raise Unsupported(f"runner: v2 needs what this release lacks: {'; '.join(self._v2_missing)}")
-        from gpu_impl.engines.vllm.driver_v2 import ConfigV2
-
-        return runner, ConfigV2
+        return runner, v2_runner_config(generation)
 
     def validate(self, scenario: dict) -> dict:
         """vLLM's own config validation of a scenario's configuration (``vllm_validation``)."""
