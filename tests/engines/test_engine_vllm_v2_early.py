@@ -1,10 +1,11 @@
-"""vLLM 0.17.1's V2 model runner through driver generation v2early (gpu_impl/engines/vllm/driver_v2_early.py): the
-runner's first CUDA-graph API (``CudaGraphManager.get_cudagraph_runtime_mode``, graphs keyed by token count,
-``DefaultModelState.prepare_attn`` without a CUDA-graph mode) in front of the release's FlashAttention builder and
-impl, beside its V1 runner (a case's ``vllm.runner`` = "v2").
+"""The V2 model runners of vLLM 0.12.0 .. 0.17.1, beside their V1 runner (a case's ``vllm.runner`` = "v2"): 0.17.1
+through driver generation v2early (gpu_impl/engines/vllm/driver_v2_early.py: ``CudaGraphManager
+.get_cudagraph_runtime_mode``, graphs keyed by token count, ``DefaultModelState.prepare_attn`` without a CUDA-graph
+mode) and 0.16.0 through v2first (gpu_impl/engines/vllm/driver_v2_first.py: FULL graphs only, the metadata built by the
+runner through ``build_attn_metadata``), each in front of the release's FlashAttention builder and impl.
 
-The unit tests need nothing; those marked ``engine`` run in the cached vllm 0.17.1 environment and skip, naming how to
-build it, without one. One worker for the module (vLLM's import is paid once)."""
+The unit tests need nothing; those marked ``engine`` run in the cached vllm 0.17.1 / 0.16.0 environments and skip,
+naming how to build them, without one. One worker per release for the module (vLLM's import is paid once)."""
 
 import json
 from pathlib import Path
@@ -116,6 +117,69 @@ def test_a_copy_whose_v2_runner_halves_the_call_split_bound_is_found(worker, tmp
     from gpu_impl.sut import parse_engine
 
     root = vllm_patched_copy(RELEASE, tmp_path / "seeded", V2_CALL_HALF_SPLITS_0_17_1, module=V2_MODEL_STATE)
+    with VllmSUT(spec=parse_engine(f"vllm-src={root}"), progress=lambda line: None) as sut:
+        seeded = sut.worker.run({"tp": 4, "runner": "v2", "cuda_graph": "full", "steps": [{"seq_lens": SKEWED}]})
+        v1 = sut.worker.run({"tp": 4, "cuda_graph": "full", "steps": [{"seq_lens": SKEWED}]})
+    assert ("SPLIT_BOUND", 32, 16) in {(f["invariant"], f["detail"]["s_p"], f["detail"]["s_c"])
+                                       for f in seeded["findings"]}
+    assert v1["findings"] == []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 0.16.0 through driver generation v2first (gpu_impl/engines/vllm/driver_v2_first.py): FULL graphs only, the metadata
+# built by the runner through attn_utils.build_attn_metadata
+
+FIRST = "0.16.0"
+#: where 0.12.0 .. 0.16.0's V2 runner builds its metadata (a module of the V2 runner alone)
+V2_ATTN_UTILS = Path("v1") / "worker" / "gpu" / "attn_utils.py"
+#: 0.16.0 with one path regressed: the V2 runner's build_attn_metadata hands the layers metadata whose split bound is
+#: half the one its precompute was given; the V1 runner, the builder and the call sites are the release's own.
+V2_CALL_HALF_SPLITS_0_16_0 = (
+    (r"\n(        )for layer_name in kv_cache_spec\.layer_names:\n",
+     r"\n\1if metadata.max_num_splits > 1:\n\1    metadata.max_num_splits //= 2\n"
+     r"\1for layer_name in kv_cache_spec.layer_names:\n"),
+)
+
+
+def test_releases_before_0_17_pick_the_first_v2_generation_as_data():
+    assert {vllm_recipes.v2_runner_generation(r) for r in ("0.12.0", "0.14.1", "0.16.0")} == {"v2first"}
+    assert "get_cudagraph_size" in vllm_recipes.GENERATION_MODULES["v2first"]["vllm.v1.worker.gpu.cudagraph_utils"]
+
+
+@pytest.fixture(scope="module")
+def first_worker():
+    yield from vllm_worker(FIRST)
+
+
+@pytest.mark.engine
+def test_the_first_v2_runner_replays_full_graphs_and_runs_the_rest_eagerly(first_worker):
+    """FULL: a graph per padded token count, both sides 32; FULL_AND_PIECEWISE: a mixed batch runs eagerly (no
+    piecewise graphs in this runner, and 0.16.0 keeps mixed batches out of its FULL graphs) with the builder's CUDA-graph
+    bound on both sides; piecewise: refused, naming why; a FULL replay over fewer requests than captured is judged
+    harmless under the build 0.16.0 ships (no finding)."""
+    full = first_worker.run({"tp": 4, "runner": "v2", "cuda_graph": "full", "steps": [{"seq_lens": SKEWED}]})
+    assert [(p["path"], p["s_p"], p["s_c"]) for p in _pairs(full)] == [("full: capture", 32, 32), ("full", 32, 32)]
+    mixed = first_worker.run({"tp": 4, "runner": "v2", "cuda_graph": "full_and_piecewise",
+                              "steps": [{"seq_lens": [5000, 300], "query_lens": [1, 30]}]})
+    assert [(p["path"], p["s_p"], p["s_c"]) for p in _pairs(mixed)] == [("none", 32, 32)]
+    six = first_worker.run({"tp": 4, "runner": "v2", "cuda_graph": "full", "steps": [{"seq_lens": [900] * 6}]})
+    assert [p["graph"]["num_reqs"] for p in _pairs(six, "full")] == [8]
+    for resp in (full, mixed, six):
+        assert resp["findings"] == [] and resp["shape_errors"] == []
+    with pytest.raises(ValueError, match="no piecewise CUDA graphs"):
+        first_worker.run({"tp": 4, "runner": "v2", "cuda_graph": "piecewise", "steps": [{"seq_lens": SKEWED}]})
+
+
+@pytest.mark.engine
+def test_a_0_16_0_copy_whose_v2_runner_halves_the_call_split_bound_is_found(first_worker, tmp_path):
+    """Negative control (:data:`V2_CALL_HALF_SPLITS_0_16_0`, seeded in the V2 runner's build_attn_metadata only): the
+    FULL graph scenario the release passes (above) is found, SPLIT_BOUND 32 vs 16; the copy's V1 runner passes it."""
+    from release_copies import vllm_patched_copy
+
+    from gpu_impl.engines.vllm.host import VllmSUT
+    from gpu_impl.sut import parse_engine
+
+    root = vllm_patched_copy(FIRST, tmp_path / "seeded", V2_CALL_HALF_SPLITS_0_16_0, module=V2_ATTN_UTILS)
     with VllmSUT(spec=parse_engine(f"vllm-src={root}"), progress=lambda line: None) as sut:
         seeded = sut.worker.run({"tp": 4, "runner": "v2", "cuda_graph": "full", "steps": [{"seq_lens": SKEWED}]})
         v1 = sut.worker.run({"tp": 4, "cuda_graph": "full", "steps": [{"seq_lens": SKEWED}]})

@@ -137,6 +137,22 @@ class ConfigV2Early(ConfigV2):
             num_tokens_after_padding=max(t, desc.num_tokens), query_start_loc=self.buffers.query_start_loc[:n + 1],
             query_start_loc_np=qsl, seq_lens=self.buffers.seq_lens[:n], dcp_local_seq_lens=dcp)
 
+    def _step_metadata(self, desc, query_lens, seq_lens):
+        """(the step's attention metadata, the padded token count): ``prepare_inputs``, then
+        ``DefaultModelState.prepare_attn`` over the real requests with the runner's block tables and slot mappings."""
+        ib = self._input_batch(desc, query_lens, seq_lens)
+        metadata = self.model_state.prepare_attn(ib, (self.table[:ib.num_reqs],),
+                                                 self._slots(ib.num_tokens_after_padding), self.attn_groups,
+                                                 self.kv_cache_config)
+        return next(iter(metadata.values())), ib.num_tokens_after_padding
+
+    def _above_graphs(self, query_lens) -> bool:
+        """Whether an eager step under a CUDA-graph mode is one no captured graph takes (every mode here captures a
+        graph or a piecewise size for each batch up to the largest size)."""
+        from vllm.config.compilation import CUDAGraphMode
+
+        return self.mode != CUDAGraphMode.NONE
+
     def step(self, query_lens, seq_lens, front):
         """One batch through the 0.17 V2 runner's path; (metadata, path label, graph key)."""
         from vllm.config.compilation import CUDAGraphMode
@@ -148,19 +164,15 @@ class ConfigV2Early(ConfigV2):
         if full and desc.num_tokens not in self.captured:
             self.captured[desc.num_tokens] = self._capture(desc, front)
             front.capture_events.extend(front.drain())
-        ib = self._input_batch(desc, query_lens, seq_lens)
-        metadata = self.model_state.prepare_attn(ib, (self.table[:ib.num_reqs],),
-                                                 self._slots(ib.num_tokens_after_padding), self.attn_groups,
-                                                 self.kv_cache_config)
-        md = next(iter(metadata.values()))
+        md, padded = self._step_metadata(desc, query_lens, seq_lens)
         self.steps_built += 1
         if full:
             front.replay(self.captured[desc.num_tokens])
             path = "full"
         else:
-            self._forward_tokens(md, ib.num_tokens_after_padding)
+            self._forward_tokens(md, padded)
             path = {CUDAGraphMode.PIECEWISE: "piecewise"}.get(desc.cg_mode, "none")
-            if path == "none" and self.mode != CUDAGraphMode.NONE:
+            if path == "none" and self._above_graphs(query_lens):
                 path = ABOVE_GRAPHS
         self.draft_from = len(front.checker.events)
         return md, path, desc

@@ -225,11 +225,18 @@ GENERATION_MODULES = {
                 "vllm.v1.worker.gpu.input_batch": ["InputBatch", "InputBuffers"],
                 "vllm.v1.worker.gpu.model_states.default": ["DefaultModelState"],
                 "vllm.v1.worker.utils": ["AttentionGroup"]},
+    # the V2 runner's first form (0.12.0 .. 0.16.0, driver_v2_first): FULL graphs only, the metadata built inline by
+    # the runner through build_attn_metadata, no model states; beside the V1 runner only
+    "v2first": {"vllm.v1.kv_cache_interface": ["KVCacheConfig", "KVCacheGroupSpec"],
+                "vllm.v1.worker.gpu.cudagraph_utils": ["CudaGraphManager", "get_cudagraph_size",
+                                                       "prepare_inputs_to_capture"],
+                "vllm.v1.worker.gpu.attn_utils": ["build_attn_metadata", "init_attn_backend"]},
 }
 #: The config class of each generation that drives a V2 runner beside the V1 runner (a case's ``vllm.runner`` "v2"):
 #: which one a release takes is data, releases.json ``v2_runner.generation`` (:func:`v2_runner_generation`).
 V2_RUNNER_CONFIGS = {"v2": "gpu_impl.engines.vllm.driver_v2:ConfigV2",
-                     "v2early": "gpu_impl.engines.vllm.driver_v2_early:ConfigV2Early"}
+                     "v2early": "gpu_impl.engines.vllm.driver_v2_early:ConfigV2Early",
+                     "v2first": "gpu_impl.engines.vllm.driver_v2_first:ConfigV2First"}
 
 
 def v2_runner_generation(release) -> str:
