@@ -197,6 +197,9 @@ V2_CALL_HALF_SPLITS_0_16_0 = (
 def test_releases_before_0_17_pick_the_first_v2_generation_as_data():
     assert {vllm_recipes.v2_runner_generation(r) for r in ("0.12.0", "0.14.1", "0.16.0")} == {"v2first"}
     assert "get_cudagraph_size" in vllm_recipes.GENERATION_MODULES["v2first"]["vllm.v1.worker.gpu.cudagraph_utils"]
+    assert vllm_recipes.v2_runner_generation("0.35.0") == "v2"  # a release the table does not list: generation v2
+    names = {g: vllm_recipes.v2_runner_config(g).__name__ for g in vllm_recipes.V2_RUNNER_CONFIGS}
+    assert names == {"v2": "ConfigV2", "v2early": "ConfigV2Early", "v2first": "ConfigV2First"}
 
 
 @pytest.fixture(scope="module")
