@@ -495,11 +495,13 @@ class Engine:
             raise Unsupported("runner: v1 is not driven on a release driven through its V2 runner (driver v2)")
         from gpu_impl.engines.vllm.recipes import missing_for_generation, v2_runner_config, v2_runner_generation
 
-        generation = v2_runner_generation(getattr(self.vllm, "__version__", None))  # releases.json: v2 or v2early
+        # releases.json v2_runner.generation: v2, or v2first / v2early for 0.12.0 .. 0.17.1's earlier runner APIs
+        generation = v2_runner_generation(getattr(self.vllm, "__version__", None))
         if getattr(self, "_v2_missing", None) is None:
             self._v2_missing = missing_for_generation(generation, os.environ.get("FA3VERIFY_VLLM_SOURCE"))
         if self._v2_missing:
-            raise Unsupported(f"runner: v2 needs what this release lacks: {'; '.join(self._v2_missing)}")
+            raise Unsupported(f"runner: v2 (driver generation {generation}) needs what this release lacks: "
+                              f"{'; '.join(self._v2_missing)}")
         return runner, v2_runner_config(generation)
 
     def validate(self, scenario: dict) -> dict:

@@ -33,7 +33,9 @@ from gpu_impl.engines.vllm.driver_v2 import ABOVE_GRAPHS, STOOD_IN as V2_STOOD_I
 __all__ = ["ConfigV2Early", "GraphKey", "STOOD_IN"]
 
 #: What this generation stands in for, besides ``vllm_glue.FAKED``.
-STOOD_IN = tuple(s for s in V2_STOOD_IN if "before 0.27" not in s) + (
+STOOD_IN = tuple(s for s in V2_STOOD_IN if not s.startswith(("before 0.27", "cudagraph_utils.get_pp_group"))) + (
+    "the Triton kernel of cp_utils.prepare_dcp_local_seq_lens (vLLM's get_dcp_local_seq_lens in torch; the FA builder "
+    "computes its own local lengths)",
     "the graphs CudaGraphManager.capture records at start-up (its graphs dict keyed by token count): every size its "
     "capture would take as a FULL graph (get_cudagraph_sizes' sizes under a FULL mixed mode, its uniform decode sizes "
     "under a separate FULL decode routine) counts as captured and is captured on first use; torch.cuda's graph pool "
