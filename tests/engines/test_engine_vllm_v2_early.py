@@ -73,6 +73,8 @@ def test_each_mode_dispatches_as_the_release_runner_does_and_both_sides_agree(wo
     size: eager (``get_cudagraph_runtime_mode`` answers no size); FULL_AND_PIECEWISE: a decode graph captured with
     one-token requests, a mixed batch piecewise."""
     assert worker.hello["driver"] == "v1"  # the release's own generation; the V2 runner is a case's choice
+    assert any(line.startswith("the V2 runner (driver generation v2early): the graphs CudaGraphManager.capture")
+               for line in worker.hello["stood_in"])  # what the V2 runner's generation stands in for, listed
     assert [(p["path"], p["s_p"], p["s_c"]) for p in _pairs(_v2(worker, steps=[{"seq_lens": SKEWED}]))] == [
         ("none", 109, 109)]
     piecewise = _v2(worker, cuda_graph="piecewise", steps=[{"seq_lens": [5000, 300], "query_lens": [1, 30]}])
@@ -213,6 +215,7 @@ def test_the_first_v2_runner_replays_full_graphs_and_runs_the_rest_eagerly(first
     piecewise graphs in this runner, and 0.16.0 keeps mixed batches out of its FULL graphs) with the builder's CUDA-graph
     bound on both sides; piecewise: refused, naming why; a FULL replay over fewer requests than captured is judged
     harmless under the build 0.16.0 ships (no finding)."""
+    assert any(line.startswith("the V2 runner (driver generation v2first): ") for line in first_worker.hello["stood_in"])
     full = first_worker.run({"tp": 4, "runner": "v2", "cuda_graph": "full", "steps": [{"seq_lens": SKEWED}]})
     assert [(p["path"], p["s_p"], p["s_c"]) for p in _pairs(full)] == [("full: capture", 32, 32), ("full", 32, 32)]
     mixed = first_worker.run({"tp": 4, "runner": "v2", "cuda_graph": "full_and_piecewise",

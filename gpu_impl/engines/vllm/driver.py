@@ -479,11 +479,26 @@ class Engine:
             from gpu_impl.engines.vllm.heterolayers import STOOD_IN as LAYERS_STOOD_IN
             from gpu_impl.engines.vllm.paths import STOOD_IN as PATHS_STOOD_IN
 
-            return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1) + tuple(LAYERS_STOOD_IN)
+            return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1) + tuple(LAYERS_STOOD_IN) + self._v2_runner_stood_in()
         from gpu_impl.engines.vllm.drafter_v2 import STOOD_IN as DRAFTER_STOOD_IN
         from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
 
         return tuple(STOOD_IN) + tuple(DRAFTER_STOOD_IN)
+
+    def _v2_runner_stood_in(self) -> tuple:
+        """What the V2 runner's generation stands in for on a release whose V2 runner a case may ask for (releases.json
+        ``v2_runner.driven``), each line naming that generation."""
+        import importlib
+        import json
+
+        from gpu_impl.engines.vllm import recipes
+
+        release = getattr(self.vllm, "__version__", None)
+        if release not in json.loads(recipes.RELEASES_FILE.read_text())["v2_runner"]["driven"]:
+            return ()
+        generation = recipes.v2_runner_generation(release)
+        module = importlib.import_module(recipes.V2_RUNNER_CONFIGS[generation].split(":")[0])
+        return tuple(f"the V2 runner (driver generation {generation}): {line}" for line in module.STOOD_IN)
 
     def _runner(self, asked):
         """(runner, config class) for a scenario's ``runner``: the worker's own generation, or the V2 runner of a
