@@ -22,7 +22,9 @@ def test_each_release_has_a_driver_generation_and_the_generations_name_their_mod
     assert set(vllm_recipes.DRIVER_GENERATIONS) == set(vllm_recipes.RELEASES)
     assert vllm_recipes.DRIVER_GENERATIONS["0.33.0"] == "v1"
     assert [r for r, g in vllm_recipes.DRIVER_GENERATIONS.items() if g == "v2"] == ["0.34.0"]
-    assert set(vllm_recipes.GENERATION_MODULES) == set(vllm_recipes.DRIVER_GENERATIONS.values())
+    # each generation a release is driven by, as its own or as its V2 runner's (releases.json v2_runner.generation)
+    assert set(vllm_recipes.GENERATION_MODULES) == set(vllm_recipes.DRIVER_GENERATIONS.values()) | set(
+        vllm_recipes.V2_RUNNER_CONFIGS)
 
 
 def test_the_recipe_takes_the_wheel_own_specifiers():

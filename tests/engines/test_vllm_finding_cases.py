@@ -24,6 +24,7 @@ CASES = {
     VLLM / "vllm-0.8.5-precompute-without-window-split-bound.json": ("0.8.5", "SPLIT_BOUND"),
     VLLM / "vllm-0.8.5-precompute-without-window-shared-precompute.json": ("0.8.5", "SHARED_PRECOMPUTE_MATCHES_LAYER"),
     VLLM / "v2-runner-mixed-full-graph-captured-for-one-token-queries-0.30.0.json": ("0.30.0", "SHAPE"),
+    VLLM / "v2-runner-full-graph-replay-fewer-requests-than-captured-0.17.1.json": ("0.17.1", "SHAPE"),
     # a FULL-graph replay over fewer rows than captured, judged harmless under the build 0.16.0 ships (finding 8)
     LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json": ("0.16.0", None),
     VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json": ("0.33.0", "SPLIT_BOUND"),
@@ -51,6 +52,9 @@ REPLAYS = [
     (VLLM / "vllm-0.9.2-full-graph-chunked-local-replay-reads-capture-metadata.json", "0.9.2", 1),
     (VLLM / "vllm-0.13.0-dcp-batch-invariant-context-call-metadata-shape.json", "0.13.0", 1),
     (VLLM / "vllm-0.13.0-dcp-batch-invariant-context-call-metadata-shape.json", "0.17.0", 0),
+    (VLLM / "v2-runner-full-graph-replay-fewer-requests-than-captured-0.17.1.json", "0.17.0", 1),
+    (VLLM / "v2-runner-full-graph-replay-fewer-requests-than-captured-0.17.1.json", "0.17.1", 1),
+    (VLLM / "v2-runner-full-graph-replay-fewer-requests-than-captured-0.17.1.json", "0.18.0", 0),
 ]
 
 

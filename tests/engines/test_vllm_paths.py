@@ -38,7 +38,8 @@ def test_every_path_is_driven_or_not_covered_with_a_reason_on_every_release():
     assert release_paths("0.31.0")["V2 runner"] is None  # beside the V1 runner (releases.json v2_runner)
     assert release_paths("0.33.0")["V2 runner"] is None  # triton's active-driver query stood in (vllm_glue.FAKED)
     assert release_paths("0.25.1")["V2 runner"] is None and release_paths("0.18.0")["V2 runner"] is None
-    assert "BatchExecutionDescriptor" in release_paths("0.17.1")["V2 runner"]
+    assert release_paths("0.17.1")["V2 runner"] is None  # driver generation v2early (releases.json v2_runner)
+    assert release_paths("0.12.0")["V2 runner"] is None  # driver generation v2first (releases.json v2_runner)
     assert release_paths("0.11.2")["V2 runner"].startswith("not in this release")
     assert release_paths("0.25.1")["DCP skipped context"].startswith("not in this release")
     assert release_paths("0.26.0")["DCP skipped context"] is None
@@ -87,7 +88,8 @@ def test_the_domain_reports_every_path_with_a_count_or_a_reason():
     from gpu_impl.engines.vllm.host import VllmSUT
 
     domain = VllmSUT(CASCADE_RELEASE).domain()  # no worker starts for the report
-    assert domain.family == "vllm-paths-both" and VllmSUT("0.17.1").domain().family == "vllm-paths"
+    assert domain.family == "vllm-paths-both" and VllmSUT("0.11.2").domain().family == "vllm-paths"
+    assert VllmSUT("0.12.0").domain().family == VllmSUT("0.17.1").domain().family == "vllm-paths-both"
     report = domain.report({"cascade": 3, "eager": 5}, 8)
     assert all(k in report["reach"] for k in PATH_KEYS)
     assert report["reach"]["cascade"] == 3 and "cascade" not in report["not_covered"]

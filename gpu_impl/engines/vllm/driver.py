@@ -486,12 +486,27 @@ class Engine:
             from gpu_impl.engines.vllm.heterolayers import STOOD_IN as LAYERS_STOOD_IN
             from gpu_impl.engines.vllm.paths import STOOD_IN as PATHS_STOOD_IN
 
-            return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1) + tuple(LAYERS_STOOD_IN)
+            return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1) + tuple(LAYERS_STOOD_IN) + self._v2_runner_stood_in()
         from gpu_impl.engines.vllm.drafter_v2 import STOOD_IN as DRAFTER_STOOD_IN
         from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
         from gpu_impl.engines.vllm.heterolayers import STOOD_IN as LAYERS_STOOD_IN, STOOD_IN_V2
 
         return tuple(STOOD_IN) + tuple(DRAFTER_STOOD_IN) + tuple(LAYERS_STOOD_IN) + tuple(STOOD_IN_V2)
+
+    def _v2_runner_stood_in(self) -> tuple:
+        """What the V2 runner's generation stands in for on a release whose V2 runner a case may ask for (releases.json
+        ``v2_runner.driven``), each line naming that generation."""
+        import importlib
+        import json
+
+        from gpu_impl.engines.vllm import recipes
+
+        release = getattr(self.vllm, "__version__", None)
+        if release not in json.loads(recipes.RELEASES_FILE.read_text())["v2_runner"]["driven"]:
+            return ()
+        generation = recipes.v2_runner_generation(release)
+        module = importlib.import_module(recipes.V2_RUNNER_CONFIGS[generation].split(":")[0])
+        return tuple(f"the V2 runner (driver generation {generation}): {line}" for line in module.STOOD_IN)
 
     def _runner(self, asked):
         """(runner, config class) for a scenario's ``runner``: the worker's own generation, or the V2 runner of a
@@ -501,15 +516,16 @@ class Engine:
             return runner, self.config_class
         if runner == "v1":
             raise Unsupported("runner: v1 is not driven on a release driven through its V2 runner (driver v2)")
+        from gpu_impl.engines.vllm.recipes import missing_for_generation, v2_runner_config, v2_runner_generation
+
+        # releases.json v2_runner.generation: v2, or v2first / v2early for 0.12.0 .. 0.17.1's earlier runner APIs
+        generation = v2_runner_generation(getattr(self.vllm, "__version__", None))
         if getattr(self, "_v2_missing", None) is None:
-            from gpu_impl.engines.vllm.recipes import missing_for_generation
-
-            self._v2_missing = missing_for_generation("v2", os.environ.get("FA3VERIFY_VLLM_SOURCE"))
+            self._v2_missing = missing_for_generation(generation, os.environ.get("FA3VERIFY_VLLM_SOURCE"))
         if self._v2_missing:
-            raise Unsupported(f"runner: v2 needs what this release lacks: {'; '.join(self._v2_missing)}")
-        from gpu_impl.engines.vllm.driver_v2 import ConfigV2
-
-        return runner, ConfigV2
+            raise Unsupported(f"runner: v2 (driver generation {generation}) needs what this release lacks: "
+                              f"{'; '.join(self._v2_missing)}")
+        return runner, v2_runner_config(generation)
 
     def validate(self, scenario: dict) -> dict:
         """vLLM's own config validation of a scenario's configuration (``vllm_validation``)."""

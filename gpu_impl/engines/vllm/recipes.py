@@ -216,7 +216,42 @@ GENERATION_MODULES = {
            "vllm.v1.worker.gpu.input_batch": ["InputBatch", "InputBuffers"],
            "vllm.v1.worker.gpu.model_states.default": ["DefaultModelState"],
            "vllm.v1.worker.utils": ["AttentionGroup"]},
+    # the V2 runner's first CUDA-graph API (0.17.0 .. 0.17.1, driver_v2_early): graphs keyed by token count, the
+    # runner asking get_cudagraph_runtime_mode, no BatchExecutionDescriptor; beside the V1 runner only
+    "v2early": {"vllm.v1.kv_cache_interface": ["KVCacheConfig", "KVCacheGroupSpec"],
+                "vllm.v1.worker.gpu.cudagraph_utils": ["CudaGraphManager", "get_cudagraph_sizes",
+                                                       "prepare_inputs_to_capture"],
+                "vllm.v1.worker.gpu.dp_utils": ["get_cudagraph_and_dp_padding"],
+                "vllm.v1.worker.gpu.input_batch": ["InputBatch", "InputBuffers"],
+                "vllm.v1.worker.gpu.model_states.default": ["DefaultModelState"],
+                "vllm.v1.worker.utils": ["AttentionGroup"]},
+    # the V2 runner's first form (0.12.0 .. 0.16.0, driver_v2_first): FULL graphs only, the metadata built inline by
+    # the runner through build_attn_metadata, no model states; beside the V1 runner only
+    "v2first": {"vllm.v1.kv_cache_interface": ["KVCacheConfig", "KVCacheGroupSpec"],
+                "vllm.v1.worker.gpu.cudagraph_utils": ["CudaGraphManager", "get_cudagraph_size",
+                                                       "prepare_inputs_to_capture"],
+                "vllm.v1.worker.gpu.attn_utils": ["build_attn_metadata", "init_attn_backend"]},
 }
+#: The config class of each generation that drives a V2 runner beside the V1 runner (a case's ``vllm.runner`` "v2"):
+#: which one a release takes is data, releases.json ``v2_runner.generation`` (:func:`v2_runner_generation`).
+V2_RUNNER_CONFIGS = {"v2": "gpu_impl.engines.vllm.driver_v2:ConfigV2",
+                     "v2early": "gpu_impl.engines.vllm.driver_v2_early:ConfigV2Early",
+                     "v2first": "gpu_impl.engines.vllm.driver_v2_first:ConfigV2First"}
+
+
+def v2_runner_generation(release) -> str:
+    """The driver generation of ``release``'s V2 runner where it ships both runners: the one releases.json
+    ``v2_runner.generation`` lists it under, else ``v2``."""
+    table = json.loads(RELEASES_FILE.read_text())["v2_runner"].get("generation", {})
+    return next((g for g, releases in table.items() if g != "about" and release in releases), "v2")
+
+
+def v2_runner_config(generation: str):
+    """The config class that drives a V2 runner under ``generation`` (:data:`V2_RUNNER_CONFIGS`)."""
+    import importlib
+
+    module, name = V2_RUNNER_CONFIGS[generation].split(":")
+    return getattr(importlib.import_module(module), name)
 COMMON_MODULES = {"vllm.v1.attention.backends.flash_attn": ["FlashAttentionMetadataBuilder", "FlashAttentionImpl",
                                                             "FlashAttentionBackend"],
                   "vllm.v1.attention.backends.fa_utils | vllm.attention.utils.fa_utils": ["get_flash_attn_version"],
