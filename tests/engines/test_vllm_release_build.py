@@ -25,6 +25,29 @@ def test_each_release_is_judged_under_the_build_its_wheel_ships(release, build):
     assert release_fa3_build(release) == build
 
 
+def _worker_env(monkeypatch, tmp_path, release, source):
+    """The environment a VllmWorker gives its driver (no process started, no engine environment built)."""
+    from gpu_impl.engines import envs
+    from gpu_impl.engines.host import EngineHost
+    from gpu_impl.engines.vllm import host
+
+    seen = {}
+    monkeypatch.setattr(envs, "ensure_env", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(EngineHost, "__init__", lambda self, python, module, label, engine, env, **k: seen.update(env))
+    host.VllmWorker(release, progress=lambda *_: None, source=source)
+    return seen
+
+
+def test_a_checkout_is_judged_under_the_build_of_the_release_it_runs_beside(monkeypatch, tmp_path):
+    monkeypatch.delenv(BUILD_VARIABLE, raising=False)
+    assert _worker_env(monkeypatch, tmp_path, "0.16.0", tmp_path)[BUILD_VARIABLE] == "vllm-fork-a8937124"
+    assert _worker_env(monkeypatch, tmp_path, "0.16.0", None)[BUILD_VARIABLE] == "vllm-fork-a8937124"
+    # a user's choice is kept for a checkout, never for a release (whose build is recorded)
+    monkeypatch.setenv(BUILD_VARIABLE, "vllm-fork-617264c1")
+    assert _worker_env(monkeypatch, tmp_path, "0.16.0", tmp_path)[BUILD_VARIABLE] == "vllm-fork-617264c1"
+    assert _worker_env(monkeypatch, tmp_path, "0.16.0", None)[BUILD_VARIABLE] == "vllm-fork-a8937124"
+
+
 def test_the_driver_reads_the_build_from_its_environment(monkeypatch):
     monkeypatch.delenv(BUILD_VARIABLE, raising=False)
     assert release_build() == VLLM_BUILD

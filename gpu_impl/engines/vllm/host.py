@@ -19,6 +19,8 @@ from outside vLLM's code (:data:`VLLM_DEFECTS`).
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 from typing import Optional
 
@@ -104,8 +106,10 @@ class VllmWorker(EngineHost):
         env[GENERATION_VARIABLE] = vllm_recipes.DRIVER_GENERATIONS[self.release]
         if source:
             env[SOURCE_VARIABLE] = str(source)
-        else:
-            env[BUILD_VARIABLE] = release_fa3_build(self.release)
+        # a checkout is judged under the build of the release whose environment it runs in (the nearest release at
+        # or before its version), unless FA3VERIFY_FA3_BUILD names another
+        env[BUILD_VARIABLE] = ((os.environ.get(BUILD_VARIABLE) if source else None)
+                               or release_fa3_build(self.release))
 
         def import_error(first, worker):
             if source:
