@@ -27,6 +27,9 @@ CASES = {
     # a FULL-graph replay over fewer rows than captured, judged harmless under the build 0.16.0 ships (finding 8)
     LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json": ("0.16.0", None),
     VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json": ("0.33.0", "SPLIT_BOUND"),
+    # DCP's skipped context attention at a FULL replay over shorter queries' metadata (finding 7)
+    VLLM / "vllm-0.34.0-dcp-full-graph-skipped-context-query-rows.json": ("0.34.0", "QUERY_COVER"),
+    VLLM / "v2-runner-dcp-full-graph-skipped-context-query-rows-0.33.0.json": ("0.33.0", "QUERY_COVER"),
 }
 
 #: (case file, release, exit code of the replay): the finding's releases and its fix, as the docs name them
@@ -42,6 +45,9 @@ REPLAYS = [
     (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.16.0", 0),
     (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.17.0", 0),
     (VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json", "0.33.0", 1),
+    (VLLM / "vllm-0.34.0-dcp-full-graph-skipped-context-query-rows.json", "0.25.1", 0),
+    (VLLM / "vllm-0.34.0-dcp-full-graph-skipped-context-query-rows.json", "0.26.0", 1),
+    (VLLM / "vllm-0.34.0-dcp-full-graph-skipped-context-query-rows.json", "0.34.0", 1),
 ]
 
 
