@@ -129,6 +129,37 @@ def test_dcp_full_graph_step_without_context_replays_on_the_previous_metadata(wo
     assert resp["shape_errors"] == []
 
 
+DCP_SKIP = {"num_heads": 32, "num_kv_heads": 2, "tp": 2, "dcp": 2, "cuda_graph": "full"}
+FRESH = {"seq_lens": [17, 5], "query_lens": [17, 5]}  # two fresh prompts: every context empty, the context call skipped
+
+
+@pytest.mark.engine
+def test_dcp_skipped_context_replay_reads_the_previous_step_not_the_capture(worker):
+    """Step 1's graph (32 tokens) is first used at step 1; vLLM captured it at start-up, so its replay, whose build
+    skips the context attention, reads step 0's metadata (a 4-row layout under the 32-row graph: a silent SHAPE),
+    not the capture's one-token rows (which the driver once read, reporting QUERY_COVER from them)."""
+    resp = worker.run({**DCP_SKIP, "steps": [{"seq_lens": [32768, 100, 17]}, FRESH]})
+    assert {f["invariant"] for f in resp["findings"]} == {"SHAPE", "READS_OWN_STEP_METADATA"}
+    (stale,) = [f for f in resp["findings"] if f["invariant"] == "READS_OWN_STEP_METADATA"]
+    assert stale["step"] == 1 and stale["detail"]["detail"]["made_at"] == [0, 0]
+
+
+@pytest.mark.engine
+def test_dcp_skipped_context_replay_leaves_query_rows_uncovered(worker):
+    """The finding (docs/engines-vllm.md finding 7): graph 32 captured and replayed by 22 one-token decodes at step 0;
+    at step 1 two fresh prompts replay it, the build skips the context attention, and the captured context call
+    reads step 0's m-blocks (1 per row) for 17- and 5-token queries (544 and 160 packed rows): rows past 128 are
+    never computed. The same batch with a context (not skipped) passes."""
+    resp = worker.run({**DCP_SKIP, "steps": [{"seq_lens": [100] * 22}, FRESH]})
+    cover = sorted((f["detail"]["batch"], tuple(f["detail"]["detail"]["uncovered_rows"]))
+                   for f in resp["findings"] if f["invariant"] == "QUERY_COVER")
+    assert cover == [(0, (128, 543)), (1, (128, 159))]
+    assert {f["invariant"] for f in resp["findings"]} == {"QUERY_COVER", "READS_OWN_STEP_METADATA"}
+    with_context = worker.run({**DCP_SKIP, "steps": [{"seq_lens": [100] * 22},
+                                                     {"seq_lens": [18, 6], "query_lens": [17, 5]}]})
+    assert with_context["findings"] == []
+
+
 @pytest.mark.engine
 def test_full_graph_replay_of_a_recompute_in_another_layout_is_a_finding(worker):
     """The finding in 0.34.0's own code: a FULL graph is captured with max_seqlen_q = its token count and

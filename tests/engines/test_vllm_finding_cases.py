@@ -30,6 +30,9 @@ CASES = {
     VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json": ("0.33.0", "SPLIT_BOUND"),
     VLLM / "vllm-0.19.1-batch-invariant-layers-precompute-model-config-kv-heads.json": ("0.19.1", "QUERY_COVER"),
     VLLM / "vllm-0.9.2-full-graph-chunked-local-replay-reads-capture-metadata.json": ("0.9.2", "READS_OWN_STEP_METADATA"),
+    # DCP's skipped context attention at a FULL replay over shorter queries' metadata (finding 7)
+    VLLM / "vllm-0.34.0-dcp-full-graph-skipped-context-query-rows.json": ("0.34.0", "QUERY_COVER"),
+    VLLM / "v2-runner-dcp-full-graph-skipped-context-query-rows-0.33.0.json": ("0.33.0", "QUERY_COVER"),
 }
 
 #: (case file, release, exit code of the replay): the finding's releases and its fix, as the docs name them
@@ -55,6 +58,9 @@ REPLAYS = [
     (VLLM / "v2-runner-full-graph-replay-fewer-requests-than-captured-0.17.1.json", "0.17.0", 1),
     (VLLM / "v2-runner-full-graph-replay-fewer-requests-than-captured-0.17.1.json", "0.17.1", 1),
     (VLLM / "v2-runner-full-graph-replay-fewer-requests-than-captured-0.17.1.json", "0.18.0", 0),
+    (VLLM / "vllm-0.34.0-dcp-full-graph-skipped-context-query-rows.json", "0.25.1", 0),
+    (VLLM / "vllm-0.34.0-dcp-full-graph-skipped-context-query-rows.json", "0.26.0", 1),
+    (VLLM / "vllm-0.34.0-dcp-full-graph-skipped-context-query-rows.json", "0.34.0", 1),
 ]
 
 

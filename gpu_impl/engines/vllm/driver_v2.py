@@ -337,7 +337,11 @@ class ConfigV2(Config):
         full = desc.cg_mode == CUDAGraphMode.FULL
         front.metadata_groups = sum(len(groups) for groups in self.attn_groups)  # each builder precomputes
         if full and desc not in self.captured:
-            self.captured[desc] = self._capture(desc, front)
+            from gpu_impl.engines.vllm.graphs import capture_keeps_persistent_metadata
+
+            with capture_keeps_persistent_metadata([g.get_metadata_builder(0) for gs in self.attn_groups for g in gs],
+                                                   front):
+                self.captured[desc] = self._capture(desc, front)
             front.capture_events.extend(front.drain())
         ib = self._input_batch(desc, query_lens, seq_lens)
         if self.numerics:

@@ -21,12 +21,16 @@ Stood in (runner code, which needs CUDA to construct): the runner's persistent i
 table as wide as the runner's), the capture's dummy batch (``_dummy_run``'s request split), the runner's
 ``_check_and_update_cudagraph_mode`` (a FULL mode is driven only where the builder's ``cudagraph_support`` is
 ``ALWAYS``; otherwise the scenario is refused with the support named). Left out: the warm-up runs before each capture
-(``cudagraph_num_of_warmups`` eager dummy runs), and graphs are captured on first use, not all at start-up (each
-replay's build rewrites the part of the persistent buffer the graph reads, so neither changes what a replay reads).
+(``cudagraph_num_of_warmups`` eager dummy runs), and graphs are captured on first use, not all at start-up: a
+capture on first use leaves the builders' persistent scheduler-metadata buffers as the previous step's build left them
+(:func:`capture_keeps_persistent_metadata`), since under vLLM that capture ran before the first step; so a replay
+whose build writes no metadata (DCP's skipped context attention, 0.26.0 on) reads the previous step's, as in vLLM,
+and every other replay reads its own build's (which rewrites the part of the buffer the graph reads).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
@@ -35,7 +39,8 @@ from pathlib import Path
 
 from gpu_impl.engines.protocol import Unsupported
 
-__all__ = ["V1Graphs", "resolve_capture_sizes", "STOOD_IN_V1", "capture_seq_len_rule"]
+__all__ = ["V1Graphs", "resolve_capture_sizes", "STOOD_IN_V1", "capture_seq_len_rule",
+           "capture_keeps_persistent_metadata"]
 
 #: What the first generation's capture and replay stand in for (reported in the driver's hello).
 STOOD_IN_V1 = (
@@ -99,6 +104,42 @@ def _piecewise_compilation(vc) -> None:
         params = inspect.signature(cc.set_splitting_ops_for_v1).parameters
         given = {"all2all_backend": getattr(vc.parallel_config, "all2all_backend", "naive"), "data_parallel_size": 1}
         cc.set_splitting_ops_for_v1(**{k: v for k, v in given.items() if k in params})
+
+
+def _metadata_buffers(builders) -> list:
+    """The persistent scheduler-metadata buffers (``FlashAttentionMetadataBuilder.scheduler_metadata``, allocated
+    under a FULL CUDA-graph mode) of ``builders``, a ``GroupedBuilder``'s groups included."""
+    import torch
+
+    out = []
+    for b in builders:
+        inner = [g[0] for g in getattr(b, "groups", None) or ()] or [b]
+        for builder in inner:
+            buf = getattr(builder, "scheduler_metadata", None)
+            if isinstance(buf, torch.Tensor) and all(buf is not seen for seen in out):
+                out.append(buf)
+    return out
+
+
+@contextlib.contextmanager
+def capture_keeps_persistent_metadata(builders, front):
+    """Around a FULL graph's capture on first use: afterwards the builders' persistent scheduler-metadata buffers,
+    and the FA3 front's record of the latest precompute (what a replay's metadata is attributed to), are as the
+    previous step's build left them. vLLM captures every graph at start-up (``capture_model``), so at a step the
+    buffer holds the previous build's metadata, not a capture's; a replay whose build writes none (DCP's skipped
+    context attention) reads that. Before any step has built metadata the capture's stays, as the last start-up
+    capture's does in vLLM (which graph that is, is not imitated)."""
+    buffers = _metadata_buffers(builders)
+    kept = [b.clone() for b in buffers]
+    fields = ("last_md", "last_pre", "recent", "handed_out")
+    state = {f: getattr(front, f) for f in fields}
+    yield
+    if state["last_md"] is None:
+        return
+    for buf, old in zip(buffers, kept):
+        buf.copy_(old)
+    for f, v in state.items():
+        setattr(front, f, v)
 
 
 def _cumsum(xs) -> list:
@@ -271,7 +312,8 @@ class V1Graphs:
         mode, desc, tokens, reqs = self.dispatch(query_lens)
         full = desc is not None and mode == self.full
         if full and desc not in self.captured:
-            self.captured[desc] = self._capture(desc, front)
+            with capture_keeps_persistent_metadata([self.cfg.builder], front):
+                self.captured[desc] = self._capture(desc, front)
             front.capture_events.extend(front.drain())
         self._fill(query_lens, seq_lens)
         rows = reqs if full and self.pads_rows else len(query_lens)
