@@ -245,3 +245,8 @@ DRAFT_UPDATE_SPLITS_0_34_0 = (
     (r"(\n            causal=metadata\.causal,\n            )max_num_splits=metadata\.max_num_splits,\n",
      r"\1max_num_splits=metadata.max_num_splits or 128,\n"),
 )
+
+#: 0.31.0 with the same one-path regression (the same lines of ``update_draft_decode_metadata``, which 0.28.0 ..
+#: 0.31.0's speculator reaches through each attention group's ``update_draft_decode_metadata`` in
+#: ``_generate_fused_drafts``; the pattern matches once in 0.28.0, 0.29.0 and 0.30.0 too)
+DRAFT_UPDATE_SPLITS_0_31_0 = DRAFT_UPDATE_SPLITS_0_34_0

@@ -44,6 +44,18 @@ def test_every_path_is_driven_or_not_covered_with_a_reason_on_every_release():
     assert release_paths("0.26.0")["DCP skipped context"] is None
 
 
+def test_the_v2_drafter_is_a_path_of_its_own_driven_where_the_release_has_the_speculator():
+    """``V2 drafter`` (drafter_v2): driven on 0.28.0 .. 0.34.0 (releases.json ``v2_runner.drafter``); on a release
+    whose V2 runner is driven but has no such speculator, the measured reason; where the V2 runner itself is not
+    driven, that reason."""
+    for release in ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"):
+        assert release_paths(release)["V2 drafter"] is None, release
+    assert "_fused_multi_step_decode" in release_paths("0.27.1")["V2 drafter"]  # measured: the driver's refusal
+    assert "No module named 'vllm.v1.worker.gpu.spec_decode.autoregressive'" in release_paths("0.18.0")["V2 drafter"]
+    assert "BatchExecutionDescriptor" in release_paths("0.17.1")["V2 drafter"]  # its V2 runner: not driven
+    assert release_paths("0.10.0")["V2 drafter"].startswith("not driven: the V2 runner is not driven")
+
+
 def test_a_table_with_a_path_dropped_or_left_without_reason_is_named():
     table = release_paths("0.31.0")
     dropped = {k: v for k, v in table.items() if k != "cascade"}
@@ -87,7 +99,8 @@ def test_the_domain_reports_every_path_with_a_count_or_a_reason():
     from gpu_impl.engines.vllm.host import VllmSUT
 
     domain = VllmSUT(CASCADE_RELEASE).domain()  # no worker starts for the report
-    assert domain.family == "vllm-paths-both" and VllmSUT("0.17.1").domain().family == "vllm-paths"
+    assert domain.family == "vllm-paths-both-drafts" and VllmSUT("0.17.1").domain().family == "vllm-paths"
+    assert VllmSUT("0.27.1").domain().family == "vllm-paths-both"  # its V2 runner's drafter is not driven
     report = domain.report({"cascade": 3, "eager": 5}, 8)
     assert all(k in report["reach"] for k in PATH_KEYS)
     assert report["reach"]["cascade"] == 3 and "cascade" not in report["not_covered"]
@@ -105,7 +118,9 @@ def test_step_labels_name_the_graph_mode_cascade_dcp_and_the_drafter():
     md = types.SimpleNamespace(use_cascade=True, max_dcp_context_kv_len=0, scheduler_metadata=None)
     assert step_labels(s, [1, 1], [5, 5], md, "v1") == ["eager", "cascade", "DCP", "DCP skipped context"]
     assert step_labels(s, [1] * 600, [5] * 600, None, "v1") == ["full graph above captured sizes", "DCP"]
-    assert step_labels(s, [1], [5], None, "v2", drafter=True) == ["drafter", "full graph", "DCP", "V2 runner"]
+    assert step_labels(s, [1], [5], None, "v2", drafter=True) == ["drafter", "V2 drafter", "full graph", "DCP",
+                                                                   "V2 runner"]
+    assert "V2 drafter" not in step_labels(s, [1], [5], None, "v1", drafter=True)  # the V1 runner's build_for_drafting
 
 
 def test_paths_family_keeps_the_vllm_draws_and_adds_prefixes_and_drafts():
@@ -201,6 +216,30 @@ def test_paths_both_family_puts_half_the_cases_on_the_v2_runner():
     assert 60 < len(v2) < 140
     assert any(c.options["vllm"].get("full_and_piecewise") for c in v2)
     assert all(c.steps == vllm_paths_case(random.Random(seed)).steps for seed, c in enumerate(runners))
+
+
+def test_paths_both_drafts_family_keeps_the_v2_cases_drafts_outside_full_graphs_and_every_draw():
+    """``vllm-paths-both-drafts`` (a release whose V2 runner's drafter is driven): the same cases as
+    ``vllm-paths-both``, except that a V2 case without a FULL graph keeps the draft tokens ``vllm-paths`` drew."""
+    from gpu_impl.engines.vllm.strategies import vllm_paths_both_case, vllm_paths_both_drafts_case, vllm_paths_case
+
+    kept = 0
+    for seed in range(400):
+        both, drafts = vllm_paths_both_case(random.Random(seed)), vllm_paths_both_drafts_case(random.Random(seed))
+        paths = vllm_paths_case(random.Random(seed))
+        assert (both.server, both.model, both.steps, both.seed) == (drafts.server, drafts.model, drafts.steps,
+                                                                   drafts.seed)
+        a, b = dict(both.options["vllm"]), dict(drafts.options["vllm"])
+        tokens = b.pop("draft_tokens", None)
+        if b.get("runner") == "v2" and not drafts.server.cuda_graph:
+            assert tokens == paths.options["vllm"].get("draft_tokens")
+            kept += (tokens or 0) >= 2
+        else:
+            assert tokens == a.get("draft_tokens")
+            assert b.get("runner") != "v2" or tokens is None  # no drafts under a FULL graph on the V2 runner
+        a.pop("draft_tokens", None)
+        assert a == b
+    assert 5 < kept < 60  # V2 cases with draft decode steps (2..4 tokens)
 
 
 def test_v2_family_drafts_only_without_a_full_graph_and_keeps_the_vllm_draws():
@@ -304,6 +343,57 @@ def test_the_v2_runner_of_a_release_that_ships_both_is_driven_per_case(cascade_w
     with pytest.raises(ValueError, match="set_dcp_capture_context"):  # not driven there: said, never a pass
         cascade_worker.run({"num_heads": 32, "num_kv_heads": 4, "tp": 4, "dcp": 2, "runner": "v2",
                             "cuda_graph": "full", "steps": [{"seq_lens": [5]}]})
+
+
+#: the V2 runner's drafter (drafter_v2) on 0.31.0: 3 speculative tokens, so 2 draft decode steps after the step; one
+#: long sequence, so FA3's scheduler splits its draft decode
+V2_DRAFTS = {"tp": 4, "draft_tokens": 3, "runner": "v2",
+             "steps": [{"seq_lens": [30000, 100], "query_lens": [1, 30]}]}
+
+
+@pytest.mark.engine
+def test_the_v2_drafter_of_a_release_that_ships_both_judges_each_draft_step_against_its_own_precompute(cascade_worker):
+    """0.31.0's own speculator (``AutoRegressiveSpeculator``: ``_configure_fused_multi_step_decode`` chooses the fused
+    path where every attention group ``supports_draft_decode_metadata_update``, DCP 1; ``_generate_fused_drafts``
+    has each group's builder recompute the metadata before the next draft step; DCP 2: the eager rebuild): every
+    draft decode call has a precompute of its own with the call's split count, on the path ``V2 drafter``."""
+    for graph in ("none", "piecewise"):
+        resp = cascade_worker.run({**V2_DRAFTS, "cuda_graph": graph})
+        drafts = [e for e in _pairs(resp) if "V2 drafter" in e["reached"]]
+        assert resp["findings"] == [] and len(drafts) == 2, graph  # 2 draft steps x 1 layer
+        assert all(e["aot"] and e["s_p"] == e["s_c"] == 109 and "V2 runner" in e["reached"] for e in drafts)
+    dcp = cascade_worker.run({**V2_DRAFTS, "num_heads": 32, "num_kv_heads": 4, "dcp": 2, "cuda_graph": "none"})
+    assert dcp["findings"] == [] and len([e for e in _pairs(dcp) if "V2 drafter" in e["reached"]]) == 2
+    v1 = cascade_worker.run({**V2_DRAFTS, "runner": None, "cuda_graph": "none"})  # the V1 runner's build_for_drafting
+    assert [e for e in _pairs(v1) if "drafter" in e["reached"]] and not any(
+        "V2 drafter" in e["reached"] for e in _pairs(v1))
+    with pytest.raises(ValueError, match="SpeculatorCudaGraphManager"):  # a FULL draft-decode graph: said, not run
+        cascade_worker.run({**V2_DRAFTS, "cuda_graph": "full"})
+
+
+@pytest.mark.engine
+def test_a_0_31_0_copy_whose_draft_update_asks_more_splits_than_its_call_is_found(tmp_path):
+    """Negative control (tests/release_copies.py DRAFT_UPDATE_SPLITS_0_31_0): the fused draft-decode update asks FA3
+    for a split bound of 128 where the draft call passes the metadata's 0: SPLIT_BOUND (S_p 128 vs 109) on the second
+    draft call only -- 0.31.0's ``_generate_fused_drafts`` updates the metadata between draft steps, not before the
+    first, which runs on the step-1 metadata ``_fused_multi_step_decode`` built --, none on the target step, where the
+    release itself passes the same scenario (above)."""
+    _needs(CASCADE_RELEASE)
+    from release_copies import DRAFT_UPDATE_SPLITS_0_31_0, vllm_patched_copy
+
+    from gpu_impl.engines.vllm.host import VllmSUT
+    from gpu_impl.sut import parse_engine
+
+    root = vllm_patched_copy(CASCADE_RELEASE, tmp_path / "seeded", DRAFT_UPDATE_SPLITS_0_31_0)
+    with VllmSUT(spec=parse_engine(f"vllm-src={root}"), progress=lambda line: None) as sut:
+        resp = sut.worker.run({**V2_DRAFTS, "cuda_graph": "none"})
+    found = resp["findings"]
+    assert {(f["invariant"], f["detail"]["s_p"], f["detail"]["s_c"]) for f in found} == {("SPLIT_BOUND", 128, 109)}
+    assert len(found) == 1 and found[0]["detail"].get("drafter")
+    drafts = [e for e in _pairs(resp) if "V2 drafter" in e["reached"]]
+    assert [e["s_p"] for e in drafts] == [109, 128]  # the step-1 build, then the seeded update
+    target = [e for e in _pairs(resp) if "V2 drafter" not in e["reached"]]
+    assert target and all(e["s_p"] == e["s_c"] for e in target)  # the target step is the release's own
 
 
 @pytest.mark.engine

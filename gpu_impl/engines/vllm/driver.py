@@ -563,7 +563,7 @@ class Engine:
                     finding = {"invariant": d.get("invariant", v.invariant), "step": index, "dp_rank": None,
                                "message": d.get("message", str(v)),
                                "detail": {"s_p": summary["s_p"], "s_c": summary["s_c"], "mode": entry["mode"],
-                                          "path": entry["path"],
+                                          "path": entry["path"], **({"drafter": True} if drafter else {}),
                                           "seq_lens": list(st["seq_lens"]), **d}}
                     if finding["invariant"] == "SHAPE" and desc is not None and origin is None and path == "full":
                         finding["message"] = ("at a CUDA-graph replay FA3 checks nothing, so the captured kernel reads "

@@ -30,7 +30,7 @@ from spec.model.assumption_facts import facts_for, not_enforced
 from .options import OPTIONS_KEY
 from .profiles import VLLM_RELEASES
 
-__all__ = ["FAMILIES", "NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
+__all__ = ["FAMILIES", "NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case", "vllm_paths_both_drafts_case",
            "vllm_v2_case", "vllm_paths_case", "vllm_paths_both_case", "vllm_layers_case", "vllm_diffkv_case",
            "vllm_decode_tile_case",
            "vllm_family_label", "model_tp_points", "LOCAL_SHARE", "CHUNK_SIZES", "LAYERS_SHARE", "DIFFKV_SHARE", "DIFFKV_BLOCK_SIZES"]
@@ -327,10 +327,12 @@ def _differing_layers_case(case: FuzzCase, layers: bool = True) -> Optional[Fuzz
     return None
 
 
-def vllm_paths_both_case(rng: random.Random) -> Optional[FuzzCase]:
+def vllm_paths_both_case(rng: random.Random, v2_drafts: bool = False) -> Optional[FuzzCase]:
     """Family ``vllm-paths-both``: ``vllm-paths`` for a release that ships both model runners, half the cases on its
     V2 runner (``vllm.runner = "v2"``, drawn from a third generator seeded by the case's seed; there half the
-    full-graph cases take vLLM's FULL_AND_PIECEWISE mode, as ``vllm-v2`` draws them)."""
+    full-graph cases take vLLM's FULL_AND_PIECEWISE mode, as ``vllm-v2`` draws them). ``v2_drafts`` (family
+    ``vllm-paths-both-drafts``): a V2 case without a FULL graph keeps the drafter's ``vllm.draft_tokens`` the
+    ``vllm-paths`` draw gave it (the V2 runner's speculator, ``drafter_v2``); every draw is the same as without."""
     import dataclasses
 
     case = vllm_paths_case(rng)
@@ -339,13 +341,21 @@ def vllm_paths_both_case(rng: random.Random) -> Optional[FuzzCase]:
     extra = random.Random(case.seed + 1)
     if extra.random() >= 0.5 or case.options[OPTIONS_KEY].get("layer_kv_heads"):
         return case  # layers that differ stay on the V1 runner (the V2 generation builds one attention group)
-    # cascade and the drafter's build_for_drafting are driven on the V1 runner only: not asked of the V2 runner
-    options = {k: v for k, v in case.options[OPTIONS_KEY].items()
-               if k not in ("common_prefix", "draft_tokens", "attention_chunk_size")}
+    # cascade is driven on the V1 runner only, the drafter on the V2 runner where the release's speculator is driven
+    # (v2_drafts) and outside FULL graphs: not asked of the V2 runner otherwise
+    dropped = ("common_prefix", "attention_chunk_size") + (() if v2_drafts and not case.server.cuda_graph
+                                                            else ("draft_tokens",))
+    options = {k: v for k, v in case.options[OPTIONS_KEY].items() if k not in dropped}
     options["runner"] = "v2"
     if case.server.cuda_graph:
         options["full_and_piecewise"] = extra.random() < 0.5
     return dataclasses.replace(case, options={OPTIONS_KEY: options})
+
+
+def vllm_paths_both_drafts_case(rng: random.Random) -> Optional[FuzzCase]:
+    """Family ``vllm-paths-both-drafts``: ``vllm-paths-both`` for a release whose V2 runner's drafter is driven too
+    (releases.json ``v2_runner.drafter``): its V2 cases without a FULL graph keep their draft tokens."""
+    return vllm_paths_both_case(rng, v2_drafts=True)
 
 
 def vllm_decode_tile_case(rng: random.Random) -> Optional[FuzzCase]:
@@ -396,6 +406,7 @@ FAMILIES = {
     "vllm-v2": vllm_v2_case,
     "vllm-paths": vllm_paths_case,
     "vllm-paths-both": vllm_paths_both_case,
+    "vllm-paths-both-drafts": vllm_paths_both_drafts_case,
     "vllm-layers": vllm_layers_case,
     "vllm-diffkv": vllm_diffkv_case,
 }
