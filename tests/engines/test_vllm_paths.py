@@ -54,6 +54,11 @@ def test_the_v2_drafter_is_a_path_of_its_own_driven_where_the_release_has_the_sp
     assert "No module named 'vllm.v1.worker.gpu.spec_decode.autoregressive'" in release_paths("0.18.0")["V2 drafter"]
     assert "BatchExecutionDescriptor" in release_paths("0.17.1")["V2 drafter"]  # its V2 runner: not driven
     assert release_paths("0.10.0")["V2 drafter"].startswith("not driven: the V2 runner is not driven")
+    # the speculator's FULL draft-decode graphs (drafter_graphs): where it dispatches its own draft decode
+    assert release_paths("0.34.0")["V2 drafter FULL graph"] is None
+    for release in ("0.28.0", "0.31.0", "0.33.0"):
+        assert "_run_multi_step_decode" in release_paths(release)["V2 drafter FULL graph"], release
+    assert release_paths("0.27.1")["V2 drafter FULL graph"] == release_paths("0.27.1")["V2 drafter"]
 
 
 def test_a_table_with_a_path_dropped_or_left_without_reason_is_named():
@@ -218,37 +223,39 @@ def test_paths_both_family_puts_half_the_cases_on_the_v2_runner():
     assert all(c.steps == vllm_paths_case(random.Random(seed)).steps for seed, c in enumerate(runners))
 
 
-def test_paths_both_drafts_family_keeps_the_v2_cases_drafts_outside_full_graphs_and_every_draw():
+def test_paths_both_drafts_family_drafts_on_most_v2_cases_outside_full_graphs_and_keeps_every_other_draw():
     """``vllm-paths-both-drafts`` (a release whose V2 runner's drafter is driven): the same cases as
-    ``vllm-paths-both``, except that a V2 case without a FULL graph keeps the draft tokens ``vllm-paths`` drew."""
-    from gpu_impl.engines.vllm.strategies import vllm_paths_both_case, vllm_paths_both_drafts_case, vllm_paths_case
+    ``vllm-paths-both``, except that two thirds of its V2 cases without a FULL graph draft 2..4 tokens."""
+    from gpu_impl.engines.vllm.strategies import vllm_paths_both_case, vllm_paths_both_drafts_case
 
-    kept = 0
+    eligible = drafted = 0
     for seed in range(400):
         both, drafts = vllm_paths_both_case(random.Random(seed)), vllm_paths_both_drafts_case(random.Random(seed))
-        paths = vllm_paths_case(random.Random(seed))
         assert (both.server, both.model, both.steps, both.seed) == (drafts.server, drafts.model, drafts.steps,
                                                                    drafts.seed)
         a, b = dict(both.options["vllm"]), dict(drafts.options["vllm"])
         tokens = b.pop("draft_tokens", None)
         if b.get("runner") == "v2" and not drafts.server.cuda_graph:
-            assert tokens == paths.options["vllm"].get("draft_tokens")
-            kept += (tokens or 0) >= 2
-        else:
-            assert tokens == a.get("draft_tokens")
-            assert b.get("runner") != "v2" or tokens is None  # no drafts under a FULL graph on the V2 runner
-        a.pop("draft_tokens", None)
+            eligible += 1
+            drafted += tokens is not None
+            assert tokens is None or 2 <= tokens <= 4
+            a.pop("draft_tokens", None)
+        else:  # the V1 runner's draws, and no drafts under a FULL graph on the V2 runner
+            assert tokens == a.pop("draft_tokens", None) and (b.get("runner") != "v2" or tokens is None)
         assert a == b
-    assert 5 < kept < 60  # V2 cases with draft decode steps (2..4 tokens)
+    assert eligible > 80 and 0.55 < drafted / eligible < 0.8
 
 
-def test_v2_family_drafts_only_without_a_full_graph_and_keeps_the_vllm_draws():
+def test_v2_family_drafts_in_every_graph_mode_and_keeps_the_vllm_draws():
+    """``vllm-v2`` (0.34.0): a third of the cases draft 2..4 tokens, under a FULL mode too (the speculator's FULL
+    draft-decode graphs, drafter_graphs)."""
     from gpu_impl.engines.vllm.strategies import vllm_case, vllm_v2_case
 
     cases = [vllm_v2_case(random.Random(seed)) for seed in range(300)]
     drafted = [c for c in cases if c.options["vllm"].get("draft_tokens")]
-    assert 30 < len(drafted) < 150 and {c.options["vllm"]["draft_tokens"] for c in drafted} == {2, 3, 4}
-    assert all(not c.server.cuda_graph or c.options["vllm"].get("piecewise") for c in drafted)
+    assert 60 < len(drafted) < 150 and {c.options["vllm"]["draft_tokens"] for c in drafted} == {2, 3, 4}
+    full = [c for c in drafted if c.server.cuda_graph]
+    assert 10 < len(full) < len(drafted) and any(c.options["vllm"].get("full_and_piecewise") for c in full)
     # every case not redrawn with K/V head sizes that differ (tests/engines/test_vllm_heterolayers.py) keeps its draws
     kept = [(seed, c) for seed, c in enumerate(cases) if c.model.head_dim_v == c.model.head_dim]
     assert len(kept) > 250 and all(c.steps == vllm_case(random.Random(seed)).steps for seed, c in kept)

@@ -115,12 +115,16 @@ class _SlotsStandIn:
     def __init__(self, tables, num_tokens: int):
         import torch
 
+        self._tables = tables
         self.input_block_tables = [tables.table]
         self.slot_mappings = torch.full((1, num_tokens), -1, dtype=torch.int64)
         self.cp_size, self.cp_rank, self.cp_interleave = tables.cp_size, tables.cp_rank, tables.cp_interleave
 
     def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, num_tokens):
         return self.slot_mappings[:, :num_tokens]
+
+    def __getattr__(self, name):  # a FULL draft graph's capture batch: the runner's (driver_v2's stand-in)
+        return getattr(self._tables, name)
 
 
 def _maybe_dcp_local_seq_lens(out, seq_lens, num_reqs, dcp_size, dcp_rank, cp_interleave, *, num_reqs_padded=None):
@@ -149,9 +153,14 @@ def run_drafts(cfg, query_lens, seq_lens, front) -> int:
     if cls is None:
         raise Unsupported("draft_tokens: this release's V2 runner has no autoregressive speculator with the fused "
                           "draft-decode path beside the eager rebuild that the V2 drafter drives (0.28 on): " + lacks)
-    if cfg.s["cuda_graph"] in ("full", "full_and_piecewise"):
-        raise Unsupported("draft_tokens: the V2 runner's draft decode under a FULL CUDA graph "
-                          "(SpeculatorCudaGraphManager) is not driven")
+    graphed = cfg.s["cuda_graph"] in ("full", "full_and_piecewise")  # the speculator's own FULL decode graphs
+    if graphed:
+        from gpu_impl.engines.vllm.drafter_graphs import supported
+
+        if not supported(cls):
+            raise Unsupported("draft_tokens: the V2 runner's draft decode under a FULL CUDA graph "
+                              "(SpeculatorCudaGraphManager) is driven where the speculator dispatches it itself "
+                              "(_run_multi_step_decode, 0.34 on); this release's speculator does it inside propose")
     n = len(seq_lens)
     limit = cfg.s["max_model_len"]
     # a stand-in self: the release's methods, none of its __init__ (which loads a draft model); the methods the
@@ -177,12 +186,19 @@ def run_drafts(cfg, query_lens, seq_lens, front) -> int:
             setattr(spec, name, value)
     spec.on_multi_step_decode_begin = spec.on_multi_step_decode_end = lambda num_reqs: None
 
+    state: dict = {"ops": None}  # while a FULL draft-decode graph is captured: its recorded launches
+
+    def advance(num_reqs):
+        b.seq_lens[:num_reqs] = torch.clamp(b.seq_lens[:num_reqs] + 1, max=limit)
+        b.positions[:num_reqs] += 1
+
     def decode(num_reqs, num_tokens_padded, attn_metadata, *args, **kwargs):
         """The draft model's step, stood in: its attention layers' forward, then its advance of the batch."""
         md = next(iter(attn_metadata.values()))
         cfg._forward_tokens(md, num_tokens_padded)
-        b.seq_lens[:num_reqs] = torch.clamp(b.seq_lens[:num_reqs] + 1, max=limit)
-        b.positions[:num_reqs] += 1
+        if state["ops"] is not None:
+            state["ops"].append(("advance",))
+        advance(num_reqs)
 
     import vllm.v1.worker.gpu.spec_decode.speculator as base
 
@@ -194,14 +210,24 @@ def run_drafts(cfg, query_lens, seq_lens, front) -> int:
     base.maybe_prepare_dcp_local_seq_lens = _maybe_dcp_local_seq_lens
     spec._decode = spec._generate_draft = decode  # the draft model's step: _decode (0.34 on), _generate_draft before
     fused = _configure(spec)  # the release decides: fused update or an eager rebuild per step
-    # _prepare_decode_inputs, stood in: one query token per request, each sequence one token longer
-    b.query_start_loc.zero_()
-    b.query_start_loc[:n + 1] = torch.arange(n + 1, dtype=torch.int32)
-    b.query_start_loc[n + 1:] = n
-    b.seq_lens.zero_()
-    b.seq_lens[:n] = torch.tensor([min(limit, k + 1) for k in seq_lens], dtype=torch.int32)
-    b.positions[:n] = torch.tensor([min(limit, k + 1) - 1 for k in seq_lens], dtype=b.positions.dtype)
+    def prepare_inputs(*args, **kwargs):
+        """``_prepare_decode_inputs``, stood in: one query token per request, each sequence one token longer."""
+        b.query_start_loc.zero_()
+        b.query_start_loc[:n + 1] = torch.arange(n + 1, dtype=torch.int32)
+        b.query_start_loc[n + 1:] = n
+        b.seq_lens.zero_()
+        b.seq_lens[:n] = torch.tensor([min(limit, k + 1) for k in seq_lens], dtype=torch.int32)
+        b.positions[:n] = torch.tensor([min(limit, k + 1) - 1 for k in seq_lens], dtype=b.positions.dtype)
+
     upper = torch.tensor(seq_lens, dtype=torch.int32)
+    cfg.draft_graph = {}  # checked event index -> "capture" / "replay": a draft call inside a FULL draft graph
+    if graphed:
+        from gpu_impl.engines.vllm.drafter_graphs import run_graphed
+
+        run_graphed(spec, cfg, front, n, upper, steps, prepare_inputs, advance, state)
+        cfg.draft_fused = fused
+        return steps - 1
+    prepare_inputs()
     desc = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=n, num_reqs=n)
     entry = _multi_step(spec, fused)
     import inspect

@@ -480,10 +480,11 @@ class Engine:
             from gpu_impl.engines.vllm.paths import STOOD_IN as PATHS_STOOD_IN
 
             return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1) + tuple(LAYERS_STOOD_IN)
+        from gpu_impl.engines.vllm.drafter_graphs import STOOD_IN as DRAFT_GRAPHS_STOOD_IN
         from gpu_impl.engines.vllm.drafter_v2 import STOOD_IN as DRAFTER_STOOD_IN
         from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
 
-        return tuple(STOOD_IN) + tuple(DRAFTER_STOOD_IN)
+        return tuple(STOOD_IN) + tuple(DRAFTER_STOOD_IN) + tuple(DRAFT_GRAPHS_STOOD_IN)
 
     def _runner(self, asked):
         """(runner, config class) for a scenario's ``runner``: the worker's own generation, or the V2 runner of a
@@ -551,6 +552,12 @@ class Engine:
                          "aot": (pre is not None) if drafter else md.scheduler_metadata is not None, **summary,
                          "reached": step_labels(s, st["query_lens"], st["seq_lens"], None if drafter else md,
                                                 runner, drafter=drafter)}
+                graphed = getattr(cfg, "draft_graph", {}).get(number - len(captured)) if drafter else None
+                if graphed:  # a draft call inside the V2 speculator's FULL draft-decode graph (drafter_graphs)
+                    from gpu_impl.engines.vllm.drafter_graphs import PATH as DRAFT_GRAPH
+
+                    entry["path"] = f"full: draft {graphed}"
+                    entry["reached"].append(DRAFT_GRAPH)
                 if source is not None and any(source.values()):
                     entry["source"] = source
                 if desc is not None:
@@ -565,7 +572,8 @@ class Engine:
                                "detail": {"s_p": summary["s_p"], "s_c": summary["s_c"], "mode": entry["mode"],
                                           "path": entry["path"], **({"drafter": True} if drafter else {}),
                                           "seq_lens": list(st["seq_lens"]), **d}}
-                    if finding["invariant"] == "SHAPE" and desc is not None and origin is None and path == "full":
+                    if finding["invariant"] == "SHAPE" and desc is not None and origin is None and (
+                            path == "full" and not drafter or graphed == "replay"):
                         finding["message"] = ("at a CUDA-graph replay FA3 checks nothing, so the captured kernel reads "
                                               "the recompute at the captured layout (a silent layout mismatch): "
                                               + finding["message"].replace(": FA3 raises, a loud and safe error",

@@ -102,7 +102,7 @@ def release_paths(release: str, generation: str | None = None) -> dict:
             # the V2 runner's drafter (drafter_v2), on the releases releases.json v2_runner.drafter names
             out[key] = None if release in _v2_runner().get("drafter", {}).get("releases", ()) else reasons["drafter@v2"]
             continue
-        if key == "V2 drafter":  # after the V2 runner's own entry (below)
+        if key in ("V2 drafter", "V2 drafter FULL graph"):  # after the V2 runner's own entry (below)
             out[key] = None
             continue
         if key == "local attention":
@@ -110,6 +110,9 @@ def release_paths(release: str, generation: str | None = None) -> dict:
             continue
         out[key] = reasons.get(key)
     out["V2 drafter"] = _v2_drafter_reason(release, generation, out["V2 runner"])
+    graphs = _v2_runner().get("drafter", {}).get("full_graph", {}).get("releases", ())
+    out["V2 drafter FULL graph"] = (out["V2 drafter"] if out["V2 drafter"] is not None else
+                                    None if release in graphs else reasons["V2 drafter FULL graph@v2"])
     return out
 
 

@@ -105,8 +105,9 @@ def vllm_full_graph_case(rng: random.Random) -> Optional[FuzzCase]:
 def vllm_v2_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-v2``: the ``vllm`` families for a release the V2 runner drives (0.34.0 on); half the
     full-graph draws take vLLM's default FULL_AND_PIECEWISE mode (``vllm.full_and_piecewise``: FULL graphs for
-    uniform decode batches, PIECEWISE for the rest), half its FULL mode; a third of the cases without a FULL graph
-    draft 2..4 speculative tokens after each step (``vllm.draft_tokens``, the V2 runner's drafter). Of the eager and
+    uniform decode batches, PIECEWISE for the rest), half its FULL mode; a third of the cases draft 2..4 speculative
+    tokens after each step (``vllm.draft_tokens``, the V2 runner's drafter; under a FULL mode through its FULL
+    draft-decode graphs). Of the eager and
     piecewise cases, :data:`DIFFKV_SHARE` are redrawn first with K/V head sizes that differ
     (:func:`_differing_layers_case`; layers that differ are not drawn: this generation builds one attention group)."""
     import dataclasses
@@ -120,10 +121,11 @@ def vllm_v2_case(rng: random.Random) -> Optional[FuzzCase]:
     options = dict(case.options[OPTIONS_KEY])
     if case.server.cuda_graph:
         options["full_and_piecewise"] = rng.random() < 0.5
-    # the V2 runner's drafter (drafter_v2): in a third of the cases without a FULL graph, 2..4 speculative tokens
-    # (1..3 draft decode steps after each step), drawn from a second generator seeded by the case's seed
+    # the V2 runner's drafter (drafter_v2; under a FULL mode its FULL draft-decode graphs, drafter_graphs): in a
+    # third of the cases, 2..4 speculative tokens (1..3 draft decode steps after each step), drawn from a second
+    # generator seeded by the case's seed
     extra = random.Random(case.seed + 2)
-    if (not case.server.cuda_graph or options.get("piecewise")) and extra.random() < 1 / 3:
+    if extra.random() < 1 / 3:
         options["draft_tokens"] = extra.randint(2, 4)
     return dataclasses.replace(case, options={OPTIONS_KEY: options})
 
@@ -331,8 +333,10 @@ def vllm_paths_both_case(rng: random.Random, v2_drafts: bool = False) -> Optiona
     """Family ``vllm-paths-both``: ``vllm-paths`` for a release that ships both model runners, half the cases on its
     V2 runner (``vllm.runner = "v2"``, drawn from a third generator seeded by the case's seed; there half the
     full-graph cases take vLLM's FULL_AND_PIECEWISE mode, as ``vllm-v2`` draws them). ``v2_drafts`` (family
-    ``vllm-paths-both-drafts``): a V2 case without a FULL graph keeps the drafter's ``vllm.draft_tokens`` the
-    ``vllm-paths`` draw gave it (the V2 runner's speculator, ``drafter_v2``); every draw is the same as without."""
+    ``vllm-paths-both-drafts``): a V2 case without a FULL graph drafts 2..4 speculative tokens in two thirds of the cases
+    (the V2 runner's speculator, ``drafter_v2``; drawn from a generator seeded by the case's seed + 2, as ``vllm-v2``
+    draws them: 0.28 .. 0.31 update the draft metadata between draft steps only, so the update needs 3 or 4); every
+    other draw is the same as without."""
     import dataclasses
 
     case = vllm_paths_case(rng)
@@ -343,18 +347,25 @@ def vllm_paths_both_case(rng: random.Random, v2_drafts: bool = False) -> Optiona
         return case  # layers that differ stay on the V1 runner (the V2 generation builds one attention group)
     # cascade is driven on the V1 runner only, the drafter on the V2 runner where the release's speculator is driven
     # (v2_drafts) and outside FULL graphs: not asked of the V2 runner otherwise
-    dropped = ("common_prefix", "attention_chunk_size") + (() if v2_drafts and not case.server.cuda_graph
-                                                            else ("draft_tokens",))
-    options = {k: v for k, v in case.options[OPTIONS_KEY].items() if k not in dropped}
+    options = {k: v for k, v in case.options[OPTIONS_KEY].items()
+               if k not in ("common_prefix", "attention_chunk_size", "draft_tokens")}
+    if v2_drafts and not case.server.cuda_graph:
+        draw = random.Random(case.seed + 2)
+        if draw.random() < V2_DRAFT_SHARE:
+            options["draft_tokens"] = draw.randint(2, 4)
     options["runner"] = "v2"
     if case.server.cuda_graph:
         options["full_and_piecewise"] = extra.random() < 0.5
     return dataclasses.replace(case, options={OPTIONS_KEY: options})
 
 
+#: Family ``vllm-paths-both-drafts``: the share of its V2 cases without a FULL graph that draft 2..4 tokens
+V2_DRAFT_SHARE = 2 / 3
+
+
 def vllm_paths_both_drafts_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-paths-both-drafts``: ``vllm-paths-both`` for a release whose V2 runner's drafter is driven too
-    (releases.json ``v2_runner.drafter``): its V2 cases without a FULL graph keep their draft tokens."""
+    (releases.json ``v2_runner.drafter``): two thirds of its V2 cases without a FULL graph draft 2..4 tokens."""
     return vllm_paths_both_case(rng, v2_drafts=True)
 
 
