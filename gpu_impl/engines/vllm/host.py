@@ -284,8 +284,8 @@ class VllmSUT(SystemUnderTest):
     def domain(self):
         """vLLM's configuration families (the suite's ``vllm`` family: graph modes, windows, KV dtype, DCP; ``vllm-v2``
         for a release driven by the second generation, which adds vLLM's FULL_AND_PIECEWISE mode; ``vllm-paths-both``
-        where both runners are driven, ``vllm-paths-both-drafts`` where the V2 runner's drafter is driven too; each with its share
-        of layers that differ from the config and K/V head sizes that differ, ``strategies._differing_layers_case``),
+        where both runners are driven, ``vllm-paths-both-drafts`` where the V2 runner's drafter is driven too; each
+        with its share of layers that differ from the config and K/V head sizes that differ, ``strategies._differing_layers_case``),
         each drawn case kept only where vLLM's own config validation accepts it (:meth:`check_case`); reach per path.
         One per SUT."""
         if getattr(self, "_domain", None) is None:

@@ -30,7 +30,8 @@ from spec.model.assumption_facts import facts_for, not_enforced
 from .options import OPTIONS_KEY
 from .profiles import VLLM_RELEASES
 
-__all__ = ["FAMILIES", "NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case", "vllm_paths_both_drafts_case",
+__all__ = ["FAMILIES", "NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
+           "vllm_paths_both_drafts_case",
            "vllm_v2_case", "vllm_paths_case", "vllm_paths_both_case", "vllm_layers_case", "vllm_diffkv_case",
            "vllm_decode_tile_case",
            "vllm_family_label", "model_tp_points", "LOCAL_SHARE", "CHUNK_SIZES", "LAYERS_SHARE", "DIFFKV_SHARE", "DIFFKV_BLOCK_SIZES"]
@@ -333,8 +334,8 @@ def vllm_paths_both_case(rng: random.Random, v2_drafts: bool = False) -> Optiona
     """Family ``vllm-paths-both``: ``vllm-paths`` for a release that ships both model runners, half the cases on its
     V2 runner (``vllm.runner = "v2"``, drawn from a third generator seeded by the case's seed; there half the
     full-graph cases take vLLM's FULL_AND_PIECEWISE mode, as ``vllm-v2`` draws them). ``v2_drafts`` (family
-    ``vllm-paths-both-drafts``): a V2 case without a FULL graph drafts 2..4 speculative tokens in two thirds of the cases
-    (the V2 runner's speculator, ``drafter_v2``; drawn from a generator seeded by the case's seed + 2, as ``vllm-v2``
+    ``vllm-paths-both-drafts``): a V2 case without a FULL graph drafts 2..4 speculative tokens in two thirds of the
+    cases (the V2 runner's speculator, ``drafter_v2``; drawn from a generator seeded by the case's seed + 2, as ``vllm-v2``
     draws them: 0.28 .. 0.31 update the draft metadata between draft steps only, so the update needs 3 or 4); every
     other draw is the same as without."""
     import dataclasses
