@@ -27,6 +27,8 @@ CASES = {
     # a FULL-graph replay over fewer rows than captured, judged harmless under the build 0.16.0 ships (finding 8)
     LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json": ("0.16.0", None),
     VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json": ("0.33.0", "SPLIT_BOUND"),
+    # the V2 drafter's FULL draft-decode graph: its first draft step reads a host build in another layout (finding 12)
+    VLLM / "v2-drafter-full-graph-replay-window-dropped-0.31.0.json": ("0.31.0", "SHAPE"),
 }
 
 #: (case file, release, exit code of the replay): the finding's releases and its fix, as the docs name them
@@ -42,6 +44,8 @@ REPLAYS = [
     (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.16.0", 0),
     (LIFECYCLE / "vllm-0.16.0-full-graph-padded-rows.json", "0.17.0", 0),
     (VLLM / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json", "0.33.0", 1),
+    (VLLM / "v2-drafter-full-graph-replay-window-dropped-0.31.0.json", "0.31.0", 1),
+    (VLLM / "v2-drafter-full-graph-replay-window-dropped-0.31.0.json", "0.32.0", 0),
 ]
 
 

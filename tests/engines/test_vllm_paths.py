@@ -54,10 +54,9 @@ def test_the_v2_drafter_is_a_path_of_its_own_driven_where_the_release_has_the_sp
     assert "No module named 'vllm.v1.worker.gpu.spec_decode.autoregressive'" in release_paths("0.18.0")["V2 drafter"]
     assert "BatchExecutionDescriptor" in release_paths("0.17.1")["V2 drafter"]  # its V2 runner: not driven
     assert release_paths("0.10.0")["V2 drafter"].startswith("not driven: the V2 runner is not driven")
-    # the speculator's FULL draft-decode graphs (drafter_graphs): where it dispatches its own draft decode
-    assert release_paths("0.34.0")["V2 drafter FULL graph"] is None
-    for release in ("0.28.0", "0.31.0", "0.33.0"):
-        assert "_run_multi_step_decode" in release_paths(release)["V2 drafter FULL graph"], release
+    # the speculator's FULL draft-decode graphs (drafter_graphs): wherever the V2 drafter is driven
+    for release in ("0.28.0", "0.31.0", "0.33.0", "0.34.0"):
+        assert release_paths(release)["V2 drafter FULL graph"] is None, release
     assert release_paths("0.27.1")["V2 drafter FULL graph"] == release_paths("0.27.1")["V2 drafter"]
 
 
@@ -223,9 +222,9 @@ def test_paths_both_family_puts_half_the_cases_on_the_v2_runner():
     assert all(c.steps == vllm_paths_case(random.Random(seed)).steps for seed, c in enumerate(runners))
 
 
-def test_paths_both_drafts_family_drafts_on_most_v2_cases_outside_full_graphs_and_keeps_every_other_draw():
+def test_paths_both_drafts_family_drafts_on_most_v2_cases_and_keeps_every_other_draw():
     """``vllm-paths-both-drafts`` (a release whose V2 runner's drafter is driven): the same cases as
-    ``vllm-paths-both``, except that two thirds of its V2 cases without a FULL graph draft 2..4 tokens."""
+    ``vllm-paths-both``, except that two thirds of its V2 cases draft 2..4 tokens, in every graph mode."""
     from gpu_impl.engines.vllm.strategies import vllm_paths_both_case, vllm_paths_both_drafts_case
 
     eligible = drafted = 0
@@ -235,15 +234,17 @@ def test_paths_both_drafts_family_drafts_on_most_v2_cases_outside_full_graphs_an
                                                                    drafts.seed)
         a, b = dict(both.options["vllm"]), dict(drafts.options["vllm"])
         tokens = b.pop("draft_tokens", None)
-        if b.get("runner") == "v2" and not drafts.server.cuda_graph:
+        if b.get("runner") == "v2":
             eligible += 1
             drafted += tokens is not None
             assert tokens is None or 2 <= tokens <= 4
             a.pop("draft_tokens", None)
-        else:  # the V1 runner's draws, and no drafts under a FULL graph on the V2 runner
-            assert tokens == a.pop("draft_tokens", None) and (b.get("runner") != "v2" or tokens is None)
+        else:  # the V1 runner's draws
+            assert tokens == a.pop("draft_tokens", None)
         assert a == b
-    assert eligible > 80 and 0.55 < drafted / eligible < 0.8
+    assert eligible > 120 and 0.55 < drafted / eligible < 0.8
+    assert any(c.server.cuda_graph and c.options["vllm"].get("draft_tokens") and c.options["vllm"].get("runner") == "v2"
+               for c in map(vllm_paths_both_drafts_case, map(random.Random, range(100))))
 
 
 def test_v2_family_drafts_in_every_graph_mode_and_keeps_the_vllm_draws():
@@ -374,8 +375,33 @@ def test_the_v2_drafter_of_a_release_that_ships_both_judges_each_draft_step_agai
     v1 = cascade_worker.run({**V2_DRAFTS, "runner": None, "cuda_graph": "none"})  # the V1 runner's build_for_drafting
     assert [e for e in _pairs(v1) if "drafter" in e["reached"]] and not any(
         "V2 drafter" in e["reached"] for e in _pairs(v1))
-    with pytest.raises(ValueError, match="SpeculatorCudaGraphManager"):  # a FULL draft-decode graph: said, not run
-        cascade_worker.run({**V2_DRAFTS, "cuda_graph": "full"})
+    full = cascade_worker.run({**V2_DRAFTS, "cuda_graph": "full"})  # the speculator's FULL draft-decode graph
+    drafts = [e for e in _pairs(full) if "V2 drafter" in e["reached"]]
+    assert full["findings"] == [] and drafts and all("V2 drafter FULL graph" in e["reached"] for e in drafts)
+
+
+#: finding 12 (docs/engines-vllm.md): gemma-2-9b's shapes at tp 2, both layers with window 4096, FULL_AND_PIECEWISE, a
+#: mixed target step (PIECEWISE) and 3 speculative tokens: the draft decode replays a FULL draft-decode graph
+WINDOWED_DRAFTS = {"num_heads": 16, "num_kv_heads": 8, "head_dim": 256, "tp": 2, "num_layers": 2,
+                   "sliding_window": 4096, "cuda_graph": "full_and_piecewise", "draft_tokens": 3, "runner": "v2",
+                   "steps": [{"seq_lens": [100, 17], "query_lens": [1, 17]}]}
+
+
+@pytest.mark.engine
+def test_the_v2_drafter_full_graph_first_step_reads_a_host_build_in_another_layout(cascade_worker):
+    """0.31.0's ``_fused_multi_step_decode`` builds the first draft step's metadata on the host
+    (``_build_uniform_attn_metadata``, ``max_seq_len`` = propose's ``draft_max_seq_len``, here 103) and replays the
+    graph captured with ``max_seq_len = max_model_len``; ``_generate_fused_drafts`` updates the metadata only between
+    draft steps, so the first replayed draft call reads that build: FA3 drops the window at the recompute (4095 >=
+    seqlen_k - 1) and keeps it in the captured call, 9 int32 values for a kernel that reads 13 (SHAPE at the replay,
+    silent), on both layers of the first draft step only; the second step reads the in-graph update."""
+    resp = cascade_worker.run(WINDOWED_DRAFTS)
+    found = resp["findings"]
+    assert {(f["invariant"], f["detail"]["path"]) for f in found} == {("SHAPE", "full: draft replay")}
+    assert len(found) == 2 and all(f["detail"].get("drafter") and f["detail"].get("replay") for f in found)
+    assert "13 int32 values (precompute produces 9)" in found[0]["message"]
+    target = [e for e in _pairs(resp) if "drafter" not in e["reached"]]
+    assert target and all(e["path"] == "piecewise" for e in target)
 
 
 @pytest.mark.engine

@@ -5,8 +5,9 @@ DCP 1; one ``_decode`` step otherwise) and replays it with ``run_fullgraph``.
 
 Invariant: what decides is vLLM's code, run on the drafter's stand-in ``self`` (``drafter_v2``): the speculator's
 ``init_cudagraph_manager`` makes the decode graph manager (FULL_DECODE_ONLY under a FULL decode mode), its
-``_run_multi_step_decode`` dispatches (``dispatch_cg_and_sync_dp``, ``specialize_spec_tokens``) and runs the fused
-or the eager path, its ``capture`` captures the decode routine through the manager's own ``create_forward_fn``
+``_run_multi_step_decode`` dispatches (``dispatch_cg_and_sync_dp``, ``specialize_spec_tokens``; 0.34 on: before,
+``propose`` makes that call inline and the driver makes it as ``propose`` does, then calls the release's multi-step
+entry) and runs the fused or the eager path, its ``capture`` captures the decode routine through the manager's own ``create_forward_fn``
 (``prepare_inputs_to_capture`` with the capture batch, ``max_seq_len = max_model_len``). A graph holds what its
 capture ran: with the fused update, each draft step's FA3 precompute (``update_draft_decode_metadata`` ->
 ``get_scheduler_metadata`` with the capture's scalars), the builder's store into its persistent buffer
@@ -101,30 +102,32 @@ class _DraftGraph:
 
 
 def supported(cls) -> bool:
-    """Whether the release's speculator dispatches its own draft decode (``_run_multi_step_decode``, 0.34 on), which
-    this module drives; before, ``propose`` does it inline."""
-    return all(hasattr(cls, m) for m in ("_run_multi_step_decode", "init_cudagraph_manager", "capture"))
+    """Whether the release's speculator has the draft-decode graph manager and capture this module drives
+    (``init_cudagraph_manager`` and ``capture``: 0.28 on)."""
+    return all(hasattr(cls, m) for m in ("init_cudagraph_manager", "capture"))
 
 
-def run_graphed(spec, cfg, front, n: int, upper, steps: int, prepare_inputs, advance, state) -> None:
+def run_graphed(spec, cfg, front, n: int, upper, steps: int, prepare_inputs, advance, state, entry) -> None:
     """The draft decode steps of a batch of ``n`` requests under the scenario's FULL decode mode, through the
     release's ``_run_multi_step_decode`` (module doc). ``prepare_inputs``: the drafter's ``_prepare_decode_inputs``
     stand-in; ``advance(rows)``: the draft model's advance; ``state["ops"]``: the list the draft model's stand-in
-    records its advance in while a graph is captured."""
+    records its advance in while a graph is captured; ``entry(desc)``: the release's multi-step draft decode entry
+    on a dispatched descriptor (before 0.34, where ``propose`` dispatches inline)."""
     import torch
     import vllm.v1.worker.gpu.cudagraph_utils as cg
     from vllm.config.compilation import CUDAGraphMode
 
     if not supported(type(spec)):
         raise Unsupported("draft_tokens: the V2 runner's draft decode under a FULL CUDA graph is driven where the "
-                          "speculator dispatches it itself (_run_multi_step_decode, 0.34 on); this release's "
-                          "speculator does it inside propose")
+                          "speculator has its own draft-decode graph manager (init_cudagraph_manager, capture)")
     spec.vllm_config = _ConfigWithSpeculator(cfg.vc, _SpeculativeConfigStandIn(steps))
     spec.speculative_config = spec.vllm_config.speculative_config
     spec.model_state, spec.dp_size, spec.dp_rank, spec.device = cfg.model_state, 1, 0, torch.device("cpu")
     spec.prefill_cudagraph_manager = _NoPrefillGraphs()
     spec.last_token_indices = torch.zeros(cfg.s["max_num_seqs"], dtype=torch.int64)
+    spec.target_input_buffers, spec.target_attn_groups = cfg.buffers, cfg.attn_groups  # read by capture() (0.28 ..)
     spec.init_cudagraph_manager(cfg.mode)  # the release's own: FULL_DECODE_ONLY under a FULL decode mode
+    spec.prefill_cudagraph_manager = _NoPrefillGraphs()  # made there too before 0.34: the draft prefill, not driven
     manager = spec.decode_cudagraph_manager
     # every descriptor counts as captured (vLLM captures them all at start-up); each is captured on first use and
     # kept for the scenario's later steps (the launches it recorded: cfg.draft_graph_ops)
@@ -196,5 +199,14 @@ def run_graphed(spec, cfg, front, n: int, upper, steps: int, prepare_inputs, adv
         return desc
 
     manager.dispatch = dispatch
-    spec._prepare_decode_inputs = prepare_inputs
-    spec._run_multi_step_decode(None, None, n, False, None, upper, False, steps)
+    if hasattr(spec, "_run_multi_step_decode"):  # 0.34 on: the speculator dispatches its draft decode itself
+        spec._prepare_decode_inputs = prepare_inputs
+        spec._run_multi_step_decode(None, None, n, False, None, upper, False, steps)
+        return
+    # before 0.34, propose dispatches inline: the same call, as propose makes it (dispatch_cg_and_sync_dp over the
+    # decode manager, one token per request), then the release's own multi-step entry (entry)
+    from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
+
+    desc, _ = dispatch_cg_and_sync_dp(manager, n, n, uniform_token_count=1, dp_size=1, dp_rank=0)
+    prepare_inputs()
+    entry(desc)

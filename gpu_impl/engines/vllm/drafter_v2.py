@@ -34,7 +34,8 @@ STOOD_IN = (
     "the V2 drafter's draft model: its forward in _decode (the layers' attention runs, nothing else) and its GPU "
     "advance after each draft step (seq_lens and positions one token further for the real requests); "
     "_prepare_decode_inputs (one query token per request, each sequence one token longer than the target step's, "
-    "seq_lens_cpu_upper_bound the target step's lengths); BlockTables.compute_slot_mappings (slots -1); the Triton "
+    "seq_lens_cpu_upper_bound the target step's lengths); propose's draft_max_seq_len (the target step's longest "
+    "sequence plus the speculative steps, capped at max_model_len, as propose computes it); BlockTables.compute_slot_mappings (slots -1); the Triton "
     "kernel of prepare_dcp_local_seq_lens (0.30: maybe_prepare_dcp_local_seq_lens, None without DCP) in the speculator "
     "module (vLLM's get_dcp_local_seq_lens in torch)",
 )
@@ -159,8 +160,8 @@ def run_drafts(cfg, query_lens, seq_lens, front) -> int:
 
         if not supported(cls):
             raise Unsupported("draft_tokens: the V2 runner's draft decode under a FULL CUDA graph "
-                              "(SpeculatorCudaGraphManager) is driven where the speculator dispatches it itself "
-                              "(_run_multi_step_decode, 0.34 on); this release's speculator does it inside propose")
+                              "(SpeculatorCudaGraphManager) is driven where the speculator has its own draft-decode "
+                              "graph manager (init_cudagraph_manager, capture)")
     n = len(seq_lens)
     limit = cfg.s["max_model_len"]
     # a stand-in self: the release's methods, none of its __init__ (which loads a draft model); the methods the
@@ -173,14 +174,16 @@ def run_drafts(cfg, query_lens, seq_lens, front) -> int:
     spec = object.__new__(stand_in)
     b = cfg.buffers
     fields = dict(
-        vllm_config=cfg.vc, max_model_len=limit, eplb_state=None, pcp_manager=None, draft_max_seq_len=limit, dcp_size=cfg.s["dcp"], input_buffers=b,
+        vllm_config=cfg.vc, max_model_len=limit, eplb_state=None, pcp_manager=None, dcp_size=cfg.s["dcp"], input_buffers=b,
         attn_groups=cfg.attn_groups, kv_cache_config=cfg.kv_cache_config, max_num_reqs=cfg.s["max_num_seqs"],
         block_tables=_SlotsStandIn(cfg.block_tables, b.positions.shape[0]),
         arange_np=np.arange(cfg.s["max_num_seqs"] + 1, dtype=np.int32),
         arange=torch.arange(cfg.s["max_num_seqs"] + 1, dtype=torch.int32),  # _build_draft_attn_metadata (0.28, 0.29)
         draft_is_prefilling=torch.zeros(cfg.s["max_num_seqs"], dtype=torch.bool),
         idx_mapping=torch.arange(cfg.s["max_num_seqs"], dtype=torch.int32),
-        current_draft_step=torch.zeros((), dtype=torch.int32), num_speculative_steps=steps)
+        current_draft_step=torch.zeros((), dtype=torch.int32), num_speculative_steps=steps,
+        # as propose sets it: the target step's longest sequence (its CPU upper bound) plus the speculative steps
+        draft_max_seq_len=min(max(seq_lens) + steps, limit))
     for name, value in fields.items():
         if not isinstance(getattr(stand_in, name, None), property):  # max_model_len: the config's, from 0.34
             setattr(spec, name, value)
@@ -221,20 +224,22 @@ def run_drafts(cfg, query_lens, seq_lens, front) -> int:
 
     upper = torch.tensor(seq_lens, dtype=torch.int32)
     cfg.draft_graph = {}  # checked event index -> "capture" / "replay": a draft call inside a FULL draft graph
+    import inspect
+
+    multi_step = _multi_step(spec, fused)
+    # num_speculative_steps is the entry's own argument from 0.32 (the attribute before)
+    extra = (steps,) if "num_speculative_steps" in inspect.signature(multi_step).parameters else ()
+
+    def entry(desc):
+        multi_step(n, False, desc, None, upper, *extra)
+
     if graphed:
         from gpu_impl.engines.vllm.drafter_graphs import run_graphed
 
-        run_graphed(spec, cfg, front, n, upper, steps, prepare_inputs, advance, state)
+        run_graphed(spec, cfg, front, n, upper, steps, prepare_inputs, advance, state, entry)
         cfg.draft_fused = fused
         return steps - 1
     prepare_inputs()
-    desc = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=n, num_reqs=n)
-    entry = _multi_step(spec, fused)
-    import inspect
-
-    # num_speculative_steps is the entry's own argument from 0.32 (the attribute before)
-    extra = (steps,) if "num_speculative_steps" in inspect.signature(entry).parameters else ()
-    entry(n, False, desc, None, upper, *extra)
+    entry(BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=n, num_reqs=n))
     cfg.draft_fused = fused
     return steps - 1
-

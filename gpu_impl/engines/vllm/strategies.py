@@ -334,10 +334,10 @@ def vllm_paths_both_case(rng: random.Random, v2_drafts: bool = False) -> Optiona
     """Family ``vllm-paths-both``: ``vllm-paths`` for a release that ships both model runners, half the cases on its
     V2 runner (``vllm.runner = "v2"``, drawn from a third generator seeded by the case's seed; there half the
     full-graph cases take vLLM's FULL_AND_PIECEWISE mode, as ``vllm-v2`` draws them). ``v2_drafts`` (family
-    ``vllm-paths-both-drafts``): a V2 case without a FULL graph drafts 2..4 speculative tokens in two thirds of the
-    cases (the V2 runner's speculator, ``drafter_v2``; drawn from a generator seeded by the case's seed + 2, as ``vllm-v2``
-    draws them: 0.28 .. 0.31 update the draft metadata between draft steps only, so the update needs 3 or 4); every
-    other draw is the same as without."""
+    ``vllm-paths-both-drafts``): a V2 case drafts 2..4 speculative tokens in two thirds of the cases, in every graph
+    mode (the V2 runner's speculator, ``drafter_v2``, under a FULL mode its FULL draft-decode graphs; drawn from a
+    generator seeded by the case's seed + 2, as ``vllm-v2`` draws them: 0.28 .. 0.31 update the draft metadata
+    between draft steps only, so the update needs 3 or 4); every other draw is the same as without."""
     import dataclasses
 
     case = vllm_paths_case(rng)
@@ -350,7 +350,7 @@ def vllm_paths_both_case(rng: random.Random, v2_drafts: bool = False) -> Optiona
     # (v2_drafts) and outside FULL graphs: not asked of the V2 runner otherwise
     options = {k: v for k, v in case.options[OPTIONS_KEY].items()
                if k not in ("common_prefix", "attention_chunk_size", "draft_tokens")}
-    if v2_drafts and not case.server.cuda_graph:
+    if v2_drafts:
         draw = random.Random(case.seed + 2)
         if draw.random() < V2_DRAFT_SHARE:
             options["draft_tokens"] = draw.randint(2, 4)
@@ -360,13 +360,13 @@ def vllm_paths_both_case(rng: random.Random, v2_drafts: bool = False) -> Optiona
     return dataclasses.replace(case, options={OPTIONS_KEY: options})
 
 
-#: Family ``vllm-paths-both-drafts``: the share of its V2 cases without a FULL graph that draft 2..4 tokens
+#: Family ``vllm-paths-both-drafts``: the share of its V2 cases that draft 2..4 tokens
 V2_DRAFT_SHARE = 2 / 3
 
 
 def vllm_paths_both_drafts_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-paths-both-drafts``: ``vllm-paths-both`` for a release whose V2 runner's drafter is driven too
-    (releases.json ``v2_runner.drafter``): two thirds of its V2 cases without a FULL graph draft 2..4 tokens."""
+    (releases.json ``v2_runner.drafter``): two thirds of its V2 cases draft 2..4 tokens."""
     return vllm_paths_both_case(rng, v2_drafts=True)
 
 
