@@ -23,7 +23,8 @@ copy), the draft model's advance of the batch inside a replayed graph (the real 
 the speculative config (``SpeculativeConfig`` needs a draft model's config: a stand-in with method ``eagle``, the
 scenario's draft tokens, no dynamic speculation, no multi-module MTP; read by ``init_cudagraph_manager`` through
 ``VllmConfig.get_draft_decode_cudagraph_request_sizes`` and by the capture's ``num_speculative_tokens``) and the draft
-prefill's graph manager (the draft prefill is not driven: its capture does nothing).
+prefill's graph manager (the draft prefill is not driven: its capture does nothing) and, before 0.34, ``propose``'s
+draft-decode dispatch (the same ``dispatch_cg_and_sync_dp`` call over the decode manager, one token per request).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ STOOD_IN = (
     "once with its launches recorded, on first use, no warm-up run), the replay of the captured store (the release's "
     "_store_scheduler_metadata on the replay's recompute), the draft model's advance inside a replay (the real "
     "requests' rows), the speculative config (method eagle, the scenario's draft tokens, no dynamic speculation) and "
-    "the draft prefill's graph manager (no capture)",
+    "the draft prefill's graph manager (no capture); before 0.34, propose's draft-decode dispatch "
+    "(dispatch_cg_and_sync_dp over the decode manager, one token per request, as propose calls it)",
 )
 
 #: the reach label of a draft call made inside a FULL draft-decode graph (its capture or a replay)
