@@ -245,3 +245,17 @@ DRAFT_UPDATE_SPLITS_0_34_0 = (
     (r"(\n            causal=metadata\.causal,\n            )max_num_splits=metadata\.max_num_splits,\n",
      r"\1max_num_splits=metadata.max_num_splits or 128,\n"),
 )
+
+#: 0.31.0 with the same one-path regression (the same lines of ``update_draft_decode_metadata``, which 0.28.0 ..
+#: 0.31.0's speculator reaches through each attention group's ``update_draft_decode_metadata`` in
+#: ``_generate_fused_drafts``; the pattern matches once in 0.28.0, 0.29.0 and 0.30.0 too)
+DRAFT_UPDATE_SPLITS_0_31_0 = DRAFT_UPDATE_SPLITS_0_34_0
+
+#: 0.34.0 with one path regressed: the fused draft-decode update under a full-graph mode (the one place its metadata's
+#: ``max_num_splits`` is > 0: the FULL draft-decode graph's in-graph recompute, and a draft batch above the captured
+#: graphs) precomputes with twice the split bound the draft call passes (64 for 32); eager and piecewise modes (0) and
+#: every target step are the release's own.
+DRAFT_GRAPH_UPDATE_SPLITS_0_34_0 = (
+    (r"(\n            causal=metadata\.causal,\n            )max_num_splits=metadata\.max_num_splits,\n",
+     r"\1max_num_splits=metadata.max_num_splits * 2,\n"),
+)

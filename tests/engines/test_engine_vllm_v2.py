@@ -280,8 +280,58 @@ def test_the_v2_drafter_judges_each_draft_step_against_its_own_precompute(worker
         assert all(e["aot"] and e["s_p"] == e["s_c"] and "V2 runner" in e["reached"] for e in drafts)
     dcp = worker.run({**DRAFTS, "num_heads": 32, "num_kv_heads": 4, "dcp": 2, "cuda_graph": "none"})
     assert dcp["findings"] == [] and [e for e in _pairs(dcp) if "drafter" in e["reached"]]
-    with pytest.raises(ValueError, match="SpeculatorCudaGraphManager"):  # a FULL draft-decode graph: said, not run
-        worker.run({**DRAFTS, "cuda_graph": "full"})
+
+
+#: decode steps for the FULL draft-decode graphs: 3 speculative tokens (2 draft steps); the third step has one request,
+#: so it dispatches to another graph
+GRAPHED_DRAFTS = {"tp": 4, "draft_tokens": 3, "steps": [{"seq_lens": [30000, 100]}, {"seq_lens": [30001, 101]},
+                                                         {"seq_lens": [3000]}]}
+
+
+@pytest.mark.engine
+def test_the_v2_drafter_full_graphs_are_captured_once_and_replayed_with_their_own_recompute(worker):
+    """Under a FULL mode the release's speculator dispatches its draft decode to its own FULL draft-decode graphs
+    (drafter_graphs): each graph is captured on first use (the fused loop: per draft step the update's precompute with
+    the capture's scalars, its store, the call) and replayed on later steps, each replayed draft call judged against
+    the recompute of its own replay; under DCP 2 the graph holds one draft step and the host rebuilds the metadata
+    before each replay. The release passes; every draft call is on the path 'V2 drafter FULL graph'."""
+    for graph in ("full", "full_and_piecewise"):
+        resp = worker.run({**GRAPHED_DRAFTS, "cuda_graph": graph})
+        drafts = [e for e in _pairs(resp) if "drafter" in e["reached"]]
+        assert resp["findings"] == [] and resp["shape_errors"] == [], graph
+        assert all("V2 drafter FULL graph" in e["reached"] and e["s_p"] == e["s_c"] == 32 for e in drafts), graph
+        paths = [(e["step"], e["path"]) for e in drafts]
+        # step 0 captures the graph of 2 requests (2 draft steps) and replays it; step 1 replays it; step 2 (1 request)
+        assert paths == ([(0, "full: draft capture")] * 2 + [(0, "full: draft replay")] * 2
+                         + [(1, "full: draft replay")] * 2
+                         + [(2, "full: draft capture")] * 2 + [(2, "full: draft replay")] * 2), graph
+    dcp = worker.run({**GRAPHED_DRAFTS, "num_heads": 32, "num_kv_heads": 4, "dcp": 2, "cuda_graph": "full"})
+    drafts = [e for e in _pairs(dcp) if "drafter" in e["reached"]]
+    assert dcp["findings"] == [] and [e["path"] for e in drafts if e["step"] == 1] == ["full: draft replay"] * 2
+
+
+@pytest.mark.engine
+def test_a_copy_whose_draft_graph_recompute_asks_more_splits_than_its_call_is_found(worker, tmp_path):
+    """Negative control (tests/release_copies.py DRAFT_GRAPH_UPDATE_SPLITS_0_34_0): the fused update under a
+    full-graph mode asks FA3 for twice the split bound (64) the draft call passes (32): SPLIT_BOUND (and the lifecycle
+    judge's CAPTURE_COVERS_REPLAY: the replay's splits above the captured launch's) on the draft calls of the long
+    sequence at the replays, where the release passes (above); the same copy eagerly is the release's own (its bound
+    is 0 there)."""
+    from release_copies import DRAFT_GRAPH_UPDATE_SPLITS_0_34_0, vllm_patched_copy
+
+    from gpu_impl.engines.vllm.host import VllmSUT
+    from gpu_impl.sut import parse_engine
+
+    root = vllm_patched_copy(RELEASE, tmp_path / "seeded", DRAFT_GRAPH_UPDATE_SPLITS_0_34_0)
+    with VllmSUT(spec=parse_engine(f"vllm-src={root}"), progress=lambda line: None) as sut:
+        graphed = sut.worker.run({**GRAPHED_DRAFTS, "cuda_graph": "full"})
+        eager = sut.worker.run({**GRAPHED_DRAFTS, "cuda_graph": "none"})
+    found = graphed["findings"]
+    assert "SPLIT_BOUND" in {f["invariant"] for f in found}
+    assert {f["invariant"] for f in found} <= {"SPLIT_BOUND", "COMBINE_CAPACITY", "CAPTURE_COVERS_REPLAY"}
+    assert all(f["detail"].get("drafter") and f["detail"]["s_p"] > f["detail"]["s_c"] == 32 for f in found)
+    assert "full: draft replay" in {f["detail"]["path"] for f in found}
+    assert eager["findings"] == []
 
 
 @pytest.mark.engine

@@ -33,6 +33,8 @@ CASES = {
     # DCP's skipped context attention at a FULL replay over shorter queries' metadata (finding 7)
     VLLM / "vllm-0.34.0-dcp-full-graph-skipped-context-query-rows.json": ("0.34.0", "QUERY_COVER"),
     VLLM / "v2-runner-dcp-full-graph-skipped-context-query-rows-0.33.0.json": ("0.33.0", "QUERY_COVER"),
+    # the V2 drafter's FULL draft-decode graph: its first draft step reads a host build in another layout (finding 15)
+    VLLM / "v2-drafter-full-graph-replay-window-dropped-0.31.0.json": ("0.31.0", "SHAPE"),
 }
 
 #: (case file, release, exit code of the replay): the finding's releases and its fix, as the docs name them
@@ -61,6 +63,8 @@ REPLAYS = [
     (VLLM / "vllm-0.34.0-dcp-full-graph-skipped-context-query-rows.json", "0.25.1", 0),
     (VLLM / "vllm-0.34.0-dcp-full-graph-skipped-context-query-rows.json", "0.26.0", 1),
     (VLLM / "vllm-0.34.0-dcp-full-graph-skipped-context-query-rows.json", "0.34.0", 1),
+    (VLLM / "v2-drafter-full-graph-replay-window-dropped-0.31.0.json", "0.31.0", 1),
+    (VLLM / "v2-drafter-full-graph-replay-window-dropped-0.31.0.json", "0.32.0", 0),
 ]
 
 

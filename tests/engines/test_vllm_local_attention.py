@@ -91,8 +91,9 @@ def test_a_local_precompute_over_the_unvirtualised_batch_is_caught(tmp_path):
 @pytest.mark.engine
 @pytest.mark.slow
 def test_the_local_regression_is_found_within_the_gate_budget_on_five_seeds(tmp_path):
-    """The gate's campaign (family vllm-paths-both: 0.33.0 ships both runners, releases.json ``v2_runner``; its
-    chunked-local draws stay on the V1 runner) on the copy with the regression finds it on
+    """The gate's campaign (family vllm-paths-both-drafts: 0.33.0 ships both runners, releases.json ``v2_runner``, and
+    its V2 runner's drafter is driven; its chunked-local draws stay on the V1 runner) on the copy with the regression
+    finds it on
     every seed within the gate's default fuzz budget (the copy without it, replay aligned, passes its gate:
     tests/engines/test_vllm_checkout.py; the one-step test above pins the same defect)."""
     _needs()
@@ -103,7 +104,7 @@ def test_the_local_regression_is_found_within_the_gate_budget_on_five_seeds(tmp_
     budget = inspect.signature(gate).parameters["budget_s"].default
     seeded = vllm_local_regression_copy(tmp_path / "seeded")
     with _started_as_the_gate_starts_it(_copy_sut(seeded)) as sut:
-        assert sut.domain().family == "vllm-paths-both"
+        assert sut.domain().family == "vllm-paths-both-drafts"
         found = {seed: _first_failure(sut, seed, budget_s=budget) for seed in SEEDS}
     assert all(f is not None and f[0] in ("SPLIT_BOUND", "COMBINE_CAPACITY", "BATCH_PERMUTATION")
                for f in found.values()), found

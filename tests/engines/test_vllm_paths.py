@@ -45,6 +45,22 @@ def test_every_path_is_driven_or_not_covered_with_a_reason_on_every_release():
     assert release_paths("0.26.0")["DCP skipped context"] is None
 
 
+def test_the_v2_drafter_is_a_path_of_its_own_driven_where_the_release_has_the_speculator():
+    """``V2 drafter`` (drafter_v2): driven on 0.28.0 .. 0.34.0 (releases.json ``v2_runner.drafter``); on a release
+    whose V2 runner is driven but has no such speculator, the measured reason; where the V2 runner itself is not
+    driven, that reason."""
+    for release in ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"):
+        assert release_paths(release)["V2 drafter"] is None, release
+    assert "_fused_multi_step_decode" in release_paths("0.27.1")["V2 drafter"]  # measured: the driver's refusal
+    assert "No module named 'vllm.v1.worker.gpu.spec_decode.autoregressive'" in release_paths("0.18.0")["V2 drafter"]
+    assert "BatchExecutionDescriptor" in release_paths("0.17.1")["V2 drafter"]  # its V2 runner: not driven
+    assert release_paths("0.10.0")["V2 drafter"].startswith("not driven: the V2 runner is not driven")
+    # the speculator's FULL draft-decode graphs (drafter_graphs): wherever the V2 drafter is driven
+    for release in ("0.28.0", "0.31.0", "0.33.0", "0.34.0"):
+        assert release_paths(release)["V2 drafter FULL graph"] is None, release
+    assert release_paths("0.27.1")["V2 drafter FULL graph"] == release_paths("0.27.1")["V2 drafter"]
+
+
 def test_a_table_with_a_path_dropped_or_left_without_reason_is_named():
     table = release_paths("0.31.0")
     dropped = {k: v for k, v in table.items() if k != "cascade"}
@@ -88,8 +104,9 @@ def test_the_domain_reports_every_path_with_a_count_or_a_reason():
     from gpu_impl.engines.vllm.host import VllmSUT
 
     domain = VllmSUT(CASCADE_RELEASE).domain()  # no worker starts for the report
-    assert domain.family == "vllm-paths-both" and VllmSUT("0.11.2").domain().family == "vllm-paths"
+    assert domain.family == "vllm-paths-both-drafts" and VllmSUT("0.11.2").domain().family == "vllm-paths"
     assert VllmSUT("0.12.0").domain().family == VllmSUT("0.17.1").domain().family == "vllm-paths-both"
+    assert VllmSUT("0.27.1").domain().family == "vllm-paths-both"  # its V2 runner's drafter is not driven
     report = domain.report({"cascade": 3, "eager": 5}, 8)
     assert all(k in report["reach"] for k in PATH_KEYS)
     assert report["reach"]["cascade"] == 3 and "cascade" not in report["not_covered"]
@@ -107,7 +124,9 @@ def test_step_labels_name_the_graph_mode_cascade_dcp_and_the_drafter():
     md = types.SimpleNamespace(use_cascade=True, max_dcp_context_kv_len=0, scheduler_metadata=None)
     assert step_labels(s, [1, 1], [5, 5], md, "v1") == ["eager", "cascade", "DCP", "DCP skipped context"]
     assert step_labels(s, [1] * 600, [5] * 600, None, "v1") == ["full graph above captured sizes", "DCP"]
-    assert step_labels(s, [1], [5], None, "v2", drafter=True) == ["drafter", "full graph", "DCP", "V2 runner"]
+    assert step_labels(s, [1], [5], None, "v2", drafter=True) == ["drafter", "V2 drafter", "full graph", "DCP",
+                                                                   "V2 runner"]
+    assert "V2 drafter" not in step_labels(s, [1], [5], None, "v1", drafter=True)  # the V1 runner's build_for_drafting
 
 
 def test_paths_family_keeps_the_vllm_draws_and_adds_prefixes_and_drafts():
@@ -205,13 +224,41 @@ def test_paths_both_family_puts_half_the_cases_on_the_v2_runner():
     assert all(c.steps == vllm_paths_case(random.Random(seed)).steps for seed, c in enumerate(runners))
 
 
-def test_v2_family_drafts_only_without_a_full_graph_and_keeps_the_vllm_draws():
+def test_paths_both_drafts_family_drafts_on_most_v2_cases_and_keeps_every_other_draw():
+    """``vllm-paths-both-drafts`` (a release whose V2 runner's drafter is driven): the same cases as
+    ``vllm-paths-both``, except that two thirds of its V2 cases draft 2..4 tokens, in every graph mode."""
+    from gpu_impl.engines.vllm.strategies import vllm_paths_both_case, vllm_paths_both_drafts_case
+
+    eligible = drafted = 0
+    for seed in range(400):
+        both, drafts = vllm_paths_both_case(random.Random(seed)), vllm_paths_both_drafts_case(random.Random(seed))
+        assert (both.server, both.model, both.steps, both.seed) == (drafts.server, drafts.model, drafts.steps,
+                                                                   drafts.seed)
+        a, b = dict(both.options["vllm"]), dict(drafts.options["vllm"])
+        tokens = b.pop("draft_tokens", None)
+        if b.get("runner") == "v2":
+            eligible += 1
+            drafted += tokens is not None
+            assert tokens is None or 2 <= tokens <= 4
+            a.pop("draft_tokens", None)
+        else:  # the V1 runner's draws
+            assert tokens == a.pop("draft_tokens", None)
+        assert a == b
+    assert eligible > 120 and 0.55 < drafted / eligible < 0.8
+    assert any(c.server.cuda_graph and c.options["vllm"].get("draft_tokens") and c.options["vllm"].get("runner") == "v2"
+               for c in map(vllm_paths_both_drafts_case, map(random.Random, range(100))))
+
+
+def test_v2_family_drafts_in_every_graph_mode_and_keeps_the_vllm_draws():
+    """``vllm-v2`` (0.34.0): a third of the cases draft 2..4 tokens, under a FULL mode too (the speculator's FULL
+    draft-decode graphs, drafter_graphs)."""
     from gpu_impl.engines.vllm.strategies import vllm_case, vllm_v2_case
 
     cases = [vllm_v2_case(random.Random(seed)) for seed in range(300)]
     drafted = [c for c in cases if c.options["vllm"].get("draft_tokens")]
-    assert 30 < len(drafted) < 150 and {c.options["vllm"]["draft_tokens"] for c in drafted} == {2, 3, 4}
-    assert all(not c.server.cuda_graph or c.options["vllm"].get("piecewise") for c in drafted)
+    assert 60 < len(drafted) < 150 and {c.options["vllm"]["draft_tokens"] for c in drafted} == {2, 3, 4}
+    full = [c for c in drafted if c.server.cuda_graph]
+    assert 10 < len(full) < len(drafted) and any(c.options["vllm"].get("full_and_piecewise") for c in full)
     # every case not redrawn with K/V head sizes or layers that differ (tests/engines/test_vllm_heterolayers.py) or as
     # chunked local layers keeps its draws
     kept = [(seed, c) for seed, c in enumerate(cases) if c.model.head_dim_v == c.model.head_dim
@@ -308,6 +355,82 @@ def test_the_v2_runner_of_a_release_that_ships_both_is_driven_per_case(cascade_w
     with pytest.raises(ValueError, match="set_dcp_capture_context"):  # not driven there: said, never a pass
         cascade_worker.run({"num_heads": 32, "num_kv_heads": 4, "tp": 4, "dcp": 2, "runner": "v2",
                             "cuda_graph": "full", "steps": [{"seq_lens": [5]}]})
+
+
+#: the V2 runner's drafter (drafter_v2) on 0.31.0: 3 speculative tokens, so 2 draft decode steps after the step; one
+#: long sequence, so FA3's scheduler splits its draft decode
+V2_DRAFTS = {"tp": 4, "draft_tokens": 3, "runner": "v2",
+             "steps": [{"seq_lens": [30000, 100], "query_lens": [1, 30]}]}
+
+
+@pytest.mark.engine
+def test_the_v2_drafter_of_a_release_that_ships_both_judges_each_draft_step_against_its_own_precompute(cascade_worker):
+    """0.31.0's own speculator (``AutoRegressiveSpeculator``: ``_configure_fused_multi_step_decode`` chooses the fused
+    path where every attention group ``supports_draft_decode_metadata_update``, DCP 1; ``_generate_fused_drafts``
+    has each group's builder recompute the metadata before the next draft step; DCP 2: the eager rebuild): every
+    draft decode call has a precompute of its own with the call's split count, on the path ``V2 drafter``."""
+    for graph in ("none", "piecewise"):
+        resp = cascade_worker.run({**V2_DRAFTS, "cuda_graph": graph})
+        drafts = [e for e in _pairs(resp) if "V2 drafter" in e["reached"]]
+        assert resp["findings"] == [] and len(drafts) == 2, graph  # 2 draft steps x 1 layer
+        assert all(e["aot"] and e["s_p"] == e["s_c"] == 109 and "V2 runner" in e["reached"] for e in drafts)
+    dcp = cascade_worker.run({**V2_DRAFTS, "num_heads": 32, "num_kv_heads": 4, "dcp": 2, "cuda_graph": "none"})
+    assert dcp["findings"] == [] and len([e for e in _pairs(dcp) if "V2 drafter" in e["reached"]]) == 2
+    v1 = cascade_worker.run({**V2_DRAFTS, "runner": None, "cuda_graph": "none"})  # the V1 runner's build_for_drafting
+    assert [e for e in _pairs(v1) if "drafter" in e["reached"]] and not any(
+        "V2 drafter" in e["reached"] for e in _pairs(v1))
+    full = cascade_worker.run({**V2_DRAFTS, "cuda_graph": "full"})  # the speculator's FULL draft-decode graph
+    drafts = [e for e in _pairs(full) if "V2 drafter" in e["reached"]]
+    assert full["findings"] == [] and drafts and all("V2 drafter FULL graph" in e["reached"] for e in drafts)
+
+
+#: finding 15 (docs/engines-vllm.md): gemma-2-9b's shapes at tp 2, both layers with window 4096, FULL_AND_PIECEWISE, a
+#: mixed target step (PIECEWISE) and 3 speculative tokens: the draft decode replays a FULL draft-decode graph
+WINDOWED_DRAFTS = {"num_heads": 16, "num_kv_heads": 8, "head_dim": 256, "tp": 2, "num_layers": 2,
+                   "sliding_window": 4096, "cuda_graph": "full_and_piecewise", "draft_tokens": 3, "runner": "v2",
+                   "steps": [{"seq_lens": [100, 17], "query_lens": [1, 17]}]}
+
+
+@pytest.mark.engine
+def test_the_v2_drafter_full_graph_first_step_reads_a_host_build_in_another_layout(cascade_worker):
+    """0.31.0's ``_fused_multi_step_decode`` builds the first draft step's metadata on the host
+    (``_build_uniform_attn_metadata``, ``max_seq_len`` = propose's ``draft_max_seq_len``, here 103) and replays the
+    graph captured with ``max_seq_len = max_model_len``; ``_generate_fused_drafts`` updates the metadata only between
+    draft steps, so the first replayed draft call reads that build: FA3 drops the window at the recompute (4095 >=
+    seqlen_k - 1) and keeps it in the captured call, 9 int32 values for a kernel that reads 13 (SHAPE at the replay,
+    silent), on both layers of the first draft step only; the second step reads the in-graph update."""
+    resp = cascade_worker.run(WINDOWED_DRAFTS)
+    found = resp["findings"]
+    assert {(f["invariant"], f["detail"]["path"]) for f in found} == {("SHAPE", "full: draft replay")}
+    assert len(found) == 2 and all(f["detail"].get("drafter") and f["detail"].get("replay") for f in found)
+    assert "13 int32 values (precompute produces 9)" in found[0]["message"]
+    target = [e for e in _pairs(resp) if "drafter" not in e["reached"]]
+    assert target and all(e["path"] == "piecewise" for e in target)
+
+
+@pytest.mark.engine
+def test_a_0_31_0_copy_whose_draft_update_asks_more_splits_than_its_call_is_found(tmp_path):
+    """Negative control (tests/release_copies.py DRAFT_UPDATE_SPLITS_0_31_0): the fused draft-decode update asks FA3
+    for a split bound of 128 where the draft call passes the metadata's 0: SPLIT_BOUND (S_p 128 vs 109) on the second
+    draft call only -- 0.31.0's ``_generate_fused_drafts`` updates the metadata between draft steps, not before the
+    first, which runs on the step-1 metadata ``_fused_multi_step_decode`` built --, none on the target step, where the
+    release itself passes the same scenario (above)."""
+    _needs(CASCADE_RELEASE)
+    from release_copies import DRAFT_UPDATE_SPLITS_0_31_0, vllm_patched_copy
+
+    from gpu_impl.engines.vllm.host import VllmSUT
+    from gpu_impl.sut import parse_engine
+
+    root = vllm_patched_copy(CASCADE_RELEASE, tmp_path / "seeded", DRAFT_UPDATE_SPLITS_0_31_0)
+    with VllmSUT(spec=parse_engine(f"vllm-src={root}"), progress=lambda line: None) as sut:
+        resp = sut.worker.run({**V2_DRAFTS, "cuda_graph": "none"})
+    found = resp["findings"]
+    assert {(f["invariant"], f["detail"]["s_p"], f["detail"]["s_c"]) for f in found} == {("SPLIT_BOUND", 128, 109)}
+    assert len(found) == 1 and found[0]["detail"].get("drafter")
+    drafts = [e for e in _pairs(resp) if "V2 drafter" in e["reached"]]
+    assert [e["s_p"] for e in drafts] == [109, 128]  # the step-1 build, then the seeded update
+    target = [e for e in _pairs(resp) if "V2 drafter" not in e["reached"]]
+    assert target and all(e["s_p"] == e["s_c"] for e in target)  # the target step is the release's own
 
 
 @pytest.mark.engine

@@ -155,3 +155,62 @@ def test_a_failing_release_with_its_replay_precompute_aligned_to_the_captured_ca
                                            for k in ("full", "full: capture")) > 0
         _, seen = replay(str(case), sut=sut)
         assert seen.verdict == "PASSES NOW" and not seen.findings
+
+
+def _drafter_findings_only(sut):
+    """``sut`` whose runs report only the findings on draft calls (the driver's ``detail.drafter``) of models whose K
+    and V head sizes agree, other than SHAPE: the campaign's first failure is then the first split finding on the
+    drafter path, whatever the release's own findings (its DiffKV precompute without ``headdim_v``, finding 11, reaches
+    its draft calls too: the draft metadata goes through the same ``_get_scheduler_metadata``; 0.28.0 .. 0.31.0's
+    FULL draft-decode graph layout, finding 15, is a SHAPE)."""
+    run = sut.run
+
+    def drafter_only(scenario, *args, **kwargs):
+        result = run(scenario, *args, **kwargs)
+        same = scenario.model.head_dim_v in (None, scenario.model.head_dim)
+        result.findings = [f for f in result.findings if f.detail.get("drafter") and same and f.invariant != "SHAPE"]
+        return result
+
+    sut.run = drafter_only
+    return sut
+
+
+@pytest.mark.engine
+def test_the_gate_family_finds_a_v2_draft_update_split_regression_on_0_31_0_on_five_seeds(tmp_path):
+    """0.31.0 (both runners; its V2 runner's drafter driven, family ``vllm-paths-both-drafts``) with the fused
+    draft-decode update asking a split bound of 128 where the draft call passes 0 (``DRAFT_UPDATE_SPLITS_0_31_0``):
+    the gate's own campaign, within its default budget, finds a split finding on a draft call on every seed. The
+    release fails its gate with findings of its own (docs/engines-vllm.md), so only draft-call findings count here;
+    the release itself has none on the same scenarios (tests/engines/test_vllm_paths.py)."""
+    _needs("0.31.0")
+    from fa3verify.commands.gate import gate
+    from release_copies import DRAFT_UPDATE_SPLITS_0_31_0, vllm_patched_copy
+
+    budget = inspect.signature(gate).parameters["budget_s"].default
+    seeded = vllm_patched_copy("0.31.0", tmp_path / "seeded", DRAFT_UPDATE_SPLITS_0_31_0)
+    with _started_as_the_gate_starts_it(_copy_sut(seeded)) as sut:
+        assert sut.domain().family == "vllm-paths-both-drafts"
+        _drafter_findings_only(sut)
+        found = {seed: _first_failure(sut, seed, budget_s=budget) for seed in SEEDS}
+    assert all(f is not None and f[0] in ("SPLIT_BOUND", "COMBINE_CAPACITY") for f in found.values()), found
+
+
+@pytest.mark.engine
+def test_the_gate_family_finds_a_v2_draft_graph_split_regression_on_0_34_0_on_five_seeds(tmp_path):
+    """0.34.0 (family ``vllm-v2``: a third of its cases draft, in every graph mode) with the fused draft-decode update
+    under a full-graph mode asking twice the split bound its draft call passes (``DRAFT_GRAPH_UPDATE_SPLITS_0_34_0``:
+    the FULL draft-decode graph's in-graph recompute): the gate's own campaign, within its default budget, finds a
+    split finding on a draft call on every seed (only draft-call findings count: the release fails its gate with
+    findings of its own; it has none on draft calls, tests/engines/test_engine_vllm_v2.py)."""
+    _needs("0.34.0")
+    from fa3verify.commands.gate import gate
+    from release_copies import DRAFT_GRAPH_UPDATE_SPLITS_0_34_0, vllm_patched_copy
+
+    budget = inspect.signature(gate).parameters["budget_s"].default
+    seeded = vllm_patched_copy("0.34.0", tmp_path / "seeded", DRAFT_GRAPH_UPDATE_SPLITS_0_34_0)
+    with _started_as_the_gate_starts_it(_copy_sut(seeded)) as sut:
+        assert sut.domain().family == "vllm-v2"
+        _drafter_findings_only(sut)
+        found = {seed: _first_failure(sut, seed, budget_s=budget) for seed in SEEDS}
+    assert all(f is not None and f[0] in ("SPLIT_BOUND", "COMBINE_CAPACITY", "CAPTURE_COVERS_REPLAY")
+               for f in found.values()), found

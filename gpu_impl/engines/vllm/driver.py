@@ -487,11 +487,13 @@ class Engine:
             from gpu_impl.engines.vllm.paths import STOOD_IN as PATHS_STOOD_IN
 
             return tuple(PATHS_STOOD_IN) + tuple(STOOD_IN_V1) + tuple(LAYERS_STOOD_IN) + self._v2_runner_stood_in()
+        from gpu_impl.engines.vllm.drafter_graphs import STOOD_IN as DRAFT_GRAPHS_STOOD_IN
         from gpu_impl.engines.vllm.drafter_v2 import STOOD_IN as DRAFTER_STOOD_IN
         from gpu_impl.engines.vllm.driver_v2 import STOOD_IN
         from gpu_impl.engines.vllm.heterolayers import STOOD_IN as LAYERS_STOOD_IN, STOOD_IN_V2
 
-        return tuple(STOOD_IN) + tuple(DRAFTER_STOOD_IN) + tuple(LAYERS_STOOD_IN) + tuple(STOOD_IN_V2)
+        return (tuple(STOOD_IN) + tuple(DRAFTER_STOOD_IN) + tuple(DRAFT_GRAPHS_STOOD_IN) + tuple(LAYERS_STOOD_IN)
+                + tuple(STOOD_IN_V2))
 
     def _v2_runner_stood_in(self) -> tuple:
         """What the V2 runner's generation stands in for on a release whose V2 runner a case may ask for (releases.json
@@ -575,6 +577,12 @@ class Engine:
                          "aot": (pre is not None) if drafter else md.scheduler_metadata is not None, **summary,
                          "reached": step_labels(s, st["query_lens"], st["seq_lens"], None if drafter else md,
                                                 runner, drafter=drafter)}
+                graphed = getattr(cfg, "draft_graph", {}).get(number - len(captured)) if drafter else None
+                if graphed:  # a draft call inside the V2 speculator's FULL draft-decode graph (drafter_graphs)
+                    from gpu_impl.engines.vllm.drafter_graphs import PATH as DRAFT_GRAPH
+
+                    entry["path"] = f"full: draft {graphed}"
+                    entry["reached"].append(DRAFT_GRAPH)
                 if source is not None and any(source.values()):
                     entry["source"] = source
                 if desc is not None:
@@ -587,9 +595,10 @@ class Engine:
                     finding = {"invariant": d.get("invariant", v.invariant), "step": index, "dp_rank": None,
                                "message": d.get("message", str(v)),
                                "detail": {"s_p": summary["s_p"], "s_c": summary["s_c"], "mode": entry["mode"],
-                                          "path": entry["path"],
+                                          "path": entry["path"], **({"drafter": True} if drafter else {}),
                                           "seq_lens": list(st["seq_lens"]), **d}}
-                    if finding["invariant"] == "SHAPE" and desc is not None and origin is None and path == "full":
+                    if finding["invariant"] == "SHAPE" and desc is not None and origin is None and (
+                            path == "full" and not drafter or graphed == "replay"):
                         finding["message"] = ("at a CUDA-graph replay FA3 checks nothing, so the captured kernel reads "
                                               "the recompute at the captured layout (a silent layout mismatch): "
                                               + finding["message"].replace(": FA3 raises, a loud and safe error",

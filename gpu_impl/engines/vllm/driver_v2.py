@@ -126,9 +126,6 @@ class ConfigV2(Config):
         if s["common_prefix"]:
             raise Unsupported("common_prefix: cascade attention is driven through the V1 runner only (driver "
                               "generation v1; the V2 runner has no cascade path)")
-        if s["draft_tokens"] > 1 and s["cuda_graph"] in ("full", "full_and_piecewise"):
-            raise Unsupported("draft_tokens: the V2 runner's draft decode under a FULL CUDA graph "
-                              "(SpeculatorCudaGraphManager) is not driven")
         if s["dcp"] > 1 and s["cuda_graph"] in ("full", "full_and_piecewise"):
             import vllm.v1.worker.gpu.cudagraph_utils as cg
 

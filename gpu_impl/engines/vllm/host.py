@@ -287,8 +287,9 @@ class VllmSUT(SystemUnderTest):
 
     def domain(self):
         """vLLM's configuration families (the suite's ``vllm`` family: graph modes, windows, KV dtype, DCP; ``vllm-v2``
-        for a release driven by the second generation, which adds vLLM's FULL_AND_PIECEWISE mode; each with its share
-        of layers that differ from the config and K/V head sizes that differ, ``strategies._differing_layers_case``),
+        for a release driven by the second generation, which adds vLLM's FULL_AND_PIECEWISE mode; ``vllm-paths-both``
+        where both runners are driven, ``vllm-paths-both-drafts`` where the V2 runner's drafter is driven too; each
+        with its share of layers that differ from the config and K/V head sizes that differ, ``strategies._differing_layers_case``),
         each drawn case kept only where vLLM's own config validation accepts it (:meth:`check_case`); reach per path.
         One per SUT."""
         if getattr(self, "_domain", None) is None:
@@ -304,6 +305,8 @@ class VllmSUT(SystemUnderTest):
                 family, keys = "vllm-v2", PATHS_V2
             else:  # the V1 runner's paths (shared prefixes, drafts), and the V2 runner where it ships both
                 family = "vllm-paths-both" if both_runners(self.release) else "vllm-paths"
+                if family == "vllm-paths-both" and table.get("V2 drafter") is None:
+                    family = "vllm-paths-both-drafts"  # the V2 runner's drafter is driven too
                 keys = ("none", "piecewise", "full")
             self._domain = ConfigDomain(str(self.spec), family=family, check=self.check_case,
                                         reach_keys=keys + tuple(k for k in PATH_KEYS if k not in keys),

@@ -101,16 +101,35 @@ def release_paths(release: str, generation: str | None = None) -> dict:
             # the V2 runner's drafter (drafter_v2), on the releases releases.json v2_runner.drafter names
             out[key] = None if release in _v2_runner().get("drafter", {}).get("releases", ()) else reasons["drafter@v2"]
             continue
+        if key in ("V2 drafter", "V2 drafter FULL graph"):  # after the V2 runner's own entry (below)
+            out[key] = None
+            continue
         if key == "local attention":
             out[key] = _local_reason(release, generation)
             continue
         out[key] = reasons.get(key)
+    out["V2 drafter"] = _v2_drafter_reason(release, generation, out["V2 runner"])
+    graphs = _v2_runner().get("drafter", {}).get("full_graph", {}).get("releases", ())
+    out["V2 drafter FULL graph"] = (out["V2 drafter"] if out["V2 drafter"] is not None else
+                                    None if release in graphs else reasons["V2 drafter FULL graph@v2"])
     return out
 
 
 def not_covered_reason(key: str) -> str:
     """The reason of paths.json ``not_covered`` under ``key`` (e.g. "layers differ from the config@v2 drafter")."""
     return _DATA["not_covered"][key]
+
+
+def _v2_drafter_reason(release: str, generation: str, runner_reason):
+    """None where the V2 runner's drafter (drafter_v2) is driven on ``release``, else why not: the V2 runner itself
+    not driven, or the release's measured reason (releases.json ``v2_runner.drafter.not_driven``), or the general
+    one."""
+    drafter = _v2_runner().get("drafter", {})
+    if runner_reason is not None:
+        return _DATA["not_covered"]["V2 drafter@v1"].format(runner=runner_reason)
+    if release in drafter.get("releases", ()):
+        return None
+    return drafter.get("not_driven", {}).get(release) or _DATA["not_covered"]["V2 drafter@v2"]
 
 
 def local_not_driven(key: str) -> str:
@@ -163,6 +182,8 @@ def step_labels(s: dict, query_lens, seq_lens, md, generation: str, drafter: boo
     cascade = bool(getattr(md, "use_cascade", False))
     if drafter:
         out.append("drafter")
+        if generation == "v2":
+            out.append("V2 drafter")
     if graph == "none" or (cascade and graph == "full"):
         out.append("eager")
     elif graph == "piecewise" or (graph == "full_and_piecewise" and max(query_lens) > 1):

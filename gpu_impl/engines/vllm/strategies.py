@@ -31,6 +31,7 @@ from .options import OPTIONS_KEY
 from .profiles import VLLM_RELEASES
 
 __all__ = ["FAMILIES", "NOT_ASSUMED_BY_VLLM", "GRAPH_MODES", "WINDOWS", "LENGTHS", "BATCH_SIZES", "WINDOW", "vllm_case", "vllm_full_graph_case",
+           "vllm_paths_both_drafts_case",
            "vllm_v2_case", "vllm_paths_case", "vllm_paths_both_case", "vllm_layers_case", "vllm_diffkv_case",
            "vllm_decode_tile_case",
            "vllm_family_label", "model_tp_points", "LOCAL_SHARE", "CHUNK_SIZES", "LAYERS_SHARE", "DIFFKV_SHARE", "DIFFKV_BLOCK_SIZES"]
@@ -105,13 +106,13 @@ def vllm_full_graph_case(rng: random.Random) -> Optional[FuzzCase]:
 def vllm_v2_case(rng: random.Random) -> Optional[FuzzCase]:
     """Family ``vllm-v2``: the ``vllm`` families for a release the V2 runner drives (0.34.0 on); half the
     full-graph draws take vLLM's default FULL_AND_PIECEWISE mode (``vllm.full_and_piecewise``: FULL graphs for
-    uniform decode batches, PIECEWISE for the rest), half its FULL mode; a third of the cases without a FULL graph
-    draft 2..4 speculative tokens after each step (``vllm.draft_tokens``, the V2 runner's drafter). A share of the
-    cases is redrawn first as chunked local attention (:func:`_chunked_local_case`; a full-graph one takes FULL or
-    FULL_AND_PIECEWISE, half each, as the others: the release resolves the mode), and
+    uniform decode batches, PIECEWISE for the rest), half its FULL mode; a third of the cases draft 2..4 speculative
+    tokens after each step (``vllm.draft_tokens``, the V2 runner's drafter; under a FULL mode through its FULL
+    draft-decode graphs). A share of the cases is redrawn first as chunked local attention (:func:`_chunked_local_case`;
+    a full-graph one takes FULL or FULL_AND_PIECEWISE, half each, as the others: the release resolves the mode), and
     as layers that differ from the config (:data:`LAYERS_SHARE`, under every CUDA-graph mode: the V2 runner's
     attention groups are the release's own) or, of the eager and piecewise cases, K/V head sizes that differ
-    (:data:`DIFFKV_SHARE`; :func:`_differing_layers_case`)."""
+    (:data:`DIFFKV_SHARE`; :func:`_differing_layers_case`); a redrawn case drafts nothing."""
     import dataclasses
 
     case = vllm_case(rng)
@@ -128,10 +129,11 @@ def vllm_v2_case(rng: random.Random) -> Optional[FuzzCase]:
     options = dict(case.options[OPTIONS_KEY])
     if case.server.cuda_graph:
         options["full_and_piecewise"] = full_and_piecewise
-    # the V2 runner's drafter (drafter_v2): in a third of the cases without a FULL graph, 2..4 speculative tokens
-    # (1..3 draft decode steps after each step), drawn from a second generator seeded by the case's seed
+    # the V2 runner's drafter (drafter_v2; under a FULL mode its FULL draft-decode graphs, drafter_graphs): in a
+    # third of the cases, 2..4 speculative tokens (1..3 draft decode steps after each step), drawn from a second
+    # generator seeded by the case's seed
     extra = random.Random(case.seed + 2)
-    if (not case.server.cuda_graph or options.get("piecewise")) and extra.random() < 1 / 3:
+    if extra.random() < 1 / 3:
         options["draft_tokens"] = extra.randint(2, 4)
     return dataclasses.replace(case, options={OPTIONS_KEY: options})
 
@@ -335,11 +337,16 @@ def _differing_layers_case(case: FuzzCase, graphs: bool = False) -> Optional[Fuz
     return None
 
 
-def vllm_paths_both_case(rng: random.Random) -> Optional[FuzzCase]:
+def vllm_paths_both_case(rng: random.Random, v2_drafts: bool = False) -> Optional[FuzzCase]:
     """Family ``vllm-paths-both``: ``vllm-paths`` for a release that ships both model runners, half the cases on its
     V2 runner (``vllm.runner = "v2"``, drawn from a third generator seeded by the case's seed; there half the
     full-graph cases take vLLM's FULL_AND_PIECEWISE mode, as ``vllm-v2`` draws them; chunked local layers and layers
-    that differ go to either runner)."""
+    that differ go to either runner). ``v2_drafts`` (family ``vllm-paths-both-drafts``): a V2 case drafts 2..4
+    speculative tokens in two thirds of the cases, in every graph mode (the V2 runner's speculator, ``drafter_v2``,
+    under a FULL mode its FULL draft-decode graphs; drawn from a generator seeded by the case's seed + 2, as
+    ``vllm-v2`` draws them: 0.28 .. 0.31 update the draft metadata between draft steps only, so the update needs 3
+    or 4), except over chunked local layers or layers that differ (not driven with a drafter on the V2 runner:
+    paths.json); every other draw is the same as without."""
     import dataclasses
 
     case = vllm_paths_case(rng)
@@ -348,12 +355,27 @@ def vllm_paths_both_case(rng: random.Random) -> Optional[FuzzCase]:
     extra = random.Random(case.seed + 1)
     if extra.random() >= 0.5:
         return case
-    # cascade and the drafter's build_for_drafting are driven on the V1 runner only: not asked of the V2 runner
+    # cascade is driven on the V1 runner only, the drafter on the V2 runner where the release's speculator is driven
+    # (v2_drafts), not over chunked local layers or layers that differ: not asked of the V2 runner otherwise
     options = {k: v for k, v in case.options[OPTIONS_KEY].items() if k not in ("common_prefix", "draft_tokens")}
+    if v2_drafts and not options.get("layer_kv_heads") and not options.get("attention_chunk_size"):
+        draw = random.Random(case.seed + 2)
+        if draw.random() < V2_DRAFT_SHARE:
+            options["draft_tokens"] = draw.randint(2, 4)
     options["runner"] = "v2"
     if case.server.cuda_graph:
         options["full_and_piecewise"] = extra.random() < 0.5
     return dataclasses.replace(case, options={OPTIONS_KEY: options})
+
+
+#: Family ``vllm-paths-both-drafts``: the share of its V2 cases that draft 2..4 tokens
+V2_DRAFT_SHARE = 2 / 3
+
+
+def vllm_paths_both_drafts_case(rng: random.Random) -> Optional[FuzzCase]:
+    """Family ``vllm-paths-both-drafts``: ``vllm-paths-both`` for a release whose V2 runner's drafter is driven too
+    (releases.json ``v2_runner.drafter``): two thirds of its V2 cases draft 2..4 tokens."""
+    return vllm_paths_both_case(rng, v2_drafts=True)
 
 
 def vllm_decode_tile_case(rng: random.Random) -> Optional[FuzzCase]:
@@ -404,6 +426,7 @@ FAMILIES = {
     "vllm-v2": vllm_v2_case,
     "vllm-paths": vllm_paths_case,
     "vllm-paths-both": vllm_paths_both_case,
+    "vllm-paths-both-drafts": vllm_paths_both_drafts_case,
     "vllm-layers": vllm_layers_case,
     "vllm-diffkv": vllm_diffkv_case,
 }
