@@ -161,6 +161,18 @@ def test_dcp_skipped_context_replay_leaves_query_rows_uncovered(worker):
 
 
 @pytest.mark.engine
+def test_fresh_one_token_prompts_take_no_decode_graph_under_full_and_piecewise(worker):
+    """0.34.0 lets a batch take a decode graph only when no request is prefilling (``decode_graph_eligible``,
+    model_runner.py 1427-1438): four fresh one-token prompts run PIECEWISE under vLLM's default mode, so the skipped
+    DCP context attention has no captured call to read stale rows (the driver once replayed the decode graph for them
+    and reported a QUERY_COVER vLLM cannot reach). Under FULL the mixed graph replays them: finding 7, still found."""
+    steps = [{"seq_lens": [100] * 3}, {"seq_lens": [1] * 4, "query_lens": [1] * 4}]
+    assert worker.run({**DCP_SKIP, "cuda_graph": "full_and_piecewise", "steps": steps})["findings"] == []
+    full = worker.run({**DCP_SKIP, "steps": steps})
+    assert {f["invariant"] for f in full["findings"]} == {"QUERY_COVER", "READS_OWN_STEP_METADATA"}
+
+
+@pytest.mark.engine
 def test_full_graph_replay_of_a_recompute_in_another_layout_is_a_finding(worker):
     """The finding in 0.34.0's own code: a FULL graph is captured with max_seqlen_q = its token count and
     max_seqlen_k = max_model_len (cudagraph_utils.py:903, model_states/default.py:196); a replay's recompute sees the

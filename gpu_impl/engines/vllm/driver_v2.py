@@ -229,7 +229,7 @@ class ConfigV2(Config):
 
     # ------------------------------------------------------------------ one step
 
-    def dispatch(self, query_lens):
+    def dispatch(self, query_lens, seq_lens=None):
         """vLLM's descriptor for the batch (``CudaGraphManager.dispatch``, as ``execute_model`` asks it)."""
         from vllm.config.compilation import CUDAGraphMode
         from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
@@ -237,6 +237,12 @@ class ConfigV2(Config):
         n, t = len(query_lens), sum(query_lens)
         uniform = query_lens[0] if len(set(query_lens)) == 1 else None
         decode = max(query_lens) == 1
+        eligible = self._decode_graph_eligible(query_lens, seq_lens)
+        if eligible is not None:
+            from vllm.v1.worker.utils import get_uniform_decode_token_count
+
+            uniform = get_uniform_decode_token_count(n, t, max(query_lens), eligible)
+            decode = decode and eligible
         if self.graphs is None:
             return BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=t, num_reqs=n)
         # the release's own parameters: num_active_loras from 0.24, max_query_len from 0.28 (signature read)
@@ -245,6 +251,24 @@ class ConfigV2(Config):
         if "max_query_len" in params:
             return self.graphs.dispatch(*args, max_query_len=1 if decode else self._mixed_bound(query_lens))
         return self.graphs.dispatch(*args)
+
+    def _decode_graph_eligible(self, query_lens, seq_lens):
+        """Whether the release lets this batch take a decode graph (``decode_graph_eligible``, 0.31.0 on:
+        ``gather_batch_req_state`` in ``vllm/v1/worker/gpu/model_runner.py``, 1427-1438 of 0.34.0): no request is
+        prefilling, a one-token prefill over an existing context counting as a decode. None where the release asks no
+        such question (``get_uniform_decode_token_count`` without ``decode_graph_eligible``) or the lengths are not
+        given. A request whose query covers its whole sequence is a fresh prompt, so prefilling. Simplified: a request
+        whose query is shorter than its sequence is taken as not prefilling (the scenario has no prompt lengths, so a
+        chunked prefill's later chunk reads as a decode or a verify step)."""
+        if seq_lens is None:
+            return None
+        try:
+            from vllm.v1.worker.utils import get_uniform_decode_token_count
+        except ImportError:
+            return None
+        if "decode_graph_eligible" not in _parameters(get_uniform_decode_token_count):
+            return None
+        return not any(int(q) >= int(s) for q, s in zip(query_lens, seq_lens))
 
     def _mixed_bound(self, query_lens):
         """``max_query_len`` the release's ``execute_model`` hands ``dispatch`` for a batch that is not all one-token
@@ -330,7 +354,7 @@ class ConfigV2(Config):
         """One batch through the V2 runner's path; (metadata, path label, descriptor)."""
         from vllm.config.compilation import CUDAGraphMode
 
-        desc = self.dispatch(query_lens)
+        desc = self.dispatch(query_lens, seq_lens)
         full = desc.cg_mode == CUDAGraphMode.FULL
         front.metadata_groups = sum(len(groups) for groups in self.attn_groups)  # each builder precomputes
         if full and desc not in self.captured:
