@@ -47,13 +47,15 @@ def test_every_path_is_driven_or_not_covered_with_a_reason_on_every_release():
 
 def test_the_v2_drafter_is_a_path_of_its_own_driven_where_the_release_has_the_speculator():
     """``V2 drafter`` (drafter_v2): driven on 0.28.0 .. 0.34.0 (releases.json ``v2_runner.drafter``); on a release
-    whose V2 runner is driven but has no such speculator, the measured reason; where the V2 runner itself is not
-    driven, that reason."""
+    whose V2 runner is driven but has no such speculator, the measured reason (by an earlier driver generation: that
+    generation's); where the V2 runner itself is not driven, that reason."""
     for release in ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"):
         assert release_paths(release)["V2 drafter"] is None, release
     assert "_fused_multi_step_decode" in release_paths("0.27.1")["V2 drafter"]  # measured: the driver's refusal
     assert "No module named 'vllm.v1.worker.gpu.spec_decode.autoregressive'" in release_paths("0.18.0")["V2 drafter"]
-    assert "BatchExecutionDescriptor" in release_paths("0.17.1")["V2 drafter"]  # its V2 runner: not driven
+    # a V2 runner driven by an earlier generation (v2early, v2first): that generation's reason
+    assert "driver generation v2early" in release_paths("0.17.1")["V2 drafter"]
+    assert "driver generation v2first" in release_paths("0.12.0")["V2 drafter"]
     assert release_paths("0.10.0")["V2 drafter"].startswith("not driven: the V2 runner is not driven")
     # the speculator's FULL draft-decode graphs (drafter_graphs): wherever the V2 drafter is driven
     for release in ("0.28.0", "0.31.0", "0.33.0", "0.34.0"):

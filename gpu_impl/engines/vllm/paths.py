@@ -129,6 +129,11 @@ def _v2_drafter_reason(release: str, generation: str, runner_reason):
         return _DATA["not_covered"]["V2 drafter@v1"].format(runner=runner_reason)
     if release in drafter.get("releases", ()):
         return None
+    from .recipes import v2_runner_generation
+
+    runner_generation = v2_runner_generation(release)
+    if runner_generation != "v2":
+        return _DATA["not_covered"]["V2 drafter@early runner"].format(generation=runner_generation)
     return drafter.get("not_driven", {}).get(release) or _DATA["not_covered"]["V2 drafter@v2"]
 
 
