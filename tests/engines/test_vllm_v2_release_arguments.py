@@ -24,8 +24,11 @@ from gpu_impl.engines import envs
 from gpu_impl.engines.vllm import recipes
 
 V2 = json.loads(recipes.RELEASES_FILE.read_text())["v2_runner"]
-#: every release whose V2 runner generation v2 drives (beside the V1 runner, and 0.34.0's only runner)
-RELEASES = sorted(set(V2["driven"]) | {"0.34.0"}, key=recipes.version_key)
+#: every release whose V2 runner generation v2 drives (beside the V1 runner, and 0.34.0's only runner); the V2 runners
+#: that earlier generations drive (v2early, v2first: releases.json ``v2_runner.generation``) have no
+#: ``CudaGraphManager.dispatch`` for these arguments to reach
+RELEASES = sorted({r for r in V2["driven"] if recipes.v2_runner_generation(r) == "v2"} | {"0.34.0"},
+                  key=recipes.version_key)
 
 
 def _function(tree, name):

@@ -101,6 +101,7 @@ class ConfigV2First(ConfigV2Early):
                                              seq_lens=torch.zeros(s["max_num_seqs"], dtype=torch.int32))
         self._qsl = qsl
         self.table = torch.zeros(s["max_num_seqs"], self.max_blocks, dtype=torch.int32)
+        self.tables = (self.table,)  # one KV-cache group: the second generation's per-group tables
         self.block_tables = types.SimpleNamespace(input_block_tables=[self.table],
                                                   slot_mappings=torch.full((1, max_tokens), -1, dtype=torch.int64))
         self.graphs = self._graph_manager() if self.mode.has_full_cudagraphs() else None
