@@ -123,9 +123,6 @@ def test_generation_v0_makes_the_local_metadata_as_the_release_does(engine_sut, 
     assert [e["precompute"]["max_seqlen_k"] for e in pairs[:4]] == [1024, 1024, 1024, 32768]
     assert [e["precompute"]["batch_size"] for e in pairs[4:]] == [4, 4, 4, 2]
     assert all(e["s_p"] == e["s_c"] for e in pairs) and all("local attention" in e["reached"] for e in pairs)
-    if release == "0.10.0":   # the runner's virtual batches beside the local builder's own persistent buffer
-        with pytest.raises(Exception, match="not driven under a full CUDA graph on 0.10.0"):
-            engine_sut(f"vllm=={release}").worker.run({**LAYERS, "cuda_graph": "full", "steps": [DECODE]})
 
 
 #: two decode steps on the graph of capture size 2 (captured at the first): 3000 and 500 tokens, then one more each
@@ -155,6 +152,44 @@ def test_full_graph_replays_of_chunked_layers_read_their_captures_local_metadata
     assert all("local attention" in e["reached"] for e in replayed)
     control = worker.run({**REPLAYED, "attention_chunk_size": None})
     assert control["findings"] == [], control["findings"]
+
+
+@pytest.mark.engine
+#: 0.10.2 slow-marked: 0.10.1 pins the same wrapped-builder capture (0.10.2 differs in the capture's key lengths)
+@pytest.mark.parametrize("release", ["0.10.0", "0.10.1", pytest.param("0.10.2", marks=pytest.mark.slow)])
+def test_full_graph_replays_of_chunked_layers_on_0_10_read_their_group_s_refilled_metadata(engine_sut, release):
+    """0.10.0 .. 0.10.2 accept full CUDA graphs over chunked local layers; the chunked layers' group has a
+    FlashAttention builder of its own (0.10.0: the runner's ChunkedLocalAttentionSpec group; 0.10.1 .. 0.10.2: the
+    wrapped builder), which copies its precompute over the step's virtual batches into its own persistent buffer on
+    every build. A replay of the graph captured at the first step reads, in the three local layers, that buffer
+    refilled by the second step's build (the front matches its bytes to the step's precomputes of both groups):
+    the step's own local metadata (1024-token chunks: 953 and 501 keys), split counts within the capture's; no
+    finding. Control: the same steps without chunked layers pass."""
+    _needs(release)
+    worker = engine_sut(f"vllm=={release}").worker
+    resp = worker.run(dict(REPLAYED))
+    assert resp["findings"] == [] and resp["shape_errors"] == [], resp["findings"]
+    replayed = [e for e in _pairs(resp) if e.get("path") == "full"][4:]   # the second step's replay
+    assert [e["precompute"]["max_seqlen_k"] for e in replayed] == [953, 953, 953, 3001]
+    assert all("local attention" in e["reached"] and e["s_p"] == e["s_c"] for e in replayed)
+    control = worker.run({**REPLAYED, "attention_chunk_size": None})
+    assert control["findings"] == [], control["findings"]
+
+
+@pytest.mark.engine
+def test_a_stale_local_buffer_at_a_full_graph_replay_is_caught(tmp_path):
+    """Negative control of the test above: a copy of 0.10.1 whose FlashAttention builders store their precompute
+    into the persistent buffer only while it is all zero (the first store, the capture's; tests/release_copies.py
+    ``STORE_ONCE_0_33_0``, the same line in 0.10.1): at the second step's replay the three local layers (the
+    wrapped builder's buffer) and the global one read metadata made at the first step: READS_OWN_STEP_METADATA on
+    all four."""
+    _needs("0.10.1")
+    from release_copies import STORE_ONCE_0_33_0, vllm_patched_copy
+
+    with _copy_sut(vllm_patched_copy("0.10.1", tmp_path / "seeded", STORE_ONCE_0_33_0)) as sut:
+        resp = sut.worker.run(dict(REPLAYED))
+    stale = [f for f in resp["findings"] if f["invariant"] == "READS_OWN_STEP_METADATA"]
+    assert len(stale) == 4 and all(f["step"] == 1 for f in stale), resp["findings"]
 
 
 def test_no_pinned_memory_answers_both_ways_a_release_asks(monkeypatch):

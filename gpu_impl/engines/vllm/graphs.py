@@ -255,6 +255,8 @@ class V1Graphs:
         cam = self._common(len(q), desc.num_tokens, q, max_q, self.cfg.s["max_model_len"])
         with set_current_vllm_config(self.cfg.vc):
             md = self.cfg.builder.build_for_cudagraph_capture(cam)
+            if self.cfg.local is not None:  # every attention group, the chunked layers' wrapped builders too
+                self.cfg.local_md = self.cfg.local.build_for_capture(cam)
         front.recording = []
         try:
             self.cfg.forward(md, desc.num_tokens)
@@ -270,6 +272,9 @@ class V1Graphs:
 
         mode, desc, tokens, reqs = self.dispatch(query_lens)
         full = desc is not None and mode == self.full
+        # each attention group's builder precomputes for the batch (the chunked groups' beside the global one): the
+        # front matches a persistent buffer's bytes to the step's precomputes of all of them
+        front.metadata_groups = 1 + (len(self.cfg.local.groups) if self.cfg.local is not None else 0)
         if full and desc not in self.captured:
             self.captured[desc] = self._capture(desc, front)
             front.capture_events.extend(front.drain())

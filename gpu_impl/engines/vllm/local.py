@@ -17,9 +17,9 @@ CUDA graphs, as the release's runner resolves them (``_check_and_update_cudagrap
 ``resolve_cudagraph_mode_and_sizes``): the wrapped builder declares ``AttentionCGSupport.NEVER`` from 0.11.0, and a
 mode whose mixed batches run FULL graphs is then refused by vLLM ("please try cudagraph_mode=PIECEWISE"): such a
 scenario is refused with vLLM's message. 0.10.1 .. 0.10.2's wrapped builder keeps the FlashAttention builder's
-support (ALWAYS): full graphs over chunked local layers are accepted by those releases and not driven here (the
-capture of the wrapped builder is not imitated), refused with that reason. Piecewise graphs run the attention eagerly
-on the batch's own metadata and are driven.
+support (ALWAYS): full graphs over chunked local layers are accepted by those releases and driven (the capture
+builds each chunked group with the release's ``build_for_cudagraph_capture``; a replay re-issues the captured calls).
+Piecewise graphs run the attention eagerly on the batch's own metadata and are driven.
 """
 
 from __future__ import annotations
@@ -92,9 +92,10 @@ def refuse_unsupported(vc, s: dict, builder_cls, spec) -> None:
     support = _support(builder_cls, vc, spec)
     name = getattr(support, "name", str(support))
     if name != "NEVER":
-        raise Unsupported(f"cuda_graph: {s['cuda_graph']}: this release's chunked local builder keeps the "
-                          f"FlashAttention builder's CUDA-graph support ({name}); the capture of virtual batches under "
-                          "a FULL graph is not driven")
+        # 0.10.1 .. 0.10.2: the wrapped builder keeps the FlashAttention builder's support (ALWAYS) and the runner
+        # accepts the mode: driven (the capture builds each group with its build_for_cudagraph_capture, the
+        # wrapped build's virtual batches included; LocalGroups.build_for_capture)
+        return
     if s["cuda_graph"] == "full_and_piecewise":
         raise Unsupported("cuda_graph: full_and_piecewise: the chunked local builder declares NEVER, and the runner's "
                           "downgrade of the mode (to PIECEWISE or NONE) is not imitated by this driver generation")
@@ -148,6 +149,16 @@ class LocalGroups:
 
     def backend_for(self, chunk: int):
         return next(backend for c, backend, _, _ in self.groups if c == chunk)
+
+    def build_for_capture(self, cam) -> dict:
+        """Each chunked layer's metadata for a FULL graph's capture batch: its group's ``build_for_cudagraph_capture``,
+        as the V1 runner's ``_dummy_run`` builds every attention group (0.10.1 ``gpu_model_runner.py`` 2338-2340; the
+        base class's calls the wrapped ``build``, so the capture's virtual batches are made as new tensors)."""
+        out = {}
+        for _, _, builder, names in self.groups:
+            md = builder.build_for_cudagraph_capture(cam)
+            out.update({name: md for name in names})
+        return out
 
     def build(self, prefix: int, cam) -> dict:
         """Each chunked layer's metadata for one batch: its group's ``build`` (the release's virtual batches, then
