@@ -118,8 +118,10 @@ def _local_chunk(fa, s: dict):
     0.10.0's builder has no such branch (its runner makes the virtual batches for ChunkedLocalAttentionSpec groups,
     ``gpu_model_runner.py:769``), nor do layers of different chunk sizes exist there (refused). Under a full CUDA
     graph (0.9.1 .. 0.9.2) the builder's local tensors are new on every build, so a replay re-issues the captured
-    local calls on the capture's tensors, as the graph reads them (judged: READS_OWN_STEP_METADATA); 0.10.0's full
-    graph over chunked layers is refused (paths.json ``local_attention.not_covered`` "v0 full graph")."""
+    local calls on the capture's tensors, as the graph reads them (judged: READS_OWN_STEP_METADATA). 0.10.0's full
+    graph over chunked layers is driven: its ``_dummy_run`` builds the chunked group's capture metadata on the
+    runner's persistent arrays without virtual batches, and a replay's local calls read the chunked group's own
+    persistent metadata buffer, which the step's build over the virtual batches refills (``ConfigV0._metadata``)."""
     chunks = {c for c in (s["attention_chunk_size"] or ()) if c is not None}
     if not chunks:
         return None

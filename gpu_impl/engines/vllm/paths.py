@@ -115,7 +115,7 @@ def not_covered_reason(key: str) -> str:
 
 def local_not_driven(key: str) -> str:
     """The reason chunked local attention is not driven, by key of paths.json ``local_attention.not_covered`` ("v2",
-    "v0@0.10.0", "v0 full graph")."""
+    "v0@0.10.0", "v2 full graph@no-resolve")."""
     return _DATA["local_attention"]["not_covered"][key]
 
 
