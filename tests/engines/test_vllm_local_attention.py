@@ -157,20 +157,22 @@ def test_full_graph_replays_of_chunked_layers_read_their_captures_local_metadata
 @pytest.mark.engine
 #: 0.10.2 slow-marked: 0.10.1 pins the same wrapped-builder capture (0.10.2 differs in the capture's key lengths)
 @pytest.mark.parametrize("release", ["0.10.0", "0.10.1", pytest.param("0.10.2", marks=pytest.mark.slow)])
-def test_full_graph_replays_of_chunked_layers_on_0_10_read_their_group_s_refilled_metadata(engine_sut, release):
-    """0.10.0 .. 0.10.2 accept full CUDA graphs over chunked local layers; the chunked layers' group has a
-    FlashAttention builder of its own (0.10.0: the runner's ChunkedLocalAttentionSpec group; 0.10.1 .. 0.10.2: the
-    wrapped builder), which copies its precompute over the step's virtual batches into its own persistent buffer on
-    every build. A replay of the graph captured at the first step reads, in the three local layers, that buffer
-    refilled by the second step's build (the front matches its bytes to the step's precomputes of both groups):
-    the step's own local metadata (1024-token chunks: 953 and 501 keys), split counts within the capture's; no
-    finding. Control: the same steps without chunked layers pass."""
+def test_full_graph_replays_of_chunked_layers_on_0_10_read_refilled_metadata(engine_sut, release):
+    """0.10.0 .. 0.10.2 accept full CUDA graphs over chunked local layers, and a replay of the graph captured at the
+    first step reads, in the three local layers, a persistent metadata buffer refilled by the second step's build
+    (the front matches its bytes to the step's precomputes of both attention groups): no finding. 0.10.0: the chunked
+    KV-cache group's own builder's buffer, its precompute over the step's virtual batches (1024-token chunks: 953 and
+    501 keys); 0.10.1 .. 0.10.2: ``_dummy_run`` gives every layer of the KV-cache group the last attention group's
+    capture metadata (graphs.json ``capture_metadata_layers``), the global layers' (Llama 4's first layer is chunked),
+    so the local layers replay on the global builder's buffer (3001 keys). Control: the same steps without chunked
+    layers pass."""
     _needs(release)
     worker = engine_sut(f"vllm=={release}").worker
     resp = worker.run(dict(REPLAYED))
     assert resp["findings"] == [] and resp["shape_errors"] == [], resp["findings"]
     replayed = [e for e in _pairs(resp) if e.get("path") == "full"][4:]   # the second step's replay
-    assert [e["precompute"]["max_seqlen_k"] for e in replayed] == [953, 953, 953, 3001]
+    local_keys = 953 if release == "0.10.0" else 3001
+    assert [e["precompute"]["max_seqlen_k"] for e in replayed] == [local_keys] * 3 + [3001]
     assert all("local attention" in e["reached"] and e["s_p"] == e["s_c"] for e in replayed)
     control = worker.run({**REPLAYED, "attention_chunk_size": None})
     assert control["findings"] == [], control["findings"]
@@ -180,9 +182,8 @@ def test_full_graph_replays_of_chunked_layers_on_0_10_read_their_group_s_refille
 def test_a_stale_local_buffer_at_a_full_graph_replay_is_caught(tmp_path):
     """Negative control of the test above: a copy of 0.10.1 whose FlashAttention builders store their precompute
     into the persistent buffer only while it is all zero (the first store, the capture's; tests/release_copies.py
-    ``STORE_ONCE_0_33_0``, the same line in 0.10.1): at the second step's replay the three local layers (the
-    wrapped builder's buffer) and the global one read metadata made at the first step: READS_OWN_STEP_METADATA on
-    all four."""
+    ``STORE_ONCE_0_33_0``, the same line in 0.10.1): at the second step's replay the four layers read metadata made
+    at the first step: READS_OWN_STEP_METADATA on all four."""
     _needs("0.10.1")
     from release_copies import STORE_ONCE_0_33_0, vllm_patched_copy
 
@@ -190,6 +191,23 @@ def test_a_stale_local_buffer_at_a_full_graph_replay_is_caught(tmp_path):
         resp = sut.worker.run(dict(REPLAYED))
     stale = [f for f in resp["findings"] if f["invariant"] == "READS_OWN_STEP_METADATA"]
     assert len(stale) == 4 and all(f["step"] == 1 for f in stale), resp["findings"]
+
+
+def test_capture_metadata_goes_to_the_layers_the_release_s_dummy_run_gives_it_to():
+    """graphs.json ``capture_metadata_layers``: 0.10.1 .. 0.10.2 give every layer of the KV-cache group the last
+    attention group's capture metadata (the groups in the order of their first layer); 0.11.0 on each layer its own
+    group's. Controls: a model whose last-made group is a chunked one, and the later rule."""
+    from gpu_impl.engines.vllm.graphs import capture_metadata_rule, capture_seq_len_rule
+    from gpu_impl.engines.vllm.local import capture_layer_metadata
+
+    names, local = ["l0", "l1", "l2", "l3"], {"l0": "m1024", "l1": "m1024", "l3": "m2048"}
+    assert [capture_metadata_rule(r) for r in ("0.10.1", "0.10.2", "0.11.0")] == [
+        "kv_cache_group", "kv_cache_group", "attention_group"]
+    assert capture_seq_len_rule("0.10.2") == "max_model_len" and capture_seq_len_rule("0.11.0") == "max_query_len"
+    assert capture_layer_metadata("kv_cache_group", names, [1024, 1024, None, None], local) == {}
+    assert capture_layer_metadata("kv_cache_group", names, [None, 1024, None, 2048], local) == dict.fromkeys(
+        names, "m2048")
+    assert capture_layer_metadata("attention_group", names, [1024, 1024, None, 2048], local) is local
 
 
 def test_no_pinned_memory_answers_both_ways_a_release_asks(monkeypatch):

@@ -59,6 +59,13 @@ def capture_seq_len_rule(release) -> str:
     return "max_model_len" if release in rule["max_model_len"] else rule["default"]
 
 
+def capture_metadata_rule(release) -> str:
+    """'kv_cache_group' or 'attention_group': which layers get an attention group's capture metadata in
+    ``release``'s ``_dummy_run`` (graphs.json ``capture_metadata_layers``)."""
+    rule = _rules()["capture_metadata_layers"]
+    return "kv_cache_group" if release in rule["kv_cache_group"] else rule["default"]
+
+
 def resolve_capture_sizes(vc, s: dict) -> list:
     """The capture sizes as the release resolves them (``VllmConfig._set_cudagraph_sizes``) from the scenario's sizes,
     ``max_num_seqs`` and ``max_num_batched_tokens``; the mode is the scenario's (set on ``vc`` by the caller)."""
@@ -256,7 +263,11 @@ class V1Graphs:
         with set_current_vllm_config(self.cfg.vc):
             md = self.cfg.builder.build_for_cudagraph_capture(cam)
             if self.cfg.local is not None:  # every attention group, the chunked layers' wrapped builders too
-                self.cfg.local_md = self.cfg.local.build_for_capture(cam)
+                from gpu_impl.engines.vllm.local import capture_layer_metadata
+
+                self.cfg.local_md = capture_layer_metadata(capture_metadata_rule(self.release), list(self.cfg.layers),
+                                                           self.cfg.s["attention_chunk_size"] or [],
+                                                           self.cfg.local.build_for_capture(cam))
         front.recording = []
         try:
             self.cfg.forward(md, desc.num_tokens)

@@ -28,7 +28,8 @@ import inspect
 
 from gpu_impl.engines.protocol import Unsupported
 
-__all__ = ["LOCAL_MODULES", "FAKED_LOCAL", "chunked_backend", "LocalGroups", "refuse_unsupported", "runner_v2_mode"]
+__all__ = ["LOCAL_MODULES", "FAKED_LOCAL", "chunked_backend", "LocalGroups", "refuse_unsupported", "capture_layer_metadata",
+           "runner_v2_mode"]
 
 #: What the chunked local path fakes besides ``vllm_glue.FAKED`` (only in a scenario with chunked layers).
 FAKED_LOCAL = (
@@ -170,6 +171,24 @@ class LocalGroups:
             md = builder.build(prefix, cam)
             out.update({name: md for name in names})
         return out
+
+
+def capture_layer_metadata(rule: str, layer_names: list, chunks, local_md: dict) -> dict:
+    """The chunked groups' capture metadata by layer (a layer absent: the global group's), as the release's
+    ``_dummy_run`` assigns it (``rule``, graphs.json ``capture_metadata_layers``): 'attention_group', each layer its own
+    group's; 'kv_cache_group' (0.10.1 .. 0.10.2), every layer of the KV-cache group the metadata of its last attention
+    group, the groups made in the order of their backend's first layer (``chunks``: each layer's chunk size, None for
+    a global layer; one group per chunk size, as one wrapped backend per size)."""
+    if rule == "attention_group":
+        return local_md
+    order: list = []
+    for chunk in chunks:
+        if chunk not in order:
+            order.append(chunk)
+    if order[-1] is None:
+        return {}   # the global layers' group is the last: every layer reads its capture metadata
+    last = next(local_md[name] for name, chunk in zip(layer_names, chunks) if chunk == order[-1])
+    return {name: last for name in layer_names}
 
 
 def runner_v2_mode(vc, s: dict, attn_groups, support):
