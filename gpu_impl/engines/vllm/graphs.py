@@ -35,13 +35,16 @@ from pathlib import Path
 
 from gpu_impl.engines.protocol import Unsupported
 
-__all__ = ["V1Graphs", "resolve_capture_sizes", "STOOD_IN_V1", "capture_seq_len_rule"]
+__all__ = ["V1Graphs", "resolve_capture_sizes", "STOOD_IN_V1", "capture_seq_len_rule", "capture_metadata_rule"]
 
 #: What the first generation's capture and replay stand in for (reported in the driver's hello).
 STOOD_IN_V1 = (
     "the V1 runner's persistent input buffers and their fill (query_start_loc: rows past the batch at the token "
     "count; seq_lens: padded rows 0; a zero block table as wide as the runner's)",
     "the capture's dummy batch (_dummy_run: its request split and seq_lens by release, graphs.json)",
+    "the capture's metadata per layer where a KV-cache group has several attention groups (_dummy_run: each group's "
+    "own layers, or every layer of the KV-cache group the last group's on 0.10.1 .. 0.10.2; graphs.json "
+    "capture_metadata_layers)",
     "the runner's _check_and_update_cudagraph_mode (FULL modes only where the builder's cudagraph_support is ALWAYS)",
 )
 
