@@ -178,6 +178,27 @@ def test_full_graph_replays_of_chunked_layers_on_0_10_read_refilled_metadata(eng
     assert control["findings"] == [], control["findings"]
 
 
+#: a prefill of 8 requests (max_num_seqs 8) whose new tokens touch two 1024-token chunks each: 16 virtual batches
+OVERFLOWING = {**LAYERS, "capture_sizes": [1, 2, 4, 8], "max_model_len": 8192, "max_num_seqs": 8,
+               "steps": [{"seq_lens": [1500] * 8, "query_lens": [1000] * 8}]}
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("release", ["0.10.0", "0.10.1"])
+def test_more_virtual_batches_than_max_num_seqs_stop_the_release_under_a_full_graph(engine_sut, release):
+    """Under a full CUDA graph the chunked group's FlashAttention builder copies its precompute into its persistent
+    buffer of max_num_seqs + 1 int32; 16 virtual batches make 17: the release's own copy raises (RuntimeError), so the
+    step is refused naming it. Control: the same step under piecewise graphs runs (no buffer) and passes."""
+    _needs(release)
+    from gpu_impl.engines.errors import ScenarioUnsupported
+
+    worker = engine_sut(f"vllm=={release}").worker
+    with pytest.raises(ScenarioUnsupported, match=r"buffer of max_num_seqs \+ 1 = 9 int32 .* more virtual batches"):
+        worker.run({**OVERFLOWING, "cuda_graph": "full"})
+    piecewise = worker.run({**OVERFLOWING, "cuda_graph": "piecewise"})
+    assert piecewise["findings"] == [] and [e["precompute"]["batch_size"] for e in _pairs(piecewise)] == [16] * 3 + [8]
+
+
 @pytest.mark.engine
 def test_a_stale_local_buffer_at_a_full_graph_replay_is_caught(tmp_path):
     """Negative control of the test above: a copy of 0.10.1 whose FlashAttention builders store their precompute

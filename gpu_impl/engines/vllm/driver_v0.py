@@ -330,9 +330,12 @@ class ConfigV0:
                 local_md = self.local_builder.build_for_cudagraph_capture(cam)
                 self.local_md = {name: local_md for name in self.local_names}
             elif self.local_builder is not None:  # 0.10.0's runner: virtual batches for the chunked group, then build
+                from gpu_impl.engines.vllm.local import release_stops_on_buffer_overflow
+
                 local_cam = self.local_virtual(self.local_chunk, cam, self.s["block_size"])
-                local_md = _call(self.local_builder.build, {"common_prefix_len": 0, "common_attn_metadata": local_cam,
-                                                            "fast_build": False})
+                with release_stops_on_buffer_overflow(self.local_builder):
+                    local_md = _call(self.local_builder.build, {"common_prefix_len": 0,
+                                                                "common_attn_metadata": local_cam, "fast_build": False})
                 self.local_md = {name: local_md for name in self.local_names}
             try:
                 return _call(build, {**given, "common_prefix_len": 0, "common_attn_metadata": cam,

@@ -29,7 +29,7 @@ import inspect
 from gpu_impl.engines.protocol import Unsupported
 
 __all__ = ["LOCAL_MODULES", "FAKED_LOCAL", "chunked_backend", "LocalGroups", "refuse_unsupported", "capture_layer_metadata",
-           "runner_v2_mode"]
+           "release_stops_on_buffer_overflow", "runner_v2_mode"]
 
 #: What the chunked local path fakes besides ``vllm_glue.FAKED`` (only in a scenario with chunked layers).
 FAKED_LOCAL = (
@@ -168,9 +168,35 @@ class LocalGroups:
             raise Unsupported("common_prefix: cascade attention over chunked local layers is not driven")
         out = {}
         for _, _, builder, names in self.groups:
-            md = builder.build(prefix, cam)
+            with release_stops_on_buffer_overflow(builder):
+                md = builder.build(prefix, cam)
             out.update({name: md for name in names})
         return out
+
+
+class release_stops_on_buffer_overflow:  # noqa: N801 - a context manager, named for what it reports
+    """Around a chunked group's build under a full CUDA graph: the FlashAttention builder copies its precompute into
+    its persistent buffer of ``max_num_seqs + 1`` int32 (``self.scheduler_metadata[:n] = scheduler_metadata``,
+    ``vllm/v1/attention/backends/flash_attn.py`` 296 in 0.10.0, 330 in 0.10.1, 329 in 0.10.2), while the virtual
+    batches of a batch may outnumber ``max_num_seqs`` (one per request and chunk its new tokens touch): the release
+    itself raises there (RuntimeError, loud, before any FA3 call), so it does not run the step; Unsupported naming
+    that. Other errors pass."""
+
+    def __init__(self, builder):
+        self.builder = builder
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        buffer = getattr(self.builder, "scheduler_metadata", None)
+        if kind is not RuntimeError or buffer is None or "must match" not in str(exc):
+            return False
+        raise Unsupported(
+            f"attention_chunk_size: the chunked local builder copies its metadata over the step's virtual batches into "
+            f"its persistent buffer of max_num_seqs + 1 = {buffer.numel()} int32 under a full CUDA graph, and the "
+            f"step has more virtual batches than max_num_seqs: vLLM raises there (flash_attn.py "
+            f"'self.scheduler_metadata[:n] = scheduler_metadata': {' '.join(str(exc).split())[:120]})") from exc
 
 
 def capture_layer_metadata(rule: str, layer_names: list, chunks, local_md: dict) -> dict:
