@@ -55,6 +55,7 @@ REPLAYS = [
     (VLLM / "vllm-0.19.1-batch-invariant-layers-precompute-model-config-kv-heads.json", "0.20.0", 0),
     (VLLM / "vllm-0.9.2-full-graph-chunked-local-replay-reads-capture-metadata.json", "0.9.1", 1),
     (VLLM / "vllm-0.9.2-full-graph-chunked-local-replay-reads-capture-metadata.json", "0.9.2", 1),
+    (VLLM / "vllm-0.9.2-full-graph-chunked-local-replay-reads-capture-metadata.json", "0.10.0", 0),
     (VLLM / "vllm-0.13.0-dcp-batch-invariant-context-call-metadata-shape.json", "0.13.0", 1),
     (VLLM / "vllm-0.13.0-dcp-batch-invariant-context-call-metadata-shape.json", "0.17.0", 0),
     (VLLM / "v2-runner-full-graph-replay-fewer-requests-than-captured-0.17.1.json", "0.17.0", 1),

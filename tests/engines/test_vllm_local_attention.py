@@ -124,9 +124,6 @@ def test_generation_v0_makes_the_local_metadata_as_the_release_does(engine_sut, 
     assert [e["precompute"]["max_seqlen_k"] for e in pairs[:4]] == [1024, 1024, 1024, 32768]
     assert [e["precompute"]["batch_size"] for e in pairs[4:]] == [4, 4, 4, 2]
     assert all(e["s_p"] == e["s_c"] for e in pairs) and all("local attention" in e["reached"] for e in pairs)
-    if release == "0.10.0":   # the runner's virtual batches beside the local builder's own persistent buffer
-        with pytest.raises(Exception, match="not driven under a full CUDA graph on 0.10.0"):
-            engine_sut(f"vllm=={release}").worker.run({**LAYERS, "cuda_graph": "full", "steps": [DECODE]})
 
 
 #: two decode steps on the graph of capture size 2 (captured at the first): 3000 and 500 tokens, then one more each
@@ -156,6 +153,83 @@ def test_full_graph_replays_of_chunked_layers_read_their_captures_local_metadata
     assert all("local attention" in e["reached"] for e in replayed)
     control = worker.run({**REPLAYED, "attention_chunk_size": None})
     assert control["findings"] == [], control["findings"]
+
+
+@pytest.mark.engine
+#: 0.10.2 slow-marked: 0.10.1 pins the same wrapped-builder capture (0.10.2 differs in the capture's key lengths)
+@pytest.mark.parametrize("release", ["0.10.0", "0.10.1", pytest.param("0.10.2", marks=pytest.mark.slow)])
+def test_full_graph_replays_of_chunked_layers_on_0_10_read_refilled_metadata(engine_sut, release):
+    """0.10.0 .. 0.10.2 accept full CUDA graphs over chunked local layers, and a replay of the graph captured at the
+    first step reads, in the three local layers, a persistent metadata buffer refilled by the second step's build
+    (the front matches its bytes to the step's precomputes of both attention groups): no finding. 0.10.0: the chunked
+    KV-cache group's own builder's buffer, its precompute over the step's virtual batches (1024-token chunks: 953 and
+    501 keys); 0.10.1 .. 0.10.2: ``_dummy_run`` gives every layer of the KV-cache group the last attention group's
+    capture metadata (graphs.json ``capture_metadata_layers``), the global layers' (Llama 4's first layer is chunked),
+    so the local layers replay on the global builder's buffer (3001 keys). Control: the same steps without chunked
+    layers pass."""
+    _needs(release)
+    worker = engine_sut(f"vllm=={release}").worker
+    resp = worker.run(dict(REPLAYED))
+    assert resp["findings"] == [] and resp["shape_errors"] == [], resp["findings"]
+    replayed = [e for e in _pairs(resp) if e.get("path") == "full"][4:]   # the second step's replay
+    local_keys = 953 if release == "0.10.0" else 3001
+    assert [e["precompute"]["max_seqlen_k"] for e in replayed] == [local_keys] * 3 + [3001]
+    assert all("local attention" in e["reached"] and e["s_p"] == e["s_c"] for e in replayed)
+    control = worker.run({**REPLAYED, "attention_chunk_size": None})
+    assert control["findings"] == [], control["findings"]
+
+
+#: a prefill of 8 requests (max_num_seqs 8) whose new tokens touch two 1024-token chunks each: 16 virtual batches
+OVERFLOWING = {**LAYERS, "capture_sizes": [1, 2, 4, 8], "max_model_len": 8192, "max_num_seqs": 8,
+               "steps": [{"seq_lens": [1500] * 8, "query_lens": [1000] * 8}]}
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("release", ["0.10.0", "0.10.1"])
+def test_more_virtual_batches_than_max_num_seqs_stop_the_release_under_a_full_graph(engine_sut, release):
+    """Under a full CUDA graph the chunked group's FlashAttention builder copies its precompute into its persistent
+    buffer of max_num_seqs + 1 int32; 16 virtual batches make 17: the release's own copy raises (RuntimeError), so the
+    step is refused naming it. Control: the same step under piecewise graphs runs (no buffer) and passes."""
+    _needs(release)
+    from gpu_impl.engines.errors import ScenarioUnsupported
+
+    worker = engine_sut(f"vllm=={release}").worker
+    with pytest.raises(ScenarioUnsupported, match=r"buffer of max_num_seqs \+ 1 = 9 int32 .* more virtual batches"):
+        worker.run({**OVERFLOWING, "cuda_graph": "full"})
+    piecewise = worker.run({**OVERFLOWING, "cuda_graph": "piecewise"})
+    assert piecewise["findings"] == [] and [e["precompute"]["batch_size"] for e in _pairs(piecewise)] == [16] * 3 + [8]
+
+
+@pytest.mark.engine
+def test_a_stale_local_buffer_at_a_full_graph_replay_is_caught(tmp_path):
+    """Negative control of the test above: a copy of 0.10.1 whose FlashAttention builders store their precompute
+    into the persistent buffer only while it is all zero (the first store, the capture's; tests/release_copies.py
+    ``STORE_ONCE_0_33_0``, the same line in 0.10.1): at the second step's replay the four layers read metadata made
+    at the first step: READS_OWN_STEP_METADATA on all four."""
+    _needs("0.10.1")
+    from release_copies import STORE_ONCE_0_33_0, vllm_patched_copy
+
+    with _copy_sut(vllm_patched_copy("0.10.1", tmp_path / "seeded", STORE_ONCE_0_33_0)) as sut:
+        resp = sut.worker.run(dict(REPLAYED))
+    stale = [f for f in resp["findings"] if f["invariant"] == "READS_OWN_STEP_METADATA"]
+    assert len(stale) == 4 and all(f["step"] == 1 for f in stale), resp["findings"]
+
+
+def test_capture_metadata_goes_to_the_layers_the_release_s_dummy_run_gives_it_to():
+    """graphs.json ``capture_metadata_layers``: 0.10.1 .. 0.10.2 give every layer of the KV-cache group the last
+    attention group's capture metadata (the groups in the order of their first layer); 0.11.0 on each layer its own
+    group's. Controls: a model whose last-made group is a chunked one, and the later rule."""
+    from gpu_impl.engines.vllm.graphs import capture_metadata_rule, capture_seq_len_rule
+    from gpu_impl.engines.vllm.local import capture_layer_metadata
+
+    names, local = ["l0", "l1", "l2", "l3"], {"l0": "m1024", "l1": "m1024", "l3": "m2048"}
+    assert [capture_metadata_rule(r) for r in ("0.10.1", "0.10.2", "0.11.0")] == [
+        "kv_cache_group", "kv_cache_group", "attention_group"]
+    assert capture_seq_len_rule("0.10.2") == "max_model_len" and capture_seq_len_rule("0.11.0") == "max_query_len"
+    assert capture_layer_metadata("kv_cache_group", names, [1024, 1024, None, None], local) == {}
+    assert capture_layer_metadata("kv_cache_group", names, [None, 1024, None, 2048], local) == dict.fromkeys(
+        names, "m2048")
+    assert capture_layer_metadata("attention_group", names, [1024, 1024, None, 2048], local) is local
 
 
 def test_no_pinned_memory_answers_both_ways_a_release_asks(monkeypatch):

@@ -118,8 +118,10 @@ def _local_chunk(fa, s: dict):
     0.10.0's builder has no such branch (its runner makes the virtual batches for ChunkedLocalAttentionSpec groups,
     ``gpu_model_runner.py:769``), nor do layers of different chunk sizes exist there (refused). Under a full CUDA
     graph (0.9.1 .. 0.9.2) the builder's local tensors are new on every build, so a replay re-issues the captured
-    local calls on the capture's tensors, as the graph reads them (judged: READS_OWN_STEP_METADATA); 0.10.0's full
-    graph over chunked layers is refused (paths.json ``local_attention.not_covered`` "v0 full graph")."""
+    local calls on the capture's tensors, as the graph reads them (judged: READS_OWN_STEP_METADATA). 0.10.0's full
+    graph over chunked layers is driven: its ``_dummy_run`` builds the chunked group's capture metadata on the
+    runner's persistent arrays without virtual batches, and a replay's local calls read the chunked group's own
+    persistent metadata buffer, which the step's build over the virtual batches refills (``ConfigV0._metadata``)."""
     chunks = {c for c in (s["attention_chunk_size"] or ()) if c is not None}
     if not chunks:
         return None
@@ -128,9 +130,6 @@ def _local_chunk(fa, s: dict):
     if "attention_chunk_size" not in inspect.getsource(fa.FlashAttentionMetadataBuilder.build) \
             and _runner_virtual_batches() is None:
         raise Unsupported("attention_chunk_size: " + local_not_driven("v0@0.10.0"))
-    if s["cuda_graph"] == "full" and _runner_virtual_batches() is not None:
-        # 0.10.0: the runner's virtual batches (new tensors) beside the local builder's own persistent buffer
-        raise Unsupported("attention_chunk_size: " + local_not_driven("v0 full graph"))
     if len(chunks) > 1:
         raise Unsupported(f"attention_chunk_size: this release's runner has one chunk size per model "
                           f"(model_config.attention_chunk_size), got {sorted(chunks)}")
@@ -325,10 +324,18 @@ class ConfigV0:
         from vllm.config import set_current_vllm_config
 
         with set_current_vllm_config(self.vc):
-            if self.local_builder is not None:  # 0.10.0's runner: virtual batches for the chunked group, then build
+            if self.local_builder is not None and capture:
+                # 0.10.0's _dummy_run builds every KV-cache group's capture metadata on the runner's persistent
+                # arrays, the chunked group's too, without virtual batches (gpu_model_runner.py 2108-2130)
+                local_md = self.local_builder.build_for_cudagraph_capture(cam)
+                self.local_md = {name: local_md for name in self.local_names}
+            elif self.local_builder is not None:  # 0.10.0's runner: virtual batches for the chunked group, then build
+                from gpu_impl.engines.vllm.local import release_stops_on_buffer_overflow
+
                 local_cam = self.local_virtual(self.local_chunk, cam, self.s["block_size"])
-                local_md = _call(self.local_builder.build, {"common_prefix_len": 0, "common_attn_metadata": local_cam,
-                                                            "fast_build": False})
+                with release_stops_on_buffer_overflow(self.local_builder):
+                    local_md = _call(self.local_builder.build, {"common_prefix_len": 0,
+                                                                "common_attn_metadata": local_cam, "fast_build": False})
                 self.local_md = {name: local_md for name in self.local_names}
             try:
                 return _call(build, {**given, "common_prefix_len": 0, "common_attn_metadata": cam,
@@ -379,6 +386,9 @@ class ConfigV0:
         """One batch the way the runner of these releases steps it: (metadata, path label, graph descriptor)."""
         size = self._graph_size(sum(query_lens))
         desc = None
+        # each builder precomputes for the batch (0.10.0: the chunked group's own builder beside the global one):
+        # the front matches a persistent buffer's bytes to the step's precomputes of both
+        front.metadata_groups = 2 if self.local_builder is not None else 1
         if size is not None and size not in self.captured:
             self.captured[size] = self._capture(size, front)
             front.capture_events.extend(front.drain())

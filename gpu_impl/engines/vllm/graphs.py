@@ -39,7 +39,7 @@ from pathlib import Path
 
 from gpu_impl.engines.protocol import Unsupported
 
-__all__ = ["V1Graphs", "resolve_capture_sizes", "STOOD_IN_V1", "capture_seq_len_rule",
+__all__ = ["V1Graphs", "resolve_capture_sizes", "STOOD_IN_V1", "capture_seq_len_rule", "capture_metadata_rule",
            "capture_keeps_persistent_metadata"]
 
 #: What the first generation's capture and replay stand in for (reported in the driver's hello).
@@ -47,6 +47,9 @@ STOOD_IN_V1 = (
     "the V1 runner's persistent input buffers and their fill (query_start_loc: rows past the batch at the token "
     "count; seq_lens: padded rows 0; a zero block table as wide as the runner's)",
     "the capture's dummy batch (_dummy_run: its request split and seq_lens by release, graphs.json)",
+    "the capture's metadata per layer where a KV-cache group has several attention groups (_dummy_run: each group's "
+    "own layers, or every layer of the KV-cache group the last group's on 0.10.1 .. 0.10.2; graphs.json "
+    "capture_metadata_layers)",
     "the runner's _check_and_update_cudagraph_mode (FULL modes only where the builder's cudagraph_support is ALWAYS)",
 )
 
@@ -62,6 +65,13 @@ def capture_seq_len_rule(release) -> str:
     """'max_model_len' or 'max_query_len': the seq_lens of a capture batch in ``release`` (graphs.json)."""
     rule = _rules()["capture_seq_lens"]
     return "max_model_len" if release in rule["max_model_len"] else rule["default"]
+
+
+def capture_metadata_rule(release) -> str:
+    """'kv_cache_group' or 'attention_group': which layers get an attention group's capture metadata in
+    ``release``'s ``_dummy_run`` (graphs.json ``capture_metadata_layers``)."""
+    rule = _rules()["capture_metadata_layers"]
+    return "kv_cache_group" if release in rule["kv_cache_group"] else rule["default"]
 
 
 def resolve_capture_sizes(vc, s: dict) -> list:
@@ -296,6 +306,12 @@ class V1Graphs:
         cam = self._common(len(q), desc.num_tokens, q, max_q, self.cfg.s["max_model_len"])
         with set_current_vllm_config(self.cfg.vc):
             md = self.cfg.builder.build_for_cudagraph_capture(cam)
+            if self.cfg.local is not None:  # every attention group, the chunked layers' wrapped builders too
+                from gpu_impl.engines.vllm.local import capture_layer_metadata
+
+                self.cfg.local_md = capture_layer_metadata(capture_metadata_rule(self.release), list(self.cfg.layers),
+                                                           self.cfg.s["attention_chunk_size"] or [],
+                                                           self.cfg.local.build_for_capture(cam))
         front.recording = []
         try:
             self.cfg.forward(md, desc.num_tokens)
@@ -311,6 +327,9 @@ class V1Graphs:
 
         mode, desc, tokens, reqs = self.dispatch(query_lens)
         full = desc is not None and mode == self.full
+        # each attention group's builder precomputes for the batch (the chunked groups' beside the global one): the
+        # front matches a persistent buffer's bytes to the step's precomputes of all of them
+        front.metadata_groups = 1 + (len(self.cfg.local.groups) if self.cfg.local is not None else 0)
         if full and desc not in self.captured:
             with capture_keeps_persistent_metadata([self.cfg.builder], front):
                 self.captured[desc] = self._capture(desc, front)

@@ -17,9 +17,9 @@ CUDA graphs, as the release's runner resolves them (``_check_and_update_cudagrap
 ``resolve_cudagraph_mode_and_sizes``): the wrapped builder declares ``AttentionCGSupport.NEVER`` from 0.11.0, and a
 mode whose mixed batches run FULL graphs is then refused by vLLM ("please try cudagraph_mode=PIECEWISE"): such a
 scenario is refused with vLLM's message. 0.10.1 .. 0.10.2's wrapped builder keeps the FlashAttention builder's
-support (ALWAYS): full graphs over chunked local layers are accepted by those releases and not driven here (the
-capture of the wrapped builder is not imitated), refused with that reason. Piecewise graphs run the attention eagerly
-on the batch's own metadata and are driven.
+support (ALWAYS): full graphs over chunked local layers are accepted by those releases and driven (the capture
+builds each chunked group with the release's ``build_for_cudagraph_capture``; a replay re-issues the captured calls).
+Piecewise graphs run the attention eagerly on the batch's own metadata and are driven.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import inspect
 
 from gpu_impl.engines.protocol import Unsupported
 
-__all__ = ["LOCAL_MODULES", "FAKED_LOCAL", "chunked_backend", "LocalGroups", "refuse_unsupported", "runner_v2_mode"]
+__all__ = ["LOCAL_MODULES", "FAKED_LOCAL", "chunked_backend", "LocalGroups", "refuse_unsupported", "capture_layer_metadata",
+           "release_stops_on_buffer_overflow", "runner_v2_mode"]
 
 #: What the chunked local path fakes besides ``vllm_glue.FAKED`` (only in a scenario with chunked layers).
 FAKED_LOCAL = (
@@ -92,9 +93,10 @@ def refuse_unsupported(vc, s: dict, builder_cls, spec) -> None:
     support = _support(builder_cls, vc, spec)
     name = getattr(support, "name", str(support))
     if name != "NEVER":
-        raise Unsupported(f"cuda_graph: {s['cuda_graph']}: this release's chunked local builder keeps the "
-                          f"FlashAttention builder's CUDA-graph support ({name}); the capture of virtual batches under "
-                          "a FULL graph is not driven")
+        # 0.10.1 .. 0.10.2: the wrapped builder keeps the FlashAttention builder's support (ALWAYS) and the runner
+        # accepts the mode: driven (the capture builds each group with its build_for_cudagraph_capture, the
+        # wrapped build's virtual batches included; LocalGroups.build_for_capture)
+        return
     if s["cuda_graph"] == "full_and_piecewise":
         raise Unsupported("cuda_graph: full_and_piecewise: the chunked local builder declares NEVER, and the runner's "
                           "downgrade of the mode (to PIECEWISE or NONE) is not imitated by this driver generation")
@@ -149,6 +151,16 @@ class LocalGroups:
     def backend_for(self, chunk: int):
         return next(backend for c, backend, _, _ in self.groups if c == chunk)
 
+    def build_for_capture(self, cam) -> dict:
+        """Each chunked layer's metadata for a FULL graph's capture batch: its group's ``build_for_cudagraph_capture``,
+        as the V1 runner's ``_dummy_run`` builds every attention group (0.10.1 ``gpu_model_runner.py`` 2338-2340; the
+        base class's calls the wrapped ``build``, so the capture's virtual batches are made as new tensors)."""
+        out = {}
+        for _, _, builder, names in self.groups:
+            md = builder.build_for_cudagraph_capture(cam)
+            out.update({name: md for name in names})
+        return out
+
     def build(self, prefix: int, cam) -> dict:
         """Each chunked layer's metadata for one batch: its group's ``build`` (the release's virtual batches, then
         the FlashAttention builder's precompute), once per group as the runner builds once per attention group."""
@@ -156,9 +168,53 @@ class LocalGroups:
             raise Unsupported("common_prefix: cascade attention over chunked local layers is not driven")
         out = {}
         for _, _, builder, names in self.groups:
-            md = builder.build(prefix, cam)
+            with release_stops_on_buffer_overflow(builder):
+                md = builder.build(prefix, cam)
             out.update({name: md for name in names})
         return out
+
+
+class release_stops_on_buffer_overflow:  # noqa: N801 - a context manager, named for what it reports
+    """Around a chunked group's build under a full CUDA graph: the FlashAttention builder copies its precompute into
+    its persistent buffer of ``max_num_seqs + 1`` int32 (``self.scheduler_metadata[:n] = scheduler_metadata``,
+    ``vllm/v1/attention/backends/flash_attn.py`` 296 in 0.10.0, 330 in 0.10.1, 329 in 0.10.2), while the virtual
+    batches of a batch may outnumber ``max_num_seqs`` (one per request and chunk its new tokens touch): the release
+    itself raises there (RuntimeError, loud, before any FA3 call), so it does not run the step; Unsupported naming
+    that. Other errors pass."""
+
+    def __init__(self, builder):
+        self.builder = builder
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        buffer = getattr(self.builder, "scheduler_metadata", None)
+        if kind is not RuntimeError or buffer is None or "must match" not in str(exc):
+            return False
+        raise Unsupported(
+            f"attention_chunk_size: the chunked local builder copies its metadata over the step's virtual batches into "
+            f"its persistent buffer of max_num_seqs + 1 = {buffer.numel()} int32 under a full CUDA graph, and the "
+            f"step has more virtual batches than max_num_seqs: vLLM raises there (flash_attn.py "
+            f"'self.scheduler_metadata[:n] = scheduler_metadata': {' '.join(str(exc).split())[:120]})") from exc
+
+
+def capture_layer_metadata(rule: str, layer_names: list, chunks, local_md: dict) -> dict:
+    """The chunked groups' capture metadata by layer (a layer absent: the global group's), as the release's
+    ``_dummy_run`` assigns it (``rule``, graphs.json ``capture_metadata_layers``): 'attention_group', each layer its own
+    group's; 'kv_cache_group' (0.10.1 .. 0.10.2), every layer of the KV-cache group the metadata of its last attention
+    group, the groups made in the order of their backend's first layer (``chunks``: each layer's chunk size, None for
+    a global layer; one group per chunk size, as one wrapped backend per size)."""
+    if rule == "attention_group":
+        return local_md
+    order: list = []
+    for chunk in chunks:
+        if chunk not in order:
+            order.append(chunk)
+    if order[-1] is None:
+        return {}   # the global layers' group is the last: every layer reads its capture metadata
+    last = next(local_md[name] for name, chunk in zip(layer_names, chunks) if chunk == order[-1])
+    return {name: last for name in layer_names}
 
 
 def runner_v2_mode(vc, s: dict, attn_groups, support):

@@ -139,7 +139,7 @@ def _v2_drafter_reason(release: str, generation: str, runner_reason):
 
 def local_not_driven(key: str) -> str:
     """The reason chunked local attention is not driven, by key of paths.json ``local_attention.not_covered`` ("v2",
-    "v0@0.10.0", "v0 full graph")."""
+    "v0@0.10.0", "v2 full graph@no-resolve")."""
     return _DATA["local_attention"]["not_covered"][key]
 
 
