@@ -18,6 +18,8 @@ ENV_JOBS ?= 3
 #: engine worker or multi-rank launch is started once. Files are handed out longest first (tests/file_seconds.json,
 #: ordered by tests/conftest.py; --no-loadscope-reorder keeps xdist from reordering them by test count). TEST_JOBS=0 runs the suite in this process.
 TEST_JOBS ?= auto
+#: more pytest arguments for `make test`, e.g. PYTEST_ARGS=--junitxml=run.xml for scripts/file_seconds.py --from run.xml
+PYTEST_ARGS ?=
 
 .PHONY: check test setup clean bench engines mutation
 
@@ -56,7 +58,7 @@ engines: $(STAMP)
 # its reason in the summary.
 test: $(STAMP) $(BYTECODE) engines
 	@$(PY) -m compileall -q -j 0 refmodel spec gpu_impl fa3verify >/dev/null
-	FA3VERIFY_ENGINE_RELEASES="$(ENGINE_RELEASES)" PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15
+	FA3VERIFY_ENGINE_RELEASES="$(ENGINE_RELEASES)" PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/fa3verify bench

@@ -62,9 +62,11 @@ def _why(release: str, chosen: tuple) -> str:
             f"{ENV_ALL}=1 or `make test ENGINE_RELEASES=\"{release}\"` runs it")
 
 
-def vllm_worker(release: str):
+def vllm_worker(release: str, engine_sut=None):
     """A module fixture's body: the driver of vLLM ``release`` (skipped, naming the setup command, when its
-    environment is not built), closed after the module."""
+    environment is not built), closed after the module; given the session fixture ``engine_sut``, the test process's
+    shared worker for the release instead (tests/engine_pool.py: started once for every file of the process that
+    drives that release, closed at the session's end)."""
     import pytest
 
     from gpu_impl.engines import envs
@@ -72,6 +74,9 @@ def vllm_worker(release: str):
     if not envs.env_ready(release, engine="vllm"):
         pytest.skip(f"no environment for vllm {release} under {envs.env_dir(release, engine='vllm')}: run "
                     f"`fa3verify engine setup vllm=={release}` to build it")
+    if engine_sut is not None:
+        yield engine_sut(f"vllm=={release}").worker
+        return
     from gpu_impl.engines.vllm.host import VllmWorker
 
     w = VllmWorker(release, progress=lambda m: None)

@@ -1,13 +1,14 @@
-"""Source copies of installed sglang releases with a seeded regression, for negative controls (run as
-``sglang-src=PATH``): the release's package as a tree of links, with only the patched module written anew
-(nothing of sglang is committed to this repository; the patches are applied at test time and fail loudly when
-the release no longer contains what they patch)."""
+"""Source copies of installed sglang and vLLM releases with a seeded regression, for negative controls (run as
+``sglang-src=PATH`` / ``vllm-src=PATH``): the release's package as links, with only the patched modules written anew
+(nothing of sglang or vLLM is committed to this repository; the patches are applied at test time and fail loudly when
+the release no longer contains what they patch). Only the folders on the way to a patched module are made; every
+other file and folder is one link (vLLM's package is 6400 files: linking each took 6.5 s and deleting the copy 18 s
+on this project's machine, and a copy without the release's bytecode compiled every module it imported afresh)."""
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 
 BACKEND = Path("srt") / "layers" / "attention" / "flashattention_backend.py"
@@ -35,16 +36,43 @@ REPLAY_ONLY_HEADS_0_5_23 = (
 )
 
 
+def linked_copy(engine: str, release: str, root: Path, modules: dict, pycache: bool = True) -> Path:
+    """``root/<package>``: the ``engine`` release's installed package (``sglang`` or ``vllm``) as links, each module
+    of ``modules`` ({path in the package: patches}) written anew with its patches (:func:`patch_linked_module`);
+    returns ``root``. The folders on the way to those modules are real folders; everything else in the package is one
+    link per file or folder. A real folder's ``__pycache__`` is a folder of links to the release's bytecode
+    (``pycache``; else left out), so a patched module's stale bytecode is dropped from the copy alone."""
+    from gpu_impl.engines import envs
+
+    site = envs.env_dir(release, engine=engine) / "lib" / "python3.11" / "site-packages" / engine
+    root = Path(root)
+    real = {folder for module in modules for folder in Path(module).parents}
+    _link_tree(site, root / engine, Path(), real, pycache)
+    for module, patches in modules.items():
+        patch_linked_module(root / engine / module, patches, f"{engine} {release}: {module}")
+    return root
+
+
+def _link_tree(src: Path, dest: Path, here: Path, real: set, pycache: bool) -> None:
+    """``dest`` a real folder holding a link to each entry of ``src``, but for the folders in ``real`` (paths below
+    the package), made the same way, and ``__pycache__`` (see :func:`linked_copy`)."""
+    dest.mkdir(parents=True)
+    for entry in os.scandir(src):
+        if entry.name == "__pycache__":
+            if pycache:
+                (dest / entry.name).mkdir()
+                for pyc in os.scandir(entry.path):
+                    os.symlink(pyc.path, dest / entry.name / pyc.name)
+        elif here / entry.name in real:
+            _link_tree(Path(entry.path), dest / entry.name, here / entry.name, real, pycache)
+        else:
+            os.symlink(entry.path, dest / entry.name)
+
+
 def patched_copy(release: str, dest: Path, patches, module: Path = BACKEND) -> Path:
     """``dest/python``: release ``release``'s installed sglang as links, ``module`` patched (each pattern must
     match exactly once); returns the checkout root to pass as ``sglang-src=``."""
-    from gpu_impl.engines import envs
-
-    site = envs.env_dir(release) / "lib" / "python3.11" / "site-packages" / "sglang"
-    root = Path(dest) / "python"
-    shutil.copytree(site, root / "sglang", copy_function=os.symlink)
-    patch_linked_module(root / "sglang" / module, patches, f"sglang {release}: {module}")
-    return root
+    return linked_copy("sglang", release, Path(dest) / "python", {module: patches})
 
 
 def patch_linked_module(target: Path, patches, label: str) -> None:
@@ -76,16 +104,11 @@ PR20301_0_33_0 = (
 )
 
 
-def vllm_patched_copy(release: str, dest: Path, patches=(), module: Path = VLLM_BACKEND) -> Path:
+def vllm_patched_copy(release: str, dest: Path, patches=(), module: Path = VLLM_BACKEND, more=None) -> Path:
     """``dest``: vLLM release ``release``'s installed package as links (``dest/vllm``), ``module`` patched (each
-    pattern must match exactly once; none: the clean copy); returns the checkout root to pass as ``vllm-src=``."""
-    from gpu_impl.engines import envs
-
-    site = envs.env_dir(release, engine="vllm") / "lib" / "python3.11" / "site-packages" / "vllm"
-    root = Path(dest)
-    shutil.copytree(site, root / "vllm", copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
-    patch_linked_module(root / "vllm" / module, patches, f"vllm {release}: {module}")
-    return root
+    pattern must match exactly once; none: the clean copy) and each module of ``more`` ({path: patches}) likewise;
+    returns the checkout root to pass as ``vllm-src=``."""
+    return linked_copy("vllm", release, dest, {module: patches, **(more or {})}, pycache=False)
 
 
 #: The DiffKV finding of every release with the DiffKV backend (0.14.0 on: the builder's precompute passes no
@@ -115,6 +138,19 @@ ALIGNED_HALF_SPLITS_0_34_0 = CALL_HALF_SPLITS_0_34_0 + (
 ) + ALIGNED_DIFFKV_HEADDIM_V
 
 
+def record_captured_scalars_before(method: str) -> tuple:
+    """The patch of the aligned copies that adds ``build_for_cudagraph_capture`` to the builder, before its method
+    ``method``: it records the scalars each CUDA graph is captured with (``max_query_len`` and ``max_seq_len`` of the
+    capture's padded batch, keyed by its requests and tokens) and builds as the base class does."""
+    return (rf"(\n    def {method}\(\n)",
+            "\n    def build_for_cudagraph_capture(self, common_attn_metadata):\n"
+            "        captured = self.__dict__.setdefault(\"_captured_scalars\", {})\n"
+            "        captured[(common_attn_metadata.num_reqs, common_attn_metadata.num_actual_tokens)] = (\n"
+            "            common_attn_metadata.max_query_len, common_attn_metadata.max_seq_len)\n"
+            "        return super().build_for_cudagraph_capture(common_attn_metadata)\n"
+            r"\1")
+
+
 #: 0.34.0 with its full-graph replay finding fixed by aligning the replay's precompute with the captured call
 #: (docs/engines-vllm.md, "What would fix it"): the builder records the scalars each CUDA graph is captured with
 #: (``build_for_cudagraph_capture``: ``max_query_len`` and ``max_seq_len`` of the capture's padded batch), and a build
@@ -122,13 +158,7 @@ ALIGNED_HALF_SPLITS_0_34_0 = CALL_HALF_SPLITS_0_34_0 + (
 #: call runs with them. Eager, piecewise and batches above the largest graph keep their own. And the DiffKV finding
 #: fixed (:data:`ALIGNED_DIFFKV_HEADDIM_V`); :data:`ALIGNED_REPLAY_ONLY_0_34_0` without it.
 ALIGNED_REPLAY_ONLY_0_34_0 = (
-    (r"(\n    def _get_scheduler_metadata\(\n)",
-     "\n    def build_for_cudagraph_capture(self, common_attn_metadata):\n"
-     "        captured = self.__dict__.setdefault(\"_captured_scalars\", {})\n"
-     "        captured[(common_attn_metadata.num_reqs, common_attn_metadata.num_actual_tokens)] = (\n"
-     "            common_attn_metadata.max_query_len, common_attn_metadata.max_seq_len)\n"
-     "        return super().build_for_cudagraph_capture(common_attn_metadata)\n"
-     r"\1"),
+    record_captured_scalars_before("_get_scheduler_metadata"),
     (r"(\n        causal = common_attn_metadata\.causal\n)",
      r"\1        self._replay_scalars = (\n"
      r"            self.__dict__.get('_captured_scalars', {}).get((num_reqs, num_actual_tokens))\n"
@@ -166,13 +196,7 @@ ALIGNED_LAYER_KV_HEADS_0_20_0 = (
 #: ``build``) and precomputes inside a nested ``schedule``, which takes the captured scalars on a replay; and its
 #: DiffKV and layers findings fixed (:data:`ALIGNED_DIFFKV_HEADDIM_V`, :data:`ALIGNED_LAYER_KV_HEADS_0_20_0`).
 ALIGNED_REPLAY_0_20_0 = (
-    (r"(\n    def build\(\n)",
-     "\n    def build_for_cudagraph_capture(self, common_attn_metadata):\n"
-     "        captured = self.__dict__.setdefault(\"_captured_scalars\", {})\n"
-     "        captured[(common_attn_metadata.num_reqs, common_attn_metadata.num_actual_tokens)] = (\n"
-     "            common_attn_metadata.max_query_len, common_attn_metadata.max_seq_len)\n"
-     "        return super().build_for_cudagraph_capture(common_attn_metadata)\n"
-     r"\1"),
+    record_captured_scalars_before("build"),
     ALIGNED_REPLAY_0_34_0[1],
     (r"(\n            if aot_schedule:\n)(                return get_scheduler_metadata\(\n                    batch_size=batch_size,\n)",
      r"\1                if self.__dict__.get('_replay_scalars') is not None:\n"
@@ -222,10 +246,8 @@ def vllm_local_regression_copy(dest: Path, release: str = "0.33.0", aligned=None
     """vLLM ``release`` (its full-graph replay aligned by ``aligned``: :data:`ALIGNED_REPLAY_0_33_0` by default, the
     passing base of the 0.33.0 controls) with ``patches`` applied to its chunked local attention module (none: the
     passing control, the aligned copy with the release's own local path)."""
-    root = vllm_patched_copy(release, dest, ALIGNED_REPLAY_0_33_0 if aligned is None else aligned)
-    if patches:
-        patch_linked_module(root / "vllm" / VLLM_CHUNKED_LOCAL, patches, f"vllm {release}: {VLLM_CHUNKED_LOCAL}")
-    return root
+    return vllm_patched_copy(release, dest, ALIGNED_REPLAY_0_33_0 if aligned is None else aligned,
+                             more={VLLM_CHUNKED_LOCAL: patches} if patches else None)
 
 #: vLLM 0.33.0 whose metadata builder takes the precompute's KV heads from the model config
 #: (``ModelConfig.get_num_kv_heads``, as 0.11.0 .. 0.28.0 do) instead of its attention group's KV-cache spec, while each

@@ -7,16 +7,12 @@ and 0.5.23 (heads from attn_tp_size, guard for prefill CP and DP attention). The
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 from gpu_impl.config import ServerConfig, get_model
 from gpu_impl.engines import CheckoutImportError, NoPrecompute, UnknownRelease
-from gpu_impl.engines import envs
 from gpu_impl.scenario import Scenario, Step
 from gpu_impl.sut import EngineSpecError, open_sut
 
@@ -133,22 +129,13 @@ def test_old_release_guard_disables_the_precompute_under_dp_attention(sut_old):
 def _reverted_checkout(tmp_path: Path) -> Path:
     """0.5.23's installed sglang as a tree of links, with its backend patched at test time: heads from tp_size
     and the precompute guard removed (nothing of sglang is committed to this repository)."""
-    site = envs.env_dir(NEW) / "lib" / "python3.11" / "site-packages" / "sglang"
-    root = tmp_path / "sglang-reverted" / "python"
-    shutil.copytree(site, root / "sglang", copy_function=os.symlink)
-    backend = root / "sglang" / "srt" / "layers" / "attention" / "flashattention_backend.py"
-    text = backend.read_text()
+    from release_copies import patched_copy
+
+    # each pattern must match the 0.5.23 backend once (else the release no longer contains it)
     patches = [(r"attention_tp_size = get_parallel\(\)\.attn_tp_size", "attention_tp_size = get_parallel().tp_size"),
                (r"return bool\(get_parallel\(\)\.enable_prefill_cp or get_parallel\(\)\.attn_dp_enabled\)",
                 "return False")]
-    for pattern, repl in patches:
-        text, n = re.subn(pattern, repl, text)
-        assert n == 1, f"the 0.5.23 backend no longer contains {pattern!r}"
-    backend.unlink()
-    backend.write_text(text)
-    for pyc in (backend.parent / "__pycache__").glob("flashattention_backend.*"):
-        pyc.unlink()
-    return root
+    return patched_copy(NEW, tmp_path / "sglang-reverted", patches)
 
 
 @pytest.mark.engine

@@ -4,7 +4,8 @@ dispatch, capture and metadata code in front of the release's FlashAttention bui
 The unit tests need nothing; those marked ``engine`` run in the cached vllm 0.34.0 environment
 (``fa3verify engine setup vllm==0.34.0``) and skip, naming how to build it, without one. Numbers: the worked example
 of docs/facts-fa3.md section 1 (H=32, Hk=4, tp=4 -> 8 and 1 heads per rank; one 32768-token sequence and seven of
-100). One worker for the module (vLLM's import is paid once)."""
+100). The engine tests share the test process's worker for the release (tests/engine_pool.py: vLLM's import is paid
+once per test process)."""
 
 import json
 
@@ -55,8 +56,8 @@ def test_an_unregistered_release_is_told_its_nearest_generation_and_what_to_add(
 
 
 @pytest.fixture(scope="module")
-def worker():
-    yield from vllm_worker(RELEASE)
+def worker(engine_sut):
+    yield from vllm_worker(RELEASE, engine_sut)
 
 
 def _pairs(resp, path=None):

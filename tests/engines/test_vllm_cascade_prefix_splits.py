@@ -13,18 +13,12 @@ the case file ``tests/corpus_vllm/vllm-0.11.0-cascade-prefix-call-default-splits
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from gpu_impl.engines import envs
-
-from refmodel import call_inputs, precompute_inputs, resolve_schedule
 from refmodel.fa3_builds import VLLM_FORK_2D3B7508
-from refmodel.prepare import prepare_scheduler
-from spec import invariants
+from vllm_split_findings import replay_on_release, varlen_verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = ROOT / "tests" / "corpus_vllm" / "vllm-0.11.0-cascade-prefix-call-default-splits.json"
@@ -32,14 +26,10 @@ PREFIX, ROWS = 2048, 47  # the shared prefix; the step's query rows (seven decod
 
 
 def _verdict(call_num_splits: int, max_num_splits: int = 32) -> list:
-    # the prefix call of llama-3-8b at tp 8 (4 query heads, 1 KV head per rank): one row of the batch, non-causal
-    pre = resolve_schedule(precompute_inputs(1, ROWS, PREFIX, 4, 1, 128, varlen_q=True, page_size=16, causal=False,
-                                             num_splits=max_num_splits, build=VLLM_FORK_2D3B7508))
-    result = prepare_scheduler(pre, [PREFIX], seqlens_q=[ROWS])
-    call = resolve_schedule(call_inputs(1, ROWS, PREFIX, 4, 1, 128, varlen_q=True, page_size=16, causal=False,
-                                        num_splits=call_num_splits, total_q=ROWS, build=VLLM_FORK_2D3B7508))
-    assert pre.metadata_size == call.metadata_size == 2  # the semaphore and one split count: no SHAPE error
-    return invariants.check_all(pre, result, call, {"seqused_k": [PREFIX], "seqlens_q": [ROWS]})
+    # the prefix call of llama-3-8b at tp 8 (4 query heads, 1 KV head per rank): one row of the batch, non-causal;
+    # metadata of 2 slots on both sides (the semaphore and one split count): no SHAPE error
+    return varlen_verdict([PREFIX], [ROWS], 4, 1, 128, causal=False, build=VLLM_FORK_2D3B7508,
+                          precompute_splits=max_num_splits, call_splits=call_num_splits, metadata_size=2)
 
 
 def test_the_cascade_prefix_call_without_num_splits_overflows_its_partial_buffers():
@@ -65,10 +55,6 @@ def test_the_case_file_names_the_finding_and_the_release():
 @pytest.mark.slow
 @pytest.mark.engine
 def test_the_case_still_fails_on_vllm_0_11_0():
-    env = envs.env_dir("0.11.0", engine="vllm")  # $FA3VERIFY_ENGINE_HOME or the default home, as the replay sees it
-    if not (env / "bin" / "python").exists():
-        pytest.skip(f"no vllm 0.11.0 engine environment at {env} (fa3verify engine setup vllm==0.11.0)")
-    r = subprocess.run([sys.executable, "-m", "fa3verify", "replay", str(CASE), "--engine", "vllm==0.11.0"],
-                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    r = replay_on_release(CASE, "0.11.0")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "verdict: STILL FAILS" in r.stdout and "SPLIT_BOUND" in r.stdout

@@ -15,18 +15,12 @@ only with the release's engine environment).
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from gpu_impl.engines import envs
-
-from refmodel import call_inputs, precompute_inputs, resolve_schedule
 from refmodel.fa3_builds import VLLM_FORK_A8937124
-from refmodel.prepare import prepare_scheduler
-from spec import invariants
+from vllm_split_findings import replay_on_release, varlen_verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = ROOT / "tests" / "corpus_vllm" / "vllm-0.13.0-dcp-full-graph-context-call-default-splits.json"
@@ -35,13 +29,9 @@ LENS = [100, 2000, 300, 40]
 
 def _verdict(call_num_splits: int) -> list:
     # the context attention of starcoder at tp 2, DCP 2: 24 heads per rank gathered over DCP = 48 query heads, 1 KV head
-    pre = resolve_schedule(precompute_inputs(4, 1, 2000, 48, 1, 128, varlen_q=True, page_size=16, num_splits=32,
-                                             build=VLLM_FORK_A8937124))
-    result = prepare_scheduler(pre, LENS, seqlens_q=[1] * 4)
-    call = resolve_schedule(call_inputs(4, 1, 2000, 48, 1, 128, varlen_q=True, page_size=16,
-                                        num_splits=call_num_splits, total_q=4, build=VLLM_FORK_A8937124))
-    assert pre.metadata_size == call.metadata_size == 5   # the semaphore and 4 split counts: no SHAPE error
-    return invariants.check_all(pre, result, call, {"seqused_k": LENS, "seqlens_q": [1] * 4})
+    # metadata of 5 slots on both sides (the semaphore and 4 split counts): no SHAPE error
+    return varlen_verdict(LENS, [1] * 4, 48, 1, 128, build=VLLM_FORK_A8937124, precompute_splits=32,
+                          call_splits=call_num_splits, metadata_size=5)
 
 
 def test_the_dcp_context_call_without_num_splits_overflows_its_partial_buffers():
@@ -65,10 +55,6 @@ def test_the_case_file_names_the_finding_and_the_release():
 @pytest.mark.slow
 @pytest.mark.engine
 def test_the_case_still_fails_on_vllm_0_13_0():
-    env = envs.env_dir("0.13.0", engine="vllm")  # $FA3VERIFY_ENGINE_HOME or the default home, as the replay sees it
-    if not (env / "bin" / "python").exists():
-        pytest.skip(f"no vllm 0.13.0 engine environment at {env} (fa3verify engine setup vllm==0.13.0)")
-    r = subprocess.run([sys.executable, "-m", "fa3verify", "replay", str(CASE), "--engine", "vllm==0.13.0"],
-                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    r = replay_on_release(CASE, "0.13.0")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "verdict: STILL FAILS" in r.stdout and "SPLIT_BOUND" in r.stdout

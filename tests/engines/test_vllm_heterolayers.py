@@ -170,22 +170,16 @@ def test_0_28_0_precomputes_with_the_model_configs_heads_and_overflows(worker_0_
 
 
 @pytest.mark.engine
-def test_0_33_0_precomputes_each_groups_own_heads_and_passes():
+def test_0_33_0_precomputes_each_groups_own_heads_and_passes(engine_sut):
     _needs("0.33.0")
-    from gpu_impl.engines.vllm.host import VllmWorker
-
-    w = VllmWorker("0.33.0", progress=lambda m: None)
-    try:
-        resp = w.run(dict(HETERO))
-    finally:
-        w.close()
+    resp = engine_sut("vllm==0.33.0").worker.run(dict(HETERO))  # the test process's shared worker (engine_pool.py)
     pairs = [e for e in resp["trace"] if "s_c" in e]
     assert [p["precompute"]["num_heads_k"] for p in pairs] == [1, 8] and not resp["findings"]
     assert resp["kv_cache_grouping"] == "vllm.v1.core.kv_cache_planning.get_kv_cache_groups"
 
 
 @pytest.mark.engine
-def test_0_33_0_diffkv_precompute_without_headdim_v_overflows_from_block_size_128(tmp_path):
+def test_0_33_0_diffkv_precompute_without_headdim_v_overflows_from_block_size_128(tmp_path, engine_sut):
     """0.33.0's builder precomputes without ``headdim_v`` (FA3's wrapper then takes V = K = 192). With blocks of 16
     the paged KV cache is read without TMA for both V sizes (kBlockN 96 either way): the split counts agree and only
     the input mismatch is found. With blocks of 128 the call (V 128) reads it through TMA with kBlockN 128 while the
@@ -193,7 +187,7 @@ def test_0_33_0_diffkv_precompute_without_headdim_v_overflows_from_block_size_12
     (release_copies.ALIGNED_DIFFKV_HEADDIM_V) has no finding, and the corpus case found by ``vllm-diffkv`` passes on it."""
     _needs("0.33.0")
     from fa3verify.commands.replay import replay
-    from gpu_impl.engines.vllm.host import VllmSUT, VllmWorker
+    from gpu_impl.engines.vllm.host import VllmSUT
     from gpu_impl.sut import parse_engine
     from release_copies import ALIGNED_DIFFKV_HEADDIM_V, vllm_patched_copy
 
@@ -202,12 +196,9 @@ def test_0_33_0_diffkv_precompute_without_headdim_v_overflows_from_block_size_12
         return ([(p["precompute"]["headdim_v"], p["call"]["headdim_v"], p["s_p"], p["s_c"])
                  for p in resp["trace"] if "s_c" in p], {f["invariant"] for f in resp["findings"]})
 
-    w = VllmWorker("0.33.0", progress=lambda m: None)
-    try:
-        assert run(w, 16) == ([(192, 128, 10, 10)], {"SHARED_PRECOMPUTE_MATCHES_LAYER"})
-        assert run(w, 128) == ([(192, 128, 10, 7)], {"SHARED_PRECOMPUTE_MATCHES_LAYER", "SPLIT_BOUND"})
-    finally:
-        w.close()
+    w = engine_sut("vllm==0.33.0").worker  # the test process's shared worker (engine_pool.py)
+    assert run(w, 16) == ([(192, 128, 10, 10)], {"SHARED_PRECOMPUTE_MATCHES_LAYER"})
+    assert run(w, 128) == ([(192, 128, 10, 7)], {"SHARED_PRECOMPUTE_MATCHES_LAYER", "SPLIT_BOUND"})
     aligned = vllm_patched_copy("0.33.0", tmp_path / "aligned", ALIGNED_DIFFKV_HEADDIM_V)
     with VllmSUT(spec=parse_engine(f"vllm-src={aligned}"), progress=lambda m: None) as sut:
         sut.launch()
@@ -262,7 +253,7 @@ def _layers_campaign(sut, seed: int, budget_s):
 
 
 @pytest.mark.engine
-def test_negative_control_a_0_33_0_copy_reading_the_model_configs_heads_is_found_on_five_seeds(tmp_path):
+def test_negative_control_a_0_33_0_copy_reading_the_model_configs_heads_is_found_on_five_seeds(tmp_path, engine_sut):
     _needs("0.33.0")
     from fa3verify.commands.gate import gate
     from gpu_impl.engines.vllm.host import VllmSUT
@@ -276,8 +267,10 @@ def test_negative_control_a_0_33_0_copy_reading_the_model_configs_heads_is_found
         sut.start()
         found = {seed: _layers_campaign(sut, seed, budget) for seed in range(5)}
     assert all(f[0] in SPLIT_FINDINGS for f in found.values()), found
-    with VllmSUT("0.33.0", progress=lambda line: None) as clean:
-        clean.launch()
+    clean = engine_sut("vllm==0.33.0")  # the release on the test process's shared worker (engine_pool.py)
+    try:
         clean.start()
         invariant, cases = _layers_campaign(clean, 0, budget)
+    finally:
+        clean.close()
     assert invariant is None and cases > 5, (invariant, cases)

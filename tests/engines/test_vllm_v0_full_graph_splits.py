@@ -15,18 +15,15 @@ slow, only with the release's engine environment):
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from gpu_impl.engines import envs
 
 from refmodel import call_inputs, precompute_inputs, resolve_schedule
 from refmodel.fa3_builds import VLLM_FORK_8798F277
 from refmodel.prepare import prepare_scheduler
 from spec import invariants
+from vllm_split_findings import replay_on_release
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURED = ROOT / "tests" / "corpus_vllm" / "vllm-0.9.1-full-graph-replay-splits-above-the-captured-call.json"
@@ -81,19 +78,11 @@ def test_the_case_files_name_the_finding_and_the_release(path, release, invarian
     assert case["server"]["cuda_graph"] is True
 
 
-def _replay(path: Path, release: str) -> subprocess.CompletedProcess:
-    env = envs.env_dir(release, engine="vllm")  # $FA3VERIFY_ENGINE_HOME or the default home, as the replay sees it
-    if not (env / "bin" / "python").exists():
-        pytest.skip(f"no vllm {release} engine environment at {env} (fa3verify engine setup vllm=={release})")
-    return subprocess.run([sys.executable, "-m", "fa3verify", "replay", str(path), "--engine", f"vllm=={release}"],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
-
-
 @pytest.mark.slow
 @pytest.mark.engine
 @pytest.mark.parametrize("path, release, code", [(CAPTURED, "0.9.1", 1), (CAPTURED, "0.9.2", 0),
                                                  (ABOVE, "0.10.0", 1), (ABOVE, "0.11.0", 0)])
 def test_the_case_files_replay_on_their_release_and_the_fix(path, release, code):
-    r = _replay(path, release)
+    r = replay_on_release(path, release)
     assert r.returncode == code, r.stdout + r.stderr
     assert ("verdict: STILL FAILS" if code else "verdict: PASSES NOW") in r.stdout

@@ -14,9 +14,6 @@ fails."""
 from __future__ import annotations
 
 import ast
-import os
-import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -102,20 +99,14 @@ def test_vllm_accepts_the_probe_of_each_assumption_it_does_not_enforce(release):
 def _copy_with_validation(release: str, tmp_path: Path, reject: str) -> Path:
     """The release's installed sglang as a tree of links, with ``ServerArgs._handle_context_parallelism`` made to
     raise first when ``reject`` (a condition on ``self``) holds (patched at test time; nothing of sglang is kept)."""
-    site = _need_env(release)
-    root = tmp_path / f"sglang-{release}-patched" / "python"
-    shutil.copytree(site, root / "sglang", copy_function=os.symlink)
-    path = root / "sglang" / "srt" / "server_args.py"
-    text = path.read_text(encoding="utf-8")
-    text, n = re.subn(r"(\n    def _handle_context_parallelism\(self\):\n)",
-                      r"\1        if " + reject + ":\n            raise ValueError('patched copy: "
-                      + reject.replace("'", "") + " is rejected')\n", text)
-    assert n == 1, f"{release}'s server_args.py no longer has ServerArgs._handle_context_parallelism"
-    path.unlink()
-    path.write_text(text, encoding="utf-8")
-    for pyc in (path.parent / "__pycache__").glob("server_args.*"):
-        pyc.unlink()
-    return root
+    from release_copies import patched_copy
+
+    _need_env(release)
+    # the copy's ServerArgs._handle_context_parallelism must match once (else the release no longer has it)
+    patch = (r"(\n    def _handle_context_parallelism\(self\):\n)",
+             r"\1        if " + reject + ":\n            raise ValueError('patched copy: " + reject.replace("'", "")
+             + " is rejected')\n")
+    return patched_copy(release, tmp_path / f"sglang-{release}-patched", [patch], module=Path("srt") / "server_args.py")
 
 
 def _witness_stage(engine: str, tmp_path: Path, cache: dict):
