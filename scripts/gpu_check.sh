@@ -8,7 +8,7 @@
 # Steps: pick a Python (PYTHON, else ./.venv/bin/python, else python3); on a real run, if no FA3 module
 # imports and .whl/ holds wheels (the fa3-fwd wheel, carried there), install them into /tmp/site and put
 # it on PYTHONPATH; unpack .fa3builds/vllm-V.tar.xz (vLLM's FA3, scripts/prepare_fa3_builds.py) and pass each as
-# --vllm-fa3; run the check unbuffered, teeing a log; copy the summary, the log, the JUnit XML and
+# --fa3-build; run the check unbuffered, teeing a log; copy the summary, the log, the JUnit XML and
 # the case files (as one tarball) to $OUT when it is set. The exit status is gpu-check's:
 # 0 every stage met its expectation, 1 one did not, 3 a stage could not run, 2 bad arguments.
 set -uo pipefail
@@ -80,7 +80,7 @@ if [ "$DRY" = 0 ]; then
     mkdir -p "$dest"
     if tar -xJf "$archive" -C "$dest"; then
       name=$(basename "$archive" .tar.xz)
-      VLLM_ARGS+=(--vllm-fa3 "$dest/$name")
+      VLLM_ARGS+=(--fa3-build "$dest/$name")
       echo "[gpu_check.sh] vLLM FA3 build: $dest/$name"
     else
       echo "[gpu_check.sh] could not unpack $archive; that build is not checked"

@@ -7,7 +7,7 @@
 * ``.whl/``: the ``fa3-fwd`` wheel (upstream FA3, forward only), which ``scripts/gpu_check.sh`` installs there.
 * ``.fa3builds/vllm-V.tar.xz``: vLLM V's FA3 exactly as its wheel ships it: ``vllm/vllm_flash_attn/__init__.py``,
   ``flash_attn_interface.py`` and ``_vllm_fa3_C.abi3.so``, byte for byte (xz-compressed to fit a transfer). The
-  script gpu_check.sh unpacks each into a folder it passes as ``--vllm-fa3``. ``.fa3builds/manifest.json`` records
+  script gpu_check.sh unpacks each into a folder it passes as ``--fa3-build``. ``.fa3builds/manifest.json`` records
   each file's sha256 and the wheel it came from.
 
 Wheels come from the package registry (``pip download --no-deps``), or from ``--vllm-wheel``. The sglang-kernel

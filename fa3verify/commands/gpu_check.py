@@ -59,9 +59,9 @@ def add_arguments(p) -> None:
     p.add_argument("--workers", type=int, metavar="N",
                    help="worker processes (default: 1 in a dry run, else min(4, CPUs/4))")
     p.add_argument("--seed", type=int, default=0, help="seed of the fidelity configurations and fuzz cases")
-    p.add_argument("--vllm-fa3", action="append", default=[], metavar="DIR",
-                   help="also check the FA3 build a vLLM release ships: DIR holds its vllm/vllm_flash_attn "
-                        "(scripts/prepare_fa3_builds.py; repeatable)")
+    p.add_argument("--fa3-build", action="append", default=[], metavar="DIR",
+                   help="also check the FA3 build laid out in DIR (scripts/prepare_fa3_builds.py: an engine's own "
+                        "FA3 package as its wheel ships it; repeatable)")
     p.add_argument("--skip", action="append", default=[], metavar="STAGE", choices=STAGE_NAMES,
                    help=f"leave a stage out (repeatable): {', '.join(STAGE_NAMES)}")
 

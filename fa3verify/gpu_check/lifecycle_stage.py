@@ -203,11 +203,19 @@ class _Bench:
         from gpu_impl.oracle_check import closeness
         from refmodel.tolerance import reference_outputs
 
-        if bool(torch.isnan(out.float()).any()):
+        from gpu_impl.oracle_check import nan_rows
+
+        if nan_rows(out):
             return False
         exact, lowp = reference_outputs(self.q_cpu, self.k_cpu, self.v_cpu,
                                         cache_seqlens=torch.tensor(list(lens), dtype=torch.int32), causal=True)
         return bool(closeness(out.float().cpu(), exact, lowp)[0])
+
+
+def _has_nan(out) -> bool:
+    from gpu_impl.oracle_check import nan_rows
+
+    return bool(nan_rows(out))
 
 
 def _semaphore_offset(schedule) -> int:
@@ -280,7 +288,7 @@ def lifecycle_task(adapter: dict, seed: int = 0, part: str = "reuse") -> dict:
                                   "output_correct": pred["skipped_tiles"] == 0}
                 o["observed"] = {"semaphore_after": [int(md[many_sem].item())],
                                  "output_correct": many.correct(out, MANY_LENS),
-                                 "nan": bool(torch.isnan(out.float()).any())}
+                                 "nan": _has_nan(out)}
 
             observations.append(_observe(f"semaphore_start_{start}", stale))
     elif part in ("graph", "graph_heads"):
@@ -319,7 +327,7 @@ def lifecycle_task(adapter: dict, seed: int = 0, part: str = "reuse") -> dict:
             graph.replay()
             torch.cuda.synchronize()
             o["observed"] = {"output_correct": bench.correct(out_static, lens),
-                             "nan": bool(torch.isnan(out_static.float()).any())}
+                             "nan": _has_nan(out_static)}
 
         if worked:
             observations.append(_observe("graph_replay_pre_fix_heads",

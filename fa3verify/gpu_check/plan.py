@@ -39,8 +39,8 @@ class Plan:
     max_q_elems: int
     max_kv_elems: int
     seed: int
-    #: folders holding a vLLM release's ``vllm/vllm_flash_attn`` (``--vllm-fa3``): more FA3 builds to check
-    vllm_fa3_dirs: tuple = ()
+    #: the adapters of more FA3 builds to check (``--fa3-build DIR``: gpu_impl.kernels.laid_out_build)
+    build_adapters: tuple = ()
 
     @property
     def adapter(self) -> dict:
@@ -48,9 +48,8 @@ class Plan:
 
     @property
     def fidelity_adapters(self) -> tuple:
-        """Every FA3 build the fidelity stage checks: the main adapter's, then each vLLM build given."""
-        extra = tuple({"name": "fa3-vllm", "device": "cuda", "options": {"root": d}} for d in self.vllm_fa3_dirs)
-        return (self.adapter,) + (() if self.dry_run else extra)
+        """Every FA3 build the fidelity stage checks: the main adapter's, then each laid-out build given."""
+        return (self.adapter,) + (() if self.dry_run else tuple(self.build_adapters))
 
 
 def make_plan(args) -> Plan:
@@ -74,11 +73,14 @@ def make_plan(args) -> Plan:
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers: must be >= 1, got {args.workers}")
     workers = args.workers or (1 if dry else max(1, min(4, cpus // 4)))
-    vllm_dirs = tuple(os.path.abspath(d) for d in (getattr(args, "vllm_fa3", None) or ()))
-    for d in vllm_dirs:
-        if not os.path.isdir(os.path.join(d, "vllm", "vllm_flash_attn")):
-            raise UsageError(f"--vllm-fa3: {d} holds no vllm/vllm_flash_attn folder (scripts/prepare_fa3_builds.py "
-                             f"lays one out from a vLLM wheel)")
+    from gpu_impl.kernels import laid_out_build
+
+    build_adapters = []
+    for d in getattr(args, "fa3_build", None) or ():
+        try:
+            build_adapters.append(laid_out_build(d))
+        except ValueError as exc:
+            raise UsageError(f"--fa3-build: {exc}") from None
     return Plan(
         dry_run=dry, total_budget_s=float(total), fidelity_configs=int(n_fid),
         fidelity_chunk=max(1, min(250, -(-n_fid // max(1, workers)))) if not dry else max(1, -(-n_fid // 2)),
@@ -89,6 +91,6 @@ def make_plan(args) -> Plan:
         worked_timeout_s=60.0 if dry else 120.0, gpu_tests_timeout_s=90.0 if dry else 150.0,
         sanitizer_timeout_s=180.0, workers=workers,
         max_q_elems=(1 << 18) if dry else (1 << 26), max_kv_elems=(1 << 24) if dry else (1 << 29),
-        seed=int(args.seed), vllm_fa3_dirs=vllm_dirs)
+        seed=int(args.seed), build_adapters=tuple(build_adapters))
 
 

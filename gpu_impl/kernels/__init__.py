@@ -19,7 +19,7 @@ from typing import Callable
 from ..errors import KernelUnavailable, MetadataShapeError, OutOfBoundsAccess
 from .base import INVARIANTS, MODES, KernelAdapter, Violation
 
-__all__ = ["load", "register", "available", "KernelAdapter", "Violation", "INVARIANTS", "MODES",
+__all__ = ["load", "register", "available", "laid_out_build", "KernelAdapter", "Violation", "INVARIANTS", "MODES",
            "OutOfBoundsAccess", "KernelUnavailable", "MetadataShapeError"]
 
 _REGISTRY: dict[str, Callable[..., KernelAdapter]] = {}
@@ -48,6 +48,18 @@ def load(name: str, mode: str = "strict", device=None, **options) -> KernelAdapt
     except KeyError:
         raise ValueError(f"name: unknown kernel adapter {name!r}; registered: {', '.join(available())}") from None
     return factory(mode=mode, device=device, **options)
+
+
+def laid_out_build(path: str) -> dict:
+    """The adapter spec (``{"name", "device", "options"}``) of an FA3 build laid out in folder ``path`` by
+    ``scripts/prepare_fa3_builds.py``; ValueError naming what the folder should hold. Today's layout: an engine's own
+    FA3 package as its wheel ships it (vLLM's ``vllm/vllm_flash_attn``, adapter ``fa3-vllm``)."""
+    import os
+
+    if os.path.isdir(os.path.join(path, "vllm", "vllm_flash_attn")):
+        return {"name": "fa3-vllm", "device": "cuda", "options": {"root": os.path.abspath(path)}}
+    raise ValueError(f"{path} holds no laid-out FA3 build (vllm/vllm_flash_attn; scripts/prepare_fa3_builds.py lays "
+                     f"one out from a wheel)")
 
 
 def _emulated(**kw) -> KernelAdapter:

@@ -124,12 +124,12 @@ def test_vllm_fa3_refused_with_the_reason(tmp_path, monkeypatch):
             del sys.modules[name]
 
 
-def test_plan_refuses_a_vllm_folder_without_the_package(tmp_path):
+def test_plan_refuses_a_build_folder_without_a_laid_out_build(tmp_path):
     from fa3verify.errors import UsageError
 
     args = types.SimpleNamespace(dry_run=False, fidelity_configs=None, fuzz_budget_s=None, total_budget_s=None,
-                                 workers=1, seed=0, vllm_fa3=[str(tmp_path)])
-    with pytest.raises(UsageError, match="--vllm-fa3"):
+                                 workers=1, seed=0, fa3_build=[str(tmp_path)])
+    with pytest.raises(UsageError, match="--fa3-build"):
         make_plan(args)
     pkg = tmp_path / "vllm" / "vllm_flash_attn"
     pkg.mkdir(parents=True)

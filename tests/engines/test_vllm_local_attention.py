@@ -251,7 +251,7 @@ def test_no_pinned_memory_answers_both_ways_a_release_asks(monkeypatch):
         monkeypatch.setitem(sys.modules, "vllm.utils.torch_utils", fake)
         sys.modules["vllm"].utils = sys.modules["vllm.utils"]
         sys.modules["vllm.utils"].torch_utils = fake
-        local._no_pinned_memory()
+        local.no_pinned_memory()
         if hasattr(module, "PIN_MEMORY"):
             assert fake.PIN_MEMORY is False
         else:

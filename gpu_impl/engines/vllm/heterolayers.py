@@ -273,9 +273,9 @@ def runner_attention_groups(cfg, raw_groups=None):
     s = cfg.s
     chunks = s["attention_chunk_size"] or [None] * len(cfg.layers)
     if any(chunks):
-        from gpu_impl.engines.vllm.local import _no_pinned_memory
+        from gpu_impl.engines.vllm.local import no_pinned_memory
 
-        _no_pinned_memory()  # local.FAKED_LOCAL
+        no_pinned_memory()  # local.FAKED_LOCAL
     for (name, layer), chunk in zip(cfg.layers.items(), chunks):
         if chunk is not None:
             from gpu_impl.engines.vllm.local import chunked_backend

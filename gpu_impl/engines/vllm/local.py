@@ -116,7 +116,7 @@ def refuse_unsupported(vc, s: dict, builder_cls, spec) -> None:
                       f"({vc.compilation_config.cudagraph_mode}); not driven")
 
 
-def _no_pinned_memory() -> None:
+def no_pinned_memory() -> None:
     """:data:`FAKED_LOCAL`: no pinned staging on a CPU torch."""
     import torch
 
@@ -137,7 +137,7 @@ class LocalGroups:
     KV-cache group's spec, and the layers it builds for."""
 
     def __init__(self, vc, s: dict, base_backend, spec, layer_chunks: dict, device):
-        _no_pinned_memory()
+        no_pinned_memory()
         self.groups = []
         by_chunk: dict = {}
         for name, chunk in layer_chunks.items():
