@@ -499,12 +499,11 @@ class Engine:
         """What the V2 runner's generation stands in for on a release whose V2 runner a case may ask for (releases.json
         ``v2_runner.driven``), each line naming that generation."""
         import importlib
-        import json
 
         from gpu_impl.engines.vllm import recipes
 
         release = getattr(self.vllm, "__version__", None)
-        if release not in json.loads(recipes.RELEASES_FILE.read_text())["v2_runner"]["driven"]:
+        if release not in recipes.v2_runner_table("driven"):
             return ()
         generation = recipes.v2_runner_generation(release)
         module = importlib.import_module(recipes.V2_RUNNER_CONFIGS[generation].split(":")[0])

@@ -99,11 +99,9 @@ def _parameters(fn) -> set:
 
 def _v2_table(name: str) -> dict:
     """One table of releases.json ``v2_runner`` (what a release's V2 runner passes where releases differ)."""
-    import json
+    from gpu_impl.engines.vllm.recipes import v2_runner_table
 
-    from gpu_impl.engines.vllm import recipes
-
-    return json.loads(recipes.RELEASES_FILE.read_text())["v2_runner"].get(name, {})
+    return v2_runner_table(name)
 
 
 def _field_names(obj) -> set:

@@ -160,9 +160,9 @@ def _local_reason(release: str, generation: str):
 def _v2_runner() -> dict:
     """releases.json's ``v2_runner``: the releases whose V2 runner is driven beside the V1 runner, and measured
     reasons for those whose V2 runner cannot be."""
-    from . import recipes
+    from .recipes import v2_runner_table
 
-    return json.loads(recipes.RELEASES_FILE.read_text())["v2_runner"]
+    return v2_runner_table()
 
 
 def both_runners(release: str) -> bool:

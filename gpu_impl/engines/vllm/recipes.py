@@ -239,10 +239,17 @@ V2_RUNNER_CONFIGS = {"v2": "gpu_impl.engines.vllm.driver_v2:ConfigV2",
                      "v2first": "gpu_impl.engines.vllm.driver_v2_first:ConfigV2First"}
 
 
+def v2_runner_table(name=None) -> dict:
+    """releases.json ``v2_runner`` (read once, with the rest of the file, at import), or its table ``name`` ({} where
+    absent): the one reader of it for the driver generations, the paths and the tests."""
+    table = _STATUS["v2_runner"]
+    return table if name is None else table.get(name, {})
+
+
 def v2_runner_generation(release) -> str:
     """The driver generation of ``release``'s V2 runner where it ships both runners: the one releases.json
     ``v2_runner.generation`` lists it under, else ``v2``."""
-    table = json.loads(RELEASES_FILE.read_text())["v2_runner"].get("generation", {})
+    table = v2_runner_table("generation")
     return next((g for g, releases in table.items() if g != "about" and release in releases), "v2")
 
 
