@@ -21,6 +21,7 @@ with its prediction (:func:`judge_observation`). The dry run skips it: semaphore
 from __future__ import annotations
 
 import functools
+import time
 from typing import TYPE_CHECKING, Optional
 
 from spec.finding import StageStatus
@@ -62,8 +63,9 @@ def run(check: GpuCheck, stage: Stage) -> None:
         stage.status, stage.message = StageStatus.INCONCLUSIVE, "no time left"
         return
     observations, describe = [], None
+    end = time.perf_counter() + limit
     for part in PARTS:
-        left = check.budget(limit, reserve=30)
+        left = min(end - time.perf_counter(), check.budget(limit, reserve=30))  # the stage's one budget
         if left < 10:
             observations.append({"name": part, "error": "no time left"})
             continue

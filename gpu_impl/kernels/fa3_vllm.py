@@ -64,11 +64,12 @@ def find_vllm_fa3(root: Optional[str] = None):
     if not getattr(iface, "FA3_AVAILABLE", False):
         raise KernelUnavailable(f"{VLLM_MODULE}: its FA3 library did not load: "
                                 f"{getattr(iface, 'FA3_UNAVAILABLE_REASON', '?')}")
-    release = _release_of(root, iface)
+    release = _release_of(root)
     return release, iface
 
 
-def _release_of(root: Optional[str], iface) -> Optional[str]:
+def _release_of(root: Optional[str]) -> Optional[str]:
+    """The vLLM release of a laid-out folder (named ``vllm-V``), else of an installed vLLM; None when neither says."""
     base = os.path.basename(os.path.normpath(root)) if root else ""
     if base.startswith("vllm-"):
         return base[len("vllm-"):]
