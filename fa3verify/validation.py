@@ -21,6 +21,7 @@ NUMERIC_OPTIONS: dict[str, tuple[str, Optional[float], Optional[float], bool]] =
     "timeout_s": ("float", 0.0, DAY_S, False),
     "budget_s": ("float", 0.0, DAY_S, False),
     "fuzz_budget_s": ("float", 0.0, DAY_S, False),
+    "fidelity_budget_s": ("float", 0.0, DAY_S, False),
     "total_budget_s": ("float", 0.0, DAY_S, False),
     "guard_timeout_s": ("float", 0.0, 3600.0, False),
     "cases": ("int", 1, 10_000_000, True),

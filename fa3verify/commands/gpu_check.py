@@ -85,6 +85,9 @@ def main(argv=None) -> int:
     add_arguments(p)
     args = p.parse_args(argv)
     try:
+        from ..validation import check_args
+
+        check_args(args)  # the CLI's shared ranges (fa3verify.validation), as the subcommand checks them
         return run(args)
     except UsageError as exc:
         print(f"fa3verify gpu-check: error: {exc}", file=sys.stderr)

@@ -268,3 +268,14 @@ def test_the_gpu_run_imports_and_collects_without_z3(tmp_path):
     bad = subprocess.run([sys.executable, "-c", code, "spec.theorems.edges"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "not installed on the GPU machine" in bad.stderr
+
+
+@pytest.mark.parametrize("arg", [["--fidelity-budget-s", "nan"], ["--fuzz-budget-s", "nan"],
+                                 ["--total-budget-s", "inf"], ["--fidelity-budget-s", "0"]])
+def test_the_module_entry_point_refuses_a_budget_that_is_no_finite_positive_number(arg, capsys):
+    """``python -m fa3verify.commands.gpu_check`` (the GPU machine's entry point when the CLI cannot load) checks the
+    CLI's shared ranges before anything runs: exit 2 naming the option (it once ran NaN budgets to an inconclusive)."""
+    from fa3verify.commands import gpu_check
+
+    assert gpu_check.main(["--dry-run", *arg]) == 2
+    assert arg[0] in capsys.readouterr().err
