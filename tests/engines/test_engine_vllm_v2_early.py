@@ -48,16 +48,6 @@ def worker():
     yield from vllm_worker(RELEASE)
 
 
-def _judged_under_the_release_build(monkeypatch, release: str) -> None:
-    """A ``vllm-src=`` copy is judged under the build modelled for 0.33.0 unless the driver is told otherwise
-    (``front.BUILD_VARIABLE``, which the host sets for a release and a worker inherits): a copy of ``release``'s
-    installed package holds ``release``'s FA3 library, so it is judged under the build that release ships."""
-    from gpu_impl.engines.vllm.front import BUILD_VARIABLE
-    from gpu_impl.engines.vllm.host import release_fa3_build
-
-    monkeypatch.setenv(BUILD_VARIABLE, release_fa3_build(release))
-
-
 def _pairs(resp, path=None):
     return [e for e in resp["trace"] if "s_c" in e and (path is None or e["path"] == path)]
 
@@ -118,24 +108,30 @@ def test_the_finding_case_file_replays_still_failing(worker):
     assert "SHAPE" in {f.invariant for f in seen.findings}
 
 
-@pytest.mark.engine
-def test_a_copy_whose_v2_runner_halves_the_call_split_bound_is_found(worker, tmp_path, monkeypatch):
-    """Negative control (:data:`V2_CALL_HALF_SPLITS_0_17_1`, seeded in the V2 runner's model state only): a FULL
-    graph of 8 requests, which the release replays with both sides at 32 (above), is found: SPLIT_BOUND, S_p 32 vs the
-    call's 16; the same scenario on the V1 runner of the copy passes (the regression is on one path)."""
+def _found_on_the_v2_runner_only(tmp_path, release: str, patches, module) -> None:
+    """A copy of ``release`` with ``patches`` in the V2 runner's ``module``, judged (as any checkout) under the FA3
+    build of the release it runs beside: its V2 runner's FULL graph of the skewed batch is SPLIT_BOUND, S_p 32 vs the
+    call's 16; the same scenario on the copy's V1 runner passes (the regression is on one path)."""
     from release_copies import vllm_patched_copy
 
     from gpu_impl.engines.vllm.host import VllmSUT
     from gpu_impl.sut import parse_engine
 
-    root = vllm_patched_copy(RELEASE, tmp_path / "seeded", V2_CALL_HALF_SPLITS_0_17_1, module=V2_MODEL_STATE)
-    _judged_under_the_release_build(monkeypatch, RELEASE)
+    root = vllm_patched_copy(release, tmp_path / "seeded", patches, module=module)
     with VllmSUT(spec=parse_engine(f"vllm-src={root}"), progress=lambda line: None) as sut:
         seeded = sut.worker.run({"tp": 4, "runner": "v2", "cuda_graph": "full", "steps": [{"seq_lens": SKEWED}]})
         v1 = sut.worker.run({"tp": 4, "cuda_graph": "full", "steps": [{"seq_lens": SKEWED}]})
     assert ("SPLIT_BOUND", 32, 16) in {(f["invariant"], f["detail"]["s_p"], f["detail"]["s_c"])
                                        for f in seeded["findings"]}
     assert v1["findings"] == []
+
+
+@pytest.mark.engine
+def test_a_copy_whose_v2_runner_halves_the_call_split_bound_is_found(worker, tmp_path):
+    """Negative control (:data:`V2_CALL_HALF_SPLITS_0_17_1`, seeded in the V2 runner's model state only): a FULL
+    graph of 8 requests, which the release replays with both sides at 32 (above), is found: SPLIT_BOUND, S_p 32 vs the
+    call's 16; the same scenario on the V1 runner of the copy passes (the regression is on one path)."""
+    _found_on_the_v2_runner_only(tmp_path, RELEASE, V2_CALL_HALF_SPLITS_0_17_1, V2_MODEL_STATE)
 
 
 
@@ -169,14 +165,13 @@ def _seeded_v2_split_findings(root, seeds=range(5)) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_the_seeded_v2_runner_regression_is_found_within_the_gate_budget_on_five_seeds(worker, tmp_path, monkeypatch):
+def test_the_seeded_v2_runner_regression_is_found_within_the_gate_budget_on_five_seeds(worker, tmp_path):
     """The copy of :func:`test_a_copy_whose_v2_runner_halves_the_call_split_bound_is_found` (which pins the same
     detection on one scenario, fast) under the gate's fuzz campaign: a split finding on a V2-runner case on every one of
     5 seeds within the default budget (the release's own findings, finding 14 among them, are found beside it)."""
     from release_copies import vllm_patched_copy
 
     root = vllm_patched_copy(RELEASE, tmp_path / "seeded", V2_CALL_HALF_SPLITS_0_17_1, module=V2_MODEL_STATE)
-    _judged_under_the_release_build(monkeypatch, RELEASE)
     found = _seeded_v2_split_findings(root)
     assert all(found.values()), found
 
@@ -230,33 +225,19 @@ def test_the_first_v2_runner_replays_full_graphs_and_runs_the_rest_eagerly(first
 
 
 @pytest.mark.engine
-def test_a_0_16_0_copy_whose_v2_runner_halves_the_call_split_bound_is_found(first_worker, tmp_path, monkeypatch):
+def test_a_0_16_0_copy_whose_v2_runner_halves_the_call_split_bound_is_found(first_worker, tmp_path):
     """Negative control (:data:`V2_CALL_HALF_SPLITS_0_16_0`, seeded in the V2 runner's build_attn_metadata only): the
     FULL graph scenario the release passes (above) is found, SPLIT_BOUND 32 vs 16; the copy's V1 runner passes it."""
-    from release_copies import vllm_patched_copy
-
-    from gpu_impl.engines.vllm.host import VllmSUT
-    from gpu_impl.sut import parse_engine
-
-    root = vllm_patched_copy(FIRST, tmp_path / "seeded", V2_CALL_HALF_SPLITS_0_16_0, module=V2_ATTN_UTILS)
-    _judged_under_the_release_build(monkeypatch, FIRST)
-    with VllmSUT(spec=parse_engine(f"vllm-src={root}"), progress=lambda line: None) as sut:
-        seeded = sut.worker.run({"tp": 4, "runner": "v2", "cuda_graph": "full", "steps": [{"seq_lens": SKEWED}]})
-        v1 = sut.worker.run({"tp": 4, "cuda_graph": "full", "steps": [{"seq_lens": SKEWED}]})
-    assert ("SPLIT_BOUND", 32, 16) in {(f["invariant"], f["detail"]["s_p"], f["detail"]["s_c"])
-                                       for f in seeded["findings"]}
-    assert v1["findings"] == []
+    _found_on_the_v2_runner_only(tmp_path, FIRST, V2_CALL_HALF_SPLITS_0_16_0, V2_ATTN_UTILS)
 
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_the_seeded_0_16_0_v2_runner_regression_is_found_within_the_gate_budget_on_five_seeds(first_worker, tmp_path,
-                                                                                              monkeypatch):
+def test_the_seeded_0_16_0_v2_runner_regression_is_found_within_the_gate_budget_on_five_seeds(first_worker, tmp_path):
     """:data:`V2_CALL_HALF_SPLITS_0_16_0` under the gate's fuzz campaign: a split finding on a V2-runner case on each of
     5 seeds within the default budget (the one-scenario test above pins the same detection, fast)."""
     from release_copies import vllm_patched_copy
 
     root = vllm_patched_copy(FIRST, tmp_path / "seeded", V2_CALL_HALF_SPLITS_0_16_0, module=V2_ATTN_UTILS)
-    _judged_under_the_release_build(monkeypatch, FIRST)
     found = _seeded_v2_split_findings(root)
     assert all(found.values()), found

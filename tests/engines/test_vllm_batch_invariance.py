@@ -50,12 +50,18 @@ def _constant_module():
     return m
 
 
-@pytest.mark.parametrize("make", [_cached_module, _constant_module], ids=["cached", "import-time constant"])
-def test_the_release_reads_each_configurations_setting(monkeypatch, make):
+def _installed_reading_off(monkeypatch, make):
+    """The release module ``make`` builds, installed while the variable says off; it reads off."""
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
     mod = make()
     monkeypatch.setitem(sys.modules, invariance.MODULE, mod)
     assert mod.vllm_is_batch_invariant() is False
+    return mod
+
+
+@pytest.mark.parametrize("make", [_cached_module, _constant_module], ids=["cached", "import-time constant"])
+def test_the_release_reads_each_configurations_setting(monkeypatch, make):
+    mod = _installed_reading_off(monkeypatch, make)
     for on in (True, False, True):
         invariance.set_batch_invariance(on)
         assert os.environ["VLLM_BATCH_INVARIANT"] == ("1" if on else "0")
@@ -66,10 +72,7 @@ def test_the_release_reads_each_configurations_setting(monkeypatch, make):
 @pytest.mark.parametrize("make", [_cached_module, _constant_module], ids=["cached", "import-time constant"])
 def test_negative_control_the_variable_alone_leaves_the_first_reading(monkeypatch, make):
     """What the worker did before: only the environment variable, so the release kept its first answer."""
-    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
-    mod = make()
-    monkeypatch.setitem(sys.modules, invariance.MODULE, mod)
-    assert mod.vllm_is_batch_invariant() is False
+    mod = _installed_reading_off(monkeypatch, make)
     os.environ["VLLM_BATCH_INVARIANT"] = "1"
     assert mod.vllm_is_batch_invariant() is False
 

@@ -175,6 +175,23 @@ def _drafter_findings_only(sut):
     return sut
 
 
+def _draft_regression_found_on_every_seed(tmp_path, release: str, patches, family: str, invariants: tuple) -> None:
+    """A copy of ``release`` with ``patches``, started as the gate starts it (its family ``family``), counting only
+    findings on draft calls: the gate's own campaign within its default budget finds one of ``invariants`` first on
+    every seed of :data:`SEEDS`."""
+    _needs(release)
+    from fa3verify.commands.gate import gate
+    from release_copies import vllm_patched_copy
+
+    budget = inspect.signature(gate).parameters["budget_s"].default
+    seeded = vllm_patched_copy(release, tmp_path / "seeded", patches)
+    with _started_as_the_gate_starts_it(_copy_sut(seeded)) as sut:
+        assert sut.domain().family == family
+        _drafter_findings_only(sut)
+        found = {seed: _first_failure(sut, seed, budget_s=budget) for seed in SEEDS}
+    assert all(f is not None and f[0] in invariants for f in found.values()), found
+
+
 @pytest.mark.engine
 def test_the_gate_family_finds_a_v2_draft_update_split_regression_on_0_31_0_on_five_seeds(tmp_path):
     """0.31.0 (both runners; its V2 runner's drafter driven, family ``vllm-paths-both-drafts``) with the fused
@@ -182,17 +199,10 @@ def test_the_gate_family_finds_a_v2_draft_update_split_regression_on_0_31_0_on_f
     the gate's own campaign, within its default budget, finds a split finding on a draft call on every seed. The
     release fails its gate with findings of its own (docs/engines-vllm.md), so only draft-call findings count here;
     the release itself has none on the same scenarios (tests/engines/test_vllm_paths.py)."""
-    _needs("0.31.0")
-    from fa3verify.commands.gate import gate
-    from release_copies import DRAFT_UPDATE_SPLITS_0_31_0, vllm_patched_copy
+    from release_copies import DRAFT_UPDATE_SPLITS_0_31_0
 
-    budget = inspect.signature(gate).parameters["budget_s"].default
-    seeded = vllm_patched_copy("0.31.0", tmp_path / "seeded", DRAFT_UPDATE_SPLITS_0_31_0)
-    with _started_as_the_gate_starts_it(_copy_sut(seeded)) as sut:
-        assert sut.domain().family == "vllm-paths-both-drafts"
-        _drafter_findings_only(sut)
-        found = {seed: _first_failure(sut, seed, budget_s=budget) for seed in SEEDS}
-    assert all(f is not None and f[0] in ("SPLIT_BOUND", "COMBINE_CAPACITY") for f in found.values()), found
+    _draft_regression_found_on_every_seed(tmp_path, "0.31.0", DRAFT_UPDATE_SPLITS_0_31_0, "vllm-paths-both-drafts",
+                                          ("SPLIT_BOUND", "COMBINE_CAPACITY"))
 
 
 @pytest.mark.engine
@@ -202,15 +212,7 @@ def test_the_gate_family_finds_a_v2_draft_graph_split_regression_on_0_34_0_on_fi
     the FULL draft-decode graph's in-graph recompute): the gate's own campaign, within its default budget, finds a
     split finding on a draft call on every seed (only draft-call findings count: the release fails its gate with
     findings of its own; it has none on draft calls, tests/engines/test_engine_vllm_v2.py)."""
-    _needs("0.34.0")
-    from fa3verify.commands.gate import gate
-    from release_copies import DRAFT_GRAPH_UPDATE_SPLITS_0_34_0, vllm_patched_copy
+    from release_copies import DRAFT_GRAPH_UPDATE_SPLITS_0_34_0
 
-    budget = inspect.signature(gate).parameters["budget_s"].default
-    seeded = vllm_patched_copy("0.34.0", tmp_path / "seeded", DRAFT_GRAPH_UPDATE_SPLITS_0_34_0)
-    with _started_as_the_gate_starts_it(_copy_sut(seeded)) as sut:
-        assert sut.domain().family == "vllm-v2"
-        _drafter_findings_only(sut)
-        found = {seed: _first_failure(sut, seed, budget_s=budget) for seed in SEEDS}
-    assert all(f is not None and f[0] in ("SPLIT_BOUND", "COMBINE_CAPACITY", "CAPTURE_COVERS_REPLAY")
-               for f in found.values()), found
+    _draft_regression_found_on_every_seed(tmp_path, "0.34.0", DRAFT_GRAPH_UPDATE_SPLITS_0_34_0, "vllm-v2",
+                                          ("SPLIT_BOUND", "COMBINE_CAPACITY", "CAPTURE_COVERS_REPLAY"))
