@@ -77,7 +77,14 @@ def patched_copy(release: str, dest: Path, patches, module: Path = BACKEND) -> P
 
 def patch_linked_module(target: Path, patches, label: str) -> None:
     """Replaces the link ``target`` by a patched copy of the file it points to (each pattern must match exactly
-    once) and drops that module's stale bytecode."""
+    once) and drops that module's stale bytecode. ``target`` must be a link in a real folder of the copy: through a
+    linked folder, the patch would replace the release's own file in its cached environment (every later run of
+    that release would then judge the patched code in the release's name), so that is refused."""
+    target = Path(target)
+    if not target.is_symlink() or target.parent.resolve() != Path(os.path.abspath(target.parent)):
+        raise AssertionError(f"{label}: {target} is not a link in a real folder of the copy; name the module when "
+                             f"the copy is made (linked_copy's modules, vllm_patched_copy's more=) so its folders "
+                             f"are made real")
     text = target.read_text()
     for pattern, repl in patches:
         text, n = re.subn(pattern, repl, text)

@@ -189,9 +189,25 @@ class _FakeRun:
         if step == "create venv":
             (envs.Path(cmd[-1]) / "bin").mkdir(parents=True)
             (envs.Path(cmd[-1]) / "bin" / "python").write_text("")
+        if step.startswith("install ") and ("vllm==" in step or "sglang==" in step):
+            _installed_package(envs.Path(cmd[cmd.index("-c") + 1]).parent, step.split()[1].split("==")[0])
         if step.startswith("read"):
             return json.dumps(["transformers==5.19.0"])
         return self.torch_line if step == "check torch" else ""
+
+
+def _installed_package(env, name):
+    """What an installer leaves: one module of ``name`` and its dist-info RECORD with the module's sha256."""
+    import base64
+    import hashlib
+
+    site = env / "lib" / "python3.11" / "site-packages"
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text("VERSION = 1\n")
+    digest = base64.urlsafe_b64encode(hashlib.sha256(b"VERSION = 1\n").digest()).rstrip(b"=").decode()
+    (site / f"{name}-1.0.dist-info").mkdir()
+    (site / f"{name}-1.0.dist-info" / "RECORD").write_text(f"{name}/__init__.py,sha256={digest},12\n"
+                                                           f"{name}-1.0.dist-info/RECORD,,\n")
 
 
 def _fake_build(monkeypatch, tmp_path, engine, release, run, offered=("2.13.0+cpu", "2.13.0")):
@@ -255,6 +271,41 @@ def test_a_cuda_torch_after_the_install_fails_the_build_and_leaves_no_stamp(monk
             _fake_build(monkeypatch, root, "sglang", "0.5.23", run)
         assert not (root / "sglang-0.5.23" / envs.STAMP).exists() and not envs.env_ready("0.5.23", root)
     envs.check_torch("x", "torch==2.13.0", "2.13.0+cpu None\n")
+
+
+def test_an_environment_whose_engine_code_was_edited_is_rebuilt_naming_the_file(monkeypatch, tmp_path):
+    """An environment is judged as its release: a module edited after the install (here as a patched copy that
+    wrote through a folder link would) is found against the wheel's RECORD and the environment rebuilt; the same
+    environment unedited is reused as it is (the control)."""
+    d = _fake_build(monkeypatch, tmp_path, "vllm", "0.33.0", _FakeRun())
+    reuse = _FakeRun()
+    monkeypatch.setattr(envs, "_run", reuse)
+    assert envs.ensure_env("0.33.0", progress=lambda line: None, root=tmp_path, engine="vllm") == d
+    assert reuse.cmds == []
+    (d / "lib" / "python3.11" / "site-packages" / "vllm" / "__init__.py").write_text("VERSION = 2\n")
+    lines, rebuild = [], _FakeRun()
+    monkeypatch.setattr(envs, "_run", rebuild)
+    assert envs.ensure_env("0.33.0", progress=lines.append, root=tmp_path, engine="vllm") == d
+    assert "differ from the release's RECORD (vllm/__init__.py); rebuilding" in lines[0]
+    assert [s for s, _ in rebuild.cmds][0] == "create venv" and envs.env_ready("0.33.0", tmp_path, "vllm")
+    assert (d / "lib" / "python3.11" / "site-packages" / "vllm" / "__init__.py").read_text() == "VERSION = 1\n"
+
+
+def test_a_build_whose_package_does_not_match_its_record_is_refused_unstamped(monkeypatch, tmp_path):
+    """Negative control of the build's own check: an install that leaves no RECORD is not stamped ready."""
+    import shutil
+
+    class NoRecord(_FakeRun):
+        def __call__(self, what, step, cmd, env=None, timeout=1800):
+            out = super().__call__(what, step, cmd, env, timeout)
+            if step == "import probe":
+                for info in envs.Path(cmd[0]).parents[1].glob("lib/python3.11/site-packages/*.dist-info"):
+                    shutil.rmtree(info)
+            return out
+
+    with pytest.raises(EnvSetupError, match="does not match its own RECORD"):
+        _fake_build(monkeypatch, tmp_path, "vllm", "0.33.0", NoRecord())
+    assert not envs.env_ready("0.33.0", tmp_path, "vllm")
 
 
 def test_a_directory_not_made_by_the_builder_is_never_removed(monkeypatch, tmp_path):
@@ -419,3 +470,27 @@ def test_every_import_probe_names_project_modules_that_exist():
     assert any(project_imports(p) for p in probes.values())  # the check reaches a project import
     assert {name: unresolved(p) for name, p in probes.items()} == {name: [] for name in probes}
     assert unresolved("from gpu_impl.engines import vllm_glue; vllm_glue.install()") == ["gpu_impl.engines.vllm_glue"]
+
+
+# ---------------------------------------------------------------- patched release copies never write the release
+
+
+def test_a_patched_copy_never_writes_through_a_link_into_the_release(monkeypatch, tmp_path):
+    """tests/release_copies.py: a module named when the copy is made is patched in the copy alone; patching one
+    reached through a linked folder is refused (it would have replaced the release's own file in its cached
+    environment), and the release's files are unchanged either way."""
+    import sys
+
+    sys.path.insert(0, str(envs.Path(__file__).resolve().parents[1]))
+    from release_copies import linked_copy, patch_linked_module
+
+    monkeypatch.setenv("FA3VERIFY_ENGINE_HOME", str(tmp_path / "home"))
+    site = envs.env_dir("0.33.0", engine="vllm") / "lib" / "python3.11" / "site-packages" / "vllm"
+    for module in ("named/one.py", "other/two.py"):
+        (site / module).parent.mkdir(parents=True, exist_ok=True)
+        (site / module).write_text("X = 1\n")
+    root = linked_copy("vllm", "0.33.0", tmp_path / "copy", {envs.Path("named/one.py"): ((r"X = 1", "X = 2"),)})
+    assert (root / "vllm" / "named" / "one.py").read_text() == "X = 2\n"
+    with pytest.raises(AssertionError, match="not a link in a real folder of the copy"):
+        patch_linked_module(root / "vllm" / "other" / "two.py", ((r"X = 1", "X = 3"),), "vllm 0.33.0 other")
+    assert (site / "named" / "one.py").read_text() == (site / "other" / "two.py").read_text() == "X = 1\n"

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_releases import vllm_worker
-from gpu_impl.engines import envs
+from engine_releases import need_vllm, vllm_worker
 
 #: Llama 4 Scout's attention at tp 8 (as tests/engines/test_vllm_local_attention.py): three chunked local layers and a
 #: global one; one long decode and a chunked prefill
@@ -41,9 +40,7 @@ CASE = Path(__file__).parent.parent / "corpus_vllm" / "v2-runner-layers-precompu
 
 
 def _needs(release: str) -> None:
-    if not envs.env_ready(release, engine="vllm"):
-        pytest.skip(f"no environment for vllm {release} under {envs.env_dir(release, engine='vllm')}: run "
-                    f"`fa3verify engine setup vllm=={release}` to build it")
+    need_vllm(release)
 
 
 def _pairs(resp):
@@ -182,20 +179,19 @@ def _local_copy(dest):
     return vllm_local_regression_copy(dest, release="0.34.0", aligned=ALIGNED_REPLAY_0_34_0)
 
 
-def _layers_copy(dest):
+def _layers_copy(dest, more=None):
     from release_copies import ALIGNED_REPLAY_0_34_0, MODEL_CONFIG_KV_HEADS_0_33_0, vllm_patched_copy
 
-    return vllm_patched_copy("0.34.0", dest, ALIGNED_REPLAY_0_34_0 + MODEL_CONFIG_KV_HEADS_0_33_0)
+    return vllm_patched_copy("0.34.0", dest, ALIGNED_REPLAY_0_34_0 + MODEL_CONFIG_KV_HEADS_0_33_0, more=more)
 
 
 @pytest.mark.engine
 def test_seeded_local_and_layers_regressions_on_the_v2_runner_are_caught_on_one_step(tmp_path):
     """One copy with both regressions (one worker start); each scenario reaches only its own path's."""
     _needs("0.34.0")
-    from release_copies import LOCAL_UNVIRTUALISED_PRECOMPUTE, VLLM_CHUNKED_LOCAL, patch_linked_module
+    from release_copies import LOCAL_UNVIRTUALISED_PRECOMPUTE, VLLM_CHUNKED_LOCAL
 
-    root = _layers_copy(tmp_path / "both")
-    patch_linked_module(root / "vllm" / VLLM_CHUNKED_LOCAL, LOCAL_UNVIRTUALISED_PRECOMPUTE, "vllm 0.34.0 local")
+    root = _layers_copy(tmp_path / "both", more={VLLM_CHUNKED_LOCAL: LOCAL_UNVIRTUALISED_PRECOMPUTE})
     with _copy_sut(root) as sut:
         local = sut.worker.run({**LOCAL, "steps": [DECODE]})
         layers = sut.worker.run({**LAYERS, "cuda_graph": "full"})
