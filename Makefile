@@ -49,8 +49,9 @@ check: $(STAMP)
 engines: $(STAMP)
 	FA3VERIFY_ENV_JOBS=$(ENV_JOBS) $(PY) -m gpu_impl.engines.envs $(ENGINE_RELEASES) $(addprefix vllm==,$(VLLM_RELEASES))
 
-# The suite's real-release sweeps run on ENGINE_RELEASES (tests/engine_releases.py); FA3VERIFY_ALL_RELEASES=1 runs
-# them on every release whose environment exists.
+# The suite's real-release tests run on ENGINE_RELEASES and VLLM_RELEASES (tests/engine_releases.py), whatever else the
+# engine home holds, so a machine with every release built runs what a fresh clone runs; FA3VERIFY_ALL_RELEASES=1
+# runs them on every release whose environment exists.
 # The project's own modules are compiled first and the suite runs with bytecode writing on: where the environment
 # sets PYTHONDONTWRITEBYTECODE=1, every CLI run, guard sandbox and rank the suite starts compiled the project's 200
 # modules again (0.25 s each), and each test process rewrote and compiled every test file (collection 13.1 s,
@@ -58,7 +59,7 @@ engines: $(STAMP)
 # its reason in the summary.
 test: $(STAMP) $(BYTECODE) engines
 	@$(PY) -m compileall -q -j 0 refmodel spec gpu_impl fa3verify >/dev/null
-	FA3VERIFY_ENGINE_RELEASES="$(ENGINE_RELEASES)" PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
+	FA3VERIFY_ENGINE_RELEASES="$(ENGINE_RELEASES)" FA3VERIFY_VLLM_RELEASES="$(VLLM_RELEASES)" PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/fa3verify bench

@@ -1,6 +1,8 @@
-"""Which sglang releases the suite's real-release sweeps run on: the Makefile's ``ENGINE_RELEASES`` (``make test``
-exports them as ``$FA3VERIFY_ENGINE_RELEASES``; a bare ``pytest`` reads the Makefile's default), or every release
-on spec.model.engine_profiles.RELEASES when ``FA3VERIFY_ALL_RELEASES=1``.
+"""Which engine releases the suite's real-release tests run on: for sglang the Makefile's ``ENGINE_RELEASES``, for
+vLLM its ``VLLM_RELEASES`` (``make test`` exports them as ``$FA3VERIFY_ENGINE_RELEASES`` and
+``$FA3VERIFY_VLLM_RELEASES``; a bare ``pytest`` reads the Makefile's defaults), or every release whose environment
+is built when ``FA3VERIFY_ALL_RELEASES=1``. So a machine whose engine home holds every release runs the same tests
+as a fresh clone, in the same time; the other releases' tests run on demand.
 
 A sweep keeps one parameter per release, so its test ids do not depend on the machine; a release outside the
 selection skips, naming the variable that runs it. A release inside it still needs its engine environment (the
@@ -18,23 +20,25 @@ import pytest
 MAKEFILE = Path(__file__).resolve().parents[1] / "Makefile"
 ENV_RELEASES = "FA3VERIFY_ENGINE_RELEASES"
 ENV_ALL = "FA3VERIFY_ALL_RELEASES"
+ENV_VLLM_RELEASES = "FA3VERIFY_VLLM_RELEASES"
 
 
-def makefile_releases(path: Path = MAKEFILE) -> tuple:
-    """The Makefile's default ``ENGINE_RELEASES ?= ...`` (the releases ``make engines`` builds)."""
-    match = re.search(r"^ENGINE_RELEASES\s*\?=\s*(.*)$", path.read_text(encoding="utf-8"), re.M)
+def makefile_releases(path: Path = MAKEFILE, variable: str = "ENGINE_RELEASES") -> tuple:
+    """The Makefile's default ``ENGINE_RELEASES ?= ...`` (or ``variable``'s: the releases ``make engines`` builds)."""
+    match = re.search(rf"^{variable}\s*\?=\s*(.*)$", path.read_text(encoding="utf-8"), re.M)
     if match is None:
-        raise RuntimeError(f"{path}: no `ENGINE_RELEASES ?= ...` line")
+        raise RuntimeError(f"{path}: no `{variable} ?= ...` line")
     return tuple(match.group(1).split())
 
 
-def selected(environ=None) -> tuple:
-    """The releases sweeps run on now; ``("*",)`` when every release is asked for."""
+def selected(environ=None, engine: str = "sglang") -> tuple:
+    """The releases of ``engine`` the tests run on now; ``("*",)`` when every release is asked for."""
     environ = os.environ if environ is None else environ
     if environ.get(ENV_ALL, "") not in ("", "0"):
         return ("*",)
-    text = environ.get(ENV_RELEASES)
-    return tuple(text.replace(",", " ").split()) if text is not None else makefile_releases()
+    name, variable = (ENV_RELEASES, "ENGINE_RELEASES") if engine == "sglang" else (ENV_VLLM_RELEASES, "VLLM_RELEASES")
+    text = environ.get(name)
+    return tuple(text.replace(",", " ").split()) if text is not None else makefile_releases(variable=variable)
 
 
 def sweep(releases, environ=None) -> list:
@@ -57,9 +61,25 @@ def need(release: str, environ=None) -> None:
         pytest.skip(_why(release, chosen))
 
 
-def _why(release: str, chosen: tuple) -> str:
-    return (f"sglang {release} is not in {ENV_RELEASES} ({' '.join(chosen) or 'empty'}); "
-            f"{ENV_ALL}=1 or `make test ENGINE_RELEASES=\"{release}\"` runs it")
+def _why(release: str, chosen: tuple, engine: str = "sglang") -> str:
+    name, variable = (ENV_RELEASES, "ENGINE_RELEASES") if engine == "sglang" else (ENV_VLLM_RELEASES, "VLLM_RELEASES")
+    return (f"{engine} {release} is not in {name} ({' '.join(chosen) or 'empty'}); "
+            f"{ENV_ALL}=1 or `make test {variable}=\"{release}\"` runs it")
+
+
+def need_vllm(release: str, environ=None) -> None:
+    """Skip the calling test unless vLLM ``release`` is selected and its engine environment is built (each skip
+    says how to run it)."""
+    import pytest
+
+    from gpu_impl.engines import envs
+
+    chosen = selected(environ, engine="vllm")
+    if chosen != ("*",) and release not in chosen:
+        pytest.skip(_why(release, chosen, engine="vllm"))
+    if not envs.env_ready(release, engine="vllm"):
+        pytest.skip(f"no environment for vllm {release} under {envs.env_dir(release, engine='vllm')}: run "
+                    f"`fa3verify engine setup vllm=={release}` to build it")
 
 
 def vllm_worker(release: str, engine_sut=None):
@@ -67,13 +87,7 @@ def vllm_worker(release: str, engine_sut=None):
     environment is not built), closed after the module; given the session fixture ``engine_sut``, the test process's
     shared worker for the release instead (tests/engine_pool.py: started once for every file of the process that
     drives that release, closed at the session's end)."""
-    import pytest
-
-    from gpu_impl.engines import envs
-
-    if not envs.env_ready(release, engine="vllm"):
-        pytest.skip(f"no environment for vllm {release} under {envs.env_dir(release, engine='vllm')}: run "
-                    f"`fa3verify engine setup vllm=={release}` to build it")
+    need_vllm(release)
     if engine_sut is not None:
         yield engine_sut(f"vllm=={release}").worker
         return

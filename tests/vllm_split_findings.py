@@ -36,12 +36,8 @@ def varlen_verdict(seqused_k, seqlens_q, heads: int, heads_k: int, headdim: int,
 def replay_on_release(case: Path, release: str) -> subprocess.CompletedProcess:
     """``python -m fa3verify replay CASE --engine vllm==RELEASE`` from the repository root (the test skips where the
     release's environment is not built)."""
-    import pytest
+    from engine_releases import need_vllm
 
-    from gpu_impl.engines import envs
-
-    env = envs.env_dir(release, engine="vllm")  # $FA3VERIFY_ENGINE_HOME or the default home, as the replay sees it
-    if not (env / "bin" / "python").exists():
-        pytest.skip(f"no vllm {release} engine environment at {env} (fa3verify engine setup vllm=={release})")
+    need_vllm(release)  # $FA3VERIFY_ENGINE_HOME or the default home, as the replay sees it
     return subprocess.run([sys.executable, "-m", "fa3verify", "replay", str(case), "--engine", f"vllm=={release}"],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)

@@ -1,5 +1,5 @@
-"""tests/engine_releases.py: the real-release sweeps run on the Makefile's ENGINE_RELEASES, which ``make test``
-exports; every release only when FA3VERIFY_ALL_RELEASES=1."""
+"""tests/engine_releases.py: the real-release tests run on the Makefile's ENGINE_RELEASES (sglang) and VLLM_RELEASES,
+which ``make test`` exports; every release only when FA3VERIFY_ALL_RELEASES=1."""
 
 import re
 from pathlib import Path
@@ -40,6 +40,28 @@ def test_need_skips_a_release_outside_the_selection():
     with pytest.raises(pytest.skip.Exception, match="0.5.17 is not in FA3VERIFY_ENGINE_RELEASES"):
         E.need("0.5.17", {"FA3VERIFY_ENGINE_RELEASES": "0.5.13 0.5.23"})
     E.need("0.5.17", {"FA3VERIFY_ALL_RELEASES": "1"})
+
+
+def test_make_test_exports_the_makefiles_vllm_releases():
+    text = (ROOT / "Makefile").read_text()
+    [recipe] = re.findall(r"^test:.*\n((?:\t.*\n)+)", text, re.M)
+    assert 'FA3VERIFY_VLLM_RELEASES="$(VLLM_RELEASES)"' in recipe
+    assert E.makefile_releases(variable="VLLM_RELEASES") == ("0.33.0", "0.34.0")  # one per runner generation
+
+
+def test_a_vllm_release_outside_the_selection_skips_even_where_its_environment_is_built(monkeypatch):
+    """An engine home holding every release runs what a fresh clone runs: the selection decides before the
+    environment does (0.33.0's is built wherever the engine tests run; a release outside the selection skips)."""
+    with pytest.raises(pytest.skip.Exception, match=r"vllm 0\.33\.0 is not in FA3VERIFY_VLLM_RELEASES .*"
+                                                    r'VLLM_RELEASES="0\.33\.0"'):
+        E.need_vllm("0.33.0", {"FA3VERIFY_VLLM_RELEASES": "0.34.0"})
+    from gpu_impl.engines import envs
+
+    monkeypatch.setattr(envs, "env_ready", lambda release, root=None, engine="sglang": False)
+    with pytest.raises(pytest.skip.Exception, match=r"no environment for vllm 0\.28\.0 .*engine setup vllm==0\.28\.0"):
+        E.need_vllm("0.28.0", {"FA3VERIFY_ALL_RELEASES": "1"})
+    monkeypatch.setattr(envs, "env_ready", lambda release, root=None, engine="sglang": True)
+    E.need_vllm("0.28.0", {"FA3VERIFY_VLLM_RELEASES": "0.28.0,0.34.0"})  # selected and built: runs
 
 
 def test_a_makefile_without_the_line_is_an_error(tmp_path):

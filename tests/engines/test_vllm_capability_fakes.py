@@ -7,7 +7,6 @@ negative control runs the same validation without the capability fakes: every co
 """
 
 import json
-import os
 import subprocess
 from pathlib import Path
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from gpu_impl.engines import envs
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM = ROOT / "tests" / "corpus_vllm"
@@ -84,9 +83,9 @@ def test_each_case_file_names_its_release_and_finding(path):
 @pytest.mark.engine
 @pytest.mark.parametrize("path, release, code", REPLAYS, ids=lambda v: getattr(v, "name", str(v)))
 def test_each_case_replays_as_the_docs_print_it(path, release, code):
-    env = envs.env_dir(release, engine="vllm")
-    if not (env / "bin" / "python").exists():
-        pytest.skip(f"no vllm {release} engine environment at {env} (fa3verify engine setup vllm=={release})")
+    from engine_releases import need_vllm
+
+    need_vllm(release)  # $FA3VERIFY_ENGINE_HOME or the default home, as the replay sees it
     r = subprocess.run([sys.executable, "-m", "fa3verify", "replay", str(path.relative_to(ROOT)), "--engine",
                         f"vllm=={release}"], capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode == code, r.stdout + r.stderr

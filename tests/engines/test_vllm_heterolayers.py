@@ -24,8 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_releases import vllm_worker
-from gpu_impl.engines import envs
+from engine_releases import need_vllm, vllm_worker
 
 CASE = Path(__file__).parent.parent / "corpus_vllm" / "vllm-0.28.0-heterogeneous-layers-precompute-model-config-kv-heads.json"
 DIFFKV_CASE = Path(__file__).parent.parent / "corpus_vllm" / "vllm-0.33.0-diffkv-precompute-without-headdim-v-block-256.json"
@@ -39,9 +38,7 @@ DIFFKV = {"num_heads": 16, "num_kv_heads": 1, "head_dim": 192, "head_dim_v": 128
 
 
 def _needs(release: str) -> None:
-    if not envs.env_ready(release, engine="vllm"):
-        pytest.skip(f"no environment for vllm {release} under {envs.env_dir(release, engine='vllm')}: run "
-                    f"`fa3verify engine setup vllm=={release}` to build it")
+    need_vllm(release)
 
 
 # ---------------------------------------------------------------- schema, families, paths (no engine)

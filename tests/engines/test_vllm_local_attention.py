@@ -16,7 +16,8 @@ import inspect
 
 import pytest
 
-from gpu_impl.engines import envs
+from engine_releases import need_vllm
+
 
 RELEASE = "0.33.0"
 #: Llama 4 Scout's attention at tp 8 (5 query heads on 1 KV head per rank), three chunked local layers and a global
@@ -28,9 +29,7 @@ PREFILL = {"seq_lens": [9000, 100], "query_lens": [2000, 1]}
 
 
 def _needs(release: str = RELEASE) -> None:
-    if not envs.env_ready(release, engine="vllm"):
-        pytest.skip(f"no environment for vllm {release} under {envs.env_dir(release, engine='vllm')}: run "
-                    f"`fa3verify engine setup vllm=={release}` to build it")
+    need_vllm(release)
 
 
 def _pairs(resp):

@@ -13,6 +13,8 @@ import types
 
 import pytest
 
+from engine_releases import need_vllm
+
 from gpu_impl.engines import envs
 from gpu_impl.engines.vllm.paths import PATH_KEYS, missing_paths, release_paths, step_labels
 
@@ -297,9 +299,7 @@ def test_driver_refuses_bad_path_fields_naming_them():
 
 
 def _needs(release: str) -> None:
-    if not envs.env_ready(release, engine="vllm"):
-        pytest.skip(f"no environment for vllm {release} under {envs.env_dir(release, engine='vllm')}: run "
-                    f"`fa3verify engine setup vllm=={release}` to build it")
+    need_vllm(release)
 
 
 @pytest.fixture(scope="module")

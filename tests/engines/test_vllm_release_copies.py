@@ -26,15 +26,14 @@ from pathlib import Path
 
 import pytest
 
-from gpu_impl.engines import envs
+from engine_releases import need_vllm
+
 
 SEEDS = range(5)
 
 
 def _needs(release: str) -> None:
-    if not envs.env_ready(release, engine="vllm"):
-        pytest.skip(f"no environment for vllm {release} under {envs.env_dir(release, engine='vllm')}: run "
-                    f"`fa3verify engine setup vllm=={release}` to build it")
+    need_vllm(release)
 
 
 def _copy_sut(root):
