@@ -51,9 +51,25 @@ def fake_engine_home(root: Path, engine: str, release: str, mode: str) -> Path:
     python.write_text(_SCRIPT.format(python=sys.executable, mode=mode, lifetime=LIFETIME_S, release=release,
                                       slow_start=SLOW_START_S))
     python.chmod(0o755)
+    installed_package(d, engine)
     (d / envs.STAMP).write_text(json.dumps({"recipe": envs.recipe_hash(release, engine), "engine": engine}))
     assert envs.env_ready(release, root, engine)
     return root
+
+
+def installed_package(env: Path, name: str, text: str = "VERSION = 1\n") -> None:
+    """What an installer leaves in environment ``env``: one module of package ``name`` and its dist-info RECORD with
+    the module's sha256 (gpu_impl/engines/env_integrity.py checks an environment's engine code against it)."""
+    import base64
+    import hashlib
+
+    site = env / "lib" / "python3.11" / "site-packages"
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text(text)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+    (site / f"{name}-1.0.dist-info").mkdir()
+    (site / f"{name}-1.0.dist-info" / "RECORD").write_text(f"{name}/__init__.py,sha256={digest},{len(text)}\n"
+                                                           f"{name}-1.0.dist-info/RECORD,,\n")
 
 
 def gone(pid: int, wait_s: float = 10.0) -> bool:

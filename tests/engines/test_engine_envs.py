@@ -14,6 +14,7 @@ from gpu_impl.engines import envs, installers, protocol, torch_build
 from gpu_impl.engines.sglang import recipes
 from gpu_impl.engines.vllm import recipes as vllm_recipes
 from gpu_impl.engines.errors import EnvSetupError, UnknownRelease
+from fake_workers import installed_package
 
 SAMPLE_CONFIG = """\
 :env:.default-timeout='60'
@@ -190,24 +191,10 @@ class _FakeRun:
             (envs.Path(cmd[-1]) / "bin").mkdir(parents=True)
             (envs.Path(cmd[-1]) / "bin" / "python").write_text("")
         if step.startswith("install ") and ("vllm==" in step or "sglang==" in step):
-            _installed_package(envs.Path(cmd[cmd.index("-c") + 1]).parent, step.split()[1].split("==")[0])
+            installed_package(envs.Path(cmd[cmd.index("-c") + 1]).parent, step.split()[1].split("==")[0])
         if step.startswith("read"):
             return json.dumps(["transformers==5.19.0"])
         return self.torch_line if step == "check torch" else ""
-
-
-def _installed_package(env, name):
-    """What an installer leaves: one module of ``name`` and its dist-info RECORD with the module's sha256."""
-    import base64
-    import hashlib
-
-    site = env / "lib" / "python3.11" / "site-packages"
-    (site / name).mkdir(parents=True)
-    (site / name / "__init__.py").write_text("VERSION = 1\n")
-    digest = base64.urlsafe_b64encode(hashlib.sha256(b"VERSION = 1\n").digest()).rstrip(b"=").decode()
-    (site / f"{name}-1.0.dist-info").mkdir()
-    (site / f"{name}-1.0.dist-info" / "RECORD").write_text(f"{name}/__init__.py,sha256={digest},12\n"
-                                                           f"{name}-1.0.dist-info/RECORD,,\n")
 
 
 def _fake_build(monkeypatch, tmp_path, engine, release, run, offered=("2.13.0+cpu", "2.13.0")):
