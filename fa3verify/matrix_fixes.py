@@ -17,8 +17,8 @@ from spec.finding import MatrixVerdict
 
 from .commands.replay import load_case
 
-__all__ = ["FixLedger", "CaseReplays", "replay_on_release", "fixes_table", "fixes_markdown", "STILL_FAILS",
-           "PASSES_NOW"]
+__all__ = ["FixLedger", "CaseReplays", "replay_on_release", "fixes_table", "fixes_markdown", "across_shards",
+           "replay_across_shards", "STILL_FAILS", "PASSES_NOW"]
 
 STILL_FAILS = "STILL FAILS"
 PASSES_NOW = "PASSES NOW"
@@ -151,3 +151,73 @@ def fixes_markdown(entries: list) -> str:
                    f"{', '.join(e['invariants']) or '-'} | {e['replays'].get(e['found_on'], '-')} | "
                    f"{e['first_pass'] or 'none'} | {later} |")
     return "\n".join(out)
+
+
+def across_shards(entries: list, releases: list) -> dict:
+    """For the fix entries of a merged sharded matrix (:func:`fa3verify.report_merge.merge_fixes`): per entry index,
+    the releases another shard gated that decide its fix release, in release order: those after the family's last
+    STILL FAILS before its first replayed pass, up to that pass (or to the last release when none passes). The
+    releases before that last failure stay unreplayed and are named so (``unreplayed_before_first_pass``)."""
+    order = {r: i for i, r in enumerate(releases)}
+    out = {}
+    for i, e in enumerate(entries):
+        first = e.get("first_pass")
+        limit = order.get(first, len(order)) if first else len(order)
+        fails = [order[r] for r, v in e["replays"].items() if v == STILL_FAILS and r in order and order[r] < limit]
+        low = max(fails, default=order.get(e["found_on"], -1))
+        todo = sorted((r for r in e.get("not_replayed", []) if r in order and low < order[r] < limit), key=order.get)
+        if todo:
+            out[i] = todo
+    return out
+
+
+def replay_across_shards(entries: list, releases: list, open_sut, say=lambda line: None) -> int:
+    """Completes the fix releases of a merged sharded matrix in place: each entry's case files replayed on the
+    releases :func:`across_shards` names, in rounds (each round one release per entry, the next one where the last
+    did not pass; one worker start per release and round), so each entry's ``first_pass`` is the first release of
+    the campaign after its last failure where every case file PASSES NOW, as the unsplit run would name it.
+    ``open_sut(release)`` opens a release's engine; one that cannot open gives NOT RUN, never a pass. Returns the
+    number of case replays run."""
+    from spec.process.worker_client import WorkerError
+
+    from .errors import UsageError
+
+    order = {r: i for i, r in enumerate(releases)}
+    pending = across_shards(entries, releases)
+    replays = 0
+    while pending:
+        due: dict = {}
+        for i, todo in pending.items():
+            due.setdefault(todo[0], set()).update(entries[i]["case_files"])
+        verdicts: dict = {}
+        for release in sorted(due, key=order.get):
+            files = sorted(due[release])
+            say(f"{release}: replaying {len(files)} case files of families found in other shards ...")
+            try:
+                sut = open_sut(release)
+                with sut:
+                    verdicts[release] = {f: replay_on_release(f, sut) for f in files}
+            except (UsageError, WorkerError, ValueError) as exc:
+                why = " ".join(str(exc).split())[:160]
+                verdicts[release] = {f: f"NOT RUN ({why})" for f in files}
+            replays += len(files)
+        for i in list(pending):
+            e, release = entries[i], pending[i].pop(0)
+            e["replays"][release] = _combined([verdicts[release][f] for f in e["case_files"]])
+            e["replays"] = dict(sorted(e["replays"].items(), key=lambda kv: order.get(kv[0], len(order))))
+            e["not_replayed"] = [r for r in e["not_replayed"] if r != release]
+            if e["replays"][release] == STILL_FAILS:
+                e["still_failing_later"] = sorted(set(e.get("still_failing_later", [])) | {release},
+                                                  key=lambda r: order.get(r, len(order)))
+            if e["replays"][release] == PASSES_NOW:
+                e["first_pass"] = release
+                pending[i] = []
+            if not pending[i]:
+                del pending[i]
+    for e in entries:
+        first = e.get("first_pass")
+        before = [r for r in e.get("not_replayed", []) if first is not None and order.get(r, 0) < order.get(first, 0)]
+        e.pop("unreplayed_before_first_pass", None)
+        if before:
+            e["unreplayed_before_first_pass"] = before
+    return replays

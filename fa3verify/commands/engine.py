@@ -12,12 +12,14 @@ from .arguments import with_engine_examples
 from ..errors import UsageError
 from ..outputs import deliver, write_output
 
-HELP = "engine environments (setup) and the gate over every release of an engine (matrix)"
+HELP = ("engine environments (setup), the gate over every release of an engine (matrix) and the fix releases of a "
+        "sharded matrix (fixes)")
 EPILOG = """\
 examples:
 {engine.setup}  fa3verify engine matrix --budget-s 10 --json matrix.json
   fa3verify engine matrix --releases 0.5.12..0.5.16 --cases 100
 {engine.matrix}  fa3verify engine matrix --cases 100 --shard 1/4 --json m1.json   # a quarter of the releases; `report merge`
+  fa3verify engine fixes merged.json --json merged-fixes.json   # after `report merge`: the fix releases across shards
 """
 
 
@@ -61,6 +63,16 @@ def register(sub) -> None:
                    help="skip the fix releases (each failing row's case files replayed on its own release and on "
                         "every later one)")
     m.set_defaults(func=run_matrix)
+    f = inner.add_parser("fixes", help="complete the fix releases of a merged sharded matrix: each failing family's "
+                                       "case files replayed on the later releases other shards gated")
+    f.add_argument("matrix", metavar="MATRIX.json",
+                   help="a matrix joined by `fa3verify report merge` from shards run with --json (and without "
+                        "--no-fixes)")
+    f.add_argument("--json", metavar="PATH", help="write the matrix with its fix releases completed (same schema)")
+    f.add_argument("--markdown", action="store_true", help="print the fix releases as a Markdown table")
+    f.add_argument("--no-setup", action="store_true",
+                   help="give NOT RUN on releases without a ready environment instead of building them")
+    f.set_defaults(func=run_fixes)
     p.set_defaults(func=lambda args: _no_action(p))
 
 
@@ -209,6 +221,73 @@ def run_matrix(args) -> int:
                    "engine matrix")
 
 
-def _progress_line(line: str) -> None:
+FIXES_FIELD = "MATRIX.json"
+
+
+def load_merged_matrix(path: str) -> dict:
+    """A merged matrix report with fix entries, checked before anything runs (UsageError naming the field)."""
+    from ..engine_matrix import SCHEMA
+    from ..outputs import read_json
+
+    data = read_json(path, FIXES_FIELD)
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise UsageError(f"{FIXES_FIELD}: {path}: expected a matrix report of schema {SCHEMA}")
+    rows = data.get("rows")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and isinstance(r.get("release"), str)
+                                                         and isinstance(r.get("engine"), str) for r in rows):
+        raise UsageError(f"{FIXES_FIELD}: {path}: rows: expected a non-empty list of rows with release and engine")
+    engines = {r["engine"] for r in rows}
+    if len(engines) != 1:
+        raise UsageError(f"{FIXES_FIELD}: {path}: rows of more than one engine ({', '.join(sorted(engines))})")
+    fixes = data.get("fixes")
+    if fixes is None:
+        raise UsageError(f"{FIXES_FIELD}: {path}: no fix releases (the shards ran with --no-fixes)")
+    if not isinstance(fixes, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("found_on"), str) and isinstance(e.get("replays"), dict)
+            and isinstance(e.get("case_files"), list) and isinstance(e.get("not_replayed", []), list) for e in fixes):
+        raise UsageError(f"{FIXES_FIELD}: {path}: fixes: expected entries with found_on, replays, case_files and "
+                         f"not_replayed")
+    if data.get("exit_code") not in (0, 1, 3):
+        raise UsageError(f"{FIXES_FIELD}: {path}: exit_code: expected the matrix's exit code, 0, 1 or 3")
+    if not any("not_replayed" in e for e in fixes) and fixes:
+        raise UsageError(f"{FIXES_FIELD}: {path}: not a merged sharded matrix (no entry has not_replayed): an "
+                         f"unsplit matrix names its fix releases itself")
+    return data
+
+
+def run_fixes(args) -> int:
+    from ..engine_choice import open_engine
+    from ..matrix_fixes import across_shards, fixes_markdown, fixes_table, replay_across_shards
+    from gpu_impl.sut import ENGINE_REGISTRY
+
+    data = load_merged_matrix(args.matrix)
+    engine = data["rows"][0]["engine"]
+    releases = [r["release"] for r in data["rows"]]
+    prefix = ENGINE_REGISTRY[engine]["prefix"] if engine in ENGINE_REGISTRY else f"{engine}=="
+    runs_as = dict(engine_releases(engine)) if engine in ENGINE_REGISTRY else {}
+    entries = data["fixes"]
+    todo = across_shards(entries, releases)
+    _progress_line(f"{len(todo)} of {len(entries)} families have releases gated by another shard to replay on "
+                   f"({sum(len(t) for t in todo.values())} at most)", "engine fixes")
+
+    def open_release(release):
+        if args.no_setup:
+            from gpu_impl.engines import envs
+
+            if not envs.env_ready(runs_as.get(release) or release, engine=engine):
+                raise UsageError(f"no ready environment (--no-setup); `fa3verify engine setup {prefix}{release}`")
+        return open_engine(f"{prefix}{release}")
+
+    n = replay_across_shards(entries, releases, open_release, say=lambda line: _progress_line(line, "engine fixes"))
+    print(("\n" + fixes_markdown(entries)) if args.markdown and entries else fixes_table(entries))
+    code = data.get("exit_code")
+    print(f"fix releases completed: {n} case replays on releases other shards gated; the matrix's verdict stands "
+          f"(exit {code})")
+    return deliver(code, [("--json", args.json,
+                           lambda: write_output(args.json, json.dumps(data, indent=2) + "\n", "--json"))],
+                   "engine fixes")
+
+
+def _progress_line(line: str, command: str = "engine matrix") -> None:
     """The matrix's progress (a line per stage and per release) goes to stderr, never into stdout's table."""
-    print(f"fa3verify engine matrix: {line}", file=sys.stderr, flush=True)
+    print(f"fa3verify {command}: {line}", file=sys.stderr, flush=True)

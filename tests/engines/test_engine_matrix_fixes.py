@@ -126,3 +126,74 @@ def test_a_vllm_family_names_layers_that_differ_and_k_v_sizes_that_differ():
     assert "layers with their own KV heads" in sut.case_family(layers)[0]
     assert "head sizes K 192 / V 128" in sut.case_family(diffkv)[0]
     assert "own KV heads" not in sut.case_family(uniform)[0] and "head sizes" not in sut.case_family(uniform)[0]
+
+
+# ---------------------------------------------------------------- the fix releases of a sharded matrix
+
+
+def _sharded_then_fixed(tmp_path, factory_kwargs=None, monkeypatch=None, releases="0.5.20..0.5.22"):
+    """``releases`` in two shards (0.5.20 .. 0.5.22: 1/2 holds 0.5.20 and 0.5.22, 2/2 holds 0.5.21), merged, then
+    `engine fixes`."""
+    install(monkeypatch, lambda spec: FactsSUT(spec.release, **(factory_kwargs or {})))
+    for k in (1, 2):
+        code = cli.main(["engine", "matrix", "--releases", releases, "--cases", "40", "--no-probes",
+                         "--shard", f"{k}/2", "--cases-dir", str(tmp_path / f"c{k}"),
+                         "--json", str(tmp_path / f"s{k}.json")])
+        assert code in (0, 1)
+    assert cli.main(["report", "merge", str(tmp_path / "s1.json"), str(tmp_path / "s2.json"),
+                     "--json", str(tmp_path / "merged.json")]) == 1
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    code = cli.main(["engine", "fixes", str(tmp_path / "merged.json"), "--json", str(tmp_path / "fixed.json")])
+    return merged, code, json.loads((tmp_path / "fixed.json").read_text())
+
+
+def test_engine_fixes_names_the_fix_release_the_unsplit_matrix_names(monkeypatch, tmp_path, capsys):
+    """A shard replays a family only on its own later releases: found on 0.5.20 (shard 1), its shard names 0.5.22,
+    never having replayed 0.5.21 (shard 2); `engine fixes` replays it there and names 0.5.21, as the unsplit matrix
+    does; the merged verdict stands (exit 1)."""
+    merged, code, fixed = _sharded_then_fixed(tmp_path, monkeypatch=monkeypatch)
+    found = [e for e in merged["fixes"] if e["found_on"] == "0.5.20"]
+    assert found and all(e["first_pass"] == "0.5.22" and "0.5.21" in e["not_replayed"] for e in found), found
+    assert code == 1
+    after = [e for e in fixed["fixes"] if e["found_on"] == "0.5.20"]
+    assert all(e["first_pass"] == "0.5.21" and e["replays"]["0.5.21"] == "PASSES NOW" for e in after), after
+    assert all("0.5.21" not in e["not_replayed"] and list(e["replays"]) == ["0.5.20", "0.5.21", "0.5.22"]
+               for e in after)
+    _, unsplit = _matrix(tmp_path / "unsplit", ["--releases", "0.5.20..0.5.22"])
+    assert {(e["family"], e["first_pass"]) for e in unsplit["fixes"] if e["found_on"] == "0.5.20"} == \
+        {(e["family"], e["first_pass"]) for e in after}
+    assert "first passes on 0.5.21" in capsys.readouterr().out
+
+
+def test_negative_control_engine_fixes_names_no_fix_where_the_other_shards_release_keeps_the_defect(monkeypatch,
+                                                                                                    tmp_path):
+    """Every release with 0.5.20's heads and guard, 0.5.20 .. 0.5.23 in two shards: a family found on 0.5.22
+    (shard 1) has no later release there; `engine fixes` replays it on 0.5.23 (shard 2), where it STILL FAILS, so no
+    fix is named. Releases before a family's last failure are not replayed and stay named as such."""
+    merged, code, fixed = _sharded_then_fixed(tmp_path, {"heads": "tp", "guard": "fixed"}, monkeypatch,
+                                              releases="0.5.20..0.5.23")
+    before = [e for e in merged["fixes"] if e["found_on"] == "0.5.22"]
+    assert before and all(e["not_replayed"] == ["0.5.23"] for e in before), before
+    after = [e for e in fixed["fixes"] if e["found_on"] == "0.5.22"]
+    assert code == 1 and after
+    assert all(e["first_pass"] is None and e["replays"]["0.5.23"] == "STILL FAILS" and e["not_replayed"] == []
+               and e["still_failing_later"] == ["0.5.23"] for e in after), after
+    early = [e for e in fixed["fixes"] if e["found_on"] == "0.5.20"]  # 0.5.22 failed in its shard: 0.5.21 is before it
+    assert early and all(e["first_pass"] is None and e["not_replayed"] == ["0.5.21"]
+                         and e["replays"]["0.5.23"] == "STILL FAILS" for e in early), early
+
+
+def test_engine_fixes_refuses_what_is_not_a_merged_sharded_matrix_naming_the_field(tmp_path, capsys):
+    cases = {"run.json": {"schema": "fa3verify.run/1"},
+             "nofixes.json": {"schema": "fa3verify.engine-matrix/1", "exit_code": 1,
+                              "rows": [{"release": "0.5.20", "engine": "sglang"}]},
+             "unsplit.json": {"schema": "fa3verify.engine-matrix/1", "exit_code": 1,
+                              "rows": [{"release": "0.5.20", "engine": "sglang"}],
+                              "fixes": [{"found_on": "0.5.20", "replays": {}, "case_files": []}]}}
+    for name, data in cases.items():
+        (tmp_path / name).write_text(json.dumps(data))
+        assert cli.main(["engine", "fixes", str(tmp_path / name)]) == 2, name
+    err = capsys.readouterr().err
+    assert "MATRIX.json" in err and "schema fa3verify.engine-matrix/1" in err
+    assert "--no-fixes" in err and "not a merged sharded matrix" in err
+    assert cli.main(["engine", "fixes", str(tmp_path / "missing.json")]) == 2
