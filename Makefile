@@ -11,9 +11,9 @@ ENGINE_RELEASES ?= 0.5.13 0.5.23
 #: vLLM releases likewise, one per driver generation: 0.33.0 (V1 model runner; tests/engines/test_engine_vllm.py) and 0.34.0
 #: (V2; tests/engines/test_engine_vllm_v2.py, tests/engines/test_vllm_release_copies.py).
 VLLM_RELEASES ?= 0.33.0 0.34.0
-#: engine environments built side by side on a first run (measured, 3 envs into an empty home, uv's cache warm:
-#: 64 s with 3, 102 s one at a time; docs/performance.md).
-ENV_JOBS ?= 3
+#: engine environments built side by side on a first run: all four the suite drives at once (measured into an empty
+#: home, uv's cache warm, 2 cores: 38.6 s with 4, 53.3 s with 3; docs/performance.md).
+ENV_JOBS ?= 4
 #: test processes (pytest-xdist): one per core; each test file runs whole in one process, so a module's
 #: engine worker or multi-rank launch is started once. Files are handed out longest first (tests/file_seconds.json,
 #: ordered by tests/conftest.py; --no-loadscope-reorder keeps xdist from reordering them by test count). TEST_JOBS=0 runs the suite in this process.
