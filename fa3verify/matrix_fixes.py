@@ -11,7 +11,6 @@ named as what it is. A family no later release fixes says so, naming the release
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from spec.finding import MatrixVerdict
 
@@ -173,51 +172,47 @@ def across_shards(entries: list, releases: list) -> dict:
 
 def replay_across_shards(entries: list, releases: list, open_sut, say=lambda line: None) -> int:
     """Completes the fix releases of a merged sharded matrix in place: each entry's case files replayed on the
-    releases :func:`across_shards` names, in rounds (each round one release per entry, the next one where the last
-    did not pass; one worker start per release and round), so each entry's ``first_pass`` is the first release of
-    the campaign after its last failure where every case file PASSES NOW, as the unsplit run would name it.
-    ``open_sut(release)`` opens a release's engine; one that cannot open gives NOT RUN, never a pass. Returns the
-    number of case replays run."""
+    releases :func:`across_shards` names, each release opened once (in release order) for every case file due
+    there, so each entry's ``first_pass`` is the first release of the campaign after its last failure where every
+    case file PASSES NOW, as the unsplit run would name it. ``open_sut(release)`` opens a release's engine; one that
+    cannot open gives NOT RUN, never a pass. Returns the number of case replays run."""
     from spec.process.worker_client import WorkerError
 
     from .errors import UsageError
 
     order = {r: i for i, r in enumerate(releases)}
     pending = across_shards(entries, releases)
-    replays = 0
-    while pending:
-        due: dict = {}
-        for i, todo in pending.items():
-            due.setdefault(todo[0], set()).update(entries[i]["case_files"])
-        verdicts: dict = {}
-        for release in sorted(due, key=order.get):
-            files = sorted(due[release])
-            say(f"{release}: replaying {len(files)} case files of families found in other shards ...")
-            try:
-                sut = open_sut(release)
-                with sut:
-                    verdicts[release] = {f: replay_on_release(f, sut) for f in files}
-            except (UsageError, WorkerError, ValueError) as exc:
-                why = " ".join(str(exc).split())[:160]
-                verdicts[release] = {f: f"NOT RUN ({why})" for f in files}
-            replays += len(files)
-        for i in list(pending):
-            e, release = entries[i], pending[i].pop(0)
+    due: dict = {}
+    for i, todo in pending.items():
+        for release in todo:
+            due.setdefault(release, set()).update(entries[i]["case_files"])
+    verdicts: dict = {}
+    for release in sorted(due, key=order.get):
+        files = sorted(due[release])
+        say(f"{release}: replaying {len(files)} case files of families found in other shards ...")
+        try:
+            sut = open_sut(release)
+            with sut:
+                verdicts[release] = {f: replay_on_release(f, sut) for f in files}
+        except (UsageError, WorkerError, ValueError) as exc:
+            why = " ".join(str(exc).split())[:160]
+            verdicts[release] = {f: f"NOT RUN ({why})" for f in files}
+    for i, todo in pending.items():
+        e = entries[i]
+        for release in todo:
             e["replays"][release] = _combined([verdicts[release][f] for f in e["case_files"]])
-            e["replays"] = dict(sorted(e["replays"].items(), key=lambda kv: order.get(kv[0], len(order))))
-            e["not_replayed"] = [r for r in e["not_replayed"] if r != release]
-            if e["replays"][release] == STILL_FAILS:
-                e["still_failing_later"] = sorted(set(e.get("still_failing_later", [])) | {release},
-                                                  key=lambda r: order.get(r, len(order)))
-            if e["replays"][release] == PASSES_NOW:
-                e["first_pass"] = release
-                pending[i] = []
-            if not pending[i]:
-                del pending[i]
+        e["replays"] = dict(sorted(e["replays"].items(), key=lambda kv: order.get(kv[0], len(order))))
+        e["not_replayed"] = [r for r in e["not_replayed"] if r not in todo]
+        e["still_failing_later"] = sorted(set(e.get("still_failing_later", []))
+                                          | {r for r in todo if e["replays"][r] == STILL_FAILS},
+                                          key=lambda r: order.get(r, len(order)))
+        first = next((r for r in todo if e["replays"][r] == PASSES_NOW), None)
+        if first is not None:
+            e["first_pass"] = first
     for e in entries:
         first = e.get("first_pass")
         before = [r for r in e.get("not_replayed", []) if first is not None and order.get(r, 0) < order.get(first, 0)]
         e.pop("unreplayed_before_first_pass", None)
         if before:
             e["unreplayed_before_first_pass"] = before
-    return replays
+    return sum(len(v) for v in verdicts.values())

@@ -268,7 +268,7 @@ def run_fixes(args) -> int:
     entries = data["fixes"]
     todo = across_shards(entries, releases)
     _progress_line(f"{len(todo)} of {len(entries)} families have releases gated by another shard to replay on "
-                   f"({sum(len(t) for t in todo.values())} at most)", "engine fixes")
+                   f"({len({r for t in todo.values() for r in t})} releases, each opened once)", "engine fixes")
 
     def open_release(release):
         if args.no_setup:
