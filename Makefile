@@ -14,11 +14,11 @@ VLLM_RELEASES ?= 0.33.0 0.34.0
 #: engine environments built side by side on a first run: all four the suite drives at once (measured into an empty
 #: home, uv's cache warm, 2 cores: 38.6 s with 4, 53.3 s with 3; docs/performance.md).
 ENV_JOBS ?= 4
-#: test processes (pytest-xdist): one per core and one more (the suite waits on the processes it starts about a tenth
-#: of its time; a fresh clone on 2 cores: pytest 514.8 s with 3 against 543.6 s with 2, CPU 195% against 182%); each
-#: test file runs whole in one process, so a module's engine worker or multi-rank launch is started once. Files are handed out longest first (tests/file_seconds.json,
+#: test processes (pytest-xdist): one per core (a third process on 2 cores measured no faster: pytest 514.8 s and
+#: 559.6 s with 3, 521.9 s and 543.6 s with 2, and about 100 s more CPU, which a loaded machine pays); each test
+#: file runs whole in one process, so a module's engine worker or multi-rank launch is started once. Files are handed out longest first (tests/file_seconds.json,
 #: ordered by tests/conftest.py; --no-loadscope-reorder keeps xdist from reordering them by test count). TEST_JOBS=0 runs the suite in this process.
-TEST_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
+TEST_JOBS ?= auto
 #: more pytest arguments for `make test`, e.g. PYTEST_ARGS=--junitxml=run.xml for scripts/file_seconds.py --from run.xml
 PYTEST_ARGS ?=
 

@@ -80,8 +80,8 @@ def test_the_v2_families_put_chunked_local_layers_and_layers_that_differ_on_the_
 
 
 @pytest.fixture(scope="module")
-def worker():
-    yield from vllm_worker("0.34.0")
+def worker(engine_sut):
+    yield from vllm_worker("0.34.0", engine_sut)  # the test process's shared worker (tests/engine_pool.py)
 
 
 @pytest.mark.engine
