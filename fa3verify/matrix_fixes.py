@@ -17,7 +17,7 @@ from spec.finding import MatrixVerdict
 from .commands.replay import load_case
 
 __all__ = ["FixLedger", "CaseReplays", "replay_on_release", "fixes_table", "fixes_markdown", "across_shards",
-           "replay_across_shards", "STILL_FAILS", "PASSES_NOW"]
+           "replay_across_shards", "unreplayed_before_first_pass", "STILL_FAILS", "PASSES_NOW"]
 
 STILL_FAILS = "STILL FAILS"
 PASSES_NOW = "PASSES NOW"
@@ -210,9 +210,13 @@ def replay_across_shards(entries: list, releases: list, open_sut, say=lambda lin
         if first is not None:
             e["first_pass"] = first
     for e in entries:
-        first = e.get("first_pass")
-        before = [r for r in e.get("not_replayed", []) if first is not None and order.get(r, 0) < order.get(first, 0)]
         e.pop("unreplayed_before_first_pass", None)
-        if before:
-            e["unreplayed_before_first_pass"] = before
+        e.update(unreplayed_before_first_pass(e["not_replayed"], e.get("first_pass"), order))
     return sum(len(v) for v in verdicts.values())
+
+
+def unreplayed_before_first_pass(not_replayed: list, first_pass, order: dict) -> dict:
+    """``{"unreplayed_before_first_pass": [...]}``: the releases an entry was not replayed on that come before its
+    first pass (so an earlier fix cannot be ruled out), or {} when there are none or nothing passes."""
+    before = [r for r in not_replayed if first_pass and order.get(r, len(order)) < order.get(first_pass, len(order))]
+    return {"unreplayed_before_first_pass": before} if before else {}

@@ -53,7 +53,8 @@ COMMAND_OUTPUTS = {"hazard-map": {"out": "file"}}
 DEFAULT_OUTPUTS = {"fuzz": ("cases_dir", "fa3verify-out/cases", "out"),
                    "run-ranks": ("out_dir", "fa3verify-out/ranks", None)}
 #: argparse dest -> the argument name used in messages, for inputs.
-INPUT_OPTIONS = {"case": "CASE", "cases": "CASE", "run_json": "RUN.json"}  # report merge: its REPORT.json too
+INPUT_OPTIONS = {"case": "CASE", "cases": "CASE", "run_json": "RUN.json",  # report merge: its REPORT.json too
+                 "matrix": "MATRIX.json"}  # engine fixes
 
 
 def read_text(path: str, field: str, max_bytes: int = MAX_INPUT_BYTES) -> str:

@@ -172,6 +172,8 @@ def merge_fixes(paths, reports) -> Optional[list]:
         without = next(p for p, h in zip(paths, have) if not h)
         raise UsageError(f"{FIELD}: {without} has no fix releases and other shards have them (one shard ran with "
                          f"--no-fixes): merge shards run the same way")
+    from .matrix_fixes import unreplayed_before_first_pass
+
     releases = reports[0]["shard"]["campaign"].get("releases") or []
     order = {r: i for i, r in enumerate(releases)}
     entries = []
@@ -184,10 +186,8 @@ def merge_fixes(paths, reports) -> Optional[list]:
             found = e["found_on"]
             later = [x for x in releases[order[found] + 1:]] if found in order else []
             missing = [x for x in later if x not in e["replays"]]
-            first = e.get("first_pass")
-            before = [x for x in missing if first is None or order[x] < order.get(first, len(order))]
             entries.append({**e, "not_replayed": missing,
-                            **({"unreplayed_before_first_pass": before} if first and before else {})})
+                            **unreplayed_before_first_pass(missing, e.get("first_pass"), order)})
     return sorted(entries, key=lambda e: (order.get(e["found_on"], len(order)), str(e.get("family"))))
 
 

@@ -166,8 +166,27 @@ def parse_releases(text, engine: str):
     return listed[lo:hi + 1]
 
 
-def run_matrix(args) -> int:
+def release_opener(engine: str, no_setup: bool):
+    """``open_release(release)``: the release's engine opened as the matrix opens it; with ``no_setup`` a release
+    without a ready environment is a UsageError naming the setup command instead of a build."""
     from ..engine_choice import open_engine
+    from gpu_impl.sut import ENGINE_REGISTRY
+
+    prefix = ENGINE_REGISTRY[engine]["prefix"]
+    runs_as = dict(engine_releases(engine))
+
+    def open_release(release):
+        if no_setup:
+            from gpu_impl.engines import envs
+
+            if not envs.env_ready(runs_as.get(release) or release, engine=engine):
+                raise UsageError(f"no ready environment (--no-setup); `fa3verify engine setup {prefix}{release}`")
+        return open_engine(f"{prefix}{release}")
+
+    return open_release
+
+
+def run_matrix(args) -> int:
     from ..engine_matrix import matrix_exit_code, matrix_json, matrix_markdown, matrix_table, matrix_verdict_line
     from ..engine_matrix import run_matrix as matrix
     from .arguments import budget_from_args
@@ -185,18 +204,7 @@ def run_matrix(args) -> int:
     budget, cases = budget_from_args(args)
     if not args.timeout_s > 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
-    from gpu_impl.sut import ENGINE_REGISTRY
-
-    prefix = ENGINE_REGISTRY[args.engine]["prefix"]
-
-    def open_release(release):
-        if args.no_setup:
-            from gpu_impl.engines import envs
-
-            if not envs.env_ready(runs_as.get(release) or release, engine=args.engine):
-                raise UsageError(f"no ready environment (--no-setup); `fa3verify engine setup {prefix}{release}`")
-        return open_engine(f"{prefix}{release}")
-
+    open_release = release_opener(args.engine, args.no_setup)
     fixes = None if args.no_fixes else []
     rows = matrix(releases, open_release, budget_s=budget, max_cases=cases,
                   seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
@@ -239,6 +247,10 @@ def load_merged_matrix(path: str) -> dict:
     engines = {r["engine"] for r in rows}
     if len(engines) != 1:
         raise UsageError(f"{FIXES_FIELD}: {path}: rows of more than one engine ({', '.join(sorted(engines))})")
+    kinds = [row["kind"] for row in release_forms()]
+    if not engines <= set(kinds):
+        raise UsageError(f"{FIXES_FIELD}: {path}: rows: engine {next(iter(engines))!r} is not one with releases "
+                         f"({' or '.join(kinds)})")
     fixes = data.get("fixes")
     if fixes is None:
         raise UsageError(f"{FIXES_FIELD}: {path}: no fix releases (the shards ran with --no-fixes)")
@@ -256,29 +268,17 @@ def load_merged_matrix(path: str) -> dict:
 
 
 def run_fixes(args) -> int:
-    from ..engine_choice import open_engine
     from ..matrix_fixes import across_shards, fixes_markdown, fixes_table, replay_across_shards
-    from gpu_impl.sut import ENGINE_REGISTRY
 
     data = load_merged_matrix(args.matrix)
     engine = data["rows"][0]["engine"]
     releases = [r["release"] for r in data["rows"]]
-    prefix = ENGINE_REGISTRY[engine]["prefix"] if engine in ENGINE_REGISTRY else f"{engine}=="
-    runs_as = dict(engine_releases(engine)) if engine in ENGINE_REGISTRY else {}
     entries = data["fixes"]
     todo = across_shards(entries, releases)
     _progress_line(f"{len(todo)} of {len(entries)} families have releases gated by another shard to replay on "
                    f"({len({r for t in todo.values() for r in t})} releases, each opened once)", "engine fixes")
 
-    def open_release(release):
-        if args.no_setup:
-            from gpu_impl.engines import envs
-
-            if not envs.env_ready(runs_as.get(release) or release, engine=engine):
-                raise UsageError(f"no ready environment (--no-setup); `fa3verify engine setup {prefix}{release}`")
-        return open_engine(f"{prefix}{release}")
-
-    n = replay_across_shards(entries, releases, open_release, say=lambda line: _progress_line(line, "engine fixes"))
+    n = replay_across_shards(entries, releases, release_opener(engine, args.no_setup), say=lambda line: _progress_line(line, "engine fixes"))
     print(("\n" + fixes_markdown(entries)) if args.markdown and entries else fixes_table(entries))
     code = data.get("exit_code")
     print(f"fix releases completed: {n} case replays on releases other shards gated; the matrix's verdict stands "

@@ -344,9 +344,9 @@ def ensure_env(release: str, progress: Callable[[str], None] = print, root: Opti
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f"{kind.name}-{release}.lock", "a+") as lock:
         wait_for_build_lock(lock, f"{kind.name}=={release}")
-        if env_ready(release, root, engine) and not _altered(kind, release, d, progress, quiet=True):
-            return d  # built (or repaired) by someone else while we waited
-        if (d / STAMP).exists() and _altered(kind, release, d, lambda m: None):
+        if env_ready(release, root, engine):
+            if not record_mismatch(kind, d):
+                return d  # built (or repaired) by someone else while we waited
             (d / STAMP).unlink()  # not the release's code any more: rebuilt below
         if wheel is None and kind.wheel_variable:
             wheel = os.environ.get(kind.wheel_variable) or None
@@ -354,16 +354,22 @@ def ensure_env(release: str, progress: Callable[[str], None] = print, root: Opti
     return d
 
 
-def _altered(kind: EngineKind, release: str, d: Path, progress: Callable[[str], None], quiet: bool = False) -> bool:
-    """Whether the ready environment ``d``'s engine package differs from its wheel's RECORD (a module edited after
-    the install): such an environment would be judged in the release's name, so it is rebuilt, naming the files."""
+def record_mismatch(kind: EngineKind, d: Path) -> list:
+    """The files of environment ``d``'s engine package that differ from its wheel's RECORD (or why there is no
+    RECORD to check against); [] when the package is the release's own code (gpu_impl/engines/env_integrity.py)."""
     from .env_integrity import modified_files
 
     try:
-        changed = modified_files(d, kind.name)
+        return modified_files(d, kind.name)
     except FileNotFoundError as exc:
-        changed = [f"no RECORD to check against ({exc})"]
-    if changed and not quiet:
+        return [f"no RECORD to check against ({exc})"]
+
+
+def _altered(kind: EngineKind, release: str, d: Path, progress: Callable[[str], None]) -> bool:
+    """Whether the ready environment ``d``'s engine package differs from its wheel's RECORD (a module edited after
+    the install): such an environment would be judged in the release's name, so it is rebuilt, naming the files."""
+    changed = record_mismatch(kind, d)
+    if changed:
         shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         progress(f"{kind.name}=={release}: {len(changed)} file(s) of {d} differ from the release's RECORD ({shown}); "
                  f"rebuilding the environment")
@@ -456,12 +462,7 @@ def _build(kind: EngineKind, release: str, d: Path, progress: Callable[[str], No
                                                                    "torch.version.cuda)"],
                                          env=driver_environ(engine=kind.name)))
     step("import probe", [py, "-c", kind.probe], env=driver_environ(engine=kind.name))
-    from .env_integrity import modified_files
-
-    try:
-        changed = modified_files(d, kind.name)
-    except FileNotFoundError as exc:
-        changed = [str(exc)]
+    changed = record_mismatch(kind, d)
     if changed:  # stamped, this environment would be rebuilt on every use
         raise EnvSetupError(f"{what}: the installed {kind.name} does not match its own RECORD: "
                             f"{', '.join(changed[:5])}")

@@ -187,6 +187,9 @@ def test_engine_fixes_refuses_what_is_not_a_merged_sharded_matrix_naming_the_fie
     cases = {"run.json": {"schema": "fa3verify.run/1"},
              "nofixes.json": {"schema": "fa3verify.engine-matrix/1", "exit_code": 1,
                               "rows": [{"release": "0.5.20", "engine": "sglang"}]},
+             "model.json": {"schema": "fa3verify.engine-matrix/1", "exit_code": 1,
+                            "rows": [{"release": "0.5.20", "engine": "model"}],
+                            "fixes": [{"found_on": "0.5.20", "replays": {}, "case_files": [], "not_replayed": []}]},
              "unsplit.json": {"schema": "fa3verify.engine-matrix/1", "exit_code": 1,
                               "rows": [{"release": "0.5.20", "engine": "sglang"}],
                               "fixes": [{"found_on": "0.5.20", "replays": {}, "case_files": []}]}}
@@ -196,4 +199,10 @@ def test_engine_fixes_refuses_what_is_not_a_merged_sharded_matrix_naming_the_fie
     err = capsys.readouterr().err
     assert "MATRIX.json" in err and "schema fa3verify.engine-matrix/1" in err
     assert "--no-fixes" in err and "not a merged sharded matrix" in err
+    assert "engine 'model' is not one with releases (sglang or vllm)" in err
     assert cli.main(["engine", "fixes", str(tmp_path / "missing.json")]) == 2
+    # the output is never one of its inputs: the merged matrix is not overwritten
+    before = (tmp_path / "unsplit.json").read_bytes()
+    assert cli.main(["engine", "fixes", str(tmp_path / "unsplit.json"), "--json", str(tmp_path / "unsplit.json")]) == 2
+    assert "is the run's input MATRIX.json" in capsys.readouterr().err
+    assert (tmp_path / "unsplit.json").read_bytes() == before
