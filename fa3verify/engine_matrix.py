@@ -256,85 +256,113 @@ def predicted_verdict(profile, timeout_s: float, cases_dir: str, engine: Optiona
     return expected_verdict(profile, timeout_s=timeout_s, cases_dir=cases_dir, engine=engine)
 
 
-def run_matrix(releases, open_sut: Callable, budget_s: Optional[float] = 20.0, max_cases: Optional[int] = None,
-               seed: int = 0, timeout_s: float = 10.0, cases_dir: str = "fa3verify-out/engine-matrix",
-               progress: Optional[Callable[[str], None]] = None, with_probes: bool = True, engine: Optional[str] = None,
-               runs_as: Optional[dict] = None, fixes: Optional[list] = None) -> list:
-    """Gate every release of ``engine`` (``open_sut(release)`` opens it; a UsageError or a worker that cannot start
-    there makes an 'unavailable' row with the reason). ``runs_as``: release -> the release whose row runs it (a
-    release sharing an earlier row copies that row, saying so). ``fixes``: a list that receives the fix-release
-    replays (:class:`fa3verify.matrix_fixes.FixLedger` entries): every failing row's case files replayed on their own
-    release and on every later one, while that release's engine is open."""
-    from .commands.gate import gate
-    from .matrix_fixes import FixLedger
+@dataclass
+class RowOptions:
+    """How every release of one matrix run is gated (the same for every lane)."""
 
-    engine = engine or default_engine()
-    say = progress or (lambda line: None)
-    say("witness searches on the model are shared by releases with the same guard and assumptions")
-    witness_cache: dict = {}
-    ledger = FixLedger()
-    rows: list = []
-    by_release: dict = {}
-    for release in releases:
-        shared = (runs_as or {}).get(release)
-        if shared and shared != release and shared in by_release:
-            rows.append(_shared_row(by_release[shared], release))
-            say(f"{engine} {release}: runs as {shared} (driven files byte-identical): {rows[-1].verdict}")
-            continue
-        profile = release_profile(engine, release)
-        start = time.perf_counter()
-        if callable(getattr(profile, "policy", None)):
-            say(f"{engine} {release}: expected verdict from its facts (z3) ...")
-        expected = predicted_verdict(profile, timeout_s, f"{cases_dir}/expected/{release}", engine)
-        say(f"{engine} {release}: environment ...")
-        try:
-            sut = open_sut(release)
-        except (UsageError, WorkerError, ValueError) as exc:
-            rows.append(MatrixRow(release=release, verdict=MatrixVerdict.UNAVAILABLE, exit_code=exitcodes.INCONCLUSIVE,
-                                  expected=expected, profile=describe_profile(profile), engine=engine,
-                                  message=str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
-            say(f"{engine} {release}: unavailable ({rows[-1].message})")
-            continue
-        try:
-            with sut:
-                say(f"{engine} {release}: gate (witness searches, witness replay, fuzz) ...")
-                searched = len(witness_cache)
-                summary = gate(sut, budget_s=budget_s, seed=seed, timeout_s=timeout_s,
-                               cases_dir=f"{cases_dir}/{release}", max_cases=max_cases, show_progress=False,
-                               witness_cache=witness_cache)
-                say(f"{engine} {release}: witness search done ({len(witness_cache) - searched} searches run now, "
-                    f"{len(witness_cache)} in all, shared by the releases that need them)")
-                own_probes = getattr(sut, "family_probes", lambda: None)()
-                probes = {}
-                if with_probes and own_probes != ():
-                    say(f"{engine} {release}: family probes ...")
-                    probes = run_probes(sut)
-                row = row_from_summary(release, profile, summary, time.perf_counter() - start, expected, sut=sut,
-                                       engine=engine)
-                row.probes = None if own_probes == () else probes  # None: the engine has no probes
-                if fixes is not None:
-                    ledger.add_row(row, sut)
-                    if ledger.pending(release):
-                        say(f"{engine} {release}: replaying {ledger.pending(release)} case files of failing rows "
-                            f"(its own and earlier releases') ...")
-                    ledger.replay_on(release, sut)
-                    row.seconds = round(time.perf_counter() - start, 2)
-        except Exception as exc:  # noqa: BLE001 - a worker that dies or never answers: this row ran nothing
-            if not isinstance(exc, WorkerError):
-                raise
-            rows.append(MatrixRow(release=release, verdict=MatrixVerdict.INCONCLUSIVE, exit_code=exitcodes.INCONCLUSIVE,
-                                  seconds=round(time.perf_counter() - start, 2), expected=expected, engine=engine,
-                                  profile=describe_profile(profile), message=str(exc).splitlines()[0]))
-            say(f"{engine} {release}: inconclusive ({rows[-1].message})")
-            continue
-        rows.append(row)
-        by_release[release] = row
+    engine: str
+    budget_s: Optional[float] = 20.0
+    max_cases: Optional[int] = None
+    seed: int = 0
+    timeout_s: float = 10.0
+    cases_dir: str = "fa3verify-out/engine-matrix"
+    with_probes: bool = True
+    #: keep the release's engine open after its row (the fix-release replays run on it)
+    keep_open: bool = True
+
+
+@dataclass
+class ReleaseRun:
+    """One release gated: its row; its engine, still open when the options keep it (None otherwise, or when the
+    release could not run); the case files of a failing row with their family and path in the engine's terms
+    (:class:`fa3verify.matrix_fixes.CaseReplays`); whether a SIGINT cut the gate short."""
+
+    row: MatrixRow
+    sut: object = None
+    cases: list = field(default_factory=list)
+    interrupted: bool = False
+    #: the engine is held open (in this process: ``sut``; in a lane's process: there) for the fix-release replays
+    open: bool = False
+
+    def __post_init__(self):
+        self.open = self.open or self.sut is not None
+
+
+def gate_release(release: str, open_sut: Callable, options: RowOptions,
+                 say: Callable[[str], None] = lambda line: None, witness_cache: Optional[dict] = None) -> ReleaseRun:
+    """Gate ``release`` (``open_sut(release)`` opens it; a UsageError or a worker that cannot start there makes an
+    'unavailable' row with the reason, a worker that dies or never answers an 'inconclusive' one): the prediction,
+    the gate (witness searches and flow theorem from the z3 cache where they are kept, as the gate command keeps them),
+    the family probes, the row. ``witness_cache`` (keyed by search) shares the witness searches between the releases
+    one process gates. A SIGINT that reaches it outside the gate's own handling (opening the engine, the probes) makes
+    an interrupted inconclusive row."""
+    try:
+        return _gate_release(release, open_sut, options, say, witness_cache)
+    except KeyboardInterrupt:
+        return ReleaseRun(inconclusive_row(release, options.engine, INTERRUPTED), interrupted=True)
+
+
+INTERRUPTED = "not gated: the run was interrupted (SIGINT) before this release"
+
+
+def _gate_release(release, open_sut, options, say, witness_cache) -> ReleaseRun:
+    from .commands.gate import gate
+    from .matrix_fixes import ledger_cases
+
+    engine = options.engine
+    profile = release_profile(engine, release)
+    start = time.perf_counter()
+    if callable(getattr(profile, "policy", None)):
+        say(f"{engine} {release}: expected verdict from its facts (z3) ...")
+    expected = predicted_verdict(profile, options.timeout_s, f"{options.cases_dir}/expected/{release}", engine)
+    say(f"{engine} {release}: environment ...")
+    try:
+        sut = open_sut(release)
+    except (UsageError, WorkerError, ValueError) as exc:
+        row = MatrixRow(release=release, verdict=MatrixVerdict.UNAVAILABLE, exit_code=exitcodes.INCONCLUSIVE,
+                        expected=expected, profile=describe_profile(profile), engine=engine,
+                        message=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        say(f"{engine} {release}: unavailable ({row.message})")
+        return ReleaseRun(row)
+    kept = False
+    try:
+        say(f"{engine} {release}: gate (witness searches, witness replay, fuzz) ...")
+        witness_cache = {} if witness_cache is None else witness_cache
+        searched = len(witness_cache)
+        summary = gate(sut, budget_s=options.budget_s, seed=options.seed, timeout_s=options.timeout_s,
+                       cases_dir=f"{options.cases_dir}/{release}", max_cases=options.max_cases, show_progress=False,
+                       witness_cache=witness_cache, z3_cache=True)
+        say(f"{engine} {release}: witness search done ({len(witness_cache) - searched} searches run now or read from "
+            f"the z3 cache, {len(witness_cache)} in all in this process, shared by the releases that need them)")
+        own_probes = getattr(sut, "family_probes", lambda: None)()
+        probes = {}
+        if options.with_probes and own_probes != () and not summary.interrupted:
+            say(f"{engine} {release}: family probes ...")
+            probes = run_probes(sut)
+        row = row_from_summary(release, profile, summary, time.perf_counter() - start, expected, sut=sut,
+                               engine=engine)
+        row.probes = None if own_probes == () else probes  # None: the engine has no probes
+        cases = ledger_cases(row, sut)
         say(f"{engine} {release}: {row.verdict} (expected {row.expected or '-'}) {', '.join(row.invariants) or '-'} "
             f"[{'; '.join(row.families) or '-'}] {row.seconds:.1f}s; probes: "
             f"{'; '.join(f'{k} {v}' for k, v in (row.probes or {}).items()) or '-'}")
-    if fixes is not None:
-        fixes.extend(ledger.entries([r.release for r in rows]))
-    return rows
+        kept = options.keep_open and not summary.interrupted
+        return ReleaseRun(row, sut if kept else None, cases, bool(summary.interrupted))
+    except WorkerError as exc:  # a worker that dies or never answers: this row ran nothing
+        row = inconclusive_row(release, engine, str(exc).splitlines()[0])
+        row.seconds, row.expected = round(time.perf_counter() - start, 2), expected
+        say(f"{engine} {release}: inconclusive ({row.message})")
+        return ReleaseRun(row)
+    finally:
+        if not kept:
+            sut.close()
+
+
+def inconclusive_row(release: str, engine: str, why: str) -> MatrixRow:
+    """The row of a release that was not gated to its end (a SIGINT stopped the run before it, or the lane gating
+    it died): inconclusive, saying why; never a pass."""
+    return MatrixRow(release=release, verdict=MatrixVerdict.INCONCLUSIVE, exit_code=exitcodes.INCONCLUSIVE,
+                     engine=engine, profile=describe_profile(release_profile(engine, release)), message=why)
 
 
 def _shared_row(row: MatrixRow, release: str) -> MatrixRow:

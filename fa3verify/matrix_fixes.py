@@ -16,7 +16,7 @@ from spec.finding import MatrixVerdict
 
 from .commands.replay import load_case
 
-__all__ = ["FixLedger", "CaseReplays", "replay_on_release", "fixes_table", "fixes_markdown", "across_shards",
+__all__ = ["FixLedger", "CaseReplays", "ledger_cases", "replay_on_release", "fixes_table", "fixes_markdown", "across_shards",
            "replay_across_shards", "unreplayed_before_first_pass", "STILL_FAILS", "PASSES_NOW"]
 
 STILL_FAILS = "STILL FAILS"
@@ -57,41 +57,51 @@ def replay_on_release(case_file: str, sut) -> str:
     return outcome.verdict
 
 
+def ledger_cases(row, sut) -> list:
+    """The :class:`CaseReplays` of a failing row's case files (family and path in ``sut``'s terms), none for any
+    other row; an unreadable case file is skipped, as the row skips it."""
+    from .engine_matrix import case_family
+
+    if row.verdict != MatrixVerdict.FAIL:
+        return []
+    out = []
+    for path in row.case_files:
+        try:
+            case = load_case(path)
+        except Exception:  # noqa: BLE001 - an unreadable case file is skipped by the row already
+            continue
+        family, where = case_family(case, sut)
+        invariant = str((case.expected or {}).get("invariant") or "")
+        out.append(CaseReplays(row.release, path, family, where, invariant))
+    return out
+
+
 class FixLedger:
     """The case files of the failing rows so far, and their replays per release (see the module doc)."""
 
     def __init__(self):
         self.cases: list = []
 
-    def add_row(self, row, sut) -> None:
-        """Register a failing row's case files (family and path in ``sut``'s terms)."""
-        from .engine_matrix import case_family
+    def add(self, cases: list) -> None:
+        """Register a failing row's case files (:func:`ledger_cases`)."""
+        self.cases.extend(cases)
 
-        if row.verdict != MatrixVerdict.FAIL:
-            return
-        for path in row.case_files:
-            try:
-                case = load_case(path)
-            except Exception:  # noqa: BLE001 - an unreadable case file is skipped by the row already
-                continue
-            family, where = case_family(case, sut)
-            invariant = str((case.expected or {}).get("invariant") or "")
-            self.cases.append(CaseReplays(row.release, path, family, where, invariant))
+    def pending(self, release: str) -> list:
+        """The registered case files (its own release's and earlier ones') not yet replayed on ``release``."""
+        return sorted({c.case_file for c in self.cases if release not in c.replays})
 
-    def pending(self, release: str) -> int:
-        return sum(release not in c.replays for c in self.cases)
-
-    def replay_on(self, release: str, sut) -> None:
-        """Replay every registered case file (its own release's and earlier ones') on ``release``'s engine."""
+    def record(self, release: str, verdicts: dict) -> None:
+        """Keep the replay verdicts on ``release`` (case file -> verdict; a file without one: NOT RUN)."""
         for c in self.cases:
             if release not in c.replays:
-                c.replays[release] = replay_on_release(c.case_file, sut)
+                c.replays[release] = verdicts.get(c.case_file, "NOT RUN (no replay answer)")
 
     def entries(self, order: list) -> list:
         """One entry per (release found on, family): its case files, whether they STILL FAIL on their own release,
         the verdict on each later release, and the first later release where every one PASSES NOW (None: none)."""
         groups: dict = {}
-        for c in self.cases:
+        rank = {r: i for i, r in enumerate(order)}
+        for c in sorted(self.cases, key=lambda c: rank.get(c.found_on, len(rank))):  # release order, however run
             groups.setdefault((c.found_on, c.family), []).append(c)
         out = []
         for (found_on, family), cases in groups.items():

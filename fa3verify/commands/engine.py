@@ -18,9 +18,14 @@ EPILOG = """\
 examples:
 {engine.setup}  fa3verify engine matrix --budget-s 10 --json matrix.json
   fa3verify engine matrix --releases 0.5.12..0.5.16 --cases 100
-{engine.matrix}  fa3verify engine matrix --cases 100 --shard 1/4 --json m1.json   # a quarter of the releases; `report merge`
+{engine.matrix}  fa3verify engine matrix --jobs 2 --json matrix.json   # two releases at a time, each lane its own process
+  fa3verify engine matrix --cases 100 --shard 1/4 --json m1.json   # a quarter of the releases; `report merge`
   fa3verify engine fixes merged.json --json merged-fixes.json   # after `report merge`: the fix releases across shards
 """
+
+
+#: --jobs: the lanes of `engine matrix` (each a process holding one release's engine)
+JOBS_RANGE = (1, 32)
 
 
 def register(sub) -> None:
@@ -49,6 +54,10 @@ def register(sub) -> None:
     from ..sharding import add_shard_argument
 
     add_shard_argument(m, "releases (in release order)")
+    m.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help=f"releases gated side by side, each lane its own process ({JOBS_RANGE[0]}..{JOBS_RANGE[1]}; "
+                        f"default 1: one release at a time in this process); the rows and fix releases are those of "
+                        f"one lane, each release's fuzz budget its own")
     m.add_argument("--timeout-s", type=float, default=10.0, help="z3 timeout of the witness search (default 10)")
     m.add_argument("--cases-dir", default="fa3verify-out/engine-matrix", metavar="DIR",
                    help="where each release's findings go (one folder per release)")
@@ -188,7 +197,7 @@ def release_opener(engine: str, no_setup: bool):
 
 def run_matrix(args) -> int:
     from ..engine_matrix import matrix_exit_code, matrix_json, matrix_markdown, matrix_table, matrix_verdict_line
-    from ..engine_matrix import run_matrix as matrix
+    from ..matrix_lanes import run_matrix as matrix
     from .arguments import budget_from_args
 
     from ..sharding import parse_shard
@@ -204,12 +213,14 @@ def run_matrix(args) -> int:
     budget, cases = budget_from_args(args)
     if not args.timeout_s > 0:
         raise UsageError(f"--timeout-s: must be > 0, got {args.timeout_s}")
+    if not JOBS_RANGE[0] <= args.jobs <= JOBS_RANGE[1]:
+        raise UsageError(f"--jobs: must be in {JOBS_RANGE[0]}..{JOBS_RANGE[1]}, got {args.jobs}")
     open_release = release_opener(args.engine, args.no_setup)
     fixes = None if args.no_fixes else []
     rows = matrix(releases, open_release, budget_s=budget, max_cases=cases,
                   seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
                   progress=_progress_line, with_probes=not args.no_probes, engine=args.engine,
-                  runs_as=runs_as, fixes=fixes)
+                  runs_as=runs_as, fixes=fixes, jobs=args.jobs, no_setup=args.no_setup)
     print(matrix_markdown(rows) if args.markdown else matrix_table(rows))
     if fixes is not None:
         from ..matrix_fixes import fixes_markdown, fixes_table
