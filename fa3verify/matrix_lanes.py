@@ -44,6 +44,8 @@ __all__ = ["run_matrix", "InProcessLane", "ProcessLane", "replay_files", "LANE_T
 LANE_TIMEOUT_S = 1800.0
 ENV_LANE_TIMEOUT = "FA3VERIFY_MATRIX_LANE_TIMEOUT"
 _POLL_S = 0.25
+#: the key of a lane's answer to a request that raised (:mod:`fa3verify.matrix_worker`)
+RAISED = "raised"
 
 
 class InProcessLane:
@@ -89,7 +91,7 @@ class ProcessLane:
         def exchange() -> None:
             try:
                 answer = self.client.request(request, self.timeout_s, hint=f"${ENV_LANE_TIMEOUT} sets it")
-                answers.put((self, kind, _crash_or(answer, decode)))
+                answers.put((self, kind, _raised_or(answer, decode)))
             except BaseException as exc:  # noqa: BLE001 - the lane's failure is its release's answer
                 answers.put((self, kind, exc))
 
@@ -130,11 +132,11 @@ class LaneCrash(RuntimeError):
     """A lane's gate raised something that is not a worker's failure (a defect here: the command's internal error)."""
 
 
-def _crash_or(answer, decode: Callable):
+def _raised_or(answer, decode: Callable):
     if not isinstance(answer, dict):
         raise WorkerError(f"engine matrix lane: answered {str(answer)[:200]!r}, not an object")
-    if "raised" in answer:
-        return LaneCrash(f"{answer["raised"]}\n{answer.get('traceback', '')}".rstrip())
+    if RAISED in answer:
+        return LaneCrash(f"{answer[RAISED]}\n{answer.get('traceback', '')}".rstrip())
     return decode(answer)
 
 
