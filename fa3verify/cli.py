@@ -53,8 +53,9 @@ exit codes: 0 pass, 1 violation found, 2 bad input or usage, 3 inconclusive (sol
 deadlines: FA3VERIFY_ENGINE_TIMEOUT=S (default 900) bounds each answer of an engine worker,
 FA3VERIFY_ENGINE_START_TIMEOUT=S (default 900) its start (the engine's import, up to its hello),
 FA3VERIFY_GUARD_IMPORT_TIMEOUT=S (default 120) the import of a guard, FA3VERIFY_THEOREM_PART_TIMEOUT=S
-(default 600) a theorem part in a prove worker; a worker past its deadline is killed and named, and the
-run is inconclusive (exit 3)
+(default 600) a theorem part in a prove worker, FA3VERIFY_MATRIX_LANE_TIMEOUT=S (default 1800) each answer
+of an `engine matrix --jobs N` lane; a worker past its deadline is killed and named, and the run (or the
+matrix row) is inconclusive (exit 3)
 
 examples:
   fa3verify check                                   # proofs + short CPU fuzz on the fixed guard

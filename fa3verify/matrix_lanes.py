@@ -83,7 +83,7 @@ class ProcessLane:
 
     def __init__(self, options: RowOptions, no_setup: bool, number: int):
         self.options, self.no_setup = options, no_setup
-        self.timeout_s = seconds_from_env(ENV_LANE_TIMEOUT, LANE_TIMEOUT_S, maximum=86400.0)
+        self.timeout_s = lane_timeout_s()
         self.client = WorkerClient([sys.executable, "-m", "fa3verify.matrix_worker"],
                                    f"engine matrix lane {number}", capture_stderr=False)
 
@@ -128,6 +128,14 @@ def replay_files(sut, files: list) -> tuple:
     return verdicts, time.perf_counter() - start, False
 
 
+def lane_timeout_s() -> float:
+    """:data:`LANE_TIMEOUT_S`, or ``$FA3VERIFY_MATRIX_LANE_TIMEOUT``; a value that is not a number in (0, 86400] is a
+    UsageError naming it (exit 2, before any lane starts)."""
+    from .errors import UsageError
+
+    return seconds_from_env(ENV_LANE_TIMEOUT, LANE_TIMEOUT_S, maximum=86400.0, error=UsageError)
+
+
 class LaneCrash(RuntimeError):
     """A lane's gate raised something that is not a worker's failure (a defect here: the command's internal error)."""
 
@@ -166,6 +174,7 @@ def run_matrix(releases, open_sut: Optional[Callable] = None, budget_s: Optional
               if r in releases and s and s != r and s in releases[:releases.index(r)]}
     gated = [r for r in releases if r not in shared]
     if jobs > 1:
+        lane_timeout_s()  # a bad deadline is the user's error, named before any lane starts
         say(f"{min(jobs, len(gated))} lanes side by side (--jobs {jobs}), each its own process")
         def new_lane(number: int) -> ProcessLane:
             return ProcessLane(options, no_setup, number)

@@ -48,6 +48,14 @@ RUNS = [
      ["conform", "--engine", "model"]),
     ("engine", "The engine matrix's options (running it needs the engine environments, docs/engines.md).",
      ["engine", "matrix", "--help"]),
+    ("engine", "The fix releases of a sharded matrix: each shard replays a failing family's case files only on its "
+               "own later\nreleases, so after `fa3verify report merge` the fix release a shard names can be later "
+               "than the unsplit run's.\n`engine fixes` replays each family's case files on the releases other "
+               "shards gated, after its last failure and up\nto its first pass (each release opened once), and names "
+               "the first release where every one PASSES\nNOW; releases before a family's last failure stay listed "
+               "as `not_replayed`. The matrix's verdict and exit code stand.\n`engine matrix --jobs N` needs none of "
+               "this: its lanes share one ledger, so its fix releases are the unsplit run's.",
+     ["engine", "fixes", "--help"]),
     ("gpu-check", "The prepared GPU script's plumbing on CPU (`--dry-run`).",
      ["gpu-check", "--dry-run", "--out", f"{OUT}/gpu-check"]),
     ("invariants", "The invariant and theorem catalogue (first lines).", ["invariants"]),

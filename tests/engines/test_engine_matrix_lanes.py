@@ -28,6 +28,7 @@ from engine_releases import need
 from fa3verify import cli, matrix_lanes
 from fa3verify.engine_matrix import INTERRUPTED, MatrixRow, ReleaseRun, RowOptions
 from fa3verify.matrix_fixes import CaseReplays, FixLedger
+from spec.process.worker_client import WorkerError
 
 RELEASES = ["0.5.20", "0.5.21", "0.5.22", "0.5.23"]
 
@@ -123,11 +124,16 @@ def test_a_sigint_stops_the_run_and_the_releases_not_gated_are_inconclusive_rows
         assert release not in replayed
 
 
-def test_jobs_outside_its_range_is_exit_2_naming_it(capsys):
+def test_jobs_outside_its_range_or_a_bad_lane_deadline_is_exit_2_naming_it(monkeypatch, capsys):
     for jobs in ("0", "33"):
         assert cli.main(["engine", "matrix", "--jobs", jobs, "--releases", "0.5.23", "--no-setup"]) == 2
         err = capsys.readouterr().err
         assert "--jobs: must be in 1..32" in err and f"got {jobs}" in err
+    for bad in ("soon", "0", "90000"):
+        monkeypatch.setenv(matrix_lanes.ENV_LANE_TIMEOUT, bad)
+        assert cli.main(["engine", "matrix", "--jobs", "2", "--releases", "0.5.23", "--no-setup"]) == 2
+        err = capsys.readouterr().err
+        assert matrix_lanes.ENV_LANE_TIMEOUT in err and "lanes side by side" not in err, err
 
 
 def test_a_lane_past_its_deadline_is_an_inconclusive_row_and_a_new_lane_takes_the_next_release(monkeypatch, tmp_path,
@@ -169,7 +175,7 @@ def test_a_process_lane_gives_the_row_and_fix_releases_of_the_lane_in_this_proce
     runs = {}
     for jobs in ("1", "2"):
         out = tmp_path / f"m{jobs}.json"
-        code = cli.main(["engine", "matrix", "--releases", "0.5.13", "--jobs", jobs, "--cases", "30", "--no-probes",
+        code = cli.main(["engine", "matrix", "--releases", "0.5.13", "--jobs", jobs, "--cases", "5", "--no-probes",
                          "--no-setup", "--cases-dir", str(tmp_path / f"cases{jobs}"), "--json", str(out)])
         assert code == 1, jobs
         runs[jobs] = json.loads(out.read_text())
@@ -204,3 +210,19 @@ def test_a_sigint_reaches_the_process_lanes_and_the_matrix_ends_inconclusive_or_
     assert proc.returncode in (1, 3), (proc.returncode, stdout, seen)
     (row,) = json.loads(out.read_text())["rows"]
     assert row["verdict"] in ("inconclusive", "fail") and row["seconds"] < 60, row
+
+
+def test_a_lane_whose_gate_raised_ends_the_run_as_an_internal_error_never_a_row():
+    """A lane answering that its request raised (not a worker's failure) is a defect here: the run stops with it
+    (the command's internal error, exit 3), it is never turned into a row."""
+    crash = matrix_lanes._raised_or({matrix_lanes.RAISED: "TypeError: boom", "traceback": "Traceback ..."}, dict)
+    assert isinstance(crash, matrix_lanes.LaneCrash) and "TypeError: boom" in str(crash)
+
+    class Raising(PlayedLane):
+        def start_row(self, release, answers):
+            answers.put((self, "row", crash))
+
+    with pytest.raises(matrix_lanes.LaneCrash, match="boom"):
+        _schedule([Raising({}, set(), {})])
+    with pytest.raises(WorkerError, match="not an object"):
+        matrix_lanes._raised_or(["a list"], dict)
