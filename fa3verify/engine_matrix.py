@@ -365,7 +365,7 @@ def inconclusive_row(release: str, engine: str, why: str) -> MatrixRow:
                      engine=engine, profile=describe_profile(release_profile(engine, release)), message=why)
 
 
-def _shared_row(row: MatrixRow, release: str) -> MatrixRow:
+def shared_row(row: MatrixRow, release: str) -> MatrixRow:
     """The row of a release whose driven files are byte-identical to ``row``'s release: its verdict, saying so."""
     import dataclasses
 

@@ -14,8 +14,8 @@ Two kinds of lane behind one small interface (``start_row``, ``start_replay``, `
 :class:`ProcessLane` (``--jobs N``: a ``python -m fa3verify.matrix_worker`` process speaking JSON lines through
 :mod:`spec.process.worker_client`, every answer within :data:`LANE_TIMEOUT_S`; one that dies or misses it makes its
 release's row inconclusive and is replaced). A SIGINT stops the run: the lanes in flight are interrupted (a process
-lane gets the signal forwarded), no release is handed out after it, and every release not gated is an inconclusive
-row saying so.
+lane gets the signal forwarded) and get :data:`STOP_GRACE_S` to answer (a second SIGINT: none) before they are
+killed, no release is handed out after it, and every release not gated to its end is an inconclusive row saying so.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from typing import Callable, Optional
 from spec.process.deadlines import seconds_from_env
 from spec.process.worker_client import WorkerClient, WorkerError
 
-from .engine_matrix import INTERRUPTED, MatrixRow, ReleaseRun, RowOptions, _shared_row, default_engine, gate_release, inconclusive_row
+from .engine_matrix import (INTERRUPTED, MatrixRow, ReleaseRun, RowOptions, default_engine, gate_release,
+                            inconclusive_row, shared_row)
 from .matrix_fixes import CaseReplays, FixLedger, replay_on_release
 
 __all__ = ["run_matrix", "InProcessLane", "ProcessLane", "replay_files", "LANE_TIMEOUT_S", "ENV_LANE_TIMEOUT"]
@@ -44,6 +45,9 @@ __all__ = ["run_matrix", "InProcessLane", "ProcessLane", "replay_files", "LANE_T
 LANE_TIMEOUT_S = 1800.0
 ENV_LANE_TIMEOUT = "FA3VERIFY_MATRIX_LANE_TIMEOUT"
 _POLL_S = 0.25
+#: After a SIGINT, how long the lanes in flight get to end their release and answer (a second SIGINT: none); then
+#: they are killed and their releases are inconclusive rows.
+STOP_GRACE_S = 60.0
 #: the key of a lane's answer to a request that raised (:mod:`fa3verify.matrix_worker`)
 RAISED = "raised"
 
@@ -72,6 +76,9 @@ class InProcessLane:
 
     def interrupt(self) -> None:
         """Nothing to forward: this process's SIGINT reaches the gate running here."""
+
+    def kill(self) -> None:
+        """Nothing to kill: a gate in this process ends on the SIGINT itself."""
 
     def close(self) -> None:
         self._release_engine()
@@ -111,6 +118,10 @@ class ProcessLane:
                 os.kill(self.client.pid, signal.SIGINT)
             except OSError:
                 pass
+
+    def kill(self) -> None:
+        """End the lane now (its request's thread then answers with the WorkerError of a killed lane)."""
+        self.client.kill()
 
     def close(self) -> None:
         self.client.close(goodbye={"op": "bye"}, grace_s=10.0)
@@ -195,7 +206,7 @@ def run_matrix(releases, open_sut: Optional[Callable] = None, budget_s: Optional
     rows = []
     for release in releases:
         if release in shared:
-            rows.append(_shared_row(by_release[shared[release]], release))
+            rows.append(shared_row(by_release[shared[release]], release))
             say(f"{engine} {release}: runs as {shared[release]} (driven files byte-identical): {rows[-1].verdict}")
         else:
             rows.append(by_release[release])
@@ -213,9 +224,13 @@ def _schedule(releases: list, lanes: list, new_lane, ledger: FixLedger, options:
     rows: dict = {}
     busy: dict = {}        # lane -> release it is gating or replaying on
     waiting: dict = {}     # release -> its lane, holding its engine until every earlier release has a row
-    stopped = False
+    stopped, stop_deadline = False, None
     while (todo and not stopped) or busy or waiting:
         try:
+            if stop_deadline is not None and time.monotonic() > stop_deadline:
+                for lane in busy:  # past the grace after a SIGINT: ended now, their rows say so below
+                    lane.kill()
+                stop_deadline = float("inf")
             while idle and todo and not stopped:
                 lane, release = idle.pop(0), todo.popleft()
                 busy[lane] = release
@@ -229,7 +244,11 @@ def _schedule(releases: list, lanes: list, new_lane, ledger: FixLedger, options:
                 continue
         except KeyboardInterrupt:
             if not stopped:
-                say("interrupted (SIGINT): the releases in flight end now, no further release is gated")
+                say(f"interrupted (SIGINT): the releases in flight end within {STOP_GRACE_S:g} s (a second SIGINT: "
+                    f"now), no further release is gated")
+                stop_deadline = time.monotonic() + STOP_GRACE_S
+            else:
+                stop_deadline = time.monotonic()
             stopped = True
             for lane in busy:
                 lane.interrupt()
@@ -238,9 +257,14 @@ def _schedule(releases: list, lanes: list, new_lane, ledger: FixLedger, options:
         if isinstance(answer, LaneCrash):
             raise answer
         if isinstance(answer, WorkerError):
-            _replace(lane, lanes, idle, new_lane)
+            if stopped:  # killed after a SIGINT, or died on it: no new lane
+                lane.close()
+            else:
+                _replace(lane, lanes, idle, new_lane)
             if kind == "row":
-                rows[release] = inconclusive_row(release, options.engine, str(answer).splitlines()[0])
+                why = str(answer).splitlines()[0]
+                why = f"interrupted (SIGINT) while gated, its lane ended: {why}" if stopped else why
+                rows[release] = inconclusive_row(release, options.engine, why)
                 say(f"{options.engine} {release}: inconclusive ({rows[release].message})")
             elif not stopped:
                 why = " ".join(str(answer).split())[:160]

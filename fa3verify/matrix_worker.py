@@ -42,7 +42,7 @@ def main() -> int:
 
 
 def _answer(request: dict, held: list) -> dict:
-    from .commands.engine import _progress_line, release_opener
+    from .commands.engine import progress_line, release_opener
     from .engine_matrix import RowOptions, gate_release
     from .matrix_lanes import replay_files
 
@@ -50,7 +50,7 @@ def _answer(request: dict, held: list) -> dict:
         if request["op"] == "row":
             options = RowOptions(**request["options"])
             run = gate_release(request["release"], release_opener(options.engine, bool(request["no_setup"])),
-                               options, _progress_line, _WITNESS_CACHE)
+                               options, progress_line, _WITNESS_CACHE)
             if run.sut is not None:
                 held.append(run.sut)
             return {"row": asdict(run.row), "cases": [asdict(c) for c in run.cases], "interrupted": run.interrupted,

@@ -219,7 +219,7 @@ def run_matrix(args) -> int:
     fixes = None if args.no_fixes else []
     rows = matrix(releases, open_release, budget_s=budget, max_cases=cases,
                   seed=args.seed, timeout_s=args.timeout_s, cases_dir=args.cases_dir,
-                  progress=_progress_line, with_probes=not args.no_probes, engine=args.engine,
+                  progress=progress_line, with_probes=not args.no_probes, engine=args.engine,
                   runs_as=runs_as, fixes=fixes, jobs=args.jobs, no_setup=args.no_setup)
     print(matrix_markdown(rows) if args.markdown else matrix_table(rows))
     if fixes is not None:
@@ -286,10 +286,10 @@ def run_fixes(args) -> int:
     releases = [r["release"] for r in data["rows"]]
     entries = data["fixes"]
     todo = across_shards(entries, releases)
-    _progress_line(f"{len(todo)} of {len(entries)} families have releases gated by another shard to replay on "
+    progress_line(f"{len(todo)} of {len(entries)} families have releases gated by another shard to replay on "
                    f"({len({r for t in todo.values() for r in t})} releases, each opened once)", "engine fixes")
 
-    n = replay_across_shards(entries, releases, release_opener(engine, args.no_setup), say=lambda line: _progress_line(line, "engine fixes"))
+    n = replay_across_shards(entries, releases, release_opener(engine, args.no_setup), say=lambda line: progress_line(line, "engine fixes"))
     print(("\n" + fixes_markdown(entries)) if args.markdown and entries else fixes_table(entries))
     code = data.get("exit_code")
     print(f"fix releases completed: {n} case replays on releases other shards gated; the matrix's verdict stands "
@@ -299,6 +299,6 @@ def run_fixes(args) -> int:
                    "engine fixes")
 
 
-def _progress_line(line: str, command: str = "engine matrix") -> None:
+def progress_line(line: str, command: str = "engine matrix") -> None:
     """The matrix's progress (a line per stage and per release) goes to stderr, never into stdout's table."""
     print(f"fa3verify {command}: {line}", file=sys.stderr, flush=True)

@@ -65,6 +65,9 @@ class PlayedLane:
     def interrupt(self):
         self.interrupted.set()
 
+    def kill(self):
+        pass
+
     def close(self):
         pass
 
@@ -122,6 +125,36 @@ def test_a_sigint_stops_the_run_and_the_releases_not_gated_are_inconclusive_rows
     for release in ("0.5.22", "0.5.23"):
         assert rows[release].verdict == "inconclusive" and rows[release].message == INTERRUPTED
         assert release not in replayed
+
+
+def test_a_lane_that_does_not_end_on_the_sigint_is_killed_after_the_grace_and_its_row_says_so(monkeypatch):
+    monkeypatch.setattr(matrix_lanes, "STOP_GRACE_S", 0.3)
+    killed = threading.Event()
+
+    class Deaf(PlayedLane):
+        """Ignores the SIGINT; answers only when killed, as a killed process lane does."""
+
+        def start_row(self, release, answers):
+            self.release, self.answers = release, answers
+
+        def interrupt(self):
+            pass
+
+        def kill(self):
+            killed.set()
+            self.answers.put((self, "row", WorkerError("engine matrix lane 1 (pid 1): exited (code -9) without an "
+                                                       "answer")))
+
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    try:
+        rows, _ = _schedule([Deaf({}, set(), {})], releases=["0.5.22", "0.5.23"])
+    finally:
+        timer.cancel()
+    assert killed.is_set() and time.monotonic() - start < 10
+    assert rows["0.5.22"].verdict == "inconclusive" and "interrupted (SIGINT) while gated" in rows["0.5.22"].message
+    assert rows["0.5.23"].message == INTERRUPTED
 
 
 def test_jobs_outside_its_range_or_a_bad_lane_deadline_is_exit_2_naming_it(monkeypatch, capsys):
@@ -202,7 +235,7 @@ def test_a_sigint_reaches_the_process_lanes_and_the_matrix_ends_inconclusive_or_
         if "gate (witness searches" in seen[-1]:
             break
     assert seen and "gate (witness searches" in seen[-1], seen
-    time.sleep(2.0)
+    time.sleep(0.5)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     stdout, _ = proc.communicate(timeout=90)
