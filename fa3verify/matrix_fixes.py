@@ -2,7 +2,8 @@
 
 Invariant: a failing row's case file is first replayed on the release it was found on (it must STILL FAIL there,
 else the finding is not reproducible and is said so), then on every later release the matrix gates, while that
-release's engine is open for its own gate (one worker start per release). A family's fix release is the first
+release's engine is open for its own gate (one worker start per release; with lanes, once every earlier release
+has its row: :mod:`fa3verify.matrix_lanes`). A family's fix release is the first
 later release on which every case file of that family (found on that row) PASSES NOW; a release whose own
 validation rejects the configuration, that cannot run it, or on which it fails differently is not a fix and is
 named as what it is. A family no later release fixes says so, naming the releases that still fail.

@@ -235,7 +235,9 @@ def _schedule(releases: list, lanes: list, new_lane, ledger: FixLedger, options:
                 lane, release = idle.pop(0), todo.popleft()
                 busy[lane] = release
                 lane.start_row(release, answers)
-            _hand_out_replays(releases, order, rows, waiting, busy, ledger, answers, stopped)
+            _hand_out_replays(releases, order, rows, waiting, busy, ledger, answers, stopped,
+                              lambda release, n: say(f"{options.engine} {release}: replaying {n} case files of failing "
+                                                     f"rows (its own and earlier releases') ..."))
             if not busy:
                 continue
             try:
@@ -293,14 +295,17 @@ def _schedule(releases: list, lanes: list, new_lane, ledger: FixLedger, options:
     return rows
 
 
-def _hand_out_replays(releases, order, rows, waiting, busy, ledger, answers, stopped) -> None:
+def _hand_out_replays(releases, order, rows, waiting, busy, ledger, answers, stopped, announce) -> None:
     """Each waiting lane whose release has every earlier release's row gets its replays (after a SIGINT: none,
     its engine is closed)."""
     for release in sorted(waiting, key=order.get):
         if stopped or _earlier_rows_known(release, releases, order, rows):
             lane = waiting.pop(release)
             busy[lane] = release
-            lane.start_replay(release, [] if stopped else ledger.pending(release), answers)
+            files = [] if stopped else ledger.pending(release)
+            if files:
+                announce(release, len(files))
+            lane.start_replay(release, files, answers)
 
 
 def _earlier_rows_known(release: str, releases: list, order: dict, rows: dict) -> bool:

@@ -35,15 +35,17 @@ RELEASES = ["0.5.20", "0.5.21", "0.5.22", "0.5.23"]
 
 class PlayedLane:
     """A lane whose row for a release comes after ``delays[release]`` seconds (from a thread, as a process lane's
-    does); the releases in ``failing`` fail with one case file each; its replays are recorded per release."""
+    does); the releases in ``failing`` fail with one case file each (or, ``until_interrupted``, run until the lane
+    is interrupted and answer an interrupted row); its replays are recorded per release."""
 
-    def __init__(self, delays: dict, failing: set, replayed: dict, hold: threading.Event = None):
-        self.delays, self.failing, self.replayed, self.hold = delays, failing, replayed, hold
+    def __init__(self, delays: dict, failing: set, replayed: dict, until_interrupted: bool = False):
+        self.delays, self.failing, self.replayed = delays, failing, replayed
+        self.until_interrupted = until_interrupted
         self.interrupted = threading.Event()
 
     def start_row(self, release, answers):
         def answer():
-            if self.hold is not None and release in self.failing:  # a row that runs until it is interrupted
+            if self.until_interrupted and release in self.failing:
                 self.interrupted.wait(10)
                 answers.put((self, "row", ReleaseRun(MatrixRow(release=release, verdict="inconclusive", exit_code=3,
                                                                engine="sglang"), interrupted=True)))
@@ -112,9 +114,8 @@ def test_negative_control_replays_handed_out_at_once_miss_an_earlier_release_s_f
 
 def test_a_sigint_stops_the_run_and_the_releases_not_gated_are_inconclusive_rows():
     # 0.5.20 passes; 0.5.21 runs until interrupted; nothing after it may be gated
-    hold = threading.Event()
     replayed: dict = {}
-    lane = PlayedLane({}, {"0.5.21"}, replayed, hold=hold)
+    lane = PlayedLane({}, {"0.5.21"}, replayed, until_interrupted=True)
     timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     try:
