@@ -204,8 +204,9 @@ def _fix_facts(data: dict) -> list:
     return [{k: e[k] for k in ("found_on", "family", "replays", "first_pass")} for e in data["fixes"]]
 
 
-def test_a_process_lane_gives_the_row_and_fix_releases_of_the_lane_in_this_process(tmp_path):
+def test_a_process_lane_gives_the_row_and_fix_releases_of_the_lane_in_this_process(monkeypatch, tmp_path):
     _sglang_release("0.5.13")
+    monkeypatch.setenv("FA3VERIFY_Z3_CACHE", str(tmp_path / "z3"))  # the second run (the lane) reads the first's z3 rows
     runs = {}
     for jobs in ("1", "2"):
         out = tmp_path / f"m{jobs}.json"
@@ -218,7 +219,7 @@ def test_a_process_lane_gives_the_row_and_fix_releases_of_the_lane_in_this_proce
     assert all(e["replays"]["0.5.13"] == "STILL FAILS" for e in runs["2"]["fixes"])
 
 
-def test_a_sigint_reaches_the_process_lanes_and_the_matrix_ends_inconclusive_or_failing_never_passing(tmp_path):
+def test_a_sigint_reaches_the_process_lanes_and_the_matrix_ends_inconclusive_never_passing(tmp_path):
     _sglang_release("0.5.23")
     out = tmp_path / "m.json"
     proc = subprocess.Popen([sys.executable, "-m", "fa3verify", "engine", "matrix", "--releases", "0.5.23", "--jobs", "2",
@@ -236,14 +237,13 @@ def test_a_sigint_reaches_the_process_lanes_and_the_matrix_ends_inconclusive_or_
         if "gate (witness searches" in seen[-1]:
             break
     assert seen and "gate (witness searches" in seen[-1], seen
-    time.sleep(0.5)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     stdout, _ = proc.communicate(timeout=90)
     assert time.monotonic() - sent < 60
-    assert proc.returncode in (1, 3), (proc.returncode, stdout, seen)
+    assert proc.returncode == 3, (proc.returncode, stdout, seen)  # 0.5.23 passes its gate: only the SIGINT ends it
     (row,) = json.loads(out.read_text())["rows"]
-    assert row["verdict"] in ("inconclusive", "fail") and row["seconds"] < 60, row
+    assert row["verdict"] == "inconclusive" and row["seconds"] < 60, row
 
 
 def test_a_lane_whose_gate_raised_ends_the_run_as_an_internal_error_never_a_row():
