@@ -9,7 +9,7 @@ release has its row -- so the ledger then holds the case files of every earlier 
 run's does -- and only then is the lane free for the next release. Releases are handed out in release order, so the
 earliest release in flight never waits for another: the run cannot deadlock.
 
-Two kinds of lane behind one small interface (``start_row``, ``start_replay``, ``interrupt``, ``close``):
+Two kinds of lane behind one small interface (``start_row``, ``start_replay``, ``interrupt``, ``kill``, ``close``):
 :class:`InProcessLane` (the only lane of ``--jobs 1``, and of API callers that open releases with a callable) and
 :class:`ProcessLane` (``--jobs N``: a ``python -m fa3verify.matrix_worker`` process speaking JSON lines through
 :mod:`spec.process.worker_client`, every answer within :data:`LANE_TIMEOUT_S`; one that dies or misses it makes its
