@@ -67,6 +67,16 @@ def _why(release: str, chosen: tuple, engine: str = "sglang") -> str:
             f"{ENV_ALL}=1 or `make test {variable}=\"{release}\"` runs it")
 
 
+def need_sglang(release: str, environ=None) -> None:
+    """Skip the calling test unless sglang ``release`` is selected and its engine environment is built (each skip
+    says how to run it)."""
+    from gpu_impl.engines import envs
+
+    need(release, environ)
+    if not envs.env_ready(release):
+        pytest.skip(f"no environment for sglang {release}: run `fa3verify engine setup sglang=={release}`")
+
+
 def need_vllm(release: str, environ=None) -> None:
     """Skip the calling test unless vLLM ``release`` is selected and its engine environment is built (each skip
     says how to run it)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_releases import need
+from engine_releases import need_sglang
 from fa3verify import cli, matrix_lanes
 from fa3verify.engine_matrix import INTERRUPTED, MatrixRow, ReleaseRun, RowOptions
 from fa3verify.matrix_fixes import CaseReplays, FixLedger
@@ -186,14 +186,6 @@ def test_a_lane_past_its_deadline_is_an_inconclusive_row_and_a_new_lane_takes_th
     assert len(pids) == 2  # each release its own lane
 
 
-def _sglang_release(release: str) -> None:
-    from gpu_impl.engines import envs
-
-    need(release)
-    if not envs.env_ready(release):
-        pytest.skip(f"no environment for sglang {release}: `fa3verify engine setup sglang=={release}` builds it")
-
-
 def _row_facts(data: dict) -> list:
     keep = ("release", "verdict", "exit_code", "invariants", "families", "paths", "cases", "reach", "rejected")
     return [{k: r[k] for k in keep} | {"case_files": sorted(Path(f).name for f in r["case_files"])}
@@ -205,7 +197,7 @@ def _fix_facts(data: dict) -> list:
 
 
 def test_a_process_lane_gives_the_row_and_fix_releases_of_the_lane_in_this_process(monkeypatch, tmp_path):
-    _sglang_release("0.5.13")
+    need_sglang("0.5.13")
     monkeypatch.setenv("FA3VERIFY_Z3_CACHE", str(tmp_path / "z3"))  # the second run (the lane) reads the first's z3 rows
     runs = {}
     for jobs in ("1", "2"):
@@ -220,7 +212,7 @@ def test_a_process_lane_gives_the_row_and_fix_releases_of_the_lane_in_this_proce
 
 
 def test_a_sigint_reaches_the_process_lanes_and_the_matrix_ends_inconclusive_never_passing(tmp_path):
-    _sglang_release("0.5.23")
+    need_sglang("0.5.23")
     out = tmp_path / "m.json"
     proc = subprocess.Popen([sys.executable, "-m", "fa3verify", "engine", "matrix", "--releases", "0.5.23", "--jobs", "2",
                              "--budget-s", "120", "--no-probes", "--no-setup", "--cases-dir", str(tmp_path / "cases"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_releases import need
+from engine_releases import need_sglang
 from gpu_impl.config import ServerConfig, get_model
 from gpu_impl.scenario import Scenario, Step
 
@@ -29,12 +29,9 @@ def _scenario(server: ServerConfig, *batches) -> Scenario:
 
 
 def _open(release: str):
-    from gpu_impl.engines import envs
     from gpu_impl.sut import open_sut
 
-    need(release)
-    if not envs.env_ready(release):
-        pytest.skip(f"no environment for sglang {release}: run `fa3verify engine setup sglang=={release}`")
+    need_sglang(release)
     sut = open_sut(f"sglang=={release}")
     hello = sut.start()
     assert hello["kit"] == "stand-in" and hello["version"] == release

@@ -11,7 +11,7 @@ import pytest
 
 from gpu_impl.config import MODELS, ServerConfig
 from gpu_impl.sut import open_sut
-from engine_releases import sweep
+from engine_releases import need_sglang, sweep
 from release_copies import patched_copy
 
 pytestmark = pytest.mark.engine
@@ -27,16 +27,9 @@ NO_HEADS_ASSERT = ((r"\n        assert self\.total_num_heads % attn_tp_size == 0
 MODEL_PY = "srt/models/qwen3.py"
 
 
-def _ready(release):
-    from gpu_impl.engines import envs
-
-    if not envs.env_ready(release):
-        pytest.skip(f"no environment for sglang {release}: run `fa3verify engine setup sglang=={release}`")
-
-
 @pytest.mark.parametrize("release", sweep(sorted(HEADS_ASSERT)))
 def test_the_release_refuses_71_heads_on_tp_2_at_model_load_with_its_own_assert(release, engine_sut):
-    _ready(release)
+    need_sglang(release)
     falcon = MODELS["falcon-7b"]
     with engine_sut(f"sglang=={release}") as sut:  # the test process's shared worker (tests/engine_pool.py)
         assert sut.validate(ServerConfig(tp_size=2), falcon) == (False, CHECK + HEADS_ASSERT[release])
@@ -50,7 +43,7 @@ def test_the_release_refuses_71_heads_on_tp_2_at_model_load_with_its_own_assert(
 
 
 def test_a_copy_without_the_head_split_assert_accepts_what_the_release_refuses(tmp_path):
-    _ready("0.5.23")
+    need_sglang("0.5.23")
     root = patched_copy("0.5.23", tmp_path / "copy", NO_HEADS_ASSERT, module=MODEL_PY)
     with open_sut(f"sglang-src={root}") as sut:
         assert sut.validate(ServerConfig(tp_size=2), MODELS["falcon-7b"])[0] is True
