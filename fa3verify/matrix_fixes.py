@@ -17,8 +17,8 @@ from spec.finding import MatrixVerdict
 
 from .commands.replay import load_case
 
-__all__ = ["FixLedger", "CaseReplays", "ledger_cases", "replay_on_release", "fixes_table", "fixes_markdown", "across_shards",
-           "replay_across_shards", "unreplayed_before_first_pass", "STILL_FAILS", "PASSES_NOW"]
+__all__ = ["FixLedger", "CaseReplays", "ledger_cases", "replay_on_release", "fixes_table", "fixes_markdown",
+           "across_shards", "replay_across_shards", "unreplayed_before_first_pass", "STILL_FAILS", "PASSES_NOW"]
 
 STILL_FAILS = "STILL FAILS"
 PASSES_NOW = "PASSES NOW"

@@ -88,9 +88,8 @@ class ProcessLane:
     """A lane in its own process (:mod:`fa3verify.matrix_worker`): each call is sent from a thread that posts the
     answer, or the WorkerError of a lane that died or missed :data:`LANE_TIMEOUT_S`."""
 
-    def __init__(self, options: RowOptions, no_setup: bool, number: int):
-        self.options, self.no_setup = options, no_setup
-        self.timeout_s = lane_timeout_s()
+    def __init__(self, options: RowOptions, no_setup: bool, number: int, timeout_s: float):
+        self.options, self.no_setup, self.timeout_s = options, no_setup, timeout_s
         self.client = WorkerClient([sys.executable, "-m", "fa3verify.matrix_worker"],
                                    f"engine matrix lane {number}", capture_stderr=False)
 
@@ -185,10 +184,11 @@ def run_matrix(releases, open_sut: Optional[Callable] = None, budget_s: Optional
               if r in releases and s and s != r and s in releases[:releases.index(r)]}
     gated = [r for r in releases if r not in shared]
     if jobs > 1:
-        lane_timeout_s()  # a bad deadline is the user's error, named before any lane starts
+        timeout_s = lane_timeout_s()  # a bad deadline is the user's error, named before any lane starts
         say(f"{min(jobs, len(gated))} lanes side by side (--jobs {jobs}), each its own process")
+
         def new_lane(number: int) -> ProcessLane:
-            return ProcessLane(options, no_setup, number)
+            return ProcessLane(options, no_setup, number, timeout_s)
 
         lanes = [new_lane(i + 1) for i in range(min(jobs, max(len(gated), 1)))]
     else:
@@ -256,8 +256,6 @@ def _schedule(releases: list, lanes: list, new_lane, ledger: FixLedger, options:
                 lane.interrupt()
             continue
         release = busy.pop(lane)
-        if isinstance(answer, LaneCrash):
-            raise answer
         if isinstance(answer, WorkerError):
             if stopped:  # killed after a SIGINT, or died on it: no new lane
                 lane.close()
@@ -272,7 +270,7 @@ def _schedule(releases: list, lanes: list, new_lane, ledger: FixLedger, options:
                 why = " ".join(str(answer).split())[:160]
                 ledger.record(release, {f: f"NOT RUN ({why})" for f in ledger.pending(release)})
             continue
-        if isinstance(answer, BaseException):
+        if isinstance(answer, BaseException):  # a LaneCrash (or the exchange's own failure): the command's error
             raise answer
         if kind == "row":
             rows[release] = answer.row

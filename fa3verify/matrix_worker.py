@@ -25,14 +25,15 @@ def main() -> int:
     answers = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)  # whatever the gate prints goes to stderr, never into the answers
     sys.stdout = sys.stderr
-    held = []
+    held: list = []
+    witness_cache: dict = {}  # witness searches shared by the releases this lane gates
     with interrupts.watching():
         try:
             for line in sys.stdin:
                 request = json.loads(line)
                 if request.get("op") == "bye":
                     break
-                answers.write(json.dumps(_answer(request, held), default=str) + "\n")
+                answers.write(json.dumps(_answer(request, held, witness_cache), default=str) + "\n")
         except KeyboardInterrupt:  # between requests: nothing in flight to end
             return 3
         finally:
@@ -41,7 +42,7 @@ def main() -> int:
     return 0
 
 
-def _answer(request: dict, held: list) -> dict:
+def _answer(request: dict, held: list, witness_cache: dict) -> dict:
     from .commands.engine import progress_line, release_opener
     from .engine_matrix import RowOptions, gate_release
     from .matrix_lanes import replay_files
@@ -50,7 +51,7 @@ def _answer(request: dict, held: list) -> dict:
         if request["op"] == "row":
             options = RowOptions(**request["options"])
             run = gate_release(request["release"], release_opener(options.engine, bool(request["no_setup"])),
-                               options, progress_line, _WITNESS_CACHE)
+                               options, progress_line, witness_cache)
             if run.sut is not None:
                 held.append(run.sut)
             return {"row": asdict(run.row), "cases": [asdict(c) for c in run.cases], "interrupted": run.interrupted,
@@ -68,8 +69,6 @@ def _answer(request: dict, held: list) -> dict:
     except Exception as exc:  # noqa: BLE001 - the matrix reports it as its internal error
         return {"raised": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
-
-_WITNESS_CACHE: dict = {}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -287,9 +287,10 @@ def run_fixes(args) -> int:
     entries = data["fixes"]
     todo = across_shards(entries, releases)
     progress_line(f"{len(todo)} of {len(entries)} families have releases gated by another shard to replay on "
-                   f"({len({r for t in todo.values() for r in t})} releases, each opened once)", "engine fixes")
+                  f"({len({r for t in todo.values() for r in t})} releases, each opened once)", "engine fixes")
 
-    n = replay_across_shards(entries, releases, release_opener(engine, args.no_setup), say=lambda line: progress_line(line, "engine fixes"))
+    n = replay_across_shards(entries, releases, release_opener(engine, args.no_setup),
+                             say=lambda line: progress_line(line, "engine fixes"))
     print(("\n" + fixes_markdown(entries)) if args.markdown and entries else fixes_table(entries))
     code = data.get("exit_code")
     print(f"fix releases completed: {n} case replays on releases other shards gated; the matrix's verdict stands "

@@ -198,7 +198,8 @@ def _fix_facts(data: dict) -> list:
 
 def test_a_process_lane_gives_the_row_and_fix_releases_of_the_lane_in_this_process(monkeypatch, tmp_path):
     need_sglang("0.5.13")
-    monkeypatch.setenv("FA3VERIFY_Z3_CACHE", str(tmp_path / "z3"))  # the second run (the lane) reads the first's z3 rows
+    # the second run (the lane) reads the first's z3 rows
+    monkeypatch.setenv("FA3VERIFY_Z3_CACHE", str(tmp_path / "z3"))
     runs = {}
     for jobs in ("1", "2"):
         out = tmp_path / f"m{jobs}.json"
@@ -214,7 +215,8 @@ def test_a_process_lane_gives_the_row_and_fix_releases_of_the_lane_in_this_proce
 def test_a_sigint_reaches_the_process_lanes_and_the_matrix_ends_inconclusive_never_passing(tmp_path):
     need_sglang("0.5.23")
     out = tmp_path / "m.json"
-    proc = subprocess.Popen([sys.executable, "-m", "fa3verify", "engine", "matrix", "--releases", "0.5.23", "--jobs", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "fa3verify", "engine", "matrix", "--releases", "0.5.23",
+                             "--jobs", "2",
                              "--budget-s", "120", "--no-probes", "--no-setup", "--cases-dir", str(tmp_path / "cases"),
                              "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue = queue.Queue()
