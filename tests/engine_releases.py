@@ -54,11 +54,12 @@ def sweep(releases, environ=None) -> list:
     return out
 
 
-def need(release: str, environ=None) -> None:
-    """Skip the calling test unless ``release`` is selected (for a test or fixture on one named release)."""
-    chosen = selected(environ)
+def need(release: str, environ=None, engine: str = "sglang") -> None:
+    """Skip the calling test unless ``engine``'s ``release`` is selected (for a test or fixture on one named
+    release)."""
+    chosen = selected(environ, engine=engine)
     if chosen != ("*",) and release not in chosen:
-        pytest.skip(_why(release, chosen))
+        pytest.skip(_why(release, chosen, engine=engine))
 
 
 def _why(release: str, chosen: tuple, engine: str = "sglang") -> str:
@@ -67,29 +68,25 @@ def _why(release: str, chosen: tuple, engine: str = "sglang") -> str:
             f"{ENV_ALL}=1 or `make test {variable}=\"{release}\"` runs it")
 
 
-def need_sglang(release: str, environ=None) -> None:
-    """Skip the calling test unless sglang ``release`` is selected and its engine environment is built (each skip
-    says how to run it)."""
+def need_built(release: str, engine: str = "sglang", environ=None) -> None:
+    """Skip the calling test unless ``engine``'s ``release`` is selected and its engine environment is built (each
+    skip says how to run it)."""
     from gpu_impl.engines import envs
 
-    need(release, environ)
-    if not envs.env_ready(release):
-        pytest.skip(f"no environment for sglang {release}: run `fa3verify engine setup sglang=={release}`")
+    need(release, environ, engine=engine)
+    if not envs.env_ready(release, engine=engine):
+        pytest.skip(f"no environment for {engine} {release} under {envs.env_dir(release, engine=engine)}: run "
+                    f"`fa3verify engine setup {engine}=={release}` to build it")
+
+
+def need_sglang(release: str, environ=None) -> None:
+    """:func:`need_built` for sglang."""
+    need_built(release, "sglang", environ)
 
 
 def need_vllm(release: str, environ=None) -> None:
-    """Skip the calling test unless vLLM ``release`` is selected and its engine environment is built (each skip
-    says how to run it)."""
-    import pytest
-
-    from gpu_impl.engines import envs
-
-    chosen = selected(environ, engine="vllm")
-    if chosen != ("*",) and release not in chosen:
-        pytest.skip(_why(release, chosen, engine="vllm"))
-    if not envs.env_ready(release, engine="vllm"):
-        pytest.skip(f"no environment for vllm {release} under {envs.env_dir(release, engine='vllm')}: run "
-                    f"`fa3verify engine setup vllm=={release}` to build it")
+    """:func:`need_built` for vLLM."""
+    need_built(release, "vllm", environ)
 
 
 def vllm_worker(release: str, engine_sut=None):
